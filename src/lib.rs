@@ -1,0 +1,47 @@
+//! stepsim: a discrete-event simulator of one LLM training step across many GPUs.
+//!
+//! Data flows one way (see DESIGN.md): a [`scenario::Scenario`] is turned into a
+//! [`model::LayerDag`] (petgraph), a [`plan::Plan`] says who holds which bytes,
+//! [`schedule::build`] writes each distinct rank's program of tasks, [`engine::run`] plays it
+//! through a [`memory::Allocator`], and [`report::build`] turns the trace into the verdict,
+//! the peak and its breakdown, and throughput.
+//!
+//! ```no_run
+//! let s = stepsim::scenario::Scenario::load("scenarios/100b-32gpu-fsdp.toml".as_ref())?;
+//! let sim = stepsim::simulate(&s)?;
+//! println!("{}", stepsim::report::text::render(&sim.report, &s));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod engine;
+pub mod hardware;
+pub mod memory;
+pub mod model;
+pub mod net;
+pub mod plan;
+pub mod report;
+pub mod scenario;
+pub mod schedule;
+
+use memory::ExactAllocator;
+
+/// Everything one simulation produced.
+#[derive(Debug, Clone)]
+pub struct Simulation {
+    pub dag: model::LayerDag,
+    pub plan: plan::Plan,
+    pub schedule: schedule::Schedule,
+    pub trace: engine::Trace,
+    pub report: report::Report,
+}
+
+/// Simulates a validated scenario. Fails only on an internal scheduling error.
+pub fn simulate(s: &scenario::Scenario) -> Result<Simulation, engine::Deadlock> {
+    let dag = model::build(&s.model, &s.workload);
+    let plan = plan::Plan::new(&dag, s.parallel.clone(), s.training.clone(), u64::from(s.cluster.gpus), u64::from(s.cluster.gpus_per_node));
+    let schedule = schedule::build(&dag, &plan, &s.cluster);
+    let mut alloc = ExactAllocator::new(s.cluster.capacity_bytes());
+    let trace = engine::run(&schedule.program, &mut alloc)?;
+    let report = report::build(s, &dag, &plan, &schedule, &trace);
+    Ok(Simulation { dag, plan, schedule, trace, report })
+}

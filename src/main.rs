@@ -1,0 +1,92 @@
+//! The stepsim command line: parse, call the library, print, exit.
+//!
+//! Exit codes: 0 = the simulation ran (whatever its verdict), 2 = bad input (scenario file,
+//! flags) or an output that could not be written, 3 = internal error.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use stepsim::scenario::Scenario;
+
+#[derive(Parser)]
+#[command(name = "stepsim", version, about = "Simulate one LLM training step across many GPUs: memory over time, the OOM point, throughput")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Simulate a scenario; print the report and write report.json, memory.csv, memory.png.
+    Run {
+        /// Scenario file (TOML).
+        scenario: PathBuf,
+        /// Output folder (default: output/<scenario name>/).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Print report.json to stdout instead of the text report.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Validate a scenario and print what stepsim derived from it, without simulating.
+    Check {
+        scenario: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
+        }
+    };
+    match cli.command {
+        Command::Run { scenario, out, json } => run(&scenario, out, json),
+        Command::Check { scenario } => match Scenario::load(&scenario) {
+            Ok(s) => {
+                println!("{}: ok: {} parameters, {} x {}", scenario.display(), s.model.param_count(), s.cluster.gpus, s.cluster.gpu.name);
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+        },
+    }
+}
+
+fn run(path: &std::path::Path, out: Option<PathBuf>, json: bool) -> ExitCode {
+    let s = match Scenario::load(path) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let sim = match stepsim::simulate(&s) {
+        Ok(sim) => sim,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(3);
+        }
+    };
+    let dir = out.unwrap_or_else(|| PathBuf::from("output").join(&s.name));
+    let written = match stepsim::report::write::write_all(&dir, &sim.report, &sim.schedule, &sim.trace) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("error: cannot write outputs: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if json {
+        print!("{}", stepsim::report::write::report_json(&sim.report));
+    } else {
+        print!("{}", stepsim::report::text::render(&sim.report, &s));
+        println!("\nWrote {}", written.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "));
+    }
+    ExitCode::SUCCESS
+}

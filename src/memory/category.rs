@@ -1,0 +1,115 @@
+//! Memory categories. Every allocation carries one, so timelines and OOM reports can say
+//! what the bytes were for.
+
+use serde::Serialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Category {
+    /// Persistent parameters (the local shard under FSDP/ZeRO-3).
+    Parameters,
+    /// Unsharded parameter copies: FSDP all-gather outputs, autocast weight casts.
+    GatheredParameters,
+    /// A separate FP32 master copy of the parameters.
+    MasterWeights,
+    /// Gradients held for the optimizer (sharded under ZeRO-2/3).
+    Gradients,
+    /// A unit's full gradients between its backward and its reduce-scatter.
+    UnshardedGradients,
+    /// Optimizer moments / momentum.
+    OptimizerState,
+    /// Temporaries of `optimizer.step()` (e.g. foreach sqrt of the second moments).
+    OptimizerTemp,
+    /// Activations saved for backward.
+    Activations,
+    /// Activations recomputed in backward under activation checkpointing.
+    Recomputed,
+    /// Forward intermediates that are not saved, and kernel scratch.
+    Transient,
+    /// Gradients with respect to activations, live during backward.
+    ActivationGradients,
+    /// Collective buffers: DDP buckets, reduce-scatter outputs.
+    CommBuffers,
+    /// Constant module buffers (rotary tables).
+    Buffers,
+    /// Token ids and targets.
+    Inputs,
+}
+
+impl Category {
+    pub const ALL: [Category; 14] = [
+        Category::Parameters,
+        Category::GatheredParameters,
+        Category::MasterWeights,
+        Category::Gradients,
+        Category::UnshardedGradients,
+        Category::OptimizerState,
+        Category::OptimizerTemp,
+        Category::Activations,
+        Category::Recomputed,
+        Category::Transient,
+        Category::ActivationGradients,
+        Category::CommBuffers,
+        Category::Buffers,
+        Category::Inputs,
+    ];
+    pub const COUNT: usize = Self::ALL.len();
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Stable machine name (CSV, JSON).
+    pub fn key(self) -> &'static str {
+        match self {
+            Category::Parameters => "parameters",
+            Category::GatheredParameters => "gathered_parameters",
+            Category::MasterWeights => "master_weights",
+            Category::Gradients => "gradients",
+            Category::UnshardedGradients => "unsharded_gradients",
+            Category::OptimizerState => "optimizer_state",
+            Category::OptimizerTemp => "optimizer_temp",
+            Category::Activations => "activations",
+            Category::Recomputed => "recomputed_activations",
+            Category::Transient => "transient",
+            Category::ActivationGradients => "activation_gradients",
+            Category::CommBuffers => "comm_buffers",
+            Category::Buffers => "buffers",
+            Category::Inputs => "inputs",
+        }
+    }
+
+    /// What a person reads in the report and the plot legend.
+    pub fn label(self) -> &'static str {
+        match self {
+            Category::Parameters => "parameters",
+            Category::GatheredParameters => "parameters (gathered / cast copies)",
+            Category::MasterWeights => "master weights",
+            Category::Gradients => "gradients",
+            Category::UnshardedGradients => "gradients (unsharded, awaiting reduce)",
+            Category::OptimizerState => "optimizer state",
+            Category::OptimizerTemp => "optimizer step temporaries",
+            Category::Activations => "activations (saved)",
+            Category::Recomputed => "activations (recomputed)",
+            Category::Transient => "activations (transient)",
+            Category::ActivationGradients => "activation gradients",
+            Category::CommBuffers => "communication buffers",
+            Category::Buffers => "module buffers",
+            Category::Inputs => "inputs (token ids)",
+        }
+    }
+
+    /// The category PyTorch's `MemTracker` / `FSDPMemTracker` would file these bytes under,
+    /// for comparison with the measured references.
+    pub fn tracker_category(self) -> &'static str {
+        match self {
+            Category::Parameters | Category::GatheredParameters | Category::MasterWeights => "Parameter",
+            Category::Gradients | Category::UnshardedGradients => "Gradient",
+            Category::OptimizerState | Category::OptimizerTemp => "Optstate",
+            Category::Activations | Category::Recomputed | Category::Transient => "Activation",
+            Category::ActivationGradients | Category::CommBuffers => "Temp",
+            Category::Buffers => "Buffer",
+            Category::Inputs => "Other",
+        }
+    }
+}

@@ -1,0 +1,120 @@
+//! What a model is, independent of how it is trained or where it runs.
+
+use serde::Serialize;
+
+/// Element types a tensor can be stored in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    Fp32,
+    Bf16,
+    Fp16,
+}
+
+impl Dtype {
+    pub fn bytes(self) -> u64 {
+        match self {
+            Dtype::Fp32 => 4,
+            Dtype::Bf16 | Dtype::Fp16 => 2,
+        }
+    }
+    pub fn parse(s: &str) -> Option<Dtype> {
+        match s {
+            "fp32" | "float32" => Some(Dtype::Fp32),
+            "bf16" | "bfloat16" => Some(Dtype::Bf16),
+            "fp16" | "float16" => Some(Dtype::Fp16),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::Fp32 => "fp32",
+            Dtype::Bf16 => "bf16",
+            Dtype::Fp16 => "fp16",
+        }
+    }
+}
+
+/// Decoder-only transformer families stepsim builds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Family {
+    /// GPT-2/3 style: LayerNorm with bias, GELU MLP, learned positions, tied embeddings.
+    Gpt,
+    /// Llama style: RMSNorm, SwiGLU MLP, rotary positions, grouped-query attention, untied.
+    Llama,
+}
+
+/// Architecture hyper-parameters, as a model card states them.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelConfig {
+    pub family: Family,
+    pub n_layers: u64,
+    pub hidden: u64,
+    pub n_heads: u64,
+    pub n_kv_heads: u64,
+    pub ffn_hidden: u64,
+    pub vocab: u64,
+    /// Learned-position table length (GPT) or rotary cache length (Llama).
+    pub max_seq_len: u64,
+    pub tie_embeddings: bool,
+    /// Dropout probability; a non-zero value saves 1-byte masks (Korthikanti et al. 2022).
+    pub dropout: f64,
+}
+
+impl ModelConfig {
+    pub fn head_dim(&self) -> u64 {
+        self.hidden / self.n_heads
+    }
+    pub fn kv_dim(&self) -> u64 {
+        self.n_kv_heads * self.head_dim()
+    }
+
+    /// Parameters of one transformer block, closed form.
+    pub fn params_per_block(&self) -> u64 {
+        let (h, f, kv) = (self.hidden, self.ffn_hidden, self.kv_dim());
+        match self.family {
+            // q, o: h*h; k, v: h*kv; gate, up, down: 3*h*f; two RMSNorm weights.
+            Family::Llama => 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h,
+            // qkv 3h*h + 3h bias, proj h*h + h, fc h*f + f, proj f*h + h, two LayerNorms 2*2h.
+            Family::Gpt => 4 * h * h + 2 * h * f + 3 * h + h + f + h + 4 * h,
+        }
+    }
+
+    /// Parameters outside the blocks: embeddings, positions, final norm, LM head.
+    pub fn params_outside_blocks(&self) -> u64 {
+        let (h, v) = (self.hidden, self.vocab);
+        let emb = v * h * if self.tie_embeddings { 1 } else { 2 };
+        match self.family {
+            Family::Llama => emb + h,
+            Family::Gpt => emb + self.max_seq_len * h + 2 * h,
+        }
+    }
+
+    /// Total parameter count, closed form (the DAG's count is tested against this).
+    pub fn param_count(&self) -> u64 {
+        self.n_layers * self.params_per_block() + self.params_outside_blocks()
+    }
+}
+
+/// How attention is computed, which decides whether the s x s scores are saved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Attention {
+    /// FlashAttention / SDPA flash kernel: saves q, k, v, output and the FP32 log-sum-exp.
+    Flash,
+    /// Materialised scores: saves the softmax output (and dropout mask and output).
+    Math,
+}
+
+/// The per-micro-batch workload the graph is built for.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Workload {
+    pub micro_batch: u64,
+    pub seq_len: u64,
+    /// Dtype of activations and of the gathered weights the kernels read.
+    pub compute_dtype: Dtype,
+    pub attention: Attention,
+    /// Upcast logits to FP32 before the loss (what most training scripts do).
+    pub logits_fp32: bool,
+}

@@ -1,0 +1,400 @@
+//! What a simulation tells a person: the verdict, the peak and its breakdown, model state
+//! per GPU, step time, tokens/s and MFU, as text, `report.json`, `memory.csv` and
+//! `memory.png`.
+
+pub mod png;
+pub mod text;
+pub mod write;
+
+use serde::Serialize;
+
+use crate::engine::Trace;
+use crate::memory::Category;
+use crate::model::LayerDag;
+use crate::plan::{ModelState, Plan};
+use crate::scenario::Scenario;
+use crate::schedule::{Phase, Schedule, TaskKind};
+
+/// Bytes shown both ways: GB = 1e9 bytes, GiB = 2^30 bytes.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct Bytes {
+    pub bytes: u64,
+    pub gb: f64,
+    pub gib: f64,
+}
+
+impl Bytes {
+    pub fn new(bytes: u64) -> Bytes {
+        Bytes { bytes, gb: round4(bytes as f64 / 1e9), gib: round4(bytes as f64 / (1u64 << 30) as f64) }
+    }
+}
+
+/// "50.62 GB (47.14 GiB)".
+pub fn fmt_bytes(b: u64) -> String {
+    let gb = b as f64 / 1e9;
+    let gib = b as f64 / (1u64 << 30) as f64;
+    if b >= 10_000_000 {
+        format!("{gb:.2} GB ({gib:.2} GiB)")
+    } else {
+        format!("{:.2} MB ({:.2} MiB)", b as f64 / 1e6, b as f64 / (1u64 << 20) as f64)
+    }
+}
+
+fn round4(x: f64) -> f64 {
+    (x * 1e4).round() / 1e4
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CategoryBytes {
+    pub category: &'static str,
+    pub label: &'static str,
+    #[serde(flatten)]
+    pub size: Bytes,
+}
+
+pub fn breakdown(by_cat: &[u64; Category::COUNT]) -> Vec<CategoryBytes> {
+    let mut v: Vec<CategoryBytes> = Category::ALL
+        .iter()
+        .filter(|c| by_cat[c.index()] > 0)
+        .map(|&c| CategoryBytes { category: c.key(), label: c.label(), size: Bytes::new(by_cat[c.index()]) })
+        .collect();
+    v.sort_by(|a, b| b.size.bytes.cmp(&a.size.bytes).then(a.category.cmp(b.category)));
+    v
+}
+
+/// Where a task sits: step, phase, micro-batch, layer, op.
+#[derive(Debug, Clone, Serialize)]
+pub struct Instant {
+    pub time_s: f64,
+    pub step: u32,
+    pub phase: Phase,
+    pub micro_batch: u32,
+    pub layer: Option<u64>,
+    pub op: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Oom {
+    #[serde(flatten)]
+    pub at: Instant,
+    /// The tensor whose allocation failed.
+    pub tensor: String,
+    pub requested: Bytes,
+    pub allocated: Bytes,
+    pub capacity: Bytes,
+    /// Free bytes at that instant.
+    pub free: Bytes,
+    pub live_by_category: Vec<CategoryBytes>,
+    /// The largest live tensors.
+    pub largest_live: Vec<(String, Bytes)>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+pub enum Verdict {
+    Fits { headroom: Bytes },
+    Oom(Box<Oom>),
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Peak {
+    #[serde(flatten)]
+    pub at: Instant,
+    pub allocated: Bytes,
+    pub reserved: Bytes,
+    pub breakdown: Vec<CategoryBytes>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PhasePeak {
+    pub step: u32,
+    pub phase: Phase,
+    pub allocated: Bytes,
+    pub op: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct StepTiming {
+    pub step: u32,
+    pub start_s: f64,
+    pub time_s: f64,
+    pub compute_busy_s: f64,
+    pub comm_busy_s: f64,
+    /// Compute stream idle inside the step: waiting for a collective (exposed communication).
+    pub compute_idle_s: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Throughput {
+    /// Steady-state step (the last completed one).
+    pub step_time_s: f64,
+    pub tokens_per_step: u64,
+    pub tokens_per_s: f64,
+    pub tokens_per_s_per_gpu: f64,
+    /// Model FLOPs (6 N T-style count from the DAG: forward x 3, no recompute) over peak.
+    pub mfu: f64,
+    /// Hardware FLOPs (recompute included) over peak.
+    pub hfu: f64,
+    pub model_flops_per_step_per_gpu: f64,
+    pub assumptions: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelStateReport {
+    pub parameters: Bytes,
+    pub master_weights: Bytes,
+    pub gradients: Bytes,
+    pub optimizer_state: Bytes,
+    pub total: Bytes,
+    pub bytes_per_param: f64,
+    /// The naive "total state / GPUs" figure, for contrast.
+    pub naive_average: Bytes,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RankClass {
+    pub ranks: String,
+    pub count: u64,
+    pub note: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub scenario: String,
+    pub description: String,
+    pub stepsim_version: &'static str,
+    pub model: serde_json::Value,
+    pub param_count: u64,
+    pub param_count_human: String,
+    pub hardware: serde_json::Value,
+    pub capacity: Bytes,
+    pub parallel: serde_json::Value,
+    pub training: serde_json::Value,
+    pub rank_classes: Vec<RankClass>,
+    pub model_state_per_gpu: ModelStateReport,
+    pub verdict: Verdict,
+    pub peak: Option<Peak>,
+    pub phase_peaks: Vec<PhasePeak>,
+    pub steps: Vec<StepTiming>,
+    pub throughput: Option<Throughput>,
+    pub assumptions: Vec<String>,
+}
+
+fn instant(sched: &Schedule, trace: &Trace, task: usize, time_ns: u64) -> Instant {
+    let l = &sched.labels[sched.program.tasks[task].label as usize];
+    let _ = trace;
+    Instant { time_s: time_ns as f64 / 1e9, step: l.step, phase: l.phase, micro_batch: l.micro_batch, layer: l.layer(), op: l.what.clone() }
+}
+
+fn human_count(n: u64) -> String {
+    let x = n as f64;
+    if x >= 1e9 {
+        format!("{:.2}B", x / 1e9)
+    } else if x >= 1e6 {
+        format!("{:.1}M", x / 1e6)
+    } else {
+        format!("{n}")
+    }
+}
+
+fn to_json<T: Serialize>(t: &T) -> serde_json::Value {
+    serde_json::to_value(t).unwrap_or(serde_json::Value::Null)
+}
+
+/// Builds the report from a finished (or OOM-stopped) run.
+pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace: &Trace) -> Report {
+    let cap = s.cluster.capacity_bytes();
+    let ms: ModelState = plan.model_state();
+    let params = dag.param_count();
+    let total_state = ms.total();
+    let naive = {
+        let pr = &plan.training.precision;
+        let per = pr.param.bytes() + pr.grad.bytes() + pr.master.map_or(0, |m| m.bytes()) + plan.training.states_per_param() * pr.optimizer_state.bytes();
+        params * per / plan.gpus.max(1)
+    };
+    let msr = ModelStateReport {
+        parameters: Bytes::new(ms.parameters),
+        master_weights: Bytes::new(ms.master_weights),
+        gradients: Bytes::new(ms.gradients),
+        optimizer_state: Bytes::new(ms.optimizer_state),
+        total: Bytes::new(total_state),
+        bytes_per_param: round4(total_state as f64 * plan.gpus as f64 / params.max(1) as f64),
+        naive_average: Bytes::new(naive),
+    };
+    let prog = &sched.program;
+    let verdict = match &trace.oom {
+        None => {
+            let peak = trace.timeline.peak().map_or(0, |p| p.allocated);
+            Verdict::Fits { headroom: Bytes::new(cap.saturating_sub(peak)) }
+        }
+        Some(o) => {
+            let mut live = [0u64; Category::COUNT];
+            let mut largest: Vec<(String, u64)> = Vec::new();
+            for &b in &o.live {
+                let spec = &prog.buffers[b as usize];
+                live[spec.category.index()] += spec.bytes.div_ceil(512) * 512;
+                largest.push((prog.names[spec.name as usize].clone(), spec.bytes));
+            }
+            largest.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+            largest.truncate(8);
+            let spec = &prog.buffers[o.buffer as usize];
+            Verdict::Oom(Box::new(Oom {
+                at: instant(sched, trace, o.task as usize, o.time_ns),
+                tensor: prog.names[spec.name as usize].clone(),
+                requested: Bytes::new(o.error.requested),
+                allocated: Bytes::new(o.error.allocated),
+                capacity: Bytes::new(o.error.capacity),
+                free: Bytes::new(o.error.capacity.saturating_sub(o.error.allocated)),
+                live_by_category: breakdown(&live),
+                largest_live: largest.into_iter().map(|(n, b)| (n, Bytes::new(b))).collect(),
+            }))
+        }
+    };
+    let peak = trace.timeline.peak().map(|p| Peak {
+        at: instant(sched, trace, p.task, p.time_ns),
+        allocated: Bytes::new(p.allocated),
+        reserved: Bytes::new(trace.timeline.peak_reserved_index.map_or(p.reserved, |i| trace.timeline.samples[i].reserved)),
+        breakdown: breakdown(&p.by_category),
+    });
+    // Peak of each (step, phase).
+    let mut phase_peaks: Vec<PhasePeak> = Vec::new();
+    for smp in &trace.timeline.samples {
+        let l = &sched.labels[prog.tasks[smp.task].label as usize];
+        match phase_peaks.iter_mut().find(|p| p.step == l.step && p.phase == l.phase) {
+            Some(p) if p.allocated.bytes >= smp.allocated => {}
+            Some(p) => {
+                p.allocated = Bytes::new(smp.allocated);
+                p.op = l.what.clone();
+            }
+            None => phase_peaks.push(PhasePeak { step: l.step, phase: l.phase, allocated: Bytes::new(smp.allocated), op: l.what.clone() }),
+        }
+    }
+    phase_peaks.sort_by(|a, b| (a.step, a.phase).cmp(&(b.step, b.phase)));
+    // Step timings from the tasks that ran.
+    let mut steps = Vec::new();
+    if trace.oom.is_none() {
+        for k in 1..=plan.training.steps {
+            let mut start = u64::MAX;
+            let mut end = 0;
+            let mut busy = [0u64; 2];
+            for (i, t) in prog.tasks.iter().enumerate() {
+                if sched.labels[t.label as usize].step == k && trace.end_ns[i] != u64::MAX {
+                    start = start.min(trace.start_ns[i]);
+                    end = end.max(trace.end_ns[i]);
+                    busy[t.stream.min(1) as usize] += t.duration_ns;
+                }
+            }
+            if start == u64::MAX {
+                continue;
+            }
+            let dur = end - start;
+            steps.push(StepTiming {
+                step: k,
+                start_s: start as f64 / 1e9,
+                time_s: dur as f64 / 1e9,
+                compute_busy_s: busy[0] as f64 / 1e9,
+                comm_busy_s: busy[1] as f64 / 1e9,
+                compute_idle_s: dur.saturating_sub(busy[0]) as f64 / 1e9,
+            });
+        }
+    }
+    let peak_flops = crate::schedule::Cost::new(&s.cluster, plan.training.precision.compute, plan.shard_group).peak_flops;
+    let throughput = steps.last().map(|st| {
+        let tokens = s.tokens_per_step();
+        let gpus = plan.gpus as f64;
+        let mfu = sched.model_flops_per_step / (st.time_s * peak_flops);
+        let hfu = sched.hardware_flops_per_step / (st.time_s * peak_flops);
+        Throughput {
+            step_time_s: st.time_s,
+            tokens_per_step: tokens,
+            tokens_per_s: tokens as f64 / st.time_s,
+            tokens_per_s_per_gpu: tokens as f64 / st.time_s / gpus,
+            mfu: round4(mfu),
+            hfu: round4(hfu),
+            model_flops_per_step_per_gpu: sched.model_flops_per_step,
+            assumptions: vec![
+                format!("peak {:.0} TFLOP/s dense {} ({})", peak_flops / 1e12, plan.training.precision.compute.name(), s.cluster.gpu.source),
+                format!(
+                    "matmul at {:.0}% of peak, attention at {:.0}%, memory-bound ops at {:.0}% of {:.2} TB/s HBM, {:.0} us per op",
+                    crate::schedule::cost::MATMUL_EFFICIENCY * 100.0,
+                    crate::schedule::cost::ATTENTION_EFFICIENCY * 100.0,
+                    crate::schedule::cost::HBM_EFFICIENCY * 100.0,
+                    s.cluster.gpu.hbm_bytes_per_s / 1e12,
+                    crate::schedule::cost::OP_OVERHEAD_S * 1e6
+                ),
+                format!(
+                    "collectives: NCCL ring, {:.0}% of {:.0} GB/s NVLink inside a node, {:.0} GB/s network per GPU across nodes",
+                    crate::net::LINK_EFFICIENCY * 100.0,
+                    s.cluster.gpu.nvlink_bytes_per_s / 1e9,
+                    s.cluster.gpu.network_bytes_per_s / 1e9
+                ),
+                "MFU counts model FLOPs = 3 x forward FLOPs of the DAG (2 per multiply-add, attention included), per Narayanan et al. 2021; HFU adds recomputation".into(),
+            ],
+        }
+    });
+    let pr = &plan.training.precision;
+    let assumptions = vec![
+        format!(
+            "precision \"{}\": parameters {}, compute {}, gradients {}, master {}, optimizer state {} x {}",
+            pr.preset,
+            pr.param.name(),
+            pr.compute.name(),
+            pr.grad.name(),
+            pr.master.map_or("none (parameters are the master)", |m| m.name()),
+            plan.training.states_per_param(),
+            pr.optimizer_state.name()
+        ),
+        format!("capacity = device memory {} less CUDA context {} (hardware.cuda_context)", fmt_bytes(s.cluster.memory_bytes), fmt_bytes(s.cluster.cuda_context_bytes)),
+        "allocator: exact live-byte accounting, every block rounded up to 512 B as PyTorch's caching allocator does (no fragmentation modelled: reserved = allocated)".into(),
+        match plan.parallel.framework {
+            crate::plan::Framework::Fsdp => "state creation (PyTorch FSDP): parameters (and master copy) at init, gradients in the first backward, optimizer state at the first optimizer.step()".into(),
+            crate::plan::Framework::Deepspeed => "state creation (DeepSpeed ZeRO): parameters, FP32 master partitions and optimizer state when the engine initialises".into(),
+        },
+        "activations: per-op saved tensors of PyTorch autograd (Korthikanti et al. 2022 counting); gradient accumulation frees each micro-batch's activations in its backward".into(),
+    ];
+    let gpus = plan.gpus;
+    Report {
+        scenario: s.name.clone(),
+        description: s.description.clone(),
+        stepsim_version: env!("CARGO_PKG_VERSION"),
+        model: to_json(&s.model),
+        param_count: params,
+        param_count_human: human_count(params),
+        hardware: to_json(&s.cluster),
+        capacity: Bytes::new(cap),
+        parallel: to_json(&s.parallel),
+        training: to_json(&s.training),
+        rank_classes: vec![RankClass {
+            ranks: if gpus == 1 { "0".into() } else { format!("0-{}", gpus - 1) },
+            count: gpus,
+            note: "identical programs (data-parallel replicas / FSDP shards): simulated once".into(),
+        }],
+        model_state_per_gpu: msr,
+        verdict,
+        peak,
+        phase_peaks,
+        steps,
+        throughput,
+        assumptions,
+    }
+}
+
+/// Phase spans of the compute stream, for shading plots: (step, phase, start_ns, end_ns).
+pub fn phase_spans(sched: &Schedule, trace: &Trace) -> Vec<(u32, Phase, u64, u64)> {
+    let mut spans: Vec<(u32, Phase, u64, u64)> = Vec::new();
+    for (i, t) in sched.program.tasks.iter().enumerate() {
+        let l = &sched.labels[t.label as usize];
+        if trace.start_ns[i] == u64::MAX || l.kind.is_comm() && l.kind != TaskKind::AllGather {
+            continue;
+        }
+        let end = if trace.end_ns[i] == u64::MAX { trace.start_ns[i] } else { trace.end_ns[i] };
+        match spans.last_mut() {
+            Some(last) if last.0 == l.step && last.1 == l.phase => {
+                last.2 = last.2.min(trace.start_ns[i]);
+                last.3 = last.3.max(end);
+            }
+            _ => spans.push((l.step, l.phase, trace.start_ns[i], end)),
+        }
+    }
+    spans
+}

@@ -1,0 +1,1297 @@
+//! PNG rendering of simulated memory timelines.
+//!
+//! The picture is meant to answer "what filled the GPU, and when" at a glance,
+//! so every panel uses the same colour for the same category, shows the
+//! capacity it is measured against, and marks the OOM instant explicitly.
+//! Rendering must never take the simulator down: bad or degenerate input
+//! becomes an `Err(String)`, never a panic.
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use plotters::chart::DualCoordChartContext;
+use plotters::coord::types::RangedCoordf64;
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+use plotters::style::{register_font, FontStyle};
+
+/// One phase band to shade (forward, backward, optimizer, init...).
+#[derive(Debug, Clone)]
+pub struct PhaseSpan {
+    pub label: String,
+    pub start_s: f64,
+    pub end_s: f64,
+}
+
+/// The OOM instant to mark.
+#[derive(Debug, Clone)]
+pub struct OomMark {
+    pub time_s: f64,
+    pub label: String,
+}
+
+/// Memory over time of one distinct rank class, as a step function: value i holds from times_s[i] until times_s[i+1].
+#[derive(Debug, Clone)]
+pub struct RankPanel {
+    /// e.g. "rank class 0: ranks 0-31 (identical programs)"
+    pub label: String,
+    /// Usable capacity line.
+    pub capacity_bytes: u64,
+    /// Stacking order bottom -> top.
+    pub categories: Vec<String>,
+    /// Ascending (may repeat a time).
+    pub times_s: Vec<f64>,
+    /// `bytes[category][i]`, same length as `times_s`.
+    pub bytes: Vec<Vec<u64>>,
+    /// Allocator reserved bytes, drawn as a line above the stack when Some.
+    pub reserved: Option<Vec<u64>>,
+    pub phases: Vec<PhaseSpan>,
+    pub oom: Option<OomMark>,
+}
+
+/// A whole figure: one vertically stacked panel per distinct rank class.
+#[derive(Debug, Clone)]
+pub struct MemoryPlot {
+    pub title: String,
+    pub panels: Vec<RankPanel>,
+}
+
+/// The font ships inside the binary so text renders identically on machines
+/// without fontconfig/freetype (CI containers, cluster login nodes).
+const FONT_BYTES: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
+const FONT: &str = "sans-serif";
+
+const WIDTH: u32 = 1400;
+const PANEL_HEIGHT: u32 = 520;
+const TITLE_HEIGHT: u32 = 56;
+/// Kept outside the plot so a long category list never hides data.
+const LEGEND_WIDTH: u32 = 310;
+/// A bound on the image size: each panel costs ~2 MB of RGB buffer, and a
+/// figure taller than this is unreadable anyway.
+const MAX_PANELS: usize = 64;
+/// Enough to keep first/min/max/last of every pixel column, which is all a
+/// rasterised step function can show.
+const SAMPLES_PER_COLUMN: usize = 4;
+const HEADROOM: f64 = 1.08;
+const X_TICKS: usize = 14;
+const Y_TICKS: usize = 10;
+const GB: f64 = 1e9;
+const GIB: f64 = 1_073_741_824.0;
+
+const TITLE_SIZE: f64 = 28.0;
+const CAPTION_SIZE: f64 = 21.0;
+const AXIS_DESC_SIZE: f64 = 18.0;
+const LABEL_SIZE: f64 = 16.0;
+
+/// Okabe-Ito first (designed for colour-vision deficiencies), then Paul Tol's
+/// muted scheme for plots with more categories than that.
+const PALETTE: [RGBColor; 12] = [
+    RGBColor(0x00, 0x72, 0xB2),
+    RGBColor(0xE6, 0x9F, 0x00),
+    RGBColor(0x00, 0x9E, 0x73),
+    RGBColor(0x56, 0xB4, 0xE9),
+    RGBColor(0xCC, 0x79, 0xA7),
+    RGBColor(0xF0, 0xE4, 0x42),
+    RGBColor(0x99, 0x99, 0x99),
+    RGBColor(0x33, 0x22, 0x88),
+    RGBColor(0x11, 0x77, 0x33),
+    RGBColor(0x88, 0x22, 0x55),
+    RGBColor(0xDD, 0xCC, 0x77),
+    RGBColor(0xD5, 0x5E, 0x00),
+];
+const CAPACITY_COLOR: RGBColor = RGBColor(0xD0, 0x00, 0x00);
+const OOM_COLOR: RGBColor = RGBColor(0x9B, 0x00, 0x20);
+const RESERVED_COLOR: RGBColor = RGBColor(0x00, 0x00, 0x00);
+const TEXT_COLOR: RGBColor = RGBColor(0x20, 0x20, 0x20);
+
+/// Writes a PNG; returns a human-readable error string on failure (never panics).
+///
+/// The image is rendered next to `path` and renamed into place, so a reader
+/// polling for the file never sees a half-written PNG.
+pub fn write_memory_png(path: &Path, plot: &MemoryPlot) -> Result<(), String> {
+    ensure_font()?;
+    if plot.panels.len() > MAX_PANELS {
+        return Err(format!(
+            "memory plot has {} panels; at most {MAX_PANELS} fit in one PNG",
+            plot.panels.len()
+        ));
+    }
+    let colors = category_colors(&plot.panels);
+    let panels = plot
+        .panels
+        .iter()
+        .enumerate()
+        .map(|(i, p)| prepare_panel(i, p, &colors))
+        .collect::<Result<Vec<_>, _>>()?;
+
+    let tmp = tmp_path(path);
+    // plotters has internal unwraps (font table lock, buffer sizing); a bug
+    // there must cost us a picture, not the simulation run.
+    let rendered = catch_unwind(AssertUnwindSafe(|| render(&tmp, &plot.title, &panels)))
+        .unwrap_or_else(|payload| {
+            Err(format!("plot rendering panicked: {}", panic_text(&payload)))
+        });
+    let result = rendered.and_then(|()| {
+        std::fs::rename(&tmp, path)
+            .map_err(|e| format!("cannot move {} to {}: {e}", tmp.display(), path.display()))
+    });
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// plotters' encoder picks the format from the extension, so the temporary
+/// name must still end in `.png` even though the final name need not.
+fn tmp_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_os_string();
+    name.push(".tmp.png");
+    PathBuf::from(name)
+}
+
+fn panic_text(payload: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".to_string()
+    }
+}
+
+/// Registration is global in plotters; doing it once keeps repeated report
+/// writes from re-parsing the font, and remembers a failure instead of
+/// retrying it.
+fn ensure_font() -> Result<(), String> {
+    static REGISTERED: OnceLock<bool> = OnceLock::new();
+    let ok = *REGISTERED.get_or_init(|| register_font(FONT, FontStyle::Normal, FONT_BYTES).is_ok());
+    if ok {
+        Ok(())
+    } else {
+        Err("the bundled DejaVuSans.ttf could not be parsed as a font".to_string())
+    }
+}
+
+/// Colours are keyed by category name across the whole figure so that
+/// "gradients" is the same colour in every panel, even when a panel skips
+/// some all-zero categories or lists them in a different order.
+fn category_colors(panels: &[RankPanel]) -> HashMap<String, RGBColor> {
+    let mut map = HashMap::new();
+    for name in panels.iter().flat_map(|p| p.categories.iter()) {
+        let next = PALETTE[map.len() % PALETTE.len()];
+        map.entry(name.clone()).or_insert(next);
+    }
+    map
+}
+
+/// One stacked category, as the cumulative (top-edge) curve in GB.
+struct Layer {
+    name: String,
+    color: RGBColor,
+    top_gb: Vec<f64>,
+}
+
+/// A panel validated and reduced to plain f64 curves, so drawing code never
+/// has to think about indexing, ordering or overflow.
+struct Prepared {
+    label: String,
+    capacity_gb: f64,
+    x_range: (f64, f64),
+    /// Where the last sample's value stops being drawn: the end of the known
+    /// timeline, not the axis padding, so nothing is invented after an OOM.
+    step_end: f64,
+    y_max_gb: f64,
+    times: Vec<f64>,
+    layers: Vec<Layer>,
+    reserved_gb: Option<Vec<f64>>,
+    phases: Vec<(String, f64, f64)>,
+    oom: Option<OomMark>,
+}
+
+fn prepare_panel(
+    index: usize,
+    p: &RankPanel,
+    colors: &HashMap<String, RGBColor>,
+) -> Result<Prepared, String> {
+    let n = p.times_s.len();
+    let what = |s: &str| format!("memory plot panel {index} ({:?}): {s}", p.label);
+    if p.bytes.len() != p.categories.len() {
+        return Err(what(&format!(
+            "{} categories but {} byte series",
+            p.categories.len(),
+            p.bytes.len()
+        )));
+    }
+    for (name, series) in p.categories.iter().zip(&p.bytes) {
+        if series.len() != n {
+            return Err(what(&format!(
+                "category {name:?} has {} samples but there are {n} times",
+                series.len()
+            )));
+        }
+    }
+    if let Some(r) = &p.reserved {
+        if r.len() != n {
+            return Err(what(&format!(
+                "reserved has {} samples but there are {n} times",
+                r.len()
+            )));
+        }
+    }
+
+    // Non-finite times cannot be placed on an axis; out-of-order times are
+    // tolerated (stable sort) rather than drawn as a scribble.
+    let mut order: Vec<usize> = (0..n).filter(|&i| p.times_s[i].is_finite()).collect();
+    if !order.windows(2).all(|w| p.times_s[w[0]] <= p.times_s[w[1]]) {
+        order.sort_by(|&a, &b| p.times_s[a].total_cmp(&p.times_s[b]));
+    }
+    let times: Vec<f64> = order.iter().map(|&i| p.times_s[i]).collect();
+
+    let mut running = vec![0u64; order.len()];
+    let mut layers = Vec::new();
+    for (name, series) in p.categories.iter().zip(&p.bytes) {
+        if order.iter().all(|&i| series[i] == 0) {
+            continue;
+        }
+        for (acc, &i) in running.iter_mut().zip(&order) {
+            *acc = acc.saturating_add(series[i]);
+        }
+        layers.push(Layer {
+            name: name.clone(),
+            color: colors.get(name).copied().unwrap_or(PALETTE[0]),
+            top_gb: running.iter().map(|&b| b as f64 / GB).collect(),
+        });
+    }
+    let reserved_gb = p
+        .reserved
+        .as_ref()
+        .map(|r| order.iter().map(|&i| r[i] as f64 / GB).collect::<Vec<_>>());
+
+    let phases: Vec<(String, f64, f64)> = p
+        .phases
+        .iter()
+        .filter(|ph| ph.start_s.is_finite() && ph.end_s.is_finite())
+        .map(|ph| {
+            let (a, b) = if ph.start_s <= ph.end_s {
+                (ph.start_s, ph.end_s)
+            } else {
+                (ph.end_s, ph.start_s)
+            };
+            (ph.label.clone(), a, b)
+        })
+        .collect();
+    let oom = p.oom.clone().filter(|o| o.time_s.is_finite());
+
+    let mut lo = f64::INFINITY;
+    let mut hi = f64::NEG_INFINITY;
+    let xs = times
+        .iter()
+        .copied()
+        .chain(phases.iter().flat_map(|(_, a, b)| [*a, *b]))
+        .chain(oom.iter().map(|o| o.time_s));
+    for x in xs {
+        lo = lo.min(x);
+        hi = hi.max(x);
+    }
+    if !lo.is_finite() || !hi.is_finite() {
+        (lo, hi) = (0.0, 1.0);
+    }
+    if hi - lo <= f64::EPSILON * lo.abs().max(1.0) * 16.0 {
+        // A single instant still needs a visible width to draw its value.
+        let pad = (lo.abs() * 1e-3).max(0.5);
+        (lo, hi) = (lo - pad, hi + pad);
+    }
+    let step_end = hi;
+    if let Some(o) = &oom {
+        // An OOM usually ends the timeline; without padding its line and
+        // marker would sit on the plot border, half clipped.
+        let span = hi - lo;
+        if hi - o.time_s < 0.02 * span {
+            hi += 0.03 * span;
+        }
+        if o.time_s - lo < 0.02 * span {
+            lo -= 0.03 * span;
+        }
+    }
+
+    let capacity_gb = p.capacity_bytes as f64 / GB;
+    let max_total = layers
+        .last()
+        .map(|l| l.top_gb.iter().copied().fold(0.0, f64::max))
+        .unwrap_or(0.0);
+    let max_reserved = reserved_gb
+        .as_ref()
+        .map(|r| r.iter().copied().fold(0.0, f64::max))
+        .unwrap_or(0.0);
+    let mut y_max_gb = capacity_gb.max(max_total).max(max_reserved) * HEADROOM;
+    if !(y_max_gb.is_finite() && y_max_gb > 0.0) {
+        y_max_gb = 1.0;
+    }
+
+    Ok(Prepared {
+        label: p.label.clone(),
+        capacity_gb,
+        x_range: (lo, hi),
+        step_end,
+        y_max_gb,
+        times,
+        layers,
+        reserved_gb,
+        phases,
+        oom,
+    })
+}
+
+/// Indices of the samples worth drawing when there are more samples than
+/// pixels: per pixel column the first, lowest, highest and last sample, in
+/// time order. Keeping the highest means a sub-pixel spike (the usual OOM
+/// culprit) is never averaged away; keeping first/last keeps the step edges
+/// between columns exact. `times` must be ascending.
+fn decimate(times: &[f64], values: &[f64], t0: f64, t1: f64, columns: usize) -> Vec<usize> {
+    let n = times.len().min(values.len());
+    let columns = columns.max(1);
+    if n <= columns.saturating_mul(SAMPLES_PER_COLUMN)
+        || t1.partial_cmp(&t0) != Some(std::cmp::Ordering::Greater)
+    {
+        return (0..n).collect();
+    }
+    let scale = columns as f64 / (t1 - t0);
+    let column_of = |t: f64| (((t - t0) * scale).floor().max(0.0) as usize).min(columns - 1);
+    let mut out = Vec::with_capacity(columns * SAMPLES_PER_COLUMN);
+    let mut start = 0;
+    while start < n {
+        let col = column_of(times[start]);
+        let mut end = start + 1;
+        let (mut lo, mut hi) = (start, start);
+        while end < n && column_of(times[end]) == col {
+            if values[end] < values[lo] {
+                lo = end;
+            }
+            if values[end] > values[hi] {
+                hi = end;
+            }
+            end += 1;
+        }
+        let mut picks = [start, lo, hi, end - 1];
+        picks.sort_unstable();
+        let mut last = None;
+        for i in picks {
+            if last != Some(i) {
+                out.push(i);
+                last = Some(i);
+            }
+        }
+        start = end;
+    }
+    out
+}
+
+/// Turns sampled values into the corner points of a step function (each
+/// value holds until the next sample), extending the last value to `x_end`
+/// so the final state stays visible instead of collapsing to zero width.
+fn step_points(times: &[f64], values: &[f64], keep: &[usize], x_end: f64) -> Vec<(f64, f64)> {
+    let mut pts = Vec::with_capacity(keep.len() * 2 + 1);
+    let mut prev: Option<f64> = None;
+    for &i in keep {
+        let (t, v) = (times[i], values[i]);
+        if let Some(pv) = prev {
+            pts.push((t, pv));
+        }
+        pts.push((t, v));
+        prev = Some(v);
+    }
+    if let (Some(pv), Some(&(t_last, _))) = (prev, pts.last()) {
+        if x_end > t_last {
+            pts.push((x_end, pv));
+        }
+    }
+    pts
+}
+
+/// Value of the step function at `t` (the last sample at or before `t`).
+fn value_at(times: &[f64], values: &[f64], t: f64) -> Option<f64> {
+    let idx = times.partition_point(|&x| x <= t);
+    if idx == 0 {
+        None
+    } else {
+        values.get(idx - 1).copied()
+    }
+}
+
+fn draw_err<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> String {
+    move |e| format!("drawing {what} failed: {e}")
+}
+
+fn font(size: f64) -> TextStyle<'static> {
+    (FONT, size).into_font().color(&TEXT_COLOR)
+}
+
+/// Decimals needed for the tick labels plotters will generate on a span with
+/// at most `max_ticks` ticks. Mirrors plotters' own step choice (a power of
+/// ten divided by 2, 5 or 10) so labels are neither "1.000" nor two "0"s.
+fn tick_decimals(span: f64, max_ticks: usize) -> usize {
+    if !(span.is_finite() && span > 0.0) || max_ticks == 0 {
+        return 0;
+    }
+    let fits = |step: f64| 1.0 + (span / step).floor() <= max_ticks as f64;
+    let mut step = 10f64.powf(span.log10().ceil());
+    'refine: for _ in 0..40 {
+        for div in [2.0, 5.0, 10.0] {
+            if !fits(step / div) {
+                break 'refine;
+            }
+        }
+        step /= 10.0;
+    }
+    // `step` is now the coarsest power of ten that fits; the finer 1/2 or
+    // 1/5 step plotters may pick needs at most one more decimal.
+    let mut finest = step;
+    for div in [2.0, 5.0] {
+        if fits(step / div) {
+            finest = step / div;
+        }
+    }
+    (-(finest.log10() + 1e-9).floor()).clamp(0.0, 9.0) as usize
+}
+
+fn fmt_num(v: f64, decimals: usize) -> String {
+    let s = format!("{v:.decimals$}");
+    // "-0" and "-0.00" read as a bug in a memory axis.
+    if s.trim_start_matches('-')
+        .chars()
+        .all(|c| c == '0' || c == '.')
+    {
+        s.trim_start_matches('-').to_string()
+    } else {
+        s
+    }
+}
+
+fn fmt_gb(bytes_gb: f64) -> String {
+    format!(
+        "{} GB ({} GiB)",
+        fmt_num(bytes_gb, 1),
+        fmt_num(bytes_gb * GB / GIB, 1)
+    )
+}
+
+/// Shortens `text` with an ellipsis until it fits `max_px`, so long rank
+/// class or category names stay inside their box instead of overprinting.
+fn fit_text<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    text: &str,
+    style: &TextStyle,
+    max_px: u32,
+) -> Option<String> {
+    let width = |s: &str| {
+        area.estimate_text_size(s, style)
+            .map(|(w, _)| w)
+            .unwrap_or(u32::MAX)
+    };
+    if width(text) <= max_px {
+        return Some(text.to_string());
+    }
+    let chars: Vec<char> = text.chars().collect();
+    for keep in (1..chars.len()).rev() {
+        let candidate: String = chars[..keep].iter().collect::<String>() + "…";
+        if width(&candidate) <= max_px {
+            return Some(candidate);
+        }
+    }
+    None
+}
+
+fn render(path: &Path, title: &str, panels: &[Prepared]) -> Result<(), String> {
+    let rows = panels.len().max(1) as u32;
+    let height = TITLE_HEIGHT + rows * PANEL_HEIGHT;
+    let root = BitMapBackend::new(path, (WIDTH, height)).into_drawing_area();
+    root.fill(&WHITE).map_err(draw_err("background"))?;
+    let (title_area, body) = root.split_vertically(TITLE_HEIGHT);
+    let title_style = font(TITLE_SIZE).pos(Pos::new(HPos::Center, VPos::Center));
+    if let Some(t) = fit_text(&title_area, title, &title_style, WIDTH - 40) {
+        title_area
+            .draw_text(
+                &t,
+                &title_style,
+                ((WIDTH / 2) as i32, (TITLE_HEIGHT / 2) as i32),
+            )
+            .map_err(draw_err("title"))?;
+    }
+
+    if panels.is_empty() {
+        let style = font(AXIS_DESC_SIZE).pos(Pos::new(HPos::Center, VPos::Center));
+        body.draw_text(
+            "no rank classes to plot",
+            &style,
+            ((WIDTH / 2) as i32, (PANEL_HEIGHT / 2) as i32),
+        )
+        .map_err(draw_err("empty-figure note"))?;
+    }
+    for (panel, area) in panels
+        .iter()
+        .zip(body.split_evenly((panels.len().max(1), 1)))
+    {
+        render_panel(&area, panel)?;
+    }
+    root.present()
+        .map_err(|e| format!("writing {} failed: {e}", path.display()))
+}
+
+fn render_panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    p: &Prepared,
+) -> Result<(), String> {
+    let (w, _) = area.dim_in_pixel();
+    let (chart_area, legend_area) = area.split_horizontally(w.saturating_sub(LEGEND_WIDTH));
+    let (x0, x1) = p.x_range;
+    let y_max = p.y_max_gb;
+    let y_max_gib = y_max * GB / GIB;
+
+    let caption_style = font(CAPTION_SIZE);
+    let caption = fit_text(
+        &chart_area,
+        &p.label,
+        &caption_style,
+        w.saturating_sub(LEGEND_WIDTH + 40),
+    )
+    .unwrap_or_default();
+    let mut chart = ChartBuilder::on(&chart_area)
+        .caption(caption, caption_style)
+        .margin_top(8)
+        .margin_left(10)
+        .margin_right(6)
+        .margin_bottom(6)
+        .x_label_area_size(52)
+        .y_label_area_size(82)
+        .right_y_label_area_size(82)
+        .build_cartesian_2d(x0..x1, 0.0..y_max)
+        .map_err(draw_err("chart axes"))?
+        .set_secondary_coord(x0..x1, 0.0..y_max_gib);
+
+    let x_dec = tick_decimals(x1 - x0, X_TICKS);
+    let y_dec = tick_decimals(y_max, Y_TICKS);
+    let gib_dec = tick_decimals(y_max_gib, Y_TICKS);
+    let x_fmt = |v: &f64| fmt_num(*v, x_dec);
+    let y_fmt = |v: &f64| fmt_num(*v, y_dec);
+    let gib_fmt = |v: &f64| fmt_num(*v, gib_dec);
+    chart
+        .configure_mesh()
+        .x_desc("time (s)")
+        .y_desc("memory (GB = 1e9 B)")
+        .label_style(font(LABEL_SIZE))
+        .axis_desc_style(font(AXIS_DESC_SIZE))
+        .x_labels(X_TICKS)
+        .y_labels(Y_TICKS)
+        .x_label_formatter(&x_fmt)
+        .y_label_formatter(&y_fmt)
+        .bold_line_style(RGBColor(0xDD, 0xDD, 0xDD))
+        .light_line_style(TRANSPARENT)
+        .draw()
+        .map_err(draw_err("mesh"))?;
+    chart
+        .configure_secondary_axes()
+        .y_desc("memory (GiB = 2^30 B)")
+        .label_style(font(LABEL_SIZE))
+        .axis_desc_style(font(AXIS_DESC_SIZE))
+        .y_labels(Y_TICKS)
+        .y_label_formatter(&gib_fmt)
+        .draw()
+        .map_err(draw_err("GiB axis"))?;
+
+    let (plot_w, _) = chart.plotting_area().dim_in_pixel();
+    let columns = plot_w.max(1) as usize;
+
+    // Phase bands go first so the data stays fully saturated on top of them.
+    let band_colors = [
+        RGBAColor(0x80, 0x80, 0x80, 0.10),
+        RGBAColor(0x56, 0xB4, 0xE9, 0.13),
+    ];
+    let visible_phases: Vec<(usize, &(String, f64, f64))> = p
+        .phases
+        .iter()
+        .enumerate()
+        // A zero-length phase has nothing to shade and would only add a label
+        // that collides with its neighbours.
+        .filter(|(_, (_, a, b))| *b > *a && *b >= x0 && *a <= x1)
+        .collect();
+    chart
+        .draw_series(visible_phases.iter().map(|(i, (_, a, b))| {
+            Rectangle::new(
+                [(a.max(x0), 0.0), (b.min(x1), y_max)],
+                band_colors[i % 2].filled(),
+            )
+        }))
+        .map_err(draw_err("phase bands"))?;
+
+    // Painter's algorithm: each layer is filled from zero up to its
+    // cumulative top, topmost first, so lower layers overdraw the part of
+    // the upper fill that belongs to them. Each curve is decimated on its
+    // own, which keeps every layer boundary's peaks.
+    let layer_paths: Vec<Vec<(f64, f64)>> = p
+        .layers
+        .iter()
+        .map(|l| {
+            let keep = decimate(&p.times, &l.top_gb, x0, x1, columns);
+            step_points(&p.times, &l.top_gb, &keep, p.step_end)
+        })
+        .collect();
+    for (layer, path) in p.layers.iter().zip(&layer_paths).rev() {
+        if path.is_empty() {
+            continue;
+        }
+        let mut poly = path.clone();
+        if let (Some(&(first_x, _)), Some(&(last_x, _))) = (path.first(), path.last()) {
+            poly.push((last_x, 0.0));
+            poly.push((first_x, 0.0));
+        }
+        chart
+            .draw_series(std::iter::once(Polygon::new(poly, layer.color.filled())))
+            .map_err(draw_err("stacked area"))?;
+    }
+    for (layer, path) in p.layers.iter().zip(&layer_paths) {
+        // A faint edge separates similar colours without turning short
+        // spikes (a few pixels wide) into solid outline colour.
+        let edge = darken(layer.color).mix(0.45);
+        chart
+            .draw_series(std::iter::once(PathElement::new(
+                path.clone(),
+                edge.stroke_width(1),
+            )))
+            .map_err(draw_err("layer edge"))?;
+    }
+
+    // Phase boundaries drawn over the stack, so phases stay readable where
+    // the stack hides the band tint.
+    let boundary = RGBAColor(0x30, 0x30, 0x30, 0.35);
+    let mut edges: Vec<f64> = visible_phases
+        .iter()
+        .flat_map(|(_, (_, a, b))| [*a, *b])
+        .filter(|x| *x > x0 && *x < x1)
+        .collect();
+    edges.sort_by(f64::total_cmp);
+    edges.dedup();
+    chart
+        .draw_series(
+            edges
+                .iter()
+                .map(|&x| PathElement::new(vec![(x, 0.0), (x, y_max)], boundary.stroke_width(1))),
+        )
+        .map_err(draw_err("phase boundaries"))?;
+
+    if let Some(r) = &p.reserved_gb {
+        let keep = decimate(&p.times, r, x0, x1, columns);
+        let pts = step_points(&p.times, r, &keep, p.step_end);
+        chart
+            .draw_series(LineSeries::new(pts, RESERVED_COLOR.stroke_width(2)))
+            .map_err(draw_err("reserved line"))?;
+    }
+
+    if p.capacity_gb > 0.0 {
+        let cap = p.capacity_gb;
+        chart
+            .draw_series(DashedLineSeries::new(
+                vec![(x0, cap), (x1, cap)],
+                12,
+                6,
+                CAPACITY_COLOR.stroke_width(3),
+            ))
+            .map_err(draw_err("capacity line"))?;
+        let style = font(LABEL_SIZE).color(&CAPACITY_COLOR);
+        let text = format!("capacity {}", fmt_gb(cap));
+        let (tw, th) = area.estimate_text_size(&text, &style).unwrap_or((0, 0));
+        let (tw, th) = (tw as i32, th as i32);
+        // Memory is usually low early in the run, so the label goes at the
+        // left end, unless the OOM label will need that corner.
+        let oom_on_left = p
+            .oom
+            .as_ref()
+            .is_some_and(|o| o.time_s < x0 + 0.45 * (x1 - x0));
+        let (anchor, dx) = if oom_on_left {
+            ((x1, cap), -(tw + 14))
+        } else {
+            ((x0, cap), 4)
+        };
+        chart
+            .draw_series(std::iter::once(
+                EmptyElement::at(anchor)
+                    + Rectangle::new([(dx, 5), (dx + tw + 10, th + 16)], WHITE.mix(0.85).filled())
+                    + Text::new(text, (dx + 5, 8), style),
+            ))
+            .map_err(draw_err("capacity label"))?;
+    }
+
+    let labels = place_phase_labels(&chart, area, &visible_phases, p)?;
+    let rows_used = labels.iter().map(|l| l.row + 1).max().unwrap_or(0);
+    // Phase labels after the data so nothing covers them; they live in the
+    // headroom above the data.
+    let label_style = font(LABEL_SIZE);
+    for l in labels {
+        let (tw, th) = area
+            .estimate_text_size(&l.text, &label_style)
+            .unwrap_or((0, 0));
+        let y = PHASE_ROW_TOP + l.row as i32 * PHASE_ROW_HEIGHT;
+        let backdrop = if l.row > 0 {
+            WHITE.mix(0.8)
+        } else {
+            TRANSPARENT
+        };
+        chart
+            .draw_series(std::iter::once(
+                EmptyElement::at((x0, y_max))
+                    + Rectangle::new(
+                        [
+                            (l.left - 3, y - 2),
+                            (l.left + tw as i32 + 3, y + th as i32 + 4),
+                        ],
+                        backdrop.filled(),
+                    )
+                    + Text::new(l.text, (l.left, y), label_style.clone()),
+            ))
+            .map_err(draw_err("phase label"))?;
+    }
+
+    // The OOM mark is the most important thing on the panel: drawn last.
+    if let Some(oom) = &p.oom {
+        draw_oom(
+            &mut chart,
+            area,
+            p,
+            oom,
+            PHASE_ROW_TOP + rows_used as i32 * PHASE_ROW_HEIGHT + 4,
+        )?;
+    }
+    if p.times.is_empty() {
+        let style = font(AXIS_DESC_SIZE).pos(Pos::new(HPos::Center, VPos::Center));
+        chart
+            .draw_series(std::iter::once(Text::new(
+                "no memory samples",
+                ((x0 + x1) / 2.0, y_max / 2.0),
+                style,
+            )))
+            .map_err(draw_err("empty-panel note"))?;
+    }
+
+    draw_legend(&legend_area, p)
+}
+
+const PHASE_ROW_TOP: i32 = 3;
+const PHASE_ROW_HEIGHT: i32 = 21;
+
+/// A phase label's final text, row, and left edge in pixels relative to the
+/// plot's left edge.
+struct PhaseLabel {
+    text: String,
+    row: usize,
+    left: i32,
+}
+
+/// Greedy left-to-right layout: a label sits centred over its band, may
+/// spill past a narrow band (a short optimizer phase still gets a readable
+/// name), and drops to a second row, then to a shortened form, rather than
+/// overprint its neighbour.
+fn place_phase_labels<DB: DrawingBackend>(
+    chart: &DualCoordChartContext<'_, DB, F64Coord, F64Coord>,
+    measure: &DrawingArea<DB, Shift>,
+    phases: &[(usize, &(String, f64, f64))],
+    p: &Prepared,
+) -> Result<Vec<PhaseLabel>, String> {
+    const GAP: i32 = 10;
+    let (x0, x1) = p.x_range;
+    let style = font(LABEL_SIZE);
+    let (plot_left, _) = chart.backend_coord(&(x0, p.y_max_gb));
+    let (plot_right, _) = chart.backend_coord(&(x1, p.y_max_gb));
+    let width = |s: &str| {
+        measure
+            .estimate_text_size(s, &style)
+            .map(|(w, _)| w as i32)
+            .unwrap_or(i32::MAX / 4)
+    };
+    let mut sorted: Vec<&(String, f64, f64)> = phases.iter().map(|(_, ph)| *ph).collect();
+    sorted.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let mut row_end = [i32::MIN / 2; 2];
+    let mut out = Vec::new();
+    for (label, a, b) in sorted {
+        if label.is_empty() {
+            continue;
+        }
+        let pa = chart.backend_coord(&(a.max(x0), p.y_max_gb)).0 - plot_left;
+        let pb = chart.backend_coord(&(b.min(x1), p.y_max_gb)).0 - plot_left;
+        let span = plot_right - plot_left;
+        let centre = (pa + pb) / 2;
+        let place = |w: i32| (centre - w / 2).clamp(2, (span - w - 2).max(2));
+        let w = width(label);
+        let mut placed = None;
+        if w <= span - 4 {
+            let left = place(w);
+            for (row, end) in row_end.iter().enumerate() {
+                if left >= end + GAP {
+                    placed = Some((label.clone(), row, left, w));
+                    break;
+                }
+            }
+        }
+        if placed.is_none() {
+            let room = (pb - pa - 6).min(pb - row_end[0] - GAP).max(0) as u32;
+            if let Some(t) = fit_text(measure, label, &style, room) {
+                let tw = width(&t);
+                placed = Some((t, 0, place(tw).max(row_end[0] + GAP), tw));
+            }
+        }
+        if let Some((text, row, left, w)) = placed {
+            row_end[row] = left + w;
+            out.push(PhaseLabel { text, row, left });
+        }
+    }
+    Ok(out)
+}
+
+type F64Coord = Cartesian2d<RangedCoordf64, RangedCoordf64>;
+
+fn draw_oom<DB: DrawingBackend>(
+    chart: &mut DualCoordChartContext<'_, DB, F64Coord, F64Coord>,
+    measure: &DrawingArea<DB, Shift>,
+    p: &Prepared,
+    oom: &OomMark,
+    label_top: i32,
+) -> Result<(), String> {
+    let (x0, x1) = p.x_range;
+    let y_max = p.y_max_gb;
+    let t = oom.time_s.clamp(x0, x1);
+    chart
+        .draw_series(std::iter::once(PathElement::new(
+            vec![(t, 0.0), (t, y_max)],
+            OOM_COLOR.stroke_width(3),
+        )))
+        .map_err(draw_err("OOM line"))?;
+    let total = p
+        .layers
+        .last()
+        .and_then(|l| value_at(&p.times, &l.top_gb, t))
+        .unwrap_or(0.0);
+    let marker_y = if total > 0.0 {
+        total
+    } else {
+        p.capacity_gb.min(y_max)
+    };
+    chart
+        .draw_series(std::iter::once(
+            EmptyElement::at((t, marker_y))
+                + Circle::new((0, 0), 9, WHITE.filled())
+                + Circle::new((0, 0), 7, OOM_COLOR.filled())
+                + Cross::new((0, 0), 4, WHITE.stroke_width(2)),
+        ))
+        .map_err(draw_err("OOM marker"))?;
+
+    let style = font(LABEL_SIZE).color(&OOM_COLOR);
+    let (pw, _) = chart.plotting_area().dim_in_pixel();
+    let text = if oom.label.is_empty() {
+        "OOM".to_string()
+    } else {
+        format!("OOM: {}", oom.label)
+    };
+    let Some(text) = fit_text(measure, &text, &style, pw / 2) else {
+        return Ok(());
+    };
+    let (tw, th) = measure.estimate_text_size(&text, &style).unwrap_or((0, 0));
+    let (tw, th) = (tw as i32, th as i32);
+    let (px, _) = chart.backend_coord(&(t, y_max));
+    let (left_edge, _) = chart.backend_coord(&(x1, y_max));
+    // Keep the box off the capacity line so both stay readable.
+    let box_h = th + 12;
+    let cap_px = chart.backend_coord(&(t, p.capacity_gb)).1 - chart.backend_coord(&(t, y_max)).1;
+    let y = if p.capacity_gb > 0.0 && cap_px >= label_top - 3 && cap_px <= label_top + box_h + 3 {
+        cap_px + 6
+    } else {
+        label_top
+    };
+    // Put the label on whichever side of the line has room for it.
+    let dx = if px + 14 + tw + 10 <= left_edge {
+        10
+    } else {
+        -(tw + 20)
+    };
+    chart
+        .draw_series(std::iter::once(
+            EmptyElement::at((t, y_max))
+                + Rectangle::new(
+                    [(dx, y), (dx + tw + 10, y + box_h)],
+                    WHITE.mix(0.9).filled(),
+                )
+                + Rectangle::new(
+                    [(dx, y), (dx + tw + 10, y + box_h)],
+                    OOM_COLOR.stroke_width(1),
+                )
+                + Text::new(text, (dx + 5, y + 6), style),
+        ))
+        .map_err(draw_err("OOM label"))?;
+    Ok(())
+}
+
+fn darken(c: RGBColor) -> RGBColor {
+    RGBColor(
+        (c.0 as f64 * 0.75) as u8,
+        (c.1 as f64 * 0.75) as u8,
+        (c.2 as f64 * 0.75) as u8,
+    )
+}
+
+/// Legend outside the plot, so it can never hide the peak it explains.
+fn draw_legend<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    p: &Prepared,
+) -> Result<(), String> {
+    enum Swatch {
+        Fill(RGBColor),
+        Line(RGBColor, bool),
+        Marker,
+    }
+    let mut entries: Vec<(Swatch, String)> = p
+        .layers
+        .iter()
+        .rev() // top of the stack listed first, matching the picture
+        .map(|l| (Swatch::Fill(l.color), l.name.clone()))
+        .collect();
+    if p.reserved_gb.is_some() {
+        entries.insert(
+            0,
+            (
+                Swatch::Line(RESERVED_COLOR, false),
+                "allocator reserved".to_string(),
+            ),
+        );
+    }
+    if p.capacity_gb > 0.0 {
+        entries.insert(
+            0,
+            (
+                Swatch::Line(CAPACITY_COLOR, true),
+                format!("capacity {}", fmt_gb(p.capacity_gb)),
+            ),
+        );
+    }
+    if p.oom.is_some() {
+        entries.push((Swatch::Marker, "out of memory".to_string()));
+    }
+
+    let style = font(LABEL_SIZE);
+    let (w, h) = area.dim_in_pixel();
+    let top = 44;
+    let row = 26;
+    let x_text = 42;
+    let max_rows = ((h as i32 - top - 20) / row).max(1) as usize;
+    let overflow = entries.len() > max_rows;
+    let shown = if overflow {
+        max_rows - 1
+    } else {
+        entries.len()
+    };
+    for (k, (swatch, name)) in entries.iter().take(shown).enumerate() {
+        let y = top + k as i32 * row;
+        match swatch {
+            Swatch::Fill(c) => area
+                .draw(&Rectangle::new(
+                    [(10, y - 8), (32, y + 8)],
+                    c.mix(0.9).filled(),
+                ))
+                .and_then(|_| {
+                    area.draw(&Rectangle::new(
+                        [(10, y - 8), (32, y + 8)],
+                        darken(*c).stroke_width(1),
+                    ))
+                }),
+            Swatch::Line(c, dashed) => {
+                if *dashed {
+                    area.draw(&PathElement::new(vec![(8, y), (16, y)], c.stroke_width(3)))
+                        .and_then(|_| {
+                            area.draw(&PathElement::new(vec![(24, y), (34, y)], c.stroke_width(3)))
+                        })
+                } else {
+                    area.draw(&PathElement::new(vec![(8, y), (34, y)], c.stroke_width(2)))
+                }
+            }
+            Swatch::Marker => area
+                .draw(&PathElement::new(
+                    vec![(21, y - 11), (21, y + 11)],
+                    OOM_COLOR.stroke_width(3),
+                ))
+                .and_then(|_| area.draw(&Circle::new((21, y), 7, OOM_COLOR.filled()))),
+        }
+        .map_err(draw_err("legend swatch"))?;
+        if let Some(t) = fit_text(area, name, &style, w.saturating_sub(x_text as u32 + 8)) {
+            area.draw_text(
+                &t,
+                &style.pos(Pos::new(HPos::Left, VPos::Center)),
+                (x_text, y),
+            )
+            .map_err(draw_err("legend text"))?;
+        }
+    }
+    if overflow {
+        let y = top + shown as i32 * row;
+        let more = format!("… {} more", entries.len() - shown);
+        area.draw_text(
+            &more,
+            &style.pos(Pos::new(HPos::Left, VPos::Center)),
+            (x_text, y),
+        )
+        .map_err(draw_err("legend text"))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PNG_SIGNATURE: [u8; 8] = [0x89, b'P', b'N', b'G', 0x0D, 0x0A, 0x1A, 0x0A];
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "stepsim-png-{}-{}-{name}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+        ));
+        let _ = std::fs::create_dir_all(&dir);
+        dir
+    }
+
+    fn panel(label: &str, n: usize, oom: bool) -> RankPanel {
+        let times: Vec<f64> = (0..n).map(|i| i as f64 * 0.01).collect();
+        let cats = ["parameters", "gradients", "optimizer state", "activations"];
+        let bytes = cats
+            .iter()
+            .enumerate()
+            .map(|(c, _)| {
+                (0..n)
+                    .map(|i| ((c as u64 + 1) * 2_000_000_000) + (i as u64 % 37) * 50_000_000)
+                    .collect()
+            })
+            .collect();
+        RankPanel {
+            label: label.to_string(),
+            capacity_bytes: 80_000_000_000,
+            categories: cats.iter().map(|s| s.to_string()).collect(),
+            times_s: times.clone(),
+            bytes,
+            reserved: Some(
+                (0..n)
+                    .map(|i| 24_000_000_000 + (i as u64 % 11) * 100_000_000)
+                    .collect(),
+            ),
+            phases: vec![
+                PhaseSpan {
+                    label: "forward".into(),
+                    start_s: 0.0,
+                    end_s: n as f64 * 0.004,
+                },
+                PhaseSpan {
+                    label: "backward".into(),
+                    start_s: n as f64 * 0.004,
+                    end_s: n as f64 * 0.01,
+                },
+            ],
+            oom: oom.then(|| OomMark {
+                time_s: n as f64 * 0.007,
+                label: "alloc of 4 GB failed".into(),
+            }),
+        }
+    }
+
+    fn assert_png(path: &Path) {
+        let data = std::fs::read(path).unwrap_or_default();
+        assert!(
+            data.len() > 10_000,
+            "PNG suspiciously small: {} bytes",
+            data.len()
+        );
+        assert_eq!(&data[..8], &PNG_SIGNATURE);
+        assert!(!tmp_path(path).exists(), "temporary file left behind");
+    }
+
+    #[test]
+    fn two_panel_plot_is_a_png() {
+        let dir = scratch("two");
+        let path = dir.join("memory.png");
+        let plot = MemoryPlot {
+            title: "test plot".into(),
+            panels: vec![
+                panel("rank class 0", 500, false),
+                panel("rank class 1", 300, true),
+            ],
+        };
+        assert_eq!(write_memory_png(&path, &plot), Ok(()));
+        assert_png(&path);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn degenerate_inputs_do_not_panic() {
+        let dir = scratch("degenerate");
+        let mut cases: Vec<MemoryPlot> = vec![MemoryPlot {
+            title: String::new(),
+            panels: vec![],
+        }];
+        let empty = RankPanel {
+            label: String::new(),
+            capacity_bytes: 0,
+            categories: vec![],
+            times_s: vec![],
+            bytes: vec![],
+            reserved: None,
+            phases: vec![],
+            oom: None,
+        };
+        cases.push(MemoryPlot {
+            title: "empty panel".into(),
+            panels: vec![empty.clone()],
+        });
+        let mut single = panel("single", 1, true);
+        single.phases.clear();
+        cases.push(MemoryPlot {
+            title: "single".into(),
+            panels: vec![single],
+        });
+        let mut flat = panel("same time", 50, true);
+        flat.times_s = vec![3.0; 50];
+        cases.push(MemoryPlot {
+            title: "flat".into(),
+            panels: vec![flat],
+        });
+        let mut zeros = panel("zeros", 20, false);
+        zeros
+            .bytes
+            .iter_mut()
+            .for_each(|s| s.iter_mut().for_each(|b| *b = 0));
+        zeros.reserved = None;
+        zeros.capacity_bytes = 0;
+        cases.push(MemoryPlot {
+            title: "zeros".into(),
+            panels: vec![zeros],
+        });
+        let mut weird = panel("weird", 10, true);
+        weird.times_s[3] = f64::NAN;
+        weird.times_s.swap(1, 7);
+        weird.phases.push(PhaseSpan {
+            label: "x".repeat(500),
+            start_s: f64::INFINITY,
+            end_s: 1.0,
+        });
+        weird.phases.push(PhaseSpan {
+            label: "reversed".into(),
+            start_s: 0.09,
+            end_s: 0.01,
+        });
+        weird.bytes[0][2] = u64::MAX;
+        weird.label = "L".repeat(1000);
+        if let Some(o) = weird.oom.as_mut() {
+            o.time_s = 1e12;
+        }
+        cases.push(MemoryPlot {
+            title: "T".repeat(1000),
+            panels: vec![weird],
+        });
+        let mut mismatched = panel("mismatched", 10, false);
+        mismatched.bytes[1].pop();
+        cases.push(MemoryPlot {
+            title: "bad".into(),
+            panels: vec![mismatched],
+        });
+
+        for (i, plot) in cases.iter().enumerate() {
+            let path = dir.join(format!("case{i}.png"));
+            let r = write_memory_png(&path, plot);
+            if r.is_ok() {
+                assert_png(&path);
+            }
+        }
+        let mismatch = cases
+            .last()
+            .map(|p| write_memory_png(&dir.join("m.png"), p));
+        assert!(matches!(mismatch, Some(Err(_))));
+        // A directory that does not exist is an error, not a panic.
+        let missing = dir.join("no/such/dir/x.png");
+        assert!(write_memory_png(&missing, &cases[1]).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn decimation_keeps_column_maxima() {
+        let n = 200_000;
+        let times: Vec<f64> = (0..n).map(|i| i as f64).collect();
+        let mut values: Vec<f64> = (0..n).map(|i| (i % 100) as f64).collect();
+        values[123_457] = 1e6;
+        values[7] = -5.0;
+        let keep = decimate(&times, &values, 0.0, n as f64, 1000);
+        assert!(keep.len() <= 1000 * SAMPLES_PER_COLUMN);
+        assert!(
+            keep.windows(2).all(|w| w[0] < w[1]),
+            "indices must stay in time order"
+        );
+        assert!(keep.contains(&123_457), "global peak dropped");
+        assert!(keep.contains(&7), "global minimum dropped");
+        assert_eq!(keep.first(), Some(&0));
+        assert_eq!(keep.last(), Some(&(n - 1)));
+        // Every column's maximum survives.
+        let per_col = n / 1000;
+        for col in 0..1000 {
+            let range = col * per_col..(col + 1) * per_col;
+            let max = values[range.clone()]
+                .iter()
+                .copied()
+                .fold(f64::MIN, f64::max);
+            let kept = keep
+                .iter()
+                .filter(|i| range.contains(i))
+                .map(|&i| values[i])
+                .fold(f64::MIN, f64::max);
+            assert_eq!(kept, max, "column {col}");
+        }
+        // Small inputs pass through untouched.
+        assert_eq!(
+            decimate(&times[..10], &values[..10], 0.0, 10.0, 1000),
+            (0..10).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn many_samples_render_quickly() {
+        let dir = scratch("big");
+        let path = dir.join("big.png");
+        let plot = MemoryPlot {
+            title: "big".into(),
+            panels: vec![panel("100k", 100_000, true)],
+        };
+        let start = std::time::Instant::now();
+        assert_eq!(write_memory_png(&path, &plot), Ok(()));
+        let took = start.elapsed();
+        assert_png(&path);
+        // Generous bound: unoptimised test builds are slow; the point is that
+        // the cost does not scale with the sample count.
+        assert!(took.as_secs_f64() < 5.0, "took {took:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn step_points_hold_values() {
+        let pts = step_points(&[0.0, 1.0, 2.0], &[1.0, 3.0, 2.0], &[0, 1, 2], 4.0);
+        assert_eq!(
+            pts,
+            vec![
+                (0.0, 1.0),
+                (1.0, 1.0),
+                (1.0, 3.0),
+                (2.0, 3.0),
+                (2.0, 2.0),
+                (4.0, 2.0)
+            ]
+        );
+        assert_eq!(value_at(&[0.0, 1.0, 2.0], &[1.0, 3.0, 2.0], 1.5), Some(3.0));
+        assert_eq!(value_at(&[0.0, 1.0], &[1.0, 3.0], -1.0), None);
+    }
+}

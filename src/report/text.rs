@@ -1,0 +1,118 @@
+//! The plain-text report printed by `stepsim run`.
+
+use std::fmt::Write;
+
+use super::{fmt_bytes, Report, Verdict};
+use crate::scenario::Scenario;
+
+fn sep(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+pub fn render(r: &Report, s: &Scenario) -> String {
+    let mut o = String::new();
+    let m = &s.model;
+    let c = &s.cluster;
+    let t = &s.training;
+    let p = &s.parallel;
+    let _ = writeln!(o, "stepsim {} - scenario {}", r.stepsim_version, r.scenario);
+    if !r.description.is_empty() {
+        for line in r.description.lines() {
+            let _ = writeln!(o, "  {line}");
+        }
+    }
+    let _ = writeln!(o);
+    let _ = writeln!(
+        o,
+        "Model      {:?} family, {} layers, hidden {}, {} heads ({} kv), ffn {}, vocab {}{}",
+        m.family, m.n_layers, m.hidden, m.n_heads, m.n_kv_heads, m.ffn_hidden, m.vocab,
+        if m.tie_embeddings { ", tied embeddings" } else { "" }
+    );
+    let _ = writeln!(o, "           {} parameters ({})", sep(r.param_count), r.param_count_human);
+    let _ = writeln!(
+        o,
+        "Hardware   {} x {} ({} node(s) x {}), capacity {} per GPU = device {} - CUDA context {}",
+        c.gpus, c.gpu.name, c.nodes(), c.gpus_per_node, fmt_bytes(r.capacity.bytes), fmt_bytes(c.memory_bytes), fmt_bytes(c.cuda_context_bytes)
+    );
+    let _ = writeln!(
+        o,
+        "Parallel   sharding {:?} ({:?} semantics), reshard_after_forward={}, backward_prefetch={:?}, limit_all_gathers={}",
+        p.sharding, p.framework, p.reshard_after_forward, p.backward_prefetch, p.limit_all_gathers
+    );
+    let _ = writeln!(
+        o,
+        "Training   micro-batch {} x seq {} x grad_accum {}, {:?} ({:?}), precision {}, checkpointing {:?}, {:?} attention",
+        t.micro_batch, t.seq_len, t.grad_accum, t.optimizer, t.optimizer_impl, t.precision.preset, t.checkpointing, s.workload.attention
+    );
+    let ms = &r.model_state_per_gpu;
+    let _ = writeln!(o, "\nModel state per GPU at rest (steady state, after backward)");
+    for (name, b) in [("parameters", &ms.parameters), ("master weights", &ms.master_weights), ("gradients", &ms.gradients), ("optimizer state", &ms.optimizer_state)] {
+        if b.bytes > 0 {
+            let _ = writeln!(o, "  {name:<18} {}", fmt_bytes(b.bytes));
+        }
+    }
+    let _ = writeln!(o, "  {:<18} {}  ({:.2} B/param x {} params / {} GPUs; naive average {})", "total", fmt_bytes(ms.total.bytes), ms.bytes_per_param, r.param_count_human, c.gpus, fmt_bytes(ms.naive_average.bytes));
+
+    let _ = writeln!(o);
+    match &r.verdict {
+        Verdict::Fits { headroom } => {
+            let _ = writeln!(o, "Verdict    FITS: {} of headroom at the peak", fmt_bytes(headroom.bytes));
+        }
+        Verdict::Oom(x) => {
+            let layer = x.at.layer.map(|l| format!(", layer {l}")).unwrap_or_default();
+            let step = if x.at.step == 0 { "before the first step".to_string() } else { format!("step {}", x.at.step) };
+            let _ = writeln!(o, "Verdict    OOM in {}, phase {}{}, op `{}`, micro-batch {} (t = {:.3} s)", step, x.at.phase.name(), layer, x.at.op, x.at.micro_batch, x.at.time_s);
+            let _ = writeln!(o, "           tried to allocate {} for {}", fmt_bytes(x.requested.bytes), x.tensor);
+            let _ = writeln!(o, "           {} already allocated of {} capacity ({} free)", fmt_bytes(x.allocated.bytes), fmt_bytes(x.capacity.bytes), fmt_bytes(x.free.bytes));
+            let _ = writeln!(o, "  live at that instant, by category:");
+            for cb in &x.live_by_category {
+                let _ = writeln!(o, "    {:<40} {}", cb.label, fmt_bytes(cb.size.bytes));
+            }
+            let _ = writeln!(o, "  largest live tensors:");
+            for (n, b) in x.largest_live.iter().take(5) {
+                let _ = writeln!(o, "    {:<60} {}", n, fmt_bytes(b.bytes));
+            }
+        }
+    }
+    if let Some(pk) = &r.peak {
+        let layer = pk.at.layer.map(|l| format!(", layer {l}")).unwrap_or_default();
+        let _ = writeln!(o, "\nPeak       {} allocated (max_memory_allocated), {} reserved", fmt_bytes(pk.allocated.bytes), fmt_bytes(pk.reserved.bytes));
+        let _ = writeln!(o, "           at step {}, {}{}, op `{}`", pk.at.step, pk.at.phase.name(), layer, pk.at.op);
+        for cb in &pk.breakdown {
+            let _ = writeln!(o, "    {:<40} {}", cb.label, fmt_bytes(cb.size.bytes));
+        }
+    }
+    if !r.phase_peaks.is_empty() {
+        let _ = writeln!(o, "\nPeak by phase");
+        for pp in &r.phase_peaks {
+            let _ = writeln!(o, "  step {} {:<10} {}  at `{}`", pp.step, pp.phase.name(), fmt_bytes(pp.allocated.bytes), pp.op);
+        }
+    }
+    if !r.steps.is_empty() {
+        let _ = writeln!(o, "\nTime");
+        for st in &r.steps {
+            let _ = writeln!(o, "  step {}: {:.3} s (compute busy {:.3} s, communication busy {:.3} s, compute idle {:.3} s)", st.step, st.time_s, st.compute_busy_s, st.comm_busy_s, st.compute_idle_s);
+        }
+    }
+    if let Some(tp) = &r.throughput {
+        let _ = writeln!(o, "  steady state: {:.3} s/step, {} tokens/step, {:.0} tokens/s ({:.1} per GPU), MFU {:.1}%, HFU {:.1}%", tp.step_time_s, sep(tp.tokens_per_step), tp.tokens_per_s, tp.tokens_per_s_per_gpu, tp.mfu * 100.0, tp.hfu * 100.0);
+        for a in &tp.assumptions {
+            let _ = writeln!(o, "    - {a}");
+        }
+    } else if matches!(r.verdict, Verdict::Oom(_)) {
+        let _ = writeln!(o, "\nTime       not reported: the step did not complete");
+    }
+    let _ = writeln!(o, "\nAssumptions");
+    for a in &r.assumptions {
+        let _ = writeln!(o, "  - {a}");
+    }
+    o
+}

@@ -1,0 +1,371 @@
+//! Scenario files (TOML): serde types mirroring what a user's FSDP / DeepSpeed / training
+//! config says, defaults, and validation with errors that name the file and the field.
+
+pub mod error;
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+pub use error::ScenarioError;
+
+use crate::hardware::{self, Cluster};
+use crate::model::{Attention, Dtype, Family, ModelConfig, Workload};
+use crate::plan::{BackwardPrefetch, Checkpointing, Framework, OptimizerImpl, OptimizerKind, ParallelConfig, Precision, Sharding, TrainingConfig};
+
+/// PyTorch's CUDA context with lazy module loading (the default since CUDA 11.7 / PyTorch
+/// 2.0) holds about 300-500 MB outside the caching allocator (pytorch/pytorch#107667,
+/// #109888); we take 512 MiB.
+pub const DEFAULT_CUDA_CONTEXT: u64 = 512 << 20;
+
+// ---------------------------------------------------------------- file types
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScenarioFile {
+    /// Defaults to the file stem.
+    pub name: Option<String>,
+    pub description: Option<String>,
+    pub model: ModelSection,
+    pub hardware: HardwareSection,
+    #[serde(default)]
+    pub parallel: ParallelSection,
+    pub training: TrainingSection,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    pub family: String,
+    pub n_layers: i64,
+    pub hidden: i64,
+    pub n_heads: i64,
+    pub n_kv_heads: Option<i64>,
+    pub ffn_hidden: Option<i64>,
+    pub vocab: i64,
+    pub max_seq_len: Option<i64>,
+    pub tie_embeddings: Option<bool>,
+    pub dropout: Option<f64>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HardwareSection {
+    pub gpu: String,
+    pub gpus: i64,
+    pub gpus_per_node: Option<i64>,
+    /// Overrides the catalog's device memory, bytes.
+    pub memory_capacity: Option<i64>,
+    /// Memory outside PyTorch's allocator (CUDA context, libraries), bytes.
+    pub cuda_context: Option<i64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParallelSection {
+    pub sharding: Option<String>,
+    pub framework: Option<String>,
+    pub wrap: Option<String>,
+    pub reshard_after_forward: Option<bool>,
+    pub backward_prefetch: Option<String>,
+    pub forward_prefetch: Option<bool>,
+    pub limit_all_gathers: Option<bool>,
+    pub gradient_as_bucket_view: Option<bool>,
+    pub bucket_cap_mb: Option<f64>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainingSection {
+    pub micro_batch: i64,
+    pub seq_len: i64,
+    pub grad_accum: Option<i64>,
+    pub steps: Option<i64>,
+    pub optimizer: Option<String>,
+    pub momentum: Option<bool>,
+    pub optimizer_impl: Option<String>,
+    pub precision: Option<String>,
+    pub param_dtype: Option<String>,
+    pub compute_dtype: Option<String>,
+    pub grad_dtype: Option<String>,
+    pub master_dtype: Option<String>,
+    pub optimizer_state_dtype: Option<String>,
+    pub activation_checkpointing: Option<String>,
+    pub attention: Option<String>,
+    pub logits_fp32: Option<bool>,
+}
+
+// ---------------------------------------------------------------- validated scenario
+
+/// A scenario that passed validation: everything downstream can trust it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Scenario {
+    pub name: String,
+    pub description: String,
+    pub source: PathBuf,
+    pub model: ModelConfig,
+    pub workload: Workload,
+    pub cluster: Cluster,
+    pub parallel: ParallelConfig,
+    pub training: TrainingConfig,
+}
+
+impl Scenario {
+    /// Reads and validates a scenario file.
+    pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
+        let src = std::fs::read_to_string(path).map_err(|e| ScenarioError::new(path, "", format!("cannot read the scenario file: {e}")))?;
+        Scenario::from_toml(path, &src)
+    }
+
+    /// Parses and validates scenario text; `path` names it in errors.
+    pub fn from_toml(path: &Path, src: &str) -> Result<Scenario, ScenarioError> {
+        let file: ScenarioFile = toml::from_str(src).map_err(|e| error::from_toml(path, src, &e))?;
+        let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "scenario".into());
+        validate(path, &stem, file)
+    }
+
+    pub fn dp_degree(&self) -> u64 {
+        u64::from(self.cluster.gpus)
+    }
+
+    /// Tokens one optimizer step consumes across all ranks.
+    pub fn tokens_per_step(&self) -> u64 {
+        self.training.micro_batch * self.training.seq_len * self.training.grad_accum * self.dp_degree()
+    }
+}
+
+struct V<'a> {
+    path: &'a Path,
+}
+
+impl V<'_> {
+    fn err(&self, field: &str, msg: impl Into<String>) -> ScenarioError {
+        ScenarioError::new(self.path, field, msg)
+    }
+    fn positive(&self, field: &str, v: i64) -> Result<u64, ScenarioError> {
+        if v <= 0 {
+            return Err(self.err(field, format!("must be a positive integer, got {v}")));
+        }
+        Ok(v as u64)
+    }
+    fn choice<'s>(&self, field: &str, v: &'s str, allowed: &[&str]) -> Result<&'s str, ScenarioError> {
+        if allowed.contains(&v) {
+            Ok(v)
+        } else {
+            Err(self.err(field, format!("unknown value \"{v}\"; allowed: {}", allowed.iter().map(|a| format!("\"{a}\"")).collect::<Vec<_>>().join(", "))))
+        }
+    }
+    fn dtype(&self, field: &str, v: &str) -> Result<Dtype, ScenarioError> {
+        Dtype::parse(v).ok_or_else(|| self.err(field, format!("unknown dtype \"{v}\"; allowed: \"fp32\", \"bf16\", \"fp16\"")))
+    }
+}
+
+fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, ScenarioError> {
+    let v = V { path };
+    // --- model
+    let m = &f.model;
+    let family = match v.choice("model.family", &m.family, &["gpt", "llama"])? {
+        "gpt" => Family::Gpt,
+        _ => Family::Llama,
+    };
+    let n_layers = v.positive("model.n_layers", m.n_layers)?;
+    let hidden = v.positive("model.hidden", m.hidden)?;
+    let n_heads = v.positive("model.n_heads", m.n_heads)?;
+    if hidden % n_heads != 0 {
+        return Err(v.err("model.n_heads", format!("must divide model.hidden ({hidden}); {n_heads} does not")));
+    }
+    if (hidden / n_heads) % 2 != 0 && family == Family::Llama {
+        return Err(v.err("model.n_heads", format!("rotary embeddings need an even head dimension; hidden / n_heads = {}", hidden / n_heads)));
+    }
+    let n_kv_heads = match m.n_kv_heads {
+        None => n_heads,
+        Some(k) => {
+            let k = v.positive("model.n_kv_heads", k)?;
+            if family == Family::Gpt && k != n_heads {
+                return Err(v.err("model.n_kv_heads", format!("the gpt family has multi-head attention: n_kv_heads must equal n_heads ({n_heads}) or be left out")));
+            }
+            if n_heads % k != 0 {
+                return Err(v.err("model.n_kv_heads", format!("must divide model.n_heads ({n_heads}); {k} does not")));
+            }
+            k
+        }
+    };
+    let ffn_hidden = match m.ffn_hidden {
+        Some(x) => v.positive("model.ffn_hidden", x)?,
+        None => match family {
+            Family::Gpt => 4 * hidden,
+            // Llama's rule: 2/3 of 4h, rounded up to a multiple of 256.
+            Family::Llama => (8 * hidden / 3).div_ceil(256) * 256,
+        },
+    };
+    let vocab = v.positive("model.vocab", m.vocab)?;
+    let t = &f.training;
+    let micro_batch = v.positive("training.micro_batch", t.micro_batch)?;
+    let seq_len = v.positive("training.seq_len", t.seq_len)?;
+    let max_seq_len = match m.max_seq_len {
+        Some(x) => v.positive("model.max_seq_len", x)?,
+        None => seq_len,
+    };
+    if seq_len > max_seq_len {
+        return Err(v.err("training.seq_len", format!("{seq_len} exceeds model.max_seq_len ({max_seq_len})")));
+    }
+    let dropout = m.dropout.unwrap_or(0.0);
+    if !(0.0..1.0).contains(&dropout) {
+        return Err(v.err("model.dropout", format!("must be in [0, 1), got {dropout}")));
+    }
+    let model = ModelConfig {
+        family,
+        n_layers,
+        hidden,
+        n_heads,
+        n_kv_heads,
+        ffn_hidden,
+        vocab,
+        max_seq_len,
+        tie_embeddings: m.tie_embeddings.unwrap_or(family == Family::Gpt),
+        dropout,
+    };
+
+    // --- hardware
+    let h = &f.hardware;
+    let gpu = hardware::lookup(&h.gpu).ok_or_else(|| v.err("hardware.gpu", format!("unknown GPU \"{}\"; the catalog has: {}", h.gpu, hardware::names().join(", "))))?;
+    let gpus = v.positive("hardware.gpus", h.gpus)?;
+    let gpus_per_node = match h.gpus_per_node {
+        Some(x) => v.positive("hardware.gpus_per_node", x)?,
+        None => gpus.min(8),
+    };
+    if gpus_per_node > gpus {
+        return Err(v.err("hardware.gpus_per_node", format!("{gpus_per_node} GPUs per node is more than hardware.gpus ({gpus})")));
+    }
+    if gpus % gpus_per_node != 0 {
+        return Err(v.err("hardware.gpus_per_node", format!("must divide hardware.gpus ({gpus}); {gpus_per_node} does not")));
+    }
+    if gpus > u64::from(u32::MAX) {
+        return Err(v.err("hardware.gpus", "too many GPUs"));
+    }
+    let memory_bytes = match h.memory_capacity {
+        Some(x) => v.positive("hardware.memory_capacity", x)?,
+        None => gpu.memory_bytes,
+    };
+    let cuda_context_bytes = match h.cuda_context {
+        Some(x) if x < 0 => return Err(v.err("hardware.cuda_context", format!("must be >= 0 bytes, got {x}"))),
+        Some(x) => x as u64,
+        None => DEFAULT_CUDA_CONTEXT,
+    };
+    if cuda_context_bytes >= memory_bytes {
+        return Err(v.err("hardware.cuda_context", format!("{cuda_context_bytes} bytes leaves nothing of the {memory_bytes}-byte device")));
+    }
+    let cluster = Cluster { gpu: gpu.clone(), gpus: gpus as u32, gpus_per_node: gpus_per_node as u32, memory_bytes, cuda_context_bytes };
+
+    // --- parallel
+    let p = &f.parallel;
+    let sharding = match v.choice("parallel.sharding", p.sharding.as_deref().unwrap_or("none"), &["none", "zero1", "zero2", "shard_grad_op", "zero3", "full_shard", "hybrid_shard"])? {
+        "none" => Sharding::None,
+        "zero1" => Sharding::Zero1,
+        "zero2" | "shard_grad_op" => Sharding::Zero2,
+        "zero3" | "full_shard" => Sharding::Zero3,
+        _ => Sharding::HybridShard,
+    };
+    let framework = match v.choice("parallel.framework", p.framework.as_deref().unwrap_or("fsdp"), &["fsdp", "deepspeed"])? {
+        "fsdp" => Framework::Fsdp,
+        _ => Framework::Deepspeed,
+    };
+    v.choice("parallel.wrap", p.wrap.as_deref().unwrap_or("block"), &["block"])?;
+    if sharding == Sharding::Zero2 && p.reshard_after_forward == Some(true) {
+        return Err(v.err("parallel.reshard_after_forward", "SHARD_GRAD_OP / zero2 keeps parameters gathered between forward and backward; use sharding = \"full_shard\" to reshard after forward"));
+    }
+    let backward_prefetch = match v.choice("parallel.backward_prefetch", p.backward_prefetch.as_deref().unwrap_or("pre"), &["pre", "post", "none"])? {
+        "pre" => BackwardPrefetch::Pre,
+        "post" => BackwardPrefetch::Post,
+        _ => BackwardPrefetch::None,
+    };
+    let bucket_cap_mb = p.bucket_cap_mb.unwrap_or(25.0);
+    if !(bucket_cap_mb > 0.0 && bucket_cap_mb.is_finite()) {
+        return Err(v.err("parallel.bucket_cap_mb", format!("must be a positive number of MB, got {bucket_cap_mb}")));
+    }
+    // Defaults: PyTorch 2.x FSDP1 `FullyShardedDataParallel` (reshard_after_forward is
+    // implied by FULL_SHARD, backward_prefetch=BACKWARD_PRE, forward_prefetch=False,
+    // limit_all_gathers=True) and DDP (`bucket_cap_mb=25`, `gradient_as_bucket_view=False`).
+    let parallel = ParallelConfig {
+        sharding,
+        framework,
+        reshard_after_forward: p.reshard_after_forward.unwrap_or(true),
+        backward_prefetch,
+        forward_prefetch: p.forward_prefetch.unwrap_or(false),
+        limit_all_gathers: p.limit_all_gathers.unwrap_or(true),
+        gradient_as_bucket_view: p.gradient_as_bucket_view.unwrap_or(false),
+        bucket_bytes: (bucket_cap_mb * 1e6).round() as u64,
+    };
+
+    // --- training
+    let grad_accum = match t.grad_accum {
+        Some(x) => v.positive("training.grad_accum", x)?,
+        None => 1,
+    };
+    let steps = match t.steps {
+        Some(x) => v.positive("training.steps", x)?,
+        None => 2,
+    };
+    if steps > 100 {
+        return Err(v.err("training.steps", format!("at most 100 steps are simulated, got {steps}")));
+    }
+    let optimizer = match v.choice("training.optimizer", t.optimizer.as_deref().unwrap_or("adamw"), &["adamw", "adam", "sgd"])? {
+        "adamw" => OptimizerKind::AdamW,
+        "adam" => OptimizerKind::Adam,
+        _ => OptimizerKind::Sgd,
+    };
+    if t.momentum.is_some() && optimizer != OptimizerKind::Sgd {
+        return Err(v.err("training.momentum", "only applies to optimizer = \"sgd\" (Adam always keeps two moments)"));
+    }
+    let default_impl = if framework == Framework::Deepspeed { "fused" } else { "foreach" };
+    let optimizer_impl = match v.choice("training.optimizer_impl", t.optimizer_impl.as_deref().unwrap_or(default_impl), &["foreach", "fused", "for-loop"])? {
+        "foreach" => OptimizerImpl::Foreach,
+        "fused" => OptimizerImpl::Fused,
+        _ => OptimizerImpl::ForLoop,
+    };
+    let preset = t.precision.as_deref().unwrap_or("bf16-mixed-adam");
+    let mut precision = Precision::preset(preset).ok_or_else(|| {
+        v.err("training.precision", format!("unknown preset \"{preset}\"; allowed: {}", Precision::preset_names().iter().map(|a| format!("\"{a}\"")).collect::<Vec<_>>().join(", ")))
+    })?;
+    if let Some(d) = &t.param_dtype {
+        precision.param = v.dtype("training.param_dtype", d)?;
+    }
+    if let Some(d) = &t.compute_dtype {
+        precision.compute = v.dtype("training.compute_dtype", d)?;
+    }
+    if let Some(d) = &t.grad_dtype {
+        precision.grad = v.dtype("training.grad_dtype", d)?;
+    }
+    if let Some(d) = &t.master_dtype {
+        precision.master = if d == "none" { None } else { Some(v.dtype("training.master_dtype", d).map_err(|_| v.err("training.master_dtype", format!("unknown dtype \"{d}\"; allowed: \"none\", \"fp32\", \"bf16\", \"fp16\"")))?) };
+    }
+    if let Some(d) = &t.optimizer_state_dtype {
+        precision.optimizer_state = v.dtype("training.optimizer_state_dtype", d)?;
+    }
+    let checkpointing = match v.choice("training.activation_checkpointing", t.activation_checkpointing.as_deref().unwrap_or("none"), &["none", "full", "selective"])? {
+        "none" => Checkpointing::None,
+        "full" => Checkpointing::Full,
+        _ => Checkpointing::Selective,
+    };
+    let attention = match v.choice("training.attention", t.attention.as_deref().unwrap_or("flash"), &["flash", "math"])? {
+        "flash" => Attention::Flash,
+        _ => Attention::Math,
+    };
+    let training = TrainingConfig {
+        micro_batch,
+        seq_len,
+        grad_accum,
+        steps: steps as u32,
+        optimizer,
+        momentum: t.momentum.unwrap_or(true),
+        optimizer_impl,
+        precision: precision.clone(),
+        checkpointing,
+    };
+    let workload = Workload { micro_batch, seq_len, compute_dtype: precision.compute, attention, logits_fp32: t.logits_fp32.unwrap_or(true) };
+    let name = f.name.clone().unwrap_or_else(|| stem.to_string());
+    if name.is_empty() || name.contains(['/', '\\']) || name == "." || name == ".." {
+        return Err(v.err("name", format!("\"{name}\" cannot name an output folder; use letters, digits, '-', '_' or '.'")));
+    }
+    Ok(Scenario { name, description: f.description.clone().unwrap_or_default(), source: path.to_path_buf(), model, workload, cluster, parallel, training })
+}

@@ -1,0 +1,80 @@
+//! What a task is, in the user's terms: step, phase, micro-batch, layer and op.
+
+use serde::Serialize;
+
+use crate::model::Region;
+
+/// Training phases, as the OOM checklist names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Loading weights and creating persistent state before the first step.
+    Init,
+    Forward,
+    /// Backward, including recomputation and gradient reduction.
+    Backward,
+    /// `optimizer.step()` and `zero_grad()`.
+    Optimizer,
+}
+
+impl Phase {
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Init => "init",
+            Phase::Forward => "forward",
+            Phase::Backward => "backward",
+            Phase::Optimizer => "optimizer",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskKind {
+    Init,
+    Forward,
+    Backward,
+    Recompute,
+    AllGather,
+    ReduceScatter,
+    AllReduce,
+    Optimizer,
+    ZeroGrad,
+}
+
+impl TaskKind {
+    pub fn is_comm(self) -> bool {
+        matches!(self, TaskKind::AllGather | TaskKind::ReduceScatter | TaskKind::AllReduce)
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TaskLabel {
+    /// 0 for initialisation, then 1, 2, ...
+    pub step: u32,
+    pub phase: Phase,
+    pub micro_batch: u32,
+    /// Op or collective, e.g. `layers.37.mlp.c_fc` or `all-gather layers.37`.
+    pub what: String,
+    pub kind: TaskKind,
+    /// FSDP unit index (0 = root).
+    pub unit: Option<usize>,
+    pub region: Option<Region>,
+}
+
+impl TaskLabel {
+    pub fn new(step: u32, phase: Phase, micro_batch: u32, what: String, kind: TaskKind, unit: Option<usize>) -> Self {
+        TaskLabel { step, phase, micro_batch, what, kind, unit, region: None }
+    }
+    pub fn with_region(mut self, r: Region) -> Self {
+        self.region = Some(r);
+        self
+    }
+    /// The transformer layer this task belongs to, if any.
+    pub fn layer(&self) -> Option<u64> {
+        match self.region {
+            Some(Region::Block(l)) => Some(l),
+            _ => self.unit.and_then(|u| u.checked_sub(1)).map(|l| l as u64),
+        }
+    }
+}

@@ -1,0 +1,672 @@
+//! Plan + DAG -> one rank's [`Program`]: initialisation, then for each step and micro-batch
+//! the forward ops, the backward ops (with recomputation under activation checkpointing),
+//! FSDP/ZeRO all-gathers and reduce-scatters, DDP bucket all-reduces, the optimizer step and
+//! `zero_grad(set_to_none=True)`.
+//!
+//! Streams: `compute`, and `nccl`: every collective of the data-parallel process group in
+//! the order the CPU issues it, because NCCL runs the operations of one communicator in
+//! issue order even when PyTorch enqueues them from different CUDA streams (FSDP's unshard
+//! and post-backward streams share the process group).
+//!
+//! Lifetimes follow PyTorch:
+//! - a forward output no backward needs is freed after its last forward consumer; a saved
+//!   one after the backward of the last op that saved it;
+//! - a gradient w.r.t. an activation is allocated by the first consumer's backward and freed
+//!   after its producer's backward;
+//! - FSDP: a unit's gathered parameters live from its all-gather to the end of its forward
+//!   (`reshard_after_forward`, never for the root unit) and again from the backward
+//!   all-gather to the end of its backward; its unsharded gradients live until its
+//!   reduce-scatter finishes; the sharded gradient is created by the first reduce-scatter of
+//!   the step and freed by `zero_grad`;
+//! - Adam's moments are created at the first `optimizer.step()` under FSDP (PyTorch creates
+//!   optimizer state lazily) and at engine initialisation under DeepSpeed.
+
+pub mod cost;
+pub mod label;
+
+use crate::engine::{BufferSpec, Program, Task};
+use crate::hardware::Cluster;
+use crate::memory::Category;
+use crate::model::{LayerDag, OpKind, Region, TensorKind};
+use crate::net::Collective;
+use crate::plan::{BackwardPrefetch, Checkpointing, Framework, OptimizerImpl, Plan, Sharding};
+
+pub use cost::Cost;
+pub use label::{Phase, TaskKind, TaskLabel};
+
+pub const COMPUTE: u8 = 0;
+pub const NCCL: u8 = 1;
+
+/// A rank's program with the labels its tasks point to.
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    pub program: Program,
+    pub labels: Vec<TaskLabel>,
+    /// Model FLOPs of one step (forward + backward, no recompute), for MFU.
+    pub model_flops_per_step: f64,
+    /// FLOPs the hardware executes per step, recompute included, for HFU.
+    pub hardware_flops_per_step: f64,
+}
+
+/// Per-tensor facts that do not change between micro-batches.
+#[derive(Clone, Copy)]
+struct TensorPlan {
+    /// Kept after forward for backward (not dropped by checkpointing).
+    kept: bool,
+    /// Op whose backward ends the saved tensor's life (smallest saver index).
+    last_saver: Option<usize>,
+    /// Last forward consumer (largest consumer index).
+    last_consumer: Option<usize>,
+    /// Gets a gradient (a floating-point activation produced by an op).
+    needs_grad: bool,
+    /// Recomputed in backward (full: block-internal saved tensor; selective: s x s scores).
+    recomputed: bool,
+}
+
+struct Builder<'a> {
+    dag: &'a LayerDag,
+    plan: &'a Plan,
+    cost: &'a Cost,
+    prog: Program,
+    labels: Vec<TaskLabel>,
+    tensors: Vec<TensorPlan>,
+    /// For full checkpointing: per block, the ops (forward order) recomputed in backward.
+    recompute_ops: Vec<Vec<usize>>,
+    /// Sharded gradient buffers of the current step, per unit (created by the first reduce).
+    grad_bufs: Vec<Option<u32>>,
+    /// Persistent full gradients of the current step, per op (DDP / ZeRO-1 / ZeRO-2 replicated).
+    op_grad_bufs: Vec<Option<u32>>,
+    /// Comm tasks of the current step that the optimizer must wait for.
+    step_comm: Vec<u32>,
+    last_task_of_prev_step: Option<u32>,
+    hw_flops: f64,
+}
+
+/// Builds the program of one rank (all ranks of a DP group run the same program).
+pub fn build(dag: &LayerDag, plan: &Plan, cluster: &Cluster) -> Schedule {
+    let cost = Cost::new(cluster, plan.training.precision.compute, plan.shard_group);
+    let mut b = Builder::new(dag, plan, &cost);
+    b.init();
+    for step in 1..=plan.training.steps {
+        b.step(step);
+    }
+    let model_flops = 3.0 * dag.forward_flops() * plan.training.grad_accum as f64;
+    let hw = b.hw_flops / plan.training.steps.max(1) as f64;
+    Schedule { program: b.prog, labels: b.labels, model_flops_per_step: model_flops, hardware_flops_per_step: hw }
+}
+
+impl<'a> Builder<'a> {
+    fn new(dag: &'a LayerDag, plan: &'a Plan, cost: &'a Cost) -> Self {
+        let n = dag.tensors.len();
+        let ck = plan.training.checkpointing;
+        let mut tensors: Vec<TensorPlan> = (0..n)
+            .map(|t| TensorPlan {
+                kept: false,
+                last_saver: None,
+                last_consumer: None,
+                needs_grad: dag.tensors[t].kind == TensorKind::Activation && dag.tensors[t].producer.is_some(),
+                recomputed: false,
+            })
+            .collect();
+        for (i, op) in dag.ops.iter().enumerate() {
+            for &t in &op.inputs {
+                let tp = &mut tensors[t];
+                tp.last_consumer = Some(tp.last_consumer.map_or(i, |c| c.max(i)));
+            }
+            for &t in &op.saves {
+                let tp = &mut tensors[t];
+                tp.last_saver = Some(tp.last_saver.map_or(i, |c| c.min(i)));
+            }
+        }
+        // Which saved tensors survive the forward pass.
+        for (i, op) in dag.ops.iter().enumerate() {
+            for &t in &op.saves {
+                let producer_region = dag.tensors[t].producer.map(|p| dag.ops[p].region);
+                let internal = matches!(op.region, Region::Block(_)) && producer_region == Some(op.region);
+                let dropped = match ck {
+                    Checkpointing::None => false,
+                    Checkpointing::Full => internal,
+                    Checkpointing::Selective => dag.tensors[t].kind == TensorKind::AttentionScores,
+                };
+                if dropped {
+                    tensors[t].recomputed = true;
+                } else {
+                    tensors[t].kept = true;
+                }
+                let _ = i;
+            }
+        }
+        // A tensor kept by one saver is not recomputed for another.
+        for tp in tensors.iter_mut() {
+            if tp.kept {
+                tp.recomputed = false;
+            }
+        }
+        let mut recompute_ops = vec![Vec::new(); dag.config.n_layers as usize];
+        if ck == Checkpointing::Full {
+            for l in 0..dag.config.n_layers {
+                let ops: Vec<usize> = dag.ops_of(Region::Block(l)).map(|(i, _)| i).collect();
+                let last = ops.iter().rposition(|&i| dag.ops[i].outputs.iter().any(|&t| tensors[t].recomputed));
+                if let Some(last) = last {
+                    recompute_ops[l as usize] = ops[..=last].to_vec();
+                }
+            }
+        }
+        let nu = plan.units.len();
+        let mut prog = Program::default();
+        prog.streams = vec!["compute".into(), "nccl".into()];
+        Builder {
+            dag,
+            plan,
+            cost,
+            prog,
+            labels: Vec::new(),
+            tensors,
+            recompute_ops,
+            grad_bufs: vec![None; nu],
+            op_grad_bufs: vec![None; dag.ops.len()],
+            step_comm: Vec::new(),
+            last_task_of_prev_step: None,
+            hw_flops: 0.0,
+        }
+    }
+
+    fn buffer(&mut self, bytes: u64, category: Category, name: String) -> u32 {
+        self.prog.names.push(name);
+        self.prog.buffers.push(BufferSpec { bytes, category, name: (self.prog.names.len() - 1) as u32 });
+        (self.prog.buffers.len() - 1) as u32
+    }
+
+    fn task(&mut self, stream: u8, seconds: f64, deps: Vec<u32>, alloc: Vec<u32>, label: TaskLabel) -> u32 {
+        self.labels.push(label);
+        self.prog.tasks.push(Task {
+            stream,
+            duration_ns: cost::ns(seconds),
+            deps,
+            alloc,
+            free: Vec::new(),
+            label: (self.labels.len() - 1) as u32,
+        });
+        (self.prog.tasks.len() - 1) as u32
+    }
+
+    fn free_at(&mut self, task: u32, bufs: &[u32]) {
+        self.prog.tasks[task as usize].free.extend_from_slice(bufs);
+    }
+
+    fn pr(&self) -> &crate::plan::Precision {
+        &self.plan.training.precision
+    }
+
+    /// Initialisation: parameters (loaded unit by unit, so an OOM names the layer), master
+    /// weights, module buffers, DDP buckets, and DeepSpeed's optimizer state.
+    fn init(&mut self) {
+        let plan = self.plan;
+        let pbytes = self.pr().param.bytes();
+        let lbl = |what: String, unit: Option<usize>| TaskLabel::new(0, Phase::Init, 0, what, TaskKind::Init, unit);
+        for u in 0..plan.units.len() {
+            let el = plan.local(u, plan.params_sharded);
+            let name = format!("{} parameters ({})", plan.units[u].name, self.pr().param.name());
+            let b = self.buffer(el * pbytes, Category::Parameters, name.clone());
+            self.task(COMPUTE, 0.0, vec![], vec![b], lbl(format!("load {}", plan.units[u].name), Some(u)));
+        }
+        if let Some(m) = self.pr().master {
+            for u in 0..plan.units.len() {
+                let el = plan.local(u, plan.optimizer_sharded);
+                let b = self.buffer(el * m.bytes(), Category::MasterWeights, format!("{} master weights ({})", plan.units[u].name, m.name()));
+                self.task(COMPUTE, 0.0, vec![], vec![b], lbl(format!("master weights of {}", plan.units[u].name), Some(u)));
+            }
+        }
+        if self.dag.buffer_bytes > 0 {
+            let b = self.buffer(self.dag.buffer_bytes, Category::Buffers, "rotary cos/sin tables (fp32)".into());
+            self.task(COMPUTE, 0.0, vec![], vec![b], lbl("module buffers".into(), None));
+        }
+        if plan.parallel.sharding == Sharding::None && plan.gpus > 1 && !plan.parallel.gradient_as_bucket_view {
+            let bytes = plan.total_params() * self.pr().grad.bytes();
+            let b = self.buffer(bytes, Category::CommBuffers, "DDP gradient buckets (gradient_as_bucket_view=False)".into());
+            self.task(COMPUTE, 0.0, vec![], vec![b], lbl("DDP reducer buckets".into(), None));
+        }
+        if plan.parallel.framework == Framework::Deepspeed {
+            for u in 0..plan.units.len() {
+                let b = self.optimizer_state_buffer(u);
+                self.task(COMPUTE, 0.0, vec![], vec![b], lbl(format!("optimizer state of {}", plan.units[u].name), Some(u)));
+            }
+        }
+        self.last_task_of_prev_step = self.prog.tasks.len().checked_sub(1).map(|t| t as u32);
+    }
+
+    fn optimizer_state_buffer(&mut self, u: usize) -> u32 {
+        let plan = self.plan;
+        let el = plan.local(u, plan.optimizer_sharded);
+        let tr = &plan.training;
+        let bytes = el * tr.states_per_param() * tr.precision.optimizer_state.bytes();
+        let name = format!("{} optimizer state ({} x {})", plan.units[u].name, tr.states_per_param(), tr.precision.optimizer_state.name());
+        self.buffer(bytes, Category::OptimizerState, name)
+    }
+
+    fn step(&mut self, step: u32) {
+        self.grad_bufs.iter_mut().for_each(|g| *g = None);
+        self.op_grad_bufs.iter_mut().for_each(|g| *g = None);
+        self.step_comm.clear();
+        for mb in 0..self.plan.training.grad_accum {
+            self.micro_batch(step, mb as u32, mb + 1 == self.plan.training.grad_accum);
+        }
+        self.optimizer(step);
+    }
+
+    fn unit_gathered_bytes(&self, u: usize) -> u64 {
+        let un = &self.plan.units[u];
+        un.shard_params * self.plan.shard_group * self.pr().compute.bytes()
+    }
+
+    fn gather(&mut self, step: u32, mb: u32, phase: Phase, u: usize, deps: Vec<u32>) -> (u32, u32) {
+        let bytes = self.unit_gathered_bytes(u);
+        let name = format!("{} gathered for {} ({})", self.plan.units[u].name, phase.name(), self.pr().compute.name());
+        let b = self.buffer(bytes, Category::GatheredParameters, name);
+        let secs = self.cost.collective_s(&self.cost.shard_group, Collective::AllGather, bytes);
+        let what = format!("all-gather {}", self.plan.units[u].name);
+        let t = self.task(NCCL, secs, deps, vec![b], TaskLabel::new(step, phase, mb, what, TaskKind::AllGather, Some(u)));
+        (t, b)
+    }
+
+    fn micro_batch(&mut self, step: u32, mb: u32, last_mb: bool) {
+        let dag = self.dag;
+        let plan = self.plan;
+        let nops = dag.ops.len();
+        let nunits = plan.units.len();
+        let cb = self.pr().compute.bytes();
+        let casts = !plan.params_sharded && self.pr().param != self.pr().compute;
+        let mut tbuf: Vec<Option<u32>> = vec![None; dag.tensors.len()];
+        let mut free_fwd: Vec<Vec<u32>> = vec![Vec::new(); nops];
+        let mut free_bwd: Vec<Vec<u32>> = vec![Vec::new(); nops];
+        let mut fwd_task = vec![0u32; nops];
+        let mut gathered: Vec<Option<u32>> = vec![None; nunits];
+        let mut gathered_kept = vec![false; nunits];
+        let mut ag_fwd_task: Vec<Option<u32>> = vec![None; nunits];
+        let mut unit_last_fwd: Vec<Option<u32>> = vec![None; nunits];
+        let step_dep = self.last_task_of_prev_step;
+
+        // ---- forward
+        let inputs: Vec<u32> = dag.inputs.iter().map(|&t| {
+            let b = self.buffer(dag.tensors[t].bytes, Category::Inputs, format!("{} (micro-batch {mb})", dag.tensors[t].name));
+            tbuf[t] = Some(b);
+            b
+        }).collect();
+        let mut prev_region: Option<Region> = None;
+        for i in 0..nops {
+            let op = &dag.ops[i];
+            let u = plan.unit_of(op.region);
+            let mut deps = Vec::new();
+            let mut alloc = Vec::new();
+            if i == 0 {
+                alloc.extend_from_slice(&inputs);
+                if let Some(d) = step_dep {
+                    deps.push(d);
+                }
+            }
+            if prev_region != Some(op.region) && plan.params_sharded && gathered[u].is_none() {
+                // FSDP pre-forward: all-gather this unit. With limit_all_gathers the CPU waits
+                // until at most one other gathered block is outstanding.
+                let mut agdeps: Vec<u32> = step_dep.into_iter().collect();
+                if plan.parallel.limit_all_gathers {
+                    if let Region::Block(l) = op.region {
+                        if l >= 2 {
+                            if let Some(t) = unit_last_fwd[u - 2] {
+                                agdeps.push(t);
+                            }
+                        }
+                    }
+                }
+                let (t, b) = self.gather(step, mb, Phase::Forward, u, agdeps);
+                gathered[u] = Some(b);
+                ag_fwd_task[u] = Some(t);
+            }
+            if let Some(t) = ag_fwd_task[u] {
+                if prev_region != Some(op.region) {
+                    deps.push(t);
+                }
+            }
+            prev_region = Some(op.region);
+            for &t in &op.outputs {
+                let tp = self.tensors[t];
+                let cat = if tp.kept { Category::Activations } else { Category::Transient };
+                let b = self.buffer(dag.tensors[t].bytes, cat, format!("{} (micro-batch {mb})", dag.tensors[t].name));
+                tbuf[t] = Some(b);
+                alloc.push(b);
+                if tp.kept {
+                    free_bwd[tp.last_saver.unwrap_or(i)].push(b);
+                } else {
+                    free_fwd[tp.last_consumer.unwrap_or(i).max(i)].push(b);
+                }
+            }
+            let mut frees_now = Vec::new();
+            if op.fwd_scratch > 0 {
+                let b = self.buffer(op.fwd_scratch, Category::Transient, format!("{} scratch", op.name));
+                alloc.push(b);
+                frees_now.push(b);
+            }
+            if casts && op.kind == OpKind::Linear {
+                // Autocast casts the weight for the matmul, which saves the cast copy.
+                let b = self.buffer((op.params + op.shared_params) * cb, Category::GatheredParameters, format!("{} weight cast ({})", op.name, self.pr().compute.name()));
+                alloc.push(b);
+                if plan.training.checkpointing == Checkpointing::Full && matches!(op.region, Region::Block(_)) {
+                    frees_now.push(b);
+                } else {
+                    free_bwd[i].push(b);
+                }
+            }
+            let secs = self.cost.forward_s(op);
+            self.hw_flops += op.fwd_flops;
+            let t = self.task(COMPUTE, secs, deps, alloc, TaskLabel::new(step, Phase::Forward, mb, op.name.clone(), TaskKind::Forward, Some(u)).with_region(op.region));
+            fwd_task[i] = t;
+            let mut f = std::mem::take(&mut free_fwd[i]);
+            f.extend(frees_now);
+            self.free_at(t, &f);
+            unit_last_fwd[u] = Some(t);
+            // End of a block's forward: reshard.
+            let region_ends = i + 1 == nops || dag.ops[i + 1].region != op.region;
+            if region_ends {
+                if let (Region::Block(_), Some(g)) = (op.region, gathered[u]) {
+                    if plan.reshard_after_forward {
+                        self.free_at(t, &[g]);
+                        gathered[u] = None;
+                    } else {
+                        gathered_kept[u] = true;
+                    }
+                }
+            }
+        }
+        let loss_task = fwd_task[nops - 1];
+
+        // ---- backward
+        let mut grad_buf: Vec<Option<u32>> = vec![None; dag.tensors.len()];
+        let mut unit_grads: Vec<Vec<u32>> = vec![Vec::new(); nunits];
+        let mut ag_bwd_task: Vec<Option<u32>> = vec![None; nunits];
+        let mut bwd_last_of_unit: Vec<Option<u32>> = vec![None; nunits];
+        let mut ddp_bucket = 0u64;
+        let mut tied_grad_done = false;
+        let nblocks = dag.config.n_layers as usize;
+        let resharded = |u: usize| plan.params_sharded && plan.reshard_after_forward && u > 0;
+        let prefetch = plan.parallel.backward_prefetch;
+        // Root pre-backward prefetches the last block under BACKWARD_PRE.
+        if nblocks > 0 && resharded(nblocks) && prefetch == BackwardPrefetch::Pre {
+            let (t, b) = self.gather(step, mb, Phase::Backward, nblocks, vec![loss_task]);
+            ag_bwd_task[nblocks] = Some(t);
+            gathered[nblocks] = Some(b);
+        }
+        let mut prev_region: Option<Region> = None;
+        let mut last_bwd_task = loss_task;
+        for i in (0..nops).rev() {
+            let op = &dag.ops[i];
+            let u = plan.unit_of(op.region);
+            let mut deps = Vec::new();
+            if prev_region != Some(op.region) {
+                if let Region::Block(l) = op.region {
+                    let l = l as usize;
+                    // Pre-backward of block l: make sure it is gathered, prefetch l-1 (PRE).
+                    if resharded(u) && ag_bwd_task[u].is_none() {
+                        let (t, b) = self.gather(step, mb, Phase::Backward, u, vec![last_bwd_task]);
+                        ag_bwd_task[u] = Some(t);
+                        gathered[u] = Some(b);
+                    }
+                    if prefetch == BackwardPrefetch::Pre && l >= 1 && resharded(u - 1) && ag_bwd_task[u - 1].is_none() {
+                        let (t, b) = self.gather(step, mb, Phase::Backward, u - 1, vec![last_bwd_task]);
+                        ag_bwd_task[u - 1] = Some(t);
+                        gathered[u - 1] = Some(b);
+                    }
+                    if let Some(t) = ag_bwd_task[u] {
+                        deps.push(t);
+                    }
+                    // Full checkpointing: recompute the block's forward first.
+                    let rops = self.recompute_ops[l].clone();
+                    for (k, &ri) in rops.iter().enumerate() {
+                        let rop = &dag.ops[ri];
+                        let mut alloc = Vec::new();
+                        let mut frees = Vec::new();
+                        for &t in &rop.outputs {
+                            let tp = self.tensors[t];
+                            if tp.recomputed {
+                                let b = self.buffer(dag.tensors[t].bytes, Category::Recomputed, format!("{} (recomputed, micro-batch {mb})", dag.tensors[t].name));
+                                alloc.push(b);
+                                free_bwd[tp.last_saver.unwrap_or(ri)].push(b);
+                            } else if !tp.kept {
+                                // Needed only by later recomputed ops.
+                                let b = self.buffer(dag.tensors[t].bytes, Category::Transient, format!("{} (recompute transient)", dag.tensors[t].name));
+                                alloc.push(b);
+                                let lc = tp.last_consumer.unwrap_or(ri);
+                                if let Some(pos) = rops.iter().position(|&x| x == lc) {
+                                    let _ = pos;
+                                    // freed after its last consumer within the recompute
+                                    frees.push((lc, b));
+                                } else {
+                                    frees.push((ri, b));
+                                }
+                            }
+                        }
+                        if rop.fwd_scratch > 0 {
+                            let b = self.buffer(rop.fwd_scratch, Category::Transient, format!("{} scratch (recompute)", rop.name));
+                            alloc.push(b);
+                            frees.push((ri, b));
+                        }
+                        if casts && rop.kind == OpKind::Linear {
+                            let b = self.buffer((rop.params + rop.shared_params) * cb, Category::GatheredParameters, format!("{} weight cast (recompute)", rop.name));
+                            alloc.push(b);
+                            free_bwd[ri].push(b);
+                        }
+                        let secs = self.cost.forward_s(rop);
+                        self.hw_flops += rop.fwd_flops;
+                        let d = if k == 0 { deps.clone() } else { vec![] };
+                        let t = self.task(COMPUTE, secs, d, alloc, TaskLabel::new(step, Phase::Backward, mb, format!("recompute {}", rop.name), TaskKind::Recompute, Some(u)).with_region(rop.region));
+                        // Pending transient frees: attach now to this task if their consumer is
+                        // this op, else remember them for the consumer's recompute task.
+                        for (at, b) in frees {
+                            if at == ri {
+                                self.free_at(t, &[b]);
+                            } else {
+                                free_fwd[at].push(b);
+                            }
+                        }
+                        let pending = std::mem::take(&mut free_fwd[ri]);
+                        self.free_at(t, &pending);
+                    }
+                    // Anything still pending (consumers beyond the recompute set): free at the
+                    // end of the recompute.
+                    if let Some(&lastr) = rops.last() {
+                        let lt = (self.prog.tasks.len() - 1) as u32;
+                        for x in rops.iter().copied().chain(lastr + 1..nops) {
+                            let pend = std::mem::take(&mut free_fwd[x]);
+                            if !pend.is_empty() {
+                                self.free_at(lt, &pend);
+                            }
+                        }
+                    }
+                }
+            }
+            prev_region = Some(op.region);
+            // Selective checkpointing: recompute the attention core's scores just before its
+            // backward.
+            if plan.training.checkpointing == Checkpointing::Selective && op.kind == OpKind::AttentionCore {
+                let mut alloc = Vec::new();
+                for &t in &op.outputs {
+                    if self.tensors[t].recomputed {
+                        let b = self.buffer(dag.tensors[t].bytes, Category::Recomputed, format!("{} (recomputed, micro-batch {mb})", dag.tensors[t].name));
+                        alloc.push(b);
+                        free_bwd[i].push(b);
+                    }
+                }
+                if !alloc.is_empty() {
+                    let secs = self.cost.forward_s(op);
+                    self.hw_flops += op.fwd_flops;
+                    self.task(COMPUTE, secs, std::mem::take(&mut deps), alloc, TaskLabel::new(step, Phase::Backward, mb, format!("recompute {}", op.name), TaskKind::Recompute, Some(u)).with_region(op.region));
+                }
+            }
+            let mut alloc = Vec::new();
+            for &t in &op.inputs {
+                if self.tensors[t].needs_grad && grad_buf[t].is_none() {
+                    let b = self.buffer(dag.tensors[t].bytes, Category::ActivationGradients, format!("grad of {} (micro-batch {mb})", dag.tensors[t].name));
+                    grad_buf[t] = Some(b);
+                    alloc.push(b);
+                }
+            }
+            // Parameter gradients.
+            let pel = if op.shared_params > 0 { 0 } else { op.params };
+            let grad_owner = if op.shared_params > 0 { 0 } else { i }; // tied head accumulates into the embedding's grad
+            let gb = self.pr().grad.bytes();
+            if op.params + op.shared_params > 0 {
+                if plan.grads_sharded {
+                    // Unsharded gradients awaiting this unit's reduce-scatter. A tied head
+                    // creates the embedding's gradient; the embedding accumulates into it.
+                    let tied_again = op.kind == OpKind::Embedding && i == 0 && tied_grad_done;
+                    if !tied_again {
+                        let el = if op.shared_params > 0 { op.shared_params } else { pel };
+                        let b = self.buffer(el * gb, Category::UnshardedGradients, format!("{} weight grad (unsharded, micro-batch {mb})", op.name));
+                        unit_grads[u].push(b);
+                        alloc.push(b);
+                        tied_grad_done |= op.shared_params > 0;
+                    }
+                } else {
+                    let owner = if op.shared_params > 0 { grad_owner } else { i };
+                    if self.op_grad_bufs[owner].is_none() {
+                        let el = op.params.max(op.shared_params);
+                        let b = self.buffer(el * gb, Category::Gradients, format!("{} .grad ({})", dag.ops[owner].name, self.pr().grad.name()));
+                        self.op_grad_bufs[owner] = Some(b);
+                        alloc.push(b);
+                    }
+                }
+            }
+            let secs = self.cost.backward_s(op);
+            self.hw_flops += op.bwd_flops;
+            let t = self.task(COMPUTE, secs, deps, alloc, TaskLabel::new(step, Phase::Backward, mb, op.name.clone(), TaskKind::Backward, Some(u)).with_region(op.region));
+            last_bwd_task = t;
+            bwd_last_of_unit[u] = Some(t);
+            let mut f = std::mem::take(&mut free_bwd[i]);
+            for &o in &op.outputs {
+                if let Some(g) = grad_buf[o] {
+                    f.push(g);
+                }
+            }
+            if i == 0 {
+                f.extend_from_slice(&inputs);
+            }
+            self.free_at(t, &f);
+            // DDP: all-reduce a bucket once it is full (only on the last micro-batch: the
+            // earlier ones run under no_sync()).
+            if plan.parallel.sharding == Sharding::None && plan.gpus > 1 && last_mb {
+                ddp_bucket += op.params * gb;
+                if ddp_bucket >= plan.parallel.bucket_bytes || i == 0 {
+                    let secs = self.cost.collective_s(&self.cost.dp_group, Collective::AllReduce, ddp_bucket);
+                    let ar = self.task(NCCL, secs, vec![t], vec![], TaskLabel::new(step, Phase::Backward, mb, format!("all-reduce DDP bucket ending at {}", op.name), TaskKind::AllReduce, Some(u)));
+                    self.step_comm.push(ar);
+                    ddp_bucket = 0;
+                }
+            }
+            let region_starts = i == 0 || dag.ops[i - 1].region != op.region;
+            let unit_done = match op.region {
+                Region::Block(_) => region_starts,
+                Region::Embed => i == 0,
+                Region::Head => false,
+            };
+            if unit_done {
+                // Post-backward: BACKWARD_POST prefetches the next unit before the reduce-scatter.
+                if let Region::Block(l) = op.region {
+                    if prefetch == BackwardPrefetch::Post && l >= 1 && resharded(u - 1) && ag_bwd_task[u - 1].is_none() {
+                        let (at, b) = self.gather(step, mb, Phase::Backward, u - 1, vec![t]);
+                        ag_bwd_task[u - 1] = Some(at);
+                        gathered[u - 1] = Some(b);
+                    }
+                }
+                if let Some(g) = gathered[u].take() {
+                    self.free_at(t, &[g]);
+                }
+                if plan.grads_sharded {
+                    self.reduce_scatter(step, mb, u, t, std::mem::take(&mut unit_grads[u]));
+                }
+            }
+        }
+        let _ = gathered_kept;
+        // ZeRO-1: reduce the full gradients once accumulation is done.
+        if last_mb && plan.parallel.sharding == Sharding::Zero1 && plan.gpus > 1 {
+            let bytes = plan.total_params() * self.pr().grad.bytes();
+            let secs = self.cost.collective_s(&self.cost.dp_group, Collective::ReduceScatter, bytes);
+            let t = self.task(NCCL, secs, vec![last_bwd_task], vec![], TaskLabel::new(step, Phase::Backward, mb, "reduce-scatter gradients (ZeRO-1)".into(), TaskKind::ReduceScatter, None));
+            self.step_comm.push(t);
+        }
+        self.step_comm.push(last_bwd_task);
+    }
+
+    fn reduce_scatter(&mut self, step: u32, mb: u32, u: usize, after: u32, unsharded: Vec<u32>) {
+        let plan = self.plan;
+        let gb = self.pr().grad.bytes();
+        let full_bytes = plan.units[u].shard_params * plan.shard_group * gb;
+        let shard_bytes = plan.units[u].shard_params * gb;
+        let mut alloc = Vec::new();
+        let mut tmp = None;
+        if self.grad_bufs[u].is_none() {
+            let b = self.buffer(shard_bytes, Category::Gradients, format!("{} sharded grad ({})", plan.units[u].name, self.pr().grad.name()));
+            self.grad_bufs[u] = Some(b);
+            alloc.push(b);
+        } else {
+            // Later micro-batches reduce into a new shard and accumulate into .grad.
+            let b = self.buffer(shard_bytes, Category::CommBuffers, format!("{} reduce-scatter output (micro-batch {mb})", plan.units[u].name));
+            alloc.push(b);
+            tmp = Some(b);
+        }
+        let secs = self.cost.collective_s(&self.cost.shard_group, Collective::ReduceScatter, full_bytes);
+        let t = self.task(NCCL, secs, vec![after], alloc, TaskLabel::new(step, Phase::Backward, mb, format!("reduce-scatter {}", plan.units[u].name), TaskKind::ReduceScatter, Some(u)));
+        let mut f = unsharded;
+        f.extend(tmp);
+        self.free_at(t, &f);
+        self.step_comm.push(t);
+        if plan.parallel.sharding == Sharding::HybridShard && self.cost.replica_group.ranks > 1 {
+            let secs = self.cost.collective_s(&self.cost.replica_group, Collective::AllReduce, shard_bytes);
+            let ar = self.task(NCCL, secs, vec![t], vec![], TaskLabel::new(step, Phase::Backward, mb, format!("all-reduce {} shard across nodes", plan.units[u].name), TaskKind::AllReduce, Some(u)));
+            self.step_comm.push(ar);
+        }
+    }
+
+    fn optimizer(&mut self, step: u32) {
+        let plan = self.plan;
+        let tr = &plan.training;
+        let pr = &tr.precision;
+        let el = plan.local_total(plan.optimizer_sharded);
+        let mut alloc = Vec::new();
+        let lazy = plan.parallel.framework == Framework::Fsdp && step == 1;
+        if lazy && tr.states_per_param() > 0 {
+            for u in 0..plan.units.len() {
+                alloc.push(self.optimizer_state_buffer(u));
+            }
+        }
+        let sb = pr.optimizer_state.bytes();
+        let temp = match tr.optimizer_impl {
+            OptimizerImpl::Foreach if tr.states_per_param() == 2 => el * sb,
+            OptimizerImpl::ForLoop if tr.states_per_param() == 2 => {
+                let largest = self.dag.ops.iter().map(|o| o.params).max().unwrap_or(0);
+                let largest = if plan.optimizer_sharded { largest.div_ceil(plan.shard_group) } else { largest };
+                2 * largest * sb
+            }
+            _ => 0,
+        };
+        let mut frees = Vec::new();
+        if temp > 0 {
+            let b = self.buffer(temp, Category::OptimizerTemp, format!("optimizer.step() temporaries ({:?})", tr.optimizer_impl));
+            alloc.push(b);
+            frees.push(b);
+        }
+        let per_el = 2 * pr.param.bytes() + pr.grad.bytes() + 2 * tr.states_per_param() * sb + pr.master.map_or(0, |m| 2 * m.bytes());
+        let secs = self.cost.optimizer_s(el, per_el);
+        let deps = self.step_comm.clone();
+        let t = self.task(COMPUTE, secs, deps, alloc, TaskLabel::new(step, Phase::Optimizer, 0, "optimizer.step()".into(), TaskKind::Optimizer, None));
+        self.free_at(t, &frees);
+        let mut last = t;
+        // Replicated parameters with a sharded optimizer: all-gather the updated shards.
+        if !plan.params_sharded && plan.optimizer_sharded && plan.gpus > 1 {
+            let bytes = plan.total_params() * pr.param.bytes();
+            let secs = self.cost.collective_s(&self.cost.dp_group, Collective::AllGather, bytes);
+            last = self.task(NCCL, secs, vec![t], vec![], TaskLabel::new(step, Phase::Optimizer, 0, "all-gather updated parameters".into(), TaskKind::AllGather, None));
+        }
+        let grads: Vec<u32> = self.grad_bufs.iter().chain(self.op_grad_bufs.iter()).flatten().copied().collect();
+        let z = self.task(COMPUTE, 0.0, vec![last], vec![], TaskLabel::new(step, Phase::Optimizer, 0, "zero_grad(set_to_none=True)".into(), TaskKind::ZeroGrad, None));
+        self.free_at(z, &grads);
+        self.last_task_of_prev_step = Some(z);
+    }
+}
