@@ -45,3 +45,37 @@ pub fn simulate(s: &scenario::Scenario) -> Result<Simulation, engine::Deadlock> 
     let report = report::build(s, &dag, &plan, &schedule, &trace);
     Ok(Simulation { dag, plan, schedule, trace, report })
 }
+
+impl Simulation {
+    /// The highest `allocated` sample of one step (0 = initialisation): (sample, phase).
+    pub fn step_peak(&self, step: u32) -> Option<(&memory::Sample, schedule::Phase)> {
+        let labels = &self.schedule.labels;
+        let tasks = &self.schedule.program.tasks;
+        self.trace
+            .timeline
+            .samples
+            .iter()
+            .filter(|s| labels[tasks[s.task].label as usize].step == step)
+            .fold(None, |best: Option<&memory::Sample>, s| match best {
+                Some(b) if b.allocated >= s.allocated => Some(b),
+                _ => Some(s),
+            })
+            .map(|s| (s, labels[tasks[s.task].label as usize].phase))
+    }
+
+    /// The highest `allocated` sample of one phase of one step.
+    pub fn phase_peak(&self, step: u32, phase: schedule::Phase) -> Option<u64> {
+        let labels = &self.schedule.labels;
+        let tasks = &self.schedule.program.tasks;
+        self.trace
+            .timeline
+            .samples
+            .iter()
+            .filter(|s| {
+                let l = &labels[tasks[s.task].label as usize];
+                l.step == step && l.phase == phase
+            })
+            .map(|s| s.allocated)
+            .max()
+    }
+}

@@ -388,12 +388,6 @@ impl<'a> Builder<'a> {
         let nblocks = dag.config.n_layers as usize;
         let resharded = |u: usize| plan.params_sharded && plan.reshard_after_forward && u > 0;
         let prefetch = plan.parallel.backward_prefetch;
-        // Root pre-backward prefetches the last block under BACKWARD_PRE.
-        if nblocks > 0 && resharded(nblocks) && prefetch == BackwardPrefetch::Pre {
-            let (t, b) = self.gather(step, mb, Phase::Backward, nblocks, vec![loss_task]);
-            ag_bwd_task[nblocks] = Some(t);
-            gathered[nblocks] = Some(b);
-        }
         let mut prev_region: Option<Region> = None;
         let mut last_bwd_task = loss_task;
         for i in (0..nops).rev() {
@@ -483,6 +477,14 @@ impl<'a> Builder<'a> {
                 }
             }
             prev_region = Some(op.region);
+            // The root module's pre-backward hook fires when the gradient of the model's
+            // output (the logits) exists: the loss is computed outside the module, so its
+            // backward comes first. Under BACKWARD_PRE that hook prefetches the last block.
+            if op.region == Region::Head && op.kind == OpKind::Linear && nblocks > 0 && resharded(nblocks) && prefetch == BackwardPrefetch::Pre && ag_bwd_task[nblocks].is_none() {
+                let (t, b) = self.gather(step, mb, Phase::Backward, nblocks, vec![last_bwd_task]);
+                ag_bwd_task[nblocks] = Some(t);
+                gathered[nblocks] = Some(b);
+            }
             // Selective checkpointing: recompute the attention core's scores just before its
             // backward.
             if plan.training.checkpointing == Checkpointing::Selective && op.kind == OpKind::AttentionCore {
