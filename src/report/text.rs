@@ -68,8 +68,11 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         }
         Verdict::Oom(x) => {
             let layer = x.at.layer.map(|l| format!(", layer {l}")).unwrap_or_default();
-            let step = if x.at.step == 0 { "before the first step".to_string() } else { format!("step {}", x.at.step) };
-            let _ = writeln!(o, "Verdict    OOM in {}, phase {}{}, op `{}`, micro-batch {} (t = {:.3} s)", step, x.at.phase.name(), layer, x.at.op, x.at.micro_batch, x.at.time_s);
+            if x.at.step == 0 {
+                let _ = writeln!(o, "Verdict    OOM at initialisation (before the first step), phase init{}, `{}`", layer, x.at.op);
+            } else {
+                let _ = writeln!(o, "Verdict    OOM in step {}, phase {}{}, op `{}`, micro-batch {} (t = {:.3} s)", x.at.step, x.at.phase.name(), layer, x.at.op, x.at.micro_batch, x.at.time_s);
+            }
             let _ = writeln!(o, "           tried to allocate {} for {}", fmt_bytes(x.requested.bytes), x.tensor);
             let _ = writeln!(o, "           {} already allocated of {} capacity ({} free)", fmt_bytes(x.allocated.bytes), fmt_bytes(x.capacity.bytes), fmt_bytes(x.free.bytes));
             let _ = writeln!(o, "  live at that instant, by category:");
