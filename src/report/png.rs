@@ -87,20 +87,29 @@ const AXIS_DESC_SIZE: f64 = 18.0;
 const LABEL_SIZE: f64 = 16.0;
 
 /// Okabe-Ito first (designed for colour-vision deficiencies), then Paul Tol's
-/// muted scheme for plots with more categories than that.
-const PALETTE: [RGBColor; 12] = [
+/// muted and light schemes, so a dozen-plus categories still get distinct
+/// colours before any repeats.
+const PALETTE: [RGBColor; 20] = [
     RGBColor(0x00, 0x72, 0xB2),
     RGBColor(0xE6, 0x9F, 0x00),
     RGBColor(0x00, 0x9E, 0x73),
     RGBColor(0x56, 0xB4, 0xE9),
     RGBColor(0xCC, 0x79, 0xA7),
     RGBColor(0xF0, 0xE4, 0x42),
-    RGBColor(0x99, 0x99, 0x99),
     RGBColor(0x33, 0x22, 0x88),
     RGBColor(0x11, 0x77, 0x33),
     RGBColor(0x88, 0x22, 0x55),
     RGBColor(0xDD, 0xCC, 0x77),
     RGBColor(0xD5, 0x5E, 0x00),
+    RGBColor(0x44, 0xAA, 0x99),
+    RGBColor(0xAA, 0x44, 0x99),
+    RGBColor(0x99, 0x99, 0x33),
+    RGBColor(0x77, 0xAA, 0xDD),
+    RGBColor(0xEE, 0x88, 0x66),
+    RGBColor(0xFF, 0xAA, 0xBB),
+    RGBColor(0xBB, 0xCC, 0x33),
+    RGBColor(0x99, 0x99, 0x99),
+    RGBColor(0x55, 0x55, 0x55),
 ];
 const CAPACITY_COLOR: RGBColor = RGBColor(0xD0, 0x00, 0x00);
 const OOM_COLOR: RGBColor = RGBColor(0x9B, 0x00, 0x20);
@@ -177,14 +186,33 @@ fn ensure_font() -> Result<(), String> {
 
 /// Colours are keyed by category name across the whole figure so that
 /// "gradients" is the same colour in every panel, even when a panel skips
-/// some all-zero categories or lists them in a different order.
+/// some all-zero categories. While the category list fits the palette, a
+/// name's colour follows its position in the list, so two runs that list the
+/// same categories colour them the same however different their data. A
+/// longer list colours only categories that have data, in order, to put off
+/// the palette wrapping around.
 fn category_colors(panels: &[RankPanel]) -> HashMap<String, RGBColor> {
-    let mut map = HashMap::new();
+    let mut names: Vec<&String> = Vec::new();
     for name in panels.iter().flat_map(|p| p.categories.iter()) {
-        let next = PALETTE[map.len() % PALETTE.len()];
-        map.entry(name.clone()).or_insert(next);
+        if !names.contains(&name) {
+            names.push(name);
+        }
     }
-    map
+    if names.len() > PALETTE.len() {
+        names.clear();
+        for p in panels {
+            for (name, series) in p.categories.iter().zip(&p.bytes) {
+                if !names.contains(&name) && series.iter().any(|&b| b > 0) {
+                    names.push(name);
+                }
+            }
+        }
+    }
+    names
+        .into_iter()
+        .enumerate()
+        .map(|(i, name)| (name.clone(), PALETTE[i % PALETTE.len()]))
+        .collect()
 }
 
 /// One stacked category, as the cumulative (top-edge) curve in GB.
@@ -429,14 +457,23 @@ fn font(size: f64) -> TextStyle<'static> {
     (FONT, size).into_font().color(&TEXT_COLOR)
 }
 
-/// Decimals needed for the tick labels plotters will generate on a span with
-/// at most `max_ticks` ticks. Mirrors plotters' own step choice (a power of
-/// ten divided by 2, 5 or 10) so labels are neither "1.000" nor two "0"s.
-fn tick_decimals(span: f64, max_ticks: usize) -> usize {
-    if !(span.is_finite() && span > 0.0) || max_ticks == 0 {
+/// Decimals needed for the tick labels plotters will generate on `lo..hi`
+/// with at most `max_ticks` ticks. Mirrors plotters' own step choice (a
+/// power of ten divided by 2, 5 or 10, counting only ticks aligned to the
+/// step inside the range) so labels are neither "1.000" nor two "0"s; where
+/// rounding makes the count uncertain it errs towards more decimals.
+fn tick_decimals(lo: f64, hi: f64, max_ticks: usize) -> usize {
+    let span = hi - lo;
+    if !(lo.is_finite() && hi.is_finite() && span > 0.0) || max_ticks == 0 {
         return 0;
     }
-    let fits = |step: f64| 1.0 + (span / step).floor() <= max_ticks as f64;
+    // Ticks exactly on an end may be dropped from the count: undercounting
+    // only costs a redundant decimal, overcounting would repeat labels.
+    let fits = |step: f64| {
+        let first = (lo / step + 1e-6).ceil();
+        let last = (hi / step - 1e-6).floor();
+        last - first + 1.0 <= max_ticks as f64
+    };
     let mut step = 10f64.powf(span.log10().ceil());
     'refine: for _ in 0..40 {
         for div in [2.0, 5.0, 10.0] {
@@ -446,14 +483,9 @@ fn tick_decimals(span: f64, max_ticks: usize) -> usize {
         }
         step /= 10.0;
     }
-    // `step` is now the coarsest power of ten that fits; the finer 1/2 or
-    // 1/5 step plotters may pick needs at most one more decimal.
-    let mut finest = step;
-    for div in [2.0, 5.0] {
-        if fits(step / div) {
-            finest = step / div;
-        }
-    }
+    // `step` is now the finest power of ten that fits; the 1/2 or 1/5 step
+    // plotters may refine it to needs one more decimal.
+    let finest = if fits(step / 2.0) { step / 2.0 } else { step };
     (-(finest.log10() + 1e-9).floor()).clamp(0.0, 9.0) as usize
 }
 
@@ -494,14 +526,80 @@ fn fit_text<DB: DrawingBackend>(
     if width(text) <= max_px {
         return Some(text.to_string());
     }
+    // Binary search on the prefix length: labels can be arbitrarily long
+    // and each measurement walks the whole candidate string.
     let chars: Vec<char> = text.chars().collect();
-    for keep in (1..chars.len()).rev() {
-        let candidate: String = chars[..keep].iter().collect::<String>() + "…";
-        if width(&candidate) <= max_px {
-            return Some(candidate);
+    let candidate = |keep: usize| chars[..keep].iter().collect::<String>() + "…";
+    let (mut lo, mut hi) = (0usize, chars.len());
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        if width(&candidate(mid)) <= max_px {
+            lo = mid;
+        } else {
+            hi = mid - 1;
         }
     }
-    None
+    (lo > 0).then(|| candidate(lo))
+}
+
+/// Word-wraps `text` into at most `max_lines` lines of `max_px`, the last
+/// one shortened with an ellipsis if text remains: long category names and
+/// OOM descriptions are the most informative text in the figure, so they
+/// get a second line before they lose words.
+fn wrap_text<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    text: &str,
+    style: &TextStyle,
+    max_px: u32,
+    max_lines: usize,
+) -> Vec<String> {
+    let width = |s: &str| {
+        area.estimate_text_size(s, style)
+            .map(|(w, _)| w)
+            .unwrap_or(u32::MAX)
+    };
+    let mut lines = Vec::new();
+    let mut rest = text.trim();
+    while !rest.is_empty() && lines.len() < max_lines {
+        if lines.len() + 1 == max_lines || width(rest) <= max_px {
+            lines.extend(fit_text(area, rest, style, max_px));
+            break;
+        }
+        // The longest run of whole words that fits (binary search: widths
+        // grow with every added word).
+        let spaces: Vec<usize> = rest.match_indices(' ').map(|(i, _)| i).collect();
+        let fits = |k: usize| width(&rest[..spaces[k]]) <= max_px;
+        let (mut lo, mut hi) = (0usize, spaces.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if fits(mid) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        let split = match lo.checked_sub(1).map(|k| spaces[k]) {
+            Some(i) => i,
+            // A single word wider than the box: break it mid-word.
+            None => {
+                let chars: Vec<(usize, char)> = rest.char_indices().collect();
+                let (mut a, mut b) = (1usize, chars.len());
+                while a < b {
+                    let mid = (a + b).div_ceil(2);
+                    let end = chars.get(mid).map_or(rest.len(), |c| c.0);
+                    if width(&rest[..end]) <= max_px {
+                        a = mid;
+                    } else {
+                        b = mid - 1;
+                    }
+                }
+                chars.get(a).map_or(rest.len(), |c| c.0)
+            }
+        };
+        lines.push(rest[..split].trim_end().to_string());
+        rest = rest[split..].trim_start();
+    }
+    lines
 }
 
 fn render(path: &Path, title: &str, panels: &[Prepared]) -> Result<(), String> {
@@ -571,9 +669,9 @@ fn render_panel<DB: DrawingBackend>(
         .map_err(draw_err("chart axes"))?
         .set_secondary_coord(x0..x1, 0.0..y_max_gib);
 
-    let x_dec = tick_decimals(x1 - x0, X_TICKS);
-    let y_dec = tick_decimals(y_max, Y_TICKS);
-    let gib_dec = tick_decimals(y_max_gib, Y_TICKS);
+    let x_dec = tick_decimals(x0, x1, X_TICKS);
+    let y_dec = tick_decimals(0.0, y_max, Y_TICKS);
+    let gib_dec = tick_decimals(0.0, y_max_gib, Y_TICKS);
     let x_fmt = |v: &f64| fmt_num(*v, x_dec);
     let y_fmt = |v: &f64| fmt_num(*v, y_dec);
     let gib_fmt = |v: &f64| fmt_num(*v, gib_dec);
@@ -723,7 +821,7 @@ fn render_panel<DB: DrawingBackend>(
             .map_err(draw_err("capacity label"))?;
     }
 
-    let labels = place_phase_labels(&chart, area, &visible_phases, p)?;
+    let labels = place_phase_labels(&chart, area, &visible_phases, p);
     let rows_used = labels.iter().map(|l| l.row + 1).max().unwrap_or(0);
     // Phase labels after the data so nothing covers them; they live in the
     // headroom above the data.
@@ -797,7 +895,7 @@ fn place_phase_labels<DB: DrawingBackend>(
     measure: &DrawingArea<DB, Shift>,
     phases: &[(usize, &(String, f64, f64))],
     p: &Prepared,
-) -> Result<Vec<PhaseLabel>, String> {
+) -> Vec<PhaseLabel> {
     const GAP: i32 = 10;
     let (x0, x1) = p.x_range;
     let style = font(LABEL_SIZE);
@@ -845,7 +943,7 @@ fn place_phase_labels<DB: DrawingBackend>(
             out.push(PhaseLabel { text, row, left });
         }
     }
-    Ok(out)
+    out
 }
 
 type F64Coord = Cartesian2d<RangedCoordf64, RangedCoordf64>;
@@ -886,33 +984,49 @@ fn draw_oom<DB: DrawingBackend>(
         .map_err(draw_err("OOM marker"))?;
 
     let style = font(LABEL_SIZE).color(&OOM_COLOR);
-    let (pw, _) = chart.plotting_area().dim_in_pixel();
-    let text = if oom.label.is_empty() {
+    // Callers often phrase the label as "OOM: ..." already.
+    let text = if oom.label.trim().is_empty() {
         "OOM".to_string()
+    } else if oom
+        .label
+        .trim_start()
+        .to_ascii_lowercase()
+        .starts_with("oom")
+    {
+        oom.label.trim().to_string()
     } else {
-        format!("OOM: {}", oom.label)
+        format!("OOM: {}", oom.label.trim())
     };
-    let Some(text) = fit_text(measure, &text, &style, pw / 2) else {
-        return Ok(());
-    };
-    let (tw, th) = measure.estimate_text_size(&text, &style).unwrap_or((0, 0));
-    let (tw, th) = (tw as i32, th as i32);
     let (px, _) = chart.backend_coord(&(t, y_max));
-    let (left_edge, _) = chart.backend_coord(&(x1, y_max));
+    let (plot_left, _) = chart.backend_coord(&(x0, y_max));
+    let (plot_right, _) = chart.backend_coord(&(x1, y_max));
+    // Put the label on whichever side of the line has more room for it.
+    let (room_left, room_right) = (px - plot_left - 24, plot_right - px - 24);
+    let on_right = room_right >= room_left;
+    let room = room_left.max(room_right).max(40) as u32;
+    let lines = wrap_text(measure, &text, &style, room, 3);
+    if lines.is_empty() {
+        return Ok(());
+    }
+    let line_h = LABEL_SIZE as i32 + 4;
+    let tw = lines
+        .iter()
+        .map(|l| {
+            measure
+                .estimate_text_size(l, &style)
+                .map_or(0, |(w, _)| w as i32)
+        })
+        .max()
+        .unwrap_or(0);
+    let box_h = lines.len() as i32 * line_h + 10;
     // Keep the box off the capacity line so both stay readable.
-    let box_h = th + 12;
     let cap_px = chart.backend_coord(&(t, p.capacity_gb)).1 - chart.backend_coord(&(t, y_max)).1;
     let y = if p.capacity_gb > 0.0 && cap_px >= label_top - 3 && cap_px <= label_top + box_h + 3 {
         cap_px + 6
     } else {
         label_top
     };
-    // Put the label on whichever side of the line has room for it.
-    let dx = if px + 14 + tw + 10 <= left_edge {
-        10
-    } else {
-        -(tw + 20)
-    };
+    let dx = if on_right { 10 } else { -(tw + 20) };
     chart
         .draw_series(std::iter::once(
             EmptyElement::at((t, y_max))
@@ -923,10 +1037,17 @@ fn draw_oom<DB: DrawingBackend>(
                 + Rectangle::new(
                     [(dx, y), (dx + tw + 10, y + box_h)],
                     OOM_COLOR.stroke_width(1),
-                )
-                + Text::new(text, (dx + 5, y + 6), style),
+                ),
         ))
-        .map_err(draw_err("OOM label"))?;
+        .map_err(draw_err("OOM label box"))?;
+    for (k, line) in lines.into_iter().enumerate() {
+        chart
+            .draw_series(std::iter::once(
+                EmptyElement::at((t, y_max))
+                    + Text::new(line, (dx + 5, y + 6 + k as i32 * line_h), style.clone()),
+            ))
+            .map_err(draw_err("OOM label"))?;
+    }
     Ok(())
 }
 
@@ -972,30 +1093,39 @@ fn draw_legend<DB: DrawingBackend>(
             ),
         );
     }
-    if p.oom.is_some() {
-        entries.push((Swatch::Marker, "out of memory".to_string()));
+    if let Some(o) = &p.oom {
+        let decimals = tick_decimals(p.x_range.0, p.x_range.1, X_TICKS) + 1;
+        entries.push((
+            Swatch::Marker,
+            format!("out of memory at {} s", fmt_num(o.time_s, decimals)),
+        ));
     }
 
     let style = font(LABEL_SIZE);
     let (w, h) = area.dim_in_pixel();
-    let top = 44;
-    let row = 26;
-    let x_text = 42;
-    let max_rows = ((h as i32 - top - 20) / row).max(1) as usize;
-    let overflow = entries.len() > max_rows;
-    let shown = if overflow {
-        max_rows - 1
-    } else {
-        entries.len()
-    };
-    for (k, (swatch, name)) in entries.iter().take(shown).enumerate() {
-        let y = top + k as i32 * row;
+    let (top, row, wrap_row, x_text) = (44, 26, 19, 42);
+    let bottom = h as i32 - 16;
+    let text_px = w.saturating_sub(x_text as u32 + 8);
+    let left_style = style.pos(Pos::new(HPos::Left, VPos::Center));
+    let mut y = top;
+    for (k, (swatch, name)) in entries.iter().enumerate() {
+        let lines = wrap_text(area, name, &style, text_px, 2);
+        let entry_h = row + wrap_row * (lines.len().max(1) as i32 - 1);
+        // Leave room for the "… N more" line unless this is the last entry.
+        let needed = if k + 1 == entries.len() {
+            entry_h
+        } else {
+            entry_h + row
+        };
+        if y + needed > bottom {
+            let more = format!("… {} more", entries.len() - k);
+            area.draw_text(&more, &left_style, (x_text, y))
+                .map_err(draw_err("legend text"))?;
+            break;
+        }
         match swatch {
             Swatch::Fill(c) => area
-                .draw(&Rectangle::new(
-                    [(10, y - 8), (32, y + 8)],
-                    c.mix(0.9).filled(),
-                ))
+                .draw(&Rectangle::new([(10, y - 8), (32, y + 8)], c.filled()))
                 .and_then(|_| {
                     area.draw(&Rectangle::new(
                         [(10, y - 8), (32, y + 8)],
@@ -1020,24 +1150,11 @@ fn draw_legend<DB: DrawingBackend>(
                 .and_then(|_| area.draw(&Circle::new((21, y), 7, OOM_COLOR.filled()))),
         }
         .map_err(draw_err("legend swatch"))?;
-        if let Some(t) = fit_text(area, name, &style, w.saturating_sub(x_text as u32 + 8)) {
-            area.draw_text(
-                &t,
-                &style.pos(Pos::new(HPos::Left, VPos::Center)),
-                (x_text, y),
-            )
-            .map_err(draw_err("legend text"))?;
+        for (i, line) in lines.iter().enumerate() {
+            area.draw_text(line, &left_style, (x_text, y + i as i32 * wrap_row))
+                .map_err(draw_err("legend text"))?;
         }
-    }
-    if overflow {
-        let y = top + shown as i32 * row;
-        let more = format!("… {} more", entries.len() - shown);
-        area.draw_text(
-            &more,
-            &style.pos(Pos::new(HPos::Left, VPos::Center)),
-            (x_text, y),
-        )
-        .map_err(draw_err("legend text"))?;
+        y += entry_h;
     }
     Ok(())
 }
@@ -1275,6 +1392,34 @@ mod tests {
         // the cost does not scale with the sample count.
         assert!(took.as_secs_f64() < 5.0, "took {took:?}");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn colours_follow_names_across_panels() {
+        let a = panel("a", 5, false);
+        let mut b = panel("b", 5, false);
+        b.categories.reverse();
+        b.bytes.reverse();
+        let colors = category_colors(&[a.clone(), b]);
+        assert_eq!(colors.len(), a.categories.len());
+        let distinct: std::collections::HashSet<(u8, u8, u8)> =
+            colors.values().map(|c| (c.0, c.1, c.2)).collect();
+        assert_eq!(distinct.len(), colors.len());
+        assert_eq!(colors.get("parameters").map(|c| (c.0, c.1, c.2)), {
+            let c = PALETTE[0];
+            Some((c.0, c.1, c.2))
+        });
+    }
+
+    #[test]
+    fn tick_labels_get_enough_decimals() {
+        assert_eq!(tick_decimals(0.0, 6.4, X_TICKS), 1); // 0.5 s ticks
+        assert_eq!(tick_decimals(0.0, 7.6, X_TICKS), 0); // 1 s ticks
+        assert_eq!(tick_decimals(0.3, 7.3, X_TICKS), 1); // 0.5 ... 7.0: 14 ticks
+        assert_eq!(tick_decimals(0.0, 85.3, Y_TICKS), 0);
+        assert_eq!(tick_decimals(0.0, 0.001, X_TICKS), 4);
+        assert_eq!(tick_decimals(2.0, 2.0, X_TICKS), 0);
+        assert_eq!(fmt_num(-0.0001, 2), "0.00");
     }
 
     #[test]
