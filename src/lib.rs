@@ -42,8 +42,30 @@ pub fn simulate(s: &scenario::Scenario) -> Result<Simulation, engine::Deadlock> 
     let schedule = schedule::build(&dag, &plan, &s.cluster);
     let mut alloc = ExactAllocator::new(s.cluster.capacity_bytes());
     let trace = engine::run(&schedule.program, &mut alloc)?;
-    let report = report::build(s, &dag, &plan, &schedule, &trace);
+    let mut report = report::build(s, &dag, &plan, &schedule, &trace);
+    if s.training.checkpointing != plan::Checkpointing::None {
+        report.checkpointing_cost = checkpointing_cost(s, &report)?;
+    }
     Ok(Simulation { dag, plan, schedule, trace, report })
+}
+
+/// What activation checkpointing costs in time: the same scenario without it, simulated
+/// with unbounded memory (it may not fit: only its timing is used).
+fn checkpointing_cost(s: &scenario::Scenario, with: &report::Report) -> Result<Option<report::CheckpointingCost>, engine::Deadlock> {
+    let Some(tp) = &with.throughput else { return Ok(None) };
+    let mut alt = s.clone();
+    alt.training.checkpointing = plan::Checkpointing::None;
+    let dag = model::build(&alt.model, &alt.workload);
+    let plan = plan::Plan::new(&dag, alt.parallel.clone(), alt.training.clone(), u64::from(alt.cluster.gpus), u64::from(alt.cluster.gpus_per_node));
+    let schedule = schedule::build(&dag, &plan, &alt.cluster);
+    let trace = engine::run(&schedule.program, &mut ExactAllocator::new(u64::MAX / 4))?;
+    let r = report::build(&alt, &dag, &plan, &schedule, &trace);
+    Ok(r.throughput.map(|t| report::CheckpointingCost {
+        step_time_without_s: t.step_time_s,
+        step_time_with_s: tp.step_time_s,
+        slowdown: tp.step_time_s / t.step_time_s - 1.0,
+        peak_without: r.peak.map(|p| p.allocated).unwrap_or(report::Bytes::new(0)),
+    }))
 }
 
 impl Simulation {

@@ -122,6 +122,8 @@ pub struct StepTiming {
     pub comm_busy_s: f64,
     /// Compute stream idle inside the step: waiting for a collective (exposed communication).
     pub compute_idle_s: f64,
+    /// Compute time spent recomputing forward ops under activation checkpointing.
+    pub recompute_s: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -137,6 +139,18 @@ pub struct Throughput {
     pub hfu: f64,
     pub model_flops_per_step_per_gpu: f64,
     pub assumptions: Vec<String>,
+}
+
+/// The time side of activation checkpointing.
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckpointingCost {
+    /// Steady-state step time of the same scenario without checkpointing (memory unbounded).
+    pub step_time_without_s: f64,
+    pub step_time_with_s: f64,
+    /// Fractional slowdown (0.2 = 20% slower).
+    pub slowdown: f64,
+    /// Peak it would need without checkpointing.
+    pub peak_without: Bytes,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -177,6 +191,7 @@ pub struct Report {
     pub phase_peaks: Vec<PhasePeak>,
     pub steps: Vec<StepTiming>,
     pub throughput: Option<Throughput>,
+    pub checkpointing_cost: Option<CheckpointingCost>,
     pub assumptions: Vec<String>,
 }
 
@@ -277,11 +292,16 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
             let mut start = u64::MAX;
             let mut end = 0;
             let mut busy = [0u64; 2];
+            let mut recompute = 0u64;
             for (i, t) in prog.tasks.iter().enumerate() {
-                if sched.labels[t.label as usize].step == k && trace.end_ns[i] != u64::MAX {
+                let l = &sched.labels[t.label as usize];
+                if l.step == k && trace.end_ns[i] != u64::MAX {
                     start = start.min(trace.start_ns[i]);
                     end = end.max(trace.end_ns[i]);
                     busy[t.stream.min(1) as usize] += t.duration_ns;
+                    if l.kind == TaskKind::Recompute {
+                        recompute += t.duration_ns;
+                    }
                 }
             }
             if start == u64::MAX {
@@ -295,6 +315,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
                 compute_busy_s: busy[0] as f64 / 1e9,
                 comm_busy_s: busy[1] as f64 / 1e9,
                 compute_idle_s: dur.saturating_sub(busy[0]) as f64 / 1e9,
+                recompute_s: recompute as f64 / 1e9,
             });
         }
     }
@@ -375,6 +396,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
         phase_peaks,
         steps,
         throughput,
+        checkpointing_cost: None,
         assumptions,
     }
 }

@@ -103,12 +103,26 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         let _ = writeln!(o, "\nTime");
         for st in &r.steps {
             let _ = writeln!(o, "  step {}: {:.3} s (compute busy {:.3} s, communication busy {:.3} s, compute idle {:.3} s)", st.step, st.time_s, st.compute_busy_s, st.comm_busy_s, st.compute_idle_s);
+            if st.recompute_s > 0.0 {
+                let base = st.compute_busy_s - st.recompute_s;
+                let _ = writeln!(o, "          activation checkpointing recomputes for {:.3} s: +{:.1}% compute over the same step without it", st.recompute_s, 100.0 * st.recompute_s / base.max(1e-12));
+            }
         }
     }
     if let Some(tp) = &r.throughput {
         let _ = writeln!(o, "  steady state: {:.3} s/step, {} tokens/step, {:.0} tokens/s ({:.1} per GPU), MFU {:.1}%, HFU {:.1}%", tp.step_time_s, sep(tp.tokens_per_step), tp.tokens_per_s, tp.tokens_per_s_per_gpu, tp.mfu * 100.0, tp.hfu * 100.0);
         for a in &tp.assumptions {
             let _ = writeln!(o, "    - {a}");
+        }
+        if let Some(cc) = &r.checkpointing_cost {
+            let _ = writeln!(
+                o,
+                "  activation checkpointing: {:.3} s/step vs {:.3} s without it ({:+.1}%); without it the peak would be {}",
+                cc.step_time_with_s,
+                cc.step_time_without_s,
+                cc.slowdown * 100.0,
+                fmt_bytes(cc.peak_without.bytes)
+            );
         }
     } else if matches!(r.verdict, Verdict::Oom(_)) {
         let _ = writeln!(o, "\nTime       not reported: the step did not complete");
