@@ -1,0 +1,174 @@
+//! Scheduling rules, checked on the simulated timeline: when FSDP/ZeRO/DDP state is created
+//! and freed, what prefetching and the all-gather limiter keep live, gradient accumulation.
+
+use std::path::Path;
+
+use stepsim::memory::Category;
+use stepsim::scenario::Scenario;
+use stepsim::schedule::{Phase, TaskKind};
+use stepsim::Simulation;
+
+fn sim(parallel: &str, training: &str, gpus: u32) -> Simulation {
+    let toml = format!(
+        "[model]\nfamily = \"llama\"\nn_layers = 8\nhidden = 2048\nn_heads = 16\nvocab = 32000\n\
+         [hardware]\ngpu = \"h100-sxm\"\ngpus = {gpus}\ngpus_per_node = {gpn}\nmemory_capacity = 1000000000000\n\
+         [parallel]\n{parallel}\n[training]\nmicro_batch = 2\nseq_len = 1024\nprecision = \"bf16-mixed-adam\"\n{training}\n",
+        gpn = gpus.min(8)
+    );
+    let s = Scenario::from_toml(Path::new("<schedule test>"), &toml).unwrap_or_else(|e| panic!("{e}"));
+    stepsim::simulate(&s).unwrap()
+}
+
+/// Max over the samples of (step, phase) of a category's bytes.
+fn max_in(s: &Simulation, step: u32, phase: Phase, cat: Category) -> u64 {
+    let l = &s.schedule.labels;
+    let t = &s.schedule.program.tasks;
+    s.trace
+        .timeline
+        .samples
+        .iter()
+        .filter(|x| {
+            let lb = &l[t[x.task].label as usize];
+            lb.step == step && lb.phase == phase
+        })
+        .map(|x| x.by_category[cat.index()])
+        .max()
+        .unwrap_or(0)
+}
+
+/// The value of a category at the first sample of (step, phase).
+fn first_in(s: &Simulation, step: u32, phase: Phase, cat: Category) -> u64 {
+    let l = &s.schedule.labels;
+    let t = &s.schedule.program.tasks;
+    s.trace
+        .timeline
+        .samples
+        .iter()
+        .find(|x| {
+            let lb = &l[t[x.task].label as usize];
+            lb.step == step && lb.phase == phase
+        })
+        .map(|x| x.by_category[cat.index()])
+        .unwrap_or(0)
+}
+
+fn block_gathered(s: &Simulation) -> u64 {
+    s.plan.units[1].shard_params * s.plan.shard_group * 2
+}
+
+#[test]
+fn fsdp_creates_adam_state_at_the_first_step_deepspeed_at_init() {
+    let f = sim("sharding = \"full_shard\"", "", 8);
+    assert_eq!(max_in(&f, 1, Phase::Forward, Category::OptimizerState), 0);
+    assert_eq!(max_in(&f, 1, Phase::Backward, Category::OptimizerState), 0);
+    let want = f.plan.model_state().optimizer_state;
+    assert_eq!(max_in(&f, 1, Phase::Optimizer, Category::OptimizerState), want);
+    assert_eq!(first_in(&f, 2, Phase::Forward, Category::OptimizerState), want);
+    let d = sim("sharding = \"zero3\"\nframework = \"deepspeed\"", "", 8);
+    assert_eq!(max_in(&d, 0, Phase::Init, Category::OptimizerState), want);
+    assert_eq!(first_in(&d, 1, Phase::Forward, Category::OptimizerState), want);
+    // Master weights exist from init under both.
+    assert_eq!(first_in(&f, 1, Phase::Forward, Category::MasterWeights), f.plan.model_state().master_weights);
+}
+
+#[test]
+fn gradients_appear_in_backward_and_zero_grad_frees_them() {
+    let f = sim("sharding = \"full_shard\"", "", 8);
+    assert_eq!(max_in(&f, 1, Phase::Forward, Category::Gradients), 0);
+    assert_eq!(max_in(&f, 1, Phase::Backward, Category::Gradients), f.plan.model_state().gradients);
+    assert_eq!(first_in(&f, 2, Phase::Forward, Category::Gradients), 0);
+    // Unsharded gradients never outlive the step's backward.
+    assert_eq!(first_in(&f, 1, Phase::Optimizer, Category::UnshardedGradients), 0);
+}
+
+#[test]
+fn limit_all_gathers_bounds_gathered_blocks_in_forward() {
+    let b = |limit: bool| {
+        let s = sim(&format!("sharding = \"full_shard\"\nlimit_all_gathers = {limit}"), "", 8);
+        let root = s.plan.units[0].shard_params * s.plan.shard_group * 2;
+        (max_in(&s, 1, Phase::Forward, Category::GatheredParameters) - root) / block_gathered(&s)
+    };
+    assert!(b(true) <= 2, "with the limiter at most two blocks are gathered, got {}", b(true));
+    assert!(b(false) > 2, "without it the all-gathers run ahead of compute, got {}", b(false));
+}
+
+#[test]
+fn backward_prefetch_policy_sets_how_many_blocks_are_gathered() {
+    let g = |p: &str| {
+        let s = sim(&format!("sharding = \"full_shard\"\nbackward_prefetch = \"{p}\""), "", 8);
+        let root = s.plan.units[0].shard_params * s.plan.shard_group * 2;
+        (max_in(&s, 1, Phase::Backward, Category::GatheredParameters) - root) as f64 / block_gathered(&s) as f64
+    };
+    let (pre, post, none) = (g("pre"), g("post"), g("none"));
+    assert!((pre - 2.0).abs() < 0.01, "BACKWARD_PRE: current + prefetched = 2 blocks, got {pre}");
+    assert!(post <= 1.01 && none <= 1.01, "POST/none keep one block at a time: {post} {none}");
+    // ... and no prefetch exposes the all-gathers: the step is slower.
+    let t = |p: &str| sim(&format!("sharding = \"full_shard\"\nbackward_prefetch = \"{p}\""), "", 8).report.throughput.unwrap().step_time_s;
+    assert!(t("none") > t("pre"));
+}
+
+#[test]
+fn shard_grad_op_keeps_gathered_parameters_from_forward_to_backward() {
+    let s = sim("sharding = \"shard_grad_op\"", "", 8);
+    let root = s.plan.units[0].shard_params * s.plan.shard_group * 2;
+    let at_end_of_forward = max_in(&s, 1, Phase::Forward, Category::GatheredParameters) - root;
+    assert_eq!(at_end_of_forward, 8 * block_gathered(&s));
+    // Its gradients are sharded, its parameters too at rest.
+    let ms = s.plan.model_state();
+    assert_eq!(ms.parameters, s.plan.local_total(true) * 2);
+}
+
+#[test]
+fn hybrid_shard_shards_inside_a_node_only() {
+    let h = sim("sharding = \"hybrid_shard\"", "", 32);
+    let f8 = sim("sharding = \"full_shard\"", "", 8);
+    assert_eq!(h.plan.shard_group, 8);
+    assert_eq!(h.plan.model_state(), f8.plan.model_state());
+    // Each reduce-scatter is followed by a cross-node all-reduce of the shard.
+    let ars = h.schedule.labels.iter().filter(|l| l.kind == TaskKind::AllReduce && l.step == 1).count();
+    let rss = h.schedule.labels.iter().filter(|l| l.kind == TaskKind::ReduceScatter && l.step == 1).count();
+    assert_eq!(ars, rss);
+    assert_eq!(rss, 9);
+}
+
+#[test]
+fn ddp_all_reduces_25_mb_buckets_and_keeps_bucket_copies() {
+    let s = sim("sharding = \"none\"", "", 8);
+    let grad_bytes = s.plan.total_params() * 2;
+    let ars = s.schedule.labels.iter().filter(|l| l.kind == TaskKind::AllReduce && l.step == 1).count() as u64;
+    // One all-reduce per full 25 MB bucket, plus the last partial one; a bucket closes on the
+    // op that fills it, so it may hold a little more than 25 MB.
+    assert!(ars <= grad_bytes.div_ceil(25_000_000) && ars >= grad_bytes / 25_000_000 / 4, "{ars} buckets for {grad_bytes} B");
+    assert_eq!(max_in(&s, 0, Phase::Init, Category::CommBuffers), grad_bytes);
+    let v = sim("sharding = \"none\"\ngradient_as_bucket_view = true", "", 8);
+    assert_eq!(max_in(&v, 0, Phase::Init, Category::CommBuffers), 0);
+}
+
+#[test]
+fn gradient_accumulation_does_not_stack_activations() {
+    let one = sim("sharding = \"full_shard\"", "grad_accum = 1", 8);
+    let four = sim("sharding = \"full_shard\"", "grad_accum = 4", 8);
+    let a1 = max_in(&one, 1, Phase::Forward, Category::Activations);
+    let a4 = max_in(&four, 1, Phase::Forward, Category::Activations);
+    assert_eq!(a1, a4, "each micro-batch's activations are freed by its backward");
+    // The sharded gradient is created once and accumulated into.
+    assert_eq!(max_in(&four, 1, Phase::Backward, Category::Gradients), four.plan.model_state().gradients);
+    // Four micro-batches take about four times as long.
+    let t1 = one.report.throughput.as_ref().unwrap().step_time_s;
+    let t4 = four.report.throughput.as_ref().unwrap().step_time_s;
+    assert!(t4 > 3.5 * t1 && t4 < 4.5 * t1, "{t1} {t4}");
+    assert_eq!(four.report.throughput.unwrap().tokens_per_step, 4 * 2 * 1024 * 8);
+}
+
+#[test]
+fn zero1_and_zero2_shard_the_optimizer_but_not_the_parameters() {
+    let z1 = sim("sharding = \"zero1\"\nframework = \"deepspeed\"", "", 8);
+    let z2 = sim("sharding = \"zero2\"\nframework = \"deepspeed\"", "", 8);
+    let full = z1.plan.total_params();
+    assert_eq!(z1.plan.model_state().parameters, full * 2);
+    assert_eq!(z2.plan.model_state().parameters, full * 2);
+    assert_eq!(z1.plan.model_state().gradients, full * 2);
+    assert!(z2.plan.model_state().gradients < full * 2 / 7);
+    // ZeRO-2 frees each unit's full gradients after its reduce-scatter.
+    assert!(max_in(&z2, 1, Phase::Backward, Category::UnshardedGradients) < full * 2 / 2);
+}
