@@ -22,6 +22,29 @@ pub enum Sharding {
     HybridShard,
 }
 
+impl Sharding {
+    /// The name PyTorch FSDP / DeepSpeed users know.
+    pub fn display(self) -> &'static str {
+        match self {
+            Sharding::None => "NO_SHARD (DDP)",
+            Sharding::Zero1 => "ZeRO-1 (optimizer state sharded)",
+            Sharding::Zero2 => "SHARD_GRAD_OP / ZeRO-2",
+            Sharding::Zero3 => "FULL_SHARD / ZeRO-3",
+            Sharding::HybridShard => "HYBRID_SHARD",
+        }
+    }
+}
+
+impl BackwardPrefetch {
+    pub fn display(self) -> &'static str {
+        match self {
+            BackwardPrefetch::Pre => "BACKWARD_PRE",
+            BackwardPrefetch::Post => "BACKWARD_POST",
+            BackwardPrefetch::None => "None",
+        }
+    }
+}
+
 /// Whose semantics apply where FSDP and DeepSpeed differ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

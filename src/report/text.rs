@@ -32,8 +32,8 @@ pub fn render(r: &Report, s: &Scenario) -> String {
     let _ = writeln!(o);
     let _ = writeln!(
         o,
-        "Model      {:?} family, {} layers, hidden {}, {} heads ({} kv), ffn {}, vocab {}{}",
-        m.family, m.n_layers, m.hidden, m.n_heads, m.n_kv_heads, m.ffn_hidden, m.vocab,
+        "Model      {} family, {} layers, hidden {}, {} heads ({} kv), ffn {}, vocab {}{}",
+        format!("{:?}", m.family).to_lowercase(), m.n_layers, m.hidden, m.n_heads, m.n_kv_heads, m.ffn_hidden, m.vocab,
         if m.tie_embeddings { ", tied embeddings" } else { "" }
     );
     let _ = writeln!(o, "           {} parameters ({})", sep(r.param_count), r.param_count_human);
@@ -42,10 +42,19 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         "Hardware   {} x {} ({} node(s) x {}), capacity {} per GPU = device {} - CUDA context {}",
         c.gpus, c.gpu.name, c.nodes(), c.gpus_per_node, fmt_bytes(r.capacity.bytes), fmt_bytes(c.memory_bytes), fmt_bytes(c.cuda_context_bytes)
     );
+    let fw = match p.framework {
+        crate::plan::Framework::Fsdp => "PyTorch FSDP",
+        crate::plan::Framework::Deepspeed => "DeepSpeed",
+    };
     let _ = writeln!(
         o,
-        "Parallel   sharding {:?} ({:?} semantics), reshard_after_forward={}, backward_prefetch={:?}, limit_all_gathers={}",
-        p.sharding, p.framework, p.reshard_after_forward, p.backward_prefetch, p.limit_all_gathers
+        "Parallel   {} over {} GPU(s), {} semantics; reshard_after_forward={}, backward_prefetch={}, limit_all_gathers={}",
+        p.sharding.display(),
+        c.gpus,
+        fw,
+        p.reshard_after_forward,
+        p.backward_prefetch.display(),
+        p.limit_all_gathers
     );
     let _ = writeln!(
         o,
