@@ -19,7 +19,9 @@ fn simulate_100b_32gpu(c: &mut Criterion) {
         b.iter(|| std::hint::black_box(stepsim::simulate(&s).map(|sim| sim.report.peak.map(|p| p.allocated.bytes))))
     });
     let oom = scenario("100b-32gpu-fsdp.toml");
-    c.bench_function("simulate_100b_32gpu_oom (stops at the OOM)", |b| b.iter(|| std::hint::black_box(stepsim::simulate(&oom).is_ok())));
+    c.bench_function("simulate_100b_32gpu_oom (stops at the OOM)", |b| {
+        b.iter(|| std::hint::black_box(stepsim::simulate(&oom).is_ok()))
+    });
 }
 
 criterion_group! {

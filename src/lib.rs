@@ -38,7 +38,13 @@ pub struct Simulation {
 /// Simulates a validated scenario. Fails only on an internal scheduling error.
 pub fn simulate(s: &scenario::Scenario) -> Result<Simulation, engine::Deadlock> {
     let dag = model::build(&s.model, &s.workload);
-    let plan = plan::Plan::new(&dag, s.parallel.clone(), s.training.clone(), u64::from(s.cluster.gpus), u64::from(s.cluster.gpus_per_node));
+    let plan = plan::Plan::new(
+        &dag,
+        s.parallel.clone(),
+        s.training.clone(),
+        u64::from(s.cluster.gpus),
+        u64::from(s.cluster.gpus_per_node),
+    );
     let schedule = schedule::build(&dag, &plan, &s.cluster);
     let mut alloc = ExactAllocator::new(s.cluster.capacity_bytes());
     let trace = engine::run(&schedule.program, &mut alloc)?;
@@ -51,12 +57,21 @@ pub fn simulate(s: &scenario::Scenario) -> Result<Simulation, engine::Deadlock> 
 
 /// What activation checkpointing costs in time: the same scenario without it, simulated
 /// with unbounded memory (it may not fit: only its timing is used).
-fn checkpointing_cost(s: &scenario::Scenario, with: &report::Report) -> Result<Option<report::CheckpointingCost>, engine::Deadlock> {
+fn checkpointing_cost(
+    s: &scenario::Scenario,
+    with: &report::Report,
+) -> Result<Option<report::CheckpointingCost>, engine::Deadlock> {
     let Some(tp) = &with.throughput else { return Ok(None) };
     let mut alt = s.clone();
     alt.training.checkpointing = plan::Checkpointing::None;
     let dag = model::build(&alt.model, &alt.workload);
-    let plan = plan::Plan::new(&dag, alt.parallel.clone(), alt.training.clone(), u64::from(alt.cluster.gpus), u64::from(alt.cluster.gpus_per_node));
+    let plan = plan::Plan::new(
+        &dag,
+        alt.parallel.clone(),
+        alt.training.clone(),
+        u64::from(alt.cluster.gpus),
+        u64::from(alt.cluster.gpus_per_node),
+    );
     let schedule = schedule::build(&dag, &plan, &alt.cluster);
     let trace = engine::run(&schedule.program, &mut ExactAllocator::new(u64::MAX / 4))?;
     let r = report::build(&alt, &dag, &plan, &schedule, &trace);

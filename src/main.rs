@@ -11,7 +11,11 @@ use clap::{Parser, Subcommand};
 use stepsim::scenario::Scenario;
 
 #[derive(Parser)]
-#[command(name = "stepsim", version, about = "Simulate one LLM training step across many GPUs: memory over time, the OOM point, throughput")]
+#[command(
+    name = "stepsim",
+    version,
+    about = "Simulate one LLM training step across many GPUs: memory over time, the OOM point, throughput"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -31,9 +35,7 @@ enum Command {
         json: bool,
     },
     /// Validate a scenario and print what stepsim derived from it, without simulating.
-    Check {
-        scenario: PathBuf,
-    },
+    Check { scenario: PathBuf },
 }
 
 fn main() -> ExitCode {
@@ -48,7 +50,13 @@ fn main() -> ExitCode {
         Command::Run { scenario, out, json } => run(&scenario, out, json),
         Command::Check { scenario } => match Scenario::load(&scenario) {
             Ok(s) => {
-                println!("{}: ok: {} parameters, {} x {}", scenario.display(), s.model.param_count(), s.cluster.gpus, s.cluster.gpu.name);
+                println!(
+                    "{}: ok: {} parameters, {} x {}",
+                    scenario.display(),
+                    s.model.param_count(),
+                    s.cluster.gpus,
+                    s.cluster.gpu.name
+                );
                 ExitCode::SUCCESS
             }
             Err(e) => {
@@ -82,11 +90,13 @@ fn run(path: &std::path::Path, out: Option<PathBuf>, json: bool) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if json {
-        print!("{}", stepsim::report::write::report_json(&sim.report));
+    let text = if json {
+        stepsim::report::write::report_json(&sim.report)
     } else {
-        print!("{}", stepsim::report::text::render(&sim.report, &s));
-        println!("\nWrote {}", written.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "));
-    }
+        let files = written.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ");
+        format!("{}\nWrote {files}\n", stepsim::report::text::render(&sim.report, &s))
+    };
+    // A closed pipe (`stepsim run ... | head`) is not an error of the simulation.
+    let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes());
     ExitCode::SUCCESS
 }

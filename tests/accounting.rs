@@ -16,12 +16,29 @@ use stepsim::scenario::Scenario;
 use stepsim::schedule::Phase;
 
 fn gpt(l: u64, h: u64, a: u64, dropout: f64) -> ModelConfig {
-    ModelConfig { family: Family::Gpt, n_layers: l, hidden: h, n_heads: a, n_kv_heads: a, ffn_hidden: 4 * h, vocab: 50257, max_seq_len: 2048, tie_embeddings: true, dropout }
+    ModelConfig {
+        family: Family::Gpt,
+        n_layers: l,
+        hidden: h,
+        n_heads: a,
+        n_kv_heads: a,
+        ffn_hidden: 4 * h,
+        vocab: 50257,
+        max_seq_len: 2048,
+        tie_embeddings: true,
+        dropout,
+    }
 }
 
 #[test]
 fn dag_parameter_counts_match_closed_forms() {
-    let w = Workload { micro_batch: 1, seq_len: 128, compute_dtype: Dtype::Bf16, attention: Attention::Flash, logits_fp32: true };
+    let w = Workload {
+        micro_batch: 1,
+        seq_len: 128,
+        compute_dtype: Dtype::Bf16,
+        attention: Attention::Flash,
+        logits_fp32: true,
+    };
     // 100B GPT of the shipped scenarios: 12h^2 + 13h per layer, tied V h, 2048 positions, final LN.
     let c = gpt(80, 10240, 80, 0.1);
     let h = 10240u64;
@@ -29,7 +46,18 @@ fn dag_parameter_counts_match_closed_forms() {
     assert_eq!(c.param_count(), 101_209_569_280);
     assert_eq!(model::build(&c, &w).param_count(), c.param_count());
     // Llama with grouped-query attention (Llama-2-70B shape): 68,976,648,192 parameters.
-    let l = ModelConfig { family: Family::Llama, n_layers: 80, hidden: 8192, n_heads: 64, n_kv_heads: 8, ffn_hidden: 28672, vocab: 32000, max_seq_len: 4096, tie_embeddings: false, dropout: 0.0 };
+    let l = ModelConfig {
+        family: Family::Llama,
+        n_layers: 80,
+        hidden: 8192,
+        n_heads: 64,
+        n_kv_heads: 8,
+        ffn_hidden: 28672,
+        vocab: 32000,
+        max_seq_len: 4096,
+        tie_embeddings: false,
+        dropout: 0.0,
+    };
     assert_eq!(l.param_count(), 68_976_648_192);
     assert_eq!(model::build(&l, &w).param_count(), l.param_count());
     // Every shipped scenario.
@@ -52,7 +80,13 @@ fn block_saved(cfg: &ModelConfig, w: &Workload) -> (u64, u64) {
 fn activations_per_layer_follow_korthikanti() {
     for (s, b, h, a) in [(2048u64, 1u64, 4096u64, 32u64), (1024, 4, 1024, 16), (4096, 2, 12288, 96)] {
         let cfg = gpt(2, h, a, 0.1);
-        let math = Workload { micro_batch: b, seq_len: s, compute_dtype: Dtype::Bf16, attention: Attention::Math, logits_fp32: true };
+        let math = Workload {
+            micro_batch: b,
+            seq_len: s,
+            compute_dtype: Dtype::Bf16,
+            attention: Attention::Math,
+            logits_fp32: true,
+        };
         let (main, stats) = block_saved(&cfg, &math);
         assert_eq!(main, 34 * s * b * h + 5 * a * s * s * b, "math attention, s={s} b={b} h={h} a={a}");
         // Two LayerNorms keep FP32 mean and rstd per row.
@@ -87,7 +121,14 @@ fn selective_checkpointing_keeps_all_but_the_scores_and_the_schedule_frees_what_
         let sim = stepsim::simulate(&s).unwrap();
         let labels = &sim.schedule.labels;
         let tasks = &sim.schedule.program.tasks;
-        let last_fwd = sim.trace.timeline.samples.iter().rev().find(|x| labels[tasks[x.task].label as usize].phase == Phase::Forward).unwrap();
+        let last_fwd = sim
+            .trace
+            .timeline
+            .samples
+            .iter()
+            .rev()
+            .find(|x| labels[tasks[x.task].label as usize].phase == Phase::Forward)
+            .unwrap();
         (last_fwd.by_category[Category::Activations.index()], sim)
     };
     let (s, b, h, a) = (1024u64, 2u64, 1024u64, 16u64);
@@ -112,13 +153,19 @@ fn selective_checkpointing_keeps_all_but_the_scores_and_the_schedule_frees_what_
 /// ZeRO Table 1 (K = 12, GB = 1e9 B): baseline, Pos, Pos+g, Pos+g+p for DP = 1 ... 1024.
 #[test]
 fn model_state_matches_zero_table_1() {
-    let src = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/zero_table1.json")).unwrap();
+    let src =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/zero_table1.json")).unwrap();
     let v: serde_json::Value = serde_json::from_str(&src).unwrap();
     let psi_paper = v["params"].as_f64().unwrap();
     println!("{:>5} {:>10} {:>10} {:>10}  (stepsim GB, scaled to 7.5B / paper GB)", "dp", "stage", "stepsim", "paper");
     for row in v["rows"].as_array().unwrap() {
         let dp = row["dp"].as_u64().unwrap();
-        for (stage, sharding, col) in [("baseline", "none", "baseline_gb"), ("Pos", "zero1", "pos_gb"), ("Pos+g", "zero2", "pos_g_gb"), ("Pos+g+p", "zero3", "pos_g_p_gb")] {
+        for (stage, sharding, col) in [
+            ("baseline", "none", "baseline_gb"),
+            ("Pos", "zero1", "pos_gb"),
+            ("Pos+g", "zero2", "pos_g_gb"),
+            ("Pos+g+p", "zero3", "pos_g_p_gb"),
+        ] {
             // A 7.46B GPT (36 x 4096) under DeepSpeed semantics; figures scaled to 7.5B.
             let toml = format!(
                 "[model]\nfamily = \"gpt\"\nn_layers = 36\nhidden = 4096\nn_heads = 32\nvocab = 50257\nmax_seq_len = 128\n\
@@ -142,7 +189,11 @@ fn model_state_matches_zero_table_1() {
                 let l = &labels[tasks[x.task].label as usize];
                 l.step == 2 && l.phase == Phase::Backward
             });
-            let held: u64 = [Category::Parameters, Category::MasterWeights, Category::Gradients, Category::OptimizerState].iter().map(|c| last.unwrap().by_category[c.index()]).sum();
+            let held: u64 =
+                [Category::Parameters, Category::MasterWeights, Category::Gradients, Category::OptimizerState]
+                    .iter()
+                    .map(|c| last.unwrap().by_category[c.index()])
+                    .sum();
             let held = held as f64 * scale / 1e9;
             assert!((held - paper).abs() / paper < 0.01, "dp {dp} {stage}: simulated {held:.3} GB vs paper {paper} GB");
         }

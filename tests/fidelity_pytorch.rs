@@ -90,11 +90,18 @@ fn rel(pred: u64, meas: u64, scale: u64) -> f64 {
 #[test]
 fn pytorch_tracker_references() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pytorch");
-    let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "json")).collect();
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
     files.sort();
     let mut failures = Vec::new();
     let mut compared = 0;
-    println!("{:<12} {:>14} {:>14} {:>8}  phase (pred/meas)  categories pred/meas GiB", "case", "pred peak B", "meas peak B", "err");
+    println!(
+        "{:<12} {:>14} {:>14} {:>8}  phase (pred/meas)  categories pred/meas GiB",
+        "case", "pred peak B", "meas peak B", "err"
+    );
     for f in &files {
         let name = f.file_stem().unwrap().to_string_lossy().to_string();
         if let Some((_, why)) = NOT_COMPARED.iter().find(|(n, _)| *n == name) {
@@ -103,14 +110,22 @@ fn pytorch_tracker_references() {
         }
         let v: Value = serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap();
         let toml = scenario_for(&name, &v["config"]);
-        let sc = Scenario::from_toml(Path::new(&format!("<{name}>")), &toml).unwrap_or_else(|e| panic!("{name}: {e}\n{toml}"));
+        let sc = Scenario::from_toml(Path::new(&format!("<{name}>")), &toml)
+            .unwrap_or_else(|e| panic!("{name}: {e}\n{toml}"));
         let sim = stepsim::simulate(&sc).unwrap();
         let step = v["config"]["warmup_steps"].as_u64().unwrap_or(0) as u32 + 1;
         let (peak, phase) = sim.step_peak(step).unwrap();
         let meas_total = v["peak"]["total_bytes"].as_u64().unwrap();
         let meas_phase = v["peak"]["phase"].as_str().unwrap();
         let e = rel(peak.allocated, meas_total, meas_total);
-        let mut line = format!("{name:<12} {:>14} {:>14} {:>7.2}%  {}/{}", peak.allocated, meas_total, e * 100.0, phase.name(), meas_phase);
+        let mut line = format!(
+            "{name:<12} {:>14} {:>14} {:>7.2}%  {}/{}",
+            peak.allocated,
+            meas_total,
+            e * 100.0,
+            phase.name(),
+            meas_phase
+        );
         if e > TOLERANCE {
             failures.push(format!("{name}: peak {} vs measured {} ({:.1}%)", peak.allocated, meas_total, e * 100.0));
         }
@@ -118,7 +133,8 @@ fn pytorch_tracker_references() {
             failures.push(format!("{name}: peak phase {} vs measured {meas_phase}", phase.name()));
         }
         for cat in ["Parameter", "Gradient", "Optstate", "Activation", "Temp"] {
-            let pred: u64 = Category::ALL.iter().filter(|c| c.tracker_category() == cat).map(|c| peak.by_category[c.index()]).sum();
+            let pred: u64 =
+                Category::ALL.iter().filter(|c| c.tracker_category() == cat).map(|c| peak.by_category[c.index()]).sum();
             let meas = measured(&v["peak"]["breakdown_bytes"], cat);
             let ce = rel(pred, meas, meas_total);
             line += &format!("  {cat} {:.3}/{:.3}", pred as f64 / 1073741824.0, meas as f64 / 1073741824.0);

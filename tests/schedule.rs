@@ -103,7 +103,13 @@ fn backward_prefetch_policy_sets_how_many_blocks_are_gathered() {
     assert!((pre - 2.0).abs() < 0.01, "BACKWARD_PRE: current + prefetched = 2 blocks, got {pre}");
     assert!(post <= 1.01 && none <= 1.01, "POST/none keep one block at a time: {post} {none}");
     // ... and no prefetch exposes the all-gathers: the step is slower.
-    let t = |p: &str| sim(&format!("sharding = \"full_shard\"\nbackward_prefetch = \"{p}\""), "", 8).report.throughput.unwrap().step_time_s;
+    let t = |p: &str| {
+        sim(&format!("sharding = \"full_shard\"\nbackward_prefetch = \"{p}\""), "", 8)
+            .report
+            .throughput
+            .unwrap()
+            .step_time_s
+    };
     assert!(t("none") > t("pre"));
 }
 
@@ -138,7 +144,10 @@ fn ddp_all_reduces_25_mb_buckets_and_keeps_bucket_copies() {
     let ars = s.schedule.labels.iter().filter(|l| l.kind == TaskKind::AllReduce && l.step == 1).count() as u64;
     // One all-reduce per full 25 MB bucket, plus the last partial one; a bucket closes on the
     // op that fills it, so it may hold a little more than 25 MB.
-    assert!(ars <= grad_bytes.div_ceil(25_000_000) && ars >= grad_bytes / 25_000_000 / 4, "{ars} buckets for {grad_bytes} B");
+    assert!(
+        ars <= grad_bytes.div_ceil(25_000_000) && ars >= grad_bytes / 25_000_000 / 4,
+        "{ars} buckets for {grad_bytes} B"
+    );
     assert_eq!(max_in(&s, 0, Phase::Init, Category::CommBuffers), grad_bytes);
     let v = sim("sharding = \"none\"\ngradient_as_bucket_view = true", "", 8);
     assert_eq!(max_in(&v, 0, Phase::Init, Category::CommBuffers), 0);

@@ -79,6 +79,8 @@ pub struct Deadlock {
     pub waiting: usize,
 }
 
+impl std::error::Error for Deadlock {}
+
 impl std::fmt::Display for Deadlock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "internal error: {} tasks can never start (dependency cycle in the schedule)", self.waiting)

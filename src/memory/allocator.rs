@@ -50,7 +50,12 @@ impl Allocator for ExactAllocator {
     fn malloc(&mut self, id: usize, bytes: u64, _stream: usize) -> Result<(), AllocError> {
         let r = self.rounded(bytes);
         if self.allocated + r > self.capacity {
-            return Err(AllocError { requested: r, allocated: self.allocated, reserved: self.allocated, capacity: self.capacity });
+            return Err(AllocError {
+                requested: r,
+                allocated: self.allocated,
+                reserved: self.allocated,
+                capacity: self.capacity,
+            });
         }
         if self.live.len() <= id {
             self.live.resize(id + 1, 0);
@@ -72,7 +77,11 @@ impl Allocator for ExactAllocator {
         self.allocated
     }
     fn rounded(&self, bytes: u64) -> u64 {
-        if bytes == 0 { 0 } else { bytes.div_ceil(PYTORCH_BLOCK) * PYTORCH_BLOCK }
+        if bytes == 0 {
+            0
+        } else {
+            bytes.div_ceil(PYTORCH_BLOCK) * PYTORCH_BLOCK
+        }
     }
 }
 

@@ -174,8 +174,7 @@ impl Builder {
         outputs: Vec<TensorId>,
         saves: Vec<TensorId>,
     ) -> OpId {
-        let io_bytes: u64 =
-            inputs.iter().chain(outputs.iter()).map(|&t| self.tensors[t].bytes).sum();
+        let io_bytes: u64 = inputs.iter().chain(outputs.iter()).map(|&t| self.tensors[t].bytes).sum();
         self.ops.push(Op {
             name,
             kind,
@@ -212,7 +211,15 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
     bd.op("tok_embeddings".into(), OpKind::Embedding, v * h, (0.0, 0.0), vec![tokens], vec![x], vec![tokens]);
     if cfg.family == Family::Gpt {
         let y = bd.tensor("pos_embeddings.out", t * h, c, TensorKind::Activation);
-        bd.op("pos_embeddings".into(), OpKind::Embedding, cfg.max_seq_len * h, (tf * h as f64, 0.0), vec![x], vec![y], vec![]);
+        bd.op(
+            "pos_embeddings".into(),
+            OpKind::Embedding,
+            cfg.max_seq_len * h,
+            (tf * h as f64, 0.0),
+            vec![x],
+            vec![y],
+            vec![],
+        );
         x = y;
     }
 
@@ -222,12 +229,20 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         let p = |n: &str| format!("layers.{l}.{n}");
         // --- attention half
         let (norm_params, stats_per_row) = match cfg.family {
-            Family::Llama => (h, 4),     // weight; rstd
-            Family::Gpt => (2 * h, 8),   // weight + bias; mean + rstd
+            Family::Llama => (h, 4),   // weight; rstd
+            Family::Gpt => (2 * h, 8), // weight + bias; mean + rstd
         };
         let n1 = bd.tensor(&p("attention_norm.out"), t * h, c, TensorKind::Activation);
         let st1 = bd.tensor(&p("attention_norm.stats"), t, stats_per_row, TensorKind::Stats);
-        bd.op(p("attention_norm"), OpKind::Norm, norm_params, (5.0 * tf * h as f64, 8.0 * tf * h as f64), vec![x], vec![n1, st1], vec![x, st1]);
+        bd.op(
+            p("attention_norm"),
+            OpKind::Norm,
+            norm_params,
+            (5.0 * tf * h as f64, 8.0 * tf * h as f64),
+            vec![x],
+            vec![n1, st1],
+            vec![x, st1],
+        );
         let (q, k, vv);
         match cfg.family {
             Family::Llama => {
@@ -241,13 +256,29 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
                 // buffer, cat saves nothing, so nothing of q or k is kept.
                 q = bd.tensor(&p("attention.rope.q"), t * h, c, TensorKind::Activation);
                 k = bd.tensor(&p("attention.rope.k"), t * kvd, c, TensorKind::Activation);
-                let id = bd.op(p("attention.rope"), OpKind::Rope, 0, (6.0 * tf * (h + kvd) as f64, 6.0 * tf * (h + kvd) as f64), vec![q0, k0], vec![q, k], vec![]);
+                let id = bd.op(
+                    p("attention.rope"),
+                    OpKind::Rope,
+                    0,
+                    (6.0 * tf * (h + kvd) as f64, 6.0 * tf * (h + kvd) as f64),
+                    vec![q0, k0],
+                    vec![q, k],
+                    vec![],
+                );
                 // q*cos and rotate_half(q) live while the sum is formed.
                 bd.ops[id].fwd_scratch = 2 * t * h * c;
             }
             Family::Gpt => {
                 let qkv = bd.tensor(&p("attn.c_attn.out"), t * 3 * h, c, TensorKind::Activation);
-                bd.op(p("attn.c_attn"), OpKind::Linear, 3 * h * h + 3 * h, lin(h, 3 * h), vec![n1], vec![qkv], vec![n1]);
+                bd.op(
+                    p("attn.c_attn"),
+                    OpKind::Linear,
+                    3 * h * h + 3 * h,
+                    lin(h, 3 * h),
+                    vec![n1],
+                    vec![qkv],
+                    vec![n1],
+                );
                 // q, k, v are views of the fused projection's output.
                 q = qkv;
                 k = qkv;
@@ -275,7 +306,8 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
                 outs.push(probs);
                 saves.push(probs);
                 if dropout {
-                    let mask = bd.tensor(&p("attention.core.dropout_mask"), b * a * s * s, 1, TensorKind::AttentionScores);
+                    let mask =
+                        bd.tensor(&p("attention.core.dropout_mask"), b * a * s * s, 1, TensorKind::AttentionScores);
                     let dp = bd.tensor(&p("attention.core.dropout_out"), b * a * s * s, c, TensorKind::AttentionScores);
                     outs.push(mask);
                     outs.push(dp);
@@ -305,7 +337,15 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         // --- MLP half
         let n2 = bd.tensor(&p("ffn_norm.out"), t * h, c, TensorKind::Activation);
         let st2 = bd.tensor(&p("ffn_norm.stats"), t, stats_per_row, TensorKind::Stats);
-        bd.op(p("ffn_norm"), OpKind::Norm, norm_params, (5.0 * tf * h as f64, 8.0 * tf * h as f64), vec![h1], vec![n2, st2], vec![h1, st2]);
+        bd.op(
+            p("ffn_norm"),
+            OpKind::Norm,
+            norm_params,
+            (5.0 * tf * h as f64, 8.0 * tf * h as f64),
+            vec![h1],
+            vec![n2, st2],
+            vec![h1, st2],
+        );
         let mlp_out = match cfg.family {
             Family::Llama => {
                 let g = bd.tensor(&p("feed_forward.w1.out"), t * f, c, TensorKind::Activation);
@@ -313,9 +353,25 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
                 let u = bd.tensor(&p("feed_forward.w3.out"), t * f, c, TensorKind::Activation);
                 bd.op(p("feed_forward.w3"), OpKind::Linear, h * f, lin(h, f), vec![n2], vec![u], vec![n2]);
                 let sg = bd.tensor(&p("feed_forward.silu.out"), t * f, c, TensorKind::Activation);
-                bd.op(p("feed_forward.silu"), OpKind::Elementwise, 0, (4.0 * tf * f as f64, 8.0 * tf * f as f64), vec![g], vec![sg], vec![g]);
+                bd.op(
+                    p("feed_forward.silu"),
+                    OpKind::Elementwise,
+                    0,
+                    (4.0 * tf * f as f64, 8.0 * tf * f as f64),
+                    vec![g],
+                    vec![sg],
+                    vec![g],
+                );
                 let m = bd.tensor(&p("feed_forward.mul.out"), t * f, c, TensorKind::Activation);
-                bd.op(p("feed_forward.mul"), OpKind::Elementwise, 0, (tf * f as f64, 2.0 * tf * f as f64), vec![sg, u], vec![m], vec![sg, u]);
+                bd.op(
+                    p("feed_forward.mul"),
+                    OpKind::Elementwise,
+                    0,
+                    (tf * f as f64, 2.0 * tf * f as f64),
+                    vec![sg, u],
+                    vec![m],
+                    vec![sg, u],
+                );
                 let d = bd.tensor(&p("feed_forward.w2.out"), t * h, c, TensorKind::Activation);
                 bd.op(p("feed_forward.w2"), OpKind::Linear, f * h, lin(f, h), vec![m], vec![d], vec![m]);
                 d
@@ -324,7 +380,15 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
                 let g = bd.tensor(&p("mlp.c_fc.out"), t * f, c, TensorKind::Activation);
                 bd.op(p("mlp.c_fc"), OpKind::Linear, h * f + f, lin(h, f), vec![n2], vec![g], vec![n2]);
                 let ge = bd.tensor(&p("mlp.gelu.out"), t * f, c, TensorKind::Activation);
-                bd.op(p("mlp.gelu"), OpKind::Elementwise, 0, (8.0 * tf * f as f64, 16.0 * tf * f as f64), vec![g], vec![ge], vec![g]);
+                bd.op(
+                    p("mlp.gelu"),
+                    OpKind::Elementwise,
+                    0,
+                    (8.0 * tf * f as f64, 16.0 * tf * f as f64),
+                    vec![g],
+                    vec![ge],
+                    vec![g],
+                );
                 let d = bd.tensor(&p("mlp.c_proj.out"), t * h, c, TensorKind::Activation);
                 bd.op(p("mlp.c_proj"), OpKind::Linear, f * h + h, lin(f, h), vec![ge], vec![d], vec![ge]);
                 d
@@ -344,7 +408,15 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
     };
     let nf = bd.tensor("norm.out", t * h, c, TensorKind::Activation);
     let stf = bd.tensor("norm.stats", t, stats_per_row, TensorKind::Stats);
-    bd.op("norm".into(), OpKind::Norm, norm_params, (5.0 * tf * h as f64, 8.0 * tf * h as f64), vec![x], vec![nf, stf], vec![x, stf]);
+    bd.op(
+        "norm".into(),
+        OpKind::Norm,
+        norm_params,
+        (5.0 * tf * h as f64, 8.0 * tf * h as f64),
+        vec![x],
+        vec![nf, stf],
+        vec![x, stf],
+    );
     let logits = bd.tensor("output.logits", t * v, c, TensorKind::Activation);
     let head_params = if cfg.tie_embeddings { 0 } else { v * h };
     let id = bd.op("output".into(), OpKind::Linear, head_params, lin(h, v), vec![nf], vec![logits], vec![nf]);
@@ -362,7 +434,15 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
     // cross_entropy = log_softmax (saves its output) + nll_loss (saves the targets).
     let lb = loss_dtype.bytes();
     let lsm = bd.tensor("loss.log_softmax", t * v, lb, TensorKind::Activation);
-    bd.op("loss.log_softmax".into(), OpKind::Loss, 0, (5.0 * tf * v as f64, 5.0 * tf * v as f64), vec![logits], vec![lsm], vec![lsm]);
+    bd.op(
+        "loss.log_softmax".into(),
+        OpKind::Loss,
+        0,
+        (5.0 * tf * v as f64, 5.0 * tf * v as f64),
+        vec![logits],
+        vec![lsm],
+        vec![lsm],
+    );
     let loss = bd.tensor("loss", 1, 4, TensorKind::Activation);
     bd.op("loss.nll".into(), OpKind::Loss, 0, (tf, tf), vec![lsm, targets], vec![loss], vec![targets]);
 

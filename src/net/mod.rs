@@ -37,7 +37,11 @@ impl Group {
     /// Bandwidth of the ring's slowest hop, bytes/s: NVLink inside a node, each GPU's share
     /// of the network across nodes.
     pub fn ring_bandwidth(&self) -> f64 {
-        let bw = if self.ranks > self.ranks_per_node { self.network_bytes_per_s.min(self.nvlink_bytes_per_s) } else { self.nvlink_bytes_per_s };
+        let bw = if self.ranks > self.ranks_per_node {
+            self.network_bytes_per_s.min(self.nvlink_bytes_per_s)
+        } else {
+            self.nvlink_bytes_per_s
+        };
         bw * LINK_EFFICIENCY
     }
 

@@ -232,7 +232,13 @@ impl ModelState {
 }
 
 impl Plan {
-    pub fn new(dag: &LayerDag, parallel: ParallelConfig, training: TrainingConfig, gpus: u64, gpus_per_node: u64) -> Plan {
+    pub fn new(
+        dag: &LayerDag,
+        parallel: ParallelConfig,
+        training: TrainingConfig,
+        gpus: u64,
+        gpus_per_node: u64,
+    ) -> Plan {
         let sh = parallel.sharding;
         let shard_group = match sh {
             Sharding::None => 1,
@@ -248,12 +254,33 @@ impl Plan {
         let mut units = Vec::new();
         let root = [Region::Embed, Region::Head];
         let rp: u64 = root.iter().map(|&r| dag.region_params(r)).sum();
-        units.push(Unit { name: "root (embeddings, final norm, head)".into(), regions: root.to_vec(), params: rp, shard_params: rp.div_ceil(shard_group) });
+        units.push(Unit {
+            name: "root (embeddings, final norm, head)".into(),
+            regions: root.to_vec(),
+            params: rp,
+            shard_params: rp.div_ceil(shard_group),
+        });
         for l in 0..dag.config.n_layers {
             let p = dag.region_params(Region::Block(l));
-            units.push(Unit { name: format!("layers.{l}"), regions: vec![Region::Block(l)], params: p, shard_params: p.div_ceil(shard_group) });
+            units.push(Unit {
+                name: format!("layers.{l}"),
+                regions: vec![Region::Block(l)],
+                params: p,
+                shard_params: p.div_ceil(shard_group),
+            });
         }
-        Plan { parallel, training, gpus, gpus_per_node, shard_group, units, params_sharded, grads_sharded, optimizer_sharded, reshard_after_forward }
+        Plan {
+            parallel,
+            training,
+            gpus,
+            gpus_per_node,
+            shard_group,
+            units,
+            params_sharded,
+            grads_sharded,
+            optimizer_sharded,
+            reshard_after_forward,
+        }
     }
 
     /// Unit index holding a region's ops.
@@ -267,7 +294,11 @@ impl Plan {
     /// Elements of a unit this rank holds for a piece of state that is sharded or not.
     pub fn local(&self, unit: usize, sharded: bool) -> u64 {
         let u = &self.units[unit];
-        if sharded { u.shard_params } else { u.params }
+        if sharded {
+            u.shard_params
+        } else {
+            u.params
+        }
     }
 
     pub fn total_params(&self) -> u64 {

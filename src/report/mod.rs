@@ -198,7 +198,14 @@ pub struct Report {
 fn instant(sched: &Schedule, trace: &Trace, task: usize, time_ns: u64) -> Instant {
     let l = &sched.labels[sched.program.tasks[task].label as usize];
     let _ = trace;
-    Instant { time_s: time_ns as f64 / 1e9, step: l.step, phase: l.phase, micro_batch: l.micro_batch, layer: l.layer(), op: l.what.clone() }
+    Instant {
+        time_s: time_ns as f64 / 1e9,
+        step: l.step,
+        phase: l.phase,
+        micro_batch: l.micro_batch,
+        layer: l.layer(),
+        op: l.what.clone(),
+    }
 }
 
 fn human_count(n: u64) -> String {
@@ -224,7 +231,10 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
     let total_state = ms.total();
     let naive = {
         let pr = &plan.training.precision;
-        let per = pr.param.bytes() + pr.grad.bytes() + pr.master.map_or(0, |m| m.bytes()) + plan.training.states_per_param() * pr.optimizer_state.bytes();
+        let per = pr.param.bytes()
+            + pr.grad.bytes()
+            + pr.master.map_or(0, |m| m.bytes())
+            + plan.training.states_per_param() * pr.optimizer_state.bytes();
         params * per / plan.gpus.max(1)
     };
     let msr = ModelStateReport {
@@ -268,7 +278,9 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
     let peak = trace.timeline.peak().map(|p| Peak {
         at: instant(sched, trace, p.task, p.time_ns),
         allocated: Bytes::new(p.allocated),
-        reserved: Bytes::new(trace.timeline.peak_reserved_index.map_or(p.reserved, |i| trace.timeline.samples[i].reserved)),
+        reserved: Bytes::new(
+            trace.timeline.peak_reserved_index.map_or(p.reserved, |i| trace.timeline.samples[i].reserved),
+        ),
         breakdown: breakdown(&p.by_category),
     });
     // Peak of each (step, phase).
@@ -281,10 +293,15 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
                 p.allocated = Bytes::new(smp.allocated);
                 p.op = l.what.clone();
             }
-            None => phase_peaks.push(PhasePeak { step: l.step, phase: l.phase, allocated: Bytes::new(smp.allocated), op: l.what.clone() }),
+            None => phase_peaks.push(PhasePeak {
+                step: l.step,
+                phase: l.phase,
+                allocated: Bytes::new(smp.allocated),
+                op: l.what.clone(),
+            }),
         }
     }
-    phase_peaks.sort_by(|a, b| (a.step, a.phase).cmp(&(b.step, b.phase)));
+    phase_peaks.sort_by_key(|p| (p.step, p.phase));
     // Step timings from the tasks that ran.
     let mut steps = Vec::new();
     if trace.oom.is_none() {
@@ -319,7 +336,8 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
             });
         }
     }
-    let peak_flops = crate::schedule::Cost::new(&s.cluster, plan.training.precision.compute, plan.shard_group).peak_flops;
+    let peak_flops =
+        crate::schedule::Cost::new(&s.cluster, plan.training.precision.compute, plan.shard_group).peak_flops;
     let throughput = steps.last().map(|st| {
         let tokens = s.tokens_per_step();
         let gpus = plan.gpus as f64;
@@ -372,7 +390,15 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
             crate::plan::Framework::Deepspeed => "state creation (DeepSpeed ZeRO): parameters, FP32 master partitions and optimizer state when the engine initialises".into(),
         },
         "activations: per-op saved tensors of PyTorch autograd (Korthikanti et al. 2022 counting); gradient accumulation frees each micro-batch's activations in its backward".into(),
+        "the CPU is assumed to run ahead of the GPU: collectives are issued as early as their dependencies (and limit_all_gathers) allow, in one NCCL queue per process group".into(),
     ];
+    let mut assumptions = assumptions;
+    if plan.parallel.forward_prefetch {
+        assumptions.push("forward_prefetch=True changes nothing here: with the CPU running ahead, the next all-gather is already issued as early as the limiter allows (it matters for CPU-bound runs)".into());
+    }
+    if plan.parallel.sharding == crate::plan::Sharding::None && plan.gpus > 1 && plan.training.grad_accum > 1 {
+        assumptions.push("DDP with gradient accumulation: earlier micro-batches run under no_sync(); gradients are all-reduced in the last micro-batch's backward".into());
+    }
     let gpus = plan.gpus;
     Report {
         scenario: s.name.clone(),

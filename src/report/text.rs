@@ -33,14 +33,26 @@ pub fn render(r: &Report, s: &Scenario) -> String {
     let _ = writeln!(
         o,
         "Model      {} family, {} layers, hidden {}, {} heads ({} kv), ffn {}, vocab {}{}",
-        format!("{:?}", m.family).to_lowercase(), m.n_layers, m.hidden, m.n_heads, m.n_kv_heads, m.ffn_hidden, m.vocab,
+        format!("{:?}", m.family).to_lowercase(),
+        m.n_layers,
+        m.hidden,
+        m.n_heads,
+        m.n_kv_heads,
+        m.ffn_hidden,
+        m.vocab,
         if m.tie_embeddings { ", tied embeddings" } else { "" }
     );
     let _ = writeln!(o, "           {} parameters ({})", sep(r.param_count), r.param_count_human);
     let _ = writeln!(
         o,
         "Hardware   {} x {} ({} node(s) x {}), capacity {} per GPU = device {} - CUDA context {}",
-        c.gpus, c.gpu.name, c.nodes(), c.gpus_per_node, fmt_bytes(r.capacity.bytes), fmt_bytes(c.memory_bytes), fmt_bytes(c.cuda_context_bytes)
+        c.gpus,
+        c.gpu.name,
+        c.nodes(),
+        c.gpus_per_node,
+        fmt_bytes(r.capacity.bytes),
+        fmt_bytes(c.memory_bytes),
+        fmt_bytes(c.cuda_context_bytes)
     );
     let fw = match p.framework {
         crate::plan::Framework::Fsdp => "PyTorch FSDP",
@@ -63,12 +75,26 @@ pub fn render(r: &Report, s: &Scenario) -> String {
     );
     let ms = &r.model_state_per_gpu;
     let _ = writeln!(o, "\nModel state per GPU at rest (steady state, after backward)");
-    for (name, b) in [("parameters", &ms.parameters), ("master weights", &ms.master_weights), ("gradients", &ms.gradients), ("optimizer state", &ms.optimizer_state)] {
+    for (name, b) in [
+        ("parameters", &ms.parameters),
+        ("master weights", &ms.master_weights),
+        ("gradients", &ms.gradients),
+        ("optimizer state", &ms.optimizer_state),
+    ] {
         if b.bytes > 0 {
             let _ = writeln!(o, "  {name:<18} {}", fmt_bytes(b.bytes));
         }
     }
-    let _ = writeln!(o, "  {:<18} {}  ({:.2} B/param x {} params / {} GPUs; naive average {})", "total", fmt_bytes(ms.total.bytes), ms.bytes_per_param, r.param_count_human, c.gpus, fmt_bytes(ms.naive_average.bytes));
+    let _ = writeln!(
+        o,
+        "  {:<18} {}  ({:.2} B/param x {} params / {} GPUs; naive average {})",
+        "total",
+        fmt_bytes(ms.total.bytes),
+        ms.bytes_per_param,
+        r.param_count_human,
+        c.gpus,
+        fmt_bytes(ms.naive_average.bytes)
+    );
 
     let _ = writeln!(o);
     match &r.verdict {
@@ -78,12 +104,31 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         Verdict::Oom(x) => {
             let layer = x.at.layer.map(|l| format!(", layer {l}")).unwrap_or_default();
             if x.at.step == 0 {
-                let _ = writeln!(o, "Verdict    OOM at initialisation (before the first step), phase init{}, `{}`", layer, x.at.op);
+                let _ = writeln!(
+                    o,
+                    "Verdict    OOM at initialisation (before the first step), phase init{}, `{}`",
+                    layer, x.at.op
+                );
             } else {
-                let _ = writeln!(o, "Verdict    OOM in step {}, phase {}{}, op `{}`, micro-batch {} (t = {:.3} s)", x.at.step, x.at.phase.name(), layer, x.at.op, x.at.micro_batch, x.at.time_s);
+                let _ = writeln!(
+                    o,
+                    "Verdict    OOM in step {}, phase {}{}, op `{}`, micro-batch {} (t = {:.3} s)",
+                    x.at.step,
+                    x.at.phase.name(),
+                    layer,
+                    x.at.op,
+                    x.at.micro_batch,
+                    x.at.time_s
+                );
             }
             let _ = writeln!(o, "           tried to allocate {} for {}", fmt_bytes(x.requested.bytes), x.tensor);
-            let _ = writeln!(o, "           {} already allocated of {} capacity ({} free)", fmt_bytes(x.allocated.bytes), fmt_bytes(x.capacity.bytes), fmt_bytes(x.free.bytes));
+            let _ = writeln!(
+                o,
+                "           {} already allocated of {} capacity ({} free)",
+                fmt_bytes(x.allocated.bytes),
+                fmt_bytes(x.capacity.bytes),
+                fmt_bytes(x.free.bytes)
+            );
             let _ = writeln!(o, "  live at that instant, by category:");
             for cb in &x.live_by_category {
                 let _ = writeln!(o, "    {:<40} {}", cb.label, fmt_bytes(cb.size.bytes));
@@ -96,7 +141,12 @@ pub fn render(r: &Report, s: &Scenario) -> String {
     }
     if let Some(pk) = &r.peak {
         let layer = pk.at.layer.map(|l| format!(", layer {l}")).unwrap_or_default();
-        let _ = writeln!(o, "\nPeak       {} allocated (max_memory_allocated), {} reserved", fmt_bytes(pk.allocated.bytes), fmt_bytes(pk.reserved.bytes));
+        let _ = writeln!(
+            o,
+            "\nPeak       {} allocated (max_memory_allocated), {} reserved",
+            fmt_bytes(pk.allocated.bytes),
+            fmt_bytes(pk.reserved.bytes)
+        );
         let _ = writeln!(o, "           at step {}, {}{}, op `{}`", pk.at.step, pk.at.phase.name(), layer, pk.at.op);
         for cb in &pk.breakdown {
             let _ = writeln!(o, "    {:<40} {}", cb.label, fmt_bytes(cb.size.bytes));
@@ -105,13 +155,24 @@ pub fn render(r: &Report, s: &Scenario) -> String {
     if !r.phase_peaks.is_empty() {
         let _ = writeln!(o, "\nPeak by phase");
         for pp in &r.phase_peaks {
-            let _ = writeln!(o, "  step {} {:<10} {}  at `{}`", pp.step, pp.phase.name(), fmt_bytes(pp.allocated.bytes), pp.op);
+            let _ = writeln!(
+                o,
+                "  step {} {:<10} {}  at `{}`",
+                pp.step,
+                pp.phase.name(),
+                fmt_bytes(pp.allocated.bytes),
+                pp.op
+            );
         }
     }
     if !r.steps.is_empty() {
         let _ = writeln!(o, "\nTime");
         for st in &r.steps {
-            let _ = writeln!(o, "  step {}: {:.3} s (compute busy {:.3} s, communication busy {:.3} s, compute idle {:.3} s)", st.step, st.time_s, st.compute_busy_s, st.comm_busy_s, st.compute_idle_s);
+            let _ = writeln!(
+                o,
+                "  step {}: {:.3} s (compute busy {:.3} s, communication busy {:.3} s, compute idle {:.3} s)",
+                st.step, st.time_s, st.compute_busy_s, st.comm_busy_s, st.compute_idle_s
+            );
             if st.recompute_s > 0.0 {
                 let base = st.compute_busy_s - st.recompute_s;
                 let _ = writeln!(o, "          activation checkpointing recomputes for {:.3} s: +{:.1}% compute over the same step without it", st.recompute_s, 100.0 * st.recompute_s / base.max(1e-12));
@@ -119,7 +180,16 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         }
     }
     if let Some(tp) = &r.throughput {
-        let _ = writeln!(o, "  steady state: {:.3} s/step, {} tokens/step, {:.0} tokens/s ({:.1} per GPU), MFU {:.1}%, HFU {:.1}%", tp.step_time_s, sep(tp.tokens_per_step), tp.tokens_per_s, tp.tokens_per_s_per_gpu, tp.mfu * 100.0, tp.hfu * 100.0);
+        let _ = writeln!(
+            o,
+            "  steady state: {:.3} s/step, {} tokens/step, {:.0} tokens/s ({:.1} per GPU), MFU {:.1}%, HFU {:.1}%",
+            tp.step_time_s,
+            sep(tp.tokens_per_step),
+            tp.tokens_per_s,
+            tp.tokens_per_s_per_gpu,
+            tp.mfu * 100.0,
+            tp.hfu * 100.0
+        );
         for a in &tp.assumptions {
             let _ = writeln!(o, "    - {a}");
         }

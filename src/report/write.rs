@@ -101,10 +101,17 @@ pub fn memory_plot(r: &Report, sched: &Schedule, trace: &Trace, rank_label: &str
     let phases = phase_spans(sched, trace)
         .into_iter()
         .filter(|p| p.1 != crate::schedule::Phase::Init || p.3 > p.2)
-        .map(|(step, ph, a, b)| PhaseSpan { label: if step == 0 { ph.name().to_string() } else { format!("{} {}", ph.name(), step) }, start_s: a as f64 / 1e9, end_s: b as f64 / 1e9 })
+        .map(|(step, ph, a, b)| PhaseSpan {
+            label: if step == 0 { ph.name().to_string() } else { format!("{} {}", ph.name(), step) },
+            start_s: a as f64 / 1e9,
+            end_s: b as f64 / 1e9,
+        })
         .collect();
     let oom = match &r.verdict {
-        super::Verdict::Oom(o) => Some(OomMark { time_s: o.at.time_s, label: format!("OOM: {} in {} (+{})", o.at.op, o.at.phase.name(), fmt_bytes(o.requested.bytes)) }),
+        super::Verdict::Oom(o) => Some(OomMark {
+            time_s: o.at.time_s,
+            label: format!("OOM: {} in {} (+{})", o.at.op, o.at.phase.name(), fmt_bytes(o.requested.bytes)),
+        }),
         _ => None,
     };
     MemoryPlot {
@@ -124,14 +131,22 @@ pub fn memory_plot(r: &Report, sched: &Schedule, trace: &Trace, rank_label: &str
 
 /// Writes report.json, memory.csv and memory.png into `dir` (created if missing).
 pub fn write_all(dir: &Path, r: &Report, sched: &Schedule, trace: &Trace) -> Result<Vec<PathBuf>, WriteError> {
-    std::fs::create_dir_all(dir).map_err(|e| WriteError { path: dir.to_path_buf(), message: format!("cannot create the output folder: {e}") })?;
+    std::fs::create_dir_all(dir).map_err(|e| WriteError {
+        path: dir.to_path_buf(),
+        message: format!("cannot create the output folder: {e}"),
+    })?;
     let rank = r.rank_classes.first().map(|c| format!("ranks {}", c.ranks)).unwrap_or_else(|| "rank 0".into());
     let json = dir.join("report.json");
     atomic_write(&json, report_json(r).as_bytes())?;
     let csv = dir.join("memory.csv");
     atomic_write(&csv, memory_csv(trace, &rank).as_bytes())?;
     let png = dir.join("memory.png");
-    let label = format!("{} ({} GPUs, identical programs, simulated once)", rank, r.rank_classes.first().map_or(1, |c| c.count));
-    super::png::write_memory_png(&png, &memory_plot(r, sched, trace, &label)).map_err(|m| WriteError { path: png.clone(), message: m })?;
+    let label = format!(
+        "{} ({} GPUs, identical programs, simulated once)",
+        rank,
+        r.rank_classes.first().map_or(1, |c| c.count)
+    );
+    super::png::write_memory_png(&png, &memory_plot(r, sched, trace, &label))
+        .map_err(|m| WriteError { path: png.clone(), message: m })?;
     Ok(vec![json, csv, png])
 }

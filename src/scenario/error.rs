@@ -37,10 +37,12 @@ impl std::error::Error for ScenarioError {}
 pub(crate) fn from_toml(file: &Path, src: &str, err: &toml::de::Error) -> ScenarioError {
     let msg = err.message().to_string();
     let field = match err.span() {
-        Some(span) => field_at(src, span.start, &msg),
+        Some(span) => field_at(src, span, &msg),
         None => String::new(),
     };
-    let line = err.span().map(|s| src[..s.start.min(src.len())].lines().count().max(1));
+    // 1-based line of the span's start (counting newlines: a span at the very start of a line
+    // belongs to that line, not the one before).
+    let line = err.span().map(|s| src.as_bytes()[..s.start.min(src.len())].iter().filter(|&&b| b == b'\n').count() + 1);
     let mut message = msg.replace('\n', " ");
     if let Some(l) = line {
         message = format!("{message} (line {l})");
@@ -48,8 +50,8 @@ pub(crate) fn from_toml(file: &Path, src: &str, err: &toml::de::Error) -> Scenar
     ScenarioError::new(file, field, message)
 }
 
-fn field_at(src: &str, offset: usize, msg: &str) -> String {
-    let offset = offset.min(src.len());
+fn field_at(src: &str, span: std::ops::Range<usize>, msg: &str) -> String {
+    let offset = span.start.min(src.len());
     let mut table = String::new();
     let mut key = String::new();
     let mut pos = 0usize;
@@ -59,7 +61,8 @@ fn field_at(src: &str, offset: usize, msg: &str) -> String {
         let t = line.trim();
         if t.starts_with('[') {
             if start <= offset {
-                table = t.trim_matches(|c| c == '[' || c == ']').trim().to_string();
+                // `[name]`, `[[name]]`, possibly followed by `# comment`.
+                table = t.trim_start_matches('[').split(']').next().unwrap_or("").trim().to_string();
                 key.clear();
             }
         } else if let Some((k, _)) = t.split_once('=') {
@@ -71,15 +74,25 @@ fn field_at(src: &str, offset: usize, msg: &str) -> String {
             break;
         }
     }
-    // "missing field `x`" points at the table itself: name the missing key.
-    if key.is_empty() {
-        if let Some(rest) = msg.strip_prefix("missing field `") {
-            key = rest.split('`').next().unwrap_or("").to_string();
+    // "missing field `x`" points at the table that lacks `x`, not at a key: its `[header]`, its
+    // inline `{ ... }` value (named by the key on that line), or, for the top level, the
+    // document's first lines (comments, the first key) or an empty span.
+    if let Some(rest) = msg.strip_prefix("missing field `") {
+        let first = src.as_bytes().get(offset).copied();
+        if first == Some(b'{') {
+            table = join(&table, &key);
+        } else if span.is_empty() || first != Some(b'[') {
+            table.clear();
         }
+        key = rest.split('`').next().unwrap_or("").to_string();
     }
+    join(&table, &key)
+}
+
+fn join(table: &str, key: &str) -> String {
     match (table.is_empty(), key.is_empty()) {
-        (true, _) => key,
-        (false, true) => table,
+        (true, _) => key.to_string(),
+        (false, true) => table.to_string(),
         (false, false) => format!("{table}.{key}"),
     }
 }

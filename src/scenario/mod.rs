@@ -11,7 +11,10 @@ pub use error::ScenarioError;
 
 use crate::hardware::{self, Cluster};
 use crate::model::{Attention, Dtype, Family, ModelConfig, Workload};
-use crate::plan::{BackwardPrefetch, Checkpointing, Framework, OptimizerImpl, OptimizerKind, ParallelConfig, Precision, Sharding, TrainingConfig};
+use crate::plan::{
+    BackwardPrefetch, Checkpointing, Framework, OptimizerImpl, OptimizerKind, ParallelConfig, Precision, Sharding,
+    TrainingConfig,
+};
 
 /// PyTorch's CUDA context with lazy module loading (the default since CUDA 11.7 / PyTorch
 /// 2.0) holds about 300-500 MB outside the caching allocator (pytorch/pytorch#107667,
@@ -113,7 +116,8 @@ pub struct Scenario {
 impl Scenario {
     /// Reads and validates a scenario file.
     pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
-        let src = std::fs::read_to_string(path).map_err(|e| ScenarioError::new(path, "", format!("cannot read the scenario file: {e}")))?;
+        let src = std::fs::read_to_string(path)
+            .map_err(|e| ScenarioError::new(path, "", format!("cannot read the scenario file: {e}")))?;
         Scenario::from_toml(path, &src)
     }
 
@@ -152,11 +156,18 @@ impl V<'_> {
         if allowed.contains(&v) {
             Ok(v)
         } else {
-            Err(self.err(field, format!("unknown value \"{v}\"; allowed: {}", allowed.iter().map(|a| format!("\"{a}\"")).collect::<Vec<_>>().join(", "))))
+            Err(self.err(
+                field,
+                format!(
+                    "unknown value \"{v}\"; allowed: {}",
+                    allowed.iter().map(|a| format!("\"{a}\"")).collect::<Vec<_>>().join(", ")
+                ),
+            ))
         }
     }
     fn dtype(&self, field: &str, v: &str) -> Result<Dtype, ScenarioError> {
-        Dtype::parse(v).ok_or_else(|| self.err(field, format!("unknown dtype \"{v}\"; allowed: \"fp32\", \"bf16\", \"fp16\"")))
+        Dtype::parse(v)
+            .ok_or_else(|| self.err(field, format!("unknown dtype \"{v}\"; allowed: \"fp32\", \"bf16\", \"fp16\"")))
     }
 }
 
@@ -175,7 +186,10 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         return Err(v.err("model.n_heads", format!("must divide model.hidden ({hidden}); {n_heads} does not")));
     }
     if (hidden / n_heads) % 2 != 0 && family == Family::Llama {
-        return Err(v.err("model.n_heads", format!("rotary embeddings need an even head dimension; hidden / n_heads = {}", hidden / n_heads)));
+        return Err(v.err(
+            "model.n_heads",
+            format!("rotary embeddings need an even head dimension; hidden / n_heads = {}", hidden / n_heads),
+        ));
     }
     let n_kv_heads = match m.n_kv_heads {
         None => n_heads,
@@ -228,17 +242,24 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
 
     // --- hardware
     let h = &f.hardware;
-    let gpu = hardware::lookup(&h.gpu).ok_or_else(|| v.err("hardware.gpu", format!("unknown GPU \"{}\"; the catalog has: {}", h.gpu, hardware::names().join(", "))))?;
+    let gpu = hardware::lookup(&h.gpu).ok_or_else(|| {
+        v.err("hardware.gpu", format!("unknown GPU \"{}\"; the catalog has: {}", h.gpu, hardware::names().join(", ")))
+    })?;
     let gpus = v.positive("hardware.gpus", h.gpus)?;
     let gpus_per_node = match h.gpus_per_node {
         Some(x) => v.positive("hardware.gpus_per_node", x)?,
         None => gpus.min(8),
     };
     if gpus_per_node > gpus {
-        return Err(v.err("hardware.gpus_per_node", format!("{gpus_per_node} GPUs per node is more than hardware.gpus ({gpus})")));
+        return Err(v.err(
+            "hardware.gpus_per_node",
+            format!("{gpus_per_node} GPUs per node is more than hardware.gpus ({gpus})"),
+        ));
     }
     if gpus % gpus_per_node != 0 {
-        return Err(v.err("hardware.gpus_per_node", format!("must divide hardware.gpus ({gpus}); {gpus_per_node} does not")));
+        return Err(
+            v.err("hardware.gpus_per_node", format!("must divide hardware.gpus ({gpus}); {gpus_per_node} does not"))
+        );
     }
     if gpus > u64::from(u32::MAX) {
         return Err(v.err("hardware.gpus", "too many GPUs"));
@@ -253,28 +274,46 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         None => DEFAULT_CUDA_CONTEXT,
     };
     if cuda_context_bytes >= memory_bytes {
-        return Err(v.err("hardware.cuda_context", format!("{cuda_context_bytes} bytes leaves nothing of the {memory_bytes}-byte device")));
+        return Err(v.err(
+            "hardware.cuda_context",
+            format!("{cuda_context_bytes} bytes leaves nothing of the {memory_bytes}-byte device"),
+        ));
     }
-    let cluster = Cluster { gpu: gpu.clone(), gpus: gpus as u32, gpus_per_node: gpus_per_node as u32, memory_bytes, cuda_context_bytes };
+    let cluster = Cluster {
+        gpu: gpu.clone(),
+        gpus: gpus as u32,
+        gpus_per_node: gpus_per_node as u32,
+        memory_bytes,
+        cuda_context_bytes,
+    };
 
     // --- parallel
     let p = &f.parallel;
-    let sharding = match v.choice("parallel.sharding", p.sharding.as_deref().unwrap_or("none"), &["none", "zero1", "zero2", "shard_grad_op", "zero3", "full_shard", "hybrid_shard"])? {
+    let sharding = match v.choice(
+        "parallel.sharding",
+        p.sharding.as_deref().unwrap_or("none"),
+        &["none", "zero1", "zero2", "shard_grad_op", "zero3", "full_shard", "hybrid_shard"],
+    )? {
         "none" => Sharding::None,
         "zero1" => Sharding::Zero1,
         "zero2" | "shard_grad_op" => Sharding::Zero2,
         "zero3" | "full_shard" => Sharding::Zero3,
         _ => Sharding::HybridShard,
     };
-    let framework = match v.choice("parallel.framework", p.framework.as_deref().unwrap_or("fsdp"), &["fsdp", "deepspeed"])? {
-        "fsdp" => Framework::Fsdp,
-        _ => Framework::Deepspeed,
-    };
+    let framework =
+        match v.choice("parallel.framework", p.framework.as_deref().unwrap_or("fsdp"), &["fsdp", "deepspeed"])? {
+            "fsdp" => Framework::Fsdp,
+            _ => Framework::Deepspeed,
+        };
     v.choice("parallel.wrap", p.wrap.as_deref().unwrap_or("block"), &["block"])?;
     if sharding == Sharding::Zero2 && p.reshard_after_forward == Some(true) {
         return Err(v.err("parallel.reshard_after_forward", "SHARD_GRAD_OP / zero2 keeps parameters gathered between forward and backward; use sharding = \"full_shard\" to reshard after forward"));
     }
-    let backward_prefetch = match v.choice("parallel.backward_prefetch", p.backward_prefetch.as_deref().unwrap_or("pre"), &["pre", "post", "none"])? {
+    let backward_prefetch = match v.choice(
+        "parallel.backward_prefetch",
+        p.backward_prefetch.as_deref().unwrap_or("pre"),
+        &["pre", "post", "none"],
+    )? {
         "pre" => BackwardPrefetch::Pre,
         "post" => BackwardPrefetch::Post,
         _ => BackwardPrefetch::None,
@@ -309,23 +348,34 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
     if steps > 100 {
         return Err(v.err("training.steps", format!("at most 100 steps are simulated, got {steps}")));
     }
-    let optimizer = match v.choice("training.optimizer", t.optimizer.as_deref().unwrap_or("adamw"), &["adamw", "adam", "sgd"])? {
-        "adamw" => OptimizerKind::AdamW,
-        "adam" => OptimizerKind::Adam,
-        _ => OptimizerKind::Sgd,
-    };
+    let optimizer =
+        match v.choice("training.optimizer", t.optimizer.as_deref().unwrap_or("adamw"), &["adamw", "adam", "sgd"])? {
+            "adamw" => OptimizerKind::AdamW,
+            "adam" => OptimizerKind::Adam,
+            _ => OptimizerKind::Sgd,
+        };
     if t.momentum.is_some() && optimizer != OptimizerKind::Sgd {
         return Err(v.err("training.momentum", "only applies to optimizer = \"sgd\" (Adam always keeps two moments)"));
     }
     let default_impl = if framework == Framework::Deepspeed { "fused" } else { "foreach" };
-    let optimizer_impl = match v.choice("training.optimizer_impl", t.optimizer_impl.as_deref().unwrap_or(default_impl), &["foreach", "fused", "for-loop"])? {
+    let optimizer_impl = match v.choice(
+        "training.optimizer_impl",
+        t.optimizer_impl.as_deref().unwrap_or(default_impl),
+        &["foreach", "fused", "for-loop"],
+    )? {
         "foreach" => OptimizerImpl::Foreach,
         "fused" => OptimizerImpl::Fused,
         _ => OptimizerImpl::ForLoop,
     };
     let preset = t.precision.as_deref().unwrap_or("bf16-mixed-adam");
     let mut precision = Precision::preset(preset).ok_or_else(|| {
-        v.err("training.precision", format!("unknown preset \"{preset}\"; allowed: {}", Precision::preset_names().iter().map(|a| format!("\"{a}\"")).collect::<Vec<_>>().join(", ")))
+        v.err(
+            "training.precision",
+            format!(
+                "unknown preset \"{preset}\"; allowed: {}",
+                Precision::preset_names().iter().map(|a| format!("\"{a}\"")).collect::<Vec<_>>().join(", ")
+            ),
+        )
     })?;
     if let Some(d) = &t.param_dtype {
         precision.param = v.dtype("training.param_dtype", d)?;
@@ -337,20 +387,34 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         precision.grad = v.dtype("training.grad_dtype", d)?;
     }
     if let Some(d) = &t.master_dtype {
-        precision.master = if d == "none" { None } else { Some(v.dtype("training.master_dtype", d).map_err(|_| v.err("training.master_dtype", format!("unknown dtype \"{d}\"; allowed: \"none\", \"fp32\", \"bf16\", \"fp16\"")))?) };
+        precision.master = if d == "none" {
+            None
+        } else {
+            Some(v.dtype("training.master_dtype", d).map_err(|_| {
+                v.err(
+                    "training.master_dtype",
+                    format!("unknown dtype \"{d}\"; allowed: \"none\", \"fp32\", \"bf16\", \"fp16\""),
+                )
+            })?)
+        };
     }
     if let Some(d) = &t.optimizer_state_dtype {
         precision.optimizer_state = v.dtype("training.optimizer_state_dtype", d)?;
     }
-    let checkpointing = match v.choice("training.activation_checkpointing", t.activation_checkpointing.as_deref().unwrap_or("none"), &["none", "full", "selective"])? {
+    let checkpointing = match v.choice(
+        "training.activation_checkpointing",
+        t.activation_checkpointing.as_deref().unwrap_or("none"),
+        &["none", "full", "selective"],
+    )? {
         "none" => Checkpointing::None,
         "full" => Checkpointing::Full,
         _ => Checkpointing::Selective,
     };
-    let attention = match v.choice("training.attention", t.attention.as_deref().unwrap_or("flash"), &["flash", "math"])? {
-        "flash" => Attention::Flash,
-        _ => Attention::Math,
-    };
+    let attention =
+        match v.choice("training.attention", t.attention.as_deref().unwrap_or("flash"), &["flash", "math"])? {
+            "flash" => Attention::Flash,
+            _ => Attention::Math,
+        };
     let training = TrainingConfig {
         micro_batch,
         seq_len,
@@ -362,10 +426,27 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         precision: precision.clone(),
         checkpointing,
     };
-    let workload = Workload { micro_batch, seq_len, compute_dtype: precision.compute, attention, logits_fp32: t.logits_fp32.unwrap_or(true) };
+    let workload = Workload {
+        micro_batch,
+        seq_len,
+        compute_dtype: precision.compute,
+        attention,
+        logits_fp32: t.logits_fp32.unwrap_or(true),
+    };
     let name = f.name.clone().unwrap_or_else(|| stem.to_string());
     if name.is_empty() || name.contains(['/', '\\']) || name == "." || name == ".." {
-        return Err(v.err("name", format!("\"{name}\" cannot name an output folder; use letters, digits, '-', '_' or '.'")));
+        return Err(
+            v.err("name", format!("\"{name}\" cannot name an output folder; use letters, digits, '-', '_' or '.'"))
+        );
     }
-    Ok(Scenario { name, description: f.description.clone().unwrap_or_default(), source: path.to_path_buf(), model, workload, cluster, parallel, training })
+    Ok(Scenario {
+        name,
+        description: f.description.clone().unwrap_or_default(),
+        source: path.to_path_buf(),
+        model,
+        workload,
+        cluster,
+        parallel,
+        training,
+    })
 }

@@ -38,7 +38,12 @@ impl Cost {
             Dtype::Bf16 | Dtype::Fp16 => g.bf16_flops,
         };
         let per_node = u64::from(cluster.gpus_per_node);
-        let group = |ranks: u64, per_node: u64| Group { ranks, ranks_per_node: per_node, nvlink_bytes_per_s: g.nvlink_bytes_per_s, network_bytes_per_s: g.network_bytes_per_s };
+        let group = |ranks: u64, per_node: u64| Group {
+            ranks,
+            ranks_per_node: per_node,
+            nvlink_bytes_per_s: g.nvlink_bytes_per_s,
+            network_bytes_per_s: g.network_bytes_per_s,
+        };
         let gpus = u64::from(cluster.gpus);
         Cost {
             peak_flops,

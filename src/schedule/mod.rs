@@ -153,8 +153,7 @@ impl<'a> Builder<'a> {
             }
         }
         let nu = plan.units.len();
-        let mut prog = Program::default();
-        prog.streams = vec!["compute".into(), "nccl".into()];
+        let prog = Program { streams: vec!["compute".into(), "nccl".into()], ..Default::default() };
         Builder {
             dag,
             plan,
@@ -213,8 +212,18 @@ impl<'a> Builder<'a> {
         if let Some(m) = self.pr().master {
             for u in 0..plan.units.len() {
                 let el = plan.local(u, plan.optimizer_sharded);
-                let b = self.buffer(el * m.bytes(), Category::MasterWeights, format!("{} master weights ({})", plan.units[u].name, m.name()));
-                self.task(COMPUTE, 0.0, vec![], vec![b], lbl(format!("master weights of {}", plan.units[u].name), Some(u)));
+                let b = self.buffer(
+                    el * m.bytes(),
+                    Category::MasterWeights,
+                    format!("{} master weights ({})", plan.units[u].name, m.name()),
+                );
+                self.task(
+                    COMPUTE,
+                    0.0,
+                    vec![],
+                    vec![b],
+                    lbl(format!("master weights of {}", plan.units[u].name), Some(u)),
+                );
             }
         }
         if self.dag.buffer_bytes > 0 {
@@ -223,13 +232,23 @@ impl<'a> Builder<'a> {
         }
         if plan.parallel.sharding == Sharding::None && plan.gpus > 1 && !plan.parallel.gradient_as_bucket_view {
             let bytes = plan.total_params() * self.pr().grad.bytes();
-            let b = self.buffer(bytes, Category::CommBuffers, "DDP gradient buckets (gradient_as_bucket_view=False)".into());
+            let b = self.buffer(
+                bytes,
+                Category::CommBuffers,
+                "DDP gradient buckets (gradient_as_bucket_view=False)".into(),
+            );
             self.task(COMPUTE, 0.0, vec![], vec![b], lbl("DDP reducer buckets".into(), None));
         }
         if plan.parallel.framework == Framework::Deepspeed {
             for u in 0..plan.units.len() {
                 let b = self.optimizer_state_buffer(u);
-                self.task(COMPUTE, 0.0, vec![], vec![b], lbl(format!("optimizer state of {}", plan.units[u].name), Some(u)));
+                self.task(
+                    COMPUTE,
+                    0.0,
+                    vec![],
+                    vec![b],
+                    lbl(format!("optimizer state of {}", plan.units[u].name), Some(u)),
+                );
             }
         }
         self.last_task_of_prev_step = self.prog.tasks.len().checked_sub(1).map(|t| t as u32);
@@ -240,7 +259,12 @@ impl<'a> Builder<'a> {
         let el = plan.local(u, plan.optimizer_sharded);
         let tr = &plan.training;
         let bytes = el * tr.states_per_param() * tr.precision.optimizer_state.bytes();
-        let name = format!("{} optimizer state ({} x {})", plan.units[u].name, tr.states_per_param(), tr.precision.optimizer_state.name());
+        let name = format!(
+            "{} optimizer state ({} x {})",
+            plan.units[u].name,
+            tr.states_per_param(),
+            tr.precision.optimizer_state.name()
+        );
         self.buffer(bytes, Category::OptimizerState, name)
     }
 
@@ -265,7 +289,8 @@ impl<'a> Builder<'a> {
         let b = self.buffer(bytes, Category::GatheredParameters, name);
         let secs = self.cost.collective_s(&self.cost.shard_group, Collective::AllGather, bytes);
         let what = format!("all-gather {}", self.plan.units[u].name);
-        let t = self.task(NCCL, secs, deps, vec![b], TaskLabel::new(step, phase, mb, what, TaskKind::AllGather, Some(u)));
+        let t =
+            self.task(NCCL, secs, deps, vec![b], TaskLabel::new(step, phase, mb, what, TaskKind::AllGather, Some(u)));
         (t, b)
     }
 
@@ -287,11 +312,19 @@ impl<'a> Builder<'a> {
         let step_dep = self.last_task_of_prev_step;
 
         // ---- forward
-        let inputs: Vec<u32> = dag.inputs.iter().map(|&t| {
-            let b = self.buffer(dag.tensors[t].bytes, Category::Inputs, format!("{} (micro-batch {mb})", dag.tensors[t].name));
-            tbuf[t] = Some(b);
-            b
-        }).collect();
+        let inputs: Vec<u32> = dag
+            .inputs
+            .iter()
+            .map(|&t| {
+                let b = self.buffer(
+                    dag.tensors[t].bytes,
+                    Category::Inputs,
+                    format!("{} (micro-batch {mb})", dag.tensors[t].name),
+                );
+                tbuf[t] = Some(b);
+                b
+            })
+            .collect();
         let mut prev_region: Option<Region> = None;
         for i in 0..nops {
             let op = &dag.ops[i];
@@ -347,7 +380,11 @@ impl<'a> Builder<'a> {
             }
             if casts && op.kind == OpKind::Linear {
                 // Autocast casts the weight for the matmul, which saves the cast copy.
-                let b = self.buffer((op.params + op.shared_params) * cb, Category::GatheredParameters, format!("{} weight cast ({})", op.name, self.pr().compute.name()));
+                let b = self.buffer(
+                    (op.params + op.shared_params) * cb,
+                    Category::GatheredParameters,
+                    format!("{} weight cast ({})", op.name, self.pr().compute.name()),
+                );
                 alloc.push(b);
                 if plan.training.checkpointing == Checkpointing::Full && matches!(op.region, Region::Block(_)) {
                     frees_now.push(b);
@@ -357,7 +394,14 @@ impl<'a> Builder<'a> {
             }
             let secs = self.cost.forward_s(op);
             self.hw_flops += op.fwd_flops;
-            let t = self.task(COMPUTE, secs, deps, alloc, TaskLabel::new(step, Phase::Forward, mb, op.name.clone(), TaskKind::Forward, Some(u)).with_region(op.region));
+            let t = self.task(
+                COMPUTE,
+                secs,
+                deps,
+                alloc,
+                TaskLabel::new(step, Phase::Forward, mb, op.name.clone(), TaskKind::Forward, Some(u))
+                    .with_region(op.region),
+            );
             fwd_task[i] = t;
             let mut f = std::mem::take(&mut free_fwd[i]);
             f.extend(frees_now);
@@ -420,12 +464,20 @@ impl<'a> Builder<'a> {
                         for &t in &rop.outputs {
                             let tp = self.tensors[t];
                             if tp.recomputed {
-                                let b = self.buffer(dag.tensors[t].bytes, Category::Recomputed, format!("{} (recomputed, micro-batch {mb})", dag.tensors[t].name));
+                                let b = self.buffer(
+                                    dag.tensors[t].bytes,
+                                    Category::Recomputed,
+                                    format!("{} (recomputed, micro-batch {mb})", dag.tensors[t].name),
+                                );
                                 alloc.push(b);
                                 free_bwd[tp.last_saver.unwrap_or(ri)].push(b);
                             } else if !tp.kept {
                                 // Needed only by later recomputed ops.
-                                let b = self.buffer(dag.tensors[t].bytes, Category::Transient, format!("{} (recompute transient)", dag.tensors[t].name));
+                                let b = self.buffer(
+                                    dag.tensors[t].bytes,
+                                    Category::Transient,
+                                    format!("{} (recompute transient)", dag.tensors[t].name),
+                                );
                                 alloc.push(b);
                                 let lc = tp.last_consumer.unwrap_or(ri);
                                 if let Some(pos) = rops.iter().position(|&x| x == lc) {
@@ -438,19 +490,41 @@ impl<'a> Builder<'a> {
                             }
                         }
                         if rop.fwd_scratch > 0 {
-                            let b = self.buffer(rop.fwd_scratch, Category::Transient, format!("{} scratch (recompute)", rop.name));
+                            let b = self.buffer(
+                                rop.fwd_scratch,
+                                Category::Transient,
+                                format!("{} scratch (recompute)", rop.name),
+                            );
                             alloc.push(b);
                             frees.push((ri, b));
                         }
                         if casts && rop.kind == OpKind::Linear {
-                            let b = self.buffer((rop.params + rop.shared_params) * cb, Category::GatheredParameters, format!("{} weight cast (recompute)", rop.name));
+                            let b = self.buffer(
+                                (rop.params + rop.shared_params) * cb,
+                                Category::GatheredParameters,
+                                format!("{} weight cast (recompute)", rop.name),
+                            );
                             alloc.push(b);
                             free_bwd[ri].push(b);
                         }
                         let secs = self.cost.forward_s(rop);
                         self.hw_flops += rop.fwd_flops;
                         let d = if k == 0 { deps.clone() } else { vec![] };
-                        let t = self.task(COMPUTE, secs, d, alloc, TaskLabel::new(step, Phase::Backward, mb, format!("recompute {}", rop.name), TaskKind::Recompute, Some(u)).with_region(rop.region));
+                        let t = self.task(
+                            COMPUTE,
+                            secs,
+                            d,
+                            alloc,
+                            TaskLabel::new(
+                                step,
+                                Phase::Backward,
+                                mb,
+                                format!("recompute {}", rop.name),
+                                TaskKind::Recompute,
+                                Some(u),
+                            )
+                            .with_region(rop.region),
+                        );
                         // Pending transient frees: attach now to this task if their consumer is
                         // this op, else remember them for the consumer's recompute task.
                         for (at, b) in frees {
@@ -480,7 +554,13 @@ impl<'a> Builder<'a> {
             // The root module's pre-backward hook fires when the gradient of the model's
             // output (the logits) exists: the loss is computed outside the module, so its
             // backward comes first. Under BACKWARD_PRE that hook prefetches the last block.
-            if op.region == Region::Head && op.kind == OpKind::Linear && nblocks > 0 && resharded(nblocks) && prefetch == BackwardPrefetch::Pre && ag_bwd_task[nblocks].is_none() {
+            if op.region == Region::Head
+                && op.kind == OpKind::Linear
+                && nblocks > 0
+                && resharded(nblocks)
+                && prefetch == BackwardPrefetch::Pre
+                && ag_bwd_task[nblocks].is_none()
+            {
                 let (t, b) = self.gather(step, mb, Phase::Backward, nblocks, vec![last_bwd_task]);
                 ag_bwd_task[nblocks] = Some(t);
                 gathered[nblocks] = Some(b);
@@ -491,7 +571,11 @@ impl<'a> Builder<'a> {
                 let mut alloc = Vec::new();
                 for &t in &op.outputs {
                     if self.tensors[t].recomputed {
-                        let b = self.buffer(dag.tensors[t].bytes, Category::Recomputed, format!("{} (recomputed, micro-batch {mb})", dag.tensors[t].name));
+                        let b = self.buffer(
+                            dag.tensors[t].bytes,
+                            Category::Recomputed,
+                            format!("{} (recomputed, micro-batch {mb})", dag.tensors[t].name),
+                        );
                         alloc.push(b);
                         free_bwd[i].push(b);
                     }
@@ -499,13 +583,31 @@ impl<'a> Builder<'a> {
                 if !alloc.is_empty() {
                     let secs = self.cost.forward_s(op);
                     self.hw_flops += op.fwd_flops;
-                    self.task(COMPUTE, secs, std::mem::take(&mut deps), alloc, TaskLabel::new(step, Phase::Backward, mb, format!("recompute {}", op.name), TaskKind::Recompute, Some(u)).with_region(op.region));
+                    self.task(
+                        COMPUTE,
+                        secs,
+                        std::mem::take(&mut deps),
+                        alloc,
+                        TaskLabel::new(
+                            step,
+                            Phase::Backward,
+                            mb,
+                            format!("recompute {}", op.name),
+                            TaskKind::Recompute,
+                            Some(u),
+                        )
+                        .with_region(op.region),
+                    );
                 }
             }
             let mut alloc = Vec::new();
             for &t in &op.inputs {
                 if self.tensors[t].needs_grad && grad_buf[t].is_none() {
-                    let b = self.buffer(dag.tensors[t].bytes, Category::ActivationGradients, format!("grad of {} (micro-batch {mb})", dag.tensors[t].name));
+                    let b = self.buffer(
+                        dag.tensors[t].bytes,
+                        Category::ActivationGradients,
+                        format!("grad of {} (micro-batch {mb})", dag.tensors[t].name),
+                    );
                     grad_buf[t] = Some(b);
                     alloc.push(b);
                 }
@@ -521,7 +623,11 @@ impl<'a> Builder<'a> {
                     let tied_again = op.kind == OpKind::Embedding && i == 0 && tied_grad_done;
                     if !tied_again {
                         let el = if op.shared_params > 0 { op.shared_params } else { pel };
-                        let b = self.buffer(el * gb, Category::UnshardedGradients, format!("{} weight grad (unsharded, micro-batch {mb})", op.name));
+                        let b = self.buffer(
+                            el * gb,
+                            Category::UnshardedGradients,
+                            format!("{} weight grad (unsharded, micro-batch {mb})", op.name),
+                        );
                         unit_grads[u].push(b);
                         alloc.push(b);
                         tied_grad_done |= op.shared_params > 0;
@@ -530,7 +636,11 @@ impl<'a> Builder<'a> {
                     let owner = if op.shared_params > 0 { grad_owner } else { i };
                     if self.op_grad_bufs[owner].is_none() {
                         let el = op.params.max(op.shared_params);
-                        let b = self.buffer(el * gb, Category::Gradients, format!("{} .grad ({})", dag.ops[owner].name, self.pr().grad.name()));
+                        let b = self.buffer(
+                            el * gb,
+                            Category::Gradients,
+                            format!("{} .grad ({})", dag.ops[owner].name, self.pr().grad.name()),
+                        );
                         self.op_grad_bufs[owner] = Some(b);
                         alloc.push(b);
                     }
@@ -538,7 +648,14 @@ impl<'a> Builder<'a> {
             }
             let secs = self.cost.backward_s(op);
             self.hw_flops += op.bwd_flops;
-            let t = self.task(COMPUTE, secs, deps, alloc, TaskLabel::new(step, Phase::Backward, mb, op.name.clone(), TaskKind::Backward, Some(u)).with_region(op.region));
+            let t = self.task(
+                COMPUTE,
+                secs,
+                deps,
+                alloc,
+                TaskLabel::new(step, Phase::Backward, mb, op.name.clone(), TaskKind::Backward, Some(u))
+                    .with_region(op.region),
+            );
             last_bwd_task = t;
             bwd_last_of_unit[u] = Some(t);
             let mut f = std::mem::take(&mut free_bwd[i]);
@@ -557,7 +674,20 @@ impl<'a> Builder<'a> {
                 ddp_bucket += op.params * gb;
                 if ddp_bucket >= plan.parallel.bucket_bytes || i == 0 {
                     let secs = self.cost.collective_s(&self.cost.dp_group, Collective::AllReduce, ddp_bucket);
-                    let ar = self.task(NCCL, secs, vec![t], vec![], TaskLabel::new(step, Phase::Backward, mb, format!("all-reduce DDP bucket ending at {}", op.name), TaskKind::AllReduce, Some(u)));
+                    let ar = self.task(
+                        NCCL,
+                        secs,
+                        vec![t],
+                        vec![],
+                        TaskLabel::new(
+                            step,
+                            Phase::Backward,
+                            mb,
+                            format!("all-reduce DDP bucket ending at {}", op.name),
+                            TaskKind::AllReduce,
+                            Some(u),
+                        ),
+                    );
                     self.step_comm.push(ar);
                     ddp_bucket = 0;
                 }
@@ -571,7 +701,8 @@ impl<'a> Builder<'a> {
             if unit_done {
                 // Post-backward: BACKWARD_POST prefetches the next unit before the reduce-scatter.
                 if let Region::Block(l) = op.region {
-                    if prefetch == BackwardPrefetch::Post && l >= 1 && resharded(u - 1) && ag_bwd_task[u - 1].is_none() {
+                    if prefetch == BackwardPrefetch::Post && l >= 1 && resharded(u - 1) && ag_bwd_task[u - 1].is_none()
+                    {
                         let (at, b) = self.gather(step, mb, Phase::Backward, u - 1, vec![t]);
                         ag_bwd_task[u - 1] = Some(at);
                         gathered[u - 1] = Some(b);
@@ -590,7 +721,20 @@ impl<'a> Builder<'a> {
         if last_mb && plan.parallel.sharding == Sharding::Zero1 && plan.gpus > 1 {
             let bytes = plan.total_params() * self.pr().grad.bytes();
             let secs = self.cost.collective_s(&self.cost.dp_group, Collective::ReduceScatter, bytes);
-            let t = self.task(NCCL, secs, vec![last_bwd_task], vec![], TaskLabel::new(step, Phase::Backward, mb, "reduce-scatter gradients (ZeRO-1)".into(), TaskKind::ReduceScatter, None));
+            let t = self.task(
+                NCCL,
+                secs,
+                vec![last_bwd_task],
+                vec![],
+                TaskLabel::new(
+                    step,
+                    Phase::Backward,
+                    mb,
+                    "reduce-scatter gradients (ZeRO-1)".into(),
+                    TaskKind::ReduceScatter,
+                    None,
+                ),
+            );
             self.step_comm.push(t);
         }
         self.step_comm.push(last_bwd_task);
@@ -604,24 +748,58 @@ impl<'a> Builder<'a> {
         let mut alloc = Vec::new();
         let mut tmp = None;
         if self.grad_bufs[u].is_none() {
-            let b = self.buffer(shard_bytes, Category::Gradients, format!("{} sharded grad ({})", plan.units[u].name, self.pr().grad.name()));
+            let b = self.buffer(
+                shard_bytes,
+                Category::Gradients,
+                format!("{} sharded grad ({})", plan.units[u].name, self.pr().grad.name()),
+            );
             self.grad_bufs[u] = Some(b);
             alloc.push(b);
         } else {
             // Later micro-batches reduce into a new shard and accumulate into .grad.
-            let b = self.buffer(shard_bytes, Category::CommBuffers, format!("{} reduce-scatter output (micro-batch {mb})", plan.units[u].name));
+            let b = self.buffer(
+                shard_bytes,
+                Category::CommBuffers,
+                format!("{} reduce-scatter output (micro-batch {mb})", plan.units[u].name),
+            );
             alloc.push(b);
             tmp = Some(b);
         }
         let secs = self.cost.collective_s(&self.cost.shard_group, Collective::ReduceScatter, full_bytes);
-        let t = self.task(NCCL, secs, vec![after], alloc, TaskLabel::new(step, Phase::Backward, mb, format!("reduce-scatter {}", plan.units[u].name), TaskKind::ReduceScatter, Some(u)));
+        let t = self.task(
+            NCCL,
+            secs,
+            vec![after],
+            alloc,
+            TaskLabel::new(
+                step,
+                Phase::Backward,
+                mb,
+                format!("reduce-scatter {}", plan.units[u].name),
+                TaskKind::ReduceScatter,
+                Some(u),
+            ),
+        );
         let mut f = unsharded;
         f.extend(tmp);
         self.free_at(t, &f);
         self.step_comm.push(t);
         if plan.parallel.sharding == Sharding::HybridShard && self.cost.replica_group.ranks > 1 {
             let secs = self.cost.collective_s(&self.cost.replica_group, Collective::AllReduce, shard_bytes);
-            let ar = self.task(NCCL, secs, vec![t], vec![], TaskLabel::new(step, Phase::Backward, mb, format!("all-reduce {} shard across nodes", plan.units[u].name), TaskKind::AllReduce, Some(u)));
+            let ar = self.task(
+                NCCL,
+                secs,
+                vec![t],
+                vec![],
+                TaskLabel::new(
+                    step,
+                    Phase::Backward,
+                    mb,
+                    format!("all-reduce {} shard across nodes", plan.units[u].name),
+                    TaskKind::AllReduce,
+                    Some(u),
+                ),
+            );
             self.step_comm.push(ar);
         }
     }
@@ -650,24 +828,56 @@ impl<'a> Builder<'a> {
         };
         let mut frees = Vec::new();
         if temp > 0 {
-            let b = self.buffer(temp, Category::OptimizerTemp, format!("optimizer.step() temporaries ({:?})", tr.optimizer_impl));
+            let b = self.buffer(
+                temp,
+                Category::OptimizerTemp,
+                format!("optimizer.step() temporaries ({:?})", tr.optimizer_impl),
+            );
             alloc.push(b);
             frees.push(b);
         }
-        let per_el = 2 * pr.param.bytes() + pr.grad.bytes() + 2 * tr.states_per_param() * sb + pr.master.map_or(0, |m| 2 * m.bytes());
+        let per_el = 2 * pr.param.bytes()
+            + pr.grad.bytes()
+            + 2 * tr.states_per_param() * sb
+            + pr.master.map_or(0, |m| 2 * m.bytes());
         let secs = self.cost.optimizer_s(el, per_el);
         let deps = self.step_comm.clone();
-        let t = self.task(COMPUTE, secs, deps, alloc, TaskLabel::new(step, Phase::Optimizer, 0, "optimizer.step()".into(), TaskKind::Optimizer, None));
+        let t = self.task(
+            COMPUTE,
+            secs,
+            deps,
+            alloc,
+            TaskLabel::new(step, Phase::Optimizer, 0, "optimizer.step()".into(), TaskKind::Optimizer, None),
+        );
         self.free_at(t, &frees);
         let mut last = t;
         // Replicated parameters with a sharded optimizer: all-gather the updated shards.
         if !plan.params_sharded && plan.optimizer_sharded && plan.gpus > 1 {
             let bytes = plan.total_params() * pr.param.bytes();
             let secs = self.cost.collective_s(&self.cost.dp_group, Collective::AllGather, bytes);
-            last = self.task(NCCL, secs, vec![t], vec![], TaskLabel::new(step, Phase::Optimizer, 0, "all-gather updated parameters".into(), TaskKind::AllGather, None));
+            last = self.task(
+                NCCL,
+                secs,
+                vec![t],
+                vec![],
+                TaskLabel::new(
+                    step,
+                    Phase::Optimizer,
+                    0,
+                    "all-gather updated parameters".into(),
+                    TaskKind::AllGather,
+                    None,
+                ),
+            );
         }
         let grads: Vec<u32> = self.grad_bufs.iter().chain(self.op_grad_bufs.iter()).flatten().copied().collect();
-        let z = self.task(COMPUTE, 0.0, vec![last], vec![], TaskLabel::new(step, Phase::Optimizer, 0, "zero_grad(set_to_none=True)".into(), TaskKind::ZeroGrad, None));
+        let z = self.task(
+            COMPUTE,
+            0.0,
+            vec![last],
+            vec![],
+            TaskLabel::new(step, Phase::Optimizer, 0, "zero_grad(set_to_none=True)".into(), TaskKind::ZeroGrad, None),
+        );
         self.free_at(z, &grads);
         self.last_task_of_prev_step = Some(z);
     }

@@ -1,0 +1,280 @@
+//! The shipped scenarios through the real binary: exit codes, the verdict and OOM point each
+//! one is there to show, the files written, determinism, the text report, `check`, `--json`,
+//! and an output folder that cannot be created.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+const PNG_SIGNATURE: &[u8] = b"\x89PNG\r\n\x1a\n";
+const PARAMS_100B: &str = "101,209,569,280";
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Expect {
+    Fits,
+    /// Out of memory in this step and phase.
+    Oom {
+        step: u64,
+        phase: &'static str,
+    },
+}
+
+/// What every file in scenarios/ must show. A scenario added there without a line here fails
+/// `every_shipped_scenario_has_an_expectation`.
+const EXPECTED: &[(&str, Expect)] = &[
+    ("100b-1gpu-bf16-weights", Expect::Oom { step: 0, phase: "init" }),
+    ("100b-8gpu-ddp", Expect::Oom { step: 0, phase: "init" }),
+    ("100b-8gpu-fsdp", Expect::Oom { step: 1, phase: "forward" }),
+    ("100b-32gpu-fsdp", Expect::Oom { step: 1, phase: "backward" }),
+    ("100b-32gpu-fsdp-ac", Expect::Fits),
+    ("gpt-1.3b-1gpu", Expect::Fits),
+];
+
+fn scenarios_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios")
+}
+
+fn scenario(name: &str) -> PathBuf {
+    scenarios_dir().join(format!("{name}.toml"))
+}
+
+/// The stems of the `.toml` files in `dir`, sorted.
+fn scenario_names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Problems with the table against the files in `dir`: scenarios without an expectation and
+/// expectations without a scenario.
+fn table_problems(dir: &Path, table: &[(&str, Expect)]) -> Vec<String> {
+    let files: BTreeSet<String> = scenario_names(dir).into_iter().collect();
+    let expected: BTreeSet<String> = table.iter().map(|(n, _)| n.to_string()).collect();
+    let mut problems: Vec<String> =
+        files.difference(&expected).map(|n| format!("{n}.toml has no expectation in EXPECTED")).collect();
+    problems.extend(expected.difference(&files).map(|n| format!("EXPECTED names {n}, which has no scenario file")));
+    problems
+}
+
+fn stepsim(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_stepsim"))
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .expect("cannot start the stepsim binary")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// `stepsim run <scenario> --out <out> [extra]`, which must exit 0 without a panic.
+fn run_ok(scenario: &Path, out: &Path, extra: &[&str]) -> Output {
+    let mut args = vec!["run", scenario.to_str().unwrap(), "--out", out.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let o = stepsim(&args, out.parent().unwrap());
+    let stderr = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{}: exit {:?}; stderr: {stderr}", scenario.display(), o.status.code());
+    assert!(!stderr.contains("panicked"), "{}: panicked: {stderr}", scenario.display());
+    o
+}
+
+fn read_report(out: &Path) -> Value {
+    let path = out.join("report.json");
+    let s = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    serde_json::from_str(&s).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
+}
+
+/// A byte count at a JSON pointer, e.g. `/verdict/requested/bytes`.
+fn bytes(report: &Value, pointer: &str) -> u64 {
+    report.pointer(pointer).and_then(Value::as_u64).unwrap_or_else(|| panic!("report.json has no integer {pointer}"))
+}
+
+fn str_at<'a>(report: &'a Value, pointer: &str) -> &'a str {
+    report.pointer(pointer).and_then(Value::as_str).unwrap_or_else(|| panic!("report.json has no string {pointer}"))
+}
+
+/// Checks one shipped scenario's run; returns what is wrong.
+fn check_shipped(name: &str, expect: Expect, stdout: &str, out: &Path) -> Vec<String> {
+    let mut bad = Vec::new();
+    let mut require = |ok: bool, what: String| {
+        if !ok {
+            bad.push(format!("{name}: {what}"));
+        }
+    };
+
+    // The three files, non-empty; the plot a PNG.
+    for f in ["report.json", "memory.csv", "memory.png"] {
+        let len = std::fs::metadata(out.join(f)).map(|m| m.len()).unwrap_or(0);
+        require(len > 0, format!("{f} missing or empty"));
+    }
+    let png = std::fs::read(out.join("memory.png")).unwrap_or_default();
+    require(png.starts_with(PNG_SIGNATURE), "memory.png does not start with the PNG signature".into());
+
+    let r = read_report(out);
+    require(str_at(&r, "/scenario") == name, format!("report.json names scenario {}", str_at(&r, "/scenario")));
+    let verdict = str_at(&r, "/verdict/verdict");
+    let capacity = bytes(&r, "/capacity/bytes");
+    match expect {
+        Expect::Fits => {
+            require(verdict == "fits", format!("verdict {verdict}, want fits"));
+            if verdict == "fits" {
+                let peak = bytes(&r, "/peak/allocated/bytes");
+                require(peak <= capacity, format!("peak {peak} B over capacity {capacity} B"));
+                let mfu = r.pointer("/throughput/mfu").and_then(Value::as_f64);
+                require(mfu.is_some_and(|m| m > 0.0 && m < 1.0), format!("throughput.mfu {mfu:?} not in (0, 1)"));
+            }
+            require(stdout.contains("FITS"), "text report does not say FITS".into());
+        }
+        Expect::Oom { step, phase } => {
+            require(verdict == "oom", format!("verdict {verdict}, want oom"));
+            if verdict == "oom" {
+                let got_step = r.pointer("/verdict/step").and_then(Value::as_u64);
+                require(got_step == Some(step), format!("OOM in step {got_step:?}, want {step}"));
+                let got_phase = str_at(&r, "/verdict/phase");
+                require(got_phase == phase, format!("OOM in phase {got_phase}, want {phase}"));
+                let requested = bytes(&r, "/verdict/requested/bytes");
+                let free = bytes(&r, "/verdict/free/bytes");
+                require(requested > free, format!("requested {requested} B is not more than free {free} B"));
+            }
+            require(stdout.contains("OOM"), "text report does not say OOM".into());
+        }
+    }
+
+    // Text report: decimal and binary units side by side.
+    require(stdout.contains(" GB"), "text report has no GB".into());
+    require(stdout.contains(" GiB"), "text report has no GiB".into());
+    if name.starts_with("100b-") {
+        require(stdout.contains(PARAMS_100B), format!("text report does not give the parameter count {PARAMS_100B}"));
+        require(bytes(&r, "/param_count") == 101_209_569_280, "report.json param_count is not 101,209,569,280".into());
+    }
+    bad
+}
+
+#[test]
+fn every_shipped_scenario_has_an_expectation() {
+    let problems = table_problems(&scenarios_dir(), EXPECTED);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The completeness check itself: a scenario file the table does not know is reported.
+#[test]
+fn an_unlisted_scenario_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in scenario_names(&scenarios_dir()) {
+        std::fs::copy(scenario(&name), dir.path().join(format!("{name}.toml"))).unwrap();
+    }
+    assert!(table_problems(dir.path(), EXPECTED).is_empty());
+    std::fs::copy(scenario("gpt-1.3b-1gpu"), dir.path().join("new-scenario.toml")).unwrap();
+    assert_eq!(table_problems(dir.path(), EXPECTED), vec!["new-scenario.toml has no expectation in EXPECTED"]);
+}
+
+#[test]
+fn shipped_scenarios_show_what_they_claim() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut bad = Vec::new();
+    for name in scenario_names(&scenarios_dir()) {
+        let Some(&(_, expect)) = EXPECTED.iter().find(|(n, _)| *n == name) else {
+            bad.push(format!("{name}: no expectation in EXPECTED"));
+            continue;
+        };
+        let out = tmp.path().join(&name);
+        let o = run_ok(&scenario(&name), &out, &[]);
+        bad.extend(check_shipped(&name, expect, &text(&o.stdout), &out));
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+/// The point of 100b-32gpu-fsdp: the per-GPU model state fits, the run does not.
+#[test]
+fn fsdp_32_gpus_average_fits_but_the_run_does_not() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    run_ok(&scenario("100b-32gpu-fsdp"), &out, &[]);
+    let r = read_report(&out);
+    let capacity = bytes(&r, "/capacity/bytes");
+    let state = bytes(&r, "/model_state_per_gpu/total/bytes");
+    assert!(state < capacity, "model state per GPU {state} B is not below capacity {capacity} B");
+    assert_eq!(str_at(&r, "/verdict/verdict"), "oom");
+    assert!(bytes(&r, "/verdict/requested/bytes") > bytes(&r, "/verdict/free/bytes"));
+}
+
+#[test]
+fn runs_are_deterministic() {
+    let tmp = tempfile::tempdir().unwrap();
+    for name in ["100b-32gpu-fsdp-ac", "gpt-1.3b-1gpu"] {
+        let a = tmp.path().join(format!("{name}-a"));
+        let b = tmp.path().join(format!("{name}-b"));
+        let out_a = run_ok(&scenario(name), &a, &[]);
+        let out_b = run_ok(&scenario(name), &b, &[]);
+        for f in ["report.json", "memory.csv", "memory.png"] {
+            let fa = std::fs::read(a.join(f)).unwrap();
+            let fb = std::fs::read(b.join(f)).unwrap();
+            assert!(fa == fb, "{name}: {f} differs between two runs");
+        }
+        // The text report differs only in the folder it names.
+        let ta = text(&out_a.stdout).replace(a.to_str().unwrap(), "OUT");
+        let tb = text(&out_b.stdout).replace(b.to_str().unwrap(), "OUT");
+        assert_eq!(ta, tb, "{name}: text report differs between two runs");
+    }
+}
+
+#[test]
+fn check_accepts_a_shipped_scenario() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = scenario("gpt-1.3b-1gpu");
+    let o = stepsim(&["check", path.to_str().unwrap()], tmp.path());
+    assert_eq!(o.status.code(), Some(0), "stderr: {}", text(&o.stderr));
+    let stdout = text(&o.stdout);
+    assert!(stdout.contains("ok"), "stdout: {stdout}");
+    assert!(stdout.contains("a100-80gb"), "stdout: {stdout}");
+    assert!(std::fs::read_dir(tmp.path()).unwrap().next().is_none(), "check wrote files");
+}
+
+#[test]
+fn json_flag_prints_the_report() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let o = run_ok(&scenario("gpt-1.3b-1gpu"), &out, &["--json"]);
+    let stdout = text(&o.stdout);
+    let printed: Value =
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("--json stdout is not JSON: {e}\n{stdout}"));
+    assert_eq!(printed, read_report(&out), "--json stdout differs from report.json");
+    assert_eq!(str_at(&printed, "/verdict/verdict"), "fits");
+}
+
+#[test]
+fn default_output_folder_is_output_slash_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = scenario("100b-1gpu-bf16-weights");
+    let o = stepsim(&["run", path.to_str().unwrap()], tmp.path());
+    assert_eq!(o.status.code(), Some(0), "stderr: {}", text(&o.stderr));
+    let out = tmp.path().join("output/100b-1gpu-bf16-weights");
+    for f in ["report.json", "memory.csv", "memory.png"] {
+        assert!(out.join(f).is_file(), "{} not written", out.join(f).display());
+    }
+}
+
+#[test]
+fn unwritable_output_folder_is_bad_input() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("a-file");
+    std::fs::write(&file, "not a folder").unwrap();
+    let path = scenario("100b-1gpu-bf16-weights");
+    for out in [file.join("out"), file.clone()] {
+        let o = stepsim(&["run", path.to_str().unwrap(), "--out", out.to_str().unwrap()], tmp.path());
+        let stderr = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "--out {}: exit {:?}; stderr: {stderr}", out.display(), o.status.code());
+        assert!(stderr.starts_with("error: "), "--out {}: stderr: {stderr}", out.display());
+        assert!(stderr.contains("cannot write"), "--out {}: stderr: {stderr}", out.display());
+        assert!(!stderr.contains("panicked"), "--out {}: panicked: {stderr}", out.display());
+    }
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "not a folder");
+}

@@ -1,0 +1,625 @@
+//! Malformed scenarios through the real binary: every bad input exits 2 with one line on
+//! stderr that names the file, the dotted field and what is allowed, never panics, and writes
+//! nothing.
+//!
+//! Each case starts from a copy of scenarios/gpt-1.3b-1gpu.toml (comments removed, see BASE)
+//! and changes one thing.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// scenarios/gpt-1.3b-1gpu.toml without its comments. Line numbers matter: some cases assert
+/// the line an error reports.
+const BASE: &str = r#"description = "1.3B GPT on 1 x A100 80GB, bf16 mixed-precision Adam: fits"
+
+[model]
+family = "gpt"
+n_layers = 24
+hidden = 2048
+n_heads = 16
+vocab = 50257
+max_seq_len = 2048
+
+[hardware]
+gpu = "a100-80gb"
+gpus = 1
+
+[training]
+micro_batch = 4
+seq_len = 2048
+grad_accum = 2
+optimizer = "adamw"
+precision = "bf16-mixed-adam"
+activation_checkpointing = "none"
+"#;
+
+// ---------------------------------------------------------------- running the binary
+
+fn stepsim(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_stepsim"))
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .expect("cannot start the stepsim binary")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+// ---------------------------------------------------------------- editing the base scenario
+
+/// A scenario as lines, edited by section (`""` is the top level, before any header).
+#[derive(Clone)]
+struct Doc(Vec<String>);
+
+impl Doc {
+    fn base() -> Doc {
+        Doc(BASE.lines().map(str::to_string).collect())
+    }
+
+    fn header_line(&self, section: &str) -> Option<usize> {
+        let header = format!("[{section}]");
+        self.0.iter().position(|l| l.split('#').next().unwrap().trim() == header)
+    }
+
+    /// Body lines `[start, end)` of a section, or None if it has no header.
+    fn body(&self, section: &str) -> Option<(usize, usize)> {
+        let start = if section.is_empty() { 0 } else { self.header_line(section)? + 1 };
+        let end =
+            self.0[start..].iter().position(|l| l.trim_start().starts_with('[')).map_or(self.0.len(), |i| start + i);
+        Some((start, end))
+    }
+
+    fn key_line(&self, section: &str, key: &str) -> Option<usize> {
+        let (start, end) = self.body(section)?;
+        (start..end).find(|&i| self.0[i].split_once('=').is_some_and(|(k, _)| k.trim() == key))
+    }
+
+    /// Sets `key = value` in `section`: replaces the key's line, or adds it at the top of the
+    /// section (creating the section at the end of the file if there is none).
+    fn set(mut self, section: &str, key: &str, value: &str) -> Doc {
+        let line = format!("{key} = {value}");
+        if let Some(i) = self.key_line(section, key) {
+            self.0[i] = line;
+        } else if let Some((start, _)) = self.body(section) {
+            self.0.insert(start, line);
+        } else {
+            self.0.push(String::new());
+            self.0.push(format!("[{section}]"));
+            self.0.push(line);
+        }
+        self
+    }
+
+    fn rename(mut self, section: &str, key: &str, new_key: &str) -> Doc {
+        let i = self.key_line(section, key).unwrap_or_else(|| panic!("base has no {section}.{key}"));
+        let (_, value) = self.0[i].split_once('=').unwrap();
+        self.0[i] = format!("{new_key} ={value}");
+        self
+    }
+
+    fn remove(mut self, section: &str, key: &str) -> Doc {
+        let i = self.key_line(section, key).unwrap_or_else(|| panic!("base has no {section}.{key}"));
+        self.0.remove(i);
+        self
+    }
+
+    fn remove_section(mut self, section: &str) -> Doc {
+        let (start, end) = self.body(section).unwrap_or_else(|| panic!("base has no [{section}]"));
+        // The top level has no header line to remove.
+        let first = if section.is_empty() { start } else { start - 1 };
+        self.0.drain(first..end);
+        self
+    }
+
+    /// Replaces the one line equal to `from` (trimmed) with `to`.
+    fn replace_line(mut self, from: &str, to: &str) -> Doc {
+        let hits: Vec<usize> = (0..self.0.len()).filter(|&i| self.0[i].trim() == from).collect();
+        assert_eq!(hits.len(), 1, "base has {} lines `{from}`", hits.len());
+        self.0[hits[0]] = to.to_string();
+        self
+    }
+
+    fn prepend(mut self, line: &str) -> Doc {
+        self.0.insert(0, line.to_string());
+        self
+    }
+
+    fn text(&self) -> String {
+        let mut s = self.0.join("\n");
+        s.push('\n');
+        s
+    }
+}
+
+// ---------------------------------------------------------------- the cases
+
+struct Case {
+    name: &'static str,
+    toml: String,
+    /// The dotted field stderr must name.
+    field: &'static str,
+    /// Substrings of the message: what is wrong and what is allowed.
+    hints: &'static [&'static str],
+    /// The line the message must report, for errors found while parsing.
+    line: Option<usize>,
+}
+
+fn case(name: &'static str, doc: Doc, field: &'static str, hints: &'static [&'static str]) -> Case {
+    Case { name, toml: doc.text(), field, hints, line: None }
+}
+
+impl Case {
+    fn at_line(mut self, line: usize) -> Case {
+        self.line = Some(line);
+        self
+    }
+}
+
+fn cases() -> Vec<Case> {
+    let b = Doc::base;
+    vec![
+        // --- unknown and misspelled fields
+        case(
+            "unknown top-level field",
+            b().prepend("colour = \"blue\""),
+            "colour",
+            &["unknown field `colour`", "expected one of", "`hardware`"],
+        )
+        .at_line(1),
+        case(
+            "misspelled model.n_layers",
+            b().rename("model", "n_layers", "n_layer"),
+            "model.n_layer",
+            &["unknown field `n_layer`", "`n_layers`"],
+        )
+        .at_line(5),
+        case(
+            "misspelled hardware.gpus",
+            b().rename("hardware", "gpus", "gpu_count"),
+            "hardware.gpu_count",
+            &["unknown field `gpu_count`", "`gpus`", "`gpus_per_node`"],
+        )
+        .at_line(13),
+        case(
+            "misspelled parallel.sharding",
+            b().set("parallel", "shard", "\"full_shard\""),
+            "parallel.shard",
+            &["unknown field `shard`", "`sharding`"],
+        )
+        .at_line(24),
+        case(
+            "misspelled training.micro_batch",
+            b().rename("training", "micro_batch", "microbatch"),
+            "training.microbatch",
+            &["unknown field `microbatch`", "`micro_batch`"],
+        )
+        .at_line(16),
+        case(
+            "misspelled field under a header with a comment",
+            b().replace_line("[model]", "[model]  # GPT-3 XL").rename("model", "n_layers", "n_layer"),
+            "model.n_layer",
+            &["unknown field `n_layer`", "`n_layers`"],
+        )
+        .at_line(5),
+        case(
+            "unknown sub-table",
+            b().set("model.extra", "x", "1"),
+            "model.extra",
+            &["unknown field `extra`", "`n_heads`"],
+        ),
+        // --- wrong types
+        case(
+            "string for an integer",
+            b().set("model", "n_layers", "\"eighty\""),
+            "model.n_layers",
+            &["invalid type", "\"eighty\"", "expected i64"],
+        )
+        .at_line(5),
+        case(
+            "float for an integer",
+            b().set("hardware", "gpus", "8.5"),
+            "hardware.gpus",
+            &["invalid type", "8.5", "expected i64"],
+        )
+        .at_line(13),
+        case(
+            "string for a boolean",
+            b().set("parallel", "reshard_after_forward", "\"yes\""),
+            "parallel.reshard_after_forward",
+            &["invalid type", "\"yes\"", "expected a boolean"],
+        )
+        .at_line(24),
+        case(
+            "value for a section",
+            b().remove_section("hardware").prepend("hardware = 5"),
+            "hardware",
+            &["invalid type", "expected struct"],
+        )
+        .at_line(1),
+        // --- sizes
+        case("zero hidden", b().set("model", "hidden", "0"), "model.hidden", &["must be a positive integer", "got 0"]),
+        case(
+            "negative micro_batch",
+            b().set("training", "micro_batch", "-1"),
+            "training.micro_batch",
+            &["must be a positive integer", "got -1"],
+        ),
+        case("zero vocab", b().set("model", "vocab", "0"), "model.vocab", &["must be a positive integer", "got 0"]),
+        case(
+            "zero seq_len",
+            b().set("training", "seq_len", "0"),
+            "training.seq_len",
+            &["must be a positive integer", "got 0"],
+        ),
+        case(
+            "negative cuda_context",
+            b().set("hardware", "cuda_context", "-1"),
+            "hardware.cuda_context",
+            &["must be >= 0 bytes", "got -1"],
+        ),
+        case(
+            "cuda_context larger than the device",
+            b().set("hardware", "memory_capacity", "1000000"),
+            "hardware.cuda_context",
+            &["leaves nothing", "1000000-byte device"],
+        ),
+        case(
+            "too many steps",
+            b().set("training", "steps", "1000"),
+            "training.steps",
+            &["at most 100 steps", "got 1000"],
+        ),
+        case(
+            "zero bucket_cap_mb",
+            b().set("parallel", "bucket_cap_mb", "0.0"),
+            "parallel.bucket_cap_mb",
+            &["must be a positive number of MB", "got 0"],
+        ),
+        // --- shapes
+        case(
+            "heads not dividing hidden",
+            b().set("model", "n_heads", "15"),
+            "model.n_heads",
+            &["must divide model.hidden (2048)", "15 does not"],
+        ),
+        case(
+            "llama: n_kv_heads not dividing n_heads",
+            b().set("model", "family", "\"llama\"").set("model", "n_kv_heads", "3"),
+            "model.n_kv_heads",
+            &["must divide model.n_heads (16)", "3 does not"],
+        ),
+        case(
+            "gpt: n_kv_heads != n_heads",
+            b().set("model", "n_kv_heads", "4"),
+            "model.n_kv_heads",
+            &["multi-head attention", "must equal n_heads (16)"],
+        ),
+        case(
+            "llama: odd head dimension",
+            b().set("model", "family", "\"llama\"").set("model", "n_heads", "2048"),
+            "model.n_heads",
+            &["even head dimension", "= 1"],
+        ),
+        case(
+            "seq_len over max_seq_len",
+            b().set("training", "seq_len", "4096"),
+            "training.seq_len",
+            &["4096 exceeds model.max_seq_len (2048)"],
+        ),
+        case("dropout of 1.5", b().set("model", "dropout", "1.5"), "model.dropout", &["must be in [0, 1)", "1.5"]),
+        // --- cluster
+        case(
+            "more GPUs per node than GPUs",
+            b().set("hardware", "gpus_per_node", "8"),
+            "hardware.gpus_per_node",
+            &["8 GPUs per node is more than hardware.gpus (1)"],
+        ),
+        case(
+            "gpus_per_node not dividing gpus",
+            b().set("hardware", "gpus", "12").set("hardware", "gpus_per_node", "8"),
+            "hardware.gpus_per_node",
+            &["must divide hardware.gpus (12)", "8 does not"],
+        ),
+        case(
+            "unknown GPU",
+            b().set("hardware", "gpu", "\"h100\""),
+            "hardware.gpu",
+            &["unknown GPU \"h100\"", "the catalog has", "h100-sxm", "a100-80gb"],
+        ),
+        // --- unknown enum values
+        case(
+            "unknown model.family",
+            b().set("model", "family", "\"bert\""),
+            "model.family",
+            &["unknown value \"bert\"", "\"gpt\"", "\"llama\""],
+        ),
+        case(
+            "unknown parallel.sharding",
+            b().set("parallel", "sharding", "\"full\""),
+            "parallel.sharding",
+            &["unknown value \"full\"", "\"full_shard\"", "\"zero3\"", "\"none\""],
+        ),
+        case(
+            "unknown parallel.backward_prefetch",
+            b().set("parallel", "backward_prefetch", "\"backward_pre\""),
+            "parallel.backward_prefetch",
+            &["unknown value \"backward_pre\"", "\"pre\"", "\"post\""],
+        ),
+        case(
+            "unknown parallel.framework",
+            b().set("parallel", "framework", "\"megatron\""),
+            "parallel.framework",
+            &["unknown value \"megatron\"", "\"fsdp\"", "\"deepspeed\""],
+        ),
+        case(
+            "unknown parallel.wrap",
+            b().set("parallel", "wrap", "\"layer\""),
+            "parallel.wrap",
+            &["unknown value \"layer\"", "\"block\""],
+        ),
+        case(
+            "unknown training.optimizer",
+            b().set("training", "optimizer", "\"lion\""),
+            "training.optimizer",
+            &["unknown value \"lion\"", "\"adamw\"", "\"sgd\""],
+        ),
+        case(
+            "unknown training.optimizer_impl",
+            b().set("training", "optimizer_impl", "\"apex\""),
+            "training.optimizer_impl",
+            &["unknown value \"apex\"", "\"foreach\"", "\"fused\""],
+        ),
+        case(
+            "unknown training.precision",
+            b().set("training", "precision", "\"fp8\""),
+            "training.precision",
+            &["unknown preset \"fp8\"", "\"bf16-mixed-adam\"", "\"fp32\""],
+        ),
+        case(
+            "unknown training.activation_checkpointing",
+            b().set("training", "activation_checkpointing", "\"partial\""),
+            "training.activation_checkpointing",
+            &["unknown value \"partial\"", "\"full\"", "\"selective\""],
+        ),
+        case(
+            "unknown training.attention",
+            b().set("training", "attention", "\"sdpa\""),
+            "training.attention",
+            &["unknown value \"sdpa\"", "\"flash\"", "\"math\""],
+        ),
+        case(
+            "unknown training.param_dtype",
+            b().set("training", "param_dtype", "\"int8\""),
+            "training.param_dtype",
+            &["unknown dtype \"int8\"", "\"bf16\"", "\"fp32\""],
+        ),
+        case(
+            "unknown training.master_dtype",
+            b().set("training", "master_dtype", "\"fp8\""),
+            "training.master_dtype",
+            &["unknown dtype \"fp8\"", "\"none\"", "\"fp32\""],
+        ),
+        // --- missing sections and fields
+        case("missing [hardware]", b().remove_section("hardware"), "hardware", &["missing field `hardware`"]),
+        case(
+            "missing [hardware], file starting with [model]",
+            b().remove_section("").remove_section("hardware"),
+            "hardware",
+            &["missing field `hardware`"],
+        ),
+        case(
+            "missing [training], file starting with a comment",
+            b().prepend("# 16 B/param x 1.3B = 21 GB").remove_section("training"),
+            "training",
+            &["missing field `training`"],
+        ),
+        case("missing model.hidden", b().remove("model", "hidden"), "model.hidden", &["missing field `hidden`"])
+            .at_line(3),
+        case(
+            "missing model.hidden, inline table",
+            b().remove_section("model")
+                .prepend("model = { family = \"gpt\", n_layers = 24, n_heads = 16, vocab = 50257 }"),
+            "model.hidden",
+            &["missing field `hidden`"],
+        )
+        .at_line(1),
+        case("empty file", Doc(Vec::new()), "model", &["missing field `model`"]),
+        // --- combinations that make no sense
+        case(
+            "momentum with adamw",
+            b().set("training", "momentum", "true"),
+            "training.momentum",
+            &["only applies to optimizer = \"sgd\""],
+        ),
+        case(
+            "reshard_after_forward with shard_grad_op",
+            b().set("parallel", "sharding", "\"shard_grad_op\"").set("parallel", "reshard_after_forward", "true"),
+            "parallel.reshard_after_forward",
+            &["SHARD_GRAD_OP", "use sharding = \"full_shard\""],
+        ),
+        case("name that is a path", b().prepend("name = \"a/b\""), "name", &["\"a/b\" cannot name an output folder"]),
+        // --- TOML syntax
+        case("value missing", b().replace_line("hidden = 2048", "hidden = "), "model.hidden", &["invalid string"])
+            .at_line(6),
+        case(
+            "unterminated table header",
+            b().replace_line("[hardware]", "[hardware"),
+            "hardware",
+            &["invalid table header", "expected"],
+        )
+        .at_line(11),
+        case("key without `=`", b().replace_line("vocab = 50257", "vocab 50257"), "model", &["expected", "`=`"])
+            .at_line(8),
+        case(
+            "duplicate key",
+            b().replace_line("vocab = 50257", "vocab = 50257\nvocab = 32000"),
+            "model.vocab",
+            &["duplicate key `vocab`"],
+        )
+        .at_line(9),
+    ]
+}
+
+/// Checks one failed invocation: exit 2, nothing on stdout, one line on stderr of the form
+/// `error: <file>: field `<field>`: <message>` (or `error: <file>: <message>` without a
+/// field), no panic.
+fn check_rejected(what: &str, out: &Output, file: &Path, field: &str) -> Result<String, String> {
+    let stderr = text(&out.stderr);
+    let fail = |why: String| Err(format!("{what}: {why}\n  stderr: {stderr}"));
+    if out.status.code() != Some(2) {
+        return fail(format!("exit status {:?}, want 2", out.status.code()));
+    }
+    if stderr.contains("panicked") || stderr.contains("RUST_BACKTRACE") {
+        return fail("panicked".into());
+    }
+    if !out.stdout.is_empty() {
+        return fail(format!("stdout not empty: {}", text(&out.stdout)));
+    }
+    let prefix = if field.is_empty() {
+        format!("error: {}: ", file.display())
+    } else {
+        format!("error: {}: field `{field}`: ", file.display())
+    };
+    if !stderr.starts_with(&prefix) {
+        return fail(format!("stderr does not start with `{prefix}`"));
+    }
+    if stderr.trim_end().lines().count() != 1 {
+        return fail("stderr is not one line".into());
+    }
+    Ok(stderr)
+}
+
+fn run_case(c: &Case) -> Result<(), String> {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("scenario.toml");
+    std::fs::write(&file, &c.toml).unwrap();
+    let out_dir = dir.path().join("out");
+    let f = file.to_str().unwrap();
+    let o = out_dir.to_str().unwrap();
+
+    let run = stepsim(&["run", f, "--out", o], dir.path());
+    let stderr = check_rejected(c.name, &run, &file, c.field)?;
+    for h in c.hints {
+        if !stderr.contains(h) {
+            return Err(format!("{}: stderr lacks `{h}`\n  stderr: {stderr}", c.name));
+        }
+    }
+    if let Some(line) = c.line {
+        let want = format!("(line {line})");
+        if !stderr.contains(&want) {
+            return Err(format!("{}: stderr lacks `{want}`\n  stderr: {stderr}", c.name));
+        }
+    }
+    if out_dir.exists() {
+        return Err(format!("{}: {} was created", c.name, out_dir.display()));
+    }
+    if dir.path().join("output").exists() {
+        return Err(format!("{}: output/ was created", c.name));
+    }
+
+    // `check` rejects it the same way.
+    let check = stepsim(&["check", f], dir.path());
+    let check_stderr = check_rejected(&format!("{} (check)", c.name), &check, &file, c.field)?;
+    if check_stderr != stderr {
+        return Err(format!("{}: `check` and `run` disagree\n  run:   {stderr}\n  check: {check_stderr}", c.name));
+    }
+    Ok(())
+}
+
+#[test]
+fn base_scenario_is_valid() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("scenario.toml");
+    std::fs::write(&file, Doc::base().text()).unwrap();
+    let out = stepsim(&["check", file.to_str().unwrap()], dir.path());
+    assert_eq!(out.status.code(), Some(0), "the base scenario must pass `check`: {}", text(&out.stderr));
+}
+
+#[test]
+fn malformed_scenarios_are_rejected() {
+    let cases = cases();
+    let mut names = std::collections::HashSet::new();
+    for c in &cases {
+        assert!(names.insert(c.name), "duplicate case name {}", c.name);
+        assert_ne!(c.toml, Doc::base().text(), "{}: did not change the base", c.name);
+    }
+    let failures: Vec<String> = cases.iter().filter_map(|c| run_case(c).err()).collect();
+    assert!(failures.is_empty(), "{} of {} cases failed:\n\n{}", failures.len(), cases.len(), failures.join("\n\n"));
+}
+
+#[test]
+fn unreadable_scenario_paths_are_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-scenario.toml");
+    let not_utf8 = dir.path().join("latin1.toml");
+    std::fs::write(&not_utf8, b"description = \"caf\xe9\"\n").unwrap();
+    let a_dir = dir.path().join("a-directory.toml");
+    std::fs::create_dir(&a_dir).unwrap();
+    let cases: [(&str, PathBuf); 3] = [
+        ("path that does not exist", missing),
+        ("file that is not UTF-8", not_utf8),
+        ("path that is a directory", a_dir),
+    ];
+
+    let mut failures = Vec::new();
+    for (what, path) in &cases {
+        let out_dir = dir.path().join(format!("out-{}", what.replace(' ', "-")));
+        let run = stepsim(&["run", path.to_str().unwrap(), "--out", out_dir.to_str().unwrap()], dir.path());
+        match check_rejected(what, &run, path, "") {
+            Ok(stderr) if !stderr.contains("cannot read the scenario file") => {
+                failures.push(format!("{what}: stderr does not say it cannot read the file: {stderr}"))
+            }
+            Ok(_) => {}
+            Err(e) => failures.push(e),
+        }
+        if out_dir.exists() {
+            failures.push(format!("{what}: {} was created", out_dir.display()));
+        }
+        let check = stepsim(&["check", path.to_str().unwrap()], dir.path());
+        if let Err(e) = check_rejected(&format!("{what} (check)"), &check, path, "") {
+            failures.push(e);
+        }
+    }
+    assert!(!dir.path().join("output").exists(), "output/ was created");
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn bad_command_lines_are_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/gpt-1.3b-1gpu.toml");
+    let good = good.to_str().unwrap();
+    let cases: &[(&str, &[&str])] = &[
+        ("no arguments", &[]),
+        ("run without a scenario", &["run"]),
+        ("check without a scenario", &["check"]),
+        ("unknown subcommand", &["frobnicate"]),
+        ("unknown flag", &["run", good, "--bogus"]),
+        ("unknown flag on check", &["check", good, "--bogus"]),
+        ("--out without a value", &["run", good, "--out"]),
+        ("two scenarios", &["run", good, good]),
+        ("flag value given to --json", &["run", good, "--json=yes"]),
+    ];
+    let mut failures = Vec::new();
+    for (what, args) in cases {
+        let out = stepsim(args, dir.path());
+        let stderr = text(&out.stderr);
+        if out.status.code() != Some(2) {
+            failures.push(format!("{what}: exit {:?}, want 2; stderr: {stderr}", out.status.code()));
+        }
+        if stderr.contains("panicked") {
+            failures.push(format!("{what}: panicked: {stderr}"));
+        }
+        if stderr.trim().is_empty() {
+            failures.push(format!("{what}: nothing on stderr"));
+        }
+        if !out.stdout.is_empty() {
+            failures.push(format!("{what}: stdout not empty: {}", text(&out.stdout)));
+        }
+    }
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "bad command lines wrote files: {left:?}");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
