@@ -37,26 +37,26 @@ pub struct Simulation {
 
 /// Simulates a validated scenario. Fails only on an internal scheduling error.
 pub fn simulate(s: &scenario::Scenario) -> Result<Simulation, engine::Deadlock> {
-    let dag = model::build(&s.model, &s.workload);
-    let plan = plan::Plan::new(
-        &dag,
-        s.parallel.clone(),
-        s.training.clone(),
-        u64::from(s.cluster.gpus),
-        u64::from(s.cluster.gpus_per_node),
-    );
-    let schedule = schedule::build(&dag, &plan, &s.cluster);
-    let mut alloc = ExactAllocator::new(s.cluster.capacity_bytes());
-    let trace = engine::run(&schedule.program, &mut alloc)?;
-    let mut report = report::build(s, &dag, &plan, &schedule, &trace);
+    let mut sim = run_with_capacity(s, s.cluster.capacity_bytes())?;
     if s.training.checkpointing != plan::Checkpointing::None {
-        report.checkpointing_cost = checkpointing_cost(s, &report)?;
+        sim.report.checkpointing_cost = checkpointing_cost(s, &sim.report)?;
     }
+    Ok(sim)
+}
+
+/// DAG -> plan -> program -> engine -> report, with the allocator capped at `capacity`.
+fn run_with_capacity(s: &scenario::Scenario, capacity: u64) -> Result<Simulation, engine::Deadlock> {
+    let dag = model::build(&s.model, &s.workload);
+    let gpus = u64::from(s.cluster.gpus);
+    let plan = plan::Plan::new(&dag, s.parallel.clone(), s.training.clone(), gpus, u64::from(s.cluster.gpus_per_node));
+    let schedule = schedule::build(&dag, &plan, &s.cluster);
+    let trace = engine::run(&schedule.program, &mut ExactAllocator::new(capacity))?;
+    let report = report::build(s, &dag, &plan, &schedule, &trace);
     Ok(Simulation { dag, plan, schedule, trace, report })
 }
 
 /// What activation checkpointing costs in time: the same scenario without it, simulated
-/// with unbounded memory (it may not fit: only its timing is used).
+/// with unbounded memory (it may not fit: only its timing and peak are used).
 fn checkpointing_cost(
     s: &scenario::Scenario,
     with: &report::Report,
@@ -64,17 +64,7 @@ fn checkpointing_cost(
     let Some(tp) = &with.throughput else { return Ok(None) };
     let mut alt = s.clone();
     alt.training.checkpointing = plan::Checkpointing::None;
-    let dag = model::build(&alt.model, &alt.workload);
-    let plan = plan::Plan::new(
-        &dag,
-        alt.parallel.clone(),
-        alt.training.clone(),
-        u64::from(alt.cluster.gpus),
-        u64::from(alt.cluster.gpus_per_node),
-    );
-    let schedule = schedule::build(&dag, &plan, &alt.cluster);
-    let trace = engine::run(&schedule.program, &mut ExactAllocator::new(u64::MAX / 4))?;
-    let r = report::build(&alt, &dag, &plan, &schedule, &trace);
+    let r = run_with_capacity(&alt, u64::MAX / 4)?.report;
     Ok(r.throughput.map(|t| report::CheckpointingCost {
         step_time_without_s: t.step_time_s,
         step_time_with_s: tp.step_time_s,
@@ -84,35 +74,33 @@ fn checkpointing_cost(
 }
 
 impl Simulation {
-    /// The highest `allocated` sample of one step (0 = initialisation): (sample, phase).
-    pub fn step_peak(&self, step: u32) -> Option<(&memory::Sample, schedule::Phase)> {
+    /// The memory samples recorded by tasks of one step (0 = initialisation), optionally
+    /// of one phase only.
+    pub fn samples_in(&self, step: u32, phase: Option<schedule::Phase>) -> impl Iterator<Item = &memory::Sample> {
         let labels = &self.schedule.labels;
         let tasks = &self.schedule.program.tasks;
-        self.trace
-            .timeline
-            .samples
-            .iter()
-            .filter(|s| labels[tasks[s.task].label as usize].step == step)
-            .fold(None, |best: Option<&memory::Sample>, s| match best {
-                Some(b) if b.allocated >= s.allocated => Some(b),
-                _ => Some(s),
-            })
-            .map(|s| (s, labels[tasks[s.task].label as usize].phase))
+        self.trace.timeline.samples.iter().filter(move |s| {
+            let l = &labels[tasks[s.task].label as usize];
+            l.step == step && phase.is_none_or(|p| l.phase == p)
+        })
     }
 
-    /// The highest `allocated` sample of one phase of one step.
+    /// The phase of the task that recorded a sample.
+    pub fn phase_of(&self, s: &memory::Sample) -> schedule::Phase {
+        self.schedule.labels[self.schedule.program.tasks[s.task].label as usize].phase
+    }
+
+    /// The highest `allocated` sample of one step (first one if tied), with its phase.
+    pub fn step_peak(&self, step: u32) -> Option<(&memory::Sample, schedule::Phase)> {
+        let best = self.samples_in(step, None).fold(None, |best: Option<&memory::Sample>, s| match best {
+            Some(b) if b.allocated >= s.allocated => Some(b),
+            _ => Some(s),
+        })?;
+        Some((best, self.phase_of(best)))
+    }
+
+    /// The highest `allocated` bytes of one phase of one step.
     pub fn phase_peak(&self, step: u32, phase: schedule::Phase) -> Option<u64> {
-        let labels = &self.schedule.labels;
-        let tasks = &self.schedule.program.tasks;
-        self.trace
-            .timeline
-            .samples
-            .iter()
-            .filter(|s| {
-                let l = &labels[tasks[s.task].label as usize];
-                l.step == step && l.phase == phase
-            })
-            .map(|s| s.allocated)
-            .max()
+        self.samples_in(step, Some(phase)).map(|s| s.allocated).max()
     }
 }

@@ -21,35 +21,12 @@ fn sim(parallel: &str, training: &str, gpus: u32) -> Simulation {
 
 /// Max over the samples of (step, phase) of a category's bytes.
 fn max_in(s: &Simulation, step: u32, phase: Phase, cat: Category) -> u64 {
-    let l = &s.schedule.labels;
-    let t = &s.schedule.program.tasks;
-    s.trace
-        .timeline
-        .samples
-        .iter()
-        .filter(|x| {
-            let lb = &l[t[x.task].label as usize];
-            lb.step == step && lb.phase == phase
-        })
-        .map(|x| x.by_category[cat.index()])
-        .max()
-        .unwrap_or(0)
+    s.samples_in(step, Some(phase)).map(|x| x.by_category[cat.index()]).max().unwrap_or(0)
 }
 
 /// The value of a category at the first sample of (step, phase).
 fn first_in(s: &Simulation, step: u32, phase: Phase, cat: Category) -> u64 {
-    let l = &s.schedule.labels;
-    let t = &s.schedule.program.tasks;
-    s.trace
-        .timeline
-        .samples
-        .iter()
-        .find(|x| {
-            let lb = &l[t[x.task].label as usize];
-            lb.step == step && lb.phase == phase
-        })
-        .map(|x| x.by_category[cat.index()])
-        .unwrap_or(0)
+    s.samples_in(step, Some(phase)).next().map_or(0, |x| x.by_category[cat.index()])
 }
 
 fn block_gathered(s: &Simulation) -> u64 {
