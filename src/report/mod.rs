@@ -365,7 +365,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
                     "collectives: NCCL ring, {:.0}% of {:.0} GB/s NVLink inside a node, {:.0} GB/s network per GPU across nodes",
                     crate::net::LINK_EFFICIENCY * 100.0,
                     s.cluster.gpu.nvlink_bytes_per_s / 1e9,
-                    s.cluster.gpu.network_bytes_per_s / 1e9
+                    s.cluster.network_bytes_per_s() / 1e9
                 ),
                 "MFU counts model FLOPs = 3 x forward FLOPs of the DAG (2 per multiply-add, attention included), per Narayanan et al. 2021; HFU adds recomputation".into(),
             ],

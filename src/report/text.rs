@@ -54,6 +54,15 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         fmt_bytes(c.memory_bytes),
         fmt_bytes(c.cuda_context_bytes)
     );
+    let _ = writeln!(
+        o,
+        "           node {}: {} x {:.0} Gb/s NICs = {:.1} GB/s per GPU across nodes; {:.0} GB/s per GPU inside a node",
+        c.node,
+        c.nics_per_node,
+        c.nic_bytes_per_s * 8.0 / 1e9,
+        c.network_bytes_per_s() / 1e9,
+        c.gpu.nvlink_bytes_per_s / 1e9
+    );
     let fw = match p.framework {
         crate::plan::Framework::Fsdp => "PyTorch FSDP",
         crate::plan::Framework::Deepspeed => "DeepSpeed",

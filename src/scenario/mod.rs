@@ -61,6 +61,13 @@ pub struct HardwareSection {
     pub memory_capacity: Option<i64>,
     /// Memory outside PyTorch's allocator (CUDA context, libraries), bytes.
     pub cuda_context: Option<i64>,
+    /// Node preset (default: the GPU's usual node, e.g. "dgx-h100").
+    pub node: Option<String>,
+    /// Overrides of the node preset: compute NICs per node and each NIC's Gb/s.
+    pub nics_per_node: Option<i64>,
+    pub nic_gbps: Option<f64>,
+    /// Override of the GPU's intra-node link (NVLink / xGMI), GB/s per direction.
+    pub nvlink_gb_per_s: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -246,10 +253,35 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         v.err("hardware.gpu", format!("unknown GPU \"{}\"; the catalog has: {}", h.gpu, hardware::names().join(", ")))
     })?;
     let gpus = v.positive("hardware.gpus", h.gpus)?;
+    let node_name = h.node.as_deref().unwrap_or(gpu.default_node);
+    let node = hardware::node(node_name).ok_or_else(|| {
+        v.err(
+            "hardware.node",
+            format!("unknown node preset \"{node_name}\"; the presets are: {}", hardware::node_names().join(", ")),
+        )
+    })?;
     let gpus_per_node = match h.gpus_per_node {
         Some(x) => v.positive("hardware.gpus_per_node", x)?,
-        None => gpus.min(8),
+        None => gpus.min(u64::from(node.gpus_per_node)),
     };
+    let nics_per_node = match h.nics_per_node {
+        Some(x) => v.positive("hardware.nics_per_node", x)? as u32,
+        None => node.nics_per_node,
+    };
+    let nic_bytes_per_s = match h.nic_gbps {
+        Some(x) if !(x > 0.0 && x.is_finite()) => {
+            return Err(v.err("hardware.nic_gbps", format!("must be a positive number of Gb/s, got {x}")))
+        }
+        Some(x) => x * 1e9 / 8.0,
+        None => node.nic_bytes_per_s,
+    };
+    let mut gpu = gpu.clone();
+    if let Some(x) = h.nvlink_gb_per_s {
+        if !(x > 0.0 && x.is_finite()) {
+            return Err(v.err("hardware.nvlink_gb_per_s", format!("must be a positive number of GB/s, got {x}")));
+        }
+        gpu.nvlink_bytes_per_s = x * 1e9;
+    }
     if gpus_per_node > gpus {
         return Err(v.err(
             "hardware.gpus_per_node",
@@ -280,9 +312,12 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         ));
     }
     let cluster = Cluster {
-        gpu: gpu.clone(),
+        gpu,
         gpus: gpus as u32,
         gpus_per_node: gpus_per_node as u32,
+        node: node.name.to_string(),
+        nics_per_node,
+        nic_bytes_per_s,
         memory_bytes,
         cuda_context_bytes,
     };
@@ -400,6 +435,16 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
     }
     if let Some(d) = &t.optimizer_state_dtype {
         precision.optimizer_state = v.dtype("training.optimizer_state_dtype", d)?;
+    }
+    if precision.compute == Dtype::Bf16 && cluster.gpu.bf16_flops.is_none() {
+        let field = if t.compute_dtype.is_some() { "training.compute_dtype" } else { "training.precision" };
+        return Err(v.err(
+            field,
+            format!(
+                "{} has no BF16 tensor cores; compute in \"fp16\" (compute_dtype = \"fp16\") or \"fp32\"",
+                cluster.gpu.name
+            ),
+        ));
     }
     let checkpointing = match v.choice(
         "training.activation_checkpointing",

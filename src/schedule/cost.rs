@@ -33,16 +33,14 @@ pub struct Cost {
 impl Cost {
     pub fn new(cluster: &Cluster, compute: Dtype, shard_group: u64) -> Cost {
         let g = &cluster.gpu;
-        let peak_flops = match compute {
-            Dtype::Fp32 => g.fp32_flops,
-            Dtype::Bf16 | Dtype::Fp16 => g.bf16_flops,
-        };
+        let peak_flops = cluster.peak_flops(compute);
+        let network = cluster.network_bytes_per_s();
         let per_node = u64::from(cluster.gpus_per_node);
         let group = |ranks: u64, per_node: u64| Group {
             ranks,
             ranks_per_node: per_node,
             nvlink_bytes_per_s: g.nvlink_bytes_per_s,
-            network_bytes_per_s: g.network_bytes_per_s,
+            network_bytes_per_s: network,
         };
         let gpus = u64::from(cluster.gpus);
         Cost {
