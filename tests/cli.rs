@@ -110,11 +110,15 @@ fn check_shipped(name: &str, expect: Expect, stdout: &str, out: &Path) -> Vec<St
         }
     };
 
-    // The three files, non-empty; the plot a PNG.
-    for f in ["report.json", "memory.csv", "memory.png"] {
+    // The four files, non-empty; the plot a PNG; the Chrome trace valid JSON with events.
+    for f in ["report.json", "memory.csv", "trace.json", "memory.png"] {
         let len = std::fs::metadata(out.join(f)).map(|m| m.len()).unwrap_or(0);
         require(len > 0, format!("{f} missing or empty"));
     }
+    let chrome: Value = serde_json::from_str(&std::fs::read_to_string(out.join("trace.json")).unwrap_or_default())
+        .unwrap_or(Value::Null);
+    let events = chrome.pointer("/traceEvents").and_then(Value::as_array).map_or(0, |e| e.len());
+    require(events > 3, format!("trace.json has {events} events"));
     let png = std::fs::read(out.join("memory.png")).unwrap_or_default();
     require(png.starts_with(PNG_SIGNATURE), "memory.png does not start with the PNG signature".into());
 
@@ -214,7 +218,7 @@ fn runs_are_deterministic() {
         let b = tmp.path().join(format!("{name}-b"));
         let out_a = run_ok(&scenario(name), &a, &[]);
         let out_b = run_ok(&scenario(name), &b, &[]);
-        for f in ["report.json", "memory.csv", "memory.png"] {
+        for f in ["report.json", "memory.csv", "trace.json", "memory.png"] {
             let fa = std::fs::read(a.join(f)).unwrap();
             let fb = std::fs::read(b.join(f)).unwrap();
             assert!(fa == fb, "{name}: {f} differs between two runs");

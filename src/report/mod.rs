@@ -2,6 +2,7 @@
 //! per GPU, step time, tokens/s and MFU, as text, `report.json`, `memory.csv` and
 //! `memory.png`.
 
+pub mod chrome_trace;
 pub mod png;
 pub mod text;
 pub mod write;

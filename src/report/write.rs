@@ -1,4 +1,4 @@
-//! Writers for `report.json`, `memory.csv` and `memory.png`. Each file is written to a
+//! Writers for `report.json`, `memory.csv`, `trace.json` and `memory.png`. Each file is written to a
 //! temporary name and renamed into place, so a file that exists is complete.
 
 use std::io::Write;
@@ -140,6 +140,8 @@ pub fn write_all(dir: &Path, r: &Report, sched: &Schedule, trace: &Trace) -> Res
     atomic_write(&json, report_json(r).as_bytes())?;
     let csv = dir.join("memory.csv");
     atomic_write(&csv, memory_csv(trace, &rank).as_bytes())?;
+    let chrome = dir.join("trace.json");
+    atomic_write(&chrome, super::chrome_trace::render(sched, trace, 0, &rank).as_bytes())?;
     let png = dir.join("memory.png");
     let label = format!(
         "{} ({} GPUs, identical programs, simulated once)",
@@ -148,5 +150,5 @@ pub fn write_all(dir: &Path, r: &Report, sched: &Schedule, trace: &Trace) -> Res
     );
     super::png::write_memory_png(&png, &memory_plot(r, sched, trace, &label))
         .map_err(|m| WriteError { path: png.clone(), message: m })?;
-    Ok(vec![json, csv, png])
+    Ok(vec![json, csv, chrome, png])
 }
