@@ -32,6 +32,10 @@ pub struct GpuSpec {
     pub nvlink_bytes_per_s: f64,
     /// PCIe generation of the host link (x16).
     pub pcie_gen: u8,
+    /// Best achievable dense matmul throughput as a fraction of the BF16/FP16 peak, measured
+    /// with large square GEMMs (stas00 ml-engineering `compute/accelerator/README.md`,
+    /// "Maximum achievable matmul FLOPS": A100 86.9%, H100 80.3%, B200 77.6%, MI300X 51.4%).
+    pub max_matmul_fraction: f64,
     /// The node layout this part usually ships in (a key of [`NODES`]).
     pub default_node: &'static str,
     /// Where the figures come from.
@@ -58,6 +62,8 @@ pub const CATALOG: &[GpuSpec] = &[
         // NVLink 2: 6 links, 150 GB/s per direction.
         nvlink_bytes_per_s: 150e9,
         pcie_gen: 3,
+        // not measured in the table; assumed like A100
+        max_matmul_fraction: 0.85,
         default_node: "dgx-1v",
         source: "NVIDIA V100 datasheet (SXM2); stas00 ml-engineering",
     },
@@ -75,6 +81,7 @@ pub const CATALOG: &[GpuSpec] = &[
         // NVLink 3: 12 links, 300 GB/s per direction.
         nvlink_bytes_per_s: 300e9,
         pcie_gen: 4,
+        max_matmul_fraction: 0.869,
         default_node: "dgx-a100",
         source: "NVIDIA A100 datasheet (SXM4); stas00 ml-engineering",
     },
@@ -90,6 +97,7 @@ pub const CATALOG: &[GpuSpec] = &[
         hbm_bytes_per_s: 2.039e12,
         nvlink_bytes_per_s: 300e9,
         pcie_gen: 4,
+        max_matmul_fraction: 0.869,
         default_node: "dgx-a100",
         source: "NVIDIA A100 datasheet (SXM4 80GB); stas00 ml-engineering",
     },
@@ -108,6 +116,7 @@ pub const CATALOG: &[GpuSpec] = &[
         // NVLink 4: 18 links, 450 GB/s per direction.
         nvlink_bytes_per_s: 450e9,
         pcie_gen: 5,
+        max_matmul_fraction: 0.803,
         default_node: "dgx-h100",
         source: "NVIDIA H100 datasheet (SXM5); stas00 ml-engineering",
     },
@@ -126,6 +135,8 @@ pub const CATALOG: &[GpuSpec] = &[
         // bridges join pairs only, which a ring over 8 GPUs cannot rely on.
         nvlink_bytes_per_s: 63e9,
         pcie_gen: 5,
+        // as H100 SXM
+        max_matmul_fraction: 0.803,
         default_node: "pcie-8gpu",
         source: "NVIDIA H100 datasheet (PCIe); stas00 ml-engineering (PCIe 5 x16 63 GB/s)",
     },
@@ -142,6 +153,8 @@ pub const CATALOG: &[GpuSpec] = &[
         hbm_bytes_per_s: 4.8e12,
         nvlink_bytes_per_s: 450e9,
         pcie_gen: 5,
+        // "H200 is the same" as H100
+        max_matmul_fraction: 0.803,
         default_node: "hgx-h200",
         source: "NVIDIA H200 datasheet (SXM); stas00 ml-engineering",
     },
@@ -161,6 +174,7 @@ pub const CATALOG: &[GpuSpec] = &[
         // NVLink 5: 18 links, 900 GB/s per direction.
         nvlink_bytes_per_s: 900e9,
         pcie_gen: 6,
+        max_matmul_fraction: 0.776,
         default_node: "dgx-b200",
         source: "NVIDIA HGX B200 datasheet; stas00 ml-engineering",
     },
@@ -180,6 +194,7 @@ pub const CATALOG: &[GpuSpec] = &[
         // 448 GB/s aggregate per GPU; RCCL rings use all of them.
         nvlink_bytes_per_s: 448e9,
         pcie_gen: 5,
+        max_matmul_fraction: 0.514,
         default_node: "mi300x-8gpu",
         source: "AMD Instinct MI300X datasheet; stas00 ml-engineering network/README.md (xGMI)",
     },
@@ -245,6 +260,14 @@ pub const NODES: &[NodeSpec] = &[
         nics_per_node: 4,
         nic_bytes_per_s: 12.5e9,
         source: "AWS p4d (EFA 4x100 Gb/s), stas00 network/README.md",
+    },
+    // AWS p4de.24xlarge: 8 x A100 80GB, the same EFA v1 4 x 100 Gb/s.
+    NodeSpec {
+        name: "aws-p4de",
+        gpus_per_node: 8,
+        nics_per_node: 4,
+        nic_bytes_per_s: 12.5e9,
+        source: "AWS p4de (EFA 4x100 Gb/s)",
     },
     // AWS p5.48xlarge: 8 x H100, EFA v2 32 x 100 Gb/s = 3.2 Tb/s per node.
     NodeSpec {
@@ -347,6 +370,7 @@ mod tests {
         for g in CATALOG {
             assert!(node(g.default_node).is_some(), "{}: unknown default node {}", g.name, g.default_node);
             assert!(g.fp16_flops >= g.fp32_flops && g.hbm_bytes_per_s > 0.0 && g.nvlink_bytes_per_s > 0.0);
+            assert!(g.max_matmul_fraction > 0.3 && g.max_matmul_fraction <= 1.0);
         }
     }
 

@@ -355,17 +355,20 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
             assumptions: vec![
                 format!("peak {:.0} TFLOP/s dense {} ({})", peak_flops / 1e12, plan.training.precision.compute.name(), s.cluster.gpu.source),
                 format!(
-                    "matmul at {:.0}% of peak, attention at {:.0}%, memory-bound ops at {:.0}% of {:.2} TB/s HBM, {:.0} us per op",
+                    "matmuls at {:.0}% x {:.1}% (best achievable matmul) = {:.0}% of peak, flash attention at {:.0}%, memory-bound ops at {:.0}% of {:.2} TB/s HBM, {:.0} us per op",
                     crate::schedule::cost::MATMUL_EFFICIENCY * 100.0,
-                    crate::schedule::cost::ATTENTION_EFFICIENCY * 100.0,
+                    s.cluster.gpu.max_matmul_fraction * 100.0,
+                    crate::schedule::cost::MATMUL_EFFICIENCY * s.cluster.gpu.max_matmul_fraction * 100.0,
+                    crate::schedule::cost::ATTENTION_EFFICIENCY * s.cluster.gpu.max_matmul_fraction * 100.0,
                     crate::schedule::cost::HBM_EFFICIENCY * 100.0,
                     s.cluster.gpu.hbm_bytes_per_s / 1e12,
                     crate::schedule::cost::OP_OVERHEAD_S * 1e6
                 ),
                 format!(
-                    "collectives: NCCL ring, {:.0}% of {:.0} GB/s NVLink inside a node, {:.0} GB/s network per GPU across nodes",
+                    "collectives: NCCL rings, {:.0}% of {:.0} GB/s NVLink inside a node; across nodes {:.0}% of the node's NICs ({:.1} GB/s per GPU) on per-rail rings",
                     crate::net::LINK_EFFICIENCY * 100.0,
                     s.cluster.gpu.nvlink_bytes_per_s / 1e9,
+                    crate::net::NETWORK_EFFICIENCY * 100.0,
                     s.cluster.network_bytes_per_s() / 1e9
                 ),
                 "MFU counts model FLOPs = 3 x forward FLOPs of the DAG (2 per multiply-add, attention included), per Narayanan et al. 2021; HFU adds recomputation".into(),

@@ -1,18 +1,19 @@
 //! How long a task takes: a roofline per op and the ring cost per collective.
 //!
-//! One global calibration, no per-scenario constants: matmuls reach [`MATMUL_EFFICIENCY`] of
-//! the dense peak of the compute dtype, the attention core [`ATTENTION_EFFICIENCY`],
-//! memory-bound ops move bytes at [`HBM_EFFICIENCY`] of HBM bandwidth. The figures are
-//! first estimates (issue: interconnect and compute model calibrates them): the best
-//! achievable BF16 matmul is 80-87% of peak on A100/H100 (stas00 ml-engineering,
-//! `compute/accelerator/README.md`), and real transformer shapes land lower.
+//! One global calibration, no per-scenario constants: a training step's GEMMs reach
+//! [`MATMUL_EFFICIENCY`] of the GPU's best achievable matmul throughput
+//! (`GpuSpec::max_matmul_fraction` x peak, measured with large square GEMMs), flash attention
+//! [`ATTENTION_EFFICIENCY`] of it, and memory-bound ops move bytes at [`HBM_EFFICIENCY`] of
+//! HBM bandwidth. FP32 compute has no such measurement: FP32 matmuls use the same fractions of
+//! the FP32 peak. The constants were set once against torchtitan's FSDP2 runs on A100
+//! (tests/fidelity_throughput.rs), not per scenario.
 
 use crate::hardware::Cluster;
 use crate::model::{Dtype, Op, OpKind};
 use crate::net::{Collective, Group};
 
-pub const MATMUL_EFFICIENCY: f64 = 0.6;
-pub const ATTENTION_EFFICIENCY: f64 = 0.45;
+pub const MATMUL_EFFICIENCY: f64 = 0.78;
+pub const ATTENTION_EFFICIENCY: f64 = 0.6;
 pub const HBM_EFFICIENCY: f64 = 0.8;
 /// Launch and framework overhead per op, seconds.
 pub const OP_OVERHEAD_S: f64 = 4e-6;
@@ -20,6 +21,8 @@ pub const OP_OVERHEAD_S: f64 = 4e-6;
 #[derive(Debug, Clone)]
 pub struct Cost {
     pub peak_flops: f64,
+    /// Best achievable matmul fraction of the peak (the GPU's measured ceiling).
+    pub matmul_ceiling: f64,
     pub hbm: f64,
     pub compute_bytes: u64,
     /// The data-parallel (or shard) group collectives of model state run over.
@@ -45,6 +48,7 @@ impl Cost {
         let gpus = u64::from(cluster.gpus);
         Cost {
             peak_flops,
+            matmul_ceiling: g.max_matmul_fraction,
             hbm: g.hbm_bytes_per_s,
             compute_bytes: compute.bytes(),
             shard_group: group(shard_group, per_node),
@@ -59,10 +63,10 @@ impl Cost {
         OP_OVERHEAD_S + t_compute.max(t_mem)
     }
 
-    fn eff(kind: OpKind) -> f64 {
+    fn eff(&self, kind: OpKind) -> f64 {
         match kind {
-            OpKind::Linear => MATMUL_EFFICIENCY,
-            OpKind::AttentionCore => ATTENTION_EFFICIENCY,
+            OpKind::Linear => MATMUL_EFFICIENCY * self.matmul_ceiling,
+            OpKind::AttentionCore => ATTENTION_EFFICIENCY * self.matmul_ceiling,
             // Element-wise ops and norms are memory-bound: their FLOPs never dominate.
             _ => 1.0,
         }
@@ -73,11 +77,11 @@ impl Cost {
     }
 
     pub fn forward_s(&self, op: &Op) -> f64 {
-        self.roofline(op.fwd_flops, op.fwd_bytes + self.weight_bytes(op), Self::eff(op.kind))
+        self.roofline(op.fwd_flops, op.fwd_bytes + self.weight_bytes(op), self.eff(op.kind))
     }
 
     pub fn backward_s(&self, op: &Op) -> f64 {
-        self.roofline(op.bwd_flops, 2.0 * op.fwd_bytes + 2.0 * self.weight_bytes(op), Self::eff(op.kind))
+        self.roofline(op.bwd_flops, 2.0 * op.fwd_bytes + 2.0 * self.weight_bytes(op), self.eff(op.kind))
     }
 
     /// The optimizer step is memory-bound: every local element's parameter, gradient, master
