@@ -309,11 +309,31 @@ fn cases() -> Vec<Case> {
             &["4096 exceeds model.max_seq_len (2048)"],
         ),
         case("dropout of 1.5", b().set("model", "dropout", "1.5"), "model.dropout", &["must be in [0, 1)", "1.5"]),
-        case("unknown node preset", b().set("hardware", "node", "\"dgx-z\""), "hardware.node", &["dgx-z", "dgx-h100", "aws-p5"]),
+        case(
+            "unknown node preset",
+            b().set("hardware", "node", "\"dgx-z\""),
+            "hardware.node",
+            &["dgx-z", "dgx-h100", "aws-p5"],
+        ),
         case("zero NICs", b().set("hardware", "nics_per_node", "0"), "hardware.nics_per_node", &["positive integer"]),
-        case("negative NIC speed", b().set("hardware", "nic_gbps", "-400.0"), "hardware.nic_gbps", &["positive number of Gb/s"]),
-        case("zero NVLink", b().set("hardware", "nvlink_gb_per_s", "0.0"), "hardware.nvlink_gb_per_s", &["positive number of GB/s"]),
-        case("bf16 on a V100", b().set("hardware", "gpu", "\"v100-32gb\""), "training.precision", &["no BF16 tensor cores", "fp16"]),
+        case(
+            "negative NIC speed",
+            b().set("hardware", "nic_gbps", "-400.0"),
+            "hardware.nic_gbps",
+            &["positive number of Gb/s"],
+        ),
+        case(
+            "zero NVLink",
+            b().set("hardware", "nvlink_gb_per_s", "0.0"),
+            "hardware.nvlink_gb_per_s",
+            &["positive number of GB/s"],
+        ),
+        case(
+            "bf16 on a V100",
+            b().set("hardware", "gpu", "\"v100-32gb\""),
+            "training.precision",
+            &["no BF16 tensor cores", "fp16"],
+        ),
         // --- cluster
         case(
             "more GPUs per node than GPUs",

@@ -64,8 +64,16 @@ impl Group {
         };
         let s = bytes as f64;
         let g = self.ranks_per_node.min(n);
-        let intra = if g > 1 { passes * s * (n - 1) as f64 / n as f64 / (self.nvlink_bytes_per_s * LINK_EFFICIENCY) } else { 0.0 };
-        let inter = if k > 1 { passes * s * (k - 1) as f64 / n as f64 / (self.network_bytes_per_s * NETWORK_EFFICIENCY) } else { 0.0 };
+        let intra = if g > 1 {
+            passes * s * (n - 1) as f64 / n as f64 / (self.nvlink_bytes_per_s * LINK_EFFICIENCY)
+        } else {
+            0.0
+        };
+        let inter = if k > 1 {
+            passes * s * (k - 1) as f64 / n as f64 / (self.network_bytes_per_s * NETWORK_EFFICIENCY)
+        } else {
+            0.0
+        };
         let alpha = if k > 1 { ALPHA_INTER_S } else { ALPHA_INTRA_S };
         steps as f64 * alpha + intra.max(inter)
     }

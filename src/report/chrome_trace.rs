@@ -34,9 +34,17 @@ pub fn render(sched: &Schedule, trace: &Trace, pid: u32, rank_label: &str) -> St
     let prog = &sched.program;
     let mut o = String::with_capacity(prog.tasks.len() * 160 + 1024);
     o.push_str("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
-    let _ = write!(o, "{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{pid},\"args\":{{\"name\":\"{}\"}}}}", esc(rank_label));
+    let _ = write!(
+        o,
+        "{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{pid},\"args\":{{\"name\":\"{}\"}}}}",
+        esc(rank_label)
+    );
     for (i, s) in prog.streams.iter().enumerate() {
-        let _ = write!(o, ",\n{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{pid},\"tid\":{i},\"args\":{{\"name\":\"{}\"}}}}", esc(s));
+        let _ = write!(
+            o,
+            ",\n{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{pid},\"tid\":{i},\"args\":{{\"name\":\"{}\"}}}}",
+            esc(s)
+        );
     }
     for (i, t) in prog.tasks.iter().enumerate() {
         let (start, end) = (trace.start_ns[i], trace.end_ns[i]);
