@@ -36,6 +36,9 @@ pub struct GpuSpec {
     /// with large square GEMMs (stas00 ml-engineering `compute/accelerator/README.md`,
     /// "Maximum achievable matmul FLOPS": A100 86.9%, H100 80.3%, B200 77.6%, MI300X 51.4%).
     pub max_matmul_fraction: f64,
+    /// Streaming multiprocessors (NVIDIA) / compute units (AMD): how many GEMM output tiles
+    /// run at once, for wave quantization.
+    pub sms: u32,
     /// The node layout this part usually ships in (a key of [`NODES`]).
     pub default_node: &'static str,
     /// Where the figures come from.
@@ -64,6 +67,7 @@ pub const CATALOG: &[GpuSpec] = &[
         pcie_gen: 3,
         // not measured in the table; assumed like A100
         max_matmul_fraction: 0.85,
+        sms: 80,
         default_node: "dgx-1v",
         source: "NVIDIA V100 datasheet (SXM2); stas00 ml-engineering",
     },
@@ -82,6 +86,7 @@ pub const CATALOG: &[GpuSpec] = &[
         nvlink_bytes_per_s: 300e9,
         pcie_gen: 4,
         max_matmul_fraction: 0.869,
+        sms: 108,
         default_node: "dgx-a100",
         source: "NVIDIA A100 datasheet (SXM4); stas00 ml-engineering",
     },
@@ -98,6 +103,7 @@ pub const CATALOG: &[GpuSpec] = &[
         nvlink_bytes_per_s: 300e9,
         pcie_gen: 4,
         max_matmul_fraction: 0.869,
+        sms: 108,
         default_node: "dgx-a100",
         source: "NVIDIA A100 datasheet (SXM4 80GB); stas00 ml-engineering",
     },
@@ -117,6 +123,7 @@ pub const CATALOG: &[GpuSpec] = &[
         nvlink_bytes_per_s: 450e9,
         pcie_gen: 5,
         max_matmul_fraction: 0.803,
+        sms: 132,
         default_node: "dgx-h100",
         source: "NVIDIA H100 datasheet (SXM5); stas00 ml-engineering",
     },
@@ -137,6 +144,7 @@ pub const CATALOG: &[GpuSpec] = &[
         pcie_gen: 5,
         // as H100 SXM
         max_matmul_fraction: 0.803,
+        sms: 114,
         default_node: "pcie-8gpu",
         source: "NVIDIA H100 datasheet (PCIe); stas00 ml-engineering (PCIe 5 x16 63 GB/s)",
     },
@@ -155,6 +163,7 @@ pub const CATALOG: &[GpuSpec] = &[
         pcie_gen: 5,
         // "H200 is the same" as H100
         max_matmul_fraction: 0.803,
+        sms: 132,
         default_node: "hgx-h200",
         source: "NVIDIA H200 datasheet (SXM); stas00 ml-engineering",
     },
@@ -175,6 +184,7 @@ pub const CATALOG: &[GpuSpec] = &[
         nvlink_bytes_per_s: 900e9,
         pcie_gen: 6,
         max_matmul_fraction: 0.776,
+        sms: 148,
         default_node: "dgx-b200",
         source: "NVIDIA HGX B200 datasheet; stas00 ml-engineering",
     },
@@ -195,6 +205,7 @@ pub const CATALOG: &[GpuSpec] = &[
         nvlink_bytes_per_s: 448e9,
         pcie_gen: 5,
         max_matmul_fraction: 0.514,
+        sms: 304,
         default_node: "mi300x-8gpu",
         source: "AMD Instinct MI300X datasheet; stas00 ml-engineering network/README.md (xGMI)",
     },

@@ -95,6 +95,9 @@ pub struct Op {
     pub saves: Vec<TensorId>,
     /// Scratch the forward kernel needs while it runs (freed when it ends).
     pub fwd_scratch: u64,
+    /// For matmuls: (M, N, K) of the forward GEMM (tokens, output features, input features),
+    /// which decides how well it fills the GPU.
+    pub gemm: Option<[u64; 3]>,
 }
 
 /// The model as a petgraph DAG of ops (edges carry the tensor flowing between them).
@@ -188,6 +191,7 @@ impl Builder {
             outputs,
             saves,
             fwd_scratch: 0,
+            gemm: None,
         });
         self.ops.len() - 1
     }
@@ -451,6 +455,13 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         Family::Llama => 2 * cfg.max_seq_len * cfg.head_dim() * 4,
         Family::Gpt => 0,
     };
+    // GEMM shapes of the linear layers, from their input and output tensors.
+    let cb = w.compute_dtype.bytes();
+    for op in bd.ops.iter_mut().filter(|o| o.kind == OpKind::Linear) {
+        let k = bd.tensors[op.inputs[0]].bytes / (t * cb);
+        let n = bd.tensors[op.outputs[0]].bytes / (t * cb);
+        op.gemm = Some([t, n, k]);
+    }
     let mut graph = DiGraph::new();
     let nodes: Vec<NodeIndex> = (0..bd.ops.len()).map(|i| graph.add_node(i)).collect();
     for (i, op) in bd.ops.iter().enumerate() {

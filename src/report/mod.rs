@@ -125,6 +125,11 @@ pub struct StepTiming {
     pub compute_idle_s: f64,
     /// Compute time spent recomputing forward ops under activation checkpointing.
     pub recompute_s: f64,
+    /// Communication time not hidden behind compute: the compute stream idle while a
+    /// collective runs.
+    pub exposed_comm_s: f64,
+    /// Compute stream idle with no collective running either (dependencies, latency).
+    pub idle_s: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -139,6 +144,7 @@ pub struct Throughput {
     /// Hardware FLOPs (recompute included) over peak.
     pub hfu: f64,
     pub model_flops_per_step_per_gpu: f64,
+    pub verdict: ThroughputVerdict,
     pub assumptions: Vec<String>,
 }
 
@@ -311,17 +317,23 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
             let mut end = 0;
             let mut busy = [0u64; 2];
             let mut recompute = 0u64;
+            let mut intervals: [Vec<(u64, u64)>; 2] = [Vec::new(), Vec::new()];
             for (i, t) in prog.tasks.iter().enumerate() {
                 let l = &sched.labels[t.label as usize];
                 if l.step == k && trace.end_ns[i] != u64::MAX {
                     start = start.min(trace.start_ns[i]);
                     end = end.max(trace.end_ns[i]);
-                    busy[t.stream.min(1) as usize] += t.duration_ns;
+                    let st = t.stream.min(1) as usize;
+                    busy[st] += t.duration_ns;
+                    if t.duration_ns > 0 {
+                        intervals[st].push((trace.start_ns[i], trace.end_ns[i]));
+                    }
                     if l.kind == TaskKind::Recompute {
                         recompute += t.duration_ns;
                     }
                 }
             }
+            let exposed = uncovered(&mut intervals[1].clone(), &mut intervals[0]);
             if start == u64::MAX {
                 continue;
             }
@@ -334,6 +346,8 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
                 comm_busy_s: busy[1] as f64 / 1e9,
                 compute_idle_s: dur.saturating_sub(busy[0]) as f64 / 1e9,
                 recompute_s: recompute as f64 / 1e9,
+                exposed_comm_s: exposed as f64 / 1e9,
+                idle_s: dur.saturating_sub(busy[0]).saturating_sub(exposed) as f64 / 1e9,
             });
         }
     }
@@ -352,6 +366,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
             mfu: round4(mfu),
             hfu: round4(hfu),
             model_flops_per_step_per_gpu: sched.model_flops_per_step,
+            verdict: throughput_verdict(st, mfu),
             assumptions: vec![
                 format!("peak {:.0} TFLOP/s dense {} ({})", peak_flops / 1e12, plan.training.precision.compute.name(), s.cluster.gpu.source),
                 format!(
@@ -431,6 +446,78 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
     }
 }
 
+/// Nanoseconds of the union of `a` not covered by the union of `b` (intervals [start, end)).
+fn uncovered(a: &mut [(u64, u64)], b: &mut [(u64, u64)]) -> u64 {
+    let merge = |v: &mut [(u64, u64)]| -> Vec<(u64, u64)> {
+        v.sort_unstable();
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for &(s, e) in v.iter() {
+            match out.last_mut() {
+                Some(last) if s <= last.1 => last.1 = last.1.max(e),
+                _ => out.push((s, e)),
+            }
+        }
+        out
+    };
+    let (a, b) = (merge(a), merge(b));
+    let mut total = 0;
+    let mut j = 0;
+    for (s, e) in a {
+        let mut covered = 0;
+        while j < b.len() && b[j].1 <= s {
+            j += 1;
+        }
+        let mut k = j;
+        while k < b.len() && b[k].0 < e {
+            covered += b[k].1.min(e) - b[k].0.max(s);
+            k += 1;
+        }
+        total += (e - s) - covered;
+    }
+    total
+}
+
+/// Thresholds of the throughput verdict: about 50% MFU "is considered a win" for large
+/// models (stas00 ml-engineering, `compute/accelerator/benchmarks/README.md`); below 30% or
+/// with more than 15% of the step waiting on communication the configuration is leaving
+/// most of its GPUs' time unused.
+pub const MFU_ACCEPTABLE: f64 = 0.30;
+pub const EXPOSED_COMM_ACCEPTABLE: f64 = 0.15;
+
+/// "How fast", kept apart from "does it fit".
+#[derive(Debug, Clone, Serialize)]
+pub struct ThroughputVerdict {
+    /// "compute-bound", "communication-bound" or "overhead-bound".
+    pub bound: &'static str,
+    pub acceptable: bool,
+    pub exposed_comm_fraction: f64,
+    pub mfu: f64,
+    pub reason: String,
+}
+
+pub fn throughput_verdict(st: &StepTiming, mfu: f64) -> ThroughputVerdict {
+    let exposed = st.exposed_comm_s / st.time_s.max(1e-12);
+    let idle = st.idle_s / st.time_s.max(1e-12);
+    let bound = if exposed > EXPOSED_COMM_ACCEPTABLE && exposed >= idle {
+        "communication-bound"
+    } else if idle > EXPOSED_COMM_ACCEPTABLE {
+        "overhead-bound"
+    } else {
+        "compute-bound"
+    };
+    let acceptable = mfu >= MFU_ACCEPTABLE && exposed <= EXPOSED_COMM_ACCEPTABLE;
+    let reason = format!(
+        "MFU {:.1}% ({} {:.0}%), {:.1}% of the step waits on communication ({} {:.0}%)",
+        mfu * 100.0,
+        if mfu >= MFU_ACCEPTABLE { ">=" } else { "<" },
+        MFU_ACCEPTABLE * 100.0,
+        exposed * 100.0,
+        if exposed <= EXPOSED_COMM_ACCEPTABLE { "<=" } else { ">" },
+        EXPOSED_COMM_ACCEPTABLE * 100.0
+    );
+    ThroughputVerdict { bound, acceptable, exposed_comm_fraction: round4(exposed), mfu: round4(mfu), reason }
+}
+
 /// Phase spans of the compute stream, for shading plots: (step, phase, start_ns, end_ns).
 pub fn phase_spans(sched: &Schedule, trace: &Trace) -> Vec<(u32, Phase, u64, u64)> {
     let mut spans: Vec<(u32, Phase, u64, u64)> = Vec::new();
@@ -449,4 +536,40 @@ pub fn phase_spans(sched: &Schedule, trace: &Trace) -> Vec<(u32, Phase, u64, u64
         }
     }
     spans
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposed_time_is_the_part_of_comm_not_under_compute() {
+        // comm [0,10) [20,30); compute [5,25): exposed = 5 + 5.
+        assert_eq!(uncovered(&mut [(0, 10), (20, 30)], &mut [(5, 25)]), 10);
+        assert_eq!(uncovered(&mut [(0, 10)], &mut []), 10);
+        assert_eq!(uncovered(&mut [(2, 4)], &mut [(0, 3), (3, 10)]), 0);
+        // Overlapping comm intervals count once.
+        assert_eq!(uncovered(&mut [(0, 10), (5, 15)], &mut [(12, 20)]), 12);
+    }
+
+    #[test]
+    fn throughput_verdict_separates_compute_and_communication_bound() {
+        let st = |compute: f64, exposed: f64, idle: f64| StepTiming {
+            step: 1,
+            start_s: 0.0,
+            time_s: compute + exposed + idle,
+            compute_busy_s: compute,
+            comm_busy_s: exposed,
+            compute_idle_s: exposed + idle,
+            recompute_s: 0.0,
+            exposed_comm_s: exposed,
+            idle_s: idle,
+        };
+        let v = throughput_verdict(&st(9.0, 1.0, 0.0), 0.45);
+        assert!(v.acceptable && v.bound == "compute-bound");
+        let v = throughput_verdict(&st(3.0, 7.0, 0.0), 0.15);
+        assert!(!v.acceptable && v.bound == "communication-bound");
+        let v = throughput_verdict(&st(5.0, 0.0, 5.0), 0.2);
+        assert!(!v.acceptable && v.bound == "overhead-bound");
+    }
 }

@@ -182,6 +182,11 @@ pub fn render(r: &Report, s: &Scenario) -> String {
                 "  step {}: {:.3} s (compute busy {:.3} s, communication busy {:.3} s, compute idle {:.3} s)",
                 st.step, st.time_s, st.compute_busy_s, st.comm_busy_s, st.compute_idle_s
             );
+            let _ = writeln!(
+                o,
+                "          split: compute {:.3} s, exposed communication {:.3} s, idle {:.3} s",
+                st.compute_busy_s, st.exposed_comm_s, st.idle_s
+            );
             if st.recompute_s > 0.0 {
                 let base = st.compute_busy_s - st.recompute_s;
                 let _ = writeln!(o, "          activation checkpointing recomputes for {:.3} s: +{:.1}% compute over the same step without it", st.recompute_s, 100.0 * st.recompute_s / base.max(1e-12));
@@ -199,6 +204,9 @@ pub fn render(r: &Report, s: &Scenario) -> String {
             tp.mfu * 100.0,
             tp.hfu * 100.0
         );
+        let v = &tp.verdict;
+        let _ =
+            writeln!(o, "Throughput {}: {} ({})", if v.acceptable { "ACCEPTABLE" } else { "POOR" }, v.bound, v.reason);
         for a in &tp.assumptions {
             let _ = writeln!(o, "    - {a}");
         }
