@@ -111,7 +111,7 @@ fn check_shipped(name: &str, expect: Expect, stdout: &str, out: &Path) -> Vec<St
     };
 
     // The four files, non-empty; the plot a PNG; the Chrome trace valid JSON with events.
-    for f in ["report.json", "memory.csv", "trace.json", "memory.png"] {
+    for f in ["report.json", "memory.csv", "trace.json", "memory.png", "timeline.png"] {
         let len = std::fs::metadata(out.join(f)).map(|m| m.len()).unwrap_or(0);
         require(len > 0, format!("{f} missing or empty"));
     }
@@ -218,7 +218,7 @@ fn runs_are_deterministic() {
         let b = tmp.path().join(format!("{name}-b"));
         let out_a = run_ok(&scenario(name), &a, &[]);
         let out_b = run_ok(&scenario(name), &b, &[]);
-        for f in ["report.json", "memory.csv", "trace.json", "memory.png"] {
+        for f in ["report.json", "memory.csv", "trace.json", "memory.png", "timeline.png"] {
             let fa = std::fs::read(a.join(f)).unwrap();
             let fb = std::fs::read(b.join(f)).unwrap();
             assert!(fa == fb, "{name}: {f} differs between two runs");

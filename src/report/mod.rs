@@ -5,6 +5,7 @@
 pub mod chrome_trace;
 pub mod png;
 pub mod text;
+pub mod timeline_png;
 pub mod write;
 
 use serde::Serialize;

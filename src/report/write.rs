@@ -150,5 +150,9 @@ pub fn write_all(dir: &Path, r: &Report, sched: &Schedule, trace: &Trace) -> Res
     );
     super::png::write_memory_png(&png, &memory_plot(r, sched, trace, &label))
         .map_err(|m| WriteError { path: png.clone(), message: m })?;
-    Ok(vec![json, csv, chrome, png])
+    let timeline = dir.join("timeline.png");
+    let title = format!("stepsim: {} - streams of {} over time", r.scenario, rank);
+    super::timeline_png::write(&timeline, &title, sched, trace)
+        .map_err(|m| WriteError { path: timeline.clone(), message: m })?;
+    Ok(vec![json, csv, chrome, png, timeline])
 }
