@@ -14,6 +14,7 @@
 //! ```
 
 pub mod engine;
+pub mod explain;
 pub mod hardware;
 pub mod memory;
 pub mod model;
@@ -22,8 +23,9 @@ pub mod plan;
 pub mod report;
 pub mod scenario;
 pub mod schedule;
+pub mod sweep;
 
-use memory::ExactAllocator;
+use memory::EmptyCacheAt;
 
 /// Everything one simulation produced.
 #[derive(Debug, Clone)]
@@ -37,7 +39,24 @@ pub struct Simulation {
 
 /// Simulates a validated scenario. Fails only on an internal scheduling error.
 pub fn simulate(s: &scenario::Scenario) -> Result<Simulation, engine::Deadlock> {
-    let mut sim = run_with_capacity(s, s.cluster.capacity_bytes())?;
+    let mut sim = run_with_capacity(s, s.allocator_capacity())?;
+    // A fragmentation OOM: would perfect packing (no allocator overhead at all) fit?
+    let fragmented = sim.report.allocator.oom.as_ref().is_some_and(|d| d.cause == memory::OomCause::Fragmentation);
+    if fragmented {
+        let mut alt = s.clone();
+        alt.allocator.kind = memory::AllocatorKind::Exact;
+        let r = run_with_capacity(&alt, s.allocator_capacity())?.report;
+        let w = report::allocator::WithoutFragmentation {
+            fits: matches!(r.verdict, report::Verdict::Fits { .. }),
+            oom_at: match r.verdict {
+                report::Verdict::Oom(o) => Some(o.at),
+                report::Verdict::Fits { .. } => None,
+            },
+        };
+        if let Some(d) = sim.report.allocator.oom.as_mut() {
+            d.without_fragmentation = Some(w);
+        }
+    }
     if s.training.checkpointing != plan::Checkpointing::None {
         sim.report.checkpointing_cost = checkpointing_cost(s, &sim.report)?;
     }
@@ -47,12 +66,101 @@ pub fn simulate(s: &scenario::Scenario) -> Result<Simulation, engine::Deadlock> 
 /// DAG -> plan -> program -> engine -> report, with the allocator capped at `capacity`.
 fn run_with_capacity(s: &scenario::Scenario, capacity: u64) -> Result<Simulation, engine::Deadlock> {
     let dag = model::build(&s.model, &s.workload);
-    let gpus = u64::from(s.cluster.gpus);
-    let plan = plan::Plan::new(&dag, s.parallel.clone(), s.training.clone(), gpus, u64::from(s.cluster.gpus_per_node));
+    let plan = plan_of(s, &dag);
     let schedule = schedule::build(&dag, &plan, &s.cluster);
-    let trace = engine::run(&schedule.program, &mut ExactAllocator::new(capacity))?;
-    let report = report::build(s, &dag, &plan, &schedule, &trace);
+    let (trace, report) = execute(s, capacity, &dag, &plan, &schedule)?;
     Ok(Simulation { dag, plan, schedule, trace, report })
+}
+
+fn plan_of(s: &scenario::Scenario, dag: &model::LayerDag) -> plan::Plan {
+    let gpus = u64::from(s.cluster.gpus);
+    plan::Plan::new(dag, s.parallel.clone(), s.training.clone(), gpus, u64::from(s.cluster.gpus_per_node))
+}
+
+/// Engine -> report: plays a schedule through the scenario's allocator capped at `capacity`.
+fn execute(
+    s: &scenario::Scenario,
+    capacity: u64,
+    dag: &model::LayerDag,
+    plan: &plan::Plan,
+    schedule: &schedule::Schedule,
+) -> Result<(engine::Trace, report::Report), engine::Deadlock> {
+    let opts = engine::RunOptions { empty_cache_after: empty_cache_tasks(schedule, &s.allocator.empty_cache) };
+    let mut alloc = s.allocator.build(capacity, s.cluster.memory_bytes);
+    let trace = engine::run_with(&schedule.program, alloc.as_mut(), &opts)?;
+    let report = report::build(s, dag, plan, schedule, &trace);
+    Ok((trace, report))
+}
+
+/// The sweep's simulation: [`simulate`]'s report, from a lean schedule (labels and buffers
+/// without their text, see [`schedule::build_lean`]) on a DAG the caller built for `s` (and
+/// may reuse across scenarios with the same model and workload), without the counterfactual
+/// runs (`checkpointing_cost`, the fragmentation check). The verdict, the OOM's step, phase
+/// and layer, the peaks and the throughput are [`simulate`]'s; op and tensor names are empty.
+///
+/// `early` lists step counts (0 = initialisation only) whose program prefixes are tried
+/// first, in order ([`schedule::build_lean_prefix`]): the first that runs out of memory is
+/// the answer, at a fraction of the cost of building and running every step.
+pub fn simulate_lean(
+    s: &scenario::Scenario,
+    dag: &model::LayerDag,
+    early: &[u32],
+) -> Result<report::Report, engine::Deadlock> {
+    let plan = plan_of(s, dag);
+    let capacity = s.allocator_capacity();
+    for &steps in early.iter().filter(|&&k| k < s.training.steps) {
+        let prefix = schedule::build_lean_prefix(dag, &plan, &s.cluster, steps);
+        let (_, report) = execute(s, capacity, dag, &plan, &prefix)?;
+        if matches!(report.verdict, report::Verdict::Oom(_)) {
+            return Ok(report);
+        }
+    }
+    let schedule = schedule::build_lean(dag, &plan, &s.cluster);
+    execute(s, capacity, dag, &plan, &schedule).map(|(_, report)| report)
+}
+
+/// The tasks after which the program calls `torch.cuda.empty_cache()`: the last task of
+/// initialisation; the last forward (backward) op of each micro-batch; each
+/// `optimizer.step()`; the `zero_grad()` that ends each step.
+fn empty_cache_tasks(sched: &schedule::Schedule, points: &[EmptyCacheAt]) -> Vec<u32> {
+    use schedule::TaskKind;
+    let mut out = Vec::new();
+    if points.is_empty() {
+        return out;
+    }
+    let tasks = &sched.program.tasks;
+    let label = |i: usize| &sched.labels[tasks[i].label as usize];
+    for &p in points {
+        let kind = match p {
+            EmptyCacheAt::AfterInit => TaskKind::Init,
+            EmptyCacheAt::AfterForward => TaskKind::Forward,
+            EmptyCacheAt::AfterBackward => TaskKind::Backward,
+            EmptyCacheAt::AfterOptimizer => TaskKind::Optimizer,
+            EmptyCacheAt::AfterStep => TaskKind::ZeroGrad,
+        };
+        // The last task of that kind in each (step, micro-batch), in program order.
+        let mut last: Option<(u32, u32, usize)> = None;
+        for i in 0..tasks.len() {
+            let l = label(i);
+            if l.kind != kind {
+                continue;
+            }
+            match last {
+                Some((st, mb, _)) if st == l.step && mb == l.micro_batch => last = Some((st, mb, i)),
+                Some((_, _, j)) => {
+                    out.push(j as u32);
+                    last = Some((l.step, l.micro_batch, i));
+                }
+                None => last = Some((l.step, l.micro_batch, i)),
+            }
+        }
+        if let Some((_, _, j)) = last {
+            out.push(j as u32);
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
 }
 
 /// What activation checkpointing costs in time: the same scenario without it, simulated

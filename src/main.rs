@@ -36,6 +36,22 @@ enum Command {
     },
     /// Validate a scenario and print what stepsim derived from it, without simulating.
     Check { scenario: PathBuf },
+    /// Simulate every configuration of a sweep file in parallel; write sweep.csv, sweep.json,
+    /// heatmap.png and print the answer (best configuration, smallest GPU count that fits,
+    /// frontier, where it runs out of memory). `sweep merge` joins the shards of a sweep.
+    Sweep(stepsim::sweep::cli::SweepArgs),
+    /// Explain an OOM (or a peak within --margin of capacity): what was live and why, and which
+    /// single change fits at what cost; writes the run's outputs plus explain.png.
+    Explain {
+        /// Scenario file (TOML).
+        scenario: PathBuf,
+        /// Output folder (default: output/<scenario name>/).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Fraction of capacity within which a run that fits is still explained.
+        #[arg(long, default_value_t = stepsim::explain::DEFAULT_MARGIN)]
+        margin: f64,
+    },
 }
 
 fn main() -> ExitCode {
@@ -48,6 +64,8 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Run { scenario, out, json } => run(&scenario, out, json),
+        Command::Sweep(args) => stepsim::sweep::cli::main(args),
+        Command::Explain { scenario, out, margin } => explain(&scenario, out, margin),
         Command::Check { scenario } => match Scenario::load(&scenario) {
             Ok(s) => {
                 println!(
@@ -97,6 +115,46 @@ fn run(path: &std::path::Path, out: Option<PathBuf>, json: bool) -> ExitCode {
         format!("{}\nWrote {files}\n", stepsim::report::text::render(&sim.report, &s))
     };
     // A closed pipe (`stepsim run ... | head`) is not an error of the simulation.
+    let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes());
+    ExitCode::SUCCESS
+}
+
+fn explain(path: &std::path::Path, out: Option<PathBuf>, margin: f64) -> ExitCode {
+    if !(0.0..1.0).contains(&margin) {
+        eprintln!("error: --margin: must be a fraction in [0, 1), got {margin}");
+        return ExitCode::from(2);
+    }
+    let s = match Scenario::load(path) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut sim = match stepsim::simulate(&s) {
+        Ok(sim) => sim,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(3);
+        }
+    };
+    let e = stepsim::explain::explain(&s, &sim, margin);
+    sim.report.explanation = serde_json::to_value(&e).ok();
+    let dir = out.unwrap_or_else(|| PathBuf::from("output").join(&s.name));
+    let written = stepsim::report::write::write_all(&dir, &sim.report, &sim.schedule, &sim.trace)
+        .and_then(|mut w| {
+            w.push(stepsim::report::write::explain_png(&dir, &sim.report, &sim.schedule, &sim.trace, e.time_s)?);
+            Ok(w)
+        });
+    let written = match written {
+        Ok(w) => w,
+        Err(err) => {
+            eprintln!("error: cannot write outputs: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    let files = written.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ");
+    let text = format!("{}\nWrote {files}\n", stepsim::explain::render(&e, &s));
     let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes());
     ExitCode::SUCCESS
 }

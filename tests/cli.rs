@@ -29,6 +29,8 @@ const EXPECTED: &[(&str, Expect)] = &[
     ("100b-8gpu-fsdp", Expect::Oom { step: 1, phase: "forward" }),
     ("100b-32gpu-fsdp", Expect::Oom { step: 1, phase: "backward" }),
     ("100b-32gpu-fsdp-ac", Expect::Fits),
+    ("empty-cache-oom", Expect::Oom { step: 2, phase: "forward" }),
+    ("fragmentation-oom", Expect::Oom { step: 2, phase: "backward" }),
     ("gpt-1.3b-1gpu", Expect::Fits),
 ];
 

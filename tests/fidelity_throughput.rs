@@ -19,6 +19,7 @@
 //! - torchtitan's "selective op" SAC (save matmul outputs, recompute the rest) is mapped to
 //!   stepsim's "selective" (recompute the attention scores), which with flash attention
 //!   recomputes nothing; it is a small under-estimate of recompute work.
+//!
 //! The compute calibration (MATMUL_EFFICIENCY, ATTENTION_EFFICIENCY in src/schedule/cost.rs)
 //! was set once against these rows, so they check consistency more than they give
 //! independent evidence.

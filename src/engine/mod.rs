@@ -9,11 +9,18 @@
 //! it unblocks. Time is integer nanoseconds. The engine knows nothing of models or
 //! parallelism: tasks are opaque apart from their stream, duration, dependencies and memory
 //! effects.
+//!
+//! What the allocator is told, in order, when a task ends at time t on stream s: each of its
+//! frees, as made by stream s at t ([`Allocator::free_on`]: a buffer allocated on another
+//! stream counts as used on s, so a caching model holds its block back until s has finished
+//! its work up to t); then that s has completed its work up to t
+//! ([`Allocator::stream_synced`]); then, if [`RunOptions::empty_cache_after`] names the task,
+//! [`Allocator::empty_cache`].
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use crate::memory::{AllocError, Allocator, Category, Timeline};
+use crate::memory::{AllocError, Allocator, AllocatorStats, Category, Timeline, Totals};
 
 /// A tensor's lifetime: allocated when one task starts, freed when another ends.
 #[derive(Debug, Clone)]
@@ -71,6 +78,19 @@ pub struct Trace {
     pub end_time_ns: u64,
     /// Busy nanoseconds per stream.
     pub stream_busy_ns: Vec<u64>,
+    /// The allocator's counters at the end of the run.
+    pub allocator: AllocatorStats,
+}
+
+/// What the engine does besides running tasks.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Tasks after whose end (and frees) the engine calls `empty_cache()`.
+    pub empty_cache_after: Vec<u32>,
+}
+
+fn totals(alloc: &dyn Allocator) -> Totals {
+    Totals { allocated: alloc.allocated(), reserved: alloc.reserved(), active: alloc.active() }
 }
 
 /// A program that cannot run to completion for a reason other than memory: a scheduler bug.
@@ -89,7 +109,18 @@ impl std::fmt::Display for Deadlock {
 
 /// Runs `program` to completion or to the first allocation that does not fit.
 pub fn run(program: &Program, alloc: &mut dyn Allocator) -> Result<Trace, Deadlock> {
+    run_with(program, alloc, &RunOptions::default())
+}
+
+/// [`run`], with the allocator calls `opts` asks for.
+pub fn run_with(program: &Program, alloc: &mut dyn Allocator, opts: &RunOptions) -> Result<Trace, Deadlock> {
     let n = program.tasks.len();
+    let mut empty_cache = vec![false; n];
+    for &t in &opts.empty_cache_after {
+        if let Some(f) = empty_cache.get_mut(t as usize) {
+            *f = true;
+        }
+    }
     let ns = program.streams.len().max(1);
     let mut queues: Vec<Vec<u32>> = vec![Vec::new(); ns];
     let mut remaining = vec![0u32; n];
@@ -113,6 +144,7 @@ pub fn run(program: &Program, alloc: &mut dyn Allocator) -> Result<Trace, Deadlo
         oom: None,
         end_time_ns: 0,
         stream_busy_ns: vec![0; ns],
+        allocator: AllocatorStats::default(),
     };
     let mut now = 0u64;
     let mut done = 0usize;
@@ -137,11 +169,14 @@ pub fn run(program: &Program, alloc: &mut dyn Allocator) -> Result<Trace, Deadlo
                         trace.oom = Some(OomEvent { task: ti, buffer: b, time_ns: now, error, live: live_now });
                         trace.start_ns[ti as usize] = now;
                         trace.end_time_ns = now;
+                        // The failed allocation released the cache before giving up.
+                        trace.timeline.record_totals(now, totals(alloc), ti as usize);
+                        trace.allocator = alloc.stats();
                         return Ok(trace);
                     }
                     live[b as usize] = true;
                     let delta = alloc.rounded(spec.bytes) as i64;
-                    trace.timeline.record(now, spec.category, delta, alloc.allocated(), alloc.reserved(), ti as usize);
+                    trace.timeline.record(now, spec.category, delta, totals(alloc), ti as usize);
                 }
                 trace.start_ns[ti as usize] = now;
                 busy[s] = true;
@@ -154,14 +189,20 @@ pub fn run(program: &Program, alloc: &mut dyn Allocator) -> Result<Trace, Deadlo
         let Some(Reverse((t, _, ti))) = heap.pop() else { break };
         now = t;
         let task = &program.tasks[ti as usize];
+        let stream = task.stream as usize;
         for &b in &task.free {
             if live[b as usize] {
                 let spec = &program.buffers[b as usize];
                 let delta = -(alloc.rounded(spec.bytes) as i64);
-                alloc.free(b as usize);
+                alloc.free_on(b as usize, stream, now);
                 live[b as usize] = false;
-                trace.timeline.record(now, spec.category, delta, alloc.allocated(), alloc.reserved(), ti as usize);
+                trace.timeline.record(now, spec.category, delta, totals(alloc), ti as usize);
             }
+        }
+        alloc.stream_synced(stream, now);
+        if empty_cache[ti as usize] {
+            alloc.empty_cache();
+            trace.timeline.record_totals(now, totals(alloc), ti as usize);
         }
         trace.end_ns[ti as usize] = now;
         trace.stream_busy_ns[task.stream as usize] += task.duration_ns;
@@ -172,6 +213,7 @@ pub fn run(program: &Program, alloc: &mut dyn Allocator) -> Result<Trace, Deadlo
         }
     }
     trace.end_time_ns = now;
+    trace.allocator = alloc.stats();
     if done < n {
         return Err(Deadlock { waiting: n - done });
     }
@@ -223,6 +265,35 @@ mod tests {
         let oom = t.oom.expect("4096 > 3000");
         assert_eq!((oom.task, oom.buffer, oom.time_ns), (2, 2, 20));
         assert!(oom.live.is_empty());
+    }
+
+    #[test]
+    fn cross_stream_frees_and_empty_cache_reach_the_allocator() {
+        use crate::memory::{CachingAllocator, CachingConfig};
+        const M: u64 = 1 << 20;
+        // comm: a (allocates buffer 0, 40 MiB) -> compute: b (uses it, frees it) -> comm: c
+        // (allocates buffer 1, 40 MiB: reuses the block) -> compute: d (frees 1; empty_cache).
+        let p = Program {
+            streams: vec!["compute".into(), "comm".into()],
+            tasks: vec![
+                Task { stream: 1, duration_ns: 10, alloc: vec![0], ..Default::default() },
+                Task { stream: 0, duration_ns: 10, deps: vec![0], free: vec![0], ..Default::default() },
+                Task { stream: 1, duration_ns: 10, deps: vec![1], alloc: vec![1], ..Default::default() },
+                Task { stream: 0, duration_ns: 10, deps: vec![2], free: vec![1], ..Default::default() },
+            ],
+            buffers: vec![buf(40 * M), buf(40 * M)],
+            names: vec![],
+        };
+        let mut a = CachingAllocator::new(CachingConfig::new(1 << 30));
+        let t = run_with(&p, &mut a, &RunOptions { empty_cache_after: vec![3] }).unwrap();
+        let s = &t.timeline.samples;
+        // After b's free the block is still active (its event on compute is recorded) ...
+        assert_eq!((s[1].allocated, s[1].active, s[1].reserved), (0, 40 * M, 40 * M));
+        // ... compute then completed its work up to the free, so c's malloc reuses it.
+        assert_eq!((s[2].allocated, s[2].reserved), (40 * M, 40 * M));
+        // empty_cache after d: the free segment goes back to the device.
+        assert_eq!(s.last().unwrap().reserved, 0);
+        assert_eq!((t.allocator.num_empty_cache, t.allocator.peak_reserved), (1, 40 * M));
     }
 
     #[test]

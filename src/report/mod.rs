@@ -2,6 +2,7 @@
 //! per GPU, step time, tokens/s and MFU, as text, `report.json`, `memory.csv` and
 //! `memory.png`.
 
+pub mod allocator;
 pub mod chrome_trace;
 pub mod png;
 pub mod text;
@@ -84,7 +85,7 @@ pub struct Oom {
     pub requested: Bytes,
     pub allocated: Bytes,
     pub capacity: Bytes,
-    /// Free bytes at that instant.
+    /// Free device memory at that instant: capacity less what the allocator reserved.
     pub free: Bytes,
     pub live_by_category: Vec<CategoryBytes>,
     /// The largest live tensors.
@@ -200,7 +201,12 @@ pub struct Report {
     pub steps: Vec<StepTiming>,
     pub throughput: Option<Throughput>,
     pub checkpointing_cost: Option<CheckpointingCost>,
+    /// `stepsim explain`'s answer, when it was asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub explanation: Option<serde_json::Value>,
     pub assumptions: Vec<String>,
+    /// The allocator: max_memory_allocated / reserved, retries, fragmentation, the OOM's cause.
+    pub allocator: allocator::AllocatorReport,
 }
 
 fn instant(sched: &Schedule, trace: &Trace, task: usize, time_ns: u64) -> Instant {
@@ -233,7 +239,7 @@ fn to_json<T: Serialize>(t: &T) -> serde_json::Value {
 
 /// Builds the report from a finished (or OOM-stopped) run.
 pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace: &Trace) -> Report {
-    let cap = s.cluster.capacity_bytes();
+    let cap = s.allocator_capacity();
     let ms: ModelState = plan.model_state();
     let params = dag.param_count();
     let total_state = ms.total();
@@ -257,7 +263,8 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
     let prog = &sched.program;
     let verdict = match &trace.oom {
         None => {
-            let peak = trace.timeline.peak().map_or(0, |p| p.allocated);
+            // What must fit is what the allocator reserved (= allocated for the exact model).
+            let peak = trace.timeline.peak_reserved().map_or(0, |p| p.reserved.max(p.allocated));
             Verdict::Fits { headroom: Bytes::new(cap.saturating_sub(peak)) }
         }
         Some(o) => {
@@ -277,7 +284,8 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
                 requested: Bytes::new(o.error.requested),
                 allocated: Bytes::new(o.error.allocated),
                 capacity: Bytes::new(o.error.capacity),
-                free: Bytes::new(o.error.capacity.saturating_sub(o.error.allocated)),
+                // Free device memory, as cudaMemGetInfo reports it: not reserved by the allocator.
+                free: Bytes::new(o.error.capacity.saturating_sub(o.error.reserved)),
                 live_by_category: breakdown(&live),
                 largest_live: largest.into_iter().map(|(n, b)| (n, Bytes::new(b))).collect(),
             }))
@@ -403,8 +411,8 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
             plan.training.states_per_param(),
             pr.optimizer_state.name()
         ),
-        format!("capacity = device memory {} less CUDA context {} (hardware.cuda_context)", fmt_bytes(s.cluster.memory_bytes), fmt_bytes(s.cluster.cuda_context_bytes)),
-        "allocator: exact live-byte accounting, every block rounded up to 512 B as PyTorch's caching allocator does (no fragmentation modelled: reserved = allocated)".into(),
+        allocator::capacity_assumption(s),
+        allocator::assumption(s),
         match plan.parallel.framework {
             crate::plan::Framework::Fsdp => "state creation (PyTorch FSDP): parameters (and master copy) at init, gradients in the first backward, optimizer state at the first optimizer.step()".into(),
             crate::plan::Framework::Deepspeed => "state creation (DeepSpeed ZeRO): parameters, FP32 master partitions and optimizer state when the engine initialises".into(),
@@ -443,7 +451,9 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
         steps,
         throughput,
         checkpointing_cost: None,
+        explanation: None,
         assumptions,
+        allocator: allocator::build(s, sched, trace),
     }
 }
 

@@ -62,7 +62,8 @@ pub struct MemoryPlot {
 /// The font ships inside the binary so text renders identically on machines
 /// without fontconfig/freetype (CI containers, cluster login nodes).
 const FONT_BYTES: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
-const FONT: &str = "sans-serif";
+/// The family name the bundled font is registered under (see [`ensure_font`]).
+pub(crate) const FONT: &str = "sans-serif";
 
 const WIDTH: u32 = 1400;
 const PANEL_HEIGHT: u32 = 520;
@@ -164,7 +165,7 @@ fn panic_text(payload: &Box<dyn std::any::Any + Send>) -> String {
 /// Registration is global in plotters; doing it once keeps repeated report
 /// writes from re-parsing the font, and remembers a failure instead of
 /// retrying it.
-fn ensure_font() -> Result<(), String> {
+pub(crate) fn ensure_font() -> Result<(), String> {
     static REGISTERED: OnceLock<bool> = OnceLock::new();
     let ok = *REGISTERED.get_or_init(|| register_font(FONT, FontStyle::Normal, FONT_BYTES).is_ok());
     if ok {

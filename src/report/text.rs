@@ -108,7 +108,11 @@ pub fn render(r: &Report, s: &Scenario) -> String {
     let _ = writeln!(o);
     match &r.verdict {
         Verdict::Fits { headroom } => {
-            let _ = writeln!(o, "Verdict    FITS: {} of headroom at the peak", fmt_bytes(headroom.bytes));
+            let _ = writeln!(
+                o,
+                "Verdict    FITS: {} of headroom at the peak (capacity less max_memory_reserved)",
+                fmt_bytes(headroom.bytes)
+            );
         }
         Verdict::Oom(x) => {
             let layer = x.at.layer.map(|l| format!(", layer {l}")).unwrap_or_default();
@@ -146,13 +150,14 @@ pub fn render(r: &Report, s: &Scenario) -> String {
             for (n, b) in x.largest_live.iter().take(5) {
                 let _ = writeln!(o, "    {:<60} {}", n, fmt_bytes(b.bytes));
             }
+            super::allocator::oom_text(&r.allocator, &mut o);
         }
     }
     if let Some(pk) = &r.peak {
         let layer = pk.at.layer.map(|l| format!(", layer {l}")).unwrap_or_default();
         let _ = writeln!(
             o,
-            "\nPeak       {} allocated (max_memory_allocated), {} reserved",
+            "\nPeak       {} allocated (live tensors), {} reserved (max_memory_reserved)",
             fmt_bytes(pk.allocated.bytes),
             fmt_bytes(pk.reserved.bytes)
         );
@@ -161,6 +166,7 @@ pub fn render(r: &Report, s: &Scenario) -> String {
             let _ = writeln!(o, "    {:<40} {}", cb.label, fmt_bytes(cb.size.bytes));
         }
     }
+    super::allocator::text(&r.allocator, &mut o);
     if !r.phase_peaks.is_empty() {
         let _ = writeln!(o, "\nPeak by phase");
         for pp in &r.phase_peaks {

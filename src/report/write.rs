@@ -54,6 +54,7 @@ pub fn memory_csv(trace: &Trace, rank_class: &str) -> String {
     let mut prev = [u64::MAX; Category::COUNT];
     let mut prev_alloc = u64::MAX;
     let mut prev_res = u64::MAX;
+    let mut prev_active = u64::MAX;
     use std::fmt::Write as _;
     for s in &trace.timeline.samples {
         let t = s.time_ns as f64 / 1e9;
@@ -71,6 +72,10 @@ pub fn memory_csv(trace: &Trace, rank_class: &str) -> String {
         if s.reserved != prev_res {
             let _ = writeln!(o, "{t:.9},{rank_class},reserved,{}", s.reserved);
             prev_res = s.reserved;
+        }
+        if s.active != prev_active {
+            let _ = writeln!(o, "{t:.9},{rank_class},active,{}", s.active);
+            prev_active = s.active;
         }
     }
     o
@@ -98,6 +103,7 @@ pub fn memory_plot(r: &Report, sched: &Schedule, trace: &Trace, rank_label: &str
             b.push(last);
         }
     }
+    let reserved = super::allocator::reserved_series(&r.allocator, trace, times.len());
     let phases = phase_spans(sched, trace)
         .into_iter()
         .filter(|p| p.1 != crate::schedule::Phase::Init || p.3 > p.2)
@@ -122,7 +128,7 @@ pub fn memory_plot(r: &Report, sched: &Schedule, trace: &Trace, rank_label: &str
             categories: cats.iter().map(|c| c.label().to_string()).collect(),
             times_s: times,
             bytes,
-            reserved: None,
+            reserved,
             phases,
             oom,
         }],
@@ -155,4 +161,37 @@ pub fn write_all(dir: &Path, r: &Report, sched: &Schedule, trace: &Trace) -> Res
     super::timeline_png::write(&timeline, &title, sched, trace)
         .map_err(|m| WriteError { path: timeline.clone(), message: m })?;
     Ok(vec![json, csv, chrome, png, timeline])
+}
+
+/// `explain.png`: the memory timeline around `at_s` (the failing or peak instant), so the
+/// categories stacked there can be read off; the window covers the last fifth of the run up
+/// to that instant.
+pub fn explain_png(dir: &Path, r: &Report, sched: &Schedule, trace: &Trace, at_s: f64) -> Result<PathBuf, WriteError> {
+    std::fs::create_dir_all(dir).map_err(|e| WriteError {
+        path: dir.to_path_buf(),
+        message: format!("cannot create the output folder: {e}"),
+    })?;
+    let rank = r.rank_classes.first().map(|c| format!("ranks {}", c.ranks)).unwrap_or_else(|| "rank 0".into());
+    let mut plot = memory_plot(r, sched, trace, &format!("{rank}: the {:.3} s before t = {at_s:.3} s", at_s * 0.2));
+    plot.title = format!("stepsim explain: {} - what filled the GPU", r.scenario);
+    let (t0, t1) = (at_s * 0.8, at_s + (at_s * 0.01).max(1e-6));
+    for p in &mut plot.panels {
+        let keep: Vec<usize> = (0..p.times_s.len()).filter(|&i| p.times_s[i] >= t0 && p.times_s[i] <= t1).collect();
+        // Start the window with the value in force at t0.
+        let first = p.times_s.iter().rposition(|&t| t < t0);
+        let idx: Vec<usize> = first.into_iter().chain(keep).collect();
+        p.times_s = idx.iter().map(|&i| p.times_s[i].max(t0)).collect();
+        p.bytes = p.bytes.iter().map(|b| idx.iter().map(|&i| b[i]).collect()).collect();
+        if let Some(res) = &p.reserved {
+            p.reserved = Some(idx.iter().map(|&i| res[i]).collect());
+        }
+        p.phases.retain(|ph| ph.end_s >= t0 && ph.start_s <= t1);
+        for ph in &mut p.phases {
+            ph.start_s = ph.start_s.max(t0);
+            ph.end_s = ph.end_s.min(t1);
+        }
+    }
+    let png = dir.join("explain.png");
+    super::png::write_memory_png(&png, &plot).map_err(|m| WriteError { path: png.clone(), message: m })?;
+    Ok(png)
 }

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 pub use error::ScenarioError;
 
 use crate::hardware::{self, Cluster};
+use crate::memory::{AllocatorKind, AllocatorSettings, EmptyCacheAt};
 use crate::model::{Attention, Dtype, Family, ModelConfig, Workload};
 use crate::plan::{
     BackwardPrefetch, Checkpointing, Framework, OptimizerImpl, OptimizerKind, ParallelConfig, Precision, Sharding,
@@ -34,6 +35,8 @@ pub struct ScenarioFile {
     #[serde(default)]
     pub parallel: ParallelSection,
     pub training: TrainingSection,
+    #[serde(default)]
+    pub allocator: AllocatorSection,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -84,6 +87,24 @@ pub struct ParallelSection {
     pub bucket_cap_mb: Option<f64>,
 }
 
+/// `[allocator]`: the allocator model, its `PYTORCH_CUDA_ALLOC_CONF` options, where the
+/// program calls `torch.cuda.empty_cache()`, and memory held outside the allocator.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AllocatorSection {
+    /// "caching" (PyTorch's CUDA caching allocator, the default) | "exact" (live bytes only).
+    pub kind: Option<String>,
+    pub expandable_segments: Option<bool>,
+    pub max_split_size_mb: Option<i64>,
+    pub roundup_power2_divisions: Option<i64>,
+    /// Any of "after_init", "after_forward", "after_backward", "after_optimizer", "after_step".
+    pub empty_cache: Option<Vec<String>>,
+    /// cuBLAS workspaces, bytes (default 0).
+    pub cublas_workspace: Option<i64>,
+    /// NCCL communicator buffers, bytes (default 0).
+    pub nccl_buffers: Option<i64>,
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainingSection {
@@ -118,6 +139,7 @@ pub struct Scenario {
     pub cluster: Cluster,
     pub parallel: ParallelConfig,
     pub training: TrainingConfig,
+    pub allocator: AllocatorSettings,
 }
 
 impl Scenario {
@@ -133,6 +155,22 @@ impl Scenario {
         let file: ScenarioFile = toml::from_str(src).map_err(|e| error::from_toml(path, src, &e))?;
         let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "scenario".into());
         validate(path, &stem, file)
+    }
+
+    /// Validates a scenario given as a TOML value tree (a table with `[model]`, `[hardware]`,
+    /// ...), as sweeps build them; `path` names it in errors and gives the default name.
+    /// Validation and messages are those of [`Scenario::from_toml`]; a type error names its
+    /// dotted field (there are no lines to cite).
+    pub fn from_value(path: &Path, value: toml::Value) -> Result<Scenario, ScenarioError> {
+        let file = ScenarioFile::deserialize(value).map_err(|e| value_error(path, &e))?;
+        let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "scenario".into());
+        validate(path, &stem, file)
+    }
+
+    /// Bytes the allocator may reserve: device memory less the CUDA context and the
+    /// reservations of `[allocator]` (cuBLAS workspaces, NCCL buffers).
+    pub fn allocator_capacity(&self) -> u64 {
+        self.cluster.capacity_bytes().saturating_sub(self.allocator.outside_bytes())
     }
 
     pub fn dp_degree(&self) -> u64 {
@@ -478,6 +516,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         attention,
         logits_fp32: t.logits_fp32.unwrap_or(true),
     };
+    let allocator = validate_allocator(&v, &f.allocator, &cluster)?;
     let name = f.name.clone().unwrap_or_else(|| stem.to_string());
     if name.is_empty() || name.contains(['/', '\\']) || name == "." || name == ".." {
         return Err(
@@ -493,5 +532,112 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         cluster,
         parallel,
         training,
+        allocator,
     })
+}
+
+/// `[allocator]`: option values as `PYTORCH_CUDA_ALLOC_CONF` accepts them
+/// (`AllocatorConfig::parseArgs` in c10/core/AllocatorConfig.cpp).
+fn validate_allocator(v: &V, a: &AllocatorSection, cluster: &Cluster) -> Result<AllocatorSettings, ScenarioError> {
+    let mut out = AllocatorSettings::default();
+    if let Some(k) = &a.kind {
+        out.kind = match v.choice("allocator.kind", k, &["caching", "exact"])? {
+            "caching" => AllocatorKind::Caching,
+            _ => AllocatorKind::Exact,
+        };
+    }
+    let caching_only =
+        |field: &str| v.err(field, "only applies to allocator.kind = \"caching\" (the exact model has no segments)");
+    if let Some(e) = a.expandable_segments {
+        if out.kind == AllocatorKind::Exact {
+            return Err(caching_only("allocator.expandable_segments"));
+        }
+        out.expandable_segments = e;
+    }
+    if let Some(m) = a.max_split_size_mb {
+        if out.kind == AllocatorKind::Exact {
+            return Err(caching_only("allocator.max_split_size_mb"));
+        }
+        // "CachingAllocator option max_split_size_mb too small, must be >= 20" (kLargeBuffer).
+        if m < 20 {
+            return Err(
+                v.err("allocator.max_split_size_mb", format!("must be >= 20 (MiB), as PyTorch requires; got {m}"))
+            );
+        }
+        out.max_split_size_mb = Some(m as u64);
+    }
+    if let Some(d) = a.roundup_power2_divisions {
+        if out.kind == AllocatorKind::Exact {
+            return Err(caching_only("allocator.roundup_power2_divisions"));
+        }
+        if d < 0 || (d > 0 && !(d as u64).is_power_of_two()) {
+            return Err(v.err(
+                "allocator.roundup_power2_divisions",
+                format!("must be 0 (off) or a power of 2, as PyTorch requires; got {d}"),
+            ));
+        }
+        out.roundup_power2_divisions = d as u64;
+    }
+    if let Some(points) = &a.empty_cache {
+        for p in points {
+            let at = EmptyCacheAt::parse(p).ok_or_else(|| {
+                v.err(
+                    "allocator.empty_cache",
+                    format!(
+                        "unknown point \"{p}\"; allowed: {}",
+                        EmptyCacheAt::NAMES.iter().map(|a| format!("\"{a}\"")).collect::<Vec<_>>().join(", ")
+                    ),
+                )
+            })?;
+            if !out.empty_cache.contains(&at) {
+                out.empty_cache.push(at);
+            }
+        }
+        out.empty_cache.sort();
+    }
+    for (field, val, slot) in [
+        ("allocator.cublas_workspace", a.cublas_workspace, &mut out.cublas_workspace),
+        ("allocator.nccl_buffers", a.nccl_buffers, &mut out.nccl_buffers),
+    ] {
+        if let Some(x) = val {
+            if x < 0 {
+                return Err(v.err(field, format!("must be >= 0 bytes, got {x}")));
+            }
+            *slot = x as u64;
+        }
+    }
+    if out.outside_bytes() >= cluster.capacity_bytes() {
+        return Err(v.err(
+            "allocator.nccl_buffers",
+            format!(
+                "cuBLAS workspace + NCCL buffers ({} bytes) leave nothing of the {} bytes the CUDA context leaves",
+                out.outside_bytes(),
+                cluster.capacity_bytes()
+            ),
+        ));
+    }
+    Ok(out)
+}
+
+/// Turns an error from deserializing a `toml::Value` tree (no spans) into one that names the
+/// dotted field: toml appends "in `a.b`" (the table or key) to its message; an unknown or
+/// missing field adds its own name.
+fn value_error(file: &Path, err: &toml::de::Error) -> ScenarioError {
+    let msg = err.message().to_string();
+    let full = err.to_string();
+    let mut field = full
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("in `").and_then(|r| r.strip_suffix('`')))
+        .next_back()
+        .unwrap_or("")
+        .to_string();
+    for prefix in ["unknown field `", "missing field `"] {
+        if let Some(rest) = msg.strip_prefix(prefix) {
+            let key = rest.split('`').next().unwrap_or("");
+            if field.rsplit('.').next() != Some(key) {
+                field = if field.is_empty() { key.to_string() } else { format!("{field}.{key}") };
+            }
+        }
+    }
+    ScenarioError::new(file, field, msg.replace('\n', " "))
 }

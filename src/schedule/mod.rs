@@ -34,6 +34,14 @@ use crate::plan::{BackwardPrefetch, Checkpointing, Framework, OptimizerImpl, Pla
 pub use cost::Cost;
 pub use label::{Phase, TaskKind, TaskLabel};
 
+/// A label or buffer name: formatted when the schedule keeps names, empty (no allocation)
+/// for [`build_lean`].
+macro_rules! text {
+    ($names:expr, $($arg:tt)*) => {
+        if $names { format!($($arg)*) } else { String::new() }
+    };
+}
+
 pub const COMPUTE: u8 = 0;
 pub const NCCL: u8 = 1;
 
@@ -80,23 +88,48 @@ struct Builder<'a> {
     step_comm: Vec<u32>,
     last_task_of_prev_step: Option<u32>,
     hw_flops: f64,
+    /// Whether tasks and buffers get their names (false: [`build_lean`]).
+    names: bool,
 }
 
 /// Builds the program of one rank (all ranks of a DP group run the same program).
 pub fn build(dag: &LayerDag, plan: &Plan, cluster: &Cluster) -> Schedule {
+    build_with(dag, plan, cluster, true, plan.training.steps)
+}
+
+/// The same program as [`build`] (tasks, durations, dependencies, buffers and their sizes and
+/// categories, label steps, phases, kinds, units and regions), without the text: every
+/// label's `what` is empty and every buffer points to one empty name. For callers that need
+/// the verdict and the numbers, not the story (sweeps); formatting thousands of names is a
+/// large part of building a schedule.
+pub fn build_lean(dag: &LayerDag, plan: &Plan, cluster: &Cluster) -> Schedule {
+    build_with(dag, plan, cluster, false, plan.training.steps)
+}
+
+/// The first `steps` steps (0: initialisation only) of [`build_lean`]'s program: the same
+/// tasks, in the same order, as far as they go. Every task of step k + 1 waits (directly or
+/// through its stream) for the `zero_grad()` that ends step k, so up to the end of step
+/// `steps` the prefix runs exactly as the whole program does: an OOM within it is the whole
+/// program's OOM.
+pub fn build_lean_prefix(dag: &LayerDag, plan: &Plan, cluster: &Cluster, steps: u32) -> Schedule {
+    build_with(dag, plan, cluster, false, steps.min(plan.training.steps))
+}
+
+fn build_with(dag: &LayerDag, plan: &Plan, cluster: &Cluster, names: bool, steps: u32) -> Schedule {
     let cost = Cost::new(cluster, plan.training.precision.compute, plan.shard_group);
-    let mut b = Builder::new(dag, plan, &cost);
+    let mut b = Builder::new(dag, plan, &cost, names);
+    b.reserve(steps);
     b.init();
-    for step in 1..=plan.training.steps {
+    for step in 1..=steps {
         b.step(step);
     }
     let model_flops = 3.0 * dag.forward_flops() * plan.training.grad_accum as f64;
-    let hw = b.hw_flops / plan.training.steps.max(1) as f64;
+    let hw = b.hw_flops / steps.max(1) as f64;
     Schedule { program: b.prog, labels: b.labels, model_flops_per_step: model_flops, hardware_flops_per_step: hw }
 }
 
 impl<'a> Builder<'a> {
-    fn new(dag: &'a LayerDag, plan: &'a Plan, cost: &'a Cost) -> Self {
+    fn new(dag: &'a LayerDag, plan: &'a Plan, cost: &'a Cost, names: bool) -> Self {
         let n = dag.tensors.len();
         let ck = plan.training.checkpointing;
         let mut tensors: Vec<TensorPlan> = (0..n)
@@ -153,7 +186,10 @@ impl<'a> Builder<'a> {
             }
         }
         let nu = plan.units.len();
-        let prog = Program { streams: vec!["compute".into(), "nccl".into()], ..Default::default() };
+        let mut prog = Program { streams: vec!["compute".into(), "nccl".into()], ..Default::default() };
+        if !names {
+            prog.names.push(String::new());
+        }
         Builder {
             dag,
             plan,
@@ -167,11 +203,30 @@ impl<'a> Builder<'a> {
             step_comm: Vec::new(),
             last_task_of_prev_step: None,
             hw_flops: 0.0,
+            names,
+        }
+    }
+
+    /// Room for the tasks, labels and buffers of `steps` steps (an estimate: forward,
+    /// backward and recompute per op, three collectives per unit, per micro-batch), so the
+    /// tables are not copied as they grow.
+    fn reserve(&mut self, steps: u32) {
+        let (nops, nu) = (self.dag.ops.len(), self.plan.units.len());
+        let mbs = steps as usize * self.plan.training.grad_accum as usize;
+        let tasks = 3 * nu + 8 + mbs * (3 * nops + 3 * nu) + 4 * steps as usize;
+        self.prog.tasks.reserve(tasks);
+        self.labels.reserve(tasks);
+        let buffers = 4 * nu + 8 + mbs * (3 * nops + 2 * nu);
+        self.prog.buffers.reserve(buffers);
+        if self.names {
+            self.prog.names.reserve(buffers);
         }
     }
 
     fn buffer(&mut self, bytes: u64, category: Category, name: String) -> u32 {
-        self.prog.names.push(name);
+        if self.names {
+            self.prog.names.push(name);
+        }
         self.prog.buffers.push(BufferSpec { bytes, category, name: (self.prog.names.len() - 1) as u32 });
         (self.prog.buffers.len() - 1) as u32
     }
@@ -205,9 +260,9 @@ impl<'a> Builder<'a> {
         let lbl = |what: String, unit: Option<usize>| TaskLabel::new(0, Phase::Init, 0, what, TaskKind::Init, unit);
         for u in 0..plan.units.len() {
             let el = plan.local(u, plan.params_sharded);
-            let name = format!("{} parameters ({})", plan.units[u].name, self.pr().param.name());
+            let name = text!(self.names, "{} parameters ({})", plan.units[u].name, self.pr().param.name());
             let b = self.buffer(el * pbytes, Category::Parameters, name.clone());
-            self.task(COMPUTE, 0.0, vec![], vec![b], lbl(format!("load {}", plan.units[u].name), Some(u)));
+            self.task(COMPUTE, 0.0, vec![], vec![b], lbl(text!(self.names, "load {}", plan.units[u].name), Some(u)));
         }
         if let Some(m) = self.pr().master {
             for u in 0..plan.units.len() {
@@ -215,14 +270,14 @@ impl<'a> Builder<'a> {
                 let b = self.buffer(
                     el * m.bytes(),
                     Category::MasterWeights,
-                    format!("{} master weights ({})", plan.units[u].name, m.name()),
+                    text!(self.names, "{} master weights ({})", plan.units[u].name, m.name()),
                 );
                 self.task(
                     COMPUTE,
                     0.0,
                     vec![],
                     vec![b],
-                    lbl(format!("master weights of {}", plan.units[u].name), Some(u)),
+                    lbl(text!(self.names, "master weights of {}", plan.units[u].name), Some(u)),
                 );
             }
         }
@@ -247,7 +302,7 @@ impl<'a> Builder<'a> {
                     0.0,
                     vec![],
                     vec![b],
-                    lbl(format!("optimizer state of {}", plan.units[u].name), Some(u)),
+                    lbl(text!(self.names, "optimizer state of {}", plan.units[u].name), Some(u)),
                 );
             }
         }
@@ -259,7 +314,7 @@ impl<'a> Builder<'a> {
         let el = plan.local(u, plan.optimizer_sharded);
         let tr = &plan.training;
         let bytes = el * tr.states_per_param() * tr.precision.optimizer_state.bytes();
-        let name = format!(
+        let name = text!(self.names, 
             "{} optimizer state ({} x {})",
             plan.units[u].name,
             tr.states_per_param(),
@@ -285,10 +340,10 @@ impl<'a> Builder<'a> {
 
     fn gather(&mut self, step: u32, mb: u32, phase: Phase, u: usize, deps: Vec<u32>) -> (u32, u32) {
         let bytes = self.unit_gathered_bytes(u);
-        let name = format!("{} gathered for {} ({})", self.plan.units[u].name, phase.name(), self.pr().compute.name());
+        let name = text!(self.names, "{} gathered for {} ({})", self.plan.units[u].name, phase.name(), self.pr().compute.name());
         let b = self.buffer(bytes, Category::GatheredParameters, name);
         let secs = self.cost.collective_s(&self.cost.shard_group, Collective::AllGather, bytes);
-        let what = format!("all-gather {}", self.plan.units[u].name);
+        let what = text!(self.names, "all-gather {}", self.plan.units[u].name);
         let t =
             self.task(NCCL, secs, deps, vec![b], TaskLabel::new(step, phase, mb, what, TaskKind::AllGather, Some(u)));
         (t, b)
@@ -319,7 +374,7 @@ impl<'a> Builder<'a> {
                 let b = self.buffer(
                     dag.tensors[t].bytes,
                     Category::Inputs,
-                    format!("{} (micro-batch {mb})", dag.tensors[t].name),
+                    text!(self.names, "{} (micro-batch {mb})", dag.tensors[t].name),
                 );
                 tbuf[t] = Some(b);
                 b
@@ -363,7 +418,7 @@ impl<'a> Builder<'a> {
             for &t in &op.outputs {
                 let tp = self.tensors[t];
                 let cat = if tp.kept { Category::Activations } else { Category::Transient };
-                let b = self.buffer(dag.tensors[t].bytes, cat, format!("{} (micro-batch {mb})", dag.tensors[t].name));
+                let b = self.buffer(dag.tensors[t].bytes, cat, text!(self.names, "{} (micro-batch {mb})", dag.tensors[t].name));
                 tbuf[t] = Some(b);
                 alloc.push(b);
                 if tp.kept {
@@ -374,7 +429,7 @@ impl<'a> Builder<'a> {
             }
             let mut frees_now = Vec::new();
             if op.fwd_scratch > 0 {
-                let b = self.buffer(op.fwd_scratch, Category::Transient, format!("{} scratch", op.name));
+                let b = self.buffer(op.fwd_scratch, Category::Transient, text!(self.names, "{} scratch", op.name));
                 alloc.push(b);
                 frees_now.push(b);
             }
@@ -383,7 +438,7 @@ impl<'a> Builder<'a> {
                 let b = self.buffer(
                     (op.params + op.shared_params) * cb,
                     Category::GatheredParameters,
-                    format!("{} weight cast ({})", op.name, self.pr().compute.name()),
+                    text!(self.names, "{} weight cast ({})", op.name, self.pr().compute.name()),
                 );
                 alloc.push(b);
                 if plan.training.checkpointing == Checkpointing::Full && matches!(op.region, Region::Block(_)) {
@@ -399,7 +454,7 @@ impl<'a> Builder<'a> {
                 secs,
                 deps,
                 alloc,
-                TaskLabel::new(step, Phase::Forward, mb, op.name.clone(), TaskKind::Forward, Some(u))
+                TaskLabel::new(step, Phase::Forward, mb, text!(self.names, "{}", op.name), TaskKind::Forward, Some(u))
                     .with_region(op.region),
             );
             fwd_task[i] = t;
@@ -467,7 +522,7 @@ impl<'a> Builder<'a> {
                                 let b = self.buffer(
                                     dag.tensors[t].bytes,
                                     Category::Recomputed,
-                                    format!("{} (recomputed, micro-batch {mb})", dag.tensors[t].name),
+                                    text!(self.names, "{} (recomputed, micro-batch {mb})", dag.tensors[t].name),
                                 );
                                 alloc.push(b);
                                 free_bwd[tp.last_saver.unwrap_or(ri)].push(b);
@@ -476,7 +531,7 @@ impl<'a> Builder<'a> {
                                 let b = self.buffer(
                                     dag.tensors[t].bytes,
                                     Category::Transient,
-                                    format!("{} (recompute transient)", dag.tensors[t].name),
+                                    text!(self.names, "{} (recompute transient)", dag.tensors[t].name),
                                 );
                                 alloc.push(b);
                                 let lc = tp.last_consumer.unwrap_or(ri);
@@ -493,7 +548,7 @@ impl<'a> Builder<'a> {
                             let b = self.buffer(
                                 rop.fwd_scratch,
                                 Category::Transient,
-                                format!("{} scratch (recompute)", rop.name),
+                                text!(self.names, "{} scratch (recompute)", rop.name),
                             );
                             alloc.push(b);
                             frees.push((ri, b));
@@ -502,7 +557,7 @@ impl<'a> Builder<'a> {
                             let b = self.buffer(
                                 (rop.params + rop.shared_params) * cb,
                                 Category::GatheredParameters,
-                                format!("{} weight cast (recompute)", rop.name),
+                                text!(self.names, "{} weight cast (recompute)", rop.name),
                             );
                             alloc.push(b);
                             free_bwd[ri].push(b);
@@ -519,7 +574,7 @@ impl<'a> Builder<'a> {
                                 step,
                                 Phase::Backward,
                                 mb,
-                                format!("recompute {}", rop.name),
+                                text!(self.names, "recompute {}", rop.name),
                                 TaskKind::Recompute,
                                 Some(u),
                             )
@@ -537,11 +592,13 @@ impl<'a> Builder<'a> {
                         let pending = std::mem::take(&mut free_fwd[ri]);
                         self.free_at(t, &pending);
                     }
-                    // Anything still pending (consumers beyond the recompute set): free at the
-                    // end of the recompute.
-                    if let Some(&lastr) = rops.last() {
+                    // Anything still pending: free at the end of the recompute. Only ops of
+                    // the recompute set can hold pending frees here (the forward pass consumed
+                    // all of its own, and a recompute transient's consumer is in the set), so
+                    // the ops beyond it need no visit.
+                    if !rops.is_empty() {
                         let lt = (self.prog.tasks.len() - 1) as u32;
-                        for x in rops.iter().copied().chain(lastr + 1..nops) {
+                        for &x in &rops {
                             let pend = std::mem::take(&mut free_fwd[x]);
                             if !pend.is_empty() {
                                 self.free_at(lt, &pend);
@@ -574,7 +631,7 @@ impl<'a> Builder<'a> {
                         let b = self.buffer(
                             dag.tensors[t].bytes,
                             Category::Recomputed,
-                            format!("{} (recomputed, micro-batch {mb})", dag.tensors[t].name),
+                            text!(self.names, "{} (recomputed, micro-batch {mb})", dag.tensors[t].name),
                         );
                         alloc.push(b);
                         free_bwd[i].push(b);
@@ -592,7 +649,7 @@ impl<'a> Builder<'a> {
                             step,
                             Phase::Backward,
                             mb,
-                            format!("recompute {}", op.name),
+                            text!(self.names, "recompute {}", op.name),
                             TaskKind::Recompute,
                             Some(u),
                         )
@@ -606,7 +663,7 @@ impl<'a> Builder<'a> {
                     let b = self.buffer(
                         dag.tensors[t].bytes,
                         Category::ActivationGradients,
-                        format!("grad of {} (micro-batch {mb})", dag.tensors[t].name),
+                        text!(self.names, "grad of {} (micro-batch {mb})", dag.tensors[t].name),
                     );
                     grad_buf[t] = Some(b);
                     alloc.push(b);
@@ -626,7 +683,7 @@ impl<'a> Builder<'a> {
                         let b = self.buffer(
                             el * gb,
                             Category::UnshardedGradients,
-                            format!("{} weight grad (unsharded, micro-batch {mb})", op.name),
+                            text!(self.names, "{} weight grad (unsharded, micro-batch {mb})", op.name),
                         );
                         unit_grads[u].push(b);
                         alloc.push(b);
@@ -639,7 +696,7 @@ impl<'a> Builder<'a> {
                         let b = self.buffer(
                             el * gb,
                             Category::Gradients,
-                            format!("{} .grad ({})", dag.ops[owner].name, self.pr().grad.name()),
+                            text!(self.names, "{} .grad ({})", dag.ops[owner].name, self.pr().grad.name()),
                         );
                         self.op_grad_bufs[owner] = Some(b);
                         alloc.push(b);
@@ -653,7 +710,7 @@ impl<'a> Builder<'a> {
                 secs,
                 deps,
                 alloc,
-                TaskLabel::new(step, Phase::Backward, mb, op.name.clone(), TaskKind::Backward, Some(u))
+                TaskLabel::new(step, Phase::Backward, mb, text!(self.names, "{}", op.name), TaskKind::Backward, Some(u))
                     .with_region(op.region),
             );
             last_bwd_task = t;
@@ -683,7 +740,7 @@ impl<'a> Builder<'a> {
                             step,
                             Phase::Backward,
                             mb,
-                            format!("all-reduce DDP bucket ending at {}", op.name),
+                            text!(self.names, "all-reduce DDP bucket ending at {}", op.name),
                             TaskKind::AllReduce,
                             Some(u),
                         ),
@@ -751,7 +808,7 @@ impl<'a> Builder<'a> {
             let b = self.buffer(
                 shard_bytes,
                 Category::Gradients,
-                format!("{} sharded grad ({})", plan.units[u].name, self.pr().grad.name()),
+                text!(self.names, "{} sharded grad ({})", plan.units[u].name, self.pr().grad.name()),
             );
             self.grad_bufs[u] = Some(b);
             alloc.push(b);
@@ -760,7 +817,7 @@ impl<'a> Builder<'a> {
             let b = self.buffer(
                 shard_bytes,
                 Category::CommBuffers,
-                format!("{} reduce-scatter output (micro-batch {mb})", plan.units[u].name),
+                text!(self.names, "{} reduce-scatter output (micro-batch {mb})", plan.units[u].name),
             );
             alloc.push(b);
             tmp = Some(b);
@@ -775,7 +832,7 @@ impl<'a> Builder<'a> {
                 step,
                 Phase::Backward,
                 mb,
-                format!("reduce-scatter {}", plan.units[u].name),
+                text!(self.names, "reduce-scatter {}", plan.units[u].name),
                 TaskKind::ReduceScatter,
                 Some(u),
             ),
@@ -795,7 +852,7 @@ impl<'a> Builder<'a> {
                     step,
                     Phase::Backward,
                     mb,
-                    format!("all-reduce {} shard across nodes", plan.units[u].name),
+                    text!(self.names, "all-reduce {} shard across nodes", plan.units[u].name),
                     TaskKind::AllReduce,
                     Some(u),
                 ),
@@ -831,7 +888,7 @@ impl<'a> Builder<'a> {
             let b = self.buffer(
                 temp,
                 Category::OptimizerTemp,
-                format!("optimizer.step() temporaries ({:?})", tr.optimizer_impl),
+                text!(self.names, "optimizer.step() temporaries ({:?})", tr.optimizer_impl),
             );
             alloc.push(b);
             frees.push(b);

@@ -1,0 +1,277 @@
+//! Single changes to a configuration, each re-simulated: does it fit, at what peak, and at
+//! what cost in speed against the original (timed with unbounded memory, since the original
+//! may not fit). The cheapest change that fits is the one with the fewest GPU-seconds per
+//! token.
+
+use rayon::prelude::*;
+use serde::Serialize;
+
+use crate::plan::{BackwardPrefetch, Checkpointing, Sharding};
+use crate::report::{fmt_bytes, Bytes, Verdict};
+use crate::scenario::Scenario;
+use crate::schedule::Phase;
+use crate::Simulation;
+
+/// The standard set, in the order they are tried and printed.
+pub const COUNTERFACTUAL_NAMES: &[&str] = &[
+    "activation checkpointing: full",
+    "activation checkpointing: selective",
+    "micro-batch / 2, grad_accum x 2",
+    "sequence length / 2",
+    "more GPUs (next power-of-two multiple)",
+    "shard more",
+    "no backward prefetch",
+    "limit_all_gathers = true",
+    "a GPU with more memory",
+    "expandable_segments = true",
+    "CPU offload of optimizer state",
+];
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Counterfactual {
+    pub change: String,
+    /// None when the change does not apply or is not modelled.
+    pub fits: Option<bool>,
+    pub oom_phase: Option<Phase>,
+    pub peak: Option<Bytes>,
+    pub gpus: u64,
+    pub step_time_s: Option<f64>,
+    pub tokens_per_s: Option<f64>,
+    /// Relative change of tokens/s per GPU against the original (timed with unbounded memory).
+    pub tokens_per_s_change: Option<f64>,
+    pub gpu_seconds_per_token: Option<f64>,
+    pub note: Option<String>,
+}
+
+fn bigger_gpu(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "v100-32gb" => "a100-40gb",
+        "a100-40gb" => "a100-80gb",
+        "a100-80gb" | "h100-sxm" | "h100-pcie" => "h200",
+        "h200" => "b200",
+        "b200" => "mi300x",
+        _ => return None,
+    })
+}
+
+/// The variants of one change: (label, scenario); several for "more GPUs".
+pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, String> {
+    let mut v = s.clone();
+    let t = &s.training;
+    Ok(match which {
+        0 => {
+            if t.checkpointing == Checkpointing::Full {
+                return Err("already on".into());
+            }
+            v.training.checkpointing = Checkpointing::Full;
+            vec![(COUNTERFACTUAL_NAMES[0].into(), v)]
+        }
+        1 => {
+            if t.checkpointing != Checkpointing::None {
+                return Err("already checkpointing".into());
+            }
+            v.training.checkpointing = Checkpointing::Selective;
+            vec![(COUNTERFACTUAL_NAMES[1].into(), v)]
+        }
+        2 => {
+            if t.micro_batch < 2 || t.micro_batch % 2 != 0 {
+                return Err(format!("micro-batch {} cannot be halved", t.micro_batch));
+            }
+            v.training.micro_batch /= 2;
+            v.workload.micro_batch /= 2;
+            v.training.grad_accum *= 2;
+            vec![(
+                format!("micro-batch {}, grad_accum {} (same batch)", v.training.micro_batch, v.training.grad_accum),
+                v,
+            )]
+        }
+        3 => {
+            if t.seq_len < 2 {
+                return Err("sequence too short".into());
+            }
+            v.training.seq_len /= 2;
+            v.workload.seq_len /= 2;
+            vec![(format!("sequence length {} (half the tokens)", v.training.seq_len), v)]
+        }
+        4 => (1..=6)
+            .map(|k| {
+                let mut v = s.clone();
+                v.cluster.gpus = s.cluster.gpus.saturating_mul(1 << k);
+                (format!("GPUs {} -> {}", s.cluster.gpus, v.cluster.gpus), v)
+            })
+            .collect(),
+        5 => {
+            if s.cluster.gpus < 2 {
+                return Err("nothing to shard over on one GPU".into());
+            }
+            let next = match s.parallel.sharding {
+                Sharding::None => Sharding::Zero3,
+                Sharding::Zero1 => Sharding::Zero2,
+                Sharding::Zero2 | Sharding::HybridShard => Sharding::Zero3,
+                Sharding::Zero3 => return Err("already FULL_SHARD / ZeRO-3".into()),
+            };
+            v.parallel.sharding = next;
+            vec![(format!("sharding {} -> {}", s.parallel.sharding.display(), next.display()), v)]
+        }
+        6 => {
+            if s.parallel.backward_prefetch == BackwardPrefetch::None || s.parallel.sharding == Sharding::None {
+                return Err("no backward prefetch to turn off".into());
+            }
+            v.parallel.backward_prefetch = BackwardPrefetch::None;
+            vec![("backward_prefetch = None".into(), v)]
+        }
+        7 => {
+            if s.parallel.limit_all_gathers || s.parallel.sharding == Sharding::None {
+                return Err("already limited".into());
+            }
+            v.parallel.limit_all_gathers = true;
+            vec![("limit_all_gathers = true".into(), v)]
+        }
+        8 => {
+            let Some(g) = bigger_gpu(s.cluster.gpu.name) else { return Err("no larger GPU in the catalog".into()) };
+            let spec = crate::hardware::lookup(g).ok_or("catalog")?;
+            v.cluster.gpu = spec.clone();
+            v.cluster.memory_bytes = spec.memory_bytes;
+            vec![(format!("GPU {} -> {g} ({:.0} GB)", s.cluster.gpu.name, spec.memory_bytes as f64 / 1e9), v)]
+        }
+        9 => {
+            if s.allocator.kind != crate::memory::AllocatorKind::Caching || s.allocator.expandable_segments {
+                return Err("not the caching allocator, or already expandable".into());
+            }
+            v.allocator.expandable_segments = true;
+            vec![("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True".into(), v)]
+        }
+        _ => return Err("not modelled yet (offload is its own issue)".into()),
+    })
+}
+
+fn measure(label: String, s: &Scenario, base_tps: Option<f64>) -> Counterfactual {
+    let gpus = u64::from(s.cluster.gpus);
+    let Ok(sim) = crate::simulate(s) else {
+        return Counterfactual {
+            change: label,
+            fits: None,
+            oom_phase: None,
+            peak: None,
+            gpus,
+            step_time_s: None,
+            tokens_per_s: None,
+            tokens_per_s_change: None,
+            gpu_seconds_per_token: None,
+            note: Some("internal scheduling error".into()),
+        };
+    };
+    let r = &sim.report;
+    let (fits, oom_phase) = match &r.verdict {
+        Verdict::Fits { .. } => (true, None),
+        Verdict::Oom(o) => (false, Some(o.at.phase)),
+    };
+    let timed = if fits { Some(sim) } else { unbounded(s) };
+    let tp = timed.as_ref().and_then(|x| x.report.throughput.clone());
+    let peak = timed.as_ref().and_then(|x| x.report.peak.as_ref().map(|p| p.allocated));
+    Counterfactual {
+        change: label,
+        fits: Some(fits),
+        oom_phase,
+        peak,
+        gpus,
+        step_time_s: tp.as_ref().map(|t| t.step_time_s),
+        tokens_per_s: tp.as_ref().map(|t| t.tokens_per_s),
+        tokens_per_s_change: tp.as_ref().zip(base_tps).map(|(t, b)| t.tokens_per_s_per_gpu / b - 1.0),
+        gpu_seconds_per_token: tp.as_ref().map(|t| gpus as f64 / t.tokens_per_s),
+        note: None,
+    }
+}
+
+/// The same scenario with unbounded memory: its timing and the peak it would need.
+fn unbounded(s: &Scenario) -> Option<Simulation> {
+    let mut u = s.clone();
+    u.cluster.memory_bytes = u64::MAX / 4;
+    u.cluster.cuda_context_bytes = 0;
+    crate::simulate(&u).ok()
+}
+
+/// Runs the standard set in parallel; the output order is the table's, whatever the threads.
+pub fn run_all(s: &Scenario, _sim: &Simulation) -> Vec<Counterfactual> {
+    let base_tps = unbounded(s).and_then(|x| x.report.throughput.map(|t| t.tokens_per_s_per_gpu));
+    let mut jobs: Vec<(usize, String, Scenario)> = Vec::new();
+    let mut skipped: Vec<(usize, Counterfactual)> = Vec::new();
+    for (which, name) in COUNTERFACTUAL_NAMES.iter().enumerate() {
+        match variants(s, which) {
+            Ok(vs) => jobs.extend(vs.into_iter().map(|(l, v)| (which, l, v))),
+            Err(why) => skipped.push((
+                which,
+                Counterfactual {
+                    change: (*name).into(),
+                    fits: None,
+                    oom_phase: None,
+                    peak: None,
+                    gpus: u64::from(s.cluster.gpus),
+                    step_time_s: None,
+                    tokens_per_s: None,
+                    tokens_per_s_change: None,
+                    gpu_seconds_per_token: None,
+                    note: Some(why),
+                },
+            )),
+        }
+    }
+    let done: Vec<(usize, Counterfactual)> =
+        jobs.par_iter().map(|(w, l, v)| (*w, measure(l.clone(), v, base_tps))).collect();
+    let mut out: Vec<(usize, Counterfactual)> = Vec::new();
+    for which in 0..COUNTERFACTUAL_NAMES.len() {
+        let mine: Vec<&Counterfactual> = done.iter().filter(|(w, _)| *w == which).map(|(_, c)| c).collect();
+        if which == 4 && !mine.is_empty() {
+            // Keep the smallest GPU count that fits (or the largest tried, saying so).
+            let pick = mine.iter().find(|c| c.fits == Some(true)).copied().unwrap_or(mine[mine.len() - 1]);
+            let mut c = pick.clone();
+            if c.fits != Some(true) {
+                c.note = Some(format!("still OOM at {} GPUs", c.gpus));
+            }
+            out.push((which, c));
+        } else {
+            out.extend(mine.into_iter().map(|c| (which, c.clone())));
+        }
+        out.extend(skipped.iter().filter(|(w, _)| *w == which).cloned());
+    }
+    out.into_iter().map(|(_, c)| c).collect()
+}
+
+/// Whether a change keeps the same GPUs (type and count).
+fn same_hardware(c: &Counterfactual) -> bool {
+    !(c.change.starts_with("GPUs ") || c.change.starts_with("GPU "))
+}
+
+/// The first line of the answer: the fastest change that fits on the same GPUs, else the
+/// one needing the fewest GPU-seconds per token on other hardware.
+pub fn answer(cfs: &[Counterfactual], status: &str) -> String {
+    if status == "fits" {
+        return "it fits; nothing to change".into();
+    }
+    let fits = |c: &&Counterfactual| c.fits == Some(true) && c.gpu_seconds_per_token.is_some();
+    let by_cost = |a: &&Counterfactual, b: &&Counterfactual| {
+        a.gpu_seconds_per_token.unwrap_or(f64::MAX).total_cmp(&b.gpu_seconds_per_token.unwrap_or(f64::MAX))
+    };
+    let same = cfs.iter().filter(fits).filter(|c| same_hardware(c)).min_by(by_cost);
+    let other = cfs.iter().filter(fits).filter(|c| !same_hardware(c)).min_by(by_cost);
+    let line = |c: &Counterfactual| {
+        format!(
+            "\"{}\": peak {}, {}{}",
+            c.change,
+            c.peak.map_or("-".into(), |p| fmt_bytes(p.bytes)),
+            c.step_time_s.map_or(String::new(), |t| format!("{t:.3} s/step")),
+            c.tokens_per_s_change
+                .map_or(String::new(), |x| format!(", tokens/s per GPU {:+.1}% vs the original", x * 100.0))
+        )
+    };
+    match (same, other) {
+        (Some(c), Some(o)) => format!(
+            "the cheapest change that fits on the same GPUs is {}; with other hardware: {}",
+            line(c),
+            line(o)
+        ),
+        (Some(c), None) => format!("the cheapest change that fits on the same GPUs is {}", line(c)),
+        (None, Some(o)) => format!("nothing fits on the same GPUs; the cheapest hardware change that fits is {} (fewest GPU-seconds per token)", line(o)),
+        (None, None) => "no single change in the standard set fits; combine changes (e.g. checkpointing and more GPUs)".into(),
+    }
+}

@@ -1,0 +1,262 @@
+//! What was live at the failing (or peak) instant, grouped into lines a person can act on,
+//! each with the reason those bytes exist.
+
+use std::collections::BTreeSet;
+
+use serde::Serialize;
+
+use crate::engine;
+use crate::memory::{Category, ExactAllocator, PYTORCH_BLOCK};
+use crate::plan::Sharding;
+use crate::report::Bytes;
+use crate::scenario::Scenario;
+use crate::schedule::Phase;
+use crate::Simulation;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LiveLine {
+    pub category: &'static str,
+    pub label: &'static str,
+    pub size: Bytes,
+    pub reason: String,
+}
+
+/// Buffers live just before the run's peak allocation (plus the one that made the peak):
+/// the same program replayed against an exact allocator one byte short of the peak stops at
+/// exactly that allocation and reports what was live.
+pub fn live_at_sample(sim: &Simulation, index: usize) -> Vec<u32> {
+    let Some(sample) = sim.trace.timeline.samples.get(index) else { return Vec::new() };
+    let cap = sample.allocated.saturating_sub(1);
+    match engine::run(&sim.schedule.program, &mut ExactAllocator::new(cap)) {
+        Ok(t) => match t.oom {
+            Some(o) => {
+                let mut v = o.live;
+                v.push(o.buffer);
+                v
+            }
+            None => Vec::new(),
+        },
+        Err(_) => Vec::new(),
+    }
+}
+
+/// The layer a buffer belongs to, from the names the scheduler gives ("layers.37...").
+fn layer_of(name: &str) -> Option<u64> {
+    name.strip_prefix("layers.")?.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
+fn ranges(set: &BTreeSet<u64>) -> String {
+    let v: Vec<u64> = set.iter().copied().collect();
+    let mut parts = Vec::new();
+    let mut i = 0;
+    while i < v.len() {
+        let mut j = i;
+        while j + 1 < v.len() && v[j + 1] == v[j] + 1 {
+            j += 1;
+        }
+        parts.push(if i == j { format!("{}", v[i]) } else { format!("{}-{}", v[i], v[j]) });
+        i = j + 1;
+    }
+    parts.join(", ")
+}
+
+fn human(n: u64) -> String {
+    let x = n as f64;
+    if x >= 1e9 {
+        format!("{:.1}B", x / 1e9)
+    } else if x >= 1e6 {
+        format!("{:.1}M", x / 1e6)
+    } else {
+        n.to_string()
+    }
+}
+
+/// Groups live buffers by category and says why each group exists.
+pub fn from_buffers(
+    s: &Scenario,
+    sim: &Simulation,
+    live: &[u32],
+    at_layer: Option<u64>,
+    phase: Phase,
+) -> Vec<LiveLine> {
+    let prog = &sim.schedule.program;
+    let plan = &sim.plan;
+    let pr = &plan.training.precision;
+    let psi = human(sim.dag.param_count());
+    let n = plan.shard_group;
+    let mut bytes = [0u64; Category::COUNT];
+    let mut layers: Vec<BTreeSet<u64>> = vec![BTreeSet::new(); Category::COUNT];
+    let mut names: Vec<Vec<String>> = vec![Vec::new(); Category::COUNT];
+    for &b in live {
+        let spec = &prog.buffers[b as usize];
+        let name = &prog.names[spec.name as usize];
+        let c = spec.category.index();
+        bytes[c] += spec.bytes.div_ceil(PYTORCH_BLOCK) * PYTORCH_BLOCK;
+        if let Some(l) = layer_of(name) {
+            layers[c].insert(l);
+        }
+        names[c].push(name.clone());
+    }
+    let sharded = |yes: bool| if yes && n > 1 { format!(" / {n} GPUs") } else { String::new() };
+    let units = plan.units.len();
+    let total_layers = s.model.n_layers;
+    let (b, sl) = (s.training.micro_batch, s.training.seq_len);
+    let mut out = Vec::new();
+    for cat in Category::ALL {
+        let c = cat.index();
+        if bytes[c] == 0 {
+            continue;
+        }
+        let reason = match cat {
+            Category::Parameters => {
+                let loaded = names[c].iter().filter(|x| x.contains("parameters")).count();
+                let per = format!(
+                    "{} parameters: {} B/param x {psi}{}",
+                    pr.param.name(),
+                    pr.param.bytes(),
+                    sharded(plan.params_sharded)
+                );
+                if loaded < units {
+                    format!("{per} ({loaded} of {units} units loaded so far)")
+                } else if plan.params_sharded {
+                    format!("sharded {per}")
+                } else {
+                    format!("replicated {per}")
+                }
+            }
+            Category::MasterWeights => {
+                let m = pr.master.map_or("fp32", |m| m.name());
+                format!(
+                    "{m} master weights: {} B/param x {psi}{}",
+                    pr.master.map_or(4, |m| m.bytes()),
+                    sharded(plan.optimizer_sharded)
+                )
+            }
+            Category::OptimizerState => {
+                let k = plan.training.states_per_param();
+                format!(
+                    "{k} {} optimizer moment(s): {} B/param x {psi}{}",
+                    pr.optimizer_state.name(),
+                    k * pr.optimizer_state.bytes(),
+                    sharded(plan.optimizer_sharded)
+                )
+            }
+            Category::OptimizerTemp => {
+                format!("optimizer.step() temporaries ({:?} implementation)", plan.training.optimizer_impl)
+            }
+            Category::Gradients => {
+                if plan.grads_sharded {
+                    format!(
+                        "sharded {} gradients of {} of {units} units reduced so far ({} B/param x {psi}{})",
+                        pr.grad.name(),
+                        names[c].len(),
+                        pr.grad.bytes(),
+                        sharded(true)
+                    )
+                } else {
+                    format!(
+                        "full {} gradients (.grad) of {} parameter tensors, {} B/param",
+                        pr.grad.name(),
+                        names[c].len(),
+                        pr.grad.bytes()
+                    )
+                }
+            }
+            Category::UnshardedGradients => {
+                let what = if plan.parallel.sharding == Sharding::None { "all-reduce" } else { "reduce-scatter" };
+                let ls = if layers[c].is_empty() {
+                    "the root unit".to_string()
+                } else {
+                    format!("layer(s) {}", ranges(&layers[c]))
+                };
+                format!("unsharded {} gradients of {ls} awaiting their {what}", pr.grad.name())
+            }
+            Category::GatheredParameters => {
+                let mut parts: Vec<String> = names[c]
+                    .iter()
+                    .map(|x| {
+                        let unit = x.split(" gathered").next().unwrap_or(x).to_string();
+                        let l = layer_of(x);
+                        let ahead = match (l, at_layer, phase) {
+                            (Some(l), Some(at), Phase::Forward) => l > at,
+                            (Some(l), Some(at), Phase::Backward) => l < at,
+                            _ => false,
+                        };
+                        if l.is_none() && x.contains("gathered") {
+                            format!("{unit} (root unit: not resharded after forward)")
+                        } else if ahead {
+                            format!("{unit} (prefetched)")
+                        } else if x.contains("gathered for backward") {
+                            format!("{unit} (for its backward)")
+                        } else if x.contains("gathered for forward") && phase == Phase::Backward {
+                            format!("{unit} (kept since forward: not resharded)")
+                        } else if x.contains("gathered for forward") {
+                            format!("{unit} (for its forward)")
+                        } else {
+                            x.clone()
+                        }
+                    })
+                    .collect();
+                parts.sort();
+                parts.dedup();
+                if parts.len() > 6 {
+                    let k = parts.len();
+                    parts.truncate(5);
+                    parts.push(format!("... {} more", k - 5));
+                }
+                format!("parameters all-gathered in {}: {}", pr.compute.name(), parts.join(", "))
+            }
+            Category::Activations => {
+                let k = layers[c].len() as u64;
+                let per = if k > 0 { sim.dag.saved_bytes(crate::model::Region::Block(0), true) } else { 0 };
+                let ck = match plan.training.checkpointing {
+                    crate::plan::Checkpointing::Full => " (only each checkpointed block's input)",
+                    crate::plan::Checkpointing::Selective => " (attention scores dropped)",
+                    crate::plan::Checkpointing::None => "",
+                };
+                if k > 0 {
+                    format!(
+                        "activations saved by {k} of {total_layers} layers (layers {}) of micro-batch {b} x {sl} tokens{ck}, {} per layer without checkpointing, plus embedding/head/loss",
+                        ranges(&layers[c]),
+                        crate::report::fmt_bytes(per)
+                    )
+                } else {
+                    "activations saved by the embedding, head and loss".to_string()
+                }
+            }
+            Category::Recomputed => {
+                format!("activations recomputed for the backward of layer(s) {}", ranges(&layers[c]))
+            }
+            Category::Transient => "forward intermediates not kept for backward, and kernel scratch".to_string(),
+            Category::ActivationGradients => {
+                if layers[c].is_empty() {
+                    "gradients w.r.t. activations: the loss's vocabulary-sized gradients and the head's".to_string()
+                } else {
+                    format!("gradients w.r.t. activations of layer(s) {} being differentiated", ranges(&layers[c]))
+                }
+            }
+            Category::CommBuffers => {
+                format!("communication buffers: {}", names[c].first().cloned().unwrap_or_default())
+            }
+            Category::Buffers => "module buffers (rotary tables)".to_string(),
+            Category::Inputs => "token ids and targets".to_string(),
+        };
+        out.push(LiveLine { category: cat.key(), label: cat.label(), size: Bytes::new(bytes[c]), reason });
+    }
+    out.sort_by(|a, b| b.size.bytes.cmp(&a.size.bytes).then(a.category.cmp(b.category)));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layer_names_and_ranges() {
+        assert_eq!(layer_of("layers.37.mlp.c_fc.out (micro-batch 0)"), Some(37));
+        assert_eq!(layer_of("layers.5 gathered for backward (bf16)"), Some(5));
+        assert_eq!(layer_of("norm.out"), None);
+        let s: BTreeSet<u64> = [0, 1, 2, 5, 7, 8].into_iter().collect();
+        assert_eq!(ranges(&s), "0-2, 5, 7-8");
+    }
+}

@@ -1,0 +1,285 @@
+//! `stepsim explain`: why a run OOMs (or nearly does), in the user's terms, and which single
+//! change makes it fit at what cost in speed.
+//!
+//! The answer follows the OOM checklist: write the configuration down; find the failing
+//! phase (init -> weights and initialisation, forward -> activations and input size,
+//! backward -> gradients, activation peak, gathered parameters, optimizer step -> first
+//! creation of optimizer state); look at what was live and why each part was there; change
+//! one thing and re-measure both memory and speed. Every counterfactual is a full
+//! re-simulation, run in parallel with rayon.
+
+pub mod counterfactual;
+pub mod live;
+
+use serde::Serialize;
+
+use crate::report::{fmt_bytes, Bytes, Verdict};
+use crate::scenario::Scenario;
+use crate::schedule::Phase;
+use crate::Simulation;
+
+pub use counterfactual::{Counterfactual, COUNTERFACTUAL_NAMES};
+pub use live::LiveLine;
+
+/// By default a run that fits but peaks within 5% of capacity is explained too.
+pub const DEFAULT_MARGIN: f64 = 0.05;
+
+/// The structured explanation (also carried in report.json).
+#[derive(Debug, Clone, Serialize)]
+pub struct Explanation {
+    /// "oom", "near_capacity" or "fits".
+    pub status: &'static str,
+    pub summary: String,
+    pub step: u32,
+    pub phase: Phase,
+    /// What that phase's OOMs are usually about.
+    pub phase_meaning: &'static str,
+    pub layer: Option<u64>,
+    pub op: String,
+    pub requested: Option<Bytes>,
+    pub time_s: f64,
+    /// What was live at the instant, largest first, each with its reason.
+    pub live: Vec<LiveLine>,
+    pub live_total: Bytes,
+    pub capacity: Bytes,
+    /// The naive per-GPU average of model state (total state / GPUs) and what it leaves out.
+    pub naive_average: Bytes,
+    pub naive_leaves_out: Vec<String>,
+    pub naive_note: String,
+    /// Whether `torch.cuda.empty_cache()` would help, and why.
+    pub empty_cache: String,
+    pub counterfactuals: Vec<Counterfactual>,
+    /// The first line of the answer: the cheapest change that fits, if any.
+    pub answer: String,
+}
+
+pub fn phase_meaning(p: Phase) -> &'static str {
+    match p {
+        Phase::Init => "while loading weights and creating persistent state: the parameters (and master copy / optimizer state where the framework creates them at init) do not fit",
+        Phase::Forward => "in the forward pass: saved activations grow with micro-batch x sequence length on top of the model state and the gathered layers",
+        Phase::Backward => "in backward: all saved activations are live when it starts, and gradients, the gathered (and prefetched) layers and loss/activation gradients stack on top",
+        Phase::Optimizer => "at optimizer.step(): Adam's moments are created at the first step (PyTorch allocates optimizer state lazily), plus the step's temporaries",
+    }
+}
+
+/// Explains a finished simulation; `margin` is the fraction of capacity that counts as
+/// "near". Counterfactuals are simulated in parallel.
+pub fn explain(s: &Scenario, sim: &Simulation, margin: f64) -> Explanation {
+    let r = &sim.report;
+    let cap = r.capacity.bytes;
+    let (status, step, phase, layer, op, requested, time_s, sample_task, live) = match &r.verdict {
+        Verdict::Oom(o) => {
+            let oom = sim.trace.oom.as_ref().map(|o| (o.task as usize, o.live.clone()));
+            let (task, live_bufs) = oom.unwrap_or((0, Vec::new()));
+            (
+                "oom",
+                o.at.step,
+                o.at.phase,
+                o.at.layer,
+                o.at.op.clone(),
+                Some(o.requested),
+                o.at.time_s,
+                task,
+                live::from_buffers(s, sim, &live_bufs, o.at.layer, o.at.phase),
+            )
+        }
+        Verdict::Fits { .. } => {
+            let pk = r.peak.as_ref();
+            let near = pk.is_some_and(|p| p.allocated.bytes as f64 >= cap as f64 * (1.0 - margin));
+            let idx = sim.trace.timeline.peak_index.unwrap_or(0);
+            let task = sim.trace.timeline.samples.get(idx).map_or(0, |x| x.task);
+            let bufs = live::live_at_sample(sim, idx);
+            let at = pk.map(|p| p.at.clone());
+            (
+                if near { "near_capacity" } else { "fits" },
+                at.as_ref().map_or(0, |a| a.step),
+                at.as_ref().map_or(Phase::Init, |a| a.phase),
+                at.as_ref().and_then(|a| a.layer),
+                at.as_ref().map_or(String::new(), |a| a.op.clone()),
+                None,
+                at.as_ref().map_or(0.0, |a| a.time_s),
+                task,
+                live::from_buffers(
+                    s,
+                    sim,
+                    &bufs,
+                    at.as_ref().and_then(|a| a.layer),
+                    at.as_ref().map_or(Phase::Init, |a| a.phase),
+                ),
+            )
+        }
+    };
+    let _ = sample_task;
+    let mut live = live;
+    let empty_cache = empty_cache_advice(s, r);
+    // The allocator's share: reserved but not allocated to any tensor at that instant.
+    if let Some(d) = &r.allocator.oom {
+        let frag = d.state.reserved.bytes.saturating_sub(d.state.live.bytes);
+        if frag > 0 {
+            live.push(LiveLine {
+                category: "allocator",
+                label: "allocator: reserved but unallocated",
+                size: Bytes::new(frag),
+                reason: format!(
+                    "allocator: reserved but unallocated (cached free blocks and split remainders; largest free block {})",
+                    fmt_bytes(d.state.largest_free_block.bytes)
+                ),
+            });
+            live.sort_by(|a, b| b.size.bytes.cmp(&a.size.bytes).then(a.category.cmp(b.category)));
+        }
+    }
+    let live_total: u64 = live.iter().map(|l| l.size.bytes).sum();
+    let naive = r.model_state_per_gpu.naive_average;
+    let state_keys = ["parameters", "master_weights", "gradients", "optimizer_state"];
+    // (the allocator's own line is not model state either)
+    let naive_leaves_out: Vec<String> = live
+        .iter()
+        .filter(|l| !state_keys.contains(&l.category) && l.size.bytes > 0)
+        .map(|l| format!("{} ({})", l.reason, fmt_bytes(l.size.bytes)))
+        .collect();
+    let live_state: u64 = live.iter().filter(|l| state_keys.contains(&l.category)).map(|l| l.size.bytes).sum();
+    let naive_note = if live_state < naive.bytes {
+        format!(
+            "the naive average ({}) counts model state that does not exist yet at this instant (only {} of it is live): {}",
+            fmt_bytes(naive.bytes),
+            fmt_bytes(live_state),
+            "gradients exist only from backward until zero_grad(set_to_none=True), and PyTorch creates Adam's moments at the first optimizer.step()"
+        )
+    } else {
+        format!("all {} of the naive average is live here", fmt_bytes(naive.bytes))
+    };
+
+    let counterfactuals = if status == "fits" { Vec::new() } else { counterfactual::run_all(s, sim) };
+    let answer = counterfactual::answer(&counterfactuals, status);
+    let where_ = layer.map(|l| format!(", layer {l}")).unwrap_or_default();
+    let summary = match status {
+        "oom" => {
+            let cached: u64 = live.iter().filter(|l| l.category == "allocator").map(|l| l.size.bytes).sum();
+            format!(
+                "OOM in {}{}, op `{}`: {} in live tensors{} of {} capacity, {} more requested",
+                if step == 0 { "initialisation".to_string() } else { format!("step {step}, {}", phase.name()) },
+                where_,
+                op,
+                fmt_bytes(live_total - cached),
+                if cached > 0 { format!(" + {} reserved but unallocated", fmt_bytes(cached)) } else { String::new() },
+                fmt_bytes(cap),
+                requested.map_or(String::new(), |b| fmt_bytes(b.bytes))
+            )
+        }
+        "near_capacity" => format!(
+            "fits, but the peak ({}) in step {step}, {}{where_} is within {:.0}% of the {} capacity",
+            fmt_bytes(live_total),
+            phase.name(),
+            margin * 100.0,
+            fmt_bytes(cap)
+        ),
+        _ => format!("fits with {} to spare at the peak", fmt_bytes(cap.saturating_sub(live_total))),
+    };
+    Explanation {
+        status,
+        summary,
+        step,
+        phase,
+        phase_meaning: phase_meaning(phase),
+        layer,
+        op,
+        requested,
+        time_s,
+        live,
+        live_total: Bytes::new(live_total),
+        capacity: Bytes::new(cap),
+        naive_average: naive,
+        naive_leaves_out,
+        naive_note,
+        empty_cache,
+        counterfactuals,
+        answer,
+    }
+}
+
+/// The plain-language report.
+pub fn render(e: &Explanation, s: &Scenario) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    let c = &s.cluster;
+    let t = &s.training;
+    let p = &s.parallel;
+    let _ = writeln!(o, "stepsim explain - {}", s.name);
+    let _ = writeln!(
+        o,
+        "Configuration: {} {} layers x hidden {} ({} parameters) on {} x {} ({}), {}, micro-batch {} x seq {} x grad_accum {}, precision {}, checkpointing {:?}",
+        format!("{:?}", s.model.family).to_lowercase(),
+        s.model.n_layers,
+        s.model.hidden,
+        s.model.param_count(),
+        c.gpus,
+        c.gpu.name,
+        fmt_bytes(c.capacity_bytes()),
+        p.sharding.display(),
+        t.micro_batch,
+        t.seq_len,
+        t.grad_accum,
+        t.precision.preset,
+        t.checkpointing
+    );
+    let _ = writeln!(o, "\n{}", e.summary);
+    if e.status != "fits" {
+        let _ = writeln!(o, "That is {}.", e.phase_meaning);
+    }
+    let _ = writeln!(o, "\nWhat was live at that instant (largest first):");
+    for l in &e.live {
+        let _ = writeln!(o, "  {:>24}  {}", fmt_bytes(l.size.bytes), l.reason);
+    }
+    let _ = writeln!(o, "  {:>24}  total held", fmt_bytes(e.live_total.bytes));
+    let _ =
+        writeln!(o, "\nThe naive per-GPU average (total model state / GPUs) is {}.", fmt_bytes(e.naive_average.bytes));
+    let _ = writeln!(o, "  {}.", e.naive_note);
+    if !e.naive_leaves_out.is_empty() {
+        let _ = writeln!(o, "  It leaves out:");
+        for x in &e.naive_leaves_out {
+            let _ = writeln!(o, "    - {x}");
+        }
+    }
+    let _ = writeln!(o, "\nWould torch.cuda.empty_cache() help? {}.", e.empty_cache);
+    if !e.counterfactuals.is_empty() {
+        let _ = writeln!(o, "\nSingle changes, each re-simulated:");
+        let _ =
+            writeln!(o, "  {:<44} {:>5} {:>26} {:>11} {:>13}", "change", "fits", "peak", "step time", "tokens/s/GPU");
+        for cf in &e.counterfactuals {
+            let fits = match cf.fits {
+                Some(true) => "yes",
+                Some(false) => "no",
+                None => "-",
+            };
+            let peak = cf.peak.map_or("-".to_string(), |b| fmt_bytes(b.bytes));
+            let st = cf.step_time_s.map_or("-".to_string(), |x| format!("{x:.3} s"));
+            let tps = cf.tokens_per_s_change.map_or("-".to_string(), |x| format!("{:+.1}%", x * 100.0));
+            let _ = writeln!(o, "  {:<44} {:>5} {:>26} {:>11} {:>13}", cf.change, fits, peak, st, tps);
+            if let Some(n) = &cf.note {
+                let _ = writeln!(o, "      {n}");
+            }
+        }
+        let _ = writeln!(o, "  (peak and time of a change that does not fit: as if memory were unbounded; tokens/s per GPU against the original, timed the same way)");
+    }
+    let _ = writeln!(o, "\nAnswer: {}", e.answer);
+    o
+}
+
+/// Would `torch.cuda.empty_cache()` help? Only cached (reserved, unallocated) memory can be
+/// returned, and PyTorch already returns it and retries before raising an OOM.
+fn empty_cache_advice(s: &Scenario, r: &crate::report::Report) -> String {
+    use crate::memory::{AllocatorKind, OomCause};
+    if s.allocator.kind == AllocatorKind::Exact {
+        return "no: with exact live-byte accounting ([allocator] kind = \"exact\") nothing is cached; every byte above is a live tensor".into();
+    }
+    match &r.allocator.oom {
+        Some(d) if d.cause == OomCause::Fragmentation => format!(
+            "no, and it is not needed to see why: this OOM is fragmentation. {} is reserved but unallocated, yet no free block or new segment can hold the {} request; PyTorch already frees its cached blocks and retries before failing ({} retries), so empty_cache() cannot avoid it. Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True ([allocator] expandable_segments = true), which grows segments instead of leaving holes between them",
+            fmt_bytes(d.state.reserved.bytes.saturating_sub(d.state.live.bytes)),
+            fmt_bytes(d.request.bytes),
+            r.allocator.num_alloc_retries
+        ),
+        Some(_) => "no: the live tensors plus the request exceed capacity; empty_cache() returns only cached blocks and cannot free tensors in use".into(),
+        None => "not needed: the run fits".into(),
+    }
+}

@@ -1,0 +1,128 @@
+//! What a sweep keeps of one simulation: the verdict, where it ran out of memory, the peak,
+//! and the steady-state throughput. Everything else (timelines, schedules, names) is dropped
+//! as soon as the row is formatted, so a sweep's memory does not grow with its length.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use crate::engine::Deadlock;
+use crate::model::{LayerDag, ModelConfig, Workload};
+use crate::report::{Report, Verdict};
+use crate::scenario::Scenario;
+use crate::schedule::Phase;
+
+/// Where a configuration ran out of memory.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OomAt {
+    pub step: u32,
+    pub phase: Phase,
+    pub layer: Option<u64>,
+}
+
+/// Steady-state throughput of a configuration that fits.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rate {
+    pub step_time_s: f64,
+    pub tokens_per_s: f64,
+    pub mfu: f64,
+}
+
+/// One configuration's result, as the report states it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub oom: Option<OomAt>,
+    pub gpus: u64,
+    pub tokens_per_step: u64,
+    /// Highest allocated / reserved bytes per GPU (up to the OOM instant when it does not fit).
+    pub peak_allocated: u64,
+    pub peak_reserved: u64,
+    /// What the allocator may use (device memory less what lives outside it).
+    pub capacity: u64,
+    pub throughput: Option<Rate>,
+}
+
+impl Outcome {
+    /// The figures of a report (from [`crate::simulate`] or [`crate::simulate_lean`]).
+    pub fn from_report(r: &Report, s: &Scenario) -> Outcome {
+        let oom = match &r.verdict {
+            Verdict::Fits { .. } => None,
+            Verdict::Oom(o) => Some(OomAt { step: o.at.step, phase: o.at.phase, layer: o.at.layer }),
+        };
+        Outcome {
+            oom,
+            gpus: u64::from(s.cluster.gpus),
+            tokens_per_step: s.tokens_per_step(),
+            peak_allocated: r.peak.as_ref().map_or(0, |p| p.allocated.bytes),
+            peak_reserved: r.peak.as_ref().map_or(0, |p| p.reserved.bytes),
+            capacity: r.capacity.bytes,
+            throughput: r.throughput.as_ref().map(|t| Rate {
+                step_time_s: t.step_time_s,
+                tokens_per_s: t.tokens_per_s,
+                mfu: t.mfu,
+            }),
+        }
+    }
+}
+
+/// DAGs recently built on this thread: neighbouring configurations usually share the model
+/// and the micro-batch shape, and building the DAG is a tenth of a simulation.
+const DAG_CACHE: usize = 8;
+
+thread_local! {
+    static DAGS: RefCell<Vec<(ModelConfig, Workload, Rc<LayerDag>)>> = const { RefCell::new(Vec::new()) };
+}
+
+fn dag_for(s: &Scenario) -> Rc<LayerDag> {
+    DAGS.with(|c| {
+        let mut c = c.borrow_mut();
+        if let Some(i) = c.iter().position(|(m, w, _)| *m == s.model && *w == s.workload) {
+            let hit = c.remove(i);
+            let dag = hit.2.clone();
+            c.push(hit);
+            return dag;
+        }
+        let dag = Rc::new(crate::model::build(&s.model, &s.workload));
+        if c.len() == DAG_CACHE {
+            c.remove(0);
+        }
+        c.push((s.model.clone(), s.workload.clone(), dag.clone()));
+        dag
+    })
+}
+
+thread_local! {
+    /// (configurations that ran out of memory in step 1 after initialisation, those that
+    /// got past step 1), on this thread: whether trying the one-step prefix first pays.
+    static STEP1: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+/// Simulates one configuration for a sweep.
+///
+/// The program prefixes tried first (see [`crate::simulate_lean`]): initialisation alone
+/// (cheap, and where DDP and ZeRO-1 runs of large models stop), then one step while, on this
+/// thread, more configurations have run out of memory in step 1 than got past it (a prefix
+/// that fits costs about half a run; one that does not saves about half). Either way the
+/// outcome is the full program's; only the time differs.
+pub fn simulate(s: &Scenario) -> Result<Outcome, Deadlock> {
+    let dag = dag_for(s);
+    let (early_oom, past) = STEP1.with(|c| c.get());
+    let early: &[u32] = if early_oom >= past { &[0, 1] } else { &[0] };
+    let report = crate::simulate_lean(s, &dag, early)?;
+    let o = Outcome::from_report(&report, s);
+    STEP1.with(|c| {
+        let (a, b) = c.get();
+        match o.oom {
+            Some(at) if at.step == 0 => {}
+            Some(at) if at.step == 1 => c.set((a + 1, b)),
+            _ => c.set((a, b + 1)),
+        }
+    });
+    Ok(o)
+}
+
+/// [`simulate`] without trying program prefixes first (for tests: the outcomes must agree).
+pub fn simulate_whole(s: &Scenario) -> Result<Outcome, Deadlock> {
+    let dag = dag_for(s);
+    let report = crate::simulate_lean(s, &dag, &[])?;
+    Ok(Outcome::from_report(&report, s))
+}

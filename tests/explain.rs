@@ -1,0 +1,153 @@
+//! `stepsim explain`: an OOM in each phase is explained with that phase and its dominant
+//! category; the counterfactual table's verdicts agree with simulating each change directly;
+//! the CLI writes explain.png and carries the explanation in report.json.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use stepsim::explain::{self, counterfactual};
+use stepsim::scenario::Scenario;
+
+fn shipped(name: &str) -> Scenario {
+    Scenario::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios").join(name)).unwrap()
+}
+
+fn inline(toml: &str) -> Scenario {
+    Scenario::from_toml(Path::new("<explain test>"), toml).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn shipped_text(name: &str) -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios").join(name)).unwrap()
+}
+
+/// The 100B FSDP scenario with full checkpointing on 24 GPUs: forward and backward fit, the
+/// first optimizer.step() creates Adam's moments (8 B/param / 24 = 34 GB) and does not.
+fn optimizer_oom() -> Scenario {
+    let t = shipped_text("100b-32gpu-fsdp.toml")
+        .replace("gpus = 32", "gpus = 24")
+        .replace("activation_checkpointing = \"none\"", "activation_checkpointing = \"full\"");
+    inline(&t)
+}
+
+/// A 1.3B GPT at micro-batch 48 x 2048 on one A100 80GB: activations overflow in forward.
+fn forward_oom() -> Scenario {
+    inline(
+        "[model]\nfamily = \"gpt\"\nn_layers = 24\nhidden = 2048\nn_heads = 16\nvocab = 50257\nmax_seq_len = 2048\n\
+         [hardware]\ngpu = \"a100-80gb\"\ngpus = 1\n[training]\nmicro_batch = 48\nseq_len = 2048\nprecision = \"bf16-mixed-adam\"\n",
+    )
+}
+
+#[test]
+fn each_phase_is_named_with_its_dominant_category() {
+    let cases: Vec<(&str, Scenario, &str, &str)> = vec![
+        ("load", shipped("100b-8gpu-ddp.toml"), "init", "parameters"),
+        ("forward", forward_oom(), "forward", "activations"),
+        ("backward", shipped("100b-32gpu-fsdp.toml"), "backward", "activations"),
+        ("first optimizer step", optimizer_oom(), "optimizer", "optimizer_state"),
+    ];
+    for (what, s, phase, dominant) in cases {
+        let sim = stepsim::simulate(&s).unwrap();
+        let e = explain::explain(&s, &sim, explain::DEFAULT_MARGIN);
+        assert_eq!(e.status, "oom", "{what}");
+        assert_eq!(e.phase.name(), phase, "{what}");
+        assert_eq!(e.live.first().map(|l| l.category), Some(dominant), "{what}: {:?}", e.live);
+        let text = explain::render(&e, &s);
+        assert!(text.contains(phase) && text.contains("GiB") && text.contains("Answer:"), "{what}");
+        // Every live line says why it is there.
+        assert!(e.live.iter().all(|l| !l.reason.is_empty()));
+    }
+}
+
+#[test]
+fn the_32_gpu_story_leaves_activations_out_of_the_naive_average() {
+    let s = shipped("100b-32gpu-fsdp.toml");
+    let sim = stepsim::simulate(&s).unwrap();
+    let e = explain::explain(&s, &sim, explain::DEFAULT_MARGIN);
+    assert!(e.naive_average.bytes < e.capacity.bytes, "the average fits");
+    assert!(e.naive_leaves_out.iter().any(|x| x.contains("activations saved by 80 of 80 layers")));
+    assert!(e.naive_leaves_out.iter().any(|x| x.contains("all-gathered") && x.contains("prefetched")));
+    assert!(e.naive_note.contains("does not exist yet"), "{}", e.naive_note);
+}
+
+#[test]
+fn counterfactual_verdicts_agree_with_direct_runs() {
+    let s = shipped("100b-32gpu-fsdp.toml");
+    let sim = stepsim::simulate(&s).unwrap();
+    let e = explain::explain(&s, &sim, explain::DEFAULT_MARGIN);
+    assert!(e.counterfactuals.iter().any(|c| c.fits == Some(true)), "some single change fits");
+    assert!(e.answer.contains("activation checkpointing: full"), "{}", e.answer);
+    let mut checked = 0;
+    for which in 0..counterfactual::COUNTERFACTUAL_NAMES.len() {
+        let Ok(variants) = counterfactual::variants(&s, which) else { continue };
+        for (label, v) in variants {
+            let Some(row) = e.counterfactuals.iter().find(|c| c.change == label) else { continue };
+            let direct = stepsim::simulate(&v).unwrap();
+            let fits = matches!(direct.report.verdict, stepsim::report::Verdict::Fits { .. });
+            assert_eq!(row.fits, Some(fits), "{label}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 5, "only {checked} rows checked");
+}
+
+#[test]
+fn a_run_near_capacity_is_explained_and_one_far_from_it_is_not() {
+    let s = shipped("gpt-1.3b-1gpu.toml");
+    let sim = stepsim::simulate(&s).unwrap();
+    assert_eq!(explain::explain(&s, &sim, 0.05).status, "fits");
+    let e = explain::explain(&s, &sim, 0.9);
+    assert_eq!(e.status, "near_capacity");
+    assert!(!e.live.is_empty() && !e.counterfactuals.is_empty());
+}
+
+#[test]
+fn cli_writes_explain_png_and_the_explanation_in_report_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let out: PathBuf = dir.path().join("out");
+    let scenario = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/100b-32gpu-fsdp.toml");
+    let o = Command::new(env!("CARGO_BIN_EXE_stepsim"))
+        .arg("explain")
+        .arg(&scenario)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("OOM in step 1, backward") && text.contains("Single changes"), "{text}");
+    let png = std::fs::read(out.join("explain.png")).unwrap();
+    assert!(png.starts_with(&[0x89, b'P', b'N', b'G']));
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    assert_eq!(r.pointer("/explanation/phase").and_then(|v| v.as_str()), Some("backward"));
+    assert!(r.pointer("/explanation/counterfactuals").and_then(|v| v.as_array()).is_some_and(|a| a.len() >= 8));
+    // A bad margin is a flag error.
+    let o = Command::new(env!("CARGO_BIN_EXE_stepsim"))
+        .arg("explain")
+        .arg(&scenario)
+        .args(["--margin", "2"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--margin"));
+}
+
+#[test]
+fn a_fragmentation_oom_says_so_and_recommends_expandable_segments() {
+    let s = shipped("fragmentation-oom.toml");
+    let sim = stepsim::simulate(&s).unwrap();
+    let e = explain::explain(&s, &sim, explain::DEFAULT_MARGIN);
+    assert_eq!(e.status, "oom");
+    assert!(
+        e.empty_cache.contains("fragmentation") && e.empty_cache.contains("expandable_segments"),
+        "{}",
+        e.empty_cache
+    );
+    assert!(e.live.iter().any(|l| l.category == "allocator"), "the reserved-but-unallocated bytes are a line");
+    let row = e
+        .counterfactuals
+        .iter()
+        .find(|c| c.change.contains("expandable_segments"))
+        .expect("an expandable-segments row");
+    assert_eq!(row.fits, Some(true), "{row:?}");
+}

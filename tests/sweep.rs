@@ -1,0 +1,472 @@
+//! Sweeps: axis expansion and filters, precise errors for bad sweep files (exit 2), the same
+//! CSV whatever `--jobs`, shards that merge into the unsharded run, `--resume` that loses and
+//! duplicates nothing, the lean simulation agreeing with `simulate`, and the shipped
+//! capacity sweep answering its question.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+use stepsim::scenario::Scenario;
+use stepsim::sweep::output::parse_row;
+use stepsim::sweep::summary::{self, Outcome};
+use stepsim::sweep::SweepSpec;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn scenario_path(name: &str) -> String {
+    root().join("scenarios").join(format!("{name}.toml")).display().to_string()
+}
+
+fn stepsim(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_stepsim"))
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .expect("cannot start the stepsim binary")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// A sweep of the 1.3B GPT: 4 GPU counts x 3 micro-batches x 2 shardings x 2 checkpointing
+/// = 48 configurations; some run out of memory (DDP with large micro-batches), most fit.
+fn small_sweep(extra: &str) -> String {
+    format!(
+        r#"name = "small"
+base = {base:?}
+{extra}
+[axes]
+hardware.gpus = [1, 2, 4, 8]
+training.micro_batch = [4, 8, 16]
+parallel.sharding = ["none", "full_shard"]
+training.activation_checkpointing = ["none", "full"]
+"#,
+        base = scenario_path("gpt-1.3b-1gpu")
+    )
+}
+
+fn write(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, body).unwrap();
+    p
+}
+
+fn spec_of(body: &str) -> SweepSpec {
+    SweepSpec::from_toml(Path::new("test-sweep.toml"), body).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn spec_err(body: &str) -> String {
+    match SweepSpec::from_toml(Path::new("bad.toml"), body) {
+        Ok(_) => panic!("accepted:\n{body}"),
+        Err(e) => {
+            assert_eq!(e.exit_code(), 2, "{e}");
+            e.to_string()
+        }
+    }
+}
+
+/// Runs `stepsim sweep` and requires exit 0; returns (stdout, stderr).
+fn sweep_ok(args: &[&str], cwd: &Path) -> (String, String) {
+    let mut a = vec!["sweep"];
+    a.extend_from_slice(args);
+    let o = stepsim(&a, cwd);
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert_eq!(o.status.code(), Some(0), "stepsim {a:?}: exit {:?}\nstdout: {out}\nstderr: {err}", o.status.code());
+    assert!(!err.contains("panicked"), "{err}");
+    (out, err)
+}
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_else(|e| panic!("cannot read {}: {e}", p.display()))
+}
+
+// ---------------------------------------------------------------- expansion and filters
+
+#[test]
+fn axes_expand_in_file_order_with_the_first_axis_slowest() {
+    let spec = spec_of(&small_sweep(""));
+    let paths: Vec<&str> = spec.axes.iter().map(|a| a.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        ["hardware.gpus", "training.micro_batch", "parallel.sharding", "training.activation_checkpointing"]
+    );
+    assert_eq!(spec.size, 4 * 3 * 2 * 2);
+    assert_eq!(spec.value_indices(0), [0, 0, 0, 0]);
+    assert_eq!(spec.value_indices(1), [0, 0, 0, 1]);
+    assert_eq!(spec.value_indices(47), [3, 2, 1, 1]);
+    assert_eq!(
+        spec.describe(13),
+        "hardware.gpus = 2, training.micro_batch = 4, parallel.sharding = \"full_shard\", training.activation_checkpointing = \"full\""
+    );
+    // Each point is the base with the axis values written in, validated as a scenario.
+    let s = spec.point(13).unwrap().expect("no filter");
+    assert_eq!(s.cluster.gpus, 2);
+    assert_eq!(s.training.micro_batch, 4);
+    assert_eq!(s.training.grad_accum, 2, "from the base");
+    assert_eq!(s.parallel.sharding, stepsim::plan::Sharding::Zero3);
+    assert_eq!(s.training.checkpointing, stepsim::plan::Checkpointing::Full);
+    assert!(spec.csv_header().starts_with(
+        "index,hardware.gpus,training.micro_batch,parallel.sharding,training.activation_checkpointing,gpus,"
+    ));
+}
+
+#[test]
+fn axes_can_be_sub_tables_or_quoted_paths_and_the_base_inline() {
+    let body = r#"
+[base.model]
+family = "gpt"
+n_layers = 2
+hidden = 256
+n_heads = 4
+vocab = 1000
+[base.hardware]
+gpu = "h100-sxm"
+gpus = 1
+[base.training]
+micro_batch = 1
+seq_len = 128
+
+[axes."training.seq_len"]
+[axes.hardware]
+gpus = [1, 2]
+gpu = ["h100-sxm", "a100-80gb"]
+"#;
+    // `[axes."training.seq_len"]` is an empty table: not a list of values.
+    let e = spec_err(body);
+    assert!(e.contains("field `axes.training.seq_len`") && e.contains("non-empty list"), "{e}");
+    let body = body.replace("[axes.\"training.seq_len\"]\n", "[axes]\n\"training.seq_len\" = [64, 128]\n");
+    let spec = spec_of(&body);
+    let paths: Vec<&str> = spec.axes.iter().map(|a| a.path.as_str()).collect();
+    assert_eq!(paths, ["training.seq_len", "hardware.gpus", "hardware.gpu"]);
+    let s = spec.point(spec.size - 1).unwrap().unwrap();
+    assert_eq!((s.workload.seq_len, s.cluster.gpus, s.cluster.gpu.name), (128, 2, "a100-80gb"));
+}
+
+#[test]
+fn filters_keep_exactly_the_configurations_that_satisfy_them() {
+    let body = format!(
+        r#"base = {base:?}
+filter = ["micro_batch * grad_accum * dp = 64", "parallel.sharding != \"none\" ", "nodes <= 1"]
+[axes]
+hardware.gpus = [1, 2, 4, 8, 16]
+training.micro_batch = [1, 2, 4, 8]
+training.grad_accum = [1, 2, 4, 8, 16]
+parallel.sharding = ["none", "zero2", "full_shard"]
+"#,
+        base = scenario_path("gpt-1.3b-1gpu")
+    );
+    let spec = spec_of(&body);
+    let mut kept = 0;
+    for i in 0..spec.size {
+        let v = spec.value_indices(i);
+        let (g, mb, ga) = ([1, 2, 4, 8, 16][v[0]], [1, 2, 4, 8][v[1]], [1, 2, 4, 8, 16][v[2]]);
+        let want = mb * ga * g == 64 && v[3] != 0 && g <= 8;
+        let got = spec.point(i).unwrap();
+        assert_eq!(got.is_some(), want, "configuration {i}: {}", spec.describe(i));
+        kept += usize::from(want);
+    }
+    assert_eq!(kept, 2 * 13, "two shardings x the 13 (gpus <= 8, mb, ga) triples with product 64");
+}
+
+#[test]
+fn bad_filters_name_the_constraint_and_what_is_allowed() {
+    let with = |f: &str| small_sweep(&format!("filter = [{f:?}]"));
+    let e = spec_err(&with("micro_batchh = 4"));
+    assert!(e.contains("field `filter[0]`") && e.contains("unknown name `micro_batchh`") && e.contains("global_batch"), "{e}");
+    let e = spec_err(&with("micro_batch * 4"));
+    assert!(e.contains("filter[0]") && e.contains("compares two sides"), "{e}");
+    let e = spec_err(&with("model.n_kv_heads = 4"));
+    assert!(e.contains("`model.n_kv_heads` is neither an axis nor set in the base scenario"), "{e}");
+    let e = spec_err(&with("gpus = (2"));
+    assert!(e.contains("missing `)`"), "{e}");
+    // Type errors surface per configuration, naming it.
+    let spec = spec_of(&with("sharding < 3"));
+    let e = spec.point(0).unwrap_err().to_string();
+    assert!(e.contains("filter[0]") && e.contains("cannot compare a string") && e.contains("configuration 0"), "{e}");
+}
+
+#[test]
+fn bad_sweep_files_give_precise_errors() {
+    let base = scenario_path("gpt-1.3b-1gpu");
+    let cases: &[(String, &[&str])] = &[
+        (
+            format!("base = {base:?}\n[axes]\ntraining.micro_batchh = [1, 2]\n"),
+            &["bad.toml", "field `axes.training.micro_batchh`", "unknown field `micro_batchh`", "micro_batch"],
+        ),
+        (
+            format!("base = {base:?}\n[axes]\nhardwre.gpus = [1, 2]\n"),
+            &["field `axes.hardwre.gpus`", "unknown field `hardwre`", "hardware"],
+        ),
+        (
+            format!("base = {base:?}\n[axes]\ntraining.micro_batch = [1, \"two\"]\n"),
+            &["field `axes.training.micro_batch`", "value \"two\" (item 2 of the list)", "field `training.micro_batch`", "invalid type"],
+        ),
+        (
+            format!("base = {base:?}\n[axes]\nhardware.gpus = 8\n"),
+            &["field `axes.hardware.gpus`", "non-empty list"],
+        ),
+        (format!("base = {base:?}\n[axes]\nhardware.gpus = []\n"), &["field `axes.hardware.gpus`", "non-empty list"]),
+        (format!("base = {base:?}\n[axes]\nhardware.gpus = [1, 1]\n"), &["field `axes.hardware.gpus`", "twice"]),
+        (format!("base = {base:?}\n"), &["field `axes`", "no axes"]),
+        ("[axes]\nhardware.gpus = [1]\n".to_string(), &["field `base`", "missing"]),
+        ("base = \"no-such.toml\"\n[axes]\nhardware.gpus = [1]\n".to_string(), &["field `base`", "cannot read the base scenario"]),
+        (format!("base = {base:?}\naxis = 3\n[axes]\nhardware.gpus = [1]\n"), &["field `axis`", "unknown field"]),
+        (
+            format!("base = {base:?}\n[axes]\nhardware.gpus = [1]\n[[objective]]\nminimize = \"cost\"\n"),
+            &["field `objective[0].minimize`", "unknown metric \"cost\"", "\"gpu_hours\""],
+        ),
+        (
+            format!("base = {base:?}\n[axes]\nhardware.gpus = [1]\n[[objective]]\nminimize = \"gpu_hours\"\n"),
+            &["field `objective[0].minimize`", "token_budget"],
+        ),
+        (
+            format!("base = {base:?}\n[axes]\nhardware.gpus = [1]\n[[objective]]\nminimize = \"gpus\"\nmaximize = \"mfu\"\n"),
+            &["field `objective[0]`", "exactly one"],
+        ),
+        (
+            format!("base = {base:?}\n[axes]\nhardware.gpus = [1]\n[heatmap]\nx = \"training.seq_len\"\n"),
+            &["field `heatmap.x`", "not an axis", "\"hardware.gpus\""],
+        ),
+        (
+            format!("base = {base:?}\ntoken_budget = -5\n[axes]\nhardware.gpus = [1]\n"),
+            &["field `token_budget`", "positive"],
+        ),
+        (
+            "[base.model]\nfamily = \"gpt\"\n[axes]\nhardware.gpus = [1]\n".to_string(),
+            &["field `base.model.n_layers`", "missing field"],
+        ),
+    ];
+    for (body, wants) in cases {
+        let e = spec_err(body);
+        for w in *wants {
+            assert!(e.contains(w), "error for\n{body}\nis `{e}`, which lacks `{w}`");
+        }
+    }
+}
+
+#[test]
+fn an_invalid_configuration_names_its_axis_value_and_the_field() {
+    // micro_batch = 0 has the right type, so only the configuration check catches it.
+    let body = small_sweep("").replace("training.micro_batch = [4, 8, 16]", "training.micro_batch = [4, 0]");
+    let spec = spec_of(&body);
+    let e = spec.point(1 << 2).unwrap_err().to_string();
+    assert!(
+        e.contains("axis `training.micro_batch` = 0")
+            && e.contains("field `training.micro_batch`: must be a positive integer, got 0"),
+        "{e}"
+    );
+    // A combination that is invalid (4 GPUs with the base's 8 per node) names the configuration.
+    let body = small_sweep("").replace("hardware.gpus = [1, 2, 4, 8]", "hardware.gpus = [16, 4]\nhardware.gpus_per_node = [8]");
+    let spec = spec_of(&body);
+    let e = spec.point(spec.size - 1).unwrap_err().to_string();
+    assert!(e.contains("field `hardware.gpus_per_node`") && e.contains("hardware.gpus = 4"), "{e}");
+}
+
+#[test]
+fn bad_sweeps_and_flags_exit_2_through_the_cli() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bad = write(tmp.path(), "bad.toml", &small_sweep("").replace("training.micro_batch", "training.micro_batchh"));
+    let good = write(tmp.path(), "good.toml", &small_sweep(""));
+    let invalid = write(tmp.path(), "invalid.toml", &small_sweep("").replace("[4, 8, 16]", "[4, 0]"));
+    let out = tmp.path().join("out");
+    let o = out.to_str().unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec![bad.to_str().unwrap(), "--out", o], "field `axes.training.micro_batchh`"),
+        (vec![invalid.to_str().unwrap(), "--out", o], "axis `training.micro_batch` = 0"),
+        (vec![good.to_str().unwrap(), "--out", o, "--shard", "0/4"], "1 <= I <= N"),
+        (vec![good.to_str().unwrap(), "--out", o, "--shard", "5/4"], "1 <= I <= N"),
+        (vec![good.to_str().unwrap(), "--out", o, "--jobs", "0"], "--jobs"),
+        (vec!["missing.toml"], "cannot read the sweep file"),
+        (vec!["merge", good.to_str().unwrap(), tmp.path().to_str().unwrap()], "not a sweep shard's output folder"),
+    ];
+    for (args, want) in cases {
+        let mut a = vec!["sweep"];
+        a.extend(args.iter().copied());
+        let r = stepsim(&a, tmp.path());
+        let err = text(&r.stderr);
+        assert_eq!(r.status.code(), Some(2), "stepsim {a:?}: exit {:?}; stderr {err}", r.status.code());
+        assert!(err.contains(want), "stepsim {a:?}: stderr `{err}` lacks `{want}`");
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(!out.join("sweep.csv").exists(), "stepsim {a:?} wrote sweep.csv");
+    }
+}
+
+// ---------------------------------------------------------------- running
+
+#[test]
+fn jobs_1_and_2_give_identical_outputs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sw = write(tmp.path(), "small.toml", &small_sweep(""));
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    let (out_a, _) = sweep_ok(&[sw.to_str().unwrap(), "--out", a.to_str().unwrap(), "--jobs", "1"], tmp.path());
+    let (out_b, err_b) = sweep_ok(&[sw.to_str().unwrap(), "--out", b.to_str().unwrap(), "--jobs", "2"], tmp.path());
+    let csv = read(&a.join("sweep.csv"));
+    assert_eq!(csv, read(&b.join("sweep.csv")), "sweep.csv differs between --jobs 1 and 2");
+    assert_eq!(read(&a.join("sweep.json")), read(&b.join("sweep.json")));
+    assert_eq!(out_a.replace(a.to_str().unwrap(), "OUT"), out_b.replace(b.to_str().unwrap(), "OUT"));
+    // One row per configuration, in configuration order; no partial file left behind.
+    let rows: Vec<&str> = csv.lines().skip(1).collect();
+    assert_eq!(rows.len(), 48);
+    for (i, r) in rows.iter().enumerate() {
+        assert_eq!(parse_row(r, 4).unwrap().index, i as u64);
+    }
+    assert!(!b.join("sweep.csv.partial").exists());
+    assert!(std::fs::read(b.join("heatmap.png")).unwrap().starts_with(b"\x89PNG\r\n\x1a\n"));
+    // No progress bar when stderr is not a terminal: just the closing line.
+    assert!(!err_b.contains('\r') && err_b.lines().count() == 1, "stderr: {err_b}");
+}
+
+#[test]
+fn shards_merge_into_the_unsharded_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sw = write(tmp.path(), "small.toml", &small_sweep(""));
+    let sw = sw.to_str().unwrap();
+    let whole = tmp.path().join("whole");
+    sweep_ok(&[sw, "--out", whole.to_str().unwrap()], tmp.path());
+    let mut dirs = Vec::new();
+    let mut total = 0;
+    for i in 1..=3 {
+        let d = tmp.path().join(format!("shard{i}"));
+        let shard = format!("{i}/3");
+        let (out, _) = sweep_ok(&[sw, "--out", d.to_str().unwrap(), "--shard", &shard, "--jobs", "1"], tmp.path());
+        assert!(out.contains(&format!("Shard {i}/3")), "{out}");
+        assert!(!d.join("sweep.json").exists(), "a shard alone answers nothing");
+        total += read(&d.join("sweep.csv")).lines().count() - 1;
+        dirs.push(d.to_str().unwrap().to_string());
+    }
+    assert_eq!(total, 48, "the shards partition the sweep");
+    // Merging needs every shard exactly once.
+    let merged = tmp.path().join("merged");
+    let r = stepsim(&["sweep", "merge", sw, &dirs[0], &dirs[2], "--out", merged.to_str().unwrap()], tmp.path());
+    assert_eq!(r.status.code(), Some(2));
+    assert!(text(&r.stderr).contains("missing shard(s) 2/3"), "{}", text(&r.stderr));
+    let r = stepsim(&["sweep", "merge", sw, &dirs[0], &dirs[0], &dirs[1], "--out", merged.to_str().unwrap()], tmp.path());
+    assert_eq!(r.status.code(), Some(2));
+    assert!(text(&r.stderr).contains("given twice"), "{}", text(&r.stderr));
+    // In any order, they merge into the unsharded run's files.
+    let (out, _) = sweep_ok(&["merge", sw, &dirs[2], &dirs[0], &dirs[1], "--out", merged.to_str().unwrap()], tmp.path());
+    assert!(out.contains("Smallest GPU count that fits"), "{out}");
+    for f in ["sweep.csv", "sweep.json"] {
+        assert_eq!(read(&merged.join(f)), read(&whole.join(f)), "{f} of the merged shards differs from the unsharded run");
+    }
+    assert_eq!(std::fs::read(merged.join("heatmap.png")).unwrap(), std::fs::read(whole.join("heatmap.png")).unwrap());
+    // Shards of another sweep are refused.
+    let other = write(tmp.path(), "other.toml", &small_sweep("").replace("[1, 2, 4, 8]", "[1, 2, 4]"));
+    let r = stepsim(&["sweep", "merge", other.to_str().unwrap(), &dirs[0], &dirs[1], &dirs[2]], tmp.path());
+    assert_eq!(r.status.code(), Some(2));
+    assert!(text(&r.stderr).contains("other axes"), "{}", text(&r.stderr));
+}
+
+#[test]
+fn resume_after_an_interruption_loses_and_duplicates_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sw = write(tmp.path(), "small.toml", &small_sweep(""));
+    let sw = sw.to_str().unwrap();
+    let whole = tmp.path().join("whole");
+    sweep_ok(&[sw, "--out", whole.to_str().unwrap()], tmp.path());
+    let csv = read(&whole.join("sweep.csv"));
+    let manifest = read(&whole.join("sweep.manifest.json"));
+    assert!(manifest.contains("\"complete\": true"), "{manifest}");
+
+    // What an interrupted run leaves: the manifest (not complete) and a partial table whose
+    // last row was torn mid-write.
+    let cut = tmp.path().join("cut");
+    std::fs::create_dir_all(&cut).unwrap();
+    std::fs::write(cut.join("sweep.manifest.json"), manifest.replace("\"complete\": true", "\"complete\": false")).unwrap();
+    let lines: Vec<&str> = csv.split_inclusive('\n').collect();
+    let kept = 20;
+    let torn = &lines[kept + 1][..lines[kept + 1].len() / 2];
+    std::fs::write(cut.join("sweep.csv.partial"), format!("{}{torn}", lines[..=kept].concat())).unwrap();
+    let (out, err) = sweep_ok(&[sw, "--out", cut.to_str().unwrap(), "--resume"], tmp.path());
+    assert_eq!(read(&cut.join("sweep.csv")), csv, "the resumed table differs from the uninterrupted one");
+    assert!(err.contains(&format!("simulated {} configurations", 48 - kept)), "{err}");
+    assert!(err.contains(&format!("{kept} were already done")), "{err}");
+    assert!(!cut.join("sweep.csv.partial").exists());
+    assert!(out.contains("Smallest GPU count that fits"), "{out}");
+    assert_eq!(read(&cut.join("sweep.json")), read(&whole.join("sweep.json")));
+
+    // Resuming a complete sweep simulates nothing and gives the same answer.
+    let (out2, err2) = sweep_ok(&[sw, "--out", cut.to_str().unwrap(), "--resume"], tmp.path());
+    assert_eq!(out2, out);
+    assert!(!err2.contains("simulated"), "{err2}");
+
+    // A folder holding another sweep is not resumed into.
+    let other = write(tmp.path(), "other.toml", &small_sweep("").replace("[1, 2, 4, 8]", "[1, 2]"));
+    let r = stepsim(&["sweep", other.to_str().unwrap(), "--out", cut.to_str().unwrap(), "--resume"], tmp.path());
+    assert_eq!(r.status.code(), Some(2), "{}", text(&r.stderr));
+    assert!(text(&r.stderr).contains("another sweep"), "{}", text(&r.stderr));
+    assert_eq!(read(&cut.join("sweep.csv")), csv, "a refused resume must not touch the results");
+}
+
+// ---------------------------------------------------------------- the lean simulation
+
+#[test]
+fn the_lean_simulation_agrees_with_simulate() {
+    let dir = root().join("scenarios");
+    let mut checked = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_none_or(|x| x != "toml") {
+            continue;
+        }
+        let s = Scenario::load(&p).unwrap_or_else(|e| panic!("{e}"));
+        let full = stepsim::simulate(&s).unwrap();
+        let want = Outcome::from_report(&full.report, &s);
+        assert_eq!(summary::simulate(&s).unwrap(), want, "{}", p.display());
+        assert_eq!(summary::simulate_whole(&s).unwrap(), want, "{}", p.display());
+        checked += 1;
+    }
+    assert!(checked >= 6);
+}
+
+#[test]
+fn trying_program_prefixes_first_changes_no_outcome() {
+    // Every fourth configuration of the shipped sweep (init, forward, backward, optimizer and
+    // step-2 OOMs, and fits), plus a DeepSpeed variant whose optimizer state exists at init.
+    let spec = SweepSpec::load(&root().join("scenarios/sweeps/100b-capacity.toml")).unwrap();
+    let mut phases = std::collections::BTreeSet::new();
+    for i in (0..spec.size).step_by(4) {
+        let s = spec.point(i).unwrap().unwrap();
+        let whole = summary::simulate_whole(&s).unwrap();
+        assert_eq!(summary::simulate(&s).unwrap(), whole, "configuration {i}: {}", spec.describe(i));
+        phases.insert(whole.oom.map(|o| (o.step, o.phase.name())));
+    }
+    assert!(phases.len() >= 4, "the sample covers too few outcomes: {phases:?}");
+}
+
+// ---------------------------------------------------------------- the shipped sweep
+
+#[test]
+fn the_shipped_capacity_sweep_names_the_smallest_gpu_count_that_fits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sw = root().join("scenarios/sweeps/100b-capacity.toml");
+    let out = tmp.path().join("out");
+    let (stdout, _) = sweep_ok(&[sw.to_str().unwrap(), "--out", out.to_str().unwrap()], tmp.path());
+    let answer: Value = serde_json::from_str(&read(&out.join("sweep.json"))).unwrap();
+    let spec = SweepSpec::load(&sw).unwrap();
+    let csv = read(&out.join("sweep.csv"));
+    let rows: Vec<_> = csv.lines().skip(1).map(|l| parse_row(l, spec.axes.len()).unwrap()).collect();
+    assert_eq!(rows.len() as u64, spec.size);
+    let smallest = rows.iter().filter(|r| r.fits).map(|r| r.gpus).min().expect("something fits");
+    assert_eq!(answer["smallest_gpus_that_fit"].as_u64(), Some(smallest));
+    assert!(stdout.contains(&format!("Smallest GPU count that fits: {smallest}\n")), "{stdout}");
+    assert!(stdout.contains("Best configuration: #") && stdout.contains("Fastest configuration that fits: #"), "{stdout}");
+    assert_eq!(answer["best"]["gpus"].as_u64(), Some(smallest), "the objective minimises GPUs first");
+    // 100B at 16 B/param: DDP and ZeRO-1 replicate the 202 GB of BF16 weights: never fits.
+    for r in &rows {
+        let sharding = &spec.axes[3].labels[spec.value_indices(r.index)[3]];
+        if sharding == "none" || sharding == "zero1" {
+            assert!(!r.fits && r.oom_phase == "init", "configuration {} ({sharding}) should OOM at init", r.index);
+        }
+    }
+    assert!(stdout.contains("parallel.sharding = \"none\": 80 configurations; OOM in init"), "{stdout}");
+    // Frontier: one point per GPU count that fits, ascending.
+    let frontier = answer["frontier"].as_array().unwrap();
+    assert_eq!(frontier[0]["gpus"].as_u64(), Some(smallest));
+    assert!(frontier.windows(2).all(|w| w[0]["gpus"].as_u64() < w[1]["gpus"].as_u64()));
+    assert!(std::fs::read(out.join("heatmap.png")).unwrap().starts_with(b"\x89PNG\r\n\x1a\n"));
+}
