@@ -85,11 +85,20 @@ fn execute(
     plan: &plan::Plan,
     schedule: &schedule::Schedule,
 ) -> Result<(engine::Trace, report::Report), engine::Deadlock> {
-    let opts = engine::RunOptions { empty_cache_after: empty_cache_tasks(schedule, &s.allocator.empty_cache) };
-    let mut alloc = s.allocator.build(capacity, s.cluster.memory_bytes);
-    let trace = engine::run_with(&schedule.program, alloc.as_mut(), &opts)?;
+    let trace = play(s, capacity, schedule)?;
     let report = report::build(s, dag, plan, schedule, &trace);
     Ok((trace, report))
+}
+
+/// Runs a schedule through the scenario's allocator capped at `capacity`.
+fn play(
+    s: &scenario::Scenario,
+    capacity: u64,
+    schedule: &schedule::Schedule,
+) -> Result<engine::Trace, engine::Deadlock> {
+    let opts = engine::RunOptions { empty_cache_after: empty_cache_tasks(schedule, &s.allocator.empty_cache) };
+    let mut alloc = s.allocator.build(capacity, s.cluster.memory_bytes);
+    engine::run_with(&schedule.program, alloc.as_mut(), &opts)
 }
 
 /// The sweep's simulation: [`simulate`]'s report, from a lean schedule (labels and buffers
@@ -110,9 +119,9 @@ pub fn simulate_lean(
     let capacity = s.allocator_capacity();
     for &steps in early.iter().filter(|&&k| k < s.training.steps) {
         let prefix = schedule::build_lean_prefix(dag, &plan, &s.cluster, steps);
-        let (_, report) = execute(s, capacity, dag, &plan, &prefix)?;
-        if matches!(report.verdict, report::Verdict::Oom(_)) {
-            return Ok(report);
+        let trace = play(s, capacity, &prefix)?;
+        if trace.oom.is_some() {
+            return Ok(report::build(s, dag, &plan, &prefix, &trace));
         }
     }
     let schedule = schedule::build_lean(dag, &plan, &s.cluster);

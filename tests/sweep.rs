@@ -99,11 +99,11 @@ fn axes_expand_in_file_order_with_the_first_axis_slowest() {
     assert_eq!(spec.value_indices(1), [0, 0, 0, 1]);
     assert_eq!(spec.value_indices(47), [3, 2, 1, 1]);
     assert_eq!(
-        spec.describe(13),
+        spec.describe(15),
         "hardware.gpus = 2, training.micro_batch = 4, parallel.sharding = \"full_shard\", training.activation_checkpointing = \"full\""
     );
     // Each point is the base with the axis values written in, validated as a scenario.
-    let s = spec.point(13).unwrap().expect("no filter");
+    let s = spec.point(15).unwrap().expect("no filter");
     assert_eq!(s.cluster.gpus, 2);
     assert_eq!(s.training.micro_batch, 4);
     assert_eq!(s.training.grad_accum, 2, "from the base");
@@ -173,10 +173,40 @@ parallel.sharding = ["none", "zero2", "full_shard"]
 }
 
 #[test]
+fn a_filter_can_leave_out_combinations_that_would_not_validate() {
+    let body = format!(
+        "base = {:?}\nfilter = [\"gpus % gpus_per_node = 0\"]\n[axes]\nhardware.gpus = [1, 4, 16]\nhardware.gpus_per_node = [1, 8]\n",
+        scenario_path("gpt-1.3b-1gpu")
+    );
+    let spec = spec_of(&body);
+    let kept: Vec<String> =
+        (0..spec.size).filter(|&i| spec.point(i).unwrap().is_some()).map(|i| spec.describe(i)).collect();
+    assert_eq!(
+        kept,
+        [
+            "hardware.gpus = 1, hardware.gpus_per_node = 1",
+            "hardware.gpus = 4, hardware.gpus_per_node = 1",
+            "hardware.gpus = 16, hardware.gpus_per_node = 1",
+            "hardware.gpus = 16, hardware.gpus_per_node = 8"
+        ]
+    );
+    // Without the filter the first invalid combination is the error, and says how to avoid it.
+    let spec = spec_of(&body.replace("filter = [\"gpus % gpus_per_node = 0\"]\n", ""));
+    let e = spec.point(1).unwrap_err().to_string();
+    assert!(
+        e.contains("field `hardware.gpus_per_node`") && e.contains("a `filter` can leave such combinations out"),
+        "{e}"
+    );
+}
+
+#[test]
 fn bad_filters_name_the_constraint_and_what_is_allowed() {
     let with = |f: &str| small_sweep(&format!("filter = [{f:?}]"));
     let e = spec_err(&with("micro_batchh = 4"));
-    assert!(e.contains("field `filter[0]`") && e.contains("unknown name `micro_batchh`") && e.contains("global_batch"), "{e}");
+    assert!(
+        e.contains("field `filter[0]`") && e.contains("unknown name `micro_batchh`") && e.contains("global_batch"),
+        "{e}"
+    );
     let e = spec_err(&with("micro_batch * 4"));
     assert!(e.contains("filter[0]") && e.contains("compares two sides"), "{e}");
     let e = spec_err(&with("model.n_kv_heads = 4"));
@@ -260,7 +290,8 @@ fn an_invalid_configuration_names_its_axis_value_and_the_field() {
         "{e}"
     );
     // A combination that is invalid (4 GPUs with the base's 8 per node) names the configuration.
-    let body = small_sweep("").replace("hardware.gpus = [1, 2, 4, 8]", "hardware.gpus = [16, 4]\nhardware.gpus_per_node = [8]");
+    let body = small_sweep("")
+        .replace("hardware.gpus = [1, 2, 4, 8]", "hardware.gpus = [16, 4]\nhardware.gpus_per_node = [8]");
     let spec = spec_of(&body);
     let e = spec.point(spec.size - 1).unwrap_err().to_string();
     assert!(e.contains("field `hardware.gpus_per_node`") && e.contains("hardware.gpus = 4"), "{e}");
@@ -344,14 +375,20 @@ fn shards_merge_into_the_unsharded_run() {
     let r = stepsim(&["sweep", "merge", sw, &dirs[0], &dirs[2], "--out", merged.to_str().unwrap()], tmp.path());
     assert_eq!(r.status.code(), Some(2));
     assert!(text(&r.stderr).contains("missing shard(s) 2/3"), "{}", text(&r.stderr));
-    let r = stepsim(&["sweep", "merge", sw, &dirs[0], &dirs[0], &dirs[1], "--out", merged.to_str().unwrap()], tmp.path());
+    let r =
+        stepsim(&["sweep", "merge", sw, &dirs[0], &dirs[0], &dirs[1], "--out", merged.to_str().unwrap()], tmp.path());
     assert_eq!(r.status.code(), Some(2));
     assert!(text(&r.stderr).contains("given twice"), "{}", text(&r.stderr));
     // In any order, they merge into the unsharded run's files.
-    let (out, _) = sweep_ok(&["merge", sw, &dirs[2], &dirs[0], &dirs[1], "--out", merged.to_str().unwrap()], tmp.path());
+    let (out, _) =
+        sweep_ok(&["merge", sw, &dirs[2], &dirs[0], &dirs[1], "--out", merged.to_str().unwrap()], tmp.path());
     assert!(out.contains("Smallest GPU count that fits"), "{out}");
     for f in ["sweep.csv", "sweep.json"] {
-        assert_eq!(read(&merged.join(f)), read(&whole.join(f)), "{f} of the merged shards differs from the unsharded run");
+        assert_eq!(
+            read(&merged.join(f)),
+            read(&whole.join(f)),
+            "{f} of the merged shards differs from the unsharded run"
+        );
     }
     assert_eq!(std::fs::read(merged.join("heatmap.png")).unwrap(), std::fs::read(whole.join("heatmap.png")).unwrap());
     // Shards of another sweep are refused.
@@ -376,7 +413,8 @@ fn resume_after_an_interruption_loses_and_duplicates_nothing() {
     // last row was torn mid-write.
     let cut = tmp.path().join("cut");
     std::fs::create_dir_all(&cut).unwrap();
-    std::fs::write(cut.join("sweep.manifest.json"), manifest.replace("\"complete\": true", "\"complete\": false")).unwrap();
+    std::fs::write(cut.join("sweep.manifest.json"), manifest.replace("\"complete\": true", "\"complete\": false"))
+        .unwrap();
     let lines: Vec<&str> = csv.split_inclusive('\n').collect();
     let kept = 20;
     let torn = &lines[kept + 1][..lines[kept + 1].len() / 2];
@@ -423,6 +461,102 @@ fn the_lean_simulation_agrees_with_simulate() {
     assert!(checked >= 6);
 }
 
+/// Scenarios whose schedules cover the scheduler's branches: the shipped ones plus
+/// checkpointing with gradient accumulation, selective recompute and DeepSpeed.
+fn schedule_cases() -> Vec<Scenario> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(root().join("scenarios")).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "toml") {
+            out.push(Scenario::load(&p).unwrap_or_else(|e| panic!("{e}")));
+        }
+    }
+    let ac = std::fs::read_to_string(root().join("scenarios/100b-32gpu-fsdp-ac.toml")).unwrap();
+    let variants = [
+        ac.replace("grad_accum = 1", "grad_accum = 3").replace("n_layers = 80", "n_layers = 6"),
+        ac.replace("\"full\"", "\"selective\"")
+            .replace("\"flash\"", "\"math\"")
+            .replace("n_layers = 80", "n_layers = 6"),
+        ac.replace("framework = \"fsdp\"", "framework = \"deepspeed\"").replace("\"full_shard\"", "\"zero2\""),
+        ac.replace("\"full_shard\"", "\"hybrid_shard\"").replace("n_layers = 80", "n_layers = 6"),
+        ac.replace("\"full_shard\"", "\"none\"")
+            .replace("n_layers = 80", "n_layers = 4")
+            .replace("grad_accum = 1", "grad_accum = 2"),
+    ];
+    for (i, v) in variants.iter().enumerate() {
+        out.push(Scenario::from_toml(Path::new(&format!("variant-{i}.toml")), v).unwrap_or_else(|e| panic!("{e}")));
+    }
+    out
+}
+
+#[test]
+fn lean_schedules_and_their_prefixes_are_the_same_program() {
+    use stepsim::schedule::{build, build_lean, build_lean_prefix, TaskKind};
+    for s in schedule_cases() {
+        let dag = stepsim::model::build(&s.model, &s.workload);
+        let plan = stepsim::plan::Plan::new(
+            &dag,
+            s.parallel.clone(),
+            s.training.clone(),
+            u64::from(s.cluster.gpus),
+            u64::from(s.cluster.gpus_per_node),
+        );
+        let full = build(&dag, &plan, &s.cluster);
+        let lean = build_lean(&dag, &plan, &s.cluster);
+        let (f, l) = (&full.program, &lean.program);
+        assert_eq!(f.tasks.len(), l.tasks.len(), "{}", s.name);
+        for (a, b) in f.tasks.iter().zip(&l.tasks) {
+            assert_eq!(format!("{a:?}"), format!("{b:?}"), "{}", s.name);
+        }
+        assert_eq!(f.buffers.len(), l.buffers.len());
+        for (a, b) in f.buffers.iter().zip(&l.buffers) {
+            assert_eq!((a.bytes, a.category), (b.bytes, b.category), "{}", s.name);
+        }
+        for (a, b) in full.labels.iter().zip(&lean.labels) {
+            assert!(b.what.is_empty());
+            assert_eq!(
+                (a.step, a.phase, a.micro_batch, a.kind, a.unit, a.region),
+                (b.step, b.phase, b.micro_batch, b.kind, b.unit, b.region),
+                "{}",
+                s.name
+            );
+        }
+        assert_eq!(full.model_flops_per_step, lean.model_flops_per_step);
+        assert_eq!(full.hardware_flops_per_step, lean.hardware_flops_per_step);
+
+        // Every task of step k + 1 waits for step k's zero_grad (a dependency path, or a
+        // stream predecessor that has one), which is what makes a prefix run exactly as far
+        // as it goes.
+        let label = |t: usize| &lean.labels[l.tasks[t].label as usize];
+        let mut waits = vec![None::<u32>; l.tasks.len()]; // the latest step whose end it waits for
+        let mut last_on_stream: Vec<Option<usize>> = vec![None; l.streams.len()];
+        for (t, task) in l.tasks.iter().enumerate() {
+            let mut w = last_on_stream[task.stream as usize].and_then(|p| waits[p]);
+            for &d in &task.deps {
+                assert!((d as usize) < t, "{}: task {t} depends on a later task", s.name);
+                let d = d as usize;
+                let via = if label(d).kind == TaskKind::ZeroGrad { Some(label(d).step) } else { waits[d] };
+                w = w.max(via);
+            }
+            let step = label(t).step;
+            if step >= 2 {
+                assert!(w >= Some(step - 1), "{}: task {t} of step {step} does not wait for step {}", s.name, step - 1);
+            }
+            waits[t] = w;
+            last_on_stream[task.stream as usize] = Some(t);
+        }
+        for k in 0..s.training.steps {
+            let p = build_lean_prefix(&dag, &plan, &s.cluster, k);
+            let n = p.program.tasks.len();
+            assert!(n < l.tasks.len());
+            assert!(lean.labels[l.tasks[n].label as usize].step == k + 1, "{}: prefix {k} ends mid-step", s.name);
+            for (a, b) in p.program.tasks.iter().zip(&l.tasks) {
+                assert_eq!(format!("{a:?}"), format!("{b:?}"), "{}: prefix {k}", s.name);
+            }
+        }
+    }
+}
+
 #[test]
 fn trying_program_prefixes_first_changes_no_outcome() {
     // Every fourth configuration of the shipped sweep (init, forward, backward, optimizer and
@@ -454,7 +588,10 @@ fn the_shipped_capacity_sweep_names_the_smallest_gpu_count_that_fits() {
     let smallest = rows.iter().filter(|r| r.fits).map(|r| r.gpus).min().expect("something fits");
     assert_eq!(answer["smallest_gpus_that_fit"].as_u64(), Some(smallest));
     assert!(stdout.contains(&format!("Smallest GPU count that fits: {smallest}\n")), "{stdout}");
-    assert!(stdout.contains("Best configuration: #") && stdout.contains("Fastest configuration that fits: #"), "{stdout}");
+    assert!(
+        stdout.contains("Best configuration: #") && stdout.contains("Fastest configuration that fits: #"),
+        "{stdout}"
+    );
     assert_eq!(answer["best"]["gpus"].as_u64(), Some(smallest), "the objective minimises GPUs first");
     // 100B at 16 B/param: DDP and ZeRO-1 replicate the 202 GB of BF16 weights: never fits.
     for r in &rows {

@@ -177,11 +177,20 @@ impl<'a> Builder<'a> {
         }
         let mut recompute_ops = vec![Vec::new(); dag.config.n_layers as usize];
         if ck == Checkpointing::Full {
-            for l in 0..dag.config.n_layers {
-                let ops: Vec<usize> = dag.ops_of(Region::Block(l)).map(|(i, _)| i).collect();
+            // Each block's ops in forward order, gathered in one pass over the DAG.
+            let mut block_ops: Vec<Vec<usize>> = vec![Vec::new(); dag.config.n_layers as usize];
+            for (i, op) in dag.ops.iter().enumerate() {
+                if let Region::Block(l) = op.region {
+                    if let Some(v) = block_ops.get_mut(l as usize) {
+                        v.push(i);
+                    }
+                }
+            }
+            for (l, ops) in block_ops.iter_mut().enumerate() {
                 let last = ops.iter().rposition(|&i| dag.ops[i].outputs.iter().any(|&t| tensors[t].recomputed));
                 if let Some(last) = last {
-                    recompute_ops[l as usize] = ops[..=last].to_vec();
+                    ops.truncate(last + 1);
+                    recompute_ops[l] = std::mem::take(ops);
                 }
             }
         }
@@ -282,17 +291,21 @@ impl<'a> Builder<'a> {
             }
         }
         if self.dag.buffer_bytes > 0 {
-            let b = self.buffer(self.dag.buffer_bytes, Category::Buffers, "rotary cos/sin tables (fp32)".into());
-            self.task(COMPUTE, 0.0, vec![], vec![b], lbl("module buffers".into(), None));
+            let b = self.buffer(
+                self.dag.buffer_bytes,
+                Category::Buffers,
+                text!(self.names, "rotary cos/sin tables (fp32)"),
+            );
+            self.task(COMPUTE, 0.0, vec![], vec![b], lbl(text!(self.names, "module buffers"), None));
         }
         if plan.parallel.sharding == Sharding::None && plan.gpus > 1 && !plan.parallel.gradient_as_bucket_view {
             let bytes = plan.total_params() * self.pr().grad.bytes();
             let b = self.buffer(
                 bytes,
                 Category::CommBuffers,
-                "DDP gradient buckets (gradient_as_bucket_view=False)".into(),
+                text!(self.names, "DDP gradient buckets (gradient_as_bucket_view=False)"),
             );
-            self.task(COMPUTE, 0.0, vec![], vec![b], lbl("DDP reducer buckets".into(), None));
+            self.task(COMPUTE, 0.0, vec![], vec![b], lbl(text!(self.names, "DDP reducer buckets"), None));
         }
         if plan.parallel.framework == Framework::Deepspeed {
             for u in 0..plan.units.len() {
@@ -314,7 +327,8 @@ impl<'a> Builder<'a> {
         let el = plan.local(u, plan.optimizer_sharded);
         let tr = &plan.training;
         let bytes = el * tr.states_per_param() * tr.precision.optimizer_state.bytes();
-        let name = text!(self.names, 
+        let name = text!(
+            self.names,
             "{} optimizer state ({} x {})",
             plan.units[u].name,
             tr.states_per_param(),
@@ -340,7 +354,13 @@ impl<'a> Builder<'a> {
 
     fn gather(&mut self, step: u32, mb: u32, phase: Phase, u: usize, deps: Vec<u32>) -> (u32, u32) {
         let bytes = self.unit_gathered_bytes(u);
-        let name = text!(self.names, "{} gathered for {} ({})", self.plan.units[u].name, phase.name(), self.pr().compute.name());
+        let name = text!(
+            self.names,
+            "{} gathered for {} ({})",
+            self.plan.units[u].name,
+            phase.name(),
+            self.pr().compute.name()
+        );
         let b = self.buffer(bytes, Category::GatheredParameters, name);
         let secs = self.cost.collective_s(&self.cost.shard_group, Collective::AllGather, bytes);
         let what = text!(self.names, "all-gather {}", self.plan.units[u].name);
@@ -418,7 +438,11 @@ impl<'a> Builder<'a> {
             for &t in &op.outputs {
                 let tp = self.tensors[t];
                 let cat = if tp.kept { Category::Activations } else { Category::Transient };
-                let b = self.buffer(dag.tensors[t].bytes, cat, text!(self.names, "{} (micro-batch {mb})", dag.tensors[t].name));
+                let b = self.buffer(
+                    dag.tensors[t].bytes,
+                    cat,
+                    text!(self.names, "{} (micro-batch {mb})", dag.tensors[t].name),
+                );
                 tbuf[t] = Some(b);
                 alloc.push(b);
                 if tp.kept {
@@ -710,8 +734,15 @@ impl<'a> Builder<'a> {
                 secs,
                 deps,
                 alloc,
-                TaskLabel::new(step, Phase::Backward, mb, text!(self.names, "{}", op.name), TaskKind::Backward, Some(u))
-                    .with_region(op.region),
+                TaskLabel::new(
+                    step,
+                    Phase::Backward,
+                    mb,
+                    text!(self.names, "{}", op.name),
+                    TaskKind::Backward,
+                    Some(u),
+                )
+                .with_region(op.region),
             );
             last_bwd_task = t;
             bwd_last_of_unit[u] = Some(t);
@@ -787,7 +818,7 @@ impl<'a> Builder<'a> {
                     step,
                     Phase::Backward,
                     mb,
-                    "reduce-scatter gradients (ZeRO-1)".into(),
+                    text!(self.names, "reduce-scatter gradients (ZeRO-1)"),
                     TaskKind::ReduceScatter,
                     None,
                 ),
@@ -904,7 +935,7 @@ impl<'a> Builder<'a> {
             secs,
             deps,
             alloc,
-            TaskLabel::new(step, Phase::Optimizer, 0, "optimizer.step()".into(), TaskKind::Optimizer, None),
+            TaskLabel::new(step, Phase::Optimizer, 0, text!(self.names, "optimizer.step()"), TaskKind::Optimizer, None),
         );
         self.free_at(t, &frees);
         let mut last = t;
@@ -921,7 +952,7 @@ impl<'a> Builder<'a> {
                     step,
                     Phase::Optimizer,
                     0,
-                    "all-gather updated parameters".into(),
+                    text!(self.names, "all-gather updated parameters"),
                     TaskKind::AllGather,
                     None,
                 ),
@@ -933,7 +964,14 @@ impl<'a> Builder<'a> {
             0.0,
             vec![last],
             vec![],
-            TaskLabel::new(step, Phase::Optimizer, 0, "zero_grad(set_to_none=True)".into(), TaskKind::ZeroGrad, None),
+            TaskLabel::new(
+                step,
+                Phase::Optimizer,
+                0,
+                text!(self.names, "zero_grad(set_to_none=True)"),
+                TaskKind::ZeroGrad,
+                None,
+            ),
         );
         self.free_at(z, &grads);
         self.last_task_of_prev_step = Some(z);

@@ -243,10 +243,10 @@ impl<'a> Aggregator<'a> {
                 c.furthest = Some(phase_key.clone());
             }
             let axes = &spec.axes;
-            let r = self
-                .regions
-                .entry(phase_key.clone())
-                .or_insert_with(|| RegionAgg { count: 0, seen: axes.iter().map(|a| vec![false; a.values.len()]).collect() });
+            let r = self.regions.entry(phase_key.clone()).or_insert_with(|| RegionAgg {
+                count: 0,
+                seen: axes.iter().map(|a| vec![false; a.values.len()]).collect(),
+            });
             r.count += 1;
             for (k, &v) in vi.iter().enumerate() {
                 r.seen[k][v] = true;
@@ -268,11 +268,7 @@ impl<'a> Aggregator<'a> {
             .axes
             .iter()
             .zip(self.spec.value_indices(index))
-            .map(|(a, v)| AxisValue {
-                axis: a.path.clone(),
-                value: json(&a.values[v]),
-                literal: literal(&a.values[v]),
-            })
+            .map(|(a, v)| AxisValue { axis: a.path.clone(), value: json(&a.values[v]), literal: literal(&a.values[v]) })
             .collect()
     }
 
@@ -335,7 +331,11 @@ impl<'a> Aggregator<'a> {
                         configurations: *n,
                         oom: phases
                             .iter()
-                            .map(|((step, _, phase), c)| PhaseCount { step: *step, phase: phase.clone(), configurations: *c })
+                            .map(|((step, _, phase), c)| PhaseCount {
+                                step: *step,
+                                phase: phase.clone(),
+                                configurations: *c,
+                            })
                             .collect(),
                     });
                 }
@@ -365,7 +365,11 @@ impl<'a> Aggregator<'a> {
             y_axis: hm.y.map(|y| spec.axes[y].path.clone()),
             y_values: hm.y.map_or_else(Vec::new, |y| spec.axes[y].labels.clone()),
             color: color.key().to_string(),
-            higher_is_better: spec.objective.iter().find(|c| c.metric == color).map_or(color.higher_is_better(), |c| c.maximize),
+            higher_is_better: spec
+                .objective
+                .iter()
+                .find(|c| c.metric == color)
+                .map_or(color.higher_is_better(), |c| c.maximize),
             cells,
         };
         Answer {
@@ -407,6 +411,14 @@ pub fn thousands(x: f64) -> String {
         format!("-{out}")
     } else {
         out
+    }
+}
+
+fn configurations(n: u64) -> String {
+    if n == 1 {
+        "1 configuration".into()
+    } else {
+        format!("{n} configurations")
     }
 }
 
@@ -473,8 +485,11 @@ pub fn render(a: &Answer) -> String {
         String::new()
     };
     s += &format!(
-        "Sweep {}: {} configurations{filtered}: {} fit, {} run out of memory\n",
-        a.sweep, a.configurations, a.fits, a.oom
+        "Sweep {}: {}{filtered}: {} fit, {} run out of memory\n",
+        a.sweep,
+        configurations(a.configurations),
+        a.fits,
+        a.oom
     );
     if !a.description.is_empty() {
         s += &format!("  {}\n", a.description);
@@ -526,10 +541,10 @@ pub fn render(a: &Answer) -> String {
                 })
                 .collect();
             s += &format!(
-                "  {:<10} (step {}) {:>6} configurations: {}\n",
+                "  {:<10} (step {}) {:>18}: {}\n",
                 r.phase,
                 r.step,
-                r.configurations,
+                configurations(r.configurations),
                 axes.join("; ")
             );
         }
@@ -539,7 +554,13 @@ pub fn render(a: &Answer) -> String {
         for n in &a.never_fits {
             let phases: Vec<String> =
                 n.oom.iter().map(|p| format!("{} (step {}) {}", p.phase, p.step, p.configurations)).collect();
-            s += &format!("  {} = {}: {} configurations; OOM in {}\n", n.axis, n.literal, n.configurations, phases.join(", "));
+            s += &format!(
+                "  {} = {}: {}; OOM in {}\n",
+                n.axis,
+                n.literal,
+                configurations(n.configurations),
+                phases.join(", ")
+            );
         }
     }
     let g = &a.heatmap;

@@ -108,7 +108,11 @@ fn print_finished(spec: &SweepSpec, f: &Finished, timing: Option<(Instant, Optio
                 "simulated {} configurations in {secs:.1} s ({:.0} per second){}",
                 f.simulated,
                 f.simulated as f64 / secs.max(1e-9),
-                if f.simulated < f.rows { format!("; {} were already done", f.rows - f.simulated) } else { String::new() }
+                if f.simulated < f.rows {
+                    format!("; {} were already done", f.rows - f.simulated)
+                } else {
+                    String::new()
+                }
             );
         }
     }

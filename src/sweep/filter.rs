@@ -69,9 +69,12 @@ pub struct Constraint {
     rhs: Expr,
 }
 
-/// What a constraint is evaluated against: the validated scenario and its TOML tree.
+/// What a constraint is evaluated against: the configuration's TOML tree and, once it
+/// validated, the scenario (derived quantities then include every default). Without one, the
+/// derived quantities come from the tree with the scenario format's defaults, so a filter can
+/// drop combinations that would not validate (`gpus % gpus_per_node = 0`).
 pub struct Env<'a> {
-    pub scenario: &'a Scenario,
+    pub scenario: Option<&'a Scenario>,
     pub tree: &'a toml::Table,
 }
 
@@ -214,8 +217,7 @@ impl Parser<'_> {
                 known_names()
             ));
         }
-        let matches: Vec<&Axis> =
-            self.axes.iter().filter(|a| a.path.rsplit('.').next() == Some(id)).collect();
+        let matches: Vec<&Axis> = self.axes.iter().filter(|a| a.path.rsplit('.').next() == Some(id)).collect();
         match matches.len() {
             1 => Ok(Expr::Path(matches[0].path.clone())),
             0 => Err(format!(
@@ -295,7 +297,11 @@ fn show(v: &Val) -> String {
 fn eval(e: &Expr, env: &Env) -> Result<Val, String> {
     Ok(match e {
         Expr::Lit(v) => v.clone(),
-        Expr::Derived(k) => Val::Num(derived(*k, env.scenario)),
+        Expr::Derived(k) => Val::Num(match env.scenario {
+            Some(s) => derived(*k, s),
+            None => raw_derived(*k, env.tree)
+                .ok_or_else(|| format!("`{}` needs a configuration that validates", DERIVED[*k].0))?,
+        }),
         Expr::Path(p) => match get_path(env.tree, p) {
             Some(toml::Value::Integer(i)) => Val::Num(*i as f64),
             Some(toml::Value::Float(f)) => Val::Num(*f),
@@ -341,4 +347,31 @@ fn derived(k: usize, s: &Scenario) -> f64 {
         "tokens_per_step" => s.tokens_per_step() as f64,
         _ => s.model.param_count() as f64,
     }
+}
+
+/// A derived quantity from an unvalidated tree, with the scenario format's defaults
+/// (`gpus_per_node = min(gpus, 8)`, `grad_accum = 1`, `steps = 2`); None when it needs more.
+fn raw_derived(k: usize, tree: &toml::Table) -> Option<f64> {
+    let num = |p: &str| match get_path(tree, p) {
+        Some(toml::Value::Integer(i)) => Some(*i as f64),
+        Some(toml::Value::Float(f)) => Some(*f),
+        _ => None,
+    };
+    let gpus = num("hardware.gpus");
+    let gpn = num("hardware.gpus_per_node").or(gpus.map(|g| g.min(8.0)));
+    let mb = num("training.micro_batch");
+    let ga = num("training.grad_accum").or(Some(1.0));
+    let seq = num("training.seq_len");
+    Some(match DERIVED[k].0 {
+        "gpus" | "dp" => gpus?,
+        "nodes" => gpus? / gpn?,
+        "gpus_per_node" => gpn?,
+        "micro_batch" => mb?,
+        "grad_accum" => ga?,
+        "seq_len" => seq?,
+        "steps" => num("training.steps").unwrap_or(2.0),
+        "global_batch" => mb? * ga? * gpus?,
+        "tokens_per_step" => mb? * ga? * gpus? * seq?,
+        _ => return None,
+    })
 }

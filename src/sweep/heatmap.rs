@@ -115,7 +115,7 @@ fn render(path: &Path, a: &Answer) -> Result<(), String> {
     let width = (left + grid_w + right).max(760);
     let bar_h = (grid_h - 40).clamp(80, 260);
     // The legend (colour bar, best marker, four OOM phases) must fit beside short grids.
-    let legend_h = bar_h + 30 + 34 + 22 + 4 * 22 + 16;
+    let legend_h = bar_h + 30 + 2 * 34 + 22 + 4 * 22 + 16;
     let height = (top + grid_h + bottom).max(top + legend_h).max(420);
     let root = BitMapBackend::new(path, (width as u32, height as u32)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
@@ -135,7 +135,11 @@ fn render(path: &Path, a: &Answer) -> Result<(), String> {
                 .collect()
         })
         .unwrap_or_default();
-    let mut sub = format!("colour and label: {} of the best configuration in each cell ({})", g.color, a.objective.join(", then "));
+    let mut sub = format!(
+        "colour and label: {} of the best configuration in each cell ({})",
+        g.color,
+        a.objective.join(", then ")
+    );
     if !others.is_empty() {
         sub += &format!("; best over {}", others.join(", "));
     }
@@ -239,6 +243,12 @@ fn render(path: &Path, a: &Answer) -> Result<(), String> {
         root.draw(&Rectangle::new([(lx, ly), (lx + 22, ly + 16)], BEST.stroke_width(3))).map_err(err)?;
         let style = font(13.0).pos(Pos::new(HPos::Left, VPos::Center));
         root.draw(&Text::new("best by the objective", (lx + 30, ly + 8), style)).map_err(err)?;
+        ly += 34;
+    }
+    if g.cells.iter().any(|c| c.state == CellState::Empty) {
+        root.draw(&Rectangle::new([(lx, ly), (lx + 22, ly + 16)], EMPTY.filled())).map_err(err)?;
+        let style = font(13.0).pos(Pos::new(HPos::Left, VPos::Center));
+        root.draw(&Text::new("no configuration (filter)", (lx + 30, ly + 8), style)).map_err(err)?;
         ly += 34;
     }
     let present: Vec<&str> = ["init", "forward", "backward", "optimizer"]

@@ -15,7 +15,7 @@ use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -128,6 +128,9 @@ pub fn run(spec: &SweepSpec, opts: &RunOptions) -> Result<Finished, SweepError> 
         .build()
         .map_err(|e| SweepError::Internal(format!("cannot start the worker threads: {e}")))?;
     let threads = pool.current_num_threads();
+    if opts.progress && spec.size > 100_000 {
+        eprintln!("checking {} configurations...", spec.size);
+    }
     let kept = pool.install(|| configurations(spec, opts.shard))?;
     std::fs::create_dir_all(&opts.out).map_err(|e| out_err(&opts.out, "cannot create the output folder", e))?;
     let manifest = Manifest {
@@ -277,11 +280,15 @@ fn configurations(spec: &SweepSpec, shard: Option<Shard>) -> Result<Vec<u64>, Sw
 }
 
 fn simulate_row(spec: &SweepSpec, index: u64, progress: &Progress) -> Result<(String, bool), SweepError> {
-    let s = spec.point(index)?.ok_or_else(|| {
-        SweepError::Internal(format!("configuration {index} passed the filter once and not again"))
-    })?;
+    let s = spec
+        .point(index)?
+        .ok_or_else(|| SweepError::Internal(format!("configuration {index} passed the filter once and not again")))?;
     let o = summary::simulate(&s).map_err(|e| {
-        SweepError::Internal(format!("{}: configuration {index} ({}): {e}", spec.source.display(), spec.describe(index)))
+        SweepError::Internal(format!(
+            "{}: configuration {index} ({}): {e}",
+            spec.source.display(),
+            spec.describe(index)
+        ))
     })?;
     let oom = o.oom.is_some();
     progress.tick(oom);
@@ -432,10 +439,17 @@ pub fn merge(spec: &SweepSpec, dirs: &[PathBuf], out: &Path) -> Result<Finished,
         }
         seen.resize(shard.count as usize, None);
         if let Some(prev) = &seen[shard.index as usize - 1] {
-            return Err(SweepError::Input(format!("shard {shard} is given twice: {} and {}", prev.display(), d.display())));
+            return Err(SweepError::Input(format!(
+                "shard {shard} is given twice: {} and {}",
+                prev.display(),
+                d.display()
+            )));
         }
         if d.canonicalize().ok() == out.canonicalize().ok() {
-            return Err(SweepError::Input(format!("--out {} is one of the shards; merge into another folder", out.display())));
+            return Err(SweepError::Input(format!(
+                "--out {} is one of the shards; merge into another folder",
+                out.display()
+            )));
         }
         seen[shard.index as usize - 1] = Some(d.clone());
     }
@@ -470,7 +484,8 @@ pub fn merge(spec: &SweepSpec, dirs: &[PathBuf], out: &Path) -> Result<Finished,
             None => Ok(None),
             Some(Err(e)) => Err(out_err(&r.0, "cannot read", e)),
             Some(Ok(l)) => {
-                let i = row_index(&l).ok_or_else(|| SweepError::Input(format!("{}: a row without an index", r.0.display())))?;
+                let i = row_index(&l)
+                    .ok_or_else(|| SweepError::Input(format!("{}: a row without an index", r.0.display())))?;
                 Ok(Some((i, l)))
             }
         }
@@ -480,8 +495,7 @@ pub fn merge(spec: &SweepSpec, dirs: &[PathBuf], out: &Path) -> Result<Finished,
     }
     let mut rows = 0u64;
     let mut last: Option<u64> = None;
-    while let Some(k) =
-        (0..heads.len()).filter(|&k| heads[k].is_some()).min_by_key(|&k| heads[k].as_ref().map(|h| h.0))
+    while let Some(k) = (0..heads.len()).filter(|&k| heads[k].is_some()).min_by_key(|&k| heads[k].as_ref().map(|h| h.0))
     {
         let (i, line) = heads[k].take().unwrap_or_default();
         if last.is_some_and(|l| l >= i) {
@@ -491,7 +505,9 @@ pub fn merge(spec: &SweepSpec, dirs: &[PathBuf], out: &Path) -> Result<Finished,
             )));
         }
         last = Some(i);
-        w.write_all(line.as_bytes()).and_then(|()| w.write_all(b"\n")).map_err(|e| out_err(&partial, "cannot write", e))?;
+        w.write_all(line.as_bytes())
+            .and_then(|()| w.write_all(b"\n"))
+            .map_err(|e| out_err(&partial, "cannot write", e))?;
         rows += 1;
         heads[k] = next(&mut readers[k])?;
     }
@@ -525,9 +541,12 @@ impl Progress {
         let bar = show.then(|| {
             let b = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
             let style = ProgressStyle::with_template(
-                "{bar:40.cyan/blue} {pos}/{len} configurations, {msg}, {per_sec}, {eta} left",
+                "{bar:40.cyan/blue} {pos}/{len} configurations, {msg}, {rate}, {eta} left",
             )
-            .unwrap_or_else(|_| ProgressStyle::default_bar());
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .with_key("rate", |s: &ProgressState, w: &mut dyn std::fmt::Write| {
+                let _ = write!(w, "{:.0}/s", s.per_sec());
+            });
             b.set_style(style);
             b.set_position(done);
             b.set_message(format!("{ooms} OOM"));
@@ -539,11 +558,11 @@ impl Progress {
 
     fn tick(&self, oom: bool) {
         if let Some(b) = &self.bar {
+            b.inc(1);
             if oom {
                 let n = self.ooms.fetch_add(1, Ordering::Relaxed) + 1;
                 b.set_message(format!("{n} OOM"));
             }
-            b.inc(1);
         }
     }
 

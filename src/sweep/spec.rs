@@ -194,7 +194,8 @@ fn flatten(prefix: &str, entries: Vec<(String, Node)>, out: &mut Vec<(String, to
 /// inside an inline table). TOML gathers dotted keys with the same first part into one
 /// table, so the parser's order is not always the order the axes were written in.
 fn axis_position(src: &str, path: &str) -> Option<usize> {
-    let norm = |k: &str| k.split('.').map(|p| p.trim().trim_matches('"').trim_matches('\'')).collect::<Vec<_>>().join(".");
+    let norm =
+        |k: &str| k.split('.').map(|p| p.trim().trim_matches('"').trim_matches('\'')).collect::<Vec<_>>().join(".");
     let want = format!("axes.{path}");
     let mut table = String::new();
     let mut pos = 0;
@@ -345,7 +346,11 @@ impl SweepSpec {
             let labels: Vec<String> = values.iter().map(label).collect();
             for (i, l) in labels.iter().enumerate() {
                 if labels[..i].contains(l) {
-                    return Err(SweepError::field(path, &field, format!("lists the value {} twice", literal(&values[i]))));
+                    return Err(SweepError::field(
+                        path,
+                        &field,
+                        format!("lists the value {} twice", literal(&values[i])),
+                    ));
                 }
             }
             // Each value alone must be of the right type for its field (whether it is valid in
@@ -389,7 +394,11 @@ impl SweepSpec {
         let token_budget = file.token_budget;
         if let Some(t) = token_budget {
             if !(t > 0.0 && t.is_finite()) {
-                return Err(SweepError::field(path, "token_budget", format!("must be a positive number of tokens, got {t}")));
+                return Err(SweepError::field(
+                    path,
+                    "token_budget",
+                    format!("must be a positive number of tokens, got {t}"),
+                ));
             }
         }
         let mut objective = Vec::new();
@@ -454,21 +463,20 @@ impl SweepSpec {
         let color = match &hm.color {
             Some(c) => {
                 let m = Metric::parse(c).ok_or_else(|| {
-                    SweepError::field(path, "heatmap.color", format!("unknown metric \"{c}\"; allowed: {}", Metric::allowed()))
+                    SweepError::field(
+                        path,
+                        "heatmap.color",
+                        format!("unknown metric \"{c}\"; allowed: {}", Metric::allowed()),
+                    )
                 })?;
                 if m == Metric::GpuHours && token_budget.is_none() {
                     return Err(SweepError::field(path, "heatmap.color", "\"gpu_hours\" needs `token_budget`"));
                 }
                 m
             }
-            // The first criterion that varies inside a cell (GPUs do not when they are an axis).
-            None => {
-                let on_axis = |m: Metric| {
-                    m == Metric::Gpus
-                        && [Some(x), y].into_iter().flatten().any(|i| axes[i].path == "hardware.gpus")
-                };
-                objective.iter().map(|c| c.metric).find(|&m| !on_axis(m)).unwrap_or(Metric::TokensPerS)
-            }
+            // The first criterion other than the GPU count (an axis, or one value for the
+            // whole sweep: as a colour it says little).
+            None => objective.iter().map(|c| c.metric).find(|&m| m != Metric::Gpus).unwrap_or(Metric::TokensPerS),
         };
 
         let fingerprint = fingerprint(&base, &axes, &filters, token_budget);
@@ -521,24 +529,22 @@ impl SweepSpec {
             .join(", ")
     }
 
-    /// Configuration `index` as a validated scenario, or None when the filter drops it.
+    /// Configuration `index` as a validated scenario, or None when the filter drops it. A
+    /// configuration that does not validate is an error unless the filter, evaluated on its
+    /// raw values, drops it.
     pub fn point(&self, index: u64) -> Result<Option<Scenario>, SweepError> {
         let tree = self.tree(index);
-        let s = Scenario::from_value(&self.source, toml::Value::Table(tree.clone())).map_err(|e| {
-            let vi = self.value_indices(index);
-            let what = match self.axes.iter().position(|a| a.path == e.field) {
-                Some(k) => format!(
-                    "axis `{}` = {} (in configuration {index}: {})",
-                    e.field,
-                    literal(&self.axes[k].values[vi[k]]),
-                    self.describe(index)
-                ),
-                None => format!("configuration {index} ({})", self.describe(index)),
-            };
-            let field = if e.field.is_empty() { String::new() } else { format!("field `{}`: ", e.field) };
-            SweepError::Input(format!("{}: {what}: {field}{}", self.source.display(), e.message))
-        })?;
-        let env = Env { scenario: &s, tree: &tree };
+        let s = match Scenario::from_value(&self.source, toml::Value::Table(tree.clone())) {
+            Ok(s) => s,
+            Err(e) => {
+                let raw = Env { scenario: None, tree: &tree };
+                if self.filters.iter().any(|c| c.eval(&raw) == Ok(false)) {
+                    return Ok(None);
+                }
+                return Err(self.invalid(index, &e));
+            }
+        };
+        let env = Env { scenario: Some(&s), tree: &tree };
         for (i, c) in self.filters.iter().enumerate() {
             let keep = c.eval(&env).map_err(|m| {
                 SweepError::Input(format!(
@@ -553,6 +559,25 @@ impl SweepSpec {
             }
         }
         Ok(Some(s))
+    }
+
+    fn invalid(&self, index: u64, e: &crate::scenario::ScenarioError) -> SweepError {
+        let vi = self.value_indices(index);
+        let what = match self.axes.iter().position(|a| a.path == e.field) {
+            Some(k) => format!(
+                "axis `{}` = {} (in configuration {index}: {})",
+                e.field,
+                literal(&self.axes[k].values[vi[k]]),
+                self.describe(index)
+            ),
+            None => format!("configuration {index} ({})", self.describe(index)),
+        };
+        let field = if e.field.is_empty() { String::new() } else { format!("field `{}`: ", e.field) };
+        SweepError::Input(format!(
+            "{}: {what}: {field}{} (a `filter` can leave such combinations out)",
+            self.source.display(),
+            e.message
+        ))
     }
 
     /// The CSV header of this sweep's rows.
