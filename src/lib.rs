@@ -67,7 +67,10 @@ pub fn simulate(s: &scenario::Scenario) -> Result<Simulation, engine::Deadlock> 
 fn run_with_capacity(s: &scenario::Scenario, capacity: u64) -> Result<Simulation, engine::Deadlock> {
     let dag = model::build(&s.model, &s.workload);
     let plan = plan_of(s, &dag);
-    let schedule = schedule::build(&dag, &plan, &s.cluster);
+    let mut schedule = schedule::build(&dag, &plan, &s.cluster);
+    if let Some(j) = &s.jitter {
+        schedule::jitter::apply(&mut schedule, j, u64::from(s.cluster.gpus));
+    }
     let (trace, report) = execute(s, capacity, &dag, &plan, &schedule)?;
     Ok(Simulation { dag, plan, schedule, trace, report })
 }
@@ -124,7 +127,10 @@ pub fn simulate_lean(
             return Ok(report::build(s, dag, &plan, &prefix, &trace));
         }
     }
-    let schedule = schedule::build_lean(dag, &plan, &s.cluster);
+    let mut schedule = schedule::build_lean(dag, &plan, &s.cluster);
+    if let Some(j) = &s.jitter {
+        schedule::jitter::apply(&mut schedule, j, u64::from(s.cluster.gpus));
+    }
     execute(s, capacity, dag, &plan, &schedule).map(|(_, report)| report)
 }
 

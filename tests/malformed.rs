@@ -329,6 +329,18 @@ fn cases() -> Vec<Case> {
             &["positive number of GB/s"],
         ),
         case(
+            "negative jitter CV",
+            b().set("jitter", "seed", "1").set("jitter", "compute_cv", "-0.1"),
+            "jitter.compute_cv",
+            &["fraction in [0, 1]"],
+        ),
+        case(
+            "stragglers without slowdown",
+            b().set("jitter", "seed", "1").set("jitter", "stragglers", "1"),
+            "jitter.straggler_slowdown",
+            &["slowdown > 0"],
+        ),
+        case(
             "bf16 on a V100",
             b().set("hardware", "gpu", "\"v100-32gb\""),
             "training.precision",

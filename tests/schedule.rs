@@ -158,3 +158,32 @@ fn zero1_and_zero2_shard_the_optimizer_but_not_the_parameters() {
     // ZeRO-2 frees each unit's full gradients after its reduce-scatter.
     assert!(max_in(&z2, 1, Phase::Backward, Category::UnshardedGradients) < full * 2 / 2);
 }
+
+fn jittered(jitter: &str) -> Simulation {
+    let toml = format!(
+        "[model]\nfamily = \"gpt\"\nn_layers = 12\nhidden = 1024\nn_heads = 16\nvocab = 50257\nmax_seq_len = 1024\n\
+         [hardware]\ngpu = \"h100-sxm\"\ngpus = 64\n[parallel]\nsharding = \"full_shard\"\n\
+         [training]\nmicro_batch = 4\nseq_len = 1024\nsteps = 6\n{jitter}"
+    );
+    stepsim::simulate(&Scenario::from_toml(Path::new("<jitter test>"), &toml).unwrap()).unwrap()
+}
+
+#[test]
+fn jitter_and_stragglers_slow_the_step_reproducibly() {
+    let step = |s: &Simulation| s.report.throughput.as_ref().unwrap().step_time_s;
+    let base = jittered("");
+    let j = jittered("[jitter]\nseed = 3\ncompute_cv = 0.05\n");
+    let again = jittered("[jitter]\nseed = 3\ncompute_cv = 0.05\n");
+    let other = jittered("[jitter]\nseed = 4\ncompute_cv = 0.05\n");
+    let slow = jittered("[jitter]\nseed = 3\ncompute_cv = 0.05\nstragglers = 1\nstraggler_slowdown = 0.2\n");
+    assert!(step(&j) > step(&base), "collectives wait for the slowest of 64 ranks");
+    assert_eq!(stepsim::report::write::report_json(&j.report), stepsim::report::write::report_json(&again.report));
+    assert_ne!(j.trace.end_time_ns, other.trace.end_time_ns, "another seed draws other times");
+    // A 20% straggler makes every segment at least 20% slower; communication is not jittered.
+    let compute = |s: &Simulation| s.report.steps.last().unwrap().compute_busy_s;
+    assert!(compute(&slow) >= 1.2 * compute(&base) * 0.999, "{} vs {}", compute(&slow), compute(&base));
+    let js = j.report.throughput.as_ref().unwrap().jitter.as_ref().unwrap();
+    assert_eq!(js.steps, 5);
+    assert!(js.min_s <= js.median_s && js.median_s <= js.p99_s && js.p99_s <= js.max_s);
+    assert!(base.report.throughput.as_ref().unwrap().jitter.is_none());
+}

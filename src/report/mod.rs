@@ -147,7 +147,31 @@ pub struct Throughput {
     pub hfu: f64,
     pub model_flops_per_step_per_gpu: f64,
     pub verdict: ThroughputVerdict,
+    /// With `[jitter]`: the steady-state steps' median and p99 (nearest rank) step time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub jitter: Option<JitterStats>,
     pub assumptions: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct JitterStats {
+    pub steps: usize,
+    pub median_s: f64,
+    pub p99_s: f64,
+    pub min_s: f64,
+    pub max_s: f64,
+}
+
+/// Median and nearest-rank p99 of the steady-state steps (step 1 excluded when there are
+/// more: it creates optimizer state and is not steady).
+pub fn jitter_stats(steps: &[StepTiming]) -> Option<JitterStats> {
+    let mut t: Vec<f64> = steps.iter().filter(|x| x.step > 1 || steps.len() == 1).map(|x| x.time_s).collect();
+    if t.is_empty() {
+        return None;
+    }
+    t.sort_by(f64::total_cmp);
+    let rank = |q: f64| t[((q * t.len() as f64).ceil() as usize).clamp(1, t.len()) - 1];
+    Some(JitterStats { steps: t.len(), median_s: rank(0.5), p99_s: rank(0.99), min_s: t[0], max_s: t[t.len() - 1] })
 }
 
 /// The time side of activation checkpointing.
@@ -376,6 +400,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
             hfu: round4(hfu),
             model_flops_per_step_per_gpu: sched.model_flops_per_step,
             verdict: throughput_verdict(st, mfu),
+            jitter: s.jitter.as_ref().and_then(|_| jitter_stats(&steps)),
             assumptions: vec![
                 format!("peak {:.0} TFLOP/s dense {} ({})", peak_flops / 1e12, plan.training.precision.compute.name(), s.cluster.gpu.source),
                 format!(

@@ -210,6 +210,21 @@ pub fn render(r: &Report, s: &Scenario) -> String {
             tp.mfu * 100.0,
             tp.hfu * 100.0
         );
+        if let (Some(j), Some(cfg)) = (&tp.jitter, &s.jitter) {
+            let _ = writeln!(
+                o,
+                "  jitter (seed {}, compute CV {:.1}%, {} straggler(s) at +{:.0}%): over {} steady step(s) median {:.3} s, p99 {:.3} s (min {:.3}, max {:.3})",
+                cfg.seed,
+                cfg.compute_cv * 100.0,
+                cfg.stragglers,
+                cfg.straggler_slowdown * 100.0,
+                j.steps,
+                j.median_s,
+                j.p99_s,
+                j.min_s,
+                j.max_s
+            );
+        }
         let v = &tp.verdict;
         let _ =
             writeln!(o, "Throughput {}: {} ({})", if v.acceptable { "ACCEPTABLE" } else { "POOR" }, v.bound, v.reason);

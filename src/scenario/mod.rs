@@ -37,6 +37,20 @@ pub struct ScenarioFile {
     pub training: TrainingSection,
     #[serde(default)]
     pub allocator: AllocatorSection,
+    /// Per-rank compute jitter and stragglers (off when absent).
+    pub jitter: Option<JitterSection>,
+}
+
+/// `[jitter]`: rank-to-rank variation of compute time, drawn from `seed`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct JitterSection {
+    pub seed: i64,
+    /// Coefficient of variation of each op's compute time across ranks (0.02 = 2%).
+    pub compute_cv: Option<f64>,
+    /// Ranks that are persistently slow, and by how much (0.1 = 10% slower).
+    pub stragglers: Option<i64>,
+    pub straggler_slowdown: Option<f64>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -140,6 +154,7 @@ pub struct Scenario {
     pub parallel: ParallelConfig,
     pub training: TrainingConfig,
     pub allocator: AllocatorSettings,
+    pub jitter: Option<crate::schedule::jitter::JitterConfig>,
 }
 
 impl Scenario {
@@ -517,6 +532,40 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         logits_fp32: t.logits_fp32.unwrap_or(true),
     };
     let allocator = validate_allocator(&v, &f.allocator, &cluster)?;
+    let jitter = match &f.jitter {
+        None => None,
+        Some(j) => {
+            if j.seed < 0 {
+                return Err(v.err("jitter.seed", format!("must be a non-negative integer, got {}", j.seed)));
+            }
+            let cv = j.compute_cv.unwrap_or(0.0);
+            if !(0.0..=1.0).contains(&cv) {
+                return Err(v.err("jitter.compute_cv", format!("must be a fraction in [0, 1], got {cv}")));
+            }
+            let stragglers = match j.stragglers {
+                Some(x) if x < 0 || x as u64 > gpus => {
+                    return Err(
+                        v.err("jitter.stragglers", format!("must be between 0 and hardware.gpus ({gpus}), got {x}"))
+                    )
+                }
+                Some(x) => x as u64,
+                None => 0,
+            };
+            let slow = j.straggler_slowdown.unwrap_or(0.0);
+            if !(0.0..=10.0).contains(&slow) {
+                return Err(v.err("jitter.straggler_slowdown", format!("must be a fraction in [0, 10], got {slow}")));
+            }
+            if stragglers > 0 && slow == 0.0 {
+                return Err(v.err("jitter.straggler_slowdown", "stragglers need a slowdown > 0 (0.1 = 10% slower)"));
+            }
+            Some(crate::schedule::jitter::JitterConfig {
+                seed: j.seed as u64,
+                compute_cv: cv,
+                stragglers,
+                straggler_slowdown: slow,
+            })
+        }
+    };
     let name = f.name.clone().unwrap_or_else(|| stem.to_string());
     if name.is_empty() || name.contains(['/', '\\']) || name == "." || name == ".." {
         return Err(
@@ -533,6 +582,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         parallel,
         training,
         allocator,
+        jitter,
     })
 }
 

@@ -22,6 +22,7 @@
 //!   optimizer state lazily) and at engine initialisation under DeepSpeed.
 
 pub mod cost;
+pub mod jitter;
 pub mod label;
 
 use crate::engine::{BufferSpec, Program, Task};
