@@ -273,8 +273,16 @@ fn empty_cache_advice(s: &Scenario, r: &crate::report::Report) -> String {
         return "no: with exact live-byte accounting ([allocator] kind = \"exact\") nothing is cached; every byte above is a live tensor".into();
     }
     match &r.allocator.oom {
+        Some(d) if d.cause == OomCause::Fragmentation && d.without_fragmentation.as_ref().is_some_and(|w| !w.fits) => {
+            let at = d.without_fragmentation.as_ref().and_then(|w| w.oom_at.as_ref());
+            format!(
+                "no: fragmentation ({} reserved but unallocated) only brings the failure forward; with perfect packing the run still runs out of memory{}, so the live tensors are the problem and empty_cache() (which frees only cached blocks, and which PyTorch already tries before failing) cannot help",
+                fmt_bytes(d.state.reserved.bytes.saturating_sub(d.state.live.bytes)),
+                at.map_or(String::new(), |a| format!(" at step {}, {}, `{}`", a.step, a.phase.name(), a.op))
+            )
+        }
         Some(d) if d.cause == OomCause::Fragmentation => format!(
-            "no, and it is not needed to see why: this OOM is fragmentation. {} is reserved but unallocated, yet no free block or new segment can hold the {} request; PyTorch already frees its cached blocks and retries before failing ({} retries), so empty_cache() cannot avoid it. Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True ([allocator] expandable_segments = true), which grows segments instead of leaving holes between them",
+            "no: this OOM is fragmentation. {} is reserved but unallocated, yet no free block or new segment can hold the {} request; PyTorch already frees its cached blocks and retries before failing ({} retries), so empty_cache() cannot avoid it. Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True ([allocator] expandable_segments = true), which grows segments instead of leaving holes between them",
             fmt_bytes(d.state.reserved.bytes.saturating_sub(d.state.live.bytes)),
             fmt_bytes(d.request.bytes),
             r.allocator.num_alloc_retries
