@@ -61,14 +61,7 @@ fn ranges(set: &BTreeSet<u64>) -> String {
 }
 
 fn human(n: u64) -> String {
-    let x = n as f64;
-    if x >= 1e9 {
-        format!("{:.1}B", x / 1e9)
-    } else if x >= 1e6 {
-        format!("{:.1}M", x / 1e6)
-    } else {
-        n.to_string()
-    }
+    crate::report::human_count_with(n, 1)
 }
 
 /// Groups live buffers by category and says why each group exists.

@@ -342,6 +342,23 @@ pub struct Cluster {
 }
 
 impl Cluster {
+    /// A cluster of `gpus` GPUs of catalog type `gpu` in its default node layout, without
+    /// overrides (what a scenario gets when it names only the GPU and the count).
+    pub fn of(gpu: &str, gpus: u32) -> Option<Cluster> {
+        let g = lookup(gpu)?;
+        let n = node(g.default_node)?;
+        Some(Cluster {
+            gpu: g.clone(),
+            gpus,
+            gpus_per_node: gpus.min(n.gpus_per_node),
+            node: n.name.to_string(),
+            nics_per_node: n.nics_per_node,
+            nic_bytes_per_s: n.nic_bytes_per_s,
+            memory_bytes: g.memory_bytes,
+            cuda_context_bytes: 0,
+        })
+    }
+
     /// What the allocator may hand out: device memory less the CUDA context.
     pub fn capacity_bytes(&self) -> u64 {
         self.memory_bytes.saturating_sub(self.cuda_context_bytes)
@@ -387,16 +404,7 @@ mod tests {
 
     #[test]
     fn dgx_h100_gives_each_gpu_one_ndr400_nic() {
-        let c = Cluster {
-            gpu: lookup("h100-sxm").unwrap().clone(),
-            gpus: 16,
-            gpus_per_node: 8,
-            node: "dgx-h100".into(),
-            nics_per_node: 8,
-            nic_bytes_per_s: 50e9,
-            memory_bytes: 1,
-            cuda_context_bytes: 0,
-        };
+        let c = Cluster::of("h100-sxm", 16).unwrap();
         assert_eq!(c.network_bytes_per_s(), 50e9);
         assert_eq!(c.nodes(), 2);
     }

@@ -246,10 +246,16 @@ fn instant(sched: &Schedule, trace: &Trace, task: usize, time_ns: u64) -> Instan
     }
 }
 
-fn human_count(n: u64) -> String {
+/// "101.21B", "49.5M": parameter counts as people say them.
+pub fn human_count(n: u64) -> String {
+    human_count_with(n, 2)
+}
+
+/// The same with `b_decimals` decimals for billions.
+pub fn human_count_with(n: u64, b_decimals: usize) -> String {
     let x = n as f64;
     if x >= 1e9 {
-        format!("{:.2}B", x / 1e9)
+        format!("{:.*}B", b_decimals, x / 1e9)
     } else if x >= 1e6 {
         format!("{:.1}M", x / 1e6)
     } else {

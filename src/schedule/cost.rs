@@ -125,20 +125,10 @@ pub fn ns(seconds: f64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hardware::{lookup, Cluster};
+    use crate::hardware::Cluster;
 
     fn cost(gpu: &str) -> Cost {
-        let c = Cluster {
-            gpu: lookup(gpu).unwrap().clone(),
-            gpus: 8,
-            gpus_per_node: 8,
-            node: "dgx-h100".into(),
-            nics_per_node: 8,
-            nic_bytes_per_s: 50e9,
-            memory_bytes: 1,
-            cuda_context_bytes: 0,
-        };
-        Cost::new(&c, Dtype::Bf16, 8)
+        Cost::new(&Cluster::of(gpu, 8).unwrap(), Dtype::Bf16, 8)
     }
 
     #[test]
