@@ -193,7 +193,11 @@ pub struct ModelStateReport {
     pub gradients: Bytes,
     pub optimizer_state: Bytes,
     pub total: Bytes,
+    /// Bytes of model state per parameter under the precision policy (16 for mixed-precision
+    /// Adam), before any sharding.
     pub bytes_per_param: f64,
+    /// Bytes this GPU holds per model parameter (16 replicated, 16 / N fully sharded).
+    pub bytes_per_param_per_gpu: f64,
     /// The naive "total state / GPUs" figure, for contrast.
     pub naive_average: Bytes,
 }
@@ -273,21 +277,22 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
     let ms: ModelState = plan.model_state();
     let params = dag.param_count();
     let total_state = ms.total();
-    let naive = {
+    let per_param = {
         let pr = &plan.training.precision;
-        let per = pr.param.bytes()
+        pr.param.bytes()
             + pr.grad.bytes()
             + pr.master.map_or(0, |m| m.bytes())
-            + plan.training.states_per_param() * pr.optimizer_state.bytes();
-        params * per / plan.gpus.max(1)
+            + plan.training.states_per_param() * pr.optimizer_state.bytes()
     };
+    let naive = params * per_param / plan.gpus.max(1);
     let msr = ModelStateReport {
         parameters: Bytes::new(ms.parameters),
         master_weights: Bytes::new(ms.master_weights),
         gradients: Bytes::new(ms.gradients),
         optimizer_state: Bytes::new(ms.optimizer_state),
         total: Bytes::new(total_state),
-        bytes_per_param: round4(total_state as f64 * plan.gpus as f64 / params.max(1) as f64),
+        bytes_per_param: per_param as f64,
+        bytes_per_param_per_gpu: round4(total_state as f64 / params.max(1) as f64),
         naive_average: Bytes::new(naive),
     };
     let prog = &sched.program;

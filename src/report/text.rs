@@ -63,20 +63,28 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         c.network_bytes_per_s() / 1e9,
         c.gpu.nvlink_bytes_per_s / 1e9
     );
-    let fw = match p.framework {
-        crate::plan::Framework::Fsdp => "PyTorch FSDP",
-        crate::plan::Framework::Deepspeed => "DeepSpeed",
+    let fw = match (p.framework, p.sharding) {
+        (_, crate::plan::Sharding::None) if c.gpus == 1 => "single-GPU PyTorch",
+        (crate::plan::Framework::Fsdp, crate::plan::Sharding::None) => "PyTorch DDP",
+        (crate::plan::Framework::Fsdp, crate::plan::Sharding::Zero1) => "PyTorch ZeroRedundancyOptimizer",
+        (crate::plan::Framework::Fsdp, _) => "PyTorch FSDP",
+        (crate::plan::Framework::Deepspeed, _) => "DeepSpeed",
     };
-    let _ = writeln!(
-        o,
-        "Parallel   {} over {} GPU(s), {} semantics; reshard_after_forward={}, backward_prefetch={}, limit_all_gathers={}",
-        p.sharding.display(),
-        c.gpus,
-        fw,
-        p.reshard_after_forward,
-        p.backward_prefetch.display(),
-        p.limit_all_gathers
-    );
+    let fsdp_flags = if matches!(p.sharding, crate::plan::Sharding::None | crate::plan::Sharding::Zero1) {
+        format!(
+            "bucket_cap_mb={:.0}, gradient_as_bucket_view={}",
+            p.bucket_bytes as f64 / 1e6,
+            p.gradient_as_bucket_view
+        )
+    } else {
+        format!(
+            "reshard_after_forward={}, backward_prefetch={}, limit_all_gathers={}",
+            p.reshard_after_forward && p.sharding != crate::plan::Sharding::Zero2,
+            p.backward_prefetch.display(),
+            p.limit_all_gathers
+        )
+    };
+    let _ = writeln!(o, "Parallel   {} over {} GPU(s), {} semantics; {}", p.sharding.display(), c.gpus, fw, fsdp_flags);
     let _ = writeln!(
         o,
         "Training   micro-batch {} x seq {} x grad_accum {}, {:?} ({:?}), precision {}, checkpointing {:?}, {:?} attention",
@@ -96,9 +104,10 @@ pub fn render(r: &Report, s: &Scenario) -> String {
     }
     let _ = writeln!(
         o,
-        "  {:<18} {}  ({:.2} B/param x {} params / {} GPUs; naive average {})",
+        "  {:<18} {}  = {:.3} B per parameter on this GPU ({:.0} B/param under the precision policy, {} params; naive average over {} GPUs {})",
         "total",
         fmt_bytes(ms.total.bytes),
+        ms.bytes_per_param_per_gpu,
         ms.bytes_per_param,
         r.param_count_human,
         c.gpus,
