@@ -253,7 +253,16 @@ impl Plan {
         let reshard_after_forward = params_sharded && sh != Sharding::Zero2 && parallel.reshard_after_forward;
         let mut units = Vec::new();
         let root = [Region::Embed, Region::Head];
-        let rp: u64 = root.iter().map(|&r| dag.region_params(r)).sum();
+        // One pass over the ops: parameters per unit (root first, then one per block).
+        let mut per_unit = vec![0u64; dag.config.n_layers as usize + 1];
+        for op in &dag.ops {
+            let u = match op.region {
+                Region::Embed | Region::Head => 0,
+                Region::Block(l) => l as usize + 1,
+            };
+            per_unit[u] += op.params;
+        }
+        let rp = per_unit[0];
         units.push(Unit {
             name: "root (embeddings, final norm, head)".into(),
             regions: root.to_vec(),
@@ -261,7 +270,7 @@ impl Plan {
             shard_params: rp.div_ceil(shard_group),
         });
         for l in 0..dag.config.n_layers {
-            let p = dag.region_params(Region::Block(l));
+            let p = per_unit[l as usize + 1];
             units.push(Unit {
                 name: format!("layers.{l}"),
                 regions: vec![Region::Block(l)],
