@@ -2,9 +2,11 @@
 //! one is there to show, the files written, determinism, the text report, `check`, `--json`,
 //! and an output folder that cannot be created.
 
+mod common;
+use common::{stepsim, text};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use serde_json::Value;
 
@@ -63,18 +65,6 @@ fn table_problems(dir: &Path, table: &[(&str, Expect)]) -> Vec<String> {
         files.difference(&expected).map(|n| format!("{n}.toml has no expectation in EXPECTED")).collect();
     problems.extend(expected.difference(&files).map(|n| format!("EXPECTED names {n}, which has no scenario file")));
     problems
-}
-
-fn stepsim(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_stepsim"))
-        .args(args)
-        .current_dir(cwd)
-        .output()
-        .expect("cannot start the stepsim binary")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
 }
 
 /// `stepsim run <scenario> --out <out> [extra]`, which must exit 0 without a panic.

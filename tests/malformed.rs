@@ -5,8 +5,10 @@
 //! Each case starts from a copy of scenarios/gpt-1.3b-1gpu.toml (comments removed, see BASE)
 //! and changes one thing.
 
+mod common;
+use common::{stepsim, text};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 /// scenarios/gpt-1.3b-1gpu.toml without its comments. Line numbers matter: some cases assert
 /// the line an error reports.
@@ -34,18 +36,6 @@ activation_checkpointing = "none"
 "#;
 
 // ---------------------------------------------------------------- running the binary
-
-fn stepsim(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_stepsim"))
-        .args(args)
-        .current_dir(cwd)
-        .output()
-        .expect("cannot start the stepsim binary")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
 
 // ---------------------------------------------------------------- editing the base scenario
 

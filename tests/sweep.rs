@@ -3,8 +3,9 @@
 //! duplicates nothing, the lean simulation agreeing with `simulate`, and the shipped
 //! capacity sweep answering its question.
 
+mod common;
+use common::{stepsim, text};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use serde_json::Value;
 use stepsim::scenario::Scenario;
@@ -18,18 +19,6 @@ fn root() -> PathBuf {
 
 fn scenario_path(name: &str) -> String {
     root().join("scenarios").join(format!("{name}.toml")).display().to_string()
-}
-
-fn stepsim(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_stepsim"))
-        .args(args)
-        .current_dir(cwd)
-        .output()
-        .expect("cannot start the stepsim binary")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
 }
 
 /// A sweep of the 1.3B GPT: 4 GPU counts x 3 micro-batches x 2 shardings x 2 checkpointing
