@@ -199,8 +199,12 @@ pub fn render(r: &Report, s: &Scenario) -> String {
             );
             let _ = writeln!(
                 o,
-                "          split: compute {:.3} s, exposed communication {:.3} s, idle {:.3} s",
-                st.compute_busy_s, st.exposed_comm_s, st.idle_s
+                "          split: compute {:.3} s, exposed communication {:.3} s, idle {:.3} s; streams busy: compute {:.0}%, nccl {:.0}%",
+                st.compute_busy_s,
+                st.exposed_comm_s,
+                st.idle_s,
+                100.0 * st.compute_busy_s / st.time_s.max(1e-12),
+                100.0 * st.comm_busy_s / st.time_s.max(1e-12)
             );
             if st.recompute_s > 0.0 {
                 let base = st.compute_busy_s - st.recompute_s;
