@@ -241,6 +241,18 @@ impl<'a> Builder<'a> {
         (self.prog.buffers.len() - 1) as u32
     }
 
+    /// A backward all-reduce of `bytes` on the NCCL queue after task `after`, over all
+    /// data-parallel ranks or (`replica`) the cross-node replicas of hybrid sharding; the
+    /// optimizer step waits for it.
+    #[allow(clippy::too_many_arguments)]
+    fn all_reduce_after(&mut self, step: u32, mb: u32, u: usize, after: u32, replica: bool, bytes: u64, what: String) {
+        let group = if replica { &self.cost.replica_group } else { &self.cost.dp_group };
+        let secs = self.cost.collective_s(group, Collective::AllReduce, bytes);
+        let label = TaskLabel::new(step, Phase::Backward, mb, what, TaskKind::AllReduce, Some(u));
+        let ar = self.task(NCCL, secs, vec![after], vec![], label);
+        self.step_comm.push(ar);
+    }
+
     fn task(&mut self, stream: u8, seconds: f64, deps: Vec<u32>, alloc: Vec<u32>, label: TaskLabel) -> u32 {
         self.labels.push(label);
         self.prog.tasks.push(Task {
@@ -762,22 +774,8 @@ impl<'a> Builder<'a> {
             if plan.parallel.sharding == Sharding::None && plan.gpus > 1 && last_mb {
                 ddp_bucket += op.params * gb;
                 if ddp_bucket >= plan.parallel.bucket_bytes || i == 0 {
-                    let secs = self.cost.collective_s(&self.cost.dp_group, Collective::AllReduce, ddp_bucket);
-                    let ar = self.task(
-                        NCCL,
-                        secs,
-                        vec![t],
-                        vec![],
-                        TaskLabel::new(
-                            step,
-                            Phase::Backward,
-                            mb,
-                            text!(self.names, "all-reduce DDP bucket ending at {}", op.name),
-                            TaskKind::AllReduce,
-                            Some(u),
-                        ),
-                    );
-                    self.step_comm.push(ar);
+                    let what = text!(self.names, "all-reduce DDP bucket ending at {}", op.name);
+                    self.all_reduce_after(step, mb, u, t, false, ddp_bucket, what);
                     ddp_bucket = 0;
                 }
             }
@@ -874,22 +872,8 @@ impl<'a> Builder<'a> {
         self.free_at(t, &f);
         self.step_comm.push(t);
         if plan.parallel.sharding == Sharding::HybridShard && self.cost.replica_group.ranks > 1 {
-            let secs = self.cost.collective_s(&self.cost.replica_group, Collective::AllReduce, shard_bytes);
-            let ar = self.task(
-                NCCL,
-                secs,
-                vec![t],
-                vec![],
-                TaskLabel::new(
-                    step,
-                    Phase::Backward,
-                    mb,
-                    text!(self.names, "all-reduce {} shard across nodes", plan.units[u].name),
-                    TaskKind::AllReduce,
-                    Some(u),
-                ),
-            );
-            self.step_comm.push(ar);
+            let what = text!(self.names, "all-reduce {} shard across nodes", plan.units[u].name);
+            self.all_reduce_after(step, mb, u, t, true, shard_bytes, what);
         }
     }
 
