@@ -67,49 +67,32 @@ pub fn phase_meaning(p: Phase) -> &'static str {
 pub fn explain(s: &Scenario, sim: &Simulation, margin: f64) -> Explanation {
     let r = &sim.report;
     let cap = r.capacity.bytes;
-    let (status, step, phase, layer, op, requested, time_s, sample_task, live) = match &r.verdict {
-        Verdict::Oom(o) => {
-            let oom = sim.trace.oom.as_ref().map(|o| (o.task as usize, o.live.clone()));
-            let (task, live_bufs) = oom.unwrap_or((0, Vec::new()));
-            (
-                "oom",
-                o.at.step,
-                o.at.phase,
-                o.at.layer,
-                o.at.op.clone(),
-                Some(o.requested),
-                o.at.time_s,
-                task,
-                live::from_buffers(s, sim, &live_bufs, o.at.layer, o.at.phase),
-            )
-        }
+    // The instant to explain: the failing allocation, or the peak of a run that fits.
+    let (status, at, requested, bufs) = match &r.verdict {
+        Verdict::Oom(o) => (
+            "oom",
+            Some(o.at.clone()),
+            Some(o.requested),
+            sim.trace.oom.as_ref().map_or(Vec::new(), |x| x.live.clone()),
+        ),
         Verdict::Fits { .. } => {
             let pk = r.peak.as_ref();
             let near = pk.is_some_and(|p| p.allocated.bytes as f64 >= cap as f64 * (1.0 - margin));
             let idx = sim.trace.timeline.peak_index.unwrap_or(0);
-            let task = sim.trace.timeline.samples.get(idx).map_or(0, |x| x.task);
-            let bufs = live::live_at_sample(sim, idx);
-            let at = pk.map(|p| p.at.clone());
             (
                 if near { "near_capacity" } else { "fits" },
-                at.as_ref().map_or(0, |a| a.step),
-                at.as_ref().map_or(Phase::Init, |a| a.phase),
-                at.as_ref().and_then(|a| a.layer),
-                at.as_ref().map_or(String::new(), |a| a.op.clone()),
+                pk.map(|p| p.at.clone()),
                 None,
-                at.as_ref().map_or(0.0, |a| a.time_s),
-                task,
-                live::from_buffers(
-                    s,
-                    sim,
-                    &bufs,
-                    at.as_ref().and_then(|a| a.layer),
-                    at.as_ref().map_or(Phase::Init, |a| a.phase),
-                ),
+                live::live_at_sample(sim, idx),
             )
         }
     };
-    let _ = sample_task;
+    let step = at.as_ref().map_or(0, |a| a.step);
+    let phase = at.as_ref().map_or(Phase::Init, |a| a.phase);
+    let layer = at.as_ref().and_then(|a| a.layer);
+    let op = at.as_ref().map_or(String::new(), |a| a.op.clone());
+    let time_s = at.as_ref().map_or(0.0, |a| a.time_s);
+    let live = live::from_buffers(s, sim, &bufs, layer, phase);
     let mut live = live;
     let empty_cache = empty_cache_advice(s, r);
     // The allocator's share: reserved but not allocated to any tensor at that instant.

@@ -739,6 +739,25 @@ impl CachingAllocator {
         Some(cand)
     }
 
+    /// A free block between `prev` and `next` (the caller links the neighbours to it), put
+    /// in its pool's free set.
+    fn free_piece(&mut self, addr: u64, size: u64, prev: u32, next: u32, seg: u32, pool: u32) -> u32 {
+        let nb = self.new_block(Block {
+            addr,
+            size,
+            prev,
+            next,
+            seg,
+            pool,
+            state: State::Free,
+            events: 0,
+            uses: 0,
+            requested: 0,
+        });
+        self.insert_free(nb);
+        nb
+    }
+
     /// `unmap_block`: returns the pages lying wholly inside free block `b` to the device.
     fn unmap_block(&mut self, b: u32) {
         let (addr, size, seg, pool, prev, next) = {
@@ -757,43 +776,19 @@ impl CachingAllocator {
         self.remove_free(b);
         let before = start - addr;
         if before > 0 {
-            let nb = self.new_block(Block {
-                addr,
-                size: before,
-                prev,
-                next: b,
-                seg,
-                pool,
-                state: State::Free,
-                events: 0,
-                uses: 0,
-                requested: 0,
-            });
+            let nb = self.free_piece(addr, before, prev, b, seg, pool);
             if prev != NIL {
                 self.blocks[prev as usize].next = nb;
             }
             self.blocks[b as usize].prev = nb;
-            self.insert_free(nb);
         }
         let after = size - before - len;
         if after > 0 {
-            let nb = self.new_block(Block {
-                addr: start + len,
-                size: after,
-                prev: b,
-                next,
-                seg,
-                pool,
-                state: State::Free,
-                events: 0,
-                uses: 0,
-                requested: 0,
-            });
+            let nb = self.free_piece(start + len, after, b, next, seg, pool);
             if next != NIL {
                 self.blocks[next as usize].prev = nb;
             }
             self.blocks[b as usize].next = nb;
-            self.insert_free(nb);
         }
         {
             let bl = &mut self.blocks[b as usize];

@@ -157,9 +157,14 @@ struct Builder {
 }
 
 impl Builder {
+    /// A tensor written by the op about to be added (the next index).
     fn tensor(&mut self, name: &str, elems: u64, bytes_per: u64, kind: TensorKind) -> TensorId {
-        let producer = if self.ops.is_empty() && kind == TensorKind::Index { None } else { Some(self.ops.len()) };
-        self.tensors.push(Tensor { name: name.to_string(), bytes: elems * bytes_per, kind, producer });
+        self.tensors.push(Tensor {
+            name: name.to_string(),
+            bytes: elems * bytes_per,
+            kind,
+            producer: Some(self.ops.len()),
+        });
         self.tensors.len() - 1
     }
     fn input(&mut self, name: &str, elems: u64) -> TensorId {
@@ -232,21 +237,7 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         bd.region = Region::Block(l);
         let p = |n: &str| format!("layers.{l}.{n}");
         // --- attention half
-        let (norm_params, stats_per_row) = match cfg.family {
-            Family::Llama => (h, 4),   // weight; rstd
-            Family::Gpt => (2 * h, 8), // weight + bias; mean + rstd
-        };
-        let n1 = bd.tensor(&p("attention_norm.out"), t * h, c, TensorKind::Activation);
-        let st1 = bd.tensor(&p("attention_norm.stats"), t, stats_per_row, TensorKind::Stats);
-        bd.op(
-            p("attention_norm"),
-            OpKind::Norm,
-            norm_params,
-            (5.0 * tf * h as f64, 8.0 * tf * h as f64),
-            vec![x],
-            vec![n1, st1],
-            vec![x, st1],
-        );
+        let n1 = norm_op(&mut bd, cfg.family, &p("attention_norm"), x, t, h, c);
         let (q, k, vv);
         match cfg.family {
             Family::Llama => {
@@ -339,17 +330,7 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         bd.op(p("residual1"), OpKind::Elementwise, 0, (tf * h as f64, 0.0), vec![x, ao], vec![h1], vec![]);
 
         // --- MLP half
-        let n2 = bd.tensor(&p("ffn_norm.out"), t * h, c, TensorKind::Activation);
-        let st2 = bd.tensor(&p("ffn_norm.stats"), t, stats_per_row, TensorKind::Stats);
-        bd.op(
-            p("ffn_norm"),
-            OpKind::Norm,
-            norm_params,
-            (5.0 * tf * h as f64, 8.0 * tf * h as f64),
-            vec![h1],
-            vec![n2, st2],
-            vec![h1, st2],
-        );
+        let n2 = norm_op(&mut bd, cfg.family, &p("ffn_norm"), h1, t, h, c);
         let mlp_out = match cfg.family {
             Family::Llama => {
                 let g = bd.tensor(&p("feed_forward.w1.out"), t * f, c, TensorKind::Activation);
@@ -406,21 +387,7 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
 
     // --- head
     bd.region = Region::Head;
-    let (norm_params, stats_per_row) = match cfg.family {
-        Family::Llama => (h, 4),
-        Family::Gpt => (2 * h, 8),
-    };
-    let nf = bd.tensor("norm.out", t * h, c, TensorKind::Activation);
-    let stf = bd.tensor("norm.stats", t, stats_per_row, TensorKind::Stats);
-    bd.op(
-        "norm".into(),
-        OpKind::Norm,
-        norm_params,
-        (5.0 * tf * h as f64, 8.0 * tf * h as f64),
-        vec![x],
-        vec![nf, stf],
-        vec![x, stf],
-    );
+    let nf = norm_op(&mut bd, cfg.family, "norm", x, t, h, c);
     let logits = bd.tensor("output.logits", t * v, c, TensorKind::Activation);
     let head_params = if cfg.tie_embeddings { 0 } else { v * h };
     let id = bd.op("output".into(), OpKind::Linear, head_params, lin(h, v), vec![nf], vec![logits], vec![nf]);
@@ -482,6 +449,29 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         config: cfg.clone(),
         workload: w.clone(),
     }
+}
+
+/// A LayerNorm (GPT: weight + bias, FP32 mean and rstd per row) or RMSNorm (Llama: weight,
+/// FP32 rstd per row) over `t` rows of `h`: saves its input and the statistics; returns the
+/// output tensor.
+fn norm_op(bd: &mut Builder, family: Family, name: &str, x: TensorId, t: u64, h: u64, c: u64) -> TensorId {
+    let (params, stats_per_row) = match family {
+        Family::Llama => (h, 4),
+        Family::Gpt => (2 * h, 8),
+    };
+    let out = bd.tensor(&format!("{name}.out"), t * h, c, TensorKind::Activation);
+    let stats = bd.tensor(&format!("{name}.stats"), t, stats_per_row, TensorKind::Stats);
+    let tf = t as f64;
+    bd.op(
+        name.to_string(),
+        OpKind::Norm,
+        params,
+        (5.0 * tf * h as f64, 8.0 * tf * h as f64),
+        vec![x],
+        vec![out, stats],
+        vec![x, stats],
+    );
+    out
 }
 
 fn dropout_op(bd: &mut Builder, name: &str, x: TensorId, elems: u64, c: u64) -> TensorId {

@@ -145,7 +145,7 @@ pub fn build(s: &Scenario, sched: &Schedule, trace: &Trace) -> AllocatorReport {
     let at_sample = |i: Option<usize>| {
         i.map(|i| {
             let smp = &trace.timeline.samples[i];
-            instant(sched, trace, smp.task, smp.time_ns)
+            instant(sched, smp.task, smp.time_ns)
         })
     };
     let oom = trace.oom.as_ref().filter(|_| a.kind == AllocatorKind::Caching).map(|o| {
@@ -198,7 +198,7 @@ pub fn build(s: &Scenario, sched: &Schedule, trace: &Trace) -> AllocatorReport {
             device_free: Bytes::new(device_free),
             live_plus_request: Bytes::new(live_plus),
             capacity: Bytes::new(capacity),
-            state: state(&snap, Some(instant(sched, trace, o.task as usize, o.time_ns))),
+            state: state(&snap, Some(instant(sched, o.task as usize, o.time_ns))),
             without_fragmentation: None,
         }
     });

@@ -237,9 +237,8 @@ pub struct Report {
     pub allocator: allocator::AllocatorReport,
 }
 
-fn instant(sched: &Schedule, trace: &Trace, task: usize, time_ns: u64) -> Instant {
+fn instant(sched: &Schedule, task: usize, time_ns: u64) -> Instant {
     let l = &sched.labels[sched.program.tasks[task].label as usize];
-    let _ = trace;
     Instant {
         time_s: time_ns as f64 / 1e9,
         step: l.step,
@@ -314,7 +313,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
             largest.truncate(8);
             let spec = &prog.buffers[o.buffer as usize];
             Verdict::Oom(Box::new(Oom {
-                at: instant(sched, trace, o.task as usize, o.time_ns),
+                at: instant(sched, o.task as usize, o.time_ns),
                 tensor: prog.names[spec.name as usize].clone(),
                 requested: Bytes::new(o.error.requested),
                 allocated: Bytes::new(o.error.allocated),
@@ -327,7 +326,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
         }
     };
     let peak = trace.timeline.peak().map(|p| Peak {
-        at: instant(sched, trace, p.task, p.time_ns),
+        at: instant(sched, p.task, p.time_ns),
         allocated: Bytes::new(p.allocated),
         reserved: Bytes::new(
             trace.timeline.peak_reserved_index.map_or(p.reserved, |i| trace.timeline.samples[i].reserved),
@@ -395,8 +394,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
             });
         }
     }
-    let peak_flops =
-        crate::schedule::Cost::new(&s.cluster, plan.training.precision.compute, plan.shard_group).peak_flops;
+    let peak_flops = s.cluster.peak_flops(plan.training.precision.compute);
     let throughput = steps.last().map(|st| {
         let tokens = s.tokens_per_step();
         let gpus = plan.gpus as f64;

@@ -153,7 +153,7 @@ impl<'a> Builder<'a> {
             }
         }
         // Which saved tensors survive the forward pass.
-        for (i, op) in dag.ops.iter().enumerate() {
+        for op in &dag.ops {
             for &t in &op.saves {
                 let producer_region = dag.tensors[t].producer.map(|p| dag.ops[p].region);
                 let internal = matches!(op.region, Region::Block(_)) && producer_region == Some(op.region);
@@ -167,7 +167,6 @@ impl<'a> Builder<'a> {
                 } else {
                     tensors[t].kept = true;
                 }
-                let _ = i;
             }
         }
         // A tensor kept by one saver is not recomputed for another.
@@ -392,9 +391,8 @@ impl<'a> Builder<'a> {
         let mut tbuf: Vec<Option<u32>> = vec![None; dag.tensors.len()];
         let mut free_fwd: Vec<Vec<u32>> = vec![Vec::new(); nops];
         let mut free_bwd: Vec<Vec<u32>> = vec![Vec::new(); nops];
-        let mut fwd_task = vec![0u32; nops];
+        let mut loss_task = 0u32;
         let mut gathered: Vec<Option<u32>> = vec![None; nunits];
-        let mut gathered_kept = vec![false; nunits];
         let mut ag_fwd_task: Vec<Option<u32>> = vec![None; nunits];
         let mut unit_last_fwd: Vec<Option<u32>> = vec![None; nunits];
         let step_dep = self.last_task_of_prev_step;
@@ -494,7 +492,7 @@ impl<'a> Builder<'a> {
                 TaskLabel::new(step, Phase::Forward, mb, text!(self.names, "{}", op.name), TaskKind::Forward, Some(u))
                     .with_region(op.region),
             );
-            fwd_task[i] = t;
+            loss_task = t;
             let mut f = std::mem::take(&mut free_fwd[i]);
             f.extend(frees_now);
             self.free_at(t, &f);
@@ -503,16 +501,15 @@ impl<'a> Builder<'a> {
             let region_ends = i + 1 == nops || dag.ops[i + 1].region != op.region;
             if region_ends {
                 if let (Region::Block(_), Some(g)) = (op.region, gathered[u]) {
+                    // Otherwise (SHARD_GRAD_OP) it stays gathered until its backward ends.
                     if plan.reshard_after_forward {
                         self.free_at(t, &[g]);
                         gathered[u] = None;
-                    } else {
-                        gathered_kept[u] = true;
                     }
                 }
             }
         }
-        let loss_task = fwd_task[nops - 1];
+        // The last forward task is the loss.
 
         // ---- backward
         let mut grad_buf: Vec<Option<u32>> = vec![None; dag.tensors.len()];
@@ -571,14 +568,10 @@ impl<'a> Builder<'a> {
                                     text!(self.names, "{} (recompute transient)", dag.tensors[t].name),
                                 );
                                 alloc.push(b);
+                                // Freed after its last consumer if that is recomputed too,
+                                // else right away (nothing recomputed reads it).
                                 let lc = tp.last_consumer.unwrap_or(ri);
-                                if let Some(pos) = rops.iter().position(|&x| x == lc) {
-                                    let _ = pos;
-                                    // freed after its last consumer within the recompute
-                                    frees.push((lc, b));
-                                } else {
-                                    frees.push((ri, b));
-                                }
+                                frees.push((if rops.contains(&lc) { lc } else { ri }, b));
                             }
                         }
                         if rop.fwd_scratch > 0 {
@@ -803,7 +796,6 @@ impl<'a> Builder<'a> {
                 }
             }
         }
-        let _ = gathered_kept;
         // ZeRO-1: reduce the full gradients once accumulation is done.
         if last_mb && plan.parallel.sharding == Sharding::Zero1 && plan.gpus > 1 {
             let bytes = plan.total_params() * self.pr().grad.bytes();
