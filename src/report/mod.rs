@@ -423,11 +423,13 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
                     crate::schedule::cost::OP_OVERHEAD_S * 1e6
                 ),
                 format!(
-                    "collectives: NCCL rings, {:.0}% of {:.0} GB/s NVLink inside a node; across nodes {:.0}% of the node's NICs ({:.1} GB/s per GPU) on per-rail rings",
+                    "collectives: NCCL rings, {:.0}% of {:.0} GB/s NVLink inside a node; across nodes {:.0}% of the node's NICs ({:.1} GB/s per GPU) on per-rail rings (efficiencies from nccl-tests busbw); latency {:.0} us per ring step inside a node, {:.0} us across nodes (assumed, NCCL Simple protocol order of magnitude)",
                     crate::net::LINK_EFFICIENCY * 100.0,
                     s.cluster.gpu.nvlink_bytes_per_s / 1e9,
                     crate::net::NETWORK_EFFICIENCY * 100.0,
-                    s.cluster.network_bytes_per_s() / 1e9
+                    s.cluster.network_bytes_per_s() / 1e9,
+                    crate::net::ALPHA_INTRA_S * 1e6,
+                    crate::net::ALPHA_INTER_S * 1e6
                 ),
                 "MFU counts model FLOPs = 3 x forward FLOPs of the DAG (2 per multiply-add, attention included), per Narayanan et al. 2021; HFU adds recomputation".into(),
             ],

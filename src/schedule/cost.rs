@@ -18,7 +18,8 @@ pub const MATMUL_EFFICIENCY: f64 = 0.78;
 pub const GEMM_TILE: (u64, u64) = (128, 128);
 pub const ATTENTION_EFFICIENCY: f64 = 0.6;
 pub const HBM_EFFICIENCY: f64 = 0.8;
-/// Launch and framework overhead per op, seconds.
+/// Launch and framework overhead per op, seconds: an assumption (CUDA kernel launches cost a
+/// few microseconds each, and PyTorch's dispatcher adds more); printed with every report.
 pub const OP_OVERHEAD_S: f64 = 4e-6;
 
 #[derive(Debug, Clone)]
