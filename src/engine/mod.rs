@@ -34,7 +34,7 @@ pub struct BufferSpec {
 /// One unit of work on one stream.
 #[derive(Debug, Clone, Default)]
 pub struct Task {
-    pub stream: u8,
+    pub stream: u16,
     pub duration_ns: u64,
     /// Tasks that must finish before this one starts.
     pub deps: Vec<u32>,

@@ -117,4 +117,23 @@ pub struct Workload {
     pub attention: Attention,
     /// Upcast logits to FP32 before the loss (what most training scripts do).
     pub logits_fp32: bool,
+    /// How one rank's share of the graph is cut: Megatron tensor parallelism.
+    pub split: TensorSplit,
+}
+
+/// Megatron-LM tensor (and sequence) parallelism: the graph of one tensor-parallel rank.
+/// Column-parallel linears (QKV, MLP up, LM head) split their outputs, row-parallel ones
+/// (attention output, MLP down) their inputs, attention splits its heads and the embedding
+/// its vocabulary; norms, dropout and residuals run on the whole hidden state (`tensor`
+/// copies) or, with sequence parallelism, on 1/`tensor` of the sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct TensorSplit {
+    pub tensor: u64,
+    pub sequence_parallel: bool,
+}
+
+impl Default for TensorSplit {
+    fn default() -> Self {
+        TensorSplit { tensor: 1, sequence_parallel: false }
+    }
 }

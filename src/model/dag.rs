@@ -14,6 +14,7 @@ use petgraph::graph::{DiGraph, NodeIndex};
 use serde::Serialize;
 
 use super::config::{Attention, Dtype, Family, ModelConfig, Workload};
+use crate::net::Collective;
 
 /// Index of a tensor in [`LayerDag::tensors`].
 pub type TensorId = usize;
@@ -70,6 +71,26 @@ pub enum OpKind {
     Dropout,
     Cast,
     Loss,
+    /// A tensor-parallel collective ([`TpComm`]): no kernel of its own on the compute stream.
+    TpComm,
+}
+
+/// A tensor-parallel collective between ops: Megatron's conjugate operators. `f` (before a
+/// column-parallel linear) is the identity forward and an all-reduce of the input gradient
+/// backward; `g` (after a row-parallel linear) all-reduces forward and is the identity
+/// backward. With sequence parallelism the all-reduces become an all-gather of the sequence
+/// one way and a reduce-scatter the other, and the column-parallel linear keeps only its
+/// sequence shard for backward, all-gathering it again there (`backward_buffer`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct TpComm {
+    pub forward: Option<Collective>,
+    pub backward: Option<Collective>,
+    /// The full (unsharded) buffer the collective moves, bytes.
+    pub bytes: u64,
+    /// A buffer the backward collective allocates (the re-gathered input of a sequence-
+    /// parallel linear), freed after the backward of op `backward_buffer_until`.
+    pub backward_buffer: u64,
+    pub backward_buffer_until: Option<OpId>,
 }
 
 /// One op of the forward pass.
@@ -98,6 +119,9 @@ pub struct Op {
     /// For matmuls: (M, N, K) of the forward GEMM (tokens, output features, input features),
     /// which decides how well it fills the GPU.
     pub gemm: Option<[u64; 3]>,
+    /// Split across tensor-parallel ranks (its FLOPs are 1/t of the model's).
+    pub tp_sharded: bool,
+    pub comm: Option<TpComm>,
 }
 
 /// The model as a petgraph DAG of ops (edges carry the tensor flowing between them).
@@ -141,9 +165,15 @@ impl LayerDag {
         }
         total
     }
-    /// Model FLOPs of one forward pass of one micro-batch.
+    /// FLOPs this rank executes in one forward pass of one micro-batch.
     pub fn forward_flops(&self) -> f64 {
         self.ops.iter().map(|o| o.fwd_flops).sum()
+    }
+    /// Model FLOPs of one forward pass of one micro-batch of the whole model (every
+    /// tensor-parallel rank's share of the split ops, replicated ops once).
+    pub fn model_forward_flops(&self) -> f64 {
+        let t = self.workload.split.tensor as f64;
+        self.ops.iter().map(|o| if o.tp_sharded { o.fwd_flops * t } else { o.fwd_flops }).sum()
     }
     pub fn tokens(&self) -> u64 {
         self.workload.micro_batch * self.workload.seq_len
@@ -154,6 +184,11 @@ struct Builder {
     ops: Vec<Op>,
     tensors: Vec<Tensor>,
     region: Region,
+    /// Tensor-parallel degree and sequence parallelism.
+    tp: u64,
+    sp: bool,
+    /// Bytes of the whole hidden state of a micro-batch (what TP collectives move).
+    full: u64,
 }
 
 impl Builder {
@@ -197,34 +232,121 @@ impl Builder {
             saves,
             fwd_scratch: 0,
             gemm: None,
+            tp_sharded: false,
+            comm: None,
         });
         self.ops.len() - 1
     }
+
+    /// An op split across tensor-parallel ranks: `flops` are the whole op's, this rank runs
+    /// 1/t of them.
+    #[allow(clippy::too_many_arguments)]
+    fn op_tp(
+        &mut self,
+        name: String,
+        kind: OpKind,
+        params: u64,
+        flops: (f64, f64),
+        inputs: Vec<TensorId>,
+        outputs: Vec<TensorId>,
+        saves: Vec<TensorId>,
+    ) -> OpId {
+        let t = self.tp as f64;
+        let id = self.op(name, kind, params, (flops.0 / t, flops.1 / t), inputs, outputs, saves);
+        self.ops[id].tp_sharded = self.tp > 1;
+        id
+    }
+
+    fn comm_op(&mut self, name: String, inputs: Vec<TensorId>, outputs: Vec<TensorId>, comm: TpComm) -> OpId {
+        let id = self.op(name, OpKind::TpComm, 0, (0.0, 0.0), inputs, outputs, vec![]);
+        self.ops[id].fwd_bytes = 0.0;
+        self.ops[id].comm = Some(comm);
+        id
+    }
+
+    fn tp_comm(&self, forward: Option<Collective>, backward: Option<Collective>) -> TpComm {
+        TpComm { forward, backward, bytes: self.full, backward_buffer: 0, backward_buffer_until: None }
+    }
+
+    /// Megatron's `f` before a column-parallel linear; returns the tensor the linear reads
+    /// (`x` itself, or with sequence parallelism the all-gathered sequence).
+    fn f_op(&mut self, name: &str, x: TensorId, c: u64) -> TensorId {
+        if self.tp == 1 {
+            return x;
+        }
+        if !self.sp {
+            let comm = self.tp_comm(None, Some(Collective::AllReduce));
+            self.comm_op(format!("{name}.tp_copy"), vec![x], vec![], comm);
+            return x;
+        }
+        let full = self.tensor(&format!("{name}.sp_all_gather.out"), self.full / c, c, TensorKind::Activation);
+        let comm = self.tp_comm(Some(Collective::AllGather), Some(Collective::ReduceScatter));
+        self.comm_op(format!("{name}.sp_all_gather"), vec![x], vec![full], comm);
+        full
+    }
+
+    /// Sequence parallelism: the column-parallel linears from op `first` on kept only their
+    /// input's shard, so backward all-gathers it again for their weight gradients.
+    fn regather_op(&mut self, name: &str, first: OpId) {
+        if self.tp > 1 && self.sp {
+            let mut comm = self.tp_comm(None, Some(Collective::AllGather));
+            comm.backward_buffer = self.full;
+            comm.backward_buffer_until = Some(first);
+            self.comm_op(format!("{name}.sp_regather"), vec![], vec![], comm);
+        }
+    }
+
+    /// Megatron's `g` after a row-parallel linear: the partial sums `y` are all-reduced in
+    /// place (or reduce-scattered to this rank's sequence shard).
+    fn g_op(&mut self, name: &str, y: TensorId, c: u64) -> TensorId {
+        if self.tp == 1 {
+            return y;
+        }
+        if !self.sp {
+            let comm = self.tp_comm(Some(Collective::AllReduce), None);
+            self.comm_op(format!("{name}.tp_all_reduce"), vec![y], vec![], comm);
+            return y;
+        }
+        let shard = self.full / c / self.tp;
+        let out = self.tensor(&format!("{name}.sp_reduce_scatter.out"), shard, c, TensorKind::Activation);
+        let comm = self.tp_comm(Some(Collective::ReduceScatter), Some(Collective::AllGather));
+        self.comm_op(format!("{name}.sp_reduce_scatter"), vec![y], vec![out], comm);
+        out
+    }
 }
 
-/// Builds the DAG of one micro-batch's forward pass.
+/// Builds the DAG of one micro-batch's forward pass on one tensor-parallel rank
+/// (`w.split`; the whole model when the degree is 1).
 pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
     let (b, s, h, f, v) = (w.micro_batch, w.seq_len, cfg.hidden, cfg.ffn_hidden, cfg.vocab);
     let t = b * s;
     let c = w.compute_dtype.bytes();
-    let a = cfg.n_heads;
-    let kvd = cfg.kv_dim();
+    let tp = w.split.tensor.max(1);
+    let sp = w.split.sequence_parallel && tp > 1;
+    // Rows of the hidden state this rank holds outside the tensor-parallel regions.
+    let rows = if sp { t / tp } else { t };
+    let a = cfg.n_heads / tp;
+    let kvd = cfg.kv_dim() / tp;
     let tf = t as f64;
     let lin = |i: u64, o: u64| (2.0 * tf * i as f64 * o as f64, 4.0 * tf * i as f64 * o as f64);
-    let mut bd = Builder { ops: Vec::new(), tensors: Vec::new(), region: Region::Embed };
+    let mut bd = Builder { ops: Vec::new(), tensors: Vec::new(), region: Region::Embed, tp, sp, full: t * h * c };
     let tokens = bd.input("tokens", t);
     let targets = bd.input("targets", t);
 
     // Embedding: a gather; backward scatters into the weight gradient and keeps the ids.
-    let mut x = bd.tensor("tok_embeddings.out", t * h, c, TensorKind::Activation);
-    bd.op("tok_embeddings".into(), OpKind::Embedding, v * h, (0.0, 0.0), vec![tokens], vec![x], vec![tokens]);
+    // Vocabulary-parallel under TP: each rank looks up its slice and the partial sums meet
+    // in a `g` collective.
+    let x0 = bd.tensor("tok_embeddings.out", t * h, c, TensorKind::Activation);
+    let emb = bd.op("tok_embeddings".into(), OpKind::Embedding, v * h / tp, (0.0, 0.0), vec![tokens], vec![x0], vec![tokens]);
+    bd.ops[emb].tp_sharded = tp > 1;
+    let mut x = bd.g_op("tok_embeddings", x0, c);
     if cfg.family == Family::Gpt {
-        let y = bd.tensor("pos_embeddings.out", t * h, c, TensorKind::Activation);
+        let y = bd.tensor("pos_embeddings.out", rows * h, c, TensorKind::Activation);
         bd.op(
             "pos_embeddings".into(),
             OpKind::Embedding,
             cfg.max_seq_len * h,
-            (tf * h as f64, 0.0),
+            ((rows * h) as f64, 0.0),
             vec![x],
             vec![y],
             vec![],
@@ -237,50 +359,55 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         bd.region = Region::Block(l);
         let p = |n: &str| format!("layers.{l}.{n}");
         // --- attention half
-        let n1 = norm_op(&mut bd, cfg.family, &p("attention_norm"), x, t, h, c);
+        let n1 = norm_op(&mut bd, cfg.family, &p("attention_norm"), x, rows, h, c);
+        let n1_in = bd.f_op(&p("attention"), n1, c);
         let (q, k, vv);
+        let first_qkv = bd.ops.len();
         match cfg.family {
             Family::Llama => {
-                let q0 = bd.tensor(&p("attention.wq.out"), t * h, c, TensorKind::Activation);
-                bd.op(p("attention.wq"), OpKind::Linear, h * h, lin(h, h), vec![n1], vec![q0], vec![n1]);
+                let q0 = bd.tensor(&p("attention.wq.out"), t * h / tp, c, TensorKind::Activation);
+                bd.op_tp(p("attention.wq"), OpKind::Linear, h * h / tp, lin(h, h), vec![n1_in], vec![q0], vec![n1]);
                 let k0 = bd.tensor(&p("attention.wk.out"), t * kvd, c, TensorKind::Activation);
-                bd.op(p("attention.wk"), OpKind::Linear, h * kvd, lin(h, kvd), vec![n1], vec![k0], vec![n1]);
+                bd.op_tp(p("attention.wk"), OpKind::Linear, h * kvd, lin(h, kvd * tp), vec![n1_in], vec![k0], vec![n1]);
                 vv = bd.tensor(&p("attention.wv.out"), t * kvd, c, TensorKind::Activation);
-                bd.op(p("attention.wv"), OpKind::Linear, h * kvd, lin(h, kvd), vec![n1], vec![vv], vec![n1]);
+                bd.op_tp(p("attention.wv"), OpKind::Linear, h * kvd, lin(h, kvd * tp), vec![n1_in], vec![vv], vec![n1]);
+                bd.regather_op(&p("attention"), first_qkv);
                 // Rotary: q*cos + rotate_half(q)*sin; mul by a constant buffer saves only the
                 // buffer, cat saves nothing, so nothing of q or k is kept.
-                q = bd.tensor(&p("attention.rope.q"), t * h, c, TensorKind::Activation);
+                let hq = h / tp;
+                q = bd.tensor(&p("attention.rope.q"), t * hq, c, TensorKind::Activation);
                 k = bd.tensor(&p("attention.rope.k"), t * kvd, c, TensorKind::Activation);
-                let id = bd.op(
+                let id = bd.op_tp(
                     p("attention.rope"),
                     OpKind::Rope,
                     0,
-                    (6.0 * tf * (h + kvd) as f64, 6.0 * tf * (h + kvd) as f64),
+                    (6.0 * tf * (h + kvd * tp) as f64, 6.0 * tf * (h + kvd * tp) as f64),
                     vec![q0, k0],
                     vec![q, k],
                     vec![],
                 );
                 // q*cos and rotate_half(q) live while the sum is formed.
-                bd.ops[id].fwd_scratch = 2 * t * h * c;
+                bd.ops[id].fwd_scratch = 2 * t * hq * c;
             }
             Family::Gpt => {
-                let qkv = bd.tensor(&p("attn.c_attn.out"), t * 3 * h, c, TensorKind::Activation);
-                bd.op(
+                let qkv = bd.tensor(&p("attn.c_attn.out"), t * 3 * h / tp, c, TensorKind::Activation);
+                bd.op_tp(
                     p("attn.c_attn"),
                     OpKind::Linear,
-                    3 * h * h + 3 * h,
+                    (3 * h * h + 3 * h) / tp,
                     lin(h, 3 * h),
-                    vec![n1],
+                    vec![n1_in],
                     vec![qkv],
                     vec![n1],
                 );
+                bd.regather_op(&p("attn"), first_qkv);
                 // q, k, v are views of the fused projection's output.
                 q = qkv;
                 k = qkv;
                 vv = qkv;
             }
         }
-        let o = bd.tensor(&p("attention.core.out"), t * h, c, TensorKind::Activation);
+        let o = bd.tensor(&p("attention.core.out"), t * h / tp, c, TensorKind::Activation);
         let att_f = 4.0 * (b * s * s * h) as f64;
         let mut saves = vec![q];
         for x in [k, vv] {
@@ -317,28 +444,34 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
             Attention::Flash => 2.5 * att_f,
             Attention::Math => 2.0 * att_f,
         };
-        let core = bd.op(p("attention.core"), OpKind::AttentionCore, 0, (att_f, bwd_f), inputs, outs, saves);
+        let core = bd.op_tp(p("attention.core"), OpKind::AttentionCore, 0, (att_f, bwd_f), inputs, outs, saves);
         if w.attention == Attention::Math {
             // The raw scores exist while softmax runs.
             bd.ops[core].fwd_scratch = b * a * s * s * c;
         }
+        // Row-parallel output projection: its bias is added once, after the reduction.
         let ao = bd.tensor(&p("attention.wo.out"), t * h, c, TensorKind::Activation);
-        let wo_params = if cfg.family == Family::Gpt { h * h + h } else { h * h };
-        bd.op(p("attention.wo"), OpKind::Linear, wo_params, lin(h, h), vec![o], vec![ao], vec![o]);
-        let ao = if dropout { dropout_op(&mut bd, &p("attention.dropout"), ao, t * h, c) } else { ao };
-        let h1 = bd.tensor(&p("residual1.out"), t * h, c, TensorKind::Activation);
-        bd.op(p("residual1"), OpKind::Elementwise, 0, (tf * h as f64, 0.0), vec![x, ao], vec![h1], vec![]);
+        let wo_bias = if cfg.family == Family::Gpt { h } else { 0 };
+        bd.op_tp(p("attention.wo"), OpKind::Linear, h * h / tp + wo_bias, lin(h, h), vec![o], vec![ao], vec![o]);
+        let ao = bd.g_op(&p("attention"), ao, c);
+        let ao = if dropout { dropout_op(&mut bd, &p("attention.dropout"), ao, rows * h, c) } else { ao };
+        let h1 = bd.tensor(&p("residual1.out"), rows * h, c, TensorKind::Activation);
+        bd.op(p("residual1"), OpKind::Elementwise, 0, ((rows * h) as f64, 0.0), vec![x, ao], vec![h1], vec![]);
 
         // --- MLP half
-        let n2 = norm_op(&mut bd, cfg.family, &p("ffn_norm"), h1, t, h, c);
+        let n2 = norm_op(&mut bd, cfg.family, &p("ffn_norm"), h1, rows, h, c);
+        let ft = f / tp;
         let mlp_out = match cfg.family {
             Family::Llama => {
-                let g = bd.tensor(&p("feed_forward.w1.out"), t * f, c, TensorKind::Activation);
-                bd.op(p("feed_forward.w1"), OpKind::Linear, h * f, lin(h, f), vec![n2], vec![g], vec![n2]);
-                let u = bd.tensor(&p("feed_forward.w3.out"), t * f, c, TensorKind::Activation);
-                bd.op(p("feed_forward.w3"), OpKind::Linear, h * f, lin(h, f), vec![n2], vec![u], vec![n2]);
-                let sg = bd.tensor(&p("feed_forward.silu.out"), t * f, c, TensorKind::Activation);
-                bd.op(
+                let n2_in = bd.f_op(&p("feed_forward"), n2, c);
+                let first = bd.ops.len();
+                let g = bd.tensor(&p("feed_forward.w1.out"), t * ft, c, TensorKind::Activation);
+                bd.op_tp(p("feed_forward.w1"), OpKind::Linear, h * ft, lin(h, f), vec![n2_in], vec![g], vec![n2]);
+                let u = bd.tensor(&p("feed_forward.w3.out"), t * ft, c, TensorKind::Activation);
+                bd.op_tp(p("feed_forward.w3"), OpKind::Linear, h * ft, lin(h, f), vec![n2_in], vec![u], vec![n2]);
+                bd.regather_op(&p("feed_forward"), first);
+                let sg = bd.tensor(&p("feed_forward.silu.out"), t * ft, c, TensorKind::Activation);
+                bd.op_tp(
                     p("feed_forward.silu"),
                     OpKind::Elementwise,
                     0,
@@ -347,8 +480,8 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
                     vec![sg],
                     vec![g],
                 );
-                let m = bd.tensor(&p("feed_forward.mul.out"), t * f, c, TensorKind::Activation);
-                bd.op(
+                let m = bd.tensor(&p("feed_forward.mul.out"), t * ft, c, TensorKind::Activation);
+                bd.op_tp(
                     p("feed_forward.mul"),
                     OpKind::Elementwise,
                     0,
@@ -358,14 +491,17 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
                     vec![sg, u],
                 );
                 let d = bd.tensor(&p("feed_forward.w2.out"), t * h, c, TensorKind::Activation);
-                bd.op(p("feed_forward.w2"), OpKind::Linear, f * h, lin(f, h), vec![m], vec![d], vec![m]);
-                d
+                bd.op_tp(p("feed_forward.w2"), OpKind::Linear, ft * h, lin(f, h), vec![m], vec![d], vec![m]);
+                bd.g_op(&p("feed_forward"), d, c)
             }
             Family::Gpt => {
-                let g = bd.tensor(&p("mlp.c_fc.out"), t * f, c, TensorKind::Activation);
-                bd.op(p("mlp.c_fc"), OpKind::Linear, h * f + f, lin(h, f), vec![n2], vec![g], vec![n2]);
-                let ge = bd.tensor(&p("mlp.gelu.out"), t * f, c, TensorKind::Activation);
-                bd.op(
+                let n2_in = bd.f_op(&p("mlp"), n2, c);
+                let first = bd.ops.len();
+                let g = bd.tensor(&p("mlp.c_fc.out"), t * ft, c, TensorKind::Activation);
+                bd.op_tp(p("mlp.c_fc"), OpKind::Linear, (h * f + f) / tp, lin(h, f), vec![n2_in], vec![g], vec![n2]);
+                bd.regather_op(&p("mlp"), first);
+                let ge = bd.tensor(&p("mlp.gelu.out"), t * ft, c, TensorKind::Activation);
+                bd.op_tp(
                     p("mlp.gelu"),
                     OpKind::Elementwise,
                     0,
@@ -375,37 +511,41 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
                     vec![g],
                 );
                 let d = bd.tensor(&p("mlp.c_proj.out"), t * h, c, TensorKind::Activation);
-                bd.op(p("mlp.c_proj"), OpKind::Linear, f * h + h, lin(f, h), vec![ge], vec![d], vec![ge]);
-                d
+                bd.op_tp(p("mlp.c_proj"), OpKind::Linear, f * h / tp + h, lin(f, h), vec![ge], vec![d], vec![ge]);
+                bd.g_op(&p("mlp"), d, c)
             }
         };
-        let mlp_out = if dropout { dropout_op(&mut bd, &p("mlp.dropout"), mlp_out, t * h, c) } else { mlp_out };
-        let y = bd.tensor(&p("residual2.out"), t * h, c, TensorKind::Activation);
-        bd.op(p("residual2"), OpKind::Elementwise, 0, (tf * h as f64, 0.0), vec![h1, mlp_out], vec![y], vec![]);
+        let mlp_out = if dropout { dropout_op(&mut bd, &p("mlp.dropout"), mlp_out, rows * h, c) } else { mlp_out };
+        let y = bd.tensor(&p("residual2.out"), rows * h, c, TensorKind::Activation);
+        bd.op(p("residual2"), OpKind::Elementwise, 0, ((rows * h) as f64, 0.0), vec![h1, mlp_out], vec![y], vec![]);
         x = y;
     }
 
-    // --- head
+    // --- head (a column-parallel LM head and vocabulary-parallel cross-entropy under TP)
     bd.region = Region::Head;
-    let nf = norm_op(&mut bd, cfg.family, "norm", x, t, h, c);
-    let logits = bd.tensor("output.logits", t * v, c, TensorKind::Activation);
-    let head_params = if cfg.tie_embeddings { 0 } else { v * h };
-    let id = bd.op("output".into(), OpKind::Linear, head_params, lin(h, v), vec![nf], vec![logits], vec![nf]);
+    let nf = norm_op(&mut bd, cfg.family, "norm", x, rows, h, c);
+    let nf_in = bd.f_op("output", nf, c);
+    let first = bd.ops.len();
+    let vt = v / tp;
+    let logits = bd.tensor("output.logits", t * vt, c, TensorKind::Activation);
+    let head_params = if cfg.tie_embeddings { 0 } else { vt * h };
+    let id = bd.op_tp("output".into(), OpKind::Linear, head_params, lin(h, v), vec![nf_in], vec![logits], vec![nf]);
     if cfg.tie_embeddings {
-        bd.ops[id].shared_params = v * h;
+        bd.ops[id].shared_params = vt * h;
     }
+    bd.regather_op("output", first);
     let mut logits = logits;
     let loss_dtype = if w.logits_fp32 { Dtype::Fp32 } else { w.compute_dtype };
     if loss_dtype != w.compute_dtype {
         // logits.float(): a copy; its backward saves nothing.
-        let l32 = bd.tensor("output.logits.float", t * v, 4, TensorKind::Activation);
-        bd.op("logits.float".into(), OpKind::Cast, 0, (0.0, 0.0), vec![logits], vec![l32], vec![]);
+        let l32 = bd.tensor("output.logits.float", t * vt, 4, TensorKind::Activation);
+        bd.op_tp("logits.float".into(), OpKind::Cast, 0, (0.0, 0.0), vec![logits], vec![l32], vec![]);
         logits = l32;
     }
     // cross_entropy = log_softmax (saves its output) + nll_loss (saves the targets).
     let lb = loss_dtype.bytes();
-    let lsm = bd.tensor("loss.log_softmax", t * v, lb, TensorKind::Activation);
-    bd.op(
+    let lsm = bd.tensor("loss.log_softmax", t * vt, lb, TensorKind::Activation);
+    bd.op_tp(
         "loss.log_softmax".into(),
         OpKind::Loss,
         0,

@@ -1,8 +1,9 @@
 //! Model families turned into a [`LayerDag`]: ops with parameters, FLOPs and saved tensors.
-//! Nothing here knows about GPUs or parallelism.
+//! Nothing here knows about GPUs; tensor parallelism is a way of cutting the graph
+//! ([`TensorSplit`]), so the DAG of one tensor-parallel rank is built here.
 
 pub mod config;
 pub mod dag;
 
-pub use config::{Attention, Dtype, Family, ModelConfig, Workload};
-pub use dag::{build, LayerDag, Op, OpId, OpKind, Region, Tensor, TensorId, TensorKind};
+pub use config::{Attention, Dtype, Family, ModelConfig, TensorSplit, Workload};
+pub use dag::{build, LayerDag, Op, OpId, OpKind, Region, Tensor, TensorId, TensorKind, TpComm};

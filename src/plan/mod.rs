@@ -78,6 +78,75 @@ pub struct ParallelConfig {
     pub gradient_as_bucket_view: bool,
     /// DDP `bucket_cap_mb` (25 MB default), bytes.
     pub bucket_bytes: u64,
+    /// Model parallelism (Megatron-LM): tensor, sequence and pipeline parallel degrees.
+    pub model_parallel: ModelParallel,
+}
+
+/// Pipeline schedule, as Megatron-LM and `torch.distributed.pipelining` name them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PipelineSchedule {
+    /// All forwards of the step, then all backwards: every micro-batch's activations live.
+    Gpipe,
+    /// PipeDream-flush / Megatron's non-interleaved schedule: stage k runs p - k - 1 warm-up
+    /// forwards, then alternates one forward and one backward.
+    #[serde(rename = "1f1b")]
+    OneFOneB,
+    /// Megatron's interleaved 1F1B: each stage holds `virtual_stages` model chunks.
+    #[serde(rename = "interleaved-1f1b")]
+    Interleaved,
+}
+
+impl PipelineSchedule {
+    pub fn name(self) -> &'static str {
+        match self {
+            PipelineSchedule::Gpipe => "gpipe",
+            PipelineSchedule::OneFOneB => "1f1b",
+            PipelineSchedule::Interleaved => "interleaved-1f1b",
+        }
+    }
+}
+
+/// Megatron-LM's model parallelism: `--tensor-model-parallel-size`, `--sequence-parallel`,
+/// `--pipeline-model-parallel-size`, `--num-layers-per-virtual-pipeline-stage` (as a count of
+/// chunks per stage), and an explicit per-stage layer split for uneven pipelines.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelParallel {
+    pub tensor: u64,
+    pub sequence_parallel: bool,
+    pub pipeline: u64,
+    /// Model chunks per pipeline stage (1 unless interleaved).
+    pub virtual_stages: u64,
+    pub schedule: PipelineSchedule,
+    /// Transformer blocks per pipeline stage, first to last (empty: an even split).
+    pub stage_layers: Vec<u64>,
+}
+
+impl Default for ModelParallel {
+    fn default() -> Self {
+        ModelParallel {
+            tensor: 1,
+            sequence_parallel: false,
+            pipeline: 1,
+            virtual_stages: 1,
+            schedule: PipelineSchedule::OneFOneB,
+            stage_layers: Vec::new(),
+        }
+    }
+}
+
+impl ModelParallel {
+    /// Blocks held by each virtual stage (chunk), in model order: virtual stage j = chunk
+    /// j / p of pipeline stage j % p. An explicit `stage_layers` split applies to stages
+    /// (one chunk each); otherwise layers are spread evenly, earlier stages taking the
+    /// remainder.
+    pub fn virtual_stage_layers(&self, n_layers: u64) -> Vec<u64> {
+        if !self.stage_layers.is_empty() {
+            return self.stage_layers.clone();
+        }
+        let vs = self.pipeline * self.virtual_stages;
+        (0..vs).map(|j| n_layers / vs + u64::from(j < n_layers % vs)).collect()
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -198,13 +267,47 @@ pub struct Unit {
     pub shard_params: u64,
 }
 
-/// Who holds what: the plan every allocation of model state is sized from.
+/// A contiguous run of the model on one pipeline stage: a model chunk (virtual stage).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Chunk {
+    /// Virtual stage index in model order (chunk c of stage k is c x pipeline + k).
+    pub virtual_stage: u64,
+    pub first_block: u64,
+    /// One past the last block.
+    pub end_block: u64,
+    pub embed: bool,
+    pub head: bool,
+}
+
+impl Chunk {
+    pub fn holds(&self, r: Region) -> bool {
+        match r {
+            Region::Embed => self.embed,
+            Region::Head => self.head,
+            Region::Block(l) => (self.first_block..self.end_block).contains(&l),
+        }
+    }
+}
+
+/// Who holds what: the plan every allocation of model state is sized from. With pipeline
+/// parallelism, [`Plan::stage`] gives each stage's own plan (its units, its model state).
 #[derive(Debug, Clone, Serialize)]
 pub struct Plan {
     pub parallel: ParallelConfig,
     pub training: TrainingConfig,
     pub gpus: u64,
     pub gpus_per_node: u64,
+    /// Data-parallel degree: gpus / (tensor x pipeline).
+    pub dp: u64,
+    /// Data-parallel ranks that share a node (Megatron's rank order: tensor-parallel ranks
+    /// adjacent, then data-parallel, then pipeline).
+    pub dp_per_node: u64,
+    /// The pipeline stage this plan describes (0 without pipelining).
+    pub stage: u64,
+    /// The stage's model chunks, in the order they run forward.
+    pub chunks: Vec<Chunk>,
+    /// Unit index of each transformer block this stage holds (`usize::MAX`: elsewhere).
+    pub block_unit: Vec<usize>,
     /// Ranks a sharded tensor is split over (all GPUs, or one node for hybrid sharding).
     pub shard_group: u64,
     /// Root unit first, then one unit per block.
@@ -240,10 +343,13 @@ impl Plan {
         gpus_per_node: u64,
     ) -> Plan {
         let sh = parallel.sharding;
+        let mp = &parallel.model_parallel;
+        let dp = (gpus / (mp.tensor * mp.pipeline)).max(1);
+        let dp_per_node = (gpus_per_node / mp.tensor).clamp(1, dp);
         let shard_group = match sh {
             Sharding::None => 1,
             Sharding::HybridShard => gpus_per_node.min(gpus),
-            _ => gpus,
+            _ => dp,
         };
         let params_sharded = matches!(sh, Sharding::Zero3 | Sharding::HybridShard)
             || (sh == Sharding::Zero2 && parallel.framework == Framework::Fsdp);
@@ -278,11 +384,18 @@ impl Plan {
                 shard_params: p.div_ceil(shard_group),
             });
         }
+        let n_layers = dag.config.n_layers;
+        let chunks = vec![Chunk { virtual_stage: 0, first_block: 0, end_block: n_layers, embed: true, head: true }];
         Plan {
             parallel,
             training,
             gpus,
             gpus_per_node,
+            dp,
+            dp_per_node,
+            stage: 0,
+            chunks,
+            block_unit: (1..=n_layers as usize).collect(),
             shard_group,
             units,
             params_sharded,
@@ -296,8 +409,64 @@ impl Plan {
     pub fn unit_of(&self, r: Region) -> usize {
         match r {
             Region::Embed | Region::Head => 0,
-            Region::Block(l) => l as usize + 1,
+            Region::Block(l) => self.block_unit[l as usize],
         }
+    }
+
+    pub fn pipeline(&self) -> u64 {
+        self.parallel.model_parallel.pipeline
+    }
+
+    /// The model chunks of every pipeline stage: virtual stage j (model order) is chunk
+    /// j / p of stage j % p.
+    pub fn stage_chunks(&self, n_layers: u64) -> Vec<Vec<Chunk>> {
+        let mp = &self.parallel.model_parallel;
+        let (p, v) = (mp.pipeline, mp.virtual_stages);
+        let sizes = mp.virtual_stage_layers(n_layers);
+        let mut out = vec![Vec::new(); p as usize];
+        let mut first = 0;
+        for (j, &n) in sizes.iter().enumerate() {
+            let j = j as u64;
+            out[(j % p) as usize].push(Chunk {
+                virtual_stage: j,
+                first_block: first,
+                end_block: first + n,
+                embed: j == 0,
+                head: j + 1 == p * v,
+            });
+            first += n;
+        }
+        out
+    }
+
+    /// Stage `k`'s plan: its chunks, its units (a root unit for the embedding and/or the head,
+    /// if it holds them, then its blocks) and so its model state. The last stage of a
+    /// pipeline with tied embeddings keeps its own copy of the word embeddings for the LM
+    /// head, as Megatron-LM does (their gradients are all-reduced with the first stage's).
+    pub fn stage(&self, dag: &LayerDag, k: u64) -> Plan {
+        let chunks = self.stage_chunks(dag.config.n_layers).swap_remove(k as usize);
+        let mut root = 0u64;
+        let tied_copy = self.pipeline() > 1;
+        for op in &dag.ops {
+            let on = chunks.iter().any(|c| c.holds(op.region));
+            if on && matches!(op.region, Region::Embed | Region::Head) {
+                root += op.params + if tied_copy && op.region == Region::Head { op.shared_params } else { 0 };
+            }
+        }
+        let mut units = vec![Unit {
+            name: self.units[0].name.clone(),
+            regions: [Region::Embed, Region::Head].into_iter().filter(|r| chunks.iter().any(|c| c.holds(*r))).collect(),
+            params: root,
+            shard_params: root.div_ceil(self.shard_group),
+        }];
+        let mut block_unit = vec![usize::MAX; dag.config.n_layers as usize];
+        for c in &chunks {
+            for l in c.first_block..c.end_block {
+                block_unit[l as usize] = units.len();
+                units.push(self.units[l as usize + 1].clone());
+            }
+        }
+        Plan { stage: k, chunks, block_unit, units, ..self.clone() }
     }
 
     /// Elements of a unit this rank holds for a piece of state that is sharded or not.

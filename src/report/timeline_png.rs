@@ -37,6 +37,7 @@ fn style(kind: TaskKind) -> (RGBColor, &'static str) {
         TaskKind::AllGather => (RGBColor(0x00, 0x9E, 0x73), "all-gather"),
         TaskKind::ReduceScatter => (RGBColor(0xE6, 0x9F, 0x00), "reduce-scatter"),
         TaskKind::AllReduce => (RGBColor(0x56, 0xB4, 0xE9), "all-reduce"),
+        TaskKind::Send | TaskKind::Recv => (RGBColor(0xF0, 0xE4, 0x42), "pipeline send / recv"),
         TaskKind::Optimizer => (RGBColor(0x44, 0x44, 0x44), "optimizer.step()"),
         TaskKind::ZeroGrad | TaskKind::Init => (RGBColor(0x99, 0x99, 0x99), "init / zero_grad"),
     }

@@ -13,8 +13,8 @@ use crate::hardware::{self, Cluster};
 use crate::memory::{AllocatorKind, AllocatorSettings, EmptyCacheAt};
 use crate::model::{Attention, Dtype, Family, ModelConfig, Workload};
 use crate::plan::{
-    BackwardPrefetch, Checkpointing, Framework, OptimizerImpl, OptimizerKind, ParallelConfig, Precision, Sharding,
-    TrainingConfig,
+    BackwardPrefetch, Checkpointing, Framework, ModelParallel, OptimizerImpl, OptimizerKind, ParallelConfig,
+    PipelineSchedule, Precision, Sharding, TrainingConfig,
 };
 
 /// PyTorch's CUDA context with lazy module loading (the default since CUDA 11.7 / PyTorch
@@ -99,6 +99,18 @@ pub struct ParallelSection {
     pub limit_all_gathers: Option<bool>,
     pub gradient_as_bucket_view: Option<bool>,
     pub bucket_cap_mb: Option<f64>,
+    /// Megatron-LM `--tensor-model-parallel-size`.
+    pub tensor: Option<i64>,
+    /// Megatron-LM `--sequence-parallel`.
+    pub sequence_parallel: Option<bool>,
+    /// Megatron-LM `--pipeline-model-parallel-size`.
+    pub pipeline: Option<i64>,
+    /// Model chunks per pipeline stage (interleaved 1F1B).
+    pub virtual_stages: Option<i64>,
+    /// "gpipe" | "1f1b" | "interleaved-1f1b".
+    pub schedule: Option<String>,
+    /// Transformer blocks per pipeline stage, first to last (uneven splits).
+    pub stage_layers: Option<Vec<i64>>,
 }
 
 /// `[allocator]`: the allocator model, its `PYTORCH_CUDA_ALLOC_CONF` options, where the
@@ -188,8 +200,10 @@ impl Scenario {
         self.cluster.capacity_bytes().saturating_sub(self.allocator.outside_bytes())
     }
 
+    /// Data-parallel replicas: gpus / (tensor x pipeline).
     pub fn dp_degree(&self) -> u64 {
-        u64::from(self.cluster.gpus)
+        let mp = &self.parallel.model_parallel;
+        u64::from(self.cluster.gpus) / (mp.tensor * mp.pipeline)
     }
 
     /// Tokens one optimizer step consumes across all ranks.
@@ -422,6 +436,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         limit_all_gathers: p.limit_all_gathers.unwrap_or(true),
         gradient_as_bucket_view: p.gradient_as_bucket_view.unwrap_or(false),
         bucket_bytes: (bucket_cap_mb * 1e6).round() as u64,
+        model_parallel: validate_model_parallel(&v, p, &model, gpus, u64::from(cluster.gpus_per_node), sharding)?,
     };
 
     // --- training
@@ -513,6 +528,22 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
             "flash" => Attention::Flash,
             _ => Attention::Math,
         };
+    let mp = &parallel.model_parallel;
+    if mp.sequence_parallel && seq_len % mp.tensor != 0 {
+        return Err(v.err(
+            "training.seq_len",
+            format!("sequence parallelism splits the sequence over {} ranks: {seq_len} is not divisible", mp.tensor),
+        ));
+    }
+    if mp.schedule == PipelineSchedule::Interleaved && grad_accum % mp.pipeline != 0 {
+        return Err(v.err(
+            "training.grad_accum",
+            format!(
+                "the interleaved schedule needs the micro-batches per step ({grad_accum}) to be a multiple of parallel.pipeline ({}), as Megatron-LM requires",
+                mp.pipeline
+            ),
+        ));
+    }
     let training = TrainingConfig {
         micro_batch,
         seq_len,
@@ -530,6 +561,10 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         compute_dtype: precision.compute,
         attention,
         logits_fp32: t.logits_fp32.unwrap_or(true),
+        split: crate::model::TensorSplit {
+            tensor: parallel.model_parallel.tensor,
+            sequence_parallel: parallel.model_parallel.sequence_parallel,
+        },
     };
     let allocator = validate_allocator(&v, &f.allocator, &cluster)?;
     let jitter = match &f.jitter {
@@ -584,6 +619,143 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         allocator,
         jitter,
     })
+}
+
+/// `[parallel]`'s Megatron-LM degrees: they must divide the GPUs, the heads (and KV heads),
+/// the vocabulary-parallel split and the layers, as Megatron's own argument checks demand.
+fn validate_model_parallel(
+    v: &V,
+    p: &ParallelSection,
+    model: &ModelConfig,
+    gpus: u64,
+    gpus_per_node: u64,
+    sharding: Sharding,
+) -> Result<ModelParallel, ScenarioError> {
+    let tensor = match p.tensor {
+        Some(x) => v.positive("parallel.tensor", x)?,
+        None => 1,
+    };
+    let pipeline = match p.pipeline {
+        Some(x) => v.positive("parallel.pipeline", x)?,
+        None => 1,
+    };
+    if gpus % (tensor * pipeline) != 0 {
+        return Err(v.err(
+            "parallel.tensor",
+            format!(
+                "tensor ({tensor}) x pipeline ({pipeline}) = {} must divide hardware.gpus ({gpus}); the data-parallel degree is gpus / (tensor x pipeline)",
+                tensor * pipeline
+            ),
+        ));
+    }
+    if tensor > gpus_per_node {
+        return Err(v.err(
+            "parallel.tensor",
+            format!("tensor parallelism runs inside a node: at most hardware.gpus_per_node ({gpus_per_node}), got {tensor}"),
+        ));
+    }
+    if model.n_heads % tensor != 0 || model.n_kv_heads % tensor != 0 {
+        return Err(v.err(
+            "parallel.tensor",
+            format!(
+                "must divide model.n_heads ({}) and the KV heads ({}), got {tensor}",
+                model.n_heads, model.n_kv_heads
+            ),
+        ));
+    }
+    if model.ffn_hidden % tensor != 0 || model.vocab % tensor != 0 {
+        return Err(v.err(
+            "parallel.tensor",
+            format!(
+                "must divide model.ffn_hidden ({}) and model.vocab ({}) (pad the vocabulary as Megatron's --make-vocab-size-divisible-by does), got {tensor}",
+                model.ffn_hidden, model.vocab
+            ),
+        ));
+    }
+    let sequence_parallel = p.sequence_parallel.unwrap_or(false);
+    if sequence_parallel && tensor == 1 {
+        return Err(v.err("parallel.sequence_parallel", "needs tensor parallelism (parallel.tensor > 1)"));
+    }
+    let schedule = match v.choice(
+        "parallel.schedule",
+        p.schedule.as_deref().unwrap_or(if p.virtual_stages.unwrap_or(1) > 1 { "interleaved-1f1b" } else { "1f1b" }),
+        &["gpipe", "1f1b", "interleaved-1f1b"],
+    )? {
+        "gpipe" => PipelineSchedule::Gpipe,
+        "1f1b" => PipelineSchedule::OneFOneB,
+        _ => PipelineSchedule::Interleaved,
+    };
+    let virtual_stages = match p.virtual_stages {
+        Some(x) => v.positive("parallel.virtual_stages", x)?,
+        None => 1,
+    };
+    if virtual_stages > 1 && schedule != PipelineSchedule::Interleaved {
+        return Err(v.err("parallel.virtual_stages", "model chunks per stage need schedule = \"interleaved-1f1b\""));
+    }
+    if schedule == PipelineSchedule::Interleaved && (virtual_stages < 2 || pipeline < 2) {
+        return Err(v.err(
+            "parallel.virtual_stages",
+            "interleaved-1f1b needs parallel.pipeline >= 2 and parallel.virtual_stages >= 2 (model chunks per stage)",
+        ));
+    }
+    let layers = model.n_layers;
+    let stage_layers = match &p.stage_layers {
+        None => Vec::new(),
+        Some(list) => {
+            if virtual_stages > 1 {
+                return Err(v.err("parallel.stage_layers", "an explicit split is per stage; it cannot be combined with virtual_stages"));
+            }
+            if list.len() as u64 != pipeline {
+                return Err(v.err(
+                    "parallel.stage_layers",
+                    format!("needs one entry per pipeline stage ({pipeline}), got {}", list.len()),
+                ));
+            }
+            let mut out = Vec::new();
+            for &x in list {
+                if x < 1 {
+                    return Err(v.err("parallel.stage_layers", format!("every stage needs at least one layer, got {x}")));
+                }
+                out.push(x as u64);
+            }
+            let sum: u64 = out.iter().sum();
+            if sum != layers {
+                return Err(v.err(
+                    "parallel.stage_layers",
+                    format!("the stages' layers add up to {sum}, but model.n_layers is {layers}"),
+                ));
+            }
+            out
+        }
+    };
+    if stage_layers.is_empty() && layers < pipeline * virtual_stages {
+        return Err(v.err(
+            "parallel.pipeline",
+            format!(
+                "{} pipeline stages x {virtual_stages} chunks need at least as many layers, model.n_layers is {layers}",
+                pipeline
+            ),
+        ));
+    }
+    if stage_layers.is_empty() && schedule == PipelineSchedule::Interleaved && layers % (pipeline * virtual_stages) != 0 {
+        return Err(v.err(
+            "parallel.virtual_stages",
+            format!(
+                "interleaving needs model.n_layers ({layers}) divisible by pipeline x virtual_stages ({})",
+                pipeline * virtual_stages
+            ),
+        ));
+    }
+    if pipeline > 1 && !matches!(sharding, Sharding::None | Sharding::Zero1) {
+        return Err(v.err(
+            "parallel.sharding",
+            "with pipeline parallelism only \"none\" or \"zero1\" (Megatron's distributed optimizer) shard over the data-parallel ranks; ZeRO-2/3 and FSDP do not compose with pipelining here",
+        ));
+    }
+    if tensor > 1 && sharding == Sharding::HybridShard {
+        return Err(v.err("parallel.sharding", "hybrid_shard with tensor parallelism is not modelled; use \"full_shard\" over the data-parallel ranks"));
+    }
+    Ok(ModelParallel { tensor, sequence_parallel, pipeline, virtual_stages, schedule, stage_layers })
 }
 
 /// `[allocator]`: option values as `PYTORCH_CUDA_ALLOC_CONF` accepts them

@@ -10,7 +10,8 @@
 
 use crate::hardware::Cluster;
 use crate::model::{Dtype, Op, OpKind};
-use crate::net::{Collective, Group};
+use crate::net::{Collective, Group, ALPHA_INTER_S, ALPHA_INTRA_S, LINK_EFFICIENCY, NETWORK_EFFICIENCY};
+use crate::plan::Plan;
 
 pub const MATMUL_EFFICIENCY: f64 = 0.78;
 /// Output tile of a GEMM kernel (rows x columns): cuBLAS/CUTLASS pick 128 x 128 or 256 x 128
@@ -36,6 +37,11 @@ pub struct Cost {
     pub dp_group: Group,
     /// The cross-node replica group of hybrid sharding (one rank per node).
     pub replica_group: Group,
+    /// The tensor-parallel group (inside one node).
+    pub tp_group: Group,
+    /// Point-to-point bandwidth between adjacent pipeline stages, bytes/s, and its latency.
+    pub p2p_bytes_per_s: f64,
+    pub p2p_latency_s: f64,
 }
 
 impl Cost {
@@ -60,7 +66,41 @@ impl Cost {
             shard_group: group(shard_group, per_node),
             dp_group: group(gpus, per_node),
             replica_group: group(gpus.div_ceil(per_node), 1),
+            tp_group: group(1, 1),
+            p2p_bytes_per_s: g.nvlink_bytes_per_s * LINK_EFFICIENCY,
+            p2p_latency_s: ALPHA_INTRA_S,
         }
+    }
+
+    /// The groups of a plan: data-parallel (and shard) groups of `dp` ranks with
+    /// `dp_per_node` of them per node, the tensor-parallel group inside a node, and the
+    /// pipeline's point-to-point link: NVLink when adjacent stages share a node (tensor x
+    /// data-parallel ranks fill less than a node), else each GPU's NIC rail.
+    pub fn for_plan(cluster: &Cluster, plan: &Plan) -> Cost {
+        let mut c = Cost::new(cluster, plan.training.precision.compute, plan.shard_group);
+        let g = &cluster.gpu;
+        let network = cluster.network_bytes_per_s();
+        let group = |ranks: u64, per_node: u64| Group {
+            ranks,
+            ranks_per_node: per_node,
+            nvlink_bytes_per_s: g.nvlink_bytes_per_s,
+            network_bytes_per_s: network,
+        };
+        let tp = plan.parallel.model_parallel.tensor;
+        c.shard_group = group(plan.shard_group, plan.dp_per_node);
+        c.dp_group = group(plan.dp, plan.dp_per_node);
+        c.replica_group = group(plan.dp.div_ceil(plan.dp_per_node), 1);
+        c.tp_group = group(tp, tp);
+        if tp * plan.dp >= plan.gpus_per_node {
+            c.p2p_bytes_per_s = network * NETWORK_EFFICIENCY;
+            c.p2p_latency_s = ALPHA_INTER_S;
+        }
+        c
+    }
+
+    /// One point-to-point transfer between adjacent pipeline stages.
+    pub fn p2p_s(&self, bytes: u64) -> f64 {
+        self.p2p_latency_s + bytes as f64 / self.p2p_bytes_per_s
     }
 
     fn roofline(&self, flops: f64, bytes: f64, eff: f64) -> f64 {

@@ -38,13 +38,19 @@ pub enum TaskKind {
     AllGather,
     ReduceScatter,
     AllReduce,
+    /// Pipeline point-to-point transfers (activations forward, gradients backward).
+    Send,
+    Recv,
     Optimizer,
     ZeroGrad,
 }
 
 impl TaskKind {
     pub fn is_comm(self) -> bool {
-        matches!(self, TaskKind::AllGather | TaskKind::ReduceScatter | TaskKind::AllReduce)
+        matches!(
+            self,
+            TaskKind::AllGather | TaskKind::ReduceScatter | TaskKind::AllReduce | TaskKind::Send | TaskKind::Recv
+        )
     }
 }
 

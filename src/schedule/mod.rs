@@ -43,8 +43,27 @@ macro_rules! text {
     };
 }
 
-pub const COMPUTE: u8 = 0;
-pub const NCCL: u8 = 1;
+pub const COMPUTE: u16 = 0;
+pub const NCCL: u16 = 1;
+
+/// A point in another stage's program a pipeline transfer waits for: the end of virtual
+/// stage `virtual_stage`'s forward (or backward) of micro-batch `mb` in step `step`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Port {
+    pub step: u32,
+    pub mb: u32,
+    pub virtual_stage: u64,
+    pub forward: bool,
+}
+
+/// What one micro-batch's forward of one chunk leaves for its backward.
+struct Fwd {
+    free_fwd: Vec<Vec<u32>>,
+    free_bwd: Vec<Vec<u32>>,
+    loss_task: u32,
+    gathered: Vec<Option<u32>>,
+    inputs: Vec<u32>,
+}
 
 /// A rank's program with the labels its tasks point to.
 #[derive(Debug, Clone)]
@@ -91,6 +110,20 @@ struct Builder<'a> {
     hw_flops: f64,
     /// Whether tasks and buffers get their names (false: [`build_lean`]).
     names: bool,
+    /// Per model chunk this stage runs: its op range, the tensor it receives from the
+    /// previous stage and the one it sends on, and its virtual stage index.
+    chunk_ops: Vec<(usize, usize)>,
+    chunk_in: Vec<Option<usize>>,
+    chunk_out: Vec<Option<usize>>,
+    chunk_vs: Vec<u64>,
+    tp_stream: u16,
+    send_stream: u16,
+    recv_stream: u16,
+    /// Bytes of the activation crossing a stage boundary.
+    p2p_bytes: u64,
+    /// Tasks other stages' transfers wait for, and the transfers that wait.
+    ready: std::collections::HashMap<Port, u32>,
+    ext_deps: Vec<(u32, Port)>,
 }
 
 /// Builds the program of one rank (all ranks of a DP group run the same program).
@@ -117,7 +150,7 @@ pub fn build_lean_prefix(dag: &LayerDag, plan: &Plan, cluster: &Cluster, steps: 
 }
 
 fn build_with(dag: &LayerDag, plan: &Plan, cluster: &Cluster, names: bool, steps: u32) -> Schedule {
-    let cost = Cost::new(cluster, plan.training.precision.compute, plan.shard_group);
+    let cost = Cost::for_plan(cluster, plan);
     let mut b = Builder::new(dag, plan, &cost, names);
     b.reserve(steps);
     b.init();
@@ -196,6 +229,39 @@ impl<'a> Builder<'a> {
         }
         let nu = plan.units.len();
         let mut prog = Program { streams: vec!["compute".into(), "nccl".into()], ..Default::default() };
+        let mp = &plan.parallel.model_parallel;
+        let mut stream = |name: &str, on: bool| {
+            if on {
+                prog.streams.push(name.into());
+                (prog.streams.len() - 1) as u16
+            } else {
+                u16::MAX
+            }
+        };
+        let tp_stream = stream("tp", mp.tensor > 1);
+        let send_stream = stream("p2p send", mp.pipeline > 1);
+        let recv_stream = stream("p2p recv", mp.pipeline > 1);
+        let mut chunk_ops = Vec::new();
+        let (mut chunk_in, mut chunk_out, mut chunk_vs) = (Vec::new(), Vec::new(), Vec::new());
+        let mut p2p_bytes = 0;
+        for ch in &plan.chunks {
+            let lo = dag.ops.iter().position(|o| ch.holds(o.region)).unwrap_or(0);
+            let hi = dag.ops.iter().rposition(|o| ch.holds(o.region)).map_or(lo, |i| i + 1);
+            let x_in = dag.ops[lo..hi]
+                .iter()
+                .flat_map(|o| o.inputs.iter().copied())
+                .find(|&t| dag.tensors[t].producer.is_some_and(|p| p < lo));
+            let x_out = (lo..hi)
+                .flat_map(|i| dag.ops[i].outputs.iter().copied())
+                .find(|&t| tensors[t].last_consumer.is_some_and(|c| c >= hi));
+            if let Some(x) = x_in.or(x_out) {
+                p2p_bytes = dag.tensors[x].bytes;
+            }
+            chunk_ops.push((lo, hi));
+            chunk_in.push(x_in);
+            chunk_out.push(x_out);
+            chunk_vs.push(ch.virtual_stage);
+        }
         if !names {
             prog.names.push(String::new());
         }
@@ -213,6 +279,16 @@ impl<'a> Builder<'a> {
             last_task_of_prev_step: None,
             hw_flops: 0.0,
             names,
+            chunk_ops,
+            chunk_in,
+            chunk_out,
+            chunk_vs,
+            tp_stream,
+            send_stream,
+            recv_stream,
+            p2p_bytes,
+            ready: Default::default(),
+            ext_deps: Vec::new(),
         }
     }
 
@@ -252,7 +328,7 @@ impl<'a> Builder<'a> {
         self.step_comm.push(ar);
     }
 
-    fn task(&mut self, stream: u8, seconds: f64, deps: Vec<u32>, alloc: Vec<u32>, label: TaskLabel) -> u32 {
+    fn task(&mut self, stream: u16, seconds: f64, deps: Vec<u32>, alloc: Vec<u32>, label: TaskLabel) -> u32 {
         self.labels.push(label);
         self.prog.tasks.push(Task {
             stream,
@@ -310,7 +386,11 @@ impl<'a> Builder<'a> {
             );
             self.task(COMPUTE, 0.0, vec![], vec![b], lbl(text!(self.names, "module buffers"), None));
         }
-        if plan.parallel.sharding == Sharding::None && plan.gpus > 1 && !plan.parallel.gradient_as_bucket_view {
+        if plan.parallel.sharding == Sharding::None
+            && plan.dp > 1
+            && !plan.parallel.gradient_as_bucket_view
+            && plan.pipeline() == 1
+        {
             let bytes = plan.total_params() * self.pr().grad.bytes();
             let b = self.buffer(
                 bytes,
@@ -382,13 +462,74 @@ impl<'a> Builder<'a> {
     }
 
     fn micro_batch(&mut self, step: u32, mb: u32, last_mb: bool) {
+        let f = self.forward(step, mb, 0);
+        self.backward(step, mb, 0, f, last_mb);
+    }
+
+    /// A tensor-parallel collective of op `op` on the TP stream after task `after`.
+    #[allow(clippy::too_many_arguments)]
+    fn tp_task(
+        &mut self,
+        step: u32,
+        phase: Phase,
+        mb: u32,
+        op: &crate::model::Op,
+        coll: Collective,
+        after: u32,
+        alloc: Vec<u32>,
+        recompute: bool,
+    ) -> u32 {
+        let bytes = op.comm.map_or(0, |c| c.bytes);
+        let secs = self.cost.collective_s(&self.cost.tp_group, coll, bytes);
+        let kind = match coll {
+            Collective::AllGather => TaskKind::AllGather,
+            Collective::ReduceScatter => TaskKind::ReduceScatter,
+            Collective::AllReduce => TaskKind::AllReduce,
+        };
+        let what = match (recompute, phase) {
+            (true, _) => text!(self.names, "{} (recompute)", op.name),
+            (false, Phase::Backward) => text!(self.names, "{} (backward)", op.name),
+            _ => text!(self.names, "{}", op.name),
+        };
+        let u = self.plan.unit_of(op.region);
+        let label = TaskLabel::new(step, phase, mb, what, kind, Some(u)).with_region(op.region);
+        self.task(self.tp_stream, secs, vec![after], alloc, label)
+    }
+
+    /// One pipeline point-to-point transfer (send or receive side) of `bytes`.
+    #[allow(clippy::too_many_arguments)]
+    fn p2p_task(
+        &mut self,
+        stream: u16,
+        step: u32,
+        phase: Phase,
+        mb: u32,
+        deps: Vec<u32>,
+        alloc: Vec<u32>,
+        what: String,
+    ) -> u32 {
+        let tp = self.plan.parallel.model_parallel.tensor;
+        let bytes = self.p2p_bytes;
+        // Megatron's scatter/gather optimisation (Narayanan et al. 2021, Sec. 4.1): without
+        // sequence parallelism each tensor-parallel rank sends 1/t of the (replicated)
+        // activation and the receivers all-gather it over NVLink.
+        let secs = if tp > 1 && !self.plan.parallel.model_parallel.sequence_parallel {
+            self.cost.p2p_s(bytes / tp) + self.cost.collective_s(&self.cost.tp_group, Collective::AllGather, bytes)
+        } else {
+            self.cost.p2p_s(bytes)
+        };
+        let kind = if stream == self.send_stream { TaskKind::Send } else { TaskKind::Recv };
+        self.task(stream, secs, deps, alloc, TaskLabel::new(step, phase, mb, what, kind, None))
+    }
+
+    fn forward(&mut self, step: u32, mb: u32, c: usize) -> Fwd {
         let dag = self.dag;
         let plan = self.plan;
+        let (lo, hi) = self.chunk_ops[c];
         let nops = dag.ops.len();
         let nunits = plan.units.len();
         let cb = self.pr().compute.bytes();
         let casts = !plan.params_sharded && self.pr().param != self.pr().compute;
-        let mut tbuf: Vec<Option<u32>> = vec![None; dag.tensors.len()];
         let mut free_fwd: Vec<Vec<u32>> = vec![Vec::new(); nops];
         let mut free_bwd: Vec<Vec<u32>> = vec![Vec::new(); nops];
         let mut loss_task = 0u32;
@@ -396,28 +537,76 @@ impl<'a> Builder<'a> {
         let mut ag_fwd_task: Vec<Option<u32>> = vec![None; nunits];
         let mut unit_last_fwd: Vec<Option<u32>> = vec![None; nunits];
         let step_dep = self.last_task_of_prev_step;
+        // A collective (or receive) the next compute op waits for.
+        let mut pending: Option<u32> = None;
 
         // ---- forward
-        let inputs: Vec<u32> = dag
-            .inputs
+        let wanted: Vec<usize> =
+            dag.inputs.iter().copied().filter(|&t| dag.ops[lo..hi].iter().any(|o| o.inputs.contains(&t))).collect();
+        let inputs: Vec<u32> = wanted
             .iter()
             .map(|&t| {
-                let b = self.buffer(
+                self.buffer(
                     dag.tensors[t].bytes,
                     Category::Inputs,
                     text!(self.names, "{} (micro-batch {mb})", dag.tensors[t].name),
-                );
-                tbuf[t] = Some(b);
-                b
+                )
             })
             .collect();
+        let vs = self.chunk_vs[c];
+        // A later pipeline stage receives its input activation from the previous one.
+        if let Some(x) = self.chunk_in[c] {
+            let tp = self.tensors[x];
+            let b = self.buffer(
+                dag.tensors[x].bytes,
+                Category::Activations,
+                text!(self.names, "{} received (micro-batch {mb})", dag.tensors[x].name),
+            );
+            if tp.kept {
+                free_bwd[tp.last_saver.unwrap_or(lo)].push(b);
+            } else {
+                free_fwd[tp.last_consumer.unwrap_or(lo)].push(b);
+            }
+            let what = text!(self.names, "recv activation from virtual stage {} (micro-batch {mb})", vs - 1);
+            let deps: Vec<u32> = step_dep.into_iter().collect();
+            let t = self.p2p_task(self.recv_stream, step, Phase::Forward, mb, deps, vec![b], what);
+            self.ext_deps.push((t, Port { step, mb, virtual_stage: vs - 1, forward: true }));
+            pending = Some(t);
+        }
+        let mut out_buf = None;
         let mut prev_region: Option<Region> = None;
-        for i in 0..nops {
+        for i in lo..hi {
             let op = &dag.ops[i];
             let u = plan.unit_of(op.region);
+            if let Some(comm) = op.comm {
+                // Tensor-parallel collective: on the TP stream, after the op before it.
+                if let Some(coll) = comm.forward {
+                    let mut alloc = Vec::new();
+                    for &t in &op.outputs {
+                        let tp = self.tensors[t];
+                        let b = self.buffer(
+                            dag.tensors[t].bytes,
+                            Category::Transient,
+                            text!(self.names, "{} (micro-batch {mb})", dag.tensors[t].name),
+                        );
+                        alloc.push(b);
+                        if tp.kept {
+                            free_bwd[tp.last_saver.unwrap_or(i)].push(b);
+                        } else {
+                            free_fwd[tp.last_consumer.unwrap_or(i).max(i)].push(b);
+                        }
+                    }
+                    let t = self.tp_task(step, Phase::Forward, mb, op, coll, loss_task, alloc, false);
+                    let f = std::mem::take(&mut free_fwd[i]);
+                    self.free_at(t, &f);
+                    pending = Some(t);
+                }
+                continue;
+            }
             let mut deps = Vec::new();
             let mut alloc = Vec::new();
-            if i == 0 {
+            deps.extend(pending.take());
+            if i == lo {
                 alloc.extend_from_slice(&inputs);
                 if let Some(d) = step_dep {
                     deps.push(d);
@@ -454,9 +643,11 @@ impl<'a> Builder<'a> {
                     cat,
                     text!(self.names, "{} (micro-batch {mb})", dag.tensors[t].name),
                 );
-                tbuf[t] = Some(b);
                 alloc.push(b);
-                if tp.kept {
+                if self.chunk_out[c] == Some(t) {
+                    // Sent to the next stage, then freed (Megatron deallocates pipeline outputs).
+                    out_buf = Some(b);
+                } else if tp.kept {
                     free_bwd[tp.last_saver.unwrap_or(i)].push(b);
                 } else {
                     free_fwd[tp.last_consumer.unwrap_or(i).max(i)].push(b);
@@ -498,7 +689,7 @@ impl<'a> Builder<'a> {
             self.free_at(t, &f);
             unit_last_fwd[u] = Some(t);
             // End of a block's forward: reshard.
-            let region_ends = i + 1 == nops || dag.ops[i + 1].region != op.region;
+            let region_ends = i + 1 == hi || dag.ops[i + 1].region != op.region;
             if region_ends {
                 if let (Region::Block(_), Some(g)) = (op.region, gathered[u]) {
                     // Otherwise (SHARD_GRAD_OP) it stays gathered until its backward ends.
@@ -509,10 +700,41 @@ impl<'a> Builder<'a> {
                 }
             }
         }
-        // The last forward task is the loss.
+        // The last forward task is the loss (or the chunk's output, sent on).
+        if let Some(b) = out_buf {
+            let what = text!(self.names, "send activation to virtual stage {} (micro-batch {mb})", vs + 1);
+            let t = self.p2p_task(self.send_stream, step, Phase::Forward, mb, vec![loss_task], vec![], what);
+            self.free_at(t, &[b]);
+        }
+        self.ready.insert(Port { step, mb, virtual_stage: vs, forward: true }, loss_task);
+        Fwd { free_fwd, free_bwd, loss_task, gathered, inputs }
+    }
 
+    fn backward(&mut self, step: u32, mb: u32, c: usize, fwd: Fwd, last_mb: bool) {
+        let dag = self.dag;
+        let plan = self.plan;
+        let (lo, hi) = self.chunk_ops[c];
+        let nunits = plan.units.len();
+        let cb = self.pr().compute.bytes();
+        let casts = !plan.params_sharded && self.pr().param != self.pr().compute;
+        let Fwd { mut free_fwd, mut free_bwd, loss_task, mut gathered, inputs } = fwd;
+        let vs = self.chunk_vs[c];
+        let mut pending: Option<u32> = None;
         // ---- backward
         let mut grad_buf: Vec<Option<u32>> = vec![None; dag.tensors.len()];
+        if let Some(y) = self.chunk_out[c] {
+            // The gradient of this chunk's output arrives from the next stage.
+            let b = self.buffer(
+                dag.tensors[y].bytes,
+                Category::ActivationGradients,
+                text!(self.names, "grad of {} received (micro-batch {mb})", dag.tensors[y].name),
+            );
+            grad_buf[y] = Some(b);
+            let what = text!(self.names, "recv gradient from virtual stage {} (micro-batch {mb})", vs + 1);
+            let t = self.p2p_task(self.recv_stream, step, Phase::Backward, mb, vec![], vec![b], what);
+            self.ext_deps.push((t, Port { step, mb, virtual_stage: vs + 1, forward: false }));
+            pending = Some(t);
+        }
         let mut unit_grads: Vec<Vec<u32>> = vec![Vec::new(); nunits];
         let mut ag_bwd_task: Vec<Option<u32>> = vec![None; nunits];
         let mut bwd_last_of_unit: Vec<Option<u32>> = vec![None; nunits];
@@ -523,10 +745,43 @@ impl<'a> Builder<'a> {
         let prefetch = plan.parallel.backward_prefetch;
         let mut prev_region: Option<Region> = None;
         let mut last_bwd_task = loss_task;
-        for i in (0..nops).rev() {
+        for i in (lo..hi).rev() {
             let op = &dag.ops[i];
             let u = plan.unit_of(op.region);
+            if let Some(comm) = op.comm {
+                if let Some(coll) = comm.backward {
+                    let mut alloc = Vec::new();
+                    for &t in &op.inputs {
+                        if self.tensors[t].needs_grad && grad_buf[t].is_none() {
+                            let b = self.buffer(
+                                dag.tensors[t].bytes,
+                                Category::ActivationGradients,
+                                text!(self.names, "grad of {} (micro-batch {mb})", dag.tensors[t].name),
+                            );
+                            grad_buf[t] = Some(b);
+                            alloc.push(b);
+                        }
+                    }
+                    if comm.backward_buffer > 0 {
+                        let b = self.buffer(
+                            comm.backward_buffer,
+                            Category::CommBuffers,
+                            text!(self.names, "{} buffer (micro-batch {mb})", op.name),
+                        );
+                        alloc.push(b);
+                        free_bwd[comm.backward_buffer_until.unwrap_or(i)].push(b);
+                    }
+                    let after = pending.take().unwrap_or(last_bwd_task);
+                    let t = self.tp_task(step, Phase::Backward, mb, op, coll, after, alloc, false);
+                    let mut f = std::mem::take(&mut free_bwd[i]);
+                    f.extend(op.outputs.iter().filter_map(|&o| grad_buf[o]));
+                    self.free_at(t, &f);
+                    pending = Some(t);
+                }
+                continue;
+            }
             let mut deps = Vec::new();
+            deps.extend(pending.take());
             if prev_region != Some(op.region) {
                 if let Region::Block(l) = op.region {
                     let l = l as usize;
@@ -546,8 +801,12 @@ impl<'a> Builder<'a> {
                     }
                     // Full checkpointing: recompute the block's forward first.
                     let rops = self.recompute_ops[l].clone();
+                    let mut rpending: Option<u32> = None;
                     for (k, &ri) in rops.iter().enumerate() {
                         let rop = &dag.ops[ri];
+                        if rop.comm.is_some_and(|c| c.forward.is_none()) {
+                            continue;
+                        }
                         let mut alloc = Vec::new();
                         let mut frees = Vec::new();
                         for &t in &rop.outputs {
@@ -592,24 +851,33 @@ impl<'a> Builder<'a> {
                             alloc.push(b);
                             free_bwd[ri].push(b);
                         }
-                        let secs = self.cost.forward_s(rop);
-                        self.hw_flops += rop.fwd_flops;
-                        let d = if k == 0 { deps.clone() } else { vec![] };
-                        let t = self.task(
-                            COMPUTE,
-                            secs,
-                            d,
-                            alloc,
-                            TaskLabel::new(
-                                step,
-                                Phase::Backward,
-                                mb,
-                                text!(self.names, "recompute {}", rop.name),
-                                TaskKind::Recompute,
-                                Some(u),
+                        let t = if let Some(coll) = rop.comm.and_then(|c| c.forward) {
+                            // Recomputing the forward repeats its tensor-parallel collectives.
+                            let after = (self.prog.tasks.len() - 1) as u32;
+                            let t = self.tp_task(step, Phase::Backward, mb, rop, coll, after, alloc, true);
+                            rpending = Some(t);
+                            t
+                        } else {
+                            let secs = self.cost.forward_s(rop);
+                            self.hw_flops += rop.fwd_flops;
+                            let mut d = if k == 0 { deps.clone() } else { vec![] };
+                            d.extend(rpending.take());
+                            self.task(
+                                COMPUTE,
+                                secs,
+                                d,
+                                alloc,
+                                TaskLabel::new(
+                                    step,
+                                    Phase::Backward,
+                                    mb,
+                                    text!(self.names, "recompute {}", rop.name),
+                                    TaskKind::Recompute,
+                                    Some(u),
+                                )
+                                .with_region(rop.region),
                             )
-                            .with_region(rop.region),
-                        );
+                        };
                         // Pending transient frees: attach now to this task if their consumer is
                         // this op, else remember them for the consumer's recompute task.
                         for (at, b) in frees {
@@ -758,21 +1026,21 @@ impl<'a> Builder<'a> {
                     f.push(g);
                 }
             }
-            if i == 0 {
+            if i == lo {
                 f.extend_from_slice(&inputs);
             }
             self.free_at(t, &f);
             // DDP: all-reduce a bucket once it is full (only on the last micro-batch: the
             // earlier ones run under no_sync()).
-            if plan.parallel.sharding == Sharding::None && plan.gpus > 1 && last_mb {
+            if plan.parallel.sharding == Sharding::None && plan.dp > 1 && last_mb {
                 ddp_bucket += op.params * gb;
-                if ddp_bucket >= plan.parallel.bucket_bytes || i == 0 {
+                if ddp_bucket >= plan.parallel.bucket_bytes || i == lo {
                     let what = text!(self.names, "all-reduce DDP bucket ending at {}", op.name);
                     self.all_reduce_after(step, mb, u, t, false, ddp_bucket, what);
                     ddp_bucket = 0;
                 }
             }
-            let region_starts = i == 0 || dag.ops[i - 1].region != op.region;
+            let region_starts = i == lo || dag.ops[i - 1].region != op.region;
             let unit_done = match op.region {
                 Region::Block(_) => region_starts,
                 Region::Embed => i == 0,
@@ -797,7 +1065,16 @@ impl<'a> Builder<'a> {
             }
         }
         // ZeRO-1: reduce the full gradients once accumulation is done.
-        if last_mb && plan.parallel.sharding == Sharding::Zero1 && plan.gpus > 1 {
+        // The first op's input gradient goes back to the previous stage.
+        if let Some(x) = self.chunk_in[c] {
+            let what = text!(self.names, "send gradient to virtual stage {} (micro-batch {mb})", vs - 1);
+            let t = self.p2p_task(self.send_stream, step, Phase::Backward, mb, vec![last_bwd_task], vec![], what);
+            if let Some(g) = grad_buf[x] {
+                self.free_at(t, &[g]);
+            }
+        }
+        self.ready.insert(Port { step, mb, virtual_stage: vs, forward: false }, last_bwd_task);
+        if last_mb && plan.parallel.sharding == Sharding::Zero1 && plan.dp > 1 {
             let bytes = plan.total_params() * self.pr().grad.bytes();
             let secs = self.cost.collective_s(&self.cost.dp_group, Collective::ReduceScatter, bytes);
             let t = self.task(
@@ -917,7 +1194,7 @@ impl<'a> Builder<'a> {
         self.free_at(t, &frees);
         let mut last = t;
         // Replicated parameters with a sharded optimizer: all-gather the updated shards.
-        if !plan.params_sharded && plan.optimizer_sharded && plan.gpus > 1 {
+        if !plan.params_sharded && plan.optimizer_sharded && plan.dp > 1 {
             let bytes = plan.total_params() * pr.param.bytes();
             let secs = self.cost.collective_s(&self.cost.dp_group, Collective::AllGather, bytes);
             last = self.task(
