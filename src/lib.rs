@@ -35,6 +35,18 @@ pub struct Simulation {
     pub schedule: schedule::Schedule,
     pub trace: engine::Trace,
     pub report: report::Report,
+    /// With pipeline parallelism, every stage (the fields above are the headline stage's,
+    /// except `report`, which is the pipeline's).
+    pub stages: Vec<StageSim>,
+}
+
+/// One pipeline stage's plan, program, run and report.
+#[derive(Debug, Clone)]
+pub struct StageSim {
+    pub plan: plan::Plan,
+    pub schedule: schedule::Schedule,
+    pub trace: engine::Trace,
+    pub report: report::Report,
 }
 
 /// Simulates a validated scenario. Fails only on an internal scheduling error.
@@ -67,12 +79,69 @@ pub fn simulate(s: &scenario::Scenario) -> Result<Simulation, engine::Deadlock> 
 fn run_with_capacity(s: &scenario::Scenario, capacity: u64) -> Result<Simulation, engine::Deadlock> {
     let dag = model::build(&s.model, &s.workload);
     let plan = plan_of(s, &dag);
+    if plan.pipeline() > 1 {
+        return run_pipeline(s, capacity, dag, plan, true);
+    }
     let mut schedule = schedule::build(&dag, &plan, &s.cluster);
     if let Some(j) = &s.jitter {
         schedule::jitter::apply(&mut schedule, j, u64::from(s.cluster.gpus));
     }
     let (trace, report) = execute(s, capacity, &dag, &plan, &schedule)?;
-    Ok(Simulation { dag, plan, schedule, trace, report })
+    Ok(Simulation { dag, plan, schedule, trace, report, stages: Vec::new() })
+}
+
+/// The pipeline-parallel path: every stage's program merged into one multi-device run, each
+/// stage on its own allocator, then one report per stage and the pipeline's headline.
+fn run_pipeline(
+    s: &scenario::Scenario,
+    capacity: u64,
+    dag: model::LayerDag,
+    plan: plan::Plan,
+    names: bool,
+) -> Result<Simulation, engine::Deadlock> {
+    let pipe = schedule::pipeline::build(&dag, &plan, &s.cluster, names);
+    let p = pipe.stages.len();
+    let mut allocs: Vec<Box<dyn memory::Allocator>> =
+        (0..p).map(|_| s.allocator.build(capacity, s.cluster.memory_bytes)).collect();
+    let opts = engine::RunOptions { empty_cache_after: empty_cache_tasks(&pipe.merged, &s.allocator.empty_cache) };
+    let dt = {
+        let mut refs: Vec<&mut dyn memory::Allocator> =
+            allocs.iter_mut().map(|a| &mut **a as &mut dyn memory::Allocator).collect();
+        engine::run_devices(&pipe.merged.program, &mut refs, &opts)?
+    };
+    let mut stages = Vec::with_capacity(p);
+    for (k, st) in pipe.stages.iter().enumerate() {
+        let trace = pipe.stage_trace(k, &dt);
+        let report = report::build(s, &dag, &st.plan, &st.schedule, &trace);
+        stages.push(StageSim { plan: st.plan.clone(), schedule: st.schedule.clone(), trace, report });
+    }
+    // Each step's span across all stages.
+    let merged = &pipe.merged;
+    let mut spans = vec![(u64::MAX, 0u64); plan.training.steps as usize];
+    for (i, t) in merged.program.tasks.iter().enumerate() {
+        let l = &merged.labels[t.label as usize];
+        if l.step >= 1 && dt.end_ns[i] != u64::MAX {
+            let sp = &mut spans[l.step as usize - 1];
+            sp.0 = sp.0.min(dt.start_ns[i]);
+            sp.1 = sp.1.max(dt.end_ns[i]);
+        }
+    }
+    let reports: Vec<&report::Report> = stages.iter().map(|x| &x.report).collect();
+    let plans: Vec<&plan::Plan> = stages.iter().map(|x| &x.plan).collect();
+    let k = report::pipeline::primary(&reports);
+    let mut rep = stages[k].report.clone();
+    let model_flops = stages[k].schedule.model_flops_per_step;
+    let hw = merged.hardware_flops_per_step / p as f64;
+    report::pipeline::finish(&mut rep, s, &plans, &reports, &spans, model_flops, hw);
+    let head = &stages[k];
+    Ok(Simulation {
+        plan: head.plan.clone(),
+        schedule: head.schedule.clone(),
+        trace: head.trace.clone(),
+        dag,
+        report: rep,
+        stages,
+    })
 }
 
 fn plan_of(s: &scenario::Scenario, dag: &model::LayerDag) -> plan::Plan {
@@ -120,6 +189,9 @@ pub fn simulate_lean(
 ) -> Result<report::Report, engine::Deadlock> {
     let plan = plan_of(s, dag);
     let capacity = s.allocator_capacity();
+    if plan.pipeline() > 1 {
+        return run_pipeline(s, capacity, dag.clone(), plan, false).map(|sim| sim.report);
+    }
     for &steps in early.iter().filter(|&&k| k < s.training.steps) {
         let prefix = schedule::build_lean_prefix(dag, &plan, &s.cluster, steps);
         let trace = play(s, capacity, &prefix)?;

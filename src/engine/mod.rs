@@ -50,6 +50,9 @@ pub struct Task {
 #[derive(Debug, Clone, Default)]
 pub struct Program {
     pub streams: Vec<String>,
+    /// The GPU each stream runs on (empty: all on device 0). Buffers live on the device of
+    /// the task that allocates them; each device has its own allocator.
+    pub stream_device: Vec<u16>,
     pub tasks: Vec<Task>,
     pub buffers: Vec<BufferSpec>,
     pub names: Vec<String>,
@@ -58,6 +61,8 @@ pub struct Program {
 /// The allocation that did not fit.
 #[derive(Debug, Clone)]
 pub struct OomEvent {
+    /// The device that ran out of memory.
+    pub device: u16,
     pub task: u32,
     pub buffer: u32,
     pub time_ns: u64,
@@ -107,6 +112,19 @@ impl std::fmt::Display for Deadlock {
     }
 }
 
+/// What happened when a program spanning several devices ran: one timeline and one set of
+/// allocator counters per device; task times are global.
+#[derive(Debug, Clone)]
+pub struct DeviceTrace {
+    pub timelines: Vec<Timeline>,
+    pub start_ns: Vec<u64>,
+    pub end_ns: Vec<u64>,
+    pub oom: Option<OomEvent>,
+    pub end_time_ns: u64,
+    pub stream_busy_ns: Vec<u64>,
+    pub allocators: Vec<AllocatorStats>,
+}
+
 /// Runs `program` to completion or to the first allocation that does not fit.
 pub fn run(program: &Program, alloc: &mut dyn Allocator) -> Result<Trace, Deadlock> {
     run_with(program, alloc, &RunOptions::default())
@@ -114,14 +132,44 @@ pub fn run(program: &Program, alloc: &mut dyn Allocator) -> Result<Trace, Deadlo
 
 /// [`run`], with the allocator calls `opts` asks for.
 pub fn run_with(program: &Program, alloc: &mut dyn Allocator, opts: &RunOptions) -> Result<Trace, Deadlock> {
+    let mut d = run_devices(program, &mut [alloc], opts)?;
+    Ok(Trace {
+        timeline: d.timelines.swap_remove(0),
+        start_ns: d.start_ns,
+        end_ns: d.end_ns,
+        oom: d.oom,
+        end_time_ns: d.end_time_ns,
+        stream_busy_ns: d.stream_busy_ns,
+        allocator: d.allocators.swap_remove(0),
+    })
+}
+
+/// Runs a program whose streams span `allocs.len()` devices (`Program::stream_device`),
+/// each device's buffers through its own allocator; the first allocation that does not fit
+/// on any device stops the run. Allocators see device-local stream indices.
+pub fn run_devices(
+    program: &Program,
+    allocs: &mut [&mut dyn Allocator],
+    opts: &RunOptions,
+) -> Result<DeviceTrace, Deadlock> {
     let n = program.tasks.len();
+    let nd = allocs.len().max(1);
+    let ns = program.streams.len().max(1);
+    let dev_of: Vec<usize> = (0..ns).map(|s| program.stream_device.get(s).map_or(0, |&d| d as usize)).collect();
+    // Device-local stream index: the allocator's view.
+    let mut local = vec![0usize; ns];
+    let mut count = vec![0usize; nd];
+    for s in 0..ns {
+        local[s] = count[dev_of[s]];
+        count[dev_of[s]] += 1;
+    }
+    let mut buf_dev = vec![0u16; program.buffers.len()];
     let mut empty_cache = vec![false; n];
     for &t in &opts.empty_cache_after {
         if let Some(f) = empty_cache.get_mut(t as usize) {
             *f = true;
         }
     }
-    let ns = program.streams.len().max(1);
     let mut queues: Vec<Vec<u32>> = vec![Vec::new(); ns];
     let mut remaining = vec![0u32; n];
     let mut dependents: Vec<Vec<u32>> = vec![Vec::new(); n];
@@ -137,14 +185,14 @@ pub fn run_with(program: &Program, alloc: &mut dyn Allocator, opts: &RunOptions)
     let mut live = vec![false; program.buffers.len()];
     let mut heap: BinaryHeap<Reverse<(u64, u64, u32)>> = BinaryHeap::new();
     let mut seq = 0u64;
-    let mut trace = Trace {
-        timeline: Timeline::default(),
+    let mut trace = DeviceTrace {
+        timelines: vec![Timeline::default(); nd],
         start_ns: vec![u64::MAX; n],
         end_ns: vec![u64::MAX; n],
         oom: None,
         end_time_ns: 0,
         stream_busy_ns: vec![0; ns],
-        allocator: AllocatorStats::default(),
+        allocators: Vec::new(),
     };
     let mut now = 0u64;
     let mut done = 0usize;
@@ -162,21 +210,36 @@ pub fn run_with(program: &Program, alloc: &mut dyn Allocator, opts: &RunOptions)
                     continue;
                 }
                 let task = &program.tasks[ti as usize];
+                let dv = dev_of[s];
                 for &b in &task.alloc {
                     let spec = &program.buffers[b as usize];
-                    if let Err(error) = alloc.malloc(b as usize, spec.bytes, s) {
-                        let live_now = live.iter().enumerate().filter(|(_, l)| **l).map(|(i, _)| i as u32).collect();
-                        trace.oom = Some(OomEvent { task: ti, buffer: b, time_ns: now, error, live: live_now });
+                    let alloc = &mut *allocs[dv];
+                    if let Err(error) = alloc.malloc(b as usize, spec.bytes, local[s]) {
+                        let live_now = live
+                            .iter()
+                            .enumerate()
+                            .filter(|(i, l)| **l && buf_dev[*i] as usize == dv)
+                            .map(|(i, _)| i as u32)
+                            .collect();
+                        trace.oom = Some(OomEvent {
+                            device: dv as u16,
+                            task: ti,
+                            buffer: b,
+                            time_ns: now,
+                            error,
+                            live: live_now,
+                        });
                         trace.start_ns[ti as usize] = now;
                         trace.end_time_ns = now;
                         // The failed allocation released the cache before giving up.
-                        trace.timeline.record_totals(now, totals(alloc), ti as usize);
-                        trace.allocator = alloc.stats();
+                        trace.timelines[dv].record_totals(now, totals(alloc), ti as usize);
+                        trace.allocators = allocs.iter().map(|a| a.stats()).collect();
                         return Ok(trace);
                     }
                     live[b as usize] = true;
+                    buf_dev[b as usize] = dv as u16;
                     let delta = alloc.rounded(spec.bytes) as i64;
-                    trace.timeline.record(now, spec.category, delta, totals(alloc), ti as usize);
+                    trace.timelines[dv].record(now, spec.category, delta, totals(alloc), ti as usize);
                 }
                 trace.start_ns[ti as usize] = now;
                 busy[s] = true;
@@ -190,19 +253,26 @@ pub fn run_with(program: &Program, alloc: &mut dyn Allocator, opts: &RunOptions)
         now = t;
         let task = &program.tasks[ti as usize];
         let stream = task.stream as usize;
+        let dv = dev_of[stream];
         for &b in &task.free {
             if live[b as usize] {
                 let spec = &program.buffers[b as usize];
+                let bd = buf_dev[b as usize] as usize;
+                let alloc = &mut *allocs[bd];
                 let delta = -(alloc.rounded(spec.bytes) as i64);
-                alloc.free_on(b as usize, stream, now);
+                // A buffer freed by another device's task (a pipeline send's source) is
+                // released as if by its own device's first stream.
+                let on = if bd == dv { local[stream] } else { 0 };
+                alloc.free_on(b as usize, on, now);
                 live[b as usize] = false;
-                trace.timeline.record(now, spec.category, delta, totals(alloc), ti as usize);
+                trace.timelines[bd].record(now, spec.category, delta, totals(alloc), ti as usize);
             }
         }
-        alloc.stream_synced(stream, now);
+        let alloc = &mut *allocs[dv];
+        alloc.stream_synced(local[stream], now);
         if empty_cache[ti as usize] {
             alloc.empty_cache();
-            trace.timeline.record_totals(now, totals(alloc), ti as usize);
+            trace.timelines[dv].record_totals(now, totals(alloc), ti as usize);
         }
         trace.end_ns[ti as usize] = now;
         trace.stream_busy_ns[task.stream as usize] += task.duration_ns;
@@ -213,7 +283,7 @@ pub fn run_with(program: &Program, alloc: &mut dyn Allocator, opts: &RunOptions)
         }
     }
     trace.end_time_ns = now;
-    trace.allocator = alloc.stats();
+    trace.allocators = allocs.iter().map(|a| a.stats()).collect();
     if done < n {
         return Err(Deadlock { waiting: n - done });
     }

@@ -121,6 +121,9 @@ pub struct Op {
     pub gemm: Option<[u64; 3]>,
     /// Split across tensor-parallel ranks (its FLOPs are 1/t of the model's).
     pub tp_sharded: bool,
+    /// A column-parallel linear reading the output of an `f` collective (its backward
+    /// overlaps that collective with its weight-gradient GEMM).
+    pub column_parallel: bool,
     pub comm: Option<TpComm>,
 }
 
@@ -189,6 +192,8 @@ struct Builder {
     sp: bool,
     /// Bytes of the whole hidden state of a micro-batch (what TP collectives move).
     full: u64,
+    /// The tensor the last `f` collective handed to column-parallel linears.
+    f_out: Option<TensorId>,
 }
 
 impl Builder {
@@ -233,6 +238,7 @@ impl Builder {
             fwd_scratch: 0,
             gemm: None,
             tp_sharded: false,
+            column_parallel: false,
             comm: None,
         });
         self.ops.len() - 1
@@ -252,8 +258,10 @@ impl Builder {
         saves: Vec<TensorId>,
     ) -> OpId {
         let t = self.tp as f64;
+        let column = self.tp > 1 && kind == OpKind::Linear && inputs.first() == self.f_out.as_ref();
         let id = self.op(name, kind, params, (flops.0 / t, flops.1 / t), inputs, outputs, saves);
         self.ops[id].tp_sharded = self.tp > 1;
+        self.ops[id].column_parallel = column;
         id
     }
 
@@ -277,11 +285,13 @@ impl Builder {
         if !self.sp {
             let comm = self.tp_comm(None, Some(Collective::AllReduce));
             self.comm_op(format!("{name}.tp_copy"), vec![x], vec![], comm);
+            self.f_out = Some(x);
             return x;
         }
         let full = self.tensor(&format!("{name}.sp_all_gather.out"), self.full / c, c, TensorKind::Activation);
         let comm = self.tp_comm(Some(Collective::AllGather), Some(Collective::ReduceScatter));
         self.comm_op(format!("{name}.sp_all_gather"), vec![x], vec![full], comm);
+        self.f_out = Some(full);
         full
     }
 
@@ -329,7 +339,8 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
     let kvd = cfg.kv_dim() / tp;
     let tf = t as f64;
     let lin = |i: u64, o: u64| (2.0 * tf * i as f64 * o as f64, 4.0 * tf * i as f64 * o as f64);
-    let mut bd = Builder { ops: Vec::new(), tensors: Vec::new(), region: Region::Embed, tp, sp, full: t * h * c };
+    let mut bd =
+        Builder { ops: Vec::new(), tensors: Vec::new(), region: Region::Embed, tp, sp, full: t * h * c, f_out: None };
     let tokens = bd.input("tokens", t);
     let targets = bd.input("targets", t);
 
@@ -337,7 +348,8 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
     // Vocabulary-parallel under TP: each rank looks up its slice and the partial sums meet
     // in a `g` collective.
     let x0 = bd.tensor("tok_embeddings.out", t * h, c, TensorKind::Activation);
-    let emb = bd.op("tok_embeddings".into(), OpKind::Embedding, v * h / tp, (0.0, 0.0), vec![tokens], vec![x0], vec![tokens]);
+    let emb =
+        bd.op("tok_embeddings".into(), OpKind::Embedding, v * h / tp, (0.0, 0.0), vec![tokens], vec![x0], vec![tokens]);
     bd.ops[emb].tp_sharded = tp > 1;
     let mut x = bd.g_op("tok_embeddings", x0, c);
     if cfg.family == Family::Gpt {

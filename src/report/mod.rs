@@ -4,6 +4,7 @@
 
 pub mod allocator;
 pub mod chrome_trace;
+pub mod pipeline;
 pub mod png;
 pub mod text;
 pub mod timeline_png;
@@ -207,6 +208,9 @@ pub struct RankClass {
     pub ranks: String,
     pub count: u64,
     pub note: String,
+    /// With pipeline parallelism: the stage this class is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stage: Option<pipeline::StageSummary>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -274,7 +278,8 @@ fn to_json<T: Serialize>(t: &T) -> serde_json::Value {
 pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace: &Trace) -> Report {
     let cap = s.allocator_capacity();
     let ms: ModelState = plan.model_state();
-    let params = dag.param_count();
+    // The whole model's parameters (a tensor-parallel rank's DAG holds 1/t of most of them).
+    let params = if dag.workload.split.tensor > 1 { dag.config.param_count() } else { dag.param_count() };
     let total_state = ms.total();
     let per_param = {
         let pr = &plan.training.precision;
@@ -394,22 +399,109 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
             });
         }
     }
+    let throughput = steps
+        .last()
+        .map(|st| throughput_of(s, plan, sched.model_flops_per_step, sched.hardware_flops_per_step, st, &steps));
+    let pr = &plan.training.precision;
+    let assumptions = vec![
+        format!(
+            "precision \"{}\": parameters {}, compute {}, gradients {}, master {}, optimizer state {} x {}",
+            pr.preset,
+            pr.param.name(),
+            pr.compute.name(),
+            pr.grad.name(),
+            pr.master.map_or("none (parameters are the master)", |m| m.name()),
+            plan.training.states_per_param(),
+            pr.optimizer_state.name()
+        ),
+        allocator::capacity_assumption(s),
+        allocator::assumption(s),
+        match plan.parallel.framework {
+            crate::plan::Framework::Fsdp => "state creation (PyTorch FSDP): parameters (and master copy) at init, gradients in the first backward, optimizer state at the first optimizer.step()".into(),
+            crate::plan::Framework::Deepspeed => "state creation (DeepSpeed ZeRO): parameters, FP32 master partitions and optimizer state when the engine initialises".into(),
+        },
+        "activations: per-op saved tensors of PyTorch autograd (Korthikanti et al. 2022 counting); gradient accumulation frees each micro-batch's activations in its backward".into(),
+        "the CPU is assumed to run ahead of the GPU: collectives are issued as early as their dependencies (and limit_all_gathers) allow, in one NCCL queue per process group".into(),
+    ];
+    let mut assumptions = assumptions;
+    let mp = &plan.parallel.model_parallel;
+    if mp.tensor > 1 {
+        assumptions.push(format!(
+            "tensor parallel {} (Megatron-LM): column/row-parallel attention and MLP, vocabulary-parallel embedding and head; per layer and direction two {} on the TP group inside a node; a column-parallel linear's input-gradient collective overlaps its weight-gradient GEMM (half of its backward); norm and bias gradients are not all-reduced here (small)",
+            mp.tensor,
+            if mp.sequence_parallel { "all-gathers / reduce-scatters (sequence parallel)" } else { "all-reduces" }
+        ));
+    }
+    if mp.pipeline > 1 {
+        assumptions.push("pipeline: stages are Megatron-LM's (embedding on the first, LM head and loss on the last, a copy of tied word embeddings there); each stage's output activation is freed once sent (deallocate_pipeline_outputs); the tied-embedding gradient all-reduce between first and last stage is not modelled".into());
+    }
+    if plan.parallel.forward_prefetch {
+        assumptions.push("forward_prefetch=True changes nothing here: with the CPU running ahead, the next all-gather is already issued as early as the limiter allows (it matters for CPU-bound runs)".into());
+    }
+    if plan.parallel.sharding == crate::plan::Sharding::None
+        && plan.dp > 1
+        && plan.training.grad_accum > 1
+        && plan.pipeline() == 1
+    {
+        assumptions.push("DDP with gradient accumulation: earlier micro-batches run under no_sync(); gradients are all-reduced in the last micro-batch's backward".into());
+    }
+    let gpus = plan.gpus;
+    Report {
+        scenario: s.name.clone(),
+        description: s.description.clone(),
+        stepsim_version: env!("CARGO_PKG_VERSION"),
+        model: to_json(&s.model),
+        param_count: params,
+        param_count_human: human_count(params),
+        hardware: to_json(&s.cluster),
+        capacity: Bytes::new(cap),
+        parallel: to_json(&s.parallel),
+        training: to_json(&s.training),
+        rank_classes: vec![RankClass {
+            ranks: if gpus == 1 { "0".into() } else { format!("0-{}", gpus - 1) },
+            count: gpus,
+            note: "identical programs (data-parallel replicas / FSDP shards): simulated once".into(),
+            stage: None,
+        }],
+        model_state_per_gpu: msr,
+        verdict,
+        peak,
+        phase_peaks,
+        steps,
+        throughput,
+        checkpointing_cost: None,
+        explanation: None,
+        assumptions,
+        allocator: allocator::build(s, sched, trace),
+    }
+}
+
+/// Step time, tokens/s, MFU and HFU of a step timing; `model_flops` and `hw_flops` are per
+/// GPU per step.
+pub fn throughput_of(
+    s: &Scenario,
+    plan: &Plan,
+    model_flops: f64,
+    hw_flops: f64,
+    st: &StepTiming,
+    steps: &[StepTiming],
+) -> Throughput {
     let peak_flops = s.cluster.peak_flops(plan.training.precision.compute);
-    let throughput = steps.last().map(|st| {
-        let tokens = s.tokens_per_step();
-        let gpus = plan.gpus as f64;
-        let mfu = sched.model_flops_per_step / (st.time_s * peak_flops);
-        let hfu = sched.hardware_flops_per_step / (st.time_s * peak_flops);
-        Throughput {
+
+    let tokens = s.tokens_per_step();
+    let gpus = plan.gpus as f64;
+    let mfu = model_flops / (st.time_s * peak_flops);
+    let hfu = hw_flops / (st.time_s * peak_flops);
+    Throughput {
             step_time_s: st.time_s,
             tokens_per_step: tokens,
             tokens_per_s: tokens as f64 / st.time_s,
             tokens_per_s_per_gpu: tokens as f64 / st.time_s / gpus,
             mfu: round4(mfu),
             hfu: round4(hfu),
-            model_flops_per_step_per_gpu: sched.model_flops_per_step,
+            model_flops_per_step_per_gpu: model_flops,
             verdict: throughput_verdict(st, mfu),
-            jitter: s.jitter.as_ref().and_then(|_| jitter_stats(&steps)),
+            jitter: s.jitter.as_ref().and_then(|_| jitter_stats(steps)),
             assumptions: vec![
                 format!("peak {:.0} TFLOP/s dense {} ({})", peak_flops / 1e12, plan.training.precision.compute.name(), s.cluster.gpu.source),
                 format!(
@@ -434,63 +526,6 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
                 "MFU counts model FLOPs = 3 x forward FLOPs of the DAG (2 per multiply-add, attention included), per Narayanan et al. 2021; HFU adds recomputation".into(),
             ],
         }
-    });
-    let pr = &plan.training.precision;
-    let assumptions = vec![
-        format!(
-            "precision \"{}\": parameters {}, compute {}, gradients {}, master {}, optimizer state {} x {}",
-            pr.preset,
-            pr.param.name(),
-            pr.compute.name(),
-            pr.grad.name(),
-            pr.master.map_or("none (parameters are the master)", |m| m.name()),
-            plan.training.states_per_param(),
-            pr.optimizer_state.name()
-        ),
-        allocator::capacity_assumption(s),
-        allocator::assumption(s),
-        match plan.parallel.framework {
-            crate::plan::Framework::Fsdp => "state creation (PyTorch FSDP): parameters (and master copy) at init, gradients in the first backward, optimizer state at the first optimizer.step()".into(),
-            crate::plan::Framework::Deepspeed => "state creation (DeepSpeed ZeRO): parameters, FP32 master partitions and optimizer state when the engine initialises".into(),
-        },
-        "activations: per-op saved tensors of PyTorch autograd (Korthikanti et al. 2022 counting); gradient accumulation frees each micro-batch's activations in its backward".into(),
-        "the CPU is assumed to run ahead of the GPU: collectives are issued as early as their dependencies (and limit_all_gathers) allow, in one NCCL queue per process group".into(),
-    ];
-    let mut assumptions = assumptions;
-    if plan.parallel.forward_prefetch {
-        assumptions.push("forward_prefetch=True changes nothing here: with the CPU running ahead, the next all-gather is already issued as early as the limiter allows (it matters for CPU-bound runs)".into());
-    }
-    if plan.parallel.sharding == crate::plan::Sharding::None && plan.gpus > 1 && plan.training.grad_accum > 1 {
-        assumptions.push("DDP with gradient accumulation: earlier micro-batches run under no_sync(); gradients are all-reduced in the last micro-batch's backward".into());
-    }
-    let gpus = plan.gpus;
-    Report {
-        scenario: s.name.clone(),
-        description: s.description.clone(),
-        stepsim_version: env!("CARGO_PKG_VERSION"),
-        model: to_json(&s.model),
-        param_count: params,
-        param_count_human: human_count(params),
-        hardware: to_json(&s.cluster),
-        capacity: Bytes::new(cap),
-        parallel: to_json(&s.parallel),
-        training: to_json(&s.training),
-        rank_classes: vec![RankClass {
-            ranks: if gpus == 1 { "0".into() } else { format!("0-{}", gpus - 1) },
-            count: gpus,
-            note: "identical programs (data-parallel replicas / FSDP shards): simulated once".into(),
-        }],
-        model_state_per_gpu: msr,
-        verdict,
-        peak,
-        phase_peaks,
-        steps,
-        throughput,
-        checkpointing_cost: None,
-        explanation: None,
-        assumptions,
-        allocator: allocator::build(s, sched, trace),
-    }
 }
 
 /// Nanoseconds of the union of `a` not covered by the union of `b` (intervals [start, end)).

@@ -84,7 +84,33 @@ pub fn render(r: &Report, s: &Scenario) -> String {
             p.limit_all_gathers
         )
     };
-    let _ = writeln!(o, "Parallel   {} over {} GPU(s), {} semantics; {}", p.sharding.display(), c.gpus, fw, fsdp_flags);
+    let mp = &p.model_parallel;
+    if mp.tensor * mp.pipeline > 1 {
+        let mut parts = vec![format!("tensor {}", mp.tensor)];
+        if mp.sequence_parallel {
+            parts.push("sequence parallel".into());
+        }
+        if mp.pipeline > 1 {
+            parts.push(format!("pipeline {} ({}", mp.pipeline, mp.schedule.name()));
+            if mp.virtual_stages > 1 {
+                let last = parts.len() - 1;
+                parts[last].push_str(&format!(", {} chunks per stage", mp.virtual_stages));
+            }
+            let last = parts.len() - 1;
+            parts[last].push(')');
+        }
+        let _ = writeln!(
+            o,
+            "Parallel   Megatron-LM {} x data parallel {} = {} GPUs; over the data-parallel ranks {}",
+            parts.join(", "),
+            s.dp_degree(),
+            c.gpus,
+            p.sharding.display()
+        );
+    } else {
+        let _ =
+            writeln!(o, "Parallel   {} over {} GPU(s), {} semantics; {}", p.sharding.display(), c.gpus, fw, fsdp_flags);
+    }
     let _ = writeln!(
         o,
         "Training   micro-batch {} x seq {} x grad_accum {}, {:?} ({:?}), precision {}, checkpointing {:?}, {:?} attention",
@@ -113,6 +139,13 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         c.gpus,
         fmt_bytes(ms.naive_average.bytes)
     );
+    if r.rank_classes.iter().any(|k| k.stage.is_some()) {
+        let _ = writeln!(o, "           (of the headline stage; every pipeline stage below)");
+        let _ = writeln!(o, "\nPipeline stages (each a rank class: its ranks run identical programs)");
+        for k in &r.rank_classes {
+            let _ = writeln!(o, "  ranks {:<10} {}", k.ranks, k.note);
+        }
+    }
 
     let _ = writeln!(o);
     match &r.verdict {

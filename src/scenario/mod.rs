@@ -569,6 +569,9 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
     let allocator = validate_allocator(&v, &f.allocator, &cluster)?;
     let jitter = match &f.jitter {
         None => None,
+        Some(_) if parallel.model_parallel.pipeline > 1 => {
+            return Err(v.err("jitter", "per-rank jitter is not simulated with pipeline parallelism yet; remove [jitter] or set parallel.pipeline = 1"));
+        }
         Some(j) => {
             if j.seed < 0 {
                 return Err(v.err("jitter.seed", format!("must be a non-negative integer, got {}", j.seed)));
@@ -651,7 +654,9 @@ fn validate_model_parallel(
     if tensor > gpus_per_node {
         return Err(v.err(
             "parallel.tensor",
-            format!("tensor parallelism runs inside a node: at most hardware.gpus_per_node ({gpus_per_node}), got {tensor}"),
+            format!(
+                "tensor parallelism runs inside a node: at most hardware.gpus_per_node ({gpus_per_node}), got {tensor}"
+            ),
         ));
     }
     if model.n_heads % tensor != 0 || model.n_kv_heads % tensor != 0 {
@@ -703,7 +708,10 @@ fn validate_model_parallel(
         None => Vec::new(),
         Some(list) => {
             if virtual_stages > 1 {
-                return Err(v.err("parallel.stage_layers", "an explicit split is per stage; it cannot be combined with virtual_stages"));
+                return Err(v.err(
+                    "parallel.stage_layers",
+                    "an explicit split is per stage; it cannot be combined with virtual_stages",
+                ));
             }
             if list.len() as u64 != pipeline {
                 return Err(v.err(
@@ -714,7 +722,9 @@ fn validate_model_parallel(
             let mut out = Vec::new();
             for &x in list {
                 if x < 1 {
-                    return Err(v.err("parallel.stage_layers", format!("every stage needs at least one layer, got {x}")));
+                    return Err(
+                        v.err("parallel.stage_layers", format!("every stage needs at least one layer, got {x}"))
+                    );
                 }
                 out.push(x as u64);
             }
@@ -737,7 +747,8 @@ fn validate_model_parallel(
             ),
         ));
     }
-    if stage_layers.is_empty() && schedule == PipelineSchedule::Interleaved && layers % (pipeline * virtual_stages) != 0 {
+    if stage_layers.is_empty() && schedule == PipelineSchedule::Interleaved && layers % (pipeline * virtual_stages) != 0
+    {
         return Err(v.err(
             "parallel.virtual_stages",
             format!(
@@ -753,7 +764,10 @@ fn validate_model_parallel(
         ));
     }
     if tensor > 1 && sharding == Sharding::HybridShard {
-        return Err(v.err("parallel.sharding", "hybrid_shard with tensor parallelism is not modelled; use \"full_shard\" over the data-parallel ranks"));
+        return Err(v.err(
+            "parallel.sharding",
+            "hybrid_shard with tensor parallelism is not modelled; use \"full_shard\" over the data-parallel ranks",
+        ));
     }
     Ok(ModelParallel { tensor, sequence_parallel, pipeline, virtual_stages, schedule, stage_layers })
 }

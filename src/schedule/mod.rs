@@ -43,6 +43,8 @@ macro_rules! text {
     };
 }
 
+pub mod pipeline;
+
 pub const COMPUTE: u16 = 0;
 pub const NCCL: u16 = 1;
 
@@ -157,7 +159,8 @@ fn build_with(dag: &LayerDag, plan: &Plan, cluster: &Cluster, names: bool, steps
     for step in 1..=steps {
         b.step(step);
     }
-    let model_flops = 3.0 * dag.forward_flops() * plan.training.grad_accum as f64;
+    let tp = plan.parallel.model_parallel.tensor as f64;
+    let model_flops = 3.0 * dag.model_forward_flops() / tp * plan.training.grad_accum as f64;
     let hw = b.hw_flops / steps.max(1) as f64;
     Schedule { program: b.prog, labels: b.labels, model_flops_per_step: model_flops, hardware_flops_per_step: hw }
 }
@@ -720,6 +723,10 @@ impl<'a> Builder<'a> {
         let Fwd { mut free_fwd, mut free_bwd, loss_task, mut gathered, inputs } = fwd;
         let vs = self.chunk_vs[c];
         let mut pending: Option<u32> = None;
+        // Column-parallel linears: the last input-gradient GEMM, and the all-gather of a
+        // sequence-parallel input the weight-gradient GEMM waits for.
+        let mut dgrad: Option<u32> = None;
+        let mut regather: Option<u32> = None;
         // ---- backward
         let mut grad_buf: Vec<Option<u32>> = vec![None; dag.tensors.len()];
         if let Some(y) = self.chunk_out[c] {
@@ -771,12 +778,20 @@ impl<'a> Builder<'a> {
                         alloc.push(b);
                         free_bwd[comm.backward_buffer_until.unwrap_or(i)].push(b);
                     }
-                    let after = pending.take().unwrap_or(last_bwd_task);
+                    let regathers = comm.backward_buffer > 0;
+                    // The input-gradient collective starts after the input-gradient GEMM.
+                    let after = if regathers { None } else { dgrad.take() };
+                    let after = after.or(pending.take()).unwrap_or(last_bwd_task);
                     let t = self.tp_task(step, Phase::Backward, mb, op, coll, after, alloc, false);
                     let mut f = std::mem::take(&mut free_bwd[i]);
                     f.extend(op.outputs.iter().filter_map(|&o| grad_buf[o]));
                     self.free_at(t, &f);
-                    pending = Some(t);
+                    if regathers {
+                        // Only the weight-gradient GEMMs need the re-gathered input.
+                        regather = Some(t);
+                    } else {
+                        pending = Some(t);
+                    }
                 }
                 continue;
             }
@@ -967,6 +982,7 @@ impl<'a> Builder<'a> {
                     alloc.push(b);
                 }
             }
+            let n_input_grads = alloc.len();
             // Parameter gradients.
             let pel = if op.shared_params > 0 { 0 } else { op.params };
             let grad_owner = if op.shared_params > 0 { 0 } else { i }; // tied head accumulates into the embedding's grad
@@ -1003,21 +1019,28 @@ impl<'a> Builder<'a> {
             }
             let secs = self.cost.backward_s(op);
             self.hw_flops += op.bwd_flops;
-            let t = self.task(
-                COMPUTE,
-                secs,
-                deps,
-                alloc,
-                TaskLabel::new(
-                    step,
-                    Phase::Backward,
-                    mb,
-                    text!(self.names, "{}", op.name),
-                    TaskKind::Backward,
-                    Some(u),
+            let label = |what: String| {
+                TaskLabel::new(step, Phase::Backward, mb, what, TaskKind::Backward, Some(u)).with_region(op.region)
+            };
+            let t = if op.column_parallel {
+                // Megatron's column-parallel backward: the input-gradient GEMM first, then its
+                // all-reduce (reduce-scatter) runs while the weight-gradient GEMM computes;
+                // with sequence parallelism the input's all-gather overlaps the first GEMM.
+                let wgrad_alloc = alloc.split_off(n_input_grads);
+                let d =
+                    self.task(COMPUTE, secs / 2.0, deps, alloc, label(text!(self.names, "{} (input grad)", op.name)));
+                dgrad = Some(d);
+                let wdeps = regather.take().into_iter().collect();
+                self.task(
+                    COMPUTE,
+                    secs / 2.0,
+                    wdeps,
+                    wgrad_alloc,
+                    label(text!(self.names, "{} (weight grad)", op.name)),
                 )
-                .with_region(op.region),
-            );
+            } else {
+                self.task(COMPUTE, secs, deps, alloc, label(text!(self.names, "{}", op.name)))
+            };
             last_bwd_task = t;
             bwd_last_of_unit[u] = Some(t);
             let mut f = std::mem::take(&mut free_bwd[i]);

@@ -1,0 +1,248 @@
+//! Pipeline parallelism: one program per pipeline stage, in the order its schedule (GPipe,
+//! 1F1B, interleaved 1F1B) runs forwards and backwards, merged into one multi-device
+//! program whose stages wait for each other's sends. The bubble and each stage's peak come
+//! out of the engine, not a formula.
+//!
+//! Orders follow Megatron-LM `megatron/core/pipeline_parallel/schedules.py`: 1F1B runs
+//! `p - k - 1` warm-up forwards on stage k, then alternates forward and backward, then drains
+//! the remaining backwards; the interleaved schedule warms up with `2 (p - k - 1) + (v - 1) p`
+//! forwards over its `v` model chunks, where forward number i runs chunk `(i mod pv) / p` on
+//! micro-batch `(i / pv) p + i mod p` and backward number i the chunks in reverse.
+
+use std::collections::HashMap;
+
+use super::{Builder, Cost, Schedule, TaskLabel};
+use crate::engine::{DeviceTrace, Program, Trace};
+use crate::hardware::Cluster;
+use crate::model::LayerDag;
+use crate::net::Collective;
+use crate::plan::{PipelineSchedule, Plan, Sharding};
+
+/// One stage's plan and program (task indices local to the stage).
+#[derive(Debug, Clone)]
+pub struct Stage {
+    pub plan: Plan,
+    pub schedule: Schedule,
+    /// Where the stage's tasks, buffers, streams and labels start in the merged program.
+    pub task_offset: usize,
+    pub buffer_offset: usize,
+    pub stream_offset: usize,
+}
+
+/// Every stage, and the merged program the engine runs.
+#[derive(Debug, Clone)]
+pub struct Pipeline {
+    pub stages: Vec<Stage>,
+    pub merged: Schedule,
+}
+
+/// (forward?, micro-batch, chunk) in the order stage `k` of `p` runs them.
+pub fn order(kind: PipelineSchedule, p: u64, k: u64, m: u64, v: u64) -> Vec<(bool, u32, usize)> {
+    let mut out = Vec::new();
+    match kind {
+        PipelineSchedule::Gpipe => {
+            out.extend((0..m).map(|i| (true, i as u32, 0)));
+            out.extend((0..m).map(|i| (false, i as u32, 0)));
+        }
+        PipelineSchedule::OneFOneB | PipelineSchedule::Interleaved => {
+            let v = if kind == PipelineSchedule::OneFOneB { 1 } else { v };
+            let total = m * v;
+            let warm = if v == 1 { (p - k - 1).min(m) } else { ((p - k - 1) * 2 + (v - 1) * p).min(total) };
+            let id = |i: u64, fwd: bool| {
+                let group = p * v;
+                let c = (i % group) / p;
+                let chunk = if fwd { c } else { v - 1 - c };
+                let mb = (i / group) * p + i % p;
+                (fwd, mb as u32, chunk as usize)
+            };
+            out.extend((0..warm).map(|i| id(i, true)));
+            for i in 0..total - warm {
+                out.push(id(warm + i, true));
+                out.push(id(i, false));
+            }
+            out.extend((total - warm..total).map(|i| id(i, false)));
+        }
+    }
+    out
+}
+
+impl Builder<'_> {
+    /// One step of a pipeline stage: its forwards and backwards in schedule order, then the
+    /// data-parallel gradient reduction (Megatron reduces after the last backward), the
+    /// optimizer and `zero_grad`.
+    fn pipeline_step(&mut self, step: u32) {
+        self.grad_bufs.iter_mut().for_each(|g| *g = None);
+        self.op_grad_bufs.iter_mut().for_each(|g| *g = None);
+        self.step_comm.clear();
+        let mp = &self.plan.parallel.model_parallel;
+        let m = self.plan.training.grad_accum;
+        let mut pending = HashMap::new();
+        for (fwd, mb, c) in order(mp.schedule, mp.pipeline, self.plan.stage, m, mp.virtual_stages) {
+            if fwd {
+                let f = self.forward(step, mb, c);
+                pending.insert((mb, c), f);
+            } else if let Some(f) = pending.remove(&(mb, c)) {
+                self.backward(step, mb, c, f, false);
+            }
+        }
+        let plan = self.plan;
+        if plan.dp > 1 {
+            let bytes = plan.total_params() * self.pr().grad.bytes();
+            let (coll, kind, what) = match plan.parallel.sharding {
+                Sharding::Zero1 => (
+                    Collective::ReduceScatter,
+                    super::TaskKind::ReduceScatter,
+                    "reduce-scatter gradients (distributed optimizer)",
+                ),
+                _ => (Collective::AllReduce, super::TaskKind::AllReduce, "all-reduce gradients (data parallel)"),
+            };
+            let secs = self.cost.collective_s(&self.cost.dp_group, coll, bytes);
+            let last = self.step_comm.last().copied().into_iter().collect();
+            let label = TaskLabel::new(step, super::Phase::Backward, 0, text!(self.names, "{what}"), kind, None);
+            let t = self.task(super::NCCL, secs, last, vec![], label);
+            self.step_comm.push(t);
+        }
+        self.optimizer(step);
+    }
+}
+
+/// Builds every stage's program and the merged one.
+pub fn build(dag: &LayerDag, plan: &Plan, cluster: &Cluster, names: bool) -> Pipeline {
+    let p = plan.pipeline();
+    let mut built = Vec::new();
+    for k in 0..p {
+        let sp = plan.stage(dag, k);
+        let cost = Cost::for_plan(cluster, &sp);
+        let mut b = Builder::new(dag, &sp, &cost, names);
+        b.reserve(sp.training.steps);
+        b.init();
+        for step in 1..=sp.training.steps {
+            b.pipeline_step(step);
+        }
+        let steps = sp.training.steps.max(1) as f64;
+        let schedule = Schedule {
+            model_flops_per_step: 3.0 * dag.model_forward_flops() * sp.training.grad_accum as f64
+                / (p * sp.parallel.model_parallel.tensor) as f64,
+            hardware_flops_per_step: b.hw_flops / steps,
+            program: std::mem::take(&mut b.prog),
+            labels: std::mem::take(&mut b.labels),
+        };
+        let (ready, ext) = (std::mem::take(&mut b.ready), std::mem::take(&mut b.ext_deps));
+        drop(b);
+        built.push((sp, schedule, ready, ext));
+    }
+    // Merge: offsets, then the cross-stage dependencies.
+    let mut merged = Program::default();
+    let mut labels: Vec<TaskLabel> = Vec::new();
+    let mut stages = Vec::new();
+    let mut hw = 0.0;
+    for (k, (sp, sch, _, _)) in built.iter().enumerate() {
+        let (to, bo, so, lo, no) =
+            (merged.tasks.len(), merged.buffers.len(), merged.streams.len(), labels.len(), merged.names.len());
+        for st in &sch.program.streams {
+            merged.streams.push(format!("stage {k} {st}"));
+            merged.stream_device.push(k as u16);
+        }
+        for t in &sch.program.tasks {
+            let mut t = t.clone();
+            t.stream += so as u16;
+            t.deps.iter_mut().for_each(|d| *d += to as u32);
+            t.alloc.iter_mut().for_each(|b| *b += bo as u32);
+            t.free.iter_mut().for_each(|b| *b += bo as u32);
+            t.label += lo as u32;
+            merged.tasks.push(t);
+        }
+        for b in &sch.program.buffers {
+            let mut b = b.clone();
+            b.name += no as u32;
+            merged.buffers.push(b);
+        }
+        merged.names.extend(sch.program.names.iter().cloned());
+        labels.extend(sch.labels.iter().cloned());
+        hw += sch.hardware_flops_per_step;
+        stages.push(Stage {
+            plan: sp.clone(),
+            schedule: sch.clone(),
+            task_offset: to,
+            buffer_offset: bo,
+            stream_offset: so,
+        });
+    }
+    for (k, (_, _, _, ext)) in built.iter().enumerate() {
+        for &(t, port) in ext {
+            let target = (port.virtual_stage % p) as usize;
+            if let Some(&r) = built[target].2.get(&port) {
+                let g = (r as usize + stages[target].task_offset) as u32;
+                merged.tasks[stages[k].task_offset + t as usize].deps.push(g);
+            }
+        }
+    }
+    let model_flops = stages.iter().map(|s| s.schedule.model_flops_per_step).sum();
+    Pipeline {
+        stages,
+        merged: Schedule { program: merged, labels, model_flops_per_step: model_flops, hardware_flops_per_step: hw },
+    }
+}
+
+impl Pipeline {
+    /// Stage `k`'s view of a merged run: its tasks' times, its device's timeline and
+    /// allocator, and the OOM if it happened there, all in the stage's own indices.
+    pub fn stage_trace(&self, k: usize, t: &DeviceTrace) -> Trace {
+        let st = &self.stages[k];
+        let n = st.schedule.program.tasks.len();
+        let (to, bo) = (st.task_offset, st.buffer_offset);
+        let mut timeline = t.timelines[k].clone();
+        for s in &mut timeline.samples {
+            s.task -= to;
+        }
+        let oom = t.oom.as_ref().filter(|o| o.device as usize == k).map(|o| {
+            let mut o = o.clone();
+            o.task -= to as u32;
+            o.buffer -= bo as u32;
+            o.live.iter_mut().for_each(|b| *b -= bo as u32);
+            o
+        });
+        let ns = st.schedule.program.streams.len();
+        Trace {
+            timeline,
+            start_ns: t.start_ns[to..to + n].to_vec(),
+            end_ns: t.end_ns[to..to + n].to_vec(),
+            oom,
+            end_time_ns: t.end_time_ns,
+            stream_busy_ns: t.stream_busy_ns[st.stream_offset..st.stream_offset + ns].to_vec(),
+            allocator: t.allocators[k].clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_f_one_b_warms_up_p_minus_k_minus_1_forwards() {
+        let o = order(PipelineSchedule::OneFOneB, 4, 1, 6, 1);
+        let s: String = o.iter().map(|&(f, mb, _)| format!("{}{mb} ", if f { 'F' } else { 'B' })).collect();
+        assert_eq!(s.trim(), "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5");
+        // The last stage alternates from the start.
+        let o = order(PipelineSchedule::OneFOneB, 4, 3, 3, 1);
+        assert_eq!(o, vec![(true, 0, 0), (false, 0, 0), (true, 1, 0), (false, 1, 0), (true, 2, 0), (false, 2, 0)]);
+    }
+
+    #[test]
+    fn interleaved_runs_chunks_in_groups_of_p_micro_batches() {
+        // p = 2, v = 2, m = 4 on stage 0: warm-up 2 (p - 1) + (v - 1) p = 4 forwards.
+        let o = order(PipelineSchedule::Interleaved, 2, 0, 4, 2);
+        let s: Vec<String> = o.iter().map(|&(f, mb, c)| format!("{}{mb}.{c}", if f { 'F' } else { 'B' })).collect();
+        assert_eq!(s[..4], ["F0.0", "F1.0", "F0.1", "F1.1"]);
+        assert_eq!(s[4..6], ["F2.0", "B0.1"]);
+        assert_eq!(o.len(), 16);
+        assert_eq!(o.iter().filter(|x| x.0).count(), 8);
+    }
+
+    #[test]
+    fn gpipe_runs_every_forward_first() {
+        let o = order(PipelineSchedule::Gpipe, 4, 0, 3, 1);
+        assert!(o[..3].iter().all(|x| x.0) && o[3..].iter().all(|x| !x.0));
+    }
+}
