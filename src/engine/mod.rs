@@ -311,6 +311,7 @@ mod tests {
             ],
             buffers: vec![],
             names: vec![],
+            stream_device: vec![],
         };
         let t = run(&p, &mut ExactAllocator::new(1 << 20)).unwrap();
         assert_eq!(t.start_ns, vec![0, 0, 20]);
@@ -329,6 +330,7 @@ mod tests {
             ],
             buffers: vec![buf(1024), buf(1024), buf(4096)],
             names: vec![],
+            stream_device: vec![],
         };
         let t = run(&p, &mut ExactAllocator::new(3000)).unwrap();
         assert_eq!(t.timeline.peak().unwrap().allocated, 2048);
@@ -353,6 +355,7 @@ mod tests {
             ],
             buffers: vec![buf(40 * M), buf(40 * M)],
             names: vec![],
+            stream_device: vec![],
         };
         let mut a = CachingAllocator::new(CachingConfig::new(1 << 30));
         let t = run_with(&p, &mut a, &RunOptions { empty_cache_after: vec![3] }).unwrap();
