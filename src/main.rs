@@ -101,7 +101,15 @@ fn run(path: &std::path::Path, out: Option<PathBuf>, json: bool) -> ExitCode {
         }
     };
     let dir = out.unwrap_or_else(|| PathBuf::from("output").join(&s.name));
-    let written = match stepsim::report::write::write_all(&dir, &sim.report, &sim.schedule, &sim.trace) {
+    let written = if sim.stages.is_empty() {
+        stepsim::report::write::write_all(&dir, &sim.report, &sim.schedule, &sim.trace)
+    } else {
+        let views: Vec<_> = sim.stages.iter().map(|x| (&x.schedule, &x.trace, &x.report)).collect();
+        let reports: Vec<_> = sim.stages.iter().map(|x| &x.report).collect();
+        let headline = stepsim::report::pipeline::primary(&reports);
+        stepsim::report::write::write_pipeline(&dir, &sim.report, &views, headline)
+    };
+    let written = match written {
         Ok(w) => w,
         Err(e) => {
             eprintln!("error: cannot write outputs: {e}");

@@ -34,6 +34,10 @@ const EXPECTED: &[(&str, Expect)] = &[
     ("empty-cache-oom", Expect::Oom { step: 2, phase: "forward" }),
     ("fragmentation-oom", Expect::Oom { step: 2, phase: "backward" }),
     ("gpt-1.3b-1gpu", Expect::Fits),
+    ("gpt-13b-pp4-1f1b", Expect::Fits),
+    ("gpt-13b-pp4-gpipe", Expect::Fits),
+    ("gpt-13b-pp4-interleaved-1f1b", Expect::Fits),
+    ("gpt3-175b", Expect::Fits),
 ];
 
 fn scenarios_dir() -> PathBuf {

@@ -104,7 +104,10 @@ fn stage_activation_peaks(s: &Scenario) -> Vec<u64> {
     let sim = stepsim::simulate(s).unwrap();
     assert_eq!(sim.stages.len(), 4);
     let act = stepsim::memory::Category::Activations.index();
-    sim.stages.iter().map(|st| st.trace.timeline.samples.iter().map(|x| x.by_category[act]).max().unwrap_or(0)).collect()
+    sim.stages
+        .iter()
+        .map(|st| st.trace.timeline.samples.iter().map(|x| x.by_category[act]).max().unwrap_or(0))
+        .collect()
 }
 
 #[test]

@@ -86,9 +86,9 @@ pub fn finish(
                 layers: layers_of(p),
                 embedding: p.chunks.iter().any(|c| c.embed),
                 head: p.chunks.iter().any(|c| c.head),
-                model_state: x.model_state_per_gpu.total.clone(),
-                peak_allocated: peak.map_or(Bytes::new(0), |p| p.allocated.clone()),
-                peak_reserved: peak.map_or(Bytes::new(0), |p| p.reserved.clone()),
+                model_state: x.model_state_per_gpu.total,
+                peak_allocated: peak.map_or(Bytes::new(0), |p| p.allocated),
+                peak_reserved: peak.map_or(Bytes::new(0), |p| p.reserved),
                 verdict,
             };
             let mut extra = String::new();

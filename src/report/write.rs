@@ -135,6 +135,75 @@ pub fn memory_plot(r: &Report, sched: &Schedule, trace: &Trace, rank_label: &str
     }
 }
 
+/// One pipeline stage's program, run and report, for the per-stage outputs.
+pub type StageView<'a> = (&'a Schedule, &'a Trace, &'a Report);
+
+/// At most this many stages get a memory.png panel: the first, the last, the headline stage
+/// and evenly spaced ones between (all of them up to this count).
+const MAX_STAGE_PANELS: usize = 8;
+
+fn stage_panels(n: usize, headline: usize) -> Vec<usize> {
+    if n <= MAX_STAGE_PANELS {
+        return (0..n).collect();
+    }
+    let mut v: Vec<usize> = (0..MAX_STAGE_PANELS - 1).map(|i| i * (n - 1) / (MAX_STAGE_PANELS - 2)).collect();
+    v.push(headline);
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// [`write_all`] for a pipeline: memory.csv and trace.json hold every stage (one rank class,
+/// one trace process each), memory.png a panel per stage (up to 8), timeline.png the
+/// headline stage's streams.
+pub fn write_pipeline(
+    dir: &Path,
+    r: &Report,
+    stages: &[StageView],
+    headline: usize,
+) -> Result<Vec<PathBuf>, WriteError> {
+    let (sched, trace, _) = stages[headline];
+    let written = write_all(dir, r, sched, trace)?;
+    let label =
+        |k: usize| r.rank_classes.get(k).map_or(format!("stage {k}"), |c| format!("stage {k} (ranks {})", c.ranks));
+    let mut csv = String::new();
+    let mut chrome = String::new();
+    for (k, (sc, tr, _)) in stages.iter().enumerate() {
+        let part = memory_csv(tr, &label(k));
+        csv.push_str(if k == 0 { &part } else { part.split_once('\n').map_or("", |x| x.1) });
+        let t = super::chrome_trace::render(sc, tr, k as u32, &label(k));
+        let body = t.trim_end().trim_end_matches("]}").trim_end();
+        if k == 0 {
+            chrome.push_str(body);
+        } else {
+            chrome.push_str(",\n");
+            chrome.push_str(body.split_once('\n').map_or("", |x| x.1));
+        }
+    }
+    chrome.push_str("\n]}\n");
+    atomic_write(&dir.join("memory.csv"), csv.as_bytes())?;
+    atomic_write(&dir.join("trace.json"), chrome.as_bytes())?;
+    let mut plot: Option<MemoryPlot> = None;
+    for k in stage_panels(stages.len(), headline) {
+        let (sc, tr, rk) = stages[k];
+        let p = memory_plot(
+            rk,
+            sc,
+            tr,
+            &format!("{}: {} GPUs, identical programs", label(k), r.rank_classes.get(k).map_or(1, |c| c.count)),
+        );
+        match plot.as_mut() {
+            None => plot = Some(p),
+            Some(m) => m.panels.extend(p.panels),
+        }
+    }
+    if let Some(plot) = plot {
+        let png = dir.join("memory.png");
+        super::png::write_memory_png(&png, &plot).map_err(|m| WriteError { path: png.clone(), message: m })?;
+    }
+    Ok(written)
+}
+
 /// Writes report.json, memory.csv and memory.png into `dir` (created if missing).
 pub fn write_all(dir: &Path, r: &Report, sched: &Schedule, trace: &Trace) -> Result<Vec<PathBuf>, WriteError> {
     std::fs::create_dir_all(dir).map_err(|e| WriteError {
