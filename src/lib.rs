@@ -109,11 +109,12 @@ fn run_pipeline(
             allocs.iter_mut().map(|a| &mut **a as &mut dyn memory::Allocator).collect();
         engine::run_devices(&pipe.merged.program, &mut refs, &opts)?
     };
+    let traces: Vec<engine::Trace> = (0..p).map(|k| pipe.stage_trace(k, &dt)).collect();
+    let merged_hw = pipe.merged.hardware_flops_per_step;
     let mut stages = Vec::with_capacity(p);
-    for (k, st) in pipe.stages.iter().enumerate() {
-        let trace = pipe.stage_trace(k, &dt);
+    for (st, trace) in pipe.stages.into_iter().zip(traces) {
         let report = report::build(s, &dag, &st.plan, &st.schedule, &trace);
-        stages.push(StageSim { plan: st.plan.clone(), schedule: st.schedule.clone(), trace, report });
+        stages.push(StageSim { plan: st.plan, schedule: st.schedule, trace, report });
     }
     // Each step's span across all stages.
     let merged = &pipe.merged;
@@ -131,7 +132,7 @@ fn run_pipeline(
     let k = report::pipeline::primary(&reports);
     let mut rep = stages[k].report.clone();
     let model_flops = stages[k].schedule.model_flops_per_step;
-    let hw = merged.hardware_flops_per_step / p as f64;
+    let hw = merged_hw / p as f64;
     report::pipeline::finish(&mut rep, s, &plans, &reports, &spans, model_flops, hw);
     let head = &stages[k];
     Ok(Simulation {

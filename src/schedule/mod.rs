@@ -525,6 +525,25 @@ impl<'a> Builder<'a> {
         self.task(stream, secs, deps, alloc, TaskLabel::new(step, phase, mb, what, kind, None))
     }
 
+    /// Gradient buffers for the inputs of `op` that need one and have none yet: autograd
+    /// creates an activation's gradient at the backward of its first consumer (in backward
+    /// order), whether that is a kernel or a tensor-parallel collective.
+    fn input_grads(&mut self, op: &crate::model::Op, mb: u32, grad_buf: &mut [Option<u32>]) -> Vec<u32> {
+        let mut alloc = Vec::new();
+        for &t in &op.inputs {
+            if self.tensors[t].needs_grad && grad_buf[t].is_none() {
+                let b = self.buffer(
+                    self.dag.tensors[t].bytes,
+                    Category::ActivationGradients,
+                    text!(self.names, "grad of {} (micro-batch {mb})", self.dag.tensors[t].name),
+                );
+                grad_buf[t] = Some(b);
+                alloc.push(b);
+            }
+        }
+        alloc
+    }
+
     fn forward(&mut self, step: u32, mb: u32, c: usize) -> Fwd {
         let dag = self.dag;
         let plan = self.plan;
@@ -757,18 +776,7 @@ impl<'a> Builder<'a> {
             let u = plan.unit_of(op.region);
             if let Some(comm) = op.comm {
                 if let Some(coll) = comm.backward {
-                    let mut alloc = Vec::new();
-                    for &t in &op.inputs {
-                        if self.tensors[t].needs_grad && grad_buf[t].is_none() {
-                            let b = self.buffer(
-                                dag.tensors[t].bytes,
-                                Category::ActivationGradients,
-                                text!(self.names, "grad of {} (micro-batch {mb})", dag.tensors[t].name),
-                            );
-                            grad_buf[t] = Some(b);
-                            alloc.push(b);
-                        }
-                    }
+                    let mut alloc = self.input_grads(op, mb, &mut grad_buf);
                     if comm.backward_buffer > 0 {
                         let b = self.buffer(
                             comm.backward_buffer,
@@ -970,18 +978,7 @@ impl<'a> Builder<'a> {
                     );
                 }
             }
-            let mut alloc = Vec::new();
-            for &t in &op.inputs {
-                if self.tensors[t].needs_grad && grad_buf[t].is_none() {
-                    let b = self.buffer(
-                        dag.tensors[t].bytes,
-                        Category::ActivationGradients,
-                        text!(self.names, "grad of {} (micro-batch {mb})", dag.tensors[t].name),
-                    );
-                    grad_buf[t] = Some(b);
-                    alloc.push(b);
-                }
-            }
+            let mut alloc = self.input_grads(op, mb, &mut grad_buf);
             let n_input_grads = alloc.len();
             // Parameter gradients.
             let pel = if op.shared_params > 0 { 0 } else { op.params };

@@ -136,7 +136,8 @@ pub fn build(dag: &LayerDag, plan: &Plan, cluster: &Cluster, names: bool) -> Pip
     let mut labels: Vec<TaskLabel> = Vec::new();
     let mut stages = Vec::new();
     let mut hw = 0.0;
-    for (k, (sp, sch, _, _)) in built.iter().enumerate() {
+    let mut ports = Vec::with_capacity(built.len());
+    for (k, (sp, sch, ready, ext)) in built.into_iter().enumerate() {
         let (to, bo, so, lo, no) =
             (merged.tasks.len(), merged.buffers.len(), merged.streams.len(), labels.len(), merged.names.len());
         for st in &sch.program.streams {
@@ -160,18 +161,13 @@ pub fn build(dag: &LayerDag, plan: &Plan, cluster: &Cluster, names: bool) -> Pip
         merged.names.extend(sch.program.names.iter().cloned());
         labels.extend(sch.labels.iter().cloned());
         hw += sch.hardware_flops_per_step;
-        stages.push(Stage {
-            plan: sp.clone(),
-            schedule: sch.clone(),
-            task_offset: to,
-            buffer_offset: bo,
-            stream_offset: so,
-        });
+        ports.push((ready, ext));
+        stages.push(Stage { plan: sp, schedule: sch, task_offset: to, buffer_offset: bo, stream_offset: so });
     }
-    for (k, (_, _, _, ext)) in built.iter().enumerate() {
+    for (k, (_, ext)) in ports.iter().enumerate() {
         for &(t, port) in ext {
             let target = (port.virtual_stage % p) as usize;
-            if let Some(&r) = built[target].2.get(&port) {
+            if let Some(&r) = ports[target].0.get(&port) {
                 let g = (r as usize + stages[target].task_offset) as u32;
                 merged.tasks[stages[k].task_offset + t as usize].deps.push(g);
             }
