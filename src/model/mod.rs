@@ -4,6 +4,8 @@
 
 pub mod config;
 pub mod dag;
+pub mod quant;
 
 pub use config::{Attention, Dtype, Family, ModelConfig, TensorSplit, Workload};
 pub use dag::{build, LayerDag, Op, OpId, OpKind, Region, Tensor, TensorId, TensorKind, TpComm};
+pub use quant::{kv_bytes_per_token, KvDtype, WeightFormat};
