@@ -261,6 +261,56 @@ fn cases() -> Vec<Case> {
             "training.steps",
             &["at most 100 steps", "got 1000"],
         ),
+        // --- model parallelism (Megatron-LM degrees)
+        case(
+            "tensor x pipeline not dividing the GPUs",
+            b().set("parallel", "tensor", "3"),
+            "parallel.tensor",
+            &["tensor (3) x pipeline (1) = 3 must divide hardware.gpus (1)"],
+        ),
+        case(
+            "tensor not dividing the heads",
+            b().set("hardware", "gpus", "24").set("parallel", "tensor", "3"),
+            "parallel.tensor",
+            &["must divide model.n_heads (16)", "got 3"],
+        ),
+        case(
+            "sequence parallel without tensor parallel",
+            b().set("parallel", "sequence_parallel", "true"),
+            "parallel.sequence_parallel",
+            &["needs tensor parallelism"],
+        ),
+        case(
+            "unknown pipeline schedule",
+            b().set("hardware", "gpus", "2").set("parallel", "pipeline", "2").set("parallel", "schedule", "\"zb-v\""),
+            "parallel.schedule",
+            &["\"zb-v\"", "\"interleaved-1f1b\""],
+        ),
+        case(
+            "virtual stages without interleaving",
+            b().set("hardware", "gpus", "2")
+                .set("parallel", "pipeline", "2")
+                .set("parallel", "virtual_stages", "2")
+                .set("parallel", "schedule", "\"1f1b\""),
+            "parallel.virtual_stages",
+            &["interleaved-1f1b"],
+        ),
+        case(
+            "stage_layers with the wrong number of stages",
+            b().set("hardware", "gpus", "2").set("parallel", "pipeline", "2").set("parallel", "stage_layers", "[24]"),
+            "parallel.stage_layers",
+            &["one entry per pipeline stage (2), got 1"],
+        ),
+        case(
+            "stage_layers not adding up to the layers",
+            b().set("hardware", "gpus", "2").set("parallel", "pipeline", "2").set(
+                "parallel",
+                "stage_layers",
+                "[10, 10]",
+            ),
+            "parallel.stage_layers",
+            &["add up to 20", "model.n_layers is 24"],
+        ),
         case(
             "zero bucket_cap_mb",
             b().set("parallel", "bucket_cap_mb", "0.0"),

@@ -596,3 +596,27 @@ fn the_shipped_capacity_sweep_names_the_smallest_gpu_count_that_fits() {
     assert!(frontier.windows(2).all(|w| w[0]["gpus"].as_u64() < w[1]["gpus"].as_u64()));
     assert!(std::fs::read(out.join("heatmap.png")).unwrap().starts_with(b"\x89PNG\r\n\x1a\n"));
 }
+
+#[test]
+fn dp_in_a_filter_is_gpus_over_tensor_times_pipeline() {
+    let body = format!(
+        "base = {:?}\nfilter = [\"dp = 2\"]\n[axes]\nhardware.gpus = [2, 4, 8]\nparallel.pipeline = [1, 2]\n",
+        scenario_path("gpt-1.3b-1gpu")
+    );
+    let spec = spec_of(&body);
+    let kept: Vec<String> =
+        (0..spec.size).filter(|&i| spec.point(i).unwrap().is_some()).map(|i| spec.describe(i)).collect();
+    assert_eq!(kept, ["hardware.gpus = 2, parallel.pipeline = 1", "hardware.gpus = 4, parallel.pipeline = 2"]);
+}
+
+#[test]
+fn dp_prunes_combinations_that_would_not_validate_by_the_same_rule() {
+    // 4 GPUs in nodes of 3 does not validate; with pipeline 2 its dp is 2, so `dp = 4`
+    // leaves it out before validation instead of reporting it.
+    let body = format!(
+        "base = {:?}\nfilter = [\"dp = 4\"]\n[axes]\nhardware.gpus = [4]\nhardware.gpus_per_node = [3]\nparallel.pipeline = [2]\n",
+        scenario_path("gpt-1.3b-1gpu")
+    );
+    let spec = spec_of(&body);
+    assert!(spec.point(0).unwrap().is_none(), "{}", spec.describe(0));
+}

@@ -12,7 +12,7 @@ use crate::scenario::Scenario;
 /// Quantities a filter can name directly: `(name, dotted alias, what it is)`.
 pub const DERIVED: &[(&str, Option<&str>, &str)] = &[
     ("gpus", Some("hardware.gpus"), "GPUs in the job"),
-    ("dp", None, "data-parallel degree (= gpus)"),
+    ("dp", None, "data-parallel degree: gpus / (parallel.tensor x parallel.pipeline)"),
     ("nodes", None, "gpus / gpus_per_node"),
     ("gpus_per_node", Some("hardware.gpus_per_node"), "GPUs per node"),
     ("micro_batch", Some("training.micro_batch"), "sequences per GPU per micro-batch"),
@@ -362,16 +362,20 @@ fn raw_derived(k: usize, tree: &toml::Table) -> Option<f64> {
     let mb = num("training.micro_batch");
     let ga = num("training.grad_accum").or(Some(1.0));
     let seq = num("training.seq_len");
+    // Megatron's data-parallel degree; tensor and pipeline default to 1.
+    let mp = num("parallel.tensor").unwrap_or(1.0) * num("parallel.pipeline").unwrap_or(1.0);
+    let dp = gpus.map(|g| g / mp.max(1.0));
     Some(match DERIVED[k].0 {
-        "gpus" | "dp" => gpus?,
+        "gpus" => gpus?,
+        "dp" => dp?,
         "nodes" => gpus? / gpn?,
         "gpus_per_node" => gpn?,
         "micro_batch" => mb?,
         "grad_accum" => ga?,
         "seq_len" => seq?,
         "steps" => num("training.steps").unwrap_or(2.0),
-        "global_batch" => mb? * ga? * gpus?,
-        "tokens_per_step" => mb? * ga? * gpus? * seq?,
+        "global_batch" => mb? * ga? * dp?,
+        "tokens_per_step" => mb? * ga? * dp? * seq?,
         _ => return None,
     })
 }
