@@ -47,18 +47,7 @@ fn dag_parameter_counts_match_closed_forms() {
     assert_eq!(c.param_count(), 101_209_569_280);
     assert_eq!(model::build(&c, &w).param_count(), c.param_count());
     // Llama with grouped-query attention (Llama-2-70B shape): 68,976,648,192 parameters.
-    let l = ModelConfig {
-        family: Family::Llama,
-        n_layers: 80,
-        hidden: 8192,
-        n_heads: 64,
-        n_kv_heads: 8,
-        ffn_hidden: 28672,
-        vocab: 32000,
-        max_seq_len: 4096,
-        tie_embeddings: false,
-        dropout: 0.0,
-    };
+    let l = ModelConfig::llama2_70b();
     assert_eq!(l.param_count(), 68_976_648_192);
     assert_eq!(model::build(&l, &w).param_count(), l.param_count());
     // Every shipped scenario.

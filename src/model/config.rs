@@ -63,6 +63,23 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
+    /// Llama-2-70B's model card (80 layers, hidden 8192, 64 heads, 8 KV heads, FFN 28672,
+    /// vocabulary 32000, context 4096): the reference shape the tests share.
+    pub fn llama2_70b() -> ModelConfig {
+        ModelConfig {
+            family: Family::Llama,
+            n_layers: 80,
+            hidden: 8192,
+            n_heads: 64,
+            n_kv_heads: 8,
+            ffn_hidden: 28672,
+            vocab: 32000,
+            max_seq_len: 4096,
+            tie_embeddings: false,
+            dropout: 0.0,
+        }
+    }
+
     pub fn head_dim(&self) -> u64 {
         self.hidden / self.n_heads
     }

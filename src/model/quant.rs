@@ -104,21 +104,9 @@ pub fn kv_bytes_per_token(cfg: &ModelConfig, tensor: u64, dtype: KvDtype) -> u64
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::Family;
 
     fn llama2_70b() -> ModelConfig {
-        ModelConfig {
-            family: Family::Llama,
-            n_layers: 80,
-            hidden: 8192,
-            n_heads: 64,
-            n_kv_heads: 8,
-            ffn_hidden: 28672,
-            vocab: 32000,
-            max_seq_len: 4096,
-            tie_embeddings: false,
-            dropout: 0.0,
-        }
+        ModelConfig::llama2_70b()
     }
 
     #[test]
