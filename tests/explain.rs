@@ -151,3 +151,25 @@ fn a_fragmentation_oom_says_so_and_recommends_expandable_segments() {
         .expect("an expandable-segments row");
     assert_eq!(row.fits, Some(true), "{row:?}");
 }
+
+/// A pipeline-parallel run near capacity: GPipe keeps all 16 micro-batches' activations on
+/// the last stage. Every counterfactual must stay a valid scenario (sharding stops at ZeRO-1
+/// under pipelining; FULL_SHARD there used to panic in the scheduler), and the live
+/// activations are described as the micro-batches in flight.
+#[test]
+fn explain_with_pipeline_parallelism_counts_micro_batches_in_flight() {
+    let out = tempfile::tempdir().unwrap();
+    let scenario = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/gpt-13b-pp4-gpipe.toml");
+    let o = Command::new(env!("CARGO_BIN_EXE_stepsim"))
+        .arg("explain")
+        .arg(&scenario)
+        .args(["--margin", "0.2", "--out"])
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}\n{text}", String::from_utf8_lossy(&o.stderr));
+    assert!(text.contains("of 16 micro-batches in flight (2 x 2048 tokens each)"), "{text}");
+    assert!(text.contains("-> ZeRO-1 (optimizer state sharded)"), "{text}");
+    assert!(!text.contains("FULL_SHARD"), "{text}");
+}

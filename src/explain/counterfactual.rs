@@ -89,6 +89,10 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             if t.seq_len < 2 {
                 return Err("sequence too short".into());
             }
+            let mp = &s.parallel.model_parallel;
+            if mp.sequence_parallel && (t.seq_len / 2) % mp.tensor != 0 {
+                return Err(format!("half the sequence is not divisible by tensor parallel {}", mp.tensor));
+            }
             v.training.seq_len /= 2;
             v.workload.seq_len /= 2;
             vec![(format!("sequence length {} (half the tokens)", v.training.seq_len), v)]
@@ -104,7 +108,12 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             if s.cluster.gpus < 2 {
                 return Err("nothing to shard over on one GPU".into());
             }
+            // Pipelining runs with ZeRO-1 (Megatron's distributed optimizer) at most, as
+            // scenario validation requires.
+            let pipelined = s.parallel.model_parallel.pipeline > 1;
             let next = match s.parallel.sharding {
+                Sharding::None if pipelined => Sharding::Zero1,
+                _ if pipelined => return Err("pipeline parallelism runs with ZeRO-1 at most".into()),
                 Sharding::None => Sharding::Zero3,
                 Sharding::Zero1 => Sharding::Zero2,
                 Sharding::Zero2 | Sharding::HybridShard => Sharding::Zero3,

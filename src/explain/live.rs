@@ -207,9 +207,17 @@ pub fn from_buffers(
                     crate::plan::Checkpointing::Selective => " (attention scores dropped)",
                     crate::plan::Checkpointing::None => "",
                 };
+                // Pipelining (and a GPipe schedule above all) keeps several micro-batches'
+                // activations at once; their buffers name the micro-batch.
+                let in_flight: BTreeSet<&str> =
+                    names[c].iter().filter_map(|x| x.rsplit_once("(micro-batch ").map(|(_, m)| m)).collect();
+                let whose = match in_flight.len() {
+                    0 | 1 => format!("micro-batch {b} x {sl} tokens"),
+                    m => format!("{m} micro-batches in flight ({b} x {sl} tokens each)"),
+                };
                 if k > 0 {
                     format!(
-                        "activations saved by {k} of {total_layers} layers (layers {}) of micro-batch {b} x {sl} tokens{ck}, {} per layer without checkpointing, plus embedding/head/loss",
+                        "activations saved by {k} of {total_layers} layers (layers {}) of {whose}{ck}, {} per layer and micro-batch without checkpointing, plus embedding/head/loss",
                         ranges(&layers[c]),
                         crate::report::fmt_bytes(per)
                     )
