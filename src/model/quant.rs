@@ -34,21 +34,6 @@ pub const NF4_BLOCK: u64 = 64;
 pub const NF4_DQ_BLOCK: u64 = 256;
 
 impl WeightFormat {
-    pub fn parse(s: &str, group: u64) -> Option<WeightFormat> {
-        Some(match s {
-            "bf16" | "fp16" => WeightFormat::Half,
-            "int8" => WeightFormat::Int8,
-            "int4" => WeightFormat::Int4 { group },
-            "nf4" => WeightFormat::Nf4 { double_quant: true },
-            "nf4-no-double-quant" => WeightFormat::Nf4 { double_quant: false },
-            _ => return None,
-        })
-    }
-
-    pub fn names() -> &'static [&'static str] {
-        &["bf16", "fp16", "int8", "int4", "nf4", "nf4-no-double-quant"]
-    }
-
     /// Bytes of one `inputs` x `outputs` weight matrix in this format, scales included.
     pub fn linear_bytes(self, inputs: u64, outputs: u64) -> u64 {
         let n = inputs * outputs;
@@ -104,6 +89,7 @@ pub fn kv_bytes_per_token(cfg: &ModelConfig, tensor: u64, dtype: KvDtype) -> u64
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{Attention, Dtype, OpKind, Region, Workload};
 
     fn llama2_70b() -> ModelConfig {
         ModelConfig::llama2_70b()
@@ -143,14 +129,27 @@ mod tests {
         // gpt-fast (tests/fixtures/gpt_fast_decode.json): Llama-2-70B int8 on one A100, batch
         // 1: 19.13 tok/s at 1322.58 GB/s, i.e. 69.1 GB read per token. The block linears in
         // INT8 plus the BF16 embedding and head must come to that within 2%.
+        // The block linears' shapes come from the layer DAG (gemm = [tokens, out, in]).
         let cfg = llama2_70b();
-        let (h, kv, f) = (cfg.hidden, cfg.kv_dim(), cfg.ffn_hidden);
-        let block = WeightFormat::Int8.linear_bytes(h, h) * 2
-            + WeightFormat::Int8.linear_bytes(h, kv) * 2
-            + WeightFormat::Int8.linear_bytes(h, f) * 2
-            + WeightFormat::Int8.linear_bytes(f, h);
-        // Decode reads every block weight and the LM head; the embedding only one row.
-        let bytes = block * cfg.n_layers + 2 * cfg.vocab * h;
+        let w = Workload {
+            micro_batch: 1,
+            seq_len: 1,
+            compute_dtype: Dtype::Bf16,
+            attention: Attention::Flash,
+            logits_fp32: false,
+            split: Default::default(),
+        };
+        let dag = crate::model::build(&cfg, &w);
+        let bytes: u64 = dag
+            .ops
+            .iter()
+            .filter(|o| o.kind == OpKind::Linear)
+            .map(|o| match (o.region, o.gemm) {
+                (Region::Block(_), Some([_, out, inp])) => WeightFormat::Int8.linear_bytes(inp, out),
+                // The LM head stays BF16; decode reads all of it (the embedding only one row).
+                _ => 2 * (o.params + o.shared_params),
+            })
+            .sum();
         let fx: serde_json::Value =
             serde_json::from_str(include_str!("../../tests/fixtures/gpt_fast_decode.json")).unwrap();
         let row = &fx["rows"][0];
