@@ -16,6 +16,7 @@
 pub mod engine;
 pub mod explain;
 pub mod hardware;
+pub mod infer;
 pub mod memory;
 pub mod model;
 pub mod net;
@@ -51,6 +52,9 @@ pub struct StageSim {
 
 /// Simulates a validated scenario. Fails only on an internal scheduling error.
 pub fn simulate(s: &scenario::Scenario) -> Result<Simulation, engine::Deadlock> {
+    if let Some(cfg) = &s.inference {
+        return simulate_inference(s, cfg);
+    }
     let mut sim = run_with_capacity(s, s.allocator_capacity())?;
     // A fragmentation OOM: would perfect packing (no allocator overhead at all) fit?
     let fragmented = sim.report.allocator.oom.as_ref().is_some_and(|d| d.cause == memory::OomCause::Fragmentation);
@@ -73,6 +77,19 @@ pub fn simulate(s: &scenario::Scenario) -> Result<Simulation, engine::Deadlock> 
         sim.report.checkpointing_cost = checkpointing_cost(s, &sim.report)?;
     }
     Ok(sim)
+}
+
+/// An inference job: its program through the engine and allocator, its report, and the
+/// largest batch and context that fit.
+fn simulate_inference(s: &scenario::Scenario, cfg: &infer::InferenceConfig) -> Result<Simulation, engine::Deadlock> {
+    let run = infer::run(s, cfg, true, false)?;
+    let mut report = report::inference::build(s, cfg, &run.dag, &run.schedule, &run.trace, &run.traffic);
+    let fit = infer::max_fit(s, cfg)?;
+    if let Some(inf) = report.inference.as_mut() {
+        inf.max_fit = Some(fit);
+    }
+    let plan = plan_of(s, &run.dag);
+    Ok(Simulation { dag: run.dag, plan, schedule: run.schedule, trace: run.trace, report, stages: Vec::new() })
 }
 
 /// DAG -> plan -> program -> engine -> report, with the allocator capped at `capacity`.

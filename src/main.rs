@@ -139,6 +139,13 @@ fn explain(path: &std::path::Path, out: Option<PathBuf>, margin: f64) -> ExitCod
             return ExitCode::from(2);
         }
     };
+    if s.inference.is_some() {
+        eprintln!(
+            "error: {}: explain covers training steps; for an inference job, `stepsim run` reports what was live at an OOM and the largest batch and context that fit",
+            path.display()
+        );
+        return ExitCode::from(2);
+    }
     let mut sim = match stepsim::simulate(&s) {
         Ok(sim) => sim,
         Err(e) => {

@@ -27,6 +27,8 @@ enum Expect {
 /// `every_shipped_scenario_has_an_expectation`.
 const EXPECTED: &[(&str, Expect)] = &[
     ("100b-1gpu-bf16-weights", Expect::Oom { step: 0, phase: "init" }),
+    ("100b-1gpu-int4-inference", Expect::Fits),
+    ("100b-4gpu-tp4-inference", Expect::Fits),
     ("100b-8gpu-ddp", Expect::Oom { step: 0, phase: "init" }),
     ("100b-8gpu-fsdp", Expect::Oom { step: 1, phase: "forward" }),
     ("100b-32gpu-fsdp", Expect::Oom { step: 1, phase: "backward" }),
@@ -128,8 +130,13 @@ fn check_shipped(name: &str, expect: Expect, stdout: &str, out: &Path) -> Vec<St
             if verdict == "fits" {
                 let peak = bytes(&r, "/peak/allocated/bytes");
                 require(peak <= capacity, format!("peak {peak} B over capacity {capacity} B"));
-                let mfu = r.pointer("/throughput/mfu").and_then(Value::as_f64);
-                require(mfu.is_some_and(|m| m > 0.0 && m < 1.0), format!("throughput.mfu {mfu:?} not in (0, 1)"));
+                if str_at(&r, "/job") == "inference" {
+                    let tps = r.pointer("/inference/timing/decode_tokens_per_s").and_then(Value::as_f64);
+                    require(tps.is_some_and(|t| t > 0.0), format!("inference.timing.decode_tokens_per_s {tps:?}"));
+                } else {
+                    let mfu = r.pointer("/throughput/mfu").and_then(Value::as_f64);
+                    require(mfu.is_some_and(|m| m > 0.0 && m < 1.0), format!("throughput.mfu {mfu:?} not in (0, 1)"));
+                }
             }
             require(stdout.contains("FITS"), "text report does not say FITS".into());
         }
@@ -151,9 +158,18 @@ fn check_shipped(name: &str, expect: Expect, stdout: &str, out: &Path) -> Vec<St
     // Text report: decimal and binary units side by side.
     require(stdout.contains(" GB"), "text report has no GB".into());
     require(stdout.contains(" GiB"), "text report has no GiB".into());
-    if name.starts_with("100b-") {
+    // The 100B model everywhere; a tensor-parallel one pads its vocabulary (Megatron's
+    // --make-vocab-size-divisible-by), which adds (vocab - 50257) x 10240 embedding rows.
+    let padded = r.pointer("/model/vocab").and_then(Value::as_u64).unwrap_or(50257).saturating_sub(50257);
+    if name.starts_with("100b-") && padded == 0 {
         require(stdout.contains(PARAMS_100B), format!("text report does not give the parameter count {PARAMS_100B}"));
         require(bytes(&r, "/param_count") == 101_209_569_280, "report.json param_count is not 101,209,569,280".into());
+    } else if name.starts_with("100b-") {
+        let want = 101_209_569_280 + padded * 10240;
+        require(
+            bytes(&r, "/param_count") == want,
+            format!("report.json param_count is not {want} (padded vocabulary)"),
+        );
     }
     bad
 }
@@ -277,4 +293,16 @@ fn unwritable_output_folder_is_bad_input() {
         assert!(!stderr.contains("panicked"), "--out {}: panicked: {stderr}", out.display());
     }
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "not a folder");
+}
+
+/// `explain` covers training steps: an inference job is refused with a pointer to `run`.
+#[test]
+fn explain_refuses_an_inference_job() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = scenario("100b-1gpu-int4-inference");
+    let o = stepsim(&["explain", path.to_str().unwrap(), "--out", tmp.path().join("x").to_str().unwrap()], tmp.path());
+    assert_eq!(o.status.code(), Some(2));
+    let err = text(&o.stderr);
+    assert!(err.contains("100b-1gpu-int4-inference.toml") && err.contains("stepsim run"), "{err}");
+    assert!(!tmp.path().join("x").exists());
 }

@@ -149,6 +149,14 @@ impl Case {
 
 fn cases() -> Vec<Case> {
     let b = Doc::base;
+    // The base as an inference job: 1 x (16 + 48) tokens.
+    let inf = || {
+        b().remove_section("training")
+            .set("job", "kind", "\"inference\"")
+            .set("inference", "batch", "1")
+            .set("inference", "prompt_len", "16")
+            .set("inference", "gen_len", "48")
+    };
     vec![
         // --- unknown and misspelled fields
         case(
@@ -490,7 +498,94 @@ fn cases() -> Vec<Case> {
             "missing [training], file starting with a comment",
             b().prepend("# 16 B/param x 1.3B = 21 GB").remove_section("training"),
             "training",
-            &["missing field `training`"],
+            &["missing section [training]", "micro_batch and seq_len"],
+        ),
+        // --- inference jobs
+        case("unknown job kind", b().set("job", "kind", "\"serve\""), "job.kind", &["\"serve\"", "\"inference\""]),
+        case(
+            "finetune-lora not built yet",
+            b().set("job", "kind", "\"finetune-lora\""),
+            "job.kind",
+            &["not simulated yet", "\"inference\""],
+        ),
+        case(
+            "inference without [inference]",
+            b().remove_section("training").set("job", "kind", "\"inference\""),
+            "inference",
+            &["missing section [inference]", "prompt_len"],
+        ),
+        case(
+            "inference with [training]",
+            inf().set("training", "micro_batch", "1").set("training", "seq_len", "8"),
+            "training",
+            &["does not apply", "[inference]"],
+        ),
+        case(
+            "[inference] on a training job",
+            b().set("inference", "batch", "1").set("inference", "prompt_len", "8").set("inference", "gen_len", "8"),
+            "inference",
+            &["[job] kind = \"inference\""],
+        ),
+        case("zero gen_len", inf().set("inference", "gen_len", "0"), "inference.gen_len", &["positive integer"]),
+        case(
+            "context over max_seq_len",
+            inf().set("inference", "prompt_len", "2001"),
+            "inference.gen_len",
+            &["2049 tokens exceeds model.max_seq_len (2048)"],
+        ),
+        case(
+            "unknown weights",
+            inf().set("inference", "weights", "\"int3\""),
+            "inference.weights",
+            &["\"int3\"", "\"nf4\""],
+        ),
+        case(
+            "group_size without int4",
+            inf().set("inference", "group_size", "64"),
+            "inference.group_size",
+            &["only applies to weights = \"int4\""],
+        ),
+        case(
+            "double_quant without nf4",
+            inf().set("inference", "weights", "\"int4\"").set("inference", "double_quant", "true"),
+            "inference.double_quant",
+            &["nf4"],
+        ),
+        case(
+            "bf16 weights computing in fp16",
+            inf().set("inference", "compute_dtype", "\"fp16\""),
+            "inference.compute_dtype",
+            &["bf16 weights compute in bf16"],
+        ),
+        case(
+            "fp8 dynamic cache",
+            inf().set("inference", "kv_cache", "\"dynamic\"").set("inference", "kv_cache_dtype", "\"fp8\""),
+            "inference.kv_cache_dtype",
+            &["kv_cache = \"static\""],
+        ),
+        case(
+            "kv cache dtype unknown",
+            inf().set("inference", "kv_cache_dtype", "\"int8\""),
+            "inference.kv_cache_dtype",
+            &["\"bf16\"", "\"fp8\""],
+        ),
+        case(
+            "CUDA graphs with a dynamic cache",
+            inf().set("inference", "kv_cache", "\"dynamic\"").set("inference", "cuda_graphs", "true"),
+            "inference.cuda_graphs",
+            &["fixed shapes"],
+        ),
+        case(
+            "FSDP sharding for inference",
+            inf().set("parallel", "sharding", "\"full_shard\""),
+            "parallel.sharding",
+            &["applies to training"],
+        ),
+        case(
+            "bf16 inference on a V100",
+            inf().set("hardware", "gpu", "\"v100-32gb\""),
+            "inference.weights",
+            &["no BF16 tensor cores", "fp16"],
         ),
         case("missing model.hidden", b().remove("model", "hidden"), "model.hidden", &["missing field `hidden`"])
             .at_line(3),

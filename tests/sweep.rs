@@ -292,11 +292,17 @@ fn bad_sweeps_and_flags_exit_2_through_the_cli() {
     let bad = write(tmp.path(), "bad.toml", &small_sweep("").replace("training.micro_batch", "training.micro_batchh"));
     let good = write(tmp.path(), "good.toml", &small_sweep(""));
     let invalid = write(tmp.path(), "invalid.toml", &small_sweep("").replace("[4, 8, 16]", "[4, 0]"));
+    let inference = write(
+        tmp.path(),
+        "inference.toml",
+        &format!("base = {:?}\n[axes]\n\"inference.batch\" = [1, 2]\n", scenario_path("100b-1gpu-int4-inference")),
+    );
     let out = tmp.path().join("out");
     let o = out.to_str().unwrap();
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec![bad.to_str().unwrap(), "--out", o], "field `axes.training.micro_batchh`"),
         (vec![invalid.to_str().unwrap(), "--out", o], "axis `training.micro_batch` = 0"),
+        (vec![inference.to_str().unwrap(), "--out", o], "sweeps simulate training steps only"),
         (vec![good.to_str().unwrap(), "--out", o, "--shard", "0/4"], "1 <= I <= N"),
         (vec![good.to_str().unwrap(), "--out", o, "--shard", "5/4"], "1 <= I <= N"),
         (vec![good.to_str().unwrap(), "--out", o, "--jobs", "0"], "--jobs"),

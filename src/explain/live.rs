@@ -241,6 +241,7 @@ pub fn from_buffers(
             }
             Category::Buffers => "module buffers (rotary tables)".to_string(),
             Category::Inputs => "token ids and targets".to_string(),
+            Category::KvCache => "keys and values of every token of context (inference)".to_string(),
         };
         out.push(LiveLine { category: cat.key(), label: cat.label(), size: Bytes::new(bytes[c]), reason });
     }

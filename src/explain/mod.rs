@@ -59,6 +59,8 @@ pub fn phase_meaning(p: Phase) -> &'static str {
         Phase::Forward => "in the forward pass: saved activations grow with micro-batch x sequence length on top of the model state and the gathered layers",
         Phase::Backward => "in backward: all saved activations are live when it starts, and gradients, the gathered (and prefetched) layers and loss/activation gradients stack on top",
         Phase::Optimizer => "at optimizer.step(): Adam's moments are created at the first step (PyTorch allocates optimizer state lazily), plus the step's temporaries",
+        Phase::Prefill => "in prefill: the prompt's activations (batch x prompt tokens, freed layer by layer) on top of the weights and the KV cache",
+        Phase::Decode => "in decode: the KV cache grows by one token per sequence per step on top of the weights",
     }
 }
 

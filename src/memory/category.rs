@@ -34,10 +34,12 @@ pub enum Category {
     Buffers,
     /// Token ids and targets.
     Inputs,
+    /// Keys and values an inference job keeps for every token of context.
+    KvCache,
 }
 
 impl Category {
-    pub const ALL: [Category; 14] = [
+    pub const ALL: [Category; 15] = [
         Category::Parameters,
         Category::GatheredParameters,
         Category::MasterWeights,
@@ -52,6 +54,7 @@ impl Category {
         Category::CommBuffers,
         Category::Buffers,
         Category::Inputs,
+        Category::KvCache,
     ];
     pub const COUNT: usize = Self::ALL.len();
 
@@ -76,6 +79,7 @@ impl Category {
             Category::CommBuffers => "comm_buffers",
             Category::Buffers => "buffers",
             Category::Inputs => "inputs",
+            Category::KvCache => "kv_cache",
         }
     }
 
@@ -96,6 +100,7 @@ impl Category {
             Category::CommBuffers => "communication buffers",
             Category::Buffers => "module buffers",
             Category::Inputs => "inputs (token ids)",
+            Category::KvCache => "KV cache",
         }
     }
 
@@ -109,7 +114,7 @@ impl Category {
             Category::Activations | Category::Recomputed | Category::Transient => "Activation",
             Category::ActivationGradients | Category::CommBuffers => "Temp",
             Category::Buffers => "Buffer",
-            Category::Inputs => "Other",
+            Category::Inputs | Category::KvCache => "Other",
         }
     }
 }

@@ -45,6 +45,14 @@ pub const NETWORK_EFFICIENCY: f64 = 0.74;
 /// ring crosses the network (NCCL Simple protocol; nccl-tests small-message times).
 pub const ALPHA_INTRA_S: f64 = 5e-6;
 pub const ALPHA_INTER_S: f64 = 10e-6;
+/// NCCL's low-latency (LL) protocol, which its tuner picks for small messages: a fixed
+/// launch latency plus a short per-hop latency, at half the link bandwidth (each 8-byte
+/// line carries 4 bytes of data and a 4-byte flag). Ring LL over NVLink: `baseLat` 6.6 us and
+/// `hwLat` 0.6 us per step in NCCL 2.18+'s `src/graph/tuning.cc`. Used inside a node only;
+/// it is what a decode step's small tensor-parallel all-reduces run with.
+pub const LL_BASE_S: f64 = 6.6e-6;
+pub const LL_HOP_S: f64 = 0.6e-6;
+pub const LL_BANDWIDTH_FRACTION: f64 = 0.5;
 
 impl Group {
     pub fn nodes(&self) -> u64 {
@@ -75,7 +83,13 @@ impl Group {
             0.0
         };
         let alpha = if k > 1 { ALPHA_INTER_S } else { ALPHA_INTRA_S };
-        steps as f64 * alpha + intra.max(inter)
+        let simple = steps as f64 * alpha + intra.max(inter);
+        if k > 1 {
+            return simple;
+        }
+        // NCCL's tuner takes the faster protocol for the size.
+        let ll = LL_BASE_S + steps as f64 * LL_HOP_S + intra / LL_BANDWIDTH_FRACTION;
+        simple.min(ll)
     }
 
     /// nccl-tests' bus bandwidth this model predicts, bytes/s.
@@ -124,6 +138,22 @@ mod tests {
             println!("{name}: predicted {:.1} GB/s, measured {:.1} GB/s", bw / 1e9, measured / 1e9);
             assert!((bw / measured - 1.0).abs() < 0.05, "{name}: {bw} vs {measured}");
         }
+    }
+
+    /// Small messages inside a node run NCCL's LL protocol: an 8-rank all-reduce of one
+    /// decode token's hidden state (8192 x 2 B) costs 6.6 + 14 x 0.6 us plus the bytes at
+    /// half bandwidth, not the Simple protocol's 14 x 5 us; large ones stay on Simple.
+    #[test]
+    fn small_messages_inside_a_node_take_the_low_latency_protocol() {
+        let g = group(8, 8, 300e9, 25e9);
+        let b = 8192 * 2;
+        let bytes_s = 2.0 * b as f64 * 7.0 / 8.0 / (300e9 * LINK_EFFICIENCY * LL_BANDWIDTH_FRACTION);
+        let t = g.time_s(Collective::AllReduce, b);
+        assert!((t - (6.6e-6 + 14.0 * 0.6e-6 + bytes_s)).abs() < 1e-12, "{t}");
+        assert!(t < 14.0 * ALPHA_INTRA_S);
+        let big = 1u64 << 30;
+        let simple = 14.0 * ALPHA_INTRA_S + 2.0 * big as f64 * 7.0 / 8.0 / (300e9 * LINK_EFFICIENCY);
+        assert!((g.time_s(Collective::AllReduce, big) - simple).abs() < 1e-12);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 pub mod allocator;
 pub mod chrome_trace;
+pub mod inference;
 pub mod pipeline;
 pub mod png;
 pub mod text;
@@ -44,7 +45,7 @@ pub fn fmt_bytes(b: u64) -> String {
     }
 }
 
-fn round4(x: f64) -> f64 {
+pub(crate) fn round4(x: f64) -> f64 {
     (x * 1e4).round() / 1e4
 }
 
@@ -218,6 +219,8 @@ pub struct Report {
     pub scenario: String,
     pub description: String,
     pub stepsim_version: &'static str,
+    /// "train" or "inference".
+    pub job: &'static str,
     pub model: serde_json::Value,
     pub param_count: u64,
     pub param_count_human: String,
@@ -239,6 +242,9 @@ pub struct Report {
     pub assumptions: Vec<String>,
     /// The allocator: max_memory_allocated / reserved, retries, fragmentation, the OOM's cause.
     pub allocator: allocator::AllocatorReport,
+    /// An inference job's figures (TTFT, TPOT, KV cache, the largest batch that fits).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inference: Option<inference::InferenceReport>,
 }
 
 fn instant(sched: &Schedule, task: usize, time_ns: u64) -> Instant {
@@ -270,7 +276,7 @@ pub fn human_count_with(n: u64, b_decimals: usize) -> String {
     }
 }
 
-fn to_json<T: Serialize>(t: &T) -> serde_json::Value {
+pub(crate) fn to_json<T: Serialize>(t: &T) -> serde_json::Value {
     serde_json::to_value(t).unwrap_or(serde_json::Value::Null)
 }
 
@@ -300,63 +306,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
         naive_average: Bytes::new(naive),
     };
     let prog = &sched.program;
-    let verdict = match &trace.oom {
-        None => {
-            // What must fit is what the allocator reserved (= allocated for the exact model).
-            let peak = trace.timeline.peak_reserved().map_or(0, |p| p.reserved.max(p.allocated));
-            Verdict::Fits { headroom: Bytes::new(cap.saturating_sub(peak)) }
-        }
-        Some(o) => {
-            let mut live = [0u64; Category::COUNT];
-            let mut largest: Vec<(String, u64)> = Vec::new();
-            for &b in &o.live {
-                let spec = &prog.buffers[b as usize];
-                live[spec.category.index()] += spec.bytes.div_ceil(512) * 512;
-                largest.push((prog.names[spec.name as usize].clone(), spec.bytes));
-            }
-            largest.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-            largest.truncate(8);
-            let spec = &prog.buffers[o.buffer as usize];
-            Verdict::Oom(Box::new(Oom {
-                at: instant(sched, o.task as usize, o.time_ns),
-                tensor: prog.names[spec.name as usize].clone(),
-                requested: Bytes::new(o.error.requested),
-                allocated: Bytes::new(o.error.allocated),
-                capacity: Bytes::new(o.error.capacity),
-                // Free device memory, as cudaMemGetInfo reports it: not reserved by the allocator.
-                free: Bytes::new(o.error.capacity.saturating_sub(o.error.reserved)),
-                live_by_category: breakdown(&live),
-                largest_live: largest.into_iter().map(|(n, b)| (n, Bytes::new(b))).collect(),
-            }))
-        }
-    };
-    let peak = trace.timeline.peak().map(|p| Peak {
-        at: instant(sched, p.task, p.time_ns),
-        allocated: Bytes::new(p.allocated),
-        reserved: Bytes::new(
-            trace.timeline.peak_reserved_index.map_or(p.reserved, |i| trace.timeline.samples[i].reserved),
-        ),
-        breakdown: breakdown(&p.by_category),
-    });
-    // Peak of each (step, phase).
-    let mut phase_peaks: Vec<PhasePeak> = Vec::new();
-    for smp in &trace.timeline.samples {
-        let l = &sched.labels[prog.tasks[smp.task].label as usize];
-        match phase_peaks.iter_mut().find(|p| p.step == l.step && p.phase == l.phase) {
-            Some(p) if p.allocated.bytes >= smp.allocated => {}
-            Some(p) => {
-                p.allocated = Bytes::new(smp.allocated);
-                p.op = l.what.clone();
-            }
-            None => phase_peaks.push(PhasePeak {
-                step: l.step,
-                phase: l.phase,
-                allocated: Bytes::new(smp.allocated),
-                op: l.what.clone(),
-            }),
-        }
-    }
-    phase_peaks.sort_by_key(|p| (p.step, p.phase));
+    let (verdict, peak, phase_peaks) = memory_side(cap, sched, trace);
     // Step timings from the tasks that ran.
     let mut steps = Vec::new();
     if trace.oom.is_none() {
@@ -450,6 +400,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
         scenario: s.name.clone(),
         description: s.description.clone(),
         stepsim_version: env!("CARGO_PKG_VERSION"),
+        job: "train",
         model: to_json(&s.model),
         param_count: params,
         param_count_human: human_count(params),
@@ -473,7 +424,72 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
         explanation: None,
         assumptions,
         allocator: allocator::build(s, sched, trace),
+        inference: None,
     }
+}
+
+/// The memory side of a report, whatever the job: the verdict against `cap` (with what was
+/// live at an OOM), the peak and its breakdown, and the peak of each (step, phase).
+pub fn memory_side(cap: u64, sched: &Schedule, trace: &Trace) -> (Verdict, Option<Peak>, Vec<PhasePeak>) {
+    let prog = &sched.program;
+    let verdict = match &trace.oom {
+        None => {
+            // What must fit is what the allocator reserved (= allocated for the exact model).
+            let peak = trace.timeline.peak_reserved().map_or(0, |p| p.reserved.max(p.allocated));
+            Verdict::Fits { headroom: Bytes::new(cap.saturating_sub(peak)) }
+        }
+        Some(o) => {
+            let mut live = [0u64; Category::COUNT];
+            let mut largest: Vec<(String, u64)> = Vec::new();
+            for &b in &o.live {
+                let spec = &prog.buffers[b as usize];
+                live[spec.category.index()] += spec.bytes.div_ceil(512) * 512;
+                largest.push((prog.names[spec.name as usize].clone(), spec.bytes));
+            }
+            largest.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+            largest.truncate(8);
+            let spec = &prog.buffers[o.buffer as usize];
+            Verdict::Oom(Box::new(Oom {
+                at: instant(sched, o.task as usize, o.time_ns),
+                tensor: prog.names[spec.name as usize].clone(),
+                requested: Bytes::new(o.error.requested),
+                allocated: Bytes::new(o.error.allocated),
+                capacity: Bytes::new(o.error.capacity),
+                // Free device memory, as cudaMemGetInfo reports it: not reserved by the allocator.
+                free: Bytes::new(o.error.capacity.saturating_sub(o.error.reserved)),
+                live_by_category: breakdown(&live),
+                largest_live: largest.into_iter().map(|(n, b)| (n, Bytes::new(b))).collect(),
+            }))
+        }
+    };
+    let peak = trace.timeline.peak().map(|p| Peak {
+        at: instant(sched, p.task, p.time_ns),
+        allocated: Bytes::new(p.allocated),
+        reserved: Bytes::new(
+            trace.timeline.peak_reserved_index.map_or(p.reserved, |i| trace.timeline.samples[i].reserved),
+        ),
+        breakdown: breakdown(&p.by_category),
+    });
+    // Peak of each (step, phase).
+    let mut phase_peaks: Vec<PhasePeak> = Vec::new();
+    for smp in &trace.timeline.samples {
+        let l = &sched.labels[prog.tasks[smp.task].label as usize];
+        match phase_peaks.iter_mut().find(|p| p.step == l.step && p.phase == l.phase) {
+            Some(p) if p.allocated.bytes >= smp.allocated => {}
+            Some(p) => {
+                p.allocated = Bytes::new(smp.allocated);
+                p.op = l.what.clone();
+            }
+            None => phase_peaks.push(PhasePeak {
+                step: l.step,
+                phase: l.phase,
+                allocated: Bytes::new(smp.allocated),
+                op: l.what.clone(),
+            }),
+        }
+    }
+    phase_peaks.sort_by_key(|p| (p.step, p.phase));
+    (verdict, peak, phase_peaks)
 }
 
 /// Step time, tokens/s, MFU and HFU of a step timing; `model_flops` and `hw_flops` are per

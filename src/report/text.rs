@@ -63,6 +63,13 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         c.network_bytes_per_s() / 1e9,
         c.gpu.nvlink_bytes_per_s / 1e9
     );
+    if let Some(inf) = &r.inference {
+        super::inference::header(r, inf, &mut o);
+        common(r, &mut o);
+        super::inference::timing_text(inf, &mut o);
+        assumptions(r, &mut o);
+        return o;
+    }
     let fw = match (p.framework, p.sharding) {
         (_, crate::plan::Sharding::None) if c.gpus == 1 => "single-GPU PyTorch",
         (crate::plan::Framework::Fsdp, crate::plan::Sharding::None) => "PyTorch DDP",
@@ -147,6 +154,21 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         }
     }
 
+    common(r, &mut o);
+    time(r, s, &mut o);
+    assumptions(r, &mut o);
+    o
+}
+
+fn assumptions(r: &Report, o: &mut String) {
+    let _ = writeln!(o, "\nAssumptions");
+    for a in &r.assumptions {
+        let _ = writeln!(o, "  - {a}");
+    }
+}
+
+/// The verdict, the peak and its breakdown, the allocator and the peak of each phase.
+fn common(r: &Report, o: &mut String) {
     let _ = writeln!(o);
     match &r.verdict {
         Verdict::Fits { headroom } => {
@@ -192,7 +214,7 @@ pub fn render(r: &Report, s: &Scenario) -> String {
             for (n, b) in x.largest_live.iter().take(5) {
                 let _ = writeln!(o, "    {:<60} {}", n, fmt_bytes(b.bytes));
             }
-            super::allocator::oom_text(&r.allocator, &mut o);
+            super::allocator::oom_text(&r.allocator, o);
         }
     }
     if let Some(pk) = &r.peak {
@@ -208,7 +230,7 @@ pub fn render(r: &Report, s: &Scenario) -> String {
             let _ = writeln!(o, "    {:<40} {}", cb.label, fmt_bytes(cb.size.bytes));
         }
     }
-    super::allocator::text(&r.allocator, &mut o);
+    super::allocator::text(&r.allocator, o);
     if !r.phase_peaks.is_empty() {
         let _ = writeln!(o, "\nPeak by phase");
         for pp in &r.phase_peaks {
@@ -222,6 +244,10 @@ pub fn render(r: &Report, s: &Scenario) -> String {
             );
         }
     }
+}
+
+/// Step times, throughput and the checkpointing cost of a training step.
+fn time(r: &Report, s: &Scenario, o: &mut String) {
     if !r.steps.is_empty() {
         let _ = writeln!(o, "\nTime");
         for st in &r.steps {
@@ -290,9 +316,4 @@ pub fn render(r: &Report, s: &Scenario) -> String {
     } else if matches!(r.verdict, Verdict::Oom(_)) {
         let _ = writeln!(o, "\nTime       not reported: the step did not complete");
     }
-    let _ = writeln!(o, "\nAssumptions");
-    for a in &r.assumptions {
-        let _ = writeln!(o, "  - {a}");
-    }
-    o
 }

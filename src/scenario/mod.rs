@@ -34,11 +34,58 @@ pub struct ScenarioFile {
     pub hardware: HardwareSection,
     #[serde(default)]
     pub parallel: ParallelSection,
-    pub training: TrainingSection,
+    /// What is simulated (default: a training step).
+    pub job: Option<JobSection>,
+    /// Required for `job.kind = "train"`.
+    pub training: Option<TrainingSection>,
+    /// Required for `job.kind = "inference"`.
+    pub inference: Option<InferenceSection>,
     #[serde(default)]
     pub allocator: AllocatorSection,
     /// Per-rank compute jitter and stragglers (off when absent).
     pub jitter: Option<JitterSection>,
+}
+
+/// `[job]`: what the GPUs do.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSection {
+    /// "train" (default) | "inference" | "finetune-lora" (not simulated yet).
+    pub kind: Option<String>,
+}
+
+/// `[inference]`: a `generate()` call, in Hugging Face / gpt-fast / vLLM terms.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct InferenceSection {
+    /// Sequences generated together.
+    pub batch: i64,
+    /// Prompt tokens per sequence.
+    pub prompt_len: i64,
+    /// Tokens generated per sequence (`max_new_tokens`).
+    pub gen_len: i64,
+    /// "bf16" | "fp16" | "int8" | "int4" (GPTQ/AWQ) | "nf4" (bitsandbytes).
+    pub weights: Option<String>,
+    /// int4: input features per quantization group (default 128).
+    pub group_size: Option<i64>,
+    /// nf4: `bnb_4bit_use_double_quant` (default false).
+    pub double_quant: Option<bool>,
+    /// "bf16" | "fp16" (default bf16; fp16 weights compute in fp16).
+    pub compute_dtype: Option<String>,
+    /// The compute dtype (default) or "fp8".
+    pub kv_cache_dtype: Option<String>,
+    /// "static" (preallocated, default) | "dynamic" (HF DynamicCache, grown by torch.cat).
+    pub kv_cache: Option<String>,
+    /// Decode replayed as a CUDA graph (default: true with a static cache).
+    pub cuda_graphs: Option<bool>,
+}
+
+/// What a scenario simulates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum JobKind {
+    Train,
+    Inference,
 }
 
 /// `[jitter]`: rank-to-rank variation of compute time, drawn from `seed`.
@@ -131,7 +178,7 @@ pub struct AllocatorSection {
     pub nccl_buffers: Option<i64>,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainingSection {
     pub micro_batch: i64,
@@ -164,9 +211,13 @@ pub struct Scenario {
     pub workload: Workload,
     pub cluster: Cluster,
     pub parallel: ParallelConfig,
+    /// For an inference job, a stand-in (pure 16-bit, one step of batch x prompt_len) that
+    /// only the layer DAG's shape reads; [`Scenario::inference`] holds the job.
     pub training: TrainingConfig,
     pub allocator: AllocatorSettings,
     pub jitter: Option<crate::schedule::jitter::JitterConfig>,
+    pub job: JobKind,
+    pub inference: Option<crate::infer::InferenceConfig>,
 }
 
 impl Scenario {
@@ -287,14 +338,29 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         },
     };
     let vocab = v.positive("model.vocab", m.vocab)?;
-    let t = &f.training;
+    let job = job_kind(&v, &f)?;
+    let (inf, standin) = match (job, &f.inference) {
+        (JobKind::Inference, Some(i)) => {
+            let (batch, prompt, gen) = inference_lengths(&v, i)?;
+            (Some((i, (prompt + gen) as u64)), inference_standin(batch, prompt))
+        }
+        _ => (None, TrainingSection::default()),
+    };
+    let t = f.training.as_ref().unwrap_or(&standin);
     let micro_batch = v.positive("training.micro_batch", t.micro_batch)?;
     let seq_len = v.positive("training.seq_len", t.seq_len)?;
     let max_seq_len = match m.max_seq_len {
         Some(x) => v.positive("model.max_seq_len", x)?,
-        None => seq_len,
+        None => inf.map_or(seq_len, |(_, ctx)| ctx),
     };
-    if seq_len > max_seq_len {
+    if let Some((_, ctx)) = inf {
+        if ctx > max_seq_len {
+            return Err(v.err(
+                "inference.gen_len",
+                format!("prompt_len + gen_len = {ctx} tokens exceeds model.max_seq_len ({max_seq_len})"),
+            ));
+        }
+    } else if seq_len > max_seq_len {
         return Err(v.err("training.seq_len", format!("{seq_len} exceeds model.max_seq_len ({max_seq_len})")));
     }
     let dropout = m.dropout.unwrap_or(0.0);
@@ -604,6 +670,33 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
             })
         }
     };
+    let inference = match inf {
+        Some((i, _)) => {
+            if f.allocator.empty_cache.is_some() {
+                return Err(v.err("allocator.empty_cache", "the empty_cache() points are a training step's (after_forward, after_backward, ...); remove it for an inference job"));
+            }
+            Some(validate_inference(&v, i, &cluster, &parallel, f.jitter.is_some())?)
+        }
+        None => None,
+    };
+    let (training, workload) = match &inference {
+        // The stand-in's dtypes are the job's: weights not quantized and activations in the
+        // compute dtype; no dropout in eval mode (the DAG is built without it).
+        Some(i) => {
+            let mut tr = training;
+            tr.precision = Precision::preset("bf16").unwrap_or(tr.precision);
+            tr.precision.param = i.compute_dtype;
+            tr.precision.compute = i.compute_dtype;
+            tr.precision.grad = i.compute_dtype;
+            tr.precision.optimizer_state = i.compute_dtype;
+            tr.steps = 1;
+            let mut w = workload;
+            w.compute_dtype = i.compute_dtype;
+            w.logits_fp32 = false;
+            (tr, w)
+        }
+        None => (training, workload),
+    };
     let name = f.name.clone().unwrap_or_else(|| stem.to_string());
     if name.is_empty() || name.contains(['/', '\\']) || name == "." || name == ".." {
         return Err(
@@ -621,6 +714,162 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         training,
         allocator,
         jitter,
+        job,
+        inference,
+    })
+}
+
+/// `[job] kind`, and the sections it requires and rules out.
+fn job_kind(v: &V, f: &ScenarioFile) -> Result<JobKind, ScenarioError> {
+    let kind = f.job.as_ref().and_then(|j| j.kind.as_deref()).unwrap_or("train");
+    let job = match v.choice("job.kind", kind, &["train", "inference", "finetune-lora"])? {
+        "train" => JobKind::Train,
+        "inference" => JobKind::Inference,
+        _ => {
+            return Err(v.err(
+                "job.kind",
+                "\"finetune-lora\" is not simulated yet (LoRA / QLoRA fine-tuning is planned); allowed today: \"train\", \"inference\"",
+            ))
+        }
+    };
+    match (job, f.training.is_some(), f.inference.is_some()) {
+        (JobKind::Train, _, true) => Err(v.err(
+            "inference",
+            "[inference] applies to inference jobs: add [job] kind = \"inference\" (and drop [training]) or remove it",
+        )),
+        (JobKind::Train, false, false) => {
+            Err(v.err("training", "missing section [training] (a training job needs micro_batch and seq_len)"))
+        }
+        (JobKind::Inference, true, _) => Err(v.err(
+            "training",
+            "[training] does not apply to job.kind = \"inference\": the batch and lengths go in [inference]",
+        )),
+        (JobKind::Inference, false, false) => Err(v.err(
+            "inference",
+            "missing section [inference] (job.kind = \"inference\" needs batch, prompt_len and gen_len)",
+        )),
+        _ => Ok(job),
+    }
+}
+
+fn inference_lengths(v: &V, i: &InferenceSection) -> Result<(i64, i64, i64), ScenarioError> {
+    let batch = v.positive("inference.batch", i.batch)?;
+    let prompt = v.positive("inference.prompt_len", i.prompt_len)?;
+    let gen = v.positive("inference.gen_len", i.gen_len)?;
+    const MAX: u64 = 1 << 22;
+    for (field, x) in [("inference.batch", batch), ("inference.prompt_len", prompt), ("inference.gen_len", gen)] {
+        if x > MAX {
+            return Err(v.err(field, format!("at most {MAX} is simulated, got {x}")));
+        }
+    }
+    Ok((batch as i64, prompt as i64, gen as i64))
+}
+
+/// The training section an inference job stands for: one step of batch x prompt_len.
+fn inference_standin(batch: i64, prompt_len: i64) -> TrainingSection {
+    // Its dtypes are replaced by the job's once [inference] is validated (FP16: every GPU has it).
+    TrainingSection {
+        micro_batch: batch,
+        seq_len: prompt_len,
+        precision: Some("bf16".into()),
+        compute_dtype: Some("fp16".into()),
+        ..Default::default()
+    }
+}
+
+fn validate_inference(
+    v: &V,
+    i: &InferenceSection,
+    cluster: &Cluster,
+    parallel: &ParallelConfig,
+    jitter: bool,
+) -> Result<crate::infer::InferenceConfig, ScenarioError> {
+    use crate::infer::{InferenceConfig, KvCacheKind};
+    use crate::model::{KvDtype, WeightFormat};
+    let (batch, prompt_len, gen_len) = inference_lengths(v, i)?;
+    if parallel.sharding != Sharding::None {
+        return Err(v.err("parallel.sharding", "inference keeps whole (or tensor-parallel) weights on every GPU: sharding (FSDP / ZeRO) applies to training; use \"none\" with parallel.tensor for tensor parallelism"));
+    }
+    let mp = &parallel.model_parallel;
+    if mp.pipeline > 1 {
+        return Err(v.err("parallel.pipeline", "pipeline-parallel inference is not simulated yet; use parallel.tensor"));
+    }
+    if mp.sequence_parallel {
+        return Err(v.err("parallel.sequence_parallel", "sequence parallelism applies to training; remove it"));
+    }
+    if jitter {
+        return Err(v.err("jitter", "per-rank jitter is simulated for training steps only; remove [jitter]"));
+    }
+    let weights = i.weights.as_deref().unwrap_or("bf16");
+    let weights = v.choice("inference.weights", weights, &["bf16", "fp16", "int8", "int4", "nf4"])?;
+    if i.group_size.is_some() && weights != "int4" {
+        return Err(v.err("inference.group_size", "only applies to weights = \"int4\" (GPTQ / AWQ groups)"));
+    }
+    if i.double_quant.is_some() && weights != "nf4" {
+        return Err(v.err("inference.double_quant", "only applies to weights = \"nf4\" (bitsandbytes)"));
+    }
+    let format = match weights {
+        "int8" => WeightFormat::Int8,
+        "int4" => WeightFormat::Int4 { group: v.positive("inference.group_size", i.group_size.unwrap_or(128))? },
+        "nf4" => WeightFormat::Nf4 { double_quant: i.double_quant.unwrap_or(false) },
+        _ => WeightFormat::Half,
+    };
+    let default_compute = if weights == "fp16" { "fp16" } else { "bf16" };
+    let compute_name = i.compute_dtype.as_deref().unwrap_or(default_compute);
+    let compute = match v.choice("inference.compute_dtype", compute_name, &["bf16", "fp16"])? {
+        "fp16" => Dtype::Fp16,
+        _ => Dtype::Bf16,
+    };
+    if matches!(weights, "bf16" | "fp16") && weights != compute_name {
+        return Err(v.err(
+            "inference.compute_dtype",
+            format!("{weights} weights compute in {weights}; set compute_dtype = \"{weights}\" or leave it out"),
+        ));
+    }
+    if compute == Dtype::Bf16 && cluster.gpu.bf16_flops.is_none() {
+        let field = if i.compute_dtype.is_some() { "inference.compute_dtype" } else { "inference.weights" };
+        return Err(
+            v.err(field, format!("{} has no BF16 tensor cores; use compute_dtype = \"fp16\"", cluster.gpu.name))
+        );
+    }
+    let kv_name = i.kv_cache_dtype.as_deref().unwrap_or(compute.name());
+    let kv_dtype = if kv_name == "fp8" {
+        KvDtype::Fp8
+    } else if kv_name == compute.name() {
+        KvDtype::Half
+    } else {
+        return Err(v.err(
+            "inference.kv_cache_dtype",
+            format!(
+                "unknown or mismatched dtype \"{kv_name}\"; allowed: \"{}\" (the compute dtype), \"fp8\"",
+                compute.name()
+            ),
+        ));
+    };
+    let kv_cache =
+        match v.choice("inference.kv_cache", i.kv_cache.as_deref().unwrap_or("static"), &["static", "dynamic"])? {
+            "dynamic" => KvCacheKind::Dynamic,
+            _ => KvCacheKind::Static,
+        };
+    if kv_cache == KvCacheKind::Dynamic && kv_dtype == KvDtype::Fp8 {
+        return Err(v.err(
+            "inference.kv_cache_dtype",
+            "an FP8 KV cache is preallocated (vLLM, TensorRT-LLM): use kv_cache = \"static\"",
+        ));
+    }
+    let cuda_graphs = i.cuda_graphs.unwrap_or(kv_cache == KvCacheKind::Static);
+    if cuda_graphs && kv_cache == KvCacheKind::Dynamic {
+        return Err(v.err("inference.cuda_graphs", "a CUDA graph replays fixed shapes; a dynamic cache grows every step: use kv_cache = \"static\" or cuda_graphs = false"));
+    }
+    Ok(InferenceConfig {
+        batch: batch as u64,
+        prompt_len: prompt_len as u64,
+        gen_len: gen_len as u64,
+        weights: format,
+        compute_dtype: compute,
+        kv_dtype,
+        kv_cache,
+        cuda_graphs,
     })
 }
 

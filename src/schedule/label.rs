@@ -15,6 +15,11 @@ pub enum Phase {
     Backward,
     /// `optimizer.step()` and `zero_grad()`.
     Optimizer,
+    /// Inference: the prompt's forward pass, which fills the KV cache and samples the first
+    /// token.
+    Prefill,
+    /// Inference: one forward pass per generated token after the first, reading the cache.
+    Decode,
 }
 
 impl Phase {
@@ -24,6 +29,8 @@ impl Phase {
             Phase::Forward => "forward",
             Phase::Backward => "backward",
             Phase::Optimizer => "optimizer",
+            Phase::Prefill => "prefill",
+            Phase::Decode => "decode",
         }
     }
 }

@@ -298,14 +298,17 @@ impl SweepSpec {
                     SweepError::field(path, "base", format!("cannot read the base scenario `{}`: {e}", bp.display()))
                 })?;
                 // The base must be a valid scenario on its own: errors name its file and line.
-                Scenario::from_toml(&bp, &text).map_err(|e| SweepError::scenario(&e))?;
+                let base = Scenario::from_toml(&bp, &text).map_err(|e| SweepError::scenario(&e))?;
+                training_only(path, &base)?;
                 let table: toml::Table = toml::from_str(&text).map_err(|e| {
                     SweepError::scenario(&crate::scenario::error::from_toml(&bp, &text, &e))
                 })?;
                 (table, bp)
             }
             Some(toml::Value::Table(t)) => {
-                Scenario::from_value(path, toml::Value::Table(t.clone())).map_err(|e| inline_base_error(path, &e))?;
+                let base =
+                    Scenario::from_value(path, toml::Value::Table(t.clone())).map_err(|e| inline_base_error(path, &e))?;
+                training_only(path, &base)?;
                 (t, path.to_path_buf())
             }
             Some(other) => {
@@ -665,4 +668,17 @@ fn fingerprint(base: &toml::Table, axes: &[Axis], filters: &[Constraint], budget
     }
     feed(&format!("{budget:?}"));
     format!("{h:016x}")
+}
+
+/// Sweeps simulate training steps; an inference base is refused up front rather than swept
+/// through the training path.
+fn training_only(path: &Path, base: &Scenario) -> Result<(), SweepError> {
+    if base.job == crate::scenario::JobKind::Inference {
+        return Err(SweepError::field(
+            path,
+            "base",
+            "is an inference job (job.kind = \"inference\"): sweeps simulate training steps only; `stepsim run` reports an inference job's largest batch and context that fit",
+        ));
+    }
+    Ok(())
 }
