@@ -205,6 +205,11 @@ pub fn simulate_lean(
     dag: &model::LayerDag,
     early: &[u32],
 ) -> Result<report::Report, engine::Deadlock> {
+    if let Some(cfg) = &s.inference {
+        // Its own program (sweeps refuse inference bases; this keeps the API total).
+        let run = infer::run(s, cfg, false, false)?;
+        return Ok(report::inference::build(s, cfg, &run.dag, &run.schedule, &run.trace, &run.traffic));
+    }
     let plan = plan_of(s, dag);
     let capacity = s.allocator_capacity();
     if plan.pipeline() > 1 {
