@@ -146,6 +146,13 @@ fn explain(path: &std::path::Path, out: Option<PathBuf>, margin: f64) -> ExitCod
         );
         return ExitCode::from(2);
     }
+    if s.workload.lora.is_some() {
+        eprintln!(
+            "error: {}: explain does not cover LoRA fine-tuning yet (its counterfactuals assume full training); `stepsim run` reports the OOM point and what was live",
+            path.display()
+        );
+        return ExitCode::from(2);
+    }
     let mut sim = match stepsim::simulate(&s) {
         Ok(sim) => sim,
         Err(e) => {

@@ -39,6 +39,7 @@ fn dag_parameter_counts_match_closed_forms() {
         attention: Attention::Flash,
         logits_fp32: true,
         split: Default::default(),
+        lora: None,
     };
     // 100B GPT of the shipped scenarios: 12h^2 + 13h per layer, tied V h, 2048 positions, final LN.
     let c = gpt(80, 10240, 80, 0.1);
@@ -59,7 +60,10 @@ fn dag_parameter_counts_match_closed_forms() {
         let s = Scenario::load(&p).unwrap();
         // The whole model (a tensor-parallel scenario's DAG is one rank's share).
         let whole = Workload { split: Default::default(), ..s.workload.clone() };
-        assert_eq!(model::build(&s.model, &whole).param_count(), s.model.param_count(), "{}", p.display());
+        let dag = model::build(&s.model, &whole);
+        // A LoRA DAG adds its adapters to the (frozen) model.
+        let base = if dag.lora.is_some() { dag.frozen_params() } else { dag.param_count() };
+        assert_eq!(base, s.model.param_count(), "{}", p.display());
     }
 }
 
@@ -82,12 +86,13 @@ fn activations_per_layer_follow_korthikanti() {
             attention: Attention::Math,
             logits_fp32: true,
             split: Default::default(),
+            lora: None,
         };
         let (main, stats) = block_saved(&cfg, &math);
         assert_eq!(main, 34 * s * b * h + 5 * a * s * s * b, "math attention, s={s} b={b} h={h} a={a}");
         // Two LayerNorms keep FP32 mean and rstd per row.
         assert_eq!(stats, 2 * 8 * s * b);
-        let flash = Workload { attention: Attention::Flash, ..math };
+        let flash = Workload { attention: Attention::Flash, ..math.clone() };
         let (main, stats) = block_saved(&cfg, &flash);
         assert_eq!(main, 34 * s * b * h, "flash attention drops the s^2 term");
         // ... and keeps the FP32 log-sum-exp per head and row.

@@ -149,6 +149,8 @@ impl Case {
 
 fn cases() -> Vec<Case> {
     let b = Doc::base;
+    // The base as a LoRA fine-tune with PEFT's defaults.
+    let lora = || b().set("job", "kind", "\"finetune-lora\"").set("lora", "alpha", "16.0");
     // The base as an inference job: 1 x (16 + 48) tokens.
     let inf = || {
         b().remove_section("training")
@@ -503,11 +505,38 @@ fn cases() -> Vec<Case> {
         // --- inference jobs
         case("unknown job kind", b().set("job", "kind", "\"serve\""), "job.kind", &["\"serve\"", "\"inference\""]),
         case(
-            "finetune-lora not built yet",
+            "finetune-lora without [lora]",
             b().set("job", "kind", "\"finetune-lora\""),
-            "job.kind",
-            &["not simulated yet", "\"inference\""],
+            "lora",
+            &["missing section [lora]"],
         ),
+        case("[lora] on a full training job", b().set("lora", "rank", "8"), "lora", &["finetune-lora"]),
+        case(
+            "LoRA on an unknown module",
+            lora().set("lora", "target_modules", "[\"q_proj\"]"),
+            "lora.target_modules",
+            &["unknown module \"q_proj\" for the gpt family", "\"c_attn\"", "\"all-linear\""],
+        ),
+        case("LoRA rank 0", lora().set("lora", "rank", "0"), "lora.rank", &["positive integer"]),
+        case(
+            "LoRA double_quant on a BF16 base",
+            lora().set("lora", "double_quant", "true"),
+            "lora.double_quant",
+            &["base_weights = \"nf4\""],
+        ),
+        case(
+            "LoRA unknown base",
+            lora().set("lora", "base_weights", "\"int4\""),
+            "lora.base_weights",
+            &["\"bf16\"", "\"nf4\""],
+        ),
+        case(
+            "LoRA with tensor parallelism",
+            lora().set("model", "vocab", "50304").set("hardware", "gpus", "2").set("parallel", "tensor", "2"),
+            "parallel.tensor",
+            &["not simulated yet"],
+        ),
+        case("LoRA dropout 1", lora().set("lora", "dropout", "1.0"), "lora.dropout", &["[0, 1)"]),
         case(
             "inference without [inference]",
             b().remove_section("training").set("job", "kind", "\"inference\""),

@@ -37,6 +37,7 @@ fn saved(cfg: &ModelConfig, s: u64, b: u64, t: u64, sp: bool) -> (u64, u64) {
         attention: Attention::Math,
         logits_fp32: true,
         split: TensorSplit { tensor: t, sequence_parallel: sp },
+        lora: None,
     };
     let dag = model::build(cfg, &w);
     let all = dag.saved_bytes(Region::Block(0), false);
@@ -78,6 +79,7 @@ fn tensor_parallel_ranks_hold_a_tth_of_the_split_weights() {
         attention: Attention::Flash,
         logits_fp32: true,
         split: TensorSplit { tensor: t, sequence_parallel: false },
+        lora: None,
     };
     let one = model::build(&cfg, &w(1));
     let eight = model::build(&cfg, &w(8));

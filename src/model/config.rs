@@ -136,6 +136,8 @@ pub struct Workload {
     pub logits_fp32: bool,
     /// How one rank's share of the graph is cut: Megatron tensor parallelism.
     pub split: TensorSplit,
+    /// LoRA / QLoRA fine-tuning: a frozen base with adapters ([`super::lora::apply`]).
+    pub lora: Option<super::lora::LoraConfig>,
 }
 
 /// Megatron-LM tensor (and sequence) parallelism: the graph of one tensor-parallel rank.

@@ -125,6 +125,10 @@ pub struct Op {
     /// overlaps that collective with its weight-gradient GEMM).
     pub column_parallel: bool,
     pub comm: Option<TpComm>,
+    /// LoRA: elements of the frozen base weights this op holds (no gradient, no optimizer
+    /// state), and their bytes as stored; `params` are then the adapters' (see model::lora).
+    pub frozen_params: u64,
+    pub frozen_bytes: u64,
 }
 
 /// The model as a petgraph DAG of ops (edges carry the tensor flowing between them).
@@ -139,12 +143,15 @@ pub struct LayerDag {
     pub buffer_bytes: u64,
     pub config: ModelConfig,
     pub workload: Workload,
+    /// Set by [`super::lora::apply`]: a frozen base with adapters.
+    pub lora: Option<super::lora::LoraConfig>,
 }
 
 impl LayerDag {
-    /// Parameters counted from the ops (checked against the closed form in tests).
+    /// Parameters counted from the ops (checked against the closed form in tests): the
+    /// trainable ones and, under LoRA, the frozen base.
     pub fn param_count(&self) -> u64 {
-        self.ops.iter().map(|o| o.params).sum()
+        self.ops.iter().map(|o| o.params + o.frozen_params).sum()
     }
     pub fn region_params(&self, r: Region) -> u64 {
         self.ops.iter().filter(|o| o.region == r).map(|o| o.params).sum()
@@ -240,6 +247,8 @@ impl Builder {
             tp_sharded: false,
             column_parallel: false,
             comm: None,
+            frozen_params: 0,
+            frozen_bytes: 0,
         });
         self.ops.len() - 1
     }
@@ -592,7 +601,7 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
             }
         }
     }
-    LayerDag {
+    let mut dag = LayerDag {
         ops: bd.ops,
         tensors: bd.tensors,
         graph,
@@ -600,7 +609,12 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         buffer_bytes,
         config: cfg.clone(),
         workload: w.clone(),
+        lora: None,
+    };
+    if let Some(l) = &w.lora {
+        super::lora::apply(&mut dag, l, c);
     }
+    dag
 }
 
 /// A LayerNorm (GPT: weight + bias, FP32 mean and rstd per row) or RMSNorm (Llama: weight,

@@ -4,8 +4,10 @@
 
 pub mod config;
 pub mod dag;
+pub mod lora;
 pub mod quant;
 
 pub use config::{Attention, Dtype, Family, ModelConfig, TensorSplit, Workload};
 pub use dag::{build, LayerDag, Op, OpId, OpKind, Region, Tensor, TensorId, TensorKind, TpComm};
+pub use lora::LoraConfig;
 pub use quant::{kv_bytes_per_token, KvDtype, WeightFormat};

@@ -138,6 +138,7 @@ mod tests {
             attention: Attention::Flash,
             logits_fp32: false,
             split: Default::default(),
+            lora: None,
         };
         let dag = crate::model::build(&cfg, &w);
         let bytes: u64 = dag

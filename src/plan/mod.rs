@@ -265,6 +265,9 @@ pub struct Unit {
     /// Elements this rank holds when sharded (padded so every rank holds the same size,
     /// as FSDP's flat parameters are).
     pub shard_params: u64,
+    /// LoRA: bytes of the frozen base weights as stored (BF16 or NF4), whole and per shard.
+    pub frozen_bytes: u64,
+    pub frozen_shard_bytes: u64,
 }
 
 /// A contiguous run of the model on one pipeline stage: a model chunk (virtual stage).
@@ -361,12 +364,14 @@ impl Plan {
         let root = [Region::Embed, Region::Head];
         // One pass over the ops: parameters per unit (root first, then one per block).
         let mut per_unit = vec![0u64; dag.config.n_layers as usize + 1];
+        let mut frozen = vec![0u64; dag.config.n_layers as usize + 1];
         for op in &dag.ops {
             let u = match op.region {
                 Region::Embed | Region::Head => 0,
                 Region::Block(l) => l as usize + 1,
             };
             per_unit[u] += op.params;
+            frozen[u] += op.frozen_bytes;
         }
         let rp = per_unit[0];
         units.push(Unit {
@@ -374,14 +379,19 @@ impl Plan {
             regions: root.to_vec(),
             params: rp,
             shard_params: rp.div_ceil(shard_group),
+            frozen_bytes: frozen[0],
+            frozen_shard_bytes: frozen[0].div_ceil(shard_group),
         });
         for l in 0..dag.config.n_layers {
             let p = per_unit[l as usize + 1];
+            let f = frozen[l as usize + 1];
             units.push(Unit {
                 name: format!("layers.{l}"),
                 regions: vec![Region::Block(l)],
                 params: p,
                 shard_params: p.div_ceil(shard_group),
+                frozen_bytes: f,
+                frozen_shard_bytes: f.div_ceil(shard_group),
             });
         }
         let n_layers = dag.config.n_layers;
@@ -458,6 +468,9 @@ impl Plan {
             regions: [Region::Embed, Region::Head].into_iter().filter(|r| chunks.iter().any(|c| c.holds(*r))).collect(),
             params: root,
             shard_params: root.div_ceil(self.shard_group),
+            // Pipelining is not combined with LoRA (validation refuses it).
+            frozen_bytes: 0,
+            frozen_shard_bytes: 0,
         }];
         let mut block_unit = vec![usize::MAX; dag.config.n_layers as usize];
         for c in &chunks {
@@ -479,6 +492,11 @@ impl Plan {
         }
     }
 
+    /// LoRA: bytes of frozen base weights this rank holds (sharded with the parameters).
+    pub fn frozen_local(&self) -> u64 {
+        self.units.iter().map(|u| if self.params_sharded { u.frozen_shard_bytes } else { u.frozen_bytes }).sum()
+    }
+
     pub fn total_params(&self) -> u64 {
         self.units.iter().map(|u| u.params).sum()
     }
@@ -494,7 +512,7 @@ impl Plan {
         let pr = &self.training.precision;
         let opt_el = self.local_total(self.optimizer_sharded);
         ModelState {
-            parameters: self.local_total(self.params_sharded) * pr.param.bytes(),
+            parameters: self.local_total(self.params_sharded) * pr.param.bytes() + self.frozen_local(),
             master_weights: pr.master.map_or(0, |m| opt_el * m.bytes()),
             gradients: self.local_total(self.grads_sharded) * pr.grad.bytes(),
             optimizer_state: opt_el * self.training.states_per_param() * pr.optimizer_state.bytes(),

@@ -168,6 +168,7 @@ pub fn build(
         model: super::to_json(&s.model),
         param_count: params,
         param_count_human: human_count(params),
+        trainable_params: 0,
         hardware: super::to_json(&s.cluster),
         capacity: Bytes::new(cap),
         parallel: super::to_json(&s.parallel.model_parallel),

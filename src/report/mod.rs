@@ -224,6 +224,8 @@ pub struct Report {
     pub model: serde_json::Value,
     pub param_count: u64,
     pub param_count_human: String,
+    /// Parameters that get gradients (all of them, but for LoRA's adapters).
+    pub trainable_params: u64,
     pub hardware: serde_json::Value,
     pub capacity: Bytes,
     pub parallel: serde_json::Value,
@@ -294,7 +296,15 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
             + pr.master.map_or(0, |m| m.bytes())
             + plan.training.states_per_param() * pr.optimizer_state.bytes()
     };
-    let naive = params * per_param / plan.gpus.max(1);
+    // LoRA: the full per-parameter policy applies to the adapters only; the frozen base
+    // counts as stored.
+    let naive = match &dag.lora {
+        Some(_) => {
+            (dag.ops.iter().map(|o| o.frozen_bytes).sum::<u64>() + dag.trainable_params() * per_param)
+                / plan.gpus.max(1)
+        }
+        None => params * per_param / plan.gpus.max(1),
+    };
     let msr = ModelStateReport {
         parameters: Bytes::new(ms.parameters),
         master_weights: Bytes::new(ms.master_weights),
@@ -404,6 +414,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
         model: to_json(&s.model),
         param_count: params,
         param_count_human: human_count(params),
+        trainable_params: if dag.lora.is_some() { dag.trainable_params() } else { params },
         hardware: to_json(&s.cluster),
         capacity: Bytes::new(cap),
         parallel: to_json(&s.parallel),
@@ -539,7 +550,11 @@ pub fn throughput_of(
                     crate::net::ALPHA_INTRA_S * 1e6,
                     crate::net::ALPHA_INTER_S * 1e6
                 ),
-                "MFU counts model FLOPs = 3 x forward FLOPs of the DAG (2 per multiply-add, attention included), per Narayanan et al. 2021; HFU adds recomputation".into(),
+                if s.workload.lora.is_some() {
+                    "MFU counts the FLOPs a LoRA step needs: forward (base + adapters) plus backward without the frozen weights' gradient GEMMs (input gradients and the adapters' own); HFU adds recomputation".into()
+                } else {
+                    "MFU counts model FLOPs = 3 x forward FLOPs of the DAG (2 per multiply-add, attention included), per Narayanan et al. 2021; HFU adds recomputation".into()
+                },
             ],
         }
 }

@@ -123,6 +123,27 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         "Training   micro-batch {} x seq {} x grad_accum {}, {:?} ({:?}), precision {}, checkpointing {:?}, {:?} attention",
         t.micro_batch, t.seq_len, t.grad_accum, t.optimizer, t.optimizer_impl, t.precision.preset, t.checkpointing, s.workload.attention
     );
+    if let Some(l) = &s.workload.lora {
+        let frozen: u64 = r.param_count.saturating_sub(r.trainable_params);
+        let _ = writeln!(
+            o,
+            "LoRA       rank {} (alpha {}) on {}, lora_dropout {}; trainable {} of {} parameters ({:.3}%); frozen base {} ({} params){}",
+            l.rank,
+            l.alpha,
+            l.targets.join(", "),
+            l.dropout,
+            sep(r.trainable_params),
+            sep(r.param_count),
+            100.0 * r.trainable_params as f64 / r.param_count.max(1) as f64,
+            match l.base {
+                crate::model::WeightFormat::Nf4 { double_quant: true } => "nf4 + double quant (QLoRA)",
+                crate::model::WeightFormat::Nf4 { .. } => "nf4 (QLoRA)",
+                _ => "bf16",
+            },
+            crate::report::human_count(frozen),
+            if matches!(l.base, crate::model::WeightFormat::Nf4 { .. }) { ", other frozen weights fp32 (prepare_model_for_kbit_training)" } else { "" }
+        );
+    }
     let ms = &r.model_state_per_gpu;
     let _ = writeln!(o, "\nModel state per GPU at rest (steady state, after backward)");
     for (name, b) in [

@@ -40,6 +40,8 @@ pub struct ScenarioFile {
     pub training: Option<TrainingSection>,
     /// Required for `job.kind = "inference"`.
     pub inference: Option<InferenceSection>,
+    /// `job.kind = "finetune-lora"`: the adapters (PEFT `LoraConfig`) and the frozen base.
+    pub lora: Option<LoraSection>,
     #[serde(default)]
     pub allocator: AllocatorSection,
     /// Per-rank compute jitter and stragglers (off when absent).
@@ -80,11 +82,30 @@ pub struct InferenceSection {
     pub cuda_graphs: Option<bool>,
 }
 
+/// `[lora]`: PEFT's `LoraConfig`, and how the frozen base is stored (QLoRA: NF4).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoraSection {
+    /// `r` (default 8, PEFT's).
+    pub rank: Option<i64>,
+    /// `lora_alpha` (default 8): scales the update; no effect on memory or time.
+    pub alpha: Option<f64>,
+    /// `target_modules` by their Hugging Face names, or ["all-linear"].
+    pub target_modules: Option<Vec<String>>,
+    /// `lora_dropout` (default 0).
+    pub dropout: Option<f64>,
+    /// Frozen base linears: "bf16" (LoRA, default) | "nf4" (QLoRA, bitsandbytes).
+    pub base_weights: Option<String>,
+    /// nf4: `bnb_4bit_use_double_quant` (default false).
+    pub double_quant: Option<bool>,
+}
+
 /// What a scenario simulates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum JobKind {
     Train,
+    FinetuneLora,
     Inference,
 }
 
@@ -536,7 +557,8 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         "fused" => OptimizerImpl::Fused,
         _ => OptimizerImpl::ForLoop,
     };
-    let preset = t.precision.as_deref().unwrap_or("bf16-mixed-adam");
+    let lora_job = job == JobKind::FinetuneLora;
+    let preset = t.precision.as_deref().unwrap_or(if lora_job { "fsdp-bf16-mixed" } else { "bf16-mixed-adam" });
     let mut precision = Precision::preset(preset).ok_or_else(|| {
         v.err(
             "training.precision",
@@ -631,7 +653,18 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
             tensor: parallel.model_parallel.tensor,
             sequence_parallel: parallel.model_parallel.sequence_parallel,
         },
+        lora: None,
     };
+    let mut workload = workload;
+    if let Some(l) = &f.lora {
+        if t.precision.is_none() {
+            // PEFT upcasts the adapters to FP32 (autocast_adapter_dtype=True) and the step
+            // runs under BF16 autocast: FP32 adapters, gradients and Adam moments.
+            precision.preset = "peft-lora (fp32 adapters, bf16 autocast)".into();
+        }
+        workload.lora = Some(validate_lora(&v, l, &model, &parallel)?);
+    }
+    let training = TrainingConfig { precision: precision.clone(), ..training };
     let allocator = validate_allocator(&v, &f.allocator, &cluster)?;
     let jitter = match &f.jitter {
         None => None,
@@ -719,20 +752,81 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
     })
 }
 
+fn validate_lora(
+    v: &V,
+    l: &LoraSection,
+    model: &ModelConfig,
+    parallel: &ParallelConfig,
+) -> Result<crate::model::LoraConfig, ScenarioError> {
+    use crate::model::lora::{default_targets, module_names};
+    use crate::model::WeightFormat;
+    let mp = &parallel.model_parallel;
+    if mp.pipeline > 1 || mp.tensor > 1 {
+        let field = if mp.pipeline > 1 { "parallel.pipeline" } else { "parallel.tensor" };
+        return Err(v.err(field, "LoRA with Megatron tensor / pipeline parallelism is not simulated yet; use data parallelism (DDP or FSDP sharding)"));
+    }
+    let rank = v.positive("lora.rank", l.rank.unwrap_or(8))?;
+    if rank > model.hidden {
+        return Err(v.err("lora.rank", format!("{rank} is more than model.hidden ({}): not a low rank", model.hidden)));
+    }
+    let alpha = l.alpha.unwrap_or(8.0);
+    if !(alpha > 0.0 && alpha.is_finite()) {
+        return Err(v.err("lora.alpha", format!("must be a positive number, got {alpha}")));
+    }
+    let dropout = l.dropout.unwrap_or(0.0);
+    if !(0.0..1.0).contains(&dropout) {
+        return Err(v.err("lora.dropout", format!("must be in [0, 1), got {dropout}")));
+    }
+    let names = module_names(model.family);
+    let targets = l.target_modules.clone().unwrap_or_else(|| default_targets(model.family));
+    if targets.is_empty() {
+        return Err(v.err("lora.target_modules", "must name at least one module"));
+    }
+    for t in &targets {
+        if t != "all-linear" && !names.iter().any(|(n, _)| n == t) {
+            let allowed: Vec<String> =
+                names.iter().map(|(n, _)| format!("\"{n}\"")).chain(["\"all-linear\"".to_string()]).collect();
+            return Err(v.err(
+                "lora.target_modules",
+                format!(
+                    "unknown module \"{t}\" for the {} family; allowed: {}",
+                    format!("{:?}", model.family).to_lowercase(),
+                    allowed.join(", ")
+                ),
+            ));
+        }
+    }
+    let base = match v.choice("lora.base_weights", l.base_weights.as_deref().unwrap_or("bf16"), &["bf16", "nf4"])? {
+        "nf4" => WeightFormat::Nf4 { double_quant: l.double_quant.unwrap_or(false) },
+        _ => {
+            if l.double_quant.is_some() {
+                return Err(v.err("lora.double_quant", "only applies to base_weights = \"nf4\" (QLoRA)"));
+            }
+            WeightFormat::Half
+        }
+    };
+    Ok(crate::model::LoraConfig { rank, alpha, targets, dropout, base })
+}
+
 /// `[job] kind`, and the sections it requires and rules out.
 fn job_kind(v: &V, f: &ScenarioFile) -> Result<JobKind, ScenarioError> {
     let kind = f.job.as_ref().and_then(|j| j.kind.as_deref()).unwrap_or("train");
     let job = match v.choice("job.kind", kind, &["train", "inference", "finetune-lora"])? {
         "train" => JobKind::Train,
         "inference" => JobKind::Inference,
-        _ => {
-            return Err(v.err(
-                "job.kind",
-                "\"finetune-lora\" is not simulated yet (LoRA / QLoRA fine-tuning is planned); allowed today: \"train\", \"inference\"",
-            ))
-        }
+        _ => JobKind::FinetuneLora,
     };
-    match (job, f.training.is_some(), f.inference.is_some()) {
+    match (job, f.lora.is_some()) {
+        (JobKind::FinetuneLora, false) => {
+            return Err(v.err("lora", "missing section [lora] (job.kind = \"finetune-lora\" needs the adapters' rank and target_modules, or their defaults: write [lora] with no keys)"))
+        }
+        (JobKind::Train | JobKind::Inference, true) => {
+            return Err(v.err("lora", "[lora] applies to LoRA fine-tuning: add [job] kind = \"finetune-lora\" or remove it"))
+        }
+        _ => {}
+    }
+    let job_train = if job == JobKind::FinetuneLora { JobKind::Train } else { job };
+    match (job_train, f.training.is_some(), f.inference.is_some()) {
         (JobKind::Train, _, true) => Err(v.err(
             "inference",
             "[inference] applies to inference jobs: add [job] kind = \"inference\" (and drop [training]) or remove it",
@@ -740,6 +834,7 @@ fn job_kind(v: &V, f: &ScenarioFile) -> Result<JobKind, ScenarioError> {
         (JobKind::Train, false, false) => {
             Err(v.err("training", "missing section [training] (a training job needs micro_batch and seq_len)"))
         }
+        (JobKind::FinetuneLora, _, _) => Ok(job),
         (JobKind::Inference, true, _) => Err(v.err(
             "training",
             "[training] does not apply to job.kind = \"inference\": the batch and lengths go in [inference]",

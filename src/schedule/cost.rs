@@ -137,7 +137,7 @@ impl Cost {
     }
 
     fn weight_bytes(&self, op: &Op) -> f64 {
-        ((op.params + op.shared_params) * self.compute_bytes) as f64
+        ((op.params + op.shared_params) * self.compute_bytes + op.frozen_bytes) as f64
     }
 
     pub fn forward_s(&self, op: &Op) -> f64 {

@@ -160,7 +160,12 @@ fn build_with(dag: &LayerDag, plan: &Plan, cluster: &Cluster, names: bool, steps
         b.step(step);
     }
     let tp = plan.parallel.model_parallel.tensor as f64;
-    let model_flops = 3.0 * dag.model_forward_flops() / tp * plan.training.grad_accum as f64;
+    let per_mb = match dag.lora {
+        // LoRA: what a frozen base really costs (no weight-gradient GEMMs), not 3 x forward.
+        Some(_) => dag.ops.iter().map(|o| o.fwd_flops + o.bwd_flops).sum::<f64>(),
+        None => 3.0 * dag.model_forward_flops() / tp,
+    };
+    let model_flops = per_mb * plan.training.grad_accum as f64;
     let hw = b.hw_flops / steps.max(1) as f64;
     Schedule { program: b.prog, labels: b.labels, model_flops_per_step: model_flops, hardware_flops_per_step: hw }
 }
@@ -361,8 +366,14 @@ impl<'a> Builder<'a> {
         for u in 0..plan.units.len() {
             let el = plan.local(u, plan.params_sharded);
             let name = text!(self.names, "{} parameters ({})", plan.units[u].name, self.pr().param.name());
-            let b = self.buffer(el * pbytes, Category::Parameters, name.clone());
-            self.task(COMPUTE, 0.0, vec![], vec![b], lbl(text!(self.names, "load {}", plan.units[u].name), Some(u)));
+            let mut alloc = vec![self.buffer(el * pbytes, Category::Parameters, name.clone())];
+            let un = &plan.units[u];
+            let frozen = if plan.params_sharded { un.frozen_shard_bytes } else { un.frozen_bytes };
+            if frozen > 0 {
+                let what = text!(self.names, "{} frozen base weights", un.name);
+                alloc.push(self.buffer(frozen, Category::Parameters, what));
+            }
+            self.task(COMPUTE, 0.0, vec![], alloc, lbl(text!(self.names, "load {}", plan.units[u].name), Some(u)));
         }
         if let Some(m) = self.pr().master {
             for u in 0..plan.units.len() {
@@ -445,6 +456,7 @@ impl<'a> Builder<'a> {
     fn unit_gathered_bytes(&self, u: usize) -> u64 {
         let un = &self.plan.units[u];
         un.shard_params * self.plan.shard_group * self.pr().compute.bytes()
+            + un.frozen_shard_bytes * self.plan.shard_group
     }
 
     fn gather(&mut self, step: u32, mb: u32, phase: Phase, u: usize, deps: Vec<u32>) -> (u32, u32) {

@@ -1,0 +1,156 @@
+//! LoRA / QLoRA (`[job] kind = "finetune-lora"`): the layer DAG of a frozen base with
+//! trainable low-rank adapters, as PEFT builds it (sources: docs/research/issue8-sources.md).
+//!
+//! After [`apply`], an op's `params` are its *trainable* elements (the adapters' A: r x in
+//! and B: out x r on each targeted linear, nothing elsewhere), so gradients, optimizer state,
+//! reduce-scatters and DDP buckets are sized from the adapters alone; the frozen base weights
+//! move to `frozen_params` / `frozen_bytes` (stored in the base format: BF16, or NF4 blocks
+//! for QLoRA with the other parameters upcast to FP32 by `prepare_model_for_kbit_training`).
+//!
+//! What autograd does with a frozen base:
+//! - a frozen linear computes only its input gradient in backward (no weight-gradient GEMM:
+//!   half its training backward) and does not keep its input for backward, unless an
+//!   adapter on it does (lora_A saves its input);
+//! - a targeted linear adds lora_A (saves x, or with `lora_dropout` > 0 its own dropout copy
+//!   of x and the mask) and lora_B (saves x A, tokens x r);
+//! - NF4: bitsandbytes dequantizes the whole weight to the compute dtype for every call with
+//!   more than one row, forward and backward: a transient out x in x 2 B, written and read.
+
+use serde::Serialize;
+
+use super::config::Family;
+use super::dag::{LayerDag, OpKind, Region, Tensor, TensorKind};
+use super::quant::WeightFormat;
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LoraConfig {
+    /// `r`.
+    pub rank: u64,
+    /// `lora_alpha`: scales the update, changes no byte or FLOP (reported only).
+    pub alpha: f64,
+    /// PEFT `target_modules`, as Hugging Face names them ("q_proj", "c_attn", "all-linear").
+    pub targets: Vec<String>,
+    /// `lora_dropout` (PEFT default 0: an identity, nothing extra saved).
+    pub dropout: f64,
+    /// Storage of the frozen block linears: `Half` (LoRA) or `Nf4` (QLoRA).
+    pub base: WeightFormat,
+}
+
+/// PEFT's default `target_modules` per model type (`TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING`).
+pub fn default_targets(family: Family) -> Vec<String> {
+    match family {
+        Family::Llama => vec!["q_proj".into(), "v_proj".into()],
+        Family::Gpt => vec!["c_attn".into()],
+    }
+}
+
+/// The Hugging Face module names a family has, and the DAG op names (suffixes) they are.
+pub fn module_names(family: Family) -> &'static [(&'static str, &'static [&'static str])] {
+    match family {
+        Family::Llama => &[
+            ("q_proj", &["attention.wq"]),
+            ("k_proj", &["attention.wk"]),
+            ("v_proj", &["attention.wv"]),
+            ("o_proj", &["attention.wo"]),
+            ("gate_proj", &["feed_forward.w1"]),
+            ("up_proj", &["feed_forward.w3"]),
+            ("down_proj", &["feed_forward.w2"]),
+        ],
+        // GPT-2's attn.c_proj and mlp.c_proj share a name, so PEFT's "c_proj" matches both.
+        Family::Gpt => {
+            &[("c_attn", &["attn.c_attn"]), ("c_proj", &["attention.wo", "mlp.c_proj"]), ("c_fc", &["mlp.c_fc"])]
+        }
+    }
+}
+
+impl LoraConfig {
+    fn targets_op(&self, family: Family, name: &str) -> bool {
+        if self.targets.iter().any(|t| t == "all-linear") {
+            return true;
+        }
+        module_names(family)
+            .iter()
+            .filter(|(hf, _)| self.targets.iter().any(|t| t == hf))
+            .any(|(_, ops)| ops.iter().any(|o| name.ends_with(o)))
+    }
+}
+
+/// Turns a training DAG into its LoRA fine-tuning DAG; `c` is the compute dtype's bytes.
+pub fn apply(dag: &mut LayerDag, cfg: &LoraConfig, c: u64) {
+    let family = dag.config.family;
+    let qlora = matches!(cfg.base, WeightFormat::Nf4 { .. });
+    // prepare_model_for_kbit_training: what is not 4-bit is held in FP32.
+    let other_bytes = if qlora { 4 } else { 2 };
+    let r = cfg.rank;
+    let mut new_tensors: Vec<Tensor> = Vec::new();
+    let first_new = dag.tensors.len();
+    for (i, op) in dag.ops.iter_mut().enumerate() {
+        // The tied head reads the (frozen) embedding: no gradient to route there any more.
+        if op.shared_params > 0 {
+            op.fwd_bytes += (op.shared_params * c) as f64;
+            op.shared_params = 0;
+        }
+        let base = op.params;
+        let block_linear = op.kind == OpKind::Linear && matches!(op.region, Region::Block(_));
+        op.frozen_params = base;
+        op.frozen_bytes = match (block_linear, op.gemm) {
+            (true, Some([_, n, k])) if base > 0 => {
+                cfg.base.linear_bytes(k, n) + base.saturating_sub(n * k) * if qlora { 4 } else { c }
+            }
+            _ => base * other_bytes,
+        };
+        op.params = 0;
+        match op.kind {
+            OpKind::Embedding => {
+                op.bwd_flops = 0.0;
+                op.saves.clear();
+            }
+            OpKind::Linear => {
+                let Some([t, n, k]) = op.gemm else { continue };
+                if qlora && block_linear {
+                    op.fwd_scratch += n * k * c;
+                    op.fwd_bytes += (2 * n * k * c) as f64;
+                }
+                // Only the input gradient of the frozen weight.
+                op.bwd_flops = op.fwd_flops;
+                if block_linear && cfg.targets_op(family, &op.name) {
+                    let adapter = r * (k + n);
+                    op.params = adapter;
+                    let f = 2.0 * (t * adapter) as f64;
+                    op.fwd_flops += f;
+                    op.bwd_flops += 2.0 * f;
+                    let mut add = |name: String, bytes: u64, kind: TensorKind| {
+                        new_tensors.push(Tensor { name, bytes, kind, producer: Some(i) });
+                        first_new + new_tensors.len() - 1
+                    };
+                    let xa = add(format!("{}.lora_A.out", op.name), t * r * c, TensorKind::Activation);
+                    op.outputs.push(xa);
+                    op.saves.push(xa);
+                    if cfg.dropout > 0.0 {
+                        let d = add(format!("{}.lora_dropout.out", op.name), t * k * c, TensorKind::Activation);
+                        let m = add(format!("{}.lora_dropout.mask", op.name), t * k, TensorKind::Mask);
+                        op.outputs.extend([d, m]);
+                        op.saves.extend([d, m]);
+                    }
+                } else {
+                    // A frozen linear keeps nothing for backward.
+                    let x = op.inputs.first().copied();
+                    op.saves.retain(|s| Some(*s) != x);
+                }
+            }
+            _ => {}
+        }
+    }
+    dag.tensors.extend(new_tensors);
+    dag.lora = Some(cfg.clone());
+}
+
+impl LayerDag {
+    /// Trainable elements (all parameters, unless LoRA froze the base).
+    pub fn trainable_params(&self) -> u64 {
+        self.ops.iter().map(|o| o.params).sum()
+    }
+    pub fn frozen_params(&self) -> u64 {
+        self.ops.iter().map(|o| o.frozen_params).sum()
+    }
+}
