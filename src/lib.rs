@@ -76,7 +76,43 @@ pub fn simulate(s: &scenario::Scenario) -> Result<Simulation, engine::Deadlock> 
     if s.training.checkpointing != plan::Checkpointing::None {
         sim.report.checkpointing_cost = checkpointing_cost(s, &sim.report)?;
     }
+    if let Some(off) = &s.parallel.offload {
+        sim.report.offload = Some(offload_report(s, off, &sim)?);
+    }
     Ok(sim)
+}
+
+/// ZeRO-Offload's figures: the host side from the plan, the time side against the same
+/// scenario without offload simulated with unbounded memory.
+fn offload_report(
+    s: &scenario::Scenario,
+    off: &plan::OffloadConfig,
+    sim: &Simulation,
+) -> Result<report::OffloadReport, engine::Deadlock> {
+    let p = &sim.plan;
+    let host = p.host_bytes();
+    let per_node = host * u64::from(s.cluster.gpus_per_node);
+    let el = p.local_total(p.optimizer_sharded);
+    let mut alt = s.clone();
+    alt.parallel.offload = None;
+    let without = plan_of(&alt, &sim.dag).model_state().total();
+    let r = run_with_capacity(&alt, u64::MAX / 4)?.report;
+    let pb = s.training.precision.param.bytes();
+    Ok(report::OffloadReport {
+        host_bytes_per_gpu: report::Bytes::new(host),
+        host_bytes_per_node: report::Bytes::new(per_node),
+        host_capacity: report::Bytes::new(off.cpu_memory_bytes),
+        host_fits: per_node <= off.cpu_memory_bytes,
+        d2h_bytes_per_step: report::Bytes::new(p.local_total(true) * 4 * s.training.grad_accum),
+        h2d_bytes_per_step: report::Bytes::new(el * pb),
+        d2h_gb_per_s: off.d2h_bytes_per_s / 1e9,
+        h2d_gb_per_s: off.h2d_bytes_per_s / 1e9,
+        cpu_adam_s: el as f64 / off.cpu_adam_params_per_s,
+        cpu_adam_params_per_s: off.cpu_adam_params_per_s,
+        gpu_memory_saved: report::Bytes::new(without.saturating_sub(p.model_state().total())),
+        step_time_without_s: r.throughput.map(|t| t.step_time_s),
+        step_time_with_s: sim.report.throughput.as_ref().map(|t| t.step_time_s),
+    })
 }
 
 /// An inference job: its program through the engine and allocator, its report, and the

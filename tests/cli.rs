@@ -31,6 +31,7 @@ const EXPECTED: &[(&str, Expect)] = &[
     ("100b-4gpu-tp4-inference", Expect::Fits),
     ("100b-8gpu-ddp", Expect::Oom { step: 0, phase: "init" }),
     ("100b-8gpu-fsdp", Expect::Oom { step: 1, phase: "forward" }),
+    ("100b-8gpu-zero3-offload", Expect::Fits),
     ("100b-32gpu-fsdp", Expect::Oom { step: 1, phase: "backward" }),
     ("100b-32gpu-fsdp-ac", Expect::Fits),
     ("empty-cache-oom", Expect::Oom { step: 2, phase: "forward" }),

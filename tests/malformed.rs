@@ -502,6 +502,39 @@ fn cases() -> Vec<Case> {
             "training",
             &["missing section [training]", "micro_batch and seq_len"],
         ),
+        // --- optimizer offload
+        case(
+            "offload with FSDP",
+            b().set("parallel", "sharding", "\"zero3\"").set("offload", "optimizer", "\"cpu\""),
+            "offload.optimizer",
+            &["framework = \"deepspeed\""],
+        ),
+        case(
+            "offload with ZeRO-1",
+            b().set("parallel", "framework", "\"deepspeed\"").set("parallel", "sharding", "\"zero1\"").set(
+                "offload",
+                "optimizer",
+                "\"cpu\"",
+            ),
+            "offload.optimizer",
+            &["stage 2 or 3"],
+        ),
+        case(
+            "offload to a GPU",
+            b().set("offload", "optimizer", "\"gpu\""),
+            "offload.optimizer",
+            &["\"cpu\"", "\"none\""],
+        ),
+        case(
+            "offload with zero PCIe bandwidth",
+            b().set("parallel", "framework", "\"deepspeed\"").set("parallel", "sharding", "\"zero2\"").set(
+                "offload",
+                "h2d_gb_per_s",
+                "0.0",
+            ),
+            "offload.h2d_gb_per_s",
+            &["positive number"],
+        ),
         // --- inference jobs
         case("unknown job kind", b().set("job", "kind", "\"serve\""), "job.kind", &["\"serve\"", "\"inference\""]),
         case(

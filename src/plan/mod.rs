@@ -80,6 +80,30 @@ pub struct ParallelConfig {
     pub bucket_bytes: u64,
     /// Model parallelism (Megatron-LM): tensor, sequence and pipeline parallel degrees.
     pub model_parallel: ModelParallel,
+    /// DeepSpeed ZeRO-Offload (`offload_optimizer.device = "cpu"`).
+    pub offload: Option<OffloadConfig>,
+}
+
+/// DeepSpeed ZeRO-Offload of the optimizer: the FP32 master partition, the Adam moments and
+/// the FP32 gradient partition live in (pinned) CPU memory; each reduced gradient partition
+/// is copied to the host during backward, `DeepSpeedCPUAdam` steps on the CPU, and the
+/// updated 16-bit parameters are copied back (docs/research/issue8-sources.md, section on
+/// DeepSpeed `stage_1_and_2.py`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OffloadConfig {
+    /// Host memory of one node, bytes.
+    pub cpu_memory_bytes: u64,
+    /// Pinned host-to-device and device-to-host copy bandwidth per GPU, bytes/s.
+    pub h2d_bytes_per_s: f64,
+    pub d2h_bytes_per_s: f64,
+    /// Parameters `DeepSpeedCPUAdam` updates per second for one GPU's partition.
+    pub cpu_adam_params_per_s: f64,
+}
+
+impl OffloadConfig {
+    /// Bytes per parameter of this rank's partition held on the host: FP32 master (4), two
+    /// FP32 Adam moments (8) and the FP32 gradient partition (4).
+    pub const HOST_BYTES_PER_PARAM: u64 = 16;
 }
 
 /// Pipeline schedule, as Megatron-LM and `torch.distributed.pipelining` name them.
@@ -492,6 +516,15 @@ impl Plan {
         }
     }
 
+    /// ZeRO-Offload: host bytes of this rank's optimizer partition (master, moments, FP32
+    /// gradients); 0 without offload.
+    pub fn host_bytes(&self) -> u64 {
+        match self.parallel.offload {
+            Some(_) => self.local_total(self.optimizer_sharded) * OffloadConfig::HOST_BYTES_PER_PARAM,
+            None => 0,
+        }
+    }
+
     /// LoRA: bytes of frozen base weights this rank holds (sharded with the parameters).
     pub fn frozen_local(&self) -> u64 {
         self.units.iter().map(|u| if self.params_sharded { u.frozen_shard_bytes } else { u.frozen_bytes }).sum()
@@ -511,6 +544,15 @@ impl Plan {
     pub fn model_state(&self) -> ModelState {
         let pr = &self.training.precision;
         let opt_el = self.local_total(self.optimizer_sharded);
+        if self.parallel.offload.is_some() {
+            // Master, moments and the gradient partition are on the host.
+            return ModelState {
+                parameters: self.local_total(self.params_sharded) * pr.param.bytes() + self.frozen_local(),
+                master_weights: 0,
+                gradients: 0,
+                optimizer_state: 0,
+            };
+        }
         ModelState {
             parameters: self.local_total(self.params_sharded) * pr.param.bytes() + self.frozen_local(),
             master_weights: pr.master.map_or(0, |m| opt_el * m.bytes()),

@@ -189,6 +189,7 @@ pub fn build(
         explanation: None,
         assumptions,
         allocator: super::allocator::build(s, sched, trace),
+        offload: None,
         inference: Some(inference),
     }
 }

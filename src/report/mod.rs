@@ -244,6 +244,9 @@ pub struct Report {
     pub assumptions: Vec<String>,
     /// The allocator: max_memory_allocated / reserved, retries, fragmentation, the OOM's cause.
     pub allocator: allocator::AllocatorReport,
+    /// ZeRO-Offload: host memory, PCIe traffic, the CPU step, GPU memory saved, time paid.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offload: Option<OffloadReport>,
     /// An inference job's figures (TTFT, TPOT, KV cache, the largest batch that fits).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub inference: Option<inference::InferenceReport>,
@@ -435,8 +438,32 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
         explanation: None,
         assumptions,
         allocator: allocator::build(s, sched, trace),
+        offload: None,
         inference: None,
     }
+}
+
+/// What optimizer offload moves where, and what it buys and costs.
+#[derive(Debug, Clone, Serialize)]
+pub struct OffloadReport {
+    /// This GPU's partition on the host: FP32 master + Adam moments + FP32 gradients.
+    pub host_bytes_per_gpu: Bytes,
+    /// Those of every GPU of a node, against the node's memory.
+    pub host_bytes_per_node: Bytes,
+    pub host_capacity: Bytes,
+    pub host_fits: bool,
+    /// Gradient partitions to the host (FP32, every micro-batch), parameters back (16-bit).
+    pub d2h_bytes_per_step: Bytes,
+    pub h2d_bytes_per_step: Bytes,
+    pub d2h_gb_per_s: f64,
+    pub h2d_gb_per_s: f64,
+    pub cpu_adam_s: f64,
+    pub cpu_adam_params_per_s: f64,
+    /// Model state per GPU without offload less with it.
+    pub gpu_memory_saved: Bytes,
+    /// Steady-state step time without offload (memory unbounded) and with it.
+    pub step_time_without_s: Option<f64>,
+    pub step_time_with_s: Option<f64>,
 }
 
 /// The memory side of a report, whatever the job: the verdict against `cap` (with what was

@@ -176,9 +176,41 @@ pub fn render(r: &Report, s: &Scenario) -> String {
     }
 
     common(r, &mut o);
+    if let Some(off) = &r.offload {
+        offload(off, &mut o);
+    }
     time(r, s, &mut o);
     assumptions(r, &mut o);
     o
+}
+
+fn offload(x: &super::OffloadReport, o: &mut String) {
+    let _ = writeln!(
+        o,
+        "\nOffload    DeepSpeed ZeRO-Offload (offload_optimizer = cpu): {} per GPU on the host (FP32 master + Adam moments + FP32 grads), {} per node of {} host memory: {}",
+        fmt_bytes(x.host_bytes_per_gpu.bytes),
+        fmt_bytes(x.host_bytes_per_node.bytes),
+        fmt_bytes(x.host_capacity.bytes),
+        if x.host_fits { "fits" } else { "HOST OOM: the node's CPU memory cannot hold the offloaded state" }
+    );
+    let _ = writeln!(
+        o,
+        "           saves {} of GPU memory per GPU; per step {} of gradients to the host at {:.0} GB/s, {} of parameters back at {:.0} GB/s, CPU Adam {:.2} s at {:.1e} params/s (assumed)",
+        fmt_bytes(x.gpu_memory_saved.bytes),
+        fmt_bytes(x.d2h_bytes_per_step.bytes),
+        x.d2h_gb_per_s,
+        fmt_bytes(x.h2d_bytes_per_step.bytes),
+        x.h2d_gb_per_s,
+        x.cpu_adam_s,
+        x.cpu_adam_params_per_s
+    );
+    if let (Some(a), Some(b)) = (x.step_time_with_s, x.step_time_without_s) {
+        let _ = writeln!(
+            o,
+            "           step time {a:.3} s with offload vs {b:.3} s without it ({:+.1}%; without offload, memory unbounded); PCIe copies and the CPU step count as communication in the time split below",
+            100.0 * (a / b - 1.0)
+        );
+    }
 }
 
 fn assumptions(r: &Report, o: &mut String) {

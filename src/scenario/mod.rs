@@ -42,6 +42,8 @@ pub struct ScenarioFile {
     pub inference: Option<InferenceSection>,
     /// `job.kind = "finetune-lora"`: the adapters (PEFT `LoraConfig`) and the frozen base.
     pub lora: Option<LoraSection>,
+    /// DeepSpeed ZeRO-Offload of the optimizer to CPU memory.
+    pub offload: Option<OffloadSection>,
     #[serde(default)]
     pub allocator: AllocatorSection,
     /// Per-rank compute jitter and stragglers (off when absent).
@@ -80,6 +82,38 @@ pub struct InferenceSection {
     pub kv_cache: Option<String>,
     /// Decode replayed as a CUDA graph (default: true with a static cache).
     pub cuda_graphs: Option<bool>,
+}
+
+/// `[offload]`: DeepSpeed `zero_optimization.offload_optimizer`, and the host it runs on.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct OffloadSection {
+    /// "cpu" (`offload_optimizer.device`) | "none".
+    pub optimizer: Option<String>,
+    /// Host memory per node, bytes (default 2 TB, a DGX A100 / H100).
+    pub cpu_memory: Option<i64>,
+    /// Pinned copy bandwidth per GPU, GB/s (default from the GPU's PCIe generation).
+    pub h2d_gb_per_s: Option<f64>,
+    pub d2h_gb_per_s: Option<f64>,
+    /// DeepSpeedCPUAdam throughput per GPU's partition, parameters/s (default 1e9, assumed).
+    pub cpu_adam_params_per_s: Option<f64>,
+}
+
+/// Default host memory of a node: 2 TB (DGX A100 and DGX H100 datasheets).
+pub const DEFAULT_CPU_MEMORY: u64 = 2_000_000_000_000;
+/// DeepSpeedCPUAdam's rate per GPU process: an assumption (no measured step time was found;
+/// the ZeRO-Offload paper reports only a 5-7x speed-up over PyTorch's CPU Adam).
+pub const DEFAULT_CPU_ADAM_PARAMS_PER_S: f64 = 1e9;
+
+/// Measured pinned-memory copy rates per GPU (nvbandwidth / bandwidthTest figures in
+/// docs/research/issue8-sources.md): PCIe Gen4 ~25 GB/s each way (A100), Gen5 ~35 GB/s
+/// host-to-device and ~53 GB/s device-to-host (H100); Gen3 taken as half of Gen4.
+pub fn pcie_bytes_per_s(gen: u8) -> (f64, f64) {
+    match gen {
+        0..=3 => (12.5e9, 12.5e9),
+        4 => (25e9, 25e9),
+        _ => (35e9, 53e9),
+    }
 }
 
 /// `[lora]`: PEFT's `LoraConfig`, and how the frozen base is stored (QLoRA: NF4).
@@ -524,7 +558,12 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         gradient_as_bucket_view: p.gradient_as_bucket_view.unwrap_or(false),
         bucket_bytes: (bucket_cap_mb * 1e6).round() as u64,
         model_parallel: validate_model_parallel(&v, p, &model, gpus, u64::from(cluster.gpus_per_node), sharding)?,
+        offload: None,
     };
+    let mut parallel = parallel;
+    if let Some(o) = &f.offload {
+        parallel.offload = validate_offload(&v, o, &parallel, &cluster)?;
+    }
 
     // --- training
     let grad_accum = match t.grad_accum {
@@ -705,6 +744,12 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
     };
     let inference = match inf {
         Some((i, _)) => {
+            if f.offload.is_some() {
+                return Err(v.err(
+                    "offload",
+                    "optimizer offload applies to training jobs; remove [offload] for an inference job",
+                ));
+            }
             if f.allocator.empty_cache.is_some() {
                 return Err(v.err("allocator.empty_cache", "the empty_cache() points are a training step's (after_forward, after_backward, ...); remove it for an inference job"));
             }
@@ -750,6 +795,53 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         job,
         inference,
     })
+}
+
+fn validate_offload(
+    v: &V,
+    o: &OffloadSection,
+    parallel: &ParallelConfig,
+    cluster: &Cluster,
+) -> Result<Option<crate::plan::OffloadConfig>, ScenarioError> {
+    if v.choice("offload.optimizer", o.optimizer.as_deref().unwrap_or("cpu"), &["cpu", "none"])? == "none" {
+        return Ok(None);
+    }
+    if parallel.framework != Framework::Deepspeed {
+        return Err(v.err("offload.optimizer", "optimizer offload is DeepSpeed's ZeRO-Offload: set parallel.framework = \"deepspeed\" (FSDP's CPUOffload is not simulated yet)"));
+    }
+    if !matches!(parallel.sharding, Sharding::Zero2 | Sharding::Zero3) {
+        return Err(v.err(
+            "offload.optimizer",
+            format!(
+                "simulated with ZeRO stage 2 or 3 (parallel.sharding = \"zero2\" | \"zero3\"), got {}",
+                parallel.sharding.display()
+            ),
+        ));
+    }
+    if parallel.model_parallel.pipeline > 1 {
+        return Err(v.err("offload.optimizer", "optimizer offload with pipeline parallelism is not simulated yet"));
+    }
+    let cpu_memory = match o.cpu_memory {
+        Some(x) => v.positive("offload.cpu_memory", x)?,
+        None => DEFAULT_CPU_MEMORY,
+    };
+    let (h2d, d2h) = pcie_bytes_per_s(cluster.gpu.pcie_gen);
+    let rate = |field: &str, x: Option<f64>, default: f64, scale: f64| match x {
+        Some(x) if !(x > 0.0 && x.is_finite()) => Err(v.err(field, format!("must be a positive number, got {x}"))),
+        Some(x) => Ok(x * scale),
+        None => Ok(default),
+    };
+    Ok(Some(crate::plan::OffloadConfig {
+        cpu_memory_bytes: cpu_memory,
+        h2d_bytes_per_s: rate("offload.h2d_gb_per_s", o.h2d_gb_per_s, h2d, 1e9)?,
+        d2h_bytes_per_s: rate("offload.d2h_gb_per_s", o.d2h_gb_per_s, d2h, 1e9)?,
+        cpu_adam_params_per_s: rate(
+            "offload.cpu_adam_params_per_s",
+            o.cpu_adam_params_per_s,
+            DEFAULT_CPU_ADAM_PARAMS_PER_S,
+            1.0,
+        )?,
+    }))
 }
 
 fn validate_lora(

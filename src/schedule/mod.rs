@@ -119,6 +119,9 @@ struct Builder<'a> {
     chunk_out: Vec<Option<usize>>,
     chunk_vs: Vec<u64>,
     tp_stream: u16,
+    /// ZeRO-Offload: host copies, and the CPU optimizer step.
+    pcie_stream: u16,
+    cpu_stream: u16,
     send_stream: u16,
     recv_stream: u16,
     /// Bytes of the activation crossing a stage boundary.
@@ -247,6 +250,9 @@ impl<'a> Builder<'a> {
             }
         };
         let tp_stream = stream("tp", mp.tensor > 1);
+        let offload = plan.parallel.offload.is_some();
+        let pcie_stream = stream("pcie (offload)", offload);
+        let cpu_stream = stream("cpu (optimizer)", offload);
         let send_stream = stream("p2p send", mp.pipeline > 1);
         let recv_stream = stream("p2p recv", mp.pipeline > 1);
         let mut chunk_ops = Vec::new();
@@ -292,6 +298,8 @@ impl<'a> Builder<'a> {
             chunk_out,
             chunk_vs,
             tp_stream,
+            pcie_stream,
+            cpu_stream,
             send_stream,
             recv_stream,
             p2p_bytes,
@@ -375,7 +383,8 @@ impl<'a> Builder<'a> {
             }
             self.task(COMPUTE, 0.0, vec![], alloc, lbl(text!(self.names, "load {}", plan.units[u].name), Some(u)));
         }
-        if let Some(m) = self.pr().master {
+        let offload = plan.parallel.offload.is_some();
+        if let Some(m) = self.pr().master.filter(|_| !offload) {
             for u in 0..plan.units.len() {
                 let el = plan.local(u, plan.optimizer_sharded);
                 let b = self.buffer(
@@ -413,7 +422,7 @@ impl<'a> Builder<'a> {
             );
             self.task(COMPUTE, 0.0, vec![], vec![b], lbl(text!(self.names, "DDP reducer buckets"), None));
         }
-        if plan.parallel.framework == Framework::Deepspeed {
+        if plan.parallel.framework == Framework::Deepspeed && !offload {
             for u in 0..plan.units.len() {
                 let b = self.optimizer_state_buffer(u);
                 self.task(
@@ -1135,6 +1144,31 @@ impl<'a> Builder<'a> {
         let shard_bytes = plan.units[u].shard_params * gb;
         let mut alloc = Vec::new();
         let mut tmp = None;
+        if let Some(off) = &plan.parallel.offload {
+            // ZeRO-Offload: the reduced partition goes to the host's FP32 gradient buffer.
+            let b = self.buffer(
+                shard_bytes,
+                Category::CommBuffers,
+                text!(self.names, "{} reduced gradient partition (to host, micro-batch {mb})", plan.units[u].name),
+            );
+            let secs = self.cost.collective_s(&self.cost.shard_group, Collective::ReduceScatter, full_bytes);
+            let label = |what: String, kind| TaskLabel::new(step, Phase::Backward, mb, what, kind, Some(u));
+            let t = self.task(
+                NCCL,
+                secs,
+                vec![after],
+                vec![b],
+                label(text!(self.names, "reduce-scatter {}", plan.units[u].name), TaskKind::ReduceScatter),
+            );
+            self.free_at(t, &unsharded);
+            let el = plan.units[u].shard_params;
+            let secs = (el * 4) as f64 / off.d2h_bytes_per_s;
+            let what = text!(self.names, "copy {} gradient partition to host (fp32, D2H)", plan.units[u].name);
+            let d = self.task(self.pcie_stream, secs, vec![t], vec![], label(what, TaskKind::Send));
+            self.free_at(d, &[b]);
+            self.step_comm.push(d);
+            return;
+        }
         if self.grad_bufs[u].is_none() {
             let b = self.buffer(
                 shard_bytes,
@@ -1178,11 +1212,51 @@ impl<'a> Builder<'a> {
         }
     }
 
+    /// ZeRO-Offload's step: DeepSpeedCPUAdam on the host partition once every gradient
+    /// partition has arrived, then the updated 16-bit partition back to the GPU (and, when
+    /// parameters are replicated, their all-gather), then `zero_grad()`.
+    fn offloaded_optimizer(&mut self, step: u32, el: u64, off: &crate::plan::OffloadConfig) {
+        let plan = self.plan;
+        let pb = self.pr().param.bytes();
+        let lbl = |what: String, kind| TaskLabel::new(step, Phase::Optimizer, 0, what, kind, None);
+        let deps = self.step_comm.clone();
+        let what = text!(self.names, "DeepSpeedCPUAdam step on the host ({el} parameters)");
+        let cpu = self.task(
+            self.cpu_stream,
+            el as f64 / off.cpu_adam_params_per_s,
+            deps,
+            vec![],
+            lbl(what, TaskKind::Optimizer),
+        );
+        let what = text!(self.names, "copy updated parameters to the GPU ({}, H2D)", self.pr().param.name());
+        let mut last = self.task(
+            self.pcie_stream,
+            (el * pb) as f64 / off.h2d_bytes_per_s,
+            vec![cpu],
+            vec![],
+            lbl(what, TaskKind::Recv),
+        );
+        if !plan.params_sharded && plan.dp > 1 {
+            let bytes = plan.total_params() * pb;
+            let secs = self.cost.collective_s(&self.cost.dp_group, Collective::AllGather, bytes);
+            let what = text!(self.names, "all-gather updated parameters");
+            last = self.task(NCCL, secs, vec![last], vec![], lbl(what, TaskKind::AllGather));
+        }
+        let z = self.task(COMPUTE, 0.0, vec![last], vec![], lbl(text!(self.names, "zero_grad()"), TaskKind::ZeroGrad));
+        let grads: Vec<u32> = self.grad_bufs.iter().chain(self.op_grad_bufs.iter()).flatten().copied().collect();
+        self.free_at(z, &grads);
+        self.last_task_of_prev_step = Some(z);
+    }
+
     fn optimizer(&mut self, step: u32) {
         let plan = self.plan;
         let tr = &plan.training;
         let pr = &tr.precision;
         let el = plan.local_total(plan.optimizer_sharded);
+        if let Some(off) = plan.parallel.offload.clone() {
+            self.offloaded_optimizer(step, el, &off);
+            return;
+        }
         let mut alloc = Vec::new();
         let lazy = plan.parallel.framework == Framework::Fsdp && step == 1;
         if lazy && tr.states_per_param() > 0 {
