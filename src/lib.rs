@@ -82,31 +82,99 @@ pub fn simulate(s: &scenario::Scenario) -> Result<Simulation, engine::Deadlock> 
     Ok(sim)
 }
 
-/// ZeRO-Offload's figures: the host side from the plan, the time side against the same
+/// Offload's figures: where the bytes live, from the plan; the traffic of the last step,
+/// from the schedule's tasks and the partitions they move; the time side against the same
 /// scenario without offload simulated with unbounded memory.
 fn offload_report(
     s: &scenario::Scenario,
     off: &plan::OffloadConfig,
     sim: &Simulation,
 ) -> Result<report::OffloadReport, engine::Deadlock> {
+    use plan::OffloadDevice;
     let p = &sim.plan;
-    let host = p.host_bytes();
-    let per_node = host * u64::from(s.cluster.gpus_per_node);
+    let where_ = p.offloaded_bytes();
+    let node = u64::from(s.cluster.gpus_per_node);
     let el = p.local_total(p.optimizer_sharded);
+    let pr = &s.training.precision;
+    let pb = pr.param.bytes();
+    let state_bytes =
+        el * (pr.master.map_or(0, |m| m.bytes()) + s.training.states_per_param() * pr.optimizer_state.bytes());
+    // Parameter partitions fetched before the all-gathers of the last step.
+    let last = s.training.steps;
+    let fetched: u64 = match off.parameters {
+        None => 0,
+        Some(_) => sim
+            .schedule
+            .program
+            .tasks
+            .iter()
+            .map(|t| &sim.schedule.labels[t.label as usize])
+            .filter(|l| l.step == last && l.kind == schedule::TaskKind::AllGather)
+            .filter_map(|l| l.unit)
+            .map(|u| p.units[u].shard_params * pb)
+            .sum(),
+    };
+    let (mut nvme_read, mut nvme_write) = (0, 0);
+    if off.optimizer == OffloadDevice::Nvme {
+        nvme_read += state_bytes;
+        nvme_write += state_bytes;
+    }
+    if off.parameters == Some(OffloadDevice::Nvme) {
+        nvme_read += fetched;
+        nvme_write += p.local_total(p.params_sharded) * pb;
+    }
+    let h2d = if off.parameters.is_some() { fetched } else { el * pb };
     let mut alt = s.clone();
     alt.parallel.offload = None;
     let without = plan_of(&alt, &sim.dag).model_state().total();
     let r = run_with_capacity(&alt, u64::MAX / 4)?.report;
-    let pb = s.training.precision.param.bytes();
+    let fsdp = s.parallel.framework == plan::Framework::Fsdp;
+    let mode = match (fsdp, off.parameters) {
+        (true, _) => "FSDP CPUOffload(offload_params=True)".to_string(),
+        (false, None) if off.optimizer == OffloadDevice::Cpu => {
+            "DeepSpeed ZeRO-Offload (offload_optimizer = cpu)".to_string()
+        }
+        (false, prm) => format!(
+            "DeepSpeed ZeRO-Infinity (offload_optimizer = {}{})",
+            off.optimizer.name(),
+            prm.map_or(String::new(), |d| format!(", offload_param = {}", d.name()))
+        ),
+    };
+    let gb = |x: f64| x / 1e9;
+    let parts = p.offloaded_parts();
+    let holds: Vec<&str> = parts.iter().filter(|x| x.on == OffloadDevice::Cpu).map(|x| x.what).collect();
+    let host_parts = parts
+        .iter()
+        .filter(|x| x.on == OffloadDevice::Cpu)
+        .map(|x| report::HostPart {
+            what: x.what.into(),
+            category: x.category.key().into(),
+            bytes_per_gpu: report::Bytes::new(x.bytes),
+        })
+        .collect();
     Ok(report::OffloadReport {
-        host_bytes_per_gpu: report::Bytes::new(host),
-        host_bytes_per_node: report::Bytes::new(per_node),
+        mode,
+        host_holds: holds.join(" + "),
+        host_parts,
+        gpus_per_node: s.cluster.gpus_per_node,
+        optimizer_on: off.optimizer.name().into(),
+        parameters_on: off.parameters.map_or("gpu", |d| d.name()).into(),
+        host_bytes_per_gpu: report::Bytes::new(where_.host),
+        host_bytes_per_node: report::Bytes::new(where_.host * node),
         host_capacity: report::Bytes::new(off.cpu_memory_bytes),
-        host_fits: per_node <= off.cpu_memory_bytes,
+        host_fits: where_.host * node <= off.cpu_memory_bytes,
+        nvme_bytes_per_gpu: report::Bytes::new(where_.nvme),
+        nvme_bytes_per_node: report::Bytes::new(where_.nvme * node),
+        nvme_capacity: report::Bytes::new(off.nvme_capacity_bytes),
+        nvme_fits: where_.nvme * node <= off.nvme_capacity_bytes,
         d2h_bytes_per_step: report::Bytes::new(p.local_total(true) * 4 * s.training.grad_accum),
-        h2d_bytes_per_step: report::Bytes::new(el * pb),
-        d2h_gb_per_s: off.d2h_bytes_per_s / 1e9,
-        h2d_gb_per_s: off.h2d_bytes_per_s / 1e9,
+        h2d_bytes_per_step: report::Bytes::new(h2d),
+        nvme_read_bytes_per_step: report::Bytes::new(nvme_read),
+        nvme_write_bytes_per_step: report::Bytes::new(nvme_write),
+        d2h_gb_per_s: gb(off.d2h_bytes_per_s),
+        h2d_gb_per_s: gb(off.h2d_bytes_per_s),
+        nvme_read_gb_per_s: gb(off.nvme_read_bytes_per_s),
+        nvme_write_gb_per_s: gb(off.nvme_write_bytes_per_s),
         cpu_adam_s: el as f64 / off.cpu_adam_params_per_s,
         cpu_adam_params_per_s: off.cpu_adam_params_per_s,
         gpu_memory_saved: report::Bytes::new(without.saturating_sub(p.model_state().total())),
@@ -196,6 +264,15 @@ fn run_pipeline(
         report: rep,
         stages,
     })
+}
+
+/// Offload: whether a node's host memory and NVMe hold every GPU's offloaded state (true
+/// without offload).
+pub fn offload_fits(s: &scenario::Scenario, dag: &model::LayerDag) -> bool {
+    let Some(off) = &s.parallel.offload else { return true };
+    let b = plan_of(s, dag).offloaded_bytes();
+    let n = u64::from(s.cluster.gpus_per_node);
+    b.host * n <= off.cpu_memory_bytes && b.nvme * n <= off.nvme_capacity_bytes
 }
 
 fn plan_of(s: &scenario::Scenario, dag: &model::LayerDag) -> plan::Plan {

@@ -27,10 +27,12 @@ enum Expect {
 /// `every_shipped_scenario_has_an_expectation`.
 const EXPECTED: &[(&str, Expect)] = &[
     ("100b-1gpu-bf16-weights", Expect::Oom { step: 0, phase: "init" }),
+    ("100b-1gpu-zero-infinity", Expect::Fits),
     ("100b-1gpu-int4-inference", Expect::Fits),
     ("100b-4gpu-tp4-inference", Expect::Fits),
     ("100b-8gpu-ddp", Expect::Oom { step: 0, phase: "init" }),
     ("100b-8gpu-fsdp", Expect::Oom { step: 1, phase: "forward" }),
+    ("100b-8gpu-fsdp-cpu-offload", Expect::Fits),
     ("100b-8gpu-zero3-offload", Expect::Fits),
     ("100b-32gpu-fsdp", Expect::Oom { step: 1, phase: "backward" }),
     ("100b-32gpu-fsdp-ac", Expect::Fits),

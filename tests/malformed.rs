@@ -523,7 +523,57 @@ fn cases() -> Vec<Case> {
             "offload to a GPU",
             b().set("offload", "optimizer", "\"gpu\""),
             "offload.optimizer",
-            &["\"cpu\"", "\"none\""],
+            &["\"cpu\"", "\"nvme\"", "\"none\""],
+        ),
+        case(
+            "FSDP CPU offload to NVMe",
+            b().set("parallel", "sharding", "\"full_shard\"").set("offload", "parameters", "\"nvme\""),
+            "offload.parameters",
+            &["\"cpu\" only", "ZeRO-Infinity"],
+        ),
+        case(
+            "FSDP CPU offload with SHARD_GRAD_OP",
+            b().set("parallel", "sharding", "\"shard_grad_op\"").set("offload", "parameters", "\"cpu\""),
+            "offload.parameters",
+            &["\"full_shard\""],
+        ),
+        case(
+            "DeepSpeed parameter offload without optimizer offload",
+            b().set("parallel", "framework", "\"deepspeed\"")
+                .set("parallel", "sharding", "\"zero3\"")
+                .set("offload", "optimizer", "\"none\"")
+                .set("offload", "parameters", "\"cpu\""),
+            "offload.optimizer",
+            &["offload_param", "\"nvme\""],
+        ),
+        case(
+            "DeepSpeed parameter offload with ZeRO-2",
+            b().set("parallel", "framework", "\"deepspeed\"").set("parallel", "sharding", "\"zero2\"").set(
+                "offload",
+                "parameters",
+                "\"nvme\"",
+            ),
+            "offload.parameters",
+            &["stage 3", "\"zero3\""],
+        ),
+        case(
+            "offload with negative NVMe bandwidth",
+            b().set("parallel", "framework", "\"deepspeed\"")
+                .set("parallel", "sharding", "\"zero3\"")
+                .set("offload", "optimizer", "\"nvme\"")
+                .set("offload", "nvme_write_gb_per_s", "-5.0"),
+            "offload.nvme_write_gb_per_s",
+            &["positive number"],
+        ),
+        case(
+            "offload with zero NVMe capacity",
+            b().set("parallel", "framework", "\"deepspeed\"").set("parallel", "sharding", "\"zero3\"").set(
+                "offload",
+                "nvme_capacity",
+                "0",
+            ),
+            "offload.nvme_capacity",
+            &["positive"],
         ),
         case(
             "offload with zero PCIe bandwidth",

@@ -24,7 +24,7 @@ pub const COUNTERFACTUAL_NAMES: &[&str] = &[
     "limit_all_gathers = true",
     "a GPU with more memory",
     "expandable_segments = true",
-    "CPU offload of optimizer state",
+    "CPU offload (ZeRO-Offload / FSDP CPUOffload)",
 ];
 
 #[derive(Debug, Clone, Serialize)]
@@ -150,7 +150,31 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             v.allocator.expandable_segments = true;
             vec![("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True".into(), v)]
         }
-        _ => return Err("not modelled yet (offload is its own issue)".into()),
+        10 => {
+            use crate::plan::{Framework, OffloadDevice};
+            if s.parallel.offload.is_some() {
+                return Err("already offloading".into());
+            }
+            if s.parallel.model_parallel.pipeline > 1 || s.workload.lora.is_some() {
+                return Err("offload with pipeline parallelism or LoRA is not simulated yet".into());
+            }
+            let (params, label) = match (s.parallel.framework, s.parallel.sharding) {
+                (Framework::Deepspeed, Sharding::Zero2 | Sharding::Zero3) => {
+                    (None, "DeepSpeed offload_optimizer.device = \"cpu\"")
+                }
+                (Framework::Deepspeed, _) => {
+                    return Err("DeepSpeed offloads the optimizer with ZeRO stage 2 or 3".into())
+                }
+                (Framework::Fsdp, Sharding::Zero3) => {
+                    (Some(OffloadDevice::Cpu), "FSDP CPUOffload(offload_params=True)")
+                }
+                (Framework::Fsdp, _) => return Err("FSDP's CPU offload needs FULL_SHARD".into()),
+            };
+            v.parallel.offload =
+                Some(crate::scenario::default_offload(&s.cluster, s.parallel.framework, OffloadDevice::Cpu, params));
+            vec![(label.into(), v)]
+        }
+        _ => return Err("no such change".into()),
     })
 }
 
@@ -175,6 +199,9 @@ fn measure(label: String, s: &Scenario, base_tps: Option<f64>) -> Counterfactual
         Verdict::Fits { .. } => (true, None),
         Verdict::Oom(o) => (false, Some(o.at.phase)),
     };
+    // Offload that the node's host memory or NVMe cannot hold fails at initialisation.
+    let host_oom = r.offload.as_ref().is_some_and(|o| !o.host_fits || !o.nvme_fits);
+    let (fits, oom_phase) = if host_oom && fits { (false, Some(Phase::Init)) } else { (fits, oom_phase) };
     let timed = if fits { Some(sim) } else { unbounded(s) };
     let tp = timed.as_ref().and_then(|x| x.report.throughput.clone());
     let peak = timed.as_ref().and_then(|x| x.report.peak.as_ref().map(|p| p.allocated));
@@ -188,7 +215,7 @@ fn measure(label: String, s: &Scenario, base_tps: Option<f64>) -> Counterfactual
         tokens_per_s: tp.as_ref().map(|t| t.tokens_per_s),
         tokens_per_s_change: tp.as_ref().zip(base_tps).map(|(t, b)| t.tokens_per_s_per_gpu / b - 1.0),
         gpu_seconds_per_token: tp.as_ref().map(|t| gpus as f64 / t.tokens_per_s),
-        note: None,
+        note: host_oom.then(|| "the node's host memory or NVMe cannot hold the offloaded state".into()),
     }
 }
 

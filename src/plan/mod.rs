@@ -80,30 +80,89 @@ pub struct ParallelConfig {
     pub bucket_bytes: u64,
     /// Model parallelism (Megatron-LM): tensor, sequence and pipeline parallel degrees.
     pub model_parallel: ModelParallel,
-    /// DeepSpeed ZeRO-Offload (`offload_optimizer.device = "cpu"`).
+    /// DeepSpeed ZeRO-Offload / ZeRO-Infinity, or FSDP `CPUOffload(offload_params=True)`.
     pub offload: Option<OffloadConfig>,
 }
 
-/// DeepSpeed ZeRO-Offload of the optimizer: the FP32 master partition, the Adam moments and
-/// the FP32 gradient partition live in (pinned) CPU memory; each reduced gradient partition
-/// is copied to the host during backward, `DeepSpeedCPUAdam` steps on the CPU, and the
-/// updated 16-bit parameters are copied back (docs/research/issue8-sources.md, section on
-/// DeepSpeed `stage_1_and_2.py`).
+/// Where offloaded state lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OffloadDevice {
+    Cpu,
+    Nvme,
+}
+
+impl OffloadDevice {
+    pub fn name(self) -> &'static str {
+        match self {
+            OffloadDevice::Cpu => "cpu",
+            OffloadDevice::Nvme => "nvme",
+        }
+    }
+}
+
+/// Optimizer (and optionally parameter) offload, as the framework does it
+/// (docs/research/issue8-sources.md, sections 1 and 2).
+///
+/// DeepSpeed (`stage_1_and_2.py`, `stage3.py`): the FP32 master partition and the optimizer
+/// state live on the host (`offload_optimizer.device = "cpu"`) or on NVMe (`"nvme"`, swapped
+/// through the host for the step); the FP32 gradient partition is on the host, each reduced
+/// gradient partition is copied to it during backward; `DeepSpeedCPUAdam` steps on the CPU.
+/// Without parameter offload the updated 16-bit partition comes back to the GPU; with
+/// `offload_param` (ZeRO-3 only) the 16-bit partition stays on the host (or NVMe) and each
+/// all-gather first copies the partition to the GPU.
+///
+/// FSDP1 `CPUOffload(offload_params=True)`: the sharded FlatParameter (in the parameter
+/// dtype, FP32 under `MixedPrecision`) and a pinned sharded gradient live on the host; the
+/// shard is copied to the GPU before every all-gather (`pre_unshard`), the sharded gradient
+/// to the host after its reduce-scatter, and `optimizer.step()` runs on the CPU on CPU tensors.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct OffloadConfig {
+    /// Optimizer partition (master + state): always offloaded when offload is on.
+    pub optimizer: OffloadDevice,
+    /// The parameter partition, when offloaded too.
+    pub parameters: Option<OffloadDevice>,
     /// Host memory of one node, bytes.
     pub cpu_memory_bytes: u64,
+    /// NVMe capacity of one node, bytes.
+    pub nvme_capacity_bytes: u64,
     /// Pinned host-to-device and device-to-host copy bandwidth per GPU, bytes/s.
     pub h2d_bytes_per_s: f64,
     pub d2h_bytes_per_s: f64,
-    /// Parameters `DeepSpeedCPUAdam` updates per second for one GPU's partition.
+    /// NVMe read and write bandwidth per GPU: the node's aggregate shared by its GPUs.
+    pub nvme_read_bytes_per_s: f64,
+    pub nvme_write_bytes_per_s: f64,
+    /// Parameters the CPU optimizer updates per second for one GPU's partition.
     pub cpu_adam_params_per_s: f64,
 }
 
 impl OffloadConfig {
-    /// Bytes per parameter of this rank's partition held on the host: FP32 master (4), two
-    /// FP32 Adam moments (8) and the FP32 gradient partition (4).
-    pub const HOST_BYTES_PER_PARAM: u64 = 16;
+    /// DeepSpeed's pinned swap buffers for NVMe parameter offload: `offload_param`'s
+    /// defaults `buffer_count = 5` x `buffer_size = 1e8` elements of the 16-bit dtype.
+    pub const PARAM_SWAP_BUFFER_ELEMENTS: u64 = 5 * 100_000_000;
+    /// DeepSpeed's pinned buffers for NVMe optimizer offload: `offload_optimizer`'s default
+    /// `buffer_count = 4` buffers of the largest sub-group (`sub_group_size` default 1e9
+    /// elements) in FP32.
+    pub const OPTIMIZER_SWAP_BUFFERS: u64 = 4;
+    pub const SUB_GROUP_ELEMENTS: u64 = 1_000_000_000;
+}
+
+/// Where a rank's offloaded bytes are.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct OffloadedBytes {
+    /// Host memory (pinned).
+    pub host: u64,
+    /// NVMe.
+    pub nvme: u64,
+}
+
+/// One piece of a rank's offloaded state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OffloadedPart {
+    pub what: &'static str,
+    pub category: crate::memory::Category,
+    pub on: OffloadDevice,
+    pub bytes: u64,
 }
 
 /// Pipeline schedule, as Megatron-LM and `torch.distributed.pipelining` name them.
@@ -516,13 +575,69 @@ impl Plan {
         }
     }
 
-    /// ZeRO-Offload: host bytes of this rank's optimizer partition (master, moments, FP32
-    /// gradients); 0 without offload.
-    pub fn host_bytes(&self) -> u64 {
-        match self.parallel.offload {
-            Some(_) => self.local_total(self.optimizer_sharded) * OffloadConfig::HOST_BYTES_PER_PARAM,
-            None => 0,
+    /// Offload: where this rank's offloaded bytes live; zero without offload.
+    pub fn offloaded_bytes(&self) -> OffloadedBytes {
+        let mut out = OffloadedBytes::default();
+        for p in self.offloaded_parts() {
+            match p.on {
+                OffloadDevice::Cpu => out.host += p.bytes,
+                OffloadDevice::Nvme => out.nvme += p.bytes,
+            }
         }
+        out
+    }
+
+    /// Offload: this rank's offloaded state piece by piece, each where it lives; the host
+    /// pieces are pinned when the engine initialises and held for the whole run.
+    ///
+    /// Optimizer partition: the FP32 master (DeepSpeed; FSDP's FP32 shard is the parameter
+    /// itself) and the optimizer state, on the host or NVMe (then with pinned swap buffers
+    /// on the host); the FP32 gradient partition on the host. Parameters: DeepSpeed's 16-bit
+    /// partition on the host or NVMe (with pinned swap buffers on the host); FSDP's shard in
+    /// the parameter dtype on the host.
+    pub fn offloaded_parts(&self) -> Vec<OffloadedPart> {
+        use crate::memory::Category;
+        let Some(off) = &self.parallel.offload else { return Vec::new() };
+        let pr = &self.training.precision;
+        let el = self.local_total(self.optimizer_sharded);
+        let pel = self.local_total(self.params_sharded);
+        let part = |what, category, on, bytes| OffloadedPart { what, category, on, bytes };
+        let fsdp = self.parallel.framework == Framework::Fsdp;
+        let mut out = vec![part("FP32 gradient partition", Category::Gradients, OffloadDevice::Cpu, el * 4)];
+        if fsdp {
+            out.push(part(
+                "sharded parameters (the master copy)",
+                Category::Parameters,
+                OffloadDevice::Cpu,
+                pel * pr.param.bytes(),
+            ));
+        } else if let Some(m) = pr.master {
+            out.push(part("FP32 master partition", Category::MasterWeights, off.optimizer, el * m.bytes()));
+        }
+        let state = el * self.training.states_per_param() * pr.optimizer_state.bytes();
+        if state > 0 {
+            out.push(part("optimizer state", Category::OptimizerState, off.optimizer, state));
+        }
+        if off.optimizer == OffloadDevice::Nvme {
+            let bytes = OffloadConfig::OPTIMIZER_SWAP_BUFFERS * el.min(OffloadConfig::SUB_GROUP_ELEMENTS) * 4;
+            out.push(part("NVMe optimizer swap buffers", Category::CommBuffers, OffloadDevice::Cpu, bytes));
+        }
+        match (fsdp, off.parameters) {
+            (true, _) | (false, None) => {}
+            (false, Some(dev)) => {
+                out.push(part("16-bit parameter partition", Category::Parameters, dev, pel * pr.param.bytes()));
+                if dev == OffloadDevice::Nvme {
+                    let bytes = OffloadConfig::PARAM_SWAP_BUFFER_ELEMENTS.min(pel) * pr.param.bytes();
+                    out.push(part("NVMe parameter swap buffers", Category::CommBuffers, OffloadDevice::Cpu, bytes));
+                }
+            }
+        }
+        out
+    }
+
+    /// Parameters offloaded: no parameter partition stays on the GPU between uses.
+    pub fn params_offloaded(&self) -> bool {
+        self.parallel.offload.as_ref().is_some_and(|o| o.parameters.is_some())
     }
 
     /// LoRA: bytes of frozen base weights this rank holds (sharded with the parameters).
@@ -545,9 +660,11 @@ impl Plan {
         let pr = &self.training.precision;
         let opt_el = self.local_total(self.optimizer_sharded);
         if self.parallel.offload.is_some() {
-            // Master, moments and the gradient partition are on the host.
+            // Master, moments and the gradient partition are on the host (or NVMe); so are
+            // the parameters when they are offloaded too.
+            let on_gpu = if self.params_offloaded() { 0 } else { self.local_total(self.params_sharded) };
             return ModelState {
-                parameters: self.local_total(self.params_sharded) * pr.param.bytes() + self.frozen_local(),
+                parameters: on_gpu * pr.param.bytes() + self.frozen_local(),
                 master_weights: 0,
                 gradients: 0,
                 optimizer_state: 0,

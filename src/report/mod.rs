@@ -443,20 +443,44 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
     }
 }
 
-/// What optimizer offload moves where, and what it buys and costs.
+/// What offload moves where, and what it buys and costs.
 #[derive(Debug, Clone, Serialize)]
 pub struct OffloadReport {
-    /// This GPU's partition on the host: FP32 master + Adam moments + FP32 gradients.
+    /// The framework's name for it, e.g. "DeepSpeed ZeRO-Infinity (offload_optimizer = nvme,
+    /// offload_param = cpu)".
+    pub mode: String,
+    /// Where the optimizer partition and the parameters live: "cpu" | "nvme" | "gpu".
+    pub optimizer_on: String,
+    pub parameters_on: String,
+    /// What the host holds, in words, and piece by piece (per GPU; held for the whole run).
+    pub host_holds: String,
+    pub host_parts: Vec<HostPart>,
+    /// GPU processes sharing a node's host memory and NVMe.
+    pub gpus_per_node: u32,
+    /// This GPU's offloaded bytes on the host (pinned): FP32 gradient partition, and the
+    /// optimizer partition and parameters where they are on the CPU, NVMe swap buffers.
     pub host_bytes_per_gpu: Bytes,
     /// Those of every GPU of a node, against the node's memory.
     pub host_bytes_per_node: Bytes,
     pub host_capacity: Bytes,
     pub host_fits: bool,
-    /// Gradient partitions to the host (FP32, every micro-batch), parameters back (16-bit).
+    /// This GPU's bytes on NVMe, every GPU's of a node, the node's NVMe capacity.
+    pub nvme_bytes_per_gpu: Bytes,
+    pub nvme_bytes_per_node: Bytes,
+    pub nvme_capacity: Bytes,
+    pub nvme_fits: bool,
+    /// Per steady step: gradient partitions to the host (FP32, every micro-batch); parameters
+    /// to the GPU (the updated partition once, or every partition before each all-gather
+    /// when parameters are offloaded); NVMe reads and writes.
     pub d2h_bytes_per_step: Bytes,
     pub h2d_bytes_per_step: Bytes,
+    pub nvme_read_bytes_per_step: Bytes,
+    pub nvme_write_bytes_per_step: Bytes,
     pub d2h_gb_per_s: f64,
     pub h2d_gb_per_s: f64,
+    /// NVMe bandwidth per GPU (the node's shared by its GPUs).
+    pub nvme_read_gb_per_s: f64,
+    pub nvme_write_gb_per_s: f64,
     pub cpu_adam_s: f64,
     pub cpu_adam_params_per_s: f64,
     /// Model state per GPU without offload less with it.
@@ -464,6 +488,15 @@ pub struct OffloadReport {
     /// Steady-state step time without offload (memory unbounded) and with it.
     pub step_time_without_s: Option<f64>,
     pub step_time_with_s: Option<f64>,
+}
+
+/// One piece of the host memory a GPU's process pins for offload.
+#[derive(Debug, Clone, Serialize)]
+pub struct HostPart {
+    pub what: String,
+    /// The memory category's key, as in memory.csv.
+    pub category: String,
+    pub bytes_per_gpu: Bytes,
 }
 
 /// The memory side of a report, whatever the job: the verdict against `cap` (with what was

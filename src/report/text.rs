@@ -187,15 +187,28 @@ pub fn render(r: &Report, s: &Scenario) -> String {
 fn offload(x: &super::OffloadReport, o: &mut String) {
     let _ = writeln!(
         o,
-        "\nOffload    DeepSpeed ZeRO-Offload (offload_optimizer = cpu): {} per GPU on the host (FP32 master + Adam moments + FP32 grads), {} per node of {} host memory: {}",
+        "\nOffload    {}: {} per GPU on the host ({}), {} per node of {} host memory: {}",
+        x.mode,
         fmt_bytes(x.host_bytes_per_gpu.bytes),
+        x.host_holds,
         fmt_bytes(x.host_bytes_per_node.bytes),
         fmt_bytes(x.host_capacity.bytes),
         if x.host_fits { "fits" } else { "HOST OOM: the node's CPU memory cannot hold the offloaded state" }
     );
+    if x.nvme_bytes_per_gpu.bytes > 0 {
+        let _ = writeln!(
+            o,
+            "           NVMe: {} per GPU, {} per node of {}: {}",
+            fmt_bytes(x.nvme_bytes_per_gpu.bytes),
+            fmt_bytes(x.nvme_bytes_per_node.bytes),
+            fmt_bytes(x.nvme_capacity.bytes),
+            if x.nvme_fits { "fits" } else { "NVMe FULL: the node's drives cannot hold the offloaded state" }
+        );
+    }
+    let back = if x.parameters_on == "gpu" { "updated parameters back" } else { "parameter partitions fetched" };
     let _ = writeln!(
         o,
-        "           saves {} of GPU memory per GPU; per step {} of gradients to the host at {:.0} GB/s, {} of parameters back at {:.0} GB/s, CPU Adam {:.2} s at {:.1e} params/s (assumed)",
+        "           saves {} of GPU memory per GPU; per step {} of gradients to the host at {:.0} GB/s, {} of {back} at {:.0} GB/s, CPU optimizer {:.2} s at {:.2e} params/s (assumed)",
         fmt_bytes(x.gpu_memory_saved.bytes),
         fmt_bytes(x.d2h_bytes_per_step.bytes),
         x.d2h_gb_per_s,
@@ -204,10 +217,20 @@ fn offload(x: &super::OffloadReport, o: &mut String) {
         x.cpu_adam_s,
         x.cpu_adam_params_per_s
     );
+    if x.nvme_read_bytes_per_step.bytes + x.nvme_write_bytes_per_step.bytes > 0 {
+        let _ = writeln!(
+            o,
+            "           NVMe per step: {} read at {:.2} GB/s, {} written at {:.2} GB/s (per GPU: the node's bandwidth shared by its GPUs)",
+            fmt_bytes(x.nvme_read_bytes_per_step.bytes),
+            x.nvme_read_gb_per_s,
+            fmt_bytes(x.nvme_write_bytes_per_step.bytes),
+            x.nvme_write_gb_per_s
+        );
+    }
     if let (Some(a), Some(b)) = (x.step_time_with_s, x.step_time_without_s) {
         let _ = writeln!(
             o,
-            "           step time {a:.3} s with offload vs {b:.3} s without it ({:+.1}%; without offload, memory unbounded); PCIe copies and the CPU step count as communication in the time split below",
+            "           step time {a:.3} s with offload vs {b:.3} s without it ({:+.1}%; without offload, memory unbounded); host copies, NVMe and the CPU step count as communication in the time split below",
             100.0 * (a / b - 1.0)
         );
     }
@@ -230,6 +253,13 @@ fn common(r: &Report, o: &mut String) {
                 "Verdict    FITS: {} of headroom at the peak (capacity less max_memory_reserved)",
                 fmt_bytes(headroom.bytes)
             );
+            if let Some(off) = r.offload.as_ref().filter(|x| !x.host_fits || !x.nvme_fits) {
+                let what = if off.host_fits { "NVMe" } else { "host memory" };
+                let _ = writeln!(
+                    o,
+                    "           on the GPU only: the node's {what} cannot hold the offloaded state, so the run fails at initialisation (see Offload)"
+                );
+            }
         }
         Verdict::Oom(x) => {
             let layer = x.at.layer.map(|l| format!(", layer {l}")).unwrap_or_default();

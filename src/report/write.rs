@@ -204,6 +204,26 @@ pub fn write_pipeline(
     Ok(written)
 }
 
+/// memory.csv rows of a node's host memory under offload (rank class "host (node of N
+/// GPUs)"): each pinned piece and their total against the node's capacity. The pieces are
+/// pinned when the engine initialises and held to the end, so each has a row at the start
+/// and at the end of the run.
+pub fn host_csv(off: &super::OffloadReport, end_ns: u64) -> String {
+    use std::fmt::Write as _;
+    let mut o = String::new();
+    let n = u64::from(off.gpus_per_node);
+    let class = format!("host (node of {n} GPUs)");
+    for t in [0, end_ns] {
+        let t = t as f64 / 1e9;
+        for p in &off.host_parts {
+            let _ = writeln!(o, "{t:.9},{class},{},{}", p.category, p.bytes_per_gpu.bytes * n);
+        }
+        let _ = writeln!(o, "{t:.9},{class},allocated,{}", off.host_bytes_per_node.bytes);
+        let _ = writeln!(o, "{t:.9},{class},capacity,{}", off.host_capacity.bytes);
+    }
+    o
+}
+
 /// Writes report.json, memory.csv and memory.png into `dir` (created if missing).
 pub fn write_all(dir: &Path, r: &Report, sched: &Schedule, trace: &Trace) -> Result<Vec<PathBuf>, WriteError> {
     std::fs::create_dir_all(dir).map_err(|e| WriteError {
@@ -214,7 +234,11 @@ pub fn write_all(dir: &Path, r: &Report, sched: &Schedule, trace: &Trace) -> Res
     let json = dir.join("report.json");
     atomic_write(&json, report_json(r).as_bytes())?;
     let csv = dir.join("memory.csv");
-    atomic_write(&csv, memory_csv(trace, &rank).as_bytes())?;
+    let mut rows = memory_csv(trace, &rank);
+    if let Some(off) = &r.offload {
+        rows.push_str(&host_csv(off, trace.end_time_ns));
+    }
+    atomic_write(&csv, rows.as_bytes())?;
     let chrome = dir.join("trace.json");
     atomic_write(&chrome, super::chrome_trace::render(sched, trace, 0, &rank).as_bytes())?;
     let png = dir.join("memory.png");

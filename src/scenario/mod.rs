@@ -84,18 +84,28 @@ pub struct InferenceSection {
     pub cuda_graphs: Option<bool>,
 }
 
-/// `[offload]`: DeepSpeed `zero_optimization.offload_optimizer`, and the host it runs on.
+/// `[offload]`: DeepSpeed `zero_optimization.offload_optimizer` / `offload_param`, or FSDP's
+/// `CPUOffload(offload_params=True)`, and the host and NVMe they use.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct OffloadSection {
-    /// "cpu" (`offload_optimizer.device`) | "none".
+    /// "cpu" | "nvme" (DeepSpeed `offload_optimizer.device`) | "none".
     pub optimizer: Option<String>,
+    /// "cpu" | "nvme" (DeepSpeed `offload_param.device`, ZeRO-3; FSDP: "cpu" is
+    /// `CPUOffload(offload_params=True)`) | "none" (default).
+    pub parameters: Option<String>,
     /// Host memory per node, bytes (default 2 TB, a DGX A100 / H100).
     pub cpu_memory: Option<i64>,
+    /// NVMe capacity per node, bytes (default 30.72 TB, a DGX H100's eight 3.84 TB drives).
+    pub nvme_capacity: Option<i64>,
     /// Pinned copy bandwidth per GPU, GB/s (default from the GPU's PCIe generation).
     pub h2d_gb_per_s: Option<f64>,
     pub d2h_gb_per_s: Option<f64>,
-    /// DeepSpeedCPUAdam throughput per GPU's partition, parameters/s (default 1e9, assumed).
+    /// NVMe bandwidth of the whole node, GB/s, shared by its GPUs (default 10 read, 5 write).
+    pub nvme_read_gb_per_s: Option<f64>,
+    pub nvme_write_gb_per_s: Option<f64>,
+    /// CPU optimizer throughput per GPU's partition, parameters/s (default 1e9 for
+    /// DeepSpeedCPUAdam, 1e9 / 6 for torch.optim on CPU; assumed).
     pub cpu_adam_params_per_s: Option<f64>,
 }
 
@@ -104,6 +114,15 @@ pub const DEFAULT_CPU_MEMORY: u64 = 2_000_000_000_000;
 /// DeepSpeedCPUAdam's rate per GPU process: an assumption (no measured step time was found;
 /// the ZeRO-Offload paper reports only a 5-7x speed-up over PyTorch's CPU Adam).
 pub const DEFAULT_CPU_ADAM_PARAMS_PER_S: f64 = 1e9;
+/// PyTorch's own Adam on CPU tensors (FSDP's CPU offload): DeepSpeed's tutorial puts
+/// DeepSpeedCPUAdam at 5-7x its speed; 6x is assumed.
+pub const DEFAULT_TORCH_CPU_ADAM_PARAMS_PER_S: f64 = DEFAULT_CPU_ADAM_PARAMS_PER_S / 6.0;
+/// Default NVMe of a node: a DGX H100's eight 3.84 TB U.2 drives (datasheet).
+pub const DEFAULT_NVME_CAPACITY: u64 = 30_720_000_000_000;
+/// Default NVMe bandwidth of a node, bytes/s: DeepNVMe's measured 10 GB/s read and 5 GB/s
+/// write over 4 SSDs in RAID-0 (DeepSpeed blog `deepspeed-gds`).
+pub const DEFAULT_NVME_READ_BYTES_PER_S: f64 = 10e9;
+pub const DEFAULT_NVME_WRITE_BYTES_PER_S: f64 = 5e9;
 
 /// Measured pinned-memory copy rates per GPU (nvbandwidth / bandwidthTest figures in
 /// docs/research/issue8-sources.md): PCIe Gen4 ~25 GB/s each way (A100), Gen5 ~35 GB/s
@@ -696,6 +715,9 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
     };
     let mut workload = workload;
     if let Some(l) = &f.lora {
+        if parallel.offload.as_ref().is_some_and(|o| o.parameters.is_some()) {
+            return Err(v.err("offload.parameters", "parameter offload with LoRA is not simulated yet (the frozen base would stay on the GPU); offload the optimizer only"));
+        }
         if t.precision.is_none() {
             // PEFT upcasts the adapters to FP32 (autocast_adapter_dtype=True) and the step
             // runs under BF16 autocast: FP32 adapters, gradients and Adam moments.
@@ -803,45 +825,130 @@ fn validate_offload(
     parallel: &ParallelConfig,
     cluster: &Cluster,
 ) -> Result<Option<crate::plan::OffloadConfig>, ScenarioError> {
-    if v.choice("offload.optimizer", o.optimizer.as_deref().unwrap_or("cpu"), &["cpu", "none"])? == "none" {
-        return Ok(None);
-    }
-    if parallel.framework != Framework::Deepspeed {
-        return Err(v.err("offload.optimizer", "optimizer offload is DeepSpeed's ZeRO-Offload: set parallel.framework = \"deepspeed\" (FSDP's CPUOffload is not simulated yet)"));
-    }
-    if !matches!(parallel.sharding, Sharding::Zero2 | Sharding::Zero3) {
-        return Err(v.err(
-            "offload.optimizer",
-            format!(
-                "simulated with ZeRO stage 2 or 3 (parallel.sharding = \"zero2\" | \"zero3\"), got {}",
-                parallel.sharding.display()
-            ),
-        ));
+    use crate::plan::OffloadDevice;
+    let device = |field: &str, x: Option<&str>, default: &str| -> Result<Option<OffloadDevice>, ScenarioError> {
+        Ok(match v.choice(field, x.unwrap_or(default), &["cpu", "nvme", "none"])? {
+            "cpu" => Some(OffloadDevice::Cpu),
+            "nvme" => Some(OffloadDevice::Nvme),
+            _ => None,
+        })
+    };
+    let fsdp = parallel.framework == Framework::Fsdp;
+    let parameters = device("offload.parameters", o.parameters.as_deref(), "none")?;
+    // FSDP offloads the optimizer with the parameters; DeepSpeed's default is the optimizer.
+    let optimizer = device("offload.optimizer", o.optimizer.as_deref(), if fsdp { "none" } else { "cpu" })?;
+    if fsdp {
+        if o.optimizer.is_some() && optimizer.is_some() {
+            return Err(v.err("offload.optimizer", "FSDP has no optimizer-only offload: CPUOffload(offload_params=True) moves parameters, gradients and the optimizer step to the CPU; set offload.parameters = \"cpu\" and leave offload.optimizer out (or use parallel.framework = \"deepspeed\")"));
+        }
+        match parameters {
+            None => return Ok(None),
+            Some(OffloadDevice::Nvme) => {
+                return Err(v.err("offload.parameters", "FSDP's CPUOffload offloads to \"cpu\" only; NVMe offload is DeepSpeed's ZeRO-Infinity (parallel.framework = \"deepspeed\")"))
+            }
+            Some(OffloadDevice::Cpu) => {}
+        }
+        if parallel.sharding != Sharding::Zero3 {
+            return Err(v.err(
+                "offload.parameters",
+                format!(
+                    "FSDP CPU offload is simulated with parallel.sharding = \"full_shard\", got {}",
+                    parallel.sharding.display()
+                ),
+            ));
+        }
+    } else {
+        let Some(_) = optimizer else {
+            if parameters.is_some() {
+                return Err(v.err("offload.optimizer", "parameter offload is simulated together with optimizer offload (ZeRO-Infinity: offload_optimizer and offload_param); set offload.optimizer = \"cpu\" or \"nvme\""));
+            }
+            return Ok(None);
+        };
+        if !matches!(parallel.sharding, Sharding::Zero2 | Sharding::Zero3) {
+            return Err(v.err(
+                "offload.optimizer",
+                format!(
+                    "simulated with ZeRO stage 2 or 3 (parallel.sharding = \"zero2\" | \"zero3\"), got {}",
+                    parallel.sharding.display()
+                ),
+            ));
+        }
+        if parameters.is_some() && parallel.sharding != Sharding::Zero3 {
+            return Err(v.err(
+                "offload.parameters",
+                format!(
+                    "DeepSpeed offloads parameters with ZeRO stage 3 only (parallel.sharding = \"zero3\"), got {}",
+                    parallel.sharding.display()
+                ),
+            ));
+        }
     }
     if parallel.model_parallel.pipeline > 1 {
-        return Err(v.err("offload.optimizer", "optimizer offload with pipeline parallelism is not simulated yet"));
+        return Err(v.err("offload", "offload with pipeline parallelism is not simulated yet"));
     }
-    let cpu_memory = match o.cpu_memory {
-        Some(x) => v.positive("offload.cpu_memory", x)?,
-        None => DEFAULT_CPU_MEMORY,
+    let bytes = |field: &str, x: Option<i64>, default: u64| match x {
+        Some(x) => v.positive(field, x),
+        None => Ok(default),
     };
-    let (h2d, d2h) = pcie_bytes_per_s(cluster.gpu.pcie_gen);
     let rate = |field: &str, x: Option<f64>, default: f64, scale: f64| match x {
         Some(x) if !(x > 0.0 && x.is_finite()) => Err(v.err(field, format!("must be a positive number, got {x}"))),
         Some(x) => Ok(x * scale),
         None => Ok(default),
     };
+    let d = default_offload(cluster, parallel.framework, optimizer.unwrap_or(OffloadDevice::Cpu), parameters);
+    let per_gpu = f64::from(cluster.gpus_per_node);
     Ok(Some(crate::plan::OffloadConfig {
-        cpu_memory_bytes: cpu_memory,
-        h2d_bytes_per_s: rate("offload.h2d_gb_per_s", o.h2d_gb_per_s, h2d, 1e9)?,
-        d2h_bytes_per_s: rate("offload.d2h_gb_per_s", o.d2h_gb_per_s, d2h, 1e9)?,
+        cpu_memory_bytes: bytes("offload.cpu_memory", o.cpu_memory, d.cpu_memory_bytes)?,
+        nvme_capacity_bytes: bytes("offload.nvme_capacity", o.nvme_capacity, d.nvme_capacity_bytes)?,
+        h2d_bytes_per_s: rate("offload.h2d_gb_per_s", o.h2d_gb_per_s, d.h2d_bytes_per_s, 1e9)?,
+        d2h_bytes_per_s: rate("offload.d2h_gb_per_s", o.d2h_gb_per_s, d.d2h_bytes_per_s, 1e9)?,
+        nvme_read_bytes_per_s: rate(
+            "offload.nvme_read_gb_per_s",
+            o.nvme_read_gb_per_s,
+            d.nvme_read_bytes_per_s * per_gpu,
+            1e9,
+        )? / per_gpu,
+        nvme_write_bytes_per_s: rate(
+            "offload.nvme_write_gb_per_s",
+            o.nvme_write_gb_per_s,
+            d.nvme_write_bytes_per_s * per_gpu,
+            1e9,
+        )? / per_gpu,
         cpu_adam_params_per_s: rate(
             "offload.cpu_adam_params_per_s",
             o.cpu_adam_params_per_s,
-            DEFAULT_CPU_ADAM_PARAMS_PER_S,
+            d.cpu_adam_params_per_s,
             1.0,
         )?,
+        ..d
     }))
+}
+
+/// Offload with every `[offload]` default: a DGX node's host memory and NVMe, pinned copies
+/// at the GPU's PCIe generation, the node's NVMe bandwidth shared by its GPUs, and the CPU
+/// optimizer of the framework (DeepSpeedCPUAdam, or PyTorch's Adam on CPU tensors).
+pub fn default_offload(
+    cluster: &Cluster,
+    framework: Framework,
+    optimizer: crate::plan::OffloadDevice,
+    parameters: Option<crate::plan::OffloadDevice>,
+) -> crate::plan::OffloadConfig {
+    let (h2d, d2h) = pcie_bytes_per_s(cluster.gpu.pcie_gen);
+    let per_gpu = f64::from(cluster.gpus_per_node);
+    crate::plan::OffloadConfig {
+        optimizer,
+        parameters,
+        cpu_memory_bytes: DEFAULT_CPU_MEMORY,
+        nvme_capacity_bytes: DEFAULT_NVME_CAPACITY,
+        h2d_bytes_per_s: h2d,
+        d2h_bytes_per_s: d2h,
+        nvme_read_bytes_per_s: DEFAULT_NVME_READ_BYTES_PER_S / per_gpu,
+        nvme_write_bytes_per_s: DEFAULT_NVME_WRITE_BYTES_PER_S / per_gpu,
+        cpu_adam_params_per_s: match framework {
+            Framework::Fsdp => DEFAULT_TORCH_CPU_ADAM_PARAMS_PER_S,
+            Framework::Deepspeed => DEFAULT_CPU_ADAM_PARAMS_PER_S,
+        },
+    }
 }
 
 fn validate_lora(

@@ -119,8 +119,11 @@ struct Builder<'a> {
     chunk_out: Vec<Option<usize>>,
     chunk_vs: Vec<u64>,
     tp_stream: u16,
-    /// ZeRO-Offload: host copies, and the CPU optimizer step.
-    pcie_stream: u16,
+    /// Offload: host-to-device and device-to-host copies (separate copy engines, so the two
+    /// directions overlap), NVMe reads and writes, and the CPU optimizer step.
+    h2d_stream: u16,
+    d2h_stream: u16,
+    nvme_stream: u16,
     cpu_stream: u16,
     send_stream: u16,
     recv_stream: u16,
@@ -250,8 +253,14 @@ impl<'a> Builder<'a> {
             }
         };
         let tp_stream = stream("tp", mp.tensor > 1);
-        let offload = plan.parallel.offload.is_some();
-        let pcie_stream = stream("pcie (offload)", offload);
+        let off = plan.parallel.offload.as_ref();
+        let offload = off.is_some();
+        let nvme = off.is_some_and(|o| {
+            o.optimizer == crate::plan::OffloadDevice::Nvme || o.parameters == Some(crate::plan::OffloadDevice::Nvme)
+        });
+        let h2d_stream = stream("pcie h2d (offload)", offload);
+        let d2h_stream = stream("pcie d2h (offload)", offload);
+        let nvme_stream = stream("nvme (offload)", nvme);
         let cpu_stream = stream("cpu (optimizer)", offload);
         let send_stream = stream("p2p send", mp.pipeline > 1);
         let recv_stream = stream("p2p recv", mp.pipeline > 1);
@@ -298,7 +307,9 @@ impl<'a> Builder<'a> {
             chunk_out,
             chunk_vs,
             tp_stream,
-            pcie_stream,
+            h2d_stream,
+            d2h_stream,
+            nvme_stream,
             cpu_stream,
             send_stream,
             recv_stream,
@@ -371,10 +382,15 @@ impl<'a> Builder<'a> {
         let plan = self.plan;
         let pbytes = self.pr().param.bytes();
         let lbl = |what: String, unit: Option<usize>| TaskLabel::new(0, Phase::Init, 0, what, TaskKind::Init, unit);
+        // Offloaded parameters stay on the host (or NVMe) between uses.
+        let on_gpu = !plan.params_offloaded();
         for u in 0..plan.units.len() {
             let el = plan.local(u, plan.params_sharded);
             let name = text!(self.names, "{} parameters ({})", plan.units[u].name, self.pr().param.name());
-            let mut alloc = vec![self.buffer(el * pbytes, Category::Parameters, name.clone())];
+            let mut alloc = Vec::new();
+            if on_gpu {
+                alloc.push(self.buffer(el * pbytes, Category::Parameters, name.clone()));
+            }
             let un = &plan.units[u];
             let frozen = if plan.params_sharded { un.frozen_shard_bytes } else { un.frozen_bytes };
             if frozen > 0 {
@@ -477,12 +493,83 @@ impl<'a> Builder<'a> {
             phase.name(),
             self.pr().compute.name()
         );
+        let (deps, staging) = match &self.plan.parallel.offload {
+            Some(off) if off.parameters.is_some() => self.fetch_offloaded(step, mb, phase, u, deps, off),
+            _ => (deps, Vec::new()),
+        };
         let b = self.buffer(bytes, Category::GatheredParameters, name);
         let secs = self.cost.collective_s(&self.cost.shard_group, Collective::AllGather, bytes);
         let what = text!(self.names, "all-gather {}", self.plan.units[u].name);
         let t =
             self.task(NCCL, secs, deps, vec![b], TaskLabel::new(step, phase, mb, what, TaskKind::AllGather, Some(u)));
+        self.free_at(t, &staging);
         (t, b)
+    }
+
+    /// Parameter offload: the unit's partition comes to the GPU before its all-gather (from
+    /// NVMe through the host first, for ZeRO-Infinity). Returns the all-gather's dependencies
+    /// and the GPU buffers it frees.
+    ///
+    /// DeepSpeed copies its 16-bit partition into a GPU buffer. FSDP's `pre_unshard` copies
+    /// the shard in the parameter dtype (FP32) with `non_blocking=True`, so PyTorch's `copy_`
+    /// lands it in a temporary of that dtype on the GPU and casts it there into the
+    /// low-precision `_mp_shard` (`Copy.cu`: conversions of non-blocking copies happen on the
+    /// GPU), which the all-gather then reads.
+    fn fetch_offloaded(
+        &mut self,
+        step: u32,
+        mb: u32,
+        phase: Phase,
+        u: usize,
+        mut deps: Vec<u32>,
+        off: &crate::plan::OffloadConfig,
+    ) -> (Vec<u32>, Vec<u32>) {
+        let plan = self.plan;
+        let el = plan.units[u].shard_params;
+        let (pb, cb) = (self.pr().param.bytes(), self.pr().compute.bytes());
+        let name = &plan.units[u].name;
+        let label = |what: String, kind| TaskLabel::new(step, phase, mb, what, kind, Some(u));
+        if off.parameters == Some(crate::plan::OffloadDevice::Nvme) {
+            let what = text!(self.names, "read {name} partition from NVMe");
+            let r = self.task(
+                self.nvme_stream,
+                (el * pb) as f64 / off.nvme_read_bytes_per_s,
+                deps,
+                vec![],
+                label(what, TaskKind::Recv),
+            );
+            deps = vec![r];
+        }
+        let fsdp = plan.parallel.framework == Framework::Fsdp;
+        let copy = self.buffer(
+            el * pb,
+            Category::CommBuffers,
+            text!(self.names, "{name} partition copied to the GPU ({})", self.pr().param.name()),
+        );
+        let mut alloc = vec![copy];
+        let mut staging = vec![copy];
+        if fsdp && pb != cb {
+            let mp = self.buffer(
+                el * cb,
+                Category::CommBuffers,
+                text!(self.names, "{name} _mp_shard ({})", self.pr().compute.name()),
+            );
+            alloc.push(mp);
+            staging = vec![mp];
+        }
+        let what = text!(self.names, "copy {name} partition to the GPU ({}, H2D)", self.pr().param.name());
+        let h = self.task(
+            self.h2d_stream,
+            (el * pb) as f64 / off.h2d_bytes_per_s,
+            deps,
+            alloc,
+            label(what, TaskKind::Recv),
+        );
+        if staging[0] != copy {
+            // The FP32 temporary dies once it is cast into the _mp_shard.
+            self.free_at(h, &[copy]);
+        }
+        (vec![h], staging)
     }
 
     fn micro_batch(&mut self, step: u32, mb: u32, last_mb: bool) {
@@ -1164,7 +1251,7 @@ impl<'a> Builder<'a> {
             let el = plan.units[u].shard_params;
             let secs = (el * 4) as f64 / off.d2h_bytes_per_s;
             let what = text!(self.names, "copy {} gradient partition to host (fp32, D2H)", plan.units[u].name);
-            let d = self.task(self.pcie_stream, secs, vec![t], vec![], label(what, TaskKind::Send));
+            let d = self.task(self.d2h_stream, secs, vec![t], vec![], label(what, TaskKind::Send));
             self.free_at(d, &[b]);
             self.step_comm.push(d);
             return;
@@ -1212,35 +1299,84 @@ impl<'a> Builder<'a> {
         }
     }
 
-    /// ZeRO-Offload's step: DeepSpeedCPUAdam on the host partition once every gradient
-    /// partition has arrived, then the updated 16-bit partition back to the GPU (and, when
-    /// parameters are replicated, their all-gather), then `zero_grad()`.
+    /// The offloaded step: the CPU optimizer on the host partition once every gradient
+    /// partition has arrived (DeepSpeedCPUAdam, or FSDP's optimizer on CPU tensors), with the
+    /// optimizer state read from NVMe before it and written back after it (DeepSpeed's
+    /// default `pipeline_read = pipeline_write = false`: one after the other); then the
+    /// updated 16-bit partition back to the GPU (and, when parameters are replicated, their
+    /// all-gather) unless parameters are offloaded too (written to NVMe when they live
+    /// there); then `zero_grad()`.
     fn offloaded_optimizer(&mut self, step: u32, el: u64, off: &crate::plan::OffloadConfig) {
+        use crate::plan::OffloadDevice;
         let plan = self.plan;
-        let pb = self.pr().param.bytes();
+        let pr = self.pr();
+        let pb = pr.param.bytes();
+        let state_bytes =
+            el * (pr.master.map_or(0, |m| m.bytes()) + plan.training.states_per_param() * pr.optimizer_state.bytes());
         let lbl = |what: String, kind| TaskLabel::new(step, Phase::Optimizer, 0, what, kind, None);
-        let deps = self.step_comm.clone();
-        let what = text!(self.names, "DeepSpeedCPUAdam step on the host ({el} parameters)");
-        let cpu = self.task(
+        let mut deps = self.step_comm.clone();
+        if off.optimizer == OffloadDevice::Nvme {
+            let what = text!(self.names, "read optimizer state from NVMe (swap in)");
+            let r = self.task(
+                self.nvme_stream,
+                state_bytes as f64 / off.nvme_read_bytes_per_s,
+                deps,
+                vec![],
+                lbl(what, TaskKind::Recv),
+            );
+            deps = vec![r];
+        }
+        let what = if plan.parallel.framework == Framework::Fsdp {
+            text!(self.names, "optimizer.step() on the CPU ({el} parameters)")
+        } else {
+            text!(self.names, "DeepSpeedCPUAdam step on the host ({el} parameters)")
+        };
+        let mut last = self.task(
             self.cpu_stream,
             el as f64 / off.cpu_adam_params_per_s,
             deps,
             vec![],
             lbl(what, TaskKind::Optimizer),
         );
-        let what = text!(self.names, "copy updated parameters to the GPU ({}, H2D)", self.pr().param.name());
-        let mut last = self.task(
-            self.pcie_stream,
-            (el * pb) as f64 / off.h2d_bytes_per_s,
-            vec![cpu],
-            vec![],
-            lbl(what, TaskKind::Recv),
-        );
-        if !plan.params_sharded && plan.dp > 1 {
-            let bytes = plan.total_params() * pb;
-            let secs = self.cost.collective_s(&self.cost.dp_group, Collective::AllGather, bytes);
-            let what = text!(self.names, "all-gather updated parameters");
-            last = self.task(NCCL, secs, vec![last], vec![], lbl(what, TaskKind::AllGather));
+        if off.optimizer == OffloadDevice::Nvme {
+            let what = text!(self.names, "write optimizer state to NVMe (swap out)");
+            last = self.task(
+                self.nvme_stream,
+                state_bytes as f64 / off.nvme_write_bytes_per_s,
+                vec![last],
+                vec![],
+                lbl(what, TaskKind::Send),
+            );
+        }
+        match off.parameters {
+            None => {
+                let what = text!(self.names, "copy updated parameters to the GPU ({}, H2D)", self.pr().param.name());
+                last = self.task(
+                    self.h2d_stream,
+                    (el * pb) as f64 / off.h2d_bytes_per_s,
+                    vec![last],
+                    vec![],
+                    lbl(what, TaskKind::Recv),
+                );
+                if !plan.params_sharded && plan.dp > 1 {
+                    let bytes = plan.total_params() * pb;
+                    let secs = self.cost.collective_s(&self.cost.dp_group, Collective::AllGather, bytes);
+                    let what = text!(self.names, "all-gather updated parameters");
+                    last = self.task(NCCL, secs, vec![last], vec![], lbl(what, TaskKind::AllGather));
+                }
+            }
+            Some(OffloadDevice::Cpu) => {}
+            Some(OffloadDevice::Nvme) => {
+                let bytes = plan.local_total(plan.params_sharded) * pb;
+                let what = text!(self.names, "write updated parameters to NVMe ({})", self.pr().param.name());
+                last = self.task(
+                    self.nvme_stream,
+                    bytes as f64 / off.nvme_write_bytes_per_s,
+                    vec![last],
+                    vec![],
+                    lbl(what, TaskKind::Send),
+                );
+            }
         }
         let z = self.task(COMPUTE, 0.0, vec![last], vec![], lbl(text!(self.names, "zero_grad()"), TaskKind::ZeroGrad));
         let grads: Vec<u32> = self.grad_bufs.iter().chain(self.op_grad_bufs.iter()).flatten().copied().collect();

@@ -108,7 +108,7 @@ pub fn simulate(s: &Scenario) -> Result<Outcome, Deadlock> {
     let (early_oom, past) = STEP1.with(|c| c.get());
     let early: &[u32] = if early_oom >= past { &[0, 1] } else { &[0] };
     let report = crate::simulate_lean(s, &dag, early)?;
-    let o = Outcome::from_report(&report, s);
+    let o = host_check(Outcome::from_report(&report, s), s, &dag);
     STEP1.with(|c| {
         let (a, b) = c.get();
         match o.oom {
@@ -124,5 +124,15 @@ pub fn simulate(s: &Scenario) -> Result<Outcome, Deadlock> {
 pub fn simulate_whole(s: &Scenario) -> Result<Outcome, Deadlock> {
     let dag = dag_for(s);
     let report = crate::simulate_lean(s, &dag, &[])?;
-    Ok(Outcome::from_report(&report, s))
+    Ok(host_check(Outcome::from_report(&report, s), s, &dag))
+}
+
+/// Offload: a node whose host memory or NVMe cannot hold the offloaded state fails when the
+/// engine pins it at initialisation, whatever the GPU does: the row does not fit, at init.
+fn host_check(mut o: Outcome, s: &Scenario, dag: &LayerDag) -> Outcome {
+    if !crate::offload_fits(s, dag) {
+        o.oom = Some(OomAt { step: 0, phase: Phase::Init, layer: None });
+        o.throughput = None;
+    }
+    o
 }
