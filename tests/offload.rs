@@ -66,9 +66,9 @@ fn offload_traffic_per_step_matches_the_bytes_moved() {
         }
         let secs = t.duration_ns as f64 / 1e9;
         match (stream, l.kind) {
-            ("pcie d2h (offload)", TaskKind::Send) => d2h += secs * cfg.d2h_bytes_per_s,
-            ("pcie h2d (offload)", TaskKind::Recv) => h2d += secs * cfg.h2d_bytes_per_s,
-            ("cpu (optimizer)", _) => cpu += secs,
+            ("d2h", TaskKind::Send) => d2h += secs * cfg.d2h_bytes_per_s,
+            ("h2d", TaskKind::Recv) => h2d += secs * cfg.h2d_bytes_per_s,
+            ("cpu", _) => cpu += secs,
             _ => {}
         }
     }
@@ -118,11 +118,11 @@ fn moved(sim: &stepsim::Simulation, cfg: &stepsim::plan::OffloadConfig, step: u3
         }
         let secs = t.duration_ns as f64 / 1e9;
         match (prog.streams[t.stream as usize].as_str(), l.kind) {
-            ("pcie d2h (offload)", _) => m.d2h += secs * cfg.d2h_bytes_per_s,
-            ("pcie h2d (offload)", _) => m.h2d += secs * cfg.h2d_bytes_per_s,
-            ("nvme (offload)", TaskKind::Recv) => m.nvme_read += secs * cfg.nvme_read_bytes_per_s,
-            ("nvme (offload)", TaskKind::Send) => m.nvme_write += secs * cfg.nvme_write_bytes_per_s,
-            ("cpu (optimizer)", _) => m.cpu_s += secs,
+            ("d2h", _) => m.d2h += secs * cfg.d2h_bytes_per_s,
+            ("h2d", _) => m.h2d += secs * cfg.h2d_bytes_per_s,
+            ("nvme", TaskKind::Recv) => m.nvme_read += secs * cfg.nvme_read_bytes_per_s,
+            ("nvme", TaskKind::Send) => m.nvme_write += secs * cfg.nvme_write_bytes_per_s,
+            ("cpu", _) => m.cpu_s += secs,
             (_, TaskKind::AllGather) => m.all_gathers.extend(l.unit),
             _ => {}
         }

@@ -37,7 +37,7 @@ fn style(kind: TaskKind) -> (RGBColor, &'static str) {
         TaskKind::AllGather => (RGBColor(0x00, 0x9E, 0x73), "all-gather"),
         TaskKind::ReduceScatter => (RGBColor(0xE6, 0x9F, 0x00), "reduce-scatter"),
         TaskKind::AllReduce => (RGBColor(0x56, 0xB4, 0xE9), "all-reduce"),
-        TaskKind::Send | TaskKind::Recv => (RGBColor(0xF0, 0xE4, 0x42), "pipeline send / recv"),
+        TaskKind::Send | TaskKind::Recv => (RGBColor(0xF0, 0xE4, 0x42), "send / recv, host copies"),
         TaskKind::Optimizer => (RGBColor(0x44, 0x44, 0x44), "optimizer.step()"),
         TaskKind::ZeroGrad | TaskKind::Init => (RGBColor(0x99, 0x99, 0x99), "init / zero_grad"),
     }
@@ -103,17 +103,19 @@ fn render(path: &Path, title: &str, sched: &Schedule, trace: &Trace) -> Result<(
         rects.push(Rectangle::new([(x0, row + 0.15), (x1, row + 0.85)], color.filled()));
     }
     chart.draw_series(rects).map_err(|err| format!("tasks: {err}"))?;
-    // Legend.
-    let kinds = [
+    // Legend; transfers only where the program has them (pipeline p2p, offload copies).
+    let mut kinds = vec![
         TaskKind::Forward,
         TaskKind::Backward,
         TaskKind::Recompute,
         TaskKind::AllGather,
         TaskKind::ReduceScatter,
         TaskKind::AllReduce,
-        TaskKind::Optimizer,
-        TaskKind::ZeroGrad,
     ];
+    if sched.labels.iter().any(|l| matches!(l.kind, TaskKind::Send | TaskKind::Recv)) {
+        kinds.push(TaskKind::Send);
+    }
+    kinds.extend([TaskKind::Optimizer, TaskKind::ZeroGrad]);
     for (k, kind) in kinds.iter().enumerate() {
         let (color, name) = style(*kind);
         let y = 60 + 28 * k as i32;

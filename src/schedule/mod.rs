@@ -258,10 +258,10 @@ impl<'a> Builder<'a> {
         let nvme = off.is_some_and(|o| {
             o.optimizer == crate::plan::OffloadDevice::Nvme || o.parameters == Some(crate::plan::OffloadDevice::Nvme)
         });
-        let h2d_stream = stream("pcie h2d (offload)", offload);
-        let d2h_stream = stream("pcie d2h (offload)", offload);
-        let nvme_stream = stream("nvme (offload)", nvme);
-        let cpu_stream = stream("cpu (optimizer)", offload);
+        let h2d_stream = stream("h2d", offload);
+        let d2h_stream = stream("d2h", offload);
+        let nvme_stream = stream("nvme", nvme);
+        let cpu_stream = stream("cpu", offload);
         let send_stream = stream("p2p send", mp.pipeline > 1);
         let recv_stream = stream("p2p recv", mp.pipeline > 1);
         let mut chunk_ops = Vec::new();
