@@ -1,10 +1,17 @@
-//! Speed of the simulator itself. `simulate_100b_32gpu` simulates the shipped
-//! 100b-32gpu-fsdp-ac scenario (two training steps of 80 layers, 32 GPUs simulated once):
-//! the target is under 20 ms per simulated step. `cargo bench --bench simulate`.
+//! Speed of the simulator itself. `cargo bench --bench simulate`.
+//!
+//! - `simulate_100b_32gpu` simulates the shipped 100b-32gpu-fsdp-ac scenario (two training
+//!   steps of 80 layers, 32 GPUs simulated once): the target is under 20 ms per simulated step.
+//! - `simulate_175b_pipeline` (issue 7) simulates GPT-3 175B on 1024 GPUs, TP 8 x PP 8 x DP 16,
+//!   with 64 micro-batches per step, through the sweep's lean path ([`stepsim::simulate_lean`],
+//!   the DAG built once outside the timed loop): symmetric ranks are simulated once, so one
+//!   rank per pipeline stage (8 devices) runs. The target is under 100 ms per simulated step;
+//!   the bench reports time per call (all `training.steps` steps) and per simulated step.
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, criterion_main, Criterion, SamplingMode};
 use stepsim::scenario::Scenario;
 
 fn scenario(name: &str) -> Scenario {
@@ -24,9 +31,48 @@ fn simulate_100b_32gpu(c: &mut Criterion) {
     });
 }
 
+/// The shipped GPT-3 175B scenario with 64 micro-batches per step (issue 7's configuration).
+fn gpt3_175b_64_micro_batches() -> Scenario {
+    let mut s = scenario("gpt3-175b.toml");
+    s.training.grad_accum = 64;
+    s
+}
+
+/// One lean simulation; the peak keeps the optimiser from discarding the work.
+fn lean_peak(s: &Scenario, dag: &stepsim::model::LayerDag) -> Option<u64> {
+    let r = stepsim::simulate_lean(s, dag, &[]).unwrap_or_else(|e| panic!("{e}"));
+    r.peak.map(|p| p.allocated.bytes)
+}
+
+fn simulate_175b_pipeline(c: &mut Criterion) {
+    let s = gpt3_175b_64_micro_batches();
+    let dag = stepsim::model::build(&s.model, &s.workload);
+    let steps = s.training.steps.max(1);
+    let mut g = c.benchmark_group("simulate_175b_pipeline");
+    // Ten samples of equal size (Flat): a run takes long enough that criterion's default
+    // linearly growing samples would cost 55 runs.
+    g.sample_size(10).sampling_mode(SamplingMode::Flat);
+    g.bench_function(format!("tp8_pp8_dp16_64mb ({steps} steps)"), |b| {
+        b.iter(|| std::hint::black_box(lean_peak(&s, &dag)))
+    });
+    // The same run, its time divided by the steps it simulates: the figure the target is for.
+    g.bench_function("tp8_pp8_dp16_64mb (per simulated step)", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let t = Instant::now();
+                std::hint::black_box(lean_peak(&s, &dag));
+                total += t.elapsed();
+            }
+            total / steps
+        })
+    });
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(20);
-    targets = simulate_100b_32gpu
+    targets = simulate_100b_32gpu, simulate_175b_pipeline
 }
 criterion_main!(benches);

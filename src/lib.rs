@@ -220,7 +220,29 @@ fn run_pipeline(
     plan: plan::Plan,
     names: bool,
 ) -> Result<Simulation, engine::Deadlock> {
-    let pipe = schedule::pipeline::build(&dag, &plan, &s.cluster, names);
+    let (stages, report, k) = pipeline_stages(s, capacity, &dag, &plan, names)?;
+    let head = &stages[k];
+    Ok(Simulation {
+        plan: head.plan.clone(),
+        schedule: head.schedule.clone(),
+        trace: head.trace.clone(),
+        dag,
+        report,
+        stages,
+    })
+}
+
+/// [`run_pipeline`]'s work: every stage's plan, program, run and report, the pipeline's
+/// report, and which stage it is about. The lean path keeps only the report, so it pays for
+/// no copy of the headline stage.
+fn pipeline_stages(
+    s: &scenario::Scenario,
+    capacity: u64,
+    dag: &model::LayerDag,
+    plan: &plan::Plan,
+    names: bool,
+) -> Result<(Vec<StageSim>, report::Report, usize), engine::Deadlock> {
+    let pipe = schedule::pipeline::build(dag, plan, &s.cluster, names);
     let p = pipe.stages.len();
     let mut allocs: Vec<Box<dyn memory::Allocator>> =
         (0..p).map(|_| s.allocator.build(capacity, s.cluster.memory_bytes)).collect();
@@ -230,23 +252,13 @@ fn run_pipeline(
             allocs.iter_mut().map(|a| &mut **a as &mut dyn memory::Allocator).collect();
         engine::run_devices(&pipe.merged.program, &mut refs, &opts)?
     };
-    let traces: Vec<engine::Trace> = (0..p).map(|k| pipe.stage_trace(k, &dt)).collect();
+    let spans = step_spans(&pipe.merged, &dt, plan.training.steps);
     let merged_hw = pipe.merged.hardware_flops_per_step;
+    let traces = pipe.stage_traces(dt);
     let mut stages = Vec::with_capacity(p);
     for (st, trace) in pipe.stages.into_iter().zip(traces) {
-        let report = report::build(s, &dag, &st.plan, &st.schedule, &trace);
+        let report = report::build(s, dag, &st.plan, &st.schedule, &trace);
         stages.push(StageSim { plan: st.plan, schedule: st.schedule, trace, report });
-    }
-    // Each step's span across all stages.
-    let merged = &pipe.merged;
-    let mut spans = vec![(u64::MAX, 0u64); plan.training.steps as usize];
-    for (i, t) in merged.program.tasks.iter().enumerate() {
-        let l = &merged.labels[t.label as usize];
-        if l.step >= 1 && dt.end_ns[i] != u64::MAX {
-            let sp = &mut spans[l.step as usize - 1];
-            sp.0 = sp.0.min(dt.start_ns[i]);
-            sp.1 = sp.1.max(dt.end_ns[i]);
-        }
     }
     let reports: Vec<&report::Report> = stages.iter().map(|x| &x.report).collect();
     let plans: Vec<&plan::Plan> = stages.iter().map(|x| &x.plan).collect();
@@ -255,15 +267,21 @@ fn run_pipeline(
     let model_flops = stages[k].schedule.model_flops_per_step;
     let hw = merged_hw / p as f64;
     report::pipeline::finish(&mut rep, s, &plans, &reports, &spans, model_flops, hw);
-    let head = &stages[k];
-    Ok(Simulation {
-        plan: head.plan.clone(),
-        schedule: head.schedule.clone(),
-        trace: head.trace.clone(),
-        dag,
-        report: rep,
-        stages,
-    })
+    Ok((stages, rep, k))
+}
+
+/// Each step's span across all stages of a merged run: (first start, last end), ns.
+fn step_spans(merged: &schedule::Schedule, dt: &engine::DeviceTrace, steps: u32) -> Vec<(u64, u64)> {
+    let mut spans = vec![(u64::MAX, 0u64); steps as usize];
+    for (i, t) in merged.program.tasks.iter().enumerate() {
+        let l = &merged.labels[t.label as usize];
+        if l.step >= 1 && dt.end_ns[i] != u64::MAX {
+            let sp = &mut spans[l.step as usize - 1];
+            sp.0 = sp.0.min(dt.start_ns[i]);
+            sp.1 = sp.1.max(dt.end_ns[i]);
+        }
+    }
+    spans
 }
 
 /// Offload: whether a node's host memory and NVMe hold every GPU's offloaded state (true
@@ -326,7 +344,7 @@ pub fn simulate_lean(
     let plan = plan_of(s, dag);
     let capacity = s.allocator_capacity();
     if plan.pipeline() > 1 {
-        return run_pipeline(s, capacity, dag.clone(), plan, false).map(|sim| sim.report);
+        return pipeline_stages(s, capacity, dag, &plan, false).map(|(_, report, _)| report);
     }
     for &steps in early.iter().filter(|&&k| k < s.training.steps) {
         let prefix = schedule::build_lean_prefix(dag, &plan, &s.cluster, steps);

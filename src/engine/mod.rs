@@ -172,14 +172,11 @@ pub fn run_devices(
     }
     let mut queues: Vec<Vec<u32>> = vec![Vec::new(); ns];
     let mut remaining = vec![0u32; n];
-    let mut dependents: Vec<Vec<u32>> = vec![Vec::new(); n];
     for (i, t) in program.tasks.iter().enumerate() {
         queues[t.stream as usize].push(i as u32);
         remaining[i] = t.deps.len() as u32;
-        for &d in &t.deps {
-            dependents[d as usize].push(i as u32);
-        }
     }
+    let dependents = Dependents::of(program);
     let mut head = vec![0usize; ns];
     let mut busy = vec![false; ns];
     let mut live = vec![false; program.buffers.len()];
@@ -194,61 +191,62 @@ pub fn run_devices(
         stream_busy_ns: vec![0; ns],
         allocators: Vec::new(),
     };
+    for (tl, n) in trace.timelines.iter_mut().zip(sample_bound(program, &dev_of, nd, &opts.empty_cache_after)) {
+        tl.samples.reserve_exact(n);
+    }
     let mut now = 0u64;
     let mut done = 0usize;
+    // Streams that may be able to start a task: at first all of them; after an event, the
+    // finished task's stream and the streams of the tasks it unblocked. Any other stream is
+    // as it was after the previous event (busy, drained, or its next task still waiting),
+    // so polling the candidates in index order starts exactly what polling every stream
+    // would. Starting a task never unblocks another, so one pass is enough.
+    let mut candidates: Vec<usize> = (0..ns).collect();
     loop {
-        // Start whatever can start now, stream by stream, until nothing changes.
-        let mut progressed = true;
-        while progressed {
-            progressed = false;
-            for s in 0..ns {
-                if busy[s] || head[s] >= queues[s].len() {
-                    continue;
-                }
-                let ti = queues[s][head[s]];
-                if remaining[ti as usize] > 0 {
-                    continue;
-                }
-                let task = &program.tasks[ti as usize];
-                let dv = dev_of[s];
-                for &b in &task.alloc {
-                    let spec = &program.buffers[b as usize];
-                    let alloc = &mut *allocs[dv];
-                    if let Err(error) = alloc.malloc(b as usize, spec.bytes, local[s]) {
-                        let live_now = live
-                            .iter()
-                            .enumerate()
-                            .filter(|(i, l)| **l && buf_dev[*i] as usize == dv)
-                            .map(|(i, _)| i as u32)
-                            .collect();
-                        trace.oom = Some(OomEvent {
-                            device: dv as u16,
-                            task: ti,
-                            buffer: b,
-                            time_ns: now,
-                            error,
-                            live: live_now,
-                        });
-                        trace.start_ns[ti as usize] = now;
-                        trace.end_time_ns = now;
-                        // The failed allocation released the cache before giving up.
-                        trace.timelines[dv].record_totals(now, totals(alloc), ti as usize);
-                        trace.allocators = allocs.iter().map(|a| a.stats()).collect();
-                        return Ok(trace);
-                    }
-                    live[b as usize] = true;
-                    buf_dev[b as usize] = dv as u16;
-                    let delta = alloc.rounded(spec.bytes) as i64;
-                    trace.timelines[dv].record(now, spec.category, delta, totals(alloc), ti as usize);
-                }
-                trace.start_ns[ti as usize] = now;
-                busy[s] = true;
-                head[s] += 1;
-                heap.push(Reverse((now + task.duration_ns, seq, ti)));
-                seq += 1;
-                progressed = true;
+        // Start whatever can start now, stream by stream.
+        candidates.sort_unstable();
+        candidates.dedup();
+        for &s in &candidates {
+            if busy[s] || head[s] >= queues[s].len() {
+                continue;
             }
+            let ti = queues[s][head[s]];
+            if remaining[ti as usize] > 0 {
+                continue;
+            }
+            let task = &program.tasks[ti as usize];
+            let dv = dev_of[s];
+            for &b in &task.alloc {
+                let spec = &program.buffers[b as usize];
+                let alloc = &mut *allocs[dv];
+                if let Err(error) = alloc.malloc(b as usize, spec.bytes, local[s]) {
+                    let live_now = live
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, l)| **l && buf_dev[*i] as usize == dv)
+                        .map(|(i, _)| i as u32)
+                        .collect();
+                    trace.oom =
+                        Some(OomEvent { device: dv as u16, task: ti, buffer: b, time_ns: now, error, live: live_now });
+                    trace.start_ns[ti as usize] = now;
+                    trace.end_time_ns = now;
+                    // The failed allocation released the cache before giving up.
+                    trace.timelines[dv].record_totals(now, totals(alloc), ti as usize);
+                    trace.allocators = allocs.iter().map(|a| a.stats()).collect();
+                    return Ok(trace);
+                }
+                live[b as usize] = true;
+                buf_dev[b as usize] = dv as u16;
+                let delta = alloc.rounded(spec.bytes) as i64;
+                trace.timelines[dv].record(now, spec.category, delta, totals(alloc), ti as usize);
+            }
+            trace.start_ns[ti as usize] = now;
+            busy[s] = true;
+            head[s] += 1;
+            heap.push(Reverse((now + task.duration_ns, seq, ti)));
+            seq += 1;
         }
+        candidates.clear();
         let Some(Reverse((t, _, ti))) = heap.pop() else { break };
         now = t;
         let task = &program.tasks[ti as usize];
@@ -278,8 +276,12 @@ pub fn run_devices(
         trace.stream_busy_ns[task.stream as usize] += task.duration_ns;
         busy[task.stream as usize] = false;
         done += 1;
-        for &d in &dependents[ti as usize] {
+        candidates.push(stream);
+        for &d in dependents.of_task(ti) {
             remaining[d as usize] -= 1;
+            if remaining[d as usize] == 0 {
+                candidates.push(program.tasks[d as usize].stream as usize);
+            }
         }
     }
     trace.end_time_ns = now;
@@ -288,6 +290,58 @@ pub fn run_devices(
         return Err(Deadlock { waiting: n - done });
     }
     Ok(trace)
+}
+
+/// At most how many samples each device's timeline records: one per allocation and one per
+/// free of a buffer its tasks allocate, one per `empty_cache()` and one at an OOM. Reserving
+/// them up front spares copying a growing timeline of a large program.
+fn sample_bound(program: &Program, dev_of: &[usize], nd: usize, empty_cache_after: &[u32]) -> Vec<usize> {
+    let mut n = vec![1usize; nd];
+    for t in &program.tasks {
+        n[dev_of[t.stream as usize]] += 2 * t.alloc.len();
+    }
+    for &t in empty_cache_after {
+        if let Some(t) = program.tasks.get(t as usize) {
+            n[dev_of[t.stream as usize]] += 1;
+        }
+    }
+    n
+}
+
+/// Each task's dependents (the tasks that list it in `deps`), in one flat array rather
+/// than a vector per task: a program has hundreds of thousands of tasks.
+struct Dependents {
+    /// Task i's dependents are `list[start[i]..start[i + 1]]`.
+    start: Vec<u32>,
+    list: Vec<u32>,
+}
+
+impl Dependents {
+    fn of(program: &Program) -> Dependents {
+        let n = program.tasks.len();
+        let mut start = vec![0u32; n + 1];
+        for t in &program.tasks {
+            for &d in &t.deps {
+                start[d as usize + 1] += 1;
+            }
+        }
+        for i in 0..n {
+            start[i + 1] += start[i];
+        }
+        let mut next = start.clone();
+        let mut list = vec![0u32; start[n] as usize];
+        for (i, t) in program.tasks.iter().enumerate() {
+            for &d in &t.deps {
+                list[next[d as usize] as usize] = i as u32;
+                next[d as usize] += 1;
+            }
+        }
+        Dependents { start, list }
+    }
+
+    fn of_task(&self, t: u32) -> &[u32] {
+        &self.list[self.start[t as usize] as usize..self.start[t as usize + 1] as usize]
+    }
 }
 
 #[cfg(test)]
