@@ -238,3 +238,39 @@ fn a_sweep_counts_a_host_oom_as_not_fitting() {
     let ok = stepsim::sweep::summary::simulate_whole(&load_with(|t| t)).unwrap();
     assert!(ok.oom.is_none());
 }
+
+/// DeepSpeed's own estimator (tests/fixtures/deepspeed_estimator.json): a node's CPU memory
+/// for ZeRO-3 model states is P x 18 (parameters and optimizer offloaded) or P x 16
+/// (optimizer only) bytes, times its 1.5 buffer factor. stepsim's host bytes per node for the
+/// same offload, per parameter, times that factor must reproduce the printed figures (GiB)
+/// for the doc's models from their parameter counts; tolerance 0.2% (the counts are rounded
+/// to 1M, the printed values to 0.01 GiB).
+#[test]
+fn host_bytes_per_parameter_match_deepspeeds_estimator() {
+    let fx: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string("tests/fixtures/deepspeed_estimator.json").unwrap()).unwrap();
+    let factor = fx["additional_buffer_factor"].as_f64().unwrap();
+    println!("{:<7} {:>5} {:<12} {:>10} {:>10} {:>7}", "model", "gpus", "offload", "published", "stepsim", "error");
+    for row in fx["rows"].as_array().unwrap() {
+        let gpus = row["gpus_per_node"].as_u64().unwrap();
+        let params_line = if row["offload"] == "param+optim" { "parameters = \"cpu\"\n" } else { "" };
+        let s = load_with(|t| {
+            t.replace("gpus = 8", &format!("gpus = {gpus}"))
+                .replace("optimizer = \"cpu\"\n", &format!("optimizer = \"cpu\"\n{params_line}"))
+        });
+        let sim = stepsim::simulate(&s).unwrap();
+        let off = sim.report.offload.unwrap();
+        let per_param = off.host_bytes_per_node.bytes as f64 / sim.plan.total_params() as f64;
+        let p = row["params_m"].as_f64().unwrap() * 1e6;
+        let predicted = p * per_param * factor / (1u64 << 30) as f64;
+        let published = row["cpu_gib"].as_f64().unwrap();
+        let err = predicted / published - 1.0;
+        println!(
+            "{:<7} {gpus:>5} {:<12} {published:>10.2} {predicted:>10.2} {:>+6.2}%",
+            row["model"].as_str().unwrap(),
+            row["offload"].as_str().unwrap(),
+            100.0 * err
+        );
+        assert!(err.abs() < 0.002, "{row}: {predicted:.2} GiB vs {published}");
+    }
+}
