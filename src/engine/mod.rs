@@ -92,6 +92,9 @@ pub struct Trace {
 pub struct RunOptions {
     /// Tasks after whose end (and frees) the engine calls `empty_cache()`.
     pub empty_cache_after: Vec<u32>,
+    /// Record the peaks and what a report reads, not every sample
+    /// ([`Timeline::peaks_only`]): a caller that draws no curve spares writing one.
+    pub peaks_only: bool,
 }
 
 fn totals(alloc: &dyn Allocator) -> Totals {
@@ -183,7 +186,7 @@ pub fn run_devices(
     let mut heap: BinaryHeap<Reverse<(u64, u64, u32)>> = BinaryHeap::new();
     let mut seq = 0u64;
     let mut trace = DeviceTrace {
-        timelines: vec![Timeline::default(); nd],
+        timelines: vec![if opts.peaks_only { Timeline::peaks_only() } else { Timeline::default() }; nd],
         start_ns: vec![u64::MAX; n],
         end_ns: vec![u64::MAX; n],
         oom: None,
@@ -192,7 +195,7 @@ pub fn run_devices(
         allocators: Vec::new(),
     };
     for (tl, n) in trace.timelines.iter_mut().zip(sample_bound(program, &dev_of, nd, &opts.empty_cache_after)) {
-        tl.samples.reserve_exact(n);
+        tl.reserve(n);
     }
     let mut now = 0u64;
     let mut done = 0usize;
@@ -412,7 +415,7 @@ mod tests {
             stream_device: vec![],
         };
         let mut a = CachingAllocator::new(CachingConfig::new(1 << 30));
-        let t = run_with(&p, &mut a, &RunOptions { empty_cache_after: vec![3] }).unwrap();
+        let t = run_with(&p, &mut a, &RunOptions { empty_cache_after: vec![3], ..Default::default() }).unwrap();
         let s = &t.timeline.samples;
         // After b's free the block is still active (its event on compute is recorded) ...
         assert_eq!((s[1].allocated, s[1].active, s[1].reserved), (0, 40 * M, 40 * M));

@@ -191,9 +191,7 @@ impl Pipeline {
             .map(|((k, st), (mut timeline, allocator))| {
                 let n = st.schedule.program.tasks.len();
                 let (to, bo) = (st.task_offset, st.buffer_offset);
-                for s in &mut timeline.samples {
-                    s.task -= to;
-                }
+                timeline.shift_tasks(to);
                 let oom = oom.as_ref().filter(|o| o.device as usize == k).map(|o| {
                     let mut o = o.clone();
                     o.task -= to as u32;
