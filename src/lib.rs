@@ -250,17 +250,18 @@ fn pipeline_stages(
     let p = pipe.stages.len();
     let mut allocs: Vec<Box<dyn memory::Allocator>> =
         (0..p).map(|_| s.allocator.build(capacity, s.cluster.memory_bytes)).collect();
+    let scheds: Vec<&schedule::Schedule> = pipe.stages.iter().map(|st| &st.schedule).collect();
     let opts = engine::RunOptions {
-        empty_cache_after: empty_cache_tasks(&pipe.merged, &s.allocator.empty_cache),
+        empty_cache_after: empty_cache_tasks_of(&scheds, &s.allocator.empty_cache),
         peaks_only: !curve,
     };
     let dt = {
         let mut refs: Vec<&mut dyn memory::Allocator> =
             allocs.iter_mut().map(|a| &mut **a as &mut dyn memory::Allocator).collect();
-        engine::run_devices(&pipe.merged.program, &mut refs, &opts)?
+        engine::run_parts(&pipe.programs(), &pipe.links, &mut refs, &opts)?
     };
-    let spans = step_spans(&pipe.merged, &dt, plan.training.steps);
-    let merged_hw = pipe.merged.hardware_flops_per_step;
+    let spans = step_spans(&scheds, &dt, plan.training.steps);
+    let merged_hw = scheds.iter().fold(0.0, |hw, sch| hw + sch.hardware_flops_per_step);
     let traces = pipe.stage_traces(dt);
     let mut stages = Vec::with_capacity(p);
     for (st, trace) in pipe.stages.into_iter().zip(traces) {
@@ -277,15 +278,20 @@ fn pipeline_stages(
     Ok((stages, rep, k))
 }
 
-/// Each step's span across all stages of a merged run: (first start, last end), ns.
-fn step_spans(merged: &schedule::Schedule, dt: &engine::DeviceTrace, steps: u32) -> Vec<(u64, u64)> {
+/// Each step's span across all stages of a run of the stages' programs (numbered one after
+/// the other): (first start, last end), ns.
+fn step_spans(stages: &[&schedule::Schedule], dt: &engine::DeviceTrace, steps: u32) -> Vec<(u64, u64)> {
     let mut spans = vec![(u64::MAX, 0u64); steps as usize];
-    for (i, t) in merged.program.tasks.iter().enumerate() {
-        let l = &merged.labels[t.label as usize];
-        if l.step >= 1 && dt.end_ns[i] != u64::MAX {
-            let sp = &mut spans[l.step as usize - 1];
-            sp.0 = sp.0.min(dt.start_ns[i]);
-            sp.1 = sp.1.max(dt.end_ns[i]);
+    let mut i = 0;
+    for sch in stages {
+        for t in &sch.program.tasks {
+            let l = &sch.labels[t.label as usize];
+            if l.step >= 1 && dt.end_ns[i] != u64::MAX {
+                let sp = &mut spans[l.step as usize - 1];
+                sp.0 = sp.0.min(dt.start_ns[i]);
+                sp.1 = sp.1.max(dt.end_ns[i]);
+            }
+            i += 1;
         }
     }
     spans
@@ -377,13 +383,21 @@ pub fn simulate_lean(
 /// initialisation; the last forward (backward) op of each micro-batch; each
 /// `optimizer.step()`; the `zero_grad()` that ends each step.
 fn empty_cache_tasks(sched: &schedule::Schedule, points: &[EmptyCacheAt]) -> Vec<u32> {
+    empty_cache_tasks_of(&[sched], points)
+}
+
+/// [`empty_cache_tasks`] of programs run as one, their tasks numbered one after the other
+/// (a pipeline's stages): the tasks are taken as one sequence, as if the programs were
+/// merged into one.
+fn empty_cache_tasks_of(scheds: &[&schedule::Schedule], points: &[EmptyCacheAt]) -> Vec<u32> {
     use schedule::TaskKind;
     let mut out = Vec::new();
     if points.is_empty() {
         return out;
     }
-    let tasks = &sched.program.tasks;
-    let label = |i: usize| &sched.labels[tasks[i].label as usize];
+    let labels = || {
+        scheds.iter().flat_map(|sch| sch.program.tasks.iter().map(move |t| &sch.labels[t.label as usize])).enumerate()
+    };
     for &p in points {
         let kind = match p {
             EmptyCacheAt::AfterInit => TaskKind::Init,
@@ -394,8 +408,7 @@ fn empty_cache_tasks(sched: &schedule::Schedule, points: &[EmptyCacheAt]) -> Vec
         };
         // The last task of that kind in each (step, micro-batch), in program order.
         let mut last: Option<(u32, u32, usize)> = None;
-        for i in 0..tasks.len() {
-            let l = label(i);
+        for (i, l) in labels() {
             if l.kind != kind {
                 continue;
             }
