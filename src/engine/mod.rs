@@ -413,6 +413,21 @@ fn sample_bound(num: &Numbering, dev_of: &[usize], nd: usize, empty_cache_after:
     n
 }
 
+/// Calls `f(task, dep)` for every dependency of a run, in the run's numbering.
+fn for_each_dep(num: &Numbering, links: &[Link], mut f: impl FnMut(usize, usize)) {
+    for (k, p) in num.parts.iter().enumerate() {
+        let to = num.task[k];
+        for (i, t) in p.tasks.iter().enumerate() {
+            for &d in &t.deps {
+                f(to + i, to + d as usize);
+            }
+        }
+    }
+    for l in links {
+        f(l.task as usize, l.dep as usize);
+    }
+}
+
 /// Each task's dependents (the tasks that list it in `deps`, or wait for it through a
 /// [`Link`]), in one flat array rather than a vector per task: a run has hundreds of
 /// thousands of tasks.
@@ -426,25 +441,13 @@ impl Dependents {
     fn of(num: &Numbering, links: &[Link]) -> Dependents {
         let n = num.tasks();
         let mut start = vec![0u32; n + 1];
-        let each = |f: &mut dyn FnMut(usize, usize)| {
-            for (k, p) in num.parts.iter().enumerate() {
-                for (i, t) in p.tasks.iter().enumerate() {
-                    for &d in &t.deps {
-                        f(num.task[k] + i, num.task[k] + d as usize);
-                    }
-                }
-            }
-            for l in links {
-                f(l.task as usize, l.dep as usize);
-            }
-        };
-        each(&mut |_, d| start[d + 1] += 1);
+        for_each_dep(num, links, |_, d| start[d + 1] += 1);
         for i in 0..n {
             start[i + 1] += start[i];
         }
         let mut next = start.clone();
         let mut list = vec![0u32; start[n] as usize];
-        each(&mut |i, d| {
+        for_each_dep(num, links, |i, d| {
             list[next[d] as usize] = i as u32;
             next[d] += 1;
         });
