@@ -213,7 +213,7 @@ fn run_with_capacity(s: &scenario::Scenario, capacity: u64, curve: bool) -> Resu
     Ok(Simulation { dag, plan, schedule, trace, report, stages: Vec::new() })
 }
 
-/// The pipeline-parallel path: every stage's program merged into one multi-device run, each
+/// The pipeline-parallel path: every stage's program run as one multi-device program, each
 /// stage on its own allocator, then one report per stage and the pipeline's headline.
 fn run_pipeline(
     s: &scenario::Scenario,
@@ -261,7 +261,7 @@ fn pipeline_stages(
         engine::run_parts(&pipe.programs(), &pipe.links, &mut refs, &opts)?
     };
     let spans = step_spans(&scheds, &dt, plan.training.steps);
-    let merged_hw = scheds.iter().fold(0.0, |hw, sch| hw + sch.hardware_flops_per_step);
+    let stages_hw = scheds.iter().fold(0.0, |hw, sch| hw + sch.hardware_flops_per_step);
     let traces = pipe.stage_traces(dt);
     let mut stages = Vec::with_capacity(p);
     for (st, trace) in pipe.stages.into_iter().zip(traces) {
@@ -273,7 +273,7 @@ fn pipeline_stages(
     let k = report::pipeline::primary(&reports);
     let mut rep = stages[k].report.clone();
     let model_flops = stages[k].schedule.model_flops_per_step;
-    let hw = merged_hw / p as f64;
+    let hw = stages_hw / p as f64;
     report::pipeline::finish(&mut rep, s, &plans, &reports, &spans, model_flops, hw);
     Ok((stages, rep, k))
 }
