@@ -55,13 +55,13 @@ pub fn simulate(s: &scenario::Scenario) -> Result<Simulation, engine::Deadlock> 
     if let Some(cfg) = &s.inference {
         return simulate_inference(s, cfg);
     }
-    let mut sim = run_with_capacity(s, s.allocator_capacity())?;
+    let mut sim = run_with_capacity(s, s.allocator_capacity(), true)?;
     // A fragmentation OOM: would perfect packing (no allocator overhead at all) fit?
     let fragmented = sim.report.allocator.oom.as_ref().is_some_and(|d| d.cause == memory::OomCause::Fragmentation);
     if fragmented {
         let mut alt = s.clone();
         alt.allocator.kind = memory::AllocatorKind::Exact;
-        let r = run_with_capacity(&alt, s.allocator_capacity())?.report;
+        let r = run_with_capacity(&alt, s.allocator_capacity(), false)?.report;
         let w = report::allocator::WithoutFragmentation {
             fits: matches!(r.verdict, report::Verdict::Fits { .. }),
             oom_at: match r.verdict {
@@ -127,7 +127,7 @@ fn offload_report(
     let mut alt = s.clone();
     alt.parallel.offload = None;
     let without = plan_of(&alt, &sim.dag).model_state().total();
-    let r = run_with_capacity(&alt, u64::MAX / 4)?.report;
+    let r = run_with_capacity(&alt, u64::MAX / 4, false)?.report;
     let fsdp = s.parallel.framework == plan::Framework::Fsdp;
     let mode = match (fsdp, off.parameters) {
         (true, _) => "FSDP CPUOffload(offload_params=True)".to_string(),
@@ -197,21 +197,23 @@ fn simulate_inference(s: &scenario::Scenario, cfg: &infer::InferenceConfig) -> R
 }
 
 /// DAG -> plan -> program -> engine -> report, with the allocator capped at `capacity`.
-fn run_with_capacity(s: &scenario::Scenario, capacity: u64) -> Result<Simulation, engine::Deadlock> {
+/// Without `curve` the trace keeps the peaks but not every sample (a counterfactual run
+/// whose report alone is read).
+fn run_with_capacity(s: &scenario::Scenario, capacity: u64, curve: bool) -> Result<Simulation, engine::Deadlock> {
     let dag = model::build(&s.model, &s.workload);
     let plan = plan_of(s, &dag);
     if plan.pipeline() > 1 {
-        return run_pipeline(s, capacity, dag, plan, true);
+        return run_pipeline(s, capacity, dag, plan, true, curve);
     }
     let mut schedule = schedule::build(&dag, &plan, &s.cluster);
     if let Some(j) = &s.jitter {
         schedule::jitter::apply(&mut schedule, j, u64::from(s.cluster.gpus));
     }
-    let (trace, report) = execute(s, capacity, &dag, &plan, &schedule)?;
+    let (trace, report) = execute(s, capacity, &dag, &plan, &schedule, curve)?;
     Ok(Simulation { dag, plan, schedule, trace, report, stages: Vec::new() })
 }
 
-/// The pipeline-parallel path: every stage's program merged into one multi-device run, each
+/// The pipeline-parallel path: every stage's program run as one multi-device program, each
 /// stage on its own allocator, then one report per stage and the pipeline's headline.
 fn run_pipeline(
     s: &scenario::Scenario,
@@ -219,8 +221,9 @@ fn run_pipeline(
     dag: model::LayerDag,
     plan: plan::Plan,
     names: bool,
+    curve: bool,
 ) -> Result<Simulation, engine::Deadlock> {
-    let (stages, report, k) = pipeline_stages(s, capacity, &dag, &plan, names)?;
+    let (stages, report, k) = pipeline_stages(s, capacity, &dag, &plan, names, curve)?;
     let head = &stages[k];
     Ok(Simulation {
         plan: head.plan.clone(),
@@ -234,26 +237,31 @@ fn run_pipeline(
 
 /// [`run_pipeline`]'s work: every stage's plan, program, run and report, the pipeline's
 /// report, and which stage it is about. The lean path keeps only the report, so it pays for
-/// no copy of the headline stage.
+/// no copy of the headline stage, and (without `curve`) for no memory curve.
 fn pipeline_stages(
     s: &scenario::Scenario,
     capacity: u64,
     dag: &model::LayerDag,
     plan: &plan::Plan,
     names: bool,
+    curve: bool,
 ) -> Result<(Vec<StageSim>, report::Report, usize), engine::Deadlock> {
     let pipe = schedule::pipeline::build(dag, plan, &s.cluster, names);
     let p = pipe.stages.len();
     let mut allocs: Vec<Box<dyn memory::Allocator>> =
         (0..p).map(|_| s.allocator.build(capacity, s.cluster.memory_bytes)).collect();
-    let opts = engine::RunOptions { empty_cache_after: empty_cache_tasks(&pipe.merged, &s.allocator.empty_cache) };
+    let scheds: Vec<&schedule::Schedule> = pipe.stages.iter().map(|st| &st.schedule).collect();
+    let opts = engine::RunOptions {
+        empty_cache_after: empty_cache_tasks_of(&scheds, &s.allocator.empty_cache),
+        peaks_only: !curve,
+    };
     let dt = {
         let mut refs: Vec<&mut dyn memory::Allocator> =
             allocs.iter_mut().map(|a| &mut **a as &mut dyn memory::Allocator).collect();
-        engine::run_devices(&pipe.merged.program, &mut refs, &opts)?
+        engine::run_parts(&pipe.programs(), &pipe.links, &mut refs, &opts)?
     };
-    let spans = step_spans(&pipe.merged, &dt, plan.training.steps);
-    let merged_hw = pipe.merged.hardware_flops_per_step;
+    let spans = step_spans(&scheds, &dt, plan.training.steps);
+    let stages_hw = scheds.iter().fold(0.0, |hw, sch| hw + sch.hardware_flops_per_step);
     let traces = pipe.stage_traces(dt);
     let mut stages = Vec::with_capacity(p);
     for (st, trace) in pipe.stages.into_iter().zip(traces) {
@@ -265,20 +273,25 @@ fn pipeline_stages(
     let k = report::pipeline::primary(&reports);
     let mut rep = stages[k].report.clone();
     let model_flops = stages[k].schedule.model_flops_per_step;
-    let hw = merged_hw / p as f64;
+    let hw = stages_hw / p as f64;
     report::pipeline::finish(&mut rep, s, &plans, &reports, &spans, model_flops, hw);
     Ok((stages, rep, k))
 }
 
-/// Each step's span across all stages of a merged run: (first start, last end), ns.
-fn step_spans(merged: &schedule::Schedule, dt: &engine::DeviceTrace, steps: u32) -> Vec<(u64, u64)> {
+/// Each step's span across all stages of a run of the stages' programs (numbered one after
+/// the other): (first start, last end), ns.
+fn step_spans(stages: &[&schedule::Schedule], dt: &engine::DeviceTrace, steps: u32) -> Vec<(u64, u64)> {
     let mut spans = vec![(u64::MAX, 0u64); steps as usize];
-    for (i, t) in merged.program.tasks.iter().enumerate() {
-        let l = &merged.labels[t.label as usize];
-        if l.step >= 1 && dt.end_ns[i] != u64::MAX {
-            let sp = &mut spans[l.step as usize - 1];
-            sp.0 = sp.0.min(dt.start_ns[i]);
-            sp.1 = sp.1.max(dt.end_ns[i]);
+    let mut i = 0;
+    for sch in stages {
+        for t in &sch.program.tasks {
+            let l = &sch.labels[t.label as usize];
+            if l.step >= 1 && dt.end_ns[i] != u64::MAX {
+                let sp = &mut spans[l.step as usize - 1];
+                sp.0 = sp.0.min(dt.start_ns[i]);
+                sp.1 = sp.1.max(dt.end_ns[i]);
+            }
+            i += 1;
         }
     }
     spans
@@ -305,19 +318,25 @@ fn execute(
     dag: &model::LayerDag,
     plan: &plan::Plan,
     schedule: &schedule::Schedule,
+    curve: bool,
 ) -> Result<(engine::Trace, report::Report), engine::Deadlock> {
-    let trace = play(s, capacity, schedule)?;
+    let trace = play(s, capacity, schedule, curve)?;
     let report = report::build(s, dag, plan, schedule, &trace);
     Ok((trace, report))
 }
 
-/// Runs a schedule through the scenario's allocator capped at `capacity`.
+/// Runs a schedule through the scenario's allocator capped at `capacity`, keeping every
+/// memory sample if `curve`, else the peaks only.
 fn play(
     s: &scenario::Scenario,
     capacity: u64,
     schedule: &schedule::Schedule,
+    curve: bool,
 ) -> Result<engine::Trace, engine::Deadlock> {
-    let opts = engine::RunOptions { empty_cache_after: empty_cache_tasks(schedule, &s.allocator.empty_cache) };
+    let opts = engine::RunOptions {
+        empty_cache_after: empty_cache_tasks(schedule, &s.allocator.empty_cache),
+        peaks_only: !curve,
+    };
     let mut alloc = s.allocator.build(capacity, s.cluster.memory_bytes);
     engine::run_with(&schedule.program, alloc.as_mut(), &opts)
 }
@@ -344,11 +363,11 @@ pub fn simulate_lean(
     let plan = plan_of(s, dag);
     let capacity = s.allocator_capacity();
     if plan.pipeline() > 1 {
-        return pipeline_stages(s, capacity, dag, &plan, false).map(|(_, report, _)| report);
+        return pipeline_stages(s, capacity, dag, &plan, false, false).map(|(_, report, _)| report);
     }
     for &steps in early.iter().filter(|&&k| k < s.training.steps) {
         let prefix = schedule::build_lean_prefix(dag, &plan, &s.cluster, steps);
-        let trace = play(s, capacity, &prefix)?;
+        let trace = play(s, capacity, &prefix, false)?;
         if trace.oom.is_some() {
             return Ok(report::build(s, dag, &plan, &prefix, &trace));
         }
@@ -357,20 +376,28 @@ pub fn simulate_lean(
     if let Some(j) = &s.jitter {
         schedule::jitter::apply(&mut schedule, j, u64::from(s.cluster.gpus));
     }
-    execute(s, capacity, dag, &plan, &schedule).map(|(_, report)| report)
+    execute(s, capacity, dag, &plan, &schedule, false).map(|(_, report)| report)
 }
 
 /// The tasks after which the program calls `torch.cuda.empty_cache()`: the last task of
 /// initialisation; the last forward (backward) op of each micro-batch; each
 /// `optimizer.step()`; the `zero_grad()` that ends each step.
 fn empty_cache_tasks(sched: &schedule::Schedule, points: &[EmptyCacheAt]) -> Vec<u32> {
+    empty_cache_tasks_of(&[sched], points)
+}
+
+/// [`empty_cache_tasks`] of programs run as one, their tasks numbered one after the other
+/// (a pipeline's stages): the tasks are taken as one sequence, as if the programs were
+/// merged into one.
+fn empty_cache_tasks_of(scheds: &[&schedule::Schedule], points: &[EmptyCacheAt]) -> Vec<u32> {
     use schedule::TaskKind;
     let mut out = Vec::new();
     if points.is_empty() {
         return out;
     }
-    let tasks = &sched.program.tasks;
-    let label = |i: usize| &sched.labels[tasks[i].label as usize];
+    let labels = || {
+        scheds.iter().flat_map(|sch| sch.program.tasks.iter().map(move |t| &sch.labels[t.label as usize])).enumerate()
+    };
     for &p in points {
         let kind = match p {
             EmptyCacheAt::AfterInit => TaskKind::Init,
@@ -381,8 +408,7 @@ fn empty_cache_tasks(sched: &schedule::Schedule, points: &[EmptyCacheAt]) -> Vec
         };
         // The last task of that kind in each (step, micro-batch), in program order.
         let mut last: Option<(u32, u32, usize)> = None;
-        for i in 0..tasks.len() {
-            let l = label(i);
+        for (i, l) in labels() {
             if l.kind != kind {
                 continue;
             }
@@ -413,7 +439,7 @@ fn checkpointing_cost(
     let Some(tp) = &with.throughput else { return Ok(None) };
     let mut alt = s.clone();
     alt.training.checkpointing = plan::Checkpointing::None;
-    let r = run_with_capacity(&alt, u64::MAX / 4)?.report;
+    let r = run_with_capacity(&alt, u64::MAX / 4, false)?.report;
     Ok(r.throughput.map(|t| report::CheckpointingCost {
         step_time_without_s: t.step_time_s,
         step_time_with_s: tp.step_time_s,

@@ -92,6 +92,9 @@ pub struct Trace {
 pub struct RunOptions {
     /// Tasks after whose end (and frees) the engine calls `empty_cache()`.
     pub empty_cache_after: Vec<u32>,
+    /// Record the peaks and what a report reads, not every sample
+    /// ([`Timeline::peaks_only`]): a caller that draws no curve spares writing one.
+    pub peaks_only: bool,
 }
 
 fn totals(alloc: &dyn Allocator) -> Totals {
@@ -152,10 +155,39 @@ pub fn run_devices(
     allocs: &mut [&mut dyn Allocator],
     opts: &RunOptions,
 ) -> Result<DeviceTrace, Deadlock> {
-    let n = program.tasks.len();
+    run_parts(&[program], &[], allocs, opts)
+}
+
+/// A dependency between tasks of different parts of a run ([`run_parts`]): `task` waits
+/// for `dep`, both in the run's numbering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Link {
+    pub task: u32,
+    pub dep: u32,
+}
+
+/// Runs several programs as one, without copying them into one: part k's tasks, buffers and
+/// streams are numbered after those of parts 0..k (task indices in `links`,
+/// [`RunOptions::empty_cache_after`] and the trace use that numbering), and part k's streams
+/// run on device k unless its `Program::stream_device` says otherwise. `links` adds the
+/// dependencies between parts (a pipeline stage's receive waits for the previous stage's
+/// send). The result is [`run_devices`]' on the programs merged into one, to the event.
+pub fn run_parts(
+    parts: &[&Program],
+    links: &[Link],
+    allocs: &mut [&mut dyn Allocator],
+    opts: &RunOptions,
+) -> Result<DeviceTrace, Deadlock> {
+    let num = Numbering::of(parts);
+    let n = num.tasks();
     let nd = allocs.len().max(1);
-    let ns = program.streams.len().max(1);
-    let dev_of: Vec<usize> = (0..ns).map(|s| program.stream_device.get(s).map_or(0, |&d| d as usize)).collect();
+    let ns = num.streams().max(1);
+    let mut dev_of = vec![0usize; ns];
+    for (k, p) in parts.iter().enumerate() {
+        for j in 0..p.streams.len() {
+            dev_of[num.stream[k] + j] = p.stream_device.get(j).map_or(k, |&d| d as usize);
+        }
+    }
     // Device-local stream index: the allocator's view.
     let mut local = vec![0usize; ns];
     let mut count = vec![0usize; nd];
@@ -163,7 +195,7 @@ pub fn run_devices(
         local[s] = count[dev_of[s]];
         count[dev_of[s]] += 1;
     }
-    let mut buf_dev = vec![0u16; program.buffers.len()];
+    let mut buf_dev = vec![0u16; num.buffers()];
     let mut empty_cache = vec![false; n];
     for &t in &opts.empty_cache_after {
         if let Some(f) = empty_cache.get_mut(t as usize) {
@@ -172,18 +204,26 @@ pub fn run_devices(
     }
     let mut queues: Vec<Vec<u32>> = vec![Vec::new(); ns];
     let mut remaining = vec![0u32; n];
-    for (i, t) in program.tasks.iter().enumerate() {
-        queues[t.stream as usize].push(i as u32);
-        remaining[i] = t.deps.len() as u32;
+    for (k, p) in parts.iter().enumerate() {
+        for (i, t) in p.tasks.iter().enumerate() {
+            let g = num.task[k] + i;
+            queues[num.stream[k] + t.stream as usize].push(g as u32);
+            remaining[g] = t.deps.len() as u32;
+        }
     }
-    let dependents = Dependents::of(program);
+    for l in links {
+        remaining[l.task as usize] += 1;
+    }
+    let dependents = Dependents::of(&num, links);
     let mut head = vec![0usize; ns];
     let mut busy = vec![false; ns];
-    let mut live = vec![false; program.buffers.len()];
-    let mut heap: BinaryHeap<Reverse<(u64, u64, u32)>> = BinaryHeap::new();
+    let mut live = vec![false; num.buffers()];
+    // (end time, sequence number, task, part): the sequence number makes keys unique, so
+    // the part rides along without changing the order.
+    let mut heap: BinaryHeap<Reverse<(u64, u64, u32, u32)>> = BinaryHeap::new();
     let mut seq = 0u64;
     let mut trace = DeviceTrace {
-        timelines: vec![Timeline::default(); nd],
+        timelines: vec![if opts.peaks_only { Timeline::peaks_only() } else { Timeline::default() }; nd],
         start_ns: vec![u64::MAX; n],
         end_ns: vec![u64::MAX; n],
         oom: None,
@@ -191,8 +231,8 @@ pub fn run_devices(
         stream_busy_ns: vec![0; ns],
         allocators: Vec::new(),
     };
-    for (tl, n) in trace.timelines.iter_mut().zip(sample_bound(program, &dev_of, nd, &opts.empty_cache_after)) {
-        tl.samples.reserve_exact(n);
+    for (tl, n) in trace.timelines.iter_mut().zip(sample_bound(&num, &dev_of, nd, &opts.empty_cache_after)) {
+        tl.reserve(n);
     }
     let mut now = 0u64;
     let mut done = 0usize;
@@ -214,20 +254,29 @@ pub fn run_devices(
             if remaining[ti as usize] > 0 {
                 continue;
             }
-            let task = &program.tasks[ti as usize];
+            let k = num.part_of(ti as usize);
+            let (prog, bo) = (parts[k], num.buffer[k]);
+            let task = &prog.tasks[ti as usize - num.task[k]];
             let dv = dev_of[s];
-            for &b in &task.alloc {
-                let spec = &program.buffers[b as usize];
+            for &lb in &task.alloc {
+                let spec = &prog.buffers[lb as usize];
+                let b = bo + lb as usize;
                 let alloc = &mut *allocs[dv];
-                if let Err(error) = alloc.malloc(b as usize, spec.bytes, local[s]) {
+                if let Err(error) = alloc.malloc(b, spec.bytes, local[s]) {
                     let live_now = live
                         .iter()
                         .enumerate()
                         .filter(|(i, l)| **l && buf_dev[*i] as usize == dv)
                         .map(|(i, _)| i as u32)
                         .collect();
-                    trace.oom =
-                        Some(OomEvent { device: dv as u16, task: ti, buffer: b, time_ns: now, error, live: live_now });
+                    trace.oom = Some(OomEvent {
+                        device: dv as u16,
+                        task: ti,
+                        buffer: b as u32,
+                        time_ns: now,
+                        error,
+                        live: live_now,
+                    });
                     trace.start_ns[ti as usize] = now;
                     trace.end_time_ns = now;
                     // The failed allocation released the cache before giving up.
@@ -235,34 +284,37 @@ pub fn run_devices(
                     trace.allocators = allocs.iter().map(|a| a.stats()).collect();
                     return Ok(trace);
                 }
-                live[b as usize] = true;
-                buf_dev[b as usize] = dv as u16;
+                live[b] = true;
+                buf_dev[b] = dv as u16;
                 let delta = alloc.rounded(spec.bytes) as i64;
                 trace.timelines[dv].record(now, spec.category, delta, totals(alloc), ti as usize);
             }
             trace.start_ns[ti as usize] = now;
             busy[s] = true;
             head[s] += 1;
-            heap.push(Reverse((now + task.duration_ns, seq, ti)));
+            heap.push(Reverse((now + task.duration_ns, seq, ti, k as u32)));
             seq += 1;
         }
         candidates.clear();
-        let Some(Reverse((t, _, ti))) = heap.pop() else { break };
+        let Some(Reverse((t, _, ti, k))) = heap.pop() else { break };
         now = t;
-        let task = &program.tasks[ti as usize];
-        let stream = task.stream as usize;
+        let k = k as usize;
+        let (prog, bo) = (parts[k], num.buffer[k]);
+        let task = &prog.tasks[ti as usize - num.task[k]];
+        let stream = num.stream[k] + task.stream as usize;
         let dv = dev_of[stream];
-        for &b in &task.free {
-            if live[b as usize] {
-                let spec = &program.buffers[b as usize];
-                let bd = buf_dev[b as usize] as usize;
+        for &lb in &task.free {
+            let b = bo + lb as usize;
+            if live[b] {
+                let spec = &prog.buffers[lb as usize];
+                let bd = buf_dev[b] as usize;
                 let alloc = &mut *allocs[bd];
                 let delta = -(alloc.rounded(spec.bytes) as i64);
                 // A buffer freed by another device's task (a pipeline send's source) is
                 // released as if by its own device's first stream.
                 let on = if bd == dv { local[stream] } else { 0 };
-                alloc.free_on(b as usize, on, now);
-                live[b as usize] = false;
+                alloc.free_on(b, on, now);
+                live[b] = false;
                 trace.timelines[bd].record(now, spec.category, delta, totals(alloc), ti as usize);
             }
         }
@@ -273,14 +325,14 @@ pub fn run_devices(
             trace.timelines[dv].record_totals(now, totals(alloc), ti as usize);
         }
         trace.end_ns[ti as usize] = now;
-        trace.stream_busy_ns[task.stream as usize] += task.duration_ns;
-        busy[task.stream as usize] = false;
+        trace.stream_busy_ns[stream] += task.duration_ns;
+        busy[stream] = false;
         done += 1;
         candidates.push(stream);
         for &d in dependents.of_task(ti) {
             remaining[d as usize] -= 1;
             if remaining[d as usize] == 0 {
-                candidates.push(program.tasks[d as usize].stream as usize);
+                candidates.push(num.stream_of(d as usize));
             }
         }
     }
@@ -292,24 +344,93 @@ pub fn run_devices(
     Ok(trace)
 }
 
+/// A run's parts, and where each part's tasks, buffers and streams start in the run's
+/// numbering (one more entry than parts: the totals).
+struct Numbering<'a> {
+    parts: &'a [&'a Program],
+    task: Vec<usize>,
+    buffer: Vec<usize>,
+    stream: Vec<usize>,
+}
+
+impl<'a> Numbering<'a> {
+    fn of(parts: &'a [&'a Program]) -> Numbering<'a> {
+        let starts = |len: &dyn Fn(&Program) -> usize| {
+            let mut v = Vec::with_capacity(parts.len() + 1);
+            v.push(0);
+            for p in parts {
+                v.push(v.last().copied().unwrap_or(0) + len(p));
+            }
+            v
+        };
+        Numbering {
+            parts,
+            task: starts(&|p| p.tasks.len()),
+            buffer: starts(&|p| p.buffers.len()),
+            stream: starts(&|p| p.streams.len()),
+        }
+    }
+
+    fn tasks(&self) -> usize {
+        self.task.last().copied().unwrap_or(0)
+    }
+
+    fn buffers(&self) -> usize {
+        self.buffer.last().copied().unwrap_or(0)
+    }
+
+    fn streams(&self) -> usize {
+        self.stream.last().copied().unwrap_or(0)
+    }
+
+    /// The part task `t` belongs to (a part without tasks owns none).
+    fn part_of(&self, t: usize) -> usize {
+        self.task.partition_point(|&s| s <= t) - 1
+    }
+
+    /// The stream of task `t`, in the run's numbering.
+    fn stream_of(&self, t: usize) -> usize {
+        let k = self.part_of(t);
+        self.stream[k] + self.parts[k].tasks[t - self.task[k]].stream as usize
+    }
+}
+
 /// At most how many samples each device's timeline records: one per allocation and one per
 /// free of a buffer its tasks allocate, one per `empty_cache()` and one at an OOM. Reserving
 /// them up front spares copying a growing timeline of a large program.
-fn sample_bound(program: &Program, dev_of: &[usize], nd: usize, empty_cache_after: &[u32]) -> Vec<usize> {
+fn sample_bound(num: &Numbering, dev_of: &[usize], nd: usize, empty_cache_after: &[u32]) -> Vec<usize> {
     let mut n = vec![1usize; nd];
-    for t in &program.tasks {
-        n[dev_of[t.stream as usize]] += 2 * t.alloc.len();
+    for (k, p) in num.parts.iter().enumerate() {
+        for t in &p.tasks {
+            n[dev_of[num.stream[k] + t.stream as usize]] += 2 * t.alloc.len();
+        }
     }
     for &t in empty_cache_after {
-        if let Some(t) = program.tasks.get(t as usize) {
-            n[dev_of[t.stream as usize]] += 1;
+        if (t as usize) < num.tasks() {
+            n[dev_of[num.stream_of(t as usize)]] += 1;
         }
     }
     n
 }
 
-/// Each task's dependents (the tasks that list it in `deps`), in one flat array rather
-/// than a vector per task: a program has hundreds of thousands of tasks.
+/// Calls `f(task, dep)` for every dependency of a run, in the run's numbering.
+fn for_each_dep(num: &Numbering, links: &[Link], mut f: impl FnMut(usize, usize)) {
+    for (k, p) in num.parts.iter().enumerate() {
+        let to = num.task[k];
+        for (i, t) in p.tasks.iter().enumerate() {
+            for &d in &t.deps {
+                f(to + i, to + d as usize);
+            }
+        }
+    }
+    for l in links {
+        f(l.task as usize, l.dep as usize);
+    }
+}
+
+/// Each task's dependents (the tasks that list it in `deps`, or wait for it through a
+/// [`Link`]), in one flat array rather than a vector per task: a run has hundreds of
+/// thousands of tasks.
 struct Dependents {
     /// Task i's dependents are `list[start[i]..start[i + 1]]`.
     start: Vec<u32>,
@@ -317,25 +438,19 @@ struct Dependents {
 }
 
 impl Dependents {
-    fn of(program: &Program) -> Dependents {
-        let n = program.tasks.len();
+    fn of(num: &Numbering, links: &[Link]) -> Dependents {
+        let n = num.tasks();
         let mut start = vec![0u32; n + 1];
-        for t in &program.tasks {
-            for &d in &t.deps {
-                start[d as usize + 1] += 1;
-            }
-        }
+        for_each_dep(num, links, |_, d| start[d + 1] += 1);
         for i in 0..n {
             start[i + 1] += start[i];
         }
         let mut next = start.clone();
         let mut list = vec![0u32; start[n] as usize];
-        for (i, t) in program.tasks.iter().enumerate() {
-            for &d in &t.deps {
-                list[next[d as usize] as usize] = i as u32;
-                next[d as usize] += 1;
-            }
-        }
+        for_each_dep(num, links, |i, d| {
+            list[next[d] as usize] = i as u32;
+            next[d] += 1;
+        });
         Dependents { start, list }
     }
 
@@ -412,7 +527,7 @@ mod tests {
             stream_device: vec![],
         };
         let mut a = CachingAllocator::new(CachingConfig::new(1 << 30));
-        let t = run_with(&p, &mut a, &RunOptions { empty_cache_after: vec![3] }).unwrap();
+        let t = run_with(&p, &mut a, &RunOptions { empty_cache_after: vec![3], ..Default::default() }).unwrap();
         let s = &t.timeline.samples;
         // After b's free the block is still active (its event on compute is recorded) ...
         assert_eq!((s[1].allocated, s[1].active, s[1].reserved), (0, 40 * M, 40 * M));
@@ -421,6 +536,50 @@ mod tests {
         // empty_cache after d: the free segment goes back to the device.
         assert_eq!(s.last().unwrap().reserved, 0);
         assert_eq!((t.allocator.num_empty_cache, t.allocator.peak_reserved), (1, 40 * M));
+    }
+
+    #[test]
+    fn parts_run_as_their_merged_program() {
+        // Device 0: a (allocates its buffer) -> send (frees it). Device 1 the same, its first
+        // task waiting for device 0's send through a link.
+        let stage = |bytes: u64| Program {
+            streams: vec!["compute".into()],
+            tasks: vec![
+                Task { stream: 0, duration_ns: 10, alloc: vec![0], ..Default::default() },
+                Task { stream: 0, duration_ns: 5, deps: vec![0], free: vec![0], ..Default::default() },
+            ],
+            buffers: vec![buf(bytes)],
+            ..Default::default()
+        };
+        let (s0, s1) = (stage(1024), stage(2048));
+        let merged = Program {
+            streams: vec!["compute".into(), "compute".into()],
+            stream_device: vec![0, 1],
+            tasks: vec![
+                s0.tasks[0].clone(),
+                s0.tasks[1].clone(),
+                Task { stream: 1, duration_ns: 10, deps: vec![1], alloc: vec![1], ..Default::default() },
+                Task { stream: 1, duration_ns: 5, deps: vec![2], free: vec![1], ..Default::default() },
+            ],
+            buffers: vec![buf(1024), buf(2048)],
+            ..Default::default()
+        };
+        let run2 = |f: &dyn Fn(&mut [&mut dyn Allocator]) -> DeviceTrace| {
+            let (mut a, mut b) = (ExactAllocator::new(1 << 20), ExactAllocator::new(1 << 20));
+            f(&mut [&mut a, &mut b])
+        };
+        let whole = run2(&|al| run_devices(&merged, al, &RunOptions::default()).unwrap());
+        let parts =
+            run2(&|al| run_parts(&[&s0, &s1], &[Link { task: 2, dep: 1 }], al, &RunOptions::default()).unwrap());
+        assert_eq!(parts.start_ns, vec![0, 10, 15, 25]);
+        assert_eq!(
+            (&parts.start_ns, &parts.end_ns, parts.end_time_ns),
+            (&whole.start_ns, &whole.end_ns, whole.end_time_ns)
+        );
+        assert_eq!(parts.allocators, whole.allocators);
+        for (p, w) in parts.timelines.iter().zip(&whole.timelines) {
+            assert_eq!(p.samples, w.samples);
+        }
     }
 
     #[test]

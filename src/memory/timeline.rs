@@ -26,18 +26,58 @@ pub struct Sample {
     pub task: usize,
 }
 
-/// Every change of a GPU's memory, in order, plus the running peak.
+/// What every sample contributes to the per-(step, phase) peaks of a report: the task that
+/// recorded it and the live bytes after it. A tenth of a [`Sample`]'s size, so a run that
+/// does not need the curve (a sweep's) writes little memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mark {
+    pub task: u32,
+    pub allocated: u64,
+}
+
+/// Every change of a GPU's memory, in order, plus the running peaks.
+///
+/// With the curve (`Timeline::default()`) every [`Sample`] is kept, for memory.csv, the
+/// plots and explain. Without it ([`Timeline::peaks_only`]) only what a report reads is kept:
+/// a [`Mark`] per sample and the two peak samples.
 #[derive(Debug, Clone, Default)]
 pub struct Timeline {
+    /// Every sample; empty without the curve.
     pub samples: Vec<Sample>,
+    marks: Vec<Mark>,
+    peaks_only: bool,
     current: [u64; Category::COUNT],
-    /// Index into `samples` of the highest `allocated` (first one if tied).
+    /// Index (in recording order, = into `samples` with the curve) of the highest
+    /// `allocated` (first one if tied).
     pub peak_index: Option<usize>,
     /// Index of the highest `reserved`.
     pub peak_reserved_index: Option<usize>,
+    peak: Option<Sample>,
+    peak_reserved: Option<Sample>,
+    /// The last sample's totals (what `record_totals` compares with).
+    last: Totals,
+    recorded: usize,
 }
 
 impl Timeline {
+    /// A timeline that keeps the peaks and the marks but not the curve.
+    pub fn peaks_only() -> Self {
+        Timeline { peaks_only: true, ..Default::default() }
+    }
+
+    /// Whether the samples are kept.
+    pub fn has_curve(&self) -> bool {
+        !self.peaks_only
+    }
+
+    /// Room for `n` samples, so that a large program's timeline is not copied as it grows.
+    pub fn reserve(&mut self, n: usize) {
+        if !self.peaks_only {
+            self.samples.reserve_exact(n);
+        }
+        self.marks.reserve_exact(n);
+    }
+
     pub fn current(&self) -> &[u64; Category::COUNT] {
         &self.current
     }
@@ -51,39 +91,60 @@ impl Timeline {
 
     /// Records a change of the totals alone (`empty_cache`, a released cache), if any.
     pub fn record_totals(&mut self, time_ns: u64, totals: Totals, task: usize) {
-        let same = match self.samples.last() {
-            Some(s) => s.allocated == totals.allocated && s.reserved == totals.reserved && s.active == totals.active,
-            None => totals == Totals::default(),
-        };
-        if !same {
+        if totals != self.last {
             self.push(time_ns, totals, task);
         }
     }
 
     fn push(&mut self, time_ns: u64, t: Totals, task: usize) {
-        self.samples.push(Sample {
+        let sample = |current: &[u64; Category::COUNT]| Sample {
             time_ns,
-            by_category: self.current,
+            by_category: *current,
             allocated: t.allocated,
             reserved: t.reserved,
             active: t.active,
             task,
-        });
-        let i = self.samples.len() - 1;
-        if self.peak_index.is_none_or(|p| t.allocated > self.samples[p].allocated) {
+        };
+        let i = self.recorded;
+        if self.peak.as_ref().is_none_or(|p| t.allocated > p.allocated) {
             self.peak_index = Some(i);
+            self.peak = Some(sample(&self.current));
         }
-        if self.peak_reserved_index.is_none_or(|p| t.reserved > self.samples[p].reserved) {
+        if self.peak_reserved.as_ref().is_none_or(|p| t.reserved > p.reserved) {
             self.peak_reserved_index = Some(i);
+            self.peak_reserved = Some(sample(&self.current));
         }
+        if !self.peaks_only {
+            self.samples.push(sample(&self.current));
+        }
+        self.marks.push(Mark { task: task as u32, allocated: t.allocated });
+        self.last = t;
+        self.recorded += 1;
     }
 
+    /// The sample of the highest `allocated` (first one if tied).
     pub fn peak(&self) -> Option<&Sample> {
-        self.peak_index.map(|i| &self.samples[i])
+        self.peak.as_ref()
     }
 
     /// The sample of the highest `reserved` (first one if tied).
     pub fn peak_reserved(&self) -> Option<&Sample> {
-        self.peak_reserved_index.map(|i| &self.samples[i])
+        self.peak_reserved.as_ref()
+    }
+
+    /// Every sample's task and live bytes, in order (with or without the curve).
+    pub fn marks(&self) -> &[Mark] {
+        &self.marks
+    }
+
+    /// Renumbers the tasks of every sample by `task - offset`: a stage's view of a run of
+    /// several stages' programs.
+    pub fn shift_tasks(&mut self, offset: usize) {
+        for s in self.samples.iter_mut().chain(self.peak.iter_mut()).chain(self.peak_reserved.iter_mut()) {
+            s.task -= offset;
+        }
+        for m in &mut self.marks {
+            m.task -= offset as u32;
+        }
     }
 }

@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::{fmt_bytes, instant, Bytes, Instant};
 use crate::engine::Trace;
 use crate::memory::caching::format_size;
-use crate::memory::{AllocatorKind, EmptyCacheAt, OomCause, Snapshot};
+use crate::memory::{AllocatorKind, EmptyCacheAt, OomCause, Sample, Snapshot};
 use crate::scenario::Scenario;
 use crate::schedule::Schedule;
 
@@ -142,12 +142,7 @@ pub fn build(s: &Scenario, sched: &Schedule, trace: &Trace) -> AllocatorReport {
     let a = &s.allocator;
     let capacity = s.allocator_capacity();
     let outside_total = s.cluster.cuda_context_bytes + a.outside_bytes();
-    let at_sample = |i: Option<usize>| {
-        i.map(|i| {
-            let smp = &trace.timeline.samples[i];
-            instant(sched, smp.task, smp.time_ns)
-        })
-    };
+    let at_sample = |smp: Option<&Sample>| smp.map(|smp| instant(sched, smp.task, smp.time_ns));
     let oom = trace.oom.as_ref().filter(|_| a.kind == AllocatorKind::Caching).map(|o| {
         let e = &o.error;
         let device_total = s.cluster.memory_bytes;
@@ -220,8 +215,8 @@ pub fn build(s: &Scenario, sched: &Schedule, trace: &Trace) -> AllocatorReport {
         num_device_alloc: st.num_device_alloc,
         num_device_free: st.num_device_free,
         num_empty_cache: st.num_empty_cache,
-        at_peak_reserved: state(&st.at_peak_reserved, at_sample(trace.timeline.peak_reserved_index)),
-        at_peak_allocated: state(&st.at_peak_allocated, at_sample(trace.timeline.peak_index)),
+        at_peak_reserved: state(&st.at_peak_reserved, at_sample(trace.timeline.peak_reserved())),
+        at_peak_allocated: state(&st.at_peak_allocated, at_sample(trace.timeline.peak())),
         oom,
     }
 }

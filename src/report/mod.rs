@@ -536,15 +536,13 @@ pub fn memory_side(cap: u64, sched: &Schedule, trace: &Trace) -> (Verdict, Optio
     let peak = trace.timeline.peak().map(|p| Peak {
         at: instant(sched, p.task, p.time_ns),
         allocated: Bytes::new(p.allocated),
-        reserved: Bytes::new(
-            trace.timeline.peak_reserved_index.map_or(p.reserved, |i| trace.timeline.samples[i].reserved),
-        ),
+        reserved: Bytes::new(trace.timeline.peak_reserved().map_or(p.reserved, |r| r.reserved)),
         breakdown: breakdown(&p.by_category),
     });
     // Peak of each (step, phase).
     let mut phase_peaks: Vec<PhasePeak> = Vec::new();
-    for smp in &trace.timeline.samples {
-        let l = &sched.labels[prog.tasks[smp.task].label as usize];
+    for smp in trace.timeline.marks() {
+        let l = &sched.labels[prog.tasks[smp.task as usize].label as usize];
         match phase_peaks.iter_mut().find(|p| p.step == l.step && p.phase == l.phase) {
             Some(p) if p.allocated.bytes >= smp.allocated => {}
             Some(p) => {

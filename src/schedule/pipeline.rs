@@ -1,5 +1,5 @@
 //! Pipeline parallelism: one program per pipeline stage, in the order its schedule (GPipe,
-//! 1F1B, interleaved 1F1B) runs forwards and backwards, merged into one multi-device
+//! 1F1B, interleaved 1F1B) runs forwards and backwards, run together as one multi-device
 //! program whose stages wait for each other's sends. The bubble and each stage's peak come
 //! out of the engine, not a formula.
 //!
@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 
 use super::{Builder, Cost, Schedule, TaskLabel};
-use crate::engine::{DeviceTrace, Program, Trace};
+use crate::engine::{DeviceTrace, Link, Program, Trace};
 use crate::hardware::Cluster;
 use crate::model::LayerDag;
 use crate::net::Collective;
@@ -23,17 +23,20 @@ use crate::plan::{PipelineSchedule, Plan, Sharding};
 pub struct Stage {
     pub plan: Plan,
     pub schedule: Schedule,
-    /// Where the stage's tasks, buffers, streams and labels start in the merged program.
+    /// Where the stage's tasks, buffers and streams start in the run's numbering.
     pub task_offset: usize,
     pub buffer_offset: usize,
     pub stream_offset: usize,
 }
 
-/// Every stage, and the merged program the engine runs.
+/// Every stage, and the dependencies between them: what the engine runs as one program
+/// ([`crate::engine::run_parts`]) without copying the stages' programs into one.
 #[derive(Debug, Clone)]
 pub struct Pipeline {
     pub stages: Vec<Stage>,
-    pub merged: Schedule,
+    /// Each stage's receives waiting for the sends of the stage before (or after, for
+    /// gradients), in the run's task numbering.
+    pub links: Vec<Link>,
 }
 
 /// (forward?, micro-batch, chunk) in the order stage `k` of `p` runs them.
@@ -106,7 +109,7 @@ impl Builder<'_> {
     }
 }
 
-/// Builds every stage's program and the merged one.
+/// Builds every stage's program and the links between them.
 pub fn build(dag: &LayerDag, plan: &Plan, cluster: &Cluster, names: bool) -> Pipeline {
     let p = plan.pipeline();
     let mut built = Vec::new();
@@ -131,57 +134,38 @@ pub fn build(dag: &LayerDag, plan: &Plan, cluster: &Cluster, names: bool) -> Pip
         drop(b);
         built.push((sp, schedule, ready, ext));
     }
-    // Merge: offsets, then the cross-stage dependencies.
-    let mut merged = Program::default();
-    let mut labels: Vec<TaskLabel> = Vec::new();
-    let mut stages = Vec::new();
-    let mut hw = 0.0;
+    // Offsets in the run's numbering (see `engine::run_parts`), then the cross-stage
+    // dependencies.
+    let mut stages = Vec::with_capacity(built.len());
     let mut ports = Vec::with_capacity(built.len());
-    for (k, (sp, sch, ready, ext)) in built.into_iter().enumerate() {
-        let (to, bo, so, lo, no) =
-            (merged.tasks.len(), merged.buffers.len(), merged.streams.len(), labels.len(), merged.names.len());
-        for st in &sch.program.streams {
-            merged.streams.push(format!("stage {k} {st}"));
-            merged.stream_device.push(k as u16);
-        }
-        for t in &sch.program.tasks {
-            let mut t = t.clone();
-            t.stream += so as u16;
-            t.deps.iter_mut().for_each(|d| *d += to as u32);
-            t.alloc.iter_mut().for_each(|b| *b += bo as u32);
-            t.free.iter_mut().for_each(|b| *b += bo as u32);
-            t.label += lo as u32;
-            merged.tasks.push(t);
-        }
-        for b in &sch.program.buffers {
-            let mut b = b.clone();
-            b.name += no as u32;
-            merged.buffers.push(b);
-        }
-        merged.names.extend(sch.program.names.iter().cloned());
-        labels.extend(sch.labels.iter().cloned());
-        hw += sch.hardware_flops_per_step;
+    let (mut to, mut bo, mut so) = (0, 0, 0);
+    for (sp, sch, ready, ext) in built {
+        let prog = &sch.program;
+        let (nt, nb, ns) = (prog.tasks.len(), prog.buffers.len(), prog.streams.len());
         ports.push((ready, ext));
         stages.push(Stage { plan: sp, schedule: sch, task_offset: to, buffer_offset: bo, stream_offset: so });
+        (to, bo, so) = (to + nt, bo + nb, so + ns);
     }
+    let mut links = Vec::new();
     for (k, (_, ext)) in ports.iter().enumerate() {
         for &(t, port) in ext {
             let target = (port.virtual_stage % p) as usize;
             if let Some(&r) = ports[target].0.get(&port) {
-                let g = (r as usize + stages[target].task_offset) as u32;
-                merged.tasks[stages[k].task_offset + t as usize].deps.push(g);
+                let dep = (r as usize + stages[target].task_offset) as u32;
+                links.push(Link { task: (stages[k].task_offset + t as usize) as u32, dep });
             }
         }
     }
-    let model_flops = stages.iter().map(|s| s.schedule.model_flops_per_step).sum();
-    Pipeline {
-        stages,
-        merged: Schedule { program: merged, labels, model_flops_per_step: model_flops, hardware_flops_per_step: hw },
-    }
+    Pipeline { stages, links }
 }
 
 impl Pipeline {
-    /// Each stage's view of a merged run: its tasks' times, its device's timeline and
+    /// The stages' programs, in stage order: the parts of the run.
+    pub fn programs(&self) -> Vec<&Program> {
+        self.stages.iter().map(|st| &st.schedule.program).collect()
+    }
+
+    /// Each stage's view of the run: its tasks' times, its device's timeline and
     /// allocator, and the OOM if it happened there, all in the stage's own indices. Takes
     /// the run so that the timelines (the bulk of it) move rather than copy.
     pub fn stage_traces(&self, t: DeviceTrace) -> Vec<Trace> {
@@ -191,9 +175,7 @@ impl Pipeline {
             .map(|((k, st), (mut timeline, allocator))| {
                 let n = st.schedule.program.tasks.len();
                 let (to, bo) = (st.task_offset, st.buffer_offset);
-                for s in &mut timeline.samples {
-                    s.task -= to;
-                }
+                timeline.shift_tasks(to);
                 let oom = oom.as_ref().filter(|o| o.device as usize == k).map(|o| {
                     let mut o = o.clone();
                     o.task -= to as u32;
