@@ -4,8 +4,9 @@
 //!   (h t)), and selective recompute dropping the 5 a s / (h t) term;
 //! - pipeline schedules: 1F1B holds p - k in-flight micro-batches on stage k (the first stage
 //!   peaks highest), GPipe holds all of them;
-//! - fidelity: Korthikanti et al. 2022 Table 5 iteration times
-//!   (tests/fixtures/korthikanti_table5.json), predicted vs published printed for every row.
+//! - fidelity: Korthikanti et al. 2022 Table 4 single-layer times of the 22B model and Table 5
+//!   iteration times (tests/fixtures/korthikanti_table5.json), predicted vs published printed
+//!   for every row.
 
 use std::path::Path;
 
@@ -146,11 +147,17 @@ fn the_pipeline_bubble_comes_out_of_the_simulation() {
 }
 
 /// Korthikanti et al. 2022 Table 5: iteration time with full recompute (TP, no SP) and with
-/// selective recompute + sequence parallelism. Tolerance: every simulated row within +-15%
-/// (the issue's goal of 4% mean / 8% max is not met yet: the table printed here says by how
-/// much). The 530B (35 stages x 280 micro-batches) and 1T (64 x 512) rows simulate millions
-/// of tasks, too slow for a debug-build test: they are listed as skipped; measure them with
-/// `stepsim run` (the closing note of issue 7 gives the figures).
+/// selective recompute + sequence parallelism, every row simulated on the lean path (the 530B
+/// and 1T pipelines, 35 x 280 and 64 x 512 stage micro-batches, take most of this test's
+/// ~13 s in a release build, ~20 s in the test profile).
+///
+/// The issue's goal is a mean absolute error under 4% with no row over 8%. Not met: the
+/// 22B rows and the layer times of Table 4 (previous test) agree, but the 175B, 530B and 1T
+/// rows come out 4-13% slow, the 1T rows most (its last stage carries the LM head next to
+/// only 2 layers, and its 128 x 25600 GEMMs are where a fixed matmul efficiency fitted on
+/// smaller shapes is least right). A GEMM efficiency growing with K would close part of it
+/// but contradicts Table 4, so it is not used. Asserted: what is achieved, with a little room
+/// (every row within 14%, mean within 7%); the table printed here gives the gap.
 #[test]
 fn iteration_times_against_korthikanti_table5() {
     let f: Value = serde_json::from_str(include_str!("fixtures/korthikanti_table5.json")).unwrap();
@@ -161,10 +168,6 @@ fn iteration_times_against_korthikanti_table5() {
         let n = |i: usize| row[i].as_u64().unwrap();
         let (a, h, l, tp, pp, gpus, batch, mb, v) = (n(1), n(2), n(3), n(4), n(5), n(6), n(7), n(8), n(9));
         for (mode, published) in [("full", row[10].as_f64().unwrap()), ("selective+sp", row[11].as_f64().unwrap())] {
-            if pp > 8 {
-                println!("{name:<6} {mode:<22} {published:>10.2} {:>10} {:>8}", "skipped", "");
-                continue;
-            }
             let sel = mode != "full";
             let vs = if v > 1 { format!("virtual_stages = {v}\n") } else { String::new() };
             let toml = format!(
@@ -186,9 +189,72 @@ fn iteration_times_against_korthikanti_table5() {
         }
     }
     let mae = errs.iter().map(|e| e.1.abs()).sum::<f64>() / errs.len() as f64;
-    println!("mean absolute error {:.1}% over {} rows", mae * 100.0, errs.len());
+    let over = errs.iter().filter(|e| e.1.abs() > 0.08).count();
+    println!(
+        "mean absolute error {:.1}% over {} rows (goal < 4%); {over} rows over 8% (goal none)",
+        mae * 100.0,
+        errs.len()
+    );
     for (row, e) in &errs {
-        assert!(e.abs() <= 0.15, "{row}: {:.1}% off the published iteration time", e * 100.0);
+        assert!(e.abs() <= 0.14, "{row}: {:.1}% off the published iteration time", e * 100.0);
     }
-    assert!(mae <= 0.10, "mean absolute error {:.1}%", mae * 100.0);
+    assert!(mae <= 0.07, "mean absolute error {:.1}%", mae * 100.0);
+}
+
+/// Korthikanti et al. 2022 Table 4: forward and backward time of one transformer layer of
+/// the 22B model (a = 64, h = 6144, t = 8, s = 2048, b = 4), ms: the span of layer 1's tasks
+/// (compute and tensor-parallel collectives) in a 4-layer model, recomputation included in
+/// backward. Tolerance 5% per figure. `TABLE4_OPS=1` prints every task of the layer.
+#[test]
+fn single_layer_times_against_korthikanti_table4() {
+    let rows = [
+        ("baseline", false, "none", 7.7, 11.9),
+        ("sequence parallel", true, "none", 7.2, 11.8),
+        ("full recompute", false, "full", 7.7, 19.5),
+        ("selective recompute", false, "selective", 7.7, 13.2),
+        ("selective + sequence parallel", true, "selective", 7.2, 13.1),
+    ];
+    println!(
+        "{:<30} {:>8} {:>8} {:>7}   {:>8} {:>8} {:>7}",
+        "22B layer (ms)", "fwd pub", "stepsim", "error", "bwd pub", "stepsim", "error"
+    );
+    let mut worst: f64 = 0.0;
+    for (name, sp, ac, f_pub, b_pub) in rows {
+        let toml = format!(
+            "[model]\nfamily = \"gpt\"\nn_layers = 4\nhidden = 6144\nn_heads = 64\nvocab = 51200\nmax_seq_len = 2048\ndropout = 0.1\n\
+             [hardware]\ngpu = \"a100-80gb\"\ngpus = 8\ngpus_per_node = 8\n\
+             [parallel]\ntensor = 8\nsequence_parallel = {sp}\n\
+             [training]\nmicro_batch = 4\nseq_len = 2048\ngrad_accum = 1\nsteps = 1\nprecision = \"bf16-mixed-adam\"\n\
+             activation_checkpointing = \"{ac}\"\nattention = \"math\"\noptimizer_impl = \"fused\"\n"
+        );
+        let s = Scenario::from_toml(Path::new("<table4>"), &toml).unwrap();
+        let sim = stepsim::simulate(&s).unwrap();
+        let sch = &sim.schedule;
+        let tr = &sim.trace;
+        let span = |phase: stepsim::schedule::Phase| {
+            let (mut lo, mut hi) = (u64::MAX, 0);
+            for (i, t) in sch.program.tasks.iter().enumerate() {
+                let l = &sch.labels[t.label as usize];
+                if l.step == 1 && l.phase == phase && l.region == Some(Region::Block(1)) {
+                    lo = lo.min(tr.start_ns[i]);
+                    hi = hi.max(tr.end_ns[i]);
+                    if std::env::var("TABLE4_OPS").is_ok() {
+                        println!("    {:?} {:<50} {:>8.3} ms", l.kind, l.what, t.duration_ns as f64 / 1e6);
+                    }
+                }
+            }
+            (hi - lo) as f64 / 1e6
+        };
+        let f = span(stepsim::schedule::Phase::Forward);
+        let b = span(stepsim::schedule::Phase::Backward);
+        let (ef, eb) = (f / f_pub - 1.0, b / b_pub - 1.0);
+        println!(
+            "{name:<30} {f_pub:>8.1} {f:>8.2} {:>+6.1}%   {b_pub:>8.1} {b:>8.2} {:>+6.1}%",
+            ef * 100.0,
+            eb * 100.0
+        );
+        worst = worst.max(ef.abs()).max(eb.abs());
+    }
+    println!("largest |error| {:.1}%", worst * 100.0);
+    assert!(worst <= 0.05, "a Table 4 layer time is {:.1}% off", worst * 100.0);
 }

@@ -110,6 +110,13 @@ pub struct Op {
     pub bwd_flops: f64,
     /// Bytes the forward kernel reads and writes (for memory-bound ops).
     pub fwd_bytes: f64,
+    /// Bytes the backward kernels read and write, where they are not the generic twice the
+    /// forward's (see [`Op::backward_bytes`]).
+    pub bwd_bytes: Option<f64>,
+    /// Bytes of memory-bound kernels the op runs one after another with its matmuls, forward
+    /// and backward (math attention's scale-mask-softmax and dropout passes over the b a s^2
+    /// scores): their time adds to the roofline of the matmuls instead of hiding under it.
+    pub chain_bytes: [f64; 2],
     pub inputs: Vec<TensorId>,
     pub outputs: Vec<TensorId>,
     /// Tensors autograd keeps alive for this op's backward.
@@ -145,6 +152,15 @@ pub struct LayerDag {
     pub workload: Workload,
     /// Set by [`super::lora::apply`]: a frozen base with adapters.
     pub lora: Option<super::lora::LoraConfig>,
+}
+
+impl Op {
+    /// Bytes the backward moves (activations and gradients, not weights): the op's own
+    /// figure, else twice the forward's (a backward reads what the forward read plus the
+    /// output gradient and writes the input gradients).
+    pub fn backward_bytes(&self) -> f64 {
+        self.bwd_bytes.unwrap_or(2.0 * self.fwd_bytes)
+    }
 }
 
 impl LayerDag {
@@ -239,6 +255,8 @@ impl Builder {
             fwd_flops: flops.0,
             bwd_flops: flops.1,
             fwd_bytes: io_bytes as f64,
+            bwd_bytes: None,
+            chain_bytes: [0.0, 0.0],
             inputs,
             outputs,
             saves,
@@ -459,7 +477,8 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
                 }
             }
         }
-        let inputs = saves.iter().copied().filter(|&x| x == q || x == k || x == vv).collect();
+        let inputs: Vec<TensorId> = saves.iter().copied().filter(|&x| x == q || x == k || x == vv).collect();
+        let qkvo = (inputs.iter().map(|&x| bd.tensors[x].bytes).sum::<u64>() + bd.tensors[o].bytes) as f64;
         // Flash backward recomputes the scores: 2.5x the forward's matmul work.
         let bwd_f = match w.attention {
             Attention::Flash => 2.5 * att_f,
@@ -469,15 +488,31 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         if w.attention == Attention::Math {
             // The raw scores exist while softmax runs.
             bd.ops[core].fwd_scratch = b * a * s * s * c;
+            // Math attention is a chain of kernels over the n = b a s^2 scores of this rank's
+            // heads (Megatron-LM's CoreAttention; PyTorch's eager attention alike): a batched
+            // GEMM writes the scores (n c bytes), a fused scale-mask-softmax reads and writes
+            // them (2 n c), dropout reads them and writes the dropped probabilities and a 1-byte
+            // mask (2 n c + n), and a second batched GEMM reads them (n c). Backward: the two
+            // GEMMs of attention-over-V write dP and read P (2 n c), dropout's backward reads
+            // dP and the mask and writes its gradient (2 n c + n), softmax's reads y and dy and
+            // writes dx (3 n c), and the two GEMMs of QK^T read dS (2 n c). The GEMMs' head
+            // dimension is small, so they are memory-bound on the s^2 tensor; the softmax and
+            // dropout passes run after them, not under them: their time adds.
+            let n = (b * a * s * s) as f64;
+            let cf = c as f64;
+            let op = &mut bd.ops[core];
+            op.fwd_bytes = qkvo + 2.0 * n * cf;
+            op.bwd_bytes = Some(2.0 * qkvo + 4.0 * n * cf);
+            op.chain_bytes = if dropout { [4.0 * n * cf + n, 5.0 * n * cf + n] } else { [2.0 * n * cf, 3.0 * n * cf] };
         }
         // Row-parallel output projection: its bias is added once, after the reduction.
         let ao = bd.tensor(&p("attention.wo.out"), t * h, c, TensorKind::Activation);
         let wo_bias = if cfg.family == Family::Gpt { h } else { 0 };
         bd.op_tp(p("attention.wo"), OpKind::Linear, h * h / tp + wo_bias, lin(h, h), vec![o], vec![ao], vec![o]);
         let ao = bd.g_op(&p("attention"), ao, c);
-        let ao = if dropout { dropout_op(&mut bd, &p("attention.dropout"), ao, rows * h, c) } else { ao };
-        let h1 = bd.tensor(&p("residual1.out"), rows * h, c, TensorKind::Activation);
-        bd.op(p("residual1"), OpKind::Elementwise, 0, ((rows * h) as f64, 0.0), vec![x, ao], vec![h1], vec![]);
+        let fused = dropout && cfg.family == Family::Gpt;
+        let ao = if dropout { dropout_op(&mut bd, &p("attention.dropout"), ao, rows * h, c, fused) } else { ao };
+        let h1 = residual_op(&mut bd, &p("residual1"), x, ao, rows * h, c, fused);
 
         // --- MLP half
         let n2 = norm_op(&mut bd, cfg.family, &p("ffn_norm"), h1, rows, h, c);
@@ -536,9 +571,9 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
                 bd.g_op(&p("mlp"), d, c)
             }
         };
-        let mlp_out = if dropout { dropout_op(&mut bd, &p("mlp.dropout"), mlp_out, rows * h, c) } else { mlp_out };
-        let y = bd.tensor(&p("residual2.out"), rows * h, c, TensorKind::Activation);
-        bd.op(p("residual2"), OpKind::Elementwise, 0, ((rows * h) as f64, 0.0), vec![h1, mlp_out], vec![y], vec![]);
+        let mlp_out =
+            if dropout { dropout_op(&mut bd, &p("mlp.dropout"), mlp_out, rows * h, c, fused) } else { mlp_out };
+        let y = residual_op(&mut bd, &p("residual2"), h1, mlp_out, rows * h, c, fused);
         x = y;
     }
 
@@ -640,9 +675,37 @@ fn norm_op(bd: &mut Builder, family: Family, name: &str, x: TensorId, t: u64, h:
     out
 }
 
-fn dropout_op(bd: &mut Builder, name: &str, x: TensorId, elems: u64, c: u64) -> TensorId {
+/// Dropout over `elems` elements: saves its 1-byte mask. Backward reads the output gradient
+/// and the mask and writes the input gradient (2 c + 1 bytes per element, as the forward).
+/// `fused`: it and the residual add after it are one kernel (Megatron-LM's
+/// `bias_dropout_add_fused_train`, on by default in its GPT): the dropped values never reach
+/// memory, so this op is charged the input read and the mask write, and the add the rest.
+fn dropout_op(bd: &mut Builder, name: &str, x: TensorId, elems: u64, c: u64, fused: bool) -> TensorId {
     let out = bd.tensor(&format!("{name}.out"), elems, c, TensorKind::Activation);
     let mask = bd.tensor(&format!("{name}.mask"), elems, 1, TensorKind::Mask);
-    bd.op(name.to_string(), OpKind::Dropout, 0, (elems as f64, elems as f64), vec![x], vec![out, mask], vec![mask]);
+    let id =
+        bd.op(name.to_string(), OpKind::Dropout, 0, (elems as f64, elems as f64), vec![x], vec![out, mask], vec![mask]);
+    let e = elems as f64;
+    let cf = c as f64;
+    if fused {
+        bd.ops[id].fwd_bytes = e * (cf + 1.0);
+    }
+    bd.ops[id].bwd_bytes = Some(e * (2.0 * cf + 1.0));
+    out
+}
+
+/// A residual add `x + y` over `elems` elements. Its own backward launches nothing (the
+/// output gradient passes to both inputs as is), but the residual stream `x` also feeds the
+/// next norm, so autograd sums its two gradients: one add, reading two and writing one (3 c
+/// bytes per element), charged here. `fused`: the dropout before it did the add's work in its
+/// kernel ([`dropout_op`]); the add is charged the residual read and the sum's write.
+fn residual_op(bd: &mut Builder, name: &str, x: TensorId, y: TensorId, elems: u64, c: u64, fused: bool) -> TensorId {
+    let out = bd.tensor(&format!("{name}.out"), elems, c, TensorKind::Activation);
+    let id = bd.op(name.to_string(), OpKind::Elementwise, 0, (elems as f64, 0.0), vec![x, y], vec![out], vec![]);
+    let ec = (elems * c) as f64;
+    if fused {
+        bd.ops[id].fwd_bytes = 2.0 * ec;
+    }
+    bd.ops[id].bwd_bytes = Some(3.0 * ec);
     out
 }

@@ -140,12 +140,19 @@ impl Cost {
         ((op.params + op.shared_params) * self.compute_bytes + op.frozen_bytes) as f64
     }
 
+    /// Memory-bound kernels run in sequence with an op's matmuls ([`Op::chain_bytes`]).
+    fn chain_s(&self, bytes: f64) -> f64 {
+        bytes / (self.hbm * HBM_EFFICIENCY)
+    }
+
     pub fn forward_s(&self, op: &Op) -> f64 {
         self.roofline(op.fwd_flops, op.fwd_bytes + self.weight_bytes(op), self.op_eff(op))
+            + self.chain_s(op.chain_bytes[0])
     }
 
     pub fn backward_s(&self, op: &Op) -> f64 {
-        self.roofline(op.bwd_flops, 2.0 * op.fwd_bytes + 2.0 * self.weight_bytes(op), self.op_eff(op))
+        self.roofline(op.bwd_flops, op.backward_bytes() + 2.0 * self.weight_bytes(op), self.op_eff(op))
+            + self.chain_s(op.chain_bytes[1])
     }
 
     /// The optimizer step is memory-bound: every local element's parameter, gradient, master
