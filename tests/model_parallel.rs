@@ -151,13 +151,20 @@ fn the_pipeline_bubble_comes_out_of_the_simulation() {
 /// and 1T pipelines, 35 x 280 and 64 x 512 stage micro-batches, take most of this test's
 /// ~13 s in a release build, ~20 s in the test profile).
 ///
-/// The goal is a mean absolute error under 4% with no row over 8%. Not met: the
-/// 22B rows and the layer times of Table 4 (previous test) agree, but the 175B, 530B and 1T
-/// rows come out 4-13% slow, the 1T rows most (its last stage carries the LM head next to
-/// only 2 layers, and its 128 x 25600 GEMMs are where a fixed matmul efficiency fitted on
-/// smaller shapes is least right). A GEMM efficiency growing with K would close part of it
-/// but contradicts Table 4, so it is not used. Asserted: what is achieved, with a little room
-/// (every row within 14%, mean within 7%); the table printed here gives the gap.
+/// The 1T rows run the interleaved schedule with 2 model chunks per stage (the copy of
+/// Table 3 names interleaving only for 175B and 530B; 2 is the most the 1T's 2 layers per
+/// stage allow, and Narayanan et al.'s 1T on the same machine, tests/fidelity_megatron.rs,
+/// is reproduced within 2% with it; plain 1F1B's 63 / 512 bubble makes these rows 12% slow).
+///
+/// The goal is a mean absolute error under 4% with no row over 8%. No row is over
+/// 8%; the mean is 5.3%, short of 4%: the 22B rows and the layer times of Table 4 (next
+/// test) agree, but the 175B, 530B and 1T rows come out 4-8% slow. The same calibration
+/// reproduces Narayanan et al. 2021's Table 1 and Table 2 runs of similar models on the same
+/// cluster with a median error of 2-3% (tests/fidelity_megatron.rs): Megatron a year later
+/// (this table) was ~8% faster on like configurations (175B full recompute: 162 TFLOP/s per
+/// GPU here vs 148 for Narayanan's 146B), which one global calibration cannot follow both
+/// ways. A GEMM efficiency growing with K would close part of it but contradicts Table 4, so
+/// it is not used. Asserted: no row over 8% (the goal) and the mean within 6%.
 #[test]
 fn iteration_times_against_korthikanti_table5() {
     let f: Value = serde_json::from_str(include_str!("fixtures/korthikanti_table5.json")).unwrap();
@@ -196,9 +203,9 @@ fn iteration_times_against_korthikanti_table5() {
         errs.len()
     );
     for (row, e) in &errs {
-        assert!(e.abs() <= 0.14, "{row}: {:.1}% off the published iteration time", e * 100.0);
+        assert!(e.abs() <= 0.08, "{row}: {:.1}% off the published iteration time", e * 100.0);
     }
-    assert!(mae <= 0.07, "mean absolute error {:.1}%", mae * 100.0);
+    assert!(mae <= 0.06, "mean absolute error {:.1}%", mae * 100.0);
 }
 
 /// Korthikanti et al. 2022 Table 4: forward and backward time of one transformer layer of
