@@ -202,19 +202,13 @@ pub fn run_parts(
             *f = true;
         }
     }
-    let mut queues: Vec<Vec<u32>> = vec![Vec::new(); ns];
-    let mut remaining = vec![0u32; n];
-    for (k, p) in parts.iter().enumerate() {
-        for (i, t) in p.tasks.iter().enumerate() {
-            let g = num.task[k] + i;
-            queues[num.stream[k] + t.stream as usize].push(g as u32);
-            remaining[g] = t.deps.len() as u32;
-        }
-    }
+    let flat = Flat::of(&num, ns);
+    let Flat { stream: task_stream, duration, alloc: alloc_of, free: free_of, deps, queues } = &flat;
+    let mut remaining: Vec<u32> = (0..n).map(|t| deps.of(t).len() as u32).collect();
     for l in links {
         remaining[l.task as usize] += 1;
     }
-    let dependents = Dependents::of(&num, links);
+    let dependents = Dependents::of(deps, links);
     let mut head = vec![0usize; ns];
     let mut busy = vec![false; ns];
     let mut live = vec![false; num.buffers()];
@@ -231,7 +225,7 @@ pub fn run_parts(
         stream_busy_ns: vec![0; ns],
         allocators: Vec::new(),
     };
-    for (tl, n) in trace.timelines.iter_mut().zip(sample_bound(&num, &dev_of, nd, &opts.empty_cache_after)) {
+    for (tl, n) in trace.timelines.iter_mut().zip(sample_bound(&flat, &dev_of, nd, &opts.empty_cache_after)) {
         tl.reserve(n);
     }
     let mut now = 0u64;
@@ -256,9 +250,8 @@ pub fn run_parts(
             }
             let k = num.part_of(ti as usize);
             let (prog, bo) = (parts[k], num.buffer[k]);
-            let task = &prog.tasks[ti as usize - num.task[k]];
             let dv = dev_of[s];
-            for &lb in &task.alloc {
+            for &lb in alloc_of.of(ti as usize) {
                 let spec = &prog.buffers[lb as usize];
                 let b = bo + lb as usize;
                 let alloc = &mut *allocs[dv];
@@ -292,7 +285,7 @@ pub fn run_parts(
             trace.start_ns[ti as usize] = now;
             busy[s] = true;
             head[s] += 1;
-            heap.push(Reverse((now + task.duration_ns, seq, ti, k as u32)));
+            heap.push(Reverse((now + duration[ti as usize], seq, ti, k as u32)));
             seq += 1;
         }
         candidates.clear();
@@ -300,10 +293,9 @@ pub fn run_parts(
         now = t;
         let k = k as usize;
         let (prog, bo) = (parts[k], num.buffer[k]);
-        let task = &prog.tasks[ti as usize - num.task[k]];
-        let stream = num.stream[k] + task.stream as usize;
+        let stream = task_stream[ti as usize] as usize;
         let dv = dev_of[stream];
-        for &lb in &task.free {
+        for &lb in free_of.of(ti as usize) {
             let b = bo + lb as usize;
             if live[b] {
                 let spec = &prog.buffers[lb as usize];
@@ -325,14 +317,14 @@ pub fn run_parts(
             trace.timelines[dv].record_totals(now, totals(alloc), ti as usize);
         }
         trace.end_ns[ti as usize] = now;
-        trace.stream_busy_ns[stream] += task.duration_ns;
+        trace.stream_busy_ns[stream] += duration[ti as usize];
         busy[stream] = false;
         done += 1;
         candidates.push(stream);
         for &d in dependents.of_task(ti) {
             remaining[d as usize] -= 1;
             if remaining[d as usize] == 0 {
-                candidates.push(num.stream_of(d as usize));
+                candidates.push(task_stream[d as usize] as usize);
             }
         }
     }
@@ -387,45 +379,97 @@ impl<'a> Numbering<'a> {
     fn part_of(&self, t: usize) -> usize {
         self.task.partition_point(|&s| s <= t) - 1
     }
+}
 
-    /// The stream of task `t`, in the run's numbering.
-    fn stream_of(&self, t: usize) -> usize {
-        let k = self.part_of(t);
-        self.stream[k] + self.parts[k].tasks[t - self.task[k]].stream as usize
+/// Index lists of every task (its allocations, its frees, its dependencies) in one flat
+/// array: task t's list is `items[start[t]..start[t + 1]]`.
+struct Lists {
+    start: Vec<u32>,
+    items: Vec<u32>,
+}
+
+impl Lists {
+    fn with_capacity(tasks: usize) -> Lists {
+        let mut start = Vec::with_capacity(tasks + 1);
+        start.push(0);
+        Lists { start, items: Vec::new() }
+    }
+
+    /// Appends the next task's list.
+    fn push(&mut self, items: impl IntoIterator<Item = u32>) {
+        self.items.extend(items);
+        self.start.push(self.items.len() as u32);
+    }
+
+    fn of(&self, t: usize) -> &[u32] {
+        &self.items[self.start[t] as usize..self.start[t + 1] as usize]
+    }
+
+    fn len(&self) -> usize {
+        self.start.len() - 1
+    }
+}
+
+/// What the event loop reads of each task, in the run's numbering, copied out of the parts'
+/// programs in one pass in program order. A large run has hundreds of thousands of tasks,
+/// each with three separately allocated vectors: visiting them in event order misses the
+/// cache at almost every task, while this pass reads them in the order they were written and
+/// the loop then touches only these compact arrays.
+struct Flat {
+    /// The task's stream in the run's numbering.
+    stream: Vec<u32>,
+    duration: Vec<u64>,
+    /// Buffers allocated at the start, part-local indices (`Task::alloc`).
+    alloc: Lists,
+    /// Buffers freed at the end, part-local indices (`Task::free`).
+    free: Lists,
+    /// Dependencies within the task's part, in the run's numbering (`Task::deps`).
+    deps: Lists,
+    /// Each stream's tasks, in program order.
+    queues: Vec<Vec<u32>>,
+}
+
+impl Flat {
+    fn of(num: &Numbering, streams: usize) -> Flat {
+        let n = num.tasks();
+        let mut f = Flat {
+            stream: Vec::with_capacity(n),
+            duration: Vec::with_capacity(n),
+            alloc: Lists::with_capacity(n),
+            free: Lists::with_capacity(n),
+            deps: Lists::with_capacity(n),
+            queues: vec![Vec::new(); streams],
+        };
+        for (k, p) in num.parts.iter().enumerate() {
+            let to = num.task[k] as u32;
+            for t in &p.tasks {
+                let s = num.stream[k] + t.stream as usize;
+                f.queues[s].push(f.stream.len() as u32);
+                f.stream.push(s as u32);
+                f.duration.push(t.duration_ns);
+                f.alloc.push(t.alloc.iter().copied());
+                f.free.push(t.free.iter().copied());
+                f.deps.push(t.deps.iter().map(|&d| to + d));
+            }
+        }
+        f
     }
 }
 
 /// At most how many samples each device's timeline records: one per allocation and one per
 /// free of a buffer its tasks allocate, one per `empty_cache()` and one at an OOM. Reserving
 /// them up front spares copying a growing timeline of a large program.
-fn sample_bound(num: &Numbering, dev_of: &[usize], nd: usize, empty_cache_after: &[u32]) -> Vec<usize> {
+fn sample_bound(flat: &Flat, dev_of: &[usize], nd: usize, empty_cache_after: &[u32]) -> Vec<usize> {
     let mut n = vec![1usize; nd];
-    for (k, p) in num.parts.iter().enumerate() {
-        for t in &p.tasks {
-            n[dev_of[num.stream[k] + t.stream as usize]] += 2 * t.alloc.len();
-        }
+    for (t, &s) in flat.stream.iter().enumerate() {
+        n[dev_of[s as usize]] += 2 * flat.alloc.of(t).len();
     }
     for &t in empty_cache_after {
-        if (t as usize) < num.tasks() {
-            n[dev_of[num.stream_of(t as usize)]] += 1;
+        if let Some(&s) = flat.stream.get(t as usize) {
+            n[dev_of[s as usize]] += 1;
         }
     }
     n
-}
-
-/// Calls `f(task, dep)` for every dependency of a run, in the run's numbering.
-fn for_each_dep(num: &Numbering, links: &[Link], mut f: impl FnMut(usize, usize)) {
-    for (k, p) in num.parts.iter().enumerate() {
-        let to = num.task[k];
-        for (i, t) in p.tasks.iter().enumerate() {
-            for &d in &t.deps {
-                f(to + i, to + d as usize);
-            }
-        }
-    }
-    for l in links {
-        f(l.task as usize, l.dep as usize);
-    }
 }
 
 /// Each task's dependents (the tasks that list it in `deps`, or wait for it through a
@@ -438,19 +482,27 @@ struct Dependents {
 }
 
 impl Dependents {
-    fn of(num: &Numbering, links: &[Link]) -> Dependents {
-        let n = num.tasks();
+    fn of(deps: &Lists, links: &[Link]) -> Dependents {
+        let n = deps.len();
+        // Every (task, dependency) pair: each task's own, then the links.
+        let each = || {
+            (0..n)
+                .flat_map(move |i| deps.of(i).iter().map(move |&d| (i, d as usize)))
+                .chain(links.iter().map(|l| (l.task as usize, l.dep as usize)))
+        };
         let mut start = vec![0u32; n + 1];
-        for_each_dep(num, links, |_, d| start[d + 1] += 1);
+        for (_, d) in each() {
+            start[d + 1] += 1;
+        }
         for i in 0..n {
             start[i + 1] += start[i];
         }
         let mut next = start.clone();
         let mut list = vec![0u32; start[n] as usize];
-        for_each_dep(num, links, |i, d| {
+        for (i, d) in each() {
             list[next[d] as usize] = i as u32;
             next[d] += 1;
-        });
+        }
         Dependents { start, list }
     }
 
