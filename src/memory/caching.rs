@@ -202,10 +202,63 @@ struct Segment {
     alive: bool,
 }
 
+/// A pool's free mapped blocks ordered by (size, address), the order of PyTorch's
+/// `BlockComparatorSize`: best fit is the first block at or after (request, 0), ties going
+/// to the lower address. A sorted vector rather than a B-tree: a pool caches few free blocks,
+/// so a binary search and a short move beat the tree's node walks (and node allocations) on
+/// every malloc and free, the allocator's hottest path.
+#[derive(Debug, Clone, Default)]
+struct FreeSet {
+    /// (size, address, block), sorted; (size, address) is unique.
+    entries: Vec<(u64, u64, u32)>,
+}
+
+impl FreeSet {
+    fn find(&self, key: (u64, u64)) -> Result<usize, usize> {
+        self.entries.binary_search_by(|e| (e.0, e.1).cmp(&key))
+    }
+
+    fn insert(&mut self, key: (u64, u64), b: u32) {
+        match self.find(key) {
+            Ok(i) => self.entries[i].2 = b,
+            Err(i) => self.entries.insert(i, (key.0, key.1, b)),
+        }
+    }
+
+    fn remove(&mut self, key: (u64, u64)) {
+        if let Ok(i) = self.find(key) {
+            self.entries.remove(i);
+        }
+    }
+
+    fn get(&self, key: (u64, u64)) -> Option<u32> {
+        self.find(key).ok().map(|i| self.entries[i].2)
+    }
+
+    /// The blocks of at least `size` bytes, best fit first.
+    fn at_least(&self, size: u64) -> impl Iterator<Item = u32> + '_ {
+        let i = self.entries.partition_point(|e| e.0 < size);
+        self.entries[i..].iter().map(|e| e.2)
+    }
+
+    /// Every block, smallest first.
+    fn blocks(&self) -> impl DoubleEndedIterator<Item = u32> + '_ {
+        self.entries.iter().map(|e| e.2)
+    }
+
+    fn largest_size(&self) -> Option<u64> {
+        self.entries.last().map(|e| e.0)
+    }
+
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 struct Pool {
-    /// Free mapped blocks by (size, address): best fit is the first at or after (request, 0).
-    free: BTreeMap<(u64, u64), u32>,
+    /// Free mapped blocks by (size, address).
+    free: FreeSet,
     /// Unmapped blocks of expandable segments by address.
     unmapped: BTreeMap<u64, u32>,
 }
@@ -322,7 +375,7 @@ impl CachingAllocator {
         let bl = &self.blocks[b as usize];
         let key = (bl.size, bl.addr);
         let pool = bl.pool;
-        self.pool_mut(pool).free.remove(&key);
+        self.pool_mut(pool).free.remove(key);
     }
 
     /// `process_events`: blocks whose end-of-use events have completed return to their pool.
@@ -361,12 +414,11 @@ impl CachingAllocator {
         }
     }
 
-    /// `get_free_block`: best fit in the pool of the request's stream.
-    fn get_free_block(&mut self, pool: u32, size: u64) -> Option<u32> {
+    /// The best-fitting free block of `pool` for `size` bytes.
+    fn best_fit(&self, pool: u32, size: u64) -> Option<u32> {
         let p = self.pools.get(pool as usize)?;
-        let mut it = p.free.range((size, 0)..);
-        let (_, &first) = it.next()?;
-        let mut cand = first;
+        let mut it = p.free.at_least(size);
+        let mut cand = it.next()?;
         if self.expandable(cand) {
             // Best fit counts a block's unmapped tail as room it can grow into, so prefer a
             // later (larger) block that has less of it over the segment's growing end.
@@ -379,7 +431,7 @@ impl CachingAllocator {
                 };
                 bl.size + tail
             };
-            for (_, &next) in it {
+            for next in it {
                 if self.expandable(next) && room(next) < room(cand) {
                     cand = next;
                 } else {
@@ -387,6 +439,12 @@ impl CachingAllocator {
                 }
             }
         }
+        Some(cand)
+    }
+
+    /// `get_free_block`: best fit in the pool of the request's stream.
+    fn get_free_block(&mut self, pool: u32, size: u64) -> Option<u32> {
+        let cand = self.best_fit(pool, size)?;
         let csize = self.blocks[cand as usize].size;
         let max_split = self.cfg.max_split_size;
         // Do not hand an oversize block to a normal request...
@@ -577,14 +635,15 @@ impl CachingAllocator {
         }
         let key = size.max(max_split);
         let Some(p) = self.pools.get(pool as usize) else { return false };
-        if let Some((_, &b)) = p.free.range((key, 0)..).next() {
+        let fit = p.free.at_least(key).next();
+        if let Some(b) = fit {
             if !self.is_split(b) {
                 self.release_block(b);
                 return true;
             }
             return false;
         }
-        let candidates: Vec<u32> = p.free.iter().rev().map(|(_, &b)| b).collect();
+        let candidates: Vec<u32> = p.free.blocks().rev().collect();
         let mut released = 0;
         for b in candidates {
             if released >= key || self.blocks[b as usize].size < max_split {
@@ -607,7 +666,7 @@ impl CachingAllocator {
         // Pool by pool in index order (PyTorch walks its large pool, then its small one, each
         // ordered by stream); the order does not change what is released.
         for p in 0..self.pools.len() {
-            let blocks: Vec<u32> = self.pools[p].free.values().copied().collect();
+            let blocks: Vec<u32> = self.pools[p].free.blocks().collect();
             let mut to_unmap = Vec::new();
             for b in blocks {
                 if self.expandable(b) {
@@ -813,7 +872,7 @@ impl CachingAllocator {
 
     /// The largest cached free block of any pool and stream (`cacheInfo`).
     pub fn largest_free_block(&self) -> u64 {
-        self.pools.iter().filter_map(|p| p.free.last_key_value().map(|(k, _)| k.0)).max().unwrap_or(0)
+        self.pools.iter().filter_map(|p| p.free.largest_size()).max().unwrap_or(0)
     }
 
     fn snapshot(&self) -> Snapshot {
@@ -925,7 +984,7 @@ impl CachingAllocator {
                         free_count += 1;
                         reserved += bl.size;
                         let in_pool =
-                            self.pools.get(bl.pool as usize).and_then(|p| p.free.get(&(bl.size, bl.addr))) == Some(&b);
+                            self.pools.get(bl.pool as usize).and_then(|p| p.free.get((bl.size, bl.addr))) == Some(b);
                         if !in_pool {
                             return Err(format!("free block {b} is not in its pool"));
                         }
