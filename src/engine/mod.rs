@@ -31,19 +31,76 @@ pub struct BufferSpec {
     pub name: u32,
 }
 
-/// One unit of work on one stream.
-#[derive(Debug, Clone, Default)]
+/// One unit of work on one stream. Its dependencies and memory effects are in the
+/// program's [`TaskLists`] ([`Program::deps`], [`Program::alloc`], [`Program::free`]).
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Task {
     pub stream: u16,
     pub duration_ns: u64,
-    /// Tasks that must finish before this one starts.
-    pub deps: Vec<u32>,
-    /// Buffers allocated when the task starts, in order.
-    pub alloc: Vec<u32>,
-    /// Buffers freed when the task ends.
-    pub free: Vec<u32>,
     /// Index into the scheduler's label table.
     pub label: u32,
+}
+
+/// One list of indices per task (its dependencies, or the buffers it allocates or frees),
+/// all in one flat array: task t's list is `items[start[t]..start[t + 1]]`. A large program
+/// has hundreds of thousands of tasks; a vector per task and list would cost an allocation
+/// each to build and to free, and a cache miss each time the engine reads one.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TaskLists {
+    /// Empty, or one more entry than tasks, starting at 0.
+    start: Vec<u32>,
+    items: Vec<u32>,
+}
+
+impl TaskLists {
+    /// Appends the next task's list.
+    pub fn push(&mut self, items: &[u32]) {
+        if self.start.is_empty() {
+            self.start.push(0);
+        }
+        self.items.extend_from_slice(items);
+        self.start.push(self.items.len() as u32);
+    }
+
+    /// Task `t`'s list.
+    pub fn of(&self, t: usize) -> &[u32] {
+        &self.items[self.start[t] as usize..self.start[t + 1] as usize]
+    }
+
+    /// How many tasks have a list.
+    pub fn len(&self) -> usize {
+        self.start.len().saturating_sub(1)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Room for `tasks` more lists of `items` indices in all.
+    pub fn reserve(&mut self, tasks: usize, items: usize) {
+        self.start.reserve(tasks + 1);
+        self.items.reserve(items);
+    }
+
+    /// The lists of `tasks` tasks from (task, index) pairs given in any order of tasks: each
+    /// task's list keeps its pairs' order (for a scheduler that decides a task's frees after
+    /// writing later tasks).
+    pub fn from_pairs(tasks: usize, pairs: &[(u32, u32)]) -> TaskLists {
+        let mut start = vec![0u32; tasks + 1];
+        for &(t, _) in pairs {
+            start[t as usize + 1] += 1;
+        }
+        for i in 0..tasks {
+            start[i + 1] += start[i];
+        }
+        let mut next = start.clone();
+        let mut items = vec![0u32; pairs.len()];
+        for &(t, x) in pairs {
+            items[next[t as usize] as usize] = x;
+            next[t as usize] += 1;
+        }
+        TaskLists { start, items }
+    }
 }
 
 /// Everything one rank does, as the scheduler wrote it.
@@ -54,8 +111,25 @@ pub struct Program {
     /// the task that allocates them; each device has its own allocator.
     pub stream_device: Vec<u16>,
     pub tasks: Vec<Task>,
+    /// Per task: the tasks that must finish before it starts.
+    pub deps: TaskLists,
+    /// Per task: the buffers allocated when it starts, in order.
+    pub alloc: TaskLists,
+    /// Per task: the buffers freed when it ends.
+    pub free: TaskLists,
     pub buffers: Vec<BufferSpec>,
     pub names: Vec<String>,
+}
+
+impl Program {
+    /// Appends a task with its dependencies, allocations and frees; returns its index.
+    pub fn push_task(&mut self, task: Task, deps: &[u32], alloc: &[u32], free: &[u32]) -> u32 {
+        self.tasks.push(task);
+        self.deps.push(deps);
+        self.alloc.push(alloc);
+        self.free.push(free);
+        (self.tasks.len() - 1) as u32
+    }
 }
 
 /// The allocation that did not fit.
@@ -203,12 +277,10 @@ pub fn run_parts(
         }
     }
     let flat = Flat::of(&num, ns);
-    let Flat { stream: task_stream, duration, alloc: alloc_of, free: free_of, deps, queues } = &flat;
-    let mut remaining: Vec<u32> = (0..n).map(|t| deps.of(t).len() as u32).collect();
-    for l in links {
-        remaining[l.task as usize] += 1;
-    }
-    let dependents = Dependents::of(deps, links);
+    let Flat { stream: task_stream, duration, queues } = &flat;
+    let mut remaining = vec![0u32; n];
+    for_each_dep(&num, links, |t, _| remaining[t] += 1);
+    let dependents = Dependents::of(&num, links);
     let mut head = vec![0usize; ns];
     let mut busy = vec![false; ns];
     let mut live = vec![false; num.buffers()];
@@ -225,7 +297,7 @@ pub fn run_parts(
         stream_busy_ns: vec![0; ns],
         allocators: Vec::new(),
     };
-    for (tl, n) in trace.timelines.iter_mut().zip(sample_bound(&flat, &dev_of, nd, &opts.empty_cache_after)) {
+    for (tl, n) in trace.timelines.iter_mut().zip(sample_bound(&num, &flat, &dev_of, nd, &opts.empty_cache_after)) {
         tl.reserve(n);
     }
     let mut now = 0u64;
@@ -251,7 +323,7 @@ pub fn run_parts(
             let k = num.part_of(ti as usize);
             let (prog, bo) = (parts[k], num.buffer[k]);
             let dv = dev_of[s];
-            for &lb in alloc_of.of(ti as usize) {
+            for &lb in prog.alloc.of(ti as usize - num.task[k]) {
                 let spec = &prog.buffers[lb as usize];
                 let b = bo + lb as usize;
                 let alloc = &mut *allocs[dv];
@@ -295,7 +367,7 @@ pub fn run_parts(
         let (prog, bo) = (parts[k], num.buffer[k]);
         let stream = task_stream[ti as usize] as usize;
         let dv = dev_of[stream];
-        for &lb in free_of.of(ti as usize) {
+        for &lb in prog.free.of(ti as usize - num.task[k]) {
             let b = bo + lb as usize;
             if live[b] {
                 let spec = &prog.buffers[lb as usize];
@@ -381,50 +453,13 @@ impl<'a> Numbering<'a> {
     }
 }
 
-/// Index lists of every task (its allocations, its frees, its dependencies) in one flat
-/// array: task t's list is `items[start[t]..start[t + 1]]`.
-struct Lists {
-    start: Vec<u32>,
-    items: Vec<u32>,
-}
-
-impl Lists {
-    fn with_capacity(tasks: usize) -> Lists {
-        let mut start = Vec::with_capacity(tasks + 1);
-        start.push(0);
-        Lists { start, items: Vec::new() }
-    }
-
-    /// Appends the next task's list.
-    fn push(&mut self, items: impl IntoIterator<Item = u32>) {
-        self.items.extend(items);
-        self.start.push(self.items.len() as u32);
-    }
-
-    fn of(&self, t: usize) -> &[u32] {
-        &self.items[self.start[t] as usize..self.start[t + 1] as usize]
-    }
-
-    fn len(&self) -> usize {
-        self.start.len() - 1
-    }
-}
-
-/// What the event loop reads of each task, in the run's numbering, copied out of the parts'
-/// programs in one pass in program order. A large run has hundreds of thousands of tasks,
-/// each with three separately allocated vectors: visiting them in event order misses the
-/// cache at almost every task, while this pass reads them in the order they were written and
-/// the loop then touches only these compact arrays.
+/// What the event loop reads of every task's record, in the run's numbering, copied out of
+/// the parts' programs in one pass in program order: the loop then visits tasks in event
+/// order without touching their records (a cache miss each in a large run).
 struct Flat {
     /// The task's stream in the run's numbering.
     stream: Vec<u32>,
     duration: Vec<u64>,
-    /// Buffers allocated at the start, part-local indices (`Task::alloc`).
-    alloc: Lists,
-    /// Buffers freed at the end, part-local indices (`Task::free`).
-    free: Lists,
-    /// Dependencies within the task's part, in the run's numbering (`Task::deps`).
-    deps: Lists,
     /// Each stream's tasks, in program order.
     queues: Vec<Vec<u32>>,
 }
@@ -432,24 +467,14 @@ struct Flat {
 impl Flat {
     fn of(num: &Numbering, streams: usize) -> Flat {
         let n = num.tasks();
-        let mut f = Flat {
-            stream: Vec::with_capacity(n),
-            duration: Vec::with_capacity(n),
-            alloc: Lists::with_capacity(n),
-            free: Lists::with_capacity(n),
-            deps: Lists::with_capacity(n),
-            queues: vec![Vec::new(); streams],
-        };
+        let mut f =
+            Flat { stream: Vec::with_capacity(n), duration: Vec::with_capacity(n), queues: vec![Vec::new(); streams] };
         for (k, p) in num.parts.iter().enumerate() {
-            let to = num.task[k] as u32;
             for t in &p.tasks {
                 let s = num.stream[k] + t.stream as usize;
                 f.queues[s].push(f.stream.len() as u32);
                 f.stream.push(s as u32);
                 f.duration.push(t.duration_ns);
-                f.alloc.push(t.alloc.iter().copied());
-                f.free.push(t.free.iter().copied());
-                f.deps.push(t.deps.iter().map(|&d| to + d));
             }
         }
         f
@@ -459,10 +484,12 @@ impl Flat {
 /// At most how many samples each device's timeline records: one per allocation and one per
 /// free of a buffer its tasks allocate, one per `empty_cache()` and one at an OOM. Reserving
 /// them up front spares copying a growing timeline of a large program.
-fn sample_bound(flat: &Flat, dev_of: &[usize], nd: usize, empty_cache_after: &[u32]) -> Vec<usize> {
+fn sample_bound(num: &Numbering, flat: &Flat, dev_of: &[usize], nd: usize, empty_cache_after: &[u32]) -> Vec<usize> {
     let mut n = vec![1usize; nd];
-    for (t, &s) in flat.stream.iter().enumerate() {
-        n[dev_of[s as usize]] += 2 * flat.alloc.of(t).len();
+    for (k, p) in num.parts.iter().enumerate() {
+        for (t, task) in p.tasks.iter().enumerate() {
+            n[dev_of[num.stream[k] + task.stream as usize]] += 2 * p.alloc.of(t).len();
+        }
     }
     for &t in empty_cache_after {
         if let Some(&s) = flat.stream.get(t as usize) {
@@ -470,6 +497,21 @@ fn sample_bound(flat: &Flat, dev_of: &[usize], nd: usize, empty_cache_after: &[u
         }
     }
     n
+}
+
+/// Calls `f(task, dep)` for every dependency of a run, in the run's numbering.
+fn for_each_dep(num: &Numbering, links: &[Link], mut f: impl FnMut(usize, usize)) {
+    for (k, p) in num.parts.iter().enumerate() {
+        let to = num.task[k];
+        for i in 0..p.deps.len() {
+            for &d in p.deps.of(i) {
+                f(to + i, to + d as usize);
+            }
+        }
+    }
+    for l in links {
+        f(l.task as usize, l.dep as usize);
+    }
 }
 
 /// Each task's dependents (the tasks that list it in `deps`, or wait for it through a
@@ -482,27 +524,19 @@ struct Dependents {
 }
 
 impl Dependents {
-    fn of(deps: &Lists, links: &[Link]) -> Dependents {
-        let n = deps.len();
-        // Every (task, dependency) pair: each task's own, then the links.
-        let each = || {
-            (0..n)
-                .flat_map(move |i| deps.of(i).iter().map(move |&d| (i, d as usize)))
-                .chain(links.iter().map(|l| (l.task as usize, l.dep as usize)))
-        };
+    fn of(num: &Numbering, links: &[Link]) -> Dependents {
+        let n = num.tasks();
         let mut start = vec![0u32; n + 1];
-        for (_, d) in each() {
-            start[d + 1] += 1;
-        }
+        for_each_dep(num, links, |_, d| start[d + 1] += 1);
         for i in 0..n {
             start[i + 1] += start[i];
         }
         let mut next = start.clone();
         let mut list = vec![0u32; start[n] as usize];
-        for (i, d) in each() {
+        for_each_dep(num, links, |i, d| {
             list[next[d] as usize] = i as u32;
             next[d] += 1;
-        }
+        });
         Dependents { start, list }
     }
 
@@ -520,20 +554,22 @@ mod tests {
         BufferSpec { bytes, category: Category::Activations, name: 0 }
     }
 
+    /// A task: (stream, duration, deps, alloc, free).
+    type T<'a> = (u16, u64, &'a [u32], &'a [u32], &'a [u32]);
+
+    /// A program of `streams` streams running `tasks`, with `buffers`.
+    fn program(streams: usize, tasks: &[T], buffers: Vec<BufferSpec>) -> Program {
+        let mut p = Program { streams: vec!["compute".into(); streams], buffers, ..Default::default() };
+        for &(stream, duration_ns, deps, alloc, free) in tasks {
+            p.push_task(Task { stream, duration_ns, label: 0 }, deps, alloc, free);
+        }
+        p
+    }
+
     #[test]
     fn streams_overlap_and_dependencies_wait() {
         // compute: a(10) -> c(5, waits for b); comm: b(20).
-        let p = Program {
-            streams: vec!["compute".into(), "comm".into()],
-            tasks: vec![
-                Task { stream: 0, duration_ns: 10, ..Default::default() },
-                Task { stream: 1, duration_ns: 20, ..Default::default() },
-                Task { stream: 0, duration_ns: 5, deps: vec![1], ..Default::default() },
-            ],
-            buffers: vec![],
-            names: vec![],
-            stream_device: vec![],
-        };
+        let p = program(2, &[(0, 10, &[], &[], &[]), (1, 20, &[], &[], &[]), (0, 5, &[1], &[], &[])], vec![]);
         let t = run(&p, &mut ExactAllocator::new(1 << 20)).unwrap();
         assert_eq!(t.start_ns, vec![0, 0, 20]);
         assert_eq!(t.end_time_ns, 25);
@@ -542,17 +578,11 @@ mod tests {
 
     #[test]
     fn memory_is_allocated_at_start_freed_at_end_and_oom_stops() {
-        let p = Program {
-            streams: vec!["compute".into()],
-            tasks: vec![
-                Task { stream: 0, duration_ns: 10, alloc: vec![0], ..Default::default() },
-                Task { stream: 0, duration_ns: 10, alloc: vec![1], free: vec![0, 1], ..Default::default() },
-                Task { stream: 0, duration_ns: 10, alloc: vec![2], ..Default::default() },
-            ],
-            buffers: vec![buf(1024), buf(1024), buf(4096)],
-            names: vec![],
-            stream_device: vec![],
-        };
+        let p = program(
+            1,
+            &[(0, 10, &[], &[0], &[]), (0, 10, &[], &[1], &[0, 1]), (0, 10, &[], &[2], &[])],
+            vec![buf(1024), buf(1024), buf(4096)],
+        );
         let t = run(&p, &mut ExactAllocator::new(3000)).unwrap();
         assert_eq!(t.timeline.peak().unwrap().allocated, 2048);
         let oom = t.oom.expect("4096 > 3000");
@@ -566,18 +596,11 @@ mod tests {
         const M: u64 = 1 << 20;
         // comm: a (allocates buffer 0, 40 MiB) -> compute: b (uses it, frees it) -> comm: c
         // (allocates buffer 1, 40 MiB: reuses the block) -> compute: d (frees 1; empty_cache).
-        let p = Program {
-            streams: vec!["compute".into(), "comm".into()],
-            tasks: vec![
-                Task { stream: 1, duration_ns: 10, alloc: vec![0], ..Default::default() },
-                Task { stream: 0, duration_ns: 10, deps: vec![0], free: vec![0], ..Default::default() },
-                Task { stream: 1, duration_ns: 10, deps: vec![1], alloc: vec![1], ..Default::default() },
-                Task { stream: 0, duration_ns: 10, deps: vec![2], free: vec![1], ..Default::default() },
-            ],
-            buffers: vec![buf(40 * M), buf(40 * M)],
-            names: vec![],
-            stream_device: vec![],
-        };
+        let p = program(
+            2,
+            &[(1, 10, &[], &[0], &[]), (0, 10, &[0], &[], &[0]), (1, 10, &[1], &[1], &[]), (0, 10, &[2], &[], &[1])],
+            vec![buf(40 * M), buf(40 * M)],
+        );
         let mut a = CachingAllocator::new(CachingConfig::new(1 << 30));
         let t = run_with(&p, &mut a, &RunOptions { empty_cache_after: vec![3], ..Default::default() }).unwrap();
         let s = &t.timeline.samples;
@@ -594,28 +617,14 @@ mod tests {
     fn parts_run_as_their_merged_program() {
         // Device 0: a (allocates its buffer) -> send (frees it). Device 1 the same, its first
         // task waiting for device 0's send through a link.
-        let stage = |bytes: u64| Program {
-            streams: vec!["compute".into()],
-            tasks: vec![
-                Task { stream: 0, duration_ns: 10, alloc: vec![0], ..Default::default() },
-                Task { stream: 0, duration_ns: 5, deps: vec![0], free: vec![0], ..Default::default() },
-            ],
-            buffers: vec![buf(bytes)],
-            ..Default::default()
-        };
+        let stage = |bytes: u64| program(1, &[(0, 10, &[], &[0], &[]), (0, 5, &[0], &[], &[0])], vec![buf(bytes)]);
         let (s0, s1) = (stage(1024), stage(2048));
-        let merged = Program {
-            streams: vec!["compute".into(), "compute".into()],
-            stream_device: vec![0, 1],
-            tasks: vec![
-                s0.tasks[0].clone(),
-                s0.tasks[1].clone(),
-                Task { stream: 1, duration_ns: 10, deps: vec![1], alloc: vec![1], ..Default::default() },
-                Task { stream: 1, duration_ns: 5, deps: vec![2], free: vec![1], ..Default::default() },
-            ],
-            buffers: vec![buf(1024), buf(2048)],
-            ..Default::default()
-        };
+        let mut merged = program(
+            2,
+            &[(0, 10, &[], &[0], &[]), (0, 5, &[0], &[], &[0]), (1, 10, &[1], &[1], &[]), (1, 5, &[2], &[], &[1])],
+            vec![buf(1024), buf(2048)],
+        );
+        merged.stream_device = vec![0, 1];
         let run2 = |f: &dyn Fn(&mut [&mut dyn Allocator]) -> DeviceTrace| {
             let (mut a, mut b) = (ExactAllocator::new(1 << 20), ExactAllocator::new(1 << 20));
             f(&mut [&mut a, &mut b])
@@ -635,12 +644,19 @@ mod tests {
     }
 
     #[test]
+    fn task_lists_from_pairs_keep_each_tasks_order() {
+        let l = TaskLists::from_pairs(3, &[(2, 7), (0, 1), (2, 5), (0, 4)]);
+        assert_eq!((l.len(), l.of(0), l.of(1), l.of(2)), (3, &[1, 4][..], &[][..], &[7, 5][..]));
+        let mut m = TaskLists::default();
+        for t in 0..3 {
+            m.push(l.of(t));
+        }
+        assert_eq!(m, l);
+    }
+
+    #[test]
     fn a_cycle_is_reported_not_hung() {
-        let p = Program {
-            streams: vec!["compute".into()],
-            tasks: vec![Task { stream: 0, duration_ns: 1, deps: vec![0], ..Default::default() }],
-            ..Default::default()
-        };
+        let p = program(1, &[(0, 1, &[0], &[], &[])], vec![]);
         assert_eq!(run(&p, &mut ExactAllocator::new(10)).unwrap_err(), Deadlock { waiting: 1 });
     }
 }

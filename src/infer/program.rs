@@ -174,15 +174,8 @@ impl B<'_> {
         let mut label = TaskLabel::new(step, phase, 0, what, kind, None);
         label.region = region;
         self.labels.push(label);
-        self.prog.tasks.push(Task {
-            stream,
-            duration_ns: ns(seconds),
-            deps,
-            alloc,
-            free,
-            label: (self.labels.len() - 1) as u32,
-        });
-        (self.prog.tasks.len() - 1) as u32
+        let task = Task { stream, duration_ns: ns(seconds), label: (self.labels.len() - 1) as u32 };
+        self.prog.push_task(task, &deps, &alloc, &free)
     }
 
     /// KV bytes of `tokens` tokens of the whole batch in one layer, keys or values.

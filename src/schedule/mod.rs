@@ -97,7 +97,11 @@ struct Builder<'a> {
     dag: &'a LayerDag,
     plan: &'a Plan,
     cost: &'a Cost,
+    /// The program so far; its tasks' frees are in `frees` until [`Builder::finish`].
     prog: Program,
+    /// (task, buffer) for every free, in the order the builder decided them: a task's frees
+    /// are often known only after later tasks are written.
+    frees: Vec<(u32, u32)>,
     labels: Vec<TaskLabel>,
     tensors: Vec<TensorPlan>,
     /// For full checkpointing: per block, the ops (forward order) recomputed in backward.
@@ -173,7 +177,7 @@ fn build_with(dag: &LayerDag, plan: &Plan, cluster: &Cluster, names: bool, steps
     };
     let model_flops = per_mb * plan.training.grad_accum as f64;
     let hw = b.hw_flops / steps.max(1) as f64;
-    Schedule { program: b.prog, labels: b.labels, model_flops_per_step: model_flops, hardware_flops_per_step: hw }
+    Schedule { program: b.finish(), labels: b.labels, model_flops_per_step: model_flops, hardware_flops_per_step: hw }
 }
 
 impl<'a> Builder<'a> {
@@ -293,6 +297,7 @@ impl<'a> Builder<'a> {
             plan,
             cost,
             prog,
+            frees: Vec::new(),
             labels: Vec::new(),
             tensors,
             recompute_ops,
@@ -329,6 +334,9 @@ impl<'a> Builder<'a> {
         self.prog.tasks.reserve(tasks);
         self.labels.reserve(tasks);
         let buffers = 4 * nu + 8 + mbs * (3 * nops + 2 * nu);
+        self.prog.deps.reserve(tasks, 2 * tasks);
+        self.prog.alloc.reserve(tasks, buffers);
+        self.frees.reserve(buffers);
         self.prog.buffers.reserve(buffers);
         if self.names {
             self.prog.names.reserve(buffers);
@@ -357,19 +365,23 @@ impl<'a> Builder<'a> {
 
     fn task(&mut self, stream: u16, seconds: f64, deps: Vec<u32>, alloc: Vec<u32>, label: TaskLabel) -> u32 {
         self.labels.push(label);
-        self.prog.tasks.push(Task {
-            stream,
-            duration_ns: cost::ns(seconds),
-            deps,
-            alloc,
-            free: Vec::new(),
-            label: (self.labels.len() - 1) as u32,
-        });
+        let task = Task { stream, duration_ns: cost::ns(seconds), label: (self.labels.len() - 1) as u32 };
+        self.prog.tasks.push(task);
+        self.prog.deps.push(&deps);
+        self.prog.alloc.push(&alloc);
         (self.prog.tasks.len() - 1) as u32
     }
 
+    /// `task` frees `bufs` when it ends (after the frees given it before).
     fn free_at(&mut self, task: u32, bufs: &[u32]) {
-        self.prog.tasks[task as usize].free.extend_from_slice(bufs);
+        self.frees.extend(bufs.iter().map(|&b| (task, b)));
+    }
+
+    /// The finished program, its frees filed under their tasks.
+    fn finish(&mut self) -> Program {
+        let mut prog = std::mem::take(&mut self.prog);
+        prog.free = crate::engine::TaskLists::from_pairs(prog.tasks.len(), &self.frees);
+        prog
     }
 
     fn pr(&self) -> &crate::plan::Precision {

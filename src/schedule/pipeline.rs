@@ -127,7 +127,7 @@ pub fn build(dag: &LayerDag, plan: &Plan, cluster: &Cluster, names: bool) -> Pip
             model_flops_per_step: 3.0 * dag.model_forward_flops() * sp.training.grad_accum as f64
                 / (p * sp.parallel.model_parallel.tensor) as f64,
             hardware_flops_per_step: b.hw_flops / steps,
-            program: std::mem::take(&mut b.prog),
+            program: b.finish(),
             labels: std::mem::take(&mut b.labels),
         };
         let (ready, ext) = (std::mem::take(&mut b.ready), std::mem::take(&mut b.ext_deps));
