@@ -235,10 +235,15 @@ impl FreeSet {
         self.find(key).ok().map(|i| self.entries[i].2)
     }
 
-    /// The blocks of at least `size` bytes, best fit first.
-    fn at_least(&self, size: u64) -> impl Iterator<Item = u32> + '_ {
+    /// The blocks of at least `size` bytes, best fit first, with their positions.
+    fn at_least(&self, size: u64) -> impl Iterator<Item = (usize, u32)> + '_ {
         let i = self.entries.partition_point(|e| e.0 < size);
-        self.entries[i..].iter().map(|e| e.2)
+        self.entries[i..].iter().enumerate().map(move |(j, e)| (i + j, e.2))
+    }
+
+    /// Removes the block at position `i` (from [`FreeSet::at_least`]).
+    fn remove_at(&mut self, i: usize) {
+        self.entries.remove(i);
     }
 
     /// Every block, smallest first.
@@ -414,11 +419,12 @@ impl CachingAllocator {
         }
     }
 
-    /// The best-fitting free block of `pool` for `size` bytes.
-    fn best_fit(&self, pool: u32, size: u64) -> Option<u32> {
+    /// The best-fitting free block of `pool` for `size` bytes, and its position in the
+    /// pool's free set.
+    fn best_fit(&self, pool: u32, size: u64) -> Option<(usize, u32)> {
         let p = self.pools.get(pool as usize)?;
         let mut it = p.free.at_least(size);
-        let mut cand = it.next()?;
+        let (mut at, mut cand) = it.next()?;
         if self.expandable(cand) {
             // Best fit counts a block's unmapped tail as room it can grow into, so prefer a
             // later (larger) block that has less of it over the segment's growing end.
@@ -431,20 +437,20 @@ impl CachingAllocator {
                 };
                 bl.size + tail
             };
-            for next in it {
+            for (i, next) in it {
                 if self.expandable(next) && room(next) < room(cand) {
-                    cand = next;
+                    (at, cand) = (i, next);
                 } else {
                     break;
                 }
             }
         }
-        Some(cand)
+        Some((at, cand))
     }
 
     /// `get_free_block`: best fit in the pool of the request's stream.
     fn get_free_block(&mut self, pool: u32, size: u64) -> Option<u32> {
-        let cand = self.best_fit(pool, size)?;
+        let (at, cand) = self.best_fit(pool, size)?;
         let csize = self.blocks[cand as usize].size;
         let max_split = self.cfg.max_split_size;
         // Do not hand an oversize block to a normal request...
@@ -455,7 +461,7 @@ impl CachingAllocator {
         if size >= max_split && csize >= size.saturating_add(LARGE_BUFFER) {
             return None;
         }
-        self.remove_free(cand);
+        self.pools[pool as usize].free.remove_at(at);
         self.blocks[cand as usize].state = State::Taken;
         Some(cand)
     }
@@ -635,7 +641,7 @@ impl CachingAllocator {
         }
         let key = size.max(max_split);
         let Some(p) = self.pools.get(pool as usize) else { return false };
-        let fit = p.free.at_least(key).next();
+        let fit = p.free.at_least(key).next().map(|(_, b)| b);
         if let Some(b) = fit {
             if !self.is_split(b) {
                 self.release_block(b);
