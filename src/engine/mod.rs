@@ -284,10 +284,11 @@ pub fn run_parts(
     let mut head = vec![0usize; ns];
     let mut busy = vec![false; ns];
     let mut live = vec![false; num.buffers()];
-    // (end time, sequence number, task, part): the sequence number makes keys unique, so
-    // the part rides along without changing the order.
-    let mut heap: BinaryHeap<Reverse<(u64, u64, u32, u32)>> = BinaryHeap::new();
-    let mut seq = 0u64;
+    // Events keyed by (end time, sequence number) packed into one integer (time in the high
+    // half), the cheapest key to compare; the sequence number is the start's position in
+    // `started`, which says which task it was.
+    let mut heap: BinaryHeap<Reverse<u128>> = BinaryHeap::new();
+    let mut started: Vec<u32> = Vec::with_capacity(n);
     let mut trace = DeviceTrace {
         timelines: vec![if opts.peaks_only { Timeline::peaks_only() } else { Timeline::default() }; nd],
         start_ns: vec![u64::MAX; n],
@@ -357,13 +358,14 @@ pub fn run_parts(
             trace.start_ns[ti as usize] = now;
             busy[s] = true;
             head[s] += 1;
-            heap.push(Reverse((now + duration[ti as usize], seq, ti, k as u32)));
-            seq += 1;
+            heap.push(Reverse(u128::from(now + duration[ti as usize]) << 64 | started.len() as u128));
+            started.push(ti);
         }
         candidates.clear();
-        let Some(Reverse((t, _, ti, k))) = heap.pop() else { break };
-        now = t;
-        let k = k as usize;
+        let Some(Reverse(key)) = heap.pop() else { break };
+        now = (key >> 64) as u64;
+        let ti = started[key as u64 as usize];
+        let k = num.part_of(ti as usize);
         let (prog, bo) = (parts[k], num.buffer[k]);
         let stream = task_stream[ti as usize] as usize;
         let dv = dev_of[stream];
