@@ -204,59 +204,71 @@ struct Segment {
 
 /// A pool's free mapped blocks ordered by (size, address), the order of PyTorch's
 /// `BlockComparatorSize`: best fit is the first block at or after (request, 0), ties going
-/// to the lower address. A sorted vector rather than a B-tree: a pool caches few free blocks,
-/// so a binary search and a short move beat the tree's node walks (and node allocations) on
-/// every malloc and free, the allocator's hottest path.
+/// to the lower address. Sorted vectors rather than a B-tree: a pool caches few free blocks
+/// (tens to hundreds), so a binary search and a short move beat the tree's node walks (and
+/// node allocations) on every malloc and free, the allocator's hottest path. The keys are
+/// searched apart from the blocks, packed one integer each (size in the high half), so a
+/// search reads few cache lines and compares cheaply.
 #[derive(Debug, Clone, Default)]
 struct FreeSet {
-    /// (size, address, block), sorted; (size, address) is unique.
-    entries: Vec<(u64, u64, u32)>,
+    /// (size << 64 | address), sorted and unique.
+    keys: Vec<u128>,
+    /// The block of each key.
+    blocks: Vec<u32>,
+}
+
+fn free_key((size, addr): (u64, u64)) -> u128 {
+    u128::from(size) << 64 | u128::from(addr)
 }
 
 impl FreeSet {
     fn find(&self, key: (u64, u64)) -> Result<usize, usize> {
-        self.entries.binary_search_by(|e| (e.0, e.1).cmp(&key))
+        self.keys.binary_search(&free_key(key))
     }
 
     fn insert(&mut self, key: (u64, u64), b: u32) {
         match self.find(key) {
-            Ok(i) => self.entries[i].2 = b,
-            Err(i) => self.entries.insert(i, (key.0, key.1, b)),
+            Ok(i) => self.blocks[i] = b,
+            Err(i) => {
+                self.keys.insert(i, free_key(key));
+                self.blocks.insert(i, b);
+            }
         }
     }
 
     fn remove(&mut self, key: (u64, u64)) {
         if let Ok(i) = self.find(key) {
-            self.entries.remove(i);
+            self.remove_at(i);
         }
     }
 
     fn get(&self, key: (u64, u64)) -> Option<u32> {
-        self.find(key).ok().map(|i| self.entries[i].2)
+        self.find(key).ok().map(|i| self.blocks[i])
     }
 
     /// The blocks of at least `size` bytes, best fit first, with their positions.
     fn at_least(&self, size: u64) -> impl Iterator<Item = (usize, u32)> + '_ {
-        let i = self.entries.partition_point(|e| e.0 < size);
-        self.entries[i..].iter().enumerate().map(move |(j, e)| (i + j, e.2))
+        let i = self.keys.partition_point(|&k| k < free_key((size, 0)));
+        self.blocks[i..].iter().enumerate().map(move |(j, &b)| (i + j, b))
     }
 
     /// Removes the block at position `i` (from [`FreeSet::at_least`]).
     fn remove_at(&mut self, i: usize) {
-        self.entries.remove(i);
+        self.keys.remove(i);
+        self.blocks.remove(i);
     }
 
     /// Every block, smallest first.
     fn blocks(&self) -> impl DoubleEndedIterator<Item = u32> + '_ {
-        self.entries.iter().map(|e| e.2)
+        self.blocks.iter().copied()
     }
 
     fn largest_size(&self) -> Option<u64> {
-        self.entries.last().map(|e| e.0)
+        self.keys.last().map(|&k| (k >> 64) as u64)
     }
 
     fn len(&self) -> usize {
-        self.entries.len()
+        self.keys.len()
     }
 }
 
