@@ -39,7 +39,7 @@ pub struct Mark {
 ///
 /// With the curve (`Timeline::default()`) every [`Sample`] is kept, for memory.csv, the
 /// plots and explain. Without it ([`Timeline::peaks_only`]) only what a report reads is kept:
-/// a [`Mark`] per sample and the two peak samples.
+/// a [`Mark`] per run of samples of one task and the two peak samples.
 #[derive(Debug, Clone, Default)]
 pub struct Timeline {
     /// Every sample; empty without the curve.
@@ -117,7 +117,18 @@ impl Timeline {
         if !self.peaks_only {
             self.samples.push(sample(&self.current));
         }
-        self.marks.push(Mark { task: task as u32, allocated: t.allocated });
+        // What a report reads of the marks is the first highest of each (step, phase), and
+        // one task's samples share its step and phase: of a run of samples of one task, the
+        // first of the highest stands for them all.
+        let mark = Mark { task: task as u32, allocated: t.allocated };
+        match self.marks.last_mut() {
+            Some(m) if m.task == mark.task => {
+                if mark.allocated > m.allocated {
+                    *m = mark;
+                }
+            }
+            _ => self.marks.push(mark),
+        }
         self.last = t;
         self.recorded += 1;
     }
@@ -132,7 +143,8 @@ impl Timeline {
         self.peak_reserved.as_ref()
     }
 
-    /// Every sample's task and live bytes, in order (with or without the curve).
+    /// The samples' tasks and live bytes, in order (with or without the curve): of each run of
+    /// consecutive samples of one task, the first with the most live bytes.
     pub fn marks(&self) -> &[Mark] {
         &self.marks
     }
