@@ -328,7 +328,14 @@ impl<'a> Builder<'a> {
     /// backward and recompute per op, three collectives per unit, per micro-batch), so the
     /// tables are not copied as they grow.
     fn reserve(&mut self, steps: u32) {
-        let (nops, nu) = (self.dag.ops.len(), self.plan.units.len());
+        // A pipeline stage runs only its chunks' ops. (Reserving for all of them would ask
+        // for several times the room, so large that the memory allocator maps it fresh, and
+        // pays a page fault for each page, at every build.)
+        let nops = match self.chunk_ops.as_slice() {
+            [] => self.dag.ops.len(),
+            chunks => chunks.iter().map(|&(lo, hi)| hi - lo).sum(),
+        };
+        let nu = self.plan.units.len();
         let mbs = steps as usize * self.plan.training.grad_accum as usize;
         let tasks = 3 * nu + 8 + mbs * (3 * nops + 3 * nu) + 4 * steps as usize;
         self.prog.tasks.reserve(tasks);
