@@ -320,31 +320,41 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
     };
     let prog = &sched.program;
     let (verdict, peak, phase_peaks) = memory_side(cap, sched, trace);
-    // Step timings from the tasks that ran.
+    // Step timings from the tasks that ran, every step's gathered in one pass over the tasks.
     let mut steps = Vec::new();
     if trace.oom.is_none() {
-        for k in 1..=plan.training.steps {
-            let mut start = u64::MAX;
-            let mut end = 0;
-            let mut busy = [0u64; 2];
-            let mut recompute = 0u64;
-            let mut intervals: [Vec<(u64, u64)>; 2] = [Vec::new(), Vec::new()];
-            for (i, t) in prog.tasks.iter().enumerate() {
-                let l = &sched.labels[t.label as usize];
-                if l.step == k && trace.end_ns[i] != u64::MAX {
-                    start = start.min(trace.start_ns[i]);
-                    end = end.max(trace.end_ns[i]);
-                    let st = t.stream.min(1) as usize;
-                    busy[st] += t.duration_ns;
-                    if t.duration_ns > 0 {
-                        intervals[st].push((trace.start_ns[i], trace.end_ns[i]));
-                    }
-                    if l.kind == TaskKind::Recompute {
-                        recompute += t.duration_ns;
-                    }
-                }
+        #[derive(Default)]
+        struct Acc {
+            start: u64,
+            end: u64,
+            busy: [u64; 2],
+            recompute: u64,
+            /// Intervals of the compute and the communication streams.
+            intervals: [Vec<(u64, u64)>; 2],
+        }
+        let n = plan.training.steps as usize;
+        let mut acc: Vec<Acc> = (0..n).map(|_| Acc { start: u64::MAX, ..Default::default() }).collect();
+        for (i, t) in prog.tasks.iter().enumerate() {
+            let l = &sched.labels[t.label as usize];
+            if l.step == 0 || trace.end_ns[i] == u64::MAX {
+                continue;
             }
-            let exposed = uncovered(&mut intervals[1].clone(), &mut intervals[0]);
+            let Some(a) = acc.get_mut(l.step as usize - 1) else { continue };
+            a.start = a.start.min(trace.start_ns[i]);
+            a.end = a.end.max(trace.end_ns[i]);
+            let st = t.stream.min(1) as usize;
+            a.busy[st] += t.duration_ns;
+            if t.duration_ns > 0 {
+                a.intervals[st].push((trace.start_ns[i], trace.end_ns[i]));
+            }
+            if l.kind == TaskKind::Recompute {
+                a.recompute += t.duration_ns;
+            }
+        }
+        for (k, a) in (1..).zip(&mut acc) {
+            let (start, end, busy, recompute) = (a.start, a.end, a.busy, a.recompute);
+            let [compute, comm] = &mut a.intervals;
+            let exposed = uncovered(comm, compute);
             if start == u64::MAX {
                 continue;
             }
