@@ -292,6 +292,46 @@ pub struct SegmentInfo {
     pub blocks: Vec<(u64, bool)>,
 }
 
+/// Tensor id -> its block (NIL: not live), for the ids from the lowest seen on up. A device
+/// of a run of several sees the ids of its own part of the run's numbering only (a pipeline
+/// stage's buffers follow the earlier stages'): a table from id 0 would hold, and fill, an
+/// entry for every buffer of every earlier stage.
+#[derive(Debug, Clone, Default)]
+struct LiveTable {
+    /// The id of `blocks[0]`.
+    base: usize,
+    blocks: Vec<u32>,
+}
+
+impl LiveTable {
+    fn get(&self, id: usize) -> Option<u32> {
+        self.blocks.get(id.checked_sub(self.base)?).copied()
+    }
+
+    fn get_mut(&mut self, id: usize) -> Option<&mut u32> {
+        self.blocks.get_mut(id.checked_sub(self.base)?)
+    }
+
+    /// The entry of `id`, made if needed.
+    fn slot_mut(&mut self, id: usize) -> &mut u32 {
+        if self.blocks.is_empty() {
+            self.base = id;
+        } else if id < self.base {
+            self.blocks.splice(0..0, std::iter::repeat_n(NIL, self.base - id));
+            self.base = id;
+        }
+        let i = id - self.base;
+        if self.blocks.len() <= i {
+            self.blocks.resize(i + 1, NIL);
+        }
+        &mut self.blocks[i]
+    }
+
+    fn slot(&mut self, id: usize) -> u32 {
+        *self.slot_mut(id)
+    }
+}
+
 /// The caching allocator of one GPU. See the module documentation for the rules.
 #[derive(Debug, Clone)]
 pub struct CachingAllocator {
@@ -302,7 +342,7 @@ pub struct CachingAllocator {
     /// Index: stream * 2 + (small pool as usize).
     pools: Vec<Pool>,
     /// Tensor id -> its block (NIL: not live).
-    live: Vec<u32>,
+    live: LiveTable,
     /// Per stream: (time the event was recorded, block), in recording order.
     events: Vec<VecDeque<(u64, u32)>>,
     /// Per stream: all work enqueued up to this time has completed.
@@ -320,7 +360,7 @@ impl CachingAllocator {
             spare: Vec::new(),
             segments: Vec::new(),
             pools: Vec::new(),
-            live: Vec::new(),
+            live: LiveTable::default(),
             events: Vec::new(),
             synced: Vec::new(),
             pending_events: 0,
@@ -927,7 +967,7 @@ impl CachingAllocator {
     /// allocation stream), so that its block is reused only after that stream's work up to
     /// the free completes. Streams from 64 up are not tracked.
     pub fn record_stream(&mut self, id: usize, stream: usize) {
-        if let Some(&b) = self.live.get(id) {
+        if let Some(b) = self.live.get(id) {
             if b != NIL {
                 self.record_stream_block(b, stream);
             }
@@ -1072,10 +1112,7 @@ impl CachingAllocator {
 impl Allocator for CachingAllocator {
     /// `DeviceCachingAllocator::malloc`.
     fn malloc(&mut self, id: usize, bytes: u64, stream: usize) -> Result<(), AllocError> {
-        if self.live.len() <= id {
-            self.live.resize(id + 1, NIL);
-        }
-        if self.live[id] != NIL {
+        if self.live.slot(id) != NIL {
             // A handle reused while live: free the old tensor first (the engine never does).
             self.free(id);
         }
@@ -1111,7 +1148,7 @@ impl Allocator for CachingAllocator {
         let block = self.alloc_found_block(b, size, split);
         self.blocks[block as usize].requested = size;
         self.blocks[block as usize].state = State::Taken;
-        self.live[id] = block;
+        *self.live.slot_mut(id) = block;
         self.stats.allocated += size;
         self.update_peaks();
         Ok(())
@@ -1119,7 +1156,7 @@ impl Allocator for CachingAllocator {
 
     /// Frees `id` as used on its allocation stream only.
     fn free(&mut self, id: usize) {
-        if let Some(&b) = self.live.get(id) {
+        if let Some(b) = self.live.get(id) {
             if b != NIL {
                 let s = Self::stream_of(self.blocks[b as usize].pool);
                 self.free_on(id, s, 0);
