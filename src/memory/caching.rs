@@ -204,71 +204,136 @@ struct Segment {
 
 /// A pool's free mapped blocks ordered by (size, address), the order of PyTorch's
 /// `BlockComparatorSize`: best fit is the first block at or after (request, 0), ties going
-/// to the lower address. Sorted vectors rather than a B-tree: a pool caches few free blocks
-/// (tens to hundreds), so a binary search and a short move beat the tree's node walks (and
-/// node allocations) on every malloc and free, the allocator's hottest path. The keys are
-/// searched apart from the blocks, packed one integer each (size in the high half), so a
-/// search reads few cache lines and compares cheaply.
+/// to the lower address. Not a B-tree: the blocks sit in [`SIZE_CLASSES`] size classes
+/// (four per power of two, in size order), each a short sorted vector, with a bitmap of the
+/// classes that hold any. Every malloc and free searches and updates this set, the
+/// allocator's hottest path: a class holds few blocks, so a search reads a cache line or two
+/// and an insertion moves a few entries, where a B-tree walks nodes and allocates them and
+/// one sorted vector per pool (of tens to hundreds of blocks) misses the cache at every
+/// step of its search.
 #[derive(Debug, Clone, Default)]
 struct FreeSet {
-    /// (size << 64 | address), sorted and unique.
+    /// Empty until the first insertion, then one per size class.
+    classes: Vec<SizeClass>,
+    /// Bit c: class c holds a block.
+    nonempty: [u64; SIZE_CLASSES / 64],
+    len: usize,
+}
+
+/// The free blocks of one size class, sorted by key.
+#[derive(Debug, Clone, Default)]
+struct SizeClass {
+    /// (size << 64 | address), sorted and unique: one integer compare per search step.
     keys: Vec<u128>,
     /// The block of each key.
     blocks: Vec<u32>,
+}
+
+const SIZE_CLASSES: usize = 256;
+
+/// The size class of `size`: the power of two and the next two bits, so the classes are in
+/// size order.
+fn size_class(size: u64) -> usize {
+    if size < 4 {
+        return size as usize;
+    }
+    let lg = 63 - size.leading_zeros() as usize;
+    lg * 4 + ((size >> (lg - 2)) & 3) as usize
 }
 
 fn free_key((size, addr): (u64, u64)) -> u128 {
     u128::from(size) << 64 | u128::from(addr)
 }
 
+/// A block's place in a [`FreeSet`]: (size class, index in the class).
+type FreePos = (usize, usize);
+
 impl FreeSet {
-    fn find(&self, key: (u64, u64)) -> Result<usize, usize> {
-        self.keys.binary_search(&free_key(key))
+    fn find(&self, key: (u64, u64)) -> Option<(usize, Result<usize, usize>)> {
+        let c = size_class(key.0);
+        Some((c, self.classes.get(c)?.keys.binary_search(&free_key(key))))
     }
 
     fn insert(&mut self, key: (u64, u64), b: u32) {
-        match self.find(key) {
-            Ok(i) => self.blocks[i] = b,
+        if self.classes.is_empty() {
+            self.classes.resize_with(SIZE_CLASSES, SizeClass::default);
+        }
+        let c = size_class(key.0);
+        let class = &mut self.classes[c];
+        match class.keys.binary_search(&free_key(key)) {
+            Ok(i) => class.blocks[i] = b,
             Err(i) => {
-                self.keys.insert(i, free_key(key));
-                self.blocks.insert(i, b);
+                class.keys.insert(i, free_key(key));
+                class.blocks.insert(i, b);
+                self.nonempty[c / 64] |= 1 << (c % 64);
+                self.len += 1;
             }
         }
     }
 
     fn remove(&mut self, key: (u64, u64)) {
-        if let Ok(i) = self.find(key) {
-            self.remove_at(i);
+        if let Some((c, Ok(i))) = self.find(key) {
+            self.remove_at((c, i));
         }
     }
 
     fn get(&self, key: (u64, u64)) -> Option<u32> {
-        self.find(key).ok().map(|i| self.blocks[i])
+        match self.find(key)? {
+            (c, Ok(i)) => Some(self.classes[c].blocks[i]),
+            _ => None,
+        }
     }
 
-    /// The blocks of at least `size` bytes, best fit first, with their positions.
-    fn at_least(&self, size: u64) -> impl Iterator<Item = (usize, u32)> + '_ {
-        let i = self.keys.partition_point(|&k| k < free_key((size, 0)));
-        self.blocks[i..].iter().enumerate().map(move |(j, &b)| (i + j, b))
+    /// The first class from `c` on that holds a block.
+    fn next_nonempty(&self, c: usize) -> Option<usize> {
+        let mut w = c / 64;
+        let mut bits = *self.nonempty.get(w)? & (u64::MAX << (c % 64));
+        loop {
+            if bits != 0 {
+                return Some(w * 64 + bits.trailing_zeros() as usize);
+            }
+            w += 1;
+            bits = *self.nonempty.get(w)?;
+        }
     }
 
-    /// Removes the block at position `i` (from [`FreeSet::at_least`]).
-    fn remove_at(&mut self, i: usize) {
-        self.keys.remove(i);
-        self.blocks.remove(i);
+    /// The blocks of at least `size` bytes, best fit first, with their places.
+    fn at_least(&self, size: u64) -> impl Iterator<Item = (FreePos, u32)> + '_ {
+        let c0 = size_class(size);
+        let key = free_key((size, 0));
+        std::iter::successors(self.next_nonempty(c0), move |&c| self.next_nonempty(c + 1)).flat_map(move |c| {
+            let class = &self.classes[c];
+            let from = if c == c0 { class.keys.partition_point(|&k| k < key) } else { 0 };
+            class.blocks[from..].iter().enumerate().map(move |(j, &b)| ((c, from + j), b))
+        })
+    }
+
+    /// Removes the block at `pos` (from [`FreeSet::at_least`]).
+    fn remove_at(&mut self, (c, i): FreePos) {
+        let class = &mut self.classes[c];
+        class.keys.remove(i);
+        class.blocks.remove(i);
+        if class.keys.is_empty() {
+            self.nonempty[c / 64] &= !(1 << (c % 64));
+        }
+        self.len -= 1;
     }
 
     /// Every block, smallest first.
     fn blocks(&self) -> impl DoubleEndedIterator<Item = u32> + '_ {
-        self.blocks.iter().copied()
+        self.classes.iter().flat_map(|class| class.blocks.iter().copied())
     }
 
     fn largest_size(&self) -> Option<u64> {
-        self.keys.last().map(|&k| (k >> 64) as u64)
+        let c = (0..self.nonempty.len())
+            .rev()
+            .find(|&w| self.nonempty[w] != 0)
+            .map(|w| w * 64 + 63 - self.nonempty[w].leading_zeros() as usize)?;
+        self.classes[c].keys.last().map(|&k| (k >> 64) as u64)
     }
 
     fn len(&self) -> usize {
-        self.keys.len()
+        self.len
     }
 }
 
@@ -473,7 +538,7 @@ impl CachingAllocator {
 
     /// The best-fitting free block of `pool` for `size` bytes, and its position in the
     /// pool's free set.
-    fn best_fit(&self, pool: u32, size: u64) -> Option<(usize, u32)> {
+    fn best_fit(&self, pool: u32, size: u64) -> Option<(FreePos, u32)> {
         let p = self.pools.get(pool as usize)?;
         let mut it = p.free.at_least(size);
         let (mut at, mut cand) = it.next()?;
@@ -1265,6 +1330,38 @@ pub fn format_size(b: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn free_set_orders_as_a_sorted_map_by_size_then_address() {
+        // Size classes are in size order.
+        let classes: Vec<usize> = (0..5000u64).map(|s| size_class(s * 997)).collect();
+        assert!(classes.windows(2).all(|w| w[0] <= w[1]) && size_class(u64::MAX) < SIZE_CLASSES);
+        // Random insertions and removals; every search agrees with a map by (size, address).
+        let (mut set, mut map) = (FreeSet::default(), std::collections::BTreeMap::new());
+        let mut x = 12345u64;
+        let mut next = || {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x >> 33
+        };
+        for i in 0..4000u32 {
+            let size = [512, 1024, 2 << 20, 20 << 20, 3 << 30][next() as usize % 5] * (1 + next() % 4);
+            let key = (size, (next() % 64) << 21);
+            if next() % 3 == 0 {
+                set.remove(key);
+                map.remove(&key);
+            } else {
+                set.insert(key, i);
+                map.insert(key, i);
+            }
+            let want = next() % (8 << 30);
+            let got: Vec<u32> = set.at_least(want).map(|(_, b)| b).collect();
+            let expected: Vec<u32> = map.range((want, 0)..).map(|(_, &b)| b).collect();
+            assert_eq!(got, expected);
+            assert_eq!(set.len(), map.len());
+            assert_eq!(set.largest_size(), map.keys().next_back().map(|k| k.0));
+            assert_eq!(set.blocks().rev().collect::<Vec<_>>(), map.values().rev().copied().collect::<Vec<_>>());
+        }
+    }
 
     const M: u64 = MIB;
 
