@@ -297,15 +297,30 @@ impl FreeSet {
         }
     }
 
-    /// The blocks of at least `size` bytes, best fit first, with their places.
-    fn at_least(&self, size: u64) -> impl Iterator<Item = (FreePos, u32)> + '_ {
-        let c0 = size_class(size);
-        let key = free_key((size, 0));
-        std::iter::successors(self.next_nonempty(c0), move |&c| self.next_nonempty(c + 1)).flat_map(move |c| {
-            let class = &self.classes[c];
-            let from = if c == c0 { class.keys.partition_point(|&k| k < key) } else { 0 };
-            class.blocks[from..].iter().enumerate().map(move |(j, &b)| ((c, from + j), b))
-        })
+    /// The best fit for `size` bytes: the first block of at least that size, with its place.
+    fn first_at_least(&self, size: u64) -> Option<(FreePos, u32)> {
+        let c = size_class(size);
+        if let Some(class) = self.classes.get(c) {
+            let i = class.keys.partition_point(|&k| k < free_key((size, 0)));
+            if let Some(&b) = class.blocks.get(i) {
+                return Some(((c, i), b));
+            }
+        }
+        self.first_from(c + 1)
+    }
+
+    /// The block after the one at `pos`, in (size, address) order.
+    fn after(&self, (c, i): FreePos) -> Option<(FreePos, u32)> {
+        match self.classes[c].blocks.get(i + 1) {
+            Some(&b) => Some(((c, i + 1), b)),
+            None => self.first_from(c + 1),
+        }
+    }
+
+    /// The first block of the classes from `c` on.
+    fn first_from(&self, c: usize) -> Option<(FreePos, u32)> {
+        let c = self.next_nonempty(c)?;
+        Some(((c, 0), self.classes[c].blocks[0]))
     }
 
     /// Removes the block at `pos` (from [`FreeSet::at_least`]).
@@ -540,8 +555,7 @@ impl CachingAllocator {
     /// pool's free set.
     fn best_fit(&self, pool: u32, size: u64) -> Option<(FreePos, u32)> {
         let p = self.pools.get(pool as usize)?;
-        let mut it = p.free.at_least(size);
-        let (mut at, mut cand) = it.next()?;
+        let (mut at, mut cand) = p.free.first_at_least(size)?;
         if self.expandable(cand) {
             // Best fit counts a block's unmapped tail as room it can grow into, so prefer a
             // later (larger) block that has less of it over the segment's growing end.
@@ -554,7 +568,7 @@ impl CachingAllocator {
                 };
                 bl.size + tail
             };
-            for (i, next) in it {
+            while let Some((i, next)) = p.free.after(at) {
                 if self.expandable(next) && room(next) < room(cand) {
                     (at, cand) = (i, next);
                 } else {
@@ -758,7 +772,7 @@ impl CachingAllocator {
         }
         let key = size.max(max_split);
         let Some(p) = self.pools.get(pool as usize) else { return false };
-        let fit = p.free.at_least(key).next().map(|(_, b)| b);
+        let fit = p.free.first_at_least(key).map(|(_, b)| b);
         if let Some(b) = fit {
             if !self.is_split(b) {
                 self.release_block(b);
@@ -1354,7 +1368,8 @@ mod tests {
                 map.insert(key, i);
             }
             let want = next() % (8 << 30);
-            let got: Vec<u32> = set.at_least(want).map(|(_, b)| b).collect();
+            let got: Vec<u32> =
+                std::iter::successors(set.first_at_least(want), |&(pos, _)| set.after(pos)).map(|(_, b)| b).collect();
             let expected: Vec<u32> = map.range((want, 0)..).map(|(_, &b)| b).collect();
             assert_eq!(got, expected);
             assert_eq!(set.len(), map.len());
