@@ -172,7 +172,7 @@ pub struct RunOptions {
 }
 
 fn totals(alloc: &dyn Allocator) -> Totals {
-    Totals { allocated: alloc.allocated(), reserved: alloc.reserved(), active: alloc.active() }
+    alloc.totals()
 }
 
 /// A program that cannot run to completion for a reason other than memory: a scheduler bug.
@@ -278,9 +278,7 @@ pub fn run_parts(
     }
     let flat = Flat::of(&num, ns);
     let Flat { stream: task_stream, duration, queues } = &flat;
-    let mut remaining = vec![0u32; n];
-    for_each_dep(&num, links, |t, _| remaining[t] += 1);
-    let dependents = Dependents::of(&num, links);
+    let (dependents, mut remaining) = Dependents::of(&num, links);
     let mut head = vec![0usize; ns];
     let mut busy = vec![false; ns];
     let mut live = vec![false; num.buffers()];
@@ -526,10 +524,15 @@ struct Dependents {
 }
 
 impl Dependents {
-    fn of(num: &Numbering, links: &[Link]) -> Dependents {
+    /// The dependents of every task, and how many dependencies each task has.
+    fn of(num: &Numbering, links: &[Link]) -> (Dependents, Vec<u32>) {
         let n = num.tasks();
         let mut start = vec![0u32; n + 1];
-        for_each_dep(num, links, |_, d| start[d + 1] += 1);
+        let mut deps = vec![0u32; n];
+        for_each_dep(num, links, |t, d| {
+            start[d + 1] += 1;
+            deps[t] += 1;
+        });
         for i in 0..n {
             start[i + 1] += start[i];
         }
@@ -539,7 +542,7 @@ impl Dependents {
             list[next[d] as usize] = i as u32;
             next[d] += 1;
         });
-        Dependents { start, list }
+        (Dependents { start, list }, deps)
     }
 
     fn of_task(&self, t: u32) -> &[u32] {

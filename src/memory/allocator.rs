@@ -124,6 +124,11 @@ pub trait Allocator {
     fn active(&self) -> u64 {
         self.allocated()
     }
+    /// `allocated`, `reserved` and `active` at once: the engine reads them after every
+    /// allocation and free, so a model that has them at hand answers in one call.
+    fn totals(&self) -> super::Totals {
+        super::Totals { allocated: self.allocated(), reserved: self.reserved(), active: self.active() }
+    }
     /// Bytes the allocator would account for a request of `bytes`.
     fn rounded(&self, bytes: u64) -> u64;
     /// The counters so far.

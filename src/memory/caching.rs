@@ -62,6 +62,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use super::allocator::{AllocError, Allocator, AllocatorStats, OomCause, Snapshot};
+use super::Totals;
 
 /// `kMinBlockSize`: all sizes are rounded to at least this.
 pub const MIN_BLOCK_SIZE: u64 = 512;
@@ -1303,6 +1304,10 @@ impl Allocator for CachingAllocator {
 
     fn active(&self) -> u64 {
         self.stats.active
+    }
+
+    fn totals(&self) -> Totals {
+        Totals { allocated: self.stats.allocated, reserved: self.stats.reserved, active: self.stats.active }
     }
 
     fn rounded(&self, bytes: u64) -> u64 {
