@@ -187,3 +187,38 @@ fn jitter_and_stragglers_slow_the_step_reproducibly() {
     assert!(js.min_s <= js.median_s && js.median_s <= js.p99_s && js.p99_s <= js.max_s);
     assert!(base.report.throughput.as_ref().unwrap().jitter.is_none());
 }
+
+/// Link sharing (issue 4): with tensor parallelism 2 and DDP over the 4 replicas of one
+/// node, the TP all-reduces and DDP's bucket all-reduces both use NVLink; where they overlap
+/// they share it. Replaying the same program with no links declared, every collective gets
+/// NVLink to itself: the shared run can only be slower, and the NCCL and TP streams' busy
+/// time grows by what they waited for each other.
+#[test]
+fn tensor_and_data_parallel_collectives_share_nvlink() {
+    let s = sim("tensor = 2\nsharding = \"none\"", "grad_accum = 2", 8);
+    let prog = &s.schedule.program;
+    let link = |name: &str| prog.stream_links[prog.streams.iter().position(|x| x == name).unwrap()];
+    use stepsim::engine::links::{NET_RX, NET_TX, NVLINK};
+    assert_eq!((link("compute"), link("nccl"), link("tp")), (0, NVLINK, NVLINK));
+    let mut alone = prog.clone();
+    alone.stream_links.clear();
+    let big = || stepsim::memory::ExactAllocator::new(u64::MAX / 4);
+    let shared = stepsim::engine::run(prog, &mut big()).unwrap();
+    let free = stepsim::engine::run(&alone, &mut big()).unwrap();
+    println!(
+        "step end {:.3} ms shared vs {:.3} ms with links to themselves; nccl busy {:.3} vs {:.3} ms, tp {:.3} vs {:.3} ms",
+        shared.end_time_ns as f64 / 1e6,
+        free.end_time_ns as f64 / 1e6,
+        shared.stream_busy_ns[1] as f64 / 1e6,
+        free.stream_busy_ns[1] as f64 / 1e6,
+        shared.stream_busy_ns[2] as f64 / 1e6,
+        free.stream_busy_ns[2] as f64 / 1e6
+    );
+    assert!(shared.end_time_ns >= free.end_time_ns);
+    assert!(shared.stream_busy_ns[1] + shared.stream_busy_ns[2] > free.stream_busy_ns[1] + free.stream_busy_ns[2]);
+    // Across nodes the data-parallel collectives use the NICs, both ways.
+    let wide = sim("tensor = 8\nsharding = \"none\"", "", 16);
+    let p = &wide.schedule.program;
+    let nccl = p.stream_links[p.streams.iter().position(|x| x == "nccl").unwrap()];
+    assert_eq!(nccl, NET_TX | NET_RX);
+}

@@ -17,6 +17,8 @@
 //! ([`Allocator::stream_synced`]); then, if [`RunOptions::empty_cache_after`] names the task,
 //! [`Allocator::empty_cache`].
 
+pub mod links;
+
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
@@ -119,6 +121,9 @@ pub struct Program {
     pub free: TaskLists,
     pub buffers: Vec<BufferSpec>,
     pub names: Vec<String>,
+    /// Per stream: the links its tasks occupy ([`links`] bits; empty or 0: none). Tasks on
+    /// a common link of one device share it while they overlap.
+    pub stream_links: Vec<u8>,
 }
 
 impl Program {
@@ -276,6 +281,13 @@ pub fn run_parts(
             *f = true;
         }
     }
+    let mut link_of = vec![0u8; ns];
+    for (k, p) in parts.iter().enumerate() {
+        for (j, &m) in p.stream_links.iter().enumerate().take(p.streams.len()) {
+            link_of[num.stream[k] + j] = m;
+        }
+    }
+    let mut shared = links::SharedLinks::new(nd);
     let flat = Flat::of(&num, ns);
     let Flat { stream: task_stream, duration, queues } = &flat;
     let (dependents, mut remaining) = Dependents::of(&num, links);
@@ -356,16 +368,37 @@ pub fn run_parts(
             trace.start_ns[ti as usize] = now;
             busy[s] = true;
             head[s] += 1;
-            heap.push(Reverse(u128::from(now + duration[ti as usize]) << 64 | started.len() as u128));
-            started.push(ti);
+            if link_of[s] == 0 {
+                heap.push(Reverse(u128::from(now + duration[ti as usize]) << 64 | started.len() as u128));
+                started.push(ti);
+            } else {
+                // On shared links: this task's end, and those of the tasks it slows down.
+                for (t, end) in shared.start(now, dv, link_of[s], ti, duration[ti as usize]) {
+                    shared.set_seq(t, started.len() as u64);
+                    heap.push(Reverse(u128::from(end) << 64 | started.len() as u128));
+                    started.push(t);
+                }
+            }
         }
         candidates.clear();
         let Some(Reverse(key)) = heap.pop() else { break };
-        now = (key >> 64) as u64;
         let ti = started[key as u64 as usize];
+        let stream = task_stream[ti as usize] as usize;
+        let shares = link_of[stream] != 0;
+        if shares && !shared.is_current(ti, key as u64) {
+            // Superseded: the task's end moved when another transfer joined or left its links.
+            continue;
+        }
+        now = (key >> 64) as u64;
+        if shares {
+            for (t, end) in shared.finish(now, ti) {
+                shared.set_seq(t, started.len() as u64);
+                heap.push(Reverse(u128::from(end) << 64 | started.len() as u128));
+                started.push(t);
+            }
+        }
         let k = num.part_of(ti as usize);
         let (prog, bo) = (parts[k], num.buffer[k]);
-        let stream = task_stream[ti as usize] as usize;
         let dv = dev_of[stream];
         for &lb in prog.free.of(ti as usize - num.task[k]) {
             let b = bo + lb as usize;
@@ -389,7 +422,7 @@ pub fn run_parts(
             trace.timelines[dv].record_totals(now, totals(alloc), ti as usize);
         }
         trace.end_ns[ti as usize] = now;
-        trace.stream_busy_ns[stream] += duration[ti as usize];
+        trace.stream_busy_ns[stream] += now - trace.start_ns[ti as usize];
         busy[stream] = false;
         done += 1;
         candidates.push(stream);
@@ -579,6 +612,27 @@ mod tests {
         assert_eq!(t.start_ns, vec![0, 0, 20]);
         assert_eq!(t.end_time_ns, 25);
         assert_eq!(t.stream_busy_ns, vec![15, 20]);
+    }
+
+    #[test]
+    fn transfers_on_a_common_link_share_it() {
+        // Two all-gathers of 100 ns on two streams (say FSDP's prefetch and tensor
+        // parallelism's) that both use NVLink, a third on the NIC only, and compute.
+        let mut p = program(
+            4,
+            &[(1, 100, &[], &[], &[]), (2, 100, &[], &[], &[]), (3, 100, &[], &[], &[]), (0, 10, &[0, 1], &[], &[])],
+            vec![],
+        );
+        p.stream_links = vec![0, links::NVLINK, links::NVLINK | links::NET_TX, links::NET_RX];
+        let t = run(&p, &mut ExactAllocator::new(1 << 20)).unwrap();
+        // Sharing NVLink, the two finish together at 200: no more bandwidth than one after
+        // the other. The receive shares nothing with them and ends at 100.
+        assert_eq!(t.end_ns, vec![200, 200, 100, 210]);
+        assert_eq!(t.stream_busy_ns, vec![10, 200, 200, 100]);
+        // Without links the same program overlaps for free.
+        p.stream_links.clear();
+        let t = run(&p, &mut ExactAllocator::new(1 << 20)).unwrap();
+        assert_eq!(t.end_ns, vec![100, 100, 100, 110]);
     }
 
     #[test]

@@ -44,6 +44,23 @@ pub struct Cost {
     pub p2p_latency_s: f64,
 }
 
+/// The links a collective of `g` occupies on each of its GPUs: NVLink when ranks share a
+/// node, both directions of the node's NICs when the group spans nodes.
+fn group_links(g: &Group) -> u8 {
+    use crate::engine::links::{NET_RX, NET_TX, NVLINK};
+    if g.ranks <= 1 {
+        return 0;
+    }
+    let mut m = 0;
+    if g.ranks_per_node.min(g.ranks) > 1 {
+        m |= NVLINK;
+    }
+    if g.nodes() > 1 {
+        m |= NET_TX | NET_RX;
+    }
+    m
+}
+
 impl Cost {
     pub fn new(cluster: &Cluster, compute: Dtype, shard_group: u64) -> Cost {
         let g = &cluster.gpu;
@@ -96,6 +113,37 @@ impl Cost {
             c.p2p_latency_s = ALPHA_INTER_S;
         }
         c
+    }
+
+    /// The links a stream's transfers occupy (bits of [`crate::engine::links`]), by the
+    /// stream's name as the scheduler creates it: the NCCL queue those of every data-parallel
+    /// group it serves, tensor parallelism NVLink, pipeline sends and receives one direction
+    /// of the NICs (or NVLink when adjacent stages share a node), offload copies one
+    /// direction of PCIe; compute, NVMe and the CPU none.
+    pub fn stream_links(&self, stream: &str) -> u8 {
+        use crate::engine::links::{NET_RX, NET_TX, NVLINK, PCIE_D2H, PCIE_H2D};
+        let p2p_inter = self.p2p_latency_s == ALPHA_INTER_S;
+        match stream {
+            "nccl" => group_links(&self.shard_group) | group_links(&self.dp_group) | group_links(&self.replica_group),
+            "tp" => group_links(&self.tp_group),
+            "p2p send" => {
+                if p2p_inter {
+                    NET_TX
+                } else {
+                    NVLINK
+                }
+            }
+            "p2p recv" => {
+                if p2p_inter {
+                    NET_RX
+                } else {
+                    NVLINK
+                }
+            }
+            "h2d" => PCIE_H2D,
+            "d2h" => PCIE_D2H,
+            _ => 0,
+        }
     }
 
     /// One point-to-point transfer between adjacent pipeline stages.

@@ -268,6 +268,7 @@ impl<'a> Builder<'a> {
         let cpu_stream = stream("cpu", offload);
         let send_stream = stream("p2p send", mp.pipeline > 1);
         let recv_stream = stream("p2p recv", mp.pipeline > 1);
+        prog.stream_links = prog.streams.iter().map(|name| cost.stream_links(name)).collect();
         let mut chunk_ops = Vec::new();
         let (mut chunk_in, mut chunk_out, mut chunk_vs) = (Vec::new(), Vec::new(), Vec::new());
         let mut p2p_bytes = 0;
