@@ -49,29 +49,46 @@ impl SharedLinks {
     }
 
     /// A task of `duration_ns` solo nanoseconds starts at `now` on `mask`'s links of
-    /// `device`. Returns the new end time of every task whose end changed, this one included.
-    pub fn start(&mut self, now: u64, device: usize, mask: u8, task: u32, duration_ns: u64) -> Vec<(u32, u64)> {
-        self.advance(now, device);
+    /// `device`. Sets `out` to the new end time of every task whose end changed, this one
+    /// included, in task order.
+    pub fn start(&mut self, now: u64, device: usize, mask: u8, task: u32, duration_ns: u64, out: &mut Vec<(u32, u64)>) {
+        out.clear();
+        let alone = !self.active.iter().any(|a| a.device == device && a.mask & mask != 0);
+        if !alone {
+            self.advance(now, device);
+        }
         for (l, c) in self.count[device].iter_mut().enumerate() {
             if mask & (1 << l) != 0 {
                 *c += 1;
             }
         }
         self.active.push(Active { task, device, mask, work: duration_ns as f64, since: now, rate: 1.0, seq: 0 });
-        self.rerate(now, device, Some(task))
+        if alone {
+            // Nobody's rate changes: the common case, without the general bookkeeping.
+            out.push((task, now + duration_ns));
+        } else {
+            self.rerate(now, device, Some(task), out);
+        }
     }
 
-    /// `task` finished at `now`. Returns the new end times of the tasks it leaves faster.
-    pub fn finish(&mut self, now: u64, task: u32) -> Vec<(u32, u64)> {
-        let Some(i) = self.active.iter().position(|a| a.task == task) else { return Vec::new() };
+    /// `task` finished at `now`. Sets `out` to the new end times of the tasks it leaves
+    /// faster, in task order.
+    pub fn finish(&mut self, now: u64, task: u32, out: &mut Vec<(u32, u64)>) {
+        out.clear();
+        let Some(i) = self.active.iter().position(|a| a.task == task) else { return };
         let a = self.active.swap_remove(i);
-        self.advance(now, a.device);
+        let shared = self.active.iter().any(|b| b.device == a.device && b.mask & a.mask != 0);
+        if shared {
+            self.advance(now, a.device);
+        }
         for (l, c) in self.count[a.device].iter_mut().enumerate() {
             if a.mask & (1 << l) != 0 {
                 *c -= 1;
             }
         }
-        self.rerate(now, a.device, None)
+        if shared {
+            self.rerate(now, a.device, None, out);
+        }
     }
 
     /// Records the sequence number of `task`'s newest end event.
@@ -96,9 +113,9 @@ impl SharedLinks {
 
     /// New rates on `device`; the tasks whose rate changed, and the one that just started,
     /// get a new end.
-    fn rerate(&mut self, now: u64, device: usize, started: Option<u32>) -> Vec<(u32, u64)> {
+    fn rerate(&mut self, now: u64, device: usize, started: Option<u32>, out: &mut Vec<(u32, u64)>) {
         let count = self.count[device];
-        let mut out = Vec::new();
+        out.clear();
         for a in self.active.iter_mut().filter(|a| a.device == device) {
             let crowd = (0..LINKS).filter(|l| a.mask & (1 << l) != 0).map(|l| count[l]).max().unwrap_or(1).max(1);
             let rate = 1.0 / f64::from(crowd);
@@ -108,7 +125,6 @@ impl SharedLinks {
             }
         }
         out.sort_unstable();
-        out
     }
 }
 
@@ -116,33 +132,46 @@ impl SharedLinks {
 mod tests {
     use super::*;
 
+    /// The engine's calls, returning what they set.
+    fn start(l: &mut SharedLinks, now: u64, device: usize, mask: u8, task: u32, d: u64) -> Vec<(u32, u64)> {
+        let mut out = Vec::new();
+        l.start(now, device, mask, task, d, &mut out);
+        out
+    }
+
+    fn finish(l: &mut SharedLinks, now: u64, task: u32) -> Vec<(u32, u64)> {
+        let mut out = vec![(99, 99)];
+        l.finish(now, task, &mut out);
+        out
+    }
+
     #[test]
     fn a_task_alone_ends_after_its_duration() {
         let mut l = SharedLinks::new(1);
-        assert_eq!(l.start(100, 0, NVLINK, 7, 1000), vec![(7, 1100)]);
-        assert_eq!(l.finish(1100, 7), vec![]);
+        assert_eq!(start(&mut l, 100, 0, NVLINK, 7, 1000), vec![(7, 1100)]);
+        assert_eq!(finish(&mut l, 1100, 7), vec![]);
     }
 
     #[test]
     fn two_transfers_on_one_link_share_it() {
         let mut l = SharedLinks::new(1);
-        l.start(0, 0, NET_TX | NET_RX, 1, 1000);
+        start(&mut l, 0, 0, NET_TX | NET_RX, 1, 1000);
         // At 500 the first has 500 ns of work left; both now move at half speed.
-        let ends = l.start(500, 0, NET_TX | NET_RX, 2, 1000);
+        let ends = start(&mut l, 500, 0, NET_TX | NET_RX, 2, 1000);
         assert_eq!(ends, vec![(1, 1500), (2, 2500)]);
         // When the first finishes, the second has 500 left at full speed: the pair ends at
         // 2000, exactly as one after the other.
-        assert_eq!(l.finish(1500, 1), vec![(2, 2000)]);
+        assert_eq!(finish(&mut l, 1500, 1), vec![(2, 2000)]);
     }
 
     #[test]
     fn full_duplex_directions_and_other_devices_do_not_interfere() {
         let mut l = SharedLinks::new(2);
-        l.start(0, 0, NET_TX, 1, 1000);
-        assert_eq!(l.start(0, 0, NET_RX, 2, 1000), vec![(2, 1000)]);
-        assert_eq!(l.start(0, 1, NET_TX, 3, 1000), vec![(3, 1000)]);
+        start(&mut l, 0, 0, NET_TX, 1, 1000);
+        assert_eq!(start(&mut l, 0, 0, NET_RX, 2, 1000), vec![(2, 1000)]);
+        assert_eq!(start(&mut l, 0, 1, NET_TX, 3, 1000), vec![(3, 1000)]);
         // A collective on both directions slows both one-way transfers of its device.
-        let ends = l.start(0, 0, NET_TX | NET_RX, 4, 1000);
+        let ends = start(&mut l, 0, 0, NET_TX | NET_RX, 4, 1000);
         assert_eq!(ends, vec![(1, 2000), (2, 2000), (4, 2000)]);
     }
 }

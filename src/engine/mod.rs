@@ -288,6 +288,7 @@ pub fn run_parts(
         }
     }
     let mut shared = links::SharedLinks::new(nd);
+    let mut moved: Vec<(u32, u64)> = Vec::new();
     let flat = Flat::of(&num, ns);
     let Flat { stream: task_stream, duration, queues } = &flat;
     let (dependents, mut remaining) = Dependents::of(&num, links);
@@ -373,7 +374,8 @@ pub fn run_parts(
                 started.push(ti);
             } else {
                 // On shared links: this task's end, and those of the tasks it slows down.
-                for (t, end) in shared.start(now, dv, link_of[s], ti, duration[ti as usize]) {
+                shared.start(now, dv, link_of[s], ti, duration[ti as usize], &mut moved);
+                for &(t, end) in &moved {
                     shared.set_seq(t, started.len() as u64);
                     heap.push(Reverse(u128::from(end) << 64 | started.len() as u128));
                     started.push(t);
@@ -391,7 +393,8 @@ pub fn run_parts(
         }
         now = (key >> 64) as u64;
         if shares {
-            for (t, end) in shared.finish(now, ti) {
+            shared.finish(now, ti, &mut moved);
+            for &(t, end) in &moved {
                 shared.set_seq(t, started.len() as u64);
                 heap.push(Reverse(u128::from(end) << 64 | started.len() as u128));
                 started.push(t);

@@ -111,29 +111,34 @@ impl Builder<'_> {
 
 /// Builds every stage's program and the links between them.
 pub fn build(dag: &LayerDag, plan: &Plan, cluster: &Cluster, names: bool) -> Pipeline {
+    use rayon::prelude::*;
     let p = plan.pipeline();
-    let mut built = Vec::new();
-    for k in 0..p {
-        let sp = plan.stage(dag, k);
-        let cost = Cost::for_plan(cluster, &sp);
-        let mut b = Builder::new(dag, &sp, &cost, names);
-        b.reserve(sp.training.steps);
-        b.init();
-        for step in 1..=sp.training.steps {
-            b.pipeline_step(step);
-        }
-        let steps = sp.training.steps.max(1) as f64;
-        let schedule = Schedule {
-            model_flops_per_step: 3.0 * dag.model_forward_flops() * sp.training.grad_accum as f64
-                / (p * sp.parallel.model_parallel.tensor) as f64,
-            hardware_flops_per_step: b.hw_flops / steps,
-            program: b.finish(),
-            labels: std::mem::take(&mut b.labels),
-        };
-        let (ready, ext) = (std::mem::take(&mut b.ready), std::mem::take(&mut b.ext_deps));
-        drop(b);
-        built.push((sp, schedule, ready, ext));
-    }
+    // Stages are built independently (in parallel: a large pipeline's stages are most of a
+    // run's set-up) and collected in stage order, so the result does not depend on threads.
+    let built: Vec<_> = (0..p)
+        .into_par_iter()
+        .map(|k| {
+            let sp = plan.stage(dag, k);
+            let cost = Cost::for_plan(cluster, &sp);
+            let mut b = Builder::new(dag, &sp, &cost, names);
+            b.reserve(sp.training.steps);
+            b.init();
+            for step in 1..=sp.training.steps {
+                b.pipeline_step(step);
+            }
+            let steps = sp.training.steps.max(1) as f64;
+            let schedule = Schedule {
+                model_flops_per_step: 3.0 * dag.model_forward_flops() * sp.training.grad_accum as f64
+                    / (p * sp.parallel.model_parallel.tensor) as f64,
+                hardware_flops_per_step: b.hw_flops / steps,
+                program: b.finish(),
+                labels: std::mem::take(&mut b.labels),
+            };
+            let (ready, ext) = (std::mem::take(&mut b.ready), std::mem::take(&mut b.ext_deps));
+            drop(b);
+            (sp, schedule, ready, ext)
+        })
+        .collect();
     // Offsets in the run's numbering (see `engine::run_parts`), then the cross-stage
     // dependencies.
     let mut stages = Vec::with_capacity(built.len());
