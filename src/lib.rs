@@ -205,12 +205,59 @@ fn run_with_capacity(s: &scenario::Scenario, capacity: u64, curve: bool) -> Resu
     if plan.pipeline() > 1 {
         return run_pipeline(s, capacity, dag, plan, true, curve);
     }
-    let mut schedule = schedule::build(&dag, &plan, &s.cluster);
+    let schedule = schedule::build(&dag, &plan, &s.cluster);
     if let Some(j) = &s.jitter {
-        schedule::jitter::apply(&mut schedule, j, u64::from(s.cluster.gpus));
+        let (schedule, trace, report) = run_ranks(s, capacity, &dag, &plan, &schedule, j, curve)?;
+        return Ok(Simulation { dag, plan, schedule, trace, report, stages: Vec::new() });
     }
     let (trace, report) = execute(s, capacity, &dag, &plan, &schedule, curve)?;
     Ok(Simulation { dag, plan, schedule, trace, report, stages: Vec::new() })
+}
+
+/// With `[jitter]`: every data-parallel rank simulated, each on its own device and
+/// allocator, collectives waiting for all ranks ([`schedule::jitter::ranks`]). The report
+/// is the rank that runs out of memory, or else the one that finishes last: its program
+/// (with its own compute times), its timeline, its step times.
+fn run_ranks(
+    s: &scenario::Scenario,
+    capacity: u64,
+    dag: &model::LayerDag,
+    plan: &plan::Plan,
+    sched: &schedule::Schedule,
+    j: &schedule::jitter::JitterConfig,
+    curve: bool,
+) -> Result<(schedule::Schedule, engine::Trace, report::Report), engine::Deadlock> {
+    let n = plan.dp.max(1) as usize;
+    let run = schedule::jitter::ranks(sched, j, n as u64);
+    let mut parts: Vec<&engine::Program> = run.programs.iter().collect();
+    parts.push(&run.barrier);
+    let t = sched.program.tasks.len() as u32;
+    let one = empty_cache_tasks(sched, &s.allocator.empty_cache);
+    let opts = engine::RunOptions {
+        empty_cache_after: (0..n as u32).flat_map(|r| one.iter().map(move |&x| r * t + x)).collect(),
+        peaks_only: !curve,
+    };
+    let mut allocs: Vec<Box<dyn memory::Allocator>> =
+        (0..n).map(|_| s.allocator.build(capacity, s.cluster.memory_bytes)).collect();
+    let dt = {
+        let mut refs: Vec<&mut dyn memory::Allocator> =
+            allocs.iter_mut().map(|a| &mut **a as &mut dyn memory::Allocator).collect();
+        engine::run_parts(&parts, &run.links, &mut refs, &opts)?
+    };
+    let oom_rank = dt.oom.as_ref().map(|o| o.device as usize);
+    let mut traces = engine::part_traces(&parts, n, dt);
+    let last_end = |tr: &engine::Trace| tr.end_ns.iter().filter(|&&e| e != u64::MAX).max().copied().unwrap_or(0);
+    let k = oom_rank.unwrap_or_else(|| (0..n).rev().max_by_key(|&r| last_end(&traces[r])).unwrap_or(0));
+    let trace = traces.swap_remove(k);
+    let mut programs = run.programs;
+    let schedule = schedule::Schedule {
+        program: programs.swap_remove(k),
+        labels: sched.labels.clone(),
+        model_flops_per_step: sched.model_flops_per_step,
+        hardware_flops_per_step: sched.hardware_flops_per_step,
+    };
+    let report = report::build(s, dag, plan, &schedule, &trace);
+    Ok((schedule, trace, report))
 }
 
 /// The pipeline-parallel path: every stage's program run as one multi-device program, each
@@ -372,9 +419,9 @@ pub fn simulate_lean(
             return Ok(report::build(s, dag, &plan, &prefix, &trace));
         }
     }
-    let mut schedule = schedule::build_lean(dag, &plan, &s.cluster);
+    let schedule = schedule::build_lean(dag, &plan, &s.cluster);
     if let Some(j) = &s.jitter {
-        schedule::jitter::apply(&mut schedule, j, u64::from(s.cluster.gpus));
+        return run_ranks(s, capacity, dag, &plan, &schedule, j, false).map(|(_, _, report)| report);
     }
     execute(s, capacity, dag, &plan, &schedule, false).map(|(_, report)| report)
 }

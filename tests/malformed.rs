@@ -385,6 +385,12 @@ fn cases() -> Vec<Case> {
             &["fraction in [0, 1]"],
         ),
         case(
+            "jitter over too many ranks",
+            b().set("hardware", "gpus", "512").set("jitter", "seed", "1"),
+            "jitter",
+            &["every data-parallel rank", "at most 256", "512"],
+        ),
+        case(
             "stragglers without slowdown",
             b().set("jitter", "seed", "1").set("jitter", "stragglers", "1"),
             "jitter.straggler_slowdown",

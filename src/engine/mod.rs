@@ -444,6 +444,41 @@ pub fn run_parts(
     Ok(trace)
 }
 
+/// Each of the first `devices` parts' view of a [`run_parts`] run whose part k runs on
+/// device k: its tasks' times, its device's timeline and allocator counters, its streams'
+/// busy time and the OOM if it happened there, all in the part's own indices.
+pub fn part_traces(parts: &[&Program], devices: usize, t: DeviceTrace) -> Vec<Trace> {
+    let num = Numbering::of(parts);
+    let DeviceTrace { timelines, start_ns, end_ns, oom, end_time_ns, stream_busy_ns, allocators } = t;
+    timelines
+        .into_iter()
+        .zip(allocators)
+        .take(devices)
+        .enumerate()
+        .map(|(k, (mut timeline, allocator))| {
+            let (to, bo, so) = (num.task[k], num.buffer[k], num.stream[k]);
+            let n = parts[k].tasks.len();
+            timeline.shift_tasks(to);
+            let oom = oom.as_ref().filter(|o| o.device as usize == k).map(|o| {
+                let mut o = o.clone();
+                o.task -= to as u32;
+                o.buffer -= bo as u32;
+                o.live.iter_mut().for_each(|b| *b -= bo as u32);
+                o
+            });
+            Trace {
+                timeline,
+                start_ns: start_ns[to..to + n].to_vec(),
+                end_ns: end_ns[to..to + n].to_vec(),
+                oom,
+                end_time_ns,
+                stream_busy_ns: stream_busy_ns[so..so + parts[k].streams.len()].to_vec(),
+                allocator,
+            }
+        })
+        .collect()
+}
+
 /// A run's parts, and where each part's tasks, buffers and streams start in the run's
 /// numbering (one more entry than parts: the totals).
 struct Numbering<'a> {

@@ -242,11 +242,12 @@ pub fn write_all(dir: &Path, r: &Report, sched: &Schedule, trace: &Trace) -> Res
     let chrome = dir.join("trace.json");
     atomic_write(&chrome, super::chrome_trace::render(sched, trace, 0, &rank).as_bytes())?;
     let png = dir.join("memory.png");
-    let label = format!(
-        "{} ({} GPUs, identical programs, simulated once)",
-        rank,
-        r.rank_classes.first().map_or(1, |c| c.count)
-    );
+    let gpus = r.rank_classes.first().map_or(1, |c| c.count);
+    let label = if r.throughput.as_ref().is_some_and(|t| t.jitter.is_some()) {
+        format!("{rank} ({gpus} GPUs; [jitter]: every data-parallel rank simulated, the last to finish shown)")
+    } else {
+        format!("{rank} ({gpus} GPUs, identical programs, simulated once)")
+    };
     super::png::write_memory_png(&png, &memory_plot(r, sched, trace, &label))
         .map_err(|m| WriteError { path: png.clone(), message: m })?;
     let timeline = dir.join("timeline.png");

@@ -109,6 +109,9 @@ pub struct OffloadSection {
     pub cpu_adam_params_per_s: Option<f64>,
 }
 
+/// The most data-parallel ranks `[jitter]` simulates one by one.
+pub const MAX_JITTER_RANKS: u64 = 256;
+
 /// Default host memory of a node: 2 TB (DGX A100 and DGX H100 datasheets).
 pub const DEFAULT_CPU_MEMORY: u64 = 2_000_000_000_000;
 /// DeepSpeedCPUAdam's rate per GPU process: an assumption (no measured step time was found;
@@ -736,15 +739,25 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
             if j.seed < 0 {
                 return Err(v.err("jitter.seed", format!("must be a non-negative integer, got {}", j.seed)));
             }
+            // Jitter simulates every data-parallel rank (a program and an allocator each).
+            let mp = &parallel.model_parallel;
+            let dp = gpus / (mp.tensor * mp.pipeline).max(1);
+            if dp > MAX_JITTER_RANKS {
+                return Err(v.err(
+                    "jitter",
+                    format!("jitter simulates every data-parallel rank: at most {MAX_JITTER_RANKS}, got {dp} (hardware.gpus / parallel.tensor); try the same per-rank noise on fewer GPUs"),
+                ));
+            }
             let cv = j.compute_cv.unwrap_or(0.0);
             if !(0.0..=1.0).contains(&cv) {
                 return Err(v.err("jitter.compute_cv", format!("must be a fraction in [0, 1], got {cv}")));
             }
             let stragglers = match j.stragglers {
-                Some(x) if x < 0 || x as u64 > gpus => {
-                    return Err(
-                        v.err("jitter.stragglers", format!("must be between 0 and hardware.gpus ({gpus}), got {x}"))
-                    )
+                Some(x) if x < 0 || x as u64 > dp => {
+                    return Err(v.err(
+                        "jitter.stragglers",
+                        format!("must be between 0 and the data-parallel ranks ({dp}), got {x}"),
+                    ))
                 }
                 Some(x) => x as u64,
                 None => 0,

@@ -3,19 +3,23 @@
 //! All data-parallel ranks run the same program, but not at the same speed: kernels vary a
 //! little from rank to rank, and a slow GPU (thermal throttling, a bad link) holds everyone
 //! back, because every FSDP all-gather / reduce-scatter and DDP all-reduce waits for the
-//! slowest rank. stepsim draws every rank's time for each compute segment between two
-//! collectives (the ops of one layer's forward, one layer's backward, ...) and lets the
-//! segment take the slowest rank's time: op i of the segment takes d_i (1 + cv z) on a rank,
-//! so the segment's time on rank r is D + cv sqrt(sum d_i^2) z_r with z_r standard normal;
-//! a straggler rank is `straggler_slowdown` slower on every segment. The program, still
-//! simulated once, gets each segment's maximum over all ranks, spread over its ops in
-//! proportion to their nominal durations.
+//! slowest rank.
+//!
+//! [`ranks`] simulates every data-parallel rank: each gets its own copy of the program with
+//! its own compute times (op i takes d_i (1 + cv z) with z standard normal, drawn per rank
+//! and op; a straggler rank is `straggler_slowdown` slower on every op), and a barrier
+//! before every collective of the data-parallel groups lets it start on all ranks only once
+//! every rank has issued it. Fast ranks run ahead until they need a collective, so
+//! prefetched collectives absorb some of the noise and the rest shows as waiting. Tensor-
+//! parallel collectives stay inside a rank's program (the ranks of one tensor-parallel group
+//! are simulated as one).
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use super::{Schedule, COMPUTE};
+use super::{Schedule, TaskKind, COMPUTE, NCCL};
+use crate::engine::{Link, Program, Task};
 
 /// The `[jitter]` section of a scenario.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -35,53 +39,54 @@ fn normal(rng: &mut ChaCha8Rng) -> f64 {
     (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
 }
 
-/// Rewrites the durations of the compute stream's tasks; `ranks` is how many ranks share
-/// the program.
-pub fn apply(sched: &mut Schedule, cfg: &JitterConfig, ranks: u64) {
+/// Every data-parallel rank's program, the barriers between them, and the dependencies that
+/// tie them (in [`crate::engine::run_parts`]'s numbering: rank r's task i is r T + i, the
+/// barrier program comes last).
+pub struct RankRun {
+    pub programs: Vec<Program>,
+    pub barrier: Program,
+    pub links: Vec<Link>,
+}
+
+/// [`RankRun`] of `sched` over `ranks` data-parallel ranks: rank r's compute tasks take
+/// their own draws; every collective on the NCCL stream waits for a barrier that waits for
+/// that collective's dependencies on every rank. The barriers run on device 0 and take no
+/// time.
+pub fn ranks(sched: &Schedule, cfg: &JitterConfig, ranks: u64) -> RankRun {
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
-    let tasks = &mut sched.program.tasks;
-    let labels = &sched.labels;
-    // Segments: maximal runs of compute tasks with the same (step, micro-batch, phase, layer).
-    let mut i = 0;
-    while i < tasks.len() {
-        if tasks[i].stream != COMPUTE || tasks[i].duration_ns == 0 {
-            i += 1;
+    let n = ranks.max(1) as usize;
+    let prog = &sched.program;
+    let t = prog.tasks.len();
+    let mut programs = Vec::with_capacity(n);
+    for r in 0..n {
+        let mut p = prog.clone();
+        let slow = if (r as u64) < cfg.stragglers { 1.0 + cfg.straggler_slowdown } else { 1.0 };
+        for task in p.tasks.iter_mut().filter(|x| x.stream == COMPUTE && x.duration_ns > 0) {
+            let z = if cfg.compute_cv > 0.0 { normal(&mut rng) } else { 0.0 };
+            let f = (1.0 + cfg.compute_cv * z).max(0.0) * slow;
+            task.duration_ns = (task.duration_ns as f64 * f).round() as u64;
+        }
+        programs.push(p);
+    }
+    let mut barrier = Program { streams: vec!["barrier".into()], stream_device: vec![0], ..Default::default() };
+    let mut links = Vec::new();
+    let base = (n * t) as u32;
+    for (i, task) in prog.tasks.iter().enumerate() {
+        let kind = sched.labels[task.label as usize].kind;
+        let collective = matches!(kind, TaskKind::AllGather | TaskKind::ReduceScatter | TaskKind::AllReduce);
+        if task.stream != NCCL || !collective {
             continue;
         }
-        let key = |t: &super::Task| {
-            let l = &labels[t.label as usize];
-            (l.step, l.micro_batch, l.phase, l.layer())
-        };
-        let k0 = key(&tasks[i]);
-        let mut members = vec![i];
-        let mut j = i + 1;
-        while j < tasks.len() {
-            if tasks[j].stream == COMPUTE {
-                if key(&tasks[j]) != k0 {
-                    break;
-                }
-                members.push(j);
+        let b = base + barrier.push_task(Task { stream: 0, duration_ns: 0, label: task.label }, &[], &[], &[]);
+        for r in 0..n {
+            let off = (r * t) as u32;
+            for &d in prog.deps.of(i) {
+                links.push(Link { task: b, dep: off + d });
             }
-            j += 1;
+            links.push(Link { task: off + i as u32, dep: b });
         }
-        let d: f64 = members.iter().map(|&m| tasks[m].duration_ns as f64).sum();
-        let spread =
-            cfg.compute_cv * members.iter().map(|&m| (tasks[m].duration_ns as f64).powi(2)).sum::<f64>().sqrt();
-        let mut worst = d;
-        if spread > 0.0 {
-            for _ in 0..ranks.max(1) {
-                worst = worst.max(d + spread * normal(&mut rng));
-            }
-        }
-        if cfg.stragglers > 0 {
-            worst = worst.max(d * (1.0 + cfg.straggler_slowdown) + spread * normal(&mut rng));
-        }
-        let scale = if d > 0.0 { worst / d } else { 1.0 };
-        for &m in &members {
-            tasks[m].duration_ns = (tasks[m].duration_ns as f64 * scale).round() as u64;
-        }
-        i = j;
     }
+    RankRun { programs, barrier, links }
 }
 
 #[cfg(test)]
