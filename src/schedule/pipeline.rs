@@ -174,32 +174,7 @@ impl Pipeline {
     /// allocator, and the OOM if it happened there, all in the stage's own indices. Takes
     /// the run so that the timelines (the bulk of it) move rather than copy.
     pub fn stage_traces(&self, t: DeviceTrace) -> Vec<Trace> {
-        let DeviceTrace { timelines, start_ns, end_ns, oom, end_time_ns, stream_busy_ns, allocators } = t;
-        let parts = self.stages.iter().enumerate().zip(timelines.into_iter().zip(allocators));
-        parts
-            .map(|((k, st), (mut timeline, allocator))| {
-                let n = st.schedule.program.tasks.len();
-                let (to, bo) = (st.task_offset, st.buffer_offset);
-                timeline.shift_tasks(to);
-                let oom = oom.as_ref().filter(|o| o.device as usize == k).map(|o| {
-                    let mut o = o.clone();
-                    o.task -= to as u32;
-                    o.buffer -= bo as u32;
-                    o.live.iter_mut().for_each(|b| *b -= bo as u32);
-                    o
-                });
-                let ns = st.schedule.program.streams.len();
-                Trace {
-                    timeline,
-                    start_ns: start_ns[to..to + n].to_vec(),
-                    end_ns: end_ns[to..to + n].to_vec(),
-                    oom,
-                    end_time_ns,
-                    stream_busy_ns: stream_busy_ns[st.stream_offset..st.stream_offset + ns].to_vec(),
-                    allocator,
-                }
-            })
-            .collect()
+        crate::engine::part_traces(&self.programs(), self.stages.len(), t)
     }
 }
 
