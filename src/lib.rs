@@ -95,10 +95,8 @@ fn offload_report(
     let where_ = p.offloaded_bytes();
     let node = u64::from(s.cluster.gpus_per_node);
     let el = p.local_total(p.optimizer_sharded);
-    let pr = &s.training.precision;
-    let pb = pr.param.bytes();
-    let state_bytes =
-        el * (pr.master.map_or(0, |m| m.bytes()) + s.training.states_per_param() * pr.optimizer_state.bytes());
+    let pb = s.training.precision.param.bytes();
+    let state_bytes = p.optimizer_partition_bytes();
     // Parameter partitions fetched before the all-gathers of the last step.
     let last = s.training.steps;
     let fetched: u64 = match off.parameters {
@@ -141,6 +139,7 @@ fn offload_report(
         ),
     };
     let gb = |x: f64| x / 1e9;
+    let (host_fits, nvme_fits) = p.offload_fits(node);
     let parts = p.offloaded_parts();
     let holds: Vec<&str> = parts.iter().filter(|x| x.on == OffloadDevice::Cpu).map(|x| x.what).collect();
     let host_parts = parts
@@ -162,12 +161,14 @@ fn offload_report(
         host_bytes_per_gpu: report::Bytes::new(where_.host),
         host_bytes_per_node: report::Bytes::new(where_.host * node),
         host_capacity: report::Bytes::new(off.cpu_memory_bytes),
-        host_fits: where_.host * node <= off.cpu_memory_bytes,
+        host_fits,
         nvme_bytes_per_gpu: report::Bytes::new(where_.nvme),
         nvme_bytes_per_node: report::Bytes::new(where_.nvme * node),
         nvme_capacity: report::Bytes::new(off.nvme_capacity_bytes),
-        nvme_fits: where_.nvme * node <= off.nvme_capacity_bytes,
-        d2h_bytes_per_step: report::Bytes::new(p.local_total(true) * 4 * s.training.grad_accum),
+        nvme_fits,
+        d2h_bytes_per_step: report::Bytes::new(
+            p.local_total(true) * plan::OffloadConfig::GRAD_BYTES_PER_PARAM * s.training.grad_accum,
+        ),
         h2d_bytes_per_step: report::Bytes::new(h2d),
         nvme_read_bytes_per_step: report::Bytes::new(nvme_read),
         nvme_write_bytes_per_step: report::Bytes::new(nvme_write),
@@ -229,21 +230,10 @@ fn run_ranks(
 ) -> Result<(schedule::Schedule, engine::Trace, report::Report), engine::Deadlock> {
     let n = plan.dp.max(1) as usize;
     let run = schedule::jitter::ranks(sched, j, n as u64);
+    let devices: Vec<_> = run.programs.iter().map(|p| (p, sched.labels.as_slice())).collect();
+    let dt = run_on_devices(s, capacity, &devices, &[&run.barrier], &run.links, curve)?;
     let mut parts: Vec<&engine::Program> = run.programs.iter().collect();
     parts.push(&run.barrier);
-    let t = sched.program.tasks.len() as u32;
-    let one = empty_cache_tasks(sched, &s.allocator.empty_cache);
-    let opts = engine::RunOptions {
-        empty_cache_after: (0..n as u32).flat_map(|r| one.iter().map(move |&x| r * t + x)).collect(),
-        peaks_only: !curve,
-    };
-    let mut allocs: Vec<Box<dyn memory::Allocator>> =
-        (0..n).map(|_| s.allocator.build(capacity, s.cluster.memory_bytes)).collect();
-    let dt = {
-        let mut refs: Vec<&mut dyn memory::Allocator> =
-            allocs.iter_mut().map(|a| &mut **a as &mut dyn memory::Allocator).collect();
-        engine::run_parts(&parts, &run.links, &mut refs, &opts)?
-    };
     let oom_rank = dt.oom.as_ref().map(|o| o.device as usize);
     let mut traces = engine::part_traces(&parts, n, dt);
     let last_end = |tr: &engine::Trace| tr.end_ns.iter().filter(|&&e| e != u64::MAX).max().copied().unwrap_or(0);
@@ -295,18 +285,9 @@ fn pipeline_stages(
 ) -> Result<(Vec<StageSim>, report::Report, usize), engine::Deadlock> {
     let pipe = schedule::pipeline::build(dag, plan, &s.cluster, names);
     let p = pipe.stages.len();
-    let mut allocs: Vec<Box<dyn memory::Allocator>> =
-        (0..p).map(|_| s.allocator.build(capacity, s.cluster.memory_bytes)).collect();
     let scheds: Vec<&schedule::Schedule> = pipe.stages.iter().map(|st| &st.schedule).collect();
-    let opts = engine::RunOptions {
-        empty_cache_after: empty_cache_tasks_of(&scheds, &s.allocator.empty_cache),
-        peaks_only: !curve,
-    };
-    let dt = {
-        let mut refs: Vec<&mut dyn memory::Allocator> =
-            allocs.iter_mut().map(|a| &mut **a as &mut dyn memory::Allocator).collect();
-        engine::run_parts(&pipe.programs(), &pipe.links, &mut refs, &opts)?
-    };
+    let devices: Vec<_> = scheds.iter().map(|sch| (&sch.program, sch.labels.as_slice())).collect();
+    let dt = run_on_devices(s, capacity, &devices, &[], &pipe.links, curve)?;
     let spans = step_spans(&scheds, &dt, plan.training.steps);
     let stages_hw = scheds.iter().fold(0.0, |hw, sch| hw + sch.hardware_flops_per_step);
     let traces = pipe.stage_traces(dt);
@@ -344,15 +325,6 @@ fn step_spans(stages: &[&schedule::Schedule], dt: &engine::DeviceTrace, steps: u
     spans
 }
 
-/// Offload: whether a node's host memory and NVMe hold every GPU's offloaded state (true
-/// without offload).
-pub fn offload_fits(s: &scenario::Scenario, dag: &model::LayerDag) -> bool {
-    let Some(off) = &s.parallel.offload else { return true };
-    let b = plan_of(s, dag).offloaded_bytes();
-    let n = u64::from(s.cluster.gpus_per_node);
-    b.host * n <= off.cpu_memory_bytes && b.nvme * n <= off.nvme_capacity_bytes
-}
-
 fn plan_of(s: &scenario::Scenario, dag: &model::LayerDag) -> plan::Plan {
     let gpus = u64::from(s.cluster.gpus);
     plan::Plan::new(dag, s.parallel.clone(), s.training.clone(), gpus, u64::from(s.cluster.gpus_per_node))
@@ -381,7 +353,7 @@ fn play(
     curve: bool,
 ) -> Result<engine::Trace, engine::Deadlock> {
     let opts = engine::RunOptions {
-        empty_cache_after: empty_cache_tasks(schedule, &s.allocator.empty_cache),
+        empty_cache_after: empty_cache_tasks(&schedule.program, &schedule.labels, &s.allocator.empty_cache),
         peaks_only: !curve,
     };
     let mut alloc = s.allocator.build(capacity, s.cluster.memory_bytes);
@@ -429,22 +401,13 @@ pub fn simulate_lean(
 /// The tasks after which the program calls `torch.cuda.empty_cache()`: the last task of
 /// initialisation; the last forward (backward) op of each micro-batch; each
 /// `optimizer.step()`; the `zero_grad()` that ends each step.
-fn empty_cache_tasks(sched: &schedule::Schedule, points: &[EmptyCacheAt]) -> Vec<u32> {
-    empty_cache_tasks_of(&[sched], points)
-}
-
-/// [`empty_cache_tasks`] of programs run as one, their tasks numbered one after the other
-/// (a pipeline's stages): the tasks are taken as one sequence, as if the programs were
-/// merged into one.
-fn empty_cache_tasks_of(scheds: &[&schedule::Schedule], points: &[EmptyCacheAt]) -> Vec<u32> {
+fn empty_cache_tasks(prog: &engine::Program, labels: &[schedule::TaskLabel], points: &[EmptyCacheAt]) -> Vec<u32> {
     use schedule::TaskKind;
     let mut out = Vec::new();
     if points.is_empty() {
         return out;
     }
-    let labels = || {
-        scheds.iter().flat_map(|sch| sch.program.tasks.iter().map(move |t| &sch.labels[t.label as usize])).enumerate()
-    };
+    let labels = || prog.tasks.iter().map(|t| &labels[t.label as usize]).enumerate();
     for &p in points {
         let kind = match p {
             EmptyCacheAt::AfterInit => TaskKind::Init,
@@ -475,6 +438,36 @@ fn empty_cache_tasks_of(scheds: &[&schedule::Schedule], points: &[EmptyCacheAt])
     out.sort_unstable();
     out.dedup();
     out
+}
+
+/// Programs run as the parts of one run ([`engine::run_parts`]): the `devices` programs
+/// (with their labels), each on its own device with the scenario's allocator capped at
+/// `capacity`, then `extra`
+/// (programs whose streams say which device they use), tied by `links`. Each device calls
+/// `empty_cache()` where its own program does (a pipeline stage's or a rank's, not the
+/// concatenation's). Every memory sample is kept if `curve`, else the peaks only.
+fn run_on_devices(
+    s: &scenario::Scenario,
+    capacity: u64,
+    devices: &[(&engine::Program, &[schedule::TaskLabel])],
+    extra: &[&engine::Program],
+    links: &[engine::Link],
+    curve: bool,
+) -> Result<engine::DeviceTrace, engine::Deadlock> {
+    let mut empty_cache_after = Vec::new();
+    let mut offset = 0;
+    for &(prog, labels) in devices {
+        let own = empty_cache_tasks(prog, labels, &s.allocator.empty_cache);
+        empty_cache_after.extend(own.into_iter().map(|t| t + offset));
+        offset += prog.tasks.len() as u32;
+    }
+    let opts = engine::RunOptions { empty_cache_after, peaks_only: !curve };
+    let mut allocs: Vec<Box<dyn memory::Allocator>> =
+        devices.iter().map(|_| s.allocator.build(capacity, s.cluster.memory_bytes)).collect();
+    let mut refs: Vec<&mut dyn memory::Allocator> =
+        allocs.iter_mut().map(|a| &mut **a as &mut dyn memory::Allocator).collect();
+    let parts: Vec<&engine::Program> = devices.iter().map(|d| d.0).chain(extra.iter().copied()).collect();
+    engine::run_parts(&parts, links, &mut refs, &opts)
 }
 
 /// What activation checkpointing costs in time: the same scenario without it, simulated

@@ -200,7 +200,7 @@ fn measure(label: String, s: &Scenario, base_tps: Option<f64>) -> Counterfactual
         Verdict::Oom(o) => (false, Some(o.at.phase)),
     };
     // Offload that the node's host memory or NVMe cannot hold fails at initialisation.
-    let host_oom = r.offload.as_ref().is_some_and(|o| !o.host_fits || !o.nvme_fits);
+    let host_oom = !r.offload_fits;
     let (fits, oom_phase) = if host_oom && fits { (false, Some(Phase::Init)) } else { (fits, oom_phase) };
     let timed = if fits { Some(sim) } else { unbounded(s) };
     let tp = timed.as_ref().and_then(|x| x.report.throughput.clone());

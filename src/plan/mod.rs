@@ -137,14 +137,27 @@ pub struct OffloadConfig {
 }
 
 impl OffloadConfig {
+    /// The offloaded gradient partition is FP32 in both frameworks: DeepSpeed casts each
+    /// reduced partition to the master dtype before its copy to the host
+    /// (`async_inplace_copy_grad_to_fp32_buffer_from_gpu`, stage_1_and_2.py); FSDP's pinned
+    /// `_cpu_grad` has the dtype of the FP32 sharded parameter.
+    pub const GRAD_BYTES_PER_PARAM: u64 = 4;
     /// DeepSpeed's pinned swap buffers for NVMe parameter offload: `offload_param`'s
-    /// defaults `buffer_count = 5` x `buffer_size = 1e8` elements of the 16-bit dtype.
+    /// defaults `buffer_count = 5` x `buffer_size = 1e8` elements of the 16-bit dtype
+    /// (DeepSpeed's configuration reference).
     pub const PARAM_SWAP_BUFFER_ELEMENTS: u64 = 5 * 100_000_000;
-    /// DeepSpeed's pinned buffers for NVMe optimizer offload: `offload_optimizer`'s default
-    /// `buffer_count = 4` buffers of the largest sub-group (`sub_group_size` default 1e9
-    /// elements) in FP32.
+    /// DeepSpeed's pinned buffers for NVMe optimizer offload: `buffer_count = 4` (the
+    /// `offload_optimizer` default) buffers of the largest sub-group in FP32
+    /// (`SwapBufferManager(num_elems=largest_numel, count=buffer_count)` in
+    /// swap_tensor/optimizer_utils.py), a sub-group being at most `sub_group_size` (default
+    /// 1e9) elements.
     pub const OPTIMIZER_SWAP_BUFFERS: u64 = 4;
     pub const SUB_GROUP_ELEMENTS: u64 = 1_000_000_000;
+
+    /// Whether anything lives on NVMe.
+    pub fn uses_nvme(&self) -> bool {
+        self.optimizer == OffloadDevice::Nvme || self.parameters == Some(OffloadDevice::Nvme)
+    }
 }
 
 /// Where a rank's offloaded bytes are.
@@ -603,7 +616,8 @@ impl Plan {
         let pel = self.local_total(self.params_sharded);
         let part = |what, category, on, bytes| OffloadedPart { what, category, on, bytes };
         let fsdp = self.parallel.framework == Framework::Fsdp;
-        let mut out = vec![part("FP32 gradient partition", Category::Gradients, OffloadDevice::Cpu, el * 4)];
+        let grads = el * OffloadConfig::GRAD_BYTES_PER_PARAM;
+        let mut out = vec![part("FP32 gradient partition", Category::Gradients, OffloadDevice::Cpu, grads)];
         if fsdp {
             out.push(part(
                 "sharded parameters (the master copy)",
@@ -633,6 +647,24 @@ impl Plan {
             }
         }
         out
+    }
+
+    /// Offload: whether a node (`gpus_per_node` ranks) can hold every rank's offloaded state,
+    /// in host memory and on NVMe; (true, true) without offload. A node that cannot fails
+    /// when the engine pins or creates the state at initialisation.
+    pub fn offload_fits(&self, gpus_per_node: u64) -> (bool, bool) {
+        let Some(off) = &self.parallel.offload else { return (true, true) };
+        let b = self.offloaded_bytes();
+        (b.host * gpus_per_node <= off.cpu_memory_bytes, b.nvme * gpus_per_node <= off.nvme_capacity_bytes)
+    }
+
+    /// The optimizer partition the CPU step reads and writes, bytes: master plus optimizer
+    /// state (what NVMe optimizer offload swaps in and out every step).
+    pub fn optimizer_partition_bytes(&self) -> u64 {
+        let pr = &self.training.precision;
+        let per_param =
+            pr.master.map_or(0, |m| m.bytes()) + self.training.states_per_param() * pr.optimizer_state.bytes();
+        self.local_total(self.optimizer_sharded) * per_param
     }
 
     /// Parameters offloaded: no parameter partition stays on the GPU between uses.

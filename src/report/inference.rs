@@ -190,6 +190,7 @@ pub fn build(
         assumptions,
         allocator: super::allocator::build(s, sched, trace),
         offload: None,
+        offload_fits: true,
         inference: Some(inference),
     }
 }

@@ -244,9 +244,15 @@ pub struct Report {
     pub assumptions: Vec<String>,
     /// The allocator: max_memory_allocated / reserved, retries, fragmentation, the OOM's cause.
     pub allocator: allocator::AllocatorReport,
-    /// ZeRO-Offload: host memory, PCIe traffic, the CPU step, GPU memory saved, time paid.
+    /// Offload: host memory, PCIe traffic, the CPU step, GPU memory saved, time paid.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub offload: Option<OffloadReport>,
+    /// Offload: whether a node's host memory and NVMe hold the offloaded state (true without
+    /// offload). When they do not, the run fails at initialisation whatever the GPU does;
+    /// every reader of a verdict (text, sweeps, explain) takes it from here. `offload`
+    /// carries the same fact with its figures.
+    #[serde(skip)]
+    pub offload_fits: bool,
     /// An inference job's figures (TTFT, TPOT, KV cache, the largest batch that fits).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub inference: Option<inference::InferenceReport>,
@@ -449,6 +455,10 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
         assumptions,
         allocator: allocator::build(s, sched, trace),
         offload: None,
+        offload_fits: {
+            let (host, nvme) = plan.offload_fits(u64::from(s.cluster.gpus_per_node));
+            host && nvme
+        },
         inference: None,
     }
 }

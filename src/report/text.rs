@@ -253,8 +253,8 @@ fn common(r: &Report, o: &mut String) {
                 "Verdict    FITS: {} of headroom at the peak (capacity less max_memory_reserved)",
                 fmt_bytes(headroom.bytes)
             );
-            if let Some(off) = r.offload.as_ref().filter(|x| !x.host_fits || !x.nvme_fits) {
-                let what = if off.host_fits { "NVMe" } else { "host memory" };
+            if !r.offload_fits {
+                let what = if r.offload.as_ref().is_some_and(|x| x.host_fits) { "NVMe" } else { "host memory" };
                 let _ = writeln!(
                     o,
                     "           on the GPU only: the node's {what} cannot hold the offloaded state, so the run fails at initialisation (see Offload)"

@@ -899,42 +899,39 @@ fn validate_offload(
     if parallel.model_parallel.pipeline > 1 {
         return Err(v.err("offload", "offload with pipeline parallelism is not simulated yet"));
     }
-    let bytes = |field: &str, x: Option<i64>, default: u64| match x {
-        Some(x) => v.positive(field, x),
-        None => Ok(default),
+    // The defaults, then what the section sets, each checked.
+    let mut c = default_offload(cluster, parallel.framework, optimizer.unwrap_or(OffloadDevice::Cpu), parameters);
+    let rate = |field: &str, x: f64| {
+        if x > 0.0 && x.is_finite() {
+            Ok(x)
+        } else {
+            Err(v.err(field, format!("must be a positive number, got {x}")))
+        }
     };
-    let rate = |field: &str, x: Option<f64>, default: f64, scale: f64| match x {
-        Some(x) if !(x > 0.0 && x.is_finite()) => Err(v.err(field, format!("must be a positive number, got {x}"))),
-        Some(x) => Ok(x * scale),
-        None => Ok(default),
-    };
-    let d = default_offload(cluster, parallel.framework, optimizer.unwrap_or(OffloadDevice::Cpu), parameters);
-    let per_gpu = f64::from(cluster.gpus_per_node);
-    Ok(Some(crate::plan::OffloadConfig {
-        cpu_memory_bytes: bytes("offload.cpu_memory", o.cpu_memory, d.cpu_memory_bytes)?,
-        nvme_capacity_bytes: bytes("offload.nvme_capacity", o.nvme_capacity, d.nvme_capacity_bytes)?,
-        h2d_bytes_per_s: rate("offload.h2d_gb_per_s", o.h2d_gb_per_s, d.h2d_bytes_per_s, 1e9)?,
-        d2h_bytes_per_s: rate("offload.d2h_gb_per_s", o.d2h_gb_per_s, d.d2h_bytes_per_s, 1e9)?,
-        nvme_read_bytes_per_s: rate(
-            "offload.nvme_read_gb_per_s",
-            o.nvme_read_gb_per_s,
-            d.nvme_read_bytes_per_s * per_gpu,
-            1e9,
-        )? / per_gpu,
-        nvme_write_bytes_per_s: rate(
-            "offload.nvme_write_gb_per_s",
-            o.nvme_write_gb_per_s,
-            d.nvme_write_bytes_per_s * per_gpu,
-            1e9,
-        )? / per_gpu,
-        cpu_adam_params_per_s: rate(
-            "offload.cpu_adam_params_per_s",
-            o.cpu_adam_params_per_s,
-            d.cpu_adam_params_per_s,
-            1.0,
-        )?,
-        ..d
-    }))
+    // NVMe bandwidth is the node's, shared by its GPUs.
+    let per_gpu = 1e9 / f64::from(cluster.gpus_per_node);
+    if let Some(x) = o.cpu_memory {
+        c.cpu_memory_bytes = v.positive("offload.cpu_memory", x)?;
+    }
+    if let Some(x) = o.nvme_capacity {
+        c.nvme_capacity_bytes = v.positive("offload.nvme_capacity", x)?;
+    }
+    if let Some(x) = o.h2d_gb_per_s {
+        c.h2d_bytes_per_s = rate("offload.h2d_gb_per_s", x)? * 1e9;
+    }
+    if let Some(x) = o.d2h_gb_per_s {
+        c.d2h_bytes_per_s = rate("offload.d2h_gb_per_s", x)? * 1e9;
+    }
+    if let Some(x) = o.nvme_read_gb_per_s {
+        c.nvme_read_bytes_per_s = rate("offload.nvme_read_gb_per_s", x)? * per_gpu;
+    }
+    if let Some(x) = o.nvme_write_gb_per_s {
+        c.nvme_write_bytes_per_s = rate("offload.nvme_write_gb_per_s", x)? * per_gpu;
+    }
+    if let Some(x) = o.cpu_adam_params_per_s {
+        c.cpu_adam_params_per_s = rate("offload.cpu_adam_params_per_s", x)?;
+    }
+    Ok(Some(c))
 }
 
 /// Offload with every `[offload]` default: a DGX node's host memory and NVMe, pinned copies

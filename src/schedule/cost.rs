@@ -42,6 +42,8 @@ pub struct Cost {
     /// Point-to-point bandwidth between adjacent pipeline stages, bytes/s, and its latency.
     pub p2p_bytes_per_s: f64,
     pub p2p_latency_s: f64,
+    /// Adjacent pipeline stages are on different nodes (their transfers use the NICs).
+    pub p2p_inter_node: bool,
 }
 
 /// The links a collective of `g` occupies on each of its GPUs: NVLink when ranks share a
@@ -86,6 +88,7 @@ impl Cost {
             tp_group: group(1, 1),
             p2p_bytes_per_s: g.nvlink_bytes_per_s * LINK_EFFICIENCY,
             p2p_latency_s: ALPHA_INTRA_S,
+            p2p_inter_node: false,
         }
     }
 
@@ -111,38 +114,30 @@ impl Cost {
         if tp * plan.dp >= plan.gpus_per_node {
             c.p2p_bytes_per_s = network * NETWORK_EFFICIENCY;
             c.p2p_latency_s = ALPHA_INTER_S;
+            c.p2p_inter_node = true;
         }
         c
     }
 
-    /// The links a stream's transfers occupy (bits of [`crate::engine::links`]), by the
-    /// stream's name as the scheduler creates it: the NCCL queue those of every data-parallel
-    /// group it serves, tensor parallelism NVLink, pipeline sends and receives one direction
-    /// of the NICs (or NVLink when adjacent stages share a node), offload copies one
-    /// direction of PCIe; compute, NVMe and the CPU none.
-    pub fn stream_links(&self, stream: &str) -> u8 {
-        use crate::engine::links::{NET_RX, NET_TX, NVLINK, PCIE_D2H, PCIE_H2D};
-        let p2p_inter = self.p2p_latency_s == ALPHA_INTER_S;
-        match stream {
-            "nccl" => group_links(&self.shard_group) | group_links(&self.dp_group) | group_links(&self.replica_group),
-            "tp" => group_links(&self.tp_group),
-            "p2p send" => {
-                if p2p_inter {
-                    NET_TX
-                } else {
-                    NVLINK
-                }
-            }
-            "p2p recv" => {
-                if p2p_inter {
-                    NET_RX
-                } else {
-                    NVLINK
-                }
-            }
-            "h2d" => PCIE_H2D,
-            "d2h" => PCIE_D2H,
-            _ => 0,
+    /// The links the NCCL queue's collectives occupy (bits of [`crate::engine::links`]):
+    /// those of every data-parallel group it serves.
+    pub fn nccl_links(&self) -> u8 {
+        group_links(&self.shard_group) | group_links(&self.dp_group) | group_links(&self.replica_group)
+    }
+
+    /// The links tensor-parallel collectives occupy: NVLink (the group is inside a node).
+    pub fn tp_links(&self) -> u8 {
+        group_links(&self.tp_group)
+    }
+
+    /// The links a pipeline send (or receive) occupies: one direction of the NICs when
+    /// adjacent stages are on different nodes, else NVLink.
+    pub fn p2p_links(&self, send: bool) -> u8 {
+        use crate::engine::links::{NET_RX, NET_TX, NVLINK};
+        match (self.p2p_inter_node, send) {
+            (false, _) => NVLINK,
+            (true, true) => NET_TX,
+            (true, false) => NET_RX,
         }
     }
 

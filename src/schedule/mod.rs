@@ -246,29 +246,33 @@ impl<'a> Builder<'a> {
             }
         }
         let nu = plan.units.len();
-        let mut prog = Program { streams: vec!["compute".into(), "nccl".into()], ..Default::default() };
+        // Each stream with the links its transfers occupy (engine::links): offload copies use
+        // one PCIe direction each; compute, NVMe and the CPU none.
+        let mut prog = Program {
+            streams: vec!["compute".into(), "nccl".into()],
+            stream_links: vec![0, cost.nccl_links()],
+            ..Default::default()
+        };
         let mp = &plan.parallel.model_parallel;
-        let mut stream = |name: &str, on: bool| {
+        let mut stream = |name: &str, on: bool, links: u8| {
             if on {
                 prog.streams.push(name.into());
+                prog.stream_links.push(links);
                 (prog.streams.len() - 1) as u16
             } else {
                 u16::MAX
             }
         };
-        let tp_stream = stream("tp", mp.tensor > 1);
+        use crate::engine::links::{PCIE_D2H, PCIE_H2D};
+        let tp_stream = stream("tp", mp.tensor > 1, cost.tp_links());
         let off = plan.parallel.offload.as_ref();
         let offload = off.is_some();
-        let nvme = off.is_some_and(|o| {
-            o.optimizer == crate::plan::OffloadDevice::Nvme || o.parameters == Some(crate::plan::OffloadDevice::Nvme)
-        });
-        let h2d_stream = stream("h2d", offload);
-        let d2h_stream = stream("d2h", offload);
-        let nvme_stream = stream("nvme", nvme);
-        let cpu_stream = stream("cpu", offload);
-        let send_stream = stream("p2p send", mp.pipeline > 1);
-        let recv_stream = stream("p2p recv", mp.pipeline > 1);
-        prog.stream_links = prog.streams.iter().map(|name| cost.stream_links(name)).collect();
+        let h2d_stream = stream("h2d", offload, PCIE_H2D);
+        let d2h_stream = stream("d2h", offload, PCIE_D2H);
+        let nvme_stream = stream("nvme", off.is_some_and(|o| o.uses_nvme()), 0);
+        let cpu_stream = stream("cpu", offload, 0);
+        let send_stream = stream("p2p send", mp.pipeline > 1, cost.p2p_links(true));
+        let recv_stream = stream("p2p recv", mp.pipeline > 1, cost.p2p_links(false));
         let mut chunk_ops = Vec::new();
         let (mut chunk_in, mut chunk_out, mut chunk_vs) = (Vec::new(), Vec::new(), Vec::new());
         let mut p2p_bytes = 0;
@@ -551,45 +555,44 @@ impl<'a> Builder<'a> {
         let label = |what: String, kind| TaskLabel::new(step, phase, mb, what, kind, Some(u));
         if off.parameters == Some(crate::plan::OffloadDevice::Nvme) {
             let what = text!(self.names, "read {name} partition from NVMe");
-            let r = self.task(
-                self.nvme_stream,
-                (el * pb) as f64 / off.nvme_read_bytes_per_s,
-                deps,
-                vec![],
-                label(what, TaskKind::Recv),
-            );
-            deps = vec![r];
+            deps = vec![self.nvme(true, el * pb, deps, off, label(what, TaskKind::Recv))];
         }
-        let fsdp = plan.parallel.framework == Framework::Fsdp;
         let copy = self.buffer(
             el * pb,
             Category::CommBuffers,
             text!(self.names, "{name} partition copied to the GPU ({})", self.pr().param.name()),
         );
-        let mut alloc = vec![copy];
-        let mut staging = vec![copy];
-        if fsdp && pb != cb {
-            let mp = self.buffer(
-                el * cb,
-                Category::CommBuffers,
-                text!(self.names, "{name} _mp_shard ({})", self.pr().compute.name()),
-            );
-            alloc.push(mp);
-            staging = vec![mp];
-        }
+        // FSDP under mixed precision casts the copy into the _mp_shard the all-gather reads;
+        // the FP32 temporary dies with the cast, at the copy's end.
+        let cast = plan.parallel.framework == Framework::Fsdp && pb != cb;
+        let gathered_from = if cast {
+            let name = text!(self.names, "{name} _mp_shard ({})", self.pr().compute.name());
+            self.buffer(el * cb, Category::CommBuffers, name)
+        } else {
+            copy
+        };
+        let alloc = if cast { vec![copy, gathered_from] } else { vec![copy] };
         let what = text!(self.names, "copy {name} partition to the GPU ({}, H2D)", self.pr().param.name());
-        let h = self.task(
-            self.h2d_stream,
-            (el * pb) as f64 / off.h2d_bytes_per_s,
-            deps,
-            alloc,
-            label(what, TaskKind::Recv),
-        );
-        if staging[0] != copy {
-            // The FP32 temporary dies once it is cast into the _mp_shard.
+        let secs = (el * pb) as f64 / off.h2d_bytes_per_s;
+        let h = self.task(self.h2d_stream, secs, deps, alloc, label(what, TaskKind::Recv));
+        if cast {
             self.free_at(h, &[copy]);
         }
-        (vec![h], staging)
+        (vec![h], vec![gathered_from])
+    }
+
+    /// An NVMe transfer of `bytes` (a read, or a write) at this GPU's share of the node's
+    /// NVMe bandwidth, after `deps`.
+    fn nvme(
+        &mut self,
+        read: bool,
+        bytes: u64,
+        deps: Vec<u32>,
+        off: &crate::plan::OffloadConfig,
+        label: TaskLabel,
+    ) -> u32 {
+        let rate = if read { off.nvme_read_bytes_per_s } else { off.nvme_write_bytes_per_s };
+        self.task(self.nvme_stream, bytes as f64 / rate, deps, vec![], label)
     }
 
     fn micro_batch(&mut self, step: u32, mb: u32, last_mb: bool) {
@@ -1269,7 +1272,7 @@ impl<'a> Builder<'a> {
             );
             self.free_at(t, &unsharded);
             let el = plan.units[u].shard_params;
-            let secs = (el * 4) as f64 / off.d2h_bytes_per_s;
+            let secs = (el * crate::plan::OffloadConfig::GRAD_BYTES_PER_PARAM) as f64 / off.d2h_bytes_per_s;
             let what = text!(self.names, "copy {} gradient partition to host (fp32, D2H)", plan.units[u].name);
             let d = self.task(self.d2h_stream, secs, vec![t], vec![], label(what, TaskKind::Send));
             self.free_at(d, &[b]);
@@ -1329,22 +1332,13 @@ impl<'a> Builder<'a> {
     fn offloaded_optimizer(&mut self, step: u32, el: u64, off: &crate::plan::OffloadConfig) {
         use crate::plan::OffloadDevice;
         let plan = self.plan;
-        let pr = self.pr();
-        let pb = pr.param.bytes();
-        let state_bytes =
-            el * (pr.master.map_or(0, |m| m.bytes()) + plan.training.states_per_param() * pr.optimizer_state.bytes());
+        let pb = self.pr().param.bytes();
+        let state_bytes = plan.optimizer_partition_bytes();
         let lbl = |what: String, kind| TaskLabel::new(step, Phase::Optimizer, 0, what, kind, None);
         let mut deps = self.step_comm.clone();
         if off.optimizer == OffloadDevice::Nvme {
             let what = text!(self.names, "read optimizer state from NVMe (swap in)");
-            let r = self.task(
-                self.nvme_stream,
-                state_bytes as f64 / off.nvme_read_bytes_per_s,
-                deps,
-                vec![],
-                lbl(what, TaskKind::Recv),
-            );
-            deps = vec![r];
+            deps = vec![self.nvme(true, state_bytes, deps, off, lbl(what, TaskKind::Recv))];
         }
         let what = if plan.parallel.framework == Framework::Fsdp {
             text!(self.names, "optimizer.step() on the CPU ({el} parameters)")
@@ -1360,13 +1354,7 @@ impl<'a> Builder<'a> {
         );
         if off.optimizer == OffloadDevice::Nvme {
             let what = text!(self.names, "write optimizer state to NVMe (swap out)");
-            last = self.task(
-                self.nvme_stream,
-                state_bytes as f64 / off.nvme_write_bytes_per_s,
-                vec![last],
-                vec![],
-                lbl(what, TaskKind::Send),
-            );
+            last = self.nvme(false, state_bytes, vec![last], off, lbl(what, TaskKind::Send));
         }
         match off.parameters {
             None => {
@@ -1389,13 +1377,7 @@ impl<'a> Builder<'a> {
             Some(OffloadDevice::Nvme) => {
                 let bytes = plan.local_total(plan.params_sharded) * pb;
                 let what = text!(self.names, "write updated parameters to NVMe ({})", self.pr().param.name());
-                last = self.task(
-                    self.nvme_stream,
-                    bytes as f64 / off.nvme_write_bytes_per_s,
-                    vec![last],
-                    vec![],
-                    lbl(what, TaskKind::Send),
-                );
+                last = self.nvme(false, bytes, vec![last], off, lbl(what, TaskKind::Send));
             }
         }
         let z = self.task(COMPUTE, 0.0, vec![last], vec![], lbl(text!(self.names, "zero_grad()"), TaskKind::ZeroGrad));

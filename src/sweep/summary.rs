@@ -45,6 +45,8 @@ impl Outcome {
     /// The figures of a report (from [`crate::simulate`] or [`crate::simulate_lean`]).
     pub fn from_report(r: &Report, s: &Scenario) -> Outcome {
         let oom = match &r.verdict {
+            // Offloaded state the node cannot hold fails at initialisation.
+            Verdict::Fits { .. } if !r.offload_fits => Some(OomAt { step: 0, phase: Phase::Init, layer: None }),
             Verdict::Fits { .. } => None,
             Verdict::Oom(o) => Some(OomAt { step: o.at.step, phase: o.at.phase, layer: o.at.layer }),
         };
@@ -55,7 +57,7 @@ impl Outcome {
             peak_allocated: r.peak.as_ref().map_or(0, |p| p.allocated.bytes),
             peak_reserved: r.peak.as_ref().map_or(0, |p| p.reserved.bytes),
             capacity: r.capacity.bytes,
-            throughput: r.throughput.as_ref().map(|t| Rate {
+            throughput: r.throughput.as_ref().filter(|_| oom.is_none()).map(|t| Rate {
                 step_time_s: t.step_time_s,
                 tokens_per_s: t.tokens_per_s,
                 mfu: t.mfu,
@@ -108,7 +110,7 @@ pub fn simulate(s: &Scenario) -> Result<Outcome, Deadlock> {
     let (early_oom, past) = STEP1.with(|c| c.get());
     let early: &[u32] = if early_oom >= past { &[0, 1] } else { &[0] };
     let report = crate::simulate_lean(s, &dag, early)?;
-    let o = host_check(Outcome::from_report(&report, s), s, &dag);
+    let o = Outcome::from_report(&report, s);
     STEP1.with(|c| {
         let (a, b) = c.get();
         match o.oom {
@@ -124,15 +126,5 @@ pub fn simulate(s: &Scenario) -> Result<Outcome, Deadlock> {
 pub fn simulate_whole(s: &Scenario) -> Result<Outcome, Deadlock> {
     let dag = dag_for(s);
     let report = crate::simulate_lean(s, &dag, &[])?;
-    Ok(host_check(Outcome::from_report(&report, s), s, &dag))
-}
-
-/// Offload: a node whose host memory or NVMe cannot hold the offloaded state fails when the
-/// engine pins it at initialisation, whatever the GPU does: the row does not fit, at init.
-fn host_check(mut o: Outcome, s: &Scenario, dag: &LayerDag) -> Outcome {
-    if !crate::offload_fits(s, dag) {
-        o.oom = Some(OomAt { step: 0, phase: Phase::Init, layer: None });
-        o.throughput = None;
-    }
-    o
+    Ok(Outcome::from_report(&report, s))
 }
