@@ -465,6 +465,12 @@ fn cases() -> Vec<Case> {
             &["unknown value \"apex\"", "\"foreach\"", "\"fused\""],
         ),
         case(
+            "training.clip_grad_norm not a boolean",
+            b().set("training", "clip_grad_norm", "\"yes\""),
+            "training.clip_grad_norm",
+            &["expected a boolean"],
+        ),
+        case(
             "unknown training.precision",
             b().set("training", "precision", "\"fp8\""),
             "training.precision",

@@ -131,6 +131,46 @@ fn one_f_one_b_first_stage_holds_the_most_in_flight_activations() {
     assert!(r > 1.6 && r < 2.2, "GPipe / 1F1B first-stage activations {r}");
 }
 
+/// Tied word embeddings under pipelining: the first stage's embedding and the last stage's
+/// copy for the LM head are all-reduced between the two stages after both finish their
+/// backwards (Megatron-LM's `_allreduce_embedding_grads`), on those two stages only;
+/// untied embeddings have no such collective.
+#[test]
+fn tied_embedding_gradients_are_all_reduced_between_first_and_last_stage() {
+    let what = "all-reduce tied embedding gradients (first and last stage)";
+    for tied in [true, false] {
+        let mut s = pipeline_scenario("1f1b", "");
+        s.model.tie_embeddings = tied;
+        let sim = stepsim::simulate(&s).unwrap();
+        let mut starts = Vec::new();
+        for (k, st) in sim.stages.iter().enumerate() {
+            let sch = &st.schedule;
+            let mut last_bwd = 0;
+            let mut found = Vec::new();
+            for (i, t) in sch.program.tasks.iter().enumerate() {
+                let l = &sch.labels[t.label as usize];
+                if l.kind == stepsim::schedule::TaskKind::Backward {
+                    last_bwd = last_bwd.max(st.trace.end_ns[i]);
+                }
+                if l.what == what {
+                    found.push((st.trace.start_ns[i], t.duration_ns));
+                }
+            }
+            let ends = tied && (k == 0 || k == 3);
+            assert_eq!(found.len(), usize::from(ends), "stage {k}, tied {tied}: {found:?}");
+            if let Some(&(start, dur)) = found.first() {
+                assert!(start >= last_bwd && dur > 0, "stage {k}: starts {start} before its last backward {last_bwd}");
+                starts.push((start, last_bwd));
+            }
+        }
+        if tied {
+            // One collective: both sides start together, after both stages' backwards.
+            assert_eq!(starts[0].0, starts[1].0, "{starts:?}");
+            assert!(starts[0].0 >= starts[0].1.max(starts[1].1), "{starts:?}");
+        }
+    }
+}
+
 #[test]
 fn the_pipeline_bubble_comes_out_of_the_simulation() {
     // 1F1B's bubble is (p - 1) / m of the ideal time: with 8 micro-batches and 4 stages the
@@ -154,17 +194,18 @@ fn the_pipeline_bubble_comes_out_of_the_simulation() {
 /// The 1T rows run the interleaved schedule with 2 model chunks per stage (the copy of
 /// Table 3 names interleaving only for 175B and 530B; 2 is the most the 1T's 2 layers per
 /// stage allow, and Narayanan et al.'s 1T on the same machine, tests/fidelity_megatron.rs,
-/// is reproduced within 2% with it; plain 1F1B's 63 / 512 bubble makes these rows 12% slow).
+/// is reproduced within 5% with it; plain 1F1B's 63 / 512 bubble makes these rows 12% slow).
 ///
-/// The goal is a mean absolute error under 4% with no row over 8%. No row is over
-/// 8%; the mean is 5.3%, short of 4%: the 22B rows and the layer times of Table 4 (next
-/// test) agree, but the 175B, 530B and 1T rows come out 4-8% slow. The same calibration
-/// reproduces Narayanan et al. 2021's Table 1 and Table 2 runs of similar models on the same
-/// cluster with a median error of 2-3% (tests/fidelity_megatron.rs): Megatron a year later
-/// (this table) was ~8% faster on like configurations (175B full recompute: 162 TFLOP/s per
-/// GPU here vs 148 for Narayanan's 146B), which one global calibration cannot follow both
-/// ways. A GEMM efficiency growing with K would close part of it but contradicts Table 4, so
-/// it is not used. Asserted: no row over 8% (the goal) and the mean within 6%.
+/// The goal, asserted: a mean absolute error under 4% and no row over 8%. With the
+/// global calibration of src/schedule/cost.rs (MATMUL_EFFICIENCY 0.80, fitted against every
+/// throughput suite together, not this table alone) the rows land between -3.4% (22B
+/// selective + SP) and +4.0% (530B full recompute), mean 2.4%. At the earlier calibration
+/// (0.78) the mean was 5.3%; two modelling fixes brought it to 4.1% before the refit: a
+/// matmul's backward GEMMs quantized by their own output shapes (the input gradient [M, K],
+/// the weight gradient [N, K]), and the optimizer step's gradient cast, clip and master
+/// copy passes (the 22B rows' ~120 ms outside the layers). What remains is systematic: full recompute rows are 3-4% slow and selective
+/// ones within 1-3%; Megatron a year earlier (tests/fidelity_megatron.rs) was slower on like
+/// configurations, so one calibration sits between the two papers.
 #[test]
 fn iteration_times_against_korthikanti_table5() {
     let f: Value = serde_json::from_str(include_str!("fixtures/korthikanti_table5.json")).unwrap();
@@ -205,7 +246,7 @@ fn iteration_times_against_korthikanti_table5() {
     for (row, e) in &errs {
         assert!(e.abs() <= 0.08, "{row}: {:.1}% off the published iteration time", e * 100.0);
     }
-    assert!(mae <= 0.06, "mean absolute error {:.1}%", mae * 100.0);
+    assert!(mae < 0.04, "mean absolute error {:.1}% (goal under 4%)", mae * 100.0);
 }
 
 /// Korthikanti et al. 2022 Table 4: forward and backward time of one transformer layer of

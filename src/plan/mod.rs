@@ -338,6 +338,9 @@ pub struct TrainingConfig {
     pub optimizer_impl: OptimizerImpl,
     pub precision: Precision,
     pub checkpointing: Checkpointing,
+    /// Gradient-norm clipping before the step (Megatron-LM `--clip-grad 1.0`, torchtitan
+    /// `max_norm = 1.0` and the HF Trainer's `max_grad_norm = 1.0` are on by default).
+    pub clip_grad_norm: bool,
 }
 
 impl TrainingConfig {
@@ -347,6 +350,47 @@ impl TrainingConfig {
             OptimizerKind::Adam | OptimizerKind::AdamW => 2,
             OptimizerKind::Sgd => u64::from(self.momentum),
         }
+    }
+
+    /// HBM bytes the optimizer step moves per local element: it is memory-bound, so its time
+    /// is these bytes over the HBM bandwidth. The passes, as the frameworks run them:
+    /// - 16-bit gradients under an FP32 master are first cast up (Megatron-LM's
+    ///   `_copy_model_grads_to_main_grads`, DeepSpeed's FP32 gradient partition): read the
+    ///   gradient, write it in the master's dtype;
+    /// - clipping reads every gradient for the norm (`torch._foreach_norm`, Megatron's
+    ///   `multi_tensor_l2norm`) and scales it in place (`torch.nn.utils.clip_grad_norm_`
+    ///   always multiplies by the clamped coefficient; Megatron's DDP divides the gradient
+    ///   buffer by the data-parallel size, the same read and write);
+    /// - the update reads the master (or the parameter), the gradient and every state and
+    ///   writes the master and the states (fused / foreach Adam alike);
+    /// - a separate master is copied into the 16-bit parameters (read it, write them).
+    pub fn optimizer_step_bytes(&self) -> u64 {
+        self.optimizer_step_passes().iter().map(|p| p.1).sum()
+    }
+
+    /// The passes of [`TrainingConfig::optimizer_step_bytes`] with their bytes per element,
+    /// named for the report.
+    pub fn optimizer_step_passes(&self) -> Vec<(&'static str, u64)> {
+        let pr = &self.precision;
+        let master = pr.master.unwrap_or(pr.param).bytes();
+        let g = pr.grad.bytes();
+        let mut passes = Vec::new();
+        // The optimizer reads gradients in the master's dtype when there is a master.
+        let grad = if pr.master.is_some() && g < master {
+            passes.push(("gradients cast up to the master dtype", g + master));
+            master
+        } else {
+            g
+        };
+        if self.clip_grad_norm {
+            passes.push(("gradient-norm clipping (norm, then scale in place)", 3 * grad));
+        }
+        let states = 2 * self.states_per_param() * pr.optimizer_state.bytes();
+        passes.push(("update (read weights, gradient, states; write weights, states)", 2 * master + grad + states));
+        if pr.master.is_some() {
+            passes.push(("master copied into the parameters", master + pr.param.bytes()));
+        }
+        passes
     }
 }
 
@@ -708,5 +752,39 @@ impl Plan {
             gradients: self.local_total(self.grads_sharded) * pr.grad.bytes(),
             optimizer_state: opt_el * self.training.states_per_param() * pr.optimizer_state.bytes(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn training(preset: &str, clip: bool) -> TrainingConfig {
+        TrainingConfig {
+            micro_batch: 1,
+            seq_len: 2048,
+            grad_accum: 1,
+            steps: 1,
+            optimizer: OptimizerKind::AdamW,
+            momentum: true,
+            optimizer_impl: OptimizerImpl::Fused,
+            precision: Precision::preset(preset).unwrap(),
+            checkpointing: Checkpointing::None,
+            clip_grad_norm: clip,
+        }
+    }
+
+    #[test]
+    fn optimizer_step_bytes_count_every_pass_of_the_step() {
+        // BF16 grads under an FP32 master: cast up (2 + 4), clip (3 x 4), Adam (master r/w
+        // 8 + grad 4 + two moments r/w 16), master into the BF16 weights (4 + 2).
+        assert_eq!(training("bf16-mixed-adam", true).optimizer_step_bytes(), 6 + 12 + 28 + 6);
+        assert_eq!(training("bf16-mixed-adam", false).optimizer_step_bytes(), 6 + 28 + 6);
+        // FP32 main grads (Megatron's --accumulate-allreduce-grads-in-fp32): no cast.
+        assert_eq!(training("bf16-mixed-adam-fp32-grads", true).optimizer_step_bytes(), 12 + 28 + 6);
+        // FSDP's FP32 sharded parameters are the master: no cast, no copy.
+        assert_eq!(training("fsdp-bf16-mixed", true).optimizer_step_bytes(), 12 + 28);
+        // Pure BF16: clip 3 x 2, Adam 2 x 2 + 2 + 2 x 2 x 2.
+        assert_eq!(training("bf16", true).optimizer_step_bytes(), 6 + 14);
     }
 }

@@ -406,13 +406,13 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
     let mp = &plan.parallel.model_parallel;
     if mp.tensor > 1 {
         assumptions.push(format!(
-            "tensor parallel {} (Megatron-LM): column/row-parallel attention and MLP, vocabulary-parallel embedding and head; per layer and direction two {} on the TP group inside a node; a column-parallel linear's input-gradient collective overlaps its weight-gradient GEMM (half of its backward); norm and bias gradients are not all-reduced here (small)",
+            "tensor parallel {} (Megatron-LM): column/row-parallel attention and MLP, vocabulary-parallel embedding and head; per layer and direction two {} on the TP group inside a node; a column-parallel linear's input-gradient collective overlaps its weight-gradient GEMM (each GEMM timed with its own output shape); norm and bias gradients are not all-reduced here (small)",
             mp.tensor,
             if mp.sequence_parallel { "all-gathers / reduce-scatters (sequence parallel)" } else { "all-reduces" }
         ));
     }
     if mp.pipeline > 1 {
-        assumptions.push("pipeline: stages are Megatron-LM's (embedding on the first, LM head and loss on the last, a copy of tied word embeddings there); each stage's output activation is freed once sent (deallocate_pipeline_outputs); the tied-embedding gradient all-reduce between first and last stage is not modelled".into());
+        assumptions.push("pipeline: stages are Megatron-LM's (embedding on the first, LM head and loss on the last, a copy of tied word embeddings there); each stage's output activation is freed once sent (deallocate_pipeline_outputs); tied word-embedding gradients are all-reduced between the first and last stage before the optimizer step".into());
     }
     if plan.parallel.forward_prefetch {
         assumptions.push("forward_prefetch=True changes nothing here: with the CPU running ahead, the next all-gather is already issued as early as the limiter allows (it matters for CPU-bound runs)".into());
@@ -618,6 +618,17 @@ pub fn throughput_of(
                     crate::schedule::cost::HBM_EFFICIENCY * 100.0,
                     s.cluster.gpu.hbm_bytes_per_s / 1e12,
                     crate::schedule::cost::OP_OVERHEAD_S * 1e6
+                ),
+                format!(
+                    "optimizer step{}: memory-bound, {} B per local element at the same HBM rate: {}",
+                    if plan.parallel.offload.is_some() { " (when not offloaded to the CPU)" } else { "" },
+                    plan.training.optimizer_step_bytes(),
+                    plan.training
+                        .optimizer_step_passes()
+                        .iter()
+                        .map(|(what, b)| format!("{what} {b} B"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ),
                 format!(
                     "collectives: NCCL rings, {:.0}% of {:.0} GB/s NVLink inside a node; across nodes {:.0}% of the node's NICs ({:.1} GB/s per GPU) on per-rail rings (efficiencies from nccl-tests busbw); latency {:.0} us per ring step inside a node, {:.0} us across nodes (assumed, NCCL Simple protocol order of magnitude)",

@@ -274,6 +274,7 @@ pub struct TrainingSection {
     pub activation_checkpointing: Option<String>,
     pub attention: Option<String>,
     pub logits_fp32: Option<bool>,
+    pub clip_grad_norm: Option<bool>,
 }
 
 // ---------------------------------------------------------------- validated scenario
@@ -703,6 +704,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         optimizer_impl,
         precision: precision.clone(),
         checkpointing,
+        clip_grad_norm: t.clip_grad_norm.unwrap_or(true),
     };
     let workload = Workload {
         micro_batch,

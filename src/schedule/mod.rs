@@ -1145,7 +1145,7 @@ impl<'a> Builder<'a> {
                     }
                 }
             }
-            let secs = self.cost.backward_s(op);
+            let (secs, dgrad_share) = self.cost.backward_split(op);
             self.hw_flops += op.bwd_flops;
             let label = |what: String| {
                 TaskLabel::new(step, Phase::Backward, mb, what, TaskKind::Backward, Some(u)).with_region(op.region)
@@ -1155,13 +1155,18 @@ impl<'a> Builder<'a> {
                 // all-reduce (reduce-scatter) runs while the weight-gradient GEMM computes;
                 // with sequence parallelism the input's all-gather overlaps the first GEMM.
                 let wgrad_alloc = alloc.split_off(n_input_grads);
-                let d =
-                    self.task(COMPUTE, secs / 2.0, deps, alloc, label(text!(self.names, "{} (input grad)", op.name)));
+                let d = self.task(
+                    COMPUTE,
+                    secs * dgrad_share,
+                    deps,
+                    alloc,
+                    label(text!(self.names, "{} (input grad)", op.name)),
+                );
                 dgrad = Some(d);
                 let wdeps = regather.take().into_iter().collect();
                 self.task(
                     COMPUTE,
-                    secs / 2.0,
+                    secs * (1.0 - dgrad_share),
                     wdeps,
                     wgrad_alloc,
                     label(text!(self.names, "{} (weight grad)", op.name)),
@@ -1422,11 +1427,7 @@ impl<'a> Builder<'a> {
             alloc.push(b);
             frees.push(b);
         }
-        let per_el = 2 * pr.param.bytes()
-            + pr.grad.bytes()
-            + 2 * tr.states_per_param() * sb
-            + pr.master.map_or(0, |m| 2 * m.bytes());
-        let secs = self.cost.optimizer_s(el, per_el);
+        let secs = self.cost.optimizer_s(el, tr.optimizer_step_bytes());
         let deps = self.step_comm.clone();
         let t = self.task(
             COMPUTE,

@@ -11,10 +11,10 @@
 
 use std::collections::HashMap;
 
-use super::{Builder, Cost, Schedule, TaskLabel};
+use super::{Builder, Cost, Port, Schedule, TaskLabel};
 use crate::engine::{DeviceTrace, Link, Program, Trace};
 use crate::hardware::Cluster;
-use crate::model::LayerDag;
+use crate::model::{LayerDag, Region};
 use crate::net::Collective;
 use crate::plan::{PipelineSchedule, Plan, Sharding};
 
@@ -105,9 +105,51 @@ impl Builder<'_> {
             let t = self.task(super::NCCL, secs, last, vec![], label);
             self.step_comm.push(t);
         }
+        self.tied_embedding_all_reduce(step);
         self.optimizer(step);
     }
+
+    /// Tied word embeddings: the first stage's embedding and the last stage's copy for the LM
+    /// head get gradients from both uses, so Megatron-LM all-reduces them between the two
+    /// stages (`_allreduce_embedding_grads`, over its embedding group, after the
+    /// data-parallel reduction) before the optimizer step. Each side's collective starts
+    /// once both stages have finished their backwards and reduced over data parallelism.
+    fn tied_embedding_all_reduce(&mut self, step: u32) {
+        let p = self.plan.pipeline();
+        let k = self.plan.stage;
+        let tied: u64 = self.dag.ops.iter().filter(|o| o.region == Region::Head).map(|o| o.shared_params).sum();
+        if p < 2 || tied == 0 || (k != 0 && k != p - 1) {
+            return;
+        }
+        let other = if k == 0 { p - 1 } else { 0 };
+        let port = |vs| Port { step, mb: EMBEDDING_GROUP_MB, virtual_stage: vs, forward: false };
+        let mine = self.step_comm.last().copied().or(self.last_task_of_prev_step);
+        if let Some(t) = mine {
+            self.ready.insert(port(k), t);
+        }
+        let bytes = tied * self.pr().grad.bytes();
+        let group = crate::net::Group {
+            ranks: 2,
+            ranks_per_node: if self.cost.p2p_inter_node { 1 } else { 2 },
+            ..self.cost.tp_group
+        };
+        let secs = self.cost.collective_s(&group, Collective::AllReduce, bytes);
+        let label = TaskLabel::new(
+            step,
+            super::Phase::Backward,
+            0,
+            text!(self.names, "all-reduce tied embedding gradients (first and last stage)"),
+            super::TaskKind::AllReduce,
+            None,
+        );
+        let t = self.task(super::NCCL, secs, mine.into_iter().collect(), vec![], label);
+        self.ext_deps.push((t, port(other)));
+        self.step_comm.push(t);
+    }
 }
+
+/// The micro-batch number of the embedding group's port: no micro-batch uses it.
+const EMBEDDING_GROUP_MB: u32 = u32::MAX;
 
 /// Builds every stage's program and the links between them.
 pub fn build(dag: &LayerDag, plan: &Plan, cluster: &Cluster, names: bool) -> Pipeline {
