@@ -21,8 +21,9 @@
 //!   recomputes nothing; it is a small under-estimate of recompute work.
 //!
 //! The compute calibration (MATMUL_EFFICIENCY, ATTENTION_EFFICIENCY in src/schedule/cost.rs)
-//! was set once against these rows, so they check consistency more than they give
-//! independent evidence.
+//! was fitted against these rows together with the Megatron-LM suites (tests/model_parallel.rs,
+//! tests/fidelity_megatron.rs), so they check consistency more than they give independent
+//! evidence.
 
 use std::path::Path;
 
