@@ -97,13 +97,29 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             v.workload.seq_len /= 2;
             vec![(format!("sequence length {} (half the tokens)", v.training.seq_len), v)]
         }
-        4 => (1..=6)
-            .map(|k| {
-                let mut v = s.clone();
-                v.cluster.gpus = s.cluster.gpus.saturating_mul(1 << k);
-                (format!("GPUs {} -> {}", s.cluster.gpus, v.cluster.gpus), v)
-            })
-            .collect(),
+        4 => {
+            // With [jitter] every data-parallel rank is simulated, up to the limit scenario
+            // validation enforces; larger variants would not be valid scenarios.
+            let mp = &s.parallel.model_parallel;
+            let model_parallel = u64::from(mp.tensor.max(1) * mp.pipeline.max(1));
+            let valid = |gpus: u64| s.jitter.is_none() || gpus / model_parallel <= crate::scenario::MAX_JITTER_RANKS;
+            let out: Vec<_> = (1..=6)
+                .map(|k| u32::try_from(u64::from(s.cluster.gpus) << k).unwrap_or(u32::MAX))
+                .filter(|&g| valid(u64::from(g)))
+                .map(|g| {
+                    let mut v = s.clone();
+                    v.cluster.gpus = g;
+                    (format!("GPUs {} -> {}", s.cluster.gpus, g), v)
+                })
+                .collect();
+            if out.is_empty() {
+                return Err(format!(
+                    "[jitter] simulates at most {} data-parallel ranks",
+                    crate::scenario::MAX_JITTER_RANKS
+                ));
+            }
+            out
+        }
         5 => {
             if s.cluster.gpus < 2 {
                 return Err("nothing to shard over on one GPU".into());
