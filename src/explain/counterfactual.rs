@@ -101,7 +101,7 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             // With [jitter] every data-parallel rank is simulated, up to the limit scenario
             // validation enforces; larger variants would not be valid scenarios.
             let mp = &s.parallel.model_parallel;
-            let model_parallel = u64::from(mp.tensor.max(1) * mp.pipeline.max(1));
+            let model_parallel = mp.tensor.max(1) * mp.pipeline.max(1);
             let valid = |gpus: u64| s.jitter.is_none() || gpus / model_parallel <= crate::scenario::MAX_JITTER_RANKS;
             let out: Vec<_> = (1..=6)
                 .map(|k| u32::try_from(u64::from(s.cluster.gpus) << k).unwrap_or(u32::MAX))
