@@ -133,6 +133,12 @@ struct Builder<'a> {
     recv_stream: u16,
     /// Bytes of the activation crossing a stage boundary.
     p2p_bytes: u64,
+    /// The last pipeline send not yet waited for, and the compute task it follows: Megatron-LM's
+    /// schedules (`p2p_communication._communicate`: `batch_isend_irecv(ops)`, `req.wait()`,
+    /// then a device synchronize) and DeepSpeed's pipeline engine post a stage's send together
+    /// with its next receive after the compute before them, and wait for both, so the two
+    /// transfers overlap each other (opposite directions of the link) but not compute.
+    pending_send: Option<(u32, u32)>,
     /// Tasks other stages' transfers wait for, and the transfers that wait.
     ready: std::collections::HashMap<Port, u32>,
     ext_deps: Vec<(u32, Port)>,
@@ -324,6 +330,7 @@ impl<'a> Builder<'a> {
             send_stream,
             recv_stream,
             p2p_bytes,
+            pending_send: None,
             ready: Default::default(),
             ext_deps: Vec::new(),
         }
@@ -692,6 +699,9 @@ impl<'a> Builder<'a> {
         let step_dep = self.last_task_of_prev_step;
         // A collective (or receive) the next compute op waits for.
         let mut pending: Option<u32> = None;
+        // The previous send, posted with this chunk's receive; the first compute waits for it.
+        let prior_send = self.pending_send.take();
+        let mut first_deps: Vec<u32> = prior_send.map(|p| p.0).into_iter().collect();
 
         // ---- forward
         let wanted: Vec<usize> =
@@ -721,7 +731,7 @@ impl<'a> Builder<'a> {
                 free_fwd[tp.last_consumer.unwrap_or(lo)].push(b);
             }
             let what = text!(self.names, "recv activation from virtual stage {} (micro-batch {mb})", vs - 1);
-            let deps: Vec<u32> = step_dep.into_iter().collect();
+            let deps: Vec<u32> = step_dep.into_iter().chain(prior_send.map(|p| p.1)).collect();
             let t = self.p2p_task(self.recv_stream, step, Phase::Forward, mb, deps, vec![b], what);
             self.ext_deps.push((t, Port { step, mb, virtual_stage: vs - 1, forward: true }));
             pending = Some(t);
@@ -759,6 +769,7 @@ impl<'a> Builder<'a> {
             let mut deps = Vec::new();
             let mut alloc = Vec::new();
             deps.extend(pending.take());
+            deps.append(&mut first_deps);
             if i == lo {
                 alloc.extend_from_slice(&inputs);
                 if let Some(d) = step_dep {
@@ -858,6 +869,7 @@ impl<'a> Builder<'a> {
             let what = text!(self.names, "send activation to virtual stage {} (micro-batch {mb})", vs + 1);
             let t = self.p2p_task(self.send_stream, step, Phase::Forward, mb, vec![loss_task], vec![], what);
             self.free_at(t, &[b]);
+            self.pending_send = Some((t, loss_task));
         }
         self.ready.insert(Port { step, mb, virtual_stage: vs, forward: true }, loss_task);
         Fwd { free_fwd, free_bwd, loss_task, gathered, inputs }
@@ -873,6 +885,8 @@ impl<'a> Builder<'a> {
         let Fwd { mut free_fwd, mut free_bwd, loss_task, mut gathered, inputs } = fwd;
         let vs = self.chunk_vs[c];
         let mut pending: Option<u32> = None;
+        let prior_send = self.pending_send.take();
+        let mut first_deps: Vec<u32> = prior_send.map(|p| p.0).into_iter().collect();
         // Column-parallel linears: the last input-gradient GEMM, and the all-gather of a
         // sequence-parallel input the weight-gradient GEMM waits for.
         let mut dgrad: Option<u32> = None;
@@ -888,7 +902,8 @@ impl<'a> Builder<'a> {
             );
             grad_buf[y] = Some(b);
             let what = text!(self.names, "recv gradient from virtual stage {} (micro-batch {mb})", vs + 1);
-            let t = self.p2p_task(self.recv_stream, step, Phase::Backward, mb, vec![], vec![b], what);
+            let deps = prior_send.map(|p| p.1).into_iter().collect();
+            let t = self.p2p_task(self.recv_stream, step, Phase::Backward, mb, deps, vec![b], what);
             self.ext_deps.push((t, Port { step, mb, virtual_stage: vs + 1, forward: false }));
             pending = Some(t);
         }
@@ -936,6 +951,7 @@ impl<'a> Builder<'a> {
             }
             let mut deps = Vec::new();
             deps.extend(pending.take());
+            deps.append(&mut first_deps);
             if prev_region != Some(op.region) {
                 if let Region::Block(l) = op.region {
                     let l = l as usize;
@@ -1228,6 +1244,7 @@ impl<'a> Builder<'a> {
             if let Some(g) = grad_buf[x] {
                 self.free_at(t, &[g]);
             }
+            self.pending_send = Some((t, last_bwd_task));
         }
         self.ready.insert(Port { step, mb, virtual_stage: vs, forward: false }, last_bwd_task);
         if last_mb && plan.parallel.sharding == Sharding::Zero1 && plan.dp > 1 {

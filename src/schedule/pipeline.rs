@@ -88,6 +88,8 @@ impl Builder<'_> {
                 self.backward(step, mb, c, f, false);
             }
         }
+        // The schedule returns once its last send has completed.
+        self.step_comm.extend(self.pending_send.take().map(|p| p.0));
         let plan = self.plan;
         if plan.dp > 1 {
             let bytes = plan.total_params() * self.pr().grad.bytes();
