@@ -130,11 +130,11 @@ impl Builder<'_> {
             self.ready.insert(port(k), t);
         }
         let bytes = tied * self.pr().grad.bytes();
-        let group = crate::net::Group {
-            ranks: 2,
-            ranks_per_node: if self.cost.p2p_inter_node { 1 } else { 2 },
-            ..self.cost.tp_group
-        };
+        // Megatron's rank order (tensor fastest, then data, then pipeline): the two stages
+        // share a node only when the whole pipeline of one replica fits in it.
+        let span = (p - 1) * self.plan.parallel.model_parallel.tensor * self.plan.dp;
+        let same_node = span < self.plan.gpus_per_node;
+        let group = crate::net::Group { ranks: 2, ranks_per_node: if same_node { 2 } else { 1 }, ..self.cost.tp_group };
         let secs = self.cost.collective_s(&group, Collective::AllReduce, bytes);
         let label = TaskLabel::new(
             step,
