@@ -77,14 +77,24 @@ fn tflops_and_step(r: &Run) -> (f64, f64) {
          [training]\nmicro_batch = {micro_batch}\nseq_len = {SEQ}\ngrad_accum = {mbs}\nprecision = \"bf16-mixed-adam\"\n\
          activation_checkpointing = \"full\"\nattention = \"math\"\noptimizer_impl = \"fused\"\n"
     );
-    let s = Scenario::from_toml(Path::new("<megatron>"), &toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
+    let step = step_time_s(&toml);
+    (eq3_tflops_per_gpu(batch, layers, hidden, VOCAB, step, gpus), step)
+}
+
+/// The steady-state step time of a scenario given as TOML, which must fit.
+fn step_time_s(toml: &str) -> f64 {
+    let s = Scenario::from_toml(Path::new("<megatron>"), toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
     let dag = stepsim::model::build(&s.model, &s.workload);
     let rep = stepsim::simulate_lean(&s, &dag, &[]).unwrap();
     assert!(matches!(rep.verdict, stepsim::report::Verdict::Fits { .. }), "does not fit:\n{toml}");
-    let step = rep.throughput.as_ref().unwrap().step_time_s;
-    let (b, s_, l, h, v) = (batch as f64, SEQ as f64, layers as f64, hidden as f64, VOCAB as f64);
+    rep.throughput.as_ref().unwrap().step_time_s
+}
+
+/// Narayanan et al.'s Eq. 3 (full recomputation's extra forward included) over a step time.
+fn eq3_tflops_per_gpu(batch: u64, layers: u64, hidden: u64, vocab: u64, step: f64, gpus: u64) -> f64 {
+    let (b, s_, l, h, v) = (batch as f64, SEQ as f64, layers as f64, hidden as f64, vocab as f64);
     let flops = 96.0 * b * s_ * l * h * h * (1.0 + s_ / (6.0 * h) + v / (16.0 * l * h));
-    (flops / step / gpus as f64 / 1e12, step)
+    flops / step / gpus as f64 / 1e12
 }
 
 /// Checks the tolerance over (label, error) pairs and prints the median.
@@ -230,14 +240,8 @@ fn bloom_176b_production_run() {
          [training]\nmicro_batch = 2\nseq_len = {SEQ}\ngrad_accum = 128\nprecision = \"bf16-mixed-adam-fp32-grads\"\n\
          activation_checkpointing = \"full\"\nattention = \"math\"\noptimizer_impl = \"fused\"\n"
     );
-    let s = Scenario::from_toml(Path::new("<bloom>"), &toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
-    let dag = stepsim::model::build(&s.model, &s.workload);
-    let rep = stepsim::simulate_lean(&s, &dag, &[]).unwrap();
-    assert!(matches!(rep.verdict, stepsim::report::Verdict::Fits { .. }), "does not fit");
-    let step = rep.throughput.as_ref().unwrap().step_time_s;
-    let (b, s_, l, h, v) = (batch as f64, SEQ as f64, layers as f64, hidden as f64, vocab as f64);
-    let flops = 96.0 * b * s_ * l * h * h * (1.0 + s_ / (6.0 * h) + v / (16.0 * l * h));
-    let tflops = flops / step / gpus as f64 / 1e12;
+    let step = step_time_s(&toml);
+    let tflops = eq3_tflops_per_gpu(batch, layers, hidden, vocab, step, gpus);
     let (e_s, e_t) = (step / published_s - 1.0, tflops / published_tflops - 1.0);
     println!(
         "BLOOM-176B: iteration {step:.2} s vs {published_s} s ({:+.1}%); {tflops:.1} vs {published_tflops} TFLOP/s per GPU ({:+.1}%)",
