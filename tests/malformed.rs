@@ -465,6 +465,12 @@ fn cases() -> Vec<Case> {
             &["unknown value \"apex\"", "\"foreach\"", "\"fused\""],
         ),
         case(
+            "overlap_p2p_communication without a pipeline",
+            b().set("parallel", "overlap_p2p_communication", "true"),
+            "parallel.overlap_p2p_communication",
+            &["only applies to pipeline parallelism"],
+        ),
+        case(
             "training.clip_grad_norm not a boolean",
             b().set("training", "clip_grad_norm", "\"yes\""),
             "training.clip_grad_norm",

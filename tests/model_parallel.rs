@@ -203,6 +203,23 @@ fn pipeline_sends_block_compute_and_overlap_their_receives() {
             }
         }
         assert!(overlapped > 0, "{schedule}: no receive overlaps a send");
+        // Megatron-Core's --overlap-p2p-communication: sends run beside compute, and the step
+        // is no slower.
+        let extra = format!("{extra}\noverlap_p2p_communication = true");
+        let free = stepsim::simulate(&pipeline_scenario(schedule, &extra)).unwrap();
+        let beside = free.stages.iter().any(|st| {
+            let sch = &st.schedule;
+            let kind = |i: usize| sch.labels[sch.program.tasks[i].label as usize].kind;
+            let n = sch.program.tasks.len();
+            (0..n).filter(|&i| kind(i) == TaskKind::Send).any(|s| {
+                (0..n)
+                    .filter(|&c| kind(c) == TaskKind::Forward || kind(c) == TaskKind::Backward)
+                    .any(|c| st.trace.start_ns[c] < st.trace.end_ns[s] && st.trace.end_ns[c] > st.trace.start_ns[s])
+            })
+        });
+        assert!(beside, "{schedule}: with overlap, no send runs beside compute");
+        let (t_block, t_free) = (sim.report.steps[0].time_s, free.report.steps[0].time_s);
+        assert!(t_free <= t_block, "{schedule}: overlapped {t_free} s vs blocking {t_block} s");
     }
 }
 

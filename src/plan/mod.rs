@@ -216,6 +216,10 @@ pub struct ModelParallel {
     pub schedule: PipelineSchedule,
     /// Transformer blocks per pipeline stage, first to last (empty: an even split).
     pub stage_layers: Vec<u64>,
+    /// Pipeline transfers overlap compute (Megatron-Core `--overlap-p2p-communication`).
+    /// Off, a stage's send and the receive posted with it block its next compute, as in
+    /// Megatron-LM 2021-22 and DeepSpeed's pipeline engine.
+    pub overlap_p2p: bool,
 }
 
 impl Default for ModelParallel {
@@ -227,6 +231,7 @@ impl Default for ModelParallel {
             virtual_stages: 1,
             schedule: PipelineSchedule::OneFOneB,
             stage_layers: Vec::new(),
+            overlap_p2p: false,
         }
     }
 }

@@ -412,7 +412,12 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
         ));
     }
     if mp.pipeline > 1 {
-        assumptions.push("pipeline: stages are Megatron-LM's (embedding on the first, LM head and loss on the last, a copy of tied word embeddings there); each stage's output activation is freed once sent (deallocate_pipeline_outputs); a send is posted with the next receive and the stage waits for both before computing on (Megatron-LM's batch_isend_irecv + wait); tied word-embedding gradients are all-reduced between the first and last stage before the optimizer step".into());
+        let p2p = if mp.overlap_p2p {
+            "sends and receives run beside compute (overlap_p2p_communication)"
+        } else {
+            "a send is posted with the next receive and the stage waits for both before computing on (Megatron-LM's batch_isend_irecv + wait; overlap_p2p_communication = false)"
+        };
+        assumptions.push(format!("pipeline: stages are Megatron-LM's (embedding on the first, LM head and loss on the last, a copy of tied word embeddings there); each stage's output activation is freed once sent (deallocate_pipeline_outputs); {p2p}; tied word-embedding gradients are all-reduced between the first and last stage before the optimizer step"));
     }
     if plan.parallel.forward_prefetch {
         assumptions.push("forward_prefetch=True changes nothing here: with the CPU running ahead, the next all-gather is already issued as early as the limiter allows (it matters for CPU-bound runs)".into());

@@ -235,6 +235,9 @@ pub struct ParallelSection {
     pub schedule: Option<String>,
     /// Transformer blocks per pipeline stage, first to last (uneven splits).
     pub stage_layers: Option<Vec<i64>>,
+    /// Megatron-Core `--overlap-p2p-communication`: pipeline sends and receives run beside
+    /// compute instead of blocking it.
+    pub overlap_p2p_communication: Option<bool>,
 }
 
 /// `[allocator]`: the allocator model, its `PYTORCH_CUDA_ALLOC_CONF` options, where the
@@ -1324,7 +1327,14 @@ fn validate_model_parallel(
             "hybrid_shard with tensor parallelism is not modelled; use \"full_shard\" over the data-parallel ranks",
         ));
     }
-    Ok(ModelParallel { tensor, sequence_parallel, pipeline, virtual_stages, schedule, stage_layers })
+    let overlap_p2p = p.overlap_p2p_communication.unwrap_or(false);
+    if p.overlap_p2p_communication.is_some() && pipeline < 2 {
+        return Err(v.err(
+            "parallel.overlap_p2p_communication",
+            "only applies to pipeline parallelism (parallel.pipeline > 1)",
+        ));
+    }
+    Ok(ModelParallel { tensor, sequence_parallel, pipeline, virtual_stages, schedule, stage_layers, overlap_p2p })
 }
 
 /// `[allocator]`: option values as `PYTORCH_CUDA_ALLOC_CONF` accepts them

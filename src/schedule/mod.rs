@@ -638,6 +638,14 @@ impl<'a> Builder<'a> {
     }
 
     /// One pipeline point-to-point transfer (send or receive side) of `bytes`.
+    /// A send blocks the stage's next compute (and is posted with its next receive) unless
+    /// p2p communication overlaps compute.
+    fn block_on_send(&mut self, send: u32, after: u32) {
+        if !self.plan.parallel.model_parallel.overlap_p2p {
+            self.pending_send = Some((send, after));
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn p2p_task(
         &mut self,
@@ -869,7 +877,7 @@ impl<'a> Builder<'a> {
             let what = text!(self.names, "send activation to virtual stage {} (micro-batch {mb})", vs + 1);
             let t = self.p2p_task(self.send_stream, step, Phase::Forward, mb, vec![loss_task], vec![], what);
             self.free_at(t, &[b]);
-            self.pending_send = Some((t, loss_task));
+            self.block_on_send(t, loss_task);
         }
         self.ready.insert(Port { step, mb, virtual_stage: vs, forward: true }, loss_task);
         Fwd { free_fwd, free_bwd, loss_task, gathered, inputs }
@@ -1244,7 +1252,7 @@ impl<'a> Builder<'a> {
             if let Some(g) = grad_buf[x] {
                 self.free_at(t, &[g]);
             }
-            self.pending_send = Some((t, last_bwd_task));
+            self.block_on_send(t, last_bwd_task);
         }
         self.ready.insert(Port { step, mb, virtual_stage: vs, forward: false }, last_bwd_task);
         if last_mb && plan.parallel.sharding == Sharding::Zero1 && plan.dp > 1 {
