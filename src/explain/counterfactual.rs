@@ -100,17 +100,13 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
         4 => {
             // With [jitter] every data-parallel rank is simulated, up to the limit scenario
             // validation enforces; larger variants would not be valid scenarios.
-            let mp = &s.parallel.model_parallel;
-            let model_parallel = mp.tensor.max(1) * mp.pipeline.max(1);
-            let valid = |gpus: u64| s.jitter.is_none() || gpus / model_parallel <= crate::scenario::MAX_JITTER_RANKS;
             let out: Vec<_> = (1..=6)
-                .map(|k| u32::try_from(u64::from(s.cluster.gpus) << k).unwrap_or(u32::MAX))
-                .filter(|&g| valid(u64::from(g)))
-                .map(|g| {
+                .map(|k| {
                     let mut v = s.clone();
-                    v.cluster.gpus = g;
-                    (format!("GPUs {} -> {}", s.cluster.gpus, g), v)
+                    v.cluster.gpus = s.cluster.gpus.saturating_mul(1 << k);
+                    (format!("GPUs {} -> {}", s.cluster.gpus, v.cluster.gpus), v)
                 })
+                .filter(|(_, v)| v.jitter.is_none() || v.dp_degree() <= crate::scenario::MAX_JITTER_RANKS)
                 .collect();
             if out.is_empty() {
                 return Err(format!(

@@ -237,6 +237,11 @@ impl Default for ModelParallel {
 }
 
 impl ModelParallel {
+    /// Data-parallel replicas of `gpus`: gpus / (tensor x pipeline), at least one.
+    pub fn data_parallel(&self, gpus: u64) -> u64 {
+        (gpus / (self.tensor * self.pipeline).max(1)).max(1)
+    }
+
     /// Blocks held by each virtual stage (chunk), in model order: virtual stage j = chunk
     /// j / p of pipeline stage j % p. An explicit `stage_layers` split applies to stages
     /// (one chunk each); otherwise layers are spread evenly, earlier stages taking the
@@ -492,7 +497,7 @@ impl Plan {
     ) -> Plan {
         let sh = parallel.sharding;
         let mp = &parallel.model_parallel;
-        let dp = (gpus / (mp.tensor * mp.pipeline)).max(1);
+        let dp = mp.data_parallel(gpus);
         let dp_per_node = (gpus_per_node / mp.tensor).clamp(1, dp);
         let shard_group = match sh {
             Sharding::None => 1,

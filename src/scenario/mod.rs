@@ -334,8 +334,7 @@ impl Scenario {
 
     /// Data-parallel replicas: gpus / (tensor x pipeline).
     pub fn dp_degree(&self) -> u64 {
-        let mp = &self.parallel.model_parallel;
-        u64::from(self.cluster.gpus) / (mp.tensor * mp.pipeline)
+        self.parallel.model_parallel.data_parallel(u64::from(self.cluster.gpus))
     }
 
     /// Tokens one optimizer step consumes across all ranks.
@@ -745,8 +744,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
                 return Err(v.err("jitter.seed", format!("must be a non-negative integer, got {}", j.seed)));
             }
             // Jitter simulates every data-parallel rank (a program and an allocator each).
-            let mp = &parallel.model_parallel;
-            let dp = gpus / (mp.tensor * mp.pipeline).max(1);
+            let dp = parallel.model_parallel.data_parallel(gpus);
             if dp > MAX_JITTER_RANKS {
                 return Err(v.err(
                     "jitter",

@@ -213,10 +213,6 @@ impl Cost {
             + self.chain_s(op.chain_bytes[0])
     }
 
-    pub fn backward_s(&self, op: &Op) -> f64 {
-        self.backward_split(op).0
-    }
-
     /// A matmul's backward is two GEMMs with their own output shapes, so their own wave
     /// quantization: the input gradient dX = dY W is [M, K] and the weight gradient
     /// dW = dY^T X is [N, K]; both do the forward's FLOPs (a frozen LoRA base does only the

@@ -638,6 +638,13 @@ impl<'a> Builder<'a> {
     }
 
     /// One pipeline point-to-point transfer (send or receive side) of `bytes`.
+    /// The previous send, posted with this chunk's receive: the compute task the receive is
+    /// posted after, and what the chunk's first compute waits for (the send).
+    fn take_prior_send(&mut self) -> (Option<u32>, Vec<u32>) {
+        let prior = self.pending_send.take();
+        (prior.map(|p| p.1), prior.map(|p| p.0).into_iter().collect())
+    }
+
     /// A send blocks the stage's next compute (and is posted with its next receive) unless
     /// p2p communication overlaps compute.
     fn block_on_send(&mut self, send: u32, after: u32) {
@@ -707,9 +714,7 @@ impl<'a> Builder<'a> {
         let step_dep = self.last_task_of_prev_step;
         // A collective (or receive) the next compute op waits for.
         let mut pending: Option<u32> = None;
-        // The previous send, posted with this chunk's receive; the first compute waits for it.
-        let prior_send = self.pending_send.take();
-        let mut first_deps: Vec<u32> = prior_send.map(|p| p.0).into_iter().collect();
+        let (recv_after, mut first_deps) = self.take_prior_send();
 
         // ---- forward
         let wanted: Vec<usize> =
@@ -739,7 +744,7 @@ impl<'a> Builder<'a> {
                 free_fwd[tp.last_consumer.unwrap_or(lo)].push(b);
             }
             let what = text!(self.names, "recv activation from virtual stage {} (micro-batch {mb})", vs - 1);
-            let deps: Vec<u32> = step_dep.into_iter().chain(prior_send.map(|p| p.1)).collect();
+            let deps: Vec<u32> = step_dep.into_iter().chain(recv_after).collect();
             let t = self.p2p_task(self.recv_stream, step, Phase::Forward, mb, deps, vec![b], what);
             self.ext_deps.push((t, Port { step, mb, virtual_stage: vs - 1, forward: true }));
             pending = Some(t);
@@ -893,8 +898,7 @@ impl<'a> Builder<'a> {
         let Fwd { mut free_fwd, mut free_bwd, loss_task, mut gathered, inputs } = fwd;
         let vs = self.chunk_vs[c];
         let mut pending: Option<u32> = None;
-        let prior_send = self.pending_send.take();
-        let mut first_deps: Vec<u32> = prior_send.map(|p| p.0).into_iter().collect();
+        let (recv_after, mut first_deps) = self.take_prior_send();
         // Column-parallel linears: the last input-gradient GEMM, and the all-gather of a
         // sequence-parallel input the weight-gradient GEMM waits for.
         let mut dgrad: Option<u32> = None;
@@ -910,7 +914,7 @@ impl<'a> Builder<'a> {
             );
             grad_buf[y] = Some(b);
             let what = text!(self.names, "recv gradient from virtual stage {} (micro-batch {mb})", vs + 1);
-            let deps = prior_send.map(|p| p.1).into_iter().collect();
+            let deps = recv_after.into_iter().collect();
             let t = self.p2p_task(self.recv_stream, step, Phase::Backward, mb, deps, vec![b], what);
             self.ext_deps.push((t, Port { step, mb, virtual_stage: vs + 1, forward: false }));
             pending = Some(t);
