@@ -101,14 +101,10 @@ fn run(path: &std::path::Path, out: Option<PathBuf>, json: bool) -> ExitCode {
         }
     };
     let dir = out.unwrap_or_else(|| PathBuf::from("output").join(&s.name));
-    let written = if sim.stages.is_empty() {
-        stepsim::report::write::write_all(&dir, &sim.report, &sim.schedule, &sim.trace)
-    } else {
-        let views: Vec<_> = sim.stages.iter().map(|x| (&x.schedule, &x.trace, &x.report)).collect();
-        let reports: Vec<_> = sim.stages.iter().map(|x| &x.report).collect();
-        let headline = stepsim::report::pipeline::primary(&reports);
-        stepsim::report::write::write_pipeline(&dir, &sim.report, &views, headline)
-    };
+    let views: Vec<_> = (0..sim.job.classes.len())
+        .map(|k| (&sim.job.classes[k].schedule, &sim.run.traces[k], &sim.class_reports[k]))
+        .collect();
+    let written = stepsim::report::write::write_job(&dir, &sim.report, &views, sim.headline);
     let written = match written {
         Ok(w) => w,
         Err(e) => {
@@ -163,8 +159,8 @@ fn explain(path: &std::path::Path, out: Option<PathBuf>, margin: f64) -> ExitCod
     let e = stepsim::explain::explain(&s, &sim, margin);
     sim.report.explanation = serde_json::to_value(&e).ok();
     let dir = out.unwrap_or_else(|| PathBuf::from("output").join(&s.name));
-    let written = stepsim::report::write::write_all(&dir, &sim.report, &sim.schedule, &sim.trace).and_then(|mut w| {
-        w.push(stepsim::report::write::explain_png(&dir, &sim.report, &sim.schedule, &sim.trace, e.time_s)?);
+    let written = stepsim::report::write::write_all(&dir, &sim.report, sim.schedule(), sim.trace()).and_then(|mut w| {
+        w.push(stepsim::report::write::explain_png(&dir, &sim.report, sim.schedule(), sim.trace(), e.time_s)?);
         Ok(w)
     });
     let written = match written {

@@ -245,6 +245,26 @@ pub struct Link {
     pub dep: u32,
 }
 
+/// A dependency between tasks of two parts of a run, each in its part's own numbering:
+/// task `task` of part `part` waits for task `dep` of part `dep_part`. What the programs'
+/// builders write; [`link_parts`] numbers it for [`run_parts`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartLink {
+    pub part: usize,
+    pub task: u32,
+    pub dep_part: usize,
+    pub dep: u32,
+}
+
+/// `links` in the numbering of a run of `parts` ([`run_parts`]).
+pub fn link_parts(parts: &[&Program], links: &[PartLink]) -> Vec<Link> {
+    let num = Numbering::of(parts);
+    links
+        .iter()
+        .map(|l| Link { task: (num.task[l.part] + l.task as usize) as u32, dep: (num.task[l.dep_part] + l.dep as usize) as u32 })
+        .collect()
+}
+
 /// Runs several programs as one, without copying them into one: part k's tasks, buffers and
 /// streams are numbered after those of parts 0..k (task indices in `links`,
 /// [`RunOptions::empty_cache_after`] and the trace use that numbering), and part k's streams

@@ -25,9 +25,9 @@ pub struct LiveLine {
 /// the same program replayed against an exact allocator one byte short of the peak stops at
 /// exactly that allocation and reports what was live.
 pub fn live_at_sample(sim: &Simulation, index: usize) -> Vec<u32> {
-    let Some(sample) = sim.trace.timeline.samples.get(index) else { return Vec::new() };
+    let Some(sample) = sim.trace().timeline.samples.get(index) else { return Vec::new() };
     let cap = sample.allocated.saturating_sub(1);
-    match engine::run(&sim.schedule.program, &mut ExactAllocator::new(cap)) {
+    match engine::run(&sim.schedule().program, &mut ExactAllocator::new(cap)) {
         Ok(t) => match t.oom {
             Some(o) => {
                 let mut v = o.live;
@@ -72,8 +72,8 @@ pub fn from_buffers(
     at_layer: Option<u64>,
     phase: Phase,
 ) -> Vec<LiveLine> {
-    let prog = &sim.schedule.program;
-    let plan = &sim.plan;
+    let prog = &sim.schedule().program;
+    let plan = sim.plan();
     let pr = &plan.training.precision;
     let psi = human(sim.dag.param_count());
     let n = plan.shard_group;

@@ -75,12 +75,12 @@ pub fn explain(s: &Scenario, sim: &Simulation, margin: f64) -> Explanation {
             "oom",
             Some(o.at.clone()),
             Some(o.requested),
-            sim.trace.oom.as_ref().map_or(Vec::new(), |x| x.live.clone()),
+            sim.trace().oom.as_ref().map_or(Vec::new(), |x| x.live.clone()),
         ),
         Verdict::Fits { .. } => {
             let pk = r.peak.as_ref();
             let near = pk.is_some_and(|p| p.allocated.bytes as f64 >= cap as f64 * (1.0 - margin));
-            let idx = sim.trace.timeline.peak_index.unwrap_or(0);
+            let idx = sim.trace().timeline.peak_index.unwrap_or(0);
             (
                 if near { "near_capacity" } else { "fits" },
                 pk.map(|p| p.at.clone()),

@@ -178,6 +178,7 @@ pub fn build(
             count: gpus,
             note: "identical programs (tensor-parallel ranks and replicas): simulated once".into(),
             stage: None,
+            rank: None,
         }],
         model_state_per_gpu: msr,
         verdict,

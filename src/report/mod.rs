@@ -5,7 +5,7 @@
 pub mod allocator;
 pub mod chrome_trace;
 pub mod inference;
-pub mod pipeline;
+pub mod job;
 pub mod png;
 pub mod text;
 pub mod timeline_png;
@@ -209,9 +209,12 @@ pub struct RankClass {
     pub ranks: String,
     pub count: u64,
     pub note: String,
-    /// With pipeline parallelism: the stage this class is.
+    /// With pipeline parallelism: the stage this class is (or is a rank of).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub stage: Option<pipeline::StageSummary>,
+    pub stage: Option<job::StageSummary>,
+    /// Under `[jitter]`: the data-parallel rank this class is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -448,6 +451,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
             count: gpus,
             note: "identical programs (data-parallel replicas / FSDP shards): simulated once".into(),
             stage: None,
+            rank: None,
         }],
         model_state_per_gpu: msr,
         verdict,

@@ -135,40 +135,49 @@ pub fn memory_plot(r: &Report, sched: &Schedule, trace: &Trace, rank_label: &str
     }
 }
 
-/// One pipeline stage's program, run and report, for the per-stage outputs.
-pub type StageView<'a> = (&'a Schedule, &'a Trace, &'a Report);
+/// One rank class's program, run and report, for the per-class outputs.
+pub type ClassView<'a> = (&'a Schedule, &'a Trace, &'a Report);
 
-/// At most this many stages get a memory.png panel: the first, the last, the headline stage
-/// and evenly spaced ones between (all of them up to this count).
-const MAX_STAGE_PANELS: usize = 8;
+/// At most this many classes get a memory.png panel: the first, the last, the headline
+/// class and evenly spaced ones between (all of them up to this count).
+const MAX_CLASS_PANELS: usize = 8;
 
-fn stage_panels(n: usize, headline: usize) -> Vec<usize> {
-    if n <= MAX_STAGE_PANELS {
+fn class_panels(n: usize, headline: usize) -> Vec<usize> {
+    if n <= MAX_CLASS_PANELS {
         return (0..n).collect();
     }
-    let mut v: Vec<usize> = (0..MAX_STAGE_PANELS - 1).map(|i| i * (n - 1) / (MAX_STAGE_PANELS - 2)).collect();
+    let mut v: Vec<usize> = (0..MAX_CLASS_PANELS - 1).map(|i| i * (n - 1) / (MAX_CLASS_PANELS - 2)).collect();
     v.push(headline);
     v.sort_unstable();
     v.dedup();
     v
 }
 
-/// [`write_all`] for a pipeline: memory.csv and trace.json hold every stage (one rank class,
-/// one trace process each), memory.png a panel per stage (up to 8), timeline.png the
-/// headline stage's streams.
-pub fn write_pipeline(
-    dir: &Path,
-    r: &Report,
-    stages: &[StageView],
-    headline: usize,
-) -> Result<Vec<PathBuf>, WriteError> {
-    let (sched, trace, _) = stages[headline];
+/// A class's name in the outputs: "stage 2 (ranks 8-11)", "data-parallel rank 5 (ranks
+/// 20-23)", "stage 1, data-parallel rank 0 (ranks 4-7)".
+fn class_label(c: &super::RankClass, k: usize) -> String {
+    let role = match (&c.stage, c.rank) {
+        (Some(st), None) => format!("stage {}", st.stage),
+        (None, Some(r)) => format!("data-parallel rank {r}"),
+        (Some(st), Some(r)) => format!("stage {}, data-parallel rank {r}", st.stage),
+        (None, None) => format!("class {k}"),
+    };
+    format!("{role} (ranks {})", c.ranks)
+}
+
+/// Writes a job's outputs: [`write_all`] for a job of one class; with several,
+/// memory.csv and trace.json hold every class (one rank class, one trace process each),
+/// memory.png a panel per class (up to 8), timeline.png the headline class's streams.
+pub fn write_job(dir: &Path, r: &Report, classes: &[ClassView], headline: usize) -> Result<Vec<PathBuf>, WriteError> {
+    let (sched, trace, _) = classes[headline];
     let written = write_all(dir, r, sched, trace)?;
-    let label =
-        |k: usize| r.rank_classes.get(k).map_or(format!("stage {k}"), |c| format!("stage {k} (ranks {})", c.ranks));
+    if classes.len() == 1 {
+        return Ok(written);
+    }
+    let label = |k: usize| r.rank_classes.get(k).map_or(format!("class {k}"), |c| class_label(c, k));
     let mut csv = String::new();
     let mut chrome = String::new();
-    for (k, (sc, tr, _)) in stages.iter().enumerate() {
+    for (k, (sc, tr, _)) in classes.iter().enumerate() {
         let part = memory_csv(tr, &label(k));
         csv.push_str(if k == 0 { &part } else { part.split_once('\n').map_or("", |x| x.1) });
         let t = super::chrome_trace::render(sc, tr, k as u32, &label(k));
@@ -184,14 +193,11 @@ pub fn write_pipeline(
     atomic_write(&dir.join("memory.csv"), csv.as_bytes())?;
     atomic_write(&dir.join("trace.json"), chrome.as_bytes())?;
     let mut plot: Option<MemoryPlot> = None;
-    for k in stage_panels(stages.len(), headline) {
-        let (sc, tr, rk) = stages[k];
-        let p = memory_plot(
-            rk,
-            sc,
-            tr,
-            &format!("{}: {} GPUs, identical programs", label(k), r.rank_classes.get(k).map_or(1, |c| c.count)),
-        );
+    for k in class_panels(classes.len(), headline) {
+        let (sc, tr, rk) = classes[k];
+        let c = r.rank_classes.get(k);
+        let programs = if c.is_some_and(|c| c.rank.is_some()) { "its own compute draws" } else { "identical programs" };
+        let p = memory_plot(rk, sc, tr, &format!("{}: {} GPUs, {programs}", label(k), c.map_or(1, |c| c.count)));
         match plot.as_mut() {
             None => plot = Some(p),
             Some(m) => m.panels.extend(p.panels),

@@ -19,7 +19,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 use super::{Schedule, TaskKind, COMPUTE, NCCL};
-use crate::engine::{Link, Program, Task};
+use crate::engine::{PartLink, Program, Task};
 
 /// The `[jitter]` section of a scenario.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -39,28 +39,32 @@ fn normal(rng: &mut ChaCha8Rng) -> f64 {
     (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
 }
 
-/// Every data-parallel rank's program, the barriers between them, and the dependencies that
-/// tie them (in [`crate::engine::run_parts`]'s numbering: rank r's task i is r T + i, the
-/// barrier program comes last).
+/// Every data-parallel rank's program and the barriers between them; in `links`, part r
+/// is rank r's program and part `programs.len()` the barrier program.
 pub struct RankRun {
     pub programs: Vec<Program>,
     pub barrier: Program,
-    pub links: Vec<Link>,
+    pub links: Vec<PartLink>,
 }
 
 /// [`RankRun`] of `sched` over `ranks` data-parallel ranks: rank r's compute tasks take
 /// their own draws; every collective on the NCCL stream waits for a barrier that waits for
 /// that collective's dependencies on every rank. The barriers run on device 0 and take no
 /// time.
-pub fn ranks(sched: &Schedule, cfg: &JitterConfig, ranks: u64) -> RankRun {
+///
+/// `group` numbers the set of ranks drawn (a pipeline stage: each stage's ranks draw from
+/// their own ChaCha stream of `cfg.seed`, group 0 being the stream a run without pipeline
+/// uses), and `first` is the job-wide index of rank 0 here: the first `cfg.stragglers`
+/// simulated ranks of the job are the stragglers.
+pub fn ranks(sched: &Schedule, cfg: &JitterConfig, ranks: u64, group: u64, first: u64) -> RankRun {
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
+    rng.set_stream(group);
     let n = ranks.max(1) as usize;
     let prog = &sched.program;
-    let t = prog.tasks.len();
     let mut programs = Vec::with_capacity(n);
     for r in 0..n {
         let mut p = prog.clone();
-        let slow = if (r as u64) < cfg.stragglers { 1.0 + cfg.straggler_slowdown } else { 1.0 };
+        let slow = if first + (r as u64) < cfg.stragglers { 1.0 + cfg.straggler_slowdown } else { 1.0 };
         for task in p.tasks.iter_mut().filter(|x| x.stream == COMPUTE && x.duration_ns > 0) {
             let z = if cfg.compute_cv > 0.0 { normal(&mut rng) } else { 0.0 };
             let f = (1.0 + cfg.compute_cv * z).max(0.0) * slow;
@@ -70,20 +74,18 @@ pub fn ranks(sched: &Schedule, cfg: &JitterConfig, ranks: u64) -> RankRun {
     }
     let mut barrier = Program { streams: vec!["barrier".into()], stream_device: vec![0], ..Default::default() };
     let mut links = Vec::new();
-    let base = (n * t) as u32;
     for (i, task) in prog.tasks.iter().enumerate() {
         let kind = sched.labels[task.label as usize].kind;
         let collective = matches!(kind, TaskKind::AllGather | TaskKind::ReduceScatter | TaskKind::AllReduce);
         if task.stream != NCCL || !collective {
             continue;
         }
-        let b = base + barrier.push_task(Task { stream: 0, duration_ns: 0, label: task.label }, &[], &[], &[]);
+        let b = barrier.push_task(Task { stream: 0, duration_ns: 0, label: task.label }, &[], &[], &[]);
         for r in 0..n {
-            let off = (r * t) as u32;
             for &d in prog.deps.of(i) {
-                links.push(Link { task: b, dep: off + d });
+                links.push(PartLink { part: n, task: b, dep_part: r, dep: d });
             }
-            links.push(Link { task: off + i as u32, dep: b });
+            links.push(PartLink { part: r, task: i as u32, dep_part: n, dep: b });
         }
     }
     RankRun { programs, barrier, links }

@@ -71,7 +71,8 @@ struct Fwd {
 #[derive(Debug, Clone)]
 pub struct Schedule {
     pub program: Program,
-    pub labels: Vec<TaskLabel>,
+    /// Shared: the ranks of one program under `[jitter]` differ only in their durations.
+    pub labels: std::sync::Arc<Vec<TaskLabel>>,
     /// Model FLOPs of one step (forward + backward, no recompute), for MFU.
     pub model_flops_per_step: f64,
     /// FLOPs the hardware executes per step, recompute included, for HFU.
@@ -167,7 +168,9 @@ pub fn build_lean_prefix(dag: &LayerDag, plan: &Plan, cluster: &Cluster, steps: 
     build_with(dag, plan, cluster, false, steps.min(plan.training.steps))
 }
 
-fn build_with(dag: &LayerDag, plan: &Plan, cluster: &Cluster, names: bool, steps: u32) -> Schedule {
+/// The first `steps` steps of one rank's program, with (`names`) or without the text of its
+/// labels and buffer names.
+pub fn build_with(dag: &LayerDag, plan: &Plan, cluster: &Cluster, names: bool, steps: u32) -> Schedule {
     let cost = Cost::for_plan(cluster, plan);
     let mut b = Builder::new(dag, plan, &cost, names);
     b.reserve(steps);
@@ -183,7 +186,7 @@ fn build_with(dag: &LayerDag, plan: &Plan, cluster: &Cluster, names: bool, steps
     };
     let model_flops = per_mb * plan.training.grad_accum as f64;
     let hw = b.hw_flops / steps.max(1) as f64;
-    Schedule { program: b.finish(), labels: b.labels, model_flops_per_step: model_flops, hardware_flops_per_step: hw }
+    Schedule { program: b.finish(), labels: b.labels.into(), model_flops_per_step: model_flops, hardware_flops_per_step: hw }
 }
 
 impl<'a> Builder<'a> {

@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 
 use super::{Builder, Cost, Port, Schedule, TaskLabel};
-use crate::engine::{DeviceTrace, Link, Program, Trace};
+use crate::engine::PartLink;
 use crate::hardware::Cluster;
 use crate::model::{LayerDag, Region};
 use crate::net::Collective;
@@ -23,20 +23,14 @@ use crate::plan::{PipelineSchedule, Plan, Sharding};
 pub struct Stage {
     pub plan: Plan,
     pub schedule: Schedule,
-    /// Where the stage's tasks, buffers and streams start in the run's numbering.
-    pub task_offset: usize,
-    pub buffer_offset: usize,
-    pub stream_offset: usize,
 }
 
-/// Every stage, and the dependencies between them: what the engine runs as one program
-/// ([`crate::engine::run_parts`]) without copying the stages' programs into one.
+/// Every stage, and the dependencies between them (parts are stages: a receive waits for
+/// the matching send, the tied-embedding all-reduce for its partner).
 #[derive(Debug, Clone)]
 pub struct Pipeline {
     pub stages: Vec<Stage>,
-    /// Each stage's receives waiting for the sends of the stage before (or after, for
-    /// gradients), in the run's task numbering.
-    pub links: Vec<Link>,
+    pub links: Vec<PartLink>,
 }
 
 /// (forward?, micro-batch, chunk) in the order stage `k` of `p` runs them.
@@ -153,8 +147,9 @@ impl Builder<'_> {
 /// The micro-batch number of the embedding group's port: no micro-batch uses it.
 const EMBEDDING_GROUP_MB: u32 = u32::MAX;
 
-/// Builds every stage's program and the links between them.
-pub fn build(dag: &LayerDag, plan: &Plan, cluster: &Cluster, names: bool) -> Pipeline {
+/// Builds every stage's program, the first `steps` steps of it ([`super::build_lean_prefix`]
+/// says why a prefix runs as the whole does), and the links between them.
+pub fn build(dag: &LayerDag, plan: &Plan, cluster: &Cluster, names: bool, steps: u32) -> Pipeline {
     use rayon::prelude::*;
     let p = plan.pipeline();
     // Stages are built independently (in parallel: a large pipeline's stages are most of a
@@ -165,61 +160,33 @@ pub fn build(dag: &LayerDag, plan: &Plan, cluster: &Cluster, names: bool) -> Pip
             let sp = plan.stage(dag, k);
             let cost = Cost::for_plan(cluster, &sp);
             let mut b = Builder::new(dag, &sp, &cost, names);
-            b.reserve(sp.training.steps);
+            b.reserve(steps);
             b.init();
-            for step in 1..=sp.training.steps {
+            for step in 1..=steps {
                 b.pipeline_step(step);
             }
-            let steps = sp.training.steps.max(1) as f64;
             let schedule = Schedule {
                 model_flops_per_step: 3.0 * dag.model_forward_flops() * sp.training.grad_accum as f64
                     / (p * sp.parallel.model_parallel.tensor) as f64,
-                hardware_flops_per_step: b.hw_flops / steps,
+                hardware_flops_per_step: b.hw_flops / steps.max(1) as f64,
                 program: b.finish(),
-                labels: std::mem::take(&mut b.labels),
+                labels: std::mem::take(&mut b.labels).into(),
             };
             let (ready, ext) = (std::mem::take(&mut b.ready), std::mem::take(&mut b.ext_deps));
             drop(b);
-            (sp, schedule, ready, ext)
+            (Stage { plan: sp, schedule }, ready, ext)
         })
         .collect();
-    // Offsets in the run's numbering (see `engine::run_parts`), then the cross-stage
-    // dependencies.
-    let mut stages = Vec::with_capacity(built.len());
-    let mut ports = Vec::with_capacity(built.len());
-    let (mut to, mut bo, mut so) = (0, 0, 0);
-    for (sp, sch, ready, ext) in built {
-        let prog = &sch.program;
-        let (nt, nb, ns) = (prog.tasks.len(), prog.buffers.len(), prog.streams.len());
-        ports.push((ready, ext));
-        stages.push(Stage { plan: sp, schedule: sch, task_offset: to, buffer_offset: bo, stream_offset: so });
-        (to, bo, so) = (to + nt, bo + nb, so + ns);
-    }
     let mut links = Vec::new();
-    for (k, (_, ext)) in ports.iter().enumerate() {
+    for (k, (_, _, ext)) in built.iter().enumerate() {
         for &(t, port) in ext {
             let target = (port.virtual_stage % p) as usize;
-            if let Some(&r) = ports[target].0.get(&port) {
-                let dep = (r as usize + stages[target].task_offset) as u32;
-                links.push(Link { task: (stages[k].task_offset + t as usize) as u32, dep });
+            if let Some(&r) = built[target].1.get(&port) {
+                links.push(PartLink { part: k, task: t, dep_part: target, dep: r });
             }
         }
     }
-    Pipeline { stages, links }
-}
-
-impl Pipeline {
-    /// The stages' programs, in stage order: the parts of the run.
-    pub fn programs(&self) -> Vec<&Program> {
-        self.stages.iter().map(|st| &st.schedule.program).collect()
-    }
-
-    /// Each stage's view of the run: its tasks' times, its device's timeline and
-    /// allocator, and the OOM if it happened there, all in the stage's own indices. Takes
-    /// the run so that the timelines (the bulk of it) move rather than copy.
-    pub fn stage_traces(&self, t: DeviceTrace) -> Vec<Trace> {
-        crate::engine::part_traces(&self.programs(), self.stages.len(), t)
-    }
+    Pipeline { stages: built.into_iter().map(|x| x.0).collect(), links }
 }
 
 #[cfg(test)]

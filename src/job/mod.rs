@@ -1,0 +1,189 @@
+//! What a training job compiles to: a list of rank classes and the links between them.
+//!
+//! A rank class is one device program and how many real GPUs run it. Ranks whose programs
+//! are identical are one class, simulated once and counted `count` times (every
+//! data-parallel replica or FSDP shard, and the tensor-parallel ranks of one group, which
+//! stepsim simulates as one). Where programs differ, each difference is its own class: a
+//! pipeline stage runs its own layers (P classes); under `[jitter]` every data-parallel rank
+//! draws its own compute times (one class per rank, P x DP with a pipeline). The classes
+//! run together on one engine, each on its own device and allocator ([`run`]), tied by
+//! [`Job::links`]: a receive waits for the matching send on the stage before, a collective
+//! for every rank's barrier. [`crate::report::job`] reports every class and picks the
+//! headline by one rule.
+//!
+//! Adding a parallelism dimension whose ranks differ is a new [`Role`] and a step in
+//! [`compile`] that turns each class into the classes it splits into (as [`with_jitter`]
+//! does), not a new runner.
+
+pub mod run;
+
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::engine::{link_parts, Link, PartLink, Program};
+use crate::hardware::Cluster;
+use crate::model::LayerDag;
+use crate::plan::Plan;
+use crate::schedule::{self, jitter::JitterConfig, Schedule};
+
+/// Which GPUs of the job a rank class stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Role {
+    /// Every GPU of the job runs this program.
+    Replicas,
+    /// Pipeline stage `stage`: all its data-parallel (and tensor-parallel) ranks.
+    Stage { stage: u64 },
+    /// Under `[jitter]`: data-parallel rank `rank` (its tensor-parallel group), of pipeline
+    /// stage `stage` when the job is pipelined.
+    Rank { stage: Option<u64>, rank: u64 },
+}
+
+/// One device program and the GPUs that run it.
+#[derive(Debug, Clone)]
+pub struct RankClass {
+    pub role: Role,
+    /// Real GPUs that run this program.
+    pub count: u64,
+    /// The first of them in Megatron-LM's rank order (tensor fastest, then data, then
+    /// pipeline); the class's GPUs are `first_rank..first_rank + count`.
+    pub first_rank: u64,
+    /// Who holds what on these GPUs (a pipeline stage's own plan).
+    pub plan: Arc<Plan>,
+    pub schedule: Schedule,
+}
+
+impl RankClass {
+    /// "0-31", or "5" for a class of one GPU.
+    pub fn ranks(&self) -> String {
+        match self.count {
+            0 | 1 => format!("{}", self.first_rank),
+            n => format!("{}-{}", self.first_rank, self.first_rank + n - 1),
+        }
+    }
+}
+
+/// A job's rank classes, the programs that run beside them without memory of their own
+/// (jitter's barriers), and the dependencies between all of them in the run's numbering
+/// (classes first, in order, then `extra`; see [`crate::engine::run_parts`]).
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub classes: Vec<RankClass>,
+    pub extra: Vec<Program>,
+    pub links: Vec<Link>,
+}
+
+impl Job {
+    /// Every program of the run, classes first: the parts of [`crate::engine::run_parts`].
+    pub fn parts(&self) -> Vec<&Program> {
+        self.classes.iter().map(|c| &c.schedule.program).chain(&self.extra).collect()
+    }
+}
+
+/// Compiles a training job: the first `steps` steps of each class's program (all of them
+/// for a report; fewer for the sweeps' early-OOM prefixes, see
+/// [`schedule::build_lean_prefix`]), with or without the text of labels and buffer names.
+pub fn compile(
+    dag: &LayerDag,
+    plan: &Plan,
+    cluster: &Cluster,
+    jitter: Option<&JitterConfig>,
+    names: bool,
+    steps: u32,
+) -> Job {
+    let (classes, links) = if plan.pipeline() > 1 {
+        pipeline_classes(dag, plan, cluster, names, steps)
+    } else {
+        let schedule = schedule::build_with(dag, plan, cluster, names, steps);
+        let all = RankClass { role: Role::Replicas, count: plan.gpus, first_rank: 0, plan: Arc::new(plan.clone()), schedule };
+        (vec![all], Vec::new())
+    };
+    match jitter {
+        Some(cfg) => with_jitter(classes, &links, cfg),
+        None => {
+            let parts: Vec<&Program> = classes.iter().map(|c| &c.schedule.program).collect();
+            let links = link_parts(&parts, &links);
+            Job { classes, extra: Vec::new(), links }
+        }
+    }
+}
+
+/// One class per pipeline stage ([`schedule::pipeline`]), with the stages' links.
+fn pipeline_classes(
+    dag: &LayerDag,
+    plan: &Plan,
+    cluster: &Cluster,
+    names: bool,
+    steps: u32,
+) -> (Vec<RankClass>, Vec<PartLink>) {
+    let pipe = schedule::pipeline::build(dag, plan, cluster, names, steps);
+    let per = plan.gpus / plan.pipeline();
+    let classes = pipe
+        .stages
+        .into_iter()
+        .enumerate()
+        .map(|(k, st)| RankClass {
+            role: Role::Stage { stage: k as u64 },
+            count: per,
+            first_rank: k as u64 * per,
+            plan: Arc::new(st.plan),
+            schedule: st.schedule,
+        })
+        .collect();
+    (classes, pipe.links)
+}
+
+/// `[jitter]`: each class splits into its data-parallel ranks, each with its own compute
+/// draws ([`schedule::jitter::ranks`]) and a barrier program per class before every
+/// data-parallel collective. A link between two classes (pipeline stages) ties the same
+/// data-parallel rank of both: stage k's replica r sends to stage k + 1's replica r.
+fn with_jitter(classes: Vec<RankClass>, links: &[PartLink], cfg: &JitterConfig) -> Job {
+    let dp = classes.first().map_or(1, |c| c.plan.dp.max(1));
+    let tensor = classes.first().map_or(1, |c| c.plan.parallel.model_parallel.tensor);
+    let pipelined = classes.len() > 1;
+    let n = classes.len();
+    let mut out = Vec::with_capacity(n * dp as usize);
+    let mut barriers = Vec::with_capacity(n);
+    let mut part_links = Vec::new();
+    // Part numbering of the result: class k's rank r is k dp + r; class k's barrier is
+    // n dp + k.
+    let rank_part = |k: usize, r: usize| k * dp as usize + r;
+    for (k, c) in classes.into_iter().enumerate() {
+        let run = schedule::jitter::ranks(&c.schedule, cfg, dp, k as u64, k as u64 * dp);
+        let barrier_part = n * dp as usize + k;
+        part_links.extend(run.links.iter().map(|l| {
+            let part = |p: usize| if p == dp as usize { barrier_part } else { rank_part(k, p) };
+            PartLink { part: part(l.part), task: l.task, dep_part: part(l.dep_part), dep: l.dep }
+        }));
+        for (r, program) in run.programs.into_iter().enumerate() {
+            let stage = pipelined.then_some(k as u64);
+            out.push(RankClass {
+                role: Role::Rank { stage, rank: r as u64 },
+                count: tensor,
+                first_rank: c.first_rank + r as u64 * tensor,
+                plan: c.plan.clone(),
+                schedule: Schedule {
+                    program,
+                    labels: c.schedule.labels.clone(),
+                    model_flops_per_step: c.schedule.model_flops_per_step,
+                    hardware_flops_per_step: c.schedule.hardware_flops_per_step,
+                },
+            });
+        }
+        barriers.push(run.barrier);
+    }
+    for l in links {
+        for r in 0..dp as usize {
+            part_links.push(PartLink {
+                part: rank_part(l.part, r),
+                task: l.task,
+                dep_part: rank_part(l.dep_part, r),
+                dep: l.dep,
+            });
+        }
+    }
+    let parts: Vec<&Program> = out.iter().map(|c| &c.schedule.program).chain(&barriers).collect();
+    let links = link_parts(&parts, &part_links);
+    Job { classes: out, extra: barriers, links }
+}

@@ -1,0 +1,110 @@
+//! One runner for every job: all rank classes on one engine, each on its own device with
+//! its own allocator, the extra programs (barriers) beside them, tied by the job's links.
+//! A job of one class is the plain run; nothing here knows which roles the classes play.
+
+use super::Job;
+use crate::engine::{self, Deadlock, Program, RunOptions, Trace};
+use crate::memory::{Allocator, AllocatorSettings, EmptyCacheAt};
+use crate::schedule::{TaskKind, TaskLabel};
+
+/// What a job's run produced: each class's view of it (its tasks' times, its device's
+/// timeline and allocator, the OOM if it happened there), and each step's span across
+/// every class.
+#[derive(Debug, Clone)]
+pub struct JobRun {
+    pub traces: Vec<Trace>,
+    /// Each step's (first start, last end) over every class's tasks, ns; (u64::MAX, 0) for
+    /// a step that did not run.
+    pub spans: Vec<(u64, u64)>,
+}
+
+/// Plays `job` with the allocator of `settings` capped at `capacity` on each class's
+/// device (`device_total`: the GPU's whole memory, for the allocator's own accounting).
+/// Every memory sample is kept if `curve`, else the peaks only. `steps` is the number of
+/// steps the job's programs were compiled for at most.
+pub fn run(
+    job: &Job,
+    settings: &AllocatorSettings,
+    capacity: u64,
+    device_total: u64,
+    steps: u32,
+    curve: bool,
+) -> Result<JobRun, Deadlock> {
+    let mut empty_cache_after = Vec::new();
+    let mut offset = 0;
+    for c in &job.classes {
+        let prog = &c.schedule.program;
+        let own = empty_cache_tasks(prog, &c.schedule.labels, &settings.empty_cache);
+        empty_cache_after.extend(own.into_iter().map(|t| t + offset));
+        offset += prog.tasks.len() as u32;
+    }
+    let opts = RunOptions { empty_cache_after, peaks_only: !curve };
+    let mut allocs: Vec<Box<dyn Allocator>> = job.classes.iter().map(|_| settings.build(capacity, device_total)).collect();
+    let mut refs: Vec<&mut dyn Allocator> = allocs.iter_mut().map(|a| &mut **a as &mut dyn Allocator).collect();
+    let parts = job.parts();
+    let dt = engine::run_parts(&parts, &job.links, &mut refs, &opts)?;
+    let spans = step_spans(job, &dt, steps);
+    let traces = engine::part_traces(&parts, job.classes.len(), dt);
+    Ok(JobRun { traces, spans })
+}
+
+/// Each step's span across all classes (their tasks numbered one class after the other).
+fn step_spans(job: &Job, dt: &engine::DeviceTrace, steps: u32) -> Vec<(u64, u64)> {
+    let mut spans = vec![(u64::MAX, 0u64); steps as usize];
+    let mut i = 0;
+    for c in &job.classes {
+        let labels = &c.schedule.labels;
+        for t in &c.schedule.program.tasks {
+            let l = &labels[t.label as usize];
+            if l.step >= 1 && dt.end_ns[i] != u64::MAX {
+                if let Some(sp) = spans.get_mut(l.step as usize - 1) {
+                    sp.0 = sp.0.min(dt.start_ns[i]);
+                    sp.1 = sp.1.max(dt.end_ns[i]);
+                }
+            }
+            i += 1;
+        }
+    }
+    spans
+}
+
+/// The tasks after which the program calls `torch.cuda.empty_cache()`: the last task of
+/// initialisation; the last forward (backward) op of each micro-batch; each
+/// `optimizer.step()`; the `zero_grad()` that ends each step.
+pub fn empty_cache_tasks(prog: &Program, labels: &[TaskLabel], points: &[EmptyCacheAt]) -> Vec<u32> {
+    let mut out = Vec::new();
+    if points.is_empty() {
+        return out;
+    }
+    let labels = || prog.tasks.iter().map(|t| &labels[t.label as usize]).enumerate();
+    for &p in points {
+        let kind = match p {
+            EmptyCacheAt::AfterInit => TaskKind::Init,
+            EmptyCacheAt::AfterForward => TaskKind::Forward,
+            EmptyCacheAt::AfterBackward => TaskKind::Backward,
+            EmptyCacheAt::AfterOptimizer => TaskKind::Optimizer,
+            EmptyCacheAt::AfterStep => TaskKind::ZeroGrad,
+        };
+        // The last task of that kind in each (step, micro-batch), in program order.
+        let mut last: Option<(u32, u32, usize)> = None;
+        for (i, l) in labels() {
+            if l.kind != kind {
+                continue;
+            }
+            match last {
+                Some((st, mb, _)) if st == l.step && mb == l.micro_batch => last = Some((st, mb, i)),
+                Some((_, _, j)) => {
+                    out.push(j as u32);
+                    last = Some((l.step, l.micro_batch, i));
+                }
+                None => last = Some((l.step, l.micro_batch, i)),
+            }
+        }
+        if let Some((_, _, j)) = last {
+            out.push(j as u32);
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
