@@ -268,7 +268,26 @@ fn checkpointing_cost(
     }))
 }
 
+/// One rank class of a simulation: its program, its view of the run, its own report.
+#[derive(Debug, Clone, Copy)]
+pub struct ClassSim<'a> {
+    pub class: &'a job::RankClass,
+    pub schedule: &'a schedule::Schedule,
+    pub trace: &'a engine::Trace,
+    pub report: &'a report::Report,
+}
+
 impl Simulation {
+    /// Every rank class, in class order (pipeline stages in stage order).
+    pub fn classes(&self) -> impl Iterator<Item = ClassSim<'_>> {
+        self.job
+            .classes
+            .iter()
+            .zip(&self.run.traces)
+            .zip(&self.class_reports)
+            .map(|((class, trace), report)| ClassSim { class, schedule: &class.schedule, trace, report })
+    }
+
     /// The headline class.
     pub fn class(&self) -> &job::RankClass {
         &self.job.classes[self.headline]

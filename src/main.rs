@@ -159,10 +159,11 @@ fn explain(path: &std::path::Path, out: Option<PathBuf>, margin: f64) -> ExitCod
     let e = stepsim::explain::explain(&s, &sim, margin);
     sim.report.explanation = serde_json::to_value(&e).ok();
     let dir = out.unwrap_or_else(|| PathBuf::from("output").join(&s.name));
-    let written = stepsim::report::write::write_all(&dir, &sim.report, sim.schedule(), sim.trace()).and_then(|mut w| {
-        w.push(stepsim::report::write::explain_png(&dir, &sim.report, sim.schedule(), sim.trace(), e.time_s)?);
-        Ok(w)
-    });
+    let written =
+        stepsim::report::write::write_all(&dir, &sim.report, sim.schedule(), sim.trace()).and_then(|mut w| {
+            w.push(stepsim::report::write::explain_png(&dir, &sim.report, sim.schedule(), sim.trace(), e.time_s)?);
+            Ok(w)
+        });
     let written = match written {
         Ok(w) => w,
         Err(err) => {

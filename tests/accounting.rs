@@ -120,10 +120,10 @@ fn selective_checkpointing_keeps_all_but_the_scores_and_the_schedule_frees_what_
     let end_of_forward = |toml: String| {
         let s = Scenario::from_toml(Path::new("<t>"), &toml).unwrap();
         let sim = stepsim::simulate(&s).unwrap();
-        let labels = &sim.schedule.labels;
-        let tasks = &sim.schedule.program.tasks;
+        let labels = &sim.schedule().labels;
+        let tasks = &sim.schedule().program.tasks;
         let last_fwd = sim
-            .trace
+            .trace()
             .timeline
             .samples
             .iter()
@@ -179,14 +179,14 @@ fn model_state_matches_zero_table_1() {
             let sim = stepsim::simulate(&s).unwrap();
             let psi = sim.dag.param_count() as f64;
             let scale = psi_paper / psi;
-            let planned = sim.plan.model_state().total() as f64 * scale / 1e9;
+            let planned = sim.plan().model_state().total() as f64 * scale / 1e9;
             let paper = row[col].as_f64().unwrap();
             println!("{dp:>5} {stage:>10} {planned:>10.3} {paper:>10.3}");
             assert!((planned - paper).abs() / paper < 0.01, "dp {dp} {stage}: {planned:.3} GB vs paper {paper} GB");
             // What the simulated GPU actually holds at the end of the steady-state backward.
-            let labels = &sim.schedule.labels;
-            let tasks = &sim.schedule.program.tasks;
-            let last = sim.trace.timeline.samples.iter().rev().find(|x| {
+            let labels = &sim.schedule().labels;
+            let tasks = &sim.schedule().program.tasks;
+            let last = sim.trace().timeline.samples.iter().rev().find(|x| {
                 let l = &labels[tasks[x.task].label as usize];
                 l.step == 2 && l.phase == Phase::Backward
             });

@@ -115,7 +115,7 @@ fn lora_skips_the_weight_gradient_gemms() {
     let full = Scenario::from_toml(Path::new("full.toml"), &full_text).unwrap();
     let ls = stepsim::simulate(&lora).unwrap();
     let fs = stepsim::simulate(&full).unwrap();
-    let ratio = ls.schedule.hardware_flops_per_step / fs.schedule.hardware_flops_per_step;
+    let ratio = ls.schedule().hardware_flops_per_step / fs.schedule().hardware_flops_per_step;
     println!("LoRA / full fine-tuning hardware FLOPs per step: {ratio:.3}");
     assert!(ratio > 0.6 && ratio < 0.75, "{ratio}");
     let (lt, ft) = (ls.report.throughput.unwrap().step_time_s, fs.report.throughput.unwrap().step_time_s);

@@ -105,12 +105,9 @@ fn pipeline_scenario(schedule: &str, extra: &str) -> Scenario {
 
 fn stage_activation_peaks(s: &Scenario) -> Vec<u64> {
     let sim = stepsim::simulate(s).unwrap();
-    assert_eq!(sim.stages.len(), 4);
+    assert_eq!(sim.job.classes.len(), 4);
     let act = stepsim::memory::Category::Activations.index();
-    sim.stages
-        .iter()
-        .map(|st| st.trace.timeline.samples.iter().map(|x| x.by_category[act]).max().unwrap_or(0))
-        .collect()
+    sim.classes().map(|st| st.trace.timeline.samples.iter().map(|x| x.by_category[act]).max().unwrap_or(0)).collect()
 }
 
 #[test]
@@ -143,8 +140,8 @@ fn tied_embedding_gradients_are_all_reduced_between_first_and_last_stage() {
         s.model.tie_embeddings = tied;
         let sim = stepsim::simulate(&s).unwrap();
         let mut starts = Vec::new();
-        for (k, st) in sim.stages.iter().enumerate() {
-            let sch = &st.schedule;
+        for (k, st) in sim.classes().enumerate() {
+            let sch = st.schedule;
             let mut last_bwd = 0;
             let mut found = Vec::new();
             for (i, t) in sch.program.tasks.iter().enumerate() {
@@ -181,8 +178,8 @@ fn pipeline_sends_block_compute_and_overlap_their_receives() {
         let extra = if schedule == "interleaved-1f1b" { "virtual_stages = 2" } else { "" };
         let sim = stepsim::simulate(&pipeline_scenario(schedule, extra)).unwrap();
         let mut overlapped = 0;
-        for (k, st) in sim.stages.iter().enumerate() {
-            let sch = &st.schedule;
+        for (k, st) in sim.classes().enumerate() {
+            let sch = st.schedule;
             let span = |i: usize| (st.trace.start_ns[i], st.trace.end_ns[i]);
             let kind = |i: usize| sch.labels[sch.program.tasks[i].label as usize].kind;
             let n = sch.program.tasks.len();
@@ -207,8 +204,8 @@ fn pipeline_sends_block_compute_and_overlap_their_receives() {
         // is no slower.
         let extra = format!("{extra}\noverlap_p2p_communication = true");
         let free = stepsim::simulate(&pipeline_scenario(schedule, &extra)).unwrap();
-        let beside = free.stages.iter().any(|st| {
-            let sch = &st.schedule;
+        let beside = free.classes().any(|st| {
+            let sch = st.schedule;
             let kind = |i: usize| sch.labels[sch.program.tasks[i].label as usize].kind;
             let n = sch.program.tasks.len();
             (0..n).filter(|&i| kind(i) == TaskKind::Send).any(|s| {
@@ -253,7 +250,7 @@ fn per_stage_activation_memory_against_korthikanti_figure9() {
         Category::Inputs,
     ];
     let peak = |k: usize| {
-        let samples = &sim.stages[k].trace.timeline.samples;
+        let samples = &sim.run.traces[k].timeline.samples;
         samples.iter().map(|x| cats.iter().map(|c| x.by_category[c.index()]).sum::<u64>()).max().unwrap() as f64 / 1e9
     };
     let (first, last) = (peak(0), peak(34));
@@ -402,8 +399,8 @@ fn single_layer_times_against_korthikanti_table4() {
         );
         let s = Scenario::from_toml(Path::new("<table4>"), &toml).unwrap();
         let sim = stepsim::simulate(&s).unwrap();
-        let sch = &sim.schedule;
-        let tr = &sim.trace;
+        let sch = sim.schedule();
+        let tr = sim.trace();
         let span = |phase: stepsim::schedule::Phase| {
             let (mut lo, mut hi) = (u64::MAX, 0);
             for (i, t) in sch.program.tasks.iter().enumerate() {

@@ -29,7 +29,7 @@ fn load_file_with(path: &str, edit: impl Fn(String) -> String) -> Scenario {
 fn offload_moves_master_moments_and_gradients_to_the_host() {
     let s = load_with(|t| t);
     let sim = stepsim::simulate(&s).unwrap();
-    let shard = sim.plan.local_total(true);
+    let shard = sim.plan().local_total(true);
     assert!((101_209_569_280 / 8..101_209_569_280 / 8 + 81 * 8).contains(&shard), "{shard}");
     let ms = &sim.report.model_state_per_gpu;
     assert_eq!(ms.parameters.bytes, 2 * shard);
@@ -55,11 +55,11 @@ fn offload_traffic_per_step_matches_the_bytes_moved() {
     let sim = stepsim::simulate(&s).unwrap();
     let off = sim.report.offload.clone().unwrap();
     let cfg = s.parallel.offload.clone().unwrap();
-    let shard = sim.plan.local_total(true) as f64;
+    let shard = sim.plan().local_total(true) as f64;
     let (mut d2h, mut h2d, mut cpu) = (0.0, 0.0, 0.0);
-    let prog = &sim.schedule.program;
+    let prog = &sim.schedule().program;
     for t in &prog.tasks {
-        let l = &sim.schedule.labels[t.label as usize];
+        let l = &sim.schedule().labels[t.label as usize];
         let stream = prog.streams[t.stream as usize].as_str();
         if l.step != 2 {
             continue;
@@ -110,9 +110,9 @@ struct Moved {
 
 fn moved(sim: &stepsim::Simulation, cfg: &stepsim::plan::OffloadConfig, step: u32) -> Moved {
     let mut m = Moved::default();
-    let prog = &sim.schedule.program;
+    let prog = &sim.schedule().program;
     for t in &prog.tasks {
-        let l = &sim.schedule.labels[t.label as usize];
+        let l = &sim.schedule().labels[t.label as usize];
         if l.step != step {
             continue;
         }
@@ -149,7 +149,7 @@ fn zero_infinity_puts_parameters_on_the_host_and_the_optimizer_on_nvme() {
     let s = load_file_with("scenarios/100b-1gpu-zero-infinity.toml", |t| t);
     let sim = stepsim::simulate(&s).unwrap();
     let p = 101_209_569_280u64;
-    assert_eq!(sim.plan.local_total(true), p);
+    assert_eq!(sim.plan().local_total(true), p);
     assert_eq!(sim.report.model_state_per_gpu.total.bytes, 0);
     let off = sim.report.offload.clone().unwrap();
     assert_eq!(off.host_bytes_per_gpu.bytes, 6 * p + 16_000_000_000);
@@ -159,7 +159,7 @@ fn zero_infinity_puts_parameters_on_the_host_and_the_optimizer_on_nvme() {
 
     let cfg = s.parallel.offload.clone().unwrap();
     let m = moved(&sim, &cfg, 2);
-    let units = &sim.plan.units;
+    let units = &sim.plan().units;
     let root = units[0].shard_params;
     let fetched_el = 4 * (2 * p - root);
     assert_eq!(m.all_gathers.len(), 4 * (81 + 80));
@@ -191,7 +191,7 @@ fn zero_infinity_puts_parameters_on_the_host_and_the_optimizer_on_nvme() {
 fn fsdp_cpu_offload_fetches_fp32_shards_and_steps_on_the_cpu() {
     let s = load_file_with("scenarios/100b-8gpu-fsdp-cpu-offload.toml", |t| t);
     let sim = stepsim::simulate(&s).unwrap();
-    let shard = sim.plan.local_total(true);
+    let shard = sim.plan().local_total(true);
     assert_eq!(sim.report.model_state_per_gpu.total.bytes, 0);
     let off = sim.report.offload.clone().unwrap();
     assert_eq!(off.host_bytes_per_gpu.bytes, 16 * shard);
@@ -199,9 +199,9 @@ fn fsdp_cpu_offload_fetches_fp32_shards_and_steps_on_the_cpu() {
     assert!(off.mode.starts_with("FSDP CPUOffload"), "{}", off.mode);
     let cfg = s.parallel.offload.clone().unwrap();
     let m = moved(&sim, &cfg, 2);
-    let fetched_el: u64 = m.all_gathers.iter().map(|&u| sim.plan.units[u].shard_params).sum();
+    let fetched_el: u64 = m.all_gathers.iter().map(|&u| sim.plan().units[u].shard_params).sum();
     assert_eq!(m.all_gathers.len(), 4 * (81 + 80));
-    assert_eq!(fetched_el, 4 * (2 * shard - sim.plan.units[0].shard_params));
+    assert_eq!(fetched_el, 4 * (2 * shard - sim.plan().units[0].shard_params));
     assert!(close(m.h2d, 4.0 * fetched_el as f64) && off.h2d_bytes_per_step.bytes == 4 * fetched_el);
     assert!(close(m.cpu_s, shard as f64 / (1e9 / 6.0)), "{}", m.cpu_s);
     assert_eq!(m.nvme_read + m.nvme_write, 0.0);
@@ -220,7 +220,7 @@ fn host_memory_has_its_own_rows_in_memory_csv() {
     let s = load_with(|t| t);
     let sim = stepsim::simulate(&s).unwrap();
     let off = sim.report.offload.clone().unwrap();
-    let rows = stepsim::report::write::host_csv(&off, sim.trace.end_time_ns);
+    let rows = stepsim::report::write::host_csv(&off, sim.trace().end_time_ns);
     let total = format!(",host (node of 8 GPUs),allocated,{}", off.host_bytes_per_node.bytes);
     assert_eq!(rows.lines().filter(|l| l.ends_with(&total)).count(), 2, "{rows}");
     let sum: u64 =
@@ -259,8 +259,8 @@ fn host_bytes_per_parameter_match_deepspeeds_estimator() {
                 .replace("optimizer = \"cpu\"\n", &format!("optimizer = \"cpu\"\n{params_line}"))
         });
         let sim = stepsim::simulate(&s).unwrap();
-        let off = sim.report.offload.unwrap();
-        let per_param = off.host_bytes_per_node.bytes as f64 / sim.plan.total_params() as f64;
+        let off = sim.report.offload.clone().unwrap();
+        let per_param = off.host_bytes_per_node.bytes as f64 / sim.plan().total_params() as f64;
         let p = row["params_m"].as_f64().unwrap() * 1e6;
         let predicted = p * per_param * factor / (1u64 << 30) as f64;
         let published = row["cpu_gib"].as_f64().unwrap();

@@ -30,7 +30,7 @@ fn first_in(s: &Simulation, step: u32, phase: Phase, cat: Category) -> u64 {
 }
 
 fn block_gathered(s: &Simulation) -> u64 {
-    s.plan.units[1].shard_params * s.plan.shard_group * 2
+    s.plan().units[1].shard_params * s.plan().shard_group * 2
 }
 
 #[test]
@@ -38,21 +38,21 @@ fn fsdp_creates_adam_state_at_the_first_step_deepspeed_at_init() {
     let f = sim("sharding = \"full_shard\"", "", 8);
     assert_eq!(max_in(&f, 1, Phase::Forward, Category::OptimizerState), 0);
     assert_eq!(max_in(&f, 1, Phase::Backward, Category::OptimizerState), 0);
-    let want = f.plan.model_state().optimizer_state;
+    let want = f.plan().model_state().optimizer_state;
     assert_eq!(max_in(&f, 1, Phase::Optimizer, Category::OptimizerState), want);
     assert_eq!(first_in(&f, 2, Phase::Forward, Category::OptimizerState), want);
     let d = sim("sharding = \"zero3\"\nframework = \"deepspeed\"", "", 8);
     assert_eq!(max_in(&d, 0, Phase::Init, Category::OptimizerState), want);
     assert_eq!(first_in(&d, 1, Phase::Forward, Category::OptimizerState), want);
     // Master weights exist from init under both.
-    assert_eq!(first_in(&f, 1, Phase::Forward, Category::MasterWeights), f.plan.model_state().master_weights);
+    assert_eq!(first_in(&f, 1, Phase::Forward, Category::MasterWeights), f.plan().model_state().master_weights);
 }
 
 #[test]
 fn gradients_appear_in_backward_and_zero_grad_frees_them() {
     let f = sim("sharding = \"full_shard\"", "", 8);
     assert_eq!(max_in(&f, 1, Phase::Forward, Category::Gradients), 0);
-    assert_eq!(max_in(&f, 1, Phase::Backward, Category::Gradients), f.plan.model_state().gradients);
+    assert_eq!(max_in(&f, 1, Phase::Backward, Category::Gradients), f.plan().model_state().gradients);
     assert_eq!(first_in(&f, 2, Phase::Forward, Category::Gradients), 0);
     // Unsharded gradients never outlive the step's backward.
     assert_eq!(first_in(&f, 1, Phase::Optimizer, Category::UnshardedGradients), 0);
@@ -62,7 +62,7 @@ fn gradients_appear_in_backward_and_zero_grad_frees_them() {
 fn limit_all_gathers_bounds_gathered_blocks_in_forward() {
     let b = |limit: bool| {
         let s = sim(&format!("sharding = \"full_shard\"\nlimit_all_gathers = {limit}"), "", 8);
-        let root = s.plan.units[0].shard_params * s.plan.shard_group * 2;
+        let root = s.plan().units[0].shard_params * s.plan().shard_group * 2;
         (max_in(&s, 1, Phase::Forward, Category::GatheredParameters) - root) / block_gathered(&s)
     };
     assert!(b(true) <= 2, "with the limiter at most two blocks are gathered, got {}", b(true));
@@ -73,7 +73,7 @@ fn limit_all_gathers_bounds_gathered_blocks_in_forward() {
 fn backward_prefetch_policy_sets_how_many_blocks_are_gathered() {
     let g = |p: &str| {
         let s = sim(&format!("sharding = \"full_shard\"\nbackward_prefetch = \"{p}\""), "", 8);
-        let root = s.plan.units[0].shard_params * s.plan.shard_group * 2;
+        let root = s.plan().units[0].shard_params * s.plan().shard_group * 2;
         (max_in(&s, 1, Phase::Backward, Category::GatheredParameters) - root) as f64 / block_gathered(&s) as f64
     };
     let (pre, post, none) = (g("pre"), g("post"), g("none"));
@@ -93,23 +93,23 @@ fn backward_prefetch_policy_sets_how_many_blocks_are_gathered() {
 #[test]
 fn shard_grad_op_keeps_gathered_parameters_from_forward_to_backward() {
     let s = sim("sharding = \"shard_grad_op\"", "", 8);
-    let root = s.plan.units[0].shard_params * s.plan.shard_group * 2;
+    let root = s.plan().units[0].shard_params * s.plan().shard_group * 2;
     let at_end_of_forward = max_in(&s, 1, Phase::Forward, Category::GatheredParameters) - root;
     assert_eq!(at_end_of_forward, 8 * block_gathered(&s));
     // Its gradients are sharded, its parameters too at rest.
-    let ms = s.plan.model_state();
-    assert_eq!(ms.parameters, s.plan.local_total(true) * 2);
+    let ms = s.plan().model_state();
+    assert_eq!(ms.parameters, s.plan().local_total(true) * 2);
 }
 
 #[test]
 fn hybrid_shard_shards_inside_a_node_only() {
     let h = sim("sharding = \"hybrid_shard\"", "", 32);
     let f8 = sim("sharding = \"full_shard\"", "", 8);
-    assert_eq!(h.plan.shard_group, 8);
-    assert_eq!(h.plan.model_state(), f8.plan.model_state());
+    assert_eq!(h.plan().shard_group, 8);
+    assert_eq!(h.plan().model_state(), f8.plan().model_state());
     // Each reduce-scatter is followed by a cross-node all-reduce of the shard.
-    let ars = h.schedule.labels.iter().filter(|l| l.kind == TaskKind::AllReduce && l.step == 1).count();
-    let rss = h.schedule.labels.iter().filter(|l| l.kind == TaskKind::ReduceScatter && l.step == 1).count();
+    let ars = h.schedule().labels.iter().filter(|l| l.kind == TaskKind::AllReduce && l.step == 1).count();
+    let rss = h.schedule().labels.iter().filter(|l| l.kind == TaskKind::ReduceScatter && l.step == 1).count();
     assert_eq!(ars, rss);
     assert_eq!(rss, 9);
 }
@@ -117,8 +117,8 @@ fn hybrid_shard_shards_inside_a_node_only() {
 #[test]
 fn ddp_all_reduces_25_mb_buckets_and_keeps_bucket_copies() {
     let s = sim("sharding = \"none\"", "", 8);
-    let grad_bytes = s.plan.total_params() * 2;
-    let ars = s.schedule.labels.iter().filter(|l| l.kind == TaskKind::AllReduce && l.step == 1).count() as u64;
+    let grad_bytes = s.plan().total_params() * 2;
+    let ars = s.schedule().labels.iter().filter(|l| l.kind == TaskKind::AllReduce && l.step == 1).count() as u64;
     // One all-reduce per full 25 MB bucket, plus the last partial one; a bucket closes on the
     // op that fills it, so it may hold a little more than 25 MB.
     assert!(
@@ -138,7 +138,7 @@ fn gradient_accumulation_does_not_stack_activations() {
     let a4 = max_in(&four, 1, Phase::Forward, Category::Activations);
     assert_eq!(a1, a4, "each micro-batch's activations are freed by its backward");
     // The sharded gradient is created once and accumulated into.
-    assert_eq!(max_in(&four, 1, Phase::Backward, Category::Gradients), four.plan.model_state().gradients);
+    assert_eq!(max_in(&four, 1, Phase::Backward, Category::Gradients), four.plan().model_state().gradients);
     // Four micro-batches take about four times as long.
     let t1 = one.report.throughput.as_ref().unwrap().step_time_s;
     let t4 = four.report.throughput.as_ref().unwrap().step_time_s;
@@ -150,11 +150,11 @@ fn gradient_accumulation_does_not_stack_activations() {
 fn zero1_and_zero2_shard_the_optimizer_but_not_the_parameters() {
     let z1 = sim("sharding = \"zero1\"\nframework = \"deepspeed\"", "", 8);
     let z2 = sim("sharding = \"zero2\"\nframework = \"deepspeed\"", "", 8);
-    let full = z1.plan.total_params();
-    assert_eq!(z1.plan.model_state().parameters, full * 2);
-    assert_eq!(z2.plan.model_state().parameters, full * 2);
-    assert_eq!(z1.plan.model_state().gradients, full * 2);
-    assert!(z2.plan.model_state().gradients < full * 2 / 7);
+    let full = z1.plan().total_params();
+    assert_eq!(z1.plan().model_state().parameters, full * 2);
+    assert_eq!(z2.plan().model_state().parameters, full * 2);
+    assert_eq!(z1.plan().model_state().gradients, full * 2);
+    assert!(z2.plan().model_state().gradients < full * 2 / 7);
     // ZeRO-2 frees each unit's full gradients after its reduce-scatter.
     assert!(max_in(&z2, 1, Phase::Backward, Category::UnshardedGradients) < full * 2 / 2);
 }
@@ -178,7 +178,7 @@ fn jitter_and_stragglers_slow_the_step_reproducibly() {
     let slow = jittered("[jitter]\nseed = 3\ncompute_cv = 0.05\nstragglers = 1\nstraggler_slowdown = 0.2\n");
     assert!(step(&j) > step(&base), "collectives wait for the slowest of 64 ranks");
     assert_eq!(stepsim::report::write::report_json(&j.report), stepsim::report::write::report_json(&again.report));
-    assert_ne!(j.trace.end_time_ns, other.trace.end_time_ns, "another seed draws other times");
+    assert_ne!(j.trace().end_time_ns, other.trace().end_time_ns, "another seed draws other times");
     // Every rank is simulated and the report is the rank that finishes last: the 20%
     // straggler, whose own compute is ~20% longer (its per-op draws average ~1). This step is
     // communication-bound, so the others wait less than that: the step grows by less than
@@ -201,7 +201,7 @@ fn jitter_and_stragglers_slow_the_step_reproducibly() {
 #[test]
 fn tensor_and_data_parallel_collectives_share_nvlink() {
     let s = sim("tensor = 2\nsharding = \"none\"", "grad_accum = 2", 8);
-    let prog = &s.schedule.program;
+    let prog = &s.schedule().program;
     let link = |name: &str| prog.stream_links[prog.streams.iter().position(|x| x == name).unwrap()];
     use stepsim::engine::links::{NET_RX, NET_TX, NVLINK};
     assert_eq!((link("compute"), link("nccl"), link("tp")), (0, NVLINK, NVLINK));
@@ -223,7 +223,7 @@ fn tensor_and_data_parallel_collectives_share_nvlink() {
     assert!(shared.stream_busy_ns[1] + shared.stream_busy_ns[2] > free.stream_busy_ns[1] + free.stream_busy_ns[2]);
     // Across nodes the data-parallel collectives use the NICs, both ways.
     let wide = sim("tensor = 8\nsharding = \"none\"", "", 16);
-    let p = &wide.schedule.program;
+    let p = &wide.schedule().program;
     let nccl = p.stream_links[p.streams.iter().position(|x| x == "nccl").unwrap()];
     assert_eq!(nccl, NET_TX | NET_RX);
 }
@@ -233,22 +233,22 @@ fn tensor_and_data_parallel_collectives_share_nvlink() {
 /// compute differs.
 #[test]
 fn with_jitter_every_rank_is_simulated_and_collectives_wait_for_all() {
-    use stepsim::engine::{part_traces, run_parts, Program};
+    use stepsim::engine::{link_parts, part_traces, run_parts, Program};
     use stepsim::memory::{Allocator, ExactAllocator};
     use stepsim::schedule::jitter::{ranks, JitterConfig};
     let s = sim("sharding = \"full_shard\"", "", 4);
     let cfg = JitterConfig { seed: 9, compute_cv: 0.1, stragglers: 1, straggler_slowdown: 0.3 };
-    let run = ranks(&s.schedule, &cfg, 4);
+    let run = ranks(s.schedule(), &cfg, 4, 0, 0);
     let mut parts: Vec<&Program> = run.programs.iter().collect();
     parts.push(&run.barrier);
     let mut allocs: Vec<ExactAllocator> = (0..4).map(|_| ExactAllocator::new(u64::MAX / 4)).collect();
     let mut refs: Vec<&mut dyn Allocator> = allocs.iter_mut().map(|a| a as &mut dyn Allocator).collect();
-    let dt = run_parts(&parts, &run.links, &mut refs, &Default::default()).unwrap();
+    let dt = run_parts(&parts, &link_parts(&parts, &run.links), &mut refs, &Default::default()).unwrap();
     let traces = part_traces(&parts, 4, dt);
-    let prog = &s.schedule.program;
+    let prog = &s.schedule().program;
     let mut checked = 0;
     for (i, t) in prog.tasks.iter().enumerate() {
-        let kind = s.schedule.labels[t.label as usize].kind;
+        let kind = s.schedule().labels[t.label as usize].kind;
         if t.stream != 1 || !matches!(kind, TaskKind::AllGather | TaskKind::ReduceScatter) {
             continue;
         }

@@ -511,7 +511,7 @@ fn lean_schedules_and_their_prefixes_are_the_same_program() {
         for (a, b) in f.buffers.iter().zip(&l.buffers) {
             assert_eq!((a.bytes, a.category), (b.bytes, b.category), "{}", s.name);
         }
-        for (a, b) in full.labels.iter().zip(&lean.labels) {
+        for (a, b) in full.labels.iter().zip(lean.labels.iter()) {
             assert!(b.what.is_empty());
             assert_eq!(
                 (a.step, a.phase, a.micro_batch, a.kind, a.unit, a.region),

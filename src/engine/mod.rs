@@ -261,7 +261,10 @@ pub fn link_parts(parts: &[&Program], links: &[PartLink]) -> Vec<Link> {
     let num = Numbering::of(parts);
     links
         .iter()
-        .map(|l| Link { task: (num.task[l.part] + l.task as usize) as u32, dep: (num.task[l.dep_part] + l.dep as usize) as u32 })
+        .map(|l| Link {
+            task: (num.task[l.part] + l.task as usize) as u32,
+            dep: (num.task[l.dep_part] + l.dep as usize) as u32,
+        })
         .collect()
 }
 

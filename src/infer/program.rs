@@ -132,8 +132,12 @@ pub fn build_with(
     }
     b.decode(&keep, last);
     let flops = b.traffic.prefill_flops + b.traffic.decode_flops;
-    let sched =
-        Schedule { program: b.prog, labels: b.labels.into(), model_flops_per_step: flops, hardware_flops_per_step: flops };
+    let sched = Schedule {
+        program: b.prog,
+        labels: b.labels.into(),
+        model_flops_per_step: flops,
+        hardware_flops_per_step: flops,
+    };
     (sched, b.traffic)
 }
 

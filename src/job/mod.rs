@@ -96,7 +96,8 @@ pub fn compile(
         pipeline_classes(dag, plan, cluster, names, steps)
     } else {
         let schedule = schedule::build_with(dag, plan, cluster, names, steps);
-        let all = RankClass { role: Role::Replicas, count: plan.gpus, first_rank: 0, plan: Arc::new(plan.clone()), schedule };
+        let all =
+            RankClass { role: Role::Replicas, count: plan.gpus, first_rank: 0, plan: Arc::new(plan.clone()), schedule };
         (vec![all], Vec::new())
     };
     match jitter {

@@ -39,7 +39,8 @@ pub fn run(
         offset += prog.tasks.len() as u32;
     }
     let opts = RunOptions { empty_cache_after, peaks_only: !curve };
-    let mut allocs: Vec<Box<dyn Allocator>> = job.classes.iter().map(|_| settings.build(capacity, device_total)).collect();
+    let mut allocs: Vec<Box<dyn Allocator>> =
+        job.classes.iter().map(|_| settings.build(capacity, device_total)).collect();
     let mut refs: Vec<&mut dyn Allocator> = allocs.iter_mut().map(|a| &mut **a as &mut dyn Allocator).collect();
     let parts = job.parts();
     let dt = engine::run_parts(&parts, &job.links, &mut refs, &opts)?;

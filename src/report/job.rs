@@ -155,7 +155,8 @@ fn class_row(c: &RankClass, f: &ClassFigures, any_oom: bool) -> super::RankClass
         }),
         _ => None,
     };
-    let peaks = format!("peak allocated {}, reserved {}", fmt_bytes(f.peak_allocated.bytes), fmt_bytes(f.peak_reserved.bytes));
+    let peaks =
+        format!("peak allocated {}, reserved {}", fmt_bytes(f.peak_allocated.bytes), fmt_bytes(f.peak_reserved.bytes));
     let holds = |st: &StageSummary| {
         let mut extra = String::new();
         if st.embedding {
@@ -167,11 +168,19 @@ fn class_row(c: &RankClass, f: &ClassFigures, any_oom: bool) -> super::RankClass
         format!("layers {}{extra}", st.layers)
     };
     let (note, rank) = match (c.role, &stage) {
-        (Role::Stage { stage: k }, Some(st)) => (format!("pipeline stage {k}: {}; {peaks}; {verdict}", holds(st)), None),
+        (Role::Stage { stage: k }, Some(st)) => {
+            (format!("pipeline stage {k}: {}; {peaks}; {verdict}", holds(st)), None)
+        }
         (Role::Rank { rank, .. }, st) => {
-            let of_stage = st.as_ref().map_or(String::new(), |st| format!(" of pipeline stage {} ({})", st.stage, holds(st)));
+            let of_stage =
+                st.as_ref().map_or(String::new(), |st| format!(" of pipeline stage {} ({})", st.stage, holds(st)));
             let end = if f.oom { String::new() } else { format!("; last task ends at {:.3} s", f.end_ns as f64 / 1e9) };
-            (format!("data-parallel rank {rank}{of_stage}, its own compute draws ([jitter]): {peaks}{end}; {verdict}"), Some(rank))
+            (
+                format!(
+                    "data-parallel rank {rank}{of_stage}, its own compute draws ([jitter]): {peaks}{end}; {verdict}"
+                ),
+                Some(rank),
+            )
         }
         _ => (format!("identical programs: {peaks}; {verdict}"), None),
     };
@@ -201,7 +210,8 @@ fn finish(r: &mut Report, s: &Scenario, job: &Job, figures: &[ClassFigures], spa
     }
     let plan = &job.classes[0].plan;
     let model_flops = job.classes[h].schedule.model_flops_per_step;
-    let hw_flops = job.classes.iter().fold(0.0, |hw, c| hw + c.schedule.hardware_flops_per_step) / job.classes.len() as f64;
+    let hw_flops =
+        job.classes.iter().fold(0.0, |hw, c| hw + c.schedule.hardware_flops_per_step) / job.classes.len() as f64;
     r.throughput = steps.last().map(|st| {
         let mut tp = throughput_of(s, plan, model_flops, hw_flops, st, &steps);
         if plan.pipeline() > 1 {

@@ -186,7 +186,12 @@ pub fn build_with(dag: &LayerDag, plan: &Plan, cluster: &Cluster, names: bool, s
     };
     let model_flops = per_mb * plan.training.grad_accum as f64;
     let hw = b.hw_flops / steps.max(1) as f64;
-    Schedule { program: b.finish(), labels: b.labels.into(), model_flops_per_step: model_flops, hardware_flops_per_step: hw }
+    Schedule {
+        program: b.finish(),
+        labels: b.labels.into(),
+        model_flops_per_step: model_flops,
+        hardware_flops_per_step: hw,
+    }
 }
 
 impl<'a> Builder<'a> {
