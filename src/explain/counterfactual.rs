@@ -98,7 +98,7 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             vec![(format!("sequence length {} (half the tokens)", v.training.seq_len), v)]
         }
         4 => {
-            // With [jitter] every data-parallel rank is simulated, up to the limit scenario
+            // With [jitter] every data-parallel rank of every stage is simulated, up to the limit scenario
             // validation enforces; larger variants would not be valid scenarios.
             let out: Vec<_> = (1..=6)
                 .map(|k| {
@@ -106,11 +106,11 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
                     v.cluster.gpus = s.cluster.gpus.saturating_mul(1 << k);
                     (format!("GPUs {} -> {}", s.cluster.gpus, v.cluster.gpus), v)
                 })
-                .filter(|(_, v)| v.jitter.is_none() || v.dp_degree() <= crate::scenario::MAX_JITTER_RANKS)
+                .filter(|(_, v)| v.jitter.is_none() || v.jitter_ranks() <= crate::scenario::MAX_JITTER_RANKS)
                 .collect();
             if out.is_empty() {
                 return Err(format!(
-                    "[jitter] simulates at most {} data-parallel ranks",
+                    "[jitter] simulates at most {} ranks (data-parallel x pipeline)",
                     crate::scenario::MAX_JITTER_RANKS
                 ));
             }

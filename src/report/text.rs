@@ -167,7 +167,16 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         c.gpus,
         fmt_bytes(ms.naive_average.bytes)
     );
-    if r.rank_classes.iter().any(|k| k.stage.is_some()) {
+    if r.rank_classes.iter().any(|k| k.rank.is_some()) {
+        let _ = writeln!(o, "           (of the headline rank; every simulated rank below)");
+        let _ = writeln!(o, "\nRanks under [jitter] (each a rank class: its own compute draws)");
+        for k in r.rank_classes.iter().take(MAX_CLASS_ROWS) {
+            let _ = writeln!(o, "  ranks {:<10} {}", k.ranks, k.note);
+        }
+        if r.rank_classes.len() > MAX_CLASS_ROWS {
+            let _ = writeln!(o, "  ... {} more in report.json (rank_classes)", r.rank_classes.len() - MAX_CLASS_ROWS);
+        }
+    } else if r.rank_classes.iter().any(|k| k.stage.is_some()) {
         let _ = writeln!(o, "           (of the headline stage; every pipeline stage below)");
         let _ = writeln!(o, "\nPipeline stages (each a rank class: its ranks run identical programs)");
         for k in &r.rank_classes {
@@ -183,6 +192,9 @@ pub fn render(r: &Report, s: &Scenario) -> String {
     assumptions(r, &mut o);
     o
 }
+
+/// Rows of the per-rank table the text prints under `[jitter]` (report.json has them all).
+const MAX_CLASS_ROWS: usize = 16;
 
 fn offload(x: &super::OffloadReport, o: &mut String) {
     let _ = writeln!(

@@ -197,7 +197,11 @@ pub fn write_job(dir: &Path, r: &Report, classes: &[ClassView], headline: usize)
         let (sc, tr, rk) = classes[k];
         let c = r.rank_classes.get(k);
         let programs = if c.is_some_and(|c| c.rank.is_some()) { "its own compute draws" } else { "identical programs" };
-        let p = memory_plot(rk, sc, tr, &format!("{}: {} GPUs, {programs}", label(k), c.map_or(1, |c| c.count)));
+        let gpus = match c.map_or(1, |c| c.count) {
+            1 => "1 GPU".to_string(),
+            n => format!("{n} GPUs"),
+        };
+        let p = memory_plot(rk, sc, tr, &format!("{}: {gpus}, {programs}", label(k)));
         match plot.as_mut() {
             None => plot = Some(p),
             Some(m) => m.panels.extend(p.panels),

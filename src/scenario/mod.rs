@@ -109,7 +109,7 @@ pub struct OffloadSection {
     pub cpu_adam_params_per_s: Option<f64>,
 }
 
-/// The most data-parallel ranks `[jitter]` simulates one by one.
+/// The most ranks `[jitter]` simulates one by one (data-parallel ranks x pipeline stages).
 pub const MAX_JITTER_RANKS: u64 = 256;
 
 /// Default host memory of a node: 2 TB (DGX A100 and DGX H100 datasheets).
@@ -335,6 +335,12 @@ impl Scenario {
     /// Data-parallel replicas: gpus / (tensor x pipeline).
     pub fn dp_degree(&self) -> u64 {
         self.parallel.model_parallel.data_parallel(u64::from(self.cluster.gpus))
+    }
+
+    /// The ranks `[jitter]` simulates one by one: every data-parallel rank of every
+    /// pipeline stage.
+    pub fn jitter_ranks(&self) -> u64 {
+        self.dp_degree() * self.parallel.model_parallel.pipeline
     }
 
     /// Tokens one optimizer step consumes across all ranks.
@@ -736,35 +742,41 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
     let allocator = validate_allocator(&v, &f.allocator, &cluster)?;
     let jitter = match &f.jitter {
         None => None,
-        Some(_) if parallel.model_parallel.pipeline > 1 => {
-            return Err(v.err("jitter", "per-rank jitter is not simulated with pipeline parallelism yet; remove [jitter] or set parallel.pipeline = 1"));
-        }
         Some(j) => {
             if j.seed < 0 {
                 return Err(v.err("jitter.seed", format!("must be a non-negative integer, got {}", j.seed)));
             }
-            // Jitter simulates every data-parallel rank (a program and an allocator each).
+            // Jitter simulates every data-parallel rank of every pipeline stage (a program
+            // and an allocator each).
             let dp = parallel.model_parallel.data_parallel(gpus);
-            if dp > MAX_JITTER_RANKS {
+            let pp = parallel.model_parallel.pipeline;
+            let ranks = dp * pp;
+            if ranks > MAX_JITTER_RANKS {
+                let what = if pp > 1 {
+                    format!("{ranks} (data-parallel {dp} x pipeline {pp})")
+                } else {
+                    format!("{dp} (hardware.gpus / parallel.tensor)")
+                };
                 return Err(v.err(
                     "jitter",
-                    format!("jitter simulates every data-parallel rank: at most {MAX_JITTER_RANKS}, got {dp} (hardware.gpus / parallel.tensor); try the same per-rank noise on fewer GPUs"),
+                    format!("jitter simulates every data-parallel rank of every pipeline stage: at most {MAX_JITTER_RANKS}, got {what}; try the same per-rank noise on fewer GPUs"),
                 ));
             }
             let cv = j.compute_cv.unwrap_or(0.0);
             if !(0.0..=1.0).contains(&cv) {
                 return Err(v.err("jitter.compute_cv", format!("must be a fraction in [0, 1], got {cv}")));
             }
-            let stragglers = match j.stragglers {
-                Some(x) if x < 0 || x as u64 > dp => {
-                    return Err(v.err(
+            let stragglers =
+                match j.stragglers {
+                    Some(x) if x < 0 || x as u64 > ranks => return Err(v.err(
                         "jitter.stragglers",
-                        format!("must be between 0 and the data-parallel ranks ({dp}), got {x}"),
-                    ))
-                }
-                Some(x) => x as u64,
-                None => 0,
-            };
+                        format!(
+                            "must be between 0 and the simulated ranks ({ranks}: data-parallel x pipeline), got {x}"
+                        ),
+                    )),
+                    Some(x) => x as u64,
+                    None => 0,
+                };
             let slow = j.straggler_slowdown.unwrap_or(0.0);
             if !(0.0..=10.0).contains(&slow) {
                 return Err(v.err("jitter.straggler_slowdown", format!("must be a fraction in [0, 10], got {slow}")));
