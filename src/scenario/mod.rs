@@ -766,17 +766,18 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
             if !(0.0..=1.0).contains(&cv) {
                 return Err(v.err("jitter.compute_cv", format!("must be a fraction in [0, 1], got {cv}")));
             }
-            let stragglers =
-                match j.stragglers {
-                    Some(x) if x < 0 || x as u64 > ranks => return Err(v.err(
+            let stragglers = match j.stragglers {
+                Some(x) if x < 0 || x as u64 > ranks => {
+                    return Err(v.err(
                         "jitter.stragglers",
                         format!(
                             "must be between 0 and the simulated ranks ({ranks}: data-parallel x pipeline), got {x}"
                         ),
-                    )),
-                    Some(x) => x as u64,
-                    None => 0,
-                };
+                    ))
+                }
+                Some(x) => x as u64,
+                None => 0,
+            };
             let slow = j.straggler_slowdown.unwrap_or(0.0);
             if !(0.0..=10.0).contains(&slow) {
                 return Err(v.err("jitter.straggler_slowdown", format!("must be a fraction in [0, 10], got {slow}")));

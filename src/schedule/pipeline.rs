@@ -11,7 +11,8 @@
 
 use std::collections::HashMap;
 
-use super::{Builder, Cost, Port, Schedule, TaskLabel};
+use super::backward::Bwd;
+use super::{Builder, Category, Cost, Phase, Port, Schedule, TaskKind, TaskLabel};
 use crate::engine::PartLink;
 use crate::hardware::Cluster;
 use crate::model::{LayerDag, Region};
@@ -64,6 +65,80 @@ pub fn order(kind: PipelineSchedule, p: u64, k: u64, m: u64, v: u64) -> Vec<(boo
 }
 
 impl Builder<'_> {
+    /// One pipeline point-to-point transfer (send or receive side) of `bytes`.
+    /// The previous send, posted with this chunk's receive: the compute task the receive is
+    /// posted after, and what the chunk's first compute waits for (the send).
+    pub(super) fn take_prior_send(&mut self) -> (Option<u32>, Vec<u32>) {
+        let prior = self.pending_send.take();
+        (prior.map(|p| p.1), prior.map(|p| p.0).into_iter().collect())
+    }
+
+    /// A send blocks the stage's next compute (and is posted with its next receive) unless
+    /// p2p communication overlaps compute.
+    pub(super) fn block_on_send(&mut self, send: u32, after: u32) {
+        if !self.plan.parallel.model_parallel.overlap_p2p {
+            self.pending_send = Some((send, after));
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn p2p_task(
+        &mut self,
+        stream: u16,
+        step: u32,
+        phase: Phase,
+        mb: u32,
+        deps: Vec<u32>,
+        alloc: Vec<u32>,
+        what: String,
+    ) -> u32 {
+        let tp = self.plan.parallel.model_parallel.tensor;
+        let bytes = self.p2p_bytes;
+        // Megatron's scatter/gather optimisation (Narayanan et al. 2021, Sec. 4.1): without
+        // sequence parallelism each tensor-parallel rank sends 1/t of the (replicated)
+        // activation and the receivers all-gather it over NVLink.
+        let secs = if tp > 1 && !self.plan.parallel.model_parallel.sequence_parallel {
+            self.cost.p2p_s(bytes / tp) + self.cost.collective_s(&self.cost.tp_group, Collective::AllGather, bytes)
+        } else {
+            self.cost.p2p_s(bytes)
+        };
+        let kind = if stream == self.send_stream { TaskKind::Send } else { TaskKind::Recv };
+        self.task(stream, secs, deps, alloc, TaskLabel::new(step, phase, mb, what, kind, None))
+    }
+
+    /// Start of a chunk's backward: the gradient of its output arrives from the next stage.
+    pub(super) fn recv_gradient(&mut self, st: &mut Bwd, c: usize, recv_after: Option<u32>) {
+        let Some(y) = self.chunk_out[c] else { return };
+        let (step, mb) = (st.step, st.mb);
+        let vs = self.chunk_vs[c];
+        let dag = self.dag;
+        let b = self.buffer(
+            dag.tensors[y].bytes,
+            Category::ActivationGradients,
+            text!(self.names, "grad of {} received (micro-batch {mb})", dag.tensors[y].name),
+        );
+        st.grad_buf[y] = Some(b);
+        let what = text!(self.names, "recv gradient from virtual stage {} (micro-batch {mb})", vs + 1);
+        let deps = recv_after.into_iter().collect();
+        let t = self.p2p_task(self.recv_stream, step, Phase::Backward, mb, deps, vec![b], what);
+        self.ext_deps.push((t, Port { step, mb, virtual_stage: vs + 1, forward: false }));
+        st.pending = Some(t);
+    }
+
+    /// End of a chunk's backward: its first op's input gradient goes back to the previous
+    /// stage.
+    pub(super) fn send_gradient(&mut self, st: &mut Bwd, c: usize) {
+        let Some(x) = self.chunk_in[c] else { return };
+        let (step, mb) = (st.step, st.mb);
+        let vs = self.chunk_vs[c];
+        let what = text!(self.names, "send gradient to virtual stage {} (micro-batch {mb})", vs - 1);
+        let t = self.p2p_task(self.send_stream, step, Phase::Backward, mb, vec![st.last_bwd_task], vec![], what);
+        if let Some(g) = st.grad_buf[x] {
+            self.free_at(t, &[g]);
+        }
+        self.block_on_send(t, st.last_bwd_task);
+    }
+
     /// One step of a pipeline stage: its forwards and backwards in schedule order, then the
     /// data-parallel gradient reduction (Megatron reduces after the last backward), the
     /// optimizer and `zero_grad`.

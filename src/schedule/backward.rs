@@ -1,0 +1,174 @@
+//! The backward pass of one micro-batch over one model chunk, in reverse op order. This
+//! file is the skeleton: autograd's order of kernels and the lifetimes of activation
+//! gradients. What a parallelism or framework adds happens at named points, each a method
+//! of the module that models it:
+//!
+//! | point | what | module |
+//! |---|---|---|
+//! | start of the chunk | receive the output's gradient from the next stage | `pipeline` |
+//! | a tensor-parallel op | its backward collective | `tensor_parallel` |
+//! | first op of a block | pre-backward all-gather and prefetch | `sharding` |
+//! | first op of a block | full recomputation of the block's forward | `recompute` |
+//! | the LM head | the root's pre-backward prefetch | `sharding` |
+//! | the attention core | selective recomputation of its scores | `recompute` |
+//! | an op with parameters | its weight gradient's buffer | `sharding` / `grad_reduction` |
+//! | a column-parallel linear | input- and weight-gradient GEMMs apart | `tensor_parallel` |
+//! | after each op | DDP's bucketed all-reduce | `grad_reduction` |
+//! | a unit's last op | post-backward: reshard, prefetch, reduce-scatter | `sharding` |
+//! | end of the chunk | send the input's gradient to the previous stage | `pipeline` |
+//! | end of the chunk | ZeRO-1's reduce-scatter | `grad_reduction` |
+
+use super::{Builder, Category, Fwd, Phase, Port, TaskKind, TaskLabel, COMPUTE};
+use crate::model::{Op, Region};
+
+/// What the backward of one chunk carries from op to op.
+pub(super) struct Bwd {
+    pub step: u32,
+    pub mb: u32,
+    /// Buffers freed at the end of an op's forward (recompute) or backward, by op index.
+    pub free_fwd: Vec<Vec<u32>>,
+    pub free_bwd: Vec<Vec<u32>>,
+    /// Each unit's gathered parameters, while gathered.
+    pub gathered: Vec<Option<u32>>,
+    /// Each activation's gradient buffer, once its first consumer's backward created it.
+    pub grad_buf: Vec<Option<u32>>,
+    /// Unsharded weight gradients awaiting their unit's reduce-scatter.
+    pub unit_grads: Vec<Vec<u32>>,
+    /// Each unit's backward all-gather, once issued.
+    pub ag_bwd_task: Vec<Option<u32>>,
+    /// Bytes of DDP's bucket being filled.
+    pub ddp_bucket: u64,
+    /// A tied head has created the embedding's gradient.
+    pub tied_grad_done: bool,
+    /// A collective (or receive) the next compute op waits for.
+    pub pending: Option<u32>,
+    /// What the chunk's first compute waits for (the previous send).
+    pub first_deps: Vec<u32>,
+    /// Column-parallel linears: the last input-gradient GEMM, and the all-gather of a
+    /// sequence-parallel input the weight-gradient GEMM waits for.
+    pub dgrad: Option<u32>,
+    pub regather: Option<u32>,
+    pub last_bwd_task: u32,
+}
+
+impl Builder<'_> {
+    pub(super) fn backward(&mut self, step: u32, mb: u32, c: usize, fwd: Fwd, last_mb: bool) {
+        let dag = self.dag;
+        let plan = self.plan;
+        let (lo, hi) = self.chunk_ops[c];
+        let nunits = plan.units.len();
+        let Fwd { free_fwd, free_bwd, loss_task, gathered, inputs } = fwd;
+        let vs = self.chunk_vs[c];
+        let (recv_after, first_deps) = self.take_prior_send();
+        let mut st = Bwd {
+            step,
+            mb,
+            free_fwd,
+            free_bwd,
+            gathered,
+            grad_buf: vec![None; dag.tensors.len()],
+            unit_grads: vec![Vec::new(); nunits],
+            ag_bwd_task: vec![None; nunits],
+            ddp_bucket: 0,
+            tied_grad_done: false,
+            pending: None,
+            first_deps,
+            dgrad: None,
+            regather: None,
+            last_bwd_task: loss_task,
+        };
+        self.recv_gradient(&mut st, c, recv_after);
+        let mut prev_region: Option<Region> = None;
+        for i in (lo..hi).rev() {
+            let op = &dag.ops[i];
+            let u = plan.unit_of(op.region);
+            if let Some(comm) = op.comm {
+                self.tp_backward(&mut st, op, i, comm);
+                continue;
+            }
+            let mut deps = Vec::new();
+            deps.extend(st.pending.take());
+            deps.append(&mut st.first_deps);
+            if prev_region != Some(op.region) {
+                if let Region::Block(l) = op.region {
+                    self.pre_backward_block(&mut st, l as usize, u, &mut deps);
+                    self.recompute_block(&mut st, l as usize, u, &deps);
+                }
+            }
+            prev_region = Some(op.region);
+            self.root_pre_backward(&mut st, op);
+            self.recompute_scores(&mut st, op, i, u, &mut deps);
+            let mut alloc = self.input_grads(op, mb, &mut st.grad_buf);
+            let n_input_grads = alloc.len();
+            if op.params + op.shared_params > 0 {
+                if plan.grads_sharded {
+                    self.unsharded_grad(&mut st, op, i, u, &mut alloc);
+                } else {
+                    self.replicated_grad(op, i, &mut alloc);
+                }
+            }
+            let t = if op.column_parallel {
+                self.column_parallel_backward(&mut st, op, u, deps, alloc, n_input_grads)
+            } else {
+                let secs = self.cost.backward_split(op).0;
+                self.hw_flops += op.bwd_flops;
+                let label = TaskLabel::new(
+                    step,
+                    Phase::Backward,
+                    mb,
+                    text!(self.names, "{}", op.name),
+                    TaskKind::Backward,
+                    Some(u),
+                )
+                .with_region(op.region);
+                self.task(COMPUTE, secs, deps, alloc, label)
+            };
+            st.last_bwd_task = t;
+            let mut f = std::mem::take(&mut st.free_bwd[i]);
+            for &o in &op.outputs {
+                if let Some(g) = st.grad_buf[o] {
+                    f.push(g);
+                }
+            }
+            if i == lo {
+                f.extend_from_slice(&inputs);
+            }
+            self.free_at(t, &f);
+            self.ddp_bucket_after(&mut st, op, i, lo, u, t, last_mb);
+            let region_starts = i == lo || dag.ops[i - 1].region != op.region;
+            let unit_done = match op.region {
+                Region::Block(_) => region_starts,
+                Region::Embed => i == 0,
+                Region::Head => false,
+            };
+            if unit_done {
+                self.post_backward_unit(&mut st, op.region, u, t);
+            }
+        }
+        self.send_gradient(&mut st, c);
+        self.ready.insert(Port { step, mb, virtual_stage: vs, forward: false }, st.last_bwd_task);
+        if last_mb {
+            self.zero1_reduce_scatter(&st);
+        }
+        self.step_comm.push(st.last_bwd_task);
+    }
+
+    /// Gradient buffers for the inputs of `op` that need one and have none yet: autograd
+    /// creates an activation's gradient at the backward of its first consumer (in backward
+    /// order), whether that is a kernel or a tensor-parallel collective.
+    pub(super) fn input_grads(&mut self, op: &Op, mb: u32, grad_buf: &mut [Option<u32>]) -> Vec<u32> {
+        let mut alloc = Vec::new();
+        for &t in &op.inputs {
+            if self.tensors[t].needs_grad && grad_buf[t].is_none() {
+                let b = self.buffer(
+                    self.dag.tensors[t].bytes,
+                    Category::ActivationGradients,
+                    text!(self.names, "grad of {} (micro-batch {mb})", self.dag.tensors[t].name),
+                );
+                grad_buf[t] = Some(b);
+                alloc.push(b);
+            }
+        }
+        alloc
+    }
+}

@@ -1,0 +1,83 @@
+//! Initialisation: what is on the GPU before the first forward (parameters unit by unit,
+//! master weights, module buffers, DDP's reducer buckets, DeepSpeed's optimizer state).
+
+use super::{Builder, Category, Framework, Phase, Sharding, TaskKind, TaskLabel, COMPUTE};
+
+impl Builder<'_> {
+    /// Initialisation: parameters (loaded unit by unit, so an OOM names the layer), master
+    /// weights, module buffers, DDP buckets, and DeepSpeed's optimizer state.
+    pub(super) fn init(&mut self) {
+        let plan = self.plan;
+        let pbytes = self.pr().param.bytes();
+        let lbl = |what: String, unit: Option<usize>| TaskLabel::new(0, Phase::Init, 0, what, TaskKind::Init, unit);
+        // Offloaded parameters stay on the host (or NVMe) between uses.
+        let on_gpu = !plan.params_offloaded();
+        for u in 0..plan.units.len() {
+            let el = plan.local(u, plan.params_sharded);
+            let name = text!(self.names, "{} parameters ({})", plan.units[u].name, self.pr().param.name());
+            let mut alloc = Vec::new();
+            if on_gpu {
+                alloc.push(self.buffer(el * pbytes, Category::Parameters, name.clone()));
+            }
+            let un = &plan.units[u];
+            let frozen = if plan.params_sharded { un.frozen_shard_bytes } else { un.frozen_bytes };
+            if frozen > 0 {
+                let what = text!(self.names, "{} frozen base weights", un.name);
+                alloc.push(self.buffer(frozen, Category::Parameters, what));
+            }
+            self.task(COMPUTE, 0.0, vec![], alloc, lbl(text!(self.names, "load {}", plan.units[u].name), Some(u)));
+        }
+        let offload = plan.parallel.offload.is_some();
+        if let Some(m) = self.pr().master.filter(|_| !offload) {
+            for u in 0..plan.units.len() {
+                let el = plan.local(u, plan.optimizer_sharded);
+                let b = self.buffer(
+                    el * m.bytes(),
+                    Category::MasterWeights,
+                    text!(self.names, "{} master weights ({})", plan.units[u].name, m.name()),
+                );
+                self.task(
+                    COMPUTE,
+                    0.0,
+                    vec![],
+                    vec![b],
+                    lbl(text!(self.names, "master weights of {}", plan.units[u].name), Some(u)),
+                );
+            }
+        }
+        if self.dag.buffer_bytes > 0 {
+            let b = self.buffer(
+                self.dag.buffer_bytes,
+                Category::Buffers,
+                text!(self.names, "rotary cos/sin tables (fp32)"),
+            );
+            self.task(COMPUTE, 0.0, vec![], vec![b], lbl(text!(self.names, "module buffers"), None));
+        }
+        if plan.parallel.sharding == Sharding::None
+            && plan.dp > 1
+            && !plan.parallel.gradient_as_bucket_view
+            && plan.pipeline() == 1
+        {
+            let bytes = plan.total_params() * self.pr().grad.bytes();
+            let b = self.buffer(
+                bytes,
+                Category::CommBuffers,
+                text!(self.names, "DDP gradient buckets (gradient_as_bucket_view=False)"),
+            );
+            self.task(COMPUTE, 0.0, vec![], vec![b], lbl(text!(self.names, "DDP reducer buckets"), None));
+        }
+        if plan.parallel.framework == Framework::Deepspeed && !offload {
+            for u in 0..plan.units.len() {
+                let b = self.optimizer_state_buffer(u);
+                self.task(
+                    COMPUTE,
+                    0.0,
+                    vec![],
+                    vec![b],
+                    lbl(text!(self.names, "optimizer state of {}", plan.units[u].name), Some(u)),
+                );
+            }
+        }
+        self.last_task_of_prev_step = self.prog.tasks.len().checked_sub(1).map(|t| t as u32);
+    }
+}

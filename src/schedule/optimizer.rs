@@ -1,0 +1,109 @@
+//! The optimizer step and `zero_grad()`: Adam's state (created at the first `step()` in
+//! PyTorch, at engine initialisation in DeepSpeed), the step's temporaries by
+//! implementation (`torch/optim/adam.py` `_multi_tensor_adam` / `_single_tensor_adam`), the
+//! all-gather of updated parameters under a sharded optimizer, and the gradients freed by
+//! `zero_grad(set_to_none=True)`.
+
+use super::{Builder, Category, Collective, Framework, OptimizerImpl, Phase, TaskKind, TaskLabel, COMPUTE, NCCL};
+
+impl Builder<'_> {
+    pub(super) fn optimizer_state_buffer(&mut self, u: usize) -> u32 {
+        let plan = self.plan;
+        let el = plan.local(u, plan.optimizer_sharded);
+        let tr = &plan.training;
+        let bytes = el * tr.states_per_param() * tr.precision.optimizer_state.bytes();
+        let name = text!(
+            self.names,
+            "{} optimizer state ({} x {})",
+            plan.units[u].name,
+            tr.states_per_param(),
+            tr.precision.optimizer_state.name()
+        );
+        self.buffer(bytes, Category::OptimizerState, name)
+    }
+
+    pub(super) fn optimizer(&mut self, step: u32) {
+        let plan = self.plan;
+        let tr = &plan.training;
+        let pr = &tr.precision;
+        let el = plan.local_total(plan.optimizer_sharded);
+        if let Some(off) = plan.parallel.offload.clone() {
+            self.offloaded_optimizer(step, el, &off);
+            return;
+        }
+        let mut alloc = Vec::new();
+        let lazy = plan.parallel.framework == Framework::Fsdp && step == 1;
+        if lazy && tr.states_per_param() > 0 {
+            for u in 0..plan.units.len() {
+                alloc.push(self.optimizer_state_buffer(u));
+            }
+        }
+        let sb = pr.optimizer_state.bytes();
+        let temp = match tr.optimizer_impl {
+            OptimizerImpl::Foreach if tr.states_per_param() == 2 => el * sb,
+            OptimizerImpl::ForLoop if tr.states_per_param() == 2 => {
+                let largest = self.dag.ops.iter().map(|o| o.params).max().unwrap_or(0);
+                let largest = if plan.optimizer_sharded { largest.div_ceil(plan.shard_group) } else { largest };
+                2 * largest * sb
+            }
+            _ => 0,
+        };
+        let mut frees = Vec::new();
+        if temp > 0 {
+            let b = self.buffer(
+                temp,
+                Category::OptimizerTemp,
+                text!(self.names, "optimizer.step() temporaries ({:?})", tr.optimizer_impl),
+            );
+            alloc.push(b);
+            frees.push(b);
+        }
+        let secs = self.cost.optimizer_s(el, tr.optimizer_step_bytes());
+        let deps = self.step_comm.clone();
+        let t = self.task(
+            COMPUTE,
+            secs,
+            deps,
+            alloc,
+            TaskLabel::new(step, Phase::Optimizer, 0, text!(self.names, "optimizer.step()"), TaskKind::Optimizer, None),
+        );
+        self.free_at(t, &frees);
+        let mut last = t;
+        // Replicated parameters with a sharded optimizer: all-gather the updated shards.
+        if !plan.params_sharded && plan.optimizer_sharded && plan.dp > 1 {
+            let bytes = plan.total_params() * pr.param.bytes();
+            let secs = self.cost.collective_s(&self.cost.dp_group, Collective::AllGather, bytes);
+            last = self.task(
+                NCCL,
+                secs,
+                vec![t],
+                vec![],
+                TaskLabel::new(
+                    step,
+                    Phase::Optimizer,
+                    0,
+                    text!(self.names, "all-gather updated parameters"),
+                    TaskKind::AllGather,
+                    None,
+                ),
+            );
+        }
+        let grads: Vec<u32> = self.grad_bufs.iter().chain(self.op_grad_bufs.iter()).flatten().copied().collect();
+        let z = self.task(
+            COMPUTE,
+            0.0,
+            vec![last],
+            vec![],
+            TaskLabel::new(
+                step,
+                Phase::Optimizer,
+                0,
+                text!(self.names, "zero_grad(set_to_none=True)"),
+                TaskKind::ZeroGrad,
+                None,
+            ),
+        );
+        self.free_at(z, &grads);
+        self.last_task_of_prev_step = Some(z);
+    }
+}

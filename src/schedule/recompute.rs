@@ -1,0 +1,165 @@
+//! Activation recomputation in backward (PyTorch `torch.utils.checkpoint`, Megatron-LM
+//! `--recompute-granularity full | selective`): under full checkpointing a block's forward
+//! runs again before its backward, re-creating the tensors its backward needs (and the
+//! transients between them, and its tensor-parallel collectives); under selective
+//! checkpointing only the attention core's s x s scores are recomputed, just before its
+//! backward. Which tensors are dropped is decided in `lifetimes`.
+
+use super::backward::Bwd;
+use super::{Builder, Category, Checkpointing, Phase, TaskKind, TaskLabel, COMPUTE};
+use crate::model::{Op, OpKind};
+
+impl Builder<'_> {
+    /// Full checkpointing: block `l`'s forward again, before its first backward kernel
+    /// (the first recompute task waits for `deps`, as that kernel does).
+    pub(super) fn recompute_block(&mut self, st: &mut Bwd, l: usize, u: usize, deps: &[u32]) {
+        let dag = self.dag;
+        let (step, mb) = (st.step, st.mb);
+        let cb = self.pr().compute.bytes();
+        let casts = !self.plan.params_sharded && self.pr().param != self.pr().compute;
+        let rops = self.recompute_ops[l].clone();
+        let mut rpending: Option<u32> = None;
+        for (k, &ri) in rops.iter().enumerate() {
+            let rop = &dag.ops[ri];
+            if rop.comm.is_some_and(|c| c.forward.is_none()) {
+                continue;
+            }
+            let mut alloc = Vec::new();
+            let mut frees = Vec::new();
+            for &t in &rop.outputs {
+                let tp = self.tensors[t];
+                if tp.recomputed {
+                    let b = self.buffer(
+                        dag.tensors[t].bytes,
+                        Category::Recomputed,
+                        text!(self.names, "{} (recomputed, micro-batch {mb})", dag.tensors[t].name),
+                    );
+                    alloc.push(b);
+                    st.free_bwd[tp.last_saver.unwrap_or(ri)].push(b);
+                } else if !tp.kept {
+                    // Needed only by later recomputed ops.
+                    let b = self.buffer(
+                        dag.tensors[t].bytes,
+                        Category::Transient,
+                        text!(self.names, "{} (recompute transient)", dag.tensors[t].name),
+                    );
+                    alloc.push(b);
+                    // Freed after its last consumer if that is recomputed too, else right
+                    // away (nothing recomputed reads it).
+                    let lc = tp.last_consumer.unwrap_or(ri);
+                    frees.push((if rops.contains(&lc) { lc } else { ri }, b));
+                }
+            }
+            if rop.fwd_scratch > 0 {
+                let b = self.buffer(
+                    rop.fwd_scratch,
+                    Category::Transient,
+                    text!(self.names, "{} scratch (recompute)", rop.name),
+                );
+                alloc.push(b);
+                frees.push((ri, b));
+            }
+            if casts && rop.kind == OpKind::Linear {
+                let b = self.buffer(
+                    (rop.params + rop.shared_params) * cb,
+                    Category::GatheredParameters,
+                    text!(self.names, "{} weight cast (recompute)", rop.name),
+                );
+                alloc.push(b);
+                st.free_bwd[ri].push(b);
+            }
+            let t = if let Some(coll) = rop.comm.and_then(|c| c.forward) {
+                // Recomputing the forward repeats its tensor-parallel collectives.
+                let after = (self.prog.tasks.len() - 1) as u32;
+                let t = self.tp_task(step, Phase::Backward, mb, rop, coll, after, alloc, true);
+                rpending = Some(t);
+                t
+            } else {
+                let secs = self.cost.forward_s(rop);
+                self.hw_flops += rop.fwd_flops;
+                let mut d = if k == 0 { deps.to_vec() } else { vec![] };
+                d.extend(rpending.take());
+                self.task(
+                    COMPUTE,
+                    secs,
+                    d,
+                    alloc,
+                    TaskLabel::new(
+                        step,
+                        Phase::Backward,
+                        mb,
+                        text!(self.names, "recompute {}", rop.name),
+                        TaskKind::Recompute,
+                        Some(u),
+                    )
+                    .with_region(rop.region),
+                )
+            };
+            // Pending transient frees: attach now to this task if their consumer is this
+            // op, else remember them for the consumer's recompute task.
+            for (at, b) in frees {
+                if at == ri {
+                    self.free_at(t, &[b]);
+                } else {
+                    st.free_fwd[at].push(b);
+                }
+            }
+            let pending = std::mem::take(&mut st.free_fwd[ri]);
+            self.free_at(t, &pending);
+        }
+        // Anything still pending: free at the end of the recompute. Only ops of the
+        // recompute set can hold pending frees here (the forward pass consumed all of its
+        // own, and a recompute transient's consumer is in the set), so the ops beyond it
+        // need no visit.
+        if !rops.is_empty() {
+            let lt = (self.prog.tasks.len() - 1) as u32;
+            for &x in &rops {
+                let pend = std::mem::take(&mut st.free_fwd[x]);
+                if !pend.is_empty() {
+                    self.free_at(lt, &pend);
+                }
+            }
+        }
+    }
+
+    /// Selective checkpointing: recompute the attention core's scores just before its
+    /// backward; the recompute takes over what the backward kernel would have waited for.
+    pub(super) fn recompute_scores(&mut self, st: &mut Bwd, op: &Op, i: usize, u: usize, deps: &mut Vec<u32>) {
+        if self.plan.training.checkpointing != Checkpointing::Selective || op.kind != OpKind::AttentionCore {
+            return;
+        }
+        let dag = self.dag;
+        let mb = st.mb;
+        let mut alloc = Vec::new();
+        for &t in &op.outputs {
+            if self.tensors[t].recomputed {
+                let b = self.buffer(
+                    dag.tensors[t].bytes,
+                    Category::Recomputed,
+                    text!(self.names, "{} (recomputed, micro-batch {mb})", dag.tensors[t].name),
+                );
+                alloc.push(b);
+                st.free_bwd[i].push(b);
+            }
+        }
+        if !alloc.is_empty() {
+            let secs = self.cost.forward_s(op);
+            self.hw_flops += op.fwd_flops;
+            self.task(
+                COMPUTE,
+                secs,
+                std::mem::take(deps),
+                alloc,
+                TaskLabel::new(
+                    st.step,
+                    Phase::Backward,
+                    mb,
+                    text!(self.names, "recompute {}", op.name),
+                    TaskKind::Recompute,
+                    Some(u),
+                )
+                .with_region(op.region),
+            );
+        }
+    }
+}

@@ -1,0 +1,200 @@
+//! Parameter sharding and gathering (FSDP, ZeRO-3) and the sharded gradient's
+//! reduce-scatter (FSDP, ZeRO-2/3): what a unit's all-gather allocates and when it is freed,
+//! and what a reduce-scatter produces (PyTorch `torch/distributed/fsdp/_runtime_utils.py`:
+//! `_unshard`, `_post_backward_hook`, `_reduce_grad`; DeepSpeed `stage3.py`
+//! `fetch_sub_module` / `__reduce_and_partition_ipg_grads`, `stage_1_and_2.py`
+//! `reduce_independent_p_g_buckets_and_remove_grads`).
+
+use super::backward::Bwd;
+use super::{Builder, Category, Collective, Phase, TaskKind, TaskLabel, NCCL};
+use crate::model::{Op, OpKind, Region};
+use crate::plan::BackwardPrefetch;
+use crate::plan::Sharding;
+
+impl Builder<'_> {
+    pub(super) fn unit_gathered_bytes(&self, u: usize) -> u64 {
+        let un = &self.plan.units[u];
+        un.shard_params * self.plan.shard_group * self.pr().compute.bytes()
+            + un.frozen_shard_bytes * self.plan.shard_group
+    }
+
+    pub(super) fn gather(&mut self, step: u32, mb: u32, phase: Phase, u: usize, deps: Vec<u32>) -> (u32, u32) {
+        let bytes = self.unit_gathered_bytes(u);
+        let name = text!(
+            self.names,
+            "{} gathered for {} ({})",
+            self.plan.units[u].name,
+            phase.name(),
+            self.pr().compute.name()
+        );
+        let (deps, staging) = match &self.plan.parallel.offload {
+            Some(off) if off.parameters.is_some() => self.fetch_offloaded(step, mb, phase, u, deps, off),
+            _ => (deps, Vec::new()),
+        };
+        let b = self.buffer(bytes, Category::GatheredParameters, name);
+        let secs = self.cost.collective_s(&self.cost.shard_group, Collective::AllGather, bytes);
+        let what = text!(self.names, "all-gather {}", self.plan.units[u].name);
+        let t =
+            self.task(NCCL, secs, deps, vec![b], TaskLabel::new(step, phase, mb, what, TaskKind::AllGather, Some(u)));
+        self.free_at(t, &staging);
+        (t, b)
+    }
+
+    pub(super) fn reduce_scatter(&mut self, step: u32, mb: u32, u: usize, after: u32, unsharded: Vec<u32>) {
+        let plan = self.plan;
+        let gb = self.pr().grad.bytes();
+        let full_bytes = plan.units[u].shard_params * plan.shard_group * gb;
+        let shard_bytes = plan.units[u].shard_params * gb;
+        let mut alloc = Vec::new();
+        let mut tmp = None;
+        if let Some(off) = &plan.parallel.offload {
+            // ZeRO-Offload: the reduced partition goes to the host's FP32 gradient buffer.
+            let b = self.buffer(
+                shard_bytes,
+                Category::CommBuffers,
+                text!(self.names, "{} reduced gradient partition (to host, micro-batch {mb})", plan.units[u].name),
+            );
+            let secs = self.cost.collective_s(&self.cost.shard_group, Collective::ReduceScatter, full_bytes);
+            let label = |what: String, kind| TaskLabel::new(step, Phase::Backward, mb, what, kind, Some(u));
+            let t = self.task(
+                NCCL,
+                secs,
+                vec![after],
+                vec![b],
+                label(text!(self.names, "reduce-scatter {}", plan.units[u].name), TaskKind::ReduceScatter),
+            );
+            self.free_at(t, &unsharded);
+            let el = plan.units[u].shard_params;
+            let secs = (el * crate::plan::OffloadConfig::GRAD_BYTES_PER_PARAM) as f64 / off.d2h_bytes_per_s;
+            let what = text!(self.names, "copy {} gradient partition to host (fp32, D2H)", plan.units[u].name);
+            let d = self.task(self.d2h_stream, secs, vec![t], vec![], label(what, TaskKind::Send));
+            self.free_at(d, &[b]);
+            self.step_comm.push(d);
+            return;
+        }
+        if self.grad_bufs[u].is_none() {
+            let b = self.buffer(
+                shard_bytes,
+                Category::Gradients,
+                text!(self.names, "{} sharded grad ({})", plan.units[u].name, self.pr().grad.name()),
+            );
+            self.grad_bufs[u] = Some(b);
+            alloc.push(b);
+        } else {
+            // Later micro-batches reduce into a new shard and accumulate into .grad.
+            let b = self.buffer(
+                shard_bytes,
+                Category::CommBuffers,
+                text!(self.names, "{} reduce-scatter output (micro-batch {mb})", plan.units[u].name),
+            );
+            alloc.push(b);
+            tmp = Some(b);
+        }
+        let secs = self.cost.collective_s(&self.cost.shard_group, Collective::ReduceScatter, full_bytes);
+        let t = self.task(
+            NCCL,
+            secs,
+            vec![after],
+            alloc,
+            TaskLabel::new(
+                step,
+                Phase::Backward,
+                mb,
+                text!(self.names, "reduce-scatter {}", plan.units[u].name),
+                TaskKind::ReduceScatter,
+                Some(u),
+            ),
+        );
+        let mut f = unsharded;
+        f.extend(tmp);
+        self.free_at(t, &f);
+        self.step_comm.push(t);
+        if plan.parallel.sharding == Sharding::HybridShard && self.cost.replica_group.ranks > 1 {
+            let what = text!(self.names, "all-reduce {} shard across nodes", plan.units[u].name);
+            self.all_reduce_after(step, mb, u, t, true, shard_bytes, what);
+        }
+    }
+
+    /// Whether unit `u`'s parameters are resharded after its forward, so its backward
+    /// gathers them again (never the root unit, which FSDP keeps gathered).
+    fn resharded(&self, u: usize) -> bool {
+        self.plan.params_sharded && self.plan.reshard_after_forward && u > 0
+    }
+
+    /// Pre-backward of block `l` (unit `u`): make sure it is gathered, prefetch block l - 1
+    /// under BACKWARD_PRE; the block's first backward kernel waits for its all-gather.
+    pub(super) fn pre_backward_block(&mut self, st: &mut Bwd, l: usize, u: usize, deps: &mut Vec<u32>) {
+        let (step, mb) = (st.step, st.mb);
+        if self.resharded(u) && st.ag_bwd_task[u].is_none() {
+            let (t, b) = self.gather(step, mb, Phase::Backward, u, vec![st.last_bwd_task]);
+            st.ag_bwd_task[u] = Some(t);
+            st.gathered[u] = Some(b);
+        }
+        let pre = self.plan.parallel.backward_prefetch == BackwardPrefetch::Pre;
+        if pre && l >= 1 && self.resharded(u - 1) && st.ag_bwd_task[u - 1].is_none() {
+            let (t, b) = self.gather(step, mb, Phase::Backward, u - 1, vec![st.last_bwd_task]);
+            st.ag_bwd_task[u - 1] = Some(t);
+            st.gathered[u - 1] = Some(b);
+        }
+        if let Some(t) = st.ag_bwd_task[u] {
+            deps.push(t);
+        }
+    }
+
+    /// The root module's pre-backward hook fires when the gradient of the model's output
+    /// (the logits) exists: the loss is computed outside the module, so its backward comes
+    /// first. Under BACKWARD_PRE that hook prefetches the last block.
+    pub(super) fn root_pre_backward(&mut self, st: &mut Bwd, op: &Op) {
+        let nblocks = self.dag.config.n_layers as usize;
+        if op.region == Region::Head
+            && op.kind == OpKind::Linear
+            && nblocks > 0
+            && self.resharded(nblocks)
+            && self.plan.parallel.backward_prefetch == BackwardPrefetch::Pre
+            && st.ag_bwd_task[nblocks].is_none()
+        {
+            let (t, b) = self.gather(st.step, st.mb, Phase::Backward, nblocks, vec![st.last_bwd_task]);
+            st.ag_bwd_task[nblocks] = Some(t);
+            st.gathered[nblocks] = Some(b);
+        }
+    }
+
+    /// An unsharded weight gradient awaiting its unit's reduce-scatter. A tied head creates
+    /// the embedding's gradient; the embedding accumulates into it.
+    pub(super) fn unsharded_grad(&mut self, st: &mut Bwd, op: &Op, i: usize, u: usize, alloc: &mut Vec<u32>) {
+        let tied_again = op.kind == OpKind::Embedding && i == 0 && st.tied_grad_done;
+        if tied_again {
+            return;
+        }
+        let el = if op.shared_params > 0 { op.shared_params } else { op.params };
+        let b = self.buffer(
+            el * self.pr().grad.bytes(),
+            Category::UnshardedGradients,
+            text!(self.names, "{} weight grad (unsharded, micro-batch {})", op.name, st.mb),
+        );
+        st.unit_grads[u].push(b);
+        alloc.push(b);
+        st.tied_grad_done |= op.shared_params > 0;
+    }
+
+    /// Post-backward of unit `u`, after its last backward kernel `t`: BACKWARD_POST prefetches
+    /// the next unit before the reduce-scatter; the unit's gathered parameters are freed; its
+    /// unsharded gradients are reduce-scattered.
+    pub(super) fn post_backward_unit(&mut self, st: &mut Bwd, region: Region, u: usize, t: u32) {
+        if let Region::Block(l) = region {
+            let post = self.plan.parallel.backward_prefetch == BackwardPrefetch::Post;
+            if post && l >= 1 && self.resharded(u - 1) && st.ag_bwd_task[u - 1].is_none() {
+                let (at, b) = self.gather(st.step, st.mb, Phase::Backward, u - 1, vec![t]);
+                st.ag_bwd_task[u - 1] = Some(at);
+                st.gathered[u - 1] = Some(b);
+            }
+        }
+        if let Some(g) = st.gathered[u].take() {
+            self.free_at(t, &[g]);
+        }
+        if self.plan.grads_sharded {
+            let grads = std::mem::take(&mut st.unit_grads[u]);
+            self.reduce_scatter(st.step, st.mb, u, t, grads);
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! Tensor-parallel collectives (Megatron-LM `megatron/core/tensor_parallel/mappings.py` and
+//! `layers.py`): the all-reduces (all-gathers / reduce-scatters with sequence parallelism)
+//! of column- and row-parallel linears, on their own stream over the tensor-parallel group.
+
+use super::backward::Bwd;
+use super::{Builder, Category, Collective, Phase, TaskKind, TaskLabel, COMPUTE};
+use crate::model::{Op, TpComm};
+
+impl Builder<'_> {
+    /// A tensor-parallel collective of op `op` on the TP stream after task `after`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn tp_task(
+        &mut self,
+        step: u32,
+        phase: Phase,
+        mb: u32,
+        op: &crate::model::Op,
+        coll: Collective,
+        after: u32,
+        alloc: Vec<u32>,
+        recompute: bool,
+    ) -> u32 {
+        let bytes = op.comm.map_or(0, |c| c.bytes);
+        let secs = self.cost.collective_s(&self.cost.tp_group, coll, bytes);
+        let kind = match coll {
+            Collective::AllGather => TaskKind::AllGather,
+            Collective::ReduceScatter => TaskKind::ReduceScatter,
+            Collective::AllReduce => TaskKind::AllReduce,
+        };
+        let what = match (recompute, phase) {
+            (true, _) => text!(self.names, "{} (recompute)", op.name),
+            (false, Phase::Backward) => text!(self.names, "{} (backward)", op.name),
+            _ => text!(self.names, "{}", op.name),
+        };
+        let u = self.plan.unit_of(op.region);
+        let label = TaskLabel::new(step, phase, mb, what, kind, Some(u)).with_region(op.region);
+        self.task(self.tp_stream, secs, vec![after], alloc, label)
+    }
+
+    /// The backward of a tensor-parallel op: its collective on the gradient, after the
+    /// input-gradient GEMM it reduces (or, re-gathering a sequence-parallel input, beside
+    /// the GEMMs, for the weight-gradient GEMM alone).
+    pub(super) fn tp_backward(&mut self, st: &mut Bwd, op: &Op, i: usize, comm: TpComm) {
+        let Some(coll) = comm.backward else { return };
+        let (step, mb) = (st.step, st.mb);
+        let mut alloc = self.input_grads(op, mb, &mut st.grad_buf);
+        if comm.backward_buffer > 0 {
+            let b = self.buffer(
+                comm.backward_buffer,
+                Category::CommBuffers,
+                text!(self.names, "{} buffer (micro-batch {mb})", op.name),
+            );
+            alloc.push(b);
+            st.free_bwd[comm.backward_buffer_until.unwrap_or(i)].push(b);
+        }
+        let regathers = comm.backward_buffer > 0;
+        // The input-gradient collective starts after the input-gradient GEMM.
+        let after = if regathers { None } else { st.dgrad.take() };
+        let after = after.or(st.pending.take()).unwrap_or(st.last_bwd_task);
+        let t = self.tp_task(step, Phase::Backward, mb, op, coll, after, alloc, false);
+        let mut f = std::mem::take(&mut st.free_bwd[i]);
+        f.extend(op.outputs.iter().filter_map(|&o| st.grad_buf[o]));
+        self.free_at(t, &f);
+        if regathers {
+            // Only the weight-gradient GEMMs need the re-gathered input.
+            st.regather = Some(t);
+        } else {
+            st.pending = Some(t);
+        }
+    }
+
+    /// Megatron's column-parallel backward: the input-gradient GEMM first, then its
+    /// all-reduce (reduce-scatter) runs while the weight-gradient GEMM computes; with
+    /// sequence parallelism the input's all-gather overlaps the first GEMM. Returns the
+    /// weight-gradient GEMM.
+    pub(super) fn column_parallel_backward(
+        &mut self,
+        st: &mut Bwd,
+        op: &Op,
+        u: usize,
+        deps: Vec<u32>,
+        mut alloc: Vec<u32>,
+        n_input_grads: usize,
+    ) -> u32 {
+        let (step, mb) = (st.step, st.mb);
+        let (secs, dgrad_share) = self.cost.backward_split(op);
+        self.hw_flops += op.bwd_flops;
+        let label = |what: String| {
+            TaskLabel::new(step, Phase::Backward, mb, what, TaskKind::Backward, Some(u)).with_region(op.region)
+        };
+        let wgrad_alloc = alloc.split_off(n_input_grads);
+        let d =
+            self.task(COMPUTE, secs * dgrad_share, deps, alloc, label(text!(self.names, "{} (input grad)", op.name)));
+        st.dgrad = Some(d);
+        let wdeps = st.regather.take().into_iter().collect();
+        self.task(
+            COMPUTE,
+            secs * (1.0 - dgrad_share),
+            wdeps,
+            wgrad_alloc,
+            label(text!(self.names, "{} (weight grad)", op.name)),
+        )
+    }
+}
