@@ -28,7 +28,7 @@ pub mod label;
 use crate::engine::{BufferSpec, Program, Task};
 use crate::hardware::Cluster;
 use crate::memory::Category;
-use crate::model::{LayerDag, OpKind, Region, TensorKind};
+use crate::model::{LayerDag, Region, TensorKind};
 use crate::net::Collective;
 use crate::plan::{Checkpointing, Framework, OptimizerImpl, Plan, Sharding};
 
@@ -44,6 +44,7 @@ macro_rules! text {
 }
 
 mod backward;
+mod forward;
 mod grad_reduction;
 mod init;
 mod offload;
@@ -424,196 +425,5 @@ impl<'a> Builder<'a> {
     fn micro_batch(&mut self, step: u32, mb: u32, last_mb: bool) {
         let f = self.forward(step, mb, 0);
         self.backward(step, mb, 0, f, last_mb);
-    }
-
-    fn forward(&mut self, step: u32, mb: u32, c: usize) -> Fwd {
-        let dag = self.dag;
-        let plan = self.plan;
-        let (lo, hi) = self.chunk_ops[c];
-        let nops = dag.ops.len();
-        let nunits = plan.units.len();
-        let cb = self.pr().compute.bytes();
-        let casts = !plan.params_sharded && self.pr().param != self.pr().compute;
-        let mut free_fwd: Vec<Vec<u32>> = vec![Vec::new(); nops];
-        let mut free_bwd: Vec<Vec<u32>> = vec![Vec::new(); nops];
-        let mut loss_task = 0u32;
-        let mut gathered: Vec<Option<u32>> = vec![None; nunits];
-        let mut ag_fwd_task: Vec<Option<u32>> = vec![None; nunits];
-        let mut unit_last_fwd: Vec<Option<u32>> = vec![None; nunits];
-        let step_dep = self.last_task_of_prev_step;
-        // A collective (or receive) the next compute op waits for.
-        let mut pending: Option<u32> = None;
-        let (recv_after, mut first_deps) = self.take_prior_send();
-
-        // ---- forward
-        let wanted: Vec<usize> =
-            dag.inputs.iter().copied().filter(|&t| dag.ops[lo..hi].iter().any(|o| o.inputs.contains(&t))).collect();
-        let inputs: Vec<u32> = wanted
-            .iter()
-            .map(|&t| {
-                self.buffer(
-                    dag.tensors[t].bytes,
-                    Category::Inputs,
-                    text!(self.names, "{} (micro-batch {mb})", dag.tensors[t].name),
-                )
-            })
-            .collect();
-        let vs = self.chunk_vs[c];
-        // A later pipeline stage receives its input activation from the previous one.
-        if let Some(x) = self.chunk_in[c] {
-            let tp = self.tensors[x];
-            let b = self.buffer(
-                dag.tensors[x].bytes,
-                Category::Activations,
-                text!(self.names, "{} received (micro-batch {mb})", dag.tensors[x].name),
-            );
-            if tp.kept {
-                free_bwd[tp.last_saver.unwrap_or(lo)].push(b);
-            } else {
-                free_fwd[tp.last_consumer.unwrap_or(lo)].push(b);
-            }
-            let what = text!(self.names, "recv activation from virtual stage {} (micro-batch {mb})", vs - 1);
-            let deps: Vec<u32> = step_dep.into_iter().chain(recv_after).collect();
-            let t = self.p2p_task(self.recv_stream, step, Phase::Forward, mb, deps, vec![b], what);
-            self.ext_deps.push((t, Port { step, mb, virtual_stage: vs - 1, forward: true }));
-            pending = Some(t);
-        }
-        let mut out_buf = None;
-        let mut prev_region: Option<Region> = None;
-        for i in lo..hi {
-            let op = &dag.ops[i];
-            let u = plan.unit_of(op.region);
-            if let Some(comm) = op.comm {
-                // Tensor-parallel collective: on the TP stream, after the op before it.
-                if let Some(coll) = comm.forward {
-                    let mut alloc = Vec::new();
-                    for &t in &op.outputs {
-                        let tp = self.tensors[t];
-                        let b = self.buffer(
-                            dag.tensors[t].bytes,
-                            Category::Transient,
-                            text!(self.names, "{} (micro-batch {mb})", dag.tensors[t].name),
-                        );
-                        alloc.push(b);
-                        if tp.kept {
-                            free_bwd[tp.last_saver.unwrap_or(i)].push(b);
-                        } else {
-                            free_fwd[tp.last_consumer.unwrap_or(i).max(i)].push(b);
-                        }
-                    }
-                    let t = self.tp_task(step, Phase::Forward, mb, op, coll, loss_task, alloc, false);
-                    let f = std::mem::take(&mut free_fwd[i]);
-                    self.free_at(t, &f);
-                    pending = Some(t);
-                }
-                continue;
-            }
-            let mut deps = Vec::new();
-            let mut alloc = Vec::new();
-            deps.extend(pending.take());
-            deps.append(&mut first_deps);
-            if i == lo {
-                alloc.extend_from_slice(&inputs);
-                if let Some(d) = step_dep {
-                    deps.push(d);
-                }
-            }
-            if prev_region != Some(op.region) && plan.params_sharded && gathered[u].is_none() {
-                // FSDP pre-forward: all-gather this unit. With limit_all_gathers the CPU waits
-                // until at most one other gathered block is outstanding.
-                let mut agdeps: Vec<u32> = step_dep.into_iter().collect();
-                if plan.parallel.limit_all_gathers {
-                    if let Region::Block(l) = op.region {
-                        if l >= 2 {
-                            if let Some(t) = unit_last_fwd[u - 2] {
-                                agdeps.push(t);
-                            }
-                        }
-                    }
-                }
-                let (t, b) = self.gather(step, mb, Phase::Forward, u, agdeps);
-                gathered[u] = Some(b);
-                ag_fwd_task[u] = Some(t);
-            }
-            if let Some(t) = ag_fwd_task[u] {
-                if prev_region != Some(op.region) {
-                    deps.push(t);
-                }
-            }
-            prev_region = Some(op.region);
-            for &t in &op.outputs {
-                let tp = self.tensors[t];
-                let cat = if tp.kept { Category::Activations } else { Category::Transient };
-                let b = self.buffer(
-                    dag.tensors[t].bytes,
-                    cat,
-                    text!(self.names, "{} (micro-batch {mb})", dag.tensors[t].name),
-                );
-                alloc.push(b);
-                if self.chunk_out[c] == Some(t) {
-                    // Sent to the next stage, then freed (Megatron deallocates pipeline outputs).
-                    out_buf = Some(b);
-                } else if tp.kept {
-                    free_bwd[tp.last_saver.unwrap_or(i)].push(b);
-                } else {
-                    free_fwd[tp.last_consumer.unwrap_or(i).max(i)].push(b);
-                }
-            }
-            let mut frees_now = Vec::new();
-            if op.fwd_scratch > 0 {
-                let b = self.buffer(op.fwd_scratch, Category::Transient, text!(self.names, "{} scratch", op.name));
-                alloc.push(b);
-                frees_now.push(b);
-            }
-            if casts && op.kind == OpKind::Linear {
-                // Autocast casts the weight for the matmul, which saves the cast copy.
-                let b = self.buffer(
-                    (op.params + op.shared_params) * cb,
-                    Category::GatheredParameters,
-                    text!(self.names, "{} weight cast ({})", op.name, self.pr().compute.name()),
-                );
-                alloc.push(b);
-                if plan.training.checkpointing == Checkpointing::Full && matches!(op.region, Region::Block(_)) {
-                    frees_now.push(b);
-                } else {
-                    free_bwd[i].push(b);
-                }
-            }
-            let secs = self.cost.forward_s(op);
-            self.hw_flops += op.fwd_flops;
-            let t = self.task(
-                COMPUTE,
-                secs,
-                deps,
-                alloc,
-                TaskLabel::new(step, Phase::Forward, mb, text!(self.names, "{}", op.name), TaskKind::Forward, Some(u))
-                    .with_region(op.region),
-            );
-            loss_task = t;
-            let mut f = std::mem::take(&mut free_fwd[i]);
-            f.extend(frees_now);
-            self.free_at(t, &f);
-            unit_last_fwd[u] = Some(t);
-            // End of a block's forward: reshard.
-            let region_ends = i + 1 == hi || dag.ops[i + 1].region != op.region;
-            if region_ends {
-                if let (Region::Block(_), Some(g)) = (op.region, gathered[u]) {
-                    // Otherwise (SHARD_GRAD_OP) it stays gathered until its backward ends.
-                    if plan.reshard_after_forward {
-                        self.free_at(t, &[g]);
-                        gathered[u] = None;
-                    }
-                }
-            }
-        }
-        // The last forward task is the loss (or the chunk's output, sent on).
-        if let Some(b) = out_buf {
-            let what = text!(self.names, "send activation to virtual stage {} (micro-batch {mb})", vs + 1);
-            let t = self.p2p_task(self.send_stream, step, Phase::Forward, mb, vec![loss_task], vec![], what);
-            self.free_at(t, &[b]);
-            self.block_on_send(t, loss_task);
-        }
-        self.ready.insert(Port { step, mb, virtual_stage: vs, forward: true }, loss_task);
-        Fwd { free_fwd, free_bwd, loss_task, gathered, inputs }
     }
 }

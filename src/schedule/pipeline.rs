@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 
 use super::backward::Bwd;
+use super::forward::FwdPass;
 use super::{Builder, Category, Cost, Phase, Port, Schedule, TaskKind, TaskLabel};
 use crate::engine::PartLink;
 use crate::hardware::Cluster;
@@ -137,6 +138,43 @@ impl Builder<'_> {
             self.free_at(t, &[g]);
         }
         self.block_on_send(t, st.last_bwd_task);
+    }
+
+    /// Start of a chunk's forward on a later stage: its input activation arrives from the
+    /// previous one.
+    pub(super) fn recv_activation(&mut self, st: &mut FwdPass, c: usize, recv_after: Option<u32>) {
+        let Some(x) = self.chunk_in[c] else { return };
+        let (step, mb) = (st.step, st.mb);
+        let (lo, _) = self.chunk_ops[c];
+        let vs = self.chunk_vs[c];
+        let dag = self.dag;
+        let tp = self.tensors[x];
+        let b = self.buffer(
+            dag.tensors[x].bytes,
+            Category::Activations,
+            text!(self.names, "{} received (micro-batch {mb})", dag.tensors[x].name),
+        );
+        if tp.kept {
+            st.free_bwd[tp.last_saver.unwrap_or(lo)].push(b);
+        } else {
+            st.free_fwd[tp.last_consumer.unwrap_or(lo)].push(b);
+        }
+        let what = text!(self.names, "recv activation from virtual stage {} (micro-batch {mb})", vs - 1);
+        let deps: Vec<u32> = st.step_dep.into_iter().chain(recv_after).collect();
+        let t = self.p2p_task(self.recv_stream, step, Phase::Forward, mb, deps, vec![b], what);
+        self.ext_deps.push((t, Port { step, mb, virtual_stage: vs - 1, forward: true }));
+        st.pending = Some(t);
+    }
+
+    /// End of a chunk's forward: its output goes to the next stage, then is freed.
+    pub(super) fn send_activation(&mut self, st: &mut FwdPass, c: usize) {
+        let Some(b) = st.out_buf else { return };
+        let mb = st.mb;
+        let vs = self.chunk_vs[c];
+        let what = text!(self.names, "send activation to virtual stage {} (micro-batch {mb})", vs + 1);
+        let t = self.p2p_task(self.send_stream, st.step, Phase::Forward, mb, vec![st.last], vec![], what);
+        self.free_at(t, &[b]);
+        self.block_on_send(t, st.last);
     }
 
     /// One step of a pipeline stage: its forwards and backwards in schedule order, then the

@@ -6,6 +6,7 @@
 //! `reduce_independent_p_g_buckets_and_remove_grads`).
 
 use super::backward::Bwd;
+use super::forward::FwdPass;
 use super::{Builder, Category, Collective, Phase, TaskKind, TaskLabel, NCCL};
 use crate::model::{Op, OpKind, Region};
 use crate::plan::BackwardPrefetch;
@@ -195,6 +196,43 @@ impl Builder<'_> {
         if self.plan.grads_sharded {
             let grads = std::mem::take(&mut st.unit_grads[u]);
             self.reduce_scatter(st.step, st.mb, u, t, grads);
+        }
+    }
+
+    /// FSDP / ZeRO-3 pre-forward of the unit `u` that `region` starts: all-gather it unless
+    /// it is gathered already; the unit's first kernel waits for its all-gather. With
+    /// `limit_all_gathers` the CPU waits until at most one other gathered block is
+    /// outstanding.
+    pub(super) fn pre_forward_unit(&mut self, st: &mut FwdPass, region: Region, u: usize, deps: &mut Vec<u32>) {
+        let plan = self.plan;
+        if plan.params_sharded && st.gathered[u].is_none() {
+            let mut agdeps: Vec<u32> = st.step_dep.into_iter().collect();
+            if plan.parallel.limit_all_gathers {
+                if let Region::Block(l) = region {
+                    if l >= 2 {
+                        if let Some(t) = st.unit_last_fwd[u - 2] {
+                            agdeps.push(t);
+                        }
+                    }
+                }
+            }
+            let (t, b) = self.gather(st.step, st.mb, Phase::Forward, u, agdeps);
+            st.gathered[u] = Some(b);
+            st.ag_fwd_task[u] = Some(t);
+        }
+        if let Some(t) = st.ag_fwd_task[u] {
+            deps.push(t);
+        }
+    }
+
+    /// End of a unit's forward (kernel `t`): a block is resharded (`reshard_after_forward`);
+    /// otherwise (SHARD_GRAD_OP) it stays gathered until its backward ends.
+    pub(super) fn post_forward_unit(&mut self, st: &mut FwdPass, region: Region, u: usize, t: u32) {
+        if let (Region::Block(_), Some(g)) = (region, st.gathered[u]) {
+            if self.plan.reshard_after_forward {
+                self.free_at(t, &[g]);
+                st.gathered[u] = None;
+            }
         }
     }
 }

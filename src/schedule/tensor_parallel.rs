@@ -3,6 +3,7 @@
 //! of column- and row-parallel linears, on their own stream over the tensor-parallel group.
 
 use super::backward::Bwd;
+use super::forward::FwdPass;
 use super::{Builder, Category, Collective, Phase, TaskKind, TaskLabel, COMPUTE};
 use crate::model::{Op, TpComm};
 
@@ -100,5 +101,32 @@ impl Builder<'_> {
             wgrad_alloc,
             label(text!(self.names, "{} (weight grad)", op.name)),
         )
+    }
+
+    /// The forward of a tensor-parallel op: its collective on the TP stream, after the op
+    /// before it, into its output buffers.
+    pub(super) fn tp_forward(&mut self, st: &mut FwdPass, op: &Op, i: usize, comm: TpComm) {
+        let Some(coll) = comm.forward else { return };
+        let dag = self.dag;
+        let mb = st.mb;
+        let mut alloc = Vec::new();
+        for &t in &op.outputs {
+            let tp = self.tensors[t];
+            let b = self.buffer(
+                dag.tensors[t].bytes,
+                Category::Transient,
+                text!(self.names, "{} (micro-batch {mb})", dag.tensors[t].name),
+            );
+            alloc.push(b);
+            if tp.kept {
+                st.free_bwd[tp.last_saver.unwrap_or(i)].push(b);
+            } else {
+                st.free_fwd[tp.last_consumer.unwrap_or(i).max(i)].push(b);
+            }
+        }
+        let t = self.tp_task(st.step, Phase::Forward, mb, op, coll, st.last, alloc, false);
+        let f = std::mem::take(&mut st.free_fwd[i]);
+        self.free_at(t, &f);
+        st.pending = Some(t);
     }
 }

@@ -1,0 +1,162 @@
+//! The forward pass of one micro-batch over one model chunk, in op order. This file is the
+//! skeleton: the ops' kernels, their outputs' lifetimes (freed after the last forward
+//! consumer, or kept for the backward of the op that saved them) and autocast's weight
+//! casts. What a parallelism or framework adds happens at named points, each a method of the
+//! module that models it:
+//!
+//! | point | what | module |
+//! |---|---|---|
+//! | start of the chunk | receive the input activation from the previous stage | `pipeline` |
+//! | a tensor-parallel op | its forward collective | `tensor_parallel` |
+//! | first op of a unit | pre-forward all-gather (with `limit_all_gathers`) | `sharding` |
+//! | last op of a block | reshard after forward | `sharding` |
+//! | end of the chunk | send the output activation to the next stage | `pipeline` |
+
+use super::{Builder, Category, Checkpointing, Fwd, Phase, Port, TaskKind, TaskLabel, COMPUTE};
+use crate::model::{OpKind, Region};
+
+/// What the forward of one chunk carries from op to op.
+pub(super) struct FwdPass {
+    pub step: u32,
+    pub mb: u32,
+    /// The task that ends the previous step (the next step's work waits for it).
+    pub step_dep: Option<u32>,
+    pub free_fwd: Vec<Vec<u32>>,
+    pub free_bwd: Vec<Vec<u32>>,
+    /// Each unit's gathered parameters and their all-gather, while gathered.
+    pub gathered: Vec<Option<u32>>,
+    pub ag_fwd_task: Vec<Option<u32>>,
+    /// Each unit's last forward kernel so far.
+    pub unit_last_fwd: Vec<Option<u32>>,
+    /// A collective (or receive) the next compute op waits for.
+    pub pending: Option<u32>,
+    /// What the chunk's first compute waits for (the previous send).
+    pub first_deps: Vec<u32>,
+    /// The last forward kernel so far (at the end: the loss, or the chunk's output).
+    pub last: u32,
+    /// The chunk's output activation, sent to the next stage.
+    pub out_buf: Option<u32>,
+}
+
+impl Builder<'_> {
+    pub(super) fn forward(&mut self, step: u32, mb: u32, c: usize) -> Fwd {
+        let dag = self.dag;
+        let plan = self.plan;
+        let (lo, hi) = self.chunk_ops[c];
+        let nops = dag.ops.len();
+        let nunits = plan.units.len();
+        let cb = self.pr().compute.bytes();
+        let casts = !plan.params_sharded && self.pr().param != self.pr().compute;
+        let (recv_after, first_deps) = self.take_prior_send();
+        let mut st = FwdPass {
+            step,
+            mb,
+            step_dep: self.last_task_of_prev_step,
+            free_fwd: vec![Vec::new(); nops],
+            free_bwd: vec![Vec::new(); nops],
+            gathered: vec![None; nunits],
+            ag_fwd_task: vec![None; nunits],
+            unit_last_fwd: vec![None; nunits],
+            pending: None,
+            first_deps,
+            last: 0,
+            out_buf: None,
+        };
+        let wanted: Vec<usize> =
+            dag.inputs.iter().copied().filter(|&t| dag.ops[lo..hi].iter().any(|o| o.inputs.contains(&t))).collect();
+        let inputs: Vec<u32> = wanted
+            .iter()
+            .map(|&t| {
+                self.buffer(
+                    dag.tensors[t].bytes,
+                    Category::Inputs,
+                    text!(self.names, "{} (micro-batch {mb})", dag.tensors[t].name),
+                )
+            })
+            .collect();
+        self.recv_activation(&mut st, c, recv_after);
+        let mut prev_region: Option<Region> = None;
+        for i in lo..hi {
+            let op = &dag.ops[i];
+            let u = plan.unit_of(op.region);
+            if let Some(comm) = op.comm {
+                self.tp_forward(&mut st, op, i, comm);
+                continue;
+            }
+            let mut deps = Vec::new();
+            let mut alloc = Vec::new();
+            deps.extend(st.pending.take());
+            deps.append(&mut st.first_deps);
+            if i == lo {
+                alloc.extend_from_slice(&inputs);
+                if let Some(d) = st.step_dep {
+                    deps.push(d);
+                }
+            }
+            if prev_region != Some(op.region) {
+                self.pre_forward_unit(&mut st, op.region, u, &mut deps);
+            }
+            prev_region = Some(op.region);
+            for &t in &op.outputs {
+                let tp = self.tensors[t];
+                let cat = if tp.kept { Category::Activations } else { Category::Transient };
+                let b = self.buffer(
+                    dag.tensors[t].bytes,
+                    cat,
+                    text!(self.names, "{} (micro-batch {mb})", dag.tensors[t].name),
+                );
+                alloc.push(b);
+                if self.chunk_out[c] == Some(t) {
+                    // Sent to the next stage, then freed (Megatron deallocates pipeline outputs).
+                    st.out_buf = Some(b);
+                } else if tp.kept {
+                    st.free_bwd[tp.last_saver.unwrap_or(i)].push(b);
+                } else {
+                    st.free_fwd[tp.last_consumer.unwrap_or(i).max(i)].push(b);
+                }
+            }
+            let mut frees_now = Vec::new();
+            if op.fwd_scratch > 0 {
+                let b = self.buffer(op.fwd_scratch, Category::Transient, text!(self.names, "{} scratch", op.name));
+                alloc.push(b);
+                frees_now.push(b);
+            }
+            if casts && op.kind == OpKind::Linear {
+                // Autocast casts the weight for the matmul, which saves the cast copy.
+                let b = self.buffer(
+                    (op.params + op.shared_params) * cb,
+                    Category::GatheredParameters,
+                    text!(self.names, "{} weight cast ({})", op.name, self.pr().compute.name()),
+                );
+                alloc.push(b);
+                if plan.training.checkpointing == Checkpointing::Full && matches!(op.region, Region::Block(_)) {
+                    frees_now.push(b);
+                } else {
+                    st.free_bwd[i].push(b);
+                }
+            }
+            let secs = self.cost.forward_s(op);
+            self.hw_flops += op.fwd_flops;
+            let t = self.task(
+                COMPUTE,
+                secs,
+                deps,
+                alloc,
+                TaskLabel::new(step, Phase::Forward, mb, text!(self.names, "{}", op.name), TaskKind::Forward, Some(u))
+                    .with_region(op.region),
+            );
+            st.last = t;
+            let mut f = std::mem::take(&mut st.free_fwd[i]);
+            f.extend(frees_now);
+            self.free_at(t, &f);
+            st.unit_last_fwd[u] = Some(t);
+            if i + 1 == hi || dag.ops[i + 1].region != op.region {
+                self.post_forward_unit(&mut st, op.region, u, t);
+            }
+        }
+        self.send_activation(&mut st, c);
+        let vs = self.chunk_vs[c];
+        self.ready.insert(Port { step, mb, virtual_stage: vs, forward: true }, st.last);
+        Fwd { free_fwd: st.free_fwd, free_bwd: st.free_bwd, loss_task: st.last, gathered: st.gathered, inputs }
+    }
+}
