@@ -291,6 +291,25 @@ fn cases() -> Vec<Case> {
             &["needs tensor parallelism"],
         ),
         case(
+            "DeepSpeed ZeRO-3 with a pipeline",
+            b().set("hardware", "gpus", "4")
+                .set("parallel", "pipeline", "2")
+                .set("parallel", "sharding", "\"zero3\"")
+                .set("parallel", "framework", "\"deepspeed\""),
+            "parallel.sharding",
+            &["PipelineEngine", "zero1", "fsdp"],
+        ),
+        case(
+            "hybrid sharding with a pipeline",
+            b().set("hardware", "gpus", "4").set("parallel", "pipeline", "2").set(
+                "parallel",
+                "sharding",
+                "\"hybrid_shard\"",
+            ),
+            "parallel.sharding",
+            &["not simulated yet", "full_shard"],
+        ),
+        case(
             "unknown pipeline schedule",
             b().set("hardware", "gpus", "2").set("parallel", "pipeline", "2").set("parallel", "schedule", "\"zb-v\""),
             "parallel.schedule",

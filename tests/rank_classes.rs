@@ -92,3 +92,67 @@ fn a_straggler_on_one_stage_delays_the_other_stages_and_the_other_replica() {
     assert_eq!(slow.report.rank_classes.len(), 8);
     assert!(slow.report.rank_classes[0].note.contains("data-parallel rank 0 of pipeline stage 0"));
 }
+
+/// FSDP over each stage's data-parallel ranks (torchtitan's FSDP + PP): the stage all-gathers
+/// each of its units once per step and keeps it gathered across micro-batches
+/// (`reshard_after_forward` defaults to false with a pipeline), accumulates unsharded
+/// gradients without syncing (`torch.distributed.pipelining`: `set_requires_gradient_sync
+/// (False)` until the last backward) and reduce-scatters each unit once, after the stage's
+/// last backward.
+#[test]
+fn fsdp_on_a_pipeline_gathers_and_reduces_each_unit_once_per_step() {
+    let zero1 = stepsim::simulate(&pipelined("sharding = \"zero1\"", "")).unwrap();
+    let fsdp = stepsim::simulate(&pipelined("sharding = \"full_shard\"", "")).unwrap();
+    for (k, c) in fsdp.classes().enumerate() {
+        let s = c.schedule;
+        let kinds: Vec<TaskKind> = s.program.tasks.iter().map(|t| s.labels[t.label as usize].kind).collect();
+        let units = c.class.plan.units.iter().filter(|u| u.shard_params > 0).count();
+        let gathers = kinds.iter().filter(|&&x| x == TaskKind::AllGather).count();
+        let reduces = kinds.iter().filter(|&&x| x == TaskKind::ReduceScatter).count();
+        assert_eq!(gathers, units, "stage {k}: one all-gather per unit per step, not one per micro-batch");
+        assert_eq!(reduces, units, "stage {k}: one reduce-scatter per unit per step");
+        let all_reduces: Vec<&str> = s
+            .program
+            .tasks
+            .iter()
+            .map(|t| &s.labels[t.label as usize])
+            .filter(|l| l.kind == TaskKind::AllReduce)
+            .map(|l| l.what.as_str())
+            .collect();
+        assert!(
+            all_reduces.iter().all(|w| w.contains("tied embedding")),
+            "stage {k}: no data-parallel all-reduce besides FSDP's: {all_reduces:?}"
+        );
+        let last_backward = last_end(&c, TaskKind::Backward);
+        assert!(
+            first_start(&c, TaskKind::ReduceScatter) >= last_backward,
+            "stage {k}: gradients reduced after the last backward"
+        );
+    }
+    // At rest a stage holds half its parameters (data parallel 2 shards them); ZeRO-1 holds
+    // them all.
+    let at_rest = |s: &stepsim::Simulation| s.report.model_state_per_gpu.parameters.bytes;
+    assert_eq!(at_rest(&zero1), 2 * at_rest(&fsdp));
+    // At the peak the stage has all of them gathered, and its unsharded gradients (plus the
+    // one op's gradient being accumulated into them).
+    let peak = fsdp.report.peak.as_ref().unwrap();
+    let cat = |key: &str| peak.breakdown.iter().find(|b| b.category == key).map_or(0, |b| b.size.bytes) as f64;
+    let full = at_rest(&zero1) as f64;
+    assert!((cat("gathered_parameters") / full - 1.0).abs() < 0.01, "{:?}", peak.breakdown);
+    let grads = cat("unsharded_gradients") / full;
+    assert!((1.0..1.1).contains(&grads), "{grads:.3} x the stage's parameters: {:?}", peak.breakdown);
+    // The same under [jitter]: every rank's FSDP collectives wait for all ranks of its stage.
+    let jittered =
+        stepsim::simulate(&pipelined("sharding = \"full_shard\"", "[jitter]\nseed = 2\ncompute_cv = 0.05\n")).unwrap();
+    assert_eq!(jittered.job.classes.len(), 8);
+    assert!(step_time(&jittered) > step_time(&fsdp));
+}
+
+#[test]
+fn deepspeed_zero3_on_a_pipeline_is_refused_with_the_reason() {
+    let toml = "[model]\nfamily = \"gpt\"\nn_layers = 16\nhidden = 1024\nn_heads = 16\nvocab = 1024\nmax_seq_len = 1024\n\
+         [hardware]\ngpu = \"a100-80gb\"\ngpus = 8\n[parallel]\npipeline = 4\nsharding = \"zero3\"\nframework = \"deepspeed\"\n\
+         [training]\nmicro_batch = 2\nseq_len = 1024\ngrad_accum = 8\n";
+    let e = Scenario::from_toml(Path::new("<ds pp>"), toml).unwrap_err().to_string();
+    assert!(e.contains("parallel.sharding") && e.contains("PipelineEngine"), "{e}");
+}

@@ -422,6 +422,13 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
         };
         assumptions.push(format!("pipeline: stages are Megatron-LM's (embedding on the first, LM head and loss on the last, a copy of tied word embeddings there); each stage's output activation is freed once sent (deallocate_pipeline_outputs); {p2p}; tied word-embedding gradients are all-reduced between the first and last stage before the optimizer step"));
     }
+    if mp.pipeline > 1 && plan.grads_sharded {
+        assumptions.push(format!(
+            "FSDP over each pipeline stage's {} data-parallel ranks (torchtitan's FSDP + PP, torch.distributed.pipelining): parameters all-gathered at a unit's first forward of the step{}; gradients accumulated unsharded over the micro-batches (requires_gradient_sync(False)) and each unit reduce-scattered once, after the stage's last backward",
+            plan.dp,
+            if plan.reshard_after_forward { ", resharded after each forward and gathered again for each backward (reshard_after_forward = true)" } else { " and kept gathered until that reduce-scatter (reshard_after_forward defaults to false with a pipeline)" }
+        ));
+    }
     if plan.parallel.forward_prefetch {
         assumptions.push("forward_prefetch=True changes nothing here: with the CPU running ahead, the next all-gather is already issued as early as the limiter allows (it matters for CPU-bound runs)".into());
     }

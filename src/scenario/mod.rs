@@ -592,6 +592,20 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         offload: None,
     };
     let mut parallel = parallel;
+    if parallel.model_parallel.pipeline > 1 {
+        if framework == Framework::Deepspeed && matches!(sharding, Sharding::Zero2 | Sharding::Zero3) {
+            return Err(v.err(
+                "parallel.sharding",
+                "DeepSpeed's pipeline engine runs ZeRO stage 0 or 1 only (PipelineEngine asserts zero_optimization_stage < 2); use sharding = \"zero1\" or \"none\", or parallel.framework = \"fsdp\" (FSDP over each stage's data-parallel ranks, as torchtitan does)",
+            ));
+        }
+        // torchtitan's reshard_after_forward policy "default": with pipeline parallelism
+        // parameters stay gathered across the stage's micro-batches rather than being
+        // all-gathered again for each one.
+        if p.reshard_after_forward.is_none() && matches!(sharding, Sharding::Zero3) {
+            parallel.reshard_after_forward = false;
+        }
+    }
     if let Some(o) = &f.offload {
         parallel.offload = validate_offload(&v, o, &parallel, &cluster)?;
     }
@@ -1326,10 +1340,10 @@ fn validate_model_parallel(
             ),
         ));
     }
-    if pipeline > 1 && !matches!(sharding, Sharding::None | Sharding::Zero1) {
+    if pipeline > 1 && sharding == Sharding::HybridShard {
         return Err(v.err(
             "parallel.sharding",
-            "with pipeline parallelism only \"none\" or \"zero1\" (Megatron's distributed optimizer) shard over the data-parallel ranks; ZeRO-2/3 and FSDP do not compose with pipelining here",
+            "hybrid_shard with pipeline parallelism is not simulated yet; use \"full_shard\" or \"shard_grad_op\" (FSDP over each stage's data-parallel ranks, as torchtitan does), \"zero1\" or \"none\"",
         ));
     }
     if tensor > 1 && sharding == Sharding::HybridShard {

@@ -15,6 +15,7 @@
 //! | a column-parallel linear | input- and weight-gradient GEMMs apart | `tensor_parallel` |
 //! | after each op | DDP's bucketed all-reduce | `grad_reduction` |
 //! | a unit's last op | post-backward: reshard, prefetch, reduce-scatter | `sharding` |
+//! | end of the chunk | a stage's deferred post-backwards (no gradient sync before) | `sharding` |
 //! | end of the chunk | send the input's gradient to the previous stage | `pipeline` |
 //! | end of the chunk | ZeRO-1's reduce-scatter | `grad_reduction` |
 
@@ -28,12 +29,8 @@ pub(super) struct Bwd {
     /// Buffers freed at the end of an op's forward (recompute) or backward, by op index.
     pub free_fwd: Vec<Vec<u32>>,
     pub free_bwd: Vec<Vec<u32>>,
-    /// Each unit's gathered parameters, while gathered.
-    pub gathered: Vec<Option<u32>>,
     /// Each activation's gradient buffer, once its first consumer's backward created it.
     pub grad_buf: Vec<Option<u32>>,
-    /// Unsharded weight gradients awaiting their unit's reduce-scatter.
-    pub unit_grads: Vec<Vec<u32>>,
     /// Each unit's backward all-gather, once issued.
     pub ag_bwd_task: Vec<Option<u32>>,
     /// Bytes of DDP's bucket being filled.
@@ -49,15 +46,18 @@ pub(super) struct Bwd {
     pub dgrad: Option<u32>,
     pub regather: Option<u32>,
     pub last_bwd_task: u32,
+    /// This backward reduces the gradients (FSDP's `requires_gradient_sync`): every
+    /// micro-batch's without a pipeline, a stage's last of the step with one.
+    pub sync_grads: bool,
 }
 
 impl Builder<'_> {
-    pub(super) fn backward(&mut self, step: u32, mb: u32, c: usize, fwd: Fwd, last_mb: bool) {
+    pub(super) fn backward(&mut self, step: u32, mb: u32, c: usize, fwd: Fwd, last_mb: bool, sync_grads: bool) {
         let dag = self.dag;
         let plan = self.plan;
         let (lo, hi) = self.chunk_ops[c];
         let nunits = plan.units.len();
-        let Fwd { free_fwd, free_bwd, loss_task, gathered, inputs } = fwd;
+        let Fwd { free_fwd, free_bwd, loss_task, inputs } = fwd;
         let vs = self.chunk_vs[c];
         let (recv_after, first_deps) = self.take_prior_send();
         let mut st = Bwd {
@@ -65,9 +65,7 @@ impl Builder<'_> {
             mb,
             free_fwd,
             free_bwd,
-            gathered,
             grad_buf: vec![None; dag.tensors.len()],
-            unit_grads: vec![Vec::new(); nunits],
             ag_bwd_task: vec![None; nunits],
             ddp_bucket: 0,
             tied_grad_done: false,
@@ -76,6 +74,7 @@ impl Builder<'_> {
             dgrad: None,
             regather: None,
             last_bwd_task: loss_task,
+            sync_grads,
         };
         self.recv_gradient(&mut st, c, recv_after);
         let mut prev_region: Option<Region> = None;
@@ -145,6 +144,7 @@ impl Builder<'_> {
                 self.post_backward_unit(&mut st, op.region, u, t);
             }
         }
+        self.finish_unit_grads(&mut st);
         self.send_gradient(&mut st, c);
         self.ready.insert(Port { step, mb, virtual_stage: vs, forward: false }, st.last_bwd_task);
         if last_mb {

@@ -23,8 +23,7 @@ pub(super) struct FwdPass {
     pub step_dep: Option<u32>,
     pub free_fwd: Vec<Vec<u32>>,
     pub free_bwd: Vec<Vec<u32>>,
-    /// Each unit's gathered parameters and their all-gather, while gathered.
-    pub gathered: Vec<Option<u32>>,
+    /// Each unit's all-gather in this pass.
     pub ag_fwd_task: Vec<Option<u32>>,
     /// Each unit's last forward kernel so far.
     pub unit_last_fwd: Vec<Option<u32>>,
@@ -54,7 +53,6 @@ impl Builder<'_> {
             step_dep: self.last_task_of_prev_step,
             free_fwd: vec![Vec::new(); nops],
             free_bwd: vec![Vec::new(); nops],
-            gathered: vec![None; nunits],
             ag_fwd_task: vec![None; nunits],
             unit_last_fwd: vec![None; nunits],
             pending: None,
@@ -151,12 +149,12 @@ impl Builder<'_> {
             self.free_at(t, &f);
             st.unit_last_fwd[u] = Some(t);
             if i + 1 == hi || dag.ops[i + 1].region != op.region {
-                self.post_forward_unit(&mut st, op.region, u, t);
+                self.post_forward_unit(op.region, u, t);
             }
         }
         self.send_activation(&mut st, c);
         let vs = self.chunk_vs[c];
         self.ready.insert(Port { step, mb, virtual_stage: vs, forward: true }, st.last);
-        Fwd { free_fwd: st.free_fwd, free_bwd: st.free_bwd, loss_task: st.last, gathered: st.gathered, inputs }
+        Fwd { free_fwd: st.free_fwd, free_bwd: st.free_bwd, loss_task: st.last, inputs }
     }
 }

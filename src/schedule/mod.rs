@@ -72,7 +72,6 @@ pub(super) struct Fwd {
     free_fwd: Vec<Vec<u32>>,
     free_bwd: Vec<Vec<u32>>,
     loss_task: u32,
-    gathered: Vec<Option<u32>>,
     inputs: Vec<u32>,
 }
 
@@ -116,6 +115,14 @@ struct Builder<'a> {
     tensors: Vec<TensorPlan>,
     /// For full checkpointing: per block, the ops (forward order) recomputed in backward.
     recompute_ops: Vec<Vec<usize>>,
+    /// Each unit's gathered parameters, while gathered (FSDP / ZeRO-3). Without a pipeline
+    /// every unit is resharded by the end of each micro-batch's backward; a pipeline stage
+    /// keeps them across micro-batches (see `sharding`).
+    gathered: Vec<Option<u32>>,
+    /// Unsharded weight gradients awaiting their unit's reduce-scatter, per unit, and (a
+    /// pipeline stage accumulating across micro-batches) the accumulated one of each op.
+    unit_grads: Vec<Vec<u32>>,
+    acc_grads: Vec<Option<u32>>,
     /// Sharded gradient buffers of the current step, per unit (created by the first reduce).
     grad_bufs: Vec<Option<u32>>,
     /// Persistent full gradients of the current step, per op (DDP / ZeRO-1 / ZeRO-2 replicated).
@@ -329,6 +336,9 @@ impl<'a> Builder<'a> {
             labels: Vec::new(),
             tensors,
             recompute_ops,
+            gathered: vec![None; nu],
+            unit_grads: vec![Vec::new(); nu],
+            acc_grads: vec![None; dag.ops.len()],
             grad_bufs: vec![None; nu],
             op_grad_bufs: vec![None; dag.ops.len()],
             step_comm: Vec::new(),
@@ -424,6 +434,6 @@ impl<'a> Builder<'a> {
 
     fn micro_batch(&mut self, step: u32, mb: u32, last_mb: bool) {
         let f = self.forward(step, mb, 0);
-        self.backward(step, mb, 0, f, last_mb);
+        self.backward(step, mb, 0, f, last_mb, true);
     }
 }

@@ -183,22 +183,28 @@ impl Builder<'_> {
     fn pipeline_step(&mut self, step: u32) {
         self.grad_bufs.iter_mut().for_each(|g| *g = None);
         self.op_grad_bufs.iter_mut().for_each(|g| *g = None);
+        self.acc_grads.iter_mut().for_each(|g| *g = None);
         self.step_comm.clear();
         let mp = &self.plan.parallel.model_parallel;
         let m = self.plan.training.grad_accum;
         let mut pending = HashMap::new();
-        for (fwd, mb, c) in order(mp.schedule, mp.pipeline, self.plan.stage, m, mp.virtual_stages) {
+        let order = order(mp.schedule, mp.pipeline, self.plan.stage, m, mp.virtual_stages);
+        // Each chunk's last backward of the step: where FSDP reduces its gradients.
+        let last_bwd: Vec<Option<usize>> =
+            (0..self.chunk_ops.len()).map(|c| order.iter().rposition(|&(f, _, ch)| !f && ch == c)).collect();
+        for (k, &(fwd, mb, c)) in order.iter().enumerate() {
             if fwd {
                 let f = self.forward(step, mb, c);
                 pending.insert((mb, c), f);
             } else if let Some(f) = pending.remove(&(mb, c)) {
-                self.backward(step, mb, c, f, false);
+                self.backward(step, mb, c, f, false, last_bwd[c] == Some(k));
             }
         }
         // The schedule returns once its last send has completed.
         self.step_comm.extend(self.pending_send.take().map(|p| p.0));
         let plan = self.plan;
-        if plan.dp > 1 {
+        // Sharded gradients (FSDP) were reduce-scattered unit by unit after the last backward.
+        if plan.dp > 1 && !plan.grads_sharded {
             let bytes = plan.total_params() * self.pr().grad.bytes();
             let (coll, kind, what) = match plan.parallel.sharding {
                 Sharding::Zero1 => (

@@ -122,20 +122,27 @@ impl Builder<'_> {
         self.plan.params_sharded && self.plan.reshard_after_forward && u > 0
     }
 
+    /// Whether unit `u` must be all-gathered for this backward: it was resharded after its
+    /// forward and is not gathered (or being gathered) already. A pipeline stage keeps a
+    /// unit gathered from one micro-batch's backward to the next forward.
+    fn needs_gather(&self, st: &Bwd, u: usize) -> bool {
+        self.resharded(u) && st.ag_bwd_task[u].is_none() && self.gathered[u].is_none()
+    }
+
     /// Pre-backward of block `l` (unit `u`): make sure it is gathered, prefetch block l - 1
     /// under BACKWARD_PRE; the block's first backward kernel waits for its all-gather.
     pub(super) fn pre_backward_block(&mut self, st: &mut Bwd, l: usize, u: usize, deps: &mut Vec<u32>) {
         let (step, mb) = (st.step, st.mb);
-        if self.resharded(u) && st.ag_bwd_task[u].is_none() {
+        if self.needs_gather(st, u) {
             let (t, b) = self.gather(step, mb, Phase::Backward, u, vec![st.last_bwd_task]);
             st.ag_bwd_task[u] = Some(t);
-            st.gathered[u] = Some(b);
+            self.gathered[u] = Some(b);
         }
         let pre = self.plan.parallel.backward_prefetch == BackwardPrefetch::Pre;
-        if pre && l >= 1 && self.resharded(u - 1) && st.ag_bwd_task[u - 1].is_none() {
+        if pre && l >= 1 && self.needs_gather(st, u - 1) {
             let (t, b) = self.gather(step, mb, Phase::Backward, u - 1, vec![st.last_bwd_task]);
             st.ag_bwd_task[u - 1] = Some(t);
-            st.gathered[u - 1] = Some(b);
+            self.gathered[u - 1] = Some(b);
         }
         if let Some(t) = st.ag_bwd_task[u] {
             deps.push(t);
@@ -150,32 +157,82 @@ impl Builder<'_> {
         if op.region == Region::Head
             && op.kind == OpKind::Linear
             && nblocks > 0
-            && self.resharded(nblocks)
             && self.plan.parallel.backward_prefetch == BackwardPrefetch::Pre
-            && st.ag_bwd_task[nblocks].is_none()
+            && self.needs_gather(st, nblocks)
         {
             let (t, b) = self.gather(st.step, st.mb, Phase::Backward, nblocks, vec![st.last_bwd_task]);
             st.ag_bwd_task[nblocks] = Some(t);
-            st.gathered[nblocks] = Some(b);
+            self.gathered[nblocks] = Some(b);
         }
     }
 
     /// An unsharded weight gradient awaiting its unit's reduce-scatter. A tied head creates
     /// the embedding's gradient; the embedding accumulates into it.
+    ///
+    /// On a pipeline stage gradients are not reduced per micro-batch
+    /// (`torch.distributed.pipelining` `PipelineStage.backward_maybe_with_nosync`: FSDP's
+    /// `set_requires_gradient_sync(False)` until the stage's last backward): the first
+    /// backward of the step creates the unsharded gradient, later ones compute theirs into a
+    /// temporary that AccumulateGrad adds in and frees.
     pub(super) fn unsharded_grad(&mut self, st: &mut Bwd, op: &Op, i: usize, u: usize, alloc: &mut Vec<u32>) {
         let tied_again = op.kind == OpKind::Embedding && i == 0 && st.tied_grad_done;
         if tied_again {
             return;
         }
         let el = if op.shared_params > 0 { op.shared_params } else { op.params };
+        let bytes = el * self.pr().grad.bytes();
+        if self.accumulates_unsharded() && self.acc_grads[i].is_some() {
+            let b = self.buffer(
+                bytes,
+                Category::UnshardedGradients,
+                text!(self.names, "{} weight grad (micro-batch {}, accumulated into .grad)", op.name, st.mb),
+            );
+            alloc.push(b);
+            st.free_bwd[i].push(b);
+            return;
+        }
         let b = self.buffer(
-            el * self.pr().grad.bytes(),
+            bytes,
             Category::UnshardedGradients,
             text!(self.names, "{} weight grad (unsharded, micro-batch {})", op.name, st.mb),
         );
-        st.unit_grads[u].push(b);
+        self.unit_grads[u].push(b);
+        if self.accumulates_unsharded() {
+            self.acc_grads[i] = Some(b);
+        }
         alloc.push(b);
         st.tied_grad_done |= op.shared_params > 0;
+    }
+
+    /// Whether unsharded gradients accumulate over the step's micro-batches and are reduced
+    /// once (a pipeline stage), rather than reduced after every micro-batch's backward (FSDP
+    /// without `no_sync()`).
+    pub(super) fn accumulates_unsharded(&self) -> bool {
+        self.plan.pipeline() > 1
+    }
+
+    /// End of a chunk's last backward of the step on a pipeline stage: every unit it still
+    /// holds gathered, or whose gradients still await their reduce-scatter, gets its
+    /// post-backward now: `PipelineStage.backward_maybe_with_nosync(last_backward=True)` runs
+    /// the whole backward first, then each FSDP state's `post_backward()` (reshard, then
+    /// reduce-scatter), in module order (`_state_ctx.all_states`: the root first). Without a
+    /// pipeline every unit had its post-backward already.
+    pub(super) fn finish_unit_grads(&mut self, st: &mut Bwd) {
+        if !st.sync_grads {
+            return;
+        }
+        for u in 0..self.plan.units.len() {
+            if self.gathered[u].is_some() || !self.unit_grads[u].is_empty() {
+                let t = st.last_bwd_task;
+                if let Some(g) = self.gathered[u].take() {
+                    self.free_at(t, &[g]);
+                }
+                if self.plan.grads_sharded && !self.unit_grads[u].is_empty() {
+                    let grads = std::mem::take(&mut self.unit_grads[u]);
+                    self.reduce_scatter(st.step, st.mb, u, t, grads);
+                }
+            }
+        }
     }
 
     /// Post-backward of unit `u`, after its last backward kernel `t`: BACKWARD_POST prefetches
@@ -184,17 +241,22 @@ impl Builder<'_> {
     pub(super) fn post_backward_unit(&mut self, st: &mut Bwd, region: Region, u: usize, t: u32) {
         if let Region::Block(l) = region {
             let post = self.plan.parallel.backward_prefetch == BackwardPrefetch::Post;
-            if post && l >= 1 && self.resharded(u - 1) && st.ag_bwd_task[u - 1].is_none() {
+            if post && l >= 1 && self.needs_gather(st, u - 1) {
                 let (at, b) = self.gather(st.step, st.mb, Phase::Backward, u - 1, vec![t]);
                 st.ag_bwd_task[u - 1] = Some(at);
-                st.gathered[u - 1] = Some(b);
+                self.gathered[u - 1] = Some(b);
             }
         }
-        if let Some(g) = st.gathered[u].take() {
+        if self.accumulates_unsharded() {
+            // reshard_after_backward = False and no gradient sync: the stage's post-backward
+            // runs for every unit once its last backward is done (`finish_unit_grads`).
+            return;
+        }
+        if let Some(g) = self.gathered[u].take() {
             self.free_at(t, &[g]);
         }
         if self.plan.grads_sharded {
-            let grads = std::mem::take(&mut st.unit_grads[u]);
+            let grads = std::mem::take(&mut self.unit_grads[u]);
             self.reduce_scatter(st.step, st.mb, u, t, grads);
         }
     }
@@ -205,11 +267,13 @@ impl Builder<'_> {
     /// outstanding.
     pub(super) fn pre_forward_unit(&mut self, st: &mut FwdPass, region: Region, u: usize, deps: &mut Vec<u32>) {
         let plan = self.plan;
-        if plan.params_sharded && st.gathered[u].is_none() {
+        if plan.params_sharded && self.gathered[u].is_none() {
             let mut agdeps: Vec<u32> = st.step_dep.into_iter().collect();
             if plan.parallel.limit_all_gathers {
-                if let Region::Block(l) = region {
-                    if l >= 2 {
+                // The block two units back (unit 0 is the root, never waited for; a pipeline
+                // stage numbers only its own blocks).
+                if let Region::Block(_) = region {
+                    if u >= 3 {
                         if let Some(t) = st.unit_last_fwd[u - 2] {
                             agdeps.push(t);
                         }
@@ -217,7 +281,7 @@ impl Builder<'_> {
                 }
             }
             let (t, b) = self.gather(st.step, st.mb, Phase::Forward, u, agdeps);
-            st.gathered[u] = Some(b);
+            self.gathered[u] = Some(b);
             st.ag_fwd_task[u] = Some(t);
         }
         if let Some(t) = st.ag_fwd_task[u] {
@@ -227,11 +291,11 @@ impl Builder<'_> {
 
     /// End of a unit's forward (kernel `t`): a block is resharded (`reshard_after_forward`);
     /// otherwise (SHARD_GRAD_OP) it stays gathered until its backward ends.
-    pub(super) fn post_forward_unit(&mut self, st: &mut FwdPass, region: Region, u: usize, t: u32) {
-        if let (Region::Block(_), Some(g)) = (region, st.gathered[u]) {
+    pub(super) fn post_forward_unit(&mut self, region: Region, u: usize, t: u32) {
+        if let (Region::Block(_), Some(g)) = (region, self.gathered[u]) {
             if self.plan.reshard_after_forward {
                 self.free_at(t, &[g]);
-                st.gathered[u] = None;
+                self.gathered[u] = None;
             }
         }
     }
