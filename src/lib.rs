@@ -1,10 +1,11 @@
 //! stepsim: a discrete-event simulator of one LLM training step across many GPUs.
 //!
-//! Data flows one way (see DESIGN.md): a [`scenario::Scenario`] is turned into a
+//! Data flows one way (docs/ARCHITECTURE.md): a [`scenario::Scenario`] is turned into a
 //! [`model::LayerDag`] (petgraph), a [`plan::Plan`] says who holds which bytes,
-//! [`schedule::build`] writes each distinct rank's program of tasks, [`engine::run`] plays it
-//! through a [`memory::Allocator`], and [`report::build`] turns the trace into the verdict,
-//! the peak and its breakdown, and throughput.
+//! [`job::compile`] turns the job into rank classes (each distinct program and how many GPUs
+//! run it, written by [`schedule`]), [`job::run::run`] plays them all on one engine, each
+//! class through its own [`memory::Allocator`], and [`report::job::build`] turns the run
+//! into the verdict, the peak and its breakdown, and throughput.
 //!
 //! ```no_run
 //! let s = stepsim::scenario::Scenario::load("scenarios/100b-32gpu-fsdp.toml".as_ref())?;

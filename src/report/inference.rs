@@ -173,6 +173,7 @@ pub fn build(
         capacity: Bytes::new(cap),
         parallel: super::to_json(&s.parallel.model_parallel),
         training: serde_json::Value::Null,
+        headline_class: 0,
         rank_classes: vec![RankClass {
             ranks: if gpus == 1 { "0".into() } else { format!("0-{}", gpus - 1) },
             count: gpus,

@@ -130,6 +130,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, job: &Job, run: &JobRun, per_class: b
     let h = headline(&figures);
     let mut report = classes.get(h).cloned().unwrap_or_else(|| one(h));
     finish(&mut report, s, job, &figures, &run.spans, h);
+    report.headline_class = h;
     JobReport { report, headline: h, classes }
 }
 

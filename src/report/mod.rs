@@ -234,6 +234,9 @@ pub struct Report {
     pub parallel: serde_json::Value,
     pub training: serde_json::Value,
     pub rank_classes: Vec<RankClass>,
+    /// The row of `rank_classes` the headline figures are about.
+    #[serde(skip)]
+    pub headline_class: usize,
     pub model_state_per_gpu: ModelStateReport,
     pub verdict: Verdict,
     pub peak: Option<Peak>,
@@ -460,6 +463,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
             stage: None,
             rank: None,
         }],
+        headline_class: 0,
         model_state_per_gpu: msr,
         verdict,
         peak,

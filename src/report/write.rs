@@ -234,13 +234,18 @@ pub fn host_csv(off: &super::OffloadReport, end_ns: u64) -> String {
     o
 }
 
+/// "ranks 0-31": the GPUs of the class the headline is about.
+fn headline_ranks(r: &Report) -> String {
+    r.rank_classes.get(r.headline_class).map(|c| format!("ranks {}", c.ranks)).unwrap_or_else(|| "rank 0".into())
+}
+
 /// Writes report.json, memory.csv and memory.png into `dir` (created if missing).
 pub fn write_all(dir: &Path, r: &Report, sched: &Schedule, trace: &Trace) -> Result<Vec<PathBuf>, WriteError> {
     std::fs::create_dir_all(dir).map_err(|e| WriteError {
         path: dir.to_path_buf(),
         message: format!("cannot create the output folder: {e}"),
     })?;
-    let rank = r.rank_classes.first().map(|c| format!("ranks {}", c.ranks)).unwrap_or_else(|| "rank 0".into());
+    let rank = headline_ranks(r);
     let json = dir.join("report.json");
     atomic_write(&json, report_json(r).as_bytes())?;
     let csv = dir.join("memory.csv");
@@ -252,9 +257,9 @@ pub fn write_all(dir: &Path, r: &Report, sched: &Schedule, trace: &Trace) -> Res
     let chrome = dir.join("trace.json");
     atomic_write(&chrome, super::chrome_trace::render(sched, trace, 0, &rank).as_bytes())?;
     let png = dir.join("memory.png");
-    let gpus = r.rank_classes.first().map_or(1, |c| c.count);
+    let gpus = r.rank_classes.get(r.headline_class).map_or(1, |c| c.count);
     let label = if r.throughput.as_ref().is_some_and(|t| t.jitter.is_some()) {
-        format!("{rank} ({gpus} GPUs; [jitter]: every data-parallel rank simulated, the last to finish shown)")
+        format!("{rank} ({gpus} GPUs; [jitter]: every data-parallel rank simulated, the headline rank shown)")
     } else {
         format!("{rank} ({gpus} GPUs, identical programs, simulated once)")
     };
@@ -275,7 +280,7 @@ pub fn explain_png(dir: &Path, r: &Report, sched: &Schedule, trace: &Trace, at_s
         path: dir.to_path_buf(),
         message: format!("cannot create the output folder: {e}"),
     })?;
-    let rank = r.rank_classes.first().map(|c| format!("ranks {}", c.ranks)).unwrap_or_else(|| "rank 0".into());
+    let rank = headline_ranks(r);
     let mut plot = memory_plot(r, sched, trace, &format!("{rank}: the {:.3} s before t = {at_s:.3} s", at_s * 0.2));
     plot.title = format!("stepsim explain: {} - what filled the GPU", r.scenario);
     let (t0, t1) = (at_s * 0.8, at_s + (at_s * 0.01).max(1e-6));

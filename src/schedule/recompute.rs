@@ -3,7 +3,7 @@
 //! runs again before its backward, re-creating the tensors its backward needs (and the
 //! transients between them, and its tensor-parallel collectives); under selective
 //! checkpointing only the attention core's s x s scores are recomputed, just before its
-//! backward. Which tensors are dropped is decided in `lifetimes`.
+//! backward. Which tensors are dropped is decided once per program, in `Builder::new`.
 
 use super::backward::Bwd;
 use super::{Builder, Category, Checkpointing, Phase, TaskKind, TaskLabel, COMPUTE};
