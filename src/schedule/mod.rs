@@ -389,6 +389,7 @@ impl<'a> Builder<'a> {
         }
     }
 
+    #[inline]
     fn buffer(&mut self, bytes: u64, category: Category, name: String) -> u32 {
         if self.names {
             self.prog.names.push(name);
@@ -397,6 +398,7 @@ impl<'a> Builder<'a> {
         (self.prog.buffers.len() - 1) as u32
     }
 
+    #[inline]
     fn task(&mut self, stream: u16, seconds: f64, deps: Vec<u32>, alloc: Vec<u32>, label: TaskLabel) -> u32 {
         self.labels.push(label);
         let task = Task { stream, duration_ns: cost::ns(seconds), label: (self.labels.len() - 1) as u32 };
@@ -407,6 +409,7 @@ impl<'a> Builder<'a> {
     }
 
     /// `task` frees `bufs` when it ends (after the frees given it before).
+    #[inline]
     fn free_at(&mut self, task: u32, bufs: &[u32]) {
         self.frees.extend(bufs.iter().map(|&b| (task, b)));
     }
@@ -418,6 +421,7 @@ impl<'a> Builder<'a> {
         prog
     }
 
+    #[inline]
     fn pr(&self) -> &crate::plan::Precision {
         &self.plan.training.precision
     }

@@ -118,6 +118,7 @@ impl Builder<'_> {
 
     /// Whether unit `u`'s parameters are resharded after its forward, so its backward
     /// gathers them again (never the root unit, which FSDP keeps gathered).
+    #[inline]
     fn resharded(&self, u: usize) -> bool {
         self.plan.params_sharded && self.plan.reshard_after_forward && u > 0
     }
@@ -125,6 +126,7 @@ impl Builder<'_> {
     /// Whether unit `u` must be all-gathered for this backward: it was resharded after its
     /// forward and is not gathered (or being gathered) already. A pipeline stage keeps a
     /// unit gathered from one micro-batch's backward to the next forward.
+    #[inline]
     fn needs_gather(&self, st: &Bwd, u: usize) -> bool {
         self.resharded(u) && st.ag_bwd_task[u].is_none() && self.gathered[u].is_none()
     }
@@ -207,6 +209,7 @@ impl Builder<'_> {
     /// Whether unsharded gradients accumulate over the step's micro-batches and are reduced
     /// once (a pipeline stage), rather than reduced after every micro-batch's backward (FSDP
     /// without `no_sync()`).
+    #[inline]
     pub(super) fn accumulates_unsharded(&self) -> bool {
         self.plan.pipeline() > 1
     }
