@@ -23,24 +23,23 @@ fn step_time(sim: &stepsim::Simulation) -> f64 {
     sim.report.throughput.as_ref().expect("fits").step_time_s
 }
 
-/// The end of the last task of `kind` in a class's program, ns.
-fn last_end(c: &stepsim::ClassSim, kind: TaskKind) -> u64 {
+/// (start, end) in ns of every task of `kind` in a class's program.
+fn spans(c: &stepsim::ClassSim, kind: TaskKind) -> Vec<(u64, u64)> {
     let s = c.schedule;
     (0..s.program.tasks.len())
         .filter(|&i| s.labels[s.program.tasks[i].label as usize].kind == kind)
-        .map(|i| c.trace.end_ns[i])
-        .max()
-        .unwrap()
+        .map(|i| (c.trace.start_ns[i], c.trace.end_ns[i]))
+        .collect()
+}
+
+/// The end of the last task of `kind`, ns.
+fn last_end(c: &stepsim::ClassSim, kind: TaskKind) -> u64 {
+    spans(c, kind).iter().map(|x| x.1).max().unwrap()
 }
 
 /// The start of the first task of `kind`, ns.
 fn first_start(c: &stepsim::ClassSim, kind: TaskKind) -> u64 {
-    let s = c.schedule;
-    (0..s.program.tasks.len())
-        .filter(|&i| s.labels[s.program.tasks[i].label as usize].kind == kind)
-        .map(|i| c.trace.start_ns[i])
-        .min()
-        .unwrap()
+    spans(c, kind).iter().map(|x| x.0).min().unwrap()
 }
 
 #[test]
