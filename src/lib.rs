@@ -85,7 +85,10 @@ fn offload_report(
 ) -> Result<report::OffloadReport, engine::Deadlock> {
     use plan::OffloadDevice;
     let p = sim.plan();
-    let where_ = p.offloaded_bytes();
+    // A node's GPUs may hold different pipeline stages: its host and NVMe figures are those of
+    // the class that offloads the most, on every GPU of the node (an upper bound).
+    let ph = sim.job.classes.iter().map(|c| &*c.plan).max_by_key(|q| q.offloaded_bytes().host).unwrap_or(p);
+    let where_ = ph.offloaded_bytes();
     let node = u64::from(s.cluster.gpus_per_node);
     let el = p.local_total(p.optimizer_sharded);
     let pb = s.training.precision.param.bytes();
@@ -132,8 +135,8 @@ fn offload_report(
         ),
     };
     let gb = |x: f64| x / 1e9;
-    let (host_fits, nvme_fits) = p.offload_fits(node);
-    let parts = p.offloaded_parts();
+    let (host_fits, nvme_fits) = ph.offload_fits(node);
+    let parts = ph.offloaded_parts();
     let holds: Vec<&str> = parts.iter().filter(|x| x.on == OffloadDevice::Cpu).map(|x| x.what).collect();
     let host_parts = parts
         .iter()
@@ -159,8 +162,12 @@ fn offload_report(
         nvme_bytes_per_node: report::Bytes::new(where_.nvme * node),
         nvme_capacity: report::Bytes::new(off.nvme_capacity_bytes),
         nvme_fits,
+        // Reduced once per micro-batch, or once per step on a pipeline stage (gradients
+        // accumulate unsharded there).
         d2h_bytes_per_step: report::Bytes::new(
-            p.local_total(true) * plan::OffloadConfig::GRAD_BYTES_PER_PARAM * s.training.grad_accum,
+            p.local_total(true)
+                * plan::OffloadConfig::GRAD_BYTES_PER_PARAM
+                * if p.pipeline() > 1 { 1 } else { s.training.grad_accum },
         ),
         h2d_bytes_per_step: report::Bytes::new(h2d),
         nvme_read_bytes_per_step: report::Bytes::new(nvme_read),

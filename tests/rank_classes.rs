@@ -155,3 +155,31 @@ fn deepspeed_zero3_on_a_pipeline_is_refused_with_the_reason() {
     let e = Scenario::from_toml(Path::new("<ds pp>"), toml).unwrap_err().to_string();
     assert!(e.contains("parallel.sharding") && e.contains("PipelineEngine"), "{e}");
 }
+
+/// FSDP CPU offload on each pipeline stage: the stage fetches each unit's parameter partition
+/// from the host once per step (it stays gathered across the micro-batches) and copies each
+/// unit's reduced gradient partition to the host once, after its last backward, where the
+/// same offload without a pipeline copies once per micro-batch.
+#[test]
+fn offload_on_a_pipeline_moves_each_partition_once_per_step() {
+    let off = stepsim::simulate(&pipelined("sharding = \"full_shard\"", "[offload]\nparameters = \"cpu\"\n")).unwrap();
+    assert_eq!(off.job.classes.len(), 4);
+    for (k, c) in off.classes().enumerate() {
+        let s = c.schedule;
+        let on = |name: &str| {
+            let stream = s.program.streams.iter().position(|x| x == name).expect(name) as u16;
+            s.program.tasks.iter().filter(|t| t.stream == stream).count()
+        };
+        let units = c.class.plan.units.iter().filter(|u| u.shard_params > 0).count();
+        // Each unit's partition to the GPU once (the updated parameters stay on the host with
+        // the optimizer: offload_params), each gradient partition to the host once.
+        assert_eq!(on("h2d"), units, "stage {k}");
+        assert_eq!(on("d2h"), units, "stage {k}");
+    }
+    let r = off.report.offload.as_ref().unwrap();
+    let local = off.plan().local_total(true);
+    assert_eq!(r.d2h_bytes_per_step.bytes, local * 4, "fp32 gradient partition once per step");
+    assert!(r.host_fits && off.report.offload_fits);
+    let base = stepsim::simulate(&pipelined("sharding = \"full_shard\"", "")).unwrap();
+    assert!(step_time(&off) > step_time(&base), "PCIe copies and the CPU step cost time");
+}

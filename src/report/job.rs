@@ -131,6 +131,9 @@ pub fn build(s: &Scenario, dag: &LayerDag, job: &Job, run: &JobRun, per_class: b
     let mut report = classes.get(h).cloned().unwrap_or_else(|| one(h));
     finish(&mut report, s, job, &figures, &run.spans, h);
     report.headline_class = h;
+    // Offload: every class's host share must fit, not only the headline's.
+    let node = u64::from(s.cluster.gpus_per_node);
+    report.offload_fits = job.classes.iter().all(|c| c.plan.offload_fits(node) == (true, true));
     JobReport { report, headline: h, classes }
 }
 

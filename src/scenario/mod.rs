@@ -926,8 +926,8 @@ fn validate_offload(
             ));
         }
     }
-    if parallel.model_parallel.pipeline > 1 {
-        return Err(v.err("offload", "offload with pipeline parallelism is not simulated yet"));
+    if parallel.model_parallel.pipeline > 1 && !fsdp {
+        return Err(v.err("offload", "DeepSpeed offload with pipeline parallelism is not simulated: its pipeline engine runs ZeRO stage 0 or 1 only, and offload is simulated with ZeRO-2/3; use parallel.framework = \"fsdp\" with sharding = \"full_shard\" and offload.parameters = \"cpu\" (FSDP CPU offload on each stage)"));
     }
     // The defaults, then what the section sets, each checked.
     let mut c = default_offload(cluster, parallel.framework, optimizer.unwrap_or(OffloadDevice::Cpu), parameters);
