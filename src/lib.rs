@@ -184,28 +184,53 @@ fn offload_report(
     })
 }
 
-/// An inference job: its program through the engine and allocator, its report, and the
-/// largest batch and context that fit. One rank class: every GPU (a replica, or a rank of
-/// its tensor-parallel group) runs the same program.
+/// An inference job: its program through the runner, its report, and the largest batch and
+/// context that fit.
 fn simulate_inference(s: &scenario::Scenario, cfg: &infer::InferenceConfig) -> Result<Simulation, engine::Deadlock> {
-    let run = infer::run(s, cfg, true, false)?;
-    let mut report = report::inference::build(s, cfg, &run.dag, &run.schedule, &run.trace, &run.traffic);
-    let fit = infer::max_fit(s, cfg)?;
+    let r = inference_run(s, cfg, true, false, true)?;
+    let class = &r.job.classes[0];
+    let mut report = report::inference::build(s, cfg, &r.dag, &class.schedule, &r.run.traces[0], &r.traffic);
+    let fit =
+        infer::max_fit(&s.model, cfg, |c| Ok(inference_run(s, c, false, true, false)?.run.traces[0].oom.is_none()))?;
     if let Some(inf) = report.inference.as_mut() {
         inf.max_fit = Some(fit);
     }
-    let plan = plan_of(s, &run.dag);
+    Ok(Simulation { dag: r.dag, job: r.job, run: r.run, class_reports: vec![report.clone()], report, headline: 0 })
+}
+
+/// An inference job's run: its DAG, its job (one rank class: every GPU, a replica or a rank
+/// of its tensor-parallel group, runs the same program), the run and what the program moves.
+pub struct InferenceRun {
+    pub dag: model::LayerDag,
+    pub job: job::Job,
+    pub run: job::run::JobRun,
+    pub traffic: infer::program::Traffic,
+}
+
+/// Compiles the inference job `cfg` of scenario `s` and plays it through the one runner, with
+/// the scenario's allocator; `names` labels tasks and buffers, `probe` is the capacity
+/// search's program ([`infer::program::build_with`]), `curve` keeps every memory sample.
+pub fn inference_run(
+    s: &scenario::Scenario,
+    cfg: &infer::InferenceConfig,
+    names: bool,
+    probe: bool,
+    curve: bool,
+) -> Result<InferenceRun, engine::Deadlock> {
+    let tp = s.parallel.model_parallel.tensor;
+    let c = infer::compile(&s.model, &s.workload, &s.cluster, tp, cfg, names, probe);
     let class = job::RankClass {
         role: job::Role::Replicas,
-        count: plan.gpus,
+        count: u64::from(s.cluster.gpus),
         first_rank: 0,
-        plan: std::sync::Arc::new(plan),
-        schedule: run.schedule,
+        plan: std::sync::Arc::new(plan_of(s, &c.dag)),
+        schedule: c.schedule,
     };
     let job = job::Job { classes: vec![class], extra: Vec::new(), links: Vec::new() };
-    let dag = run.dag;
-    let run = job::run::JobRun { traces: vec![run.trace], spans: Vec::new() };
-    Ok(Simulation { dag, job, run, class_reports: vec![report.clone()], report, headline: 0 })
+    // generate() calls no torch.cuda.empty_cache(): the training points do not apply.
+    let settings = memory::AllocatorSettings { empty_cache: Vec::new(), ..s.allocator.clone() };
+    let run = job::run::run(&job, &settings, s.allocator_capacity(), s.cluster.memory_bytes, 0, curve)?;
+    Ok(InferenceRun { dag: c.dag, job, run, traffic: c.traffic })
 }
 
 /// Scenario -> DAG -> plan -> rank classes -> one run -> report, with the allocator capped at
@@ -241,9 +266,10 @@ pub fn simulate_lean(
     early: &[u32],
 ) -> Result<report::Report, engine::Deadlock> {
     if let Some(cfg) = &s.inference {
-        // Its own program (sweeps refuse inference bases; this keeps the API total).
-        let run = infer::run(s, cfg, false, false)?;
-        return Ok(report::inference::build(s, cfg, &run.dag, &run.schedule, &run.trace, &run.traffic));
+        // Sweeps refuse inference bases; this keeps the API total.
+        let r = inference_run(s, cfg, false, false, true)?;
+        let sched = &r.job.classes[0].schedule;
+        return Ok(report::inference::build(s, cfg, &r.dag, sched, &r.run.traces[0], &r.traffic));
     }
     let plan = plan_of(s, dag);
     let capacity = s.allocator_capacity();

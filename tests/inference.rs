@@ -176,9 +176,9 @@ fn shipped_inference_scenarios_verdicts() {
     assert!(fit.context_limited_by.contains("max_seq_len"));
     let cfg = s.inference.clone().unwrap();
     for (batch, fits) in [(7, true), (8, false)] {
-        let run =
-            stepsim::infer::run(&s, &stepsim::infer::InferenceConfig { batch, ..cfg.clone() }, false, false).unwrap();
-        assert_eq!(run.trace.oom.is_none(), fits, "batch {batch}");
+        let c = stepsim::infer::InferenceConfig { batch, ..cfg.clone() };
+        let r = stepsim::inference_run(&s, &c, false, false, true).unwrap();
+        assert_eq!(r.run.traces[0].oom.is_none(), fits, "batch {batch}");
     }
 
     let s = Scenario::load(Path::new("scenarios/100b-4gpu-tp4-inference.toml")).unwrap();

@@ -1,7 +1,7 @@
 //! Inference jobs (`[job] kind = "inference"`): load the weights (quantized or not), fill a
 //! KV cache with the prompt's forward pass (prefill), then generate one token per forward
-//! pass (decode), on one tensor-parallel group. The program runs through the same engine and
-//! allocator model as training, so the verdict, the peak, memory.csv and memory.png mean the
+//! pass (decode), on one tensor-parallel group. The program is a one-class job that runs
+//! through the same runner, engine and allocator model as training, so the verdict, the peak, memory.csv and memory.png mean the
 //! same thing; the report adds time to first token, time per output token and the decode
 //! bandwidth bound.
 //!
@@ -25,10 +25,9 @@ pub mod program;
 
 use serde::Serialize;
 
-use crate::engine::{self, Deadlock, Trace};
-use crate::model::{Dtype, KvDtype, LayerDag, WeightFormat};
-use crate::report::inference::MaxFit;
-use crate::scenario::Scenario;
+use crate::engine::Deadlock;
+use crate::hardware::Cluster;
+use crate::model::{Dtype, KvDtype, LayerDag, ModelConfig, WeightFormat, Workload};
 use crate::schedule::Schedule;
 
 /// How the KV cache is allocated.
@@ -87,34 +86,47 @@ impl InferenceConfig {
 /// printed in every inference report.
 pub const GRAPH_KERNEL_S: f64 = 2e-6;
 
-/// One inference run: the prefill DAG, the program, what it moves, and the engine's trace.
-pub struct Run {
+/// An inference job compiled for one GPU of its tensor-parallel group: the prefill DAG,
+/// the program and what it moves.
+pub struct Compiled {
     pub dag: LayerDag,
     pub schedule: Schedule,
     pub traffic: program::Traffic,
-    pub trace: Trace,
 }
 
-/// Builds and plays the job `cfg` on the scenario's hardware and allocator. `names`: label
-/// tasks and buffers (false for the capacity search).
-pub fn run(s: &Scenario, cfg: &InferenceConfig, names: bool, probe: bool) -> Result<Run, Deadlock> {
-    let mut model = s.model.clone();
+/// Compiles the job `cfg` for `model` (in eval mode: no dropout) on `cluster`, split over
+/// `tp` tensor-parallel ranks. `names`: label tasks and buffers (false for the capacity
+/// search).
+pub fn compile(
+    model: &ModelConfig,
+    workload: &Workload,
+    cluster: &Cluster,
+    tp: u64,
+    cfg: &InferenceConfig,
+    names: bool,
+    probe: bool,
+) -> Compiled {
+    let mut model = model.clone();
     // model.eval(): no dropout.
     model.dropout = 0.0;
-    let mut w = s.workload.clone();
+    let mut w = workload.clone();
     w.micro_batch = cfg.batch;
     w.seq_len = cfg.prompt_len;
     let dag = crate::model::build(&model, &w);
-    let tp = s.parallel.model_parallel.tensor;
-    let (schedule, traffic) = program::build_with(&dag, cfg, &s.cluster, tp, names, probe);
-    let mut alloc = s.allocator.build(s.allocator_capacity(), s.cluster.memory_bytes);
-    let trace = engine::run_with(&schedule.program, alloc.as_mut(), &engine::RunOptions::default())?;
-    Ok(Run { dag, schedule, traffic, trace })
+    let (schedule, traffic) = program::build_with(&dag, cfg, cluster, tp, names, probe);
+    Compiled { dag, schedule, traffic }
 }
 
-/// Whether the job with `cfg` runs to completion within the scenario's memory.
-fn fits(s: &Scenario, cfg: &InferenceConfig) -> Result<bool, Deadlock> {
-    Ok(run(s, cfg, false, true)?.trace.oom.is_none())
+/// The largest batch (at this context) and context (at this batch) that fit, each found by
+/// bisection over whole simulations of the job.
+#[derive(Debug, Clone, Serialize)]
+pub struct MaxFit {
+    pub max_batch: u64,
+    /// prompt_len + gen_len, with gen_len as configured.
+    pub max_context: u64,
+    /// "memory" or why the search stopped before memory ran out.
+    pub context_limited_by: String,
+    pub batch_limited_by: String,
 }
 
 /// Largest x in [1, limit] with `ok(x)`, for `ok` monotone (true then false); 0 if none.
@@ -145,21 +157,26 @@ pub const MAX_BATCH_SEARCHED: u64 = 4096;
 pub const MAX_CONTEXT_SEARCHED: u64 = 1 << 20;
 
 /// The largest batch at the configured context and the longest context (prompt_len grown,
-/// gen_len kept) at the configured batch that fit, by bisection over whole simulations.
-/// Assumes memory grows with batch and context (it does: activations, KV cache).
-pub fn max_fit(s: &Scenario, cfg: &InferenceConfig) -> Result<MaxFit, Deadlock> {
-    let max_batch = largest(MAX_BATCH_SEARCHED, |b| fits(s, &InferenceConfig { batch: b, ..cfg.clone() }))?;
+/// gen_len kept) at the configured batch for which `fits` (a whole simulation of the job)
+/// holds, by bisection. Assumes memory grows with batch and context (it does: activations,
+/// KV cache).
+pub fn max_fit(
+    model: &ModelConfig,
+    cfg: &InferenceConfig,
+    mut fits: impl FnMut(&InferenceConfig) -> Result<bool, Deadlock>,
+) -> Result<MaxFit, Deadlock> {
+    let max_batch = largest(MAX_BATCH_SEARCHED, |b| fits(&InferenceConfig { batch: b, ..cfg.clone() }))?;
     // Learned positions (GPT) stop at max_seq_len; rotary ones (Llama) do not.
-    let (limit, why) = match s.model.family {
+    let (limit, why) = match model.family {
         crate::model::Family::Gpt => {
-            (s.model.max_seq_len, format!("model.max_seq_len = {} (learned positions)", s.model.max_seq_len))
+            (model.max_seq_len, format!("model.max_seq_len = {} (learned positions)", model.max_seq_len))
         }
         crate::model::Family::Llama => {
             (MAX_CONTEXT_SEARCHED, format!("the search stops at {MAX_CONTEXT_SEARCHED} tokens"))
         }
     };
     let prompt_limit = limit.saturating_sub(cfg.gen_len);
-    let prompt = largest(prompt_limit, |p| fits(s, &InferenceConfig { prompt_len: p, ..cfg.clone() }))?;
+    let prompt = largest(prompt_limit, |p| fits(&InferenceConfig { prompt_len: p, ..cfg.clone() }))?;
     let max_context = if prompt == 0 { 0 } else { prompt + cfg.gen_len };
     Ok(MaxFit {
         max_batch,

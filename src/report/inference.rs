@@ -65,17 +65,7 @@ pub struct InferenceTiming {
     pub decode_passes: u64,
 }
 
-/// The largest batch (at this context) and context (at this batch) that fit, each found by
-/// bisection over whole simulations of the job.
-#[derive(Debug, Clone, Serialize)]
-pub struct MaxFit {
-    pub max_batch: u64,
-    /// prompt_len + gen_len, with gen_len as configured.
-    pub max_context: u64,
-    /// "memory" or why the search stopped before memory ran out.
-    pub context_limited_by: String,
-    pub batch_limited_by: String,
-}
+pub use crate::infer::MaxFit;
 
 pub fn build(
     s: &Scenario,
