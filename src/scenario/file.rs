@@ -1,0 +1,232 @@
+//! The file types: serde mirrors of a scenario file's sections, as a user writes them
+//! (every field optional where stepsim has a default). Validation turns them into a
+//! [`super::Scenario`].
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScenarioFile {
+    /// Defaults to the file stem.
+    pub name: Option<String>,
+    pub description: Option<String>,
+    pub model: ModelSection,
+    pub hardware: HardwareSection,
+    #[serde(default)]
+    pub parallel: ParallelSection,
+    /// What is simulated (default: a training step).
+    pub job: Option<JobSection>,
+    /// Required for `job.kind = "train"`.
+    pub training: Option<TrainingSection>,
+    /// Required for `job.kind = "inference"`.
+    pub inference: Option<InferenceSection>,
+    /// `job.kind = "finetune-lora"`: the adapters (PEFT `LoraConfig`) and the frozen base.
+    pub lora: Option<LoraSection>,
+    /// DeepSpeed ZeRO-Offload of the optimizer to CPU memory.
+    pub offload: Option<OffloadSection>,
+    #[serde(default)]
+    pub allocator: AllocatorSection,
+    /// Per-rank compute jitter and stragglers (off when absent).
+    pub jitter: Option<JitterSection>,
+}
+
+/// `[job]`: what the GPUs do.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSection {
+    /// "train" (default) | "inference" | "finetune-lora" (not simulated yet).
+    pub kind: Option<String>,
+}
+
+/// `[inference]`: a `generate()` call, in Hugging Face / gpt-fast / vLLM terms.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct InferenceSection {
+    /// Sequences generated together.
+    pub batch: i64,
+    /// Prompt tokens per sequence.
+    pub prompt_len: i64,
+    /// Tokens generated per sequence (`max_new_tokens`).
+    pub gen_len: i64,
+    /// "bf16" | "fp16" | "int8" | "int4" (GPTQ/AWQ) | "nf4" (bitsandbytes).
+    pub weights: Option<String>,
+    /// int4: input features per quantization group (default 128).
+    pub group_size: Option<i64>,
+    /// nf4: `bnb_4bit_use_double_quant` (default false).
+    pub double_quant: Option<bool>,
+    /// "bf16" | "fp16" (default bf16; fp16 weights compute in fp16).
+    pub compute_dtype: Option<String>,
+    /// The compute dtype (default) or "fp8".
+    pub kv_cache_dtype: Option<String>,
+    /// "static" (preallocated, default) | "dynamic" (HF DynamicCache, grown by torch.cat).
+    pub kv_cache: Option<String>,
+    /// Decode replayed as a CUDA graph (default: true with a static cache).
+    pub cuda_graphs: Option<bool>,
+}
+
+/// `[offload]`: DeepSpeed `zero_optimization.offload_optimizer` / `offload_param`, or FSDP's
+/// `CPUOffload(offload_params=True)`, and the host and NVMe they use.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct OffloadSection {
+    /// "cpu" | "nvme" (DeepSpeed `offload_optimizer.device`) | "none".
+    pub optimizer: Option<String>,
+    /// "cpu" | "nvme" (DeepSpeed `offload_param.device`, ZeRO-3; FSDP: "cpu" is
+    /// `CPUOffload(offload_params=True)`) | "none" (default).
+    pub parameters: Option<String>,
+    /// Host memory per node, bytes (default 2 TB, a DGX A100 / H100).
+    pub cpu_memory: Option<i64>,
+    /// NVMe capacity per node, bytes (default 30.72 TB, a DGX H100's eight 3.84 TB drives).
+    pub nvme_capacity: Option<i64>,
+    /// Pinned copy bandwidth per GPU, GB/s (default from the GPU's PCIe generation).
+    pub h2d_gb_per_s: Option<f64>,
+    pub d2h_gb_per_s: Option<f64>,
+    /// NVMe bandwidth of the whole node, GB/s, shared by its GPUs (default 10 read, 5 write).
+    pub nvme_read_gb_per_s: Option<f64>,
+    pub nvme_write_gb_per_s: Option<f64>,
+    /// CPU optimizer throughput per GPU's partition, parameters/s (default 1e9 for
+    /// DeepSpeedCPUAdam, 1e9 / 6 for torch.optim on CPU; assumed).
+    pub cpu_adam_params_per_s: Option<f64>,
+}
+
+/// `[lora]`: PEFT's `LoraConfig`, and how the frozen base is stored (QLoRA: NF4).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoraSection {
+    /// `r` (default 8, PEFT's).
+    pub rank: Option<i64>,
+    /// `lora_alpha` (default 8): scales the update; no effect on memory or time.
+    pub alpha: Option<f64>,
+    /// `target_modules` by their Hugging Face names, or ["all-linear"].
+    pub target_modules: Option<Vec<String>>,
+    /// `lora_dropout` (default 0).
+    pub dropout: Option<f64>,
+    /// Frozen base linears: "bf16" (LoRA, default) | "nf4" (QLoRA, bitsandbytes).
+    pub base_weights: Option<String>,
+    /// nf4: `bnb_4bit_use_double_quant` (default false).
+    pub double_quant: Option<bool>,
+}
+
+/// What a scenario simulates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum JobKind {
+    Train,
+    FinetuneLora,
+    Inference,
+}
+
+/// `[jitter]`: rank-to-rank variation of compute time, drawn from `seed`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct JitterSection {
+    pub seed: i64,
+    /// Coefficient of variation of each op's compute time across ranks (0.02 = 2%).
+    pub compute_cv: Option<f64>,
+    /// Ranks that are persistently slow, and by how much (0.1 = 10% slower).
+    pub stragglers: Option<i64>,
+    pub straggler_slowdown: Option<f64>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    pub family: String,
+    pub n_layers: i64,
+    pub hidden: i64,
+    pub n_heads: i64,
+    pub n_kv_heads: Option<i64>,
+    pub ffn_hidden: Option<i64>,
+    pub vocab: i64,
+    pub max_seq_len: Option<i64>,
+    pub tie_embeddings: Option<bool>,
+    pub dropout: Option<f64>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HardwareSection {
+    pub gpu: String,
+    pub gpus: i64,
+    pub gpus_per_node: Option<i64>,
+    /// Overrides the catalog's device memory, bytes.
+    pub memory_capacity: Option<i64>,
+    /// Memory outside PyTorch's allocator (CUDA context, libraries), bytes.
+    pub cuda_context: Option<i64>,
+    /// Node preset (default: the GPU's usual node, e.g. "dgx-h100").
+    pub node: Option<String>,
+    /// Overrides of the node preset: compute NICs per node and each NIC's Gb/s.
+    pub nics_per_node: Option<i64>,
+    pub nic_gbps: Option<f64>,
+    /// Override of the GPU's intra-node link (NVLink / xGMI), GB/s per direction.
+    pub nvlink_gb_per_s: Option<f64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParallelSection {
+    pub sharding: Option<String>,
+    pub framework: Option<String>,
+    pub wrap: Option<String>,
+    pub reshard_after_forward: Option<bool>,
+    pub backward_prefetch: Option<String>,
+    pub forward_prefetch: Option<bool>,
+    pub limit_all_gathers: Option<bool>,
+    pub gradient_as_bucket_view: Option<bool>,
+    pub bucket_cap_mb: Option<f64>,
+    /// Megatron-LM `--tensor-model-parallel-size`.
+    pub tensor: Option<i64>,
+    /// Megatron-LM `--sequence-parallel`.
+    pub sequence_parallel: Option<bool>,
+    /// Megatron-LM `--pipeline-model-parallel-size`.
+    pub pipeline: Option<i64>,
+    /// Model chunks per pipeline stage (interleaved 1F1B).
+    pub virtual_stages: Option<i64>,
+    /// "gpipe" | "1f1b" | "interleaved-1f1b".
+    pub schedule: Option<String>,
+    /// Transformer blocks per pipeline stage, first to last (uneven splits).
+    pub stage_layers: Option<Vec<i64>>,
+    /// Megatron-Core `--overlap-p2p-communication`: pipeline sends and receives run beside
+    /// compute instead of blocking it.
+    pub overlap_p2p_communication: Option<bool>,
+}
+
+/// `[allocator]`: the allocator model, its `PYTORCH_CUDA_ALLOC_CONF` options, where the
+/// program calls `torch.cuda.empty_cache()`, and memory held outside the allocator.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AllocatorSection {
+    /// "caching" (PyTorch's CUDA caching allocator, the default) | "exact" (live bytes only).
+    pub kind: Option<String>,
+    pub expandable_segments: Option<bool>,
+    pub max_split_size_mb: Option<i64>,
+    pub roundup_power2_divisions: Option<i64>,
+    /// Any of "after_init", "after_forward", "after_backward", "after_optimizer", "after_step".
+    pub empty_cache: Option<Vec<String>>,
+    /// cuBLAS workspaces, bytes (default 0).
+    pub cublas_workspace: Option<i64>,
+    /// NCCL communicator buffers, bytes (default 0).
+    pub nccl_buffers: Option<i64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainingSection {
+    pub micro_batch: i64,
+    pub seq_len: i64,
+    pub grad_accum: Option<i64>,
+    pub steps: Option<i64>,
+    pub optimizer: Option<String>,
+    pub momentum: Option<bool>,
+    pub optimizer_impl: Option<String>,
+    pub precision: Option<String>,
+    pub param_dtype: Option<String>,
+    pub compute_dtype: Option<String>,
+    pub grad_dtype: Option<String>,
+    pub master_dtype: Option<String>,
+    pub optimizer_state_dtype: Option<String>,
+    pub activation_checkpointing: Option<String>,
+    pub attention: Option<String>,
+    pub logits_fp32: Option<bool>,
+    pub clip_grad_norm: Option<bool>,
+}

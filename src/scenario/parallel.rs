@@ -1,0 +1,159 @@
+//! `[parallel]`'s Megatron-LM dimensions: tensor, sequence and pipeline parallelism, the
+//! pipeline schedule and stage layers, and what they compose with.
+
+use super::*;
+
+/// `[parallel]`'s Megatron-LM degrees: they must divide the GPUs, the heads (and KV heads),
+/// the vocabulary-parallel split and the layers, as Megatron's own argument checks demand.
+pub(super) fn validate_model_parallel(
+    v: &V,
+    p: &ParallelSection,
+    model: &ModelConfig,
+    gpus: u64,
+    gpus_per_node: u64,
+    sharding: Sharding,
+) -> Result<ModelParallel, ScenarioError> {
+    let tensor = match p.tensor {
+        Some(x) => v.positive("parallel.tensor", x)?,
+        None => 1,
+    };
+    let pipeline = match p.pipeline {
+        Some(x) => v.positive("parallel.pipeline", x)?,
+        None => 1,
+    };
+    if gpus % (tensor * pipeline) != 0 {
+        return Err(v.err(
+            "parallel.tensor",
+            format!(
+                "tensor ({tensor}) x pipeline ({pipeline}) = {} must divide hardware.gpus ({gpus}); the data-parallel degree is gpus / (tensor x pipeline)",
+                tensor * pipeline
+            ),
+        ));
+    }
+    if tensor > gpus_per_node {
+        return Err(v.err(
+            "parallel.tensor",
+            format!(
+                "tensor parallelism runs inside a node: at most hardware.gpus_per_node ({gpus_per_node}), got {tensor}"
+            ),
+        ));
+    }
+    if model.n_heads % tensor != 0 || model.n_kv_heads % tensor != 0 {
+        return Err(v.err(
+            "parallel.tensor",
+            format!(
+                "must divide model.n_heads ({}) and the KV heads ({}), got {tensor}",
+                model.n_heads, model.n_kv_heads
+            ),
+        ));
+    }
+    if model.ffn_hidden % tensor != 0 || model.vocab % tensor != 0 {
+        return Err(v.err(
+            "parallel.tensor",
+            format!(
+                "must divide model.ffn_hidden ({}) and model.vocab ({}) (pad the vocabulary as Megatron's --make-vocab-size-divisible-by does), got {tensor}",
+                model.ffn_hidden, model.vocab
+            ),
+        ));
+    }
+    let sequence_parallel = p.sequence_parallel.unwrap_or(false);
+    if sequence_parallel && tensor == 1 {
+        return Err(v.err("parallel.sequence_parallel", "needs tensor parallelism (parallel.tensor > 1)"));
+    }
+    let schedule = match v.choice(
+        "parallel.schedule",
+        p.schedule.as_deref().unwrap_or(if p.virtual_stages.unwrap_or(1) > 1 { "interleaved-1f1b" } else { "1f1b" }),
+        &["gpipe", "1f1b", "interleaved-1f1b"],
+    )? {
+        "gpipe" => PipelineSchedule::Gpipe,
+        "1f1b" => PipelineSchedule::OneFOneB,
+        _ => PipelineSchedule::Interleaved,
+    };
+    let virtual_stages = match p.virtual_stages {
+        Some(x) => v.positive("parallel.virtual_stages", x)?,
+        None => 1,
+    };
+    if virtual_stages > 1 && schedule != PipelineSchedule::Interleaved {
+        return Err(v.err("parallel.virtual_stages", "model chunks per stage need schedule = \"interleaved-1f1b\""));
+    }
+    if schedule == PipelineSchedule::Interleaved && (virtual_stages < 2 || pipeline < 2) {
+        return Err(v.err(
+            "parallel.virtual_stages",
+            "interleaved-1f1b needs parallel.pipeline >= 2 and parallel.virtual_stages >= 2 (model chunks per stage)",
+        ));
+    }
+    let layers = model.n_layers;
+    let stage_layers = match &p.stage_layers {
+        None => Vec::new(),
+        Some(list) => {
+            if virtual_stages > 1 {
+                return Err(v.err(
+                    "parallel.stage_layers",
+                    "an explicit split is per stage; it cannot be combined with virtual_stages",
+                ));
+            }
+            if list.len() as u64 != pipeline {
+                return Err(v.err(
+                    "parallel.stage_layers",
+                    format!("needs one entry per pipeline stage ({pipeline}), got {}", list.len()),
+                ));
+            }
+            let mut out = Vec::new();
+            for &x in list {
+                if x < 1 {
+                    return Err(
+                        v.err("parallel.stage_layers", format!("every stage needs at least one layer, got {x}"))
+                    );
+                }
+                out.push(x as u64);
+            }
+            let sum: u64 = out.iter().sum();
+            if sum != layers {
+                return Err(v.err(
+                    "parallel.stage_layers",
+                    format!("the stages' layers add up to {sum}, but model.n_layers is {layers}"),
+                ));
+            }
+            out
+        }
+    };
+    if stage_layers.is_empty() && layers < pipeline * virtual_stages {
+        return Err(v.err(
+            "parallel.pipeline",
+            format!(
+                "{} pipeline stages x {virtual_stages} chunks need at least as many layers, model.n_layers is {layers}",
+                pipeline
+            ),
+        ));
+    }
+    if stage_layers.is_empty() && schedule == PipelineSchedule::Interleaved && layers % (pipeline * virtual_stages) != 0
+    {
+        return Err(v.err(
+            "parallel.virtual_stages",
+            format!(
+                "interleaving needs model.n_layers ({layers}) divisible by pipeline x virtual_stages ({})",
+                pipeline * virtual_stages
+            ),
+        ));
+    }
+    if pipeline > 1 && sharding == Sharding::HybridShard {
+        return Err(v.err(
+            "parallel.sharding",
+            "hybrid_shard with pipeline parallelism is not simulated yet; use \"full_shard\" or \"shard_grad_op\" (FSDP over each stage's data-parallel ranks, as torchtitan does), \"zero1\" or \"none\"",
+        ));
+    }
+    if tensor > 1 && sharding == Sharding::HybridShard {
+        return Err(v.err(
+            "parallel.sharding",
+            "hybrid_shard with tensor parallelism is not modelled; use \"full_shard\" over the data-parallel ranks",
+        ));
+    }
+    let overlap_p2p = p.overlap_p2p_communication.unwrap_or(false);
+    if p.overlap_p2p_communication.is_some() && pipeline < 2 {
+        return Err(v.err(
+            "parallel.overlap_p2p_communication",
+            "only applies to pipeline parallelism (parallel.pipeline > 1)",
+        ));
+    }
+    Ok(ModelParallel { tensor, sequence_parallel, pipeline, virtual_stages, schedule, stage_layers, overlap_p2p })
+}
