@@ -2,6 +2,9 @@
 //! it is created. Everything the scheduler allocates for parameters, gradients and optimizer
 //! state is sized here, so the report's model-state table and the simulation agree.
 
+mod framework;
+pub use framework::Framework;
+
 use serde::Serialize;
 
 use crate::model::{Dtype, LayerDag, Region};
@@ -43,14 +46,6 @@ impl BackwardPrefetch {
             BackwardPrefetch::None => "None",
         }
     }
-}
-
-/// Whose semantics apply where FSDP and DeepSpeed differ.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Framework {
-    Fsdp,
-    Deepspeed,
 }
 
 /// FSDP `BackwardPrefetch`.
@@ -505,7 +500,7 @@ impl Plan {
             _ => dp,
         };
         let params_sharded = matches!(sh, Sharding::Zero3 | Sharding::HybridShard)
-            || (sh == Sharding::Zero2 && parallel.framework == Framework::Fsdp);
+            || (sh == Sharding::Zero2 && parallel.framework.zero2_shards_parameters());
         let grads_sharded = matches!(sh, Sharding::Zero2 | Sharding::Zero3 | Sharding::HybridShard);
         let optimizer_sharded = sh != Sharding::None;
         // SHARD_GRAD_OP keeps the gathered parameters from forward to backward.
@@ -669,7 +664,7 @@ impl Plan {
         let el = self.local_total(self.optimizer_sharded);
         let pel = self.local_total(self.params_sharded);
         let part = |what, category, on, bytes| OffloadedPart { what, category, on, bytes };
-        let fsdp = self.parallel.framework == Framework::Fsdp;
+        let fsdp = self.parallel.framework.offloads_master_parameters();
         let grads = el * OffloadConfig::GRAD_BYTES_PER_PARAM;
         let mut out = vec![part("FP32 gradient partition", Category::Gradients, OffloadDevice::Cpu, grads)];
         if fsdp {

@@ -401,10 +401,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
         ),
         allocator::capacity_assumption(s),
         allocator::assumption(s),
-        match plan.parallel.framework {
-            crate::plan::Framework::Fsdp => "state creation (PyTorch FSDP): parameters (and master copy) at init, gradients in the first backward, optimizer state at the first optimizer.step()".into(),
-            crate::plan::Framework::Deepspeed => "state creation (DeepSpeed ZeRO): parameters, FP32 master partitions and optimizer state when the engine initialises".into(),
-        },
+        plan.parallel.framework.state_creation().into(),
         "activations: per-op saved tensors of PyTorch autograd (Korthikanti et al. 2022 counting); gradient accumulation frees each micro-batch's activations in its backward".into(),
         "the CPU is assumed to run ahead of the GPU: collectives are issued as early as their dependencies (and limit_all_gathers) allow, in one NCCL queue per process group".into(),
     ];

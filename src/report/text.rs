@@ -70,13 +70,7 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         assumptions(r, &mut o);
         return o;
     }
-    let fw = match (p.framework, p.sharding) {
-        (_, crate::plan::Sharding::None) if c.gpus == 1 => "single-GPU PyTorch",
-        (crate::plan::Framework::Fsdp, crate::plan::Sharding::None) => "PyTorch DDP",
-        (crate::plan::Framework::Fsdp, crate::plan::Sharding::Zero1) => "PyTorch ZeroRedundancyOptimizer",
-        (crate::plan::Framework::Fsdp, _) => "PyTorch FSDP",
-        (crate::plan::Framework::Deepspeed, _) => "DeepSpeed",
-    };
+    let fw = p.framework.display(p.sharding, u64::from(c.gpus));
     let fsdp_flags = if matches!(p.sharding, crate::plan::Sharding::None | crate::plan::Sharding::Zero1) {
         format!(
             "bucket_cap_mb={:.0}, gradient_as_bucket_view={}",

@@ -1,7 +1,7 @@
 //! Initialisation: what is on the GPU before the first forward (parameters unit by unit,
 //! master weights, module buffers, DDP's reducer buckets, DeepSpeed's optimizer state).
 
-use super::{Builder, Category, Framework, Phase, Sharding, TaskKind, TaskLabel, COMPUTE};
+use super::{Builder, Category, Phase, Sharding, TaskKind, TaskLabel, COMPUTE};
 
 impl Builder<'_> {
     /// Initialisation: parameters (loaded unit by unit, so an OOM names the layer), master
@@ -66,7 +66,7 @@ impl Builder<'_> {
             );
             self.task(COMPUTE, 0.0, vec![], vec![b], lbl(text!(self.names, "DDP reducer buckets"), None));
         }
-        if plan.parallel.framework == Framework::Deepspeed && !offload {
+        if plan.parallel.framework.optimizer_state_at_init() && !offload {
             for u in 0..plan.units.len() {
                 let b = self.optimizer_state_buffer(u);
                 self.task(

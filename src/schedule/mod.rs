@@ -30,7 +30,7 @@ use crate::hardware::Cluster;
 use crate::memory::Category;
 use crate::model::{LayerDag, Region, TensorKind};
 use crate::net::Collective;
-use crate::plan::{Checkpointing, Framework, OptimizerImpl, Plan, Sharding};
+use crate::plan::{Checkpointing, OptimizerImpl, Plan, Sharding};
 
 pub use cost::Cost;
 pub use label::{Phase, TaskKind, TaskLabel};

@@ -3,7 +3,7 @@
 //! swaps (DeepSpeed ZeRO-Offload / ZeRO-Infinity `offload_optimizer` / `offload_param`,
 //! `DeepSpeedCPUAdam`; FSDP `CPUOffload(offload_params=True)`).
 
-use super::{Builder, Category, Framework, Phase, TaskKind, TaskLabel, COMPUTE, NCCL};
+use super::{Builder, Category, Phase, TaskKind, TaskLabel, COMPUTE, NCCL};
 use crate::net::Collective;
 
 impl Builder<'_> {
@@ -41,7 +41,7 @@ impl Builder<'_> {
         );
         // FSDP under mixed precision casts the copy into the _mp_shard the all-gather reads;
         // the FP32 temporary dies with the cast, at the copy's end.
-        let cast = plan.parallel.framework == Framework::Fsdp && pb != cb;
+        let cast = plan.parallel.framework.offloads_master_parameters() && pb != cb;
         let gathered_from = if cast {
             let name = text!(self.names, "{name} _mp_shard ({})", self.pr().compute.name());
             self.buffer(el * cb, Category::CommBuffers, name)
@@ -90,11 +90,7 @@ impl Builder<'_> {
             let what = text!(self.names, "read optimizer state from NVMe (swap in)");
             deps = vec![self.nvme(true, state_bytes, deps, off, lbl(what, TaskKind::Recv))];
         }
-        let what = if plan.parallel.framework == Framework::Fsdp {
-            text!(self.names, "optimizer.step() on the CPU ({el} parameters)")
-        } else {
-            text!(self.names, "DeepSpeedCPUAdam step on the host ({el} parameters)")
-        };
+        let what = text!(self.names, "{} ({el} parameters)", plan.parallel.framework.host_optimizer_step());
         let mut last = self.task(
             self.cpu_stream,
             el as f64 / off.cpu_adam_params_per_s,

@@ -4,7 +4,7 @@
 //! all-gather of updated parameters under a sharded optimizer, and the gradients freed by
 //! `zero_grad(set_to_none=True)`.
 
-use super::{Builder, Category, Collective, Framework, OptimizerImpl, Phase, TaskKind, TaskLabel, COMPUTE, NCCL};
+use super::{Builder, Category, Collective, OptimizerImpl, Phase, TaskKind, TaskLabel, COMPUTE, NCCL};
 
 impl Builder<'_> {
     pub(super) fn optimizer_state_buffer(&mut self, u: usize) -> u32 {
@@ -32,7 +32,7 @@ impl Builder<'_> {
             return;
         }
         let mut alloc = Vec::new();
-        let lazy = plan.parallel.framework == Framework::Fsdp && step == 1;
+        let lazy = !plan.parallel.framework.optimizer_state_at_init() && step == 1;
         if lazy && tr.states_per_param() > 0 {
             for u in 0..plan.units.len() {
                 alloc.push(self.optimizer_state_buffer(u));
