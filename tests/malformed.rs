@@ -944,3 +944,32 @@ fn bad_command_lines_are_rejected() {
     assert!(left.is_empty(), "bad command lines wrote files: {left:?}");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// Issue 22: values past stepsim's stated limits are refused with the field and the limit,
+/// never wrapped (`vocab = 2^63 - 1` once reported 104,128 parameters and "FITS"), and a
+/// simulation too large to hold is refused before it is built, saying what to reduce.
+#[test]
+fn sizes_past_the_stated_limits_are_refused() {
+    let base =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/gpt-1.3b-1gpu.toml")).unwrap();
+    let with = |key: &str, value: &str| {
+        let text: String = base
+            .lines()
+            .map(|l| if l.starts_with(&format!("{key} =")) { format!("{key} = {value}") } else { l.to_string() })
+            .collect::<Vec<_>>()
+            .join("\n");
+        stepsim::scenario::Scenario::from_toml(Path::new("limits.toml"), &text).map(|_| ()).unwrap_err().to_string()
+    };
+    for (key, value, field, want) in [
+        ("vocab", "9223372036854775807", "model.vocab", "at most 16777216"),
+        ("hidden", "4294967296", "model.hidden", "at most 1048576"),
+        ("n_layers", "2147483648", "model.n_layers", "at most 1024"),
+        ("max_seq_len", "1000000000000000", "model.max_seq_len", "at most 16777216"),
+        ("micro_batch", "10000000", "training.micro_batch", "at most 1048576"),
+        ("grad_accum", "1000000000000000000", "training.grad_accum", "at most 65536"),
+        ("grad_accum", "60000", "training.grad_accum", "would simulate about"),
+    ] {
+        let e = with(key, value);
+        assert!(e.contains(&format!("field `{field}`")) && e.contains(want), "{key} = {value}: {e}");
+    }
+}

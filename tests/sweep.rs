@@ -630,3 +630,44 @@ fn dp_prunes_combinations_that_would_not_validate_by_the_same_rule() {
     let spec = spec_of(&body);
     assert!(spec.point(0).unwrap().is_none(), "{}", spec.describe(0));
 }
+
+/// Issue 22: limits a sweep states and checks before any work: a filter nested deeper than
+/// the parser's bound, a product of axes too large to enumerate (refused at once, not after
+/// enumerating it), and `--jobs` beyond the machine.
+#[test]
+fn sweep_limits_are_checked_before_the_work() {
+    let base = scenario_path("gpt-1.3b-1gpu");
+    let deep = format!("{}1{}", "(".repeat(100), ")".repeat(100));
+    let e = spec_err(&format!("base = {base:?}\nfilter = [\"{deep} = 1\"]\n[axes]\nhardware.gpus = [1, 2]\n"));
+    assert!(e.contains("filter[0]") && e.contains("nested deeper than 64"), "{e}");
+    // 10,000 nested parentheses once overflowed the stack.
+    let deeper = format!("{}1{}", "(".repeat(10_000), ")".repeat(10_000));
+    let long = vec!["1"; 2000].join(" + ");
+    for text in [deeper, long] {
+        let e = spec_err(&format!("base = {base:?}\nfilter = [\"{text} = 1\"]\n[axes]\nhardware.gpus = [1, 2]\n"));
+        assert!(e.contains("a constraint has at most 1000") && e.len() < 400, "{e}");
+    }
+
+    let tmp = tempfile::tempdir().unwrap();
+    // 1000^3 = 10^9 configurations: refused in well under a second.
+    let values = (1..=1000).map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
+    let huge = write(
+        tmp.path(),
+        "huge.toml",
+        &format!("base = {base:?}\n[axes]\ntraining.steps = [{values}]\ntraining.seed_x = [{values}]\nhardware.gpus = [{values}]\n")
+            .replace("training.seed_x", "training.grad_accum"),
+    );
+    let t = std::time::Instant::now();
+    let out = common::stepsim(
+        &["sweep", huge.to_str().unwrap(), "--out", tmp.path().join("o").to_str().unwrap()],
+        tmp.path(),
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", common::text(&out.stderr));
+    let err = common::text(&out.stderr);
+    assert!(err.contains("1000000000 configurations") && err.contains("--shard"), "{err}");
+    assert!(t.elapsed().as_secs_f64() < 5.0, "refused after {:?}", t.elapsed());
+    let good = write(tmp.path(), "good.toml", &small_sweep(""));
+    let out = common::stepsim(&["sweep", good.to_str().unwrap(), "--jobs", "100000"], tmp.path());
+    assert_eq!(out.status.code(), Some(2));
+    assert!(common::text(&out.stderr).contains("--jobs: at most"), "{}", common::text(&out.stderr));
+}

@@ -925,6 +925,11 @@ impl CachingAllocator {
         while self.blocks[cand as usize].size < size {
             let remaining = size - self.blocks[cand as usize].size;
             let next = self.blocks[cand as usize].next;
+            if next == NIL {
+                // The request is larger than the segment's whole virtual range (the device):
+                // nothing to map it into, an out-of-memory like cudaMalloc's.
+                return None;
+            }
             let s = self.blocks[next as usize].size.min(remaining);
             if !self.map_block(next, s) {
                 return None;

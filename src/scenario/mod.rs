@@ -5,6 +5,7 @@ mod allocator;
 pub mod error;
 mod file;
 mod inference;
+mod limits;
 mod lora;
 mod offload;
 mod parallel;
@@ -148,9 +149,9 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         "gpt" => Family::Gpt,
         _ => Family::Llama,
     };
-    let n_layers = v.positive("model.n_layers", m.n_layers)?;
-    let hidden = v.positive("model.hidden", m.hidden)?;
-    let n_heads = v.positive("model.n_heads", m.n_heads)?;
+    let n_layers = v.bounded("model.n_layers", m.n_layers, limits::MAX_LAYERS)?;
+    let hidden = v.bounded("model.hidden", m.hidden, limits::MAX_HIDDEN)?;
+    let n_heads = v.bounded("model.n_heads", m.n_heads, limits::MAX_HEADS)?;
     if hidden % n_heads != 0 {
         return Err(v.err("model.n_heads", format!("must divide model.hidden ({hidden}); {n_heads} does not")));
     }
@@ -174,14 +175,14 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         }
     };
     let ffn_hidden = match m.ffn_hidden {
-        Some(x) => v.positive("model.ffn_hidden", x)?,
+        Some(x) => v.bounded("model.ffn_hidden", x, limits::MAX_FFN)?,
         None => match family {
             Family::Gpt => 4 * hidden,
             // Llama's rule: 2/3 of 4h, rounded up to a multiple of 256.
             Family::Llama => (8 * hidden / 3).div_ceil(256) * 256,
         },
     };
-    let vocab = v.positive("model.vocab", m.vocab)?;
+    let vocab = v.bounded("model.vocab", m.vocab, limits::MAX_VOCAB)?;
     let job = job_kind(&v, &f)?;
     let (inf, standin) = match (job, &f.inference) {
         (JobKind::Inference, Some(i)) => {
@@ -191,10 +192,10 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         _ => (None, TrainingSection::default()),
     };
     let t = f.training.as_ref().unwrap_or(&standin);
-    let micro_batch = v.positive("training.micro_batch", t.micro_batch)?;
-    let seq_len = v.positive("training.seq_len", t.seq_len)?;
+    let micro_batch = v.bounded("training.micro_batch", t.micro_batch, limits::MAX_MICRO_BATCH)?;
+    let seq_len = v.bounded("training.seq_len", t.seq_len, limits::MAX_SEQ)?;
     let max_seq_len = match m.max_seq_len {
-        Some(x) => v.positive("model.max_seq_len", x)?,
+        Some(x) => v.bounded("model.max_seq_len", x, limits::MAX_SEQ)?,
         None => inf.map_or(seq_len, |(_, ctx)| ctx),
     };
     if let Some((_, ctx)) = inf {
@@ -229,7 +230,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
     let gpu = hardware::lookup(&h.gpu).ok_or_else(|| {
         v.err("hardware.gpu", format!("unknown GPU \"{}\"; the catalog has: {}", h.gpu, hardware::names().join(", ")))
     })?;
-    let gpus = v.positive("hardware.gpus", h.gpus)?;
+    let gpus = v.bounded("hardware.gpus", h.gpus, limits::MAX_GPUS)?;
     let node_name = h.node.as_deref().unwrap_or(gpu.default_node);
     let node = hardware::node(node_name).ok_or_else(|| {
         v.err(
@@ -370,7 +371,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
 
     // --- training
     let grad_accum = match t.grad_accum {
-        Some(x) => v.positive("training.grad_accum", x)?,
+        Some(x) => v.bounded("training.grad_accum", x, limits::MAX_GRAD_ACCUM)?,
         None => 1,
     };
     let steps = match t.steps {
@@ -565,6 +566,12 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
             })
         }
     };
+    limits::check_tensors(&v, &model, &workload, inf.map(|(_, ctx)| ctx))?;
+    if inf.is_none() {
+        // [jitter] simulates every data-parallel replica of the model (its stages included).
+        let ranks = if jitter.is_some() { parallel.model_parallel.data_parallel(gpus) } else { 1 };
+        limits::check_size(&v, n_layers, u64::from(steps), grad_accum, ranks)?;
+    }
     let inference = match inf {
         Some((i, _)) => {
             if f.offload.is_some() {

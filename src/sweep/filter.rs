@@ -144,9 +144,15 @@ fn lex(s: &str) -> Result<Vec<Tok>, String> {
     Ok(out)
 }
 
+/// The deepest nesting of parentheses and signs a constraint may have, and its most tokens:
+/// parsing and evaluating recurse that deep, so the bound keeps them within the stack.
+pub const MAX_FILTER_DEPTH: usize = 64;
+pub const MAX_FILTER_TOKENS: usize = 1000;
+
 struct Parser<'a> {
     toks: Vec<Tok>,
     pos: usize,
+    depth: usize,
     axes: &'a [Axis],
     base: &'a toml::Table,
 }
@@ -182,6 +188,21 @@ impl Parser<'_> {
     fn factor(&mut self) -> Result<Expr, String> {
         let t = self.toks.get(self.pos).cloned().ok_or("the expression ends too early")?;
         self.pos += 1;
+        let nests = matches!(t, Tok::Op("(" | "-"));
+        if nests {
+            self.depth += 1;
+            if self.depth > MAX_FILTER_DEPTH {
+                return Err(format!("nested deeper than {MAX_FILTER_DEPTH} parentheses or signs"));
+            }
+        }
+        let e = self.factor_of(t);
+        if nests {
+            self.depth -= 1;
+        }
+        e
+    }
+
+    fn factor_of(&mut self, t: Tok) -> Result<Expr, String> {
         match t {
             Tok::Num(n) => Ok(Expr::Lit(Val::Num(n))),
             Tok::Str(s) => Ok(Expr::Lit(Val::Str(s))),
@@ -240,7 +261,10 @@ impl Constraint {
     /// Parses `text`, resolving names against the axes and the base scenario's tree.
     pub fn parse(text: &str, axes: &[Axis], base: &toml::Table) -> Result<Constraint, String> {
         let toks = lex(text)?;
-        let mut p = Parser { toks, pos: 0, axes, base };
+        if toks.len() > MAX_FILTER_TOKENS {
+            return Err(format!("{} tokens; a constraint has at most {MAX_FILTER_TOKENS}", toks.len()));
+        }
+        let mut p = Parser { toks, pos: 0, depth: 0, axes, base };
         let lhs = p.sum()?;
         let cmp = match p.peek_op() {
             Some("=" | "==") => Cmp::Eq,

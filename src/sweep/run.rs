@@ -34,6 +34,8 @@ pub const HEATMAP: &str = "heatmap.png";
 /// Most configurations one run (or shard) takes on: its list of configuration indices is
 /// held in memory (8 bytes each).
 pub const MAX_CONFIGURATIONS: u64 = 20_000_000;
+/// `--jobs` may always ask for this many workers, whatever the machine.
+pub const MAX_JOBS_FLOOR: usize = 16;
 
 /// Configurations per thread per chunk: a chunk is simulated in parallel, then appended.
 const CHUNK_PER_THREAD: usize = 256;
@@ -122,6 +124,24 @@ fn out_err(path: &Path, what: &str, e: impl std::fmt::Display) -> SweepError {
 pub fn run(spec: &SweepSpec, opts: &RunOptions) -> Result<Finished, SweepError> {
     if opts.jobs == Some(0) {
         return Err(SweepError::Input("--jobs: must be at least 1".into()));
+    }
+    // More workers than a few per core only adds threads (and their stacks) to wait.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let max_jobs = (4 * cores).max(MAX_JOBS_FLOOR);
+    if let Some(j) = opts.jobs.filter(|&j| j > max_jobs) {
+        return Err(SweepError::Input(format!(
+            "--jobs: at most {max_jobs} on this machine ({cores} cores x 4), got {j}"
+        )));
+    }
+    // The product of the axes bounds what the filter keeps: refuse before enumerating it.
+    let share = spec.size.div_ceil(opts.shard.map_or(1, |s| s.count));
+    if share > MAX_CONFIGURATIONS {
+        let shards = spec.size.div_ceil(MAX_CONFIGURATIONS);
+        return Err(SweepError::Input(format!(
+            "{}: the axes make {} configurations ({share} for this run), over the {MAX_CONFIGURATIONS} one run enumerates; split the sweep with --shard I/N (N >= {shards}) or narrow the axes",
+            spec.source.display(),
+            spec.size
+        )));
     }
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(opts.jobs.unwrap_or(0))

@@ -388,8 +388,14 @@ impl SweepSpec {
         // --- filter
         let mut filters = Vec::new();
         for (i, text) in file.filter.iter().enumerate() {
+            // A long constraint is quoted by its start.
+            let shown: String = if text.chars().count() > 80 {
+                text.chars().take(80).chain("...".chars()).collect()
+            } else {
+                text.clone()
+            };
             let c = Constraint::parse(text, &axes, &base)
-                .map_err(|m| SweepError::field(path, &format!("filter[{i}]"), format!("`{text}`: {m}")))?;
+                .map_err(|m| SweepError::field(path, &format!("filter[{i}]"), format!("`{shown}`: {m}")))?;
             filters.push(c);
         }
 

@@ -1,0 +1,105 @@
+//! Stated limits, checked before any work starts: per-field maxima where a larger value is
+//! not a training job any more (and would overflow stepsim's 64-bit byte counts), the largest
+//! single tensor a job may hold, and the simulation's size. Each limit is in the README's
+//! scenario format reference; an error names the field and what to reduce.
+
+use super::{ScenarioError, V};
+use crate::model::{Attention, ModelConfig, Workload};
+
+/// Transformer blocks: 1024 (published models have up to about 130; `explain` simulates a
+/// dozen variants of a job, which must stay within seconds).
+pub const MAX_LAYERS: u64 = 1024;
+/// Hidden size: 2^20 (published models stay under 2^15).
+pub const MAX_HIDDEN: u64 = 1 << 20;
+/// Attention heads.
+pub const MAX_HEADS: u64 = 1 << 16;
+/// MLP hidden size.
+pub const MAX_FFN: u64 = 1 << 22;
+/// Vocabulary: 2^24 tokens (published vocabularies stay under 2^18).
+pub const MAX_VOCAB: u64 = 1 << 24;
+/// Sequence length and position table: 2^24 tokens.
+pub const MAX_SEQ: u64 = 1 << 24;
+/// Sequences per micro-batch.
+pub const MAX_MICRO_BATCH: u64 = 1 << 20;
+/// Tokens per micro-batch (micro_batch x seq_len).
+pub const MAX_TOKENS: u64 = 1 << 32;
+/// Micro-batches per step.
+pub const MAX_GRAD_ACCUM: u64 = 1 << 16;
+/// GPUs in a job.
+pub const MAX_GPUS: u64 = 1 << 20;
+/// The largest single tensor: 2^56 bytes (72 PB). Beyond it no GPU could hold it, and
+/// products of the job's sizes start to leave stepsim's 64-bit byte counts.
+pub const MAX_TENSOR_BYTES: u128 = 1 << 56;
+/// Tasks a simulation may hold, estimated before it is built as ranks simulated x steps x
+/// micro-batches x 3 (forward, backward, collectives) x (16 ops per block + 16): about 2.5
+/// times the shipped GPT-3 175B run (~0.7 million tasks, ~1.7 GB with its outputs).
+pub const MAX_TASKS: u64 = 2_000_000;
+
+impl V<'_> {
+    /// A positive integer no larger than `max`.
+    pub(super) fn bounded(&self, field: &str, v: i64, max: u64) -> Result<u64, ScenarioError> {
+        let x = self.positive(field, v)?;
+        if x > max {
+            return Err(self.err(
+                field,
+                format!("must be at most {max}, got {x} (stepsim's stated limit; see the README's scenario format)"),
+            ));
+        }
+        Ok(x)
+    }
+}
+
+/// Refuses a job whose largest tensor would exceed [`MAX_TENSOR_BYTES`]: the logits, the
+/// attention scores (math (materialised) attention), and an inference job's whole KV cache at `context`
+/// tokens (bounded by the same figure times 16).
+pub(super) fn check_tensors(v: &V, m: &ModelConfig, w: &Workload, context: Option<u64>) -> Result<(), ScenarioError> {
+    let (b, s) = (u128::from(w.micro_batch), u128::from(w.seq_len));
+    let tokens = b * s;
+    if tokens > u128::from(MAX_TOKENS) {
+        return Err(v.err(
+            "training.micro_batch",
+            format!("micro_batch x seq_len = {tokens} tokens per micro-batch; at most {MAX_TOKENS}"),
+        ));
+    }
+    let too_big = |bytes: u128| bytes > MAX_TENSOR_BYTES;
+    let logits = tokens * u128::from(m.vocab) * 4;
+    if too_big(logits) {
+        return Err(v.err(
+            "model.vocab",
+            format!("the FP32 logits of one micro-batch would be {logits} bytes (micro_batch x seq_len x vocab x 4), over the {MAX_TENSOR_BYTES} bytes stepsim counts"),
+        ));
+    }
+    if w.attention == Attention::Math {
+        let scores = b * u128::from(m.n_heads) * s * s * 4;
+        if too_big(scores) {
+            return Err(v.err(
+                "training.seq_len",
+                format!("math (materialised) attention's scores of one micro-batch would be {scores} bytes (micro_batch x n_heads x seq_len^2 x 4), over the {MAX_TENSOR_BYTES} bytes stepsim counts; use training.attention = \"flash\" or a shorter sequence"),
+            ));
+        }
+    }
+    if let Some(ctx) = context {
+        let kv = b * u128::from(ctx) * u128::from(m.n_layers) * u128::from(m.hidden) * 2 * 4;
+        if kv > 16 * MAX_TENSOR_BYTES {
+            return Err(v.err(
+                "inference.batch",
+                format!("the KV cache would be about {kv} bytes (batch x context x layers x hidden x 2 x 4), over the {} bytes stepsim counts", 16 * MAX_TENSOR_BYTES),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a simulation larger than [`MAX_TASKS`], saying what to reduce.
+pub(super) fn check_size(v: &V, n_layers: u64, steps: u64, grad_accum: u64, ranks: u64) -> Result<(), ScenarioError> {
+    let est = u128::from(ranks) * u128::from(steps) * u128::from(grad_accum) * 3 * (16 * u128::from(n_layers) + 16);
+    if est > u128::from(MAX_TASKS) {
+        return Err(v.err(
+            "training.grad_accum",
+            format!(
+                "this job would simulate about {est} tasks (ranks simulated {ranks} x steps {steps} x grad_accum {grad_accum} x 3 x (16 x {n_layers} layers + 16)), over the {MAX_TASKS} stepsim simulates in one run; reduce training.steps (2 shows the steady state), training.grad_accum, model.n_layers or the ranks [jitter] simulates"
+            ),
+        ));
+    }
+    Ok(())
+}
