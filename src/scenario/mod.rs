@@ -570,7 +570,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
     if inf.is_none() {
         // [jitter] simulates every data-parallel replica of the model (its stages included).
         let ranks = if jitter.is_some() { parallel.model_parallel.data_parallel(gpus) } else { 1 };
-        limits::check_size(&v, n_layers, u64::from(steps), grad_accum, ranks)?;
+        limits::check_size(&v, n_layers, steps, grad_accum, ranks)?;
     }
     let inference = match inf {
         Some((i, _)) => {
