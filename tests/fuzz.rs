@@ -99,7 +99,7 @@ fn check_report(json: &str) -> Result<(), String> {
             return Err(format!("peak allocated {a} > reserved {res}"));
         }
         for c in p["breakdown"].as_array().into_iter().flatten() {
-            if bytes(&c).is_none_or(|b| b > a) {
+            if bytes(c).is_none_or(|b| b > a) {
                 return Err(format!("a category above the peak: {c}"));
             }
         }
