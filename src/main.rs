@@ -104,7 +104,9 @@ fn run(path: &std::path::Path, out: Option<PathBuf>, json: bool) -> ExitCode {
     let views: Vec<_> = (0..sim.job.classes.len())
         .map(|k| (&sim.job.classes[k].schedule, &sim.run.traces[k], &sim.class_reports[k]))
         .collect();
-    let written = stepsim::report::write::write_job(&dir, &sim.report, &views, sim.headline);
+    let written = stepsim::report::write::publish(&dir, |d| {
+        stepsim::report::write::write_job(d, &sim.report, &views, sim.headline)
+    });
     let written = match written {
         Ok(w) => w,
         Err(e) => {
@@ -159,11 +161,11 @@ fn explain(path: &std::path::Path, out: Option<PathBuf>, margin: f64) -> ExitCod
     let e = stepsim::explain::explain(&s, &sim, margin);
     sim.report.explanation = serde_json::to_value(&e).ok();
     let dir = out.unwrap_or_else(|| PathBuf::from("output").join(&s.name));
-    let written =
-        stepsim::report::write::write_all(&dir, &sim.report, sim.schedule(), sim.trace()).and_then(|mut w| {
-            w.push(stepsim::report::write::explain_png(&dir, &sim.report, sim.schedule(), sim.trace(), e.time_s)?);
-            Ok(w)
-        });
+    let written = stepsim::report::write::publish(&dir, |d| {
+        let mut w = stepsim::report::write::write_all(d, &sim.report, sim.schedule(), sim.trace())?;
+        w.push(stepsim::report::write::explain_png(d, &sim.report, sim.schedule(), sim.trace(), e.time_s)?);
+        Ok(w)
+    });
     let written = match written {
         Ok(w) => w,
         Err(err) => {

@@ -313,3 +313,28 @@ fn explain_refuses_an_inference_job() {
     assert!(err.contains("100b-1gpu-int4-inference.toml") && err.contains("stepsim run"), "{err}");
     assert!(!tmp.path().join("x").exists());
 }
+
+/// Issue 22: outputs are all or nothing. A run that cannot write one of its files leaves
+/// none of the new set behind (a folder in the way of memory.png, after report.json and
+/// memory.csv were written), and a dangling `--out` link is named as such.
+#[test]
+fn a_failed_write_leaves_no_partial_outputs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let scenario = root.join("scenarios/gpt-1.3b-1gpu.toml");
+    let out = tmp.path().join("out");
+    std::fs::create_dir_all(out.join("memory.png")).unwrap();
+    let o = stepsim(&["run", scenario.to_str().unwrap(), "--out", out.to_str().unwrap()], tmp.path());
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o.stderr).contains("a folder is in the way"), "{}", text(&o.stderr));
+    let left: Vec<_> = std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("memory.png")], "nothing new beside the folder");
+    #[cfg(unix)]
+    {
+        let link = tmp.path().join("dangling");
+        std::os::unix::fs::symlink(tmp.path().join("missing/folder"), &link).unwrap();
+        let o = stepsim(&["run", scenario.to_str().unwrap(), "--out", link.to_str().unwrap()], tmp.path());
+        assert_eq!(o.status.code(), Some(2));
+        assert!(text(&o.stderr).contains("symbolic link to a folder that does not exist"), "{}", text(&o.stderr));
+    }
+}

@@ -39,6 +39,50 @@ fn atomic_write(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
     })
 }
 
+/// All or nothing on disk: `write` puts its files into a staging folder inside `dir`; once
+/// every one is written they are moved into `dir` (renames within one folder). A failure
+/// leaves `dir`'s previous files as they were and removes the staging folder, so a reader
+/// never finds a new report.json beside an old memory.csv, or half a set.
+pub fn publish(
+    dir: &Path,
+    write: impl FnOnce(&Path) -> Result<Vec<PathBuf>, WriteError>,
+) -> Result<Vec<PathBuf>, WriteError> {
+    let err = |path: &Path, message: String| WriteError { path: path.to_path_buf(), message };
+    if dir.symlink_metadata().is_ok_and(|m| m.file_type().is_symlink()) && dir.metadata().is_err() {
+        return Err(err(dir, "is a symbolic link to a folder that does not exist (or a loop of links)".into()));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| err(dir, format!("cannot create the output folder: {e}")))?;
+    let staging = dir.join(".stepsim-partial");
+    let _ = std::fs::remove_dir_all(&staging);
+    std::fs::create_dir_all(&staging).map_err(|e| err(&staging, format!("cannot create a staging folder: {e}")))?;
+    let written = match write(&staging) {
+        Ok(w) => w,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&staging);
+            let path = e.path.strip_prefix(&staging).map_or(e.path.clone(), |rel| dir.join(rel));
+            return Err(WriteError { path, message: e.message });
+        }
+    };
+    // What could stop a rename inside one folder: a folder in the way. Checked for every
+    // file before the first one moves.
+    if let Some(dest) = written
+        .iter()
+        .map(|p| dir.join(p.file_name().unwrap_or_default()))
+        .find(|d| d.symlink_metadata().is_ok_and(|m| m.is_dir()))
+    {
+        let _ = std::fs::remove_dir_all(&staging);
+        return Err(err(&dest, "a folder is in the way of this output file".into()));
+    }
+    let mut out = Vec::with_capacity(written.len());
+    for p in written {
+        let dest = dir.join(p.file_name().unwrap_or_default());
+        std::fs::rename(&p, &dest).map_err(|e| err(&dest, e.to_string()))?;
+        out.push(dest);
+    }
+    let _ = std::fs::remove_dir_all(&staging);
+    Ok(out)
+}
+
 pub fn report_json(r: &Report) -> String {
     let mut s = serde_json::to_string_pretty(r).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
     s.push('\n');
