@@ -973,3 +973,25 @@ fn sizes_past_the_stated_limits_are_refused() {
         assert!(e.contains(&format!("field `{field}`")) && e.contains(want), "{key} = {value}: {e}");
     }
 }
+
+/// Issue 22: a control character (even in a comment) and bytes that are not UTF-8 get an
+/// error with their line and column (the TOML parser's own message for them was empty).
+#[test]
+fn control_characters_and_invalid_utf8_are_placed() {
+    let base =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/gpt-1.3b-1gpu.toml")).unwrap();
+    let lines = base.lines().count() + 1;
+    for (tail, what) in [("# a \u{0} b\n", "U+0000"), ("# a \r b\n", "U+000D"), ("x = 1\u{1b}\n", "U+001B")] {
+        let e = stepsim::scenario::Scenario::from_toml(Path::new("ctl.toml"), &format!("{base}{tail}"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&format!("line {lines}, column")) && e.contains(what), "{e}");
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("latin1.toml");
+    let mut bytes = base.into_bytes();
+    bytes.extend_from_slice(b"# caf\xe9\n");
+    std::fs::write(&p, bytes).unwrap();
+    let e = stepsim::scenario::Scenario::load(&p).unwrap_err().to_string();
+    assert!(e.contains(&format!("line {lines}, column 6")) && e.contains("not UTF-8"), "{e}");
+}

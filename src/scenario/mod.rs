@@ -63,13 +63,37 @@ pub struct Scenario {
 impl Scenario {
     /// Reads and validates a scenario file.
     pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
-        let src = std::fs::read_to_string(path)
+        let bytes = std::fs::read(path)
             .map_err(|e| ScenarioError::new(path, "", format!("cannot read the scenario file: {e}")))?;
+        let src = String::from_utf8(bytes).map_err(|e| {
+            let ok = &e.as_bytes()[..e.utf8_error().valid_up_to()];
+            let (line, col) = line_col(&String::from_utf8_lossy(ok));
+            ScenarioError::new(
+                path,
+                "",
+                format!(
+                    "cannot read the scenario file: line {line}, column {col}: not UTF-8 text (TOML files are UTF-8)"
+                ),
+            )
+        })?;
         Scenario::from_toml(path, &src)
     }
 
     /// Parses and validates scenario text; `path` names it in errors.
     pub fn from_toml(path: &Path, src: &str) -> Result<Scenario, ScenarioError> {
+        // TOML allows no control character but tab (and CR before LF), even in a comment;
+        // the parser's own message for one is empty.
+        let bad = src
+            .char_indices()
+            .find(|&(i, c)| c.is_control() && c != '\t' && c != '\n' && !(c == '\r' && src[i + 1..].starts_with('\n')));
+        if let Some((i, c)) = bad {
+            let (line, col) = line_col(&src[..i]);
+            return Err(ScenarioError::new(
+                path,
+                "",
+                format!("line {line}, column {col}: control character U+{:04X} is not allowed in TOML, not even in a comment", c as u32),
+            ));
+        }
         let file: ScenarioFile = toml::from_str(src).map_err(|e| error::from_toml(path, src, &e))?;
         let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "scenario".into());
         validate(path, &stem, file)
@@ -625,6 +649,13 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         job,
         inference,
     })
+}
+
+/// The 1-based line and column just after `before` (the text up to a position).
+fn line_col(before: &str) -> (usize, usize) {
+    let line = before.matches('\n').count() + 1;
+    let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, col)
 }
 
 /// Turns an error from deserializing a `toml::Value` tree (no spans) into one that names the
