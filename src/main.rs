@@ -93,6 +93,10 @@ fn run(path: &std::path::Path, out: Option<PathBuf>, json: bool) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Err(e) = full_report_fits(path, &s) {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
     let sim = match stepsim::simulate(&s) {
         Ok(sim) => sim,
         Err(e) => {
@@ -151,6 +155,10 @@ fn explain(path: &std::path::Path, out: Option<PathBuf>, margin: f64) -> ExitCod
         );
         return ExitCode::from(2);
     }
+    if let Err(e) = full_report_fits(path, &s) {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
     let mut sim = match stepsim::simulate(&s) {
         Ok(sim) => sim,
         Err(e) => {
@@ -177,4 +185,18 @@ fn explain(path: &std::path::Path, out: Option<PathBuf>, margin: f64) -> ExitCod
     let text = format!("{}\nWrote {files}\n", stepsim::explain::render(&e, &s));
     let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes());
     ExitCode::SUCCESS
+}
+
+/// A full report names every task and keeps every memory sample: refuse a job too large for
+/// it (`stepsim sweep` runs it on the lean path).
+fn full_report_fits(path: &std::path::Path, s: &Scenario) -> Result<(), String> {
+    use stepsim::scenario::limits::{MAX_REPORT_TASKS, MAX_TASKS};
+    let est = s.estimated_tasks();
+    if est > MAX_REPORT_TASKS {
+        return Err(format!(
+            "{}: field `training.grad_accum`: this job would simulate about {est} tasks, over the {MAX_REPORT_TASKS} a full report holds (every task named, every memory sample kept: about 2.5 kB each); reduce training.steps (2 shows the steady state) or training.grad_accum, or run it as a one-configuration sweep (`stepsim sweep`, lean path, up to {MAX_TASKS} tasks)",
+            path.display()
+        ));
+    }
+    Ok(())
 }

@@ -338,3 +338,26 @@ fn a_failed_write_leaves_no_partial_outputs() {
         assert!(text(&o.stderr).contains("symbolic link to a folder that does not exist"), "{}", text(&o.stderr));
     }
 }
+
+/// Issue 22: a job too large for a full report (every task named, every sample kept) is
+/// refused by `run` before any work, pointing to the sweep's lean path.
+#[test]
+fn a_job_too_large_for_a_full_report_is_refused_before_the_work() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let body = std::fs::read_to_string(root.join("scenarios/gpt-1.3b-1gpu.toml"))
+        .unwrap()
+        .replace("grad_accum = 2", "grad_accum = 2000");
+    let file = tmp.path().join("big.toml");
+    std::fs::write(&file, body).unwrap();
+    let t = std::time::Instant::now();
+    let o = stepsim(&["run", file.to_str().unwrap(), "--out", tmp.path().join("o").to_str().unwrap()], tmp.path());
+    assert_eq!(o.status.code(), Some(2));
+    let e = text(&o.stderr);
+    assert!(
+        e.contains("field `training.grad_accum`") && e.contains("a full report holds") && e.contains("stepsim sweep"),
+        "{e}"
+    );
+    assert!(t.elapsed().as_secs_f64() < 5.0);
+    assert!(!tmp.path().join("o").exists());
+}

@@ -967,7 +967,7 @@ fn sizes_past_the_stated_limits_are_refused() {
         ("max_seq_len", "1000000000000000", "model.max_seq_len", "at most 16777216"),
         ("micro_batch", "10000000", "training.micro_batch", "at most 1048576"),
         ("grad_accum", "1000000000000000000", "training.grad_accum", "at most 65536"),
-        ("grad_accum", "60000", "training.grad_accum", "would simulate about"),
+        ("grad_accum", "65536", "training.grad_accum", "would simulate about"),
     ] {
         let e = with(key, value);
         assert!(e.contains(&format!("field `{field}`")) && e.contains(want), "{key} = {value}: {e}");

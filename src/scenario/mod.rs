@@ -5,7 +5,7 @@ mod allocator;
 pub mod error;
 mod file;
 mod inference;
-mod limits;
+pub mod limits;
 mod lora;
 mod offload;
 mod parallel;
@@ -124,6 +124,23 @@ impl Scenario {
     /// pipeline stage.
     pub fn jitter_ranks(&self) -> u64 {
         self.dp_degree() * self.parallel.model_parallel.pipeline
+    }
+
+    /// The tasks the simulation will hold, estimated ([`limits::estimated_tasks`]): a
+    /// training job's ranks simulated x steps x micro-batches x per-micro-batch work; 0 for
+    /// an inference job.
+    pub fn estimated_tasks(&self) -> u64 {
+        if self.inference.is_some() {
+            return 0;
+        }
+        let ranks = if self.jitter.is_some() { self.dp_degree() } else { 1 };
+        let est = limits::estimated_tasks(
+            self.model.n_layers,
+            u64::from(self.training.steps),
+            self.training.grad_accum,
+            ranks,
+        );
+        u64::try_from(est).unwrap_or(u64::MAX)
     }
 
     /// Tokens one optimizer step consumes across all ranks.
