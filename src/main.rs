@@ -155,7 +155,7 @@ fn explain(path: &std::path::Path, out: Option<PathBuf>, margin: f64) -> ExitCod
         );
         return ExitCode::from(2);
     }
-    if let Err(e) = full_report_fits(path, &s) {
+    if let Err(e) = full_report_fits(path, &s).and_then(|()| explain_fits(path, &s)) {
         eprintln!("error: {e}");
         return ExitCode::from(2);
     }
@@ -196,6 +196,21 @@ fn full_report_fits(path: &std::path::Path, s: &Scenario) -> Result<(), String> 
         return Err(format!(
             "{}: field `training.grad_accum`: this job would simulate about {est} tasks, over the {MAX_REPORT_TASKS} a full report holds (every task named, every memory sample kept: about 2.5 kB each); reduce training.steps (2 shows the steady state) or training.grad_accum, or run it as a one-configuration sweep (`stepsim sweep`, lean path, up to {MAX_TASKS} tasks)",
             path.display()
+        ));
+    }
+    Ok(())
+}
+
+/// `explain` simulates the job about [`stepsim::explain::SIMULATIONS`] times: together they
+/// stay within the one-run bound of the lean path.
+fn explain_fits(path: &std::path::Path, s: &Scenario) -> Result<(), String> {
+    use stepsim::scenario::limits::MAX_TASKS;
+    let total = s.estimated_tasks().saturating_mul(stepsim::explain::SIMULATIONS);
+    if total > MAX_TASKS {
+        return Err(format!(
+            "{}: field `training.grad_accum`: explain simulates this job about {} times (each change, each GPU count), about {total} tasks in all, over {MAX_TASKS}; reduce training.steps (2 shows the steady state), training.grad_accum or model.n_layers, or `stepsim run` it",
+            path.display(),
+            stepsim::explain::SIMULATIONS
         ));
     }
     Ok(())

@@ -167,8 +167,13 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             if s.parallel.offload.is_some() {
                 return Err("already offloading".into());
             }
-            if s.parallel.model_parallel.pipeline > 1 || s.workload.lora.is_some() {
-                return Err("offload with pipeline parallelism or LoRA is not simulated yet".into());
+            if s.workload.lora.is_some() {
+                return Err("offload with LoRA is not simulated yet".into());
+            }
+            if s.parallel.model_parallel.pipeline > 1 && s.parallel.framework == Framework::Deepspeed {
+                return Err(
+                    "DeepSpeed's pipeline engine runs ZeRO stage 0 or 1, with which offload is not simulated".into()
+                );
             }
             let (params, label) = match (s.parallel.framework, s.parallel.sharding) {
                 (Framework::Deepspeed, Sharding::Zero2 | Sharding::Zero3) => {

@@ -175,7 +175,10 @@ pub fn from_buffers(
                             (Some(l), Some(at), Phase::Backward) => l < at,
                             _ => false,
                         };
-                        if l.is_none() && x.contains("gathered") {
+                        if plan.pipeline() > 1 && !plan.reshard_after_forward && x.contains("gathered") {
+                            // FSDP on a pipeline stage keeps its units gathered over the step.
+                            format!("{unit} (kept gathered across the stage's micro-batches)")
+                        } else if l.is_none() && x.contains("gathered") {
                             format!("{unit} (root unit: not resharded after forward)")
                         } else if ahead {
                             format!("{unit} (prefetched)")

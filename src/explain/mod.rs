@@ -24,6 +24,10 @@ pub use live::LiveLine;
 /// By default a run that fits but peaks within 5% of capacity is explained too.
 pub const DEFAULT_MARGIN: f64 = 0.05;
 
+/// About how many times `explain` simulates a job: the job itself, each single change, and
+/// each GPU count it tries. Its size bound is the job's tasks times this.
+pub const SIMULATIONS: u64 = 16;
+
 /// The structured explanation (also carried in report.json).
 #[derive(Debug, Clone, Serialize)]
 pub struct Explanation {
