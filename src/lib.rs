@@ -274,14 +274,19 @@ pub fn simulate_lean(
     let plan = plan_of(s, dag);
     let capacity = s.allocator_capacity();
     let all = plan.training.steps;
-    for steps in early.iter().copied().filter(|&k| k < all).chain([all]) {
+    let run_steps = |steps: u32| -> Result<_, engine::Deadlock> {
         let job = job::compile(dag, &plan, &s.cluster, s.jitter.as_ref(), false, steps);
         let run = job::run::run(&job, &s.allocator, capacity, s.cluster.memory_bytes, all, false)?;
-        if steps == all || run.traces.iter().any(|t| t.oom.is_some()) {
+        Ok((job, run))
+    };
+    for steps in early.iter().copied().filter(|&k| k < all) {
+        let (job, run) = run_steps(steps)?;
+        if run.traces.iter().any(|t| t.oom.is_some()) {
             return Ok(report::job::build(s, dag, &job, &run, false).report);
         }
     }
-    unreachable!("the last program tried is the whole one")
+    let (job, run) = run_steps(all)?;
+    Ok(report::job::build(s, dag, &job, &run, false).report)
 }
 
 /// What activation checkpointing costs in time: the same scenario without it, simulated
