@@ -71,6 +71,9 @@ pub fn simulate(s: &scenario::Scenario) -> Result<Simulation, engine::Deadlock> 
     }
     if let Some(off) = &s.parallel.offload {
         sim.report.offload = Some(offload_report(s, off, &sim)?);
+        if sim.job.classes.len() > 1 {
+            sim.report.assumptions.push("offload on a pipeline: a node's host memory and NVMe are those of the stage that offloads the most, on every GPU of the node (an upper bound when a node holds several stages)".into());
+        }
     }
     Ok(sim)
 }

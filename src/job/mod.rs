@@ -19,8 +19,6 @@ pub mod run;
 
 use std::sync::Arc;
 
-use serde::Serialize;
-
 use crate::engine::{link_parts, Link, PartLink, Program};
 use crate::hardware::Cluster;
 use crate::model::LayerDag;
@@ -28,8 +26,7 @@ use crate::plan::Plan;
 use crate::schedule::{self, jitter::JitterConfig, Schedule};
 
 /// Which GPUs of the job a rank class stands for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case", tag = "kind")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
     /// Every GPU of the job runs this program.
     Replicas,

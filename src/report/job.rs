@@ -61,7 +61,7 @@ impl ClassFigures {
             peak_allocated: peak.as_ref().map_or(Bytes::new(0), |p| p.allocated),
             peak_reserved: peak.as_ref().map_or(Bytes::new(0), |p| p.reserved),
             model_state: Bytes::new(c.plan.model_state().total()),
-            end_ns: trace.end_ns.iter().filter(|&&e| e != u64::MAX).max().copied().unwrap_or(0),
+            end_ns: last_end(trace),
         }
     }
 
@@ -72,9 +72,14 @@ impl ClassFigures {
             peak_allocated: peak.map_or(Bytes::new(0), |p| p.allocated),
             peak_reserved: peak.map_or(Bytes::new(0), |p| p.reserved),
             model_state: r.model_state_per_gpu.total,
-            end_ns: trace.end_ns.iter().filter(|&&e| e != u64::MAX).max().copied().unwrap_or(0),
+            end_ns: last_end(trace),
         }
     }
+}
+
+/// End of a class's last task that ran, ns.
+fn last_end(trace: &Trace) -> u64 {
+    trace.end_ns.iter().filter(|&&e| e != u64::MAX).max().copied().unwrap_or(0)
 }
 
 /// The class the headline is about, by one rule for every job: the one that ran out of
