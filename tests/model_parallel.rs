@@ -26,6 +26,7 @@ fn gpt(h: u64, a: u64) -> ModelConfig {
         max_seq_len: 2048,
         tie_embeddings: true,
         dropout: 0.1,
+        embedding_norm: false,
     }
 }
 

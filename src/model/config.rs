@@ -60,6 +60,9 @@ pub struct ModelConfig {
     pub tie_embeddings: bool,
     /// Dropout probability; a non-zero value saves 1-byte masks (Korthikanti et al. 2022).
     pub dropout: f64,
+    /// A LayerNorm after the embeddings (BLOOM's `word_embeddings_layernorm`,
+    /// Megatron-DeepSpeed `--embed-layernorm`).
+    pub embedding_norm: bool,
 }
 
 impl ModelConfig {
@@ -77,6 +80,7 @@ impl ModelConfig {
             max_seq_len: 4096,
             tie_embeddings: false,
             dropout: 0.0,
+            embedding_norm: false,
         }
     }
 
@@ -102,9 +106,14 @@ impl ModelConfig {
     pub fn params_outside_blocks(&self) -> u64 {
         let (h, v) = (self.hidden, self.vocab);
         let emb = v * h * if self.tie_embeddings { 1 } else { 2 };
+        let norm = match self.family {
+            Family::Llama => h,
+            Family::Gpt => 2 * h,
+        };
+        let emb_norm = if self.embedding_norm { norm } else { 0 };
         match self.family {
-            Family::Llama => emb + h,
-            Family::Gpt => emb + self.max_seq_len * h + 2 * h,
+            Family::Llama => emb + norm + emb_norm,
+            Family::Gpt => emb + self.max_seq_len * h + norm + emb_norm,
         }
     }
 

@@ -392,8 +392,15 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         );
         x = y;
     }
-
+    if cfg.embedding_norm {
+        x = norm_op(&mut bd, cfg.family, "word_embeddings_layernorm", x, rows, h, c);
+    }
     let dropout = cfg.dropout > 0.0;
+    // The embeddings' dropout (Megatron-LM `embedding_dropout`, GPT-2's `drop`).
+    if dropout && cfg.family == Family::Gpt {
+        x = dropout_op(&mut bd, "embedding_dropout", x, rows * h, c, false);
+    }
+
     for l in 0..cfg.n_layers {
         bd.region = Region::Block(l);
         let p = |n: &str| format!("layers.{l}.{n}");

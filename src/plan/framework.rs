@@ -7,7 +7,8 @@
 
 use serde::Serialize;
 
-use super::Sharding;
+use super::{Precision, Sharding};
+use crate::model::Dtype;
 
 /// Whose semantics apply where FSDP and DeepSpeed differ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -39,6 +40,15 @@ impl Framework {
         self == Framework::Fsdp
     }
 
+    /// A pipeline stage keeps each micro-batch's output after sending it, until that
+    /// micro-batch's backward: DeepSpeed's `PipelineEngine` stores it in
+    /// `pipe_buffers['outputs'][buffer_id]` (`_exec_forward_pass`) and drops it at the end of
+    /// `_exec_backward_pass` (pipe/engine.py); Megatron-LM frees the data once sent
+    /// (`deallocate_output_tensor`), as do PyTorch's pipelining schedules.
+    pub fn keeps_pipeline_outputs(self) -> bool {
+        self == Framework::Deepspeed
+    }
+
     /// The host optimizer step under offload, as the framework's log names it.
     pub fn host_optimizer_step(self) -> &'static str {
         match self {
@@ -66,3 +76,88 @@ impl Framework {
         }
     }
 }
+
+/// DeepSpeed's `zero_optimization` knobs that size its own buffers, by DeepSpeed's names and
+/// with its defaults (`deepspeed/runtime/zero/config.py`, `DeepSpeedZeroConfig`, DeepSpeed
+/// 0.16, commit 38327e0): `reduce_bucket_size = 5e8`, `allgather_bucket_size = 5e8`,
+/// `contiguous_gradients = true`, `overlap_comm = false` for stages 1 and 2.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct DeepspeedConfig {
+    /// Elements of one IPG (independent partition gradient) bucket.
+    pub reduce_bucket_size: u64,
+    /// Elements per all-gather of the updated 16-bit partitions after the step.
+    pub allgather_bucket_size: u64,
+    /// Gradients are copied into the IPG bucket as they are reduced (the bucket exists).
+    pub contiguous_gradients: bool,
+    /// A second IPG bucket so reduction overlaps backward.
+    pub overlap_comm: bool,
+}
+
+impl Default for DeepspeedConfig {
+    fn default() -> Self {
+        DeepspeedConfig {
+            reduce_bucket_size: 500_000_000,
+            allgather_bucket_size: 500_000_000,
+            contiguous_gradients: true,
+            overlap_comm: false,
+        }
+    }
+}
+
+impl DeepspeedConfig {
+    /// The IPG buckets' bytes: `torch.empty(reduce_bucket_size, dtype=model dtype)`, two of
+    /// them with `overlap_comm` (`DeepSpeedZeroOptimizer.backward`, stage_1_and_2.py); none
+    /// without `contiguous_gradients`.
+    pub fn ipg_bytes(&self, dtype: Dtype) -> u64 {
+        if !self.contiguous_gradients {
+            return 0;
+        }
+        let n = if self.overlap_comm { 2 } else { 1 };
+        n * self.reduce_bucket_size.saturating_mul(dtype.bytes())
+    }
+}
+
+/// The DeepSpeed optimizer wrapper that owns gradients and the step, as DeepSpeed's engine
+/// picks it (`DeepSpeedEngine._do_optimizer_sanity_check`, engine.py).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeepspeedOptimizer {
+    /// `DeepSpeedZeroOptimizer` (stage_1_and_2.py), ZeRO stages 1 and 2: 16-bit gradients
+    /// reduced through the IPG bucket into the rank's partition, flattened and cast to FP32
+    /// for the step (`single_grad_partition`).
+    ZeroStage12,
+    /// `BF16_Optimizer` (bf16_optimizer.py): BF16 weights with FP32 gradient accumulation,
+    /// chosen for ZeRO stage 1 with `grad_accum_dtype = fp32` and for stage 0 with bf16 (its
+    /// own ZeRO-1: FP32 master and moments partitioned over data parallelism). An FP32
+    /// gradient buffer of every local parameter (`fp32_groups_gradients_flat`, not
+    /// partitioned) from initialisation, the 16-bit `.grad`s kept beside it, and gradients
+    /// all-reduced in FP32 buckets (`buffered_allreduce_fallback`).
+    Bf16Optimizer,
+}
+
+impl DeepspeedOptimizer {
+    pub fn for_plan(framework: Framework, sharding: Sharding, pr: &Precision, offload: bool) -> Option<Self> {
+        if framework != Framework::Deepspeed || offload {
+            return None;
+        }
+        match sharding {
+            Sharding::Zero1 if pr.param == Dtype::Bf16 && pr.grad == Dtype::Fp32 => {
+                Some(DeepspeedOptimizer::Bf16Optimizer)
+            }
+            Sharding::Zero1 | Sharding::Zero2 => Some(DeepspeedOptimizer::ZeroStage12),
+            _ => None,
+        }
+    }
+
+    /// How the report names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            DeepspeedOptimizer::ZeroStage12 => "DeepSpeedZeroOptimizer (stage_1_and_2.py)",
+            DeepspeedOptimizer::Bf16Optimizer => "BF16_Optimizer (bf16_optimizer.py)",
+        }
+    }
+}
+
+/// `MEMORY_OPT_ALLREDUCE_SIZE` (engine.py): elements per bucket of the engine's
+/// `buffered_allreduce_fallback`, which flattens each bucket into a new tensor.
+pub const DEEPSPEED_ALLREDUCE_BUCKET: u64 = 500_000_000;

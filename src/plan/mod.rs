@@ -3,7 +3,7 @@
 //! state is sized here, so the report's model-state table and the simulation agree.
 
 mod framework;
-pub use framework::Framework;
+pub use framework::{DeepspeedConfig, DeepspeedOptimizer, Framework, DEEPSPEED_ALLREDUCE_BUCKET};
 
 use serde::Serialize;
 
@@ -77,6 +77,8 @@ pub struct ParallelConfig {
     pub model_parallel: ModelParallel,
     /// DeepSpeed ZeRO-Offload / ZeRO-Infinity, or FSDP `CPUOffload(offload_params=True)`.
     pub offload: Option<OffloadConfig>,
+    /// DeepSpeed's `zero_optimization` knobs (used only when `framework` is DeepSpeed).
+    pub deepspeed: DeepspeedConfig,
 }
 
 /// Where offloaded state lives.
@@ -716,6 +718,17 @@ impl Plan {
         self.local_total(self.optimizer_sharded) * per_param
     }
 
+    /// Which DeepSpeed optimizer wrapper owns the gradients and the step, if any (see
+    /// [`DeepspeedOptimizer`]).
+    pub fn deepspeed_optimizer(&self) -> Option<DeepspeedOptimizer> {
+        DeepspeedOptimizer::for_plan(
+            self.parallel.framework,
+            self.parallel.sharding,
+            &self.training.precision,
+            self.parallel.offload.is_some(),
+        )
+    }
+
     /// Parameters offloaded: no parameter partition stays on the GPU between uses.
     pub fn params_offloaded(&self) -> bool {
         self.parallel.offload.as_ref().is_some_and(|o| o.parameters.is_some())
@@ -751,10 +764,16 @@ impl Plan {
                 optimizer_state: 0,
             };
         }
+        // DeepSpeed's BF16_Optimizer keeps each parameter's 16-bit `.grad` (zeroed, not freed)
+        // beside its FP32 accumulation buffer.
+        let lp_grads = match self.deepspeed_optimizer() {
+            Some(DeepspeedOptimizer::Bf16Optimizer) => self.local_total(false) * pr.param.bytes(),
+            _ => 0,
+        };
         ModelState {
             parameters: self.local_total(self.params_sharded) * pr.param.bytes() + self.frozen_local(),
             master_weights: pr.master.map_or(0, |m| opt_el * m.bytes()),
-            gradients: self.local_total(self.grads_sharded) * pr.grad.bytes(),
+            gradients: self.local_total(self.grads_sharded) * pr.grad.bytes() + lp_grads,
             optimizer_state: opt_el * self.training.states_per_param() * pr.optimizer_state.bytes(),
         }
     }

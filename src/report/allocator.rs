@@ -85,6 +85,9 @@ pub struct AllocatorReport {
     pub max_memory_allocated: Bytes,
     /// `torch.cuda.max_memory_reserved()`.
     pub max_memory_reserved: Bytes,
+    /// What nvidia-smi shows at the reserved peak: `max_memory_reserved` plus the memory held
+    /// outside the allocator (CUDA context, cuBLAS workspaces, NCCL buffers).
+    pub nvidia_smi_peak: Bytes,
     /// The peak of live tensor bytes (what PyTorch's memory trackers count).
     pub peak_live: Bytes,
     /// `num_alloc_retries`: allocations that had to free the whole cache and retry.
@@ -210,6 +213,7 @@ pub fn build(s: &Scenario, sched: &Schedule, trace: &Trace) -> AllocatorReport {
         },
         max_memory_allocated: Bytes::new(st.peak_allocated_blocks),
         max_memory_reserved: Bytes::new(st.peak_reserved),
+        nvidia_smi_peak: Bytes::new(st.peak_reserved.saturating_add(outside_total)),
         peak_live: Bytes::new(st.peak_allocated),
         num_alloc_retries: st.num_alloc_retries,
         num_device_alloc: st.num_device_alloc,
@@ -311,6 +315,12 @@ pub fn text(r: &AllocatorReport, o: &mut String) {
         } else {
             String::new()
         }
+    );
+    let _ = writeln!(
+        o,
+        "           memory in use (nvidia-smi) at the reserved peak {} = max_memory_reserved + {} held outside the allocator",
+        fmt_bytes(r.nvidia_smi_peak.bytes),
+        fmt_bytes(r.outside.total.bytes)
     );
     let p = &r.at_peak_reserved;
     let _ = writeln!(

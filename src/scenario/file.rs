@@ -24,6 +24,8 @@ pub struct ScenarioFile {
     pub lora: Option<LoraSection>,
     /// DeepSpeed ZeRO-Offload of the optimizer to CPU memory.
     pub offload: Option<OffloadSection>,
+    /// DeepSpeed's `zero_optimization` bucket knobs (with `parallel.framework = "deepspeed"`).
+    pub deepspeed: Option<DeepspeedSection>,
     #[serde(default)]
     pub allocator: AllocatorSection,
     /// Per-rank compute jitter and stragglers (off when absent).
@@ -141,6 +143,9 @@ pub struct ModelSection {
     pub max_seq_len: Option<i64>,
     pub tie_embeddings: Option<bool>,
     pub dropout: Option<f64>,
+    /// A LayerNorm right after the word embeddings (BLOOM's `word_embeddings_layernorm`,
+    /// Megatron-DeepSpeed `--embed-layernorm`).
+    pub embedding_norm: Option<bool>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -153,6 +158,9 @@ pub struct HardwareSection {
     pub memory_capacity: Option<i64>,
     /// Memory outside PyTorch's allocator (CUDA context, libraries), bytes.
     pub cuda_context: Option<i64>,
+    /// `CUDA_MODULE_LOADING`: "lazy" (the default since CUDA 11.7 / PyTorch 2.0) or "eager"
+    /// (older stacks): picks the CUDA context's default size.
+    pub cuda_module_loading: Option<String>,
     /// Node preset (default: the GPU's usual node, e.g. "dgx-h100").
     pub node: Option<String>,
     /// Overrides of the node preset: compute NICs per node and each NIC's Gb/s.
@@ -189,6 +197,18 @@ pub struct ParallelSection {
     /// Megatron-Core `--overlap-p2p-communication`: pipeline sends and receives run beside
     /// compute instead of blocking it.
     pub overlap_p2p_communication: Option<bool>,
+}
+
+/// `[deepspeed]`: the `zero_optimization` settings of a `ds_config.json` that size
+/// DeepSpeed's own buffers, by DeepSpeed's names.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeepspeedSection {
+    /// Elements (DeepSpeed writes 5e8).
+    pub reduce_bucket_size: Option<f64>,
+    pub allgather_bucket_size: Option<f64>,
+    pub contiguous_gradients: Option<bool>,
+    pub overlap_comm: Option<bool>,
 }
 
 /// `[allocator]`: the allocator model, its `PYTORCH_CUDA_ALLOC_CONF` options, where the

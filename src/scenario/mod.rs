@@ -2,6 +2,7 @@
 //! config says, defaults, and validation with errors that name the file and the field.
 
 mod allocator;
+mod deepspeed;
 pub mod error;
 mod file;
 mod inference;
@@ -15,6 +16,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use allocator::validate_allocator;
+use deepspeed::validate_deepspeed;
 pub use error::ScenarioError;
 pub use file::*;
 use inference::{inference_lengths, inference_standin, job_kind, validate_inference};
@@ -35,6 +37,12 @@ use crate::plan::{
 /// 2.0) holds about 300-500 MB outside the caching allocator (pytorch/pytorch#107667,
 /// #109888); we take 512 MiB.
 pub const DEFAULT_CUDA_CONTEXT: u64 = 512 << 20;
+
+/// The CUDA context when every kernel image is loaded at start-up (`CUDA_MODULE_LOADING=EAGER`,
+/// the only mode before CUDA 11.7, e.g. PyTorch 1.10-1.12 stacks): 1,573 MiB measured with
+/// nvidia-smi on an A100 by BigScience (`python -c "import torch; torch.ones(1).cuda()"`,
+/// bigscience train/tr11-176B-ml/chronicles-prequel.md; 1,271 MiB on a V100).
+pub const EAGER_CUDA_CONTEXT: u64 = 1573 << 20;
 
 /// The most ranks `[jitter]` simulates one by one (data-parallel ranks x pipeline stages).
 pub const MAX_JITTER_RANKS: u64 = 256;
@@ -264,6 +272,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         max_seq_len,
         tie_embeddings: m.tie_embeddings.unwrap_or(family == Family::Gpt),
         dropout,
+        embedding_norm: m.embedding_norm.unwrap_or(false),
     };
 
     // --- hardware
@@ -319,9 +328,21 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         Some(x) => v.positive("hardware.memory_capacity", x)?,
         None => gpu.memory_bytes,
     };
+    let loading = v.choice(
+        "hardware.cuda_module_loading",
+        h.cuda_module_loading.as_deref().unwrap_or("lazy"),
+        &["lazy", "eager"],
+    )?;
+    if h.cuda_module_loading.is_some() && h.cuda_context.is_some() {
+        return Err(v.err(
+            "hardware.cuda_module_loading",
+            "sets the CUDA context's default size; give it or hardware.cuda_context, not both",
+        ));
+    }
     let cuda_context_bytes = match h.cuda_context {
         Some(x) if x < 0 => return Err(v.err("hardware.cuda_context", format!("must be >= 0 bytes, got {x}"))),
         Some(x) => x as u64,
+        None if loading == "eager" => EAGER_CUDA_CONTEXT,
         None => DEFAULT_CUDA_CONTEXT,
     };
     if cuda_context_bytes >= memory_bytes {
@@ -390,6 +411,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         bucket_bytes: (bucket_cap_mb * 1e6).round() as u64,
         model_parallel: validate_model_parallel(&v, p, &model, gpus, u64::from(cluster.gpus_per_node), sharding)?,
         offload: None,
+        deepspeed: validate_deepspeed(&v, f.deepspeed.as_ref(), framework)?,
     };
     let mut parallel = parallel;
     if parallel.model_parallel.pipeline > 1 {

@@ -76,6 +76,7 @@ impl Builder<'_> {
             last_bwd_task: loss_task,
             sync_grads,
         };
+        self.deepspeed_backward_start(step, mb);
         self.recv_gradient(&mut st, c, recv_after);
         let mut prev_region: Option<Region> = None;
         for i in (lo..hi).rev() {
@@ -147,10 +148,13 @@ impl Builder<'_> {
         self.finish_unit_grads(&mut st);
         self.send_gradient(&mut st, c);
         self.ready.insert(Port { step, mb, virtual_stage: vs, forward: false }, st.last_bwd_task);
-        if last_mb {
+        if last_mb && !self.deepspeed_boundary_reduce(step, vec![st.last_bwd_task]) {
             self.zero1_reduce_scatter(&st);
         }
         self.step_comm.push(st.last_bwd_task);
+        if self.plan.pipeline() == 1 {
+            self.deepspeed_micro_batch_epilogue(step, mb);
+        }
     }
 
     /// Gradient buffers for the inputs of `op` that need one and have none yet: autograd

@@ -39,10 +39,11 @@ impl Builder<'_> {
         let owner = if op.shared_params > 0 { 0 } else { i };
         if self.op_grad_bufs[owner].is_none() {
             let el = op.params.max(op.shared_params);
+            let dtype = self.replicated_grad_dtype();
             let b = self.buffer(
-                el * self.pr().grad.bytes(),
+                el * dtype.bytes(),
                 Category::Gradients,
-                text!(self.names, "{} .grad ({})", self.dag.ops[owner].name, self.pr().grad.name()),
+                text!(self.names, "{} .grad ({})", self.dag.ops[owner].name, dtype.name()),
             );
             self.op_grad_bufs[owner] = Some(b);
             alloc.push(b);

@@ -78,6 +78,7 @@ impl Builder<'_> {
                 );
             }
         }
+        self.deepspeed_init();
         self.last_task_of_prev_step = self.prog.tasks.len().checked_sub(1).map(|t| t as u32);
     }
 }

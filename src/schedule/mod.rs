@@ -44,6 +44,7 @@ macro_rules! text {
 }
 
 mod backward;
+mod deepspeed;
 mod forward;
 mod grad_reduction;
 mod init;
@@ -130,6 +131,10 @@ struct Builder<'a> {
     /// Comm tasks of the current step that the optimizer must wait for.
     step_comm: Vec<u32>,
     last_task_of_prev_step: Option<u32>,
+    /// DeepSpeed: the live IPG bucket, and ZeRO-1's reduced gradient partition awaiting the
+    /// step (see `deepspeed`).
+    ds_ipg: Option<u32>,
+    ds_grad_partition: Option<u32>,
     hw_flops: f64,
     /// Whether tasks and buffers get their names (false: [`build_lean`]).
     names: bool,
@@ -343,6 +348,8 @@ impl<'a> Builder<'a> {
             op_grad_bufs: vec![None; dag.ops.len()],
             step_comm: Vec::new(),
             last_task_of_prev_step: None,
+            ds_ipg: None,
+            ds_grad_partition: None,
             hw_flops: 0.0,
             names,
             chunk_ops,
@@ -428,7 +435,9 @@ impl<'a> Builder<'a> {
 
     fn step(&mut self, step: u32) {
         self.grad_bufs.iter_mut().for_each(|g| *g = None);
-        self.op_grad_bufs.iter_mut().for_each(|g| *g = None);
+        if !self.keeps_grads_across_steps() {
+            self.op_grad_bufs.iter_mut().for_each(|g| *g = None);
+        }
         self.step_comm.clear();
         for mb in 0..self.plan.training.grad_accum {
             self.micro_batch(step, mb as u32, mb + 1 == self.plan.training.grad_accum);

@@ -59,7 +59,11 @@ impl Builder<'_> {
             frees.push(b);
         }
         let secs = self.cost.optimizer_s(el, tr.optimizer_step_bytes());
-        let deps = self.step_comm.clone();
+        let mut deps = self.step_comm.clone();
+        if let Some((flatten, fp32)) = self.deepspeed_flatten_partition(step, deps.clone()) {
+            deps = vec![flatten];
+            frees.push(fp32);
+        }
         let t = self.task(
             COMPUTE,
             secs,
@@ -88,7 +92,10 @@ impl Builder<'_> {
                 ),
             );
         }
-        let grads: Vec<u32> = self.grad_bufs.iter().chain(self.op_grad_bufs.iter()).flatten().copied().collect();
+        // BF16_Optimizer zeroes its 16-bit `.grad`s rather than freeing them.
+        let keep = self.keeps_grads_across_steps();
+        let replicated = self.op_grad_bufs.iter().filter(|_| !keep);
+        let grads: Vec<u32> = self.grad_bufs.iter().chain(replicated).flatten().copied().collect();
         let z = self.task(
             COMPUTE,
             0.0,

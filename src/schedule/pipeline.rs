@@ -173,7 +173,13 @@ impl Builder<'_> {
         let vs = self.chunk_vs[c];
         let what = text!(self.names, "send activation to virtual stage {} (micro-batch {mb})", vs + 1);
         let t = self.p2p_task(self.send_stream, st.step, Phase::Forward, mb, vec![st.last], vec![], what);
-        self.free_at(t, &[b]);
+        if self.plan.parallel.framework.keeps_pipeline_outputs() {
+            // Held until this micro-batch's backward of the chunk is done.
+            let lo = self.chunk_ops[c].0;
+            st.free_bwd[lo].push(b);
+        } else {
+            self.free_at(t, &[b]);
+        }
         self.block_on_send(t, st.last);
     }
 
@@ -182,7 +188,9 @@ impl Builder<'_> {
     /// optimizer and `zero_grad`.
     fn pipeline_step(&mut self, step: u32) {
         self.grad_bufs.iter_mut().for_each(|g| *g = None);
-        self.op_grad_bufs.iter_mut().for_each(|g| *g = None);
+        if !self.keeps_grads_across_steps() {
+            self.op_grad_bufs.iter_mut().for_each(|g| *g = None);
+        }
         self.acc_grads.iter_mut().for_each(|g| *g = None);
         self.step_comm.clear();
         let mp = &self.plan.parallel.model_parallel;
@@ -204,7 +212,9 @@ impl Builder<'_> {
         self.step_comm.extend(self.pending_send.take().map(|p| p.0));
         let plan = self.plan;
         // Sharded gradients (FSDP) were reduce-scattered unit by unit after the last backward.
-        if plan.dp > 1 && !plan.grads_sharded {
+        let last: Vec<u32> = self.step_comm.last().copied().into_iter().collect();
+        if self.deepspeed_boundary_reduce(step, last) {
+        } else if plan.dp > 1 && !plan.grads_sharded {
             let bytes = plan.total_params() * self.pr().grad.bytes();
             let (coll, kind, what) = match plan.parallel.sharding {
                 Sharding::Zero1 => (

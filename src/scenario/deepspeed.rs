@@ -1,0 +1,44 @@
+//! `[deepspeed]`: the `zero_optimization` bucket settings of a user's `ds_config.json`, by
+//! DeepSpeed's names, validated; DeepSpeed's defaults where absent.
+
+use super::*;
+use crate::plan::DeepspeedConfig;
+
+/// A bucket of more elements than this is refused: 2^40 elements of 16 bits is 2 TB, more
+/// than any GPU holds, and keeps every byte count far from wrapping.
+const MAX_BUCKET_ELEMENTS: f64 = (1u64 << 40) as f64;
+
+pub(super) fn validate_deepspeed(
+    v: &V,
+    d: Option<&DeepspeedSection>,
+    framework: Framework,
+) -> Result<DeepspeedConfig, ScenarioError> {
+    let mut out = DeepspeedConfig::default();
+    let Some(d) = d else { return Ok(out) };
+    if framework != Framework::Deepspeed {
+        return Err(v.err(
+            "deepspeed",
+            "the [deepspeed] section sets DeepSpeed's zero_optimization buckets; it needs parallel.framework = \"deepspeed\"",
+        ));
+    }
+    let elements = |field: &str, x: Option<f64>, into: &mut u64| -> Result<(), ScenarioError> {
+        let Some(x) = x else { return Ok(()) };
+        if !(x.is_finite() && x >= 1.0 && x <= MAX_BUCKET_ELEMENTS && x.fract() == 0.0) {
+            return Err(v.err(
+                field,
+                format!("must be a whole number of elements from 1 to 2^40 (DeepSpeed's default is 5e8), got {x}"),
+            ));
+        }
+        *into = x as u64;
+        Ok(())
+    };
+    elements("deepspeed.reduce_bucket_size", d.reduce_bucket_size, &mut out.reduce_bucket_size)?;
+    elements("deepspeed.allgather_bucket_size", d.allgather_bucket_size, &mut out.allgather_bucket_size)?;
+    if let Some(c) = d.contiguous_gradients {
+        out.contiguous_gradients = c;
+    }
+    if let Some(o) = d.overlap_comm {
+        out.overlap_comm = o;
+    }
+    Ok(out)
+}

@@ -1,0 +1,243 @@
+//! DeepSpeed's own gradient buffers, as its optimizer wrappers allocate them (DeepSpeed 0.16,
+//! commit 38327e0; the same mechanisms since the 2022 releases BigScience trained with):
+//!
+//! - `DeepSpeedZeroOptimizer` (`runtime/zero/stage_1_and_2.py`), ZeRO stages 1 and 2:
+//!   - the IPG bucket, `torch.empty(reduce_bucket_size)` in the model dtype (two with
+//!     `overlap_comm`): allocated by every `backward()` (`DeepSpeedZeroOptimizer.backward`),
+//!     or, under the pipeline engine whose backward runs outside ZeRO, by
+//!     `reduce_gradients(pipeline_parallel=True)`; released by the reduction's epilogue
+//!     (`_release_ipg_buffers` in `overlapping_partition_gradients_reduce_epilogue`), which
+//!     ZeRO-2 runs after every micro-batch and ZeRO-1 at the accumulation boundary;
+//!   - ZeRO-1's epilogue keeps the rank's partition of the reduced gradients
+//!     (`averaged_gradients`, `get_flat_partition`) and frees the full 16-bit gradients
+//!     (`zero_grad(set_to_none=True)`);
+//!   - `step()` flattens the partition's gradients and casts them to the FP32 master dtype
+//!     (`single_grad_partition = flatten_dense_tensors_aligned(...).to(fp32)`), which lives
+//!     through the update; the flattened 16-bit copy is a temporary of the cast.
+//! - `BF16_Optimizer` (`runtime/bf16_optimizer.py`): an FP32 gradient buffer of every local
+//!   parameter (`fp32_groups_gradients_flat = torch.zeros_like(bf16_groups_flat, fp32)`)
+//!   from initialisation, not partitioned; the 16-bit `.grad`s are zeroed between steps,
+//!   not freed (`clear_lp_grads`); the pipeline engine all-reduces the FP32 gradients in
+//!   buckets of `MEMORY_OPT_ALLREDUCE_SIZE` elements, each flattened into a new tensor
+//!   (`_bf16_reduce_grads`, `buffered_allreduce_fallback`, pipe/engine.py and engine.py).
+
+use super::{Builder, Category, Collective, Phase, TaskKind, TaskLabel, COMPUTE, NCCL};
+use crate::model::Dtype;
+use crate::plan::{DeepspeedOptimizer, Sharding, DEEPSPEED_ALLREDUCE_BUCKET};
+
+impl Builder<'_> {
+    fn ds_optimizer(&self) -> Option<DeepspeedOptimizer> {
+        self.plan.deepspeed_optimizer()
+    }
+
+    /// BF16_Optimizer keeps its 16-bit `.grad`s across steps (zeroed, never freed).
+    pub(super) fn keeps_grads_across_steps(&self) -> bool {
+        self.ds_optimizer() == Some(DeepspeedOptimizer::Bf16Optimizer)
+    }
+
+    /// The dtype of a replicated parameter's `.grad`: the model dtype under BF16_Optimizer
+    /// (its FP32 accumulation is a separate buffer), the precision policy's otherwise.
+    pub(super) fn replicated_grad_dtype(&self) -> Dtype {
+        if self.keeps_grads_across_steps() {
+            self.pr().param
+        } else {
+            self.pr().grad
+        }
+    }
+
+    /// Initialisation: BF16_Optimizer's FP32 gradient buffer of every local parameter.
+    pub(super) fn deepspeed_init(&mut self) {
+        if self.ds_optimizer() != Some(DeepspeedOptimizer::Bf16Optimizer) {
+            return;
+        }
+        let el = self.plan.local_total(false);
+        let b = self.buffer(
+            el * Dtype::Fp32.bytes(),
+            Category::Gradients,
+            text!(
+                self.names,
+                "BF16_Optimizer fp32_groups_gradients_flat (FP32 gradient accumulation, not partitioned)"
+            ),
+        );
+        let label = TaskLabel::new(
+            0,
+            Phase::Init,
+            0,
+            text!(self.names, "BF16_Optimizer FP32 gradient buffer"),
+            TaskKind::Init,
+            None,
+        );
+        self.task(COMPUTE, 0.0, vec![], vec![b], label);
+    }
+
+    /// The IPG bucket a ZeRO stage 1/2 `backward()` allocates, when one is not live yet
+    /// (without a pipeline; the pipeline engine's backward bypasses ZeRO's).
+    pub(super) fn deepspeed_backward_start(&mut self, step: u32, mb: u32) {
+        if self.ds_optimizer() != Some(DeepspeedOptimizer::ZeroStage12)
+            || self.plan.pipeline() > 1
+            || self.ds_ipg.is_some()
+        {
+            return;
+        }
+        if let Some(b) = self.ipg_bucket() {
+            let label = TaskLabel::new(
+                step,
+                Phase::Backward,
+                mb,
+                text!(self.names, "DeepSpeedZeroOptimizer.backward(): IPG bucket"),
+                TaskKind::Backward,
+                None,
+            );
+            self.task(COMPUTE, 0.0, vec![], vec![b], label);
+            self.ds_ipg = Some(b);
+        }
+    }
+
+    fn ipg_bucket(&mut self) -> Option<u32> {
+        let ds = self.plan.parallel.deepspeed;
+        let dtype = self.pr().param;
+        let bytes = ds.ipg_bytes(dtype);
+        (bytes > 0).then(|| {
+            let n = if ds.overlap_comm { 2 } else { 1 };
+            let name = text!(
+                self.names,
+                "DeepSpeed IPG bucket{}: reduce_bucket_size {:e} elements x {} B{}",
+                if n == 2 { "s" } else { "" },
+                ds.reduce_bucket_size as f64,
+                dtype.bytes(),
+                if n == 2 { " x 2 (overlap_comm)" } else { "" }
+            );
+            self.buffer(bytes, Category::CommBuffers, name)
+        })
+    }
+
+    /// ZeRO-2's epilogue after each micro-batch's reduction: the IPG bucket is released.
+    pub(super) fn deepspeed_micro_batch_epilogue(&mut self, step: u32, mb: u32) {
+        if self.plan.parallel.sharding != Sharding::Zero2 {
+            return;
+        }
+        let Some(b) = self.ds_ipg.take() else { return };
+        let label = TaskLabel::new(
+            step,
+            Phase::Backward,
+            mb,
+            text!(self.names, "ZeRO-2 reduction epilogue (release IPG bucket)"),
+            TaskKind::Backward,
+            None,
+        );
+        let t = self.task(COMPUTE, 0.0, self.step_comm.clone(), vec![], label);
+        self.free_at(t, &[b]);
+    }
+
+    /// The data-parallel gradient reduction at the accumulation boundary, as DeepSpeed's
+    /// wrappers do it; false when the wrapper reduces elsewhere (ZeRO-2: every micro-batch)
+    /// or DeepSpeed's wrappers are not in use.
+    pub(super) fn deepspeed_boundary_reduce(&mut self, step: u32, after: Vec<u32>) -> bool {
+        let plan = self.plan;
+        let cost = self.cost;
+        match self.ds_optimizer() {
+            Some(DeepspeedOptimizer::ZeroStage12) if plan.parallel.sharding == Sharding::Zero1 => {
+                let mut alloc = Vec::new();
+                if self.ds_ipg.is_none() {
+                    self.ds_ipg = self.ipg_bucket();
+                    alloc.extend(self.ds_ipg);
+                }
+                let g = self.pr().grad;
+                let el = plan.local_total(true);
+                let part = self.buffer(
+                    el * g.bytes(),
+                    Category::Gradients,
+                    text!(self.names, "ZeRO-1 gradient partition (averaged_gradients, {})", g.name()),
+                );
+                alloc.push(part);
+                let bytes = plan.total_params() * g.bytes();
+                let secs =
+                    if plan.dp > 1 { cost.collective_s(&cost.dp_group, Collective::ReduceScatter, bytes) } else { 0.0 };
+                let label = TaskLabel::new(
+                    step,
+                    Phase::Backward,
+                    0,
+                    text!(self.names, "reduce gradients through the IPG bucket into the ZeRO-1 partition"),
+                    TaskKind::ReduceScatter,
+                    None,
+                );
+                let t = self.task(NCCL, secs, after, alloc, label);
+                // The epilogue frees the IPG bucket and every full 16-bit gradient.
+                let mut frees: Vec<u32> = self.ds_ipg.take().into_iter().collect();
+                frees.extend(self.op_grad_bufs.iter_mut().filter_map(Option::take));
+                self.free_at(t, &frees);
+                self.ds_grad_partition = Some(part);
+                self.step_comm.push(t);
+                true
+            }
+            Some(DeepspeedOptimizer::Bf16Optimizer) => {
+                let el = plan.local_total(false);
+                let bucket = self.buffer(
+                    el.min(DEEPSPEED_ALLREDUCE_BUCKET) * Dtype::Fp32.bytes(),
+                    Category::CommBuffers,
+                    text!(self.names, "DeepSpeed all-reduce bucket (MEMORY_OPT_ALLREDUCE_SIZE 5e8 elements, fp32)"),
+                );
+                let bytes = el * Dtype::Fp32.bytes();
+                let secs =
+                    if plan.dp > 1 { cost.collective_s(&cost.dp_group, Collective::AllReduce, bytes) } else { 0.0 };
+                let label = TaskLabel::new(
+                    step,
+                    Phase::Backward,
+                    0,
+                    text!(self.names, "all-reduce FP32 gradients in buckets (BF16_Optimizer)"),
+                    TaskKind::AllReduce,
+                    None,
+                );
+                let t = self.task(NCCL, secs, after, vec![bucket], label);
+                self.free_at(t, &[bucket]);
+                self.step_comm.push(t);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// ZeRO stage 1/2 `step()`: the partition's gradients flattened and cast to FP32. Returns
+    /// the FP32 partition, which the step frees when it ends, and the task that made it.
+    pub(super) fn deepspeed_flatten_partition(&mut self, step: u32, deps: Vec<u32>) -> Option<(u32, u32)> {
+        if self.ds_optimizer() != Some(DeepspeedOptimizer::ZeroStage12) {
+            return None;
+        }
+        let plan = self.plan;
+        let el = plan.local_total(true);
+        let g = self.pr().grad;
+        let fp32 = self.buffer(
+            el * Dtype::Fp32.bytes(),
+            Category::Gradients,
+            text!(self.names, "single_grad_partition (flat FP32 gradient partition for the step)"),
+        );
+        let mut alloc = vec![fp32];
+        let mut frees: Vec<u32> = self.ds_grad_partition.take().into_iter().collect();
+        // The cast reads the flattened copy once; an FP32 gradient needs no cast (`.to()` of
+        // the same dtype returns the flattened tensor itself).
+        let copy_bytes = if g == Dtype::Fp32 {
+            2 * g.bytes()
+        } else {
+            let flat = self.buffer(
+                el * g.bytes(),
+                Category::OptimizerTemp,
+                text!(self.names, "flattened {} gradient partition (before the cast)", g.name()),
+            );
+            alloc.push(flat);
+            frees.push(flat);
+            3 * g.bytes() + Dtype::Fp32.bytes()
+        };
+        let secs = self.cost.optimizer_s(el, copy_bytes);
+        let label = TaskLabel::new(
+            step,
+            Phase::Optimizer,
+            0,
+            text!(self.names, "flatten the gradient partition to FP32 (DeepSpeedZeroOptimizer.step)"),
+            TaskKind::Optimizer,
+            None,
+        );
+        let t = self.task(COMPUTE, secs, deps, alloc, label);
+        self.free_at(t, &frees);
+        Some((t, fp32))
+    }
+}
