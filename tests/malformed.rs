@@ -160,6 +160,43 @@ fn cases() -> Vec<Case> {
             .set("inference", "gen_len", "48")
     };
     vec![
+        // --- DeepSpeed's bucket knobs and the CUDA module loading
+        case(
+            "[deepspeed] without the DeepSpeed framework",
+            b().set("deepspeed", "reduce_bucket_size", "2e8"),
+            "deepspeed",
+            &["parallel.framework = \"deepspeed\""],
+        ),
+        case(
+            "deepspeed.reduce_bucket_size zero",
+            b().set("parallel", "framework", "\"deepspeed\"").set("deepspeed", "reduce_bucket_size", "0"),
+            "deepspeed.reduce_bucket_size",
+            &["whole number of elements", "5e8"],
+        ),
+        case(
+            "deepspeed.allgather_bucket_size fractional",
+            b().set("parallel", "framework", "\"deepspeed\"").set("deepspeed", "allgather_bucket_size", "1.5"),
+            "deepspeed.allgather_bucket_size",
+            &["whole number of elements"],
+        ),
+        case(
+            "deepspeed.reduce_bucket_size beyond 2^40",
+            b().set("parallel", "framework", "\"deepspeed\"").set("deepspeed", "reduce_bucket_size", "1e300"),
+            "deepspeed.reduce_bucket_size",
+            &["2^40"],
+        ),
+        case(
+            "hardware.cuda_module_loading unknown",
+            b().set("hardware", "cuda_module_loading", "\"sometimes\""),
+            "hardware.cuda_module_loading",
+            &["\"lazy\"", "\"eager\""],
+        ),
+        case(
+            "hardware.cuda_module_loading with cuda_context",
+            b().set("hardware", "cuda_module_loading", "\"eager\"").set("hardware", "cuda_context", "1000000000"),
+            "hardware.cuda_module_loading",
+            &["not both"],
+        ),
         // --- unknown and misspelled fields
         case(
             "unknown top-level field",

@@ -406,6 +406,9 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
         "the CPU is assumed to run ahead of the GPU: collectives are issued as early as their dependencies (and limit_all_gathers) allow, in one NCCL queue per process group".into(),
     ];
     let mut assumptions = assumptions;
+    if let Some(line) = deepspeed_assumption(plan) {
+        assumptions.push(line);
+    }
     let mp = &plan.parallel.model_parallel;
     if mp.tensor > 1 {
         assumptions.push(format!(
@@ -794,4 +797,55 @@ mod tests {
         let v = throughput_verdict(&st(5.0, 0.0, 5.0), 0.2);
         assert!(!v.acceptable && v.bound == "overhead-bound");
     }
+}
+
+/// The assumption line naming DeepSpeed's own buffers and their sizes, when its optimizer
+/// wrappers are in use (src/schedule/deepspeed.rs cites the source of each).
+fn deepspeed_assumption(plan: &crate::plan::Plan) -> Option<String> {
+    use crate::plan::{DeepspeedOptimizer, Sharding};
+    let which = plan.deepspeed_optimizer()?;
+    let ds = plan.parallel.deepspeed;
+    let pr = &plan.training.precision;
+    let part = plan.local_total(true);
+    let pipeline = plan.pipeline() > 1;
+    let kept =
+        if pipeline { "; pipeline stage outputs kept until their backward (PipelineEngine pipe_buffers)" } else { "" };
+    Some(match which {
+        DeepspeedOptimizer::ZeroStage12 => format!(
+            "DeepSpeed {}: IPG bucket {} (reduce_bucket_size {:e} elements x {} B{}, contiguous_gradients={}), live {}; {}the step flattens the gradient partition and casts it to FP32 (single_grad_partition {}{}){}",
+            which.name(),
+            fmt_bytes(ds.ipg_bytes(pr.param)),
+            ds.reduce_bucket_size as f64,
+            pr.param.bytes(),
+            if ds.overlap_comm { " x 2, overlap_comm" } else { "" },
+            ds.contiguous_gradients,
+            if pipeline {
+                "during the reduction after the last backward (reduce_gradients(pipeline_parallel=True))"
+            } else if plan.parallel.sharding == Sharding::Zero1 {
+                "from the step's first backward to the reduction at the accumulation boundary"
+            } else {
+                "through each micro-batch's backward and its reduction"
+            },
+            if plan.parallel.sharding == Sharding::Zero1 {
+                "ZeRO-1's epilogue keeps the rank's gradient partition and frees the full 16-bit gradients; "
+            } else {
+                ""
+            },
+            fmt_bytes(part * 4),
+            if pr.grad.bytes() < 4 {
+                format!(", through a {} flattened {} copy", fmt_bytes(part * pr.grad.bytes()), pr.grad.name())
+            } else {
+                String::new()
+            },
+            kept,
+        ),
+        DeepspeedOptimizer::Bf16Optimizer => format!(
+            "DeepSpeed {}: FP32 gradient accumulation buffer of every local parameter {} from initialisation (fp32_groups_gradients_flat, not partitioned) beside the kept {} .grads; FP32 gradients all-reduced in flattened buckets of up to 5e8 elements ({}, MEMORY_OPT_ALLREDUCE_SIZE); FP32 master and moments partitioned over data parallelism{}",
+            which.name(),
+            fmt_bytes(plan.local_total(false) * 4),
+            pr.param.name(),
+            fmt_bytes(plan.local_total(false).min(crate::plan::DEEPSPEED_ALLREDUCE_BUCKET) * 4),
+            kept,
+        ),
+    })
 }

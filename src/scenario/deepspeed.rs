@@ -23,7 +23,7 @@ pub(super) fn validate_deepspeed(
     }
     let elements = |field: &str, x: Option<f64>, into: &mut u64| -> Result<(), ScenarioError> {
         let Some(x) = x else { return Ok(()) };
-        if !(x.is_finite() && x >= 1.0 && x <= MAX_BUCKET_ELEMENTS && x.fract() == 0.0) {
+        if !((1.0..=MAX_BUCKET_ELEMENTS).contains(&x) && x.fract() == 0.0) {
             return Err(v.err(
                 field,
                 format!("must be a whole number of elements from 1 to 2^40 (DeepSpeed's default is 5e8), got {x}"),

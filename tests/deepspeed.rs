@@ -1,0 +1,97 @@
+//! DeepSpeed's own buffers, rule by rule, on small jobs whose figures follow from the
+//! parameter count (src/schedule/deepspeed.rs cites the DeepSpeed source of each rule).
+
+use std::path::Path;
+
+use stepsim::memory::Category;
+use stepsim::plan::DeepspeedOptimizer;
+use stepsim::scenario::Scenario;
+use stepsim::schedule::Phase;
+
+/// A 24-layer GPT (about 1.3B parameters) on `gpus` A100s under DeepSpeed.
+fn job(gpus: u64, sharding: &str, precision: &str, extra: &str) -> stepsim::Simulation {
+    let toml = format!(
+        "[model]\nfamily = \"gpt\"\nn_layers = 24\nhidden = 2048\nn_heads = 16\nvocab = 50257\nmax_seq_len = 2048\n\
+         [hardware]\ngpu = \"a100-80gb\"\ngpus = {gpus}\n\
+         [parallel]\nframework = \"deepspeed\"\nsharding = \"{sharding}\"\n\
+         [training]\nmicro_batch = 1\nseq_len = 1024\ngrad_accum = 2\nprecision = \"{precision}\"\n{extra}"
+    );
+    let s = Scenario::from_toml(Path::new("<ds>"), &toml).unwrap();
+    stepsim::simulate(&s).unwrap()
+}
+
+/// Highest bytes of `cat` over the samples of `phase` (any step).
+fn most(sim: &stepsim::Simulation, cat: Category, phase: Phase) -> u64 {
+    let labels = &sim.schedule().labels;
+    let tasks = &sim.schedule().program.tasks;
+    sim.trace()
+        .timeline
+        .samples
+        .iter()
+        .filter(|x| labels[tasks[x.task].label as usize].phase == phase)
+        .map(|x| x.by_category[cat.index()])
+        .max()
+        .unwrap_or(0)
+}
+
+#[test]
+fn zero1_holds_the_ipg_bucket_through_backward_and_a_flat_fp32_partition_at_the_step() {
+    let sim = job(1, "zero1", "bf16-mixed-adam", "");
+    assert_eq!(sim.plan().deepspeed_optimizer(), Some(DeepspeedOptimizer::ZeroStage12));
+    let n = sim.plan().total_params();
+    // One IPG bucket of reduce_bucket_size (5e8) 16-bit elements in backward.
+    assert_eq!(most(&sim, Category::CommBuffers, Phase::Backward), 1_000_000_000);
+    // At the step (DP 1: the partition is everything): the 16-bit partition of the reduced
+    // gradients (2 B) and single_grad_partition in FP32 (4 B); the flattened 16-bit copy
+    // (2 B) is a temporary of the cast.
+    assert_eq!(most(&sim, Category::Gradients, Phase::Optimizer), 6 * n);
+    assert_eq!(most(&sim, Category::OptimizerTemp, Phase::Optimizer), 2 * n);
+}
+
+#[test]
+fn zero1_overlap_comm_doubles_the_bucket_and_the_knob_sizes_it() {
+    let sim = job(1, "zero1", "bf16-mixed-adam", "[deepspeed]\nreduce_bucket_size = 2e8\noverlap_comm = true\n");
+    assert_eq!(most(&sim, Category::CommBuffers, Phase::Backward), 2 * 200_000_000 * 2);
+    let none = job(1, "zero1", "bf16-mixed-adam", "[deepspeed]\ncontiguous_gradients = false\n");
+    assert_eq!(most(&none, Category::CommBuffers, Phase::Backward), 0);
+}
+
+#[test]
+fn zero1_over_eight_ranks_steps_on_an_eighth() {
+    let sim = job(8, "zero1", "bf16-mixed-adam", "");
+    let plan = sim.plan();
+    let part = plan.local_total(true);
+    assert_eq!(part, plan.units.iter().map(|u| u.params.div_ceil(8)).sum::<u64>());
+    // The full 16-bit gradients are gone by the step; the partition (2 B) and its FP32 cast
+    // (4 B) remain.
+    assert_eq!(most(&sim, Category::Gradients, Phase::Optimizer), 6 * part);
+}
+
+#[test]
+fn bf16_optimizer_keeps_fp32_and_16_bit_gradients_of_every_local_parameter() {
+    let sim = job(8, "zero1", "bf16-mixed-adam-fp32-grads", "");
+    let plan = sim.plan();
+    assert_eq!(plan.deepspeed_optimizer(), Some(DeepspeedOptimizer::Bf16Optimizer));
+    let n = plan.total_params();
+    // FP32 accumulation (4 B, not partitioned) and the kept BF16 .grads (2 B).
+    assert_eq!(plan.model_state().gradients, 6 * n);
+    assert_eq!(most(&sim, Category::Gradients, Phase::Backward), 6 * n);
+    // The FP32 buffer exists from initialisation; the BF16 .grads survive zero_grad into the
+    // next step's forward.
+    assert_eq!(most(&sim, Category::Gradients, Phase::Init), 4 * n);
+    assert_eq!(most(&sim, Category::Gradients, Phase::Forward), 6 * n);
+    // The bucketed FP32 all-reduce flattens up to 5e8 elements.
+    assert_eq!(most(&sim, Category::CommBuffers, Phase::Backward), n.min(500_000_000) * 4);
+}
+
+#[test]
+fn fsdp_semantics_are_unchanged_by_the_deepspeed_rules() {
+    let toml =
+        "[model]\nfamily = \"gpt\"\nn_layers = 24\nhidden = 2048\nn_heads = 16\nvocab = 50257\nmax_seq_len = 2048\n\
+         [hardware]\ngpu = \"a100-80gb\"\ngpus = 8\n[parallel]\nsharding = \"zero1\"\n\
+         [training]\nmicro_batch = 1\nseq_len = 1024\ngrad_accum = 2\n";
+    let s = Scenario::from_toml(Path::new("<fsdp>"), toml).unwrap();
+    let sim = stepsim::simulate(&s).unwrap();
+    assert_eq!(sim.plan().deepspeed_optimizer(), None);
+    assert_eq!(most(&sim, Category::CommBuffers, Phase::Backward), 0);
+}
