@@ -763,42 +763,6 @@ pub fn phase_spans(sched: &Schedule, trace: &Trace) -> Vec<(u32, Phase, u64, u64
     spans
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn exposed_time_is_the_part_of_comm_not_under_compute() {
-        // comm [0,10) [20,30); compute [5,25): exposed = 5 + 5.
-        assert_eq!(uncovered(&mut [(0, 10), (20, 30)], &mut [(5, 25)]), 10);
-        assert_eq!(uncovered(&mut [(0, 10)], &mut []), 10);
-        assert_eq!(uncovered(&mut [(2, 4)], &mut [(0, 3), (3, 10)]), 0);
-        // Overlapping comm intervals count once.
-        assert_eq!(uncovered(&mut [(0, 10), (5, 15)], &mut [(12, 20)]), 12);
-    }
-
-    #[test]
-    fn throughput_verdict_separates_compute_and_communication_bound() {
-        let st = |compute: f64, exposed: f64, idle: f64| StepTiming {
-            step: 1,
-            start_s: 0.0,
-            time_s: compute + exposed + idle,
-            compute_busy_s: compute,
-            comm_busy_s: exposed,
-            compute_idle_s: exposed + idle,
-            recompute_s: 0.0,
-            exposed_comm_s: exposed,
-            idle_s: idle,
-        };
-        let v = throughput_verdict(&st(9.0, 1.0, 0.0), 0.45);
-        assert!(v.acceptable && v.bound == "compute-bound");
-        let v = throughput_verdict(&st(3.0, 7.0, 0.0), 0.15);
-        assert!(!v.acceptable && v.bound == "communication-bound");
-        let v = throughput_verdict(&st(5.0, 0.0, 5.0), 0.2);
-        assert!(!v.acceptable && v.bound == "overhead-bound");
-    }
-}
-
 /// The assumption line naming DeepSpeed's own buffers and their sizes, when its optimizer
 /// wrappers are in use (src/schedule/deepspeed.rs cites the source of each).
 fn deepspeed_assumption(plan: &crate::plan::Plan) -> Option<String> {
@@ -848,4 +812,40 @@ fn deepspeed_assumption(plan: &crate::plan::Plan) -> Option<String> {
             kept,
         ),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposed_time_is_the_part_of_comm_not_under_compute() {
+        // comm [0,10) [20,30); compute [5,25): exposed = 5 + 5.
+        assert_eq!(uncovered(&mut [(0, 10), (20, 30)], &mut [(5, 25)]), 10);
+        assert_eq!(uncovered(&mut [(0, 10)], &mut []), 10);
+        assert_eq!(uncovered(&mut [(2, 4)], &mut [(0, 3), (3, 10)]), 0);
+        // Overlapping comm intervals count once.
+        assert_eq!(uncovered(&mut [(0, 10), (5, 15)], &mut [(12, 20)]), 12);
+    }
+
+    #[test]
+    fn throughput_verdict_separates_compute_and_communication_bound() {
+        let st = |compute: f64, exposed: f64, idle: f64| StepTiming {
+            step: 1,
+            start_s: 0.0,
+            time_s: compute + exposed + idle,
+            compute_busy_s: compute,
+            comm_busy_s: exposed,
+            compute_idle_s: exposed + idle,
+            recompute_s: 0.0,
+            exposed_comm_s: exposed,
+            idle_s: idle,
+        };
+        let v = throughput_verdict(&st(9.0, 1.0, 0.0), 0.45);
+        assert!(v.acceptable && v.bound == "compute-bound");
+        let v = throughput_verdict(&st(3.0, 7.0, 0.0), 0.15);
+        assert!(!v.acceptable && v.bound == "communication-bound");
+        let v = throughput_verdict(&st(5.0, 0.0, 5.0), 0.2);
+        assert!(!v.acceptable && v.bound == "overhead-bound");
+    }
 }
