@@ -102,7 +102,7 @@ fn simulate_row(r: &Value) -> Row {
     let outside = s.cluster.cuda_context_bytes + s.allocator.outside_bytes();
     let stage0 = sim.classes().next().unwrap();
     let simulated_gib = (stage0.trace.allocator.peak_reserved + outside) as f64 / (1u64 << 30) as f64;
-    let oom = sim.job.classes.iter().zip(&sim.run.traces).any(|(_, t)| t.oom.is_some());
+    let oom = sim.run.traces.iter().any(|t| t.oom.is_some());
     Row {
         label: format!(
             "{:<21} {:>5} L{:<3} h{:<5} TP{tp} PP{pp:<2} DP{dp:<2} MBS{mbs}",

@@ -109,11 +109,16 @@ impl DeepspeedConfig {
     /// them with `overlap_comm` (`DeepSpeedZeroOptimizer.backward`, stage_1_and_2.py); none
     /// without `contiguous_gradients`.
     pub fn ipg_bytes(&self, dtype: Dtype) -> u64 {
-        if !self.contiguous_gradients {
-            return 0;
+        self.ipg_buckets() * self.reduce_bucket_size.saturating_mul(dtype.bytes())
+    }
+
+    /// How many IPG buckets exist: none without `contiguous_gradients`, two with `overlap_comm`.
+    pub fn ipg_buckets(&self) -> u64 {
+        match (self.contiguous_gradients, self.overlap_comm) {
+            (false, _) => 0,
+            (true, false) => 1,
+            (true, true) => 2,
         }
-        let n = if self.overlap_comm { 2 } else { 1 };
-        n * self.reduce_bucket_size.saturating_mul(dtype.bytes())
     }
 }
 

@@ -152,9 +152,7 @@ impl Builder<'_> {
             self.zero1_reduce_scatter(&st);
         }
         self.step_comm.push(st.last_bwd_task);
-        if self.plan.pipeline() == 1 {
-            self.deepspeed_micro_batch_epilogue(step, mb);
-        }
+        self.deepspeed_micro_batch_epilogue(step, mb);
     }
 
     /// Gradient buffers for the inputs of `op` that need one and have none yet: autograd

@@ -98,7 +98,7 @@ impl Builder<'_> {
         let dtype = self.pr().param;
         let bytes = ds.ipg_bytes(dtype);
         (bytes > 0).then(|| {
-            let n = if ds.overlap_comm { 2 } else { 1 };
+            let n = ds.ipg_buckets();
             let name = text!(
                 self.names,
                 "DeepSpeed IPG bucket{}: reduce_bucket_size {:e} elements x {} B{}",
@@ -111,9 +111,10 @@ impl Builder<'_> {
         })
     }
 
-    /// ZeRO-2's epilogue after each micro-batch's reduction: the IPG bucket is released.
+    /// ZeRO-2's epilogue after each micro-batch's reduction: the IPG bucket is released
+    /// (DeepSpeed's pipeline engine runs no ZeRO-2).
     pub(super) fn deepspeed_micro_batch_epilogue(&mut self, step: u32, mb: u32) {
-        if self.plan.parallel.sharding != Sharding::Zero2 {
+        if self.plan.parallel.sharding != Sharding::Zero2 || self.plan.pipeline() > 1 {
             return;
         }
         let Some(b) = self.ds_ipg.take() else { return };

@@ -433,12 +433,19 @@ impl<'a> Builder<'a> {
         &self.plan.training.precision
     }
 
-    fn step(&mut self, step: u32) {
+    /// A new step's gradient bookkeeping: no gradient of this step exists yet (except
+    /// BF16_Optimizer's kept `.grad`s) and no collective is pending.
+    fn begin_step(&mut self) {
         self.grad_bufs.iter_mut().for_each(|g| *g = None);
         if !self.keeps_grads_across_steps() {
             self.op_grad_bufs.iter_mut().for_each(|g| *g = None);
         }
+        self.acc_grads.iter_mut().for_each(|g| *g = None);
         self.step_comm.clear();
+    }
+
+    fn step(&mut self, step: u32) {
+        self.begin_step();
         for mb in 0..self.plan.training.grad_accum {
             self.micro_batch(step, mb as u32, mb + 1 == self.plan.training.grad_accum);
         }

@@ -187,12 +187,7 @@ impl Builder<'_> {
     /// data-parallel gradient reduction (Megatron reduces after the last backward), the
     /// optimizer and `zero_grad`.
     fn pipeline_step(&mut self, step: u32) {
-        self.grad_bufs.iter_mut().for_each(|g| *g = None);
-        if !self.keeps_grads_across_steps() {
-            self.op_grad_bufs.iter_mut().for_each(|g| *g = None);
-        }
-        self.acc_grads.iter_mut().for_each(|g| *g = None);
-        self.step_comm.clear();
+        self.begin_step();
         let mp = &self.plan.parallel.model_parallel;
         let m = self.plan.training.grad_accum;
         let mut pending = HashMap::new();
@@ -213,8 +208,8 @@ impl Builder<'_> {
         let plan = self.plan;
         // Sharded gradients (FSDP) were reduce-scattered unit by unit after the last backward.
         let last: Vec<u32> = self.step_comm.last().copied().into_iter().collect();
-        if self.deepspeed_boundary_reduce(step, last) {
-        } else if plan.dp > 1 && !plan.grads_sharded {
+        let by_deepspeed = self.deepspeed_boundary_reduce(step, last.clone());
+        if !by_deepspeed && plan.dp > 1 && !plan.grads_sharded {
             let bytes = plan.total_params() * self.pr().grad.bytes();
             let (coll, kind, what) = match plan.parallel.sharding {
                 Sharding::Zero1 => (
@@ -225,7 +220,6 @@ impl Builder<'_> {
                 _ => (Collective::AllReduce, super::TaskKind::AllReduce, "all-reduce gradients (data parallel)"),
             };
             let secs = self.cost.collective_s(&self.cost.dp_group, coll, bytes);
-            let last = self.step_comm.last().copied().into_iter().collect();
             let label = TaskLabel::new(step, super::Phase::Backward, 0, text!(self.names, "{what}"), kind, None);
             let t = self.task(super::NCCL, secs, last, vec![], label);
             self.step_comm.push(t);
