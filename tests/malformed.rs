@@ -160,6 +160,82 @@ fn cases() -> Vec<Case> {
             .set("inference", "gen_len", "48")
     };
     vec![
+        // --- Megatron-LM's overlap flags
+        case(
+            "[megatron] without the Megatron framework",
+            b().set("megatron", "overlap_grad_reduce", "true"),
+            "megatron",
+            &["parallel.framework = \"megatron\""],
+        ),
+        case(
+            "Megatron with parameter sharding",
+            b().set("parallel", "framework", "\"megatron\"").set("parallel", "sharding", "\"full_shard\""),
+            "parallel.sharding",
+            &["\"none\"", "\"zero1\"", "--use-distributed-optimizer"],
+        ),
+        case(
+            "megatron.overlap_param_gather without the distributed optimizer",
+            b().set("parallel", "framework", "\"megatron\"").set("megatron", "overlap_grad_reduce", "true").set(
+                "megatron",
+                "overlap_param_gather",
+                "true",
+            ),
+            "megatron.overlap_param_gather",
+            &["distributed optimizer", "zero1"],
+        ),
+        case(
+            "megatron.overlap_param_gather without overlap_grad_reduce",
+            b().set("hardware", "gpus", "8")
+                .set("parallel", "framework", "\"megatron\"")
+                .set("parallel", "sharding", "\"zero1\"")
+                .set("megatron", "overlap_param_gather", "true"),
+            "megatron.overlap_param_gather",
+            &["overlap_grad_reduce = true"],
+        ),
+        case(
+            "megatron.tp_comm_overlap without sequence parallelism",
+            b().set("parallel", "framework", "\"megatron\"").set("megatron", "tp_comm_overlap", "true"),
+            "megatron.tp_comm_overlap",
+            &["sequence_parallel = true", "parallel.tensor > 1"],
+        ),
+        case(
+            "megatron.ddp_bucket_size zero",
+            b().set("parallel", "framework", "\"megatron\"").set("megatron", "overlap_grad_reduce", "true").set(
+                "megatron",
+                "ddp_bucket_size",
+                "0",
+            ),
+            "megatron.ddp_bucket_size",
+            &["whole number of elements", "2^40"],
+        ),
+        case(
+            "megatron.ddp_bucket_size fractional",
+            b().set("parallel", "framework", "\"megatron\"").set("megatron", "overlap_grad_reduce", "true").set(
+                "megatron",
+                "ddp_bucket_size",
+                "2.5",
+            ),
+            "megatron.ddp_bucket_size",
+            &["whole number of elements"],
+        ),
+        case(
+            "megatron.ddp_bucket_size without overlap_grad_reduce",
+            b().set("parallel", "framework", "\"megatron\"").set("megatron", "ddp_bucket_size", "1e7"),
+            "megatron.ddp_bucket_size",
+            &["overlap_grad_reduce = true"],
+        ),
+        case(
+            "megatron unknown flag",
+            b().set("parallel", "framework", "\"megatron\"").set("megatron", "overlap_everything", "true"),
+            "megatron.overlap_everything",
+            &["unknown field", "overlap_grad_reduce", "tp_comm_overlap"],
+        ),
+        case(
+            "Megatron with offload",
+            b().set("parallel", "framework", "\"megatron\"").set("offload", "optimizer", "\"cpu\""),
+            "offload",
+            &["Megatron", "\"deepspeed\""],
+        ),
         // --- DeepSpeed's bucket knobs and the CUDA module loading
         case(
             "[deepspeed] without the DeepSpeed framework",
@@ -498,9 +574,9 @@ fn cases() -> Vec<Case> {
         ),
         case(
             "unknown parallel.framework",
-            b().set("parallel", "framework", "\"megatron\""),
+            b().set("parallel", "framework", "\"colossalai\""),
             "parallel.framework",
-            &["unknown value \"megatron\"", "\"fsdp\"", "\"deepspeed\""],
+            &["unknown value \"colossalai\"", "\"fsdp\"", "\"deepspeed\"", "\"megatron\""],
         ),
         case(
             "unknown parallel.wrap",

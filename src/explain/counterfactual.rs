@@ -123,8 +123,12 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             // Pipelining runs with ZeRO-1 (Megatron's distributed optimizer) at most, as
             // scenario validation requires.
             let pipelined = s.parallel.model_parallel.pipeline > 1;
+            let megatron = s.parallel.framework == crate::plan::Framework::Megatron;
             let next = match s.parallel.sharding {
-                Sharding::None if pipelined => Sharding::Zero1,
+                Sharding::None if pipelined || megatron => Sharding::Zero1,
+                _ if megatron => {
+                    return Err("Megatron-LM shards the optimizer at most (--use-distributed-optimizer)".into())
+                }
                 _ if pipelined => return Err("pipeline parallelism runs with ZeRO-1 at most".into()),
                 Sharding::None => Sharding::Zero3,
                 Sharding::Zero1 => Sharding::Zero2,
@@ -186,6 +190,7 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
                     (Some(OffloadDevice::Cpu), "FSDP CPUOffload(offload_params=True)")
                 }
                 (Framework::Fsdp, _) => return Err("FSDP's CPU offload needs FULL_SHARD".into()),
+                (Framework::Megatron, _) => return Err("offload is not simulated for Megatron-LM".into()),
             };
             v.parallel.offload =
                 Some(crate::scenario::default_offload(&s.cluster, s.parallel.framework, OffloadDevice::Cpu, params));

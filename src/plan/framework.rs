@@ -16,6 +16,9 @@ use crate::model::Dtype;
 pub enum Framework {
     Fsdp,
     Deepspeed,
+    /// Megatron-LM / Megatron-Core: its `DistributedDataParallel` (contiguous gradient
+    /// buffer, bucketed gradient reduction) and `DistributedOptimizer` (`sharding = "zero1"`).
+    Megatron,
 }
 
 impl Framework {
@@ -54,6 +57,8 @@ impl Framework {
         match self {
             Framework::Fsdp => "optimizer.step() on the CPU",
             Framework::Deepspeed => "DeepSpeedCPUAdam step on the host",
+            // Offload is refused for Megatron at validation; named for completeness.
+            Framework::Megatron => "optimizer.step() on the CPU (Megatron --optimizer-cpu-offload)",
         }
     }
 
@@ -65,6 +70,8 @@ impl Framework {
             (Framework::Fsdp, Sharding::Zero1) => "PyTorch ZeroRedundancyOptimizer",
             (Framework::Fsdp, _) => "PyTorch FSDP",
             (Framework::Deepspeed, _) => "DeepSpeed",
+            (Framework::Megatron, Sharding::Zero1) => "Megatron-LM (distributed optimizer)",
+            (Framework::Megatron, _) => "Megatron-LM (DDP)",
         }
     }
 
@@ -73,7 +80,41 @@ impl Framework {
         match self {
             Framework::Fsdp => "state creation (PyTorch FSDP): parameters (and master copy) at init, gradients in the first backward, optimizer state at the first optimizer.step()",
             Framework::Deepspeed => "state creation (DeepSpeed ZeRO): parameters, FP32 master partitions and optimizer state when the engine initialises",
+            Framework::Megatron => "state creation (Megatron-LM): parameters and FP32 main parameters at init, gradients in the first backward, optimizer state at the first optimizer.step()",
         }
+    }
+}
+
+/// Megatron-Core's overlap options, by their command-line names (`megatron/training/
+/// arguments.py`, `DistributedDataParallelConfig` in `megatron/core/distributed/
+/// distributed_data_parallel_config.py`), all off by default as in Megatron.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+pub struct MegatronConfig {
+    /// `--overlap-grad-reduce`: each gradient bucket is reduced (all-reduce, or the
+    /// distributed optimizer's reduce-scatter) as soon as the last micro-batch's backward
+    /// has produced all of its gradients, during the rest of the backward.
+    pub overlap_grad_reduce: bool,
+    /// `--overlap-param-gather`: the distributed optimizer's all-gather of updated parameters
+    /// runs bucket by bucket during the next step's first forward.
+    pub overlap_param_gather: bool,
+    /// `--tp-comm-overlap`: Transformer Engine's userbuffers split each sequence-parallel
+    /// all-gather / reduce-scatter into chunks pipelined with the GEMM beside it.
+    pub tp_comm_overlap: bool,
+    /// `--ddp-bucket-size` in elements (None: Megatron's default, see [`Self::bucket_elements`]).
+    pub bucket_size: Option<u64>,
+}
+
+impl MegatronConfig {
+    /// Elements per gradient (and parameter all-gather) bucket on a rank of pipeline stage
+    /// `stage` with `dp` data-parallel ranks: `--ddp-bucket-size`, or
+    /// `max(40000000, 1000000 * dp)`; one bucket (None) without `--overlap-grad-reduce`,
+    /// and on every stage but the first, whose reduction is off the critical path
+    /// (`DistributedDataParallel.__init__`, Megatron-Core 0.8, commit f2e5db402c).
+    pub fn bucket_elements(&self, dp: u64, stage: u64) -> Option<u64> {
+        if !self.overlap_grad_reduce || stage > 0 {
+            return None;
+        }
+        Some(self.bucket_size.unwrap_or_else(|| 40_000_000u64.max(1_000_000u64.saturating_mul(dp))))
     }
 }
 

@@ -3,7 +3,7 @@
 //! state is sized here, so the report's model-state table and the simulation agree.
 
 mod framework;
-pub use framework::{DeepspeedConfig, DeepspeedOptimizer, Framework, DEEPSPEED_ALLREDUCE_BUCKET};
+pub use framework::{DeepspeedConfig, DeepspeedOptimizer, Framework, MegatronConfig, DEEPSPEED_ALLREDUCE_BUCKET};
 
 use serde::Serialize;
 
@@ -79,6 +79,8 @@ pub struct ParallelConfig {
     pub offload: Option<OffloadConfig>,
     /// DeepSpeed's `zero_optimization` knobs (used only when `framework` is DeepSpeed).
     pub deepspeed: DeepspeedConfig,
+    /// Megatron-Core's overlap options (all off unless `framework` is Megatron).
+    pub megatron: MegatronConfig,
 }
 
 /// Where offloaded state lives.

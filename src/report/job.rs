@@ -197,7 +197,8 @@ fn class_row(c: &RankClass, f: &ClassFigures, any_oom: bool) -> super::RankClass
 }
 
 /// Turns the headline class's report into the job's: a row per class, the step time from
-/// the first task of a step on any class to the last, and throughput from it.
+/// the end of the step before (the first step: its first task) on any class to the last
+/// task of the step on any class, and throughput from it.
 fn finish(r: &mut Report, s: &Scenario, job: &Job, figures: &[ClassFigures], spans: &[(u64, u64)], h: usize) {
     let oom = figures.iter().any(|f| f.oom);
     r.rank_classes = job.classes.iter().zip(figures).map(|(c, f)| class_row(c, f, oom)).collect();
@@ -208,8 +209,15 @@ fn finish(r: &mut Report, s: &Scenario, job: &Job, figures: &[ClassFigures], spa
     }
     let mut steps: Vec<StepTiming> = Vec::new();
     for st in &r.steps {
-        let Some(&(a, b)) = spans.get(st.step as usize - 1) else { continue };
-        let dur = (b - a) as f64 / 1e9;
+        let k = st.step as usize - 1;
+        let Some(&(a, b)) = spans.get(k) else { continue };
+        // The training loop's period: from the end of the step before on every class (a
+        // class that finished early may start the next step's work before the last one ends).
+        let a = match k.checked_sub(1).and_then(|j| spans.get(j)) {
+            Some(&(_, prev_end)) => prev_end,
+            None => a,
+        };
+        let dur = b.saturating_sub(a) as f64 / 1e9;
         let mut t = st.clone();
         t.start_s = a as f64 / 1e9;
         t.time_s = dur;

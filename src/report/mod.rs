@@ -363,13 +363,25 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
                 a.recompute += t.duration_ns;
             }
         }
+        // A step lasts from the end of the one before (the training loop's period: the next
+        // step's early work, e.g. a pipeline stage that finished first, or a parameter
+        // all-gather left to the next forward, may start before every rank has finished)
+        // to its own last task's end; the first step from its first task.
+        let mut prev_end: Option<u64> = None;
         for (k, a) in (1..).zip(&mut acc) {
-            let (start, end, busy, recompute) = (a.start, a.end, a.busy, a.recompute);
-            let [compute, comm] = &mut a.intervals;
-            let exposed = uncovered(comm, compute);
-            if start == u64::MAX {
+            let (end, busy, recompute) = (a.end, a.busy, a.recompute);
+            if a.start == u64::MAX {
                 continue;
             }
+            let start = prev_end.unwrap_or(a.start);
+            prev_end = Some(end);
+            let [compute, comm] = &mut a.intervals;
+            // Exposure within the period: work begun before it is clipped to its start.
+            for v in [&mut *compute, &mut *comm] {
+                v.retain(|&(_, e)| e > start);
+                v.iter_mut().for_each(|x| x.0 = x.0.max(start));
+            }
+            let exposed = uncovered(comm, compute);
             let dur = end - start;
             steps.push(StepTiming {
                 step: k,
@@ -407,6 +419,9 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
     ];
     let mut assumptions = assumptions;
     if let Some(line) = deepspeed_assumption(plan) {
+        assumptions.push(line);
+    }
+    if let Some(line) = megatron_assumption(plan) {
         assumptions.push(line);
     }
     let mp = &plan.parallel.model_parallel;
@@ -761,6 +776,38 @@ pub fn phase_spans(sched: &Schedule, trace: &Trace) -> Vec<(u32, Phase, u64, u64
         }
     }
     spans
+}
+
+/// The assumption line stating Megatron-LM's communication schedule and overlap flags
+/// (src/schedule/megatron.rs cites the source).
+fn megatron_assumption(plan: &crate::plan::Plan) -> Option<String> {
+    use crate::plan::{Framework, Sharding};
+    if plan.parallel.framework != Framework::Megatron {
+        return None;
+    }
+    let mg = plan.parallel.megatron;
+    let zero1 = plan.parallel.sharding == Sharding::Zero1;
+    let coll = if zero1 { "reduce-scattered (distributed optimizer)" } else { "all-reduced" };
+    let grads = match mg.bucket_elements(plan.dp, 0) {
+        Some(b) => format!(
+            "--overlap-grad-reduce: gradients {coll} in buckets of {b} {} elements ({}) as the last micro-batch's backward completes each{}",
+            plan.training.precision.grad.name(),
+            if mg.bucket_size.is_some() { "--ddp-bucket-size" } else { "max(4e7, 1e6 x data-parallel size)" },
+            if plan.pipeline() > 1 { ", one bucket per model chunk on stages after the first" } else { "" }
+        ),
+        None => format!("gradients {coll} as one bucket after the backward (finalize_model_grads; --overlap-grad-reduce off)"),
+    };
+    let params = match (zero1, mg.overlap_param_gather) {
+        (false, _) => String::new(),
+        (true, true) => "; --overlap-param-gather: the updated parameters are all-gathered bucket by bucket during the next step's first forward, one bucket in flight, each waited for at its first module".into(),
+        (true, false) => "; the updated parameters are all-gathered after the optimizer step (--overlap-param-gather off)".into(),
+    };
+    let tp = if mg.tp_comm_overlap {
+        format!("; --tp-comm-overlap: each sequence-parallel all-gather / reduce-scatter is split into {} chunks pipelined with its GEMM (Transformer Engine userbuffers), the pair taking max(GEMM, comm) + min(GEMM, comm) / {}; no slowdown of the GEMM by the communication's SMs is modelled", plan.parallel.model_parallel.tensor, plan.parallel.model_parallel.tensor)
+    } else {
+        String::new()
+    };
+    Some(format!("Megatron-LM (Megatron-Core 0.8 DistributedDataParallel): {grads}{params}{tp}"))
 }
 
 /// The assumption line naming DeepSpeed's own buffers and their sizes, when its optimizer

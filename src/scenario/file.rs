@@ -26,6 +26,8 @@ pub struct ScenarioFile {
     pub offload: Option<OffloadSection>,
     /// DeepSpeed's `zero_optimization` bucket knobs (with `parallel.framework = "deepspeed"`).
     pub deepspeed: Option<DeepspeedSection>,
+    /// Megatron-Core's overlap options (with `parallel.framework = "megatron"`).
+    pub megatron: Option<MegatronSection>,
     #[serde(default)]
     pub allocator: AllocatorSection,
     /// Per-rank compute jitter and stragglers (off when absent).
@@ -209,6 +211,18 @@ pub struct DeepspeedSection {
     pub allgather_bucket_size: Option<f64>,
     pub contiguous_gradients: Option<bool>,
     pub overlap_comm: Option<bool>,
+}
+
+/// `[megatron]`: Megatron-LM's communication-overlap flags, by their command-line names
+/// without the dashes.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct MegatronSection {
+    pub overlap_grad_reduce: Option<bool>,
+    pub overlap_param_gather: Option<bool>,
+    pub tp_comm_overlap: Option<bool>,
+    /// `--ddp-bucket-size`, elements.
+    pub ddp_bucket_size: Option<f64>,
 }
 
 /// `[allocator]`: the allocator model, its `PYTORCH_CUDA_ALLOC_CONF` options, where the

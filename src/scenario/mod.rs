@@ -8,6 +8,7 @@ mod file;
 mod inference;
 pub mod limits;
 mod lora;
+mod megatron;
 mod offload;
 mod parallel;
 
@@ -21,6 +22,7 @@ pub use error::ScenarioError;
 pub use file::*;
 use inference::{inference_lengths, inference_standin, job_kind, validate_inference};
 use lora::validate_lora;
+use megatron::validate_megatron;
 use offload::validate_offload;
 pub use offload::*;
 use parallel::validate_model_parallel;
@@ -375,11 +377,21 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         "zero3" | "full_shard" => Sharding::Zero3,
         _ => Sharding::HybridShard,
     };
-    let framework =
-        match v.choice("parallel.framework", p.framework.as_deref().unwrap_or("fsdp"), &["fsdp", "deepspeed"])? {
-            "fsdp" => Framework::Fsdp,
-            _ => Framework::Deepspeed,
-        };
+    let framework = match v.choice(
+        "parallel.framework",
+        p.framework.as_deref().unwrap_or("fsdp"),
+        &["fsdp", "deepspeed", "megatron"],
+    )? {
+        "fsdp" => Framework::Fsdp,
+        "megatron" => Framework::Megatron,
+        _ => Framework::Deepspeed,
+    };
+    if framework == Framework::Megatron && !matches!(sharding, Sharding::None | Sharding::Zero1) {
+        return Err(v.err(
+            "parallel.sharding",
+            "Megatron-LM replicates parameters and gradients over data parallelism: use sharding = \"none\" (its DistributedDataParallel) or \"zero1\" (--use-distributed-optimizer); parameter sharding is parallel.framework = \"fsdp\"",
+        ));
+    }
     v.choice("parallel.wrap", p.wrap.as_deref().unwrap_or("block"), &["block"])?;
     if sharding == Sharding::Zero2 && p.reshard_after_forward == Some(true) {
         return Err(v.err("parallel.reshard_after_forward", "SHARD_GRAD_OP / zero2 keeps parameters gathered between forward and backward; use sharding = \"full_shard\" to reshard after forward"));
@@ -400,6 +412,8 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
     // Defaults: PyTorch 2.x FSDP1 `FullyShardedDataParallel` (reshard_after_forward is
     // implied by FULL_SHARD, backward_prefetch=BACKWARD_PRE, forward_prefetch=False,
     // limit_all_gathers=True) and DDP (`bucket_cap_mb=25`, `gradient_as_bucket_view=False`).
+    let model_parallel = validate_model_parallel(&v, p, &model, gpus, u64::from(cluster.gpus_per_node), sharding)?;
+    let megatron = validate_megatron(&v, f.megatron.as_ref(), framework, sharding, &model_parallel)?;
     let parallel = ParallelConfig {
         sharding,
         framework,
@@ -409,9 +423,10 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         limit_all_gathers: p.limit_all_gathers.unwrap_or(true),
         gradient_as_bucket_view: p.gradient_as_bucket_view.unwrap_or(false),
         bucket_bytes: (bucket_cap_mb * 1e6).round() as u64,
-        model_parallel: validate_model_parallel(&v, p, &model, gpus, u64::from(cluster.gpus_per_node), sharding)?,
+        model_parallel,
         offload: None,
         deepspeed: validate_deepspeed(&v, f.deepspeed.as_ref(), framework)?,
+        megatron,
     };
     let mut parallel = parallel;
     if parallel.model_parallel.pipeline > 1 {

@@ -43,6 +43,9 @@ pub(super) fn validate_offload(
             _ => None,
         })
     };
+    if parallel.framework == Framework::Megatron {
+        return Err(v.err("offload", "offload is not simulated for Megatron-LM (its --optimizer-cpu-offload is not modelled); use parallel.framework = \"deepspeed\" (ZeRO-Offload) or \"fsdp\" (CPUOffload)"));
+    }
     let fsdp = parallel.framework == Framework::Fsdp;
     let parameters = device("offload.parameters", o.parameters.as_deref(), "none")?;
     // FSDP offloads the optimizer with the parameters; DeepSpeed's default is the optimizer.
@@ -153,7 +156,7 @@ pub fn default_offload(
         nvme_write_bytes_per_s: DEFAULT_NVME_WRITE_BYTES_PER_S / per_gpu,
         cpu_adam_params_per_s: match framework {
             Framework::Fsdp => DEFAULT_TORCH_CPU_ADAM_PARAMS_PER_S,
-            Framework::Deepspeed => DEFAULT_CPU_ADAM_PARAMS_PER_S,
+            Framework::Deepspeed | Framework::Megatron => DEFAULT_CPU_ADAM_PARAMS_PER_S,
         },
     }
 }

@@ -13,7 +13,7 @@
 //! | the attention core | selective recomputation of its scores | `recompute` |
 //! | an op with parameters | its weight gradient's buffer | `sharding` / `grad_reduction` |
 //! | a column-parallel linear | input- and weight-gradient GEMMs apart | `tensor_parallel` |
-//! | after each op | DDP's bucketed all-reduce | `grad_reduction` |
+//! | after each op | DDP's bucketed all-reduce, or Megatron's bucket collectives | `grad_reduction` / `megatron` |
 //! | a unit's last op | post-backward: reshard, prefetch, reduce-scatter | `sharding` |
 //! | end of the chunk | a stage's deferred post-backwards (no gradient sync before) | `sharding` |
 //! | end of the chunk | send the input's gradient to the previous stage | `pipeline` |
@@ -134,7 +134,11 @@ impl Builder<'_> {
                 f.extend_from_slice(&inputs);
             }
             self.free_at(t, &f);
-            self.ddp_bucket_after(&mut st, op, i, lo, u, t, last_mb);
+            if self.is_megatron() {
+                self.megatron_bucket_after(&st, i, t, last_mb);
+            } else {
+                self.ddp_bucket_after(&mut st, op, i, lo, u, t, last_mb);
+            }
             let region_starts = i == lo || dag.ops[i - 1].region != op.region;
             let unit_done = match op.region {
                 Region::Block(_) => region_starts,
@@ -148,7 +152,7 @@ impl Builder<'_> {
         self.finish_unit_grads(&mut st);
         self.send_gradient(&mut st, c);
         self.ready.insert(Port { step, mb, virtual_stage: vs, forward: false }, st.last_bwd_task);
-        if last_mb && !self.deepspeed_boundary_reduce(step, vec![st.last_bwd_task]) {
+        if last_mb && !self.is_megatron() && !self.deepspeed_boundary_reduce(step, vec![st.last_bwd_task]) {
             self.zero1_reduce_scatter(&st);
         }
         self.step_comm.push(st.last_bwd_task);

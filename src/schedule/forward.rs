@@ -9,6 +9,7 @@
 //! | start of the chunk | receive the input activation from the previous stage | `pipeline` |
 //! | a tensor-parallel op | its forward collective | `tensor_parallel` |
 //! | first op of a unit | pre-forward all-gather (with `limit_all_gathers`) | `sharding` |
+//! | first op of a bucket | wait for its parameter all-gather, dispatch the next | `megatron` |
 //! | last op of a block | reshard after forward | `sharding` |
 //! | end of the chunk | send the output activation to the next stage | `pipeline` |
 
@@ -94,6 +95,7 @@ impl Builder<'_> {
             if prev_region != Some(op.region) {
                 self.pre_forward_unit(&mut st, op.region, u, &mut deps);
             }
+            self.megatron_pre_forward(&st, i, &mut deps);
             prev_region = Some(op.region);
             for &t in &op.outputs {
                 let tp = self.tensors[t];

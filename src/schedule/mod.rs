@@ -48,6 +48,7 @@ mod deepspeed;
 mod forward;
 mod grad_reduction;
 mod init;
+mod megatron;
 mod offload;
 mod optimizer;
 pub mod pipeline;
@@ -135,6 +136,10 @@ struct Builder<'a> {
     /// step (see `deepspeed`).
     ds_ipg: Option<u32>,
     ds_grad_partition: Option<u32>,
+    /// Megatron: the stage's gradient buckets, and each bucket's parameter all-gather of
+    /// this step not yet waited for (`--overlap-param-gather`; see `megatron`).
+    mg_buckets: megatron::Buckets,
+    mg_param_ag: Vec<Option<u32>>,
     hw_flops: f64,
     /// Whether tasks and buffers get their names (false: [`build_lean`]).
     names: bool,
@@ -332,6 +337,20 @@ impl<'a> Builder<'a> {
         if !names {
             prog.names.push(String::new());
         }
+        let mg_buckets = if plan.parallel.framework == crate::plan::Framework::Megatron {
+            let mg = &plan.parallel.megatron;
+            // Only the first model chunk of the first stage is cut into buckets.
+            megatron::Buckets::new(&dag.ops, &chunk_ops, |c| {
+                if c == 0 {
+                    mg.bucket_elements(plan.dp, plan.stage)
+                } else {
+                    None
+                }
+            })
+        } else {
+            megatron::Buckets { of_op: vec![None; dag.ops.len()], ..Default::default() }
+        };
+        let mg_param_ag = vec![None; mg_buckets.elements.len()];
         Builder {
             dag,
             plan,
@@ -350,6 +369,8 @@ impl<'a> Builder<'a> {
             last_task_of_prev_step: None,
             ds_ipg: None,
             ds_grad_partition: None,
+            mg_buckets,
+            mg_param_ag,
             hw_flops: 0.0,
             names,
             chunk_ops,
@@ -446,6 +467,7 @@ impl<'a> Builder<'a> {
 
     fn step(&mut self, step: u32) {
         self.begin_step();
+        self.megatron_step_start(step);
         for mb in 0..self.plan.training.grad_accum {
             self.micro_batch(step, mb as u32, mb + 1 == self.plan.training.grad_accum);
         }

@@ -74,7 +74,7 @@ impl Builder<'_> {
         self.free_at(t, &frees);
         let mut last = t;
         // Replicated parameters with a sharded optimizer: all-gather the updated shards.
-        if !plan.params_sharded && plan.optimizer_sharded && plan.dp > 1 {
+        if !plan.params_sharded && plan.optimizer_sharded && plan.dp > 1 && !self.megatron_defers_param_gather() {
             let bytes = plan.total_params() * pr.param.bytes();
             let secs = self.cost.collective_s(&self.cost.dp_group, Collective::AllGather, bytes);
             last = self.task(

@@ -188,6 +188,7 @@ impl Builder<'_> {
     /// optimizer and `zero_grad`.
     fn pipeline_step(&mut self, step: u32) {
         self.begin_step();
+        self.megatron_step_start(step);
         let mp = &self.plan.parallel.model_parallel;
         let m = self.plan.training.grad_accum;
         let mut pending = HashMap::new();
@@ -209,7 +210,8 @@ impl Builder<'_> {
         // Sharded gradients (FSDP) were reduce-scattered unit by unit after the last backward.
         let last: Vec<u32> = self.step_comm.last().copied().into_iter().collect();
         let by_deepspeed = self.deepspeed_boundary_reduce(step, last.clone());
-        if !by_deepspeed && plan.dp > 1 && !plan.grads_sharded {
+        let by_megatron = self.megatron_reduces_in_backward(false, true);
+        if !by_deepspeed && !by_megatron && plan.dp > 1 && !plan.grads_sharded {
             let bytes = plan.total_params() * self.pr().grad.bytes();
             let (coll, kind, what) = match plan.parallel.sharding {
                 Sharding::Zero1 => (

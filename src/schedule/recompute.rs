@@ -71,7 +71,7 @@ impl Builder<'_> {
             let t = if let Some(coll) = rop.comm.and_then(|c| c.forward) {
                 // Recomputing the forward repeats its tensor-parallel collectives.
                 let after = (self.prog.tasks.len() - 1) as u32;
-                let t = self.tp_task(step, Phase::Backward, mb, rop, coll, after, alloc, true);
+                let t = self.tp_task(step, Phase::Backward, mb, ri, coll, after, alloc, true);
                 rpending = Some(t);
                 t
             } else {

@@ -8,21 +8,28 @@ use super::{Builder, Category, Collective, Phase, TaskKind, TaskLabel, COMPUTE};
 use crate::model::{Op, TpComm};
 
 impl Builder<'_> {
-    /// A tensor-parallel collective of op `op` on the TP stream after task `after`.
+    /// A tensor-parallel collective of op `i` on the TP stream after task `after` (the
+    /// forward's, or with `phase` backward and not `recompute`, the backward's); under
+    /// `--tp-comm-overlap` it costs what it adds beside the GEMM it is pipelined with.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn tp_task(
         &mut self,
         step: u32,
         phase: Phase,
         mb: u32,
-        op: &crate::model::Op,
+        i: usize,
         coll: Collective,
         after: u32,
         alloc: Vec<u32>,
         recompute: bool,
     ) -> u32 {
+        let op = &self.dag.ops[i];
         let bytes = op.comm.map_or(0, |c| c.bytes);
-        let secs = self.cost.collective_s(&self.cost.tp_group, coll, bytes);
+        let mut secs = self.cost.collective_s(&self.cost.tp_group, coll, bytes);
+        let forward = recompute || phase != Phase::Backward;
+        if let Some(gemm) = self.tp_overlap_gemm_s(i, forward) {
+            secs = self.tp_overlapped_s(secs, gemm);
+        }
         let kind = match coll {
             Collective::AllGather => TaskKind::AllGather,
             Collective::ReduceScatter => TaskKind::ReduceScatter,
@@ -58,7 +65,7 @@ impl Builder<'_> {
         // The input-gradient collective starts after the input-gradient GEMM.
         let after = if regathers { None } else { st.dgrad.take() };
         let after = after.or(st.pending.take()).unwrap_or(st.last_bwd_task);
-        let t = self.tp_task(step, Phase::Backward, mb, op, coll, after, alloc, false);
+        let t = self.tp_task(step, Phase::Backward, mb, i, coll, after, alloc, false);
         let mut f = std::mem::take(&mut st.free_bwd[i]);
         f.extend(op.outputs.iter().filter_map(|&o| st.grad_buf[o]));
         self.free_at(t, &f);
@@ -124,7 +131,7 @@ impl Builder<'_> {
                 st.free_fwd[tp.last_consumer.unwrap_or(i).max(i)].push(b);
             }
         }
-        let t = self.tp_task(st.step, Phase::Forward, mb, op, coll, st.last, alloc, false);
+        let t = self.tp_task(st.step, Phase::Forward, mb, i, coll, st.last, alloc, false);
         let f = std::mem::take(&mut st.free_fwd[i]);
         self.free_at(t, &f);
         st.pending = Some(t);
