@@ -47,6 +47,7 @@ const EXPECTED: &[(&str, Expect)] = &[
     ("llama2-70b-lora-8gpu", Expect::Fits),
     ("llama2-70b-qlora-1gpu", Expect::Fits),
     ("llama2-70b-qlora-8gpu", Expect::Fits),
+    ("megatron-70b-h100-overlap", Expect::Fits),
 ];
 
 fn scenarios_dir() -> PathBuf {

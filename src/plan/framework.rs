@@ -80,7 +80,7 @@ impl Framework {
         match self {
             Framework::Fsdp => "state creation (PyTorch FSDP): parameters (and master copy) at init, gradients in the first backward, optimizer state at the first optimizer.step()",
             Framework::Deepspeed => "state creation (DeepSpeed ZeRO): parameters, FP32 master partitions and optimizer state when the engine initialises",
-            Framework::Megatron => "state creation (Megatron-LM): parameters and FP32 main parameters at init, gradients in the first backward, optimizer state at the first optimizer.step()",
+            Framework::Megatron => "state creation (Megatron-LM): parameters, FP32 main parameters and the contiguous gradient buffer (zeroed in place each step, never freed) at init, optimizer state at the first optimizer.step()",
         }
     }
 }

@@ -36,6 +36,10 @@ impl Builder<'_> {
     /// A replicated parameter's `.grad` (DDP, ZeRO-1: kept for the whole step), created by the first backward that produces it. A tied head accumulates into
     /// the embedding's gradient.
     pub(super) fn replicated_grad(&mut self, op: &Op, i: usize, alloc: &mut Vec<u32>) {
+        if self.is_megatron() {
+            // `main_grad` is a view into the gradient buffer allocated at init.
+            return;
+        }
         let owner = if op.shared_params > 0 { 0 } else { i };
         if self.op_grad_bufs[owner].is_none() {
             let el = op.params.max(op.shared_params);

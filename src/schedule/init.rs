@@ -1,5 +1,6 @@
 //! Initialisation: what is on the GPU before the first forward (parameters unit by unit,
-//! master weights, module buffers, DDP's reducer buckets, DeepSpeed's optimizer state).
+//! master weights, module buffers, DDP's reducer buckets, DeepSpeed's optimizer state,
+//! Megatron's gradient buffer).
 
 use super::{Builder, Category, Phase, Sharding, TaskKind, TaskLabel, COMPUTE};
 
@@ -54,6 +55,7 @@ impl Builder<'_> {
             self.task(COMPUTE, 0.0, vec![], vec![b], lbl(text!(self.names, "module buffers"), None));
         }
         if plan.parallel.sharding == Sharding::None
+            && plan.parallel.framework != crate::plan::Framework::Megatron
             && plan.dp > 1
             && !plan.parallel.gradient_as_bucket_view
             && plan.pipeline() == 1
@@ -79,6 +81,7 @@ impl Builder<'_> {
             }
         }
         self.deepspeed_init();
+        self.megatron_init();
         self.last_task_of_prev_step = self.prog.tasks.len().checked_sub(1).map(|t| t as u32);
     }
 }

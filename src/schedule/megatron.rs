@@ -16,6 +16,11 @@
 //!   (`_finish_param_sync_helper`: one bucket in flight, so communication kernels do not
 //!   head-of-line block compute under `CUDA_DEVICE_MAX_CONNECTIONS=1`); the first forward of
 //!   the next step waits for each bucket at its first module.
+//! - **The gradient buffer** (`_ParamAndGradBuffer.__init__`): every local parameter's
+//!   `main_grad` is a view into one contiguous buffer in the gradient dtype (FP32 under
+//!   `--bf16`), allocated with `torch.zeros` when the model is wrapped and zeroed in place by
+//!   `zero_grad_buffer()` at each step's start, never freed; the distributed optimizer's
+//!   gradient shard is a view into it.
 //! - **`--tp-comm-overlap`** (Transformer Engine userbuffers): a sequence-parallel
 //!   all-gather or reduce-scatter is split into one chunk per tensor-parallel rank and
 //!   pipelined with the GEMM that consumes (or produces) it, so the pair takes
@@ -25,7 +30,7 @@
 
 use super::backward::Bwd;
 use super::forward::FwdPass;
-use super::{Builder, Collective, Phase, TaskKind, TaskLabel, NCCL};
+use super::{Builder, Category, Collective, Phase, TaskKind, TaskLabel, COMPUTE, NCCL};
 use crate::model::{Op, OpKind};
 use crate::plan::{Framework, Sharding};
 
@@ -78,6 +83,22 @@ impl Buckets {
 impl Builder<'_> {
     pub(super) fn is_megatron(&self) -> bool {
         self.plan.parallel.framework == Framework::Megatron
+    }
+
+    /// Initialisation: the contiguous gradient buffer of every local parameter.
+    pub(super) fn megatron_init(&mut self) {
+        if !self.is_megatron() {
+            return;
+        }
+        let dtype = self.pr().grad;
+        let b = self.buffer(
+            self.plan.local_total(false) * dtype.bytes(),
+            Category::Gradients,
+            text!(self.names, "Megatron DDP gradient buffer (main_grad of every local parameter, {})", dtype.name()),
+        );
+        let label =
+            TaskLabel::new(0, Phase::Init, 0, text!(self.names, "Megatron DDP gradient buffer"), TaskKind::Init, None);
+        self.task(COMPUTE, 0.0, vec![], vec![b], label);
     }
 
     /// Megatron reduces this backward's gradients bucket by bucket as it goes: the last

@@ -105,7 +105,11 @@ impl Builder<'_> {
                 step,
                 Phase::Optimizer,
                 0,
-                text!(self.names, "zero_grad(set_to_none=True)"),
+                if self.is_megatron() {
+                    text!(self.names, "zero_grad_buffer() (Megatron: the gradient buffer is zeroed in place)")
+                } else {
+                    text!(self.names, "zero_grad(set_to_none=True)")
+                },
                 TaskKind::ZeroGrad,
                 None,
             ),
