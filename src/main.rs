@@ -36,6 +36,8 @@ enum Command {
     },
     /// Validate a scenario and print what stepsim derived from it, without simulating.
     Check { scenario: PathBuf },
+    /// List the model zoo: `[model] name = "<name>"` takes a model's released config.json.
+    Models,
     /// Simulate every configuration of a sweep file in parallel; write sweep.csv, sweep.json,
     /// heatmap.png and print the answer (best configuration, smallest GPU count that fits,
     /// frontier, where it runs out of memory). `sweep merge` joins the shards of a sweep.
@@ -66,6 +68,10 @@ fn main() -> ExitCode {
         Command::Run { scenario, out, json } => run(&scenario, out, json),
         Command::Sweep(args) => stepsim::sweep::cli::main(args),
         Command::Explain { scenario, out, margin } => explain(&scenario, out, margin),
+        Command::Models => {
+            print!("{}", stepsim::model::hf::zoo_table());
+            ExitCode::SUCCESS
+        }
         Command::Check { scenario } => match Scenario::load(&scenario) {
             Ok(s) => {
                 println!(

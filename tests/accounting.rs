@@ -28,6 +28,9 @@ fn gpt(l: u64, h: u64, a: u64, dropout: f64) -> ModelConfig {
         tie_embeddings: true,
         dropout,
         embedding_norm: false,
+        head_dim_override: None,
+        qkv_bias: false,
+        qk_norm: false,
     }
 }
 

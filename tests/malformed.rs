@@ -160,6 +160,53 @@ fn cases() -> Vec<Case> {
             .set("inference", "gen_len", "48")
     };
     vec![
+        // --- Hugging Face configs and the model zoo
+        case(
+            "unknown zoo model",
+            b().remove_section("model").set("model", "name", "\"llama-9\""),
+            "model.name",
+            &["unknown model \"llama-9\"", "llama-3.1-8b", "stepsim models"],
+        ),
+        case(
+            "zoo model and hf_config together",
+            b().remove_section("model").set("model", "name", "\"llama-3.1-8b\"").set(
+                "model",
+                "hf_config",
+                "\"config.json\"",
+            ),
+            "model.hf_config",
+            &["not both"],
+        ),
+        case(
+            "hf_config that does not exist",
+            b().remove_section("model").set("model", "hf_config", "\"no/such/config.json\""),
+            "model.hf_config",
+            &["cannot read", "no/such/config.json"],
+        ),
+        case(
+            "zoo model with a family",
+            b().remove_section("model").set("model", "name", "\"qwen2.5-7b\"").set("model", "family", "\"gpt\""),
+            "model.family",
+            &["model_type (\"qwen2\")", "remove model.family"],
+        ),
+        case(
+            "sliding window shorter than the sequence",
+            b().remove_section("model").set("model", "name", "\"phi-3-mini-4k\"").set("training", "seq_len", "4096"),
+            "model.name",
+            &["sliding-window", "2047"],
+        ),
+        case(
+            "head_dim on the gpt family",
+            b().set("model", "head_dim", "64"),
+            "model.head_dim",
+            &["llama family only"],
+        ),
+        case(
+            "odd head_dim",
+            b().set("model", "family", "\"llama\"").set("model", "head_dim", "63"),
+            "model.head_dim",
+            &["even head dimension", "is 63"],
+        ),
         // --- Megatron-LM's overlap flags
         case(
             "[megatron] without the Megatron framework",
@@ -482,7 +529,7 @@ fn cases() -> Vec<Case> {
             "llama: odd head dimension",
             b().set("model", "family", "\"llama\"").set("model", "n_heads", "2048"),
             "model.n_heads",
-            &["even head dimension", "= 1"],
+            &["even head dimension", "is 1"],
         ),
         case(
             "seq_len over max_seq_len",
@@ -849,16 +896,19 @@ fn cases() -> Vec<Case> {
             "inference.weights",
             &["no BF16 tensor cores", "fp16"],
         ),
-        case("missing model.hidden", b().remove("model", "hidden"), "model.hidden", &["missing field `hidden`"])
-            .at_line(3),
+        case(
+            "missing model.hidden",
+            b().remove("model", "hidden"),
+            "model.hidden",
+            &["is required", "model.hf_config"],
+        ),
         case(
             "missing model.hidden, inline table",
             b().remove_section("model")
                 .prepend("model = { family = \"gpt\", n_layers = 24, n_heads = 16, vocab = 50257 }"),
             "model.hidden",
-            &["missing field `hidden`"],
-        )
-        .at_line(1),
+            &["is required", "model.name"],
+        ),
         case("empty file", Doc(Vec::new()), "model", &["missing field `model`"]),
         // --- combinations that make no sense
         case(

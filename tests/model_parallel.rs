@@ -27,6 +27,9 @@ fn gpt(h: u64, a: u64) -> ModelConfig {
         tie_embeddings: true,
         dropout: 0.1,
         embedding_norm: false,
+        head_dim_override: None,
+        qkv_bias: false,
+        qk_norm: false,
     }
 }
 

@@ -256,7 +256,7 @@ fn bad_sweep_files_give_precise_errors() {
         ),
         (
             "[base.model]\nfamily = \"gpt\"\n[axes]\nhardware.gpus = [1]\n".to_string(),
-            &["field `base.model.n_layers`", "missing field"],
+            &["field `base.hardware`", "missing field"],
         ),
     ];
     for (body, wants) in cases {

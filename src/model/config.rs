@@ -63,6 +63,17 @@ pub struct ModelConfig {
     /// A LayerNorm after the embeddings (BLOOM's `word_embeddings_layernorm`,
     /// Megatron-DeepSpeed `--embed-layernorm`).
     pub embedding_norm: bool,
+    /// Width of one attention head when it is not hidden / n_heads (Hugging Face `head_dim`:
+    /// Gemma's 256, Qwen3's 128, Mistral-Nemo's 128 at hidden 5120); llama family only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub head_dim_override: Option<u64>,
+    /// Biases on the q, k and v projections (Qwen2 / Qwen2.5); llama family only.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub qkv_bias: bool,
+    /// RMSNorm of each query and key head before rotary embeddings, one weight of head_dim
+    /// each, shared by the heads (Qwen3's `q_norm` / `k_norm`); llama family only.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub qk_norm: bool,
 }
 
 impl ModelConfig {
@@ -81,11 +92,18 @@ impl ModelConfig {
             tie_embeddings: false,
             dropout: 0.0,
             embedding_norm: false,
+            head_dim_override: None,
+            qkv_bias: false,
+            qk_norm: false,
         }
     }
 
     pub fn head_dim(&self) -> u64 {
-        self.hidden / self.n_heads
+        self.head_dim_override.unwrap_or(self.hidden / self.n_heads)
+    }
+    /// Width of all query heads together (the q projection's output and o's input).
+    pub fn q_dim(&self) -> u64 {
+        self.n_heads * self.head_dim()
     }
     pub fn kv_dim(&self) -> u64 {
         self.n_kv_heads * self.head_dim()
@@ -93,10 +111,15 @@ impl ModelConfig {
 
     /// Parameters of one transformer block, closed form.
     pub fn params_per_block(&self) -> u64 {
-        let (h, f, kv) = (self.hidden, self.ffn_hidden, self.kv_dim());
+        let (h, f, kv, q) = (self.hidden, self.ffn_hidden, self.kv_dim(), self.q_dim());
         match self.family {
-            // q, o: h*h; k, v: h*kv; gate, up, down: 3*h*f; two RMSNorm weights.
-            Family::Llama => 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h,
+            // q, o: h*q; k, v: h*kv; gate, up, down: 3*h*f; two RMSNorm weights; q, k, v
+            // biases; q and k head norms.
+            Family::Llama => {
+                let bias = if self.qkv_bias { q + 2 * kv } else { 0 };
+                let qk_norm = if self.qk_norm { 2 * self.head_dim() } else { 0 };
+                2 * h * q + 2 * h * kv + 3 * h * f + 2 * h + bias + qk_norm
+            }
             // qkv 3h*h + 3h bias, proj h*h + h, fc h*f + f, proj f*h + h, two LayerNorms 2*2h.
             Family::Gpt => 4 * h * h + 2 * h * f + 3 * h + h + f + h + 4 * h,
         }

@@ -364,6 +364,9 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
     let rows = if sp { t / tp } else { t };
     let a = cfg.n_heads / tp;
     let kvd = cfg.kv_dim() / tp;
+    // The query heads' width (hidden unless head_dim says otherwise), whole and per rank.
+    let qd = cfg.q_dim();
+    let qt = qd / tp;
     let tf = t as f64;
     let lin = |i: u64, o: u64| (2.0 * tf * i as f64 * o as f64, 4.0 * tf * i as f64 * o as f64);
     let mut bd =
@@ -411,29 +414,41 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         let first_qkv = bd.ops.len();
         match cfg.family {
             Family::Llama => {
-                let q0 = bd.tensor(&p("attention.wq.out"), t * h / tp, c, TensorKind::Activation);
-                bd.op_tp(p("attention.wq"), OpKind::Linear, h * h / tp, lin(h, h), vec![n1_in], vec![q0], vec![n1]);
+                // Biases add their elements to the (column-parallel, so split) projections.
+                let (qb, kvb) = if cfg.qkv_bias { (qt, kvd) } else { (0, 0) };
+                let q0 = bd.tensor(&p("attention.wq.out"), t * qt, c, TensorKind::Activation);
+                bd.op_tp(p("attention.wq"), OpKind::Linear, h * qt + qb, lin(h, qd), vec![n1_in], vec![q0], vec![n1]);
                 let k0 = bd.tensor(&p("attention.wk.out"), t * kvd, c, TensorKind::Activation);
-                bd.op_tp(p("attention.wk"), OpKind::Linear, h * kvd, lin(h, kvd * tp), vec![n1_in], vec![k0], vec![n1]);
+                let kp = h * kvd + kvb;
+                bd.op_tp(p("attention.wk"), OpKind::Linear, kp, lin(h, kvd * tp), vec![n1_in], vec![k0], vec![n1]);
                 vv = bd.tensor(&p("attention.wv.out"), t * kvd, c, TensorKind::Activation);
-                bd.op_tp(p("attention.wv"), OpKind::Linear, h * kvd, lin(h, kvd * tp), vec![n1_in], vec![vv], vec![n1]);
+                bd.op_tp(p("attention.wv"), OpKind::Linear, kp, lin(h, kvd * tp), vec![n1_in], vec![vv], vec![n1]);
                 bd.regather_op(&p("attention"), first_qkv);
+                // Qwen3's q_norm / k_norm: an RMSNorm over each head's head_dim (rows are
+                // tokens x this rank's heads), one weight vector shared by the heads.
+                let (q0, k0) = if cfg.qk_norm {
+                    let hd = cfg.head_dim();
+                    let qn = norm_op(&mut bd, Family::Llama, &p("attention.q_norm"), q0, t * a, hd, c);
+                    let kn = norm_op(&mut bd, Family::Llama, &p("attention.k_norm"), k0, t * kvd / hd, hd, c);
+                    (qn, kn)
+                } else {
+                    (q0, k0)
+                };
                 // Rotary: q*cos + rotate_half(q)*sin; mul by a constant buffer saves only the
                 // buffer, cat saves nothing, so nothing of q or k is kept.
-                let hq = h / tp;
-                q = bd.tensor(&p("attention.rope.q"), t * hq, c, TensorKind::Activation);
+                q = bd.tensor(&p("attention.rope.q"), t * qt, c, TensorKind::Activation);
                 k = bd.tensor(&p("attention.rope.k"), t * kvd, c, TensorKind::Activation);
                 let id = bd.op_tp(
                     p("attention.rope"),
                     OpKind::Rope,
                     0,
-                    (6.0 * tf * (h + kvd * tp) as f64, 6.0 * tf * (h + kvd * tp) as f64),
+                    (6.0 * tf * (qd + kvd * tp) as f64, 6.0 * tf * (qd + kvd * tp) as f64),
                     vec![q0, k0],
                     vec![q, k],
                     vec![],
                 );
                 // q*cos and rotate_half(q) live while the sum is formed.
-                bd.ops[id].fwd_scratch = 2 * t * hq * c;
+                bd.ops[id].fwd_scratch = 2 * t * qt * c;
             }
             Family::Gpt => {
                 let qkv = bd.tensor(&p("attn.c_attn.out"), t * 3 * h / tp, c, TensorKind::Activation);
@@ -453,8 +468,8 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
                 vv = qkv;
             }
         }
-        let o = bd.tensor(&p("attention.core.out"), t * h / tp, c, TensorKind::Activation);
-        let att_f = 4.0 * (b * s * s * h) as f64;
+        let o = bd.tensor(&p("attention.core.out"), t * qt, c, TensorKind::Activation);
+        let att_f = 4.0 * (b * s * s * qd) as f64;
         let mut saves = vec![q];
         for x in [k, vv] {
             if !saves.contains(&x) {
@@ -515,7 +530,7 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         // Row-parallel output projection: its bias is added once, after the reduction.
         let ao = bd.tensor(&p("attention.wo.out"), t * h, c, TensorKind::Activation);
         let wo_bias = if cfg.family == Family::Gpt { h } else { 0 };
-        bd.op_tp(p("attention.wo"), OpKind::Linear, h * h / tp + wo_bias, lin(h, h), vec![o], vec![ao], vec![o]);
+        bd.op_tp(p("attention.wo"), OpKind::Linear, qt * h + wo_bias, lin(qd, h), vec![o], vec![ao], vec![o]);
         let ao = bd.g_op(&p("attention"), ao, c);
         let fused = dropout && cfg.family == Family::Gpt;
         let ao = if dropout { dropout_op(&mut bd, &p("attention.dropout"), ao, rows * h, c, fused) } else { ao };

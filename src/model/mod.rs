@@ -4,6 +4,7 @@
 
 pub mod config;
 pub mod dag;
+pub mod hf;
 pub mod lora;
 pub mod quant;
 

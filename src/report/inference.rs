@@ -153,6 +153,7 @@ pub fn build(
     Report {
         scenario: s.name.clone(),
         description: s.description.clone(),
+        model_source: s.model_source.clone(),
         stepsim_version: env!("CARGO_PKG_VERSION"),
         job: "inference",
         model: super::to_json(&s.model),

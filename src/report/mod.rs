@@ -8,6 +8,7 @@ pub mod inference;
 pub mod job;
 pub mod png;
 pub mod text;
+pub(crate) use text::sep;
 pub mod timeline_png;
 pub mod write;
 
@@ -221,6 +222,10 @@ pub struct RankClass {
 pub struct Report {
     pub scenario: String,
     pub description: String,
+    /// Where the model's shape came from (a zoo model or a `config.json`), if not the
+    /// scenario's own fields.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_source: Option<String>,
     pub stepsim_version: &'static str,
     /// "train" or "inference".
     pub job: &'static str,
@@ -461,6 +466,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
     Report {
         scenario: s.name.clone(),
         description: s.description.clone(),
+        model_source: s.model_source.clone(),
         stepsim_version: env!("CARGO_PKG_VERSION"),
         job: "train",
         model: to_json(&s.model),

@@ -5,7 +5,7 @@ use std::fmt::Write;
 use super::{fmt_bytes, Report, Verdict};
 use crate::scenario::Scenario;
 
-fn sep(n: u64) -> String {
+pub(crate) fn sep(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
@@ -42,6 +42,22 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         m.vocab,
         if m.tie_embeddings { ", tied embeddings" } else { "" }
     );
+    let mut extras = Vec::new();
+    if m.head_dim_override.is_some() {
+        extras.push(format!("head_dim {} (queries {} wide)", m.head_dim(), m.q_dim()));
+    }
+    if m.qkv_bias {
+        extras.push("q/k/v biases".to_string());
+    }
+    if m.qk_norm {
+        extras.push("q/k head RMSNorm".to_string());
+    }
+    if !extras.is_empty() {
+        let _ = writeln!(o, "           {}", extras.join(", "));
+    }
+    if let Some(src) = &r.model_source {
+        let _ = writeln!(o, "           from {src}");
+    }
     let _ = writeln!(o, "           {} parameters ({})", sep(r.param_count), r.param_count_human);
     let _ = writeln!(
         o,

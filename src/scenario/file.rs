@@ -135,13 +135,23 @@ pub struct JitterSection {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSection {
-    pub family: String,
-    pub n_layers: i64,
-    pub hidden: i64,
-    pub n_heads: i64,
+    /// A model of the zoo (`stepsim models`), e.g. "llama-3.1-8b": its `config.json`.
+    pub name: Option<String>,
+    /// A Hugging Face `config.json` (relative to the scenario file); the other fields
+    /// override what it says.
+    pub hf_config: Option<String>,
+    pub family: Option<String>,
+    pub n_layers: Option<i64>,
+    pub hidden: Option<i64>,
+    pub n_heads: Option<i64>,
     pub n_kv_heads: Option<i64>,
     pub ffn_hidden: Option<i64>,
-    pub vocab: i64,
+    pub vocab: Option<i64>,
+    /// Width of one attention head when not hidden / n_heads (llama family).
+    pub head_dim: Option<i64>,
+    /// Biases on q, k, v (Qwen2); RMSNorm of each q and k head (Qwen3). Llama family.
+    pub qkv_bias: Option<bool>,
+    pub qk_norm: Option<bool>,
     pub max_seq_len: Option<i64>,
     pub tie_embeddings: Option<bool>,
     pub dropout: Option<f64>,

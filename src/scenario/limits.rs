@@ -87,7 +87,7 @@ pub(super) fn check_tensors(v: &V, m: &ModelConfig, w: &Workload, context: Optio
         }
     }
     if let Some(ctx) = context {
-        let kv = b * u128::from(ctx) * u128::from(m.n_layers) * u128::from(m.hidden) * 2 * 4;
+        let kv = b * u128::from(ctx) * u128::from(m.n_layers) * u128::from(m.hidden.max(m.kv_dim())) * 2 * 4;
         if kv > 16 * MAX_TENSOR_BYTES {
             return Err(v.err(
                 "inference.batch",

@@ -9,6 +9,7 @@ mod inference;
 pub mod limits;
 mod lora;
 mod megatron;
+mod model_source;
 mod offload;
 mod parallel;
 
@@ -57,6 +58,9 @@ pub struct Scenario {
     pub name: String,
     pub description: String,
     pub source: PathBuf,
+    /// Where `[model]` came from when not from its own fields: a zoo model or a
+    /// `config.json`, with its `model_type`.
+    pub model_source: Option<String>,
     pub model: ModelConfig,
     pub workload: Workload,
     pub cluster: Cluster,
@@ -196,23 +200,65 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
     let v = V { path };
     // --- model
     let m = &f.model;
-    let family = match v.choice("model.family", &m.family, &["gpt", "llama"])? {
+    let hf = model_source::hf_model(&v, m)?;
+    let model_source = hf.as_ref().map(|h| model_source::describe(m, h));
+    let from = |get: fn(&crate::model::hf::HfModel) -> u64| hf.as_ref().map(get);
+    let family_name = match (&m.family, &hf) {
+        (Some(_), Some(h)) => {
+            return Err(v.err(
+                "model.family",
+                format!("the config's model_type (\"{}\") decides the architecture; remove model.family", h.model_type),
+            ))
+        }
+        (Some(f), None) => f.clone(),
+        (None, Some(_)) => "llama".to_string(),
+        (None, None) => {
+            return Err(v.err(
+                "model.family",
+                "is required (or give model.name = \"<zoo model>\" or model.hf_config = \"path/config.json\")",
+            ))
+        }
+    };
+    let family = match v.choice("model.family", &family_name, &["gpt", "llama"])? {
         "gpt" => Family::Gpt,
         _ => Family::Llama,
     };
-    let n_layers = v.bounded("model.n_layers", m.n_layers, limits::MAX_LAYERS)?;
-    let hidden = v.bounded("model.hidden", m.hidden, limits::MAX_HIDDEN)?;
-    let n_heads = v.bounded("model.n_heads", m.n_heads, limits::MAX_HEADS)?;
-    if hidden % n_heads != 0 {
-        return Err(v.err("model.n_heads", format!("must divide model.hidden ({hidden}); {n_heads} does not")));
+    let n_layers = model_source::field(&v, "model.n_layers", m.n_layers, from(|h| h.n_layers))?;
+    let n_layers = v.bounded("model.n_layers", n_layers, limits::MAX_LAYERS)?;
+    let hidden = model_source::field(&v, "model.hidden", m.hidden, from(|h| h.hidden))?;
+    let hidden = v.bounded("model.hidden", hidden, limits::MAX_HIDDEN)?;
+    let n_heads = model_source::field(&v, "model.n_heads", m.n_heads, from(|h| h.n_heads))?;
+    let n_heads = v.bounded("model.n_heads", n_heads, limits::MAX_HEADS)?;
+    let head_dim = match m.head_dim {
+        Some(x) => Some(v.bounded("model.head_dim", x, limits::MAX_HIDDEN)?),
+        None => hf.as_ref().and_then(|h| h.head_dim),
+    };
+    let qkv_bias = m.qkv_bias.unwrap_or(hf.as_ref().is_some_and(|h| h.qkv_bias));
+    let qk_norm = m.qk_norm.unwrap_or(hf.as_ref().is_some_and(|h| h.qk_norm));
+    if family == Family::Gpt {
+        for (field, set) in
+            [("model.head_dim", head_dim.is_some()), ("model.qkv_bias", qkv_bias), ("model.qk_norm", qk_norm)]
+        {
+            if set {
+                return Err(v.err(field, "applies to the llama family only (the gpt family's heads are hidden / n_heads wide, with biases everywhere)"));
+            }
+        }
     }
-    if (hidden / n_heads) % 2 != 0 && family == Family::Llama {
+    let head_dim = head_dim.filter(|&d| d * n_heads != hidden);
+    if head_dim.is_none() && hidden % n_heads != 0 {
         return Err(v.err(
             "model.n_heads",
-            format!("rotary embeddings need an even head dimension; hidden / n_heads = {}", hidden / n_heads),
+            format!("must divide model.hidden ({hidden}); {n_heads} does not (or set model.head_dim)"),
         ));
     }
-    let n_kv_heads = match m.n_kv_heads {
+    let hd = head_dim.unwrap_or(hidden / n_heads);
+    if hd % 2 != 0 && family == Family::Llama {
+        return Err(v.err(
+            if head_dim.is_some() { "model.head_dim" } else { "model.n_heads" },
+            format!("rotary embeddings need an even head dimension; the head dimension is {hd}"),
+        ));
+    }
+    let n_kv_heads = match m.n_kv_heads.or(from(|h| h.n_kv_heads).map(|x| i64::try_from(x).unwrap_or(i64::MAX))) {
         None => n_heads,
         Some(k) => {
             let k = v.positive("model.n_kv_heads", k)?;
@@ -225,7 +271,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
             k
         }
     };
-    let ffn_hidden = match m.ffn_hidden {
+    let ffn_hidden = match m.ffn_hidden.or(from(|h| h.ffn_hidden).map(|x| i64::try_from(x).unwrap_or(i64::MAX))) {
         Some(x) => v.bounded("model.ffn_hidden", x, limits::MAX_FFN)?,
         None => match family {
             Family::Gpt => 4 * hidden,
@@ -233,7 +279,8 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
             Family::Llama => (8 * hidden / 3).div_ceil(256) * 256,
         },
     };
-    let vocab = v.bounded("model.vocab", m.vocab, limits::MAX_VOCAB)?;
+    let vocab = model_source::field(&v, "model.vocab", m.vocab, from(|h| h.vocab))?;
+    let vocab = v.bounded("model.vocab", vocab, limits::MAX_VOCAB)?;
     let job = job_kind(&v, &f)?;
     let (inf, standin) = match (job, &f.inference) {
         (JobKind::Inference, Some(i)) => {
@@ -272,10 +319,21 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         ffn_hidden,
         vocab,
         max_seq_len,
-        tie_embeddings: m.tie_embeddings.unwrap_or(family == Family::Gpt),
+        tie_embeddings: m.tie_embeddings.unwrap_or(hf.as_ref().map_or(family == Family::Gpt, |h| h.tie_embeddings)),
         dropout,
         embedding_norm: m.embedding_norm.unwrap_or(false),
+        head_dim_override: head_dim,
+        qkv_bias,
+        qk_norm,
     };
+    let context = inf.map_or(seq_len, |(_, ctx)| ctx);
+    // A window of w earlier tokens covers a sequence of w + 1 whole.
+    if let Some(w) = hf.as_ref().and_then(|h| h.sliding_window).filter(|&w| w.saturating_add(1) < context) {
+        return Err(v.err(
+            if m.name.is_some() { "model.name" } else { "model.hf_config" },
+            format!("the config's sliding-window attention (window {w} tokens) is shorter than the sequence ({context} tokens); sliding windows are not modelled (stepsim would count full causal attention): use at most {} tokens", w + 1),
+        ));
+    }
 
     // --- hardware
     let h = &f.hardware;
@@ -693,6 +751,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         name,
         description: f.description.clone().unwrap_or_default(),
         source: path.to_path_buf(),
+        model_source,
         model,
         workload,
         cluster,

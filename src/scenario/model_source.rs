@@ -1,0 +1,74 @@
+//! Where `[model]` comes from: the fields themselves, a Hugging Face `config.json`
+//! (`hf_config`, relative to the scenario file), or a model of the zoo (`name`); fields given
+//! beside a config override it.
+
+use super::*;
+use crate::model::hf::{self, HfModel};
+
+/// The `config.json` the section names, read and parsed; None when it names none.
+pub(super) fn hf_model(v: &V, m: &ModelSection) -> Result<Option<HfModel>, ScenarioError> {
+    match (&m.name, &m.hf_config) {
+        (Some(_), Some(_)) => {
+            Err(v.err("model.hf_config", "give model.name (a zoo model) or model.hf_config (a config.json), not both"))
+        }
+        (Some(name), None) => {
+            let z = hf::zoo(name).ok_or_else(|| {
+                v.err(
+                    "model.name",
+                    format!(
+                        "unknown model \"{name}\"; the zoo has: {} (`stepsim models` lists them), or give model.hf_config = \"path/config.json\"",
+                        hf::ZOO.iter().map(|m| m.name).collect::<Vec<_>>().join(", ")
+                    ),
+                )
+            })?;
+            let h = hf::parse(z.config).map_err(|e| v.err("model.name", format!("models/{name}.json: {e}")))?;
+            Ok(Some(h))
+        }
+        (None, Some(file)) => {
+            let p = v.path.parent().unwrap_or(Path::new(".")).join(file);
+            let text = std::fs::read_to_string(&p)
+                .map_err(|e| v.err("model.hf_config", format!("cannot read {}: {e}", p.display())))?;
+            let h = hf::parse(&text).map_err(|e| v.err("model.hf_config", format!("{}: {e}", p.display())))?;
+            Ok(Some(h))
+        }
+        (None, None) => Ok(None),
+    }
+}
+
+/// A required whole-number field: the section's, else the config's, else an error saying
+/// how to give it.
+pub(super) fn field(v: &V, name: &str, own: Option<i64>, hf: Option<u64>) -> Result<i64, ScenarioError> {
+    match (own, hf) {
+        (Some(x), _) => Ok(x),
+        (None, Some(x)) => Ok(i64::try_from(x).unwrap_or(i64::MAX)),
+        (None, None) => Err(
+            v.err(name, "is required (or give model.name = \"<zoo model>\" or model.hf_config = \"path/config.json\")")
+        ),
+    }
+}
+
+/// The report's words for where the model came from.
+pub(super) fn describe(m: &ModelSection, h: &HfModel) -> String {
+    let overrides = [
+        ("n_layers", m.n_layers.is_some()),
+        ("hidden", m.hidden.is_some()),
+        ("n_heads", m.n_heads.is_some()),
+        ("n_kv_heads", m.n_kv_heads.is_some()),
+        ("ffn_hidden", m.ffn_hidden.is_some()),
+        ("vocab", m.vocab.is_some()),
+        ("head_dim", m.head_dim.is_some()),
+        ("qkv_bias", m.qkv_bias.is_some()),
+        ("qk_norm", m.qk_norm.is_some()),
+        ("tie_embeddings", m.tie_embeddings.is_some()),
+    ];
+    let over: Vec<&str> = overrides.iter().filter(|x| x.1).map(|x| x.0).collect();
+    let over = if over.is_empty() { String::new() } else { format!("; overridden: {}", over.join(", ")) };
+    match (&m.name, &m.hf_config) {
+        (Some(n), _) => {
+            let src = hf::zoo(n).map_or("", |z| z.source);
+            format!("zoo model {n} (model_type {}, models/{n}.json from {src}){over}", h.model_type)
+        }
+        (None, Some(p)) => format!("Hugging Face config {p} (model_type {}){over}", h.model_type),
+        (None, None) => String::new(),
+    }
+}
