@@ -69,7 +69,7 @@ fn main() -> ExitCode {
         Command::Sweep(args) => stepsim::sweep::cli::main(args),
         Command::Explain { scenario, out, margin } => explain(&scenario, out, margin),
         Command::Models => {
-            print!("{}", stepsim::model::hf::zoo_table());
+            print!("{}", stepsim::report::text::zoo_table());
             ExitCode::SUCCESS
         }
         Command::Check { scenario } => match Scenario::load(&scenario) {

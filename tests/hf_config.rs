@@ -4,6 +4,8 @@
 //! found relative to the scenario file. Malformed and unsupported configs are in
 //! tests/malformed.rs and the unit tests of src/model/hf.rs.
 
+mod common;
+
 use std::path::Path;
 
 use stepsim::scenario::Scenario;
@@ -89,4 +91,23 @@ fn fields_beside_a_config_override_it_and_paths_are_relative_to_the_scenario() {
     let sim = stepsim::simulate(&s).unwrap();
     assert!(sim.report.model_source.as_deref().unwrap().contains("cfg/config.json"));
     std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn stepsim_models_lists_the_zoo_with_counts_and_sources() {
+    let o = common::stepsim(&["models"], Path::new(env!("CARGO_MANIFEST_DIR")));
+    assert_eq!(o.status.code(), Some(0));
+    let out = common::text(&o.stdout);
+    for &(name, published) in PUBLISHED {
+        let line = out.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name}:\n{out}"));
+        let with_commas = published
+            .to_string()
+            .as_bytes()
+            .rchunks(3)
+            .rev()
+            .map(|c| std::str::from_utf8(c).unwrap())
+            .collect::<Vec<_>>()
+            .join(",");
+        assert!(line.contains(&with_commas) && line.contains("https://huggingface.co/"), "{line}");
+    }
 }

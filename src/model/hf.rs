@@ -176,45 +176,6 @@ pub fn zoo(name: &str) -> Option<&'static ZooModel> {
     ZOO.iter().find(|m| m.name == name)
 }
 
-/// `stepsim models`: each zoo model with its type, shape, parameter count and source.
-pub fn zoo_table() -> String {
-    use std::fmt::Write;
-    let mut o = String::from("model               type     layers  hidden  heads (kv)  parameters        source\n");
-    for z in ZOO {
-        let Ok(h) = parse(z.config) else { continue };
-        let cfg = super::ModelConfig {
-            family: h.family,
-            n_layers: h.n_layers,
-            hidden: h.hidden,
-            n_heads: h.n_heads,
-            n_kv_heads: h.n_kv_heads,
-            ffn_hidden: h.ffn_hidden,
-            vocab: h.vocab,
-            max_seq_len: 1,
-            tie_embeddings: h.tie_embeddings,
-            dropout: 0.0,
-            embedding_norm: false,
-            head_dim_override: h.head_dim,
-            qkv_bias: h.qkv_bias,
-            qk_norm: h.qk_norm,
-        };
-        let _ = writeln!(
-            o,
-            "{:<19} {:<8} {:>6}  {:>6}  {:>5} ({:>3})  {:>16}  {}",
-            z.name,
-            h.model_type,
-            h.n_layers,
-            h.hidden,
-            h.n_heads,
-            h.n_kv_heads,
-            crate::report::sep(cfg.param_count()),
-            z.source
-        );
-    }
-    o.push_str("use one with [model] name = \"<model>\"; any other config.json with [model] hf_config = \"path/config.json\"\n");
-    o
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,7 +8,6 @@ pub mod inference;
 pub mod job;
 pub mod png;
 pub mod text;
-pub(crate) use text::sep;
 pub mod timeline_png;
 pub mod write;
 

@@ -5,7 +5,7 @@ use std::fmt::Write;
 use super::{fmt_bytes, Report, Verdict};
 use crate::scenario::Scenario;
 
-pub(crate) fn sep(n: u64) -> String {
+fn sep(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
@@ -421,4 +421,43 @@ fn time(r: &Report, s: &Scenario, o: &mut String) {
     } else if matches!(r.verdict, Verdict::Oom(_)) {
         let _ = writeln!(o, "\nTime       not reported: the step did not complete");
     }
+}
+
+/// `stepsim models`: each zoo model with its type, shape, parameter count and source.
+pub fn zoo_table() -> String {
+    use std::fmt::Write;
+    let mut o = String::from("model               type     layers  hidden  heads (kv)  parameters        source\n");
+    for z in crate::model::hf::ZOO {
+        let Ok(h) = crate::model::hf::parse(z.config) else { continue };
+        let cfg = crate::model::ModelConfig {
+            family: h.family,
+            n_layers: h.n_layers,
+            hidden: h.hidden,
+            n_heads: h.n_heads,
+            n_kv_heads: h.n_kv_heads,
+            ffn_hidden: h.ffn_hidden,
+            vocab: h.vocab,
+            max_seq_len: 1,
+            tie_embeddings: h.tie_embeddings,
+            dropout: 0.0,
+            embedding_norm: false,
+            head_dim_override: h.head_dim,
+            qkv_bias: h.qkv_bias,
+            qk_norm: h.qk_norm,
+        };
+        let _ = writeln!(
+            o,
+            "{:<19} {:<8} {:>6}  {:>6}  {:>5} ({:>3})  {:>16}  {}",
+            z.name,
+            h.model_type,
+            h.n_layers,
+            h.hidden,
+            h.n_heads,
+            h.n_kv_heads,
+            sep(cfg.param_count()),
+            z.source
+        );
+    }
+    o.push_str("use one with [model] name = \"<model>\"; any other config.json with [model] hf_config = \"path/config.json\"\n");
+    o
 }
