@@ -162,7 +162,15 @@ pub fn explain(s: &Scenario, sim: &Simulation, margin: f64) -> Explanation {
             margin * 100.0,
             fmt_bytes(cap)
         ),
-        _ => format!("fits with {} to spare at the peak", fmt_bytes(cap.saturating_sub(live_total))),
+        _ => match &r.verdict {
+            // The same headroom `run` prints: capacity less what the allocator reserved.
+            crate::report::Verdict::Fits { headroom } => format!(
+                "fits with {} of headroom at the peak (capacity less max_memory_reserved, as `run` reports; {} counting live tensors only)",
+                fmt_bytes(headroom.bytes),
+                fmt_bytes(cap.saturating_sub(live_total))
+            ),
+            crate::report::Verdict::Oom(_) => format!("fits with {} to spare at the peak", fmt_bytes(cap.saturating_sub(live_total))),
+        },
     };
     Explanation {
         status,

@@ -124,6 +124,7 @@ pub struct StepTiming {
     pub start_s: f64,
     pub time_s: f64,
     pub compute_busy_s: f64,
+    /// Time any communication stream (collectives, pipeline transfers, host copies) runs.
     pub comm_busy_s: f64,
     /// Compute stream idle inside the step: waiting for a collective (exposed communication).
     pub compute_idle_s: f64,
@@ -386,13 +387,16 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
                 v.iter_mut().for_each(|x| x.0 = x.0.max(start));
             }
             let exposed = uncovered(comm, compute);
+            // Communication streams overlap one another (tensor-parallel, data-parallel,
+            // pipeline, host copies): their busy time is the time any of them runs.
+            let comm_busy = union_len(comm);
             let dur = end - start;
             steps.push(StepTiming {
                 step: k,
                 start_s: start as f64 / 1e9,
                 time_s: dur as f64 / 1e9,
                 compute_busy_s: busy[0] as f64 / 1e9,
-                comm_busy_s: busy[1] as f64 / 1e9,
+                comm_busy_s: comm_busy as f64 / 1e9,
                 compute_idle_s: dur.saturating_sub(busy[0]) as f64 / 1e9,
                 recompute_s: recompute as f64 / 1e9,
                 exposed_comm_s: exposed as f64 / 1e9,
@@ -692,19 +696,26 @@ pub fn throughput_of(
 }
 
 /// Nanoseconds of the union of `a` not covered by the union of `b` (intervals [start, end)).
-fn uncovered(a: &mut [(u64, u64)], b: &mut [(u64, u64)]) -> u64 {
-    let merge = |v: &mut [(u64, u64)]| -> Vec<(u64, u64)> {
-        v.sort_unstable();
-        let mut out: Vec<(u64, u64)> = Vec::new();
-        for &(s, e) in v.iter() {
-            match out.last_mut() {
-                Some(last) if s <= last.1 => last.1 = last.1.max(e),
-                _ => out.push((s, e)),
-            }
+/// Sorted, merged copy of intervals.
+fn merged(v: &mut [(u64, u64)]) -> Vec<(u64, u64)> {
+    v.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &(s, e) in v.iter() {
+        match out.last_mut() {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => out.push((s, e)),
         }
-        out
-    };
-    let (a, b) = (merge(a), merge(b));
+    }
+    out
+}
+
+/// Nanoseconds covered by at least one of the intervals.
+fn union_len(v: &mut [(u64, u64)]) -> u64 {
+    merged(v).iter().map(|(s, e)| e - s).sum()
+}
+
+fn uncovered(a: &mut [(u64, u64)], b: &mut [(u64, u64)]) -> u64 {
+    let (a, b) = (merged(a), merged(b));
     let mut total = 0;
     let mut j = 0;
     for (s, e) in a {

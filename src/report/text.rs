@@ -61,24 +61,33 @@ pub fn render(r: &Report, s: &Scenario) -> String {
     let _ = writeln!(o, "           {} parameters ({})", sep(r.param_count), r.param_count_human);
     let _ = writeln!(
         o,
-        "Hardware   {} x {} ({} node(s) x {}), capacity {} per GPU = device {} - CUDA context {}",
+        "Hardware   {} x {} ({} x {}), capacity {} per GPU = device {} - CUDA context {}",
         c.gpus,
         c.gpu.name,
-        c.nodes(),
+        plural(u64::from(c.nodes()), "node"),
         c.gpus_per_node,
         fmt_bytes(r.capacity.bytes),
         fmt_bytes(c.memory_bytes),
         fmt_bytes(c.cuda_context_bytes)
     );
-    let _ = writeln!(
-        o,
-        "           node {}: {} x {:.0} Gb/s NICs = {:.1} GB/s per GPU across nodes; {:.0} GB/s per GPU inside a node",
-        c.node,
-        c.nics_per_node,
-        c.nic_bytes_per_s * 8.0 / 1e9,
-        c.network_bytes_per_s() / 1e9,
-        c.gpu.nvlink_bytes_per_s / 1e9
-    );
+    if c.nodes() > 1 {
+        let _ = writeln!(
+            o,
+            "           node {}: {} x {:.0} Gb/s NICs = {:.1} GB/s per GPU across nodes; {:.0} GB/s per GPU inside a node",
+            c.node,
+            c.nics_per_node,
+            c.nic_bytes_per_s * 8.0 / 1e9,
+            c.network_bytes_per_s() / 1e9,
+            c.gpu.nvlink_bytes_per_s / 1e9
+        );
+    } else if c.gpus > 1 {
+        let _ = writeln!(
+            o,
+            "           node {}: one node, no traffic across nodes; {:.0} GB/s per GPU inside it",
+            c.node,
+            c.gpu.nvlink_bytes_per_s / 1e9
+        );
+    }
     if let Some(inf) = &r.inference {
         super::inference::header(r, inf, &mut o);
         common(r, &mut o);
@@ -87,7 +96,19 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         return o;
     }
     let fw = p.framework.display(p.sharding, u64::from(c.gpus));
-    let fsdp_flags = if matches!(p.sharding, crate::plan::Sharding::None | crate::plan::Sharding::Zero1) {
+    let fsdp_flags = if p.framework == crate::plan::Framework::Deepspeed {
+        let d = &p.deepspeed;
+        format!(
+            "reduce_bucket_size={:e}, allgather_bucket_size={:e}, overlap_comm={}, contiguous_gradients={}",
+            d.reduce_bucket_size as f64, d.allgather_bucket_size as f64, d.overlap_comm, d.contiguous_gradients
+        )
+    } else if p.framework == crate::plan::Framework::Megatron {
+        let m = &p.megatron;
+        format!(
+            "overlap_grad_reduce={}, overlap_param_gather={}, tp_comm_overlap={}",
+            m.overlap_grad_reduce, m.overlap_param_gather, m.tp_comm_overlap
+        )
+    } else if matches!(p.sharding, crate::plan::Sharding::None | crate::plan::Sharding::Zero1) {
         format!(
             "bucket_cap_mb={:.0}, gradient_as_bucket_view={}",
             p.bucket_bytes as f64 / 1e6,
@@ -125,8 +146,14 @@ pub fn render(r: &Report, s: &Scenario) -> String {
             p.sharding.display()
         );
     } else {
-        let _ =
-            writeln!(o, "Parallel   {} over {} GPU(s), {} semantics; {}", p.sharding.display(), c.gpus, fw, fsdp_flags);
+        let _ = writeln!(
+            o,
+            "Parallel   {} over {}, {} semantics; {}",
+            p.sharding.display(),
+            plural(u64::from(c.gpus), "GPU"),
+            fw,
+            fsdp_flags
+        );
     }
     let _ = writeln!(
         o,
@@ -168,13 +195,18 @@ pub fn render(r: &Report, s: &Scenario) -> String {
     }
     let _ = writeln!(
         o,
-        "  {:<18} {}  = {:.3} B per parameter on this GPU ({:.0} B/param under the precision policy, {} params; naive average over {} GPUs {})",
+        "  {:<18} {}  = {:.3} B per parameter on this GPU ({:.0} B/param under the precision policy{}, {} params; naive average over {} {})",
         "total",
         fmt_bytes(ms.total.bytes),
         ms.bytes_per_param_per_gpu,
         ms.bytes_per_param,
+        if r.trainable_params < r.param_count {
+            format!(" for the {} trainable ones, the frozen base as stored", sep(r.trainable_params))
+        } else {
+            String::new()
+        },
         r.param_count_human,
-        c.gpus,
+        plural(u64::from(c.gpus), "GPU"),
         fmt_bytes(ms.naive_average.bytes)
     );
     if r.rank_classes.iter().any(|k| k.rank.is_some()) {
@@ -363,7 +395,7 @@ fn time(r: &Report, s: &Scenario, o: &mut String) {
             );
             let _ = writeln!(
                 o,
-                "          split: compute {:.3} s, exposed communication {:.3} s, idle {:.3} s; streams busy: compute {:.0}%, nccl {:.0}%",
+                "          split: compute {:.3} s, exposed communication {:.3} s, idle {:.3} s; busy: compute {:.0}%, communication {:.0}% (any collective or transfer running)",
                 st.compute_busy_s,
                 st.exposed_comm_s,
                 st.idle_s,
@@ -424,6 +456,15 @@ fn time(r: &Report, s: &Scenario, o: &mut String) {
 }
 
 /// `stepsim models`: each zoo model with its type, shape, parameter count and source.
+/// "1 GPU", "8 GPUs".
+fn plural(n: u64, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
+}
+
 pub fn zoo_table() -> String {
     use std::fmt::Write;
     let mut o = String::from("model               type     layers  hidden  heads (kv)  parameters        source\n");
