@@ -75,3 +75,15 @@ fn run_and_explain_give_the_same_headroom() {
     let headroom = &verdict[verdict.find("FITS: ").unwrap() + 6..verdict.find(" of headroom").unwrap()];
     assert!(e.contains(&format!("fits with {headroom} of headroom at the peak")), "{headroom}\n{e}");
 }
+
+#[test]
+fn run_and_explain_agree_on_reserved_but_unallocated_at_an_oom() {
+    let r = run("100b-32gpu-fsdp", "run");
+    let e = run("100b-32gpu-fsdp", "explain");
+    // run: "...; 0.17 GB (0.16 GiB) reserved but unallocated, largest free block ..."
+    let line = r.lines().find(|l| l.contains("stepsim's verdict")).unwrap();
+    let end = line.find(" reserved but unallocated").unwrap();
+    let start = line[..end].rfind("; ").unwrap() + 2;
+    let figure = &line[start..end];
+    assert!(e.contains(&format!("+ {figure} reserved but unallocated")), "{figure}\n{e}");
+}

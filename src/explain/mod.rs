@@ -101,21 +101,33 @@ pub fn explain(s: &Scenario, sim: &Simulation, margin: f64) -> Explanation {
     let live = live::from_buffers(s, sim, &bufs, layer, phase);
     let mut live = live;
     let empty_cache = empty_cache_advice(s, r);
-    // The allocator's share: reserved but not allocated to any tensor at that instant.
+    // The allocator's share at that instant, split as `run` reports it: reserved but
+    // unallocated (`memory_reserved() - memory_allocated()`, PyTorch's figure), and the
+    // rounding inside allocated blocks (sizes rounded up, tails not split off).
     if let Some(d) = &r.allocator.oom {
-        let frag = d.state.reserved.bytes.saturating_sub(d.state.live.bytes);
-        if frag > 0 {
+        let st = &d.state;
+        let unallocated = st.reserved.bytes.saturating_sub(st.allocated.bytes);
+        let rounding = st.allocated.bytes.saturating_sub(st.live.bytes);
+        if unallocated > 0 {
             live.push(LiveLine {
                 category: "allocator",
                 label: "allocator: reserved but unallocated",
-                size: Bytes::new(frag),
+                size: Bytes::new(unallocated),
                 reason: format!(
                     "allocator: reserved but unallocated (cached free blocks and split remainders; largest free block {})",
-                    fmt_bytes(d.state.largest_free_block.bytes)
+                    fmt_bytes(st.largest_free_block.bytes)
                 ),
             });
-            live.sort_by(|a, b| b.size.bytes.cmp(&a.size.bytes).then(a.category.cmp(b.category)));
         }
+        if rounding > 0 {
+            live.push(LiveLine {
+                category: "allocator",
+                label: "allocator: rounding in allocated blocks",
+                size: Bytes::new(rounding),
+                reason: "allocator: rounding in allocated blocks (sizes rounded up to 512 B, block tails too small to split off)".into(),
+            });
+        }
+        live.sort_by(|a, b| b.size.bytes.cmp(&a.size.bytes).then(a.category.cmp(b.category)));
     }
     let live_total: u64 = live.iter().map(|l| l.size.bytes).sum();
     let naive = r.model_state_per_gpu.naive_average;
@@ -144,13 +156,16 @@ pub fn explain(s: &Scenario, sim: &Simulation, margin: f64) -> Explanation {
     let summary = match status {
         "oom" => {
             let cached: u64 = live.iter().filter(|l| l.category == "allocator").map(|l| l.size.bytes).sum();
+            let unallocated = r.allocator.oom.as_ref().map_or(0, |d| d.state.reserved.bytes.saturating_sub(d.state.allocated.bytes));
+            let rounding = cached.saturating_sub(unallocated);
             format!(
-                "OOM in {}{}, op `{}`: {} in live tensors{} of {} capacity, {} more requested",
+                "OOM in {}{}, op `{}`: {} in live tensors{}{} of {} capacity, {} more requested",
                 if step == 0 { "initialisation".to_string() } else { format!("step {step}, {}", phase.name()) },
                 where_,
                 op,
                 fmt_bytes(live_total - cached),
-                if cached > 0 { format!(" + {} reserved but unallocated", fmt_bytes(cached)) } else { String::new() },
+                if rounding > 0 { format!(" + {} of rounding in allocated blocks", fmt_bytes(rounding)) } else { String::new() },
+                if unallocated > 0 { format!(" + {} reserved but unallocated", fmt_bytes(unallocated)) } else { String::new() },
                 fmt_bytes(cap),
                 requested.map_or(String::new(), |b| fmt_bytes(b.bytes))
             )
