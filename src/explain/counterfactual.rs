@@ -41,6 +41,10 @@ pub struct Counterfactual {
     pub tokens_per_s_change: Option<f64>,
     pub gpu_seconds_per_token: Option<f64>,
     pub note: Option<String>,
+    /// The change alters the training problem (fewer tokens per sequence), not only how it
+    /// runs: ranked apart from those that keep it.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub changes_problem: bool,
 }
 
 fn bigger_gpu(name: &str) -> Option<&'static str> {
@@ -69,6 +73,9 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
         1 => {
             if t.checkpointing != Checkpointing::None {
                 return Err("already checkpointing".into());
+            }
+            if s.workload.attention == crate::model::Attention::Flash {
+                return Err("no effect: with flash attention the s x s attention scores are never stored, so selective recomputation has nothing to drop".into());
             }
             v.training.checkpointing = Checkpointing::Selective;
             vec![(COUNTERFACTUAL_NAMES[1].into(), v)]
@@ -214,6 +221,7 @@ fn measure(label: String, s: &Scenario, base_tps: Option<f64>) -> Counterfactual
             tokens_per_s_change: None,
             gpu_seconds_per_token: None,
             note: Some("internal scheduling error".into()),
+            changes_problem: false,
         };
     };
     let r = &sim.report;
@@ -238,6 +246,7 @@ fn measure(label: String, s: &Scenario, base_tps: Option<f64>) -> Counterfactual
         tokens_per_s_change: tp.as_ref().zip(base_tps).map(|(t, b)| t.tokens_per_s_per_gpu / b - 1.0),
         gpu_seconds_per_token: tp.as_ref().map(|t| gpus as f64 / t.tokens_per_s),
         note: host_oom.then(|| "the node's host memory or NVMe cannot hold the offloaded state".into()),
+        changes_problem: false,
     }
 }
 
@@ -250,28 +259,55 @@ fn unbounded(s: &Scenario) -> Option<Simulation> {
 }
 
 /// Runs the standard set in parallel; the output order is the table's, whatever the threads.
+/// A change that leaves the run out of memory with the original's peak and step time is
+/// reported as having no effect; "more GPUs" is narrowed by bisection to the smallest count
+/// that fits; when no single change fits, pairs with full checkpointing are tried.
 pub fn run_all(s: &Scenario, _sim: &Simulation) -> Vec<Counterfactual> {
-    let base_tps = unbounded(s).and_then(|x| x.report.throughput.map(|t| t.tokens_per_s_per_gpu));
+    let base = unbounded(s);
+    let base_tps = base.as_ref().and_then(|x| x.report.throughput.as_ref().map(|t| t.tokens_per_s_per_gpu));
+    let base_peak = base.as_ref().and_then(|x| x.report.peak.as_ref().map(|p| p.allocated.bytes));
+    let base_step = base.as_ref().and_then(|x| x.report.throughput.as_ref().map(|t| t.step_time_s));
+    let mut out = single_changes(s, base_tps);
+    for c in out.iter_mut() {
+        let same = c.fits == Some(false)
+            && c.gpus == u64::from(s.cluster.gpus)
+            && c.peak.map(|p| p.bytes) == base_peak
+            && c.step_time_s.zip(base_step).is_some_and(|(a, b)| (a - b).abs() <= 1e-9 * b.max(1e-12));
+        if same {
+            c.fits = None;
+            (c.peak, c.step_time_s, c.tokens_per_s, c.tokens_per_s_change) = (None, None, None, None);
+            c.note = Some("no effect: the same peak and step time as the original, still out of memory".into());
+        }
+    }
+    if !out.iter().any(|c| c.fits == Some(true) && !c.changes_problem) {
+        out.extend(pairs(s, base_tps));
+    }
+    out
+}
+
+fn skipped(name: &str, gpus: u64, why: String) -> Counterfactual {
+    Counterfactual {
+        change: name.into(),
+        fits: None,
+        oom_phase: None,
+        peak: None,
+        gpus,
+        step_time_s: None,
+        tokens_per_s: None,
+        tokens_per_s_change: None,
+        gpu_seconds_per_token: None,
+        note: Some(why),
+        changes_problem: false,
+    }
+}
+
+fn single_changes(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
     let mut jobs: Vec<(usize, String, Scenario)> = Vec::new();
-    let mut skipped: Vec<(usize, Counterfactual)> = Vec::new();
+    let mut skips: Vec<(usize, Counterfactual)> = Vec::new();
     for (which, name) in COUNTERFACTUAL_NAMES.iter().enumerate() {
         match variants(s, which) {
             Ok(vs) => jobs.extend(vs.into_iter().map(|(l, v)| (which, l, v))),
-            Err(why) => skipped.push((
-                which,
-                Counterfactual {
-                    change: (*name).into(),
-                    fits: None,
-                    oom_phase: None,
-                    peak: None,
-                    gpus: u64::from(s.cluster.gpus),
-                    step_time_s: None,
-                    tokens_per_s: None,
-                    tokens_per_s_change: None,
-                    gpu_seconds_per_token: None,
-                    note: Some(why),
-                },
-            )),
+            Err(why) => skips.push((which, skipped(name, u64::from(s.cluster.gpus), why))),
         }
     }
     let done: Vec<(usize, Counterfactual)> =
@@ -280,19 +316,98 @@ pub fn run_all(s: &Scenario, _sim: &Simulation) -> Vec<Counterfactual> {
     for which in 0..COUNTERFACTUAL_NAMES.len() {
         let mine: Vec<&Counterfactual> = done.iter().filter(|(w, _)| *w == which).map(|(_, c)| c).collect();
         if which == 4 && !mine.is_empty() {
-            // Keep the smallest GPU count that fits (or the largest tried, saying so).
-            let pick = mine.iter().find(|c| c.fits == Some(true)).copied().unwrap_or(mine[mine.len() - 1]);
-            let mut c = pick.clone();
-            if c.fits != Some(true) {
-                c.note = Some(format!("still OOM at {} GPUs", c.gpus));
-            }
-            out.push((which, c));
+            out.push((which, fewest_gpus(s, &mine, base_tps)));
         } else {
-            out.extend(mine.into_iter().map(|c| (which, c.clone())));
+            for c in mine {
+                let mut c = c.clone();
+                if which == 3 {
+                    c.changes_problem = true;
+                    c.note = Some("changes the training problem: half the tokens per sequence".into());
+                }
+                out.push((which, c));
+            }
         }
-        out.extend(skipped.iter().filter(|(w, _)| *w == which).cloned());
+        out.extend(skips.iter().filter(|(w, _)| *w == which).cloned());
     }
     out.into_iter().map(|(_, c)| c).collect()
+}
+
+/// The smallest GPU count that fits: the first doubling that fits, then bisection over the
+/// counts between it and the last doubling that did not (whole nodes, whole model-parallel
+/// groups); the largest count tried if none fits, saying so.
+fn fewest_gpus(s: &Scenario, doublings: &[&Counterfactual], base_tps: Option<f64>) -> Counterfactual {
+    let Some(k) = doublings.iter().position(|c| c.fits == Some(true)) else {
+        let mut c = doublings[doublings.len() - 1].clone();
+        c.note = Some(format!("still OOM at {} GPUs", c.gpus));
+        return c;
+    };
+    let gpus = u64::from(s.cluster.gpus);
+    let mp = &s.parallel.model_parallel;
+    let per_node = u64::from(s.cluster.gpus_per_node);
+    let group = mp.tensor * mp.pipeline;
+    let step = lcm(group.max(1), per_node.max(1));
+    let mut lo = if k == 0 { gpus } else { doublings[k - 1].gpus };
+    let mut best = doublings[k].clone();
+    let mut hi = best.gpus;
+    // Counts are multiples of `step`: halve the gap until no multiple lies strictly between.
+    while hi - lo > step {
+        let mid = (lo + (hi - lo) / 2).div_ceil(step) * step;
+        if mid <= lo || mid >= hi {
+            break;
+        }
+        let mut v = s.clone();
+        v.cluster.gpus = u32::try_from(mid).unwrap_or(u32::MAX);
+        let c = measure(format!("GPUs {gpus} -> {mid}"), &v, base_tps);
+        if c.fits == Some(true) {
+            hi = mid;
+            best = c;
+        } else {
+            lo = mid;
+        }
+    }
+    best.note = Some(format!("the smallest count that fits (bisection over multiples of {step}); {lo} GPUs do not"));
+    best
+}
+
+fn lcm(a: u64, b: u64) -> u64 {
+    let gcd = |mut x: u64, mut y: u64| {
+        while y != 0 {
+            (x, y) = (y, x % y);
+        }
+        x
+    };
+    a / gcd(a, b) * b
+}
+
+/// When no single change fits: full activation checkpointing together with each of the
+/// other changes that keep the problem (micro-batch, more GPUs, sharding, a larger GPU,
+/// offload), each re-simulated.
+fn pairs(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
+    let Ok(mut ck) = variants(s, 0) else { return Vec::new() };
+    let Some((_, ck)) = ck.pop() else { return Vec::new() };
+    let mut jobs: Vec<(usize, String, Scenario)> = Vec::new();
+    for which in [2usize, 4, 5, 8, 10] {
+        if let Ok(vs) = variants(&ck, which) {
+            jobs.extend(vs.into_iter().map(|(l, v)| (which, format!("full checkpointing + {l}"), v)));
+        }
+    }
+    let done: Vec<(usize, Counterfactual)> =
+        jobs.par_iter().map(|(w, l, v)| (*w, measure(l.clone(), v, base_tps))).collect();
+    let mut out = Vec::new();
+    for which in [2usize, 4, 5, 8, 10] {
+        let mine: Vec<&Counterfactual> = done.iter().filter(|(w, _)| *w == which).map(|(_, c)| c).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        if which == 4 {
+            let mut c = fewest_gpus(&ck, &mine, base_tps);
+            c.change = format!("full checkpointing + {}", c.change.trim_start_matches("full checkpointing + "));
+            out.push(c);
+        } else {
+            out.extend(mine.into_iter().cloned());
+        }
+    }
+    out
 }
 
 /// Whether a change keeps the same GPUs (type and count).
@@ -306,12 +421,15 @@ pub fn answer(cfs: &[Counterfactual], status: &str) -> String {
     if status == "fits" {
         return "it fits; nothing to change".into();
     }
-    let fits = |c: &&Counterfactual| c.fits == Some(true) && c.gpu_seconds_per_token.is_some();
+    let fits = |c: &&Counterfactual| c.fits == Some(true) && c.gpu_seconds_per_token.is_some() && !c.changes_problem;
     let by_cost = |a: &&Counterfactual, b: &&Counterfactual| {
         a.gpu_seconds_per_token.unwrap_or(f64::MAX).total_cmp(&b.gpu_seconds_per_token.unwrap_or(f64::MAX))
     };
-    let same = cfs.iter().filter(fits).filter(|c| same_hardware(c)).min_by(by_cost);
-    let other = cfs.iter().filter(fits).filter(|c| !same_hardware(c)).min_by(by_cost);
+    let single = |c: &&Counterfactual| !c.change.starts_with("full checkpointing + ");
+    let same = cfs.iter().filter(fits).filter(single).filter(|c| same_hardware(c)).min_by(by_cost);
+    let other = cfs.iter().filter(fits).filter(single).filter(|c| !same_hardware(c)).min_by(by_cost);
+    let pair = cfs.iter().filter(fits).filter(|c| !single(c)).min_by(by_cost);
+    let problem = cfs.iter().filter(|c| c.changes_problem && c.fits == Some(true)).min_by(by_cost);
     let line = |c: &Counterfactual| {
         format!(
             "\"{}\": peak {}, {}{}",
@@ -330,6 +448,10 @@ pub fn answer(cfs: &[Counterfactual], status: &str) -> String {
         ),
         (Some(c), None) => format!("the cheapest change that fits on the same GPUs is {}", line(c)),
         (None, Some(o)) => format!("nothing fits on the same GPUs; the cheapest hardware change that fits is {} (fewest GPU-seconds per token)", line(o)),
-        (None, None) => "no single change in the standard set fits; combine changes (e.g. checkpointing and more GPUs)".into(),
+        (None, None) => match (pair, problem) {
+            (Some(p), _) => format!("no single change that keeps the training problem fits; the cheapest pair tried that fits is {}", line(p)),
+            (None, Some(q)) => format!("no change that keeps the training problem fits (full checkpointing was also tried with each of micro-batch, GPU count, sharding, GPU and offload); only changing the problem does: {}", line(q)),
+            (None, None) => "no single change in the standard set fits, nor full checkpointing together with any of micro-batch, GPU count, sharding, GPU or offload".into(),
+        },
     }
 }

@@ -257,7 +257,12 @@ pub fn render(e: &Explanation, s: &Scenario) -> String {
         let _ = writeln!(o, "\nSingle changes, each re-simulated:");
         let _ =
             writeln!(o, "  {:<44} {:>5} {:>26} {:>11} {:>13}", "change", "fits", "peak", "step time", "tokens/s/GPU");
+        let mut pairs_started = false;
         for cf in &e.counterfactuals {
+            if !pairs_started && cf.change.starts_with("full checkpointing + ") {
+                pairs_started = true;
+                let _ = writeln!(o, "  No single change that keeps the training problem fits; full checkpointing with each other change:");
+            }
             let fits = match cf.fits {
                 Some(true) => "yes",
                 Some(false) => "no",
