@@ -234,3 +234,15 @@ fn explain_tries_pairs_when_no_single_change_fits() {
     assert!(!e.answer.contains("combine changes"), "{}", e.answer);
     assert!(e.answer.contains("full checkpointing together with"), "{}", e.answer);
 }
+
+/// Tensor parallelism is among the single changes: on the 32-GPU FSDP job, TP 2 with
+/// sequence parallelism (the vocabulary padded as Megatron pads it) fits.
+#[test]
+fn explain_proposes_tensor_parallelism() {
+    let s = shipped("100b-32gpu-fsdp.toml");
+    let sim = stepsim::simulate(&s).unwrap();
+    let e = explain::explain(&s, &sim, explain::DEFAULT_MARGIN);
+    let tp = e.counterfactuals.iter().find(|c| c.change.starts_with("tensor parallel 1 -> 2")).unwrap();
+    assert_eq!(tp.fits, Some(true), "{tp:?}");
+    assert!(tp.change.contains("vocabulary padded 50257 -> 50432"), "{}", tp.change);
+}

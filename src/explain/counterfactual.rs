@@ -25,6 +25,7 @@ pub const COUNTERFACTUAL_NAMES: &[&str] = &[
     "a GPU with more memory",
     "expandable_segments = true",
     "CPU offload (ZeRO-Offload / FSDP CPUOffload)",
+    "tensor parallelism x 2 (with sequence parallelism)",
 ];
 
 #[derive(Debug, Clone, Serialize)]
@@ -202,6 +203,43 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             v.parallel.offload =
                 Some(crate::scenario::default_offload(&s.cluster, s.parallel.framework, OffloadDevice::Cpu, params));
             vec![(label.into(), v)]
+        }
+        11 => {
+            // Megatron-style tensor parallelism inside a node, as scenario validation
+            // requires it (src/scenario/parallel.rs): the degree divides the heads, KV heads,
+            // FFN and vocabulary, fits a node and leaves a whole data-parallel degree.
+            let mp = &s.parallel.model_parallel;
+            let tp = mp.tensor * 2;
+            let m = &s.model;
+            let per_node = u64::from(s.cluster.gpus_per_node);
+            let gpus = u64::from(s.cluster.gpus);
+            if s.workload.lora.is_some() || s.parallel.offload.is_some() {
+                return Err("tensor parallelism with LoRA or offload is not simulated".into());
+            }
+            if s.parallel.sharding == Sharding::HybridShard {
+                return Err("hybrid_shard with tensor parallelism is not modelled".into());
+            }
+            if tp > per_node || gpus % (tp * mp.pipeline) != 0 {
+                return Err(format!(
+                    "tensor parallel {tp} does not fit a node of {per_node} GPUs or divide {gpus} GPUs"
+                ));
+            }
+            if m.n_heads % tp != 0 || m.n_kv_heads % tp != 0 || m.ffn_hidden % tp != 0 {
+                return Err(format!("tensor parallel {tp} does not divide the heads, KV heads and FFN"));
+            }
+            if t.seq_len % tp != 0 {
+                return Err(format!("sequence parallelism needs the sequence ({}) divisible by {tp}", t.seq_len));
+            }
+            v.parallel.model_parallel.tensor = tp;
+            v.parallel.model_parallel.sequence_parallel = true;
+            v.workload.split = crate::model::TensorSplit { tensor: tp, sequence_parallel: true };
+            // Megatron pads the vocabulary to a multiple of 128 x tp
+            // (--make-vocab-size-divisible-by 128).
+            let padded = if m.vocab % tp == 0 { m.vocab } else { m.vocab.div_ceil(128 * tp) * 128 * tp };
+            v.model.vocab = padded;
+            let pad =
+                if padded != m.vocab { format!(" (vocabulary padded {} -> {padded})", m.vocab) } else { String::new() };
+            vec![(format!("tensor parallel {} -> {tp}, sequence parallel{pad}", mp.tensor), v)]
         }
         _ => return Err("no such change".into()),
     })
@@ -381,12 +419,12 @@ fn lcm(a: u64, b: u64) -> u64 {
 
 /// When no single change fits: full activation checkpointing together with each of the
 /// other changes that keep the problem (micro-batch, more GPUs, sharding, a larger GPU,
-/// offload), each re-simulated.
+/// offload, tensor parallelism), each re-simulated.
 fn pairs(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
     let Ok(mut ck) = variants(s, 0) else { return Vec::new() };
     let Some((_, ck)) = ck.pop() else { return Vec::new() };
     let mut jobs: Vec<(usize, String, Scenario)> = Vec::new();
-    for which in [2usize, 4, 5, 8, 10] {
+    for which in [2usize, 4, 5, 8, 10, 11] {
         if let Ok(vs) = variants(&ck, which) {
             jobs.extend(vs.into_iter().map(|(l, v)| (which, format!("full checkpointing + {l}"), v)));
         }
@@ -394,7 +432,7 @@ fn pairs(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
     let done: Vec<(usize, Counterfactual)> =
         jobs.par_iter().map(|(w, l, v)| (*w, measure(l.clone(), v, base_tps))).collect();
     let mut out = Vec::new();
-    for which in [2usize, 4, 5, 8, 10] {
+    for which in [2usize, 4, 5, 8, 10, 11] {
         let mine: Vec<&Counterfactual> = done.iter().filter(|(w, _)| *w == which).map(|(_, c)| c).collect();
         if mine.is_empty() {
             continue;
@@ -450,8 +488,8 @@ pub fn answer(cfs: &[Counterfactual], status: &str) -> String {
         (None, Some(o)) => format!("nothing fits on the same GPUs; the cheapest hardware change that fits is {} (fewest GPU-seconds per token)", line(o)),
         (None, None) => match (pair, problem) {
             (Some(p), _) => format!("no single change that keeps the training problem fits; the cheapest pair tried that fits is {}", line(p)),
-            (None, Some(q)) => format!("no change that keeps the training problem fits (full checkpointing was also tried with each of micro-batch, GPU count, sharding, GPU and offload); only changing the problem does: {}", line(q)),
-            (None, None) => "no single change in the standard set fits, nor full checkpointing together with any of micro-batch, GPU count, sharding, GPU or offload".into(),
+            (None, Some(q)) => format!("no change that keeps the training problem fits (full checkpointing was also tried with each of micro-batch, GPU count, sharding, GPU, offload and tensor parallelism); only changing the problem does: {}", line(q)),
+            (None, None) => "no single change in the standard set fits, nor full checkpointing together with any of micro-batch, GPU count, sharding, GPU, offload or tensor parallelism".into(),
         },
     }
 }
