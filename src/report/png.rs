@@ -713,6 +713,28 @@ fn render_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Prepared)
             .map_err(draw_err("capacity label"))?;
     }
 
+    // The peak of live tensors, marked and labelled (an OOM panel marks the failure instead).
+    if p.oom.is_none() {
+        if let Some((t, peak)) = peak_of(p) {
+            let style = font(LABEL_SIZE);
+            let text = format!("peak {} allocated", fmt_gb(peak));
+            let (tw, th) = area.estimate_text_size(&text, &style).unwrap_or((0, 0));
+            let (tw, th) = (tw as i32, th as i32);
+            // Right of the point unless that runs off the plot.
+            let (px, _) = chart.backend_coord(&(t, peak));
+            let (right, _) = chart.backend_coord(&(x1, peak));
+            let dx = if px + tw + 24 < right { 10 } else { -(tw + 20) };
+            chart
+                .draw_series(std::iter::once(
+                    EmptyElement::at((t, peak))
+                        + Circle::new((0, 0), 5, RESERVED_COLOR.filled())
+                        + Rectangle::new([(dx, -th - 14), (dx + tw + 10, -4)], WHITE.mix(0.85).filled())
+                        + Text::new(text, (dx + 5, -th - 10), style),
+                ))
+                .map_err(draw_err("peak label"))?;
+        }
+    }
+
     let labels = place_phase_labels(&chart, area, &visible_phases, p);
     let rows_used = labels.iter().map(|l| l.row + 1).max().unwrap_or(0);
     // Phase labels after the data so nothing covers them; they live in the
@@ -746,6 +768,18 @@ fn render_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Prepared)
     }
 
     draw_legend(&legend_area, p)
+}
+
+/// The time and height (GB) of the highest stacked total, the first time it is reached.
+fn peak_of(p: &Prepared) -> Option<(f64, f64)> {
+    let top = &p.layers.last()?.top_gb;
+    let mut best: Option<(f64, f64)> = None;
+    for (&t, &v) in p.times.iter().zip(top) {
+        if v > 0.0 && best.is_none_or(|(_, b)| v > b) {
+            best = Some((t, v));
+        }
+    }
+    best
 }
 
 const PHASE_ROW_TOP: i32 = 3;
@@ -1072,6 +1106,26 @@ mod tests {
         let missing = dir.join("no/such/dir/x.png");
         assert!(write_memory_png(&missing, &cases[1]).is_err());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_peak_mark_sits_on_the_first_highest_stacked_total() {
+        let mut p = panel("peak", 50, false);
+        // The same spike in activations at samples 5 and 42 (the other layers repeat every 37
+        // samples, so the totals are equal): the first is the peak.
+        for i in [5, 42] {
+            p.bytes[3][i] = 40_000_000_000;
+        }
+        let colors = category_colors(std::slice::from_ref(&p));
+        let prepared = prepare_panel(0, &p, &colors).unwrap();
+        let (t, gb) = peak_of(&prepared).unwrap();
+        let stacked: u64 = (0..3).map(|c| p.bytes[c][5]).sum::<u64>() + 40_000_000_000;
+        assert!((t - 0.05).abs() < 1e-12, "{t}");
+        assert!((gb - stacked as f64 / GB).abs() < 1e-9, "{gb}");
+        // An empty panel has no peak to mark.
+        let mut empty = panel("empty", 0, false);
+        empty.phases.clear();
+        assert!(peak_of(&prepare_panel(0, &empty, &colors).unwrap()).is_none());
     }
 
     #[test]

@@ -305,7 +305,11 @@ pub fn write_all(dir: &Path, r: &Report, sched: &Schedule, trace: &Trace) -> Res
     let label = if r.throughput.as_ref().is_some_and(|t| t.jitter.is_some()) {
         format!("{rank} ({gpus} GPUs; [jitter]: every data-parallel rank simulated, the headline rank shown)")
     } else {
-        format!("{rank} ({gpus} GPUs, identical programs, simulated once)")
+        if gpus == 1 {
+            format!("{rank} (1 GPU)")
+        } else {
+            format!("{rank} ({gpus} GPUs, identical programs, simulated once)")
+        }
     };
     super::png::write_memory_png(&png, &memory_plot(r, sched, trace, &label))
         .map_err(|m| WriteError { path: png.clone(), message: m })?;
