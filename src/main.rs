@@ -23,7 +23,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Simulate a scenario; print the report and write report.json, memory.csv, memory.png.
+    /// Simulate a scenario; print the report and write report.json, memory.csv, trace.json
+    /// (Chrome trace), memory.png and timeline.png.
     Run {
         /// Scenario file (TOML).
         scenario: PathBuf,
@@ -35,7 +36,10 @@ enum Command {
         json: bool,
     },
     /// Validate a scenario and print what stepsim derived from it, without simulating.
-    Check { scenario: PathBuf },
+    Check {
+        /// Scenario file (TOML).
+        scenario: PathBuf,
+    },
     /// List the model zoo: `[model] name = "<name>"` takes a model's released config.json.
     Models,
     /// Simulate every configuration of a sweep file in parallel; write sweep.csv, sweep.json,
@@ -43,7 +47,8 @@ enum Command {
     /// frontier, where it runs out of memory). `sweep merge` joins the shards of a sweep.
     Sweep(stepsim::sweep::cli::SweepArgs),
     /// Explain an OOM (or a peak within --margin of capacity): what was live and why, and which
-    /// single change fits at what cost; writes the run's outputs plus explain.png.
+    /// single change fits at what cost; writes the run's outputs (report.json, memory.csv,
+    /// trace.json, memory.png, timeline.png) plus explain.png.
     Explain {
         /// Scenario file (TOML).
         scenario: PathBuf,
@@ -81,6 +86,7 @@ fn main() -> ExitCode {
                     s.cluster.gpus,
                     s.cluster.gpu.name
                 );
+                print!("{}", stepsim::report::check::summary(&s));
                 ExitCode::SUCCESS
             }
             Err(e) => {

@@ -259,6 +259,12 @@ fn check_accepts_a_shipped_scenario() {
     let stdout = text(&o.stdout);
     assert!(stdout.contains("ok"), "stdout: {stdout}");
     assert!(stdout.contains("a100-80gb"), "stdout: {stdout}");
+    // What it derived: the count by part, the layout, the filled-in defaults.
+    for want in
+        ["1,315,723,264 parameters = 24 blocks x", "x data 1", "tokens per step", "precision \"bf16-mixed-adam\""]
+    {
+        assert!(stdout.contains(want), "{want}: {stdout}");
+    }
     assert!(std::fs::read_dir(tmp.path()).unwrap().next().is_none(), "check wrote files");
 }
 

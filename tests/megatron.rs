@@ -180,7 +180,7 @@ fn the_gradient_buffer_exists_from_init_and_is_zeroed_not_freed() {
     // One FP32 main_grad buffer of every local parameter, from the model's wrapping on.
     assert_eq!(grads(Phase::Init, 0).into_iter().max(), Some(4 * n));
     // No per-parameter .grad on top in backward, and nothing freed between steps.
-    for (phase, step) in [(Phase::Backward, 1), (Phase::Forward, 2), (Phase::Optimizer, 2)] {
+    for (phase, step) in [(Phase::Backward, 1), (Phase::Optimizer, 1), (Phase::Forward, 2), (Phase::Backward, 2)] {
         let g = grads(phase, step);
         assert!(!g.is_empty() && g.iter().all(|&b| b == 4 * n), "{phase:?} step {step}: {g:?}");
     }

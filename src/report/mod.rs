@@ -3,6 +3,7 @@
 //! `memory.png`.
 
 pub mod allocator;
+pub mod check;
 pub mod chrome_trace;
 pub mod inference;
 pub mod job;

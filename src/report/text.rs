@@ -5,7 +5,7 @@ use std::fmt::Write;
 use super::{fmt_bytes, Report, Verdict};
 use crate::scenario::Scenario;
 
-fn sep(n: u64) -> String {
+pub fn sep(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {

@@ -526,7 +526,10 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
     if t.momentum.is_some() && optimizer != OptimizerKind::Sgd {
         return Err(v.err("training.momentum", "only applies to optimizer = \"sgd\" (Adam always keeps two moments)"));
     }
-    let default_impl = if framework == Framework::Deepspeed { "fused" } else { "foreach" };
+    // DeepSpeed's FusedAdam, Megatron's (apex / Transformer Engine) FusedAdam; PyTorch's
+    // foreach default otherwise.
+    let default_impl =
+        if matches!(framework, Framework::Deepspeed | Framework::Megatron) { "fused" } else { "foreach" };
     let optimizer_impl = match v.choice(
         "training.optimizer_impl",
         t.optimizer_impl.as_deref().unwrap_or(default_impl),

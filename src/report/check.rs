@@ -1,0 +1,91 @@
+//! `stepsim check`: what stepsim derived from a scenario, before simulating it: the
+//! parameter count by part, the parallel layout, and the values it filled in.
+
+use std::fmt::Write;
+
+use super::fmt_bytes;
+use super::text::sep;
+use crate::scenario::Scenario;
+
+/// The derived configuration in a few lines (what `stepsim check` prints after "ok").
+pub fn summary(s: &Scenario) -> String {
+    let m = &s.model;
+    let mut o = String::new();
+    let per_block = m.params_per_block();
+    let outside = m.params_outside_blocks();
+    let _ = writeln!(
+        o,
+        "  model      {} family{}: {} layers x hidden {}, {} heads ({} kv) of {}, ffn {}, vocab {}{}",
+        format!("{:?}", m.family).to_lowercase(),
+        s.model_source.as_ref().map_or(String::new(), |s| format!(" ({s})")),
+        m.n_layers,
+        m.hidden,
+        m.n_heads,
+        m.n_kv_heads,
+        m.head_dim(),
+        m.ffn_hidden,
+        m.vocab,
+        if m.tie_embeddings { ", tied embeddings" } else { "" }
+    );
+    let _ = writeln!(
+        o,
+        "             {} parameters = {} blocks x {} + {} outside them (embeddings, final norm, head)",
+        sep(m.param_count()),
+        m.n_layers,
+        sep(per_block),
+        sep(outside)
+    );
+    let c = &s.cluster;
+    let _ = writeln!(
+        o,
+        "  hardware   {} x {} ({} per node), {} per GPU usable of {} ({} outside the allocator)",
+        c.gpus,
+        c.gpu.name,
+        c.gpus_per_node,
+        fmt_bytes(s.allocator_capacity()),
+        fmt_bytes(c.memory_bytes),
+        fmt_bytes(c.memory_bytes.saturating_sub(s.allocator_capacity()))
+    );
+    let p = &s.parallel;
+    let mp = &p.model_parallel;
+    let _ = writeln!(
+        o,
+        "  parallel   tensor {}{} x pipeline {} x data {}; sharding {}; framework {:?}{}",
+        mp.tensor,
+        if mp.sequence_parallel { " (sequence parallel)" } else { "" },
+        mp.pipeline,
+        s.dp_degree(),
+        p.sharding.display(),
+        p.framework,
+        if mp.pipeline > 1 { format!("; schedule {}", mp.schedule.name()) } else { String::new() }
+    );
+    let t = &s.training;
+    let pr = &t.precision;
+    let tokens = t.micro_batch * t.seq_len * t.grad_accum * s.dp_degree();
+    let _ = writeln!(
+        o,
+        "  training   micro-batch {} x seq {} x grad_accum {} x data {} = {} tokens per step; {} steps",
+        t.micro_batch,
+        t.seq_len,
+        t.grad_accum,
+        s.dp_degree(),
+        sep(tokens),
+        t.steps
+    );
+    let _ = writeln!(
+            o,
+            "             precision \"{}\" (parameters {}, compute {}, gradients {}, master {}, optimizer state {} x {}); {:?} ({:?}); checkpointing {:?}; {:?} attention",
+            pr.preset,
+            pr.param.name(),
+            pr.compute.name(),
+            pr.grad.name(),
+            pr.master.map_or("none", |d| d.name()),
+            t.states_per_param(),
+            pr.optimizer_state.name(),
+            t.optimizer,
+            t.optimizer_impl,
+            t.checkpointing,
+            s.workload.attention
+        );
+    o
+}
