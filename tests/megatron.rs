@@ -40,22 +40,14 @@ fn step_time(sim: &stepsim::Simulation) -> f64 {
     sim.report.throughput.as_ref().unwrap().step_time_s
 }
 
+/// (start, end) of every task of `kind` in step `step`.
+fn spans(sim: &stepsim::Simulation, step: u32, kind: TaskKind) -> Vec<(u64, u64)> {
+    tasks(sim, step, "").into_iter().filter(|(l, _, _)| l.kind == kind).map(|(_, a, b)| (a, b)).collect()
+}
+
 /// The end of the step's last backward kernel.
 fn last_backward_end(sim: &stepsim::Simulation, step: u32) -> u64 {
-    let sched = sim.schedule();
-    let tr = sim.trace();
-    sched
-        .program
-        .tasks
-        .iter()
-        .enumerate()
-        .filter(|(_, t)| {
-            let l = &sched.labels[t.label as usize];
-            l.step == step && l.kind == TaskKind::Backward
-        })
-        .map(|(i, _)| tr.end_ns[i])
-        .max()
-        .unwrap()
+    spans(sim, step, TaskKind::Backward).into_iter().map(|x| x.1).max().unwrap()
 }
 
 #[test]
@@ -120,22 +112,7 @@ fn overlap_param_gather_all_gathers_the_update_during_the_next_forward() {
     }
     // The first forward kernel of a bucket waits for its all-gather: the step's forward
     // overlaps the later buckets' all-gathers.
-    let first_forward_start = {
-        let sched = sim.schedule();
-        let tr = sim.trace();
-        sched
-            .program
-            .tasks
-            .iter()
-            .enumerate()
-            .filter(|(_, t)| {
-                let l = &sched.labels[t.label as usize];
-                l.step == 2 && l.kind == TaskKind::Forward
-            })
-            .map(|(i, _)| tr.start_ns[i])
-            .min()
-            .unwrap()
-    };
+    let first_forward_start = spans(&sim, 2, TaskKind::Forward).into_iter().map(|x| x.0).min().unwrap();
     let last_gather_end = gathers.iter().map(|g| g.2).max().unwrap();
     assert!(first_forward_start >= gathers[0].2 && first_forward_start < last_gather_end);
     let without = job(16, "sharding = \"zero1\"", "overlap_grad_reduce = true");

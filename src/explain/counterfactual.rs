@@ -248,19 +248,7 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
 fn measure(label: String, s: &Scenario, base_tps: Option<f64>) -> Counterfactual {
     let gpus = u64::from(s.cluster.gpus);
     let Ok(sim) = crate::simulate(s) else {
-        return Counterfactual {
-            change: label,
-            fits: None,
-            oom_phase: None,
-            peak: None,
-            gpus,
-            step_time_s: None,
-            tokens_per_s: None,
-            tokens_per_s_change: None,
-            gpu_seconds_per_token: None,
-            note: Some("internal scheduling error".into()),
-            changes_problem: false,
-        };
+        return skipped(&label, gpus, "internal scheduling error".into());
     };
     let r = &sim.report;
     let (fits, oom_phase) = match &r.verdict {

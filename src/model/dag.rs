@@ -155,6 +155,33 @@ pub struct LayerDag {
 }
 
 impl Op {
+    /// An op of `params` parameters with no FLOPs, bytes or tensors yet (the rest filled in
+    /// by whoever builds it).
+    pub fn new(name: String, kind: OpKind, region: Region, params: u64) -> Op {
+        Op {
+            name,
+            kind,
+            region,
+            params,
+            shared_params: 0,
+            fwd_flops: 0.0,
+            bwd_flops: 0.0,
+            fwd_bytes: 0.0,
+            bwd_bytes: None,
+            chain_bytes: [0.0, 0.0],
+            inputs: vec![],
+            outputs: vec![],
+            saves: vec![],
+            fwd_scratch: 0,
+            gemm: None,
+            tp_sharded: false,
+            column_parallel: false,
+            comm: None,
+            frozen_params: 0,
+            frozen_bytes: 0,
+        }
+    }
+
     /// Bytes the backward moves (activations and gradients, not weights): the op's own
     /// figure, else twice the forward's (a backward reads what the forward read plus the
     /// output gradient and writes the input gradients).
@@ -247,26 +274,13 @@ impl Builder {
     ) -> OpId {
         let io_bytes: u64 = inputs.iter().chain(outputs.iter()).map(|&t| self.tensors[t].bytes).sum();
         self.ops.push(Op {
-            name,
-            kind,
-            region: self.region,
-            params,
-            shared_params: 0,
             fwd_flops: flops.0,
             bwd_flops: flops.1,
             fwd_bytes: io_bytes as f64,
-            bwd_bytes: None,
-            chain_bytes: [0.0, 0.0],
             inputs,
             outputs,
             saves,
-            fwd_scratch: 0,
-            gemm: None,
-            tp_sharded: false,
-            column_parallel: false,
-            comm: None,
-            frozen_params: 0,
-            frozen_bytes: 0,
+            ..Op::new(name, kind, self.region, params)
         });
         self.ops.len() - 1
     }

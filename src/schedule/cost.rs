@@ -283,26 +283,11 @@ mod tests {
     fn linear(m: u64, n: u64, k: u64) -> Op {
         let f = 2.0 * (m * n * k) as f64;
         Op {
-            name: "linear".into(),
-            kind: OpKind::Linear,
-            region: crate::model::Region::Block(0),
-            params: n * k,
-            shared_params: 0,
             fwd_flops: f,
             bwd_flops: 2.0 * f,
-            fwd_bytes: 0.0,
             bwd_bytes: Some(0.0),
-            chain_bytes: [0.0, 0.0],
-            inputs: vec![],
-            outputs: vec![],
-            saves: vec![],
-            fwd_scratch: 0,
             gemm: Some([m, n, k]),
-            tp_sharded: false,
-            column_parallel: false,
-            comm: None,
-            frozen_params: 0,
-            frozen_bytes: 0,
+            ..Op::new("linear".into(), OpKind::Linear, crate::model::Region::Block(0), n * k)
         }
     }
 

@@ -252,28 +252,7 @@ mod tests {
     use crate::model::{Op, OpKind, Region};
 
     fn op(params: u64) -> Op {
-        Op {
-            name: String::new(),
-            kind: OpKind::Linear,
-            region: Region::Embed,
-            params,
-            shared_params: 0,
-            fwd_flops: 0.0,
-            bwd_flops: 0.0,
-            fwd_bytes: 0.0,
-            bwd_bytes: None,
-            chain_bytes: [0.0; 2],
-            inputs: vec![],
-            outputs: vec![],
-            saves: vec![],
-            fwd_scratch: 0,
-            gemm: None,
-            tp_sharded: false,
-            column_parallel: false,
-            comm: None,
-            frozen_params: 0,
-            frozen_bytes: 0,
-        }
+        Op::new(String::new(), OpKind::Linear, Region::Embed, params)
     }
 
     #[test]
