@@ -87,3 +87,27 @@ fn run_and_explain_agree_on_reserved_but_unallocated_at_an_oom() {
     let figure = &line[start..end];
     assert!(e.contains(&format!("+ {figure} reserved but unallocated")), "{figure}\n{e}");
 }
+
+#[test]
+fn trace_json_counts_reserved_and_every_category() {
+    let out = std::env::temp_dir().join(format!("stepsim-text-trace-{}", std::process::id()));
+    let o = stepsim(&["run", "scenarios/gpt-1.3b-1gpu.toml", "--out", out.to_str().unwrap()], root());
+    assert_eq!(o.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("trace.json")).unwrap()).unwrap();
+    std::fs::remove_dir_all(&out).ok();
+    let events = v["traceEvents"].as_array().unwrap();
+    let counters = |name: &str| -> Vec<&serde_json::Value> {
+        events.iter().filter(|e| e["ph"] == "C" && e["name"] == name).map(|e| &e["args"]).collect()
+    };
+    let totals = counters("memory (GB)");
+    let parts = counters("memory by category (GB)");
+    assert!(!totals.is_empty() && totals.len() == parts.len());
+    for name in ["parameters", "master weights", "gradients", "optimizer state", "activations (saved)"] {
+        assert!(parts[0].get(name).is_some(), "{name} missing from {}", parts[0]);
+    }
+    for (t, p) in totals.iter().zip(&parts) {
+        let (alloc, reserved) = (t["allocated"].as_f64().unwrap(), t["reserved"].as_f64().unwrap());
+        let sum: f64 = p.as_object().unwrap().values().map(|x| x.as_f64().unwrap()).sum();
+        assert!(reserved + 1e-3 >= alloc && sum <= alloc + 1e-3 * 16.0, "{t} {p}");
+    }
+}

@@ -1,7 +1,8 @@
 //! `trace.json` in the Chrome trace event format (opens in Perfetto or chrome://tracing):
 //! one process per distinct rank class, one thread (track) per stream, a complete event
-//! ("ph":"X") per task and counter events ("ph":"C") for allocated bytes, so the step's
-//! overlap of compute and communication can be read next to its memory.
+//! ("ph":"X") per task and counter events ("ph":"C") for allocated and reserved bytes and
+//! for every memory category the run holds, so the step's overlap of compute and
+//! communication can be read next to its memory.
 
 use std::fmt::Write;
 
@@ -66,21 +67,36 @@ pub fn render(sched: &Schedule, trace: &Trace, pid: u32, rank_label: &str) -> St
             l.micro_batch
         );
     }
-    // Memory counters: allocated total and the largest categories, at each change.
-    let mut last = u64::MAX;
+    // Memory counters at each change: allocated and reserved on one track, every category
+    // the run ever holds (by the plot's names) on another.
+    let present: Vec<Category> = Category::ALL
+        .iter()
+        .copied()
+        .filter(|c| trace.timeline.samples.iter().any(|s| s.by_category[c.index()] > 0))
+        .collect();
+    let mut last = (u64::MAX, u64::MAX);
     for s in &trace.timeline.samples {
-        if s.allocated == last {
+        if (s.allocated, s.reserved) == last {
             continue;
         }
-        last = s.allocated;
+        last = (s.allocated, s.reserved);
         let _ = write!(
             o,
-            ",\n{{\"name\":\"memory (GB)\",\"ph\":\"C\",\"pid\":{pid},\"ts\":{},\"args\":{{\"allocated\":{:.4},\"activations\":{:.4},\"parameters\":{:.4}}}}}",
+            ",\n{{\"name\":\"memory (GB)\",\"ph\":\"C\",\"pid\":{pid},\"ts\":{},\"args\":{{\"allocated\":{:.4},\"reserved\":{:.4}}}}}",
             us(s.time_ns),
             s.allocated as f64 / 1e9,
-            (s.by_category[Category::Activations.index()] + s.by_category[Category::Recomputed.index()]) as f64 / 1e9,
-            (s.by_category[Category::Parameters.index()] + s.by_category[Category::GatheredParameters.index()]) as f64 / 1e9,
+            s.reserved as f64 / 1e9,
         );
+        let _ = write!(
+            o,
+            ",\n{{\"name\":\"memory by category (GB)\",\"ph\":\"C\",\"pid\":{pid},\"ts\":{},\"args\":{{",
+            us(s.time_ns)
+        );
+        for (k, c) in present.iter().enumerate() {
+            let sep = if k == 0 { "" } else { "," };
+            let _ = write!(o, "{sep}\"{}\":{:.4}", esc(c.label()), s.by_category[c.index()] as f64 / 1e9);
+        }
+        o.push_str("}}");
     }
     o.push_str("\n]}\n");
     o
