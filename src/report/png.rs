@@ -77,6 +77,10 @@ const MAX_PANELS: usize = 64;
 /// rasterised step function can show.
 const SAMPLES_PER_COLUMN: usize = 4;
 const HEADROOM: f64 = 1.08;
+/// Below this fraction of capacity the y axis follows the data, with room above it for
+/// the phase labels and the capacity note.
+const ZOOM_BELOW: f64 = 0.5;
+const ZOOMED_HEADROOM: f64 = 1.35;
 const X_TICKS: usize = 14;
 const Y_TICKS: usize = 10;
 const GB: f64 = 1e9;
@@ -127,8 +131,13 @@ pub fn write_memory_png(path: &Path, plot: &MemoryPlot) -> Result<(), String> {
         return Err(format!("memory plot has {} panels; at most {MAX_PANELS} fit in one PNG", plot.panels.len()));
     }
     let colors = category_colors(&plot.panels);
-    let panels =
+    let mut panels =
         plot.panels.iter().enumerate().map(|(i, p)| prepare_panel(i, p, &colors)).collect::<Result<Vec<_>, _>>()?;
+    // One scale for every panel, so stages and ranks compare by eye.
+    let y_max = panels.iter().map(|p| p.y_max_gb).fold(0.0, f64::max);
+    for p in panels.iter_mut() {
+        p.y_max_gb = y_max;
+    }
 
     let tmp = tmp_path(path);
     // plotters has internal unwraps (font table lock, buffer sizing); a bug
@@ -311,7 +320,14 @@ fn prepare_panel(index: usize, p: &RankPanel, colors: &HashMap<String, RGBColor>
     let capacity_gb = p.capacity_bytes as f64 / GB;
     let max_total = layers.last().map(|l| l.top_gb.iter().copied().fold(0.0, f64::max)).unwrap_or(0.0);
     let max_reserved = reserved_gb.as_ref().map(|r| r.iter().copied().fold(0.0, f64::max)).unwrap_or(0.0);
-    let mut y_max_gb = capacity_gb.max(max_total).max(max_reserved) * HEADROOM;
+    let data_max = max_total.max(max_reserved);
+    // A job far below capacity gets an axis scaled to its data (the capacity is then named
+    // above the plot) rather than a stack squeezed into the bottom of it.
+    let mut y_max_gb = if capacity_gb > 0.0 && data_max > 0.0 && data_max < ZOOM_BELOW * capacity_gb {
+        data_max * ZOOMED_HEADROOM
+    } else {
+        capacity_gb.max(data_max) * HEADROOM
+    };
     if !(y_max_gb.is_finite() && y_max_gb > 0.0) {
         y_max_gb = 1.0;
     }
@@ -691,7 +707,27 @@ fn render_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Prepared)
         chart.draw_series(LineSeries::new(pts, RESERVED_COLOR.stroke_width(2))).map_err(draw_err("reserved line"))?;
     }
 
-    if p.capacity_gb > 0.0 {
+    if p.capacity_gb > y_max {
+        // The axis is zoomed to the data: say where the capacity is.
+        let style = font(LABEL_SIZE).color(&CAPACITY_COLOR);
+        let peak = peak_of(p).map_or(0.0, |x| x.1);
+        let reserved = p.reserved_gb.as_ref().map_or(0.0, |r| r.iter().copied().fold(0.0, f64::max));
+        let text = format!(
+            "capacity {} is above this plot: the peak allocates {:.0}% of it, the allocator reserves {:.0}%",
+            fmt_gb(p.capacity_gb),
+            100.0 * peak / p.capacity_gb,
+            100.0 * reserved / p.capacity_gb
+        );
+        let (tw, th) = area.estimate_text_size(&text, &style).unwrap_or((0, 0));
+        let y = PHASE_ROW_TOP + 2 * PHASE_ROW_HEIGHT + 6;
+        chart
+            .draw_series(std::iter::once(
+                EmptyElement::at((x0, y_max))
+                    + Rectangle::new([(4, y - 2), (tw as i32 + 14, y + th as i32 + 6)], WHITE.mix(0.85).filled())
+                    + Text::new(text, (9, y), style),
+            ))
+            .map_err(draw_err("capacity note"))?;
+    } else if p.capacity_gb > 0.0 {
         let cap = p.capacity_gb;
         chart
             .draw_series(DashedLineSeries::new(vec![(x0, cap), (x1, cap)], 12, 6, CAPACITY_COLOR.stroke_width(3)))
@@ -1126,6 +1162,19 @@ mod tests {
         let mut empty = panel("empty", 0, false);
         empty.phases.clear();
         assert!(peak_of(&prepare_panel(0, &empty, &colors).unwrap()).is_none());
+    }
+
+    #[test]
+    fn the_y_axis_follows_a_small_job_and_keeps_capacity_in_view_otherwise() {
+        let small = panel("small", 50, false);
+        let colors = category_colors(std::slice::from_ref(&small));
+        let p = prepare_panel(0, &small, &colors).unwrap();
+        let data = p.layers.last().unwrap().top_gb.iter().copied().fold(0.0, f64::max);
+        assert!(p.y_max_gb < p.capacity_gb && p.y_max_gb >= data, "{} vs {data}", p.y_max_gb);
+        let mut big = panel("big", 50, false);
+        big.capacity_bytes = 40_000_000_000;
+        let p = prepare_panel(0, &big, &colors).unwrap();
+        assert!(p.y_max_gb >= p.capacity_gb, "the capacity line stays in view near capacity");
     }
 
     #[test]
