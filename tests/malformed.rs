@@ -160,6 +160,12 @@ fn cases() -> Vec<Case> {
             .set("inference", "gen_len", "48")
     };
     vec![
+        case(
+            "parallel.pipeline so large that tensor x pipeline overflows",
+            b().set("parallel", "tensor", "4").set("parallel", "pipeline", "9223372036854775807"),
+            "parallel.tensor",
+            &["must divide hardware.gpus", "36893488147419103228"],
+        ),
         // --- Hugging Face configs and the model zoo
         case(
             "unknown zoo model",

@@ -21,12 +21,13 @@ pub(super) fn validate_model_parallel(
         Some(x) => v.positive("parallel.pipeline", x)?,
         None => 1,
     };
-    if gpus % (tensor * pipeline) != 0 {
+    // In u128: the product of two positive i64 values cannot wrap there.
+    let product = u128::from(tensor) * u128::from(pipeline);
+    if product > u128::from(gpus) || u128::from(gpus) % product != 0 {
         return Err(v.err(
             "parallel.tensor",
             format!(
-                "tensor ({tensor}) x pipeline ({pipeline}) = {} must divide hardware.gpus ({gpus}); the data-parallel degree is gpus / (tensor x pipeline)",
-                tensor * pipeline
+                "tensor ({tensor}) x pipeline ({pipeline}) = {product} must divide hardware.gpus ({gpus}); the data-parallel degree is gpus / (tensor x pipeline)"
             ),
         ));
     }
