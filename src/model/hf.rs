@@ -39,6 +39,28 @@ pub struct HfModel {
     pub sliding_window: Option<u64>,
 }
 
+impl HfModel {
+    /// The config as stepsim's model, with no field overridden.
+    pub fn model_config(&self, max_seq_len: u64) -> super::ModelConfig {
+        super::ModelConfig {
+            family: self.family,
+            n_layers: self.n_layers,
+            hidden: self.hidden,
+            n_heads: self.n_heads,
+            n_kv_heads: self.n_kv_heads,
+            ffn_hidden: self.ffn_hidden,
+            vocab: self.vocab,
+            max_seq_len,
+            tie_embeddings: self.tie_embeddings,
+            dropout: 0.0,
+            embedding_norm: false,
+            head_dim_override: self.head_dim,
+            qkv_bias: self.qkv_bias,
+            qk_norm: self.qk_norm,
+        }
+    }
+}
+
 /// The model types this module reads.
 pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "gemma", "phi3"];
 

@@ -345,7 +345,8 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
         struct Acc {
             start: u64,
             end: u64,
-            busy: [u64; 2],
+            /// Busy nanoseconds of the compute stream (communication is measured as a union below).
+            busy: u64,
             recompute: u64,
             /// Intervals of the compute and the communication streams.
             intervals: [Vec<(u64, u64)>; 2],
@@ -361,7 +362,9 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
             a.start = a.start.min(trace.start_ns[i]);
             a.end = a.end.max(trace.end_ns[i]);
             let st = t.stream.min(1) as usize;
-            a.busy[st] += t.duration_ns;
+            if st == 0 {
+                a.busy += t.duration_ns;
+            }
             if t.duration_ns > 0 {
                 a.intervals[st].push((trace.start_ns[i], trace.end_ns[i]));
             }
@@ -396,12 +399,12 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
                 step: k,
                 start_s: start as f64 / 1e9,
                 time_s: dur as f64 / 1e9,
-                compute_busy_s: busy[0] as f64 / 1e9,
+                compute_busy_s: busy as f64 / 1e9,
                 comm_busy_s: comm_busy as f64 / 1e9,
-                compute_idle_s: dur.saturating_sub(busy[0]) as f64 / 1e9,
+                compute_idle_s: dur.saturating_sub(busy) as f64 / 1e9,
                 recompute_s: recompute as f64 / 1e9,
                 exposed_comm_s: exposed as f64 / 1e9,
-                idle_s: dur.saturating_sub(busy[0]).saturating_sub(exposed) as f64 / 1e9,
+                idle_s: dur.saturating_sub(busy).saturating_sub(exposed) as f64 / 1e9,
             });
         }
     }

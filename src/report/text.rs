@@ -470,22 +470,7 @@ pub fn zoo_table() -> String {
     let mut o = String::from("model               type     layers  hidden  heads (kv)  parameters        source\n");
     for z in crate::model::hf::ZOO {
         let Ok(h) = crate::model::hf::parse(z.config) else { continue };
-        let cfg = crate::model::ModelConfig {
-            family: h.family,
-            n_layers: h.n_layers,
-            hidden: h.hidden,
-            n_heads: h.n_heads,
-            n_kv_heads: h.n_kv_heads,
-            ffn_hidden: h.ffn_hidden,
-            vocab: h.vocab,
-            max_seq_len: 1,
-            tie_embeddings: h.tie_embeddings,
-            dropout: 0.0,
-            embedding_norm: false,
-            head_dim_override: h.head_dim,
-            qkv_bias: h.qkv_bias,
-            qk_norm: h.qk_norm,
-        };
+        let cfg = h.model_config(1);
         let _ = writeln!(
             o,
             "{:<19} {:<8} {:>6}  {:>6}  {:>5} ({:>3})  {:>16}  {}",
