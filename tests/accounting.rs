@@ -31,6 +31,7 @@ fn gpt(l: u64, h: u64, a: u64, dropout: f64) -> ModelConfig {
         head_dim_override: None,
         qkv_bias: false,
         qk_norm: false,
+        moe: None,
     }
 }
 

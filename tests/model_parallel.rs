@@ -30,6 +30,7 @@ fn gpt(h: u64, a: u64) -> ModelConfig {
         head_dim_override: None,
         qkv_bias: false,
         qk_norm: false,
+        moe: None,
     }
 }
 

@@ -74,6 +74,53 @@ pub struct ModelConfig {
     /// each, shared by the heads (Qwen3's `q_norm` / `k_norm`); llama family only.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub qk_norm: bool,
+    /// Mixture-of-experts MLPs (Mixtral, Qwen-MoE, DeepSeek); llama family only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub moe: Option<MoeConfig>,
+}
+
+/// A mixture-of-experts MLP, in the terms of Hugging Face's configs and Megatron-Core's
+/// `--num-experts` / `--moe-router-topk` / `--moe-ffn-hidden-size` /
+/// `--moe-shared-expert-intermediate-size` / `--moe-layer-freq`: a router (one linear from
+/// the hidden state to one logit per expert, no bias), `num_experts` SwiGLU experts of width
+/// `expert_ffn_hidden` of which each token uses `top_k`, and optionally shared experts every
+/// token passes through.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MoeConfig {
+    pub num_experts: u64,
+    /// Experts each token is routed to (HF `num_experts_per_tok`).
+    pub top_k: u64,
+    /// FFN width of one routed expert (HF `moe_intermediate_size`; Mixtral's
+    /// `intermediate_size`).
+    pub expert_ffn_hidden: u64,
+    /// FFN width of the shared experts together (DeepSeek `n_shared_experts` x
+    /// `moe_intermediate_size`, Qwen2-MoE `shared_expert_intermediate_size`); 0: none.
+    pub shared_expert_ffn_hidden: u64,
+    /// Qwen2-MoE's sigmoid gate on the shared expert's output (one linear h -> 1).
+    pub shared_expert_gate: bool,
+    /// Leading blocks with a dense MLP of `ffn_hidden` (DeepSeek `first_k_dense_replace`).
+    pub first_dense_layers: u64,
+}
+
+impl MoeConfig {
+    /// Parameters of one MoE MLP: router, every expert, shared experts and their gate.
+    pub fn mlp_params(&self, h: u64) -> u64 {
+        self.router_params(h) + self.num_experts * self.expert_params(h) + self.shared_params(h)
+    }
+    /// Parameters of the MoE MLP one token uses: router, `top_k` experts, the shared ones.
+    pub fn active_mlp_params(&self, h: u64) -> u64 {
+        self.router_params(h) + self.top_k * self.expert_params(h) + self.shared_params(h)
+    }
+    /// One expert: gate, up and down projections.
+    pub fn expert_params(&self, h: u64) -> u64 {
+        3 * h * self.expert_ffn_hidden
+    }
+    pub fn router_params(&self, h: u64) -> u64 {
+        self.num_experts * h
+    }
+    pub fn shared_params(&self, h: u64) -> u64 {
+        3 * h * self.shared_expert_ffn_hidden + if self.shared_expert_gate { h } else { 0 }
+    }
 }
 
 impl ModelConfig {
@@ -95,6 +142,7 @@ impl ModelConfig {
             head_dim_override: None,
             qkv_bias: false,
             qk_norm: false,
+            moe: None,
         }
     }
 
@@ -109,20 +157,60 @@ impl ModelConfig {
         self.n_kv_heads * self.head_dim()
     }
 
-    /// Parameters of one transformer block, closed form.
+    /// Parameters of one dense transformer block, closed form.
     pub fn params_per_block(&self) -> u64 {
-        let (h, f, kv, q) = (self.hidden, self.ffn_hidden, self.kv_dim(), self.q_dim());
+        self.attention_params() + self.dense_mlp_params()
+    }
+
+    /// The attention half of a block with its norm (and, for Llama, the MLP's norm).
+    fn attention_params(&self) -> u64 {
+        let (h, kv, q) = (self.hidden, self.kv_dim(), self.q_dim());
         match self.family {
-            // q, o: h*q; k, v: h*kv; gate, up, down: 3*h*f; two RMSNorm weights; q, k, v
-            // biases; q and k head norms.
+            // q, o: h*q; k, v: h*kv; two RMSNorm weights; q, k, v biases; q and k head norms.
             Family::Llama => {
                 let bias = if self.qkv_bias { q + 2 * kv } else { 0 };
                 let qk_norm = if self.qk_norm { 2 * self.head_dim() } else { 0 };
-                2 * h * q + 2 * h * kv + 3 * h * f + 2 * h + bias + qk_norm
+                2 * h * q + 2 * h * kv + 2 * h + bias + qk_norm
             }
-            // qkv 3h*h + 3h bias, proj h*h + h, fc h*f + f, proj f*h + h, two LayerNorms 2*2h.
-            Family::Gpt => 4 * h * h + 2 * h * f + 3 * h + h + f + h + 4 * h,
+            // qkv 3h*h + 3h bias, proj h*h + h, two LayerNorms 2*2h.
+            Family::Gpt => 4 * h * h + 3 * h + h + 4 * h,
         }
+    }
+
+    fn dense_mlp_params(&self) -> u64 {
+        let (h, f) = (self.hidden, self.ffn_hidden);
+        match self.family {
+            // gate, up, down.
+            Family::Llama => 3 * h * f,
+            // fc h*f + f, proj f*h + h.
+            Family::Gpt => 2 * h * f + f + h,
+        }
+    }
+
+    /// Whether block `l`'s MLP is a mixture of experts.
+    pub fn is_moe_layer(&self, l: u64) -> bool {
+        self.moe.as_ref().is_some_and(|m| l >= m.first_dense_layers)
+    }
+
+    /// Blocks whose MLP is a mixture of experts.
+    pub fn moe_layers(&self) -> u64 {
+        self.moe.as_ref().map_or(0, |m| self.n_layers.saturating_sub(m.first_dense_layers))
+    }
+
+    /// Parameters of block `l`, closed form.
+    pub fn block_params(&self, l: u64) -> u64 {
+        match &self.moe {
+            Some(m) if self.is_moe_layer(l) => self.attention_params() + m.mlp_params(self.hidden),
+            _ => self.params_per_block(),
+        }
+    }
+
+    /// Parameters one token's forward uses: the whole model for a dense one; for a mixture
+    /// of experts, `top_k` experts of each MoE block (the "active" count model cards give).
+    pub fn active_param_count(&self) -> u64 {
+        let Some(m) = &self.moe else { return self.param_count() };
+        let moe_layers = self.moe_layers();
+        self.param_count() - moe_layers * (m.mlp_params(self.hidden) - m.active_mlp_params(self.hidden))
     }
 
     /// Parameters outside the blocks: embeddings, positions, final norm, LM head.
@@ -142,7 +230,15 @@ impl ModelConfig {
 
     /// Total parameter count, closed form (the DAG's count is tested against this).
     pub fn param_count(&self) -> u64 {
-        self.n_layers * self.params_per_block() + self.params_outside_blocks()
+        let moe_layers = self.moe_layers();
+        let blocks = match &self.moe {
+            Some(m) => {
+                (self.n_layers - moe_layers) * self.params_per_block()
+                    + moe_layers * (self.attention_params() + m.mlp_params(self.hidden))
+            }
+            None => self.n_layers * self.params_per_block(),
+        };
+        blocks + self.params_outside_blocks()
     }
 }
 

@@ -37,6 +37,8 @@ pub struct HfModel {
     pub max_position_embeddings: Option<u64>,
     /// Sliding-window attention's window, where the config turns it on.
     pub sliding_window: Option<u64>,
+    /// Mixture-of-experts MLPs, for the MoE model types.
+    pub moe: Option<super::MoeConfig>,
 }
 
 impl HfModel {
@@ -57,6 +59,7 @@ impl HfModel {
             head_dim_override: self.head_dim,
             qkv_bias: self.qkv_bias,
             qk_norm: self.qk_norm,
+            moe: self.moe.clone(),
         }
     }
 }
@@ -137,6 +140,7 @@ pub fn parse(text: &str) -> Result<HfModel, String> {
         qk_norm: model_type == "qwen3",
         max_position_embeddings: opt_count(&o, "max_position_embeddings")?,
         sliding_window,
+        moe: None,
         model_type,
     })
 }

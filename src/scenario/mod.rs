@@ -325,6 +325,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         head_dim_override: head_dim,
         qkv_bias,
         qk_norm,
+        moe: None,
     };
     let context = inf.map_or(seq_len, |(_, ctx)| ctx);
     // A window of w earlier tokens covers a sequence of w + 1 whole.
