@@ -1,8 +1,9 @@
 //! Models from Hugging Face `config.json` files and the shipped zoo (`models/`): every zoo
 //! model's parameter count equals its released checkpoint's total exactly (the closed form
-//! and the layer DAG's own count), fields beside the config override it, and a config is
-//! found relative to the scenario file. Malformed and unsupported configs are in
-//! tests/malformed.rs and the unit tests of src/model/hf.rs.
+//! and the layer DAG's own count; for mixture-of-experts models the active count too), fields
+//! beside the config override it, and a config is found relative to the scenario file.
+//! Malformed and unsupported configs are in tests/malformed.rs and the unit tests of
+//! src/model/hf.rs.
 
 mod common;
 
@@ -19,10 +20,39 @@ const PUBLISHED: &[(&str, u64)] = &[
     ("llama-3.1-405b", 405_853_388_800),
     ("mistral-7b-v0.1", 7_241_732_096),
     ("mistral-nemo-12b", 12_247_782_400),
+    // mistralai/Mixtral-8x7B-v0.1: index total_size 93,405,585,408 bytes / 2; the model card's
+    // "46.7B total parameters".
+    ("mixtral-8x7b", 46_702_792_704),
+    // mistralai/Mixtral-8x22B-v0.1: index total_size 281,241,268,224 bytes / 2; the Hub's 141B.
+    ("mixtral-8x22b", 140_620_634_112),
     ("phi-3-mini-4k", 3_821_079_552),
+    // Qwen/Qwen1.5-MoE-A2.7B: index total_size 28,631,568,384 bytes / 2; the card's "14.3B
+    // parameters in total".
+    ("qwen1.5-moe-a2.7b", 14_315_784_192),
     ("qwen2.5-7b", 7_615_616_512),
     ("qwen2.5-72b", 72_706_203_648),
     ("qwen3-8b", 8_190_735_360),
+    // Qwen/Qwen3-30B-A3B: index total_size 61,064,245,248 bytes / 2; the card's "30.5B in
+    // total".
+    ("qwen3-30b-a3b", 30_532_122_624),
+    // Qwen/Qwen3-235B-A22B: index total_size 470,187,269,120 bytes / 2; the card's "235B in
+    // total".
+    ("qwen3-235b-a22b", 235_093_634_560),
+];
+
+/// The mixture-of-experts zoo models' parameters one token uses (router, top-k experts and
+/// shared experts of every block, plus attention, norms and embeddings): the closed form's
+/// `active_param_count`, exact, and the rounded figure each model card gives (all count the
+/// embeddings in): Mixtral's "12.9B active parameters" (8x7B) and "39B active" (8x22B), Qwen's
+/// "2.7B activated" (Qwen1.5-MoE-A2.7B; 2.07B without embeddings), "3.3B activated"
+/// (Qwen3-30B-A3B) and "22B activated" (Qwen3-235B-A22B).
+const ACTIVE: &[(&str, u64, f64)] = &[
+    // (model, active parameters, the card's figure in billions)
+    ("mixtral-8x7b", 12_879_925_248, 12.9),
+    ("mixtral-8x22b", 39_152_031_744, 39.0),
+    ("qwen1.5-moe-a2.7b", 2_689_173_504, 2.7),
+    ("qwen3-30b-a3b", 3_353_032_704, 3.3),
+    ("qwen3-235b-a22b", 22_190_763_520, 22.0),
 ];
 
 fn scenario(model: &str, extra_model: &str, seq: u64) -> String {
@@ -41,8 +71,64 @@ fn every_zoo_model_has_its_published_parameter_count() {
         let dag = stepsim::model::build(&s.model, &s.workload);
         println!("{name:<18} {published:>16} closed form {:>16} DAG {:>16}", s.model.param_count(), dag.param_count());
         assert_eq!(s.model.param_count(), published, "{name}: closed form");
+        // Mixture-of-experts models too: router, every expert and the shared experts.
         assert_eq!(dag.param_count(), published, "{name}: the layer DAG");
     }
+}
+
+#[test]
+fn mixture_of_experts_zoo_models_have_their_active_parameter_counts() {
+    for &(name, active, card_billions) in ACTIVE {
+        let z = stepsim::model::hf::zoo(name).unwrap();
+        let h = stepsim::model::hf::parse(z.config).unwrap();
+        let m = h.moe.clone().unwrap_or_else(|| panic!("{name}: a mixture of experts"));
+        let model = h.model_config(2048);
+        let total = PUBLISHED.iter().find(|p| p.0 == name).unwrap().1;
+        assert_eq!(model.param_count(), total, "{name}: total");
+        assert_eq!(model.active_param_count(), active, "{name}: active");
+        // Only the routed experts a token skips are inactive.
+        let skipped = model.moe_layers() * (m.num_experts - m.top_k) * m.expert_params(model.hidden);
+        assert_eq!(total - active, skipped, "{name}");
+        // Cards round (Qwen3-30B-A3B's 3.35B is "3.3B"): within 2%.
+        let billions = active as f64 / 1e9;
+        assert!(
+            (billions / card_billions - 1.0).abs() < 0.02,
+            "{name}: {billions:.3}B active, the card says {card_billions}B"
+        );
+        // The scenario reads the same experts from the zoo name.
+        let s = Scenario::from_toml(Path::new("<zoo>"), &scenario(&format!("name = \"{name}\""), "", 2048)).unwrap();
+        assert_eq!(s.model.moe.as_ref(), Some(&m), "{name}: the scenario's experts");
+        assert_eq!(s.model.active_param_count(), active, "{name}: the scenario's active count");
+    }
+}
+
+#[test]
+fn moe_configs_the_block_cannot_express_are_refused_naming_why() {
+    let base = r#""hidden_size": 2048, "num_attention_heads": 16, "num_hidden_layers": 4,
+        "intermediate_size": 5632, "vocab_size": 1000"#;
+    let e = stepsim::model::hf::parse(&format!(
+        r#"{{"model_type": "deepseek_v3", {base}, "kv_lora_rank": 512, "n_routed_experts": 256}}"#
+    ))
+    .unwrap_err();
+    assert!(e.contains("deepseek_v3") && e.contains("multi-head latent attention"), "{e}");
+    let e = stepsim::model::hf::parse(&format!(
+        r#"{{"model_type": "qwen3_moe", {base}, "head_dim": 128, "decoder_sparse_step": 2}}"#
+    ))
+    .unwrap_err();
+    assert!(e.contains("`decoder_sparse_step`"), "{e}");
+    // And through a scenario, the error names the config file's key too.
+    let dir = std::env::temp_dir().join(format!("stepsim-hf-moe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        format!(r#"{{"model_type": "qwen3_moe", {base}, "head_dim": 128, "decoder_sparse_step": 2}}"#),
+    )
+    .unwrap();
+    let e = Scenario::from_toml(&dir.join("job.toml"), &scenario("hf_config = \"config.json\"", "", 2048))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("`decoder_sparse_step`") && e.contains("model.hf_config"), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
@@ -98,16 +184,20 @@ fn stepsim_models_lists_the_zoo_with_counts_and_sources() {
     let o = common::stepsim(&["models"], Path::new(env!("CARGO_MANIFEST_DIR")));
     assert_eq!(o.status.code(), Some(0));
     let out = common::text(&o.stdout);
+    let with_commas = |n: u64| {
+        n.to_string().as_bytes().rchunks(3).rev().map(|c| std::str::from_utf8(c).unwrap()).collect::<Vec<_>>().join(",")
+    };
+    let line = |name: &str| {
+        out.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name}:\n{out}")).to_string()
+    };
     for &(name, published) in PUBLISHED {
-        let line = out.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name}:\n{out}"));
-        let with_commas = published
-            .to_string()
-            .as_bytes()
-            .rchunks(3)
-            .rev()
-            .map(|c| std::str::from_utf8(c).unwrap())
-            .collect::<Vec<_>>()
-            .join(",");
-        assert!(line.contains(&with_commas) && line.contains("https://huggingface.co/"), "{line}");
+        let line = line(name);
+        assert!(line.contains(&with_commas(published)) && line.contains("https://huggingface.co/"), "{line}");
+    }
+    // Mixture-of-experts models show the parameters a token uses beside the total.
+    assert!(out.lines().next().unwrap().contains("active"), "{out}");
+    for &(name, active, _) in ACTIVE {
+        let line = line(name);
+        assert!(line.contains(&with_commas(active)), "{line}");
     }
 }

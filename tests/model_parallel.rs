@@ -42,7 +42,7 @@ fn saved(cfg: &ModelConfig, s: u64, b: u64, t: u64, sp: bool) -> (u64, u64) {
         compute_dtype: Dtype::Bf16,
         attention: Attention::Math,
         logits_fp32: true,
-        split: TensorSplit { tensor: t, sequence_parallel: sp },
+        split: TensorSplit { tensor: t, sequence_parallel: sp, expert: 1 },
         lora: None,
     };
     let dag = model::build(cfg, &w);
@@ -84,7 +84,7 @@ fn tensor_parallel_ranks_hold_a_tth_of_the_split_weights() {
         compute_dtype: Dtype::Bf16,
         attention: Attention::Flash,
         logits_fp32: true,
-        split: TensorSplit { tensor: t, sequence_parallel: false },
+        split: TensorSplit { tensor: t, sequence_parallel: false, expert: 1 },
         lora: None,
     };
     let one = model::build(&cfg, &w(1));

@@ -232,7 +232,7 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             }
             v.parallel.model_parallel.tensor = tp;
             v.parallel.model_parallel.sequence_parallel = true;
-            v.workload.split = crate::model::TensorSplit { tensor: tp, sequence_parallel: true };
+            v.workload.split = crate::model::TensorSplit { tensor: tp, sequence_parallel: true, ..v.workload.split };
             // Megatron pads the vocabulary to a multiple of 128 x tp
             // (--make-vocab-size-divisible-by 128).
             let padded = if m.vocab % tp == 0 { m.vocab } else { m.vocab.div_ceil(128 * tp) * 128 * tp };

@@ -277,10 +277,16 @@ pub struct Workload {
 pub struct TensorSplit {
     pub tensor: u64,
     pub sequence_parallel: bool,
+    /// Expert parallelism (Megatron-Core `--expert-model-parallel-size`): the experts of a
+    /// MoE block are spread over this many ranks, each holding num_experts / `expert` of
+    /// them; tokens reach them by all-to-all. Experts are not split by tensor parallelism
+    /// (`--expert-tensor-parallel-size 1`): with it, each tensor-parallel rank routes its own
+    /// sequence shard.
+    pub expert: u64,
 }
 
 impl Default for TensorSplit {
     fn default() -> Self {
-        TensorSplit { tensor: 1, sequence_parallel: false }
+        TensorSplit { tensor: 1, sequence_parallel: false, expert: 1 }
     }
 }

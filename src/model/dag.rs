@@ -13,7 +13,7 @@
 use petgraph::graph::{DiGraph, NodeIndex};
 use serde::Serialize;
 
-use super::config::{Attention, Dtype, Family, ModelConfig, Workload};
+use super::config::{Attention, Dtype, Family, ModelConfig, MoeConfig, Workload};
 use crate::net::Collective;
 
 /// Index of a tensor in [`LayerDag::tensors`].
@@ -83,6 +83,8 @@ pub enum OpKind {
 /// sequence shard for backward, all-gathering it again there (`backward_buffer`).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct TpComm {
+    /// The process group the collective runs over.
+    pub group: CommGroup,
     pub forward: Option<Collective>,
     pub backward: Option<Collective>,
     /// The full (unsharded) buffer the collective moves, bytes.
@@ -91,6 +93,16 @@ pub struct TpComm {
     /// parallel linear), freed after the backward of op `backward_buffer_until`.
     pub backward_buffer: u64,
     pub backward_buffer_until: Option<OpId>,
+}
+
+/// Which ranks a collective between ops runs over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CommGroup {
+    /// The tensor-parallel group (Megatron's `f` and `g`).
+    Tensor,
+    /// The expert-parallel group (MoE token dispatch and combine).
+    Expert,
 }
 
 /// One op of the forward pass.
@@ -136,6 +148,9 @@ pub struct Op {
     /// state), and their bytes as stored; `params` are then the adapters' (see model::lora).
     pub frozen_params: u64,
     pub frozen_bytes: u64,
+    /// A routed expert's weights: sharded by expert parallelism, replicated over the
+    /// expert-data-parallel group, and its gradients reduced there.
+    pub expert: bool,
 }
 
 /// The model as a petgraph DAG of ops (edges carry the tensor flowing between them).
@@ -179,6 +194,7 @@ impl Op {
             comm: None,
             frozen_params: 0,
             frozen_bytes: 0,
+            expert: false,
         }
     }
 
@@ -226,7 +242,11 @@ impl LayerDag {
     /// tensor-parallel rank's share of the split ops, replicated ops once).
     pub fn model_forward_flops(&self) -> f64 {
         let t = self.workload.split.tensor as f64;
-        self.ops.iter().map(|o| if o.tp_sharded { o.fwd_flops * t } else { o.fwd_flops }).sum()
+        // Under sequence parallelism each tensor-parallel rank routes its own tokens to the
+        // experts: the experts' work is split t ways too.
+        let sp = self.workload.split.sequence_parallel;
+        let split = |o: &Op| o.tp_sharded || (o.expert && sp);
+        self.ops.iter().map(|o| if split(o) { o.fwd_flops * t } else { o.fwd_flops }).sum()
     }
     pub fn tokens(&self) -> u64 {
         self.workload.micro_batch * self.workload.seq_len
@@ -314,7 +334,14 @@ impl Builder {
     }
 
     fn tp_comm(&self, forward: Option<Collective>, backward: Option<Collective>) -> TpComm {
-        TpComm { forward, backward, bytes: self.full, backward_buffer: 0, backward_buffer_until: None }
+        TpComm {
+            group: CommGroup::Tensor,
+            forward,
+            backward,
+            bytes: self.full,
+            backward_buffer: 0,
+            backward_buffer_until: None,
+        }
     }
 
     /// Megatron's `f` before a column-parallel linear; returns the tensor the linear reads
@@ -554,38 +581,13 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         let n2 = norm_op(&mut bd, cfg.family, &p("ffn_norm"), h1, rows, h, c);
         let ft = f / tp;
         let mlp_out = match cfg.family {
-            Family::Llama => {
-                let n2_in = bd.f_op(&p("feed_forward"), n2, c);
-                let first = bd.ops.len();
-                let g = bd.tensor(&p("feed_forward.w1.out"), t * ft, c, TensorKind::Activation);
-                bd.op_tp(p("feed_forward.w1"), OpKind::Linear, h * ft, lin(h, f), vec![n2_in], vec![g], vec![n2]);
-                let u = bd.tensor(&p("feed_forward.w3.out"), t * ft, c, TensorKind::Activation);
-                bd.op_tp(p("feed_forward.w3"), OpKind::Linear, h * ft, lin(h, f), vec![n2_in], vec![u], vec![n2]);
-                bd.regather_op(&p("feed_forward"), first);
-                let sg = bd.tensor(&p("feed_forward.silu.out"), t * ft, c, TensorKind::Activation);
-                bd.op_tp(
-                    p("feed_forward.silu"),
-                    OpKind::Elementwise,
-                    0,
-                    (4.0 * tf * f as f64, 8.0 * tf * f as f64),
-                    vec![g],
-                    vec![sg],
-                    vec![g],
-                );
-                let m = bd.tensor(&p("feed_forward.mul.out"), t * ft, c, TensorKind::Activation);
-                bd.op_tp(
-                    p("feed_forward.mul"),
-                    OpKind::Elementwise,
-                    0,
-                    (tf * f as f64, 2.0 * tf * f as f64),
-                    vec![sg, u],
-                    vec![m],
-                    vec![sg, u],
-                );
-                let d = bd.tensor(&p("feed_forward.w2.out"), t * h, c, TensorKind::Activation);
-                bd.op_tp(p("feed_forward.w2"), OpKind::Linear, ft * h, lin(f, h), vec![m], vec![d], vec![m]);
-                bd.g_op(&p("feed_forward"), d, c)
-            }
+            Family::Llama => match &cfg.moe {
+                Some(m) if cfg.is_moe_layer(l) => {
+                    let ep = w.split.expert.max(1);
+                    moe_mlp(&mut bd, &p("feed_forward"), m, n2, MoeShape { rows, tokens: t, h, c, ep })
+                }
+                _ => swiglu_mlp(&mut bd, &p("feed_forward"), n2, t, h, f, c),
+            },
             Family::Gpt => {
                 let n2_in = bd.f_op(&p("mlp"), n2, c);
                 let first = bd.ops.len();
@@ -656,7 +658,7 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
     };
     // GEMM shapes of the linear layers, from their input and output tensors.
     let cb = w.compute_dtype.bytes();
-    for op in bd.ops.iter_mut().filter(|o| o.kind == OpKind::Linear) {
+    for op in bd.ops.iter_mut().filter(|o| o.kind == OpKind::Linear && o.gemm.is_none()) {
         let k = bd.tensors[op.inputs[0]].bytes / (t * cb);
         let n = bd.tensors[op.outputs[0]].bytes / (t * cb);
         op.gemm = Some([t, n, k]);
@@ -686,6 +688,196 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         super::lora::apply(&mut dag, l, c);
     }
     dag
+}
+
+/// Llama's SwiGLU MLP over `t` tokens of `x` (`n2` in the block): gate and up projections
+/// (column-parallel), SiLU, their product and the down projection (row-parallel), with the
+/// tensor-parallel collectives around them.
+fn swiglu_mlp(bd: &mut Builder, name: &str, x: TensorId, t: u64, h: u64, f: u64, c: u64) -> TensorId {
+    let p = |n: &str| format!("{name}.{n}");
+    let ft = f / bd.tp;
+    let tf = t as f64;
+    let lin = |i: u64, o: u64| (2.0 * tf * i as f64 * o as f64, 4.0 * tf * i as f64 * o as f64);
+    let n2 = x;
+    let n2_in = bd.f_op(name, n2, c);
+    let first = bd.ops.len();
+    let g = bd.tensor(&p("w1.out"), t * ft, c, TensorKind::Activation);
+    bd.op_tp(p("w1"), OpKind::Linear, h * ft, lin(h, f), vec![n2_in], vec![g], vec![n2]);
+    let u = bd.tensor(&p("w3.out"), t * ft, c, TensorKind::Activation);
+    bd.op_tp(p("w3"), OpKind::Linear, h * ft, lin(h, f), vec![n2_in], vec![u], vec![n2]);
+    bd.regather_op(name, first);
+    let sg = bd.tensor(&p("silu.out"), t * ft, c, TensorKind::Activation);
+    bd.op_tp(p("silu"), OpKind::Elementwise, 0, (4.0 * tf * f as f64, 8.0 * tf * f as f64), vec![g], vec![sg], vec![g]);
+    let m = bd.tensor(&p("mul.out"), t * ft, c, TensorKind::Activation);
+    bd.op_tp(p("mul"), OpKind::Elementwise, 0, (tf * f as f64, 2.0 * tf * f as f64), vec![sg, u], vec![m], vec![sg, u]);
+    let d = bd.tensor(&p("w2.out"), t * h, c, TensorKind::Activation);
+    bd.op_tp(p("w2"), OpKind::Linear, ft * h, lin(f, h), vec![m], vec![d], vec![m]);
+    bd.g_op(name, d, c)
+}
+
+/// One rank's share of a MoE block: `rows` tokens of the hidden state (the sequence shard
+/// under sequence parallelism), `tokens` of the whole micro-batch (what the tensor-parallel
+/// shared experts see), `ep` expert-parallel ranks.
+struct MoeShape {
+    rows: u64,
+    tokens: u64,
+    h: u64,
+    c: u64,
+    ep: u64,
+}
+
+/// A mixture-of-experts MLP as Megatron-Core's `MoELayer` runs it with the all-to-all token
+/// dispatcher (`megatron/core/transformer/moe/`: `router.py`, `token_dispatcher.py`,
+/// `moe_utils.py` `permute`/`unpermute`, `experts.py`), under uniform routing: every
+/// expert-parallel rank receives as many token copies as it sends.
+///
+/// - **Router**: a linear h -> experts (no bias) over this rank's rows; the softmax's FP32
+///   scores are saved for its backward, and the chosen experts' indices (int64) for top-k's
+///   and the permutation's.
+/// - **Permute**: each token copied once per chosen expert (rows x top_k x h), grouped by
+///   destination; `index_select` saves only the indices.
+/// - **Dispatch**: an all-to-all over the expert-parallel group moves the copies to the
+///   ranks holding their experts (none with one rank). Backward is the reverse all-to-all.
+/// - **Experts**: this rank's num_experts / ep SwiGLU experts as grouped GEMMs over the
+///   copies it received (each GEMM's M is the copies per local expert), saving what the
+///   dense MLP saves, per copy.
+/// - **Combine**: the reverse all-to-all brings each copy home.
+/// - **Unpermute**: each copy scaled by its routing probability and summed into its token;
+///   the product saves the copies and the probabilities (`unpermute(..., probs)` in
+///   Megatron-Core 0.8-0.11, and Hugging Face's `expert_layer(x) * routing_weights`).
+/// - **Shared experts** (if any) run beside, as a tensor-parallel SwiGLU MLP over every
+///   token; Qwen2-MoE scales theirs by a sigmoid gate (h -> 1).
+fn moe_mlp(bd: &mut Builder, name: &str, m: &MoeConfig, x: TensorId, s: MoeShape) -> TensorId {
+    let MoeShape { rows, tokens, h, c, ep } = s;
+    let p = |n: &str| format!("{name}.{n}");
+    let (e, k, fe) = (m.num_experts, m.top_k, m.expert_ffn_hidden);
+    let local = (e / ep).max(1);
+    // Token copies this rank sends, and under uniform routing receives.
+    let copies = rows * k;
+    let (rf, cf, hf, ff, ef) = (rows as f64, copies as f64, h as f64, fe as f64, e as f64);
+    // --- router
+    let logits = bd.tensor(&p("router.out"), rows * e, c, TensorKind::Activation);
+    let r = bd.op(
+        p("router"),
+        OpKind::Linear,
+        e * h,
+        (2.0 * rf * hf * ef, 4.0 * rf * hf * ef),
+        vec![x],
+        vec![logits],
+        vec![x],
+    );
+    bd.ops[r].gemm = Some([rows, e, h]);
+    let scores = bd.tensor(&p("router.scores"), rows * e, 4, TensorKind::Activation);
+    let probs = bd.tensor(&p("router.probs"), copies, 4, TensorKind::Activation);
+    let idx = bd.tensor(&p("router.indices"), copies, 8, TensorKind::Index);
+    bd.op(
+        p("router.softmax_topk"),
+        OpKind::Elementwise,
+        0,
+        (5.0 * rf * ef, 5.0 * rf * ef),
+        vec![logits],
+        vec![scores, probs, idx],
+        vec![scores, idx],
+    );
+    // --- permute and dispatch
+    let perm = bd.tensor(&p("permute.out"), copies * h, c, TensorKind::Activation);
+    bd.op(p("permute"), OpKind::Elementwise, 0, (0.0, 0.0), vec![x, idx], vec![perm], vec![idx]);
+    let a2a = TpComm {
+        group: CommGroup::Expert,
+        forward: Some(Collective::AllToAll),
+        backward: Some(Collective::AllToAll),
+        bytes: copies * h * c,
+        backward_buffer: 0,
+        backward_buffer_until: None,
+    };
+    let recv = if ep > 1 {
+        let out = bd.tensor(&p("dispatch.out"), copies * h, c, TensorKind::Activation);
+        bd.comm_op(p("dispatch"), vec![perm], vec![out], a2a);
+        out
+    } else {
+        perm
+    };
+    // --- this rank's experts, grouped GEMMs over the copies received
+    let lin = |i: f64, o: f64| (2.0 * cf * i * o, 4.0 * cf * i * o);
+    let per_expert = copies.div_ceil(local);
+    let expert = |bd: &mut Builder, n: &str, i: u64, o: u64, input: TensorId| {
+        let out = bd.tensor(&p(&format!("experts.{n}.out")), copies * o, c, TensorKind::Activation);
+        let id = bd.op(
+            p(&format!("experts.{n}")),
+            OpKind::Linear,
+            local * i * o,
+            lin(i as f64, o as f64),
+            vec![input],
+            vec![out],
+            vec![input],
+        );
+        bd.ops[id].expert = true;
+        bd.ops[id].gemm = Some([per_expert, o, i]);
+        out
+    };
+    let g = expert(bd, "w1", h, fe, recv);
+    let u = expert(bd, "w3", h, fe, recv);
+    let sg = bd.tensor(&p("experts.silu.out"), copies * fe, c, TensorKind::Activation);
+    let id =
+        bd.op(p("experts.silu"), OpKind::Elementwise, 0, (4.0 * cf * ff, 8.0 * cf * ff), vec![g], vec![sg], vec![g]);
+    bd.ops[id].expert = true;
+    let mm = bd.tensor(&p("experts.mul.out"), copies * fe, c, TensorKind::Activation);
+    let id =
+        bd.op(p("experts.mul"), OpKind::Elementwise, 0, (cf * ff, 2.0 * cf * ff), vec![sg, u], vec![mm], vec![sg, u]);
+    bd.ops[id].expert = true;
+    let d = expert(bd, "w2", fe, h, mm);
+    // --- combine and unpermute
+    let back = if ep > 1 {
+        let out = bd.tensor(&p("combine.out"), copies * h, c, TensorKind::Activation);
+        bd.comm_op(p("combine"), vec![d], vec![out], a2a);
+        out
+    } else {
+        d
+    };
+    let y = bd.tensor(&p("unpermute.out"), rows * h, c, TensorKind::Activation);
+    bd.op(
+        p("unpermute"),
+        OpKind::Elementwise,
+        0,
+        (2.0 * cf * hf, 4.0 * cf * hf),
+        vec![back, probs, idx],
+        vec![y],
+        vec![back, probs],
+    );
+    if m.shared_expert_ffn_hidden == 0 {
+        return y;
+    }
+    // --- shared experts beside the routed ones
+    let mut sh = swiglu_mlp(bd, &p("shared_experts"), x, tokens, h, m.shared_expert_ffn_hidden, c);
+    if m.shared_expert_gate {
+        let gl = bd.tensor(&p("shared_expert_gate.out"), rows, c, TensorKind::Activation);
+        bd.op(p("shared_expert_gate"), OpKind::Linear, h, (2.0 * rf * hf, 4.0 * rf * hf), vec![x], vec![gl], vec![x]);
+        let gs = bd.tensor(&p("shared_expert_gate.sigmoid"), rows, c, TensorKind::Activation);
+        bd.op(
+            p("shared_expert_gate.sigmoid"),
+            OpKind::Elementwise,
+            0,
+            (4.0 * rf, 4.0 * rf),
+            vec![gl],
+            vec![gs],
+            vec![gs],
+        );
+        let gated = bd.tensor(&p("shared_experts.gated"), rows * h, c, TensorKind::Activation);
+        bd.op(
+            p("shared_experts.gate_mul"),
+            OpKind::Elementwise,
+            0,
+            (rf * hf, 2.0 * rf * hf),
+            vec![sh, gs],
+            vec![gated],
+            vec![sh, gs],
+        );
+        sh = gated;
+    }
+    let out = bd.tensor(&p("out"), rows * h, c, TensorKind::Activation);
+    let id = bd.op(p("add_shared"), OpKind::Elementwise, 0, (rf * hf, 0.0), vec![y, sh], vec![out], vec![]);
+    bd.ops[id].bwd_bytes = Some(0.0);
+    out
 }
 
 /// A LayerNorm (GPT: weight + bias, FP32 mean and rstd per row) or RMSNorm (Llama: weight,

@@ -21,6 +21,8 @@ pub enum Collective {
     AllGather,
     ReduceScatter,
     AllReduce,
+    /// Each rank sends 1/n of its buffer to every rank (MoE token dispatch and combine).
+    AllToAll,
 }
 
 /// The links a process group's rings run over.
@@ -59,16 +61,21 @@ impl Group {
         self.ranks.div_ceil(self.ranks_per_node.clamp(1, self.ranks.max(1)))
     }
 
-    /// Seconds for a collective whose full (unsharded) buffer is `bytes`.
+    /// Seconds for a collective whose full (unsharded) buffer is `bytes` (for an
+    /// all-to-all: each rank's send buffer, which it also receives).
     pub fn time_s(&self, op: Collective, bytes: u64) -> f64 {
         let n = self.ranks;
         if n <= 1 || bytes == 0 {
             return 0.0;
         }
+        if op == Collective::AllToAll {
+            return self.all_to_all_s(bytes);
+        }
         let k = self.nodes();
         let (passes, steps) = match op {
             Collective::AllGather | Collective::ReduceScatter => (1.0, n - 1),
             Collective::AllReduce => (2.0, 2 * (n - 1)),
+            Collective::AllToAll => unreachable!("all-to-all returned above"),
         };
         let s = bytes as f64;
         let g = self.ranks_per_node.min(n);
@@ -92,11 +99,30 @@ impl Group {
         simple.min(ll)
     }
 
+    /// An all-to-all as NCCL runs it (`ncclSend`/`ncclRecv` to every peer inside one group
+    /// call, the way Megatron-Core's `all_to_all` and `torch.distributed.all_to_all_single`
+    /// reach it): every peer exchange is in flight at once, so there is one latency, not one
+    /// per ring step, plus the LL protocol's per-peer launch cost. Of each rank's buffer, 1/n
+    /// stays on the rank, (g-1)/n goes to the other g-1 ranks of its node over NVLink and
+    /// (n-g)/n leaves the node over this GPU's NIC rail (NCCL's PXN routes a peer on another
+    /// node through the rail-aligned GPU); the two paths run at once, so the slower sets the
+    /// time, at the same link and network efficiencies as the rings (an assumption:
+    /// nccl-tests' alltoall busbw, factor (n-1)/n, is quoted at about the all-gather's).
+    fn all_to_all_s(&self, bytes: u64) -> f64 {
+        let n = self.ranks as f64;
+        let g = self.ranks_per_node.clamp(1, self.ranks) as f64;
+        let s = bytes as f64;
+        let intra = s * (g - 1.0) / n / (self.nvlink_bytes_per_s * LINK_EFFICIENCY);
+        let inter = s * (n - g) / n / (self.network_bytes_per_s * NETWORK_EFFICIENCY);
+        let alpha = if self.nodes() > 1 { ALPHA_INTER_S } else { ALPHA_INTRA_S };
+        alpha + (n - 1.0) * LL_HOP_S + intra.max(inter)
+    }
+
     /// nccl-tests' bus bandwidth this model predicts, bytes/s.
     pub fn bus_bandwidth(&self, op: Collective, bytes: u64) -> f64 {
         let n = self.ranks as f64;
         let factor = match op {
-            Collective::AllGather | Collective::ReduceScatter => (n - 1.0) / n,
+            Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll => (n - 1.0) / n,
             Collective::AllReduce => 2.0 * (n - 1.0) / n,
         };
         bytes as f64 * factor / self.time_s(op, bytes)
@@ -154,6 +180,24 @@ mod tests {
         let big = 1u64 << 30;
         let simple = 14.0 * ALPHA_INTRA_S + 2.0 * big as f64 * 7.0 / 8.0 / (300e9 * LINK_EFFICIENCY);
         assert!((g.time_s(Collective::AllReduce, big) - simple).abs() < 1e-12);
+    }
+
+    /// An 8-rank all-to-all inside a node moves 7/8 of each buffer over NVLink; across 8
+    /// nodes with one rank each every byte but 1/8 leaves through the NIC.
+    #[test]
+    fn all_to_all_moves_what_leaves_the_rank_over_its_links() {
+        let b = 1u64 << 30;
+        let one = group(8, 8, 450e9, 50e9).time_s(Collective::AllToAll, b);
+        let want = ALPHA_INTRA_S + 7.0 * LL_HOP_S + b as f64 * 7.0 / 8.0 / (450e9 * LINK_EFFICIENCY);
+        assert!((one - want).abs() < 1e-12, "{one} {want}");
+        let spread = group(8, 1, 450e9, 50e9).time_s(Collective::AllToAll, b);
+        let want = ALPHA_INTER_S + 7.0 * LL_HOP_S + b as f64 * 7.0 / 8.0 / (50e9 * NETWORK_EFFICIENCY);
+        assert!((spread - want).abs() < 1e-12);
+        // 64 ranks on 8 nodes: 56/64 of the buffer crosses the NIC, 7/64 stays on NVLink.
+        let big = group(64, 8, 450e9, 50e9).time_s(Collective::AllToAll, b);
+        let want = ALPHA_INTER_S + 63.0 * LL_HOP_S + b as f64 * 56.0 / 64.0 / (50e9 * NETWORK_EFFICIENCY);
+        assert!((big - want).abs() < 1e-12);
+        assert_eq!(group(1, 8, 450e9, 50e9).time_s(Collective::AllToAll, b), 0.0);
     }
 
     #[test]

@@ -219,6 +219,13 @@ pub struct ModelParallel {
     /// Off, a stage's send and the receive posted with it block its next compute, as in
     /// Megatron-LM 2021-22 and DeepSpeed's pipeline engine.
     pub overlap_p2p: bool,
+    /// Expert parallelism (`--expert-model-parallel-size`), folded over the tensor- and
+    /// data-parallel ranks of a stage as Megatron-Core's parallel folding does with
+    /// `--expert-tensor-parallel-size 1`: expert-parallel groups are `expert` consecutive
+    /// ranks, and each expert is replicated over tensor x data / `expert` ranks (its
+    /// expert-data-parallel group).
+    #[serde(skip_serializing_if = "is_one")]
+    pub expert: u64,
 }
 
 impl Default for ModelParallel {
@@ -231,8 +238,13 @@ impl Default for ModelParallel {
             schedule: PipelineSchedule::OneFOneB,
             stage_layers: Vec::new(),
             overlap_p2p: false,
+            expert: 1,
         }
     }
+}
+
+fn is_one(x: &u64) -> bool {
+    *x == 1
 }
 
 impl ModelParallel {
@@ -417,6 +429,9 @@ pub struct Unit {
     /// LoRA: bytes of the frozen base weights as stored (BF16 or NF4), whole and per shard.
     pub frozen_bytes: u64,
     pub frozen_shard_bytes: u64,
+    /// Of `params`, this rank's routed experts' weights: replicated over the
+    /// expert-data-parallel group, so their optimizer shard is 1/[`Plan::edp`] of them.
+    pub expert_params: u64,
 }
 
 /// A contiguous run of the model on one pipeline stage: a model chunk (virtual stage).
@@ -462,6 +477,11 @@ pub struct Plan {
     pub block_unit: Vec<usize>,
     /// Ranks a sharded tensor is split over (all GPUs, or one node for hybrid sharding).
     pub shard_group: u64,
+    /// Expert-data-parallel degree: the ranks that hold the same experts, over which expert
+    /// gradients are reduced and (ZeRO-1) their optimizer state is sharded: tensor x data /
+    /// expert (Megatron-Core's parallel folding; experts are not split by tensor
+    /// parallelism, so the tensor-parallel ranks hold copies too).
+    pub edp: u64,
     /// Root unit first, then one unit per block.
     pub units: Vec<Unit>,
     pub params_sharded: bool,
@@ -503,6 +523,18 @@ impl Plan {
             Sharding::HybridShard => gpus_per_node.min(gpus),
             _ => dp,
         };
+        let ep = mp.expert.max(1);
+        let edp = (mp.tensor * dp / ep).max(1);
+        // Expert state is split over the expert-data-parallel group where other state is
+        // split over the shard group; they are one group without expert or tensor
+        // parallelism (validation allows those with ZeRO-1 and DDP only).
+        let expert_shard_group = match sh {
+            Sharding::None => 1,
+            _ if ep == 1 && mp.tensor == 1 => shard_group,
+            _ => edp,
+        };
+        let shard =
+            |params: u64, expert: u64| (params - expert).div_ceil(shard_group) + expert.div_ceil(expert_shard_group);
         let params_sharded = matches!(sh, Sharding::Zero3 | Sharding::HybridShard)
             || (sh == Sharding::Zero2 && parallel.framework.zero2_shards_parameters());
         let grads_sharded = matches!(sh, Sharding::Zero2 | Sharding::Zero3 | Sharding::HybridShard);
@@ -514,6 +546,7 @@ impl Plan {
         // One pass over the ops: parameters per unit (root first, then one per block).
         let mut per_unit = vec![0u64; dag.config.n_layers as usize + 1];
         let mut frozen = vec![0u64; dag.config.n_layers as usize + 1];
+        let mut expert = vec![0u64; dag.config.n_layers as usize + 1];
         for op in &dag.ops {
             let u = match op.region {
                 Region::Embed | Region::Head => 0,
@@ -521,15 +554,19 @@ impl Plan {
             };
             per_unit[u] += op.params;
             frozen[u] += op.frozen_bytes;
+            if op.expert {
+                expert[u] += op.params;
+            }
         }
         let rp = per_unit[0];
         units.push(Unit {
             name: "root (embeddings, final norm, head)".into(),
             regions: root.to_vec(),
             params: rp,
-            shard_params: rp.div_ceil(shard_group),
+            shard_params: shard(rp, expert[0]),
             frozen_bytes: frozen[0],
             frozen_shard_bytes: frozen[0].div_ceil(shard_group),
+            expert_params: expert[0],
         });
         for l in 0..dag.config.n_layers {
             let p = per_unit[l as usize + 1];
@@ -538,9 +575,10 @@ impl Plan {
                 name: format!("layers.{l}"),
                 regions: vec![Region::Block(l)],
                 params: p,
-                shard_params: p.div_ceil(shard_group),
+                shard_params: shard(p, expert[l as usize + 1]),
                 frozen_bytes: f,
                 frozen_shard_bytes: f.div_ceil(shard_group),
+                expert_params: expert[l as usize + 1],
             });
         }
         let n_layers = dag.config.n_layers;
@@ -556,6 +594,7 @@ impl Plan {
             chunks,
             block_unit: (1..=n_layers as usize).collect(),
             shard_group,
+            edp,
             units,
             params_sharded,
             grads_sharded,
@@ -620,6 +659,7 @@ impl Plan {
             // Pipelining is not combined with LoRA (validation refuses it).
             frozen_bytes: 0,
             frozen_shard_bytes: 0,
+            expert_params: 0,
         }];
         let mut block_unit = vec![usize::MAX; dag.config.n_layers as usize];
         for c in &chunks {
@@ -743,6 +783,28 @@ impl Plan {
 
     pub fn total_params(&self) -> u64 {
         self.units.iter().map(|u| u.params).sum()
+    }
+
+    /// Whether replicated gradients are reduced at all: over data parallelism, or for the
+    /// experts over their expert-data-parallel group (which tensor parallelism alone makes).
+    pub fn grads_reduced(&self) -> bool {
+        self.dp > 1 || (self.edp > 1 && self.expert_params() > 0)
+    }
+
+    /// This rank's routed-expert parameters (all units).
+    pub fn expert_params(&self) -> u64 {
+        self.units.iter().map(|u| u.expert_params).sum()
+    }
+
+    /// Of `elements` of this rank's gradients or parameters taken in model order, how many
+    /// are routed experts' (whose collectives run over the expert-data-parallel group), for
+    /// a collective over all of this rank's state: the stage's expert share.
+    pub fn expert_share(&self, elements: u64) -> u64 {
+        let (e, t) = (self.expert_params(), self.total_params());
+        if e == 0 || t == 0 {
+            return 0;
+        }
+        (u128::from(elements) * u128::from(e) / u128::from(t)) as u64
     }
 
     /// Elements of all units this rank holds for a piece of state.

@@ -159,6 +159,7 @@ pub fn build(
         model: super::to_json(&s.model),
         param_count: params,
         param_count_human: human_count(params),
+        active_param_count: None,
         trainable_params: 0,
         hardware: super::to_json(&s.cluster),
         capacity: Bytes::new(cap),

@@ -233,6 +233,9 @@ pub struct Report {
     pub model: serde_json::Value,
     pub param_count: u64,
     pub param_count_human: String,
+    /// A mixture of experts: the parameters one token's forward uses.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub active_param_count: Option<u64>,
     /// Parameters that get gradients (all of them, but for LoRA's adapters).
     pub trainable_params: u64,
     pub hardware: serde_json::Value,
@@ -307,8 +310,10 @@ pub(crate) fn to_json<T: Serialize>(t: &T) -> serde_json::Value {
 pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace: &Trace) -> Report {
     let cap = s.allocator_capacity();
     let ms: ModelState = plan.model_state();
-    // The whole model's parameters (a tensor-parallel rank's DAG holds 1/t of most of them).
-    let params = if dag.workload.split.tensor > 1 { dag.config.param_count() } else { dag.param_count() };
+    // The whole model's parameters (a tensor-parallel rank's DAG holds 1/t of most of them,
+    // an expert-parallel rank's 1/e of the experts).
+    let split = dag.workload.split;
+    let params = if split.tensor > 1 || split.expert > 1 { dag.config.param_count() } else { dag.param_count() };
     let total_state = ms.total();
     let per_param = {
         let pr = &plan.training.precision;
@@ -444,6 +449,19 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
             if mp.sequence_parallel { "all-gathers / reduce-scatters (sequence parallel)" } else { "all-reduces" }
         ));
     }
+    if let Some(moe) = &dag.config.moe {
+        let copies = dag.tokens() / if mp.sequence_parallel { mp.tensor } else { 1 } * moe.top_k;
+        let bytes = copies * dag.config.hidden * dag.workload.compute_dtype.bytes();
+        assumptions.push(format!(
+            "mixture of experts (Megatron-Core MoELayer, all-to-all token dispatcher, dropless): routing is uniform, every expert receives tokens x top_k / experts copies, so every expert-parallel rank computes {copies} token copies per micro-batch and MoE block in the grouped GEMMs of its {} of {} experts (each GEMM's rows = copies per local expert); per MoE block and micro-batch {} all-to-alls forward (dispatch, combine) and as many backward, each of {} per GPU ({}/{} of it leaves the GPU), on their own stream in series with the compute; the router's FP32 scores and the permuted copies are saved, the auxiliary load-balancing loss is not counted (small); expert gradients are reduced over the expert-data-parallel group after the dense ones, one after the other on the NCCL queue",
+            moe.num_experts / mp.expert,
+            moe.num_experts,
+            if mp.expert > 1 { "two" } else { "no" },
+            fmt_bytes(bytes),
+            mp.expert - 1,
+            mp.expert
+        ));
+    }
     if mp.pipeline > 1 {
         let p2p = if mp.overlap_p2p {
             "sends and receives run beside compute (overlap_p2p_communication)"
@@ -479,6 +497,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
         model: to_json(&s.model),
         param_count: params,
         param_count_human: human_count(params),
+        active_param_count: dag.config.moe.as_ref().map(|_| dag.config.active_param_count()),
         trainable_params: if dag.lora.is_some() { dag.trainable_params() } else { params },
         hardware: to_json(&s.cluster),
         capacity: Bytes::new(cap),

@@ -52,13 +52,46 @@ pub fn render(r: &Report, s: &Scenario) -> String {
     if m.qk_norm {
         extras.push("q/k head RMSNorm".to_string());
     }
+    if let Some(moe) = &m.moe {
+        let blocks = if moe.first_dense_layers == 0 {
+            "every block".to_string()
+        } else {
+            format!("blocks {}-{} (the first {} dense)", moe.first_dense_layers, m.n_layers - 1, moe.first_dense_layers)
+        };
+        let mut line = format!(
+            "mixture of experts in {blocks}: {} experts of ffn {}, top-{} routing",
+            moe.num_experts, moe.expert_ffn_hidden, moe.top_k
+        );
+        if moe.shared_expert_ffn_hidden > 0 {
+            line.push_str(&format!(
+                ", shared experts of ffn {}{}",
+                moe.shared_expert_ffn_hidden,
+                if moe.shared_expert_gate { " (sigmoid-gated)" } else { "" }
+            ));
+        }
+        extras.push(line);
+    }
     if !extras.is_empty() {
         let _ = writeln!(o, "           {}", extras.join(", "));
     }
     if let Some(src) = &r.model_source {
         let _ = writeln!(o, "           from {src}");
     }
-    let _ = writeln!(o, "           {} parameters ({})", sep(r.param_count), r.param_count_human);
+    match r.active_param_count {
+        Some(a) => {
+            let _ = writeln!(
+                o,
+                "           {} parameters ({}), {} ({}) active per token",
+                sep(r.param_count),
+                r.param_count_human,
+                sep(a),
+                super::human_count(a)
+            );
+        }
+        None => {
+            let _ = writeln!(o, "           {} parameters ({})", sep(r.param_count), r.param_count_human);
+        }
+    }
     let _ = writeln!(
         o,
         "Hardware   {} x {} ({} x {}), capacity {} per GPU = device {} - CUDA context {}",
@@ -123,7 +156,7 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         )
     };
     let mp = &p.model_parallel;
-    if mp.tensor * mp.pipeline > 1 {
+    if mp.tensor * mp.pipeline * mp.expert > 1 {
         let mut parts = vec![format!("tensor {}", mp.tensor)];
         if mp.sequence_parallel {
             parts.push("sequence parallel".into());
@@ -153,6 +186,23 @@ pub fn render(r: &Report, s: &Scenario) -> String {
             plural(u64::from(c.gpus), "GPU"),
             fw,
             fsdp_flags
+        );
+    }
+    if let Some(moe) = &s.model.moe {
+        let ep = mp.expert;
+        let edp = mp.tensor * s.dp_degree() / ep;
+        let _ = writeln!(
+            o,
+            "Experts    expert parallel {ep}: {} of {} experts of each MoE block on every GPU; each expert on {} ({}){}",
+            moe.num_experts / ep,
+            moe.num_experts,
+            plural(edp, "GPU"),
+            if edp > 1 {
+                "its expert-data-parallel group: expert gradients are reduced there, and sharded optimizer state split over it"
+            } else {
+                "no expert gradient reduction"
+            },
+            if ep > 1 { "; tokens reach them by all-to-all (dispatch and combine) over the expert-parallel group" } else { "" }
         );
     }
     let _ = writeln!(
@@ -467,13 +517,18 @@ fn plural(n: u64, what: &str) -> String {
 
 pub fn zoo_table() -> String {
     use std::fmt::Write;
-    let mut o = String::from("model               type     layers  hidden  heads (kv)  parameters        source\n");
+    let mut o = format!(
+        "{:<19} {:<9} {:>7}  {:>6}  {:>11}  {:>16}  {:>16}  {}\n",
+        "model", "type", "layers", "hidden", "heads (kv)", "parameters", "active (MoE)", "source"
+    );
     for z in crate::model::hf::ZOO {
         let Ok(h) = crate::model::hf::parse(z.config) else { continue };
         let cfg = h.model_config(1);
+        // A mixture of experts: the parameters one token uses (top-k experts of each block).
+        let active = if cfg.moe.is_some() { sep(cfg.active_param_count()) } else { "-".to_string() };
         let _ = writeln!(
             o,
-            "{:<19} {:<8} {:>6}  {:>6}  {:>5} ({:>3})  {:>16}  {}",
+            "{:<19} {:<9} {:>7}  {:>6}  {:>5} ({:>3})  {:>16}  {:>16}  {}",
             z.name,
             h.model_type,
             h.n_layers,
@@ -481,6 +536,7 @@ pub fn zoo_table() -> String {
             h.n_heads,
             h.n_kv_heads,
             sep(cfg.param_count()),
+            active,
             z.source
         );
     }

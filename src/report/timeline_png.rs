@@ -37,6 +37,7 @@ fn style(kind: TaskKind) -> (RGBColor, &'static str) {
         TaskKind::AllGather => (RGBColor(0x00, 0x9E, 0x73), "all-gather"),
         TaskKind::ReduceScatter => (RGBColor(0xE6, 0x9F, 0x00), "reduce-scatter"),
         TaskKind::AllReduce => (RGBColor(0x56, 0xB4, 0xE9), "all-reduce"),
+        TaskKind::AllToAll => (RGBColor(0x88, 0x22, 0x55), "all-to-all (MoE)"),
         TaskKind::Send | TaskKind::Recv => (RGBColor(0xF0, 0xE4, 0x42), "send / recv, host copies"),
         TaskKind::Optimizer => (RGBColor(0x44, 0x44, 0x44), "optimizer.step()"),
         TaskKind::ZeroGrad | TaskKind::Init => (RGBColor(0x99, 0x99, 0x99), "init / zero_grad"),
@@ -112,6 +113,9 @@ fn render(path: &Path, title: &str, sched: &Schedule, trace: &Trace) -> Result<(
         TaskKind::ReduceScatter,
         TaskKind::AllReduce,
     ];
+    if sched.labels.iter().any(|l| l.kind == TaskKind::AllToAll) {
+        kinds.push(TaskKind::AllToAll);
+    }
     if sched.labels.iter().any(|l| matches!(l.kind, TaskKind::Send | TaskKind::Recv)) {
         kinds.push(TaskKind::Send);
     }

@@ -158,6 +158,27 @@ pub struct ModelSection {
     /// A LayerNorm right after the word embeddings (BLOOM's `word_embeddings_layernorm`,
     /// Megatron-DeepSpeed `--embed-layernorm`).
     pub embedding_norm: Option<bool>,
+    /// Mixture-of-experts MLPs (llama family); a MoE `config.json` fills it in.
+    pub moe: Option<MoeSection>,
+}
+
+/// `[model.moe]`: a mixture-of-experts MLP, by Megatron-Core's and Hugging Face's names.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct MoeSection {
+    /// `--num-experts` (HF `num_local_experts` / `num_experts`).
+    pub num_experts: Option<i64>,
+    /// `--moe-router-topk` (HF `num_experts_per_tok`).
+    pub top_k: Option<i64>,
+    /// `--moe-ffn-hidden-size` (HF `moe_intermediate_size`).
+    pub expert_ffn_hidden: Option<i64>,
+    /// `--moe-shared-expert-intermediate-size`: the shared experts' width together (0: none).
+    pub shared_expert_ffn_hidden: Option<i64>,
+    /// Qwen2-MoE's sigmoid gate on the shared experts.
+    pub shared_expert_gate: Option<bool>,
+    /// Leading blocks with a dense MLP of `model.ffn_hidden` (DeepSeek
+    /// `first_k_dense_replace`).
+    pub first_dense_layers: Option<i64>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -209,6 +230,8 @@ pub struct ParallelSection {
     /// Megatron-Core `--overlap-p2p-communication`: pipeline sends and receives run beside
     /// compute instead of blocking it.
     pub overlap_p2p_communication: Option<bool>,
+    /// Megatron-Core `--expert-model-parallel-size`: ranks the experts are spread over.
+    pub expert: Option<i64>,
 }
 
 /// `[deepspeed]`: the `zero_optimization` settings of a `ds_config.json` that size

@@ -77,6 +77,16 @@ pub(super) fn check_tensors(v: &V, m: &ModelConfig, w: &Workload, context: Optio
             format!("the FP32 logits of one micro-batch would be {logits} bytes (micro_batch x seq_len x vocab x 4), over the {MAX_TENSOR_BYTES} bytes stepsim counts"),
         ));
     }
+    if let Some(moe) = &m.moe {
+        // The routed copies of a micro-batch's tokens, through the widest expert layer.
+        let copies = tokens * u128::from(moe.top_k) * u128::from(m.hidden.max(moe.expert_ffn_hidden)) * 4;
+        if too_big(copies) {
+            return Err(v.err(
+                "model.moe.top_k",
+                format!("the routed token copies of one micro-batch would be {copies} bytes (micro_batch x seq_len x top_k x width x 4), over the {MAX_TENSOR_BYTES} bytes stepsim counts"),
+            ));
+        }
+    }
     if w.attention == Attention::Math {
         let scores = b * u128::from(m.n_heads) * s * s * 4;
         if too_big(scores) {

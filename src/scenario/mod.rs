@@ -10,6 +10,7 @@ pub mod limits;
 mod lora;
 mod megatron;
 mod model_source;
+mod moe;
 mod offload;
 mod parallel;
 
@@ -24,6 +25,7 @@ pub use file::*;
 use inference::{inference_lengths, inference_standin, job_kind, validate_inference};
 use lora::validate_lora;
 use megatron::validate_megatron;
+use moe::{validate_expert_parallel, validate_moe};
 use offload::validate_offload;
 pub use offload::*;
 use parallel::validate_model_parallel;
@@ -325,8 +327,14 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         head_dim_override: head_dim,
         qkv_bias,
         qk_norm,
-        moe: None,
+        moe: validate_moe(&v, m, hf.as_ref(), family, n_layers)?,
     };
+    if model.moe.is_some() && inf.is_some() {
+        return Err(v.err(
+            "job.kind",
+            "inference of a mixture-of-experts model is not simulated yet (decode would read every expert's weights); simulate its training, or a dense model's inference",
+        ));
+    }
     let context = inf.map_or(seq_len, |(_, ctx)| ctx);
     // A window of w earlier tokens covers a sequence of w + 1 whole.
     if let Some(w) = hf.as_ref().and_then(|h| h.sliding_window).filter(|&w| w.saturating_add(1) < context) {
@@ -471,7 +479,16 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
     // Defaults: PyTorch 2.x FSDP1 `FullyShardedDataParallel` (reshard_after_forward is
     // implied by FULL_SHARD, backward_prefetch=BACKWARD_PRE, forward_prefetch=False,
     // limit_all_gathers=True) and DDP (`bucket_cap_mb=25`, `gradient_as_bucket_view=False`).
-    let model_parallel = validate_model_parallel(&v, p, &model, gpus, u64::from(cluster.gpus_per_node), sharding)?;
+    let mut model_parallel = validate_model_parallel(&v, p, &model, gpus, u64::from(cluster.gpus_per_node), sharding)?;
+    model_parallel.expert = validate_expert_parallel(
+        &v,
+        p,
+        &model,
+        model_parallel.tensor,
+        model_parallel.sequence_parallel,
+        model_parallel.data_parallel(gpus),
+        sharding,
+    )?;
     let megatron = validate_megatron(&v, f.megatron.as_ref(), framework, sharding, &model_parallel)?;
     let parallel = ParallelConfig {
         sharding,
@@ -636,11 +653,15 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         split: crate::model::TensorSplit {
             tensor: parallel.model_parallel.tensor,
             sequence_parallel: parallel.model_parallel.sequence_parallel,
+            expert: parallel.model_parallel.expert,
         },
         lora: None,
     };
     let mut workload = workload;
     if let Some(l) = &f.lora {
+        if model.moe.is_some() {
+            return Err(v.err("lora", "LoRA on a mixture-of-experts model is not simulated yet (adapters on the experts); fine-tune a dense model, or simulate full training"));
+        }
         if parallel.offload.as_ref().is_some_and(|o| o.parameters.is_some()) {
             return Err(v.err("offload.parameters", "parameter offload with LoRA is not simulated yet (the frozen base would stay on the GPU); offload the optimizer only"));
         }
@@ -658,6 +679,9 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         Some(j) => {
             if j.seed < 0 {
                 return Err(v.err("jitter.seed", format!("must be a non-negative integer, got {}", j.seed)));
+            }
+            if parallel.model_parallel.expert > 1 {
+                return Err(v.err("jitter", "[jitter] with expert parallelism is not simulated yet (each rank's all-to-alls would have to wait for its peers); leave out [jitter] or parallel.expert"));
             }
             // Jitter simulates every data-parallel rank of every pipeline stage (a program
             // and an allocator each).
@@ -710,7 +734,8 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
     if inf.is_none() {
         // [jitter] simulates every data-parallel replica of the model (its stages included).
         let ranks = if jitter.is_some() { parallel.model_parallel.data_parallel(gpus) } else { 1 };
-        limits::check_size(&v, n_layers, steps, grad_accum, ranks)?;
+        // A MoE block holds about twice a dense block's ops.
+        limits::check_size(&v, n_layers + model.moe_layers(), steps, grad_accum, ranks)?;
     }
     let inference = match inf {
         Some((i, _)) => {

@@ -156,5 +156,14 @@ pub(super) fn validate_model_parallel(
             "only applies to pipeline parallelism (parallel.pipeline > 1)",
         ));
     }
-    Ok(ModelParallel { tensor, sequence_parallel, pipeline, virtual_stages, schedule, stage_layers, overlap_p2p })
+    Ok(ModelParallel {
+        tensor,
+        sequence_parallel,
+        pipeline,
+        virtual_stages,
+        schedule,
+        stage_layers,
+        overlap_p2p,
+        expert: 1,
+    })
 }

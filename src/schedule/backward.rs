@@ -34,7 +34,8 @@ pub(super) struct Bwd {
     /// Each unit's backward all-gather, once issued.
     pub ag_bwd_task: Vec<Option<u32>>,
     /// Bytes of DDP's bucket being filled.
-    pub ddp_bucket: u64,
+    /// Bytes in DDP's open bucket, and of them routed experts'.
+    pub ddp_bucket: (u64, u64),
     /// A tied head has created the embedding's gradient.
     pub tied_grad_done: bool,
     /// A collective (or receive) the next compute op waits for.
@@ -67,7 +68,7 @@ impl Builder<'_> {
             free_bwd,
             grad_buf: vec![None; dag.tensors.len()],
             ag_bwd_task: vec![None; nunits],
-            ddp_bucket: 0,
+            ddp_bucket: (0, 0),
             tied_grad_done: false,
             pending: None,
             first_deps,

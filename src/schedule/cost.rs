@@ -59,6 +59,12 @@ pub struct Cost {
     pub replica_group: Group,
     /// The tensor-parallel group (inside one node).
     pub tp_group: Group,
+    /// The expert-parallel group: `expert` consecutive ranks in Megatron's order (MoE
+    /// all-to-all).
+    pub ep_group: Group,
+    /// The expert-data-parallel group: the ranks holding the same experts, `expert` apart
+    /// (expert gradients' reduction, expert parameters' all-gather).
+    pub edp_group: Group,
     /// Point-to-point bandwidth between adjacent pipeline stages, bytes/s, and its latency.
     pub p2p_bytes_per_s: f64,
     pub p2p_latency_s: f64,
@@ -106,6 +112,8 @@ impl Cost {
             dp_group: group(gpus, per_node),
             replica_group: group(gpus.div_ceil(per_node), 1),
             tp_group: group(1, 1),
+            ep_group: group(1, 1),
+            edp_group: group(gpus, per_node),
             p2p_bytes_per_s: g.nvlink_bytes_per_s * LINK_EFFICIENCY,
             p2p_latency_s: ALPHA_INTRA_S,
             p2p_inter_node: false,
@@ -131,6 +139,14 @@ impl Cost {
         c.dp_group = group(plan.dp, plan.dp_per_node);
         c.replica_group = group(plan.dp.div_ceil(plan.dp_per_node), 1);
         c.tp_group = group(tp, tp);
+        // Expert groups in Megatron-Core's folded order (expert-tensor 1, then expert, then
+        // expert-data): an expert group is `ep` consecutive ranks of the stage, its
+        // expert-data-parallel peers are `ep` apart.
+        let ep = plan.parallel.model_parallel.expert.max(1);
+        let stage_per_node = (tp * plan.dp).min(plan.gpus_per_node).max(1);
+        c.ep_group = group(ep, ep.min(stage_per_node));
+        c.edp_group =
+            if plan.expert_params() > 0 { group(plan.edp, (stage_per_node / ep).max(1)) } else { c.dp_group.clone() };
         if tp * plan.dp >= plan.gpus_per_node {
             c.p2p_bytes_per_s = network * NETWORK_EFFICIENCY;
             c.p2p_latency_s = ALPHA_INTER_S;
@@ -142,7 +158,15 @@ impl Cost {
     /// The links the NCCL queue's collectives occupy (bits of [`crate::engine::links`]):
     /// those of every data-parallel group it serves.
     pub fn nccl_links(&self) -> u8 {
-        group_links(&self.shard_group) | group_links(&self.dp_group) | group_links(&self.replica_group)
+        group_links(&self.shard_group)
+            | group_links(&self.dp_group)
+            | group_links(&self.replica_group)
+            | group_links(&self.edp_group)
+    }
+
+    /// The links MoE all-to-alls occupy.
+    pub fn ep_links(&self) -> u8 {
+        group_links(&self.ep_group)
     }
 
     /// The links tensor-parallel collectives occupy: NVLink (the group is inside a node).
@@ -245,6 +269,19 @@ impl Cost {
 
     pub fn collective_s(&self, group: &Group, op: Collective, bytes: u64) -> f64 {
         group.time_s(op, bytes)
+    }
+
+    /// A data-parallel collective of model state of which `expert_bytes` are routed experts':
+    /// those run over the expert-data-parallel group, the rest over the data-parallel group,
+    /// one after the other on the same queue (Megatron-Core keeps expert parameters in their
+    /// own gradient buffers and buckets, reduced over the expert-data-parallel group).
+    pub fn dp_collective_s(&self, op: Collective, bytes: u64, expert_bytes: u64) -> f64 {
+        let expert_bytes = expert_bytes.min(bytes);
+        let dense = self.dp_group.time_s(op, bytes - expert_bytes);
+        if expert_bytes == 0 {
+            return dense;
+        }
+        dense + self.edp_group.time_s(op, expert_bytes)
     }
 }
 

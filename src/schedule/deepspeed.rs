@@ -151,9 +151,8 @@ impl Builder<'_> {
                     text!(self.names, "ZeRO-1 gradient partition (averaged_gradients, {})", g.name()),
                 );
                 alloc.push(part);
-                let bytes = plan.total_params() * g.bytes();
-                let secs =
-                    if plan.dp > 1 { cost.collective_s(&cost.dp_group, Collective::ReduceScatter, bytes) } else { 0.0 };
+                let (bytes, expert) = (plan.total_params() * g.bytes(), plan.expert_params() * g.bytes());
+                let secs = cost.dp_collective_s(Collective::ReduceScatter, bytes, expert);
                 let label = TaskLabel::new(
                     step,
                     Phase::Backward,
@@ -178,9 +177,8 @@ impl Builder<'_> {
                     Category::CommBuffers,
                     text!(self.names, "DeepSpeed all-reduce bucket (MEMORY_OPT_ALLREDUCE_SIZE 5e8 elements, fp32)"),
                 );
-                let bytes = el * Dtype::Fp32.bytes();
-                let secs =
-                    if plan.dp > 1 { cost.collective_s(&cost.dp_group, Collective::AllReduce, bytes) } else { 0.0 };
+                let (bytes, expert) = (el * Dtype::Fp32.bytes(), plan.expert_params() * Dtype::Fp32.bytes());
+                let secs = cost.dp_collective_s(Collective::AllReduce, bytes, expert);
                 let label = TaskLabel::new(
                     step,
                     Phase::Backward,

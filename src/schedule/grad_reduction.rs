@@ -12,9 +12,10 @@ use crate::model::Op;
 use crate::plan::Sharding;
 
 impl Builder<'_> {
-    /// A backward all-reduce of `bytes` on the NCCL queue after task `after`, over all
-    /// data-parallel ranks or (`replica`) the cross-node replicas of hybrid sharding; the
-    /// optimizer step waits for it.
+    /// A backward all-reduce of `bytes` (of which routed experts') on the NCCL queue after
+    /// task `after`, over all data-parallel ranks (the experts' over their
+    /// expert-data-parallel group) or (`replica`) the cross-node replicas of hybrid sharding;
+    /// the optimizer step waits for it.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn all_reduce_after(
         &mut self,
@@ -23,11 +24,15 @@ impl Builder<'_> {
         u: usize,
         after: u32,
         replica: bool,
-        bytes: u64,
+        bytes: (u64, u64),
         what: String,
     ) {
-        let group = if replica { &self.cost.replica_group } else { &self.cost.dp_group };
-        let secs = self.cost.collective_s(group, Collective::AllReduce, bytes);
+        let (bytes, expert) = bytes;
+        let secs = if replica {
+            self.cost.collective_s(&self.cost.replica_group, Collective::AllReduce, bytes)
+        } else {
+            self.cost.dp_collective_s(Collective::AllReduce, bytes, expert)
+        };
         let label = TaskLabel::new(step, Phase::Backward, mb, what, TaskKind::AllReduce, Some(u));
         let ar = self.task(NCCL, secs, vec![after], vec![], label);
         self.step_comm.push(ar);
@@ -68,12 +73,16 @@ impl Builder<'_> {
         last_mb: bool,
     ) {
         let plan = self.plan;
-        if plan.parallel.sharding == Sharding::None && plan.dp > 1 && last_mb {
-            st.ddp_bucket += op.params * self.pr().grad.bytes();
-            if st.ddp_bucket >= plan.parallel.bucket_bytes || i == lo {
+        if plan.parallel.sharding == Sharding::None && plan.grads_reduced() && last_mb {
+            let bytes = op.params * self.pr().grad.bytes();
+            st.ddp_bucket.0 += bytes;
+            if op.expert {
+                st.ddp_bucket.1 += bytes;
+            }
+            if st.ddp_bucket.0 >= plan.parallel.bucket_bytes || i == lo {
                 let what = text!(self.names, "all-reduce DDP bucket ending at {}", op.name);
                 self.all_reduce_after(st.step, st.mb, u, t, false, st.ddp_bucket, what);
-                st.ddp_bucket = 0;
+                st.ddp_bucket = (0, 0);
             }
         }
     }
@@ -81,11 +90,12 @@ impl Builder<'_> {
     /// ZeRO-1: reduce the full gradients once accumulation is done (the last micro-batch).
     pub(super) fn zero1_reduce_scatter(&mut self, st: &Bwd) {
         let plan = self.plan;
-        if plan.parallel.sharding != Sharding::Zero1 || plan.dp <= 1 {
+        if plan.parallel.sharding != Sharding::Zero1 || !plan.grads_reduced() {
             return;
         }
-        let bytes = plan.total_params() * self.pr().grad.bytes();
-        let secs = self.cost.collective_s(&self.cost.dp_group, Collective::ReduceScatter, bytes);
+        let g = self.pr().grad.bytes();
+        let (bytes, expert) = (plan.total_params() * g, plan.expert_params() * g);
+        let secs = self.cost.dp_collective_s(Collective::ReduceScatter, bytes, expert);
         let t = self.task(
             NCCL,
             secs,

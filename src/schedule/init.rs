@@ -56,7 +56,7 @@ impl Builder<'_> {
         }
         if plan.parallel.sharding == Sharding::None
             && plan.parallel.framework != crate::plan::Framework::Megatron
-            && plan.dp > 1
+            && plan.grads_reduced()
             && !plan.parallel.gradient_as_bucket_view
             && plan.pipeline() == 1
         {

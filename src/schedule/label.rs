@@ -45,6 +45,8 @@ pub enum TaskKind {
     AllGather,
     ReduceScatter,
     AllReduce,
+    /// MoE token dispatch and combine over the expert-parallel group.
+    AllToAll,
     /// Pipeline point-to-point transfers (activations forward, gradients backward).
     Send,
     Recv,
@@ -56,7 +58,12 @@ impl TaskKind {
     pub fn is_comm(self) -> bool {
         matches!(
             self,
-            TaskKind::AllGather | TaskKind::ReduceScatter | TaskKind::AllReduce | TaskKind::Send | TaskKind::Recv
+            TaskKind::AllGather
+                | TaskKind::ReduceScatter
+                | TaskKind::AllReduce
+                | TaskKind::AllToAll
+                | TaskKind::Send
+                | TaskKind::Recv
         )
     }
 }

@@ -40,6 +40,9 @@ use crate::plan::{Framework, Sharding};
 pub(super) struct Buckets {
     pub of_op: Vec<Option<u32>>,
     pub elements: Vec<u64>,
+    /// Of each bucket's elements, routed experts' (reduced over the expert-data-parallel
+    /// group).
+    pub expert_elements: Vec<u64>,
     pub first_op: Vec<usize>,
 }
 
@@ -73,6 +76,7 @@ impl Buckets {
                     b.of_op[i] = Some(k);
                 }
                 b.elements.push(el);
+                b.expert_elements.push(members.iter().filter(|&&i| ops[i].expert).map(|&i| ops[i].params).sum());
                 b.first_op.push(members.iter().copied().min().unwrap_or(lo));
             }
         }
@@ -106,7 +110,7 @@ impl Builder<'_> {
     /// `--overlap-grad-reduce` (without it, `finalize_model_grads` reduces after the
     /// schedule, see `pipeline`).
     pub(super) fn megatron_reduces_in_backward(&self, last_mb: bool, sync_grads: bool) -> bool {
-        if !self.is_megatron() || self.plan.dp <= 1 {
+        if !self.is_megatron() || !self.plan.grads_reduced() {
             return false;
         }
         if self.plan.pipeline() > 1 {
@@ -127,12 +131,13 @@ impl Builder<'_> {
         if self.mg_buckets.first_op[k] != i {
             return;
         }
-        let bytes = self.mg_buckets.elements[k] * self.pr().grad.bytes();
+        let g = self.pr().grad.bytes();
+        let (bytes, expert) = (self.mg_buckets.elements[k] * g, self.mg_buckets.expert_elements[k] * g);
         let (coll, kind, what) = match self.plan.parallel.sharding {
             Sharding::Zero1 => (Collective::ReduceScatter, TaskKind::ReduceScatter, "reduce-scatter"),
             _ => (Collective::AllReduce, TaskKind::AllReduce, "all-reduce"),
         };
-        let secs = self.cost.collective_s(&self.cost.dp_group, coll, bytes);
+        let secs = self.cost.dp_collective_s(coll, bytes, expert);
         let label = TaskLabel::new(
             st.step,
             Phase::Backward,
@@ -154,8 +159,9 @@ impl Builder<'_> {
     /// The all-gather of bucket `k`'s updated parameters (labelled with the step whose
     /// forward waits for it), after `deps`.
     fn megatron_param_gather(&mut self, step: u32, k: usize, deps: Vec<u32>) -> u32 {
-        let bytes = self.mg_buckets.elements[k] * self.pr().param.bytes();
-        let secs = self.cost.collective_s(&self.cost.dp_group, Collective::AllGather, bytes);
+        let pb = self.pr().param.bytes();
+        let (bytes, expert) = (self.mg_buckets.elements[k] * pb, self.mg_buckets.expert_elements[k] * pb);
+        let secs = self.cost.dp_collective_s(Collective::AllGather, bytes, expert);
         let label = TaskLabel::new(
             step,
             Phase::Forward,
@@ -171,7 +177,10 @@ impl Builder<'_> {
     /// all-gather of the previous step's update.
     pub(super) fn megatron_step_start(&mut self, step: u32) {
         self.mg_param_ag.iter_mut().for_each(|a| *a = None);
-        if step == 1 || !self.megatron_defers_param_gather() || self.plan.dp <= 1 || self.mg_buckets.elements.is_empty()
+        if step == 1
+            || !self.megatron_defers_param_gather()
+            || !self.plan.grads_reduced()
+            || self.mg_buckets.elements.is_empty()
         {
             return;
         }

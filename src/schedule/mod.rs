@@ -150,6 +150,8 @@ struct Builder<'a> {
     chunk_out: Vec<Option<usize>>,
     chunk_vs: Vec<u64>,
     tp_stream: u16,
+    /// MoE all-to-alls (dispatch and combine) over the expert-parallel group.
+    ep_stream: u16,
     /// Offload: host-to-device and device-to-host copies (separate copy engines, so the two
     /// directions overlap), NVMe reads and writes, and the CPU optimizer step.
     h2d_stream: u16,
@@ -305,6 +307,7 @@ impl<'a> Builder<'a> {
         };
         use crate::engine::links::{PCIE_D2H, PCIE_H2D};
         let tp_stream = stream("tp", mp.tensor > 1, cost.tp_links());
+        let ep_stream = stream("ep", mp.expert > 1, cost.ep_links());
         let off = plan.parallel.offload.as_ref();
         let offload = off.is_some();
         let h2d_stream = stream("h2d", offload, PCIE_H2D);
@@ -378,6 +381,7 @@ impl<'a> Builder<'a> {
             chunk_out,
             chunk_vs,
             tp_stream,
+            ep_stream,
             h2d_stream,
             d2h_stream,
             nvme_stream,

@@ -112,9 +112,9 @@ impl Builder<'_> {
                     vec![],
                     lbl(what, TaskKind::Recv),
                 );
-                if !plan.params_sharded && plan.dp > 1 {
-                    let bytes = plan.total_params() * pb;
-                    let secs = self.cost.collective_s(&self.cost.dp_group, Collective::AllGather, bytes);
+                if !plan.params_sharded && plan.grads_reduced() {
+                    let (bytes, expert) = (plan.total_params() * pb, plan.expert_params() * pb);
+                    let secs = self.cost.dp_collective_s(Collective::AllGather, bytes, expert);
                     let what = text!(self.names, "all-gather updated parameters");
                     last = self.task(NCCL, secs, vec![last], vec![], lbl(what, TaskKind::AllGather));
                 }

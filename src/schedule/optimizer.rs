@@ -74,9 +74,14 @@ impl Builder<'_> {
         self.free_at(t, &frees);
         let mut last = t;
         // Replicated parameters with a sharded optimizer: all-gather the updated shards.
-        if !plan.params_sharded && plan.optimizer_sharded && plan.dp > 1 && !self.megatron_defers_param_gather() {
-            let bytes = plan.total_params() * pr.param.bytes();
-            let secs = self.cost.collective_s(&self.cost.dp_group, Collective::AllGather, bytes);
+        if !plan.params_sharded
+            && plan.optimizer_sharded
+            && plan.grads_reduced()
+            && !self.megatron_defers_param_gather()
+        {
+            let pb = pr.param.bytes();
+            let (bytes, expert) = (plan.total_params() * pb, plan.expert_params() * pb);
+            let secs = self.cost.dp_collective_s(Collective::AllGather, bytes, expert);
             last = self.task(
                 NCCL,
                 secs,

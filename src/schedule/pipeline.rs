@@ -211,8 +211,9 @@ impl Builder<'_> {
         let last: Vec<u32> = self.step_comm.last().copied().into_iter().collect();
         let by_deepspeed = self.deepspeed_boundary_reduce(step, last.clone());
         let by_megatron = self.megatron_reduces_in_backward(false, true);
-        if !by_deepspeed && !by_megatron && plan.dp > 1 && !plan.grads_sharded {
-            let bytes = plan.total_params() * self.pr().grad.bytes();
+        if !by_deepspeed && !by_megatron && plan.grads_reduced() && !plan.grads_sharded {
+            let g = self.pr().grad.bytes();
+            let (bytes, expert) = (plan.total_params() * g, plan.expert_params() * g);
             let (coll, kind, what) = match plan.parallel.sharding {
                 Sharding::Zero1 => (
                     Collective::ReduceScatter,
@@ -221,7 +222,7 @@ impl Builder<'_> {
                 ),
                 _ => (Collective::AllReduce, super::TaskKind::AllReduce, "all-reduce gradients (data parallel)"),
             };
-            let secs = self.cost.collective_s(&self.cost.dp_group, coll, bytes);
+            let secs = self.cost.dp_collective_s(coll, bytes, expert);
             let label = TaskLabel::new(step, super::Phase::Backward, 0, text!(self.names, "{what}"), kind, None);
             let t = self.task(super::NCCL, secs, last, vec![], label);
             self.step_comm.push(t);

@@ -112,7 +112,7 @@ impl Builder<'_> {
         self.step_comm.push(t);
         if plan.parallel.sharding == Sharding::HybridShard && self.cost.replica_group.ranks > 1 {
             let what = text!(self.names, "all-reduce {} shard across nodes", plan.units[u].name);
-            self.all_reduce_after(step, mb, u, t, true, shard_bytes, what);
+            self.all_reduce_after(step, mb, u, t, true, (shard_bytes, 0), what);
         }
     }
 

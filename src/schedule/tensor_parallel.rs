@@ -1,11 +1,13 @@
 //! Tensor-parallel collectives (Megatron-LM `megatron/core/tensor_parallel/mappings.py` and
 //! `layers.py`): the all-reduces (all-gathers / reduce-scatters with sequence parallelism)
-//! of column- and row-parallel linears, on their own stream over the tensor-parallel group.
+//! of column- and row-parallel linears, on their own stream over the tensor-parallel group;
+//! and the MoE token dispatcher's all-to-alls, collectives between ops of the same kind, on
+//! theirs over the expert-parallel group.
 
 use super::backward::Bwd;
 use super::forward::FwdPass;
 use super::{Builder, Category, Collective, Phase, TaskKind, TaskLabel, COMPUTE};
-use crate::model::{Op, TpComm};
+use crate::model::{CommGroup, Op, TpComm};
 
 impl Builder<'_> {
     /// A tensor-parallel collective of op `i` on the TP stream after task `after` (the
@@ -25,7 +27,11 @@ impl Builder<'_> {
     ) -> u32 {
         let op = &self.dag.ops[i];
         let bytes = op.comm.map_or(0, |c| c.bytes);
-        let mut secs = self.cost.collective_s(&self.cost.tp_group, coll, bytes);
+        let (group, stream) = match op.comm.map(|c| c.group) {
+            Some(CommGroup::Expert) => (&self.cost.ep_group, self.ep_stream),
+            _ => (&self.cost.tp_group, self.tp_stream),
+        };
+        let mut secs = self.cost.collective_s(group, coll, bytes);
         let forward = recompute || phase != Phase::Backward;
         if let Some(gemm) = self.tp_overlap_gemm_s(i, forward) {
             secs = self.tp_overlapped_s(secs, gemm);
@@ -34,6 +40,7 @@ impl Builder<'_> {
             Collective::AllGather => TaskKind::AllGather,
             Collective::ReduceScatter => TaskKind::ReduceScatter,
             Collective::AllReduce => TaskKind::AllReduce,
+            Collective::AllToAll => TaskKind::AllToAll,
         };
         let what = match (recompute, phase) {
             (true, _) => text!(self.names, "{} (recompute)", op.name),
@@ -42,7 +49,7 @@ impl Builder<'_> {
         };
         let u = self.plan.unit_of(op.region);
         let label = TaskLabel::new(step, phase, mb, what, kind, Some(u)).with_region(op.region);
-        self.task(self.tp_stream, secs, vec![after], alloc, label)
+        self.task(stream, secs, vec![after], alloc, label)
     }
 
     /// The backward of a tensor-parallel op: its collective on the gradient, after the

@@ -1,0 +1,135 @@
+//! `[model.moe]` and `[parallel] expert`: a mixture-of-experts MLP, from the section or a MoE
+//! `config.json`, and the expert parallelism it runs with (Megatron-Core's rules:
+//! `megatron/training/arguments.py` `validate_args` and `parallel_state.py`).
+
+use super::*;
+use crate::model::hf::HfModel;
+use crate::model::MoeConfig;
+
+/// The model's MoE MLP: the section's fields over the config's; None for a dense model.
+pub(super) fn validate_moe(
+    v: &V,
+    m: &ModelSection,
+    hf: Option<&HfModel>,
+    family: Family,
+    n_layers: u64,
+) -> Result<Option<MoeConfig>, ScenarioError> {
+    let base = hf.and_then(|h| h.moe.clone());
+    let Some(sec) = &m.moe else { return Ok(base) };
+    if family != Family::Llama {
+        return Err(v.err(
+            "model.moe",
+            "mixture-of-experts MLPs are SwiGLU experts of the llama family; set model.family = \"llama\"",
+        ));
+    }
+    let num = |field: &str, own: Option<i64>, from: Option<u64>| -> Result<u64, ScenarioError> {
+        match (own, from) {
+            (Some(x), _) => v.bounded(field, x, limits::MAX_FFN),
+            (None, Some(x)) => Ok(x),
+            (None, None) => {
+                Err(v.err(field, "is required in [model.moe] (or give a MoE model.name / model.hf_config)"))
+            }
+        }
+    };
+    let num_experts = num("model.moe.num_experts", sec.num_experts, base.as_ref().map(|b| b.num_experts))?;
+    let top_k = num("model.moe.top_k", sec.top_k, base.as_ref().map(|b| b.top_k))?;
+    if top_k > num_experts {
+        return Err(v.err(
+            "model.moe.top_k",
+            format!("routes each token to top_k of model.moe.num_experts ({num_experts}) experts: at most {num_experts}, got {top_k}"),
+        ));
+    }
+    let expert_ffn_hidden =
+        num("model.moe.expert_ffn_hidden", sec.expert_ffn_hidden, base.as_ref().map(|b| b.expert_ffn_hidden))?;
+    let shared_expert_ffn_hidden = match sec.shared_expert_ffn_hidden {
+        Some(x) if x < 0 => {
+            return Err(
+                v.err("model.moe.shared_expert_ffn_hidden", format!("must be >= 0 (0: no shared experts), got {x}"))
+            )
+        }
+        Some(0) => 0,
+        Some(x) => v.bounded("model.moe.shared_expert_ffn_hidden", x, limits::MAX_FFN)?,
+        None => base.as_ref().map_or(0, |b| b.shared_expert_ffn_hidden),
+    };
+    let shared_expert_gate = sec.shared_expert_gate.unwrap_or(base.as_ref().is_some_and(|b| b.shared_expert_gate));
+    if shared_expert_gate && shared_expert_ffn_hidden == 0 {
+        return Err(v.err(
+            "model.moe.shared_expert_gate",
+            "gates the shared experts: set model.moe.shared_expert_ffn_hidden too",
+        ));
+    }
+    let first_dense_layers = match sec.first_dense_layers {
+        Some(x) if x < 0 || x as u64 >= n_layers => {
+            return Err(v.err(
+                "model.moe.first_dense_layers",
+                format!("must be between 0 and model.n_layers - 1 ({}), got {x}", n_layers.saturating_sub(1)),
+            ))
+        }
+        Some(x) => x as u64,
+        None => base.as_ref().map_or(0, |b| b.first_dense_layers),
+    };
+    Ok(Some(MoeConfig {
+        num_experts,
+        top_k,
+        expert_ffn_hidden,
+        shared_expert_ffn_hidden,
+        shared_expert_gate,
+        first_dense_layers,
+    }))
+}
+
+/// `[parallel] expert`: the expert-parallel degree, folded over the tensor- and
+/// data-parallel ranks of a stage (Megatron-Core's parallel folding with
+/// `--expert-tensor-parallel-size 1`).
+pub(super) fn validate_expert_parallel(
+    v: &V,
+    p: &ParallelSection,
+    model: &ModelConfig,
+    tensor: u64,
+    sequence_parallel: bool,
+    dp: u64,
+    sharding: Sharding,
+) -> Result<u64, ScenarioError> {
+    let ep = match p.expert {
+        Some(x) => v.positive("parallel.expert", x)?,
+        None => 1,
+    };
+    let Some(moe) = &model.moe else {
+        if ep == 1 {
+            return Ok(1);
+        }
+        return Err(v.err(
+            "parallel.expert",
+            "expert parallelism needs a mixture-of-experts model ([model.moe], or a MoE model.name / model.hf_config)",
+        ));
+    };
+    if moe.num_experts % ep != 0 {
+        return Err(v.err(
+            "parallel.expert",
+            format!(
+                "must divide model.moe.num_experts ({}): every rank holds the same number of experts, got {ep}",
+                moe.num_experts
+            ),
+        ));
+    }
+    let ranks = tensor * dp;
+    if ranks % ep != 0 {
+        return Err(v.err(
+            "parallel.expert",
+            format!("expert parallelism is folded over a stage's tensor x data-parallel ranks ({tensor} x {dp} = {ranks}): it must divide them, got {ep}"),
+        ));
+    }
+    if tensor > 1 && !sequence_parallel {
+        return Err(v.err(
+            "parallel.sequence_parallel",
+            "a mixture of experts with tensor parallelism needs sequence parallelism (Megatron-Core: \"When using expert parallelism and tensor parallelism, sequence parallelism must be used\"; stepsim's experts are not split by tensor parallelism, each tensor-parallel rank routes its own sequence shard); set parallel.sequence_parallel = true",
+        ));
+    }
+    if (ep > 1 || tensor > 1) && !matches!(sharding, Sharding::None | Sharding::Zero1) {
+        return Err(v.err(
+            "parallel.sharding",
+            "a mixture of experts with expert or tensor parallelism is simulated with sharding = \"none\" (DDP / Megatron DDP) or \"zero1\" (distributed optimizer); FSDP / ZeRO-2/3 over expert parameters (torchtitan's dp_shard_mod_ep) is not modelled yet",
+        ));
+    }
+    Ok(ep)
+}
