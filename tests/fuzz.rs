@@ -23,6 +23,7 @@ const BASES: &[&str] = &[
     "llama2-70b-lora-8gpu.toml",
     "fragmentation-oom.toml",
     "megatron-70b-h100-overlap.toml",
+    "mixtral-8x7b-h100-ep8.toml",
 ];
 
 /// Numeric and enum fields a user sets, by section.
@@ -49,6 +50,12 @@ const FIELDS: &[(&str, &str)] = &[
     ("parallel", "bucket_cap_mb"),
     ("parallel", "sharding"),
     ("parallel", "framework"),
+    ("parallel", "expert"),
+    ("model.moe", "num_experts"),
+    ("model.moe", "top_k"),
+    ("model.moe", "expert_ffn_hidden"),
+    ("model.moe", "shared_expert_ffn_hidden"),
+    ("model.moe", "first_dense_layers"),
     ("megatron", "overlap_grad_reduce"),
     ("megatron", "overlap_param_gather"),
     ("megatron", "tp_comm_overlap"),
@@ -180,14 +187,21 @@ fn run_case(file: &Path, out: &Path, explain: bool, limit: Duration) -> Outcome 
     }
 }
 
-/// Sets `section.key = value` in a TOML text (the value written as given).
+/// Sets `section.key = value` in a TOML text (the value written as given; `section` may be
+/// dotted).
 fn mutate(base: &str, section: &str, key: &str, value: &str) -> String {
     let mut doc: toml::Table = toml::from_str(base).expect("shipped scenario parses");
     let v: toml::Value = toml::from_str::<toml::Table>(&format!("v = {value}"))
         .map(|mut t| t.remove("v").unwrap())
         .unwrap_or_else(|_| toml::Value::String(value.to_string()));
-    let sec = doc.entry(section.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
-    if let Some(t) = sec.as_table_mut() {
+    // A dotted section is a nested table (`model.moe`).
+    let mut table = Some(&mut doc);
+    for part in section.split('.') {
+        table = table.and_then(|t| {
+            t.entry(part.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new())).as_table_mut()
+        });
+    }
+    if let Some(t) = table {
         t.insert(key.to_string(), v);
     }
     toml::to_string(&doc).unwrap_or_else(|_| base.to_string())

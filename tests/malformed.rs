@@ -159,6 +159,14 @@ fn cases() -> Vec<Case> {
             .set("inference", "prompt_len", "16")
             .set("inference", "gen_len", "48")
     };
+    // The base as a small llama with 8 experts of 2048, top-2.
+    let moe = || {
+        b().set("model", "family", "\"llama\"").set("model.moe", "num_experts", "8").set("model.moe", "top_k", "2").set(
+            "model.moe",
+            "expert_ffn_hidden",
+            "2048",
+        )
+    };
     vec![
         case(
             "parallel.pipeline so large that tensor x pipeline overflows",
@@ -212,6 +220,82 @@ fn cases() -> Vec<Case> {
             b().set("model", "family", "\"llama\"").set("model", "head_dim", "63"),
             "model.head_dim",
             &["even head dimension", "is 63"],
+        ),
+        // --- mixture of experts
+        case("[model.moe] on the gpt family", moe().set("model", "family", "\"gpt\""), "model.moe", &["llama family"]),
+        case(
+            "[model.moe] without expert_ffn_hidden",
+            moe().remove("model.moe", "expert_ffn_hidden"),
+            "model.moe.expert_ffn_hidden",
+            &["is required"],
+        ),
+        case(
+            "top_k above num_experts",
+            moe().set("model.moe", "top_k", "9"),
+            "model.moe.top_k",
+            &["at most 8", "got 9"],
+        ),
+        case(
+            "first_dense_layers covering every block",
+            moe().set("model.moe", "first_dense_layers", "24"),
+            "model.moe.first_dense_layers",
+            &["between 0 and model.n_layers - 1 (23)"],
+        ),
+        case(
+            "unknown [model.moe] key",
+            moe().set("model.moe", "capacity_factor", "1.0"),
+            "model.moe.capacity_factor",
+            &["unknown field", "num_experts"],
+        ),
+        case(
+            "parallel.expert on a dense model",
+            b().set("parallel", "expert", "2"),
+            "parallel.expert",
+            &["mixture-of-experts model"],
+        ),
+        case(
+            "parallel.expert not dividing the experts",
+            moe().set("parallel", "expert", "3"),
+            "parallel.expert",
+            &["must divide model.moe.num_experts (8)"],
+        ),
+        case(
+            "parallel.expert beyond the tensor x data ranks",
+            moe().set("parallel", "expert", "8"),
+            "parallel.expert",
+            &["tensor x data-parallel ranks (1 x 1 = 1)"],
+        ),
+        case(
+            "expert parallelism with FSDP",
+            moe().set("hardware", "gpus", "8").set("parallel", "expert", "8").set(
+                "parallel",
+                "sharding",
+                "\"full_shard\"",
+            ),
+            "parallel.sharding",
+            &["\"none\"", "\"zero1\"", "dp_shard_mod_ep"],
+        ),
+        case(
+            "MoE with tensor parallelism but no sequence parallelism",
+            moe().set("hardware", "gpus", "2").set("parallel", "tensor", "2").set("model", "vocab", "50304"),
+            "parallel.sequence_parallel",
+            &["sequence_parallel = true"],
+        ),
+        case(
+            "[jitter] with expert parallelism",
+            moe().set("hardware", "gpus", "2").set("parallel", "expert", "2").set("jitter", "seed", "1"),
+            "jitter",
+            &["expert parallelism"],
+        ),
+        case(
+            "inference of a MoE model",
+            inf()
+                .set("model", "family", "\"llama\"")
+                .set("model.moe", "num_experts", "8")
+                .set("model.moe", "top_k", "2")
+                .set("model.moe", "expert_ffn_hidden", "2048"),
+            "job.kind",
+            &["mixture-of-experts", "not simulated yet"],
         ),
         // --- Megatron-LM's overlap flags
         case(

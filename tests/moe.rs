@@ -1,0 +1,207 @@
+//! Mixture-of-experts, rule by rule, against figures derived by hand: expert parameter and
+//! optimizer bytes per rank for each layout, all-to-all bytes per MoE block, the routed
+//! activations a block saves, the collectives expert parallelism adds, and the report's
+//! words. The model is a small Mixtral-shaped llama (hidden 1024, 8 experts of 3584, top-2)
+//! so each case runs in well under a second.
+
+use std::path::Path;
+
+use stepsim::model::{self, OpKind, Region, TensorKind};
+use stepsim::scenario::Scenario;
+use stepsim::schedule::TaskKind;
+
+const H: u64 = 1024;
+const FE: u64 = 3584;
+const E: u64 = 8;
+const K: u64 = 2;
+const SEQ: u64 = 2048;
+const LAYERS: u64 = 4;
+const VOCAB: u64 = 32000;
+
+/// The model on `gpus` H100s with `parallel` lines, Megatron-LM, micro-batch 1 x 2048.
+fn scenario(gpus: u64, parallel: &str, moe_extra: &str) -> Scenario {
+    let toml = format!(
+        "[model]\nfamily = \"llama\"\nn_layers = {LAYERS}\nhidden = {H}\nn_heads = 8\nn_kv_heads = 8\nffn_hidden = {FE}\nvocab = {VOCAB}\nmax_seq_len = {SEQ}\n\
+         [model.moe]\nnum_experts = {E}\ntop_k = {K}\nexpert_ffn_hidden = {FE}\n{moe_extra}\n\
+         [hardware]\ngpu = \"h100-sxm\"\ngpus = {gpus}\n\
+         [parallel]\nframework = \"megatron\"\n{parallel}\n\
+         [training]\nmicro_batch = 1\nseq_len = {SEQ}\ngrad_accum = 2\nprecision = \"bf16-mixed-adam\"\nattention = \"flash\"\nactivation_checkpointing = \"none\"\n"
+    );
+    Scenario::from_toml(Path::new("<moe>"), &toml).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Closed form: attention (q, k, v, o at 1024 x 1024, two RMSNorms) plus router and 8
+/// experts of three 1024 x 3584 matrices, per block; embeddings and head untied.
+#[test]
+fn parameter_counts_match_the_closed_form_and_the_dag() {
+    let s = scenario(1, "", "");
+    let attn = 4 * H * H + 2 * H;
+    let expert = 3 * H * FE;
+    let block = attn + E * H + E * expert;
+    let total = LAYERS * block + 2 * VOCAB * H + H;
+    assert_eq!(s.model.param_count(), total);
+    assert_eq!(s.model.active_param_count(), total - LAYERS * (E - K) * expert);
+    let dag = model::build(&s.model, &s.workload);
+    assert_eq!(dag.param_count(), total);
+    // One leading dense block: its MLP is the dense SwiGLU of ffn_hidden.
+    let d = scenario(1, "", "first_dense_layers = 1");
+    assert_eq!(d.model.param_count(), total - (E * H + E * expert) + 3 * H * FE);
+    assert_eq!(model::build(&d.model, &d.workload).param_count(), d.model.param_count());
+    // Shared experts with Qwen2-MoE's gate: 3 x h x width + h per MoE block.
+    let sh = scenario(1, "", "shared_expert_ffn_hidden = 2048\nshared_expert_gate = true");
+    assert_eq!(sh.model.param_count(), total + LAYERS * (3 * H * 2048 + H));
+    assert_eq!(model::build(&sh.model, &sh.workload).param_count(), sh.model.param_count());
+}
+
+/// Each expert-parallel rank holds E / ep experts; ZeRO-1 shards the dense state over the
+/// data-parallel ranks and the expert state over the expert-data-parallel ones (tensor x
+/// data / ep). bf16-mixed-adam: 2 B parameters, 2 B gradients, 4 B master, 8 B moments.
+#[test]
+fn expert_state_is_split_by_expert_parallelism_and_sharded_over_its_data_parallel_group() {
+    let attn = 4 * H * H + 2 * H;
+    let dense = LAYERS * (attn + E * H) + 2 * VOCAB * H + H;
+    let expert = 3 * H * FE;
+    for (gpus, tp, ep, sharding) in
+        [(8, 1, 1, "none"), (8, 1, 8, "none"), (8, 1, 4, "zero1"), (16, 1, 8, "zero1"), (16, 2, 8, "zero1")]
+    {
+        let sp = if tp > 1 { "sequence_parallel = true\n" } else { "" };
+        let s = scenario(gpus, &format!("tensor = {tp}\n{sp}expert = {ep}\nsharding = \"{sharding}\""), "");
+        let sim = stepsim::simulate(&s).unwrap();
+        let plan = sim.plan();
+        let dp = gpus / tp;
+        let edp = tp * dp / ep;
+        assert_eq!(plan.edp, edp, "{gpus} GPUs tp {tp} ep {ep}");
+        let local_expert = LAYERS * (E / ep) * expert;
+        assert_eq!(plan.expert_params(), local_expert);
+        // Dense parameters are 1/tp per rank except the norms (replicated) and the router.
+        let local_dense = plan.total_params() - local_expert;
+        if tp == 1 {
+            assert_eq!(local_dense, dense);
+        }
+        let ms = plan.model_state();
+        assert_eq!(ms.parameters, (local_dense + local_expert) * 2);
+        assert_eq!(ms.gradients, (local_dense + local_expert) * 2);
+        let opt = if sharding == "zero1" {
+            plan.units.iter().map(|u| (u.params - u.expert_params).div_ceil(dp) + u.expert_params.div_ceil(edp)).sum()
+        } else {
+            local_dense + local_expert
+        };
+        assert_eq!(ms.master_weights, opt * 4, "{gpus} GPUs tp {tp} ep {ep} {sharding}");
+        assert_eq!(ms.optimizer_state, opt * 8);
+        if (gpus, tp, ep) == (16, 1, 8) {
+            // By hand: 16 data-parallel ranks, experts on 2 each (edp 2): per block the dense
+            // part over 16 and one expert over 2; the root (embeddings, norm, head) over 16.
+            let by_hand =
+                LAYERS * ((attn + E * H).div_ceil(16) + expert.div_ceil(2)) + (2 * VOCAB * H + H).div_ceil(16);
+            assert_eq!(opt, by_hand);
+        }
+    }
+}
+
+/// Dispatch and combine move every token copy: tokens x top_k x hidden x 2 B per all-to-all,
+/// of this rank's rows (1/tp of the sequence under sequence parallelism); forward two per
+/// block, backward two more; none without expert parallelism.
+#[test]
+fn all_to_all_bytes_and_count_per_moe_block() {
+    for (gpus, tp, ep) in [(8, 1, 8), (8, 2, 4), (8, 1, 1)] {
+        let sp = if tp > 1 { "sequence_parallel = true\n" } else { "" };
+        let s = scenario(gpus, &format!("tensor = {tp}\n{sp}expert = {ep}"), "");
+        let dag = model::build(&s.model, &s.workload);
+        let rows = SEQ / tp;
+        let a2a: Vec<_> =
+            dag.ops.iter().filter(|o| o.comm.is_some_and(|c| c.group == model::CommGroup::Expert)).collect();
+        if ep == 1 {
+            assert!(a2a.is_empty());
+        } else {
+            assert_eq!(a2a.len() as u64, 2 * LAYERS);
+            for o in &a2a {
+                assert_eq!(o.comm.unwrap().bytes, rows * K * H * 2, "{}", o.name);
+            }
+        }
+        let sim = stepsim::simulate(&s).unwrap();
+        let sched = sim.schedule();
+        let n = sched.labels.iter().filter(|l| l.kind == TaskKind::AllToAll && l.step == 1).count() as u64;
+        // 2 micro-batches x layers x (2 forward + 2 backward).
+        assert_eq!(n, if ep > 1 { 2 * LAYERS * 4 } else { 0 }, "tp {tp} ep {ep}");
+    }
+}
+
+/// What a MoE block saves per micro-batch, by hand: the attention half as a dense block
+/// saves it, then the MLP's input (the router's), the router's FP32 scores (rows x E x 4),
+/// the chosen experts' int64 indices and FP32 probabilities (rows x k each), the dispatched
+/// copies (read by w1 and w3), the experts' SwiGLU tensors (w1's output, SiLU's output, w3's
+/// output, the product: 4 x copies x width), and the combined copies the unpermute scales.
+#[test]
+fn a_moe_block_saves_the_routed_copies() {
+    let s = scenario(8, "expert = 8", "");
+    let dag = model::build(&s.model, &s.workload);
+    // The dense twin: same attention, dense SwiGLU of the same width.
+    let mut dense_cfg = s.model.clone();
+    dense_cfg.moe = None;
+    let dense = model::build(&dense_cfg, &s.workload);
+    let t = SEQ;
+    let c = 2;
+    let dense_mlp = t * H * c + 4 * t * FE * c;
+    let attention = dense.saved_bytes(Region::Block(1), true) - dense_mlp;
+    let copies = t * K;
+    let moe = t * H * c + t * E * 4 + copies * 8 + copies * 4 + 2 * copies * H * c + 4 * copies * FE * c;
+    assert_eq!(dag.saved_bytes(Region::Block(1), true), attention + moe);
+    // The indices are integer (no gradient); the copies are activations.
+    let idx = dag.tensors.iter().find(|x| x.name == "layers.1.feed_forward.router.indices").unwrap();
+    assert_eq!(idx.kind, TensorKind::Index);
+    // Each expert GEMM's rows are the copies per local expert (8 experts over 8 ranks: one).
+    let w1 = dag.ops.iter().find(|o| o.name == "layers.1.feed_forward.experts.w1").unwrap();
+    assert_eq!(w1.kind, OpKind::Linear);
+    assert!(w1.expert);
+    assert_eq!(w1.gemm, Some([copies, FE, H]));
+    assert_eq!(w1.params, H * FE);
+    assert_eq!(w1.fwd_flops, 2.0 * (copies * H * FE) as f64);
+}
+
+/// Expert gradients are reduced over the expert-data-parallel group: with 8 experts on 8
+/// ranks (edp 1) only the dense gradients cross the data-parallel group, so the reduction is
+/// shorter than with every expert on every rank, where each rank's 8 experts' gradients are
+/// all-reduced over all 8.
+#[test]
+fn expert_gradients_are_reduced_over_their_own_group() {
+    let step = |ep: u64| {
+        let sim = stepsim::simulate(&scenario(8, &format!("expert = {ep}"), "")).unwrap();
+        let sched = sim.schedule();
+        let tr = sim.trace();
+        sched
+            .program
+            .tasks
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| {
+                let l = &sched.labels[t.label as usize];
+                l.step == 1 && l.kind == TaskKind::AllReduce
+            })
+            .map(|(i, _)| (tr.end_ns[i] - tr.start_ns[i]) as f64)
+            .sum::<f64>()
+    };
+    let (ep1, ep8) = (step(1), step(8));
+    println!("gradient all-reduce busy: ep 1 {:.3} ms, ep 8 {:.3} ms", ep1 / 1e6, ep8 / 1e6);
+    assert!(ep8 < 0.25 * ep1, "{ep1} {ep8}");
+    assert!(ep8 > 0.0);
+}
+
+/// The report names the experts, the active parameters and the expert layout.
+#[test]
+fn the_report_says_what_runs_where() {
+    let s = scenario(16, "expert = 8\nsharding = \"zero1\"", "");
+    let sim = stepsim::simulate(&s).unwrap();
+    let text = stepsim::report::text::render(&sim.report, &s);
+    println!("{text}");
+    for want in [
+        "mixture of experts in every block: 8 experts of ffn 3584, top-2 routing",
+        "active per token",
+        "Experts    expert parallel 8: 1 of 8 experts of each MoE block on every GPU; each expert on 2 GPUs",
+        "routing is uniform",
+        "4096 token copies per micro-batch",
+    ] {
+        assert!(text.contains(want), "missing {want:?}");
+    }
+    assert_eq!(sim.report.active_param_count, Some(s.model.active_param_count()));
+    assert_eq!(sim.report.param_count, s.model.param_count());
+}
