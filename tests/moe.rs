@@ -205,3 +205,23 @@ fn the_report_says_what_runs_where() {
     assert_eq!(sim.report.active_param_count, Some(s.model.active_param_count()));
     assert_eq!(sim.report.param_count, s.model.param_count());
 }
+
+/// `explain` derives each model-state line from this rank's parameters: the dense ones
+/// sharded over the data-parallel ranks, the experts over their expert-data-parallel group.
+#[test]
+fn explain_splits_the_optimizer_state_into_dense_and_expert_shards() {
+    use stepsim::explain;
+    let s = scenario(16, "expert = 8\nsharding = \"zero1\"", "");
+    let sim = stepsim::simulate(&s).unwrap();
+    let e = explain::explain(&s, &sim, explain::DEFAULT_MARGIN);
+    let text = explain::render(&e, &s);
+    println!("{text}");
+    let plan = sim.plan();
+    let dense = plan.total_params() - plan.expert_params();
+    let want = format!(
+        "8 B/param x ({} / 16 GPUs + {} expert params / 2 GPUs)",
+        stepsim::report::human_count_with(dense, 1),
+        stepsim::report::human_count_with(plan.expert_params(), 1)
+    );
+    assert!(text.contains(&want), "missing {want:?}");
+}

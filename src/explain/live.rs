@@ -75,8 +75,12 @@ pub fn from_buffers(
     let prog = &sim.schedule().program;
     let plan = sim.plan();
     let pr = &plan.training.precision;
-    let psi = human(sim.dag.param_count());
+    // This rank's parameters: its stage's under a pipeline, its experts' under expert
+    // parallelism (and, for LoRA, the frozen base too).
+    let local = if sim.dag.lora.is_some() { sim.dag.param_count() } else { plan.total_params() };
+    let psi = human(local);
     let n = plan.shard_group;
+    let expert = plan.expert_params();
     let mut bytes = [0u64; Category::COUNT];
     let mut layers: Vec<BTreeSet<u64>> = vec![BTreeSet::new(); Category::COUNT];
     let mut names: Vec<Vec<String>> = vec![Vec::new(); Category::COUNT];
@@ -90,7 +94,15 @@ pub fn from_buffers(
         }
         names[c].push(name.clone());
     }
-    let sharded = |yes: bool| if yes && n > 1 { format!(" / {n} GPUs") } else { String::new() };
+    // "x N" or "x N / n GPUs"; a MoE rank's experts are sharded over their own group.
+    let times = |yes: bool| match (yes, expert) {
+        (true, e) if e > 0 && (n > 1 || plan.edp > 1) => {
+            let over = |k: u64| if k > 1 { format!(" / {k} GPUs") } else { String::new() };
+            format!("({}{} + {} expert params{})", human(local - e), over(n), human(e), over(plan.edp))
+        }
+        (true, _) if n > 1 => format!("{psi} / {n} GPUs"),
+        _ => psi.clone(),
+    };
     let units = plan.units.len();
     let total_layers = s.model.n_layers;
     let (b, sl) = (s.training.micro_batch, s.training.seq_len);
@@ -104,10 +116,10 @@ pub fn from_buffers(
             Category::Parameters => {
                 let loaded = names[c].iter().filter(|x| x.contains("parameters")).count();
                 let per = format!(
-                    "{} parameters: {} B/param x {psi}{}",
+                    "{} parameters: {} B/param x {}",
                     pr.param.name(),
                     pr.param.bytes(),
-                    sharded(plan.params_sharded)
+                    times(plan.params_sharded)
                 );
                 if loaded < units {
                     format!("{per} ({loaded} of {units} units loaded so far)")
@@ -120,18 +132,18 @@ pub fn from_buffers(
             Category::MasterWeights => {
                 let m = pr.master.map_or("fp32", |m| m.name());
                 format!(
-                    "{m} master weights: {} B/param x {psi}{}",
+                    "{m} master weights: {} B/param x {}",
                     pr.master.map_or(4, |m| m.bytes()),
-                    sharded(plan.optimizer_sharded)
+                    times(plan.optimizer_sharded)
                 )
             }
             Category::OptimizerState => {
                 let k = plan.training.states_per_param();
                 format!(
-                    "{k} {} optimizer moment(s): {} B/param x {psi}{}",
+                    "{k} {} optimizer moment(s): {} B/param x {}",
                     pr.optimizer_state.name(),
                     k * pr.optimizer_state.bytes(),
-                    sharded(plan.optimizer_sharded)
+                    times(plan.optimizer_sharded)
                 )
             }
             Category::OptimizerTemp => {
@@ -140,11 +152,17 @@ pub fn from_buffers(
             Category::Gradients => {
                 if plan.grads_sharded {
                     format!(
-                        "sharded {} gradients of {} of {units} units reduced so far ({} B/param x {psi}{})",
+                        "sharded {} gradients of {} of {units} units reduced so far ({} B/param x {})",
                         pr.grad.name(),
                         names[c].len(),
                         pr.grad.bytes(),
-                        sharded(true)
+                        times(true)
+                    )
+                } else if plan.parallel.framework == crate::plan::Framework::Megatron {
+                    format!(
+                        "Megatron's contiguous {} gradient buffer (every local parameter's main_grad): {} B/param x {psi}",
+                        pr.grad.name(),
+                        pr.grad.bytes()
                     )
                 } else {
                     format!(
