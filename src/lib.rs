@@ -69,6 +69,9 @@ pub fn simulate(s: &scenario::Scenario) -> Result<Simulation, engine::Deadlock> 
     if s.training.checkpointing != plan::Checkpointing::None {
         sim.report.checkpointing_cost = checkpointing_cost(s, &sim.report)?;
     }
+    if let Some(loads) = s.expert_loads() {
+        sim.report.routing = Some(routing_report(s, &loads, &sim.report)?);
+    }
     if let Some(off) = &s.parallel.offload {
         sim.report.offload = Some(offload_report(s, off, &sim)?);
         if sim.job.classes.len() > 1 {
@@ -224,6 +227,7 @@ pub fn inference_run(
     let c = infer::compile(&s.model, &s.workload, &s.cluster, tp, cfg, names, probe);
     let class = job::RankClass {
         role: job::Role::Replicas,
+        stride: 1,
         count: u64::from(s.cluster.gpus),
         first_rank: 0,
         plan: std::sync::Arc::new(plan_of(s, &c.dag)),
@@ -243,7 +247,8 @@ fn simulate_job(s: &scenario::Scenario, capacity: u64, curve: bool) -> Result<Si
     let dag = model::build(&s.model, &s.workload);
     let plan = plan_of(s, &dag);
     let steps = plan.training.steps;
-    let job = job::compile(&dag, &plan, &s.cluster, s.jitter.as_ref(), true, steps);
+    let loads = s.expert_loads();
+    let job = job::compile(&dag, &plan, &s.cluster, s.jitter.as_ref(), loads.as_deref(), true, steps);
     let run = job::run::run(&job, &s.allocator, capacity, s.cluster.memory_bytes, steps, curve)?;
     let jr = report::job::build(s, &dag, &job, &run, curve);
     Ok(Simulation { dag, job, run, report: jr.report, headline: jr.headline, class_reports: jr.classes })
@@ -277,8 +282,9 @@ pub fn simulate_lean(
     let plan = plan_of(s, dag);
     let capacity = s.allocator_capacity();
     let all = plan.training.steps;
+    let loads = s.expert_loads();
     let run_steps = |steps: u32| -> Result<_, engine::Deadlock> {
-        let job = job::compile(dag, &plan, &s.cluster, s.jitter.as_ref(), false, steps);
+        let job = job::compile(dag, &plan, &s.cluster, s.jitter.as_ref(), loads.as_deref(), false, steps);
         let run = job::run::run(&job, &s.allocator, capacity, s.cluster.memory_bytes, all, false)?;
         Ok((job, run))
     };
@@ -308,6 +314,48 @@ fn checkpointing_cost(
         slowdown: tp.step_time_s / t.step_time_s - 1.0,
         peak_without: r.peak.map(|p| p.allocated).unwrap_or(report::Bytes::new(0)),
     }))
+}
+
+/// Uneven MoE routing: the hottest and coolest expert-parallel ranks, what the job needs and
+/// how long its step takes (simulated again with unbounded memory if it ran out), beside the
+/// same job under uniform routing at the real capacity.
+fn routing_report(
+    s: &scenario::Scenario,
+    loads: &[u64],
+    with: &report::Report,
+) -> Result<report::RoutingReport, engine::Deadlock> {
+    let (mut hot, mut cold) = (0, 0);
+    for (r, &c) in loads.iter().enumerate() {
+        if c > loads[hot] {
+            hot = r;
+        }
+        if c < loads[cold] {
+            cold = r;
+        }
+    }
+    let ran_out = matches!(with.verdict, report::Verdict::Oom(_));
+    let needed = if ran_out { simulate_job(s, u64::MAX / 4, false)?.report } else { with.clone() };
+    let mut uniform = s.clone();
+    uniform.routing = schedule::routing::Routing::Uniform;
+    let u = simulate_job(&uniform, s.allocator_capacity(), false)?.report;
+    let describe = match &s.routing {
+        schedule::routing::Routing::Uniform => "uniform".to_string(),
+        schedule::routing::Routing::Zipf { exponent, seed } => format!("zipf (exponent {exponent}, seed {seed})"),
+        schedule::routing::Routing::Measured { .. } => "measured tokens per expert".to_string(),
+    };
+    Ok(report::RoutingReport {
+        routing: describe,
+        hottest_rank: hot as u64,
+        hottest_copies: loads[hot],
+        coolest_rank: cold as u64,
+        coolest_copies: loads[cold],
+        uniform_copies: loads.iter().sum::<u64>() / loads.len().max(1) as u64,
+        peak_needed: needed.peak.as_ref().map_or(report::Bytes::new(0), |p| p.allocated),
+        step_time_s: needed.throughput.as_ref().map(|t| t.step_time_s),
+        uniform_peak: u.peak.as_ref().map_or(report::Bytes::new(0), |p| p.allocated),
+        uniform_fits: matches!(u.verdict, report::Verdict::Fits { .. }),
+        uniform_step_time_s: u.throughput.as_ref().map(|t| t.step_time_s),
+    })
 }
 
 /// One rank class of a simulation: its program, its view of the run, its own report.

@@ -49,6 +49,7 @@ const EXPECTED: &[(&str, Expect)] = &[
     ("llama2-70b-qlora-8gpu", Expect::Fits),
     ("megatron-70b-h100-overlap", Expect::Fits),
     ("mixtral-8x7b-h100-ep8", Expect::Fits),
+    ("mixtral-8x7b-h100-ep8-hot-expert", Expect::Oom { step: 1, phase: "forward" }),
 ];
 
 fn scenarios_dir() -> PathBuf {

@@ -297,6 +297,52 @@ fn cases() -> Vec<Case> {
             "job.kind",
             &["mixture-of-experts", "not simulated yet"],
         ),
+        case(
+            "[moe] routing on a dense model",
+            b().set("moe", "routing", "\"zipf\""),
+            "moe",
+            &["mixture-of-experts model"],
+        ),
+        case(
+            "unknown moe.routing",
+            moe().set("moe", "routing", "\"hot\""),
+            "moe.routing",
+            &["\"uniform\"", "\"zipf\"", "\"measured\""],
+        ),
+        case(
+            "moe.zipf_exponent with uniform routing",
+            moe().set("moe", "zipf_exponent", "1.0"),
+            "moe.zipf_exponent",
+            &["moe.routing = \"zipf\" only"],
+        ),
+        case(
+            "moe.zipf_exponent out of range",
+            moe().set("moe", "routing", "\"zipf\"").set("moe", "zipf_exponent", "11.0"),
+            "moe.zipf_exponent",
+            &["[0, 10]", "got 11"],
+        ),
+        case(
+            "measured routing without counts",
+            moe().set("moe", "routing", "\"measured\""),
+            "moe.tokens_per_expert",
+            &["is required", "one count per expert"],
+        ),
+        case(
+            "measured routing with the wrong number of experts",
+            moe().set("moe", "routing", "\"measured\"").set("moe", "tokens_per_expert", "[1.0, 2.0]"),
+            "moe.tokens_per_expert",
+            &["one entry per expert", "num_experts = 8", "got 2"],
+        ),
+        case(
+            "measured routing with a negative count",
+            moe().set("moe", "routing", "\"measured\"").set(
+                "moe",
+                "tokens_per_expert",
+                "[1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, -1.0]",
+            ),
+            "moe.tokens_per_expert",
+            &["finite and >= 0", "-1"],
+        ),
         // --- Megatron-LM's overlap flags
         case(
             "[megatron] without the Megatron framework",

@@ -44,6 +44,7 @@ fn saved(cfg: &ModelConfig, s: u64, b: u64, t: u64, sp: bool) -> (u64, u64) {
         logits_fp32: true,
         split: TensorSplit { tensor: t, sequence_parallel: sp, expert: 1 },
         lora: None,
+        routed: None,
     };
     let dag = model::build(cfg, &w);
     let all = dag.saved_bytes(Region::Block(0), false);
@@ -86,6 +87,7 @@ fn tensor_parallel_ranks_hold_a_tth_of_the_split_weights() {
         logits_fp32: true,
         split: TensorSplit { tensor: t, sequence_parallel: false, expert: 1 },
         lora: None,
+        routed: None,
     };
     let one = model::build(&cfg, &w(1));
     let eight = model::build(&cfg, &w(8));

@@ -225,3 +225,87 @@ fn explain_splits_the_optimizer_state_into_dense_and_expert_shards() {
     );
     assert!(text.contains(&want), "missing {want:?}");
 }
+
+/// The small model under uneven routing: `routing` is the `[moe]` section's body.
+fn routed(gpus: u64, parallel: &str, routing: &str) -> Scenario {
+    let toml = format!("[moe]\n{routing}\n");
+    let text = format!(
+        "[model]\nfamily = \"llama\"\nn_layers = {LAYERS}\nhidden = {H}\nn_heads = 8\nn_kv_heads = 8\nffn_hidden = {FE}\nvocab = {VOCAB}\nmax_seq_len = {SEQ}\n\
+         [model.moe]\nnum_experts = {E}\ntop_k = {K}\nexpert_ffn_hidden = {FE}\n\
+         [hardware]\ngpu = \"h100-sxm\"\ngpus = {gpus}\n\
+         [parallel]\nframework = \"megatron\"\n{parallel}\n\
+         {toml}\
+         [training]\nmicro_batch = 1\nseq_len = {SEQ}\ngrad_accum = 2\nprecision = \"bf16-mixed-adam\"\nattention = \"flash\"\nactivation_checkpointing = \"none\"\n"
+    );
+    Scenario::from_toml(Path::new("<moe>"), &text).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Measured loads that are all equal are uniform routing, simulated rank by rank: the same
+/// peak and step time (the barriers cost nothing when every rank arrives together).
+#[test]
+fn equal_measured_loads_reproduce_uniform_routing() {
+    let uniform = stepsim::simulate(&scenario(16, "expert = 8\nsharding = \"zero1\"", "")).unwrap();
+    let s = routed(
+        16,
+        "expert = 8\nsharding = \"zero1\"",
+        "routing = \"measured\"\ntokens_per_expert = [5, 5, 5, 5, 5, 5, 5, 5]",
+    );
+    assert_eq!(s.expert_loads(), Some(vec![K * SEQ; 8]));
+    let sim = stepsim::simulate(&s).unwrap();
+    assert_eq!(sim.job.classes.len(), 8);
+    let step = |x: &stepsim::Simulation| x.report.throughput.as_ref().unwrap().step_time_s;
+    assert_eq!(step(&sim), step(&uniform));
+    assert_eq!(
+        sim.report.peak.as_ref().unwrap().allocated.bytes,
+        uniform.report.peak.as_ref().unwrap().allocated.bytes
+    );
+    // Expert rank r of 16 GPUs in groups of 8: ranks r and r + 8.
+    assert_eq!(sim.job.classes[3].ranks(), "3-11 every 8");
+    assert_eq!(sim.job.classes[3].count, 2);
+}
+
+/// One expert with three times its share: its rank receives (3 + 1) / (3 + 7) of 8 x 4096
+/// copies (two experts per rank), saves and computes that many, and every rank's all-to-alls
+/// last as long as its; the report names it beside the uniform job.
+#[test]
+fn a_hot_expert_makes_its_rank_the_headline_and_slows_every_rank() {
+    let s = routed(8, "expert = 4", "routing = \"measured\"\ntokens_per_expert = [3, 1, 1, 1, 1, 1, 1, 1]");
+    let copies = K * SEQ;
+    let loads = s.expert_loads().unwrap();
+    // 16384 x 0.4 = 6553.6 and 3 x 3276.8: rounded down, the 3 copies left go to the largest
+    // remainders (0.8 each).
+    assert_eq!(4 * copies, 16384);
+    assert_eq!(loads, vec![6553, 3277, 3277, 3277]);
+    let sim = stepsim::simulate(&s).unwrap();
+    assert_eq!(sim.job.classes.len(), 4);
+    // The hot rank's DAG: what it receives, and the busiest all-to-all everywhere.
+    let cold = &sim.job.classes[1];
+    assert!(matches!(cold.role, stepsim::job::Role::Expert { ep_rank: 1, .. }));
+    let rt = sim.report.routing.as_ref().unwrap();
+    println!("{}", stepsim::report::text::render(&sim.report, &s));
+    assert_eq!(
+        (rt.hottest_rank, rt.hottest_copies, rt.coolest_copies, rt.uniform_copies),
+        (0, loads[0], loads[1], copies)
+    );
+    assert_eq!(sim.headline, 0, "the hot rank has the highest peak");
+    assert!(rt.peak_needed.bytes > rt.uniform_peak.bytes);
+    let (t, tu) = (rt.step_time_s.unwrap(), rt.uniform_step_time_s.unwrap());
+    assert!(t > 1.1 * tu, "{t} vs uniform {tu}");
+    // Every class's step ends together: the cold ranks wait for the hot one.
+    let peaks: Vec<u64> = sim.class_reports.iter().map(|r| r.peak.as_ref().unwrap().allocated.bytes).collect();
+    assert!(peaks[0] > peaks[1] && peaks[1] == peaks[2] && peaks[2] == peaks[3], "{peaks:?}");
+    // The hot rank's routed activations: 1.6x the uniform copies' bytes in each block.
+    let mut w = s.workload.clone();
+    w.routed = Some(model::RoutedCopies { received: loads[0], busiest: loads[0] });
+    let hot = model::build(&s.model, &w);
+    let recv = hot.tensors.iter().find(|x| x.name == "layers.0.feed_forward.dispatch.out").unwrap();
+    assert_eq!(recv.bytes, loads[0] * H * 2);
+    let a2a = hot.ops.iter().find(|o| o.name == "layers.0.feed_forward.combine").unwrap();
+    assert_eq!(a2a.comm.unwrap().bytes, loads[0] * H * 2);
+    let text = stepsim::report::text::render(&sim.report, &s);
+    assert!(
+        text.contains("Routing    measured tokens per expert: expert-parallel rank 0 receives 6,553 token copies"),
+        "{text}"
+    );
+    assert!(text.contains("Expert-parallel ranks under uneven routing"));
+}

@@ -35,6 +35,10 @@ pub enum Role {
     /// Under `[jitter]`: data-parallel rank `rank` (its tensor-parallel group), of pipeline
     /// stage `stage` when the job is pipelined.
     Rank { stage: Option<u64>, rank: u64 },
+    /// Under uneven MoE routing: expert-parallel rank `ep_rank` of every expert-parallel
+    /// group (of pipeline stage `stage`), whose experts receive `copies` token copies per
+    /// micro-batch and MoE block where uniform routing gives `uniform`.
+    Expert { stage: Option<u64>, ep_rank: u64, copies: u64, uniform: u64 },
 }
 
 /// One device program and the GPUs that run it.
@@ -44,8 +48,11 @@ pub struct RankClass {
     /// Real GPUs that run this program.
     pub count: u64,
     /// The first of them in Megatron-LM's rank order (tensor fastest, then data, then
-    /// pipeline); the class's GPUs are `first_rank..first_rank + count`.
+    /// pipeline); the class's GPUs are `first_rank + i x stride` for i below `count`.
     pub first_rank: u64,
+    /// 1, or the expert-parallel degree for an expert-parallel rank's class (every
+    /// `expert`-th rank of its stage).
+    pub stride: u64,
     /// Who holds what on these GPUs (a pipeline stage's own plan).
     pub plan: Arc<Plan>,
     pub schedule: Schedule,
@@ -54,9 +61,10 @@ pub struct RankClass {
 impl RankClass {
     /// "0-31", or "5" for a class of one GPU.
     pub fn ranks(&self) -> String {
-        match self.count {
-            0 | 1 => format!("{}", self.first_rank),
-            n => format!("{}-{}", self.first_rank, self.first_rank + n - 1),
+        match (self.count, self.stride) {
+            (0 | 1, _) => format!("{}", self.first_rank),
+            (n, 0 | 1) => format!("{}-{}", self.first_rank, self.first_rank + n - 1),
+            (n, s) => format!("{}-{} every {s}", self.first_rank, self.first_rank + (n - 1) * s),
         }
     }
 }
@@ -81,20 +89,34 @@ impl Job {
 /// Compiles a training job: the first `steps` steps of each class's program (all of them
 /// for a report; fewer for the sweeps' early-OOM prefixes, see
 /// [`schedule::build_lean_prefix`]), with or without the text of labels and buffer names.
+///
+/// `expert_loads`: under uneven MoE routing, the token copies each expert-parallel rank
+/// receives per micro-batch and MoE block ([`with_routing`]).
+#[allow(clippy::too_many_arguments)]
 pub fn compile(
     dag: &LayerDag,
     plan: &Plan,
     cluster: &Cluster,
     jitter: Option<&JitterConfig>,
+    expert_loads: Option<&[u64]>,
     names: bool,
     steps: u32,
 ) -> Job {
+    if let Some(loads) = expert_loads.filter(|l| l.len() > 1) {
+        return with_routing(dag, plan, cluster, loads, names, steps);
+    }
     let (classes, links) = if plan.pipeline() > 1 {
         pipeline_classes(dag, plan, cluster, names, steps)
     } else {
         let schedule = schedule::build_with(dag, plan, cluster, names, steps);
-        let all =
-            RankClass { role: Role::Replicas, count: plan.gpus, first_rank: 0, plan: Arc::new(plan.clone()), schedule };
+        let all = RankClass {
+            role: Role::Replicas,
+            count: plan.gpus,
+            first_rank: 0,
+            stride: 1,
+            plan: Arc::new(plan.clone()),
+            schedule,
+        };
         (vec![all], Vec::new())
     };
     match jitter {
@@ -125,11 +147,95 @@ fn pipeline_classes(
             role: Role::Stage { stage: k as u64 },
             count: per,
             first_rank: k as u64 * per,
+            stride: 1,
             plan: Arc::new(st.plan),
             schedule: st.schedule,
         })
         .collect();
     (classes, pipe.links)
+}
+
+/// Uneven MoE routing: every class (the replicas, or each pipeline stage) splits into its
+/// expert-parallel ranks, rank r built on the DAG whose experts receive `loads[r]` token
+/// copies (its expert GEMMs, its saved activations) and whose all-to-alls last as long as the
+/// busiest rank's. A barrier program per class makes every all-to-all and every
+/// data-parallel collective wait for all of the class's expert-parallel ranks (the hot rank
+/// holds everyone back). Rank r of one stage sends to rank r of the next.
+fn with_routing(dag: &LayerDag, plan: &Plan, cluster: &Cluster, loads: &[u64], names: bool, steps: u32) -> Job {
+    let ep = loads.len();
+    let busiest = loads.iter().copied().max().unwrap_or(0);
+    let uniform = loads.iter().sum::<u64>() / ep as u64;
+    // Per expert-parallel rank: its classes (one per stage) and the pipeline's links.
+    let mut per_rank: Vec<(Vec<RankClass>, Vec<PartLink>)> = Vec::with_capacity(ep);
+    for (r, &copies) in loads.iter().enumerate() {
+        let mut w = dag.workload.clone();
+        w.routed = Some(crate::model::RoutedCopies { received: copies, busiest });
+        let variant = crate::model::build(&dag.config, &w);
+        let (mut classes, links) = if plan.pipeline() > 1 {
+            pipeline_classes(&variant, plan, cluster, names, steps)
+        } else {
+            let schedule = schedule::build_with(&variant, plan, cluster, names, steps);
+            let all = RankClass {
+                role: Role::Replicas,
+                count: plan.gpus,
+                first_rank: 0,
+                stride: 1,
+                plan: Arc::new(plan.clone()),
+                schedule,
+            };
+            (vec![all], Vec::new())
+        };
+        for c in &mut classes {
+            let stage = match c.role {
+                Role::Stage { stage } => Some(stage),
+                _ => None,
+            };
+            c.role = Role::Expert { stage, ep_rank: r as u64, copies, uniform };
+            c.count /= ep as u64;
+            c.first_rank += r as u64;
+            c.stride = ep as u64;
+        }
+        per_rank.push((classes, links));
+    }
+    let n = per_rank[0].0.len();
+    // Part numbering: stage k's expert rank r is k ep + r; stage k's barrier n ep + k.
+    let part = |k: usize, r: usize| k * ep + r;
+    let mut classes = Vec::with_capacity(n * ep);
+    let mut barriers = Vec::with_capacity(n);
+    let mut part_links = Vec::new();
+    let mut stage_classes: Vec<Vec<RankClass>> = vec![Vec::with_capacity(ep); n];
+    for (r, (cls, links)) in per_rank.into_iter().enumerate() {
+        for l in links {
+            part_links.push(PartLink {
+                part: part(l.part, r),
+                task: l.task,
+                dep_part: part(l.dep_part, r),
+                dep: l.dep,
+            });
+        }
+        for (k, c) in cls.into_iter().enumerate() {
+            stage_classes[k].push(c);
+        }
+    }
+    for (k, cls) in stage_classes.into_iter().enumerate() {
+        let template = &cls[0].schedule;
+        let (barrier, links) = schedule::jitter::barriers(&template.program, &template.labels, ep, |task, kind| {
+            use schedule::TaskKind;
+            kind == TaskKind::AllToAll
+                || (task.stream == schedule::NCCL
+                    && matches!(kind, TaskKind::AllGather | TaskKind::ReduceScatter | TaskKind::AllReduce))
+        });
+        let barrier_part = n * ep + k;
+        part_links.extend(links.into_iter().map(|l| {
+            let p = |x: usize| if x == ep { barrier_part } else { part(k, x) };
+            PartLink { part: p(l.part), task: l.task, dep_part: p(l.dep_part), dep: l.dep }
+        }));
+        barriers.push(barrier);
+        classes.extend(cls);
+    }
+    let parts: Vec<&Program> = classes.iter().map(|c| &c.schedule.program).chain(&barriers).collect();
+    let links = link_parts(&parts, &part_links);
+    Job { classes, extra: barriers, links }
 }
 
 /// `[jitter]`: each class splits into its data-parallel ranks, each with its own compute
@@ -160,6 +266,7 @@ fn with_jitter(classes: Vec<RankClass>, links: &[PartLink], cfg: &JitterConfig) 
                 role: Role::Rank { stage, rank: r as u64 },
                 count: tensor,
                 first_rank: c.first_rank + r as u64 * tensor,
+                stride: 1,
                 plan: c.plan.clone(),
                 schedule: Schedule {
                     program,

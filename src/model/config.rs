@@ -266,6 +266,20 @@ pub struct Workload {
     pub split: TensorSplit,
     /// LoRA / QLoRA fine-tuning: a frozen base with adapters ([`super::lora::apply`]).
     pub lora: Option<super::lora::LoraConfig>,
+    /// A mixture of experts under uneven routing: the token copies this expert-parallel
+    /// rank's experts receive (None: uniform routing, top_k per token of this rank).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub routed: Option<RoutedCopies>,
+}
+
+/// Token copies per micro-batch and MoE block under uneven routing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct RoutedCopies {
+    /// What this rank's experts receive (and compute, and save activations for).
+    pub received: u64,
+    /// What the busiest rank of the expert-parallel group receives: every all-to-all lasts
+    /// until that rank's share has arrived.
+    pub busiest: u64,
 }
 
 /// Megatron-LM tensor (and sequence) parallelism: the graph of one tensor-parallel rank.

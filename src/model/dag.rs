@@ -13,7 +13,7 @@
 use petgraph::graph::{DiGraph, NodeIndex};
 use serde::Serialize;
 
-use super::config::{Attention, Dtype, Family, ModelConfig, MoeConfig, Workload};
+use super::config::{Attention, Dtype, Family, ModelConfig, MoeConfig, RoutedCopies, Workload};
 use crate::net::Collective;
 
 /// Index of a tensor in [`LayerDag::tensors`].
@@ -584,7 +584,8 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
             Family::Llama => match &cfg.moe {
                 Some(m) if cfg.is_moe_layer(l) => {
                     let ep = w.split.expert.max(1);
-                    moe_mlp(&mut bd, &p("feed_forward"), m, n2, MoeShape { rows, tokens: t, h, c, ep })
+                    let shape = MoeShape { rows, tokens: t, h, c, ep, routed: w.routed };
+                    moe_mlp(&mut bd, &p("feed_forward"), m, n2, shape)
                 }
                 _ => swiglu_mlp(&mut bd, &p("feed_forward"), n2, t, h, f, c),
             },
@@ -724,6 +725,7 @@ struct MoeShape {
     h: u64,
     c: u64,
     ep: u64,
+    routed: Option<RoutedCopies>,
 }
 
 /// A mixture-of-experts MLP as Megatron-Core's `MoELayer` runs it with the all-to-all token
@@ -748,13 +750,18 @@ struct MoeShape {
 /// - **Shared experts** (if any) run beside, as a tensor-parallel SwiGLU MLP over every
 ///   token; Qwen2-MoE scales theirs by a sigmoid gate (h -> 1).
 fn moe_mlp(bd: &mut Builder, name: &str, m: &MoeConfig, x: TensorId, s: MoeShape) -> TensorId {
-    let MoeShape { rows, tokens, h, c, ep } = s;
+    let MoeShape { rows, tokens, h, c, ep, routed } = s;
     let p = |n: &str| format!("{name}.{n}");
     let (e, k, fe) = (m.num_experts, m.top_k, m.expert_ffn_hidden);
+    // Copies home again after the combine (this rank's own tokens' copies).
+    let home = rows * k;
     let local = (e / ep).max(1);
-    // Token copies this rank sends, and under uniform routing receives.
+    // Token copies this rank sends; what it receives (the same under uniform routing); what
+    // the busiest rank receives, which sets every all-to-all's length.
     let copies = rows * k;
-    let (rf, cf, hf, ff, ef) = (rows as f64, copies as f64, h as f64, fe as f64, e as f64);
+    let received = routed.map_or(copies, |r| r.received);
+    let busiest = routed.map_or(copies, |r| r.busiest.max(r.received));
+    let (rf, cf, hf, ff, ef) = (rows as f64, received as f64, h as f64, fe as f64, e as f64);
     // --- router
     let logits = bd.tensor(&p("router.out"), rows * e, c, TensorKind::Activation);
     let r = bd.op(
@@ -786,12 +793,12 @@ fn moe_mlp(bd: &mut Builder, name: &str, m: &MoeConfig, x: TensorId, s: MoeShape
         group: CommGroup::Expert,
         forward: Some(Collective::AllToAll),
         backward: Some(Collective::AllToAll),
-        bytes: copies * h * c,
+        bytes: busiest * h * c,
         backward_buffer: 0,
         backward_buffer_until: None,
     };
     let recv = if ep > 1 {
-        let out = bd.tensor(&p("dispatch.out"), copies * h, c, TensorKind::Activation);
+        let out = bd.tensor(&p("dispatch.out"), received * h, c, TensorKind::Activation);
         bd.comm_op(p("dispatch"), vec![perm], vec![out], a2a);
         out
     } else {
@@ -799,9 +806,9 @@ fn moe_mlp(bd: &mut Builder, name: &str, m: &MoeConfig, x: TensorId, s: MoeShape
     };
     // --- this rank's experts, grouped GEMMs over the copies received
     let lin = |i: f64, o: f64| (2.0 * cf * i * o, 4.0 * cf * i * o);
-    let per_expert = copies.div_ceil(local);
+    let per_expert = received.div_ceil(local);
     let expert = |bd: &mut Builder, n: &str, i: u64, o: u64, input: TensorId| {
-        let out = bd.tensor(&p(&format!("experts.{n}.out")), copies * o, c, TensorKind::Activation);
+        let out = bd.tensor(&p(&format!("experts.{n}.out")), received * o, c, TensorKind::Activation);
         let id = bd.op(
             p(&format!("experts.{n}")),
             OpKind::Linear,
@@ -817,18 +824,18 @@ fn moe_mlp(bd: &mut Builder, name: &str, m: &MoeConfig, x: TensorId, s: MoeShape
     };
     let g = expert(bd, "w1", h, fe, recv);
     let u = expert(bd, "w3", h, fe, recv);
-    let sg = bd.tensor(&p("experts.silu.out"), copies * fe, c, TensorKind::Activation);
+    let sg = bd.tensor(&p("experts.silu.out"), received * fe, c, TensorKind::Activation);
     let id =
         bd.op(p("experts.silu"), OpKind::Elementwise, 0, (4.0 * cf * ff, 8.0 * cf * ff), vec![g], vec![sg], vec![g]);
     bd.ops[id].expert = true;
-    let mm = bd.tensor(&p("experts.mul.out"), copies * fe, c, TensorKind::Activation);
+    let mm = bd.tensor(&p("experts.mul.out"), received * fe, c, TensorKind::Activation);
     let id =
         bd.op(p("experts.mul"), OpKind::Elementwise, 0, (cf * ff, 2.0 * cf * ff), vec![sg, u], vec![mm], vec![sg, u]);
     bd.ops[id].expert = true;
     let d = expert(bd, "w2", fe, h, mm);
     // --- combine and unpermute
     let back = if ep > 1 {
-        let out = bd.tensor(&p("combine.out"), copies * h, c, TensorKind::Activation);
+        let out = bd.tensor(&p("combine.out"), home * h, c, TensorKind::Activation);
         bd.comm_op(p("combine"), vec![d], vec![out], a2a);
         out
     } else {
@@ -839,7 +846,7 @@ fn moe_mlp(bd: &mut Builder, name: &str, m: &MoeConfig, x: TensorId, s: MoeShape
         p("unpermute"),
         OpKind::Elementwise,
         0,
-        (2.0 * cf * hf, 4.0 * cf * hf),
+        (2.0 * home as f64 * hf, 4.0 * home as f64 * hf),
         vec![back, probs, idx],
         vec![y],
         vec![back, probs],

@@ -139,6 +139,7 @@ mod tests {
             logits_fp32: false,
             split: Default::default(),
             lora: None,
+            routed: None,
         };
         let dag = crate::model::build(&cfg, &w);
         let bytes: u64 = dag

@@ -172,6 +172,7 @@ pub fn build(
             note: "identical programs (tensor-parallel ranks and replicas): simulated once".into(),
             stage: None,
             rank: None,
+            expert_rank: None,
         }],
         model_state_per_gpu: msr,
         verdict,
@@ -184,6 +185,7 @@ pub fn build(
         assumptions,
         allocator: super::allocator::build(s, sched, trace),
         offload: None,
+        routing: None,
         offload_fits: true,
         inference: Some(inference),
     }

@@ -152,16 +152,18 @@ fn class_row(c: &RankClass, f: &ClassFigures, any_oom: bool) -> super::RankClass
     };
     let plan = &c.plan;
     let stage = match c.role {
-        Role::Stage { stage } | Role::Rank { stage: Some(stage), .. } => Some(StageSummary {
-            stage,
-            layers: layers_of(plan),
-            embedding: plan.chunks.iter().any(|c| c.embed),
-            head: plan.chunks.iter().any(|c| c.head),
-            model_state: f.model_state,
-            peak_allocated: f.peak_allocated,
-            peak_reserved: f.peak_reserved,
-            verdict: verdict.clone(),
-        }),
+        Role::Stage { stage } | Role::Rank { stage: Some(stage), .. } | Role::Expert { stage: Some(stage), .. } => {
+            Some(StageSummary {
+                stage,
+                layers: layers_of(plan),
+                embedding: plan.chunks.iter().any(|c| c.embed),
+                head: plan.chunks.iter().any(|c| c.head),
+                model_state: f.model_state,
+                peak_allocated: f.peak_allocated,
+                peak_reserved: f.peak_reserved,
+                verdict: verdict.clone(),
+            })
+        }
         _ => None,
     };
     let peaks =
@@ -191,9 +193,25 @@ fn class_row(c: &RankClass, f: &ClassFigures, any_oom: bool) -> super::RankClass
                 Some(rank),
             )
         }
+        (Role::Expert { ep_rank, copies, uniform, .. }, st) => {
+            let of_stage =
+                st.as_ref().map_or(String::new(), |st| format!(" of pipeline stage {} ({})", st.stage, holds(st)));
+            let end = if f.oom { String::new() } else { format!("; last task ends at {:.3} s", f.end_ns as f64 / 1e9) };
+            (
+                format!(
+                    "expert-parallel rank {ep_rank}{of_stage}: its experts receive {copies} token copies per micro-batch and MoE block ({:.2}x the uniform {uniform}); {peaks}{end}; {verdict}",
+                    copies as f64 / uniform.max(1) as f64
+                ),
+                None,
+            )
+        }
         _ => (format!("identical programs: {peaks}; {verdict}"), None),
     };
-    super::RankClass { ranks: c.ranks(), count: c.count, note, stage, rank }
+    let expert_rank = match c.role {
+        Role::Expert { ep_rank, .. } => Some(ep_rank),
+        _ => None,
+    };
+    super::RankClass { ranks: c.ranks(), count: c.count, note, stage, rank, expert_rank }
 }
 
 /// Turns the headline class's report into the job's: a row per class, the step time from

@@ -190,6 +190,29 @@ pub struct CheckpointingCost {
     pub peak_without: Bytes,
 }
 
+/// Uneven MoE routing against uniform routing of the same job.
+#[derive(Debug, Clone, Serialize)]
+pub struct RoutingReport {
+    /// The routing, in the scenario's words.
+    pub routing: String,
+    /// Token copies per micro-batch and MoE block: the hottest and coolest expert-parallel
+    /// ranks' and what every rank receives under uniform routing.
+    pub hottest_rank: u64,
+    pub hottest_copies: u64,
+    pub coolest_rank: u64,
+    pub coolest_copies: u64,
+    pub uniform_copies: u64,
+    /// Peak allocated of the job's highest class (the hottest rank's stage), simulated with
+    /// unbounded memory when the run itself ran out: what it would need.
+    pub peak_needed: Bytes,
+    /// Steady-state step time under this routing (unbounded memory if the run ran out).
+    pub step_time_s: Option<f64>,
+    /// The same job with uniform routing, at the real capacity.
+    pub uniform_peak: Bytes,
+    pub uniform_fits: bool,
+    pub uniform_step_time_s: Option<f64>,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct ModelStateReport {
     pub parameters: Bytes,
@@ -217,6 +240,9 @@ pub struct RankClass {
     /// Under `[jitter]`: the data-parallel rank this class is.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rank: Option<u64>,
+    /// Under uneven MoE routing: the expert-parallel rank this class is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expert_rank: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -262,6 +288,9 @@ pub struct Report {
     /// Offload: host memory, PCIe traffic, the CPU step, GPU memory saved, time paid.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub offload: Option<OffloadReport>,
+    /// Uneven MoE routing: the hottest expert-parallel rank beside the uniform case.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub routing: Option<RoutingReport>,
     /// Offload: whether a node's host memory and NVMe hold the offloaded state (true without
     /// offload). When they do not, the run fails at initialisation whatever the GPU does;
     /// every reader of a verdict (text, sweeps, explain) takes it from here. `offload`
@@ -509,6 +538,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
             note: "identical programs (data-parallel replicas / FSDP shards): simulated once".into(),
             stage: None,
             rank: None,
+            expert_rank: None,
         }],
         headline_class: 0,
         model_state_per_gpu: msr,
@@ -522,6 +552,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
         assumptions,
         allocator: allocator::build(s, sched, trace),
         offload: None,
+        routing: None,
         offload_fits: {
             let (host, nvme) = plan.offload_fits(u64::from(s.cluster.gpus_per_node));
             host && nvme

@@ -259,7 +259,16 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         plural(u64::from(c.gpus), "GPU"),
         fmt_bytes(ms.naive_average.bytes)
     );
-    if r.rank_classes.iter().any(|k| k.rank.is_some()) {
+    if r.rank_classes.iter().any(|k| k.expert_rank.is_some()) {
+        let _ = writeln!(o, "           (of the headline rank class; every expert-parallel rank below)");
+        let _ = writeln!(o, "\nExpert-parallel ranks under uneven routing (each a rank class: its experts' own load; every all-to-all and data-parallel collective waits for all of them)");
+        for k in r.rank_classes.iter().take(MAX_CLASS_ROWS) {
+            let _ = writeln!(o, "  ranks {:<14} {}", k.ranks, k.note);
+        }
+        if r.rank_classes.len() > MAX_CLASS_ROWS {
+            let _ = writeln!(o, "  ... {} more in report.json (rank_classes)", r.rank_classes.len() - MAX_CLASS_ROWS);
+        }
+    } else if r.rank_classes.iter().any(|k| k.rank.is_some()) {
         let _ = writeln!(o, "           (of the headline rank; every simulated rank below)");
         let _ = writeln!(o, "\nRanks under [jitter] (each a rank class: its own compute draws)");
         for k in r.rank_classes.iter().take(MAX_CLASS_ROWS) {
@@ -277,6 +286,9 @@ pub fn render(r: &Report, s: &Scenario) -> String {
     }
 
     common(r, &mut o);
+    if let Some(rt) = &r.routing {
+        routing(rt, matches!(r.verdict, Verdict::Oom(_)), &mut o);
+    }
     if let Some(off) = &r.offload {
         offload(off, &mut o);
     }
@@ -338,6 +350,34 @@ fn offload(x: &super::OffloadReport, o: &mut String) {
             100.0 * (a / b - 1.0)
         );
     }
+}
+
+/// Uneven routing beside uniform routing.
+fn routing(rt: &super::RoutingReport, ran_out: bool, o: &mut String) {
+    let ratio = |c: u64| c as f64 / rt.uniform_copies.max(1) as f64;
+    let _ = writeln!(
+        o,
+        "\nRouting    {}: expert-parallel rank {} receives {} token copies per micro-batch and MoE block, {:.2}x the uniform {} (the coolest, rank {}: {}, {:.2}x)",
+        rt.routing,
+        rt.hottest_rank,
+        sep(rt.hottest_copies),
+        ratio(rt.hottest_copies),
+        sep(rt.uniform_copies),
+        rt.coolest_rank,
+        sep(rt.coolest_copies),
+        ratio(rt.coolest_copies)
+    );
+    let secs = |t: Option<f64>| t.map_or("-".to_string(), |t| format!("{t:.3} s"));
+    let _ = writeln!(
+        o,
+        "           {} {} at its highest rank class, step {}; uniform routing: peak {} ({}), step {}",
+        if ran_out { "would need (simulated again with unbounded memory)" } else { "peaks at" },
+        fmt_bytes(rt.peak_needed.bytes),
+        secs(rt.step_time_s),
+        fmt_bytes(rt.uniform_peak.bytes),
+        if rt.uniform_fits { "fits" } else { "OOM" },
+        secs(rt.uniform_step_time_s)
+    );
 }
 
 fn assumptions(r: &Report, o: &mut String) {

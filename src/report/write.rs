@@ -201,6 +201,10 @@ fn class_panels(n: usize, headline: usize) -> Vec<usize> {
 /// 20-23)", "stage 1, data-parallel rank 0 (ranks 4-7)".
 fn class_label(c: &super::RankClass, k: usize) -> String {
     let role = match (&c.stage, c.rank) {
+        _ if c.expert_rank.is_some() => {
+            let e = c.expert_rank.unwrap_or(0);
+            c.stage.as_ref().map_or(format!("expert rank {e}"), |st| format!("stage {}, expert rank {e}", st.stage))
+        }
         (Some(st), None) => format!("stage {}", st.stage),
         (None, Some(r)) => format!("data-parallel rank {r}"),
         (Some(st), Some(r)) => format!("stage {}, data-parallel rank {r}", st.stage),
@@ -240,7 +244,11 @@ pub fn write_job(dir: &Path, r: &Report, classes: &[ClassView], headline: usize)
     for k in class_panels(classes.len(), headline) {
         let (sc, tr, rk) = classes[k];
         let c = r.rank_classes.get(k);
-        let programs = if c.is_some_and(|c| c.rank.is_some()) { "its own compute draws" } else { "identical programs" };
+        let programs = match c {
+            Some(c) if c.rank.is_some() => "its own compute draws",
+            Some(c) if c.expert_rank.is_some() => "its experts' own load",
+            _ => "identical programs",
+        };
         let gpus = match c.map_or(1, |c| c.count) {
             1 => "1 GPU".to_string(),
             n => format!("{n} GPUs"),

@@ -32,6 +32,23 @@ pub struct ScenarioFile {
     pub allocator: AllocatorSection,
     /// Per-rank compute jitter and stragglers (off when absent).
     pub jitter: Option<JitterSection>,
+    /// How a mixture of experts' router spreads tokens (uniform when absent).
+    pub moe: Option<RoutingSection>,
+}
+
+/// `[moe]`: how the router spreads token copies over the experts.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoutingSection {
+    /// "uniform" (default) | "zipf" | "measured".
+    pub routing: Option<String>,
+    /// zipf: expert j of a seeded order gets a share proportional to 1 / (j + 1)^exponent
+    /// (default 1.0).
+    pub zipf_exponent: Option<f64>,
+    /// zipf: the seed of the experts' order (default 0).
+    pub seed: Option<i64>,
+    /// measured: tokens (any scale) each expert received, in expert order.
+    pub tokens_per_expert: Option<Vec<f64>>,
 }
 
 /// `[job]`: what the GPUs do.

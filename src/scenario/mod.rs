@@ -72,6 +72,8 @@ pub struct Scenario {
     pub training: TrainingConfig,
     pub allocator: AllocatorSettings,
     pub jitter: Option<crate::schedule::jitter::JitterConfig>,
+    /// A mixture of experts' routing (`[moe]`); uniform for every other model.
+    pub routing: crate::schedule::routing::Routing,
     pub job: JobKind,
     pub inference: Option<crate::infer::InferenceConfig>,
 }
@@ -134,6 +136,19 @@ impl Scenario {
     /// Data-parallel replicas: gpus / (tensor x pipeline).
     pub fn dp_degree(&self) -> u64 {
         self.parallel.model_parallel.data_parallel(u64::from(self.cluster.gpus))
+    }
+
+    /// Token copies each expert-parallel rank receives per micro-batch and MoE block under
+    /// uneven routing; None when every rank receives what it sends (uniform routing, a dense
+    /// model, or one expert-parallel rank).
+    pub fn expert_loads(&self) -> Option<Vec<u64>> {
+        let moe = self.model.moe.as_ref()?;
+        let mp = &self.parallel.model_parallel;
+        if self.routing.is_uniform() || mp.expert <= 1 {
+            return None;
+        }
+        let rows = self.workload.micro_batch * self.workload.seq_len / if mp.sequence_parallel { mp.tensor } else { 1 };
+        Some(self.routing.rank_copies(moe.num_experts, mp.expert, rows * moe.top_k))
     }
 
     /// The ranks `[jitter]` simulates one by one: every data-parallel rank of every
@@ -656,6 +671,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
             expert: parallel.model_parallel.expert,
         },
         lora: None,
+        routed: None,
     };
     let mut workload = workload;
     if let Some(l) = &f.lora {
@@ -730,6 +746,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
             })
         }
     };
+    let routing = moe::validate_routing(&v, f.moe.as_ref(), &model, &parallel)?;
     limits::check_tensors(&v, &model, &workload, inf.map(|(_, ctx)| ctx))?;
     if inf.is_none() {
         // [jitter] simulates every data-parallel replica of the model (its stages included).
@@ -788,6 +805,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         training,
         allocator,
         jitter,
+        routing,
         job,
         inference,
     })

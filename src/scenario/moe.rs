@@ -5,6 +5,7 @@
 use super::*;
 use crate::model::hf::HfModel;
 use crate::model::MoeConfig;
+use crate::schedule::routing::Routing;
 
 /// The model's MoE MLP: the section's fields over the config's; None for a dense model.
 pub(super) fn validate_moe(
@@ -132,4 +133,86 @@ pub(super) fn validate_expert_parallel(
         ));
     }
     Ok(ep)
+}
+
+/// `[moe]`: the router's spread of tokens over the experts.
+pub(super) fn validate_routing(
+    v: &V,
+    sec: Option<&RoutingSection>,
+    model: &ModelConfig,
+    parallel: &ParallelConfig,
+) -> Result<Routing, ScenarioError> {
+    let Some(sec) = sec else { return Ok(Routing::Uniform) };
+    let Some(moe) = &model.moe else {
+        return Err(v.err(
+            "moe",
+            "routing applies to a mixture-of-experts model ([model.moe], or a MoE model.name / model.hf_config)",
+        ));
+    };
+    let kind =
+        v.choice("moe.routing", sec.routing.as_deref().unwrap_or("uniform"), &["uniform", "zipf", "measured"])?;
+    let only = |field: &str, set: bool, kinds: &str| -> Result<(), ScenarioError> {
+        if set && !kinds.split(',').any(|k| k == kind) {
+            return Err(v.err(field, format!("applies to moe.routing = \"{}\" only", kinds.replace(',', "\" or \""))));
+        }
+        Ok(())
+    };
+    only("moe.zipf_exponent", sec.zipf_exponent.is_some(), "zipf")?;
+    only("moe.seed", sec.seed.is_some(), "zipf")?;
+    only("moe.tokens_per_expert", sec.tokens_per_expert.is_some(), "measured")?;
+    let routing = match kind {
+        "zipf" => {
+            let exponent = sec.zipf_exponent.unwrap_or(1.0);
+            if !(0.0..=10.0).contains(&exponent) {
+                return Err(v.err(
+                    "moe.zipf_exponent",
+                    format!("must be in [0, 10] (0: uniform, 1: the classic law), got {exponent}"),
+                ));
+            }
+            let seed = match sec.seed {
+                Some(x) if x < 0 => return Err(v.err("moe.seed", format!("must be a non-negative integer, got {x}"))),
+                Some(x) => x as u64,
+                None => 0,
+            };
+            Routing::Zipf { exponent, seed }
+        }
+        "measured" => {
+            let Some(t) = &sec.tokens_per_expert else {
+                return Err(v.err(
+                    "moe.tokens_per_expert",
+                    "is required with moe.routing = \"measured\": one count per expert, in expert order",
+                ));
+            };
+            if t.len() as u64 != moe.num_experts {
+                return Err(v.err(
+                    "moe.tokens_per_expert",
+                    format!(
+                        "needs one entry per expert (model.moe.num_experts = {}), got {}",
+                        moe.num_experts,
+                        t.len()
+                    ),
+                ));
+            }
+            if let Some(bad) = t.iter().find(|x| !(x.is_finite() && **x >= 0.0)) {
+                return Err(v.err("moe.tokens_per_expert", format!("entries must be finite and >= 0, got {bad}")));
+            }
+            if t.iter().sum::<f64>() <= 0.0 {
+                return Err(v.err("moe.tokens_per_expert", "at least one expert must receive tokens"));
+            }
+            Routing::Measured { tokens_per_expert: t.clone() }
+        }
+        _ => Routing::Uniform,
+    };
+    let mp = &parallel.model_parallel;
+    if !routing.is_uniform() && mp.expert > 1 {
+        // Each expert-parallel rank of each stage is simulated as its own rank class.
+        let classes = mp.expert * mp.pipeline;
+        if classes > MAX_JITTER_RANKS {
+            return Err(v.err(
+                "moe.routing",
+                format!("uneven routing simulates every expert-parallel rank of every pipeline stage: at most {MAX_JITTER_RANKS}, got {classes} (expert {} x pipeline {})", mp.expert, mp.pipeline),
+            ));
+        }
+    }
+    Ok(routing)
 }

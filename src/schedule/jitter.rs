@@ -72,12 +72,25 @@ pub fn ranks(sched: &Schedule, cfg: &JitterConfig, ranks: u64, group: u64, first
         }
         programs.push(p);
     }
+    let (barrier, links) = barriers(prog, &sched.labels, n, |task, kind| {
+        task.stream == NCCL && matches!(kind, TaskKind::AllGather | TaskKind::ReduceScatter | TaskKind::AllReduce)
+    });
+    RankRun { programs, barrier, links }
+}
+
+/// A barrier program for `n` copies of `prog` (the same tasks and dependencies, run as parts
+/// 0..n; the barrier is part n): each task `waits` selects starts only once its
+/// dependencies are done on every copy. The barriers run on device 0 and take no time.
+pub fn barriers(
+    prog: &Program,
+    labels: &[super::TaskLabel],
+    n: usize,
+    waits: impl Fn(&Task, TaskKind) -> bool,
+) -> (Program, Vec<PartLink>) {
     let mut barrier = Program { streams: vec!["barrier".into()], stream_device: vec![0], ..Default::default() };
     let mut links = Vec::new();
     for (i, task) in prog.tasks.iter().enumerate() {
-        let kind = sched.labels[task.label as usize].kind;
-        let collective = matches!(kind, TaskKind::AllGather | TaskKind::ReduceScatter | TaskKind::AllReduce);
-        if task.stream != NCCL || !collective {
+        if !waits(task, labels[task.label as usize].kind) {
             continue;
         }
         let b = barrier.push_task(Task { stream: 0, duration_ns: 0, label: task.label }, &[], &[], &[]);
@@ -88,7 +101,7 @@ pub fn ranks(sched: &Schedule, cfg: &JitterConfig, ranks: u64, group: u64, first
             links.push(PartLink { part: r, task: i as u32, dep_part: n, dep: b });
         }
     }
-    RankRun { programs, barrier, links }
+    (barrier, links)
 }
 
 #[cfg(test)]

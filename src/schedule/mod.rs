@@ -24,6 +24,7 @@
 pub mod cost;
 pub mod jitter;
 pub mod label;
+pub mod routing;
 
 use crate::engine::{BufferSpec, Program, Task};
 use crate::hardware::Cluster;

@@ -1,0 +1,117 @@
+//! How a mixture of experts' router spreads tokens over the experts, and so over the
+//! expert-parallel ranks that hold them.
+//!
+//! Routing is uneven in practice: early in training, and persistently for some experts,
+//! one expert receives several times the average (Megatron-Core's MoE README warns that a
+//! dropless MoE "suffers from an imbalanced token distribution at the early stage of
+//! training ... which may lead to poor performance and out-of-memory (OOM) issues"). The rank
+//! holding the hottest experts computes more, saves more activations, and every all-to-all
+//! waits for it. stepsim models this as a fixed share of the token copies per expert, the
+//! same in every micro-batch and MoE block (a persistently hot expert, the case that sets
+//! the peak): uniform, a Zipf law over the experts in a seeded order, or shares the user
+//! measured.
+
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+/// The `[moe]` section's routing.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "routing")]
+pub enum Routing {
+    /// Every expert receives tokens x top_k / experts copies.
+    Uniform,
+    /// Expert j of a seeded random order receives a share proportional to 1 / (j + 1)^exponent.
+    Zipf { exponent: f64, seed: u64 },
+    /// Measured tokens per expert (any scale), in expert order.
+    Measured { tokens_per_expert: Vec<f64> },
+}
+
+impl Routing {
+    pub fn is_uniform(&self) -> bool {
+        matches!(self, Routing::Uniform)
+    }
+
+    /// Each expert's share of the token copies, in expert order; they sum to 1.
+    pub fn expert_shares(&self, experts: u64) -> Vec<f64> {
+        let n = experts.max(1) as usize;
+        let raw: Vec<f64> = match self {
+            Routing::Uniform => vec![1.0; n],
+            Routing::Zipf { exponent, seed } => {
+                let mut order: Vec<usize> = (0..n).collect();
+                order.shuffle(&mut ChaCha8Rng::seed_from_u64(*seed));
+                let mut w = vec![0.0; n];
+                for (j, &expert) in order.iter().enumerate() {
+                    w[expert] = 1.0 / ((j + 1) as f64).powf(*exponent);
+                }
+                w
+            }
+            Routing::Measured { tokens_per_expert } => tokens_per_expert.clone(),
+        };
+        let sum: f64 = raw.iter().sum();
+        raw.iter().map(|x| x / sum).collect()
+    }
+
+    /// Token copies each of `ep` expert-parallel ranks receives per micro-batch and MoE
+    /// block, rank r holding experts r E/ep .. (r + 1) E/ep, when every rank routes `copies`
+    /// (its tokens x top_k): the group's ep x copies split by the experts' shares. Rounded to
+    /// whole copies; the sum is exact.
+    pub fn rank_copies(&self, experts: u64, ep: u64, copies: u64) -> Vec<u64> {
+        let shares = self.expert_shares(experts);
+        let per = (experts / ep.max(1)).max(1) as usize;
+        let total = copies * ep;
+        let mut out: Vec<u64> =
+            shares.chunks(per).map(|c| (c.iter().sum::<f64>() * total as f64).floor() as u64).collect();
+        // The copies lost to rounding go to the largest fractional parts, lowest rank first.
+        let mut rest = total - out.iter().sum::<u64>();
+        let mut frac: Vec<(usize, f64)> = shares
+            .chunks(per)
+            .enumerate()
+            .map(|(r, c)| (r, c.iter().sum::<f64>() * total as f64 - out[r] as f64))
+            .collect();
+        frac.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        for (r, _) in frac {
+            if rest == 0 {
+                break;
+            }
+            out[r] += 1;
+            rest -= 1;
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uniform_routing_gives_every_rank_its_own_copies() {
+        assert_eq!(Routing::Uniform.rank_copies(8, 4, 4096), vec![4096; 4]);
+    }
+
+    #[test]
+    fn zipf_shares_follow_the_law_in_a_seeded_order() {
+        let r = Routing::Zipf { exponent: 1.0, seed: 7 };
+        let s = r.expert_shares(8);
+        let h8: f64 = (1..=8).map(|j| 1.0 / j as f64).sum();
+        let mut sorted = s.clone();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        for (j, x) in sorted.iter().enumerate() {
+            assert!((x - 1.0 / ((j + 1) as f64 * h8)).abs() < 1e-12);
+        }
+        assert_eq!(s, r.expert_shares(8), "same seed, same order");
+        assert_ne!(s, Routing::Zipf { exponent: 1.0, seed: 8 }.expert_shares(8));
+        let c = r.rank_copies(8, 8, 1000);
+        assert_eq!(c.iter().sum::<u64>(), 8000);
+        assert_eq!(*c.iter().max().unwrap(), (8000.0 / h8).round() as u64);
+    }
+
+    #[test]
+    fn measured_shares_are_normalised_and_summed_per_rank() {
+        let r = Routing::Measured { tokens_per_expert: vec![3.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0] };
+        // Two experts per rank: rank 0 holds 4 of 10 shares.
+        assert_eq!(r.rank_copies(8, 4, 1000), vec![1600, 800, 800, 800]);
+    }
+}
