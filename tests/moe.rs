@@ -309,3 +309,30 @@ fn a_hot_expert_makes_its_rank_the_headline_and_slows_every_rank() {
     );
     assert!(text.contains("Expert-parallel ranks under uneven routing"));
 }
+
+/// `explain` offers twice the expert parallelism for a mixture of experts (each GPU holds
+/// half the experts), and no such row for a dense model.
+#[test]
+fn explain_offers_more_expert_parallelism() {
+    use stepsim::explain;
+    let mut s = scenario(8, "expert = 4\nsharding = \"zero1\"", "");
+    // A device just too small for four experts per block on each GPU, so that explain
+    // looks for changes: the peak with expert parallelism 8, plus the CUDA context.
+    let mut ep8 = scenario(8, "expert = 8\nsharding = \"zero1\"", "");
+    let need = stepsim::simulate(&ep8).unwrap().report.peak.unwrap().reserved.bytes;
+    ep8.cluster.memory_bytes = need + s.cluster.cuda_context_bytes + (64 << 20);
+    s.cluster = ep8.cluster.clone();
+    let sim = stepsim::simulate(&s).unwrap();
+    assert!(matches!(sim.report.verdict, stepsim::report::Verdict::Oom(_)));
+    let e = explain::explain(&s, &sim, explain::DEFAULT_MARGIN);
+    let row = e.counterfactuals.iter().find(|c| c.change.starts_with("expert parallel 4 -> 8")).expect("an EP row");
+    assert_eq!(row.fits, Some(true));
+    let (_, v) = explain::counterfactual::variants(&s, 12).unwrap().remove(0);
+    let direct = stepsim::simulate(&v).unwrap();
+    assert_eq!(direct.plan().expert_params(), LAYERS * 3 * H * FE);
+    assert_eq!(row.peak.unwrap().bytes, direct.report.peak.as_ref().unwrap().allocated.bytes);
+    let dense = Scenario::load(Path::new("scenarios/gpt-1.3b-1gpu.toml")).unwrap();
+    let dsim = stepsim::simulate(&dense).unwrap();
+    let de = explain::explain(&dense, &dsim, explain::DEFAULT_MARGIN);
+    assert!(!de.counterfactuals.iter().any(|c| c.change.contains("expert")));
+}

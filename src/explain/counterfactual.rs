@@ -26,7 +26,12 @@ pub const COUNTERFACTUAL_NAMES: &[&str] = &[
     "expandable_segments = true",
     "CPU offload (ZeRO-Offload / FSDP CPUOffload)",
     "tensor parallelism x 2 (with sequence parallelism)",
+    "expert parallelism x 2",
 ];
+
+/// The index of the change that applies to mixtures of experts only (no row for a dense
+/// model).
+const EXPERT_PARALLEL: usize = 12;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Counterfactual {
@@ -132,8 +137,16 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             // scenario validation requires.
             let pipelined = s.parallel.model_parallel.pipeline > 1;
             let megatron = s.parallel.framework == crate::plan::Framework::Megatron;
+            let mp = &s.parallel.model_parallel;
+            let moe_folded = s.model.moe.is_some() && (mp.expert > 1 || mp.tensor > 1);
             let next = match s.parallel.sharding {
-                Sharding::None if pipelined || megatron => Sharding::Zero1,
+                Sharding::None if pipelined || megatron || moe_folded => Sharding::Zero1,
+                _ if moe_folded => {
+                    return Err(
+                        "a mixture of experts with expert or tensor parallelism is simulated with ZeRO-1 at most"
+                            .into(),
+                    )
+                }
                 _ if megatron => {
                     return Err("Megatron-LM shards the optimizer at most (--use-distributed-optimizer)".into())
                 }
@@ -241,6 +254,42 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
                 if padded != m.vocab { format!(" (vocabulary padded {} -> {padded})", m.vocab) } else { String::new() };
             vec![(format!("tensor parallel {} -> {tp}, sequence parallel{pad}", mp.tensor), v)]
         }
+        EXPERT_PARALLEL => {
+            // Megatron-Core's rules as scenario validation applies them (src/scenario/moe.rs):
+            // the degree divides the experts and the stage's tensor x data-parallel ranks.
+            let Some(moe) = &s.model.moe else { return Err("not a mixture of experts".into()) };
+            let mp = &s.parallel.model_parallel;
+            let ep = mp.expert * 2;
+            let ranks = mp.tensor * s.dp_degree();
+            if moe.num_experts % ep != 0 || ranks % ep != 0 {
+                return Err(format!(
+                    "expert parallel {ep} does not divide the {} experts and the {ranks} tensor x data-parallel ranks of a stage",
+                    moe.num_experts
+                ));
+            }
+            if !matches!(s.parallel.sharding, Sharding::None | Sharding::Zero1) {
+                return Err("expert parallelism is simulated with sharding none or zero1".into());
+            }
+            if s.jitter.is_some() {
+                return Err("[jitter] with expert parallelism is not simulated".into());
+            }
+            if !s.routing.is_uniform() && ep * mp.pipeline > crate::scenario::MAX_JITTER_RANKS {
+                return Err(format!(
+                    "uneven routing simulates at most {} expert-parallel ranks x stages",
+                    crate::scenario::MAX_JITTER_RANKS
+                ));
+            }
+            v.parallel.model_parallel.expert = ep;
+            v.workload.split.expert = ep;
+            vec![(
+                format!(
+                    "expert parallel {} -> {ep} ({} experts of each MoE block per GPU)",
+                    mp.expert,
+                    moe.num_experts / ep
+                ),
+                v,
+            )]
+        }
         _ => return Err("no such change".into()),
     })
 }
@@ -331,6 +380,9 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
     let mut jobs: Vec<(usize, String, Scenario)> = Vec::new();
     let mut skips: Vec<(usize, Counterfactual)> = Vec::new();
     for (which, name) in COUNTERFACTUAL_NAMES.iter().enumerate() {
+        if which == EXPERT_PARALLEL && s.model.moe.is_none() {
+            continue;
+        }
         match variants(s, which) {
             Ok(vs) => jobs.extend(vs.into_iter().map(|(l, v)| (which, l, v))),
             Err(why) => skips.push((which, skipped(name, u64::from(s.cluster.gpus), why))),
