@@ -24,6 +24,7 @@ const BASES: &[&str] = &[
     "fragmentation-oom.toml",
     "megatron-70b-h100-overlap.toml",
     "mixtral-8x7b-h100-ep8.toml",
+    "mixtral-8x7b-h100-ep8-hot-expert.toml",
 ];
 
 /// Numeric and enum fields a user sets, by section.
@@ -56,6 +57,10 @@ const FIELDS: &[(&str, &str)] = &[
     ("model.moe", "expert_ffn_hidden"),
     ("model.moe", "shared_expert_ffn_hidden"),
     ("model.moe", "first_dense_layers"),
+    ("moe", "routing"),
+    ("moe", "zipf_exponent"),
+    ("moe", "seed"),
+    ("moe", "tokens_per_expert"),
     ("megatron", "overlap_grad_reduce"),
     ("megatron", "overlap_param_gather"),
     ("megatron", "tp_comm_overlap"),
@@ -97,6 +102,9 @@ const VALUES: &[&str] = &[
     "inf",
     "-inf",
     "\"x\"",
+    "\"zipf\"",
+    "\"measured\"",
+    "[1, 2, 3, 4, 5, 6, 7, 8]",
     "\"\\u0000\"",
     "\"a\\rb\"",
     "true",
