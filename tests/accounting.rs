@@ -32,6 +32,7 @@ fn gpt(l: u64, h: u64, a: u64, dropout: f64) -> ModelConfig {
         qkv_bias: false,
         qk_norm: false,
         moe: None,
+        mla: None,
     }
 }
 

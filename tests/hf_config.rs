@@ -1,6 +1,7 @@
 //! Models from Hugging Face `config.json` files and the shipped zoo (`models/`): every zoo
 //! model's parameter count equals its released checkpoint's total exactly (the closed form
-//! and the layer DAG's own count; for mixture-of-experts models the active count too), fields
+//! and the layer DAG's own count; for mixture-of-experts models the active count too;
+//! DeepSeek-V3, whose FP8 checkpoint gives no count, against its sum term by term), fields
 //! beside the config override it, and a config is found relative to the scenario file.
 //! Malformed and unsupported configs are in tests/malformed.rs and the unit tests of
 //! src/model/hf.rs.
@@ -38,6 +39,10 @@ const PUBLISHED: &[(&str, u64)] = &[
     // Qwen/Qwen3-235B-A22B: index total_size 470,187,269,120 bytes / 2; the card's "235B in
     // total".
     ("qwen3-235b-a22b", 235_093_634_560),
+    // deepseek-ai/DeepSeek-V3: not a checkpoint total (its weights are FP8 with scales, and it
+    // holds the multi-token-prediction module, 685B in all) but the model's own count, summed
+    // term by term in `deepseek_v3_counts_term_by_term`: the paper's "671B total parameters".
+    ("deepseek-v3", 671_026_404_352),
 ];
 
 /// The mixture-of-experts zoo models' parameters one token uses (router, top-k experts and
@@ -53,6 +58,8 @@ const ACTIVE: &[(&str, u64, f64)] = &[
     ("qwen1.5-moe-a2.7b", 2_689_173_504, 2.7),
     ("qwen3-30b-a3b", 3_353_032_704, 3.3),
     ("qwen3-235b-a22b", 22_190_763_520, 22.0),
+    // DeepSeek-V3's "37B activated for each token" (router, 8 routed and the shared expert).
+    ("deepseek-v3", 37_552_282_624, 37.0),
 ];
 
 fn scenario(model: &str, extra_model: &str, seq: u64) -> String {
@@ -107,10 +114,16 @@ fn moe_configs_the_block_cannot_express_are_refused_naming_why() {
     let base = r#""hidden_size": 2048, "num_attention_heads": 16, "num_hidden_layers": 4,
         "intermediate_size": 5632, "vocab_size": 1000"#;
     let e = stepsim::model::hf::parse(&format!(
-        r#"{{"model_type": "deepseek_v3", {base}, "kv_lora_rank": 512, "n_routed_experts": 256}}"#
+        r#"{{"model_type": "deepseek_v3", {base}, "kv_lora_rank": 512, "n_routed_experts": 256, "moe_layer_freq": 2}}"#
     ))
     .unwrap_err();
-    assert!(e.contains("deepseek_v3") && e.contains("multi-head latent attention"), "{e}");
+    assert!(e.contains("`moe_layer_freq`") && e.contains("only 1"), "{e}");
+    // Without it, DeepSeek's latent attention and experts are read (no longer refused).
+    let h = stepsim::model::hf::parse(&format!(
+        r#"{{"model_type": "deepseek_v3", {base}, "kv_lora_rank": 512, "n_routed_experts": 256, "moe_layer_freq": 1}}"#
+    ))
+    .unwrap();
+    assert_eq!((h.mla.unwrap().kv_lora_rank, h.moe.unwrap().num_experts), (512, 256));
     let e = stepsim::model::hf::parse(&format!(
         r#"{{"model_type": "qwen3_moe", {base}, "head_dim": 128, "decoder_sparse_step": 2}}"#
     ))
@@ -129,6 +142,82 @@ fn moe_configs_the_block_cannot_express_are_refused_naming_why() {
         .to_string();
     assert!(e.contains("`decoder_sparse_step`") && e.contains("model.hf_config"), "{e}");
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// DeepSeek-V3 (deepseek-ai/DeepSeek-V3's config.json, models/deepseek-v3.json) summed by hand,
+/// as transformers' `DeepseekV3ForCausalLM` holds it (no multi-token-prediction module; the
+/// routers' `e_score_correction_bias` buffers are not parameters):
+///
+/// - embeddings and the untied LM head: 2 x 129,280 x 7,168 = 1,853,358,080
+/// - attention of each of the 61 blocks (multi-head latent attention, 128 heads):
+///   q_a_proj 7,168 x 1,536 = 11,010,048; q_a_layernorm 1,536;
+///   q_b_proj 1,536 x 128 x (128 + 64) = 37,748,736;
+///   kv_a_proj_with_mqa 7,168 x (512 + 64) = 4,128,768; kv_a_layernorm 512;
+///   kv_b_proj 512 x 128 x (128 + 128) = 16,777,216; o_proj 128 x 128 x 7,168 = 117,440,512:
+///   187,107,328, plus the input and post-attention RMSNorms 2 x 7,168: 187,121,664
+/// - the 3 dense MLPs (first_k_dense_replace): 3 x 7,168 x 18,432 = 396,361,728 each
+/// - the 58 MoE MLPs: router 256 x 7,168 = 1,835,008; 256 experts of 3 x 7,168 x 2,048 =
+///   44,040,192 each, 11,274,289,152; one shared expert 44,040,192: 11,320,164,352 each
+/// - the final norm 7,168
+///
+/// Total: 1,853,358,080 + 61 x 187,121,664 + 3 x 396,361,728 + 58 x 11,320,164,352 + 7,168
+/// = 671,026,404,352 (the paper's "671B total parameters"). Active: the same with 8 of the
+/// 256 routed experts per MoE block, i.e. 58 x 248 x 44,040,192 = 633,474,121,728 fewer:
+/// 37,552,282,624 (the paper's "37B activated"). The released checkpoint's 685B adds the
+/// MTP module (one more MoE block, its norms and its 2 x 7,168 -> 7,168 projection: 11.6B,
+/// and its own copies of the embedding and head, 1.85B).
+#[test]
+fn deepseek_v3_counts_term_by_term() {
+    let (h, v, heads, blocks) = (7_168u64, 129_280u64, 128u64, 61u64);
+    let emb = 2 * v * h;
+    assert_eq!(emb, 1_853_358_080);
+    let mla = h * 1_536
+        + 1_536
+        + 1_536 * heads * (128 + 64)
+        + h * (512 + 64)
+        + 512
+        + 512 * heads * (128 + 128)
+        + heads * 128 * h;
+    assert_eq!(mla, 187_107_328);
+    let attention = mla + 2 * h;
+    let dense = 3 * h * 18_432;
+    assert_eq!(dense, 396_361_728);
+    let (router, expert) = (256 * h, 3 * h * 2_048);
+    assert_eq!((router, expert), (1_835_008, 44_040_192));
+    let moe = router + 256 * expert + expert;
+    assert_eq!(moe, 11_320_164_352);
+    let total = emb + blocks * attention + 3 * dense + 58 * moe + h;
+    assert_eq!(total, 671_026_404_352);
+    let active = total - 58 * (256 - 8) * expert;
+    assert_eq!(active, 37_552_282_624);
+
+    let s = Scenario::from_toml(Path::new("<zoo>"), &scenario("name = \"deepseek-v3\"", "", 4096)).unwrap();
+    let m = &s.model;
+    assert_eq!(
+        (m.n_layers, m.hidden, m.n_heads, m.n_kv_heads, m.ffn_hidden, m.vocab),
+        (61, h, heads, heads, 18_432, v)
+    );
+    assert!(!m.tie_embeddings && m.head_dim_override.is_none() && !m.qkv_bias && !m.qk_norm);
+    let a = m.mla.as_ref().unwrap();
+    assert_eq!(
+        (a.q_lora_rank, a.kv_lora_rank, a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim),
+        (1_536, 512, 128, 64, 128)
+    );
+    assert_eq!(a.params(h, heads), mla);
+    let e = m.moe.as_ref().unwrap();
+    assert_eq!((e.num_experts, e.top_k, e.expert_ffn_hidden, e.shared_expert_ffn_hidden), (256, 8, 2_048, 2_048));
+    assert_eq!((e.first_dense_layers, e.shared_expert_gate, m.moe_layers()), (3, false, 58));
+    assert_eq!((m.block_params(0), m.block_params(2)), (attention + dense, attention + dense));
+    assert_eq!((m.block_params(3), m.block_params(60)), (attention + moe, attention + moe));
+    assert_eq!(m.param_count(), total);
+    assert_eq!(m.active_param_count(), active);
+    let z = stepsim::model::hf::parse(stepsim::model::hf::zoo("deepseek-v3").unwrap().config).unwrap();
+    assert_eq!(z.max_position_embeddings, Some(163_840));
+    // The zoo file is the released config less its FP8 quantization_config, and says so.
+    let zoo = stepsim::model::hf::zoo("deepseek-v3").unwrap();
+    assert!(!zoo.config.contains("quantization_config") && zoo.source.contains("quantization_config"));
+    // The layer DAG's own count agrees (every_zoo_model_has_its_published_parameter_count too).
+    assert_eq!(stepsim::model::build(&s.model, &s.workload).param_count(), total);
 }
 
 #[test]

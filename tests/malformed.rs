@@ -167,6 +167,14 @@ fn cases() -> Vec<Case> {
             "2048",
         )
     };
+    // The base as a llama with DeepSeek-style latent attention.
+    let mla = || {
+        b().set("model", "family", "\"llama\"")
+            .set("model.mla", "kv_lora_rank", "128")
+            .set("model.mla", "qk_nope_head_dim", "64")
+            .set("model.mla", "qk_rope_head_dim", "32")
+            .set("model.mla", "v_head_dim", "64")
+    };
     vec![
         case(
             "parallel.pipeline so large that tensor x pipeline overflows",
@@ -342,6 +350,43 @@ fn cases() -> Vec<Case> {
             ),
             "moe.tokens_per_expert",
             &["finite and >= 0", "-1"],
+        ),
+        case(
+            "[model.mla] on the gpt family",
+            b().set("model.mla", "kv_lora_rank", "128")
+                .set("model.mla", "qk_nope_head_dim", "64")
+                .set("model.mla", "qk_rope_head_dim", "32")
+                .set("model.mla", "v_head_dim", "64"),
+            "model.mla",
+            &["llama family"],
+        ),
+        case(
+            "[model.mla] without kv_lora_rank",
+            mla().remove("model.mla", "kv_lora_rank"),
+            "model.mla.kv_lora_rank",
+            &["is required"],
+        ),
+        case(
+            "odd rope width",
+            mla().set("model.mla", "qk_rope_head_dim", "33"),
+            "model.mla.qk_rope_head_dim",
+            &["even width", "33"],
+        ),
+        case(
+            "head_dim with MLA",
+            mla().set("model", "head_dim", "64"),
+            "model.head_dim",
+            &["multi-head latent attention"],
+        ),
+        case(
+            "MLA with tensor parallelism",
+            mla()
+                .set("hardware", "gpus", "2")
+                .set("parallel", "tensor", "2")
+                .set("parallel", "sequence_parallel", "true")
+                .set("model", "vocab", "50304"),
+            "parallel.tensor",
+            &["multi-head latent attention", "parallel.tensor = 1"],
         ),
         // --- Megatron-LM's overlap flags
         case(

@@ -31,6 +31,7 @@ fn gpt(h: u64, a: u64) -> ModelConfig {
         qkv_bias: false,
         qk_norm: false,
         moe: None,
+        mla: None,
     }
 }
 

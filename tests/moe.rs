@@ -336,3 +336,40 @@ fn explain_offers_more_expert_parallelism() {
     let de = explain::explain(&dense, &dsim, explain::DEFAULT_MARGIN);
     assert!(!de.counterfactuals.iter().any(|c| c.change.contains("expert")));
 }
+
+/// DeepSeek-style: multi-head latent attention, one leading dense block, one shared expert.
+/// Closed form by hand: the query's down (h x 256), its norm (256) and up (256 x 8 x 96); the
+/// shared key-value down (h x (128 + 32)), the latent's norm (128) and up (128 x 8 x 128); the
+/// output (8 x 64 x h); two block norms.
+#[test]
+fn multi_head_latent_attention_counts_and_saves_as_derived() {
+    let toml = format!(
+        "[model]\nfamily = \"llama\"\nn_layers = {LAYERS}\nhidden = {H}\nn_heads = 8\nffn_hidden = {FE}\nvocab = {VOCAB}\nmax_seq_len = {SEQ}\n\
+         [model.mla]\nq_lora_rank = 256\nkv_lora_rank = 128\nqk_nope_head_dim = 64\nqk_rope_head_dim = 32\nv_head_dim = 64\n\
+         [model.moe]\nnum_experts = {E}\ntop_k = {K}\nexpert_ffn_hidden = 512\nshared_expert_ffn_hidden = 512\nfirst_dense_layers = 1\n\
+         [hardware]\ngpu = \"h100-sxm\"\ngpus = 8\n\
+         [parallel]\nframework = \"megatron\"\nexpert = 8\n\
+         [training]\nmicro_batch = 1\nseq_len = {SEQ}\nprecision = \"bf16-mixed-adam\"\nattention = \"flash\"\n"
+    );
+    let s = Scenario::from_toml(Path::new("<mla>"), &toml).unwrap_or_else(|e| panic!("{e}"));
+    let attn = H * 256 + 256 + 256 * 8 * 96 + H * (128 + 32) + 128 + 128 * 8 * (64 + 64) + 8 * 64 * H + 2 * H;
+    let moe = E * H + E * 3 * H * 512 + 3 * H * 512;
+    let total = LAYERS * attn + 3 * H * FE + (LAYERS - 1) * moe + 2 * VOCAB * H + H;
+    assert_eq!(s.model.param_count(), total);
+    let mut whole = s.workload.clone();
+    whole.split.expert = 1;
+    let dag = model::build(&s.model, &whole);
+    assert_eq!(dag.param_count(), total);
+    // The attention core: Q K^T over 8 x 96, P V over 8 x 64; saves q, k (96 wide per head),
+    // v and its output (64 wide) and the FP32 log-sum-exp.
+    let core = dag.ops.iter().find(|o| o.name == "layers.1.attention.core").unwrap();
+    let bss = (SEQ * SEQ) as f64;
+    assert_eq!(core.fwd_flops, 2.0 * bss * (8 * 96 + 8 * 64) as f64);
+    let saved: u64 = core.saves.iter().map(|&t| dag.tensors[t].bytes).sum();
+    assert_eq!(saved, SEQ * 8 * 96 * 2 * 2 + SEQ * 8 * 64 * 2 * 2 + 8 * SEQ * 4);
+    let sim = stepsim::simulate(&s).unwrap();
+    let text = stepsim::report::text::render(&sim.report, &s);
+    assert!(text.contains(
+        "multi-head latent attention: query rank 256, key-value latent 128, per head q/k 64 + 32 rope, v 64"
+    ));
+}

@@ -77,6 +77,50 @@ pub struct ModelConfig {
     /// Mixture-of-experts MLPs (Mixtral, Qwen-MoE, DeepSeek); llama family only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub moe: Option<MoeConfig>,
+    /// DeepSeek's multi-head latent attention in place of q, k, v projections; llama family
+    /// only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mla: Option<MlaConfig>,
+}
+
+/// Multi-head latent attention (DeepSeek-V2/V3; Hugging Face `DeepseekV3Attention`,
+/// Megatron-Core `MLASelfAttention`): queries through a low-rank down projection, its
+/// RMSNorm and an up projection to every head's no-rope and rope parts; keys and values
+/// through one shared down projection to a compressed latent (plus one rope key shared by
+/// the heads), its RMSNorm, and an up projection to every head's no-rope key and value.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MlaConfig {
+    /// Rank of the query down projection (`q_lora_rank`); 0: a direct h -> heads projection
+    /// (DeepSeek-V2-Lite).
+    pub q_lora_rank: u64,
+    /// Rank of the key-value latent (`kv_lora_rank`).
+    pub kv_lora_rank: u64,
+    /// Per-head widths: the query/key part without rotary (`qk_nope_head_dim`), the rotary
+    /// part (`qk_rope_head_dim`, one key shared by the heads) and the value (`v_head_dim`).
+    pub qk_nope_head_dim: u64,
+    pub qk_rope_head_dim: u64,
+    pub v_head_dim: u64,
+}
+
+impl MlaConfig {
+    /// A query's (and key's) width per head.
+    pub fn qk_head_dim(&self) -> u64 {
+        self.qk_nope_head_dim + self.qk_rope_head_dim
+    }
+
+    /// Parameters of the attention of one block for `heads` heads over hidden `h`: the
+    /// projections and the two latent RMSNorms (not the block's input norm).
+    pub fn params(&self, h: u64, heads: u64) -> u64 {
+        let q = match self.q_lora_rank {
+            0 => h * heads * self.qk_head_dim(),
+            r => h * r + r + r * heads * self.qk_head_dim(),
+        };
+        let kv = h * (self.kv_lora_rank + self.qk_rope_head_dim)
+            + self.kv_lora_rank
+            + self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim);
+        let o = heads * self.v_head_dim * h;
+        q + kv + o
+    }
 }
 
 /// A mixture-of-experts MLP, in the terms of Hugging Face's configs and Megatron-Core's
@@ -143,6 +187,7 @@ impl ModelConfig {
             qkv_bias: false,
             qk_norm: false,
             moe: None,
+            mla: None,
         }
     }
 
@@ -168,6 +213,9 @@ impl ModelConfig {
         match self.family {
             // q, o: h*q; k, v: h*kv; two RMSNorm weights; q, k, v biases; q and k head norms.
             Family::Llama => {
+                if let Some(mla) = &self.mla {
+                    return mla.params(h, self.n_heads) + 2 * h;
+                }
                 let bias = if self.qkv_bias { q + 2 * kv } else { 0 };
                 let qk_norm = if self.qk_norm { 2 * self.head_dim() } else { 0 };
                 2 * h * q + 2 * h * kv + 2 * h + bias + qk_norm

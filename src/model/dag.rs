@@ -13,7 +13,7 @@
 use petgraph::graph::{DiGraph, NodeIndex};
 use serde::Serialize;
 
-use super::config::{Attention, Dtype, Family, ModelConfig, MoeConfig, RoutedCopies, Workload};
+use super::config::{Attention, Dtype, Family, MlaConfig, ModelConfig, MoeConfig, RoutedCopies, Workload};
 use crate::net::Collective;
 
 /// Index of a tensor in [`LayerDag::tensors`].
@@ -454,6 +454,10 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         let (q, k, vv);
         let first_qkv = bd.ops.len();
         match cfg.family {
+            Family::Llama if cfg.mla.is_some() => {
+                let mla = cfg.mla.as_ref().expect("matched");
+                (q, k, vv) = mla_qkv(&mut bd, &p("attention"), mla, n1, MlaShape { t, h, heads: a, c });
+            }
             Family::Llama => {
                 // Biases add their elements to the (column-parallel, so split) projections.
                 let (qb, kvb) = if cfg.qkv_bias { (qt, kvd) } else { (0, 0) };
@@ -509,8 +513,13 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
                 vv = qkv;
             }
         }
+        // Each head's query and key width, and its value and output width (MLA's differ).
+        let (qk_w, v_w) =
+            cfg.mla.as_ref().map_or((qd, qd), |m| (cfg.n_heads * m.qk_head_dim(), cfg.n_heads * m.v_head_dim));
+        let (qd, qt) = (v_w, v_w / tp);
         let o = bd.tensor(&p("attention.core.out"), t * qt, c, TensorKind::Activation);
-        let att_f = 4.0 * (b * s * s * qd) as f64;
+        // Q K^T over the query/key width, then P V over the value width.
+        let att_f = 2.0 * (b * s * s) as f64 * (qk_w + v_w) as f64;
         let mut saves = vec![q];
         for x in [k, vv] {
             if !saves.contains(&x) {
@@ -654,7 +663,7 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
 
     let buffer_bytes = match cfg.family {
         // cos and sin tables, FP32, max_seq_len x head_dim each.
-        Family::Llama => 2 * cfg.max_seq_len * cfg.head_dim() * 4,
+        Family::Llama => 2 * cfg.max_seq_len * cfg.mla.as_ref().map_or(cfg.head_dim(), |m| m.qk_rope_head_dim) * 4,
         Family::Gpt => 0,
     };
     // GEMM shapes of the linear layers, from their input and output tensors.
@@ -689,6 +698,61 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         super::lora::apply(&mut dag, l, c);
     }
     dag
+}
+
+/// One rank's share of a multi-head latent attention block: tokens, hidden, heads, bytes.
+struct MlaShape {
+    t: u64,
+    h: u64,
+    heads: u64,
+    c: u64,
+}
+
+/// DeepSeek's multi-head latent attention up to the attention core, as Hugging Face's
+/// `DeepseekV3Attention` runs it (Megatron-Core's `MLASelfAttention` likewise): the query's
+/// down projection (`q_a_proj`), its RMSNorm and up projection to every head's no-rope and
+/// rope parts (`q_b_proj`; one direct projection without a query rank); the shared down
+/// projection to the key-value latent and one rope key (`kv_a_proj_with_mqa`), the latent's
+/// RMSNorm and its up projection to every head's no-rope key and value (`kv_b_proj`); then
+/// rotary embeddings on the rope parts and each head's key assembled from its no-rope key and
+/// the shared rope key (a materialised copy, as `torch.cat` makes it), the value split off
+/// contiguous. Each linear saves its input; the assembled q, k and v are what the attention
+/// core saves. Returns (q, k, v).
+fn mla_qkv(bd: &mut Builder, name: &str, m: &MlaConfig, x: TensorId, sh: MlaShape) -> (TensorId, TensorId, TensorId) {
+    let MlaShape { t, h, heads, c } = sh;
+    let p = |n: &str| format!("{name}.{n}");
+    let tf = t as f64;
+    let lin = |i: u64, o: u64| (2.0 * tf * i as f64 * o as f64, 4.0 * tf * i as f64 * o as f64);
+    let (dn, dr, dv, kvr) = (m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank);
+    let hq = heads * (dn + dr);
+    let q0 = if m.q_lora_rank > 0 {
+        let r = m.q_lora_rank;
+        let qa = bd.tensor(&p("wq_a.out"), t * r, c, TensorKind::Activation);
+        bd.op(p("wq_a"), OpKind::Linear, h * r, lin(h, r), vec![x], vec![qa], vec![x]);
+        let qn = norm_op(bd, Family::Llama, &p("q_a_norm"), qa, t, r, c);
+        let q0 = bd.tensor(&p("wq_b.out"), t * hq, c, TensorKind::Activation);
+        bd.op(p("wq_b"), OpKind::Linear, r * hq, lin(r, hq), vec![qn], vec![q0], vec![qn]);
+        q0
+    } else {
+        let q0 = bd.tensor(&p("wq.out"), t * hq, c, TensorKind::Activation);
+        bd.op(p("wq"), OpKind::Linear, h * hq, lin(h, hq), vec![x], vec![q0], vec![x]);
+        q0
+    };
+    let kva = bd.tensor(&p("wkv_a.out"), t * (kvr + dr), c, TensorKind::Activation);
+    bd.op(p("wkv_a"), OpKind::Linear, h * (kvr + dr), lin(h, kvr + dr), vec![x], vec![kva], vec![x]);
+    // The latent's RMSNorm reads the first kv_lora_rank columns of wkv_a's output.
+    let kvn = norm_op(bd, Family::Llama, &p("kv_a_norm"), kva, t, kvr, c);
+    let up = heads * (dn + dv);
+    let kvb = bd.tensor(&p("wkv_b.out"), t * up, c, TensorKind::Activation);
+    bd.op(p("wkv_b"), OpKind::Linear, kvr * up, lin(kvr, up), vec![kvn], vec![kvb], vec![kvn]);
+    let q = bd.tensor(&p("rope.q"), t * hq, c, TensorKind::Activation);
+    let k = bd.tensor(&p("rope.k"), t * hq, c, TensorKind::Activation);
+    let v = bd.tensor(&p("v"), t * heads * dv, c, TensorKind::Activation);
+    let rope_f = 6.0 * tf * (heads * dr + dr) as f64;
+    let id = bd.op(p("rope"), OpKind::Rope, 0, (rope_f, rope_f), vec![q0, kva, kvb], vec![q, k, v], vec![]);
+    // The rope parts' cos/sin products live while the sums are formed.
+    bd.ops[id].fwd_scratch = 2 * t * heads * dr * c;
+    (q, k, v)
 }
 
 /// Llama's SwiGLU MLP over `t` tokens of `x` (`n2` in the block): gate and up projections

@@ -15,10 +15,21 @@
 //! | mixtral | every MLP a mixture of `num_local_experts` (8) experts of `intermediate_size`, top `num_experts_per_tok` (2); sliding window as mistral | `MixtralConfig` |
 //! | qwen2_moe | qwen2's q, k, v biases (`qkv_bias`, true); every MLP `num_experts` (60) experts of `moe_intermediate_size` (1408), top `num_experts_per_tok` (4), plus a shared expert of `shared_expert_intermediate_size` (5632) behind a sigmoid gate (one h -> 1 linear); `decoder_sparse_step` 1 and empty `mlp_only_layers` only | `Qwen2MoeConfig` |
 //! | qwen3_moe | qwen3's `head_dim` and q/k head norms; every MLP `num_experts` (128) experts of `moe_intermediate_size` (768), top `num_experts_per_tok` (8), no shared expert; `decoder_sparse_step` 1 and empty `mlp_only_layers` only | `Qwen3MoeConfig` |
+//! | deepseek_v3 | multi-head latent attention in place of q, k, v: `q_lora_rank` (1536; null: a direct q projection), `kv_lora_rank` (512), per head `qk_nope_head_dim` (128) + `qk_rope_head_dim` (64) query/key and `v_head_dim` (128) value, `num_key_value_heads` = `num_attention_heads` only; the first `first_k_dense_replace` (3) MLPs dense of `intermediate_size`, the rest `n_routed_experts` (256) experts of `moe_intermediate_size` (2048), top `num_experts_per_tok` (8), plus `n_shared_experts` (1) x `moe_intermediate_size` of shared expert, ungated; `moe_layer_freq` 1 only | `DeepseekV3Config` |
+//! | deepseek_v2 | as deepseek_v3, with its own defaults: `first_k_dense_replace` (0), `n_routed_experts` (64), `moe_intermediate_size` (1407), `n_shared_experts` (2); `num_experts_per_tok` required (no default) | `DeepseekV2Config` |
 //!
 //! Defaults in parentheses are transformers' where the key is absent. `norm_topk_prob`,
 //! `router_aux_loss_coef`, `router_jitter_noise` and `output_router_logits` change neither
-//! parameters nor FLOPs and are not read.
+//! parameters nor FLOPs and are not read; nor are DeepSeek's routing settings (`n_group`,
+//! `topk_group`, `topk_method`, `scoring_func`, `routed_scaling_factor`, `aux_loss_alpha`,
+//! `seq_aux`) or its YaRN `rope_scaling` (no parameters).
+//!
+//! DeepSeek counts: the count is of transformers' `DeepseekV3ForCausalLM` (and V2's), which
+//! builds no multi-token-prediction module for `num_nextn_predict_layers`, so the count
+//! excludes MTP (DeepSeek-V3's released checkpoint, 685B, adds its 14B MTP module to the
+//! 671B). The router's `e_score_correction_bias` (one float per routed expert in each MoE
+//! block, 256 for DeepSeek-V3) is a buffer updated by DeepSeek's balancing rule, not by
+//! gradients, and is not counted.
 
 use serde_json::{Map, Value};
 
@@ -46,6 +57,8 @@ pub struct HfModel {
     pub sliding_window: Option<u64>,
     /// Mixture-of-experts MLPs, for the MoE model types.
     pub moe: Option<super::MoeConfig>,
+    /// Multi-head latent attention, for the DeepSeek types.
+    pub mla: Option<super::MlaConfig>,
 }
 
 impl HfModel {
@@ -67,21 +80,34 @@ impl HfModel {
             qkv_bias: self.qkv_bias,
             qk_norm: self.qk_norm,
             moe: self.moe.clone(),
+            mla: self.mla.clone(),
         }
     }
 }
 
 /// The model types this module reads.
-pub const SUPPORTED: &[&str] =
-    &["llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "mixtral", "qwen2_moe", "qwen3_moe"];
+pub const SUPPORTED: &[&str] = &[
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma",
+    "phi3",
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "deepseek_v2",
+    "deepseek_v3",
+];
 
 /// The mixture-of-experts model types (the rest are dense).
-const MOE_TYPES: &[&str] = &["mixtral", "qwen2_moe", "qwen3_moe"];
+const MOE_TYPES: &[&str] = &["mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"];
+
+/// The model types with DeepSeek's multi-head latent attention (and its MoE keys).
+const DEEPSEEK_TYPES: &[&str] = &["deepseek_v2", "deepseek_v3"];
 
 /// Model types people ask for that are not read, with what the block cannot express.
 const UNSUPPORTED: &[(&str, &str)] = &[
-    ("deepseek_v2", "multi-head latent attention (DeepSeek's low-rank compressed q and kv) is not modelled yet"),
-    ("deepseek_v3", "multi-head latent attention (DeepSeek's low-rank compressed q and kv) is not modelled yet"),
     ("gpt_oss", "attention sinks, alternating sliding-window blocks and biased experts are not modelled yet"),
     ("llama4", "a multimodal wrapper with interleaved dense and MoE blocks and chunked attention is not modelled yet"),
     ("llama4_text", "interleaved dense and MoE blocks and chunked attention are not modelled yet"),
@@ -95,7 +121,7 @@ const MOE_KEYS: &[&str] = &["num_local_experts", "num_experts", "n_routed_expert
 
 /// Keys that describe something the llama-style block cannot express, with why.
 const REFUSED: &[(&str, &str)] = &[
-    ("n_routed_experts", "DeepSeek-style routed experts are not read (a DeepSeek config is not supported)"),
+    ("n_routed_experts", "DeepSeek-style routed experts are read in deepseek_v2 and deepseek_v3 configs only"),
     ("text_config", "a multimodal wrapper: give the language model's own config.json"),
     (
         "quantization_config",
@@ -135,7 +161,11 @@ pub fn parse(text: &str) -> Result<HfModel, String> {
             }
         }
     }
+    let deepseek = DEEPSEEK_TYPES.contains(&model_type.as_str());
     for (key, why) in REFUSED {
+        if deepseek && *key == "n_routed_experts" {
+            continue;
+        }
         if o.get(*key).is_some_and(|x| !x.is_null()) {
             return Err(format!("key `{key}`: {why}"));
         }
@@ -143,13 +173,25 @@ pub fn parse(text: &str) -> Result<HfModel, String> {
     let hidden = count(&o, "hidden_size")?;
     let n_heads = count(&o, "num_attention_heads")?;
     let n_kv_heads = opt_count(&o, "num_key_value_heads")?.unwrap_or(n_heads);
-    let head_dim = opt_count(&o, "head_dim")?;
+    if deepseek && n_kv_heads != n_heads {
+        return Err(format!(
+            "key `num_key_value_heads`: {n_kv_heads} differs from num_attention_heads ({n_heads}); multi-head latent attention has a key and a value per query head, so only {n_heads}"
+        ));
+    }
+    // DeepSeek's widths are in the MLA keys (transformers sets its `head_dim` to
+    // `qk_rope_head_dim`, whatever the file says).
+    let head_dim = if deepseek { None } else { opt_count(&o, "head_dim")? };
     let gemma = model_type == "gemma";
     if gemma && head_dim.is_none() {
         return Err("key `head_dim` is missing (Gemma's heads are not hidden_size / num_attention_heads wide)".into());
     }
     let tie_default = gemma;
     let attention_bias = flag(&o, "attention_bias")?.unwrap_or(false);
+    if attention_bias && deepseek {
+        return Err(format!(
+            "key `attention_bias`: true (biases on q_a_proj, kv_a_proj_with_mqa and o_proj of {model_type}) is not modelled; only false"
+        ));
+    }
     if attention_bias && model_type != "qwen2" {
         return Err(format!(
             "key `attention_bias`: true (biases on q, k, v and o of {model_type}) is not modelled; only false"
@@ -172,10 +214,12 @@ pub fn parse(text: &str) -> Result<HfModel, String> {
         "qwen2_moe" => flag(&o, "qkv_bias")?.unwrap_or(true),
         _ => false,
     };
-    let moe = if is_moe { Some(moe_config(&o, &model_type)?) } else { None };
+    let n_layers = count(&o, "num_hidden_layers")?;
+    let moe = if is_moe { Some(moe_config(&o, &model_type, n_layers)?) } else { None };
+    let mla = if deepseek { Some(mla_config(&o)?) } else { None };
     Ok(HfModel {
         family: Family::Llama,
-        n_layers: count(&o, "num_hidden_layers")?,
+        n_layers,
         hidden,
         n_heads,
         n_kv_heads,
@@ -188,12 +232,38 @@ pub fn parse(text: &str) -> Result<HfModel, String> {
         max_position_embeddings: opt_count(&o, "max_position_embeddings")?,
         sliding_window,
         moe,
+        mla,
         model_type,
     })
 }
 
+/// DeepSeek's multi-head latent attention, with transformers' defaults (the same in
+/// `DeepseekV2Config` and `DeepseekV3Config`).
+fn mla_config(o: &Map<String, Value>) -> Result<super::MlaConfig, String> {
+    // Absent: the default rank; null: no query compression (`q_proj`, DeepSeek-V2-Lite).
+    let q_lora_rank = match o.get("q_lora_rank") {
+        None => 1536,
+        Some(Value::Null) => 0,
+        Some(_) => count(o, "q_lora_rank")?,
+    };
+    let qk_rope_head_dim = opt_count(o, "qk_rope_head_dim")?.unwrap_or(64);
+    if qk_rope_head_dim % 2 != 0 {
+        return Err(format!("key `qk_rope_head_dim`: rotary embeddings need an even width, got {qk_rope_head_dim}"));
+    }
+    Ok(super::MlaConfig {
+        q_lora_rank,
+        kv_lora_rank: opt_count(o, "kv_lora_rank")?.unwrap_or(512),
+        qk_nope_head_dim: opt_count(o, "qk_nope_head_dim")?.unwrap_or(128),
+        qk_rope_head_dim,
+        v_head_dim: opt_count(o, "v_head_dim")?.unwrap_or(128),
+    })
+}
+
 /// The mixture-of-experts MLP of a MoE model type, with transformers' defaults.
-fn moe_config(o: &Map<String, Value>, model_type: &str) -> Result<super::MoeConfig, String> {
+fn moe_config(o: &Map<String, Value>, model_type: &str, n_layers: u64) -> Result<super::MoeConfig, String> {
+    if DEEPSEEK_TYPES.contains(&model_type) {
+        return deepseek_moe(o, model_type, n_layers);
+    }
     let (num_experts, top_k, expert_ffn_hidden, shared) = match model_type {
         // MixtralConfig: `num_experts` is an alias of `num_local_experts` (attribute_map).
         "mixtral" => (
@@ -252,6 +322,65 @@ fn moe_config(o: &Map<String, Value>, model_type: &str) -> Result<super::MoeConf
     })
 }
 
+/// DeepSeek's MoE MLPs (`DeepseekV2Moe`, `DeepseekV3MoE`): the first `first_k_dense_replace`
+/// blocks dense of `intermediate_size`, the rest `n_routed_experts` experts and
+/// `n_shared_experts` x `moe_intermediate_size` of ungated shared expert.
+fn deepseek_moe(o: &Map<String, Value>, model_type: &str, n_layers: u64) -> Result<super::MoeConfig, String> {
+    let v3 = model_type == "deepseek_v3";
+    if o.get("n_routed_experts").is_some_and(Value::is_null) {
+        return Err(
+            "key `n_routed_experts`: null (every MLP dense, as DeepSeek's own modelling code reads it) is not read; give the number of routed experts".into(),
+        );
+    }
+    // transformers' attribute_map: V3 aliases `num_local_experts`, V2 `num_experts`.
+    let alias = if v3 { "num_local_experts" } else { "num_experts" };
+    let num_experts = aliased(o, "n_routed_experts", alias)?.unwrap_or(if v3 { 256 } else { 64 });
+    let top_k = match opt_count(o, "num_experts_per_tok")? {
+        Some(k) => k,
+        None if v3 => 8,
+        None => {
+            return Err(
+                "key `num_experts_per_tok` is missing (DeepseekV2Config has no default: the experts each token is routed to)".into(),
+            )
+        }
+    };
+    if top_k > num_experts {
+        return Err(format!(
+            "key `num_experts_per_tok`: {top_k} experts per token is more than the {num_experts} experts there are"
+        ));
+    }
+    let expert_ffn_hidden = opt_count(o, "moe_intermediate_size")?.unwrap_or(if v3 { 2048 } else { 1407 });
+    // null: no shared experts (DeepSeek's modelling code builds none).
+    let n_shared = match o.get("n_shared_experts") {
+        Some(Value::Null) => 0,
+        _ => opt_whole(o, "n_shared_experts")?.unwrap_or(if v3 { 1 } else { 2 }),
+    };
+    let first_dense_layers = opt_whole(o, "first_k_dense_replace")?.unwrap_or(if v3 { 3 } else { 0 });
+    if first_dense_layers >= n_layers {
+        return Err(format!(
+            "key `first_k_dense_replace`: {first_dense_layers} dense blocks of num_hidden_layers ({n_layers}) leaves no mixture-of-experts block; at most {}",
+            n_layers - 1
+        ));
+    }
+    // DeepSeek's modelling code: block l's MLP is sparse when l >= first_k_dense_replace and
+    // l % moe_layer_freq == 0 (transformers' classes read no such key: every block past the
+    // dense ones sparse).
+    let freq = opt_count(o, "moe_layer_freq")?.unwrap_or(1);
+    if freq != 1 {
+        return Err(format!(
+            "key `moe_layer_freq`: {freq} (a mixture-of-experts MLP only in every {freq}th block, dense MLPs between) is not modelled; only 1"
+        ));
+    }
+    Ok(super::MoeConfig {
+        num_experts,
+        top_k,
+        expert_ffn_hidden,
+        shared_expert_ffn_hidden: n_shared * expert_ffn_hidden,
+        shared_expert_gate: false,
+        first_dense_layers,
+    })
+}
+
 /// A count under either of two names transformers treats as one (`attribute_map`).
 fn aliased(o: &Map<String, Value>, key: &str, alias: &str) -> Result<Option<u64>, String> {
     match (opt_count(o, key)?, opt_count(o, alias)?) {
@@ -269,6 +398,16 @@ fn opt_count(o: &Map<String, Value>, key: &str) -> Result<Option<u64>, String> {
             Some(n) if n > 0 => Ok(Some(n)),
             _ => Err(format!("key `{key}`: must be a positive whole number, got {v}")),
         },
+    }
+}
+
+/// A whole number that may be 0.
+fn opt_whole(o: &Map<String, Value>, key: &str) -> Result<Option<u64>, String> {
+    match o.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => {
+            v.as_u64().map(Some).ok_or_else(|| format!("key `{key}`: must be a whole number (0 or more), got {v}"))
+        }
     }
 }
 
@@ -292,10 +431,10 @@ pub struct ZooModel {
 }
 
 macro_rules! zoo {
-    ($($name:literal => $repo:literal),* $(,)?) => {
+    ($($name:literal => $repo:literal $(; $note:literal)?),* $(,)?) => {
         &[$(ZooModel {
             name: $name,
-            source: concat!("https://huggingface.co/", $repo, "/blob/main/config.json"),
+            source: concat!("https://huggingface.co/", $repo, "/blob/main/config.json" $(, $note)?),
             config: include_str!(concat!("../../models/", $name, ".json")),
         }),*]
     };
@@ -303,6 +442,11 @@ macro_rules! zoo {
 
 /// The shipped model zoo (`models/`): the released `config.json` of each model.
 pub const ZOO: &[ZooModel] = zoo! {
+    // The released config.json less its `quantization_config` (FP8 e4m3, 128 x 128 blocks):
+    // that describes how the released weights are stored, not the architecture, and a user's
+    // config.json with one is refused (quantized weights are a scenario setting).
+    "deepseek-v3" => "deepseek-ai/DeepSeek-V3";
+        " less its quantization_config (the released weights' FP8 storage, not the architecture)",
     "gemma-7b" => "google/gemma-7b",
     "llama-3.1-8b" => "meta-llama/Llama-3.1-8B",
     "llama-3.1-70b" => "meta-llama/Llama-3.1-70B",
@@ -404,14 +548,76 @@ mod tests {
         // Dense types still refuse expert keys.
         let e = with("qwen3", r#", "num_experts": 8"#).unwrap_err();
         assert!(e.contains("`num_experts`") && e.contains("mixture-of-experts"), "{e}");
-        // DeepSeek's attention is refused by name.
-        for t in ["deepseek_v3", "deepseek_v2"] {
-            let e = with(t, "").unwrap_err();
-            assert!(e.contains(t) && e.contains("multi-head latent attention"), "{e}");
-        }
+        // DeepSeek's routed experts are read by the DeepSeek types only.
+        let e = with("qwen3_moe", r#", "n_routed_experts": 8"#).unwrap_err();
+        assert!(e.contains("`n_routed_experts`") && e.contains("deepseek_v3"), "{e}");
         for t in ["gpt_oss", "llama4", "dbrx", "jamba"] {
             let e = with(t, "").unwrap_err();
             assert!(e.contains(t) && e.contains("not supported"), "{e}");
+        }
+    }
+
+    #[test]
+    fn deepseek_types_read_latent_attention_and_experts_with_transformers_defaults() {
+        let with = |t: &str, extra: &str| parse(&format!(r#"{{"model_type": "{t}", {MOE_BASE}{extra}}}"#));
+        // DeepseekV3Config's defaults: DeepSeek-V3's MLA and experts (3 dense blocks of 4).
+        let h = with("deepseek_v3", r#", "num_hidden_layers": 4"#).unwrap();
+        let a = h.mla.clone().unwrap();
+        assert_eq!(
+            (a.q_lora_rank, a.kv_lora_rank, a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim),
+            (1536, 512, 128, 64, 128)
+        );
+        let m = h.moe.clone().unwrap();
+        assert_eq!((m.num_experts, m.top_k, m.expert_ffn_hidden, m.shared_expert_ffn_hidden), (256, 8, 2048, 2048));
+        assert_eq!((m.first_dense_layers, m.shared_expert_gate), (3, false));
+        assert_eq!((h.n_kv_heads, h.head_dim, h.qkv_bias, h.qk_norm, h.ffn_hidden), (4, None, false, false, 128));
+        // DeepseekV2Config's: 64 experts of 1407, two shared, no dense blocks; top-k required.
+        let e = with("deepseek_v2", "").unwrap_err();
+        assert!(e.contains("`num_experts_per_tok` is missing"), "{e}");
+        let h = with("deepseek_v2", r#", "num_experts_per_tok": 6, "q_lora_rank": null, "head_dim": 7"#).unwrap();
+        let m = h.moe.clone().unwrap();
+        assert_eq!((m.num_experts, m.top_k, m.expert_ffn_hidden, m.shared_expert_ffn_hidden), (64, 6, 1407, 2814));
+        assert_eq!(m.first_dense_layers, 0);
+        // null q_lora_rank: a direct query projection; head_dim is not read.
+        assert_eq!((h.mla.unwrap().q_lora_rank, h.head_dim), (0, None));
+        // The alias transformers maps to n_routed_experts, and no shared experts.
+        let h = with("deepseek_v3", r#", "num_local_experts": 16, "n_shared_experts": 0, "first_k_dense_replace": 0"#);
+        let m = h.unwrap().moe.unwrap();
+        assert_eq!((m.num_experts, m.shared_expert_ffn_hidden, m.first_dense_layers), (16, 0, 0));
+        // Routing settings, YaRN and the MTP layer count change no parameter.
+        assert!(with(
+            "deepseek_v3",
+            r#", "n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
+            "topk_method": "noaux_tc", "norm_topk_prob": true, "aux_loss_alpha": 0.001, "num_nextn_predict_layers": 1,
+            "rope_scaling": {"type": "yarn", "factor": 40}, "first_k_dense_replace": 1"#
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn deepseek_refusals_name_the_key() {
+        let with = |t: &str, extra: &str| parse(&format!(r#"{{"model_type": "{t}", {MOE_BASE}{extra}}}"#));
+        for t in ["deepseek_v3", "deepseek_v2"] {
+            let k = r#", "num_experts_per_tok": 2, "first_k_dense_replace": 1"#;
+            assert!(with(t, k).is_ok(), "{t}");
+            let e = with(t, &format!(r#"{k}, "moe_layer_freq": 2"#)).unwrap_err();
+            assert!(e.contains("`moe_layer_freq`") && e.contains("only 1"), "{e}");
+            assert!(with(t, &format!(r#"{k}, "moe_layer_freq": 1"#)).is_ok());
+            let e = with(t, &format!(r#"{k}, "attention_bias": true"#)).unwrap_err();
+            assert!(e.contains("`attention_bias`") && e.contains(t), "{e}");
+            let e = with(t, &format!(r#"{k}, "num_key_value_heads": 2"#)).unwrap_err();
+            assert!(e.contains("`num_key_value_heads`"), "{e}");
+            assert!(with(t, &format!(r#"{k}, "num_key_value_heads": 4"#)).is_ok());
+            let e = with(t, &format!(r#"{k}, "quantization_config": {{"quant_method": "fp8"}}"#)).unwrap_err();
+            assert!(e.contains("`quantization_config`"), "{e}");
+            let e = with(t, r#", "num_experts_per_tok": 2, "first_k_dense_replace": 2"#).unwrap_err();
+            assert!(e.contains("`first_k_dense_replace`"), "{e}");
+            let e = with(t, &format!(r#"{k}, "n_routed_experts": 1"#)).unwrap_err();
+            assert!(e.contains("`num_experts_per_tok`"), "{e}");
+            let e = with(t, &format!(r#"{k}, "qk_rope_head_dim": 63"#)).unwrap_err();
+            assert!(e.contains("`qk_rope_head_dim`"), "{e}");
+            let e = with(t, &format!(r#"{k}, "mlp_bias": true"#)).unwrap_err();
+            assert!(e.contains("`mlp_bias`"), "{e}");
         }
     }
 }

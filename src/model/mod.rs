@@ -8,7 +8,7 @@ pub mod hf;
 pub mod lora;
 pub mod quant;
 
-pub use config::{Attention, Dtype, Family, ModelConfig, MoeConfig, RoutedCopies, TensorSplit, Workload};
+pub use config::{Attention, Dtype, Family, MlaConfig, ModelConfig, MoeConfig, RoutedCopies, TensorSplit, Workload};
 pub use dag::{build, CommGroup, LayerDag, Op, OpId, OpKind, Region, Tensor, TensorId, TensorKind, TpComm};
 pub use lora::LoraConfig;
 pub use quant::{kv_bytes_per_token, KvDtype, WeightFormat};

@@ -13,28 +13,63 @@ pub fn summary(s: &Scenario) -> String {
     let mut o = String::new();
     let per_block = m.params_per_block();
     let outside = m.params_outside_blocks();
+    let heads = match &m.mla {
+        Some(mla) => format!(
+            "{} heads of multi-head latent attention (q/k {} + {} rope, v {}; latent {}, query rank {})",
+            m.n_heads, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim, mla.kv_lora_rank, mla.q_lora_rank
+        ),
+        None => format!("{} heads ({} kv) of {}", m.n_heads, m.n_kv_heads, m.head_dim()),
+    };
     let _ = writeln!(
         o,
-        "  model      {} family{}: {} layers x hidden {}, {} heads ({} kv) of {}, ffn {}, vocab {}{}",
+        "  model      {} family{}: {} layers x hidden {}, {heads}, ffn {}, vocab {}{}",
         format!("{:?}", m.family).to_lowercase(),
         s.model_source.as_ref().map_or(String::new(), |s| format!(" ({s})")),
         m.n_layers,
         m.hidden,
-        m.n_heads,
-        m.n_kv_heads,
-        m.head_dim(),
         m.ffn_hidden,
         m.vocab,
         if m.tie_embeddings { ", tied embeddings" } else { "" }
     );
-    let _ = writeln!(
-        o,
-        "             {} parameters = {} blocks x {} + {} outside them (embeddings, final norm, head)",
-        sep(m.param_count()),
-        m.n_layers,
-        sep(per_block),
-        sep(outside)
-    );
+    match &m.moe {
+        Some(moe) => {
+            let moe_layers = m.moe_layers();
+            let dense = m.n_layers - moe_layers;
+            let dense_part =
+                if dense > 0 { format!("{dense} dense blocks x {} + ", sep(per_block)) } else { String::new() };
+            let _ = writeln!(
+                o,
+                "             {} parameters = {dense_part}{moe_layers} MoE blocks x {} + {} outside them (embeddings, final norm, head); {} active per token",
+                sep(m.param_count()),
+                sep(m.block_params(m.n_layers - 1)),
+                sep(outside),
+                sep(m.active_param_count())
+            );
+            let _ = writeln!(
+                o,
+                "  experts    {} of ffn {} per MoE block, top-{}{}; expert parallel {}",
+                moe.num_experts,
+                moe.expert_ffn_hidden,
+                moe.top_k,
+                if moe.shared_expert_ffn_hidden > 0 {
+                    format!(", shared experts of ffn {}", moe.shared_expert_ffn_hidden)
+                } else {
+                    String::new()
+                },
+                s.parallel.model_parallel.expert
+            );
+        }
+        None => {
+            let _ = writeln!(
+                o,
+                "             {} parameters = {} blocks x {} + {} outside them (embeddings, final norm, head)",
+                sep(m.param_count()),
+                m.n_layers,
+                sep(per_block),
+                sep(outside)
+            );
+        }
+    }
     let c = &s.cluster;
     let _ = writeln!(
         o,

@@ -71,6 +71,13 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         }
         extras.push(line);
     }
+    if let Some(mla) = &m.mla {
+        let q = if mla.q_lora_rank > 0 { format!("query rank {}", mla.q_lora_rank) } else { "direct queries".into() };
+        extras.push(format!(
+            "multi-head latent attention: {q}, key-value latent {}, per head q/k {} + {} rope, v {}",
+            mla.kv_lora_rank, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim
+        ));
+    }
     if !extras.is_empty() {
         let _ = writeln!(o, "           {}", extras.join(", "));
     }
@@ -558,7 +565,7 @@ fn plural(n: u64, what: &str) -> String {
 pub fn zoo_table() -> String {
     use std::fmt::Write;
     let mut o = format!(
-        "{:<19} {:<9} {:>7}  {:>6}  {:>11}  {:>16}  {:>16}  {}\n",
+        "{:<19} {:<11} {:>7}  {:>6}  {:>11}  {:>16}  {:>16}  {}\n",
         "model", "type", "layers", "hidden", "heads (kv)", "parameters", "active (MoE)", "source"
     );
     for z in crate::model::hf::ZOO {
@@ -568,7 +575,7 @@ pub fn zoo_table() -> String {
         let active = if cfg.moe.is_some() { sep(cfg.active_param_count()) } else { "-".to_string() };
         let _ = writeln!(
             o,
-            "{:<19} {:<9} {:>7}  {:>6}  {:>5} ({:>3})  {:>16}  {:>16}  {}",
+            "{:<19} {:<11} {:>7}  {:>6}  {:>5} ({:>3})  {:>16}  {:>16}  {}",
             z.name,
             h.model_type,
             h.n_layers,

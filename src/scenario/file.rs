@@ -177,6 +177,21 @@ pub struct ModelSection {
     pub embedding_norm: Option<bool>,
     /// Mixture-of-experts MLPs (llama family); a MoE `config.json` fills it in.
     pub moe: Option<MoeSection>,
+    /// DeepSeek's multi-head latent attention (llama family); a DeepSeek `config.json` fills
+    /// it in.
+    pub mla: Option<MlaSection>,
+}
+
+/// `[model.mla]`: multi-head latent attention, by Hugging Face's names.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct MlaSection {
+    /// 0: a direct query projection (DeepSeek-V2-Lite).
+    pub q_lora_rank: Option<i64>,
+    pub kv_lora_rank: Option<i64>,
+    pub qk_nope_head_dim: Option<i64>,
+    pub qk_rope_head_dim: Option<i64>,
+    pub v_head_dim: Option<i64>,
 }
 
 /// `[model.moe]`: a mixture-of-experts MLP, by Megatron-Core's and Hugging Face's names.

@@ -25,7 +25,7 @@ pub use file::*;
 use inference::{inference_lengths, inference_standin, job_kind, validate_inference};
 use lora::validate_lora;
 use megatron::validate_megatron;
-use moe::{validate_expert_parallel, validate_moe};
+use moe::{validate_expert_parallel, validate_mla, validate_moe};
 use offload::validate_offload;
 pub use offload::*;
 use parallel::validate_model_parallel;
@@ -343,7 +343,22 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         qkv_bias,
         qk_norm,
         moe: validate_moe(&v, m, hf.as_ref(), family, n_layers)?,
+        mla: validate_mla(&v, m, hf.as_ref(), family)?,
     };
+    if model.mla.is_some() {
+        for (field, set) in
+            [("model.head_dim", head_dim.is_some()), ("model.qkv_bias", qkv_bias), ("model.qk_norm", qk_norm)]
+        {
+            if set {
+                return Err(
+                    v.err(field, "does not apply with multi-head latent attention (its widths are in [model.mla])")
+                );
+            }
+        }
+        if inf.is_some() {
+            return Err(v.err("job.kind", "inference with multi-head latent attention is not simulated yet (its KV cache holds the compressed latent); simulate its training"));
+        }
+    }
     if model.moe.is_some() && inf.is_some() {
         return Err(v.err(
             "job.kind",
@@ -675,8 +690,8 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
     };
     let mut workload = workload;
     if let Some(l) = &f.lora {
-        if model.moe.is_some() {
-            return Err(v.err("lora", "LoRA on a mixture-of-experts model is not simulated yet (adapters on the experts); fine-tune a dense model, or simulate full training"));
+        if model.moe.is_some() || model.mla.is_some() {
+            return Err(v.err("lora", "LoRA on a mixture-of-experts or multi-head latent attention model is not simulated yet (adapters on the experts and latent projections); fine-tune a dense model, or simulate full training"));
         }
         if parallel.offload.as_ref().is_some_and(|o| o.parameters.is_some()) {
             return Err(v.err("offload.parameters", "parameter offload with LoRA is not simulated yet (the frozen base would stay on the GPU); offload the optimizer only"));

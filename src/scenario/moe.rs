@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::model::hf::HfModel;
-use crate::model::MoeConfig;
+use crate::model::{MlaConfig, MoeConfig};
 use crate::schedule::routing::Routing;
 
 /// The model's MoE MLP: the section's fields over the config's; None for a dense model.
@@ -95,6 +95,12 @@ pub(super) fn validate_expert_parallel(
         Some(x) => v.positive("parallel.expert", x)?,
         None => 1,
     };
+    if model.mla.is_some() && tensor > 1 {
+        return Err(v.err(
+            "parallel.tensor",
+            "tensor parallelism with multi-head latent attention is not simulated yet (which of its projections Megatron-Core splits); use parallel.tensor = 1 with expert and pipeline parallelism, as DeepSeek-V3 trains",
+        ));
+    }
     let Some(moe) = &model.moe else {
         if ep == 1 {
             return Ok(1);
@@ -215,4 +221,50 @@ pub(super) fn validate_routing(
         }
     }
     Ok(routing)
+}
+
+/// `[model.mla]`: multi-head latent attention, the section's fields over the config's.
+pub(super) fn validate_mla(
+    v: &V,
+    m: &ModelSection,
+    hf: Option<&HfModel>,
+    family: Family,
+) -> Result<Option<MlaConfig>, ScenarioError> {
+    let base = hf.and_then(|h| h.mla.clone());
+    let Some(sec) = &m.mla else { return Ok(base) };
+    if family != Family::Llama {
+        return Err(v.err(
+            "model.mla",
+            "multi-head latent attention applies to the llama family; set model.family = \"llama\"",
+        ));
+    }
+    let num = |field: &str, own: Option<i64>, from: Option<u64>| -> Result<u64, ScenarioError> {
+        match (own, from) {
+            (Some(x), _) => v.bounded(field, x, limits::MAX_HIDDEN),
+            (None, Some(x)) => Ok(x),
+            (None, None) => {
+                Err(v.err(field, "is required in [model.mla] (or give a DeepSeek model.name / model.hf_config)"))
+            }
+        }
+    };
+    let q_lora_rank = match sec.q_lora_rank {
+        Some(0) => 0,
+        Some(x) => v.bounded("model.mla.q_lora_rank", x, limits::MAX_HIDDEN)?,
+        None => base.as_ref().map_or(0, |b| b.q_lora_rank),
+    };
+    let rope = num("model.mla.qk_rope_head_dim", sec.qk_rope_head_dim, base.as_ref().map(|b| b.qk_rope_head_dim))?;
+    if rope % 2 != 0 {
+        return Err(v.err("model.mla.qk_rope_head_dim", format!("rotary embeddings need an even width, got {rope}")));
+    }
+    Ok(Some(MlaConfig {
+        q_lora_rank,
+        kv_lora_rank: num("model.mla.kv_lora_rank", sec.kv_lora_rank, base.as_ref().map(|b| b.kv_lora_rank))?,
+        qk_nope_head_dim: num(
+            "model.mla.qk_nope_head_dim",
+            sec.qk_nope_head_dim,
+            base.as_ref().map(|b| b.qk_nope_head_dim),
+        )?,
+        qk_rope_head_dim: rope,
+        v_head_dim: num("model.mla.v_head_dim", sec.v_head_dim, base.as_ref().map(|b| b.v_head_dim))?,
+    }))
 }
