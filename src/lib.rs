@@ -337,6 +337,7 @@ fn routing_report(
     let needed = if ran_out { simulate_job(s, u64::MAX / 4, false)?.report } else { with.clone() };
     let mut uniform = s.clone();
     uniform.routing = schedule::routing::Routing::Uniform;
+    uniform.capacity = None;
     let u = simulate_job(&uniform, s.allocator_capacity(), false)?.report;
     let describe = match &s.routing {
         schedule::routing::Routing::Uniform => "uniform".to_string(),
@@ -345,11 +346,14 @@ fn routing_report(
     };
     Ok(report::RoutingReport {
         routing: describe,
+        capacity_factor: s.capacity.map(|c| c.factor),
+        padded: s.capacity.is_some_and(|c| c.pad),
+        dropped_fraction: s.dropped_copies() as f64 / s.routed_copies().max(1) as f64,
         hottest_rank: hot as u64,
         hottest_copies: loads[hot],
         coolest_rank: cold as u64,
         coolest_copies: loads[cold],
-        uniform_copies: loads.iter().sum::<u64>() / loads.len().max(1) as u64,
+        uniform_copies: s.routed_copies(),
         peak_needed: needed.peak.as_ref().map_or(report::Bytes::new(0), |p| p.allocated),
         step_time_s: needed.throughput.as_ref().map(|t| t.step_time_s),
         uniform_peak: u.peak.as_ref().map_or(report::Bytes::new(0), |p| p.allocated),

@@ -61,6 +61,8 @@ const FIELDS: &[(&str, &str)] = &[
     ("moe", "zipf_exponent"),
     ("moe", "seed"),
     ("moe", "tokens_per_expert"),
+    ("moe", "capacity_factor"),
+    ("moe", "pad_to_capacity"),
     ("megatron", "overlap_grad_reduce"),
     ("megatron", "overlap_param_gather"),
     ("megatron", "tp_comm_overlap"),

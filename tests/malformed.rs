@@ -388,6 +388,24 @@ fn cases() -> Vec<Case> {
             "parallel.tensor",
             &["multi-head latent attention", "parallel.tensor = 1"],
         ),
+        case(
+            "moe.capacity_factor of zero",
+            moe().set("hardware", "gpus", "2").set("parallel", "expert", "2").set("moe", "capacity_factor", "0.0"),
+            "moe.capacity_factor",
+            &["(0, 1000]", "got 0"],
+        ),
+        case(
+            "moe.capacity_factor without expert parallelism",
+            moe().set("moe", "capacity_factor", "1.0"),
+            "moe.capacity_factor",
+            &["parallel.expert > 1"],
+        ),
+        case(
+            "moe.pad_to_capacity without a capacity factor",
+            moe().set("moe", "pad_to_capacity", "true"),
+            "moe.pad_to_capacity",
+            &["moe.capacity_factor"],
+        ),
         // --- Megatron-LM's overlap flags
         case(
             "[megatron] without the Megatron framework",

@@ -240,8 +240,8 @@ fn routed(gpus: u64, parallel: &str, routing: &str) -> Scenario {
     Scenario::from_toml(Path::new("<moe>"), &text).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// Measured loads that are all equal are uniform routing, simulated rank by rank: the same
-/// peak and step time (the barriers cost nothing when every rank arrives together).
+/// Measured loads that are all equal are uniform routing: one class, the same peak and step
+/// time as the uniform job.
 #[test]
 fn equal_measured_loads_reproduce_uniform_routing() {
     let uniform = stepsim::simulate(&scenario(16, "expert = 8\nsharding = \"zero1\"", "")).unwrap();
@@ -250,18 +250,45 @@ fn equal_measured_loads_reproduce_uniform_routing() {
         "expert = 8\nsharding = \"zero1\"",
         "routing = \"measured\"\ntokens_per_expert = [5, 5, 5, 5, 5, 5, 5, 5]",
     );
-    assert_eq!(s.expert_loads(), Some(vec![K * SEQ; 8]));
+    assert_eq!(s.expert_loads(), None);
     let sim = stepsim::simulate(&s).unwrap();
-    assert_eq!(sim.job.classes.len(), 8);
+    assert_eq!(sim.job.classes.len(), 1);
     let step = |x: &stepsim::Simulation| x.report.throughput.as_ref().unwrap().step_time_s;
     assert_eq!(step(&sim), step(&uniform));
     assert_eq!(
         sim.report.peak.as_ref().unwrap().allocated.bytes,
         uniform.report.peak.as_ref().unwrap().allocated.bytes
     );
-    // Expert rank r of 16 GPUs in groups of 8: ranks r and r + 8.
+}
+
+/// A capacity factor of 1 caps the hot expert at its even share: 3:1:...:1 over 8 experts of
+/// 4096 copies gives the hot expert 1229 and each other about 410; capacity 512 keeps them
+/// all, so nothing is dropped; at 0.75 (384) the hot expert drops 845 and the others 26 each
+/// (410 - 384, or 25 for the 409s). Every expert-parallel rank of 16 GPUs in groups of 8 is
+/// a class "r-(r + 8) every 8".
+#[test]
+fn a_capacity_factor_drops_what_exceeds_each_expert() {
+    let hot = "routing = \"measured\"\ntokens_per_expert = [3, 1, 1, 1, 1, 1, 1, 1]";
+    let s = routed(16, "expert = 8\nsharding = \"zero1\"", &format!("{hot}\ncapacity_factor = 0.75"));
+    let copies = K * SEQ;
+    let cap = s.capacity.unwrap();
+    assert_eq!(cap.per_expert(copies, E), 384);
+    let split = s.routing.expert_copies(E, copies);
+    assert_eq!(split, vec![1229, 410, 410, 410, 410, 409, 409, 409]);
+    assert_eq!(s.dropped_copies(), (1229 - 384) + 4 * 26 + 3 * 25);
+    // One expert per rank: each receives 8 x 384 copies.
+    assert_eq!(s.expert_loads(), Some(vec![8 * 384; 8]));
+    let sim = stepsim::simulate(&s).unwrap();
+    assert_eq!(sim.job.classes.len(), 8);
     assert_eq!(sim.job.classes[3].ranks(), "3-11 every 8");
-    assert_eq!(sim.job.classes[3].count, 2);
+    let rt = sim.report.routing.as_ref().unwrap();
+    assert_eq!(rt.capacity_factor, Some(0.75));
+    assert!((rt.dropped_fraction - s.dropped_copies() as f64 / copies as f64).abs() < 1e-12);
+    let text = stepsim::report::text::render(&sim.report, &s);
+    assert!(text.contains("capacity factor 0.75: 25.0% of each rank's token copies dropped"), "{text}");
+    // Dropless, the hot expert's rank receives 0.3 of the group's 8 x 4096 copies (9830.4, rounded down).
+    let dropless = routed(16, "expert = 8\nsharding = \"zero1\"", hot);
+    assert_eq!(dropless.expert_loads().unwrap()[0], 8 * 4096 * 3 / 10);
 }
 
 /// One expert with three times its share: its rank receives (3 + 1) / (3 + 7) of 8 x 4096
@@ -372,4 +399,20 @@ fn multi_head_latent_attention_counts_and_saves_as_derived() {
     assert!(text.contains(
         "multi-head latent attention: query rank 256, key-value latent 128, per head q/k 64 + 32 rope, v 64"
     ));
+}
+
+/// `explain` offers token dropping for a mixture of experts with expert parallelism, ranked
+/// apart from the changes that keep the training problem.
+#[test]
+fn explain_offers_token_dropping_as_a_change_of_problem() {
+    use stepsim::explain;
+    let s = Scenario::load(Path::new("scenarios/mixtral-8x7b-h100-ep8-hot-expert.toml")).unwrap();
+    let (_, v) = explain::counterfactual::variants(&s, 13).unwrap().remove(0);
+    assert_eq!(v.capacity.map(|c| c.factor), Some(1.0));
+    let sim = stepsim::simulate(&s).unwrap();
+    let e = explain::explain(&s, &sim, explain::DEFAULT_MARGIN);
+    let row = e.counterfactuals.iter().find(|c| c.change.starts_with("capacity factor 1.0")).expect("a row");
+    assert!(row.changes_problem);
+    assert_eq!(row.fits, Some(true));
+    assert!(!e.answer.starts_with("the cheapest change that fits on the same GPUs is \"capacity"), "{}", e.answer);
 }

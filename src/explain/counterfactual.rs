@@ -27,11 +27,14 @@ pub const COUNTERFACTUAL_NAMES: &[&str] = &[
     "CPU offload (ZeRO-Offload / FSDP CPUOffload)",
     "tensor parallelism x 2 (with sequence parallelism)",
     "expert parallelism x 2",
+    "token dropping: capacity factor 1.0",
 ];
 
 /// The index of the change that applies to mixtures of experts only (no row for a dense
 /// model).
 const EXPERT_PARALLEL: usize = 12;
+/// Token dropping: a mixture of experts only; it changes the training problem.
+const CAPACITY: usize = 13;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Counterfactual {
@@ -290,6 +293,27 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
                 v,
             )]
         }
+        CAPACITY => {
+            if s.model.moe.is_none() {
+                return Err("not a mixture of experts".into());
+            }
+            if s.parallel.model_parallel.expert <= 1 {
+                return Err("token dropping is simulated with expert parallelism only".into());
+            }
+            if s.capacity.is_some() {
+                return Err("already dropping tokens".into());
+            }
+            if s.parallel.model_parallel.expert * s.parallel.model_parallel.pipeline > crate::scenario::MAX_JITTER_RANKS
+            {
+                return Err(format!(
+                    "token dropping simulates at most {} expert-parallel ranks x stages",
+                    crate::scenario::MAX_JITTER_RANKS
+                ));
+            }
+            v.capacity = Some(crate::schedule::routing::Capacity { factor: 1.0, pad: false });
+            let dropped = v.dropped_copies() as f64 / v.routed_copies().max(1) as f64;
+            vec![(format!("capacity factor 1.0: drop {:.1}% of the token copies", dropped * 100.0), v)]
+        }
         _ => return Err("no such change".into()),
     })
 }
@@ -380,7 +404,7 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
     let mut jobs: Vec<(usize, String, Scenario)> = Vec::new();
     let mut skips: Vec<(usize, Counterfactual)> = Vec::new();
     for (which, name) in COUNTERFACTUAL_NAMES.iter().enumerate() {
-        if which == EXPERT_PARALLEL && s.model.moe.is_none() {
+        if (which == EXPERT_PARALLEL || which == CAPACITY) && s.model.moe.is_none() {
             continue;
         }
         match variants(s, which) {
@@ -401,6 +425,10 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
                 if which == 3 {
                     c.changes_problem = true;
                     c.note = Some("changes the training problem: half the tokens per sequence".into());
+                }
+                if which == CAPACITY {
+                    c.changes_problem = true;
+                    c.note = Some("changes the training problem: dropped token copies skip their expert (Megatron-Core --moe-expert-capacity-factor 1.0)".into());
                 }
                 out.push((which, c));
             }

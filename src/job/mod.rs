@@ -164,7 +164,10 @@ fn pipeline_classes(
 fn with_routing(dag: &LayerDag, plan: &Plan, cluster: &Cluster, loads: &[u64], names: bool, steps: u32) -> Job {
     let ep = loads.len();
     let busiest = loads.iter().copied().max().unwrap_or(0);
-    let uniform = loads.iter().sum::<u64>() / ep as u64;
+    // What every rank receives under uniform routing: its own tokens' copies.
+    let split = dag.workload.split;
+    let rows = dag.tokens() / if split.sequence_parallel { split.tensor.max(1) } else { 1 };
+    let uniform = rows * dag.config.moe.as_ref().map_or(1, |m| m.top_k);
     // Per expert-parallel rank: its classes (one per stage) and the pipeline's links.
     let mut per_rank: Vec<(Vec<RankClass>, Vec<PartLink>)> = Vec::with_capacity(ep);
     for (r, &copies) in loads.iter().enumerate() {

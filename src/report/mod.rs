@@ -195,6 +195,13 @@ pub struct CheckpointingCost {
 pub struct RoutingReport {
     /// The routing, in the scenario's words.
     pub routing: String,
+    /// Token dropping: the capacity factor, padding, and the share of each rank's token
+    /// copies dropped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity_factor: Option<f64>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub padded: bool,
+    pub dropped_fraction: f64,
     /// Token copies per micro-batch and MoE block: the hottest and coolest expert-parallel
     /// ranks' and what every rank receives under uniform routing.
     pub hottest_rank: u64,

@@ -362,18 +362,28 @@ fn offload(x: &super::OffloadReport, o: &mut String) {
 /// Uneven routing beside uniform routing.
 fn routing(rt: &super::RoutingReport, ran_out: bool, o: &mut String) {
     let ratio = |c: u64| c as f64 / rt.uniform_copies.max(1) as f64;
+    let coolest = if rt.coolest_copies == rt.hottest_copies {
+        "every rank the same".to_string()
+    } else {
+        format!("the coolest, rank {}: {}, {:.2}x", rt.coolest_rank, sep(rt.coolest_copies), ratio(rt.coolest_copies))
+    };
     let _ = writeln!(
         o,
-        "\nRouting    {}: expert-parallel rank {} receives {} token copies per micro-batch and MoE block, {:.2}x the uniform {} (the coolest, rank {}: {}, {:.2}x)",
+        "\nRouting    {}: expert-parallel rank {} receives {} token copies per micro-batch and MoE block, {:.2}x the uniform {} ({coolest})",
         rt.routing,
         rt.hottest_rank,
         sep(rt.hottest_copies),
         ratio(rt.hottest_copies),
-        sep(rt.uniform_copies),
-        rt.coolest_rank,
-        sep(rt.coolest_copies),
-        ratio(rt.coolest_copies)
+        sep(rt.uniform_copies)
     );
+    if let Some(f) = rt.capacity_factor {
+        let _ = writeln!(
+            o,
+            "           capacity factor {f}{}: {:.1}% of each rank's token copies dropped (over an expert's capacity, Megatron-Core --moe-expert-capacity-factor)",
+            if rt.padded { ", every expert padded to its capacity" } else { "" },
+            rt.dropped_fraction * 100.0
+        );
+    }
     let secs = |t: Option<f64>| t.map_or("-".to_string(), |t| format!("{t:.3} s"));
     let _ = writeln!(
         o,

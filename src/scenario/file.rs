@@ -49,6 +49,11 @@ pub struct RoutingSection {
     pub seed: Option<i64>,
     /// measured: tokens (any scale) each expert received, in expert order.
     pub tokens_per_expert: Option<Vec<f64>>,
+    /// Megatron-Core `--moe-expert-capacity-factor`: drop what a rank sends an expert beyond
+    /// ceil(tokens x top_k / experts x factor) copies (default: dropless).
+    pub capacity_factor: Option<f64>,
+    /// `--moe-pad-expert-input-to-capacity`: every expert computes exactly its capacity.
+    pub pad_to_capacity: Option<bool>,
 }
 
 /// `[job]`: what the GPUs do.

@@ -74,6 +74,8 @@ pub struct Scenario {
     pub jitter: Option<crate::schedule::jitter::JitterConfig>,
     /// A mixture of experts' routing (`[moe]`); uniform for every other model.
     pub routing: crate::schedule::routing::Routing,
+    /// Token dropping (`[moe] capacity_factor`); None: dropless.
+    pub capacity: Option<crate::schedule::routing::Capacity>,
     pub job: JobKind,
     pub inference: Option<crate::infer::InferenceConfig>,
 }
@@ -144,11 +146,35 @@ impl Scenario {
     pub fn expert_loads(&self) -> Option<Vec<u64>> {
         let moe = self.model.moe.as_ref()?;
         let mp = &self.parallel.model_parallel;
-        if self.routing.is_uniform() || mp.expert <= 1 {
+        if (self.routing.is_uniform() && self.capacity.is_none()) || mp.expert <= 1 {
             return None;
         }
+        let copies = self.routed_copies();
+        let loads = match self.capacity {
+            Some(cap) => self.routing.capped_rank_copies(moe.num_experts, mp.expert, copies, cap).0,
+            None => self.routing.rank_copies(moe.num_experts, mp.expert, copies),
+        };
+        // Every rank receiving what it sends is the uniform job.
+        (!loads.iter().all(|&l| l == copies)).then_some(loads)
+    }
+
+    /// Token copies one rank routes per micro-batch and MoE block: its rows (the sequence
+    /// shard under sequence parallelism) x top_k; 0 for a dense model.
+    pub fn routed_copies(&self) -> u64 {
+        let mp = &self.parallel.model_parallel;
         let rows = self.workload.micro_batch * self.workload.seq_len / if mp.sequence_parallel { mp.tensor } else { 1 };
-        Some(self.routing.rank_copies(moe.num_experts, mp.expert, rows * moe.top_k))
+        self.model.moe.as_ref().map_or(0, |m| rows * m.top_k)
+    }
+
+    /// Token copies a rank drops per micro-batch and MoE block under `[moe] capacity_factor`.
+    pub fn dropped_copies(&self) -> u64 {
+        match (&self.model.moe, self.capacity) {
+            (Some(m), Some(cap)) => {
+                let ep = self.parallel.model_parallel.expert;
+                self.routing.capped_rank_copies(m.num_experts, ep, self.routed_copies(), cap).1
+            }
+            _ => 0,
+        }
     }
 
     /// The ranks `[jitter]` simulates one by one: every data-parallel rank of every
@@ -761,7 +787,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
             })
         }
     };
-    let routing = moe::validate_routing(&v, f.moe.as_ref(), &model, &parallel)?;
+    let (routing, capacity) = moe::validate_routing(&v, f.moe.as_ref(), &model, &parallel)?;
     limits::check_tensors(&v, &model, &workload, inf.map(|(_, ctx)| ctx))?;
     if inf.is_none() {
         // [jitter] simulates every data-parallel replica of the model (its stages included).
@@ -821,6 +847,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         allocator,
         jitter,
         routing,
+        capacity,
         job,
         inference,
     })

@@ -5,7 +5,7 @@
 use super::*;
 use crate::model::hf::HfModel;
 use crate::model::{MlaConfig, MoeConfig};
-use crate::schedule::routing::Routing;
+use crate::schedule::routing::{Capacity, Routing};
 
 /// The model's MoE MLP: the section's fields over the config's; None for a dense model.
 pub(super) fn validate_moe(
@@ -147,8 +147,8 @@ pub(super) fn validate_routing(
     sec: Option<&RoutingSection>,
     model: &ModelConfig,
     parallel: &ParallelConfig,
-) -> Result<Routing, ScenarioError> {
-    let Some(sec) = sec else { return Ok(Routing::Uniform) };
+) -> Result<(Routing, Option<Capacity>), ScenarioError> {
+    let Some(sec) = sec else { return Ok((Routing::Uniform, None)) };
     let Some(moe) = &model.moe else {
         return Err(v.err(
             "moe",
@@ -210,7 +210,32 @@ pub(super) fn validate_routing(
         _ => Routing::Uniform,
     };
     let mp = &parallel.model_parallel;
-    if !routing.is_uniform() && mp.expert > 1 {
+    let capacity = match sec.capacity_factor {
+        Some(f) if !(f > 0.0 && f <= 1000.0) => {
+            return Err(v.err(
+                "moe.capacity_factor",
+                format!("must be a number in (0, 1000] (1.0: each expert takes its even share), got {f}"),
+            ))
+        }
+        Some(f) => {
+            if mp.expert <= 1 {
+                return Err(v.err(
+                    "moe.capacity_factor",
+                    "token dropping is simulated with expert parallelism (parallel.expert > 1) only",
+                ));
+            }
+            Some(Capacity { factor: f, pad: sec.pad_to_capacity.unwrap_or(false) })
+        }
+        None => {
+            if sec.pad_to_capacity == Some(true) {
+                return Err(
+                    v.err("moe.pad_to_capacity", "pads every expert to its capacity: set moe.capacity_factor too")
+                );
+            }
+            None
+        }
+    };
+    if (!routing.is_uniform() || capacity.is_some()) && mp.expert > 1 {
         // Each expert-parallel rank of each stage is simulated as its own rank class.
         let classes = mp.expert * mp.pipeline;
         if classes > MAX_JITTER_RANKS {
@@ -220,7 +245,7 @@ pub(super) fn validate_routing(
             ));
         }
     }
-    Ok(routing)
+    Ok((routing, capacity))
 }
 
 /// `[model.mla]`: multi-head latent attention, the section's fields over the config's.

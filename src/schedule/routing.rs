@@ -28,6 +28,24 @@ pub enum Routing {
     Measured { tokens_per_expert: Vec<f64> },
 }
 
+/// Megatron-Core's token dropping (`--moe-expert-capacity-factor`,
+/// `--moe-pad-expert-input-to-capacity`; `moe_utils.py` `get_capacity` and
+/// `topk_softmax_with_capacity`): each rank sends an expert at most
+/// ceil(tokens x top_k / experts x factor) copies of its tokens and drops the rest (the
+/// lowest-probability ones by default); padded, every expert receives exactly that many.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Capacity {
+    pub factor: f64,
+    pub pad: bool,
+}
+
+impl Capacity {
+    /// Copies one rank may send one expert, when it routes `copies` over `experts`.
+    pub fn per_expert(&self, copies: u64, experts: u64) -> u64 {
+        (copies as f64 / experts.max(1) as f64 * self.factor).ceil() as u64
+    }
+}
+
 impl Routing {
     pub fn is_uniform(&self) -> bool {
         matches!(self, Routing::Uniform)
@@ -82,6 +100,39 @@ impl Routing {
     }
 }
 
+impl Routing {
+    /// One rank's `copies` split over the experts by their shares (largest remainders, lowest
+    /// expert first).
+    pub fn expert_copies(&self, experts: u64, copies: u64) -> Vec<u64> {
+        let shares = self.expert_shares(experts);
+        let mut out: Vec<u64> = shares.iter().map(|x| (x * copies as f64).floor() as u64).collect();
+        let mut rest = copies.saturating_sub(out.iter().sum());
+        let mut frac: Vec<(usize, f64)> =
+            shares.iter().enumerate().map(|(e, x)| (e, x * copies as f64 - out[e] as f64)).collect();
+        frac.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        for (e, _) in frac {
+            if rest == 0 {
+                break;
+            }
+            out[e] += 1;
+            rest -= 1;
+        }
+        out
+    }
+
+    /// [`Routing::rank_copies`] under a capacity: every rank routes the same split of its
+    /// `copies`, keeps at most the capacity per expert (exactly it, padded), so rank r
+    /// receives ep x the kept copies of its experts. Also returns the copies each rank drops.
+    pub fn capped_rank_copies(&self, experts: u64, ep: u64, copies: u64, cap: Capacity) -> (Vec<u64>, u64) {
+        let c = cap.per_expert(copies, experts);
+        let per = (experts / ep.max(1)).max(1) as usize;
+        let split = self.expert_copies(experts, copies);
+        let kept: Vec<u64> = split.iter().map(|&n| if cap.pad { c } else { n.min(c) }).collect();
+        let dropped = split.iter().map(|&n| n.saturating_sub(c)).sum();
+        (kept.chunks(per).map(|k| ep * k.iter().sum::<u64>()).collect(), dropped)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,6 +157,23 @@ mod tests {
         let c = r.rank_copies(8, 8, 1000);
         assert_eq!(c.iter().sum::<u64>(), 8000);
         assert_eq!(*c.iter().max().unwrap(), (8000.0 / h8).round() as u64);
+    }
+
+    /// Capacity 1.0 over 8 experts of 1000 copies: 125 per expert. Shares 3:1:...:1 split
+    /// 1000 as 300 and 100 each; the hot expert keeps 125, the others all 100 (dropped: 175);
+    /// padded, every expert receives 125 from each of the 4 ranks.
+    #[test]
+    fn capacity_caps_each_expert_and_padding_fills_it() {
+        let r = Routing::Measured { tokens_per_expert: vec![3.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0] };
+        let cap = Capacity { factor: 1.0, pad: false };
+        assert_eq!(cap.per_expert(1000, 8), 125);
+        assert_eq!(r.expert_copies(8, 1000), vec![300, 100, 100, 100, 100, 100, 100, 100]);
+        let (ranks, dropped) = r.capped_rank_copies(8, 4, 1000, cap);
+        assert_eq!(ranks, vec![4 * 225, 4 * 200, 4 * 200, 4 * 200]);
+        assert_eq!(dropped, 175);
+        let (ranks, dropped) = r.capped_rank_copies(8, 4, 1000, Capacity { factor: 1.0, pad: true });
+        assert_eq!(ranks, vec![4 * 250; 4]);
+        assert_eq!(dropped, 175);
     }
 
     #[test]
