@@ -46,6 +46,7 @@ fn saved(cfg: &ModelConfig, s: u64, b: u64, t: u64, sp: bool) -> (u64, u64) {
         split: TensorSplit { tensor: t, sequence_parallel: sp, expert: 1 },
         lora: None,
         routed: None,
+        fused_swiglu: false,
     };
     let dag = model::build(cfg, &w);
     let all = dag.saved_bytes(Region::Block(0), false);
@@ -89,6 +90,7 @@ fn tensor_parallel_ranks_hold_a_tth_of_the_split_weights() {
         split: TensorSplit { tensor: t, sequence_parallel: false, expert: 1 },
         lora: None,
         routed: None,
+        fused_swiglu: false,
     };
     let one = model::build(&cfg, &w(1));
     let eight = model::build(&cfg, &w(8));

@@ -129,23 +129,33 @@ fn all_to_all_bytes_and_count_per_moe_block() {
 /// What a MoE block saves per micro-batch, by hand: the attention half as a dense block
 /// saves it, then the MLP's input (the router's), the router's FP32 scores (rows x E x 4),
 /// the chosen experts' int64 indices and FP32 probabilities (rows x k each), the dispatched
-/// copies (read by w1 and w3), the experts' SwiGLU tensors (w1's output, SiLU's output, w3's
-/// output, the product: 4 x copies x width), and the combined copies the unpermute scales.
+/// copies (read by w1 and w3), the experts' SwiGLU tensors, and the combined copies the
+/// unpermute scales. Megatron-Core fuses SwiGLU (`SwiGLUFunction` saves the gate and up
+/// outputs; the down projection saves the product): 3 x copies x width; eager PyTorch also
+/// keeps the SiLU output: 4 x copies x width.
 #[test]
 fn a_moe_block_saves_the_routed_copies() {
     let s = scenario(8, "expert = 8", "");
+    assert!(s.workload.fused_swiglu, "Megatron fuses SwiGLU");
+    for fused in [true, false] {
+        let mut w = s.workload.clone();
+        w.fused_swiglu = fused;
+        let dag = model::build(&s.model, &w);
+        // The dense twin: same attention, dense SwiGLU of the same width.
+        let mut dense_cfg = s.model.clone();
+        dense_cfg.moe = None;
+        let dense = model::build(&dense_cfg, &w);
+        let t = SEQ;
+        let c = 2;
+        let swiglu = if fused { 3 } else { 4 };
+        let dense_mlp = t * H * c + swiglu * t * FE * c;
+        let attention = dense.saved_bytes(Region::Block(1), true) - dense_mlp;
+        let copies = t * K;
+        let moe = t * H * c + t * E * 4 + copies * 8 + copies * 4 + 2 * copies * H * c + swiglu * copies * FE * c;
+        assert_eq!(dag.saved_bytes(Region::Block(1), true), attention + moe, "fused {fused}");
+    }
     let dag = model::build(&s.model, &s.workload);
-    // The dense twin: same attention, dense SwiGLU of the same width.
-    let mut dense_cfg = s.model.clone();
-    dense_cfg.moe = None;
-    let dense = model::build(&dense_cfg, &s.workload);
-    let t = SEQ;
-    let c = 2;
-    let dense_mlp = t * H * c + 4 * t * FE * c;
-    let attention = dense.saved_bytes(Region::Block(1), true) - dense_mlp;
-    let copies = t * K;
-    let moe = t * H * c + t * E * 4 + copies * 8 + copies * 4 + 2 * copies * H * c + 4 * copies * FE * c;
-    assert_eq!(dag.saved_bytes(Region::Block(1), true), attention + moe);
+    let copies = SEQ * K;
     // The indices are integer (no gradient); the copies are activations.
     let idx = dag.tensors.iter().find(|x| x.name == "layers.1.feed_forward.router.indices").unwrap();
     assert_eq!(idx.kind, TensorKind::Index);

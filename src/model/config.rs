@@ -318,6 +318,11 @@ pub struct Workload {
     /// rank's experts receive (None: uniform routing, top_k per token of this rank).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub routed: Option<RoutedCopies>,
+    /// SwiGLU as one fused kernel that saves only its input, the gate and up projections'
+    /// outputs (Megatron-Core's `SwiGLUFunction`), instead of eager PyTorch's SiLU and product,
+    /// which also save the SiLU output and the product's other factor.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub fused_swiglu: bool,
 }
 
 /// Token copies per micro-batch and MoE block under uneven routing.

@@ -264,6 +264,8 @@ struct Builder {
     full: u64,
     /// The tensor the last `f` collective handed to column-parallel linears.
     f_out: Option<TensorId>,
+    /// SwiGLU as one fused kernel ([`Workload::fused_swiglu`]).
+    fused_swiglu: bool,
 }
 
 impl Builder {
@@ -410,8 +412,16 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
     let qt = qd / tp;
     let tf = t as f64;
     let lin = |i: u64, o: u64| (2.0 * tf * i as f64 * o as f64, 4.0 * tf * i as f64 * o as f64);
-    let mut bd =
-        Builder { ops: Vec::new(), tensors: Vec::new(), region: Region::Embed, tp, sp, full: t * h * c, f_out: None };
+    let mut bd = Builder {
+        ops: Vec::new(),
+        tensors: Vec::new(),
+        region: Region::Embed,
+        tp,
+        sp,
+        full: t * h * c,
+        f_out: None,
+        fused_swiglu: w.fused_swiglu,
+    };
     let tokens = bd.input("tokens", t);
     let targets = bd.input("targets", t);
 
@@ -771,10 +781,28 @@ fn swiglu_mlp(bd: &mut Builder, name: &str, x: TensorId, t: u64, h: u64, f: u64,
     let u = bd.tensor(&p("w3.out"), t * ft, c, TensorKind::Activation);
     bd.op_tp(p("w3"), OpKind::Linear, h * ft, lin(h, f), vec![n2_in], vec![u], vec![n2]);
     bd.regather_op(name, first);
-    let sg = bd.tensor(&p("silu.out"), t * ft, c, TensorKind::Activation);
-    bd.op_tp(p("silu"), OpKind::Elementwise, 0, (4.0 * tf * f as f64, 8.0 * tf * f as f64), vec![g], vec![sg], vec![g]);
-    let m = bd.tensor(&p("mul.out"), t * ft, c, TensorKind::Activation);
-    bd.op_tp(p("mul"), OpKind::Elementwise, 0, (tf * f as f64, 2.0 * tf * f as f64), vec![sg, u], vec![m], vec![sg, u]);
+    let m = if bd.fused_swiglu {
+        // One kernel: silu(g) * u, saving g and u; backward recomputes silu(g).
+        let m = bd.tensor(&p("swiglu.out"), t * ft, c, TensorKind::Activation);
+        let fl = (5.0 * tf * f as f64, 10.0 * tf * f as f64);
+        bd.op_tp(p("swiglu"), OpKind::Elementwise, 0, fl, vec![g, u], vec![m], vec![g, u]);
+        m
+    } else {
+        let sg = bd.tensor(&p("silu.out"), t * ft, c, TensorKind::Activation);
+        let fl = (4.0 * tf * f as f64, 8.0 * tf * f as f64);
+        bd.op_tp(p("silu"), OpKind::Elementwise, 0, fl, vec![g], vec![sg], vec![g]);
+        let m = bd.tensor(&p("mul.out"), t * ft, c, TensorKind::Activation);
+        bd.op_tp(
+            p("mul"),
+            OpKind::Elementwise,
+            0,
+            (tf * f as f64, 2.0 * tf * f as f64),
+            vec![sg, u],
+            vec![m],
+            vec![sg, u],
+        );
+        m
+    };
     let d = bd.tensor(&p("w2.out"), t * h, c, TensorKind::Activation);
     bd.op_tp(p("w2"), OpKind::Linear, ft * h, lin(f, h), vec![m], vec![d], vec![m]);
     bd.g_op(name, d, c)
@@ -888,14 +916,23 @@ fn moe_mlp(bd: &mut Builder, name: &str, m: &MoeConfig, x: TensorId, s: MoeShape
     };
     let g = expert(bd, "w1", h, fe, recv);
     let u = expert(bd, "w3", h, fe, recv);
-    let sg = bd.tensor(&p("experts.silu.out"), received * fe, c, TensorKind::Activation);
-    let id =
-        bd.op(p("experts.silu"), OpKind::Elementwise, 0, (4.0 * cf * ff, 8.0 * cf * ff), vec![g], vec![sg], vec![g]);
-    bd.ops[id].expert = true;
-    let mm = bd.tensor(&p("experts.mul.out"), received * fe, c, TensorKind::Activation);
-    let id =
-        bd.op(p("experts.mul"), OpKind::Elementwise, 0, (cf * ff, 2.0 * cf * ff), vec![sg, u], vec![mm], vec![sg, u]);
-    bd.ops[id].expert = true;
+    let mm = if bd.fused_swiglu {
+        let mm = bd.tensor(&p("experts.swiglu.out"), received * fe, c, TensorKind::Activation);
+        let fl = (5.0 * cf * ff, 10.0 * cf * ff);
+        let id = bd.op(p("experts.swiglu"), OpKind::Elementwise, 0, fl, vec![g, u], vec![mm], vec![g, u]);
+        bd.ops[id].expert = true;
+        mm
+    } else {
+        let sg = bd.tensor(&p("experts.silu.out"), received * fe, c, TensorKind::Activation);
+        let fl = (4.0 * cf * ff, 8.0 * cf * ff);
+        let id = bd.op(p("experts.silu"), OpKind::Elementwise, 0, fl, vec![g], vec![sg], vec![g]);
+        bd.ops[id].expert = true;
+        let mm = bd.tensor(&p("experts.mul.out"), received * fe, c, TensorKind::Activation);
+        let fl = (cf * ff, 2.0 * cf * ff);
+        let id = bd.op(p("experts.mul"), OpKind::Elementwise, 0, fl, vec![sg, u], vec![mm], vec![sg, u]);
+        bd.ops[id].expert = true;
+        mm
+    };
     let d = expert(bd, "w2", fe, h, mm);
     // --- combine and unpermute
     let back = if ep > 1 {

@@ -140,6 +140,7 @@ mod tests {
             split: Default::default(),
             lora: None,
             routed: None,
+            fused_swiglu: false,
         };
         let dag = crate::model::build(&cfg, &w);
         let bytes: u64 = dag

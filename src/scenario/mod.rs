@@ -713,6 +713,9 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         },
         lora: None,
         routed: None,
+        // Megatron-Core fuses SwiGLU by default (--bias-swiglu-fusion; `SwiGLUFunction` in
+        // megatron/core/fusions/fused_bias_swiglu.py).
+        fused_swiglu: parallel.framework == Framework::Megatron,
     };
     let mut workload = workload;
     if let Some(l) = &f.lora {
