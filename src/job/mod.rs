@@ -105,20 +105,7 @@ pub fn compile(
     if let Some(loads) = expert_loads.filter(|l| l.len() > 1) {
         return with_routing(dag, plan, cluster, loads, names, steps);
     }
-    let (classes, links) = if plan.pipeline() > 1 {
-        pipeline_classes(dag, plan, cluster, names, steps)
-    } else {
-        let schedule = schedule::build_with(dag, plan, cluster, names, steps);
-        let all = RankClass {
-            role: Role::Replicas,
-            count: plan.gpus,
-            first_rank: 0,
-            stride: 1,
-            plan: Arc::new(plan.clone()),
-            schedule,
-        };
-        (vec![all], Vec::new())
-    };
+    let (classes, links) = base_classes(dag, plan, cluster, names, steps);
     match jitter {
         Some(cfg) => with_jitter(classes, &links, cfg),
         None => {
@@ -127,6 +114,30 @@ pub fn compile(
             Job { classes, extra: Vec::new(), links }
         }
     }
+}
+
+/// The classes before any split by rank: one per pipeline stage with the stages' links, or
+/// the replicas.
+fn base_classes(
+    dag: &LayerDag,
+    plan: &Plan,
+    cluster: &Cluster,
+    names: bool,
+    steps: u32,
+) -> (Vec<RankClass>, Vec<PartLink>) {
+    if plan.pipeline() > 1 {
+        return pipeline_classes(dag, plan, cluster, names, steps);
+    }
+    let schedule = schedule::build_with(dag, plan, cluster, names, steps);
+    let all = RankClass {
+        role: Role::Replicas,
+        count: plan.gpus,
+        first_rank: 0,
+        stride: 1,
+        plan: Arc::new(plan.clone()),
+        schedule,
+    };
+    (vec![all], Vec::new())
 }
 
 /// One class per pipeline stage ([`schedule::pipeline`]), with the stages' links.
@@ -174,20 +185,7 @@ fn with_routing(dag: &LayerDag, plan: &Plan, cluster: &Cluster, loads: &[u64], n
         let mut w = dag.workload.clone();
         w.routed = Some(crate::model::RoutedCopies { received: copies, busiest });
         let variant = crate::model::build(&dag.config, &w);
-        let (mut classes, links) = if plan.pipeline() > 1 {
-            pipeline_classes(&variant, plan, cluster, names, steps)
-        } else {
-            let schedule = schedule::build_with(&variant, plan, cluster, names, steps);
-            let all = RankClass {
-                role: Role::Replicas,
-                count: plan.gpus,
-                first_rank: 0,
-                stride: 1,
-                plan: Arc::new(plan.clone()),
-                schedule,
-            };
-            (vec![all], Vec::new())
-        };
+        let (mut classes, links) = base_classes(&variant, plan, cluster, names, steps);
         for c in &mut classes {
             let stage = match c.role {
                 Role::Stage { stage } => Some(stage),

@@ -76,48 +76,36 @@ impl Routing {
     /// (its tokens x top_k): the group's ep x copies split by the experts' shares. Rounded to
     /// whole copies; the sum is exact.
     pub fn rank_copies(&self, experts: u64, ep: u64, copies: u64) -> Vec<u64> {
-        let shares = self.expert_shares(experts);
         let per = (experts / ep.max(1)).max(1) as usize;
-        let total = copies * ep;
-        let mut out: Vec<u64> =
-            shares.chunks(per).map(|c| (c.iter().sum::<f64>() * total as f64).floor() as u64).collect();
-        // The copies lost to rounding go to the largest fractional parts, lowest rank first.
-        let mut rest = total - out.iter().sum::<u64>();
-        let mut frac: Vec<(usize, f64)> = shares
-            .chunks(per)
-            .enumerate()
-            .map(|(r, c)| (r, c.iter().sum::<f64>() * total as f64 - out[r] as f64))
-            .collect();
-        frac.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        for (r, _) in frac {
-            if rest == 0 {
-                break;
-            }
-            out[r] += 1;
-            rest -= 1;
-        }
-        out
+        let ranks: Vec<f64> = self.expert_shares(experts).chunks(per).map(|c| c.iter().sum()).collect();
+        largest_remainder(&ranks, copies * ep)
     }
+}
+
+/// `total` split by `shares` (summing to 1) into whole parts: each share's floor, then one
+/// more to the largest remainders (the lowest index first among equals), so the parts sum to
+/// `total` exactly.
+fn largest_remainder(shares: &[f64], total: u64) -> Vec<u64> {
+    let mut out: Vec<u64> = shares.iter().map(|x| (x * total as f64).floor() as u64).collect();
+    let mut rest = total.saturating_sub(out.iter().sum());
+    let mut frac: Vec<(usize, f64)> =
+        shares.iter().enumerate().map(|(i, x)| (i, x * total as f64 - out[i] as f64)).collect();
+    frac.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    for (i, _) in frac {
+        if rest == 0 {
+            break;
+        }
+        out[i] += 1;
+        rest -= 1;
+    }
+    out
 }
 
 impl Routing {
     /// One rank's `copies` split over the experts by their shares (largest remainders, lowest
     /// expert first).
     pub fn expert_copies(&self, experts: u64, copies: u64) -> Vec<u64> {
-        let shares = self.expert_shares(experts);
-        let mut out: Vec<u64> = shares.iter().map(|x| (x * copies as f64).floor() as u64).collect();
-        let mut rest = copies.saturating_sub(out.iter().sum());
-        let mut frac: Vec<(usize, f64)> =
-            shares.iter().enumerate().map(|(e, x)| (e, x * copies as f64 - out[e] as f64)).collect();
-        frac.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        for (e, _) in frac {
-            if rest == 0 {
-                break;
-            }
-            out[e] += 1;
-            rest -= 1;
-        }
-        out
+        largest_remainder(&self.expert_shares(experts), copies)
     }
 
     /// [`Routing::rank_copies`] under a capacity: every rank routes the same split of its
