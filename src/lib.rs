@@ -81,6 +81,16 @@ pub fn simulate(s: &scenario::Scenario) -> Result<Simulation, engine::Deadlock> 
     Ok(sim)
 }
 
+/// The job alone: [`simulate`] without its follow-up runs (the fragmentation check, the
+/// checkpointing cost, the offload report, the routing report), for callers that read only
+/// the verdict, the peaks and the throughput (explain's counterfactuals).
+pub fn simulate_job_only(s: &scenario::Scenario) -> Result<Simulation, engine::Deadlock> {
+    if let Some(cfg) = &s.inference {
+        return simulate_inference(s, cfg);
+    }
+    simulate_job(s, s.allocator_capacity(), true)
+}
+
 /// Offload's figures: where the bytes live, from the plan; the traffic of the last step,
 /// from the schedule's tasks and the partitions they move; the time side against the same
 /// scenario without offload simulated with unbounded memory.

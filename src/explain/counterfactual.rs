@@ -320,7 +320,7 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
 
 fn measure(label: String, s: &Scenario, base_tps: Option<f64>) -> Counterfactual {
     let gpus = u64::from(s.cluster.gpus);
-    let Ok(sim) = crate::simulate(s) else {
+    let Ok(sim) = crate::simulate_job_only(s) else {
         return skipped(&label, gpus, "internal scheduling error".into());
     };
     let r = &sim.report;
@@ -354,7 +354,7 @@ fn unbounded(s: &Scenario) -> Option<Simulation> {
     let mut u = s.clone();
     u.cluster.memory_bytes = u64::MAX / 4;
     u.cluster.cuda_context_bytes = 0;
-    crate::simulate(&u).ok()
+    crate::simulate_job_only(&u).ok()
 }
 
 /// Runs the standard set in parallel; the output order is the table's, whatever the threads.

@@ -108,6 +108,18 @@ pub(super) fn check_tensors(v: &V, m: &ModelConfig, w: &Workload, context: Optio
     Ok(())
 }
 
+/// The ranks a job simulates one by one, for [`estimated_tasks`]: every data-parallel rank
+/// under `[jitter]` (`jitter_dp`); under uneven MoE routing every expert-parallel rank plus
+/// the routing report's uniform job (ep + 1; its rerun with unbounded memory, only for a job
+/// that runs out, is not counted); else one.
+pub fn simulated_ranks(jitter_dp: Option<u64>, ep: u64, uneven_routing: bool) -> u64 {
+    match (jitter_dp, uneven_routing) {
+        (Some(dp), _) => dp,
+        (None, true) => ep + 1,
+        (None, false) => 1,
+    }
+}
+
 /// [`MAX_TASKS`]' estimate of a job's tasks.
 pub fn estimated_tasks(n_layers: u64, steps: u64, grad_accum: u64, ranks: u64) -> u128 {
     u128::from(ranks) * u128::from(steps) * u128::from(grad_accum) * 3 * (16 * u128::from(n_layers) + 16)

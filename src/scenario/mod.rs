@@ -190,9 +190,14 @@ impl Scenario {
         if self.inference.is_some() {
             return 0;
         }
-        let ranks = if self.jitter.is_some() { self.dp_degree() } else { 1 };
+        let ep = self.parallel.model_parallel.expert;
+        let ranks = limits::simulated_ranks(
+            self.jitter.is_some().then(|| self.dp_degree()),
+            ep,
+            (!self.routing.is_uniform() || self.capacity.is_some()) && ep > 1,
+        );
         let est = limits::estimated_tasks(
-            self.model.n_layers,
+            self.model.n_layers + self.model.moe_layers(),
             u64::from(self.training.steps),
             self.training.grad_accum,
             ranks,
@@ -793,8 +798,14 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
     let (routing, capacity) = moe::validate_routing(&v, f.moe.as_ref(), &model, &parallel)?;
     limits::check_tensors(&v, &model, &workload, inf.map(|(_, ctx)| ctx))?;
     if inf.is_none() {
-        // [jitter] simulates every data-parallel replica of the model (its stages included).
-        let ranks = if jitter.is_some() { parallel.model_parallel.data_parallel(gpus) } else { 1 };
+        // [jitter] simulates every data-parallel replica of the model (its stages included);
+        // uneven routing every expert-parallel rank, and the job twice more for its report.
+        let ep = parallel.model_parallel.expert;
+        let ranks = limits::simulated_ranks(
+            jitter.is_some().then(|| parallel.model_parallel.data_parallel(gpus)),
+            ep,
+            (!routing.is_uniform() || capacity.is_some()) && ep > 1,
+        );
         // A MoE block holds about twice a dense block's ops.
         limits::check_size(&v, n_layers + model.moe_layers(), steps, grad_accum, ranks)?;
     }
