@@ -48,6 +48,7 @@ fn dag_parameter_counts_match_closed_forms() {
         lora: None,
         routed: None,
         fused_swiglu: false,
+        fp8: None,
     };
     // 100B GPT of the shipped scenarios: 12h^2 + 13h per layer, tied V h, 2048 positions, final LN.
     let c = gpt(80, 10240, 80, 0.1);
@@ -97,6 +98,7 @@ fn activations_per_layer_follow_korthikanti() {
             lora: None,
             routed: None,
             fused_swiglu: false,
+            fp8: None,
         };
         let (main, stats) = block_saved(&cfg, &math);
         assert_eq!(main, 34 * s * b * h + 5 * a * s * s * b, "math attention, s={s} b={b} h={h} a={a}");

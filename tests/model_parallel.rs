@@ -47,6 +47,7 @@ fn saved(cfg: &ModelConfig, s: u64, b: u64, t: u64, sp: bool) -> (u64, u64) {
         lora: None,
         routed: None,
         fused_swiglu: false,
+        fp8: None,
     };
     let dag = model::build(cfg, &w);
     let all = dag.saved_bytes(Region::Block(0), false);
@@ -91,6 +92,7 @@ fn tensor_parallel_ranks_hold_a_tth_of_the_split_weights() {
         lora: None,
         routed: None,
         fused_swiglu: false,
+        fp8: None,
     };
     let one = model::build(&cfg, &w(1));
     let eight = model::build(&cfg, &w(8));

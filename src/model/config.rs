@@ -323,6 +323,9 @@ pub struct Workload {
     /// which also save the SiLU output and the product's other factor.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub fused_swiglu: bool,
+    /// FP8 training of the block linears ([`super::fp8`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fp8: Option<super::fp8::Fp8Config>,
 }
 
 /// Token copies per micro-batch and MoE block under uneven routing.

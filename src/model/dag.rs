@@ -151,6 +151,16 @@ pub struct Op {
     /// A routed expert's weights: sharded by expert parallelism, replicated over the
     /// expert-data-parallel group, and its gradients reduced there.
     pub expert: bool,
+    /// FP8 training: this linear's GEMMs run on the FP8 tensor cores ([`super::fp8`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fp8: Option<Fp8Gemm>,
+}
+
+/// Which of an FP8 linear's three GEMMs run in FP8: the forward and the input gradient
+/// always, the weight gradient as the recipe says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Fp8Gemm {
+    pub wgrad: bool,
 }
 
 /// The model as a petgraph DAG of ops (edges carry the tensor flowing between them).
@@ -195,6 +205,7 @@ impl Op {
             frozen_params: 0,
             frozen_bytes: 0,
             expert: false,
+            fp8: None,
         }
     }
 
@@ -706,6 +717,9 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
     };
     if let Some(l) = &w.lora {
         super::lora::apply(&mut dag, l, c);
+    }
+    if let Some(f) = &w.fp8 {
+        super::fp8::apply(&mut dag, f, c);
     }
     dag
 }

@@ -4,11 +4,13 @@
 
 pub mod config;
 pub mod dag;
+pub mod fp8;
 pub mod hf;
 pub mod lora;
 pub mod quant;
 
 pub use config::{Attention, Dtype, Family, MlaConfig, ModelConfig, MoeConfig, RoutedCopies, TensorSplit, Workload};
-pub use dag::{build, CommGroup, LayerDag, Op, OpId, OpKind, Region, Tensor, TensorId, TensorKind, TpComm};
+pub use dag::{build, CommGroup, Fp8Gemm, LayerDag, Op, OpId, OpKind, Region, Tensor, TensorId, TensorKind, TpComm};
+pub use fp8::{Fp8Config, Fp8Recipe};
 pub use lora::LoraConfig;
 pub use quant::{kv_bytes_per_token, KvDtype, WeightFormat};

@@ -141,6 +141,7 @@ mod tests {
             lora: None,
             routed: None,
             fused_swiglu: false,
+            fp8: None,
         };
         let dag = crate::model::build(&cfg, &w);
         let bytes: u64 = dag

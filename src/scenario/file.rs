@@ -34,6 +34,21 @@ pub struct ScenarioFile {
     pub jitter: Option<JitterSection>,
     /// How a mixture of experts' router spreads tokens (uniform when absent).
     pub moe: Option<RoutingSection>,
+    /// FP8 training of the transformer blocks' linears (off when absent).
+    pub fp8: Option<Fp8Section>,
+}
+
+/// `[fp8]`: FP8 training, by the library that does it.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fp8Section {
+    /// "delayed" (Transformer Engine under Megatron-Core) | "tensorwise" | "rowwise"
+    /// (torchao float8 under FSDP).
+    pub recipe: Option<String>,
+    /// delayed: weight-gradient GEMMs in FP8 (`--fp8-wgrad`, default true).
+    pub wgrad: Option<bool>,
+    /// delayed: `--fp8-amax-history-len` (Megatron's default 1).
+    pub amax_history_len: Option<i64>,
 }
 
 /// `[moe]`: how the router spreads token copies over the experts.

@@ -5,6 +5,7 @@ mod allocator;
 mod deepspeed;
 pub mod error;
 mod file;
+mod fp8;
 mod inference;
 pub mod limits;
 mod lora;
@@ -22,6 +23,7 @@ use allocator::validate_allocator;
 use deepspeed::validate_deepspeed;
 pub use error::ScenarioError;
 pub use file::*;
+use fp8::{validate_fp8, Fp8Context};
 use inference::{inference_lengths, inference_standin, job_kind, validate_inference};
 use lora::validate_lora;
 use megatron::validate_megatron;
@@ -721,6 +723,17 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         // Megatron-Core fuses SwiGLU by default (--bias-swiglu-fusion; `SwiGLUFunction` in
         // megatron/core/fusions/fused_bias_swiglu.py).
         fused_swiglu: parallel.framework == Framework::Megatron,
+        fp8: validate_fp8(
+            &v,
+            f.fp8.as_ref(),
+            &Fp8Context {
+                framework: parallel.framework,
+                cluster: &cluster,
+                compute: precision.compute,
+                job,
+                micro_batches: grad_accum,
+            },
+        )?,
     };
     let mut workload = workload;
     if let Some(l) = &f.lora {

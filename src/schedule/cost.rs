@@ -46,6 +46,8 @@ pub const OP_OVERHEAD_S: f64 = 4e-6;
 #[derive(Debug, Clone)]
 pub struct Cost {
     pub peak_flops: f64,
+    /// The FP8 tensor-core peak (0 where the GPU has none; FP8 training is refused there).
+    pub fp8_peak_flops: f64,
     /// Best achievable matmul fraction of the peak (the GPU's measured ceiling).
     pub matmul_ceiling: f64,
     pub sms: u64,
@@ -104,6 +106,7 @@ impl Cost {
         let gpus = u64::from(cluster.gpus);
         Cost {
             peak_flops,
+            fp8_peak_flops: g.fp8_flops.unwrap_or(0.0),
             matmul_ceiling: g.max_matmul_fraction,
             sms: u64::from(g.sms),
             hbm: g.hbm_bytes_per_s,
@@ -191,9 +194,22 @@ impl Cost {
     }
 
     fn roofline(&self, flops: f64, bytes: f64, eff: f64) -> f64 {
-        let t_compute = if eff > 0.0 { flops / (self.peak_flops * eff) } else { 0.0 };
+        self.roofline_at(self.peak_flops, flops, bytes, eff)
+    }
+
+    /// The roofline at a given tensor-core peak (an FP8 GEMM's is the FP8 peak).
+    fn roofline_at(&self, peak: f64, flops: f64, bytes: f64, eff: f64) -> f64 {
+        let t_compute = if eff > 0.0 { flops / (peak * eff) } else { 0.0 };
         let t_mem = bytes / (self.hbm * HBM_EFFICIENCY);
         OP_OVERHEAD_S + t_compute.max(t_mem)
+    }
+
+    /// The peak an op's forward and input-gradient GEMMs run at.
+    fn gemm_peak(&self, op: &Op) -> f64 {
+        match op.fp8 {
+            Some(_) if self.fp8_peak_flops > 0.0 => self.fp8_peak_flops,
+            _ => self.peak_flops,
+        }
     }
 
     fn eff(&self, kind: OpKind) -> f64 {
@@ -233,7 +249,7 @@ impl Cost {
     }
 
     pub fn forward_s(&self, op: &Op) -> f64 {
-        self.roofline(op.fwd_flops, op.fwd_bytes + self.weight_bytes(op), self.op_eff(op))
+        self.roofline_at(self.gemm_peak(op), op.fwd_flops, op.fwd_bytes + self.weight_bytes(op), self.op_eff(op))
             + self.chain_s(op.chain_bytes[0])
     }
 
@@ -242,7 +258,8 @@ impl Cost {
     /// dW = dY^T X is [N, K]; both do the forward's FLOPs (a frozen LoRA base does only the
     /// first, its adapters' few FLOPs are costed with the forward's shape). Returns the
     /// backward's time and the input-gradient GEMM's share of it, which Megatron's
-    /// column-parallel backward runs before its collective.
+    /// column-parallel backward runs before its collective. Under FP8 the input gradient
+    /// runs at the FP8 peak, the weight gradient too unless the recipe keeps it in 16 bits.
     pub fn backward_split(&self, op: &Op) -> (f64, f64) {
         let bytes = op.backward_bytes() + 2.0 * self.weight_bytes(op);
         let chain = self.chain_s(op.chain_bytes[1]);
@@ -254,6 +271,16 @@ impl Cost {
         let wgrad = op.bwd_flops - dgrad;
         let w_d = self.wave_efficiency(m, k);
         let w_w = if op.frozen_params > 0 { self.wave_efficiency(m, n) } else { self.wave_efficiency(n, k) };
+        // FP8 GEMMs count at the 16-bit peak's scale: a GEMM at twice the peak is a wave
+        // efficiency twice as high, so the harmonic mean below stays in one unit.
+        let (p_d, p_w) = match op.fp8 {
+            Some(g) if self.fp8_peak_flops > 0.0 => {
+                let r = self.fp8_peak_flops / self.peak_flops;
+                (r, if g.wgrad { r } else { 1.0 })
+            }
+            _ => (1.0, 1.0),
+        };
+        let (w_d, w_w) = (w_d * p_d, w_w * p_w);
         // The FLOP-weighted harmonic mean: both GEMMs at their own rate.
         let weighted = dgrad / w_d + wgrad / w_w;
         let eff = if weighted > 0.0 { base * op.bwd_flops / weighted } else { base };

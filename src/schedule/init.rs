@@ -54,6 +54,7 @@ impl Builder<'_> {
             );
             self.task(COMPUTE, 0.0, vec![], vec![b], lbl(text!(self.names, "module buffers"), None));
         }
+        self.fp8_init();
         if plan.parallel.sharding == Sharding::None
             && plan.parallel.framework != crate::plan::Framework::Megatron
             && plan.grads_reduced()
@@ -83,5 +84,53 @@ impl Builder<'_> {
         self.deepspeed_init();
         self.megatron_init();
         self.last_task_of_prev_step = self.prog.tasks.len().checked_sub(1).map(|t| t as u32);
+    }
+}
+
+impl Builder<'_> {
+    /// Transformer Engine's persistent FP8 state under delayed scaling (see
+    /// [`crate::model::fp8`]): each unit's FP8 weight-and-transpose workspaces (2 B per
+    /// parameter of its FP8 linears, kept across steps because Megatron passes
+    /// `is_first_microbatch`), and every FP8 linear's amax histories and scales.
+    fn fp8_init(&mut self) {
+        let Some(cfg) = self.dag.workload.fp8.filter(|f| f.recipe == crate::model::Fp8Recipe::Delayed) else {
+            return;
+        };
+        let lbl = |what: String, unit: Option<usize>| TaskLabel::new(0, Phase::Init, 0, what, TaskKind::Init, unit);
+        let mut linears = 0;
+        for u in 0..self.plan.units.len() {
+            let regions = &self.plan.units[u].regions;
+            let ops = self.dag.ops.iter().filter(|o| o.fp8.is_some() && regions.contains(&o.region));
+            let (n, params) = ops.fold((0, 0), |(n, p), o| (n + 1, p + o.params));
+            linears += n;
+            if params == 0 {
+                continue;
+            }
+            let b = self.buffer(
+                2 * params,
+                Category::Buffers,
+                text!(
+                    self.names,
+                    "{} FP8 weight and transpose workspaces (Transformer Engine)",
+                    self.plan.units[u].name
+                ),
+            );
+            self.task(
+                COMPUTE,
+                0.0,
+                vec![],
+                vec![b],
+                lbl(text!(self.names, "FP8 workspaces of {}", self.plan.units[u].name), Some(u)),
+            );
+        }
+        if linears > 0 {
+            let bytes = linears * crate::model::fp8::scaling_state_bytes(cfg.amax_history_len);
+            let b = self.buffer(
+                bytes,
+                Category::Buffers,
+                text!(self.names, "FP8 amax histories ({} rows) and scales of {linears} linears", cfg.amax_history_len),
+            );
+            self.task(COMPUTE, 0.0, vec![], vec![b], lbl(text!(self.names, "FP8 scaling state"), None));
+        }
     }
 }

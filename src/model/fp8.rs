@@ -1,0 +1,158 @@
+//! FP8 training (`[fp8]`): which GEMMs run on the FP8 tensor cores, what the casts cost and
+//! what the linears keep for backward, per recipe, as the libraries' source does it.
+//!
+//! - **`delayed`**: Transformer Engine's `DelayedScaling` under Megatron-Core (NeMo's
+//!   `fp8 = True, fp8_hybrid = True`). `fp8_autocast` wraps the transformer blocks only
+//!   (`transformer_block.py`), so the block linears (TE `LayerNormLinear`, `Linear`,
+//!   `GroupedLinear` for experts) run in FP8 and the LM head (Megatron's own
+//!   `ColumnParallelLinear`), the router, the embeddings and the attention core
+//!   (`fp8_dot_product_attention` off) stay in 16 bits. Forward, input-gradient and weight-
+//!   gradient GEMMs are FP8 (`override_linear_precision = (False, False, not fp8_wgrad)`).
+//!   TE 1.x (`module/linear.py`, `layernorm_linear.py`, v1.12): a `LayerNormLinear` writes
+//!   its normalised input in FP8 straight from the norm kernel and saves that (1 B/element,
+//!   the local shard under sequence parallelism), transposing it in backward
+//!   (`fp8_transpose`: 1 B read, 1 B written); a `Linear` runs `fp8_cast_transpose_fused`
+//!   on its input (2 B read, 1 + 1 B written) and saves the FP8 transpose (1 B/element);
+//!   every FP8 linear casts and transposes its output gradient (`fp8_cast_transpose_bgrad`:
+//!   2 B read, 2 B written). With Megatron's `is_first_microbatch`, each weight's FP8 copy
+//!   and FP8 transpose are a persistent workspace (2 B/parameter, `base.py`
+//!   `get_fp8_workspace`), refreshed once per step (2 B read, 2 B written per parameter).
+//!   Scaling state per GEMM: FP32 amax histories of `amax_history_len` rows for input,
+//!   weight and output gradient, and their scales.
+//! - **`tensorwise`** / **`rowwise`**: torchao's `Float8Linear` with dynamic scaling, as
+//!   torchtitan converts every linear but the LM head (`filter_fqns = ["output"]`). All
+//!   three GEMMs are FP8 in both recipes (`Float8LinearConfig.from_recipe_name`). The input
+//!   is saved in 16 bits (`matmul_with_hp_or_float8_args` saves `input_hp`), so activation
+//!   memory is unchanged; every cast is dynamic: an amax pass then a cast. Traffic per
+//!   element as torchao's own roofline model counts it
+//!   (`torchao/testing/float8/roofline_utils.py`, v0.10): tensorwise activations and output
+//!   gradients 2 B (amax) + 2 B read + 2 x 1 B written = 6 B, weights 8 B; rowwise
+//!   activations 8 B, weights 10 B. The weight is cast on every micro-batch's forward and
+//!   again for its backward.
+
+use serde::Serialize;
+
+use super::dag::{Fp8Gemm, LayerDag, OpKind, Region, Tensor, TensorKind};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fp8Recipe {
+    /// Transformer Engine delayed scaling (Megatron-Core, NeMo).
+    Delayed,
+    /// torchao float8, tensorwise dynamic scaling (torchtitan's default).
+    Tensorwise,
+    /// torchao float8, rowwise (axiswise) dynamic scaling.
+    Rowwise,
+}
+
+impl Fp8Recipe {
+    pub fn name(self) -> &'static str {
+        match self {
+            Fp8Recipe::Delayed => "delayed",
+            Fp8Recipe::Tensorwise => "tensorwise",
+            Fp8Recipe::Rowwise => "rowwise",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Fp8Config {
+    pub recipe: Fp8Recipe,
+    /// Weight-gradient GEMMs in FP8 (TE `fp8_wgrad`, Megatron's default; off with
+    /// `--no-fp8-wgrad`).
+    pub wgrad: bool,
+    /// Rows of each GEMM's amax history (delayed scaling).
+    pub amax_history_len: u64,
+    /// Micro-batches per step: a cached FP8 weight is refreshed once per step, so each
+    /// micro-batch carries this share of the refresh.
+    pub micro_batches: u64,
+}
+
+/// Bytes per element of the casts, as documented at the top of this module:
+/// (forward per input element, backward per input element, backward per output-gradient
+/// element, per parameter per micro-batch).
+fn cast_traffic(recipe: Fp8Recipe, norm_fused: bool, micro_batches: u64) -> (f64, f64, f64, f64) {
+    match recipe {
+        Fp8Recipe::Delayed => {
+            let refresh = 4.0 / micro_batches.max(1) as f64;
+            if norm_fused {
+                // The norm writes FP8 itself; backward transposes the saved FP8 copy.
+                (0.0, 2.0, 4.0, refresh)
+            } else {
+                (4.0, 0.0, 4.0, refresh)
+            }
+        }
+        // The input is cast forward and again (from the saved 16-bit copy) for the weight
+        // gradient; the output gradient once per backward GEMM reading it (torchao eager
+        // casts it for each of the two); the weight forward and backward.
+        Fp8Recipe::Tensorwise => (6.0, 6.0, 12.0, 16.0),
+        Fp8Recipe::Rowwise => (8.0, 8.0, 16.0, 20.0),
+    }
+}
+
+/// Whether an op is one of the linears the recipe runs in FP8.
+fn converted(dag: &LayerDag, id: usize) -> bool {
+    let op = &dag.ops[id];
+    op.kind == OpKind::Linear
+        && matches!(op.region, Region::Block(_))
+        && !op.name.ends_with(".router")
+        && op.gemm.is_some_and(|[_, n, k]| n % 16 == 0 && k % 16 == 0)
+}
+
+/// Runs the block linears in FP8: marks their GEMMs, adds the casts' memory traffic to their
+/// kernels, and (delayed scaling) replaces each saved 16-bit input with the FP8 copy the
+/// library keeps.
+pub fn apply(dag: &mut LayerDag, cfg: &Fp8Config, c: u64) {
+    let mut fp8_copy: Vec<Option<usize>> = vec![None; dag.tensors.len()];
+    for id in 0..dag.ops.len() {
+        if !converted(dag, id) {
+            continue;
+        }
+        let input = dag.ops[id].inputs[0];
+        let out = dag.ops[id].outputs[0];
+        let norm_fused =
+            dag.tensors[input].producer.is_some_and(|p| dag.ops[p].kind == OpKind::Norm) || dag.ops[id].column_parallel;
+        let (fwd_in, bwd_in, bwd_out, per_param) = cast_traffic(cfg.recipe, norm_fused, cfg.micro_batches);
+        let in_elems = (dag.tensors[input].bytes / c) as f64;
+        let out_elems = (dag.tensors[out].bytes / c) as f64;
+        let w = (dag.ops[id].params + dag.ops[id].shared_params) as f64;
+        let op = &mut dag.ops[id];
+        op.fp8 = Some(Fp8Gemm { wgrad: cfg.wgrad });
+        op.chain_bytes[0] += fwd_in * in_elems + per_param * w / 2.0;
+        op.chain_bytes[1] += bwd_in * in_elems + bwd_out * out_elems + per_param * w / 2.0;
+        if cfg.recipe != Fp8Recipe::Delayed {
+            continue;
+        }
+        // The saved input becomes its FP8 copy (one per 16-bit tensor, shared by the
+        // linears reading it, as one fused QKV LayerNormLinear keeps one).
+        let saves = dag.ops[id].saves.clone();
+        for (i, &t) in saves.iter().enumerate() {
+            if dag.tensors[t].kind != TensorKind::Activation || dag.tensors[t].bytes % c != 0 {
+                continue;
+            }
+            let copy = match fp8_copy[t] {
+                Some(x) => x,
+                None => {
+                    dag.tensors.push(Tensor {
+                        name: format!("{}.fp8", dag.tensors[t].name),
+                        bytes: dag.tensors[t].bytes / c,
+                        kind: TensorKind::Activation,
+                        producer: Some(id),
+                    });
+                    let x = dag.tensors.len() - 1;
+                    fp8_copy.push(None);
+                    fp8_copy[t] = Some(x);
+                    dag.ops[id].outputs.push(x);
+                    x
+                }
+            };
+            dag.ops[id].saves[i] = copy;
+        }
+    }
+}
+
+/// Bytes of one FP8 linear's scaling state under delayed scaling: FP32 amax histories of
+/// `len` rows and a scale and inverse scale, for its input, weight and output gradient.
+pub fn scaling_state_bytes(len: u64) -> u64 {
+    3 * (len + 2) * 4
+}

@@ -1,0 +1,89 @@
+//! `[fp8]`: FP8 training, validated against what each library supports: Transformer
+//! Engine's delayed scaling as Megatron-Core drives it, torchao's dynamic float8 recipes as
+//! torchtitan drives them under FSDP.
+
+use super::*;
+use crate::model::{Fp8Config, Fp8Recipe};
+
+/// Longest amax history accepted (Transformer Engine's own default is 1,024 rows).
+const MAX_AMAX_HISTORY: i64 = 1 << 20;
+
+pub(super) struct Fp8Context<'a> {
+    pub framework: Framework,
+    pub cluster: &'a Cluster,
+    pub compute: Dtype,
+    pub job: JobKind,
+    pub micro_batches: u64,
+}
+
+pub(super) fn validate_fp8(v: &V, f: Option<&Fp8Section>, cx: &Fp8Context) -> Result<Option<Fp8Config>, ScenarioError> {
+    let Some(f) = f else { return Ok(None) };
+    let Some(name) = f.recipe.as_deref() else {
+        return Err(v.err(
+            "fp8.recipe",
+            "is required: \"delayed\" (Transformer Engine under Megatron-Core / NeMo), \"tensorwise\" or \"rowwise\" (torchao float8 under FSDP, torchtitan)",
+        ));
+    };
+    let recipe = match v.choice("fp8.recipe", name, &["delayed", "tensorwise", "rowwise"])? {
+        "delayed" => Fp8Recipe::Delayed,
+        "tensorwise" => Fp8Recipe::Tensorwise,
+        _ => Fp8Recipe::Rowwise,
+    };
+    if cx.cluster.gpu.fp8_flops.is_none() {
+        return Err(v.err(
+            "fp8",
+            format!(
+                "{} has no FP8 tensor cores; FP8 training needs H100, H200, B200 or MI300X (remove [fp8] to train in 16 bits)",
+                cx.cluster.gpu.name
+            ),
+        ));
+    }
+    if cx.job != JobKind::Train {
+        return Err(v.err("fp8", "FP8 is simulated for training jobs only (not LoRA fine-tuning or inference)"));
+    }
+    if cx.compute == Dtype::Fp32 {
+        return Err(v.err(
+            "fp8",
+            "FP8 training casts a 16-bit model's GEMM inputs; set training.precision to a bf16 or fp16 preset",
+        ));
+    }
+    match (recipe, cx.framework) {
+        (Fp8Recipe::Delayed, Framework::Megatron) => {}
+        (Fp8Recipe::Delayed, _) => {
+            return Err(v.err(
+                "fp8.recipe",
+                "\"delayed\" is Transformer Engine's delayed scaling as Megatron-Core runs it (parallel.framework = \"megatron\"); under FSDP use torchao's \"tensorwise\" or \"rowwise\"",
+            ))
+        }
+        (_, Framework::Fsdp) => {}
+        (_, _) => {
+            return Err(v.err(
+                "fp8.recipe",
+                format!(
+                    "\"{name}\" is torchao's float8 training as torchtitan runs it under FSDP (parallel.framework = \"fsdp\"); with Megatron-Core use \"delayed\""
+                ),
+            ))
+        }
+    }
+    if recipe != Fp8Recipe::Delayed {
+        for (field, set) in [("fp8.wgrad", f.wgrad.is_some()), ("fp8.amax_history_len", f.amax_history_len.is_some())] {
+            if set {
+                return Err(v.err(
+                    field,
+                    "applies to recipe = \"delayed\" only (torchao's dynamic recipes keep no amax history and run every GEMM in FP8)",
+                ));
+            }
+        }
+    }
+    let amax_history_len = match f.amax_history_len {
+        None => 1,
+        Some(x) if (1..=MAX_AMAX_HISTORY).contains(&x) => x as u64,
+        Some(x) => {
+            return Err(v.err(
+                "fp8.amax_history_len",
+                format!("must be a whole number of rows from 1 to 2^20 (Megatron's default is 1, Transformer Engine's 1024), got {x}"),
+            ))
+        }
+    };
+    Ok(Some(Fp8Config { recipe, wgrad: f.wgrad.unwrap_or(true), amax_history_len, micro_batches: cx.micro_batches }))
+}
