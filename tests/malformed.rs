@@ -167,6 +167,8 @@ fn cases() -> Vec<Case> {
             "2048",
         )
     };
+    // The base on an H100 (FP8 tensor cores).
+    let h100 = || b().set("hardware", "gpu", "\"h100-sxm\"");
     // The base as a llama with DeepSeek-style latent attention.
     let mla = || {
         b().set("model", "family", "\"llama\"")
@@ -1121,6 +1123,71 @@ fn cases() -> Vec<Case> {
             b().set("parallel", "sharding", "\"shard_grad_op\"").set("parallel", "reshard_after_forward", "true"),
             "parallel.reshard_after_forward",
             &["SHARD_GRAD_OP", "use sharding = \"full_shard\""],
+        ),
+        // --- [fp8]
+        case(
+            "[fp8] on an A100",
+            b().set("fp8", "recipe", "\"tensorwise\""),
+            "fp8",
+            &["a100-80gb has no FP8 tensor cores"],
+        ),
+        case(
+            "[fp8] without a recipe",
+            h100().set("fp8", "wgrad", "true"),
+            "fp8.recipe",
+            &["is required", "\"delayed\""],
+        ),
+        case(
+            "[fp8] unknown recipe",
+            h100().set("fp8", "recipe", "\"mxfp8\""),
+            "fp8.recipe",
+            &["unknown value \"mxfp8\""],
+        ),
+        case(
+            "[fp8] delayed under FSDP",
+            h100().set("fp8", "recipe", "\"delayed\""),
+            "fp8.recipe",
+            &["Transformer Engine", "framework = \"megatron\""],
+        ),
+        case(
+            "[fp8] tensorwise under Megatron",
+            h100().set("parallel", "framework", "\"megatron\"").set("fp8", "recipe", "\"tensorwise\""),
+            "fp8.recipe",
+            &["torchao", "use \"delayed\""],
+        ),
+        case(
+            "[fp8] wgrad with a torchao recipe",
+            h100().set("fp8", "recipe", "\"rowwise\"").set("fp8", "wgrad", "false"),
+            "fp8.wgrad",
+            &["recipe = \"delayed\" only"],
+        ),
+        case(
+            "[fp8] amax history of 0 rows",
+            h100().set("parallel", "framework", "\"megatron\"").set("fp8", "recipe", "\"delayed\"").set(
+                "fp8",
+                "amax_history_len",
+                "0",
+            ),
+            "fp8.amax_history_len",
+            &["from 1 to 2^20", "got 0"],
+        ),
+        case(
+            "[fp8] with fp32 compute",
+            h100().set("training", "precision", "\"fp32\"").set("fp8", "recipe", "\"tensorwise\""),
+            "fp8",
+            &["bf16 or fp16 preset"],
+        ),
+        case(
+            "[fp8] on a LoRA job",
+            lora().set("hardware", "gpu", "\"h100-sxm\"").set("fp8", "recipe", "\"tensorwise\""),
+            "fp8",
+            &["training jobs only"],
+        ),
+        case(
+            "[fp8] unknown field",
+            h100().set("fp8", "recipe", "\"tensorwise\"").set("fp8", "all_gather", "true"),
+            "fp8.all_gather",
+            &["unknown field `all_gather`"],
         ),
         case("name that is a path", b().prepend("name = \"a/b\""), "name", &["\"a/b\" cannot name an output folder"]),
         // --- TOML syntax

@@ -186,6 +186,7 @@ pub fn build(
         allocator: super::allocator::build(s, sched, trace),
         offload: None,
         routing: None,
+        fp8: None,
         offload_fits: true,
         inference: Some(inference),
     }

@@ -298,6 +298,9 @@ pub struct Report {
     /// Uneven MoE routing: the hottest expert-parallel rank beside the uniform case.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub routing: Option<RoutingReport>,
+    /// FP8 training: what runs in FP8 and what it keeps.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fp8: Option<Fp8Report>,
     /// Offload: whether a node's host memory and NVMe hold the offloaded state (true without
     /// offload). When they do not, the run fails at initialisation whatever the GPU does;
     /// every reader of a verdict (text, sweeps, explain) takes it from here. `offload`
@@ -307,6 +310,61 @@ pub struct Report {
     /// An inference job's figures (TTFT, TPOT, KV cache, the largest batch that fits).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub inference: Option<inference::InferenceReport>,
+}
+
+/// What the FP8 recipe does, with the source each figure comes from.
+fn fp8_assumption(f: &crate::model::Fp8Config) -> String {
+    use crate::model::Fp8Recipe;
+    match f.recipe {
+        Fp8Recipe::Delayed => format!(
+            "FP8 delayed scaling (Transformer Engine 1.x under Megatron-Core, fp8_autocast around the transformer blocks): the blocks' LayerNormLinear / Linear / GroupedLinear GEMMs in FP8 (E4M3 forward, E5M2 gradients; weight gradients {}), the LM head, router, embeddings and attention core in 16 bits; a LayerNormLinear saves its normalised input as the norm kernel wrote it in FP8 (1 B/element) and transposes it in backward (2 B/element of traffic), a Linear cast-transposes its input (4 B/element) and saves the FP8 transpose, every FP8 linear cast-transposes its output gradient (4 B/element); FP8 weight and transpose workspaces persist (2 B per FP8 parameter, refreshed once per step: 4 B/parameter over {} micro-batches); amax histories of {} rows (modules/linear.py, layernorm_linear.py, base.py get_fp8_workspace, v1.12); FP8 GEMMs reach the same fractions of the FP8 peak as 16-bit GEMMs of theirs (cuBLASLt 8192^3 E4M3 at 81% of 1,979 TFLOP/s on H100, against 80% for BF16)",
+            if f.wgrad { "in FP8 (--fp8-wgrad)" } else { "in 16 bits (--no-fp8-wgrad)" },
+            f.micro_batches,
+            f.amax_history_len
+        ),
+        Fp8Recipe::Tensorwise | Fp8Recipe::Rowwise => format!(
+            "FP8 {} (torchao Float8Linear, dynamic scaling, as torchtitan converts every linear but the LM head): all three GEMMs of the blocks' linears in FP8; the input is saved in 16 bits; casts are an amax pass and a cast, per element {} (torchao/testing/float8/roofline_utils.py); the weight is cast on every micro-batch's forward and backward; FP8 GEMMs reach the same fractions of the FP8 peak as 16-bit GEMMs of theirs",
+            f.recipe.name(),
+            if f.recipe == Fp8Recipe::Tensorwise { "6 B for inputs and output gradients, 8 B for weights" } else { "8 B for inputs and output gradients, 10 B for weights" }
+        ),
+    }
+}
+
+/// FP8 training as the headline rank runs it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Fp8Report {
+    pub recipe: &'static str,
+    /// Linears whose GEMMs run in FP8, of all the rank's linears.
+    pub fp8_linears: u64,
+    pub linears: u64,
+    /// Share of the rank's forward FLOPs in FP8 GEMMs.
+    pub fp8_flops_share: f64,
+    pub wgrad_fp8: bool,
+    /// The FP8 tensor-core peak, FLOP/s.
+    pub fp8_peak_flops: f64,
+    /// Transformer Engine's persistent FP8 weight and transpose workspaces (delayed).
+    pub weight_workspaces: Bytes,
+    pub amax_history_len: Option<u64>,
+}
+
+pub fn fp8_report(s: &Scenario, dag: &LayerDag) -> Option<Fp8Report> {
+    let f = dag.workload.fp8?;
+    let linears = dag.ops.iter().filter(|o| o.kind == crate::model::OpKind::Linear);
+    let (n, fp8, fp8_params) = linears.fold((0, 0, 0), |(n, k, p), o| {
+        (n + 1, k + u64::from(o.fp8.is_some()), p + if o.fp8.is_some() { o.params } else { 0 })
+    });
+    let flops: f64 = dag.ops.iter().filter(|o| o.fp8.is_some()).map(|o| o.fwd_flops).sum();
+    let delayed = f.recipe == crate::model::Fp8Recipe::Delayed;
+    Some(Fp8Report {
+        recipe: f.recipe.name(),
+        fp8_linears: fp8,
+        linears: n,
+        fp8_flops_share: round4(flops / dag.forward_flops().max(1.0)),
+        wgrad_fp8: f.wgrad,
+        fp8_peak_flops: s.cluster.gpu.fp8_flops.unwrap_or(0.0),
+        weight_workspaces: Bytes::new(if delayed { 2 * fp8_params } else { 0 }),
+        amax_history_len: delayed.then_some(f.amax_history_len),
+    })
 }
 
 fn instant(sched: &Schedule, task: usize, time_ns: u64) -> Instant {
@@ -477,6 +535,9 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
     if let Some(line) = megatron_assumption(plan) {
         assumptions.push(line);
     }
+    if let Some(f) = &dag.workload.fp8 {
+        assumptions.push(fp8_assumption(f));
+    }
     let mp = &plan.parallel.model_parallel;
     if mp.tensor > 1 {
         assumptions.push(format!(
@@ -560,6 +621,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
         allocator: allocator::build(s, sched, trace),
         offload: None,
         routing: None,
+        fp8: fp8_report(s, dag),
         offload_fits: {
             let (host, nvme) = plan.offload_fits(u64::from(s.cluster.gpus_per_node));
             host && nvme
@@ -713,7 +775,17 @@ pub fn throughput_of(
             verdict: throughput_verdict(st, mfu),
             jitter: s.jitter.as_ref().and_then(|_| jitter_stats(steps)),
             assumptions: vec![
-                format!("peak {:.0} TFLOP/s dense {} ({})", peak_flops / 1e12, plan.training.precision.compute.name(), s.cluster.gpu.source),
+                match (&s.workload.fp8, s.cluster.gpu.fp8_flops) {
+                    (Some(_), Some(fp8)) => format!(
+                        "peak {:.0} TFLOP/s dense {} ({}); FP8 GEMMs at the {:.0} TFLOP/s dense FP8 peak; MFU and HFU against the {} peak, as NeMo and torchtitan report FP8 runs",
+                        peak_flops / 1e12,
+                        plan.training.precision.compute.name(),
+                        s.cluster.gpu.source,
+                        fp8 / 1e12,
+                        plan.training.precision.compute.name()
+                    ),
+                    _ => format!("peak {:.0} TFLOP/s dense {} ({})", peak_flops / 1e12, plan.training.precision.compute.name(), s.cluster.gpu.source),
+                },
                 format!(
                     "matmuls at {:.0}% x {:.1}% (best achievable matmul) = {:.0}% of peak (the global fit of src/schedule/cost.rs), less each GEMM's wave quantization ({}x{} output tiles over {} SMs; a matmul's input- and weight-gradient GEMMs by their own output shapes), flash attention at {:.0}%, memory-bound ops at {:.0}% of {:.2} TB/s HBM, {:.0} us per op",
                     crate::schedule::cost::MATMUL_EFFICIENCY * 100.0,

@@ -217,6 +217,30 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         "Training   micro-batch {} x seq {} x grad_accum {}, {:?} ({:?}), precision {}, checkpointing {:?}, {:?} attention",
         t.micro_batch, t.seq_len, t.grad_accum, t.optimizer, t.optimizer_impl, t.precision.preset, t.checkpointing, s.workload.attention
     );
+    if let Some(f) = &r.fp8 {
+        let _ = writeln!(
+            o,
+            "FP8        {} ({}): {} of {} linears (the transformer blocks'; LM head{} and attention core in {}), {:.0}% of the forward FLOPs; forward, input-gradient and {} GEMMs at {:.0} TFLOP/s dense FP8{}",
+            f.recipe,
+            if f.recipe == "delayed" { "Transformer Engine delayed scaling, Megatron-Core" } else { "torchao float8, dynamic scaling" },
+            f.fp8_linears,
+            f.linears,
+            if r.active_param_count.is_some() { ", routers" } else { "" },
+            t.precision.compute.name(),
+            f.fp8_flops_share * 100.0,
+            if f.wgrad_fp8 { "weight-gradient" } else { "(in 16 bits) weight-gradient" },
+            f.fp8_peak_flops / 1e12,
+            if f.weight_workspaces.bytes > 0 {
+                format!(
+                    "; saved linear inputs in FP8; FP8 weight and transpose workspaces {}; amax history {} rows",
+                    fmt_bytes(f.weight_workspaces.bytes),
+                    f.amax_history_len.unwrap_or(0)
+                )
+            } else {
+                "; saved linear inputs in 16 bits (torchao keeps the high-precision input)".into()
+            }
+        );
+    }
     if let Some(l) = &s.workload.lora {
         let frozen: u64 = r.param_count.saturating_sub(r.trainable_params);
         let _ = writeln!(
