@@ -25,6 +25,7 @@ const BASES: &[&str] = &[
     "megatron-70b-h100-overlap.toml",
     "mixtral-8x7b-h100-ep8.toml",
     "mixtral-8x7b-h100-ep8-hot-expert.toml",
+    "llama2-7b-h100-fp8.toml",
 ];
 
 /// Numeric and enum fields a user sets, by section.
@@ -63,6 +64,9 @@ const FIELDS: &[(&str, &str)] = &[
     ("moe", "tokens_per_expert"),
     ("moe", "capacity_factor"),
     ("moe", "pad_to_capacity"),
+    ("fp8", "recipe"),
+    ("fp8", "wgrad"),
+    ("fp8", "amax_history_len"),
     ("megatron", "overlap_grad_reduce"),
     ("megatron", "overlap_param_gather"),
     ("megatron", "tp_comm_overlap"),
@@ -106,6 +110,9 @@ const VALUES: &[&str] = &[
     "\"x\"",
     "\"zipf\"",
     "\"measured\"",
+    "\"delayed\"",
+    "\"tensorwise\"",
+    "\"rowwise\"",
     "[1, 2, 3, 4, 5, 6, 7, 8]",
     "\"\\u0000\"",
     "\"a\\rb\"",

@@ -260,7 +260,14 @@ pub fn from_buffers(
             Category::CommBuffers => {
                 format!("communication buffers: {}", names[c].first().cloned().unwrap_or_default())
             }
-            Category::Buffers => "module buffers (rotary tables)".to_string(),
+            Category::Buffers => {
+                let fp8 = sim.dag.workload.fp8.is_some_and(|f| f.recipe == crate::model::Fp8Recipe::Delayed);
+                match (fp8, sim.dag.buffer_bytes > 0) {
+                    (true, true) => "module buffers: Transformer Engine's FP8 weight and transpose workspaces (2 B per FP8 parameter) and amax histories, rotary tables".to_string(),
+                    (true, false) => "module buffers: Transformer Engine's FP8 weight and transpose workspaces (2 B per FP8 parameter) and amax histories".to_string(),
+                    _ => "module buffers (rotary tables)".to_string(),
+                }
+            }
             Category::Inputs => "token ids and targets".to_string(),
             Category::KvCache => "keys and values of every token of context (inference)".to_string(),
         };
