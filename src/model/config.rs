@@ -353,10 +353,20 @@ pub struct TensorSplit {
     /// (`--expert-tensor-parallel-size 1`): with it, each tensor-parallel rank routes its own
     /// sequence shard.
     pub expert: u64,
+    /// Context parallelism: this rank holds 1/`context` of each sequence (Megatron-Core's
+    /// load-balanced split: chunks i and 2 x context - 1 - i of 2 x context) for every op;
+    /// attention runs its queries against the whole sequence's keys and values, which pass
+    /// around the context-parallel ring (Transformer Engine's `AttnFuncWithCPAndKVP2P`).
+    #[serde(skip_serializing_if = "is_one")]
+    pub context: u64,
+}
+
+fn is_one(x: &u64) -> bool {
+    *x == 1
 }
 
 impl Default for TensorSplit {
     fn default() -> Self {
-        TensorSplit { tensor: 1, sequence_parallel: false, expert: 1 }
+        TensorSplit { tensor: 1, sequence_parallel: false, expert: 1, context: 1 }
     }
 }

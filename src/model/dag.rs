@@ -154,6 +154,15 @@ pub struct Op {
     /// FP8 training: this linear's GEMMs run on the FP8 tensor cores ([`super::fp8`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fp8: Option<Fp8Gemm>,
+    /// Context parallelism: the keys and values of this rank's tokens, bytes, that the
+    /// attention core passes to the next context-parallel rank at each ring step (and, in
+    /// backward, with their gradients).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub cp_kv_bytes: u64,
+}
+
+fn is_zero(x: &u64) -> bool {
+    *x == 0
 }
 
 /// Which of an FP8 linear's three GEMMs run in FP8: the forward and the input gradient
@@ -206,6 +215,7 @@ impl Op {
             frozen_bytes: 0,
             expert: false,
             fp8: None,
+            cp_kv_bytes: 0,
         }
     }
 
@@ -259,8 +269,10 @@ impl LayerDag {
         let split = |o: &Op| o.tp_sharded || (o.expert && sp);
         self.ops.iter().map(|o| if split(o) { o.fwd_flops * t } else { o.fwd_flops }).sum()
     }
+    /// Tokens of a micro-batch this rank holds (its share of each sequence under context
+    /// parallelism).
     pub fn tokens(&self) -> u64 {
-        self.workload.micro_batch * self.workload.seq_len
+        self.workload.micro_batch * self.workload.seq_len / self.workload.split.context.max(1)
     }
 }
 
@@ -410,7 +422,11 @@ impl Builder {
 /// (`w.split`; the whole model when the degree is 1).
 pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
     let (b, s, h, f, v) = (w.micro_batch, w.seq_len, cfg.hidden, cfg.ffn_hidden, cfg.vocab);
-    let t = b * s;
+    // Context parallelism: every op but attention's key-value side sees this rank's share of
+    // each sequence.
+    let cp = w.split.context.max(1);
+    let sl = s / cp;
+    let t = b * sl;
     let c = w.compute_dtype.bytes();
     let tp = w.split.tensor.max(1);
     let sp = w.split.sequence_parallel && tp > 1;
@@ -540,7 +556,8 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         let (qd, qt) = (v_w, v_w / tp);
         let o = bd.tensor(&p("attention.core.out"), t * qt, c, TensorKind::Activation);
         // Q K^T over the query/key width, then P V over the value width.
-        let att_f = 2.0 * (b * s * s) as f64 * (qk_w + v_w) as f64;
+        // Under context parallelism this rank's queries (s / cp) meet every key (s).
+        let att_f = 2.0 * (b * sl * s) as f64 * (qk_w + v_w) as f64;
         let mut saves = vec![q];
         for x in [k, vv] {
             if !saves.contains(&x) {
@@ -550,7 +567,7 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         let mut outs = vec![o];
         match w.attention {
             Attention::Flash => {
-                let lse = bd.tensor(&p("attention.core.lse"), b * a * s, 4, TensorKind::Stats);
+                let lse = bd.tensor(&p("attention.core.lse"), b * a * sl, 4, TensorKind::Stats);
                 outs.push(lse);
                 saves.push(o);
                 saves.push(lse);
@@ -577,7 +594,18 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
             Attention::Flash => 2.5 * att_f,
             Attention::Math => 2.0 * att_f,
         };
+        let kv_bytes = if k == vv {
+            // GPT's fused projection: q, k and v are thirds of one tensor.
+            bd.tensors[k].bytes / 3 * 2
+        } else {
+            bd.tensors[k].bytes + bd.tensors[vv].bytes
+        };
         let core = bd.op_tp(p("attention.core"), OpKind::AttentionCore, 0, (att_f, bwd_f), inputs, outs, saves);
+        if cp > 1 {
+            bd.ops[core].cp_kv_bytes = kv_bytes;
+            // Two receive buffers of the ring (Transformer Engine's p2p_comm_buffers).
+            bd.ops[core].fwd_scratch += 2 * kv_bytes;
+        }
         if w.attention == Attention::Math {
             // The raw scores exist while softmax runs.
             bd.ops[core].fwd_scratch = b * a * s * s * c;

@@ -226,6 +226,13 @@ pub struct ModelParallel {
     /// expert-data-parallel group).
     #[serde(skip_serializing_if = "is_one")]
     pub expert: u64,
+    /// Context parallelism (`--context-parallel-size`): each sequence is split over this many
+    /// ranks (tensor-parallel groups `tensor` apart), attention exchanging keys and values
+    /// around a ring; parameters are replicated over them, so gradients are reduced (and a
+    /// distributed optimizer shards) over data x context ranks, as Megatron-Core's
+    /// data-parallel-with-context-parallel group does.
+    #[serde(skip_serializing_if = "is_one")]
+    pub context: u64,
 }
 
 impl Default for ModelParallel {
@@ -239,6 +246,7 @@ impl Default for ModelParallel {
             stage_layers: Vec::new(),
             overlap_p2p: false,
             expert: 1,
+            context: 1,
         }
     }
 }
@@ -249,8 +257,9 @@ fn is_one(x: &u64) -> bool {
 
 impl ModelParallel {
     /// Data-parallel replicas of `gpus`: gpus / (tensor x pipeline), at least one.
+    /// Model replicas that each take their own sequences (the batch's divisor).
     pub fn data_parallel(&self, gpus: u64) -> u64 {
-        (gpus / (self.tensor * self.pipeline).max(1)).max(1)
+        (gpus / (self.tensor * self.pipeline * self.context.max(1)).max(1)).max(1)
     }
 
     /// Blocks held by each virtual stage (chunk), in model order: virtual stage j = chunk
@@ -464,7 +473,8 @@ pub struct Plan {
     pub training: TrainingConfig,
     pub gpus: u64,
     pub gpus_per_node: u64,
-    /// Data-parallel degree: gpus / (tensor x pipeline).
+    /// The group gradients are reduced over: gpus / (tensor x pipeline), the data-parallel
+    /// replicas times the context-parallel ranks of each.
     pub dp: u64,
     /// Data-parallel ranks that share a node (Megatron's rank order: tensor-parallel ranks
     /// adjacent, then data-parallel, then pipeline).
@@ -516,7 +526,9 @@ impl Plan {
     ) -> Plan {
         let sh = parallel.sharding;
         let mp = &parallel.model_parallel;
-        let dp = mp.data_parallel(gpus);
+        // Context-parallel ranks hold the same parameters: they reduce gradients (and shard a
+        // distributed optimizer) with the data-parallel ones.
+        let dp = mp.data_parallel(gpus) * mp.context.max(1);
         let dp_per_node = (gpus_per_node / mp.tensor).clamp(1, dp);
         let shard_group = match sh {
             Sharding::None => 1,

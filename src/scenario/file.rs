@@ -284,6 +284,8 @@ pub struct ParallelSection {
     pub overlap_p2p_communication: Option<bool>,
     /// Megatron-Core `--expert-model-parallel-size`: ranks the experts are spread over.
     pub expert: Option<i64>,
+    /// Megatron-Core `--context-parallel-size`: ranks each sequence is split over.
+    pub context: Option<i64>,
 }
 
 /// `[deepspeed]`: the `zero_optimization` settings of a `ds_config.json` that size

@@ -30,7 +30,7 @@ use megatron::validate_megatron;
 use moe::{validate_expert_parallel, validate_mla, validate_moe};
 use offload::validate_offload;
 pub use offload::*;
-use parallel::validate_model_parallel;
+use parallel::{validate_context, validate_model_parallel};
 
 use crate::hardware::{self, Cluster};
 use crate::memory::{AllocatorKind, AllocatorSettings, EmptyCacheAt};
@@ -680,6 +680,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
             _ => Attention::Math,
         };
     let mp = &parallel.model_parallel;
+    validate_context(&v, mp, &model, parallel.framework, attention, seq_len, job)?;
     if mp.sequence_parallel && seq_len % mp.tensor != 0 {
         return Err(v.err(
             "training.seq_len",
@@ -717,6 +718,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
             tensor: parallel.model_parallel.tensor,
             sequence_parallel: parallel.model_parallel.sequence_parallel,
             expert: parallel.model_parallel.expert,
+            context: parallel.model_parallel.context,
         },
         lora: None,
         routed: None,
@@ -757,6 +759,9 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         Some(j) => {
             if j.seed < 0 {
                 return Err(v.err("jitter.seed", format!("must be a non-negative integer, got {}", j.seed)));
+            }
+            if parallel.model_parallel.context > 1 {
+                return Err(v.err("jitter", "[jitter] with context parallelism is not simulated yet (each ring step would wait for its peer); leave out [jitter] or parallel.context"));
             }
             if parallel.model_parallel.expert > 1 {
                 return Err(v.err("jitter", "[jitter] with expert parallelism is not simulated yet (each rank's all-to-alls would have to wait for its peers); leave out [jitter] or parallel.expert"));

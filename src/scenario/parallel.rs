@@ -21,13 +21,23 @@ pub(super) fn validate_model_parallel(
         Some(x) => v.positive("parallel.pipeline", x)?,
         None => 1,
     };
-    // In u128: the product of two positive i64 values cannot wrap there.
-    let product = u128::from(tensor) * u128::from(pipeline);
+    let context = match p.context {
+        Some(x) => v.positive("parallel.context", x)?,
+        None => 1,
+    };
+    // In u128: the product of three positive i64 values cannot wrap there.
+    let product = u128::from(tensor) * u128::from(pipeline) * u128::from(context);
     if product > u128::from(gpus) || u128::from(gpus) % product != 0 {
+        let (field, cp) = if context > 1 {
+            ("parallel.context", format!(" x context ({context})"))
+        } else {
+            ("parallel.tensor", String::new())
+        };
         return Err(v.err(
-            "parallel.tensor",
+            field,
             format!(
-                "tensor ({tensor}) x pipeline ({pipeline}) = {product} must divide hardware.gpus ({gpus}); the data-parallel degree is gpus / (tensor x pipeline)"
+                "tensor ({tensor}) x pipeline ({pipeline}){cp} = {product} must divide hardware.gpus ({gpus}); the data-parallel degree is gpus / (tensor x pipeline{})",
+                if context > 1 { " x context" } else { "" }
             ),
         ));
     }
@@ -165,5 +175,55 @@ pub(super) fn validate_model_parallel(
         stage_layers,
         overlap_p2p,
         expert: 1,
+        context,
     })
+}
+
+/// `[parallel] context`: what context parallelism is simulated with. Megatron-Core splits each
+/// sequence into 2 x context chunks (rank i holds chunks i and 2 x context - 1 - i, which
+/// balances causal attention), so the sequence must divide by 2 x context, and with sequence
+/// parallelism each rank's share again by the tensor-parallel degree.
+pub(super) fn validate_context(
+    v: &V,
+    mp: &ModelParallel,
+    model: &ModelConfig,
+    framework: Framework,
+    attention: Attention,
+    seq_len: u64,
+    job: JobKind,
+) -> Result<(), ScenarioError> {
+    let cp = mp.context;
+    if cp == 1 {
+        return Ok(());
+    }
+    let refuse = |msg: String| Err(v.err("parallel.context", msg));
+    if job != JobKind::Train {
+        return refuse("context parallelism is simulated for training jobs only".into());
+    }
+    if framework != Framework::Megatron {
+        return refuse("context parallelism is simulated as Megatron-Core runs it (Transformer Engine's ring attention): set parallel.framework = \"megatron\"".into());
+    }
+    if attention != Attention::Flash {
+        return refuse("context parallelism runs flash (fused) attention blocks around the ring; set training.attention = \"flash\"".into());
+    }
+    if model.moe.is_some() || model.mla.is_some() {
+        return refuse("context parallelism with a mixture of experts or latent attention is not simulated yet".into());
+    }
+    if seq_len % (2 * cp) != 0 {
+        return Err(v.err(
+            "training.seq_len",
+            format!("context parallelism splits each sequence into 2 x {cp} load-balanced chunks: {seq_len} is not divisible by {}", 2 * cp),
+        ));
+    }
+    if mp.sequence_parallel && (seq_len / cp) % mp.tensor != 0 {
+        return Err(v.err(
+            "training.seq_len",
+            format!(
+                "each context-parallel rank's {} tokens are split again over {} sequence-parallel ranks: not divisible",
+                seq_len / cp,
+                mp.tensor
+            ),
+        ));
+    }
+    Ok(())
 }

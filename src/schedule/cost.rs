@@ -72,6 +72,11 @@ pub struct Cost {
     pub p2p_latency_s: f64,
     /// Adjacent pipeline stages are on different nodes (their transfers use the NICs).
     pub p2p_inter_node: bool,
+    /// Context parallelism: ranks in the attention ring, and the bandwidth (one direction)
+    /// and latency of one ring step's send to the next rank.
+    pub cp_steps: u64,
+    pub cp_bytes_per_s: f64,
+    pub cp_latency_s: f64,
 }
 
 /// The links a collective of `g` occupies on each of its GPUs: NVLink when ranks share a
@@ -120,6 +125,9 @@ impl Cost {
             p2p_bytes_per_s: g.nvlink_bytes_per_s * LINK_EFFICIENCY,
             p2p_latency_s: ALPHA_INTRA_S,
             p2p_inter_node: false,
+            cp_steps: 1,
+            cp_bytes_per_s: g.nvlink_bytes_per_s * LINK_EFFICIENCY,
+            cp_latency_s: ALPHA_INTRA_S,
         }
     }
 
@@ -150,6 +158,14 @@ impl Cost {
         c.ep_group = group(ep, ep.min(stage_per_node));
         c.edp_group =
             if plan.expert_params() > 0 { group(plan.edp, (stage_per_node / ep).max(1)) } else { c.dp_group.clone() };
+        // Context-parallel peers are `tensor` ranks apart (Megatron's order: tensor, context,
+        // data, pipeline): inside a node while tensor x context fits in one.
+        let cp = plan.parallel.model_parallel.context.max(1);
+        c.cp_steps = cp;
+        if tp * cp > plan.gpus_per_node {
+            c.cp_bytes_per_s = network * NETWORK_EFFICIENCY;
+            c.cp_latency_s = ALPHA_INTER_S;
+        }
         if tp * plan.dp >= plan.gpus_per_node {
             c.p2p_bytes_per_s = network * NETWORK_EFFICIENCY;
             c.p2p_latency_s = ALPHA_INTER_S;
@@ -249,8 +265,24 @@ impl Cost {
     }
 
     pub fn forward_s(&self, op: &Op) -> f64 {
-        self.roofline_at(self.gemm_peak(op), op.fwd_flops, op.fwd_bytes + self.weight_bytes(op), self.op_eff(op))
-            + self.chain_s(op.chain_bytes[0])
+        let t =
+            self.roofline_at(self.gemm_peak(op), op.fwd_flops, op.fwd_bytes + self.weight_bytes(op), self.op_eff(op));
+        self.ring_s(op, t, 1) + self.chain_s(op.chain_bytes[0])
+    }
+
+    /// Context-parallel attention as Transformer Engine's ring runs it: `cp` steps, each
+    /// computing one block of keys and values while the next block travels from the previous
+    /// rank; a step lasts as long as the slower of the two (the first has nothing to wait
+    /// for). The backward passes the blocks and their gradients (`factor` 2). Other ops, and
+    /// attention without context parallelism, keep `t`.
+    fn ring_s(&self, op: &Op, t: f64, factor: u64) -> f64 {
+        if op.cp_kv_bytes == 0 || self.cp_steps < 2 {
+            return t;
+        }
+        let n = self.cp_steps as f64;
+        let comm = self.cp_latency_s + (factor * op.cp_kv_bytes) as f64 / self.cp_bytes_per_s;
+        let step = t / n;
+        step + (n - 1.0) * step.max(comm)
     }
 
     /// A matmul's backward is two GEMMs with their own output shapes, so their own wave
@@ -264,7 +296,7 @@ impl Cost {
         let bytes = op.backward_bytes() + 2.0 * self.weight_bytes(op);
         let chain = self.chain_s(op.chain_bytes[1]);
         let Some([m, n, k]) = op.gemm else {
-            return (self.roofline(op.bwd_flops, bytes, self.op_eff(op)) + chain, 0.5);
+            return (self.ring_s(op, self.roofline(op.bwd_flops, bytes, self.op_eff(op)), 2) + chain, 0.5);
         };
         let base = self.eff(op.kind);
         let dgrad = op.fwd_flops.min(op.bwd_flops);
