@@ -1124,6 +1124,62 @@ fn cases() -> Vec<Case> {
             "parallel.reshard_after_forward",
             &["SHARD_GRAD_OP", "use sharding = \"full_shard\""],
         ),
+        // --- [parallel] context
+        case("context 0", h100().set("parallel", "context", "0"), "parallel.context", &["must be a positive integer"]),
+        case(
+            "context under FSDP",
+            h100().set("hardware", "gpus", "2").set("parallel", "context", "2"),
+            "parallel.context",
+            &["framework = \"megatron\""],
+        ),
+        case(
+            "context not dividing the GPUs",
+            h100()
+                .set("hardware", "gpus", "4")
+                .set("parallel", "framework", "\"megatron\"")
+                .set("parallel", "context", "3"),
+            "parallel.context",
+            &["x context (3) = 3 must divide hardware.gpus (4)"],
+        ),
+        case(
+            "context with math attention",
+            h100()
+                .set("hardware", "gpus", "2")
+                .set("parallel", "framework", "\"megatron\"")
+                .set("parallel", "context", "2")
+                .set("training", "attention", "\"math\""),
+            "parallel.context",
+            &["flash"],
+        ),
+        case(
+            "context with a sequence not split in 2 x context chunks",
+            h100()
+                .set("hardware", "gpus", "3")
+                .set("parallel", "framework", "\"megatron\"")
+                .set("parallel", "context", "3"),
+            "training.seq_len",
+            &["2 x 3 load-balanced chunks", "not divisible by 6"],
+        ),
+        case(
+            "context with a mixture of experts",
+            moe()
+                .set("hardware", "gpu", "\"h100-sxm\"")
+                .set("hardware", "gpus", "2")
+                .set("parallel", "framework", "\"megatron\"")
+                .set("parallel", "context", "2"),
+            "parallel.context",
+            &["mixture of experts"],
+        ),
+        case(
+            "context with jitter",
+            h100()
+                .set("hardware", "gpus", "2")
+                .set("parallel", "framework", "\"megatron\"")
+                .set("parallel", "context", "2")
+                .set("jitter", "seed", "1"),
+            "jitter",
+            &["context parallelism is not simulated yet"],
+        ),
         // --- [fp8]
         case(
             "[fp8] on an A100",

@@ -28,6 +28,7 @@ pub const COUNTERFACTUAL_NAMES: &[&str] = &[
     "tensor parallelism x 2 (with sequence parallelism)",
     "expert parallelism x 2",
     "token dropping: capacity factor 1.0",
+    "context parallelism (same batch)",
 ];
 
 /// The index of the change that applies to mixtures of experts only (no row for a dense
@@ -35,6 +36,8 @@ pub const COUNTERFACTUAL_NAMES: &[&str] = &[
 const EXPERT_PARALLEL: usize = 12;
 /// Token dropping: a mixture of experts only; it changes the training problem.
 const CAPACITY: usize = 13;
+/// Context parallelism, as Megatron-Core runs it: offered under framework = "megatron" only.
+const CONTEXT: usize = 14;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Counterfactual {
@@ -314,6 +317,59 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             let dropped = v.dropped_copies() as f64 / v.routed_copies().max(1) as f64;
             vec![(format!("capacity factor 1.0: drop {:.1}% of the token copies", dropped * 100.0), v)]
         }
+        CONTEXT => {
+            // The degrees scenario validation accepts (src/scenario/parallel.rs
+            // validate_context): each doubling of the ring that still divides the GPUs and
+            // splits the sequence into 2 x context chunks, with grad_accum multiplied alike so
+            // the global batch stays (the ring takes its ranks from data parallelism).
+            let mp = &s.parallel.model_parallel;
+            if s.parallel.framework != crate::plan::Framework::Megatron {
+                return Err("context parallelism is simulated under Megatron-Core".into());
+            }
+            if s.workload.attention != crate::model::Attention::Flash {
+                return Err("context parallelism runs flash attention blocks".into());
+            }
+            if s.model.moe.is_some() || s.model.mla.is_some() || s.jitter.is_some() {
+                return Err(
+                    "context parallelism with a mixture of experts, latent attention or [jitter] is not simulated"
+                        .into(),
+                );
+            }
+            let dp = s.dp_degree();
+            let out: Vec<_> = (1..=6u32)
+                .map(|k| 1u64 << k)
+                .filter(|&x| dp % x == 0)
+                .filter(|&x| t.seq_len % (2 * mp.context * x) == 0)
+                .filter(|&x| !mp.sequence_parallel || (t.seq_len / (mp.context * x)) % mp.tensor == 0)
+                .filter(|&x| {
+                    mp.schedule != crate::plan::PipelineSchedule::Interleaved || (t.grad_accum * x) % mp.pipeline == 0
+                })
+                .map(|x| {
+                    let mut v = s.clone();
+                    v.parallel.model_parallel.context = mp.context * x;
+                    v.workload.split.context = mp.context * x;
+                    v.training.grad_accum = t.grad_accum * x;
+                    if let Some(f) = v.workload.fp8.as_mut() {
+                        f.micro_batches = v.training.grad_accum;
+                    }
+                    let label = format!(
+                        "context parallel {} -> {}, grad_accum {} -> {} (same batch)",
+                        mp.context,
+                        mp.context * x,
+                        t.grad_accum,
+                        v.training.grad_accum
+                    );
+                    (label, v)
+                })
+                .collect();
+            if out.is_empty() {
+                return Err(format!(
+                    "no larger ring divides the {dp} data-parallel ranks and splits the sequence ({}) into 2 x context chunks",
+                    t.seq_len
+                ));
+            }
+            out
+        }
         _ => return Err("no such change".into()),
     })
 }
@@ -407,6 +463,9 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
         if (which == EXPERT_PARALLEL || which == CAPACITY) && s.model.moe.is_none() {
             continue;
         }
+        if which == CONTEXT && s.parallel.framework != crate::plan::Framework::Megatron {
+            continue;
+        }
         match variants(s, which) {
             Ok(vs) => jobs.extend(vs.into_iter().map(|(l, v)| (which, l, v))),
             Err(why) => skips.push((which, skipped(name, u64::from(s.cluster.gpus), why))),
@@ -419,6 +478,10 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
         let mine: Vec<&Counterfactual> = done.iter().filter(|(w, _)| *w == which).map(|(_, c)| c).collect();
         if which == 4 && !mine.is_empty() {
             out.push((which, fewest_gpus(s, &mine, base_tps)));
+        } else if which == CONTEXT && !mine.is_empty() {
+            // The smallest ring that fits, else the largest tried.
+            let pick = mine.iter().find(|c| c.fits == Some(true)).or(mine.last()).map(|c| (*c).clone());
+            out.extend(pick.map(|c| (which, c)));
         } else {
             for c in mine {
                 let mut c = c.clone();

@@ -538,6 +538,21 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
     if let Some(f) = &dag.workload.fp8 {
         assumptions.push(fp8_assumption(f));
     }
+    let cp = plan.parallel.model_parallel.context;
+    if cp > 1 {
+        let core = dag.ops.iter().find(|o| o.cp_kv_bytes > 0);
+        let kv = core.map_or(0, |o| o.cp_kv_bytes);
+        assumptions.push(format!(
+            "context parallel {cp} (Megatron-Core with Transformer Engine's AttnFuncWithCPAndKVP2P): each sequence is cut into {} chunks and GPU i of the ring holds chunks i and {} - i (causal load balancing), so every op but attention runs on {} of {} tokens; attention runs {cp} steps, each over one block of keys and values while the next block ({} of keys and values per step, {} with their gradients in backward) arrives from the previous rank, a step lasting as long as the slower of the two; two receive buffers live while attention runs; parameters are replicated over the ring, so gradients are reduced and the distributed optimizer sharded over data x context = {} ranks",
+            2 * cp,
+            2 * cp - 1,
+            s.training.seq_len / cp,
+            s.training.seq_len,
+            fmt_bytes(kv),
+            fmt_bytes(2 * kv),
+            plan.dp
+        ));
+    }
     let mp = &plan.parallel.model_parallel;
     if mp.tensor > 1 {
         assumptions.push(format!(

@@ -163,10 +163,17 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         )
     };
     let mp = &p.model_parallel;
-    if mp.tensor * mp.pipeline * mp.expert > 1 {
+    if mp.tensor * mp.pipeline * mp.expert * mp.context > 1 {
         let mut parts = vec![format!("tensor {}", mp.tensor)];
         if mp.sequence_parallel {
             parts.push("sequence parallel".into());
+        }
+        if mp.context > 1 {
+            parts.push(format!(
+                "context {} ({} of each sequence per GPU, keys and values around a ring)",
+                mp.context,
+                s.training.seq_len / mp.context
+            ));
         }
         if mp.pipeline > 1 {
             parts.push(format!("pipeline {} ({}", mp.pipeline, mp.schedule.name()));
@@ -179,10 +186,11 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         }
         let _ = writeln!(
             o,
-            "Parallel   Megatron-LM {} x data parallel {} = {} GPUs; over the data-parallel ranks {}",
+            "Parallel   Megatron-LM {} x data parallel {} = {} GPUs; over the data-parallel{} ranks {}",
             parts.join(", "),
             s.dp_degree(),
             c.gpus,
+            if mp.context > 1 { " x context-parallel" } else { "" },
             p.sharding.display()
         );
     } else {

@@ -12,7 +12,7 @@ use crate::scenario::Scenario;
 /// Quantities a filter can name directly: `(name, dotted alias, what it is)`.
 pub const DERIVED: &[(&str, Option<&str>, &str)] = &[
     ("gpus", Some("hardware.gpus"), "GPUs in the job"),
-    ("dp", None, "data-parallel degree: gpus / (parallel.tensor x parallel.pipeline)"),
+    ("dp", None, "data-parallel degree: gpus / (parallel.tensor x parallel.pipeline x parallel.context)"),
     ("nodes", None, "gpus / gpus_per_node"),
     ("gpus_per_node", Some("hardware.gpus_per_node"), "GPUs per node"),
     ("micro_batch", Some("training.micro_batch"), "sequences per GPU per micro-batch"),
@@ -386,8 +386,10 @@ fn raw_derived(k: usize, tree: &toml::Table) -> Option<f64> {
     let mb = num("training.micro_batch");
     let ga = num("training.grad_accum").or(Some(1.0));
     let seq = num("training.seq_len");
-    // Megatron's data-parallel degree; tensor and pipeline default to 1.
-    let mp = num("parallel.tensor").unwrap_or(1.0) * num("parallel.pipeline").unwrap_or(1.0);
+    // Megatron's data-parallel degree; tensor, pipeline and context default to 1.
+    let mp = num("parallel.tensor").unwrap_or(1.0)
+        * num("parallel.pipeline").unwrap_or(1.0)
+        * num("parallel.context").unwrap_or(1.0);
     let dp = gpus.map(|g| g / mp.max(1.0));
     Some(match DERIVED[k].0 {
         "gpus" => gpus?,
