@@ -246,3 +246,30 @@ fn explain_proposes_tensor_parallelism() {
     assert_eq!(tp.fits, Some(true), "{tp:?}");
     assert!(tp.change.contains("vocabulary padded 50257 -> 50432"), "{}", tp.change);
 }
+
+/// Issue 21's long-context case: Llama 3.1 8B at 128K tokens on 8 H100 runs out of memory as
+/// configured; explain's answer is context parallelism, the smallest ring that fits (8, with
+/// grad_accum 8 to keep the batch), while more GPUs and tensor parallelism 2 do not fit.
+#[test]
+fn explain_answers_a_long_context_oom_with_context_parallelism() {
+    let s = shipped("llama3-8b-128k-h100.toml");
+    let sim = stepsim::simulate(&s).unwrap();
+    assert!(matches!(sim.report.verdict, stepsim::report::Verdict::Oom(_)));
+    let e = explain::explain(&s, &sim, explain::DEFAULT_MARGIN);
+    let cp = e.counterfactuals.iter().find(|c| c.change.starts_with("context parallel 1 -> ")).unwrap();
+    assert_eq!(cp.fits, Some(true), "{cp:?}");
+    assert!(cp.change.contains("context parallel 1 -> 8, grad_accum 1 -> 8"), "{}", cp.change);
+    assert!(e.answer.contains("context parallel 1 -> 8"), "{}", e.answer);
+    for other in ["GPUs ", "tensor parallel 1 -> 2"] {
+        let c = e.counterfactuals.iter().find(|c| c.change.starts_with(other)).unwrap();
+        assert_eq!(c.fits, Some(false), "{c:?}");
+    }
+    // Outside Megatron the ring is not offered; Liger's fused loss is, and it is not offered
+    // under Megatron (which has its own cross-entropy).
+    assert!(!e.counterfactuals.iter().any(|c| c.change.contains("fused-linear")));
+    let fsdp = shipped("100b-32gpu-fsdp.toml");
+    let sim = stepsim::simulate(&fsdp).unwrap();
+    let e = explain::explain(&fsdp, &sim, explain::DEFAULT_MARGIN);
+    assert!(!e.counterfactuals.iter().any(|c| c.change.starts_with("context parallel")));
+    assert!(e.counterfactuals.iter().any(|c| c.change.contains("fused-linear")));
+}

@@ -1124,6 +1124,35 @@ fn cases() -> Vec<Case> {
             "parallel.reshard_after_forward",
             &["SHARD_GRAD_OP", "use sharding = \"full_shard\""],
         ),
+        // --- training.loss
+        case(
+            "unknown loss",
+            b().set("training", "loss", "\"chunked\""),
+            "training.loss",
+            &["unknown value \"chunked\"", "\"fused-linear\""],
+        ),
+        case(
+            "logits_fp32 with a fused loss",
+            b().set("training", "loss", "\"fused-linear\"").set("training", "logits_fp32", "true"),
+            "training.logits_fp32",
+            &["applies to loss = \"eager\" only"],
+        ),
+        case(
+            "fused-linear loss with tensor parallelism",
+            b().set("hardware", "gpus", "2").set("model", "vocab", "50304").set("parallel", "tensor", "2").set(
+                "training",
+                "loss",
+                "\"fused-linear\"",
+            ),
+            "training.loss",
+            &["whole vocabulary", "\"vocab-parallel\""],
+        ),
+        case(
+            "fused-linear loss with LoRA",
+            lora().set("training", "loss", "\"fused-linear\""),
+            "training.loss",
+            &["LoRA is not simulated yet"],
+        ),
         // --- [parallel] context
         case("context 0", h100().set("parallel", "context", "0"), "parallel.context", &["must be a positive integer"]),
         case(

@@ -29,6 +29,7 @@ pub const COUNTERFACTUAL_NAMES: &[&str] = &[
     "expert parallelism x 2",
     "token dropping: capacity factor 1.0",
     "context parallelism (same batch)",
+    "fused linear cross-entropy (Liger)",
 ];
 
 /// The index of the change that applies to mixtures of experts only (no row for a dense
@@ -38,6 +39,8 @@ const EXPERT_PARALLEL: usize = 12;
 const CAPACITY: usize = 13;
 /// Context parallelism, as Megatron-Core runs it: offered under framework = "megatron" only.
 const CONTEXT: usize = 14;
+/// Liger's fused linear cross-entropy: offered outside Megatron (which has its own loss).
+const FUSED_LOSS: usize = 15;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Counterfactual {
@@ -370,6 +373,22 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             }
             out
         }
+        FUSED_LOSS => {
+            if s.workload.loss == crate::model::LossKind::FusedLinear {
+                return Err("already fused".into());
+            }
+            if s.parallel.model_parallel.tensor > 1 {
+                return Err(
+                    "Liger's fused linear cross-entropy needs the whole vocabulary on each GPU (no tensor parallelism)"
+                        .into(),
+                );
+            }
+            if s.workload.lora.is_some() {
+                return Err("the fused loss with LoRA is not simulated".into());
+            }
+            v.workload.loss = crate::model::LossKind::FusedLinear;
+            vec![("loss = \"fused-linear\" (Liger FusedLinearCrossEntropy: no full logits)".into(), v)]
+        }
         _ => return Err("no such change".into()),
     })
 }
@@ -463,7 +482,8 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
         if (which == EXPERT_PARALLEL || which == CAPACITY) && s.model.moe.is_none() {
             continue;
         }
-        if which == CONTEXT && s.parallel.framework != crate::plan::Framework::Megatron {
+        let megatron = s.parallel.framework == crate::plan::Framework::Megatron;
+        if (which == CONTEXT && !megatron) || (which == FUSED_LOSS && megatron) {
             continue;
         }
         match variants(s, which) {

@@ -326,6 +326,43 @@ pub struct Workload {
     /// FP8 training of the block linears ([`super::fp8`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fp8: Option<super::fp8::Fp8Config>,
+    /// How the loss is computed from the final hidden states.
+    #[serde(skip_serializing_if = "LossKind::is_eager")]
+    pub loss: LossKind,
+}
+
+/// The cross-entropy implementation, which decides what the head keeps at the largest
+/// tensors of a step (tokens x vocabulary).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LossKind {
+    /// `F.cross_entropy(logits.float(), targets)`: the 16-bit logits, an FP32 copy, and the
+    /// FP32 log-softmax it saves (Hugging Face, torchtitan).
+    #[default]
+    Eager,
+    /// Megatron-Core's `vocab_parallel_cross_entropy` (fused or not): the logits are upcast
+    /// and exponentiated in place into an FP32 softmax, which is what it saves; its backward
+    /// turns that into the 16-bit logit gradient (`megatron/core/tensor_parallel/
+    /// cross_entropy.py`, `fusions/fused_cross_entropy.py`).
+    VocabParallel,
+    /// Liger-Kernel's `LigerFusedLinearCrossEntropyLoss`: the LM head and the loss as one op
+    /// over chunks of tokens, computing each chunk's logits, their gradient and the input and
+    /// weight gradients in forward; only one chunk's logits ever exist, and the gradients are
+    /// what it saves.
+    FusedLinear,
+}
+
+impl LossKind {
+    pub fn is_eager(&self) -> bool {
+        *self == LossKind::Eager
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            LossKind::Eager => "eager",
+            LossKind::VocabParallel => "vocab-parallel",
+            LossKind::FusedLinear => "fused-linear",
+        }
+    }
 }
 
 /// Token copies per micro-batch and MoE block under uneven routing.

@@ -680,35 +680,66 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
     let nf_in = bd.f_op("output", nf, c);
     let first = bd.ops.len();
     let vt = v / tp;
-    let logits = bd.tensor("output.logits", t * vt, c, TensorKind::Activation);
     let head_params = if cfg.tie_embeddings { 0 } else { vt * h };
-    let id = bd.op_tp("output".into(), OpKind::Linear, head_params, lin(h, v), vec![nf_in], vec![logits], vec![nf]);
-    if cfg.tie_embeddings {
-        bd.ops[id].shared_params = vt * h;
+    if w.loss == super::config::LossKind::FusedLinear {
+        fused_linear_cross_entropy(&mut bd, cfg, nf, targets, HeadShape { t, h, v, c, head_params });
+    } else {
+        let logits = bd.tensor("output.logits", t * vt, c, TensorKind::Activation);
+        let id = bd.op_tp("output".into(), OpKind::Linear, head_params, lin(h, v), vec![nf_in], vec![logits], vec![nf]);
+        if cfg.tie_embeddings {
+            bd.ops[id].shared_params = vt * h;
+        }
+        bd.regather_op("output", first);
+        if w.loss == super::config::LossKind::VocabParallel {
+            // Megatron-Core's vocab_parallel_cross_entropy: the logits are upcast and
+            // exponentiated in place into the FP32 softmax it saves (with the target mask);
+            // the loss is log(sum exp) - the target's logit. Its backward writes the 16-bit
+            // logit gradient.
+            let sm = bd.tensor("loss.softmax", t * vt, 4, TensorKind::Activation);
+            let loss = bd.tensor("loss", 1, 4, TensorKind::Activation);
+            let id = bd.op_tp(
+                "loss.vocab_parallel_cross_entropy".into(),
+                OpKind::Loss,
+                0,
+                (5.0 * tf * v as f64, 5.0 * tf * v as f64),
+                vec![logits, targets],
+                vec![sm, loss],
+                vec![sm, targets],
+            );
+            // Its passes over the n = tokens x vocab / tp logits, bytes per element
+            // (`--cross-entropy-loss-fusion` off, Megatron-Core's default): forward the FP32
+            // copy (2 read, 4 written), the max (4), subtracting it in place (4 + 4), exp in
+            // place (4 + 4), the sum (4) and the division in place (4 + 4): 38; backward
+            // scaling the saved softmax by the loss's gradient in place (4 + 4) and the cast
+            // of the logit gradient back to 16 bits (4 + 2): 14.
+            let n = (t * vt) as f64;
+            bd.ops[id].fwd_bytes = 38.0 * n;
+            bd.ops[id].bwd_bytes = Some(14.0 * n);
+        } else {
+            let mut logits = logits;
+            let loss_dtype = if w.logits_fp32 { Dtype::Fp32 } else { w.compute_dtype };
+            if loss_dtype != w.compute_dtype {
+                // logits.float(): a copy; its backward saves nothing.
+                let l32 = bd.tensor("output.logits.float", t * vt, 4, TensorKind::Activation);
+                bd.op_tp("logits.float".into(), OpKind::Cast, 0, (0.0, 0.0), vec![logits], vec![l32], vec![]);
+                logits = l32;
+            }
+            // cross_entropy = log_softmax (saves its output) + nll_loss (saves the targets).
+            let lb = loss_dtype.bytes();
+            let lsm = bd.tensor("loss.log_softmax", t * vt, lb, TensorKind::Activation);
+            bd.op_tp(
+                "loss.log_softmax".into(),
+                OpKind::Loss,
+                0,
+                (5.0 * tf * v as f64, 5.0 * tf * v as f64),
+                vec![logits],
+                vec![lsm],
+                vec![lsm],
+            );
+            let loss = bd.tensor("loss", 1, 4, TensorKind::Activation);
+            bd.op("loss.nll".into(), OpKind::Loss, 0, (tf, tf), vec![lsm, targets], vec![loss], vec![targets]);
+        }
     }
-    bd.regather_op("output", first);
-    let mut logits = logits;
-    let loss_dtype = if w.logits_fp32 { Dtype::Fp32 } else { w.compute_dtype };
-    if loss_dtype != w.compute_dtype {
-        // logits.float(): a copy; its backward saves nothing.
-        let l32 = bd.tensor("output.logits.float", t * vt, 4, TensorKind::Activation);
-        bd.op_tp("logits.float".into(), OpKind::Cast, 0, (0.0, 0.0), vec![logits], vec![l32], vec![]);
-        logits = l32;
-    }
-    // cross_entropy = log_softmax (saves its output) + nll_loss (saves the targets).
-    let lb = loss_dtype.bytes();
-    let lsm = bd.tensor("loss.log_softmax", t * vt, lb, TensorKind::Activation);
-    bd.op_tp(
-        "loss.log_softmax".into(),
-        OpKind::Loss,
-        0,
-        (5.0 * tf * v as f64, 5.0 * tf * v as f64),
-        vec![logits],
-        vec![lsm],
-        vec![lsm],
-    );
-    let loss = bd.tensor("loss", 1, 4, TensorKind::Activation);
-    bd.op("loss.nll".into(), OpKind::Loss, 0, (tf, tf), vec![lsm, targets], vec![loss], vec![targets]);
 
     let buffer_bytes = match cfg.family {
         // cos and sin tables, FP32, max_seq_len x head_dim each.
@@ -750,6 +781,49 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         super::fp8::apply(&mut dag, f, c);
     }
     dag
+}
+
+/// The head's shape: tokens, hidden, vocabulary, activation bytes, the head's own parameters.
+struct HeadShape {
+    t: u64,
+    h: u64,
+    v: u64,
+    c: u64,
+    head_params: u64,
+}
+
+/// Liger-Kernel's `LigerFusedLinearCrossEntropyLoss` (`ops/fused_linear_cross_entropy.py`):
+/// the tokens run in chunks of next_power_of_2(tokens / ceil(vocab / hidden)); each chunk's
+/// logits (chunk x vocab, 16-bit) are computed, turned into their gradient in place by the
+/// cross-entropy kernel, and multiplied into the input gradient (chunk x hidden) and the
+/// accumulated weight gradient (vocab x hidden), all in forward: three GEMMs of the head's
+/// size. Backward only scales the two stored gradients by the loss's gradient. Saves the
+/// input and weight gradients; one chunk's logits are scratch.
+fn fused_linear_cross_entropy(bd: &mut Builder, cfg: &ModelConfig, x: TensorId, targets: TensorId, sh: HeadShape) {
+    let HeadShape { t, h, v, c, head_params } = sh;
+    let inc = v.div_ceil(h).max(1);
+    let chunk = t.div_ceil(inc).next_power_of_two().min(t.next_power_of_two());
+    let gin = bd.tensor("output.fused_ce.grad_input", t * h, c, TensorKind::Activation);
+    let gw = bd.tensor("output.fused_ce.grad_weight", v * h, c, TensorKind::Activation);
+    let loss = bd.tensor("loss", 1, 4, TensorKind::Activation);
+    let f = 2.0 * (t * h * v) as f64;
+    let id = bd.op(
+        "output".into(),
+        OpKind::Linear,
+        head_params,
+        (3.0 * f + 5.0 * (t * v) as f64, 0.0),
+        vec![x, targets],
+        vec![gin, gw, loss],
+        vec![gin, gw],
+    );
+    let op = &mut bd.ops[id];
+    if cfg.tie_embeddings {
+        op.shared_params = v * h;
+    }
+    op.fwd_scratch = chunk.min(t) * v * c;
+    op.gemm = Some([t, v, h]);
+    // Backward: read and scale both stored gradients in place.
+    op.bwd_bytes = Some(2.0 * ((t * h + v * h) * c) as f64);
 }
 
 /// One rank's share of a multi-head latent attention block: tokens, hidden, heads, bytes.

@@ -142,6 +142,7 @@ mod tests {
             routed: None,
             fused_swiglu: false,
             fp8: None,
+            loss: Default::default(),
         };
         let dag = crate::model::build(&cfg, &w);
         let bytes: u64 = dag

@@ -538,6 +538,11 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
     if let Some(f) = &dag.workload.fp8 {
         assumptions.push(fp8_assumption(f));
     }
+    match dag.workload.loss {
+        crate::model::LossKind::Eager => {}
+        crate::model::LossKind::VocabParallel => assumptions.push("loss: Megatron-Core's vocab_parallel_cross_entropy (megatron/core/tensor_parallel/cross_entropy.py): the 16-bit logits are upcast and exponentiated in place into the FP32 softmax it saves for backward (no separate FP32 copy or log-softmax), and its backward writes the 16-bit logit gradient".into()),
+        crate::model::LossKind::FusedLinear => assumptions.push("loss: Liger-Kernel's LigerFusedLinearCrossEntropyLoss (ops/fused_linear_cross_entropy.py): the LM head and cross-entropy over chunks of next_power_of_2(tokens / ceil(vocab / hidden)) tokens; each chunk's logits, their gradient and the input and weight gradients are computed in forward (three head-sized GEMMs there, none in backward); only one chunk's 16-bit logits exist; the input and weight gradients are kept for backward".into()),
+    }
     let cp = plan.parallel.model_parallel.context;
     if cp > 1 {
         let core = dag.ops.iter().find(|o| o.cp_kv_bytes > 0);

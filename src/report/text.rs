@@ -222,8 +222,16 @@ pub fn render(r: &Report, s: &Scenario) -> String {
     }
     let _ = writeln!(
         o,
-        "Training   micro-batch {} x seq {} x grad_accum {}, {:?} ({:?}), precision {}, checkpointing {:?}, {:?} attention",
-        t.micro_batch, t.seq_len, t.grad_accum, t.optimizer, t.optimizer_impl, t.precision.preset, t.checkpointing, s.workload.attention
+        "Training   micro-batch {} x seq {} x grad_accum {}, {:?} ({:?}), precision {}, checkpointing {:?}, {:?} attention{}",
+        t.micro_batch,
+        t.seq_len,
+        t.grad_accum,
+        t.optimizer,
+        t.optimizer_impl,
+        t.precision.preset,
+        t.checkpointing,
+        s.workload.attention,
+        if s.workload.loss.is_eager() { String::new() } else { format!(", loss {}", s.workload.loss.name()) }
     );
     if let Some(f) = &r.fp8 {
         let _ = writeln!(

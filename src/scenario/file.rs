@@ -350,4 +350,7 @@ pub struct TrainingSection {
     pub attention: Option<String>,
     pub logits_fp32: Option<bool>,
     pub clip_grad_norm: Option<bool>,
+    /// "eager" | "vocab-parallel" | "fused-linear" (default: Megatron's vocab-parallel
+    /// cross-entropy under framework = "megatron", eager otherwise).
+    pub loss: Option<String>,
 }

@@ -213,6 +213,48 @@ impl Scenario {
     }
 }
 
+/// `training.loss`: the cross-entropy implementation. Megatron-Core's own is the default under
+/// framework = "megatron"; eager PyTorch's elsewhere. Liger's fused linear cross-entropy is
+/// not tensor-parallel (it needs the whole vocabulary on one GPU).
+fn validate_loss(
+    v: &V,
+    t: &TrainingSection,
+    framework: Framework,
+    mp: &crate::plan::ModelParallel,
+    job: JobKind,
+) -> Result<crate::model::LossKind, ScenarioError> {
+    use crate::model::LossKind;
+    let default = if framework == Framework::Megatron { "vocab-parallel" } else { "eager" };
+    let loss = match v.choice(
+        "training.loss",
+        t.loss.as_deref().unwrap_or(default),
+        &["eager", "vocab-parallel", "fused-linear"],
+    )? {
+        "eager" => LossKind::Eager,
+        "vocab-parallel" => LossKind::VocabParallel,
+        _ => LossKind::FusedLinear,
+    };
+    if loss != LossKind::Eager && t.logits_fp32.is_some() {
+        return Err(v.err(
+            "training.logits_fp32",
+            format!("applies to loss = \"eager\" only (\"{}\" computes in FP32 inside its own kernels)", loss.name()),
+        ));
+    }
+    if loss == LossKind::FusedLinear && mp.tensor > 1 {
+        return Err(v.err(
+            "training.loss",
+            "\"fused-linear\" (Liger's fused linear cross-entropy) needs the whole vocabulary on each GPU: use parallel.tensor = 1, or \"vocab-parallel\" (Megatron's) with tensor parallelism",
+        ));
+    }
+    if loss == LossKind::FusedLinear && job == JobKind::FinetuneLora {
+        return Err(v.err(
+            "training.loss",
+            "\"fused-linear\" with LoRA is not simulated yet (the frozen head has no weight gradient); use \"eager\"",
+        ));
+    }
+    Ok(loss)
+}
+
 struct V<'a> {
     path: &'a Path,
 }
@@ -708,7 +750,9 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         checkpointing,
         clip_grad_norm: t.clip_grad_norm.unwrap_or(true),
     };
+    let loss = validate_loss(&v, t, parallel.framework, &parallel.model_parallel, job)?;
     let workload = Workload {
+        loss,
         micro_batch,
         seq_len,
         compute_dtype: precision.compute,
