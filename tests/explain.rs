@@ -75,7 +75,10 @@ fn counterfactual_verdicts_agree_with_direct_runs() {
     let sim = stepsim::simulate(&s).unwrap();
     let e = explain::explain(&s, &sim, explain::DEFAULT_MARGIN);
     assert!(e.counterfactuals.iter().any(|c| c.fits == Some(true)), "some single change fits");
-    assert!(e.answer.contains("activation checkpointing: full"), "{}", e.answer);
+    // GPT's linears carry biases (addmm, which torchtitan's per-op policy does not save), so
+    // the per-op policy keeps little more than full checkpointing but does not rerun the
+    // attention kernel: the same peak (set in the optimizer step), a faster step.
+    assert!(e.answer.contains("activation checkpointing: selective-op"), "{}", e.answer);
     let mut checked = 0;
     for which in 0..counterfactual::COUNTERFACTUAL_NAMES.len() {
         let Ok(variants) = counterfactual::variants(&s, which) else { continue };

@@ -869,6 +869,71 @@ fn cases() -> Vec<Case> {
             &["unknown value \"partial\"", "\"full\"", "\"selective\""],
         ),
         case(
+            "training.checkpoint_every without full checkpointing",
+            b().set("training", "checkpoint_every", "2"),
+            "training.checkpoint_every",
+            &["activation_checkpointing = \"full\""],
+        ),
+        case(
+            "training.checkpoint_every of zero",
+            b().set("training", "activation_checkpointing", "\"full\"").set("training", "checkpoint_every", "0"),
+            "training.checkpoint_every",
+            &["0"],
+        ),
+        case(
+            "training.checkpoint_every under Megatron",
+            b().set("parallel", "framework", "\"megatron\"")
+                .set("training", "activation_checkpointing", "\"full\"")
+                .set("training", "checkpoint_every", "2"),
+            "training.checkpoint_every",
+            &["recompute_method"],
+        ),
+        case(
+            "unknown training.recompute_method",
+            b().set("parallel", "framework", "\"megatron\"")
+                .set("training", "activation_checkpointing", "\"full\"")
+                .set("training", "recompute_method", "\"ring\""),
+            "training.recompute_method",
+            &["unknown value \"ring\"", "\"uniform\"", "\"block\""],
+        ),
+        case(
+            "training.recompute_num_layers without a method",
+            b().set("parallel", "framework", "\"megatron\"")
+                .set("training", "activation_checkpointing", "\"full\"")
+                .set("training", "recompute_num_layers", "2"),
+            "training.recompute_num_layers",
+            &["recompute_method"],
+        ),
+        case(
+            "uniform recomputation of groups of blocks",
+            b().set("parallel", "framework", "\"megatron\"")
+                .set("training", "activation_checkpointing", "\"full\"")
+                .set("training", "recompute_method", "\"uniform\"")
+                .set("training", "recompute_num_layers", "2"),
+            "training.recompute_num_layers",
+            &["not simulated", "\"block\""],
+        ),
+        case(
+            "training.recompute_method under PyTorch",
+            b().set("training", "activation_checkpointing", "\"full\"").set(
+                "training",
+                "recompute_method",
+                "\"block\"",
+            ),
+            "training.recompute_method",
+            &["checkpoint_every"],
+        ),
+        case(
+            "per-op selective checkpointing under Megatron",
+            b().set("parallel", "framework", "\"megatron\"").set(
+                "training",
+                "activation_checkpointing",
+                "\"selective-op\"",
+            ),
+            "training.activation_checkpointing",
+            &["torchtitan", "\"selective\""],
+        ),
+        case(
             "unknown training.attention",
             b().set("training", "attention", "\"sdpa\""),
             "training.attention",

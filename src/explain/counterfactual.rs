@@ -6,7 +6,7 @@
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::plan::{BackwardPrefetch, Checkpointing, Sharding};
+use crate::plan::{BackwardPrefetch, CheckpointBlocks, Checkpointing, Sharding};
 use crate::report::{fmt_bytes, Bytes, Verdict};
 use crate::scenario::Scenario;
 use crate::schedule::Phase;
@@ -30,6 +30,7 @@ pub const COUNTERFACTUAL_NAMES: &[&str] = &[
     "token dropping: capacity factor 1.0",
     "context parallelism (same batch)",
     "fused linear cross-entropy (Liger)",
+    "activation checkpointing: per-op selective (torchtitan)",
 ];
 
 /// The index of the change that applies to mixtures of experts only (no row for a dense
@@ -41,6 +42,8 @@ const CAPACITY: usize = 13;
 const CONTEXT: usize = 14;
 /// Liger's fused linear cross-entropy: offered outside Megatron (which has its own loss).
 const FUSED_LOSS: usize = 15;
+/// torchtitan's per-op selective checkpointing: a PyTorch policy, offered outside Megatron.
+const SELECTIVE_OP: usize = 16;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Counterfactual {
@@ -79,11 +82,18 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
     let t = &s.training;
     Ok(match which {
         0 => {
-            if t.checkpointing == Checkpointing::Full {
+            let every = t.checkpoint_blocks == CheckpointBlocks::All;
+            if t.checkpointing == Checkpointing::Full && every {
                 return Err("already on".into());
             }
             v.training.checkpointing = Checkpointing::Full;
-            vec![(COUNTERFACTUAL_NAMES[0].into(), v)]
+            v.training.checkpoint_blocks = CheckpointBlocks::All;
+            let label = if t.checkpointing == Checkpointing::Full {
+                "activation checkpointing: full, every block".to_string()
+            } else {
+                COUNTERFACTUAL_NAMES[0].to_string()
+            };
+            vec![(label, v)]
         }
         1 => {
             if t.checkpointing != Checkpointing::None {
@@ -389,6 +399,18 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             v.workload.loss = crate::model::LossKind::FusedLinear;
             vec![("loss = \"fused-linear\" (Liger FusedLinearCrossEntropy: no full logits)".into(), v)]
         }
+        SELECTIVE_OP => {
+            match t.checkpointing {
+                Checkpointing::SelectiveOp => return Err("already on".into()),
+                Checkpointing::Full if t.checkpoint_blocks == CheckpointBlocks::All => {
+                    return Err("full checkpointing of every block keeps less already".into())
+                }
+                _ => {}
+            }
+            v.training.checkpointing = Checkpointing::SelectiveOp;
+            v.training.checkpoint_blocks = CheckpointBlocks::All;
+            vec![("activation checkpointing: selective-op (torchtitan's per-op policy)".into(), v)]
+        }
         _ => return Err("no such change".into()),
     })
 }
@@ -483,7 +505,7 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
             continue;
         }
         let megatron = s.parallel.framework == crate::plan::Framework::Megatron;
-        if (which == CONTEXT && !megatron) || (which == FUSED_LOSS && megatron) {
+        if (which == CONTEXT && !megatron) || ((which == FUSED_LOSS || which == SELECTIVE_OP) && megatron) {
             continue;
         }
         match variants(s, which) {

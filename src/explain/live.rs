@@ -227,6 +227,9 @@ pub fn from_buffers(
                     crate::plan::Checkpointing::Full => " (only each checkpointed block's input)",
                     crate::plan::Checkpointing::Selective => " (attention scores dropped)",
                     crate::plan::Checkpointing::None => "",
+                    crate::plan::Checkpointing::SelectiveOp => {
+                        " (per-op selective: attention and every other matmul's outputs kept, the rest recomputed)"
+                    }
                 };
                 // Pipelining (and a GPipe schedule above all) keeps several micro-batches'
                 // activations at once; their buffers name the micro-batch.

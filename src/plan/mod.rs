@@ -251,6 +251,10 @@ impl Default for ModelParallel {
     }
 }
 
+fn is_all_blocks(x: &CheckpointBlocks) -> bool {
+    *x == CheckpointBlocks::All
+}
+
 fn is_one(x: &u64) -> bool {
     *x == 1
 }
@@ -304,6 +308,28 @@ pub enum Checkpointing {
     Full,
     /// Keep everything but the attention core's s x s internals, which are recomputed.
     Selective,
+    /// torchtitan's per-op selective checkpointing (`selective_ac_option = "op"`,
+    /// torchtitan/distributed/activation_checkpoint.py `_apply_op_sac`): every block is a
+    /// checkpoint region whose policy saves the outputs of the attention kernel (SDPA), of
+    /// every other matmul (`aten.mm`: bias-free linears, the first of a block saved) and of
+    /// reduce-scatters; everything else is recomputed in backward, only as far as needed.
+    SelectiveOp,
+}
+
+/// Which blocks a full checkpointing policy wraps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckpointBlocks {
+    /// Every block (torchtitan `mode = "full"`, Megatron `--recompute-method uniform
+    /// --recompute-num-layers 1`).
+    #[default]
+    All,
+    /// Every n-th block, counting from the first as 1 (torchtitan `mode = "selective"` with
+    /// `selective_ac_option = "n"`: blocks whose 1-based count is a multiple of n).
+    EveryNth(u64),
+    /// The first n blocks of each model chunk (Megatron `--recompute-method block
+    /// --recompute-num-layers n`).
+    FirstPerChunk(u64),
 }
 
 /// The precision policy: dtype of each piece of model state.
@@ -368,6 +394,9 @@ pub struct TrainingConfig {
     pub optimizer_impl: OptimizerImpl,
     pub precision: Precision,
     pub checkpointing: Checkpointing,
+    /// Under full checkpointing, which blocks are checkpoint regions.
+    #[serde(skip_serializing_if = "is_all_blocks")]
+    pub checkpoint_blocks: CheckpointBlocks,
     /// Gradient-norm clipping before the step (Megatron-LM `--clip-grad 1.0`, torchtitan
     /// `max_norm = 1.0` and the HF Trainer's `max_grad_norm = 1.0` are on by default).
     pub clip_grad_norm: bool,
@@ -870,6 +899,7 @@ mod tests {
             optimizer_impl: OptimizerImpl::Fused,
             precision: Precision::preset(preset).unwrap(),
             checkpointing: Checkpointing::None,
+            checkpoint_blocks: CheckpointBlocks::All,
             clip_grad_norm: clip,
         }
     }

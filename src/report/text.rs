@@ -222,7 +222,7 @@ pub fn render(r: &Report, s: &Scenario) -> String {
     }
     let _ = writeln!(
         o,
-        "Training   micro-batch {} x seq {} x grad_accum {}, {:?} ({:?}), precision {}, checkpointing {:?}, {:?} attention{}",
+        "Training   micro-batch {} x seq {} x grad_accum {}, {:?} ({:?}), precision {}, checkpointing {:?}{}, {:?} attention{}",
         t.micro_batch,
         t.seq_len,
         t.grad_accum,
@@ -230,6 +230,21 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         t.optimizer_impl,
         t.precision.preset,
         t.checkpointing,
+        match t.checkpoint_blocks {
+            crate::plan::CheckpointBlocks::All => String::new(),
+            crate::plan::CheckpointBlocks::EveryNth(n) => {
+                let th = match (n % 10, n % 100) {
+                    (1, x) if x != 11 => "st",
+                    (2, x) if x != 12 => "nd",
+                    (3, x) if x != 13 => "rd",
+                    _ => "th",
+                };
+                format!(" (every {n}{th} block: torchtitan selective_ac_option = \"{n}\")")
+            }
+            crate::plan::CheckpointBlocks::FirstPerChunk(n) => {
+                format!(" (the first {n} blocks of each model chunk: --recompute-method block --recompute-num-layers {n})")
+            }
+        },
         s.workload.attention,
         if s.workload.loss.is_eager() { String::new() } else { format!(", loss {}", s.workload.loss.name()) }
     );

@@ -353,4 +353,11 @@ pub struct TrainingSection {
     /// "eager" | "vocab-parallel" | "fused-linear" (default: Megatron's vocab-parallel
     /// cross-entropy under framework = "megatron", eager otherwise).
     pub loss: Option<String>,
+    /// With activation_checkpointing = "full": checkpoint every n-th block only (torchtitan's
+    /// `selective_ac_option = "n"`).
+    pub checkpoint_every: Option<i64>,
+    /// With activation_checkpointing = "full": Megatron's `--recompute-method` ("uniform" |
+    /// "block") and `--recompute-num-layers`.
+    pub recompute_method: Option<String>,
+    pub recompute_num_layers: Option<i64>,
 }

@@ -213,6 +213,59 @@ impl Scenario {
     }
 }
 
+/// Which blocks full checkpointing wraps: torchtitan's every n-th block, or Megatron's
+/// `--recompute-method block --recompute-num-layers n` (the first n of each model chunk);
+/// `uniform` with one layer is every block. Megatron's uniform groups of n > 1 blocks (one
+/// checkpoint over several blocks) are not simulated.
+fn validate_checkpoint_blocks(
+    v: &V,
+    t: &TrainingSection,
+    ck: Checkpointing,
+    framework: Framework,
+) -> Result<crate::plan::CheckpointBlocks, ScenarioError> {
+    use crate::plan::CheckpointBlocks;
+    let full = |field: &str| -> Result<(), ScenarioError> {
+        if ck != Checkpointing::Full {
+            return Err(v.err(
+                field,
+                "selects which blocks full checkpointing wraps: set training.activation_checkpointing = \"full\"",
+            ));
+        }
+        Ok(())
+    };
+    if let Some(n) = t.checkpoint_every {
+        full("training.checkpoint_every")?;
+        if t.recompute_method.is_some() || t.recompute_num_layers.is_some() {
+            return Err(v.err("training.checkpoint_every", "is torchtitan's option; Megatron's recompute_method / recompute_num_layers say the same another way: set one of them"));
+        }
+        if framework == Framework::Megatron {
+            return Err(v.err("training.checkpoint_every", "is torchtitan's option; under framework = \"megatron\" set training.recompute_method and recompute_num_layers"));
+        }
+        let n = v.positive("training.checkpoint_every", n)?;
+        return Ok(if n == 1 { CheckpointBlocks::All } else { CheckpointBlocks::EveryNth(n) });
+    }
+    match (t.recompute_method.as_deref(), t.recompute_num_layers) {
+        (None, None) => Ok(CheckpointBlocks::All),
+        (None, Some(_)) => Err(v.err(
+            "training.recompute_num_layers",
+            "needs training.recompute_method (\"uniform\" or \"block\"), as Megatron's --recompute-num-layers does",
+        )),
+        (Some(m), n) => {
+            full("training.recompute_method")?;
+            if framework == Framework::Fsdp {
+                return Err(v.err("training.recompute_method", "is Megatron-LM's flag (framework = \"megatron\" or Megatron-DeepSpeed's \"deepspeed\"); under PyTorch set training.checkpoint_every"));
+            }
+            let method = v.choice("training.recompute_method", m, &["uniform", "block"])?;
+            let n = v.positive("training.recompute_num_layers", n.unwrap_or(1))?;
+            match (method, n) {
+                ("uniform", 1) => Ok(CheckpointBlocks::All),
+                ("uniform", _) => Err(v.err("training.recompute_num_layers", format!("uniform recomputation of groups of {n} blocks (one checkpoint over several blocks) is not simulated yet; use 1, or recompute_method = \"block\""))),
+                _ => Ok(CheckpointBlocks::FirstPerChunk(n)),
+            }
+        }
+    }
+}
+
 /// `training.loss`: the cross-entropy implementation. Megatron-Core's own is the default under
 /// framework = "megatron"; eager PyTorch's elsewhere. Liger's fused linear cross-entropy is
 /// not tensor-parallel (it needs the whole vocabulary on one GPU).
@@ -710,12 +763,20 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
     let checkpointing = match v.choice(
         "training.activation_checkpointing",
         t.activation_checkpointing.as_deref().unwrap_or("none"),
-        &["none", "full", "selective"],
+        &["none", "full", "selective", "selective-op"],
     )? {
         "none" => Checkpointing::None,
         "full" => Checkpointing::Full,
-        _ => Checkpointing::Selective,
+        "selective" => Checkpointing::Selective,
+        _ => Checkpointing::SelectiveOp,
     };
+    if checkpointing == Checkpointing::SelectiveOp && parallel.framework == Framework::Megatron {
+        return Err(v.err(
+            "training.activation_checkpointing",
+            "\"selective-op\" is torchtitan's per-op policy (PyTorch's selective checkpoint); Megatron-LM has none: its --recompute-granularity is \"selective\" or \"full\"",
+        ));
+    }
+    let checkpoint_blocks = validate_checkpoint_blocks(&v, t, checkpointing, parallel.framework)?;
     let attention =
         match v.choice("training.attention", t.attention.as_deref().unwrap_or("flash"), &["flash", "math"])? {
             "flash" => Attention::Flash,
@@ -748,6 +809,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         optimizer_impl,
         precision: precision.clone(),
         checkpointing,
+        checkpoint_blocks,
         clip_grad_norm: t.clip_grad_norm.unwrap_or(true),
     };
     let loss = validate_loss(&v, t, parallel.framework, &parallel.model_parallel, job)?;

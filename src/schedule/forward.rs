@@ -13,7 +13,7 @@
 //! | last op of a block | reshard after forward | `sharding` |
 //! | end of the chunk | send the output activation to the next stage | `pipeline` |
 
-use super::{Builder, Category, Checkpointing, Fwd, Phase, Port, TaskKind, TaskLabel, COMPUTE};
+use super::{Builder, Category, Fwd, Phase, Port, TaskKind, TaskLabel, COMPUTE};
 use crate::model::{OpKind, Region};
 
 /// What the forward of one chunk carries from op to op.
@@ -129,7 +129,9 @@ impl Builder<'_> {
                     text!(self.names, "{} weight cast ({})", op.name, self.pr().compute.name()),
                 );
                 alloc.push(b);
-                if plan.training.checkpointing == Checkpointing::Full && matches!(op.region, Region::Block(_)) {
+                // A checkpointed block's casts are recomputed with it (full), or as the
+                // per-op policy's unsaved `_to_copy`s (only the rerun linears' are counted).
+                if matches!(op.region, Region::Block(l) if self.checkpointed[l as usize]) {
                     frees_now.push(b);
                 } else {
                     st.free_bwd[i].push(b);

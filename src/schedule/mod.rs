@@ -29,10 +29,11 @@ pub mod routing;
 use crate::engine::{BufferSpec, Program, Task};
 use crate::hardware::Cluster;
 use crate::memory::Category;
-use crate::model::{LayerDag, Region, TensorKind};
+use crate::model::LayerDag;
 use crate::net::Collective;
 use crate::plan::{Checkpointing, OptimizerImpl, Plan, Sharding};
 
+use checkpoint::TensorPlan;
 pub use cost::Cost;
 pub use label::{Phase, TaskKind, TaskLabel};
 
@@ -45,6 +46,7 @@ macro_rules! text {
 }
 
 mod backward;
+pub mod checkpoint;
 mod deepspeed;
 mod forward;
 mod grad_reduction;
@@ -90,21 +92,6 @@ pub struct Schedule {
     pub hardware_flops_per_step: f64,
 }
 
-/// Per-tensor facts that do not change between micro-batches.
-#[derive(Clone, Copy)]
-struct TensorPlan {
-    /// Kept after forward for backward (not dropped by checkpointing).
-    kept: bool,
-    /// Op whose backward ends the saved tensor's life (smallest saver index).
-    last_saver: Option<usize>,
-    /// Last forward consumer (largest consumer index).
-    last_consumer: Option<usize>,
-    /// Gets a gradient (a floating-point activation produced by an op).
-    needs_grad: bool,
-    /// Recomputed in backward (full: block-internal saved tensor; selective: s x s scores).
-    recomputed: bool,
-}
-
 struct Builder<'a> {
     dag: &'a LayerDag,
     plan: &'a Plan,
@@ -118,6 +105,8 @@ struct Builder<'a> {
     tensors: Vec<TensorPlan>,
     /// For full checkpointing: per block, the ops (forward order) recomputed in backward.
     recompute_ops: Vec<Vec<usize>>,
+    /// Per block: a checkpoint region of a full or per-op policy.
+    checkpointed: Vec<bool>,
     /// Each unit's gathered parameters, while gathered (FSDP / ZeRO-3). Without a pipeline
     /// every unit is resharded by the end of each micro-batch's backward; a pipeline stage
     /// keeps them across micro-batches (see `sharding`).
@@ -225,69 +214,7 @@ pub fn build_with(dag: &LayerDag, plan: &Plan, cluster: &Cluster, names: bool, s
 
 impl<'a> Builder<'a> {
     fn new(dag: &'a LayerDag, plan: &'a Plan, cost: &'a Cost, names: bool) -> Self {
-        let n = dag.tensors.len();
-        let ck = plan.training.checkpointing;
-        let mut tensors: Vec<TensorPlan> = (0..n)
-            .map(|t| TensorPlan {
-                kept: false,
-                last_saver: None,
-                last_consumer: None,
-                needs_grad: dag.tensors[t].kind == TensorKind::Activation && dag.tensors[t].producer.is_some(),
-                recomputed: false,
-            })
-            .collect();
-        for (i, op) in dag.ops.iter().enumerate() {
-            for &t in &op.inputs {
-                let tp = &mut tensors[t];
-                tp.last_consumer = Some(tp.last_consumer.map_or(i, |c| c.max(i)));
-            }
-            for &t in &op.saves {
-                let tp = &mut tensors[t];
-                tp.last_saver = Some(tp.last_saver.map_or(i, |c| c.min(i)));
-            }
-        }
-        // Which saved tensors survive the forward pass.
-        for op in &dag.ops {
-            for &t in &op.saves {
-                let producer_region = dag.tensors[t].producer.map(|p| dag.ops[p].region);
-                let internal = matches!(op.region, Region::Block(_)) && producer_region == Some(op.region);
-                let dropped = match ck {
-                    Checkpointing::None => false,
-                    Checkpointing::Full => internal,
-                    Checkpointing::Selective => dag.tensors[t].kind == TensorKind::AttentionScores,
-                };
-                if dropped {
-                    tensors[t].recomputed = true;
-                } else {
-                    tensors[t].kept = true;
-                }
-            }
-        }
-        // A tensor kept by one saver is not recomputed for another.
-        for tp in tensors.iter_mut() {
-            if tp.kept {
-                tp.recomputed = false;
-            }
-        }
-        let mut recompute_ops = vec![Vec::new(); dag.config.n_layers as usize];
-        if ck == Checkpointing::Full {
-            // Each block's ops in forward order, gathered in one pass over the DAG.
-            let mut block_ops: Vec<Vec<usize>> = vec![Vec::new(); dag.config.n_layers as usize];
-            for (i, op) in dag.ops.iter().enumerate() {
-                if let Region::Block(l) = op.region {
-                    if let Some(v) = block_ops.get_mut(l as usize) {
-                        v.push(i);
-                    }
-                }
-            }
-            for (l, ops) in block_ops.iter_mut().enumerate() {
-                let last = ops.iter().rposition(|&i| dag.ops[i].outputs.iter().any(|&t| tensors[t].recomputed));
-                if let Some(last) = last {
-                    ops.truncate(last + 1);
-                    recompute_ops[l] = std::mem::take(ops);
-                }
-            }
-        }
+        let checkpoint::Checkpoints { tensors, recompute_ops, checkpointed } = checkpoint::plan(dag, plan);
         let nu = plan.units.len();
         // Each stream with the links its transfers occupy (engine::links): offload copies use
         // one PCIe direction each; compute, NVMe and the CPU none.
@@ -364,6 +291,7 @@ impl<'a> Builder<'a> {
             labels: Vec::new(),
             tensors,
             recompute_ops,
+            checkpointed,
             gathered: vec![None; nu],
             unit_grads: vec![Vec::new(); nu],
             acc_grads: vec![None; dag.ops.len()],

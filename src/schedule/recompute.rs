@@ -3,7 +3,9 @@
 //! runs again before its backward, re-creating the tensors its backward needs (and the
 //! transients between them, and its tensor-parallel collectives); under selective
 //! checkpointing only the attention core's s x s scores are recomputed, just before its
-//! backward. Which tensors are dropped is decided once per program, in `Builder::new`.
+//! backward; under torchtitan's per-op policy a block reruns only the ops that write what
+//! its backward needs and the policy did not save. Which tensors are dropped, and which ops
+//! rerun, is decided once per program, in [`super::checkpoint::plan`].
 
 use super::backward::Bwd;
 use super::{Builder, Category, Checkpointing, Phase, TaskKind, TaskLabel, COMPUTE};

@@ -1,0 +1,228 @@
+//! What survives the forward pass under each activation-checkpointing policy, decided once
+//! per program: which saved tensors are kept and which recomputed, which blocks are
+//! checkpoint regions, and which ops each region reruns in backward.
+//!
+//! - `full` (PyTorch `checkpoint_wrapper`, Megatron `--recompute-granularity full`): a
+//!   checkpointed block keeps only what it reads from outside (its input); everything it
+//!   saved is recomputed by rerunning the block's forward up to its last such tensor.
+//!   Which blocks: all, every n-th (torchtitan), or the first n of each model chunk
+//!   (Megatron `--recompute-method block`), see [`crate::plan::CheckpointBlocks`].
+//! - `selective` (Megatron `--recompute-granularity selective`): only the attention core's
+//!   s x s scores are recomputed.
+//! - `selective-op` (torchtitan's per-op policy, `_apply_op_sac` in
+//!   torchtitan/distributed/activation_checkpoint.py): every block is a region whose policy
+//!   saves the outputs of the attention kernel, of every other `aten.mm` (the first of each
+//!   block saved; the counter is per region, as torchtitan's `mm_count_key` is per forward
+//!   or recompute) and of the forward reduce-scatters; the rest of what the block saved is
+//!   recomputed, and backward reruns only the ops that write it (and, transitively, what
+//!   they read that was not saved).
+
+use crate::model::{LayerDag, OpKind, Region, TensorKind};
+use crate::net::Collective;
+use crate::plan::{CheckpointBlocks, Checkpointing, Plan};
+
+/// Per-tensor facts that do not change between micro-batches.
+#[derive(Clone, Copy)]
+pub struct TensorPlan {
+    /// Kept after forward for backward (not dropped by checkpointing).
+    pub kept: bool,
+    /// Op whose backward ends the saved tensor's life (smallest saver index).
+    pub last_saver: Option<usize>,
+    /// Last forward consumer (largest consumer index).
+    pub last_consumer: Option<usize>,
+    /// Gets a gradient (a floating-point activation produced by an op).
+    pub needs_grad: bool,
+    /// Recomputed in backward.
+    pub recomputed: bool,
+}
+
+/// The checkpointing decisions for one program.
+pub struct Checkpoints {
+    /// Per tensor of the DAG.
+    pub tensors: Vec<TensorPlan>,
+    /// Per block: the ops (forward order) rerun before its backward (full and per-op).
+    pub recompute_ops: Vec<Vec<usize>>,
+    /// Per block: a checkpoint region of a full or per-op policy.
+    pub checkpointed: Vec<bool>,
+}
+
+impl Checkpoints {
+    /// Bytes each block keeps from forward to backward: every kept tensor whose first saver
+    /// (or, for a per-op policy's saved output nothing saves, whose producer) is in it.
+    pub fn kept_block_bytes(&self, dag: &LayerDag) -> Vec<u64> {
+        let mut out = vec![0; dag.config.n_layers as usize];
+        for (t, tp) in self.tensors.iter().enumerate() {
+            if !tp.kept {
+                continue;
+            }
+            if let Some(Region::Block(l)) = tp.last_saver.or(dag.tensors[t].producer).map(|o| dag.ops[o].region) {
+                out[l as usize] += dag.tensors[t].bytes;
+            }
+        }
+        out
+    }
+}
+
+/// Decides, for `plan`'s checkpointing policy, what each tensor of `dag` does between
+/// forward and backward.
+pub fn plan(dag: &LayerDag, plan: &Plan) -> Checkpoints {
+    let ck = plan.training.checkpointing;
+    let mut tensors: Vec<TensorPlan> = (0..dag.tensors.len())
+        .map(|t| TensorPlan {
+            kept: false,
+            last_saver: None,
+            last_consumer: None,
+            needs_grad: dag.tensors[t].kind == TensorKind::Activation && dag.tensors[t].producer.is_some(),
+            recomputed: false,
+        })
+        .collect();
+    for (i, op) in dag.ops.iter().enumerate() {
+        for &t in &op.inputs {
+            let tp = &mut tensors[t];
+            tp.last_consumer = Some(tp.last_consumer.map_or(i, |c| c.max(i)));
+        }
+        for &t in &op.saves {
+            let tp = &mut tensors[t];
+            tp.last_saver = Some(tp.last_saver.map_or(i, |c| c.min(i)));
+        }
+    }
+    let region_blocks = checkpointed_blocks(dag, plan);
+    let sac_saved = if ck == Checkpointing::SelectiveOp { sac_saved_ops(dag) } else { Vec::new() };
+    // Which saved tensors survive the forward pass.
+    for op in &dag.ops {
+        for &t in &op.saves {
+            let producer = dag.tensors[t].producer;
+            let internal = matches!(op.region, Region::Block(l) if region_blocks[l as usize])
+                && producer.map(|p| dag.ops[p].region) == Some(op.region);
+            let dropped = match ck {
+                Checkpointing::None => false,
+                Checkpointing::Full => internal,
+                Checkpointing::Selective => dag.tensors[t].kind == TensorKind::AttentionScores,
+                Checkpointing::SelectiveOp => internal && !producer.is_some_and(|p| sac_saved[p]),
+            };
+            if dropped {
+                tensors[t].recomputed = true;
+            } else {
+                tensors[t].kept = true;
+            }
+        }
+    }
+    // The per-op policy keeps what its saved ops write, whoever reads it.
+    for (i, op) in dag.ops.iter().enumerate() {
+        if sac_saved.get(i).copied().unwrap_or(false) {
+            for &t in &op.outputs {
+                tensors[t].kept = true;
+            }
+        }
+    }
+    // A tensor kept by one saver is not recomputed for another.
+    for tp in tensors.iter_mut() {
+        if tp.kept {
+            tp.recomputed = false;
+        }
+    }
+    let recompute_ops = match ck {
+        Checkpointing::SelectiveOp => needed_recompute(dag, &tensors),
+        Checkpointing::Full => full_recompute(dag, &tensors),
+        _ => vec![Vec::new(); dag.config.n_layers as usize],
+    };
+    let checkpointed = match ck {
+        Checkpointing::Full | Checkpointing::SelectiveOp => region_blocks,
+        _ => vec![false; dag.config.n_layers as usize],
+    };
+    Checkpoints { tensors, recompute_ops, checkpointed }
+}
+
+/// Per block: whether a full or per-op checkpointing policy wraps it; every block unless
+/// the scenario says otherwise.
+fn checkpointed_blocks(dag: &LayerDag, plan: &Plan) -> Vec<bool> {
+    let n = dag.config.n_layers;
+    match plan.training.checkpoint_blocks {
+        CheckpointBlocks::All => vec![true; n as usize],
+        CheckpointBlocks::EveryNth(k) => (0..n).map(|l| (l + 1) % k.max(1) == 0).collect(),
+        CheckpointBlocks::FirstPerChunk(k) => {
+            let mut out = vec![false; n as usize];
+            let mut first = 0;
+            for len in plan.parallel.model_parallel.virtual_stage_layers(n) {
+                for l in first..(first + len.min(k)) {
+                    out[l as usize] = true;
+                }
+                first += len;
+            }
+            out
+        }
+    }
+}
+
+/// The per-op policy's saved ops: per block, the attention kernel, every other bias-free
+/// matmul (routed experts run grouped GEMMs, not `aten.mm`; LoRA's frozen base linears run
+/// with adapters beside them and are left out) and the forward reduce-scatters of sequence
+/// parallelism.
+fn sac_saved_ops(dag: &LayerDag) -> Vec<bool> {
+    let mut saved = vec![false; dag.ops.len()];
+    let mut mm_count = vec![0u64; dag.config.n_layers as usize];
+    for (i, op) in dag.ops.iter().enumerate() {
+        let Region::Block(l) = op.region else { continue };
+        saved[i] = match op.kind {
+            OpKind::AttentionCore => true,
+            OpKind::Linear => {
+                let bias_free = op.gemm.is_some_and(|[_, n, k]| op.params == n * k);
+                if bias_free && !op.expert && op.frozen_params == 0 {
+                    mm_count[l as usize] += 1;
+                    mm_count[l as usize] % 2 == 1
+                } else {
+                    false
+                }
+            }
+            OpKind::TpComm => op.comm.is_some_and(|c| c.forward == Some(Collective::ReduceScatter)),
+            _ => false,
+        };
+    }
+    saved
+}
+
+/// Full checkpointing: each block's ops in forward order, up to the last one writing a
+/// recomputed tensor.
+fn full_recompute(dag: &LayerDag, tensors: &[TensorPlan]) -> Vec<Vec<usize>> {
+    let mut block_ops: Vec<Vec<usize>> = vec![Vec::new(); dag.config.n_layers as usize];
+    for (i, op) in dag.ops.iter().enumerate() {
+        if let Region::Block(l) = op.region {
+            if let Some(v) = block_ops.get_mut(l as usize) {
+                v.push(i);
+            }
+        }
+    }
+    for ops in block_ops.iter_mut() {
+        match ops.iter().rposition(|&i| dag.ops[i].outputs.iter().any(|&t| tensors[t].recomputed)) {
+            Some(last) => ops.truncate(last + 1),
+            None => ops.clear(),
+        }
+    }
+    block_ops
+}
+
+/// The ops each block reruns in backward when only some of its outputs were kept: those
+/// writing a tensor its backward needs, and, transitively, those writing what they read
+/// that was not kept; in forward order.
+fn needed_recompute(dag: &LayerDag, tensors: &[TensorPlan]) -> Vec<Vec<usize>> {
+    let mut out = vec![Vec::new(); dag.config.n_layers as usize];
+    let mut need: Vec<bool> = tensors.iter().map(|t| t.recomputed).collect();
+    for i in (0..dag.ops.len()).rev() {
+        let op = &dag.ops[i];
+        let Region::Block(l) = op.region else { continue };
+        if !op.outputs.iter().any(|&t| need[t] && !tensors[t].kept) {
+            continue;
+        }
+        out[l as usize].push(i);
+        for &t in &op.inputs {
+            let p = dag.tensors[t].producer;
+            if p.is_some_and(|p| dag.ops[p].region == op.region) && !tensors[t].kept {
+                need[t] = true;
+            }
+        }
+    }
+    for v in out.iter_mut() {
+        v.reverse();
+    }
+    out
+}

@@ -1,0 +1,129 @@
+//! Activation checkpointing as the frameworks offer it, against figures derived by hand:
+//! torchtitan's per-op policy (what it saves of a Llama block, what backward reruns),
+//! torchtitan's every-n-th block, Megatron's `--recompute-method block`, and the order of
+//! peaks and step times the policies give.
+//!
+//! The model: a Llama of hidden 1024 (8 heads, 2 KV heads), SwiGLU of 3584, at 4,096 tokens,
+//! BF16. One block's tensors: x, q, o = T H 2 = 8,388,608 B; k, v = T 256 2 = 2,097,152 B;
+//! the FFN's = T 3584 2 = 29,360,128 B; the attention's log-sum-exp T heads 4 = 131,072 B.
+
+use std::path::Path;
+
+use stepsim::plan::Plan;
+use stepsim::scenario::Scenario;
+use stepsim::schedule::checkpoint;
+
+const T: u64 = 4096;
+const X: u64 = T * 1024 * 2;
+const KV: u64 = T * 256 * 2;
+const F: u64 = T * 3584 * 2;
+const LSE: u64 = T * 8 * 4;
+const STATS: u64 = T * 4;
+
+fn scenario(framework: &str, layers: u64, training: &str, parallel: &str) -> Scenario {
+    let toml = format!(
+        "[model]\nfamily = \"llama\"\nn_layers = {layers}\nhidden = 1024\nn_heads = 8\nn_kv_heads = 2\nffn_hidden = 3584\nvocab = 32000\nmax_seq_len = {T}\n\
+         [hardware]\ngpu = \"h100-sxm\"\ngpus = 8\n\
+         [parallel]\nframework = \"{framework}\"\n{parallel}\n\
+         [training]\nmicro_batch = 1\nseq_len = {T}\ngrad_accum = 8\nprecision = \"bf16-mixed-adam\"\nattention = \"flash\"\n{training}"
+    );
+    Scenario::from_toml(Path::new("<checkpointing>"), &toml).unwrap_or_else(|e| panic!("{e}\n{toml}"))
+}
+
+/// The checkpointing decisions for the whole model (stage 0 of one).
+fn checkpoints(s: &Scenario) -> (stepsim::model::LayerDag, checkpoint::Checkpoints) {
+    let dag = stepsim::model::build(&s.model, &s.workload);
+    let plan = Plan::new(&dag, s.parallel.clone(), s.training.clone(), 8, 8);
+    let c = checkpoint::plan(&dag, &plan);
+    (dag, c)
+}
+
+/// torchtitan's per-op policy on a Llama block saves the attention kernel's outputs (o and
+/// the log-sum-exp) and every other `aten.mm`'s: wq (1st) and wv (3rd) of wq/wk/wv/wo, w1
+/// (1st) and w2 (3rd) of w1/w3/w2. The block also keeps its input, which its first norm
+/// saves and which comes from outside the region. Everything else it saved is recomputed:
+/// the norms and their statistics, rope's q and k, wk, wo and the residual, w3, SiLU and
+/// the product.
+#[test]
+fn per_op_policy_keeps_attention_and_every_other_matmul() {
+    let s = scenario("fsdp", 2, "activation_checkpointing = \"selective-op\"", "");
+    let (dag, c) = checkpoints(&s);
+    let kept = X + X + KV + X + LSE + F + X;
+    assert_eq!(kept, 65_142_784);
+    assert_eq!(c.kept_block_bytes(&dag), vec![kept; 2]);
+    let rerun: Vec<&str> = c.recompute_ops[1].iter().map(|&i| dag.ops[i].name.as_str()).collect();
+    assert_eq!(
+        rerun,
+        [
+            "layers.1.attention_norm",
+            "layers.1.attention.wk",
+            "layers.1.attention.rope",
+            "layers.1.attention.wo",
+            "layers.1.residual1",
+            "layers.1.ffn_norm",
+            "layers.1.feed_forward.w3",
+            "layers.1.feed_forward.silu",
+            "layers.1.feed_forward.mul",
+        ]
+    );
+    // Against no checkpointing: x, the norm's output and statistics, q and k after rope, v,
+    // o, the log-sum-exp, the residual, the FFN norm's output and statistics, w1, SiLU, w3
+    // and the product.
+    let none = scenario("fsdp", 2, "activation_checkpointing = \"none\"", "");
+    let (dag_n, c_n) = checkpoints(&none);
+    let all = X + X + STATS + X + KV + KV + X + LSE + X + X + STATS + 4 * F;
+    assert_eq!(c_n.kept_block_bytes(&dag_n), vec![all; 2]);
+    assert!(c_n.recompute_ops.iter().all(Vec::is_empty));
+}
+
+/// torchtitan's `selective_ac_option = "2"` wraps blocks 2, 4, ...: block 1 (index 0) keeps
+/// everything, block 2 only its input, and so on; Megatron's `--recompute-method block
+/// --recompute-num-layers 1` with two pipeline stages wraps the first block of each stage.
+#[test]
+fn which_blocks_full_checkpointing_wraps() {
+    let none = scenario("fsdp", 4, "activation_checkpointing = \"none\"", "");
+    let (dag, c) = checkpoints(&none);
+    let all = c.kept_block_bytes(&dag)[0];
+    let every2 = scenario("fsdp", 4, "activation_checkpointing = \"full\"\ncheckpoint_every = 2", "");
+    let (dag, c) = checkpoints(&every2);
+    assert_eq!(c.kept_block_bytes(&dag), vec![all, X, all, X]);
+    assert_eq!(c.checkpointed, vec![false, true, false, true]);
+    assert!(c.recompute_ops[0].is_empty() && !c.recompute_ops[1].is_empty());
+    let block = scenario(
+        "megatron",
+        4,
+        "activation_checkpointing = \"full\"\nrecompute_method = \"block\"\nrecompute_num_layers = 1",
+        "pipeline = 2",
+    );
+    let (_, c) = checkpoints(&block);
+    assert_eq!(c.checkpointed, vec![true, false, true, false]);
+    // Uniform with one layer per checkpoint is every block, as is checkpoint_every = 1.
+    let uniform = scenario(
+        "megatron",
+        4,
+        "activation_checkpointing = \"full\"\nrecompute_method = \"uniform\"\nrecompute_num_layers = 1",
+        "",
+    );
+    assert_eq!(checkpoints(&uniform).1.checkpointed, vec![true; 4]);
+    let every1 = scenario("fsdp", 4, "activation_checkpointing = \"full\"\ncheckpoint_every = 1", "");
+    assert_eq!(checkpoints(&every1).1.checkpointed, vec![true; 4]);
+}
+
+/// Peaks order as what the policies keep per block: none (6 X + 2 KV + 4 F + ... = 172 MB)
+/// above every other block ((172 + 8.4) / 2 = 90 MB) above per-op (65 MB) above full
+/// (X = 8.4 MB); step times the other way round as far as recomputation goes: the per-op policy reruns
+/// no attention and half the matmuls, so it is slower than none and faster than full.
+#[test]
+fn peaks_and_step_times_order_as_the_policies_keep() {
+    let run = |training: &str| {
+        let s = scenario("fsdp", 8, training, "");
+        let r = stepsim::simulate(&s).unwrap().report;
+        (r.peak.as_ref().unwrap().allocated.bytes, r.throughput.as_ref().unwrap().step_time_s)
+    };
+    let (p_none, t_none) = run("activation_checkpointing = \"none\"");
+    let (p_op, t_op) = run("activation_checkpointing = \"selective-op\"");
+    let (p_half, _) = run("activation_checkpointing = \"full\"\ncheckpoint_every = 2");
+    let (p_full, t_full) = run("activation_checkpointing = \"full\"");
+    assert!(p_none > p_half && p_half > p_op && p_op > p_full, "{p_none} {p_half} {p_op} {p_full}");
+    assert!(t_none < t_op && t_op < t_full, "{t_none} {t_op} {t_full}");
+}
