@@ -139,3 +139,56 @@ fn fp8_steps_are_faster_and_say_what_they_assume() {
     let f = r.fp8.as_ref().unwrap();
     assert_eq!((f.fp8_linears, f.linears), (7 * LAYERS, 7 * LAYERS + 1));
 }
+
+/// torchtitan's float8 tensor parallelism (tensorwise, TP 2 with sequence parallelism, 8
+/// GPUs, FULL_SHARD over the 4 data-parallel ranks, `fsdp_all_gather`). The attention
+/// norm's output is cast once, on this rank's shard of the sequence (6 B x t h / 2,
+/// charged to wq; wk and wv cast nothing in forward), and all-gathered in FP8 (t h x 1 B
+/// forward; the backward reduce-scatter of its gradient stays t h x 2 B), into an FP8
+/// buffer. The row-parallel wo reads its local input and casts it itself. Each weight is
+/// cast on the shard before its two all-gathers (8 B x w / 4 each) and copied transposed
+/// for backward (2 B x w); the block's FSDP unit gathers its seven linears at 1 B/param.
+#[test]
+fn float8_tensor_parallel_and_fp8_all_gather_move_fp8() {
+    let toml = format!(
+        "[model]\nfamily = \"llama\"\nn_layers = {LAYERS}\nhidden = {H}\nn_heads = 8\nffn_hidden = {F}\nvocab = 32000\nmax_seq_len = {SEQ}\n\
+         [hardware]\ngpu = \"h100-sxm\"\ngpus = 8\n\
+         [parallel]\nframework = \"fsdp\"\nsharding = \"full_shard\"\ntensor = 2\nsequence_parallel = true\n\
+         [training]\nmicro_batch = 1\nseq_len = {SEQ}\ngrad_accum = 1\nprecision = \"bf16-mixed-adam\"\nattention = \"flash\"\n\
+         [fp8]\nrecipe = \"tensorwise\"\nfsdp_all_gather = true\n"
+    );
+    let s = Scenario::from_toml(Path::new("<fp8 tp>"), &toml).unwrap();
+    let dag = model::build(&s.model, &s.workload);
+    let (t, h) = (SEQ as f64, H as f64);
+    let w = h * h / 2.0;
+    let op = |name: &str| dag.ops.iter().find(|o| o.name == name).unwrap_or_else(|| panic!("no op {name}"));
+    let shard_cast = 8.0 * w / 4.0;
+    assert_eq!(
+        op("layers.0.attention.wq").chain_bytes,
+        [6.0 * t * h / 2.0 + shard_cast, 6.0 * t * h + 12.0 * t * h / 2.0 + shard_cast + 2.0 * w]
+    );
+    assert_eq!(op("layers.0.attention.wk").chain_bytes[0], shard_cast);
+    assert_eq!(op("layers.0.attention.wo").chain_bytes[0], 6.0 * t * h / 2.0 + shard_cast);
+    // The all-gather feeding q, k, v: FP8 forward, 16-bit backward, an FP8 output buffer.
+    let wq = op("layers.0.attention.wq");
+    let gather = dag.tensors[wq.inputs[0]].producer.map(|p| &dag.ops[p]).unwrap();
+    let comm = gather.comm.unwrap();
+    assert_eq!((comm.forward_bytes, comm.bytes), (Some(SEQ * H), 2 * SEQ * H), "{}", gather.name);
+    assert_eq!(dag.tensors[wq.inputs[0]].bytes, SEQ * H);
+    // The block unit all-gathers its seven linears (2 h^2 + 1.5 h F local parameters) in FP8,
+    // its two norms in 16 bits.
+    let plan = stepsim::plan::Plan::new(&dag, s.parallel.clone(), s.training.clone(), 8, 8);
+    assert_eq!(plan.units[1].fp8_gathered, 2 * H * H + 3 * H * F / 2);
+    assert_eq!(plan.units[1].params - plan.units[1].fp8_gathered, 2 * H);
+    assert_eq!(plan.units[0].fp8_gathered, 0);
+    // Rowwise has neither: 16-bit all-gathers, the input cast per linear.
+    let rw = Scenario::from_toml(
+        Path::new("<fp8 tp>"),
+        &toml.replace("recipe = \"tensorwise\"\nfsdp_all_gather = true", "recipe = \"rowwise\""),
+    )
+    .unwrap();
+    let dag = model::build(&rw.model, &rw.workload);
+    let wk = dag.ops.iter().find(|o| o.name == "layers.0.attention.wk").unwrap();
+    assert_eq!(wk.chain_bytes[0], 8.0 * t * h + 10.0 * w);
+    assert!(dag.ops.iter().filter_map(|o| o.comm).all(|c| c.forward_bytes.is_none()));
+}

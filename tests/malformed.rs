@@ -1312,6 +1312,22 @@ fn cases() -> Vec<Case> {
             &["recipe = \"delayed\" only"],
         ),
         case(
+            "[fp8] FP8 all-gather with rowwise scaling",
+            h100().set("parallel", "sharding", "\"full_shard\"").set("fp8", "recipe", "\"rowwise\"").set(
+                "fp8",
+                "fsdp_all_gather",
+                "true",
+            ),
+            "fp8.fsdp_all_gather",
+            &["\"tensorwise\" only"],
+        ),
+        case(
+            "[fp8] FP8 all-gather without sharded parameters",
+            h100().set("fp8", "recipe", "\"tensorwise\"").set("fp8", "fsdp_all_gather", "true"),
+            "fp8.fsdp_all_gather",
+            &["full_shard"],
+        ),
+        case(
             "[fp8] amax history of 0 rows",
             h100().set("parallel", "framework", "\"megatron\"").set("fp8", "recipe", "\"delayed\"").set(
                 "fp8",

@@ -89,6 +89,10 @@ pub struct TpComm {
     pub backward: Option<Collective>,
     /// The full (unsharded) buffer the collective moves, bytes.
     pub bytes: u64,
+    /// What the forward collective moves when it differs from the backward's: torchao's
+    /// float8 tensor parallelism all-gathers a sequence-parallel input in FP8, while the
+    /// gradient is reduce-scattered in 16 bits.
+    pub forward_bytes: Option<u64>,
     /// A buffer the backward collective allocates (the re-gathered input of a sequence-
     /// parallel linear), freed after the backward of op `backward_buffer_until`.
     pub backward_buffer: u64,
@@ -364,6 +368,7 @@ impl Builder {
             forward,
             backward,
             bytes: self.full,
+            forward_bytes: None,
             backward_buffer: 0,
             backward_buffer_until: None,
         }
@@ -1002,6 +1007,7 @@ fn moe_mlp(bd: &mut Builder, name: &str, m: &MoeConfig, x: TensorId, s: MoeShape
         forward: Some(Collective::AllToAll),
         backward: Some(Collective::AllToAll),
         bytes: busiest * h * c,
+        forward_bytes: None,
         backward_buffer: 0,
         backward_buffer_until: None,
     };

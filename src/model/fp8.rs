@@ -33,6 +33,7 @@
 use serde::Serialize;
 
 use super::dag::{Fp8Gemm, LayerDag, OpKind, Region, Tensor, TensorKind};
+use crate::net::Collective;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -66,6 +67,12 @@ pub struct Fp8Config {
     /// Micro-batches per step: a cached FP8 weight is refreshed once per step, so each
     /// micro-batch carries this share of the refresh.
     pub micro_batches: u64,
+    /// tensorwise under FSDP: the float8 linears' weights are cast on each rank's shard
+    /// and all-gathered in FP8 (torchao `enable_fsdp_float8_all_gather`, torchtitan
+    /// `float8.enable_fsdp_float8_all_gather`; off by default in both).
+    pub fsdp_all_gather: bool,
+    /// The FSDP shard group the weights are all-gathered over (1 when they are not sharded).
+    pub shard_group: u64,
 }
 
 /// Bytes per element of the casts, as documented at the top of this module:
@@ -102,8 +109,21 @@ fn converted(dag: &LayerDag, id: usize) -> bool {
 /// Runs the block linears in FP8: marks their GEMMs, adds the casts' memory traffic to their
 /// kernels, and (delayed scaling) replaces each saved 16-bit input with the FP8 copy the
 /// library keeps.
+///
+/// torchtitan's float8 tensor parallelism (tensorwise with sequence parallelism:
+/// `Float8ColwiseParallel` and `PrepareFloat8ModuleInput` in torchao/float8/
+/// float8_tensor_parallel.py) casts a sequence-parallel input on this rank's shard, once
+/// for the linears that read it (attention's q, k and v; the MLP's gate and up), and
+/// all-gathers it in FP8; the gradient is reduce-scattered in 16 bits. With
+/// `fsdp_all_gather`, the weight is cast on the shard before each FSDP all-gather (forward
+/// and backward) and backward copies the gathered FP8 weight transposed for the
+/// input-gradient GEMM (1 B read, 1 B written).
 pub fn apply(dag: &mut LayerDag, cfg: &Fp8Config, c: u64) {
     let mut fp8_copy: Vec<Option<usize>> = vec![None; dag.tensors.len()];
+    let split = dag.workload.split;
+    let float8_tp = cfg.recipe == Fp8Recipe::Tensorwise && split.tensor > 1 && split.sequence_parallel;
+    // Sequence-parallel inputs already cast (on the shard) for an earlier linear.
+    let mut cast_on_shard = vec![false; dag.tensors.len()];
     for id in 0..dag.ops.len() {
         if !converted(dag, id) {
             continue;
@@ -116,10 +136,27 @@ pub fn apply(dag: &mut LayerDag, cfg: &Fp8Config, c: u64) {
         let in_elems = (dag.tensors[input].bytes / c) as f64;
         let out_elems = (dag.tensors[out].bytes / c) as f64;
         let w = (dag.ops[id].params + dag.ops[id].shared_params) as f64;
+        let sp_gather = dag.tensors[input]
+            .producer
+            .filter(|&p| float8_tp && dag.ops[p].comm.is_some_and(|m| m.forward == Some(Collective::AllGather)));
+        let fwd_cast = match sp_gather {
+            Some(_) if cast_on_shard[input] => 0.0,
+            Some(_) => {
+                cast_on_shard[input] = true;
+                fwd_in * in_elems / split.tensor as f64
+            }
+            None => fwd_in * in_elems,
+        };
+        let (w_fwd, w_bwd) = if cfg.fsdp_all_gather {
+            let shard = 8.0 * w / cfg.shard_group.max(1) as f64;
+            (shard, shard + 2.0 * w)
+        } else {
+            (per_param * w / 2.0, per_param * w / 2.0)
+        };
         let op = &mut dag.ops[id];
         op.fp8 = Some(Fp8Gemm { wgrad: cfg.wgrad });
-        op.chain_bytes[0] += fwd_in * in_elems + per_param * w / 2.0;
-        op.chain_bytes[1] += bwd_in * in_elems + bwd_out * out_elems + per_param * w / 2.0;
+        op.chain_bytes[0] += fwd_cast + w_fwd;
+        op.chain_bytes[1] += bwd_in * in_elems + bwd_out * out_elems + w_bwd;
         if cfg.recipe != Fp8Recipe::Delayed {
             continue;
         }
@@ -147,6 +184,16 @@ pub fn apply(dag: &mut LayerDag, cfg: &Fp8Config, c: u64) {
                 }
             };
             dag.ops[id].saves[i] = copy;
+        }
+    }
+    // The all-gathers of inputs cast on the shard move FP8, into an FP8 buffer.
+    for (t, &cast) in cast_on_shard.iter().enumerate() {
+        if !cast {
+            continue;
+        }
+        dag.tensors[t].bytes /= c;
+        if let Some(m) = dag.tensors[t].producer.and_then(|p| dag.ops[p].comm.as_mut()) {
+            m.forward_bytes = Some(m.bytes / c);
         }
     }
 }

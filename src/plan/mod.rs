@@ -470,6 +470,10 @@ pub struct Unit {
     /// Of `params`, this rank's routed experts' weights: replicated over the
     /// expert-data-parallel group, so their optimizer shard is 1/[`Plan::edp`] of them.
     pub expert_params: u64,
+    /// Of `params`, those FSDP all-gathers in FP8 (torchao `enable_fsdp_float8_all_gather`:
+    /// the float8 linears' weights, cast on the shard before the all-gather): 1 byte each
+    /// in the gathered buffer and on the wire.
+    pub fp8_gathered: u64,
 }
 
 /// A contiguous run of the model on one pipeline stage: a model chunk (virtual stage).
@@ -545,6 +549,16 @@ impl ModelState {
     }
 }
 
+/// The ranks a sharded piece of state is split over: all data-parallel (and context-
+/// parallel) ranks, a node's under HYBRID_SHARD, none without sharding.
+pub fn shard_group(sh: Sharding, mp: &ModelParallel, gpus: u64, gpus_per_node: u64) -> u64 {
+    match sh {
+        Sharding::None => 1,
+        Sharding::HybridShard => gpus_per_node.min(gpus),
+        _ => mp.data_parallel(gpus) * mp.context.max(1),
+    }
+}
+
 impl Plan {
     pub fn new(
         dag: &LayerDag,
@@ -559,11 +573,7 @@ impl Plan {
         // distributed optimizer) with the data-parallel ones.
         let dp = mp.data_parallel(gpus) * mp.context.max(1);
         let dp_per_node = (gpus_per_node / mp.tensor).clamp(1, dp);
-        let shard_group = match sh {
-            Sharding::None => 1,
-            Sharding::HybridShard => gpus_per_node.min(gpus),
-            _ => dp,
-        };
+        let shard_group = shard_group(sh, mp, gpus, gpus_per_node);
         let ep = mp.expert.max(1);
         let edp = (mp.tensor * dp / ep).max(1);
         // Expert state is split over the expert-data-parallel group where other state is
@@ -588,6 +598,8 @@ impl Plan {
         let mut per_unit = vec![0u64; dag.config.n_layers as usize + 1];
         let mut frozen = vec![0u64; dag.config.n_layers as usize + 1];
         let mut expert = vec![0u64; dag.config.n_layers as usize + 1];
+        let mut fp8_gathered = vec![0u64; dag.config.n_layers as usize + 1];
+        let fp8_all_gather = dag.workload.fp8.is_some_and(|f| f.fsdp_all_gather);
         for op in &dag.ops {
             let u = match op.region {
                 Region::Embed | Region::Head => 0,
@@ -597,6 +609,9 @@ impl Plan {
             frozen[u] += op.frozen_bytes;
             if op.expert {
                 expert[u] += op.params;
+            }
+            if fp8_all_gather && op.fp8.is_some() {
+                fp8_gathered[u] += op.params;
             }
         }
         let rp = per_unit[0];
@@ -608,6 +623,7 @@ impl Plan {
             frozen_bytes: frozen[0],
             frozen_shard_bytes: frozen[0].div_ceil(shard_group),
             expert_params: expert[0],
+            fp8_gathered: fp8_gathered[0],
         });
         for l in 0..dag.config.n_layers {
             let p = per_unit[l as usize + 1];
@@ -620,6 +636,7 @@ impl Plan {
                 frozen_bytes: f,
                 frozen_shard_bytes: f.div_ceil(shard_group),
                 expert_params: expert[l as usize + 1],
+                fp8_gathered: fp8_gathered[l as usize + 1],
             });
         }
         let n_layers = dag.config.n_layers;
@@ -701,6 +718,8 @@ impl Plan {
             frozen_bytes: 0,
             frozen_shard_bytes: 0,
             expert_params: 0,
+            // The LM head stays in 16 bits.
+            fp8_gathered: 0,
         }];
         let mut block_unit = vec![usize::MAX; dag.config.n_layers as usize];
         for c in &chunks {

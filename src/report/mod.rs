@@ -323,9 +323,14 @@ fn fp8_assumption(f: &crate::model::Fp8Config) -> String {
             f.amax_history_len
         ),
         Fp8Recipe::Tensorwise | Fp8Recipe::Rowwise => format!(
-            "FP8 {} (torchao Float8Linear, dynamic scaling, as torchtitan converts every linear but the LM head): all three GEMMs of the blocks' linears in FP8; the input is saved in 16 bits; casts are an amax pass and a cast, per element {} (torchao/testing/float8/roofline_utils.py); the weight is cast on every micro-batch's forward and backward; FP8 GEMMs reach the same fractions of the FP8 peak as 16-bit GEMMs of theirs",
+            "FP8 {} (torchao Float8Linear, dynamic scaling, as torchtitan converts every linear but the LM head): all three GEMMs of the blocks' linears in FP8; the input is saved in 16 bits; casts are an amax pass and a cast, per element {} (torchao/testing/float8/roofline_utils.py); {}; with tensor and sequence parallelism, tensorwise runs torchao's float8 tensor parallelism (float8_tensor_parallel.py): each sequence-parallel input is cast once on this rank's shard and all-gathered in FP8, its gradient reduce-scattered in 16 bits; FP8 GEMMs reach the same fractions of the FP8 peak as 16-bit GEMMs of theirs",
             f.recipe.name(),
-            if f.recipe == Fp8Recipe::Tensorwise { "6 B for inputs and output gradients, 8 B for weights" } else { "8 B for inputs and output gradients, 10 B for weights" }
+            if f.recipe == Fp8Recipe::Tensorwise { "6 B for inputs and output gradients, 8 B for weights" } else { "8 B for inputs and output gradients, 10 B for weights" },
+            if f.fsdp_all_gather {
+                "FSDP all-gathers the float8 linears' weights in FP8 (enable_fsdp_float8_all_gather, torchao fsdp_utils.py): each weight is cast on the shard before its forward and backward all-gathers (8 B per shard element), gathered at 1 B/parameter, and copied transposed for the input-gradient GEMM (2 B/parameter)"
+            } else {
+                "the weight is cast on every micro-batch's forward and backward (FSDP all-gathers it in 16 bits)"
+            }
         ),
     }
 }
@@ -345,6 +350,13 @@ pub struct Fp8Report {
     /// Transformer Engine's persistent FP8 weight and transpose workspaces (delayed).
     pub weight_workspaces: Bytes,
     pub amax_history_len: Option<u64>,
+    /// torchao float8 tensor parallelism: sequence-parallel inputs cast on the shard and
+    /// all-gathered in FP8 (tensorwise with tensor and sequence parallelism).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub float8_tensor_parallel: bool,
+    /// FSDP all-gathers the float8 linears' weights in FP8 (`enable_fsdp_float8_all_gather`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub fsdp_all_gather: bool,
 }
 
 pub fn fp8_report(s: &Scenario, dag: &LayerDag) -> Option<Fp8Report> {
@@ -364,6 +376,10 @@ pub fn fp8_report(s: &Scenario, dag: &LayerDag) -> Option<Fp8Report> {
         fp8_peak_flops: s.cluster.gpu.fp8_flops.unwrap_or(0.0),
         weight_workspaces: Bytes::new(if delayed { 2 * fp8_params } else { 0 }),
         amax_history_len: delayed.then_some(f.amax_history_len),
+        float8_tensor_parallel: f.recipe == crate::model::Fp8Recipe::Tensorwise
+            && dag.workload.split.tensor > 1
+            && dag.workload.split.sequence_parallel,
+        fsdp_all_gather: f.fsdp_all_gather,
     })
 }
 

@@ -268,7 +268,11 @@ pub fn render(r: &Report, s: &Scenario) -> String {
                     f.amax_history_len.unwrap_or(0)
                 )
             } else {
-                "; saved linear inputs in 16 bits (torchao keeps the high-precision input)".into()
+                format!(
+                    "; saved linear inputs in 16 bits (torchao keeps the high-precision input){}{}",
+                    if f.float8_tensor_parallel { "; sequence-parallel inputs all-gathered in FP8 (float8 TP)" } else { "" },
+                    if f.fsdp_all_gather { "; weights all-gathered in FP8 (enable_fsdp_float8_all_gather)" } else { "" }
+                )
             }
         );
     }

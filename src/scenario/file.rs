@@ -49,6 +49,9 @@ pub struct Fp8Section {
     pub wgrad: Option<bool>,
     /// delayed: `--fp8-amax-history-len` (Megatron's default 1).
     pub amax_history_len: Option<i64>,
+    /// tensorwise under FSDP with sharded parameters: all-gather the float8 linears'
+    /// weights in FP8 (torchtitan `float8.enable_fsdp_float8_all_gather`, default false).
+    pub fsdp_all_gather: Option<bool>,
 }
 
 /// `[moe]`: how the router spreads token copies over the experts.

@@ -14,6 +14,9 @@ pub(super) struct Fp8Context<'a> {
     pub compute: Dtype,
     pub job: JobKind,
     pub micro_batches: u64,
+    pub sharding: Sharding,
+    /// The ranks FSDP shards parameters over (`plan::shard_group`).
+    pub shard_group: u64,
 }
 
 pub(super) fn validate_fp8(v: &V, f: Option<&Fp8Section>, cx: &Fp8Context) -> Result<Option<Fp8Config>, ScenarioError> {
@@ -85,5 +88,27 @@ pub(super) fn validate_fp8(v: &V, f: Option<&Fp8Section>, cx: &Fp8Context) -> Re
             ))
         }
     };
-    Ok(Some(Fp8Config { recipe, wgrad: f.wgrad.unwrap_or(true), amax_history_len, micro_batches: cx.micro_batches }))
+    let fsdp_all_gather = f.fsdp_all_gather.unwrap_or(false);
+    if fsdp_all_gather {
+        if recipe != Fp8Recipe::Tensorwise {
+            return Err(v.err(
+                "fp8.fsdp_all_gather",
+                "torchao all-gathers FP8 weights under FSDP with recipe = \"tensorwise\" only",
+            ));
+        }
+        if !matches!(cx.sharding, Sharding::Zero3 | Sharding::Zero2 | Sharding::HybridShard) {
+            return Err(v.err(
+                "fp8.fsdp_all_gather",
+                "needs FSDP to shard the parameters (parallel.sharding = \"full_shard\", \"shard_grad_op\" or \"hybrid_shard\")",
+            ));
+        }
+    }
+    Ok(Some(Fp8Config {
+        recipe,
+        wgrad: f.wgrad.unwrap_or(true),
+        amax_history_len,
+        micro_batches: cx.micro_batches,
+        fsdp_all_gather,
+        shard_group: if fsdp_all_gather { cx.shard_group } else { 1 },
+    }))
 }

@@ -840,6 +840,13 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
                 compute: precision.compute,
                 job,
                 micro_batches: grad_accum,
+                sharding: parallel.sharding,
+                shard_group: crate::plan::shard_group(
+                    parallel.sharding,
+                    &parallel.model_parallel,
+                    u64::from(cluster.gpus),
+                    u64::from(cluster.gpus_per_node),
+                ),
             },
         )?,
     };

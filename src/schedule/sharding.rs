@@ -15,8 +15,9 @@ use crate::plan::Sharding;
 impl Builder<'_> {
     pub(super) fn unit_gathered_bytes(&self, u: usize) -> u64 {
         let un = &self.plan.units[u];
-        un.shard_params * self.plan.shard_group * self.pr().compute.bytes()
-            + un.frozen_shard_bytes * self.plan.shard_group
+        let c = self.pr().compute.bytes();
+        un.shard_params * self.plan.shard_group * c + un.frozen_shard_bytes * self.plan.shard_group
+            - un.fp8_gathered * (c - 1)
     }
 
     pub(super) fn gather(&mut self, step: u32, mb: u32, phase: Phase, u: usize, deps: Vec<u32>) -> (u32, u32) {

@@ -26,13 +26,13 @@ impl Builder<'_> {
         recompute: bool,
     ) -> u32 {
         let op = &self.dag.ops[i];
-        let bytes = op.comm.map_or(0, |c| c.bytes);
+        let forward = recompute || phase != Phase::Backward;
+        let bytes = op.comm.map_or(0, |c| if forward { c.forward_bytes.unwrap_or(c.bytes) } else { c.bytes });
         let (group, stream) = match op.comm.map(|c| c.group) {
             Some(CommGroup::Expert) => (&self.cost.ep_group, self.ep_stream),
             _ => (&self.cost.tp_group, self.tp_stream),
         };
         let mut secs = self.cost.collective_s(group, coll, bytes);
-        let forward = recompute || phase != Phase::Backward;
         if let Some(gemm) = self.tp_overlap_gemm_s(i, forward) {
             secs = self.tp_overlapped_s(secs, gemm);
         }
