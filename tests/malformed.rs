@@ -924,6 +924,48 @@ fn cases() -> Vec<Case> {
             &["checkpoint_every"],
         ),
         case(
+            "unknown training.activation_offload",
+            b().set("training", "activation_offload", "\"cpu\""),
+            "training.activation_offload",
+            &["unknown value \"cpu\"", "\"overlapped\"", "\"synchronous\""],
+        ),
+        case(
+            "overlapped activation offload under PyTorch",
+            b().set("training", "activation_offload", "\"overlapped\""),
+            "training.activation_offload",
+            &["--cpu-offloading", "\"synchronous\""],
+        ),
+        case(
+            "synchronous activation offload under Megatron",
+            b().set("parallel", "framework", "\"megatron\"").set("training", "activation_offload", "\"synchronous\""),
+            "training.activation_offload",
+            &["\"overlapped\""],
+        ),
+        case(
+            "activation offload with checkpointing",
+            b().set("training", "activation_checkpointing", "\"full\"").set(
+                "training",
+                "activation_offload",
+                "\"synchronous\"",
+            ),
+            "training.activation_offload",
+            &["activation_checkpointing = \"none\""],
+        ),
+        case(
+            "activation offload of every layer under Megatron",
+            b().set("parallel", "framework", "\"megatron\"")
+                .set("training", "activation_offload", "\"overlapped\"")
+                .set("training", "activation_offload_layers", "24"),
+            "training.activation_offload_layers",
+            &["from 1 to 23"],
+        ),
+        case(
+            "activation_offload_layers without offload",
+            b().set("training", "activation_offload_layers", "2"),
+            "training.activation_offload_layers",
+            &["\"overlapped\" or \"synchronous\""],
+        ),
+        case(
             "per-op selective checkpointing under Megatron",
             b().set("parallel", "framework", "\"megatron\"").set(
                 "training",

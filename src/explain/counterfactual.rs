@@ -31,6 +31,7 @@ pub const COUNTERFACTUAL_NAMES: &[&str] = &[
     "context parallelism (same batch)",
     "fused linear cross-entropy (Liger)",
     "activation checkpointing: per-op selective (torchtitan)",
+    "activation offload to host memory",
 ];
 
 /// The index of the change that applies to mixtures of experts only (no row for a dense
@@ -44,6 +45,8 @@ const CONTEXT: usize = 14;
 const FUSED_LOSS: usize = 15;
 /// torchtitan's per-op selective checkpointing: a PyTorch policy, offered outside Megatron.
 const SELECTIVE_OP: usize = 16;
+/// Activation offload: Megatron's --cpu-offloading, PyTorch's offload_wrapper elsewhere.
+const ACT_OFFLOAD: usize = 17;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Counterfactual {
@@ -410,6 +413,38 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             v.training.checkpointing = Checkpointing::SelectiveOp;
             v.training.checkpoint_blocks = CheckpointBlocks::All;
             vec![("activation checkpointing: selective-op (torchtitan's per-op policy)".into(), v)]
+        }
+        ACT_OFFLOAD => {
+            use crate::plan::{ActivationOffload, ActivationOffloadMethod, Framework};
+            if t.activation_offload.is_some() {
+                return Err("already offloading activations".into());
+            }
+            if t.checkpointing != Checkpointing::None {
+                return Err("offload replaces checkpointing (Megatron refuses both at once; PyTorch wraps a block with one or the other)".into());
+            }
+            if s.parallel.model_parallel.pipeline > 1 {
+                return Err("activation offload with pipeline parallelism is not simulated".into());
+            }
+            let layers = s.model.n_layers;
+            let (method, blocks, label) = match s.parallel.framework {
+                Framework::Megatron => (
+                    ActivationOffloadMethod::Overlapped,
+                    layers.saturating_sub(1),
+                    format!("--cpu-offloading --cpu-offloading-num-layers {}", layers.saturating_sub(1)),
+                ),
+                _ => (
+                    ActivationOffloadMethod::Synchronous,
+                    layers,
+                    "offload_wrapper on every block (PyTorch save_on_cpu)".into(),
+                ),
+            };
+            if blocks == 0 {
+                return Err("one block: nothing to offload ahead of its backward".into());
+            }
+            let (h2d, d2h) = crate::scenario::pcie_bytes_per_s(s.cluster.gpu.pcie_gen);
+            v.training.activation_offload =
+                Some(ActivationOffload { method, blocks, h2d_bytes_per_s: h2d, d2h_bytes_per_s: d2h });
+            vec![(format!("activation offload: {label}"), v)]
         }
         _ => return Err("no such change".into()),
     })

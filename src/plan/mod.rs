@@ -316,6 +316,41 @@ pub enum Checkpointing {
     SelectiveOp,
 }
 
+/// Saved activations copied to pinned host memory after a block's forward and back before
+/// its backward.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ActivationOffload {
+    pub method: ActivationOffloadMethod,
+    /// The first `blocks` blocks offload (Megatron `--cpu-offloading-num-layers`).
+    pub blocks: u64,
+    /// Pinned copy bandwidth per GPU, bytes/s.
+    pub h2d_bytes_per_s: f64,
+    pub d2h_bytes_per_s: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActivationOffloadMethod {
+    /// Transformer Engine's offload handler as Megatron-Core drives it (`--cpu-offloading`,
+    /// `get_cpu_offload_context`, `AsyncDoubleBufferGroupOffloadHandler`): copies on their
+    /// own streams, a block's tensors freed when its copy ends, the reload of block l - 1
+    /// started when block l's backward starts (two blocks' worth resident at most).
+    Overlapped,
+    /// PyTorch's `offload_wrapper` / `torch.autograd.graph.save_on_cpu(pin_memory=True)`:
+    /// the pack hook copies each saved tensor on the compute stream, the unpack hook copies
+    /// it back when backward needs it; nothing overlaps.
+    Synchronous,
+}
+
+impl ActivationOffloadMethod {
+    pub fn name(self) -> &'static str {
+        match self {
+            ActivationOffloadMethod::Overlapped => "overlapped",
+            ActivationOffloadMethod::Synchronous => "synchronous",
+        }
+    }
+}
+
 /// Which blocks a full checkpointing policy wraps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -397,6 +432,8 @@ pub struct TrainingConfig {
     /// Under full checkpointing, which blocks are checkpoint regions.
     #[serde(skip_serializing_if = "is_all_blocks")]
     pub checkpoint_blocks: CheckpointBlocks,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub activation_offload: Option<ActivationOffload>,
     /// Gradient-norm clipping before the step (Megatron-LM `--clip-grad 1.0`, torchtitan
     /// `max_norm = 1.0` and the HF Trainer's `max_grad_norm = 1.0` are on by default).
     pub clip_grad_norm: bool,
@@ -919,6 +956,7 @@ mod tests {
             precision: Precision::preset(preset).unwrap(),
             checkpointing: Checkpointing::None,
             checkpoint_blocks: CheckpointBlocks::All,
+            activation_offload: None,
             clip_grad_norm: clip,
         }
     }

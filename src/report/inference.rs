@@ -187,6 +187,7 @@ pub fn build(
         offload: None,
         routing: None,
         fp8: None,
+        activation_offload: None,
         offload_fits: true,
         inference: Some(inference),
     }

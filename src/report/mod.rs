@@ -301,6 +301,9 @@ pub struct Report {
     /// FP8 training: what runs in FP8 and what it keeps.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fp8: Option<Fp8Report>,
+    /// Activation offload: what goes to pinned host memory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub activation_offload: Option<ActivationOffloadReport>,
     /// Offload: whether a node's host memory and NVMe hold the offloaded state (true without
     /// offload). When they do not, the run fails at initialisation whatever the GPU does;
     /// every reader of a verdict (text, sweeps, explain) takes it from here. `offload`
@@ -331,6 +334,49 @@ fn fp8_assumption(f: &crate::model::Fp8Config) -> String {
             } else {
                 "the weight is cast on every micro-batch's forward and backward (FSDP all-gathers it in 16 bits)"
             }
+        ),
+    }
+}
+
+/// Saved activations in pinned host memory, as the headline rank offloads them.
+#[derive(Debug, Clone, Serialize)]
+pub struct ActivationOffloadReport {
+    pub method: &'static str,
+    pub blocks: u64,
+    /// Per micro-batch: what the offloaded blocks keep for backward (pinned host memory per
+    /// GPU; nothing else is in flight without a pipeline).
+    pub host_bytes_per_gpu: Bytes,
+    pub d2h_bytes_per_s: f64,
+    pub h2d_bytes_per_s: f64,
+}
+
+pub fn activation_offload_report(dag: &LayerDag, plan: &crate::plan::Plan) -> Option<ActivationOffloadReport> {
+    let a = plan.training.activation_offload?;
+    let kept = crate::schedule::checkpoint::plan(dag, plan).kept_block_bytes(dag);
+    Some(ActivationOffloadReport {
+        method: a.method.name(),
+        blocks: a.blocks,
+        host_bytes_per_gpu: Bytes::new(kept.iter().take(a.blocks as usize).sum()),
+        d2h_bytes_per_s: a.d2h_bytes_per_s,
+        h2d_bytes_per_s: a.h2d_bytes_per_s,
+    })
+}
+
+fn activation_offload_assumption(a: &crate::plan::ActivationOffload, layers: u64) -> String {
+    use crate::plan::ActivationOffloadMethod;
+    let rates = format!(
+        "pinned copies at {:.0} GB/s device-to-host and {:.0} GB/s host-to-device per GPU (measured PCIe rates, src/scenario/offload.rs)",
+        a.d2h_bytes_per_s / 1e9,
+        a.h2d_bytes_per_s / 1e9
+    );
+    match a.method {
+        ActivationOffloadMethod::Overlapped => format!(
+            "activation offload: Megatron-Core --cpu-offloading --cpu-offloading-num-layers {} of {layers} (Transformer Engine's AsyncDoubleBufferGroupOffloadHandler, cpu_offload_v1.py, one group per layer): each offloaded layer's saved tensors are copied to the host on their own stream; a window map spreads the groups over the layers, and at each window the forward waits for the group's copy and frees it on the GPU, then starts the next group's; backward reloads one group per window into new buffers, waiting for the previous reload first, and layer 0 waits for all; {rates}",
+            a.blocks
+        ),
+        ActivationOffloadMethod::Synchronous => format!(
+            "activation offload: PyTorch offload_wrapper / torch.autograd.graph.save_on_cpu(pin_memory=True) on the first {} of {layers} blocks: the pack hook copies each saved tensor to pinned host memory and the unpack hook copies it back when backward needs it, both on the compute stream, so neither overlaps compute (modelled as one copy per block after its forward and one before its backward); {rates}",
+            a.blocks
         ),
     }
 }
@@ -554,6 +600,9 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
     if let Some(f) = &dag.workload.fp8 {
         assumptions.push(fp8_assumption(f));
     }
+    if let Some(a) = &plan.training.activation_offload {
+        assumptions.push(activation_offload_assumption(a, dag.config.n_layers));
+    }
     match dag.workload.loss {
         crate::model::LossKind::Eager => {}
         crate::model::LossKind::VocabParallel => assumptions.push("loss: Megatron-Core's vocab_parallel_cross_entropy (megatron/core/tensor_parallel/cross_entropy.py): the 16-bit logits are upcast and exponentiated in place into the FP32 softmax it saves for backward (no separate FP32 copy or log-softmax), and its backward writes the 16-bit logit gradient".into()),
@@ -658,6 +707,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
         offload: None,
         routing: None,
         fp8: fp8_report(s, dag),
+        activation_offload: activation_offload_report(dag, plan),
         offload_fits: {
             let (host, nvme) = plan.offload_fits(u64::from(s.cluster.gpus_per_node));
             host && nvme

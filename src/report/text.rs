@@ -248,6 +248,23 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         s.workload.attention,
         if s.workload.loss.is_eager() { String::new() } else { format!(", loss {}", s.workload.loss.name()) }
     );
+    if let Some(a) = &r.activation_offload {
+        let _ = writeln!(
+            o,
+            "Offload    activations of the first {} blocks to pinned host memory ({}): {} per GPU per micro-batch ({} for a node of {}); copies at {:.0} GB/s D2H, {:.0} GB/s H2D",
+            a.blocks,
+            if a.method == "overlapped" {
+                "overlapped: Megatron-Core --cpu-offloading, Transformer Engine's offload handler"
+            } else {
+                "synchronous: PyTorch offload_wrapper, copies on the compute stream"
+            },
+            fmt_bytes(a.host_bytes_per_gpu.bytes),
+            fmt_bytes(a.host_bytes_per_gpu.bytes.saturating_mul(u64::from(s.cluster.gpus_per_node))),
+            s.cluster.gpus_per_node,
+            a.d2h_bytes_per_s / 1e9,
+            a.h2d_bytes_per_s / 1e9
+        );
+    }
     if let Some(f) = &r.fp8 {
         let _ = writeln!(
             o,

@@ -363,4 +363,9 @@ pub struct TrainingSection {
     /// "block") and `--recompute-num-layers`.
     pub recompute_method: Option<String>,
     pub recompute_num_layers: Option<i64>,
+    /// "none" | "overlapped" (Megatron --cpu-offloading: Transformer Engine's offload
+    /// handler) | "synchronous" (PyTorch offload_wrapper / save_on_cpu).
+    pub activation_offload: Option<String>,
+    /// The first n blocks offload (Megatron --cpu-offloading-num-layers).
+    pub activation_offload_layers: Option<i64>,
 }

@@ -266,6 +266,76 @@ fn validate_checkpoint_blocks(
     }
 }
 
+/// `training.activation_offload`: saved activations to pinned host memory, as Megatron-Core
+/// (Transformer Engine's handler) or PyTorch (`offload_wrapper`) do it, with the limits
+/// Megatron's `TransformerConfig` sets: no pipeline parallelism, no recomputation, fewer
+/// offloaded layers than the model has.
+fn validate_activation_offload(
+    v: &V,
+    t: &TrainingSection,
+    ck: Checkpointing,
+    parallel: &ParallelConfig,
+    n_layers: u64,
+    cluster: &Cluster,
+) -> Result<Option<crate::plan::ActivationOffload>, ScenarioError> {
+    use crate::plan::{ActivationOffload, ActivationOffloadMethod};
+    let method = match v.choice(
+        "training.activation_offload",
+        t.activation_offload.as_deref().unwrap_or("none"),
+        &["none", "overlapped", "synchronous"],
+    )? {
+        "none" => {
+            if t.activation_offload_layers.is_some() {
+                return Err(v.err(
+                    "training.activation_offload_layers",
+                    "needs training.activation_offload = \"overlapped\" or \"synchronous\"",
+                ));
+            }
+            return Ok(None);
+        }
+        "overlapped" => ActivationOffloadMethod::Overlapped,
+        _ => ActivationOffloadMethod::Synchronous,
+    };
+    let field = "training.activation_offload";
+    match (method, parallel.framework) {
+        (ActivationOffloadMethod::Overlapped, Framework::Megatron) => {}
+        (ActivationOffloadMethod::Overlapped, _) => {
+            return Err(v.err(field, "\"overlapped\" is Megatron-Core's --cpu-offloading (Transformer Engine's offload handler): set parallel.framework = \"megatron\"; under PyTorch use \"synchronous\" (offload_wrapper)"))
+        }
+        (ActivationOffloadMethod::Synchronous, Framework::Megatron) => {
+            return Err(v.err(field, "Megatron-Core offloads with Transformer Engine's handler: use \"overlapped\""))
+        }
+        _ => {}
+    }
+    if parallel.model_parallel.pipeline > 1 {
+        return Err(v.err(field, "activation offload with pipeline parallelism is not simulated (Megatron-Core refuses --cpu-offloading with a pipeline)"));
+    }
+    if ck != Checkpointing::None {
+        return Err(v.err(field, "offloads what checkpointing would drop: Megatron-Core refuses --cpu-offloading with recomputation, and PyTorch's offload_wrapper replaces the checkpoint wrapper; set training.activation_checkpointing = \"none\""));
+    }
+    let blocks = match t.activation_offload_layers {
+        Some(n) => v.positive("training.activation_offload_layers", n)?,
+        None if method == ActivationOffloadMethod::Overlapped => n_layers.saturating_sub(1),
+        None => n_layers,
+    };
+    let most = if method == ActivationOffloadMethod::Overlapped { n_layers.saturating_sub(1) } else { n_layers };
+    if blocks == 0 || blocks > most {
+        return Err(v.err(
+            "training.activation_offload_layers",
+            format!(
+                "must be from 1 to {most}{}",
+                if method == ActivationOffloadMethod::Overlapped {
+                    " (fewer than the model's layers, as Megatron's --cpu-offloading-num-layers must be)"
+                } else {
+                    " (the model's layers)"
+                }
+            ),
+        ));
+    }
+    let (h2d, d2h) = pcie_bytes_per_s(cluster.gpu.pcie_gen);
+    Ok(Some(ActivationOffload { method, blocks, h2d_bytes_per_s: h2d, d2h_bytes_per_s: d2h }))
+}
+
 /// `training.loss`: the cross-entropy implementation. Megatron-Core's own is the default under
 /// framework = "megatron"; eager PyTorch's elsewhere. Liger's fused linear cross-entropy is
 /// not tensor-parallel (it needs the whole vocabulary on one GPU).
@@ -810,6 +880,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         precision: precision.clone(),
         checkpointing,
         checkpoint_blocks,
+        activation_offload: validate_activation_offload(&v, t, checkpointing, &parallel, model.n_layers, &cluster)?,
         clip_grad_norm: t.clip_grad_norm.unwrap_or(true),
     };
     let loss = validate_loss(&v, t, parallel.framework, &parallel.model_parallel, job)?;

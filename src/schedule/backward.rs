@@ -8,6 +8,7 @@
 //! | start of the chunk | receive the output's gradient from the next stage | `pipeline` |
 //! | a tensor-parallel op | its backward collective | `tensor_parallel` |
 //! | first op of a block | pre-backward all-gather and prefetch | `sharding` |
+//! | first op of a block | reload of offloaded activations (and the next block's prefetch) | `activation_offload` |
 //! | first op of a block | full recomputation of the block's forward | `recompute` |
 //! | the LM head | the root's pre-backward prefetch | `sharding` |
 //! | the attention core | selective recomputation of its scores | `recompute` |
@@ -29,6 +30,11 @@ pub(super) struct Bwd {
     /// Buffers freed at the end of an op's forward (recompute) or backward, by op index.
     pub free_fwd: Vec<Vec<u32>>,
     pub free_bwd: Vec<Vec<u32>>,
+    /// Per block, what activation offload took to the host and its reload.
+    pub offload: Vec<super::activation_offload::BlockOffload>,
+    pub offload_count: usize,
+    /// The last reload issued (overlapped activation offload).
+    pub last_reload: Option<u32>,
     /// Each activation's gradient buffer, once its first consumer's backward created it.
     pub grad_buf: Vec<Option<u32>>,
     /// Each unit's backward all-gather, once issued.
@@ -58,7 +64,7 @@ impl Builder<'_> {
         let plan = self.plan;
         let (lo, hi) = self.chunk_ops[c];
         let nunits = plan.units.len();
-        let Fwd { free_fwd, free_bwd, loss_task, inputs } = fwd;
+        let Fwd { free_fwd, free_bwd, offload, offload_count, loss_task, inputs } = fwd;
         let vs = self.chunk_vs[c];
         let (recv_after, first_deps) = self.take_prior_send();
         let mut st = Bwd {
@@ -66,6 +72,9 @@ impl Builder<'_> {
             mb,
             free_fwd,
             free_bwd,
+            offload,
+            offload_count,
+            last_reload: None,
             grad_buf: vec![None; dag.tensors.len()],
             ag_bwd_task: vec![None; nunits],
             ddp_bucket: (0, 0),
@@ -93,6 +102,7 @@ impl Builder<'_> {
             if prev_region != Some(op.region) {
                 if let Region::Block(l) = op.region {
                     self.pre_backward_block(&mut st, l as usize, u, &mut deps);
+                    self.reload_block(&mut st, l as usize, &mut deps);
                     self.recompute_block(&mut st, l as usize, u, &deps);
                 }
             }

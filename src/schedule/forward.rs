@@ -11,6 +11,7 @@
 //! | first op of a unit | pre-forward all-gather (with `limit_all_gathers`) | `sharding` |
 //! | first op of a bucket | wait for its parameter all-gather, dispatch the next | `megatron` |
 //! | last op of a block | reshard after forward | `sharding` |
+//! | last op of a block | its saved activations to host memory | `activation_offload` |
 //! | end of the chunk | send the output activation to the next stage | `pipeline` |
 
 use super::{Builder, Category, Fwd, Phase, Port, TaskKind, TaskLabel, COMPUTE};
@@ -36,6 +37,9 @@ pub(super) struct FwdPass {
     pub last: u32,
     /// The chunk's output activation, sent to the next stage.
     pub out_buf: Option<u32>,
+    /// Per block, the tensors activation offload takes to the host.
+    pub offload: Vec<super::activation_offload::BlockOffload>,
+    pub offload_count: usize,
 }
 
 impl Builder<'_> {
@@ -60,6 +64,12 @@ impl Builder<'_> {
             first_deps,
             last: 0,
             out_buf: None,
+            offload: if self.offload_blocks.is_empty() {
+                Vec::new()
+            } else {
+                vec![Default::default(); dag.config.n_layers as usize]
+            },
+            offload_count: 0,
         };
         let wanted: Vec<usize> =
             dag.inputs.iter().copied().filter(|&t| dag.ops[lo..hi].iter().any(|o| o.inputs.contains(&t))).collect();
@@ -109,6 +119,8 @@ impl Builder<'_> {
                 if self.chunk_out[c] == Some(t) {
                     // Sent to the next stage, then freed (Megatron deallocates pipeline outputs).
                     st.out_buf = Some(b);
+                } else if let Some(l) = tp.kept.then(|| self.offloaded_block(t)).flatten() {
+                    self.offload_tensor(&mut st, l, t, b);
                 } else if tp.kept {
                     st.free_bwd[tp.last_saver.unwrap_or(i)].push(b);
                 } else {
@@ -154,11 +166,21 @@ impl Builder<'_> {
             st.unit_last_fwd[u] = Some(t);
             if i + 1 == hi || dag.ops[i + 1].region != op.region {
                 self.post_forward_unit(op.region, u, t);
+                if let Region::Block(l) = op.region {
+                    self.offload_block(&mut st, l as usize, t);
+                }
             }
         }
         self.send_activation(&mut st, c);
         let vs = self.chunk_vs[c];
         self.ready.insert(Port { step, mb, virtual_stage: vs, forward: true }, st.last);
-        Fwd { free_fwd: st.free_fwd, free_bwd: st.free_bwd, loss_task: st.last, inputs }
+        Fwd {
+            free_fwd: st.free_fwd,
+            free_bwd: st.free_bwd,
+            offload: st.offload,
+            offload_count: st.offload_count,
+            loss_task: st.last,
+            inputs,
+        }
     }
 }

@@ -45,6 +45,7 @@ macro_rules! text {
     };
 }
 
+pub mod activation_offload;
 mod backward;
 pub mod checkpoint;
 mod deepspeed;
@@ -76,6 +77,10 @@ pub struct Port {
 pub(super) struct Fwd {
     free_fwd: Vec<Vec<u32>>,
     free_bwd: Vec<Vec<u32>>,
+    /// Per block, what activation offload took to the host (empty without it).
+    offload: Vec<activation_offload::BlockOffload>,
+    /// Offload groups whose GPU copies are freed (Transformer Engine's count).
+    offload_count: usize,
     loss_task: u32,
     inputs: Vec<u32>,
 }
@@ -107,6 +112,11 @@ struct Builder<'a> {
     recompute_ops: Vec<Vec<usize>>,
     /// Per block: a checkpoint region of a full or per-op policy.
     checkpointed: Vec<bool>,
+    /// Per block: its saved activations go to host memory (empty without activation
+    /// offload).
+    offload_blocks: Vec<bool>,
+    /// Transformer Engine's window map for overlapped activation offload.
+    offload_window: Vec<u64>,
     /// Each unit's gathered parameters, while gathered (FSDP / ZeRO-3). Without a pipeline
     /// every unit is resharded by the end of each micro-batch's backward; a pipeline stage
     /// keeps them across micro-batches (see `sharding`).
@@ -238,8 +248,12 @@ impl<'a> Builder<'a> {
         let ep_stream = stream("ep", mp.expert > 1, cost.ep_links());
         let off = plan.parallel.offload.as_ref();
         let offload = off.is_some();
-        let h2d_stream = stream("h2d", offload, PCIE_H2D);
-        let d2h_stream = stream("d2h", offload, PCIE_D2H);
+        let act_overlapped = plan
+            .training
+            .activation_offload
+            .is_some_and(|a| a.method == crate::plan::ActivationOffloadMethod::Overlapped);
+        let h2d_stream = stream("h2d", offload || act_overlapped, PCIE_H2D);
+        let d2h_stream = stream("d2h", offload || act_overlapped, PCIE_D2H);
         let nvme_stream = stream("nvme", off.is_some_and(|o| o.uses_nvme()), 0);
         let cpu_stream = stream("cpu", offload, 0);
         let send_stream = stream("p2p send", mp.pipeline > 1, cost.p2p_links(true));
@@ -292,6 +306,14 @@ impl<'a> Builder<'a> {
             tensors,
             recompute_ops,
             checkpointed,
+            offload_blocks: match plan.training.activation_offload {
+                Some(a) => (0..dag.config.n_layers).map(|l| l < a.blocks).collect(),
+                None => Vec::new(),
+            },
+            offload_window: match plan.training.activation_offload {
+                Some(a) => activation_offload::offload_window(a.blocks, dag.config.n_layers),
+                None => Vec::new(),
+            },
             gathered: vec![None; nu],
             unit_grads: vec![Vec::new(); nu],
             acc_grads: vec![None; dag.ops.len()],

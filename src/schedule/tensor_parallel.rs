@@ -132,7 +132,9 @@ impl Builder<'_> {
                 text!(self.names, "{} (micro-batch {mb})", dag.tensors[t].name),
             );
             alloc.push(b);
-            if tp.kept {
+            if let Some(l) = tp.kept.then(|| self.offloaded_block(t)).flatten() {
+                self.offload_tensor(st, l, t, b);
+            } else if tp.kept {
                 st.free_bwd[tp.last_saver.unwrap_or(i)].push(b);
             } else {
                 st.free_fwd[tp.last_consumer.unwrap_or(i).max(i)].push(b);

@@ -1,0 +1,199 @@
+//! Activation offload (`training.activation_offload`): the tensors a block keeps for its
+//! backward go to pinned host memory after the block's forward and come back before its
+//! backward.
+//!
+//! - **overlapped**: Megatron-Core `--cpu-offloading --cpu-offloading-num-layers n`, which
+//!   drives Transformer Engine's `AsyncDoubleBufferGroupOffloadHandler` (cpu_offload_v1.py)
+//!   with one group per layer. A window map spreads the n offloaded groups over the model's
+//!   L layers: `window[i] = (L / n)(i + 1) - 1`, plus `i + 1` for the first `L % n` groups and
+//!   the last such `i + 1` after them. Forward: group 0's copy starts on the device-to-host
+//!   stream when layer 0's forward commits; when layer `window[k]` commits, compute waits
+//!   for group k's copy, frees group k on the GPU and starts group k + 1's copy. Backward:
+//!   when backward reaches layer `window[k - 1]` (k groups still on the host), compute waits
+//!   for the reloads so far and group k - 1's reload starts on the host-to-device stream
+//!   into freshly allocated buffers; layer 0's backward waits for every reload.
+//! - **synchronous** (PyTorch `offload_wrapper`, `save_on_cpu(pin_memory=True)`): the pack
+//!   hook's copy runs on the compute stream (modelled as one copy per block after its
+//!   forward, freeing the block's tensors), the unpack hook's copy back on the compute stream
+//!   when backward reaches the block; compute waits for both.
+//!
+//! A tensor is offloaded when its first saver is in an offloaded block and no forward op
+//! after that block reads it (a tensor still read forward stays on the GPU).
+
+use super::backward::Bwd;
+use super::forward::FwdPass;
+use super::{Builder, Category, Phase, TaskKind, TaskLabel, COMPUTE};
+use crate::model::Region;
+use crate::plan::ActivationOffloadMethod;
+
+/// One offloaded tensor of a micro-batch: the op whose backward frees it, its bytes and
+/// name.
+#[derive(Clone)]
+pub(crate) struct Offloaded {
+    pub saver: usize,
+    pub bytes: u64,
+    pub tensor: usize,
+}
+
+/// Per block, what one micro-batch offloaded and the copy that took it to the host.
+#[derive(Clone, Default)]
+pub(crate) struct BlockOffload {
+    pub tensors: Vec<Offloaded>,
+    pub buffers: Vec<u32>,
+    pub copy: Option<u32>,
+    pub reload: Option<u32>,
+}
+
+impl Builder<'_> {
+    /// Whether kept tensor `t`, produced by op `i`, goes to the host: the block of its first
+    /// saver is offloaded and no forward op after that block reads it.
+    pub(super) fn offloaded_block(&self, t: usize) -> Option<usize> {
+        let tp = self.tensors[t];
+        let saver = tp.last_saver?;
+        let Region::Block(l) = self.dag.ops[saver].region else { return None };
+        let l = l as usize;
+        if !self.offload_blocks.get(l).copied().unwrap_or(false) {
+            return None;
+        }
+        let read_later = tp.last_consumer.is_some_and(|c| self.dag.ops[c].region != Region::Block(l as u64));
+        (!read_later).then_some(l)
+    }
+
+    /// Records an offloaded tensor's buffer (in place of freeing it in backward).
+    pub(super) fn offload_tensor(&mut self, st: &mut FwdPass, l: usize, t: usize, b: u32) {
+        let saver = self.tensors[t].last_saver.unwrap_or(0);
+        let o = &mut st.offload[l];
+        o.tensors.push(Offloaded { saver, bytes: self.dag.tensors[t].bytes, tensor: t });
+        o.buffers.push(b);
+    }
+
+    /// The end of block `l`'s forward (its last task `after`): synchronous, the block's
+    /// copy to the host on the compute stream; overlapped, Transformer Engine's commit.
+    pub(super) fn offload_block(&mut self, st: &mut FwdPass, l: usize, after: u32) {
+        let Some(cfg) = self.plan.training.activation_offload else { return };
+        let n = cfg.blocks as usize;
+        match cfg.method {
+            ActivationOffloadMethod::Synchronous => {
+                if l < n {
+                    let t = self.offload_copy(st, l, COMPUTE, after);
+                    let bufs = std::mem::take(&mut st.offload[l].buffers);
+                    self.free_at(t, &bufs);
+                }
+            }
+            ActivationOffloadMethod::Overlapped => {
+                if l == 0 {
+                    self.offload_copy(st, 0, self.d2h_stream, after);
+                }
+                let k = st.offload_count;
+                if k < n && self.offload_window[k] == l as u64 {
+                    // Compute waits for group k's copy, then drops the GPU copies.
+                    let copy = st.offload[k].copy;
+                    let what = text!(self.names, "wait for layers.{k}'s offload, free it (Transformer Engine window)");
+                    let label = TaskLabel::new(st.step, Phase::Forward, st.mb, what, TaskKind::Forward, None)
+                        .with_region(Region::Block(l as u64));
+                    let sync = self.task(COMPUTE, 0.0, copy.into_iter().chain([after]).collect(), vec![], label);
+                    let bufs = std::mem::take(&mut st.offload[k].buffers);
+                    self.free_at(sync, &bufs);
+                    st.last = sync;
+                    if k + 1 < n {
+                        self.offload_copy(st, k + 1, self.d2h_stream, sync);
+                    }
+                    st.offload_count += 1;
+                }
+            }
+        }
+    }
+
+    /// Block `l`'s tensors copied to the host on `stream` after task `after`.
+    fn offload_copy(&mut self, st: &mut FwdPass, l: usize, stream: u16, after: u32) -> u32 {
+        let cfg = self.plan.training.activation_offload.expect("activation offload");
+        let bytes: u64 = st.offload[l].tensors.iter().map(|x| x.bytes).sum();
+        let what = text!(self.names, "offload layers.{l} saved activations to host ({bytes} B, D2H)");
+        let label = TaskLabel::new(st.step, Phase::Forward, st.mb, what, TaskKind::Send, None)
+            .with_region(Region::Block(l as u64));
+        let t = self.task(stream, bytes as f64 / cfg.d2h_bytes_per_s, vec![after], vec![], label);
+        st.offload[l].copy = Some(t);
+        t
+    }
+
+    /// Block `l`'s tensors back into new buffers, freed where the originals would have
+    /// been, on `stream` after task `after`.
+    fn reload(&mut self, st: &mut Bwd, l: usize, stream: u16, after: u32) -> u32 {
+        let cfg = self.plan.training.activation_offload.expect("activation offload");
+        let tensors = st.offload[l].tensors.clone();
+        let mb = st.mb;
+        let mut alloc = Vec::new();
+        for x in &tensors {
+            let b = self.buffer(
+                x.bytes,
+                Category::Activations,
+                text!(self.names, "{} (micro-batch {mb}, reloaded from host)", self.dag.tensors[x.tensor].name),
+            );
+            alloc.push(b);
+            st.free_bwd[x.saver].push(b);
+        }
+        let bytes: u64 = tensors.iter().map(|x| x.bytes).sum();
+        let what = text!(self.names, "reload layers.{l} saved activations from host ({bytes} B, H2D)");
+        let label = TaskLabel::new(st.step, Phase::Backward, mb, what, TaskKind::Recv, None)
+            .with_region(Region::Block(l as u64));
+        let deps = st.offload[l].copy.into_iter().chain([after]).collect();
+        let t = self.task(stream, bytes as f64 / cfg.h2d_bytes_per_s, deps, alloc, label);
+        st.offload[l].reload = Some(t);
+        t
+    }
+
+    /// The start of block `l`'s backward (the first kernel waits for `deps`): synchronous,
+    /// the block's reload on the compute stream; overlapped, Transformer Engine's backward
+    /// commit (wait for the reloads so far, start the next group's) and, at layer 0, the
+    /// wait for every reload.
+    pub(super) fn reload_block(&mut self, st: &mut Bwd, l: usize, deps: &mut Vec<u32>) {
+        let Some(cfg) = self.plan.training.activation_offload else { return };
+        let n = cfg.blocks as usize;
+        match cfg.method {
+            ActivationOffloadMethod::Synchronous => {
+                if l < n {
+                    let t = self.reload(st, l, COMPUTE, st.last_bwd_task);
+                    deps.push(t);
+                }
+            }
+            ActivationOffloadMethod::Overlapped => {
+                let k = st.offload_count;
+                if k >= 1 && self.offload_window[k - 1] == l as u64 {
+                    deps.extend(st.last_reload);
+                    let after = st.last_bwd_task;
+                    let t = self.reload(st, k - 1, self.h2d_stream, after);
+                    st.last_reload = Some(t);
+                    if k > 1 {
+                        st.offload_count -= 1;
+                    }
+                }
+                // A block's own reload was waited for at a later commit already; layer 0
+                // waits for them all (the last suffices: the stream runs them in order).
+                if l < n {
+                    deps.extend(st.offload[l].reload);
+                }
+                if l == 0 {
+                    deps.extend(st.last_reload);
+                }
+            }
+        }
+    }
+}
+
+/// Transformer Engine's window map: the layer whose forward commit waits for offload group
+/// i (and whose backward commit starts group i's reload).
+pub fn offload_window(groups: u64, layers: u64) -> Vec<u64> {
+    let mut w = Vec::with_capacity(groups as usize);
+    let mut constant = 0;
+    for i in 0..groups {
+        let mut x = (layers / groups.max(1)) * (i + 1) - 1;
+        if i < layers % groups.max(1) {
+            x += i + 1;
+            constant = i + 1;
+        } else {
+            x += constant;
+        }
+        w.push(x);
+    }
+    w
+}

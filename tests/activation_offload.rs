@@ -1,0 +1,82 @@
+//! Activation offload against figures derived by hand: Transformer Engine's window map,
+//! the bytes that go to the host, the copy time a synchronous offload adds, and what the
+//! overlapped one saves. A small llama (hidden 1024, 2 KV heads, SwiGLU 3584, 8 blocks) at
+//! 4,096 tokens on one H100, BF16: each block keeps x, the norms' outputs and statistics,
+//! q, k, v, o, the log-sum-exp, the residual, and the MLP's four ffn-wide tensors.
+
+use std::path::Path;
+
+use stepsim::scenario::Scenario;
+use stepsim::schedule::activation_offload::offload_window;
+
+const T: u64 = 4096;
+const X: u64 = T * 1024 * 2;
+const KV: u64 = T * 256 * 2;
+const F: u64 = T * 3584 * 2;
+const BLOCK: u64 = 6 * X + 2 * KV + 2 * T * 4 + T * 8 * 4 + 4 * F;
+/// Megatron's fused SwiGLU keeps the gate and up outputs and w2's input: one ffn-wide tensor
+/// fewer.
+const MEGATRON_BLOCK: u64 = BLOCK - F;
+
+fn scenario(framework: &str, offload: &str) -> Scenario {
+    let toml = format!(
+        "[model]\nfamily = \"llama\"\nn_layers = 8\nhidden = 1024\nn_heads = 8\nn_kv_heads = 2\nffn_hidden = 3584\nvocab = 32000\nmax_seq_len = {T}\n\
+         [hardware]\ngpu = \"h100-sxm\"\ngpus = 1\n\
+         [parallel]\nframework = \"{framework}\"\n\
+         [training]\nmicro_batch = 1\nseq_len = {T}\ngrad_accum = 1\nprecision = \"bf16-mixed-adam\"\nattention = \"flash\"\nloss = \"eager\"\nactivation_checkpointing = \"none\"\n{offload}"
+    );
+    Scenario::from_toml(Path::new("<activation offload>"), &toml).unwrap_or_else(|e| panic!("{e}\n{toml}"))
+}
+
+/// (peak allocated bytes, step seconds, host bytes per GPU) of step 2.
+fn run(s: &Scenario) -> (u64, f64, Option<u64>) {
+    let r = stepsim::simulate(s).unwrap().report;
+    (
+        r.peak.as_ref().unwrap().allocated.bytes,
+        r.throughput.as_ref().unwrap().step_time_s,
+        r.activation_offload.as_ref().map(|a| a.host_bytes_per_gpu.bytes),
+    )
+}
+
+/// cpu_offload_v1.py's window map: n groups over L layers, `(L / n)(i + 1) - 1` plus the
+/// remainder's share. 31 of 32: every group waited for one layer later; 4 of 32: every 8th
+/// layer; 3 of 8: L / n = 2, L % n = 2, so 1 + 1, 3 + 2, 5 + 2.
+#[test]
+fn transformer_engine_window_map() {
+    assert_eq!(offload_window(31, 32), (1..=31).collect::<Vec<u64>>());
+    assert_eq!(offload_window(4, 32), vec![7, 15, 23, 31]);
+    assert_eq!(offload_window(3, 8), vec![2, 5, 7]);
+}
+
+/// PyTorch's offload_wrapper on every block: the host holds 8 blocks' saved tensors, and
+/// the step grows by exactly their copies, out at 53 GB/s and back at 35 GB/s on the
+/// compute stream (one GPU: nothing else to overlap or wait for).
+#[test]
+fn synchronous_offload_adds_its_copies_to_the_step() {
+    let (p0, t0, h0) = run(&scenario("fsdp", ""));
+    assert_eq!(h0, None);
+    let (p1, t1, h1) = run(&scenario("fsdp", "activation_offload = \"synchronous\""));
+    assert_eq!(h1, Some(8 * BLOCK));
+    let copies = 8.0 * BLOCK as f64 * (1.0 / 53e9 + 1.0 / 35e9);
+    assert!((t1 - t0 - copies).abs() < 1e-6 * t0, "step {t1} vs {t0} + copies {copies}");
+    // Without offload all eight blocks are resident when backward starts; with it only the
+    // last block's reload and what backward itself makes.
+    assert!(p1 + 6 * BLOCK < p0, "peak {p1} vs {p0}");
+    // Only the first two blocks: a quarter of the copies.
+    let (_, t2, h2) = run(&scenario("fsdp", "activation_offload = \"synchronous\"\nactivation_offload_layers = 2"));
+    assert_eq!(h2, Some(2 * BLOCK));
+    assert!((t2 - t0 - copies / 4.0).abs() < 1e-6 * t0);
+}
+
+/// Megatron's --cpu-offloading of 7 of 8 layers: copies on their own streams, at most two
+/// groups on the GPU in forward, so the peak drops by about five blocks; the step is no
+/// faster than without offload and no slower than the same copies on the compute stream.
+#[test]
+fn overlapped_offload_keeps_two_groups_and_hides_what_compute_covers() {
+    let (p0, t0, _) = run(&scenario("megatron", ""));
+    let (p1, t1, h1) = run(&scenario("megatron", "activation_offload = \"overlapped\""));
+    assert_eq!(h1, Some(7 * MEGATRON_BLOCK));
+    assert!(p1 + 5 * MEGATRON_BLOCK < p0, "peak {p1} vs {p0}");
+    let copies = 7.0 * MEGATRON_BLOCK as f64 * (1.0 / 53e9 + 1.0 / 35e9);
+    assert!(t1 >= t0 && t1 < t0 + copies, "step {t1} vs {t0} (+ {copies} if nothing overlapped)");
+}
