@@ -127,3 +127,54 @@ fn peaks_and_step_times_order_as_the_policies_keep() {
     assert!(p_none > p_half && p_half > p_op && p_op > p_full, "{p_none} {p_half} {p_op} {p_full}");
     assert!(t_none < t_op && t_op < t_full, "{t_none} {t_op} {t_full}");
 }
+
+/// Megatron-Core's `--recompute-modules` (selective granularity) on the test Llama under
+/// Megatron (fused SwiGLU: the block keeps x, both norms' outputs and statistics, q, k, v,
+/// o, the log-sum-exp, the residual, the gate and up outputs and w2's input). "layernorm"
+/// discards the two norms' outputs (2 X) and reruns the norms; "mlp" checkpoints the dense
+/// MLP, dropping the gate and up outputs and w2's input (3 F) and rerunning the three ops
+/// that make them.
+#[test]
+fn megatron_recompute_modules_drop_what_they_name() {
+    let kept = |modules: &str| {
+        let s = scenario("megatron", 2, &format!("activation_checkpointing = \"selective\"\n{modules}"), "");
+        let (dag, c) = checkpoints(&s);
+        let rerun: Vec<String> = c.recompute_ops[1].iter().map(|&i| dag.ops[i].name.clone()).collect();
+        (c.kept_block_bytes(&dag)[1], rerun)
+    };
+    let (base, rerun) = kept("");
+    assert!(rerun.is_empty(), "{rerun:?}");
+    assert_eq!(base, X + X + STATS + X + KV + KV + X + LSE + X + X + STATS + 3 * F);
+    let (ln, rerun) = kept("recompute_modules = [\"layernorm\"]");
+    assert_eq!(ln, base - 2 * X);
+    assert_eq!(rerun, ["layers.1.attention_norm", "layers.1.ffn_norm"]);
+    let (mlp, rerun) = kept("recompute_modules = [\"core_attn\", \"mlp\"]");
+    assert_eq!(mlp, base - 3 * F);
+    assert_eq!(rerun.len(), 3, "{rerun:?}");
+    assert!(rerun.iter().all(|n| n.starts_with("layers.1.feed_forward.")), "{rerun:?}");
+}
+
+/// On a mixture of experts: "moe_act" discards the experts' activation output and reruns
+/// it alone; "moe" checkpoints the whole layer and keeps less still.
+#[test]
+fn moe_recompute_modules_keep_less_in_order() {
+    let moe = "[model.moe]\nnum_experts = 4\ntop_k = 2\nexpert_ffn_hidden = 1024\n";
+    let kept = |modules: &str| {
+        let toml = format!(
+            "[model]\nfamily = \"llama\"\nn_layers = 2\nhidden = 1024\nn_heads = 8\nffn_hidden = 3584\nvocab = 32000\nmax_seq_len = {T}\n{moe}\
+             [hardware]\ngpu = \"h100-sxm\"\ngpus = 8\n[parallel]\nframework = \"megatron\"\n\
+             [training]\nmicro_batch = 1\nseq_len = {T}\ngrad_accum = 8\nprecision = \"bf16-mixed-adam\"\nactivation_checkpointing = \"selective\"\n{modules}"
+        );
+        let s = Scenario::from_toml(Path::new("<moe>"), &toml).unwrap_or_else(|e| panic!("{e}"));
+        let (dag, c) = checkpoints(&s);
+        let rerun: Vec<String> = c.recompute_ops[0].iter().map(|&i| dag.ops[i].name.clone()).collect();
+        (c.kept_block_bytes(&dag)[0], rerun)
+    };
+    let (base, _) = kept("");
+    let (act, rerun) = kept("recompute_modules = [\"moe_act\"]");
+    assert_eq!(rerun, ["layers.0.feed_forward.experts.swiglu"]);
+    // Each token's two copies, 1024 wide, in BF16.
+    assert_eq!(base - act, 2 * T * 1024 * 2);
+    let (whole, _) = kept("recompute_modules = [\"moe\"]");
+    assert!(whole < act, "{whole} {act}");
+}

@@ -966,6 +966,28 @@ fn cases() -> Vec<Case> {
             &["\"overlapped\" or \"synchronous\""],
         ),
         case(
+            "training.recompute_modules without Megatron's selective recomputation",
+            b().set("training", "recompute_modules", "[\"mlp\"]"),
+            "training.recompute_modules",
+            &["--recompute-modules", "\"selective\""],
+        ),
+        case(
+            "unknown training.recompute_modules entry",
+            b().set("parallel", "framework", "\"megatron\"")
+                .set("training", "activation_checkpointing", "\"selective\"")
+                .set("training", "recompute_modules", "[\"attention\"]"),
+            "training.recompute_modules",
+            &["unknown value \"attention\"", "\"core_attn\"", "\"moe_act\""],
+        ),
+        case(
+            "MoE recompute module on a dense model",
+            b().set("parallel", "framework", "\"megatron\"")
+                .set("training", "activation_checkpointing", "\"selective\"")
+                .set("training", "recompute_modules", "[\"moe_act\"]"),
+            "training.recompute_modules",
+            &["mixture-of-experts"],
+        ),
+        case(
             "per-op selective checkpointing under Megatron",
             b().set("parallel", "framework", "\"megatron\"").set(
                 "training",

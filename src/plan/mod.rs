@@ -316,6 +316,47 @@ pub enum Checkpointing {
     SelectiveOp,
 }
 
+/// Megatron-Core's `--recompute-modules` under `--recompute-granularity selective`
+/// (TransformerConfig.recompute_modules).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecomputeModule {
+    /// The attention core, checkpointed (the default): its s x s scores are recomputed.
+    CoreAttn,
+    /// Output-discarding: the input and pre-MLP layernorms' outputs.
+    Layernorm,
+    /// Checkpointed: the dense MLP (its input kept).
+    Mlp,
+    /// Checkpointed: the MoE layer (router, dispatch, experts, shared experts).
+    Moe,
+    /// Output-discarding: the routed experts' activation function.
+    MoeAct,
+    /// Checkpointed: the shared experts.
+    SharedExperts,
+    /// Output-discarding: MLA's query and key-value up projections and the RoPE after them.
+    MlaUpProj,
+}
+
+impl RecomputeModule {
+    pub const ALL: [(&'static str, RecomputeModule); 7] = [
+        ("core_attn", RecomputeModule::CoreAttn),
+        ("layernorm", RecomputeModule::Layernorm),
+        ("mlp", RecomputeModule::Mlp),
+        ("moe", RecomputeModule::Moe),
+        ("moe_act", RecomputeModule::MoeAct),
+        ("shared_experts", RecomputeModule::SharedExperts),
+        ("mla_up_proj", RecomputeModule::MlaUpProj),
+    ];
+
+    pub fn name(self) -> &'static str {
+        Self::ALL.iter().find(|(_, m)| *m == self).map_or("", |(n, _)| n)
+    }
+}
+
+fn is_core_attn_only(x: &[RecomputeModule]) -> bool {
+    x == [RecomputeModule::CoreAttn]
+}
+
 /// Saved activations copied to pinned host memory after a block's forward and back before
 /// its backward.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -434,6 +475,10 @@ pub struct TrainingConfig {
     pub checkpoint_blocks: CheckpointBlocks,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub activation_offload: Option<ActivationOffload>,
+    /// Under selective checkpointing, what is recomputed (Megatron `--recompute-modules`;
+    /// the attention core alone by default).
+    #[serde(skip_serializing_if = "is_core_attn_only")]
+    pub recompute_modules: Vec<RecomputeModule>,
     /// Gradient-norm clipping before the step (Megatron-LM `--clip-grad 1.0`, torchtitan
     /// `max_norm = 1.0` and the HF Trainer's `max_grad_norm = 1.0` are on by default).
     pub clip_grad_norm: bool,
@@ -957,6 +1002,7 @@ mod tests {
             checkpointing: Checkpointing::None,
             checkpoint_blocks: CheckpointBlocks::All,
             activation_offload: None,
+            recompute_modules: vec![RecomputeModule::CoreAttn],
             clip_grad_norm: clip,
         }
     }

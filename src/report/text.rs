@@ -244,6 +244,13 @@ pub fn render(r: &Report, s: &Scenario) -> String {
             crate::plan::CheckpointBlocks::FirstPerChunk(n) => {
                 format!(" (the first {n} blocks of each model chunk: --recompute-method block --recompute-num-layers {n})")
             }
+        } + &if t.recompute_modules == [crate::plan::RecomputeModule::CoreAttn] {
+            String::new()
+        } else {
+            format!(
+                " (--recompute-modules {})",
+                t.recompute_modules.iter().map(|m| m.name()).collect::<Vec<_>>().join(" ")
+            )
         },
         s.workload.attention,
         if s.workload.loss.is_eager() { String::new() } else { format!(", loss {}", s.workload.loss.name()) }

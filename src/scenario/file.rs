@@ -368,4 +368,6 @@ pub struct TrainingSection {
     pub activation_offload: Option<String>,
     /// The first n blocks offload (Megatron --cpu-offloading-num-layers).
     pub activation_offload_layers: Option<i64>,
+    /// With activation_checkpointing = "selective" under Megatron: --recompute-modules.
+    pub recompute_modules: Option<Vec<String>>,
 }

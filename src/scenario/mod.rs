@@ -336,6 +336,50 @@ fn validate_activation_offload(
     Ok(Some(ActivationOffload { method, blocks, h2d_bytes_per_s: h2d, d2h_bytes_per_s: d2h }))
 }
 
+/// `training.recompute_modules`: Megatron-Core's `--recompute-modules`, with selective
+/// recomputation under Megatron; the MoE and MLA modules need those layers.
+fn validate_recompute_modules(
+    v: &V,
+    t: &TrainingSection,
+    ck: Checkpointing,
+    framework: Framework,
+    model: &ModelConfig,
+) -> Result<Vec<crate::plan::RecomputeModule>, ScenarioError> {
+    use crate::plan::RecomputeModule;
+    let field = "training.recompute_modules";
+    let Some(names) = &t.recompute_modules else { return Ok(vec![RecomputeModule::CoreAttn]) };
+    if ck != Checkpointing::Selective || framework != Framework::Megatron {
+        return Err(v.err(field, "is Megatron-Core's --recompute-modules: set parallel.framework = \"megatron\" and training.activation_checkpointing = \"selective\""));
+    }
+    if names.is_empty() {
+        return Err(v.err(field, "lists at least one module (Megatron's default is [\"core_attn\"])"));
+    }
+    let choices: Vec<&str> = RecomputeModule::ALL.iter().map(|(n, _)| *n).collect();
+    let mut out = Vec::new();
+    for n in names {
+        let name = v.choice(field, n, &choices)?;
+        let m =
+            RecomputeModule::ALL.iter().find(|(x, _)| *x == name).map(|(_, m)| *m).unwrap_or(RecomputeModule::CoreAttn);
+        let moe = matches!(m, RecomputeModule::Moe | RecomputeModule::MoeAct | RecomputeModule::SharedExperts);
+        if moe && model.moe.is_none() {
+            return Err(v.err(
+                field,
+                format!("\"{name}\" recomputes part of a mixture-of-experts layer; this model has none ([model.moe])"),
+            ));
+        }
+        if m == RecomputeModule::SharedExperts && model.moe.as_ref().is_some_and(|x| x.shared_expert_ffn_hidden == 0) {
+            return Err(v.err(field, "\"shared_experts\": this mixture of experts has no shared experts"));
+        }
+        if m == RecomputeModule::MlaUpProj && model.mla.is_none() {
+            return Err(v.err(field, "\"mla_up_proj\" recomputes multi-head latent attention's up projections; this model has none ([model.mla])"));
+        }
+        if !out.contains(&m) {
+            out.push(m);
+        }
+    }
+    Ok(out)
+}
+
 /// `training.loss`: the cross-entropy implementation. Megatron-Core's own is the default under
 /// framework = "megatron"; eager PyTorch's elsewhere. Liger's fused linear cross-entropy is
 /// not tensor-parallel (it needs the whole vocabulary on one GPU).
@@ -881,6 +925,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         checkpointing,
         checkpoint_blocks,
         activation_offload: validate_activation_offload(&v, t, checkpointing, &parallel, model.n_layers, &cluster)?,
+        recompute_modules: validate_recompute_modules(&v, t, checkpointing, parallel.framework, &model)?,
         clip_grad_norm: t.clip_grad_norm.unwrap_or(true),
     };
     let loss = validate_loss(&v, t, parallel.framework, &parallel.model_parallel, job)?;

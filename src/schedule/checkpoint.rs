@@ -7,8 +7,13 @@
 //!   saved is recomputed by rerunning the block's forward up to its last such tensor.
 //!   Which blocks: all, every n-th (torchtitan), or the first n of each model chunk
 //!   (Megatron `--recompute-method block`), see [`crate::plan::CheckpointBlocks`].
-//! - `selective` (Megatron `--recompute-granularity selective`): only the attention core's
-//!   s x s scores are recomputed.
+//! - `selective` (Megatron `--recompute-granularity selective`): by default only the
+//!   attention core's s x s scores are recomputed; `--recompute-modules` adds modules, as
+//!   Megatron-Core's TransformerConfig documents them: output-discarding ones
+//!   (`layernorm`: the two block norms' outputs; `moe_act`: the routed experts' activation;
+//!   `mla_up_proj`: MLA's up projections and RoPE) drop those outputs, checkpointed ones
+//!   (`mlp`, `moe`, `shared_experts`) drop what the module saves of its own tensors; backward
+//!   reruns the ops that write them, as for the per-op policy.
 //! - `selective-op` (torchtitan's per-op policy, `_apply_op_sac` in
 //!   torchtitan/distributed/activation_checkpoint.py): every block is a region whose policy
 //!   saves the outputs of the attention kernel, of every other `aten.mm` (the first of each
@@ -19,7 +24,7 @@
 
 use crate::model::{LayerDag, OpKind, Region, TensorKind};
 use crate::net::Collective;
-use crate::plan::{CheckpointBlocks, Checkpointing, Plan};
+use crate::plan::{CheckpointBlocks, Checkpointing, Plan, RecomputeModule};
 
 /// Per-tensor facts that do not change between micro-batches.
 #[derive(Clone, Copy)]
@@ -88,6 +93,7 @@ pub fn plan(dag: &LayerDag, plan: &Plan) -> Checkpoints {
     }
     let region_blocks = checkpointed_blocks(dag, plan);
     let sac_saved = if ck == Checkpointing::SelectiveOp { sac_saved_ops(dag) } else { Vec::new() };
+    let moe = moe_blocks(dag);
     // Which saved tensors survive the forward pass.
     for op in &dag.ops {
         for &t in &op.saves {
@@ -97,7 +103,7 @@ pub fn plan(dag: &LayerDag, plan: &Plan) -> Checkpoints {
             let dropped = match ck {
                 Checkpointing::None => false,
                 Checkpointing::Full => internal,
-                Checkpointing::Selective => dag.tensors[t].kind == TensorKind::AttentionScores,
+                Checkpointing::Selective => selective_drop(dag, &plan.training.recompute_modules, &moe, t, op),
                 Checkpointing::SelectiveOp => internal && !producer.is_some_and(|p| sac_saved[p]),
             };
             if dropped {
@@ -122,7 +128,7 @@ pub fn plan(dag: &LayerDag, plan: &Plan) -> Checkpoints {
         }
     }
     let recompute_ops = match ck {
-        Checkpointing::SelectiveOp => needed_recompute(dag, &tensors),
+        Checkpointing::SelectiveOp | Checkpointing::Selective => needed_recompute(dag, &tensors),
         Checkpointing::Full => full_recompute(dag, &tensors),
         _ => vec![Vec::new(); dag.config.n_layers as usize],
     };
@@ -131,6 +137,60 @@ pub fn plan(dag: &LayerDag, plan: &Plan) -> Checkpoints {
         _ => vec![false; dag.config.n_layers as usize],
     };
     Checkpoints { tensors, recompute_ops, checkpointed }
+}
+
+/// Megatron's selective recomputation: whether tensor `t`, saved by `saver`, is dropped
+/// under `modules`.
+fn selective_drop(
+    dag: &LayerDag,
+    modules: &[RecomputeModule],
+    moe_blocks: &[bool],
+    t: usize,
+    saver: &crate::model::Op,
+) -> bool {
+    let tensor = &dag.tensors[t];
+    if tensor.kind == TensorKind::AttentionScores {
+        return modules.contains(&RecomputeModule::CoreAttn);
+    }
+    let Some(p) = tensor.producer.map(|p| &dag.ops[p]) else { return false };
+    if !matches!(p.region, Region::Block(_)) || p.region != saver.region {
+        return false;
+    }
+    let moe = |op: &crate::model::Op| matches!(op.region, Region::Block(l) if moe_blocks[l as usize]);
+    let moe_block = |op: &crate::model::Op| op.name.contains(".feed_forward.") && moe(op);
+    let in_mlp = |op: &crate::model::Op| (op.name.contains(".mlp.") || op.name.contains(".feed_forward.")) && !moe(op);
+    modules.iter().any(|m| match m {
+        RecomputeModule::CoreAttn => false,
+        RecomputeModule::Layernorm => {
+            p.kind == OpKind::Norm
+                && (p.name.ends_with(".attention_norm") || p.name.ends_with(".ffn_norm"))
+                && tensor.name.ends_with(".out")
+        }
+        RecomputeModule::Mlp => in_mlp(p) && in_mlp(saver),
+        RecomputeModule::Moe => moe_block(p) && moe_block(saver),
+        RecomputeModule::MoeAct => p.expert && p.kind == OpKind::Elementwise,
+        RecomputeModule::SharedExperts => {
+            p.name.contains(".shared_experts.") && saver.name.contains(".shared_experts.")
+        }
+        RecomputeModule::MlaUpProj => {
+            p.name.ends_with(".attention.wq_b")
+                || p.name.ends_with(".attention.wkv_b")
+                || p.name.ends_with(".attention.rope")
+        }
+    })
+}
+
+/// Per block: whether it holds a mixture-of-experts layer (a router).
+fn moe_blocks(dag: &LayerDag) -> Vec<bool> {
+    let mut out = vec![false; dag.config.n_layers as usize];
+    for o in &dag.ops {
+        if let Region::Block(l) = o.region {
+            if o.name.ends_with(".router") {
+                out[l as usize] = true;
+            }
+        }
+    }
+    out
 }
 
 /// Per block: whether a full or per-op checkpointing policy wraps it; every block unless
@@ -206,7 +266,10 @@ fn full_recompute(dag: &LayerDag, tensors: &[TensorPlan]) -> Vec<Vec<usize>> {
 /// that was not kept; in forward order.
 fn needed_recompute(dag: &LayerDag, tensors: &[TensorPlan]) -> Vec<Vec<usize>> {
     let mut out = vec![Vec::new(); dag.config.n_layers as usize];
-    let mut need: Vec<bool> = tensors.iter().map(|t| t.recomputed).collect();
+    // The attention scores are recomputed inside the attention core's backward
+    // (`recompute::recompute_scores`), not by rerunning ops before the block.
+    let mut need: Vec<bool> =
+        tensors.iter().zip(&dag.tensors).map(|(t, d)| t.recomputed && d.kind != TensorKind::AttentionScores).collect();
     for i in (0..dag.ops.len()).rev() {
         let op = &dag.ops[i];
         let Region::Block(l) = op.region else { continue };

@@ -127,7 +127,10 @@ impl Builder<'_> {
     /// Selective checkpointing: recompute the attention core's scores just before its
     /// backward; the recompute takes over what the backward kernel would have waited for.
     pub(super) fn recompute_scores(&mut self, st: &mut Bwd, op: &Op, i: usize, u: usize, deps: &mut Vec<u32>) {
-        if self.plan.training.checkpointing != Checkpointing::Selective || op.kind != OpKind::AttentionCore {
+        let t = &self.plan.training;
+        let scores = t.checkpointing == Checkpointing::Selective
+            && t.recompute_modules.contains(&crate::plan::RecomputeModule::CoreAttn);
+        if !scores || op.kind != OpKind::AttentionCore {
             return;
         }
         let dag = self.dag;
