@@ -54,6 +54,7 @@ const FIELDS: &[(&str, &str)] = &[
     ("parallel", "framework"),
     ("parallel", "expert"),
     ("parallel", "context"),
+    ("parallel", "no_sync"),
     ("model.moe", "num_experts"),
     ("model.moe", "top_k"),
     ("model.moe", "expert_ffn_hidden"),

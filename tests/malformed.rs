@@ -988,6 +988,20 @@ fn cases() -> Vec<Case> {
             &["mixture-of-experts"],
         ),
         case(
+            "parallel.no_sync without sharded gradients",
+            b().set("parallel", "no_sync", "true"),
+            "parallel.no_sync",
+            &["shard_grad_op", "full_shard"],
+        ),
+        case(
+            "parallel.no_sync under DeepSpeed",
+            b().set("parallel", "framework", "\"deepspeed\"")
+                .set("parallel", "sharding", "\"zero2\"")
+                .set("parallel", "no_sync", "true"),
+            "parallel.no_sync",
+            &["FSDP"],
+        ),
+        case(
             "per-op selective checkpointing under Megatron",
             b().set("parallel", "framework", "\"megatron\"").set(
                 "training",

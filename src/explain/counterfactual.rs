@@ -32,6 +32,7 @@ pub const COUNTERFACTUAL_NAMES: &[&str] = &[
     "fused linear cross-entropy (Liger)",
     "activation checkpointing: per-op selective (torchtitan)",
     "activation offload to host memory",
+    "reduce gradients every micro-batch (FSDP without no_sync)",
 ];
 
 /// The index of the change that applies to mixtures of experts only (no row for a dense
@@ -47,6 +48,8 @@ const FUSED_LOSS: usize = 15;
 const SELECTIVE_OP: usize = 16;
 /// Activation offload: Megatron's --cpu-offloading, PyTorch's offload_wrapper elsewhere.
 const ACT_OFFLOAD: usize = 17;
+/// FSDP's no_sync turned off: offered only where it is on.
+const SYNC_EACH: usize = 18;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Counterfactual {
@@ -446,6 +449,13 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
                 Some(ActivationOffload { method, blocks, h2d_bytes_per_s: h2d, d2h_bytes_per_s: d2h });
             vec![(format!("activation offload: {label}"), v)]
         }
+        SYNC_EACH => {
+            v.parallel.no_sync = false;
+            vec![(
+                "gradients reduce-scattered every micro-batch (no no_sync; Accelerate sync_each_batch=True)".into(),
+                v,
+            )]
+        }
         _ => return Err("no such change".into()),
     })
 }
@@ -540,7 +550,10 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
             continue;
         }
         let megatron = s.parallel.framework == crate::plan::Framework::Megatron;
-        if (which == CONTEXT && !megatron) || ((which == FUSED_LOSS || which == SELECTIVE_OP) && megatron) {
+        if (which == CONTEXT && !megatron)
+            || ((which == FUSED_LOSS || which == SELECTIVE_OP) && megatron)
+            || (which == SYNC_EACH && !s.parallel.no_sync)
+        {
             continue;
         }
         match variants(s, which) {

@@ -81,6 +81,11 @@ pub struct ParallelConfig {
     pub deepspeed: DeepspeedConfig,
     /// Megatron-Core's overlap options (all off unless `framework` is Megatron).
     pub megatron: MegatronConfig,
+    /// FSDP gradient accumulation without gradient sync (FSDP1 `no_sync()`, FSDP2
+    /// `set_requires_gradient_sync(False)`, HF Accelerate's default): unsharded gradients
+    /// accumulate over the step's micro-batches and are reduce-scattered in the last.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub no_sync: bool,
 }
 
 /// Where offloaded state lives.

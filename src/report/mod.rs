@@ -600,6 +600,9 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
     if let Some(f) = &dag.workload.fp8 {
         assumptions.push(fp8_assumption(f));
     }
+    if plan.parallel.no_sync {
+        assumptions.push("FSDP no_sync (FSDP1 no_sync(), FSDP2 set_requires_gradient_sync(False), HF Accelerate's default under gradient accumulation): each unit's unsharded gradient is created by the step's first backward, later micro-batches accumulate into it (their own gradient a temporary AccumulateGrad adds in), and only the last micro-batch's post-backward reduce-scatters it; parameters are still resharded after each backward".into());
+    }
     if let Some(a) = &plan.training.activation_offload {
         assumptions.push(activation_offload_assumption(a, dag.config.n_layers));
     }

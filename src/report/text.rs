@@ -156,10 +156,11 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         )
     } else {
         format!(
-            "reshard_after_forward={}, backward_prefetch={}, limit_all_gathers={}",
+            "reshard_after_forward={}, backward_prefetch={}, limit_all_gathers={}{}",
             p.reshard_after_forward && p.sharding != crate::plan::Sharding::Zero2,
             p.backward_prefetch.display(),
-            p.limit_all_gathers
+            p.limit_all_gathers,
+            if p.no_sync { ", no_sync (gradients reduced in the last micro-batch only)" } else { "" }
         )
     };
     let mp = &p.model_parallel;

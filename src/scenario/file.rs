@@ -268,6 +268,9 @@ pub struct ParallelSection {
     pub backward_prefetch: Option<String>,
     pub forward_prefetch: Option<bool>,
     pub limit_all_gathers: Option<bool>,
+    /// FSDP: accumulate unsharded gradients over the micro-batches and reduce-scatter them in
+    /// the last (FSDP1 no_sync(), FSDP2 set_requires_gradient_sync(False)).
+    pub no_sync: Option<bool>,
     pub gradient_as_bucket_view: Option<bool>,
     pub bucket_cap_mb: Option<f64>,
     /// Megatron-LM `--tensor-model-parallel-size`.

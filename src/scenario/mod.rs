@@ -775,6 +775,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         offload: None,
         deepspeed: validate_deepspeed(&v, f.deepspeed.as_ref(), framework)?,
         megatron,
+        no_sync: p.no_sync.unwrap_or(false),
     };
     let mut parallel = parallel;
     if parallel.model_parallel.pipeline > 1 {
@@ -793,6 +794,22 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
     }
     if let Some(o) = &f.offload {
         parallel.offload = validate_offload(&v, o, &parallel, &cluster)?;
+    }
+    if parallel.no_sync {
+        let why = if framework != Framework::Fsdp {
+            Some("is FSDP's (no_sync() / set_requires_gradient_sync(False)); DDP, DeepSpeed and Megatron are simulated with their own gradient accumulation")
+        } else if !matches!(sharding, Sharding::Zero2 | Sharding::Zero3 | Sharding::HybridShard) {
+            Some("needs sharded gradients (sharding = \"shard_grad_op\", \"full_shard\" or \"hybrid_shard\"); DDP already reduces only in the last micro-batch's backward")
+        } else if parallel.model_parallel.pipeline > 1 {
+            Some("pipeline stages accumulate unsharded gradients over the step already (torch.distributed.pipelining)")
+        } else if parallel.offload.is_some() {
+            Some("with CPU offload is not simulated")
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Err(v.err("parallel.no_sync", why));
+        }
     }
 
     // --- training

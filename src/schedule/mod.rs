@@ -431,6 +431,8 @@ impl<'a> Builder<'a> {
 
     fn micro_batch(&mut self, step: u32, mb: u32, last_mb: bool) {
         let f = self.forward(step, mb, 0);
-        self.backward(step, mb, 0, f, last_mb, true);
+        // FSDP's no_sync: only the last micro-batch's backward reduces gradients.
+        let sync = !self.plan.parallel.no_sync || last_mb;
+        self.backward(step, mb, 0, f, last_mb, sync);
     }
 }

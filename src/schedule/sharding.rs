@@ -212,7 +212,7 @@ impl Builder<'_> {
     /// without `no_sync()`).
     #[inline]
     pub(super) fn accumulates_unsharded(&self) -> bool {
-        self.plan.pipeline() > 1
+        self.plan.pipeline() > 1 || self.plan.parallel.no_sync
     }
 
     /// End of a chunk's last backward of the step on a pipeline stage: every unit it still
@@ -251,15 +251,17 @@ impl Builder<'_> {
                 self.gathered[u - 1] = Some(b);
             }
         }
-        if self.accumulates_unsharded() {
-            // reshard_after_backward = False and no gradient sync: the stage's post-backward
+        if self.plan.pipeline() > 1 {
+            // reshard_after_forward = False and no gradient sync: the stage's post-backward
             // runs for every unit once its last backward is done (`finish_unit_grads`).
             return;
         }
         if let Some(g) = self.gathered[u].take() {
             self.free_at(t, &[g]);
         }
-        if self.plan.grads_sharded {
+        // Without gradient sync (no_sync) the unsharded gradients stay until the last
+        // micro-batch's post-backward reduce-scatters what they accumulated.
+        if self.plan.grads_sharded && st.sync_grads {
             let grads = std::mem::take(&mut self.unit_grads[u]);
             self.reduce_scatter(st.step, st.mb, u, t, grads);
         }
