@@ -55,6 +55,7 @@ const FIELDS: &[(&str, &str)] = &[
     ("parallel", "expert"),
     ("parallel", "context"),
     ("parallel", "no_sync"),
+    ("parallel", "hsdp_shard_size"),
     ("model.moe", "num_experts"),
     ("model.moe", "top_k"),
     ("model.moe", "expert_ffn_hidden"),

@@ -1002,6 +1002,22 @@ fn cases() -> Vec<Case> {
             &["FSDP"],
         ),
         case(
+            "parallel.hsdp_shard_size without hybrid_shard",
+            b().set("parallel", "sharding", "\"full_shard\"").set("parallel", "hsdp_shard_size", "2"),
+            "parallel.hsdp_shard_size",
+            &["hybrid_shard"],
+        ),
+        case(
+            "parallel.hsdp_shard_size not dividing the data-parallel ranks",
+            b().set("hardware", "gpus", "8").set("parallel", "sharding", "\"hybrid_shard\"").set(
+                "parallel",
+                "hsdp_shard_size",
+                "3",
+            ),
+            "parallel.hsdp_shard_size",
+            &["must divide the 8 data-parallel ranks"],
+        ),
+        case(
             "per-op selective checkpointing under Megatron",
             b().set("parallel", "framework", "\"megatron\"").set(
                 "training",

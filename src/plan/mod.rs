@@ -86,6 +86,11 @@ pub struct ParallelConfig {
     /// accumulate over the step's micro-batches and are reduce-scattered in the last.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub no_sync: bool,
+    /// HYBRID_SHARD: the ranks each replica shards over (FSDP2's HSDP mesh shard dimension,
+    /// torchtitan `data_parallel_shard_degree`); one node's GPUs when unset (FSDP1's
+    /// HYBRID_SHARD default).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hsdp_shard: Option<u64>,
 }
 
 /// Where offloaded state lives.
@@ -638,10 +643,11 @@ impl ModelState {
 
 /// The ranks a sharded piece of state is split over: all data-parallel (and context-
 /// parallel) ranks, a node's under HYBRID_SHARD, none without sharding.
-pub fn shard_group(sh: Sharding, mp: &ModelParallel, gpus: u64, gpus_per_node: u64) -> u64 {
-    match sh {
+pub fn shard_group(p: &ParallelConfig, gpus: u64, gpus_per_node: u64) -> u64 {
+    let mp = &p.model_parallel;
+    match p.sharding {
         Sharding::None => 1,
-        Sharding::HybridShard => gpus_per_node.min(gpus),
+        Sharding::HybridShard => p.hsdp_shard.unwrap_or(gpus_per_node.min(gpus)),
         _ => mp.data_parallel(gpus) * mp.context.max(1),
     }
 }
@@ -660,7 +666,7 @@ impl Plan {
         // distributed optimizer) with the data-parallel ones.
         let dp = mp.data_parallel(gpus) * mp.context.max(1);
         let dp_per_node = (gpus_per_node / mp.tensor).clamp(1, dp);
-        let shard_group = shard_group(sh, mp, gpus, gpus_per_node);
+        let shard_group = shard_group(&parallel, gpus, gpus_per_node);
         let ep = mp.expert.max(1);
         let edp = (mp.tensor * dp / ep).max(1);
         // Expert state is split over the expert-data-parallel group where other state is

@@ -197,9 +197,19 @@ pub fn render(r: &Report, s: &Scenario) -> String {
     } else {
         let _ = writeln!(
             o,
-            "Parallel   {} over {}, {} semantics; {}",
+            "Parallel   {} over {}{}, {} semantics; {}",
             p.sharding.display(),
             plural(u64::from(c.gpus), "GPU"),
+            if p.sharding == crate::plan::Sharding::HybridShard {
+                let shard = crate::plan::shard_group(p, u64::from(c.gpus), u64::from(c.gpus_per_node));
+                format!(
+                    " (sharded over groups of {shard}{}, {} replicas all-reducing)",
+                    if p.hsdp_shard.is_some() { "" } else { ", a node's" },
+                    (u64::from(c.gpus) / shard.max(1)).max(1)
+                )
+            } else {
+                String::new()
+            },
             fw,
             fsdp_flags
         );

@@ -271,6 +271,8 @@ pub struct ParallelSection {
     /// FSDP: accumulate unsharded gradients over the micro-batches and reduce-scatter them in
     /// the last (FSDP1 no_sync(), FSDP2 set_requires_gradient_sync(False)).
     pub no_sync: Option<bool>,
+    /// HYBRID_SHARD: ranks per shard group (FSDP2 HSDP mesh; default one node's GPUs).
+    pub hsdp_shard_size: Option<i64>,
     pub gradient_as_bucket_view: Option<bool>,
     pub bucket_cap_mb: Option<f64>,
     /// Megatron-LM `--tensor-model-parallel-size`.

@@ -776,6 +776,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         deepspeed: validate_deepspeed(&v, f.deepspeed.as_ref(), framework)?,
         megatron,
         no_sync: p.no_sync.unwrap_or(false),
+        hsdp_shard: None,
     };
     let mut parallel = parallel;
     if parallel.model_parallel.pipeline > 1 {
@@ -794,6 +795,21 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
     }
     if let Some(o) = &f.offload {
         parallel.offload = validate_offload(&v, o, &parallel, &cluster)?;
+    }
+    if let Some(n) = p.hsdp_shard_size {
+        let field = "parallel.hsdp_shard_size";
+        if sharding != Sharding::HybridShard {
+            return Err(v.err(field, "sets HYBRID_SHARD's shard group: set parallel.sharding = \"hybrid_shard\""));
+        }
+        let n = v.positive(field, n)?;
+        let dp = parallel.model_parallel.data_parallel(gpus);
+        if n > dp || dp % n != 0 {
+            return Err(v.err(
+                field,
+                format!("must divide the {dp} data-parallel ranks (each replica shards over it; the replicas all-reduce), got {n}"),
+            ));
+        }
+        parallel.hsdp_shard = Some(n);
     }
     if parallel.no_sync {
         let why = if framework != Framework::Fsdp {
@@ -975,8 +991,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
                 micro_batches: grad_accum,
                 sharding: parallel.sharding,
                 shard_group: crate::plan::shard_group(
-                    parallel.sharding,
-                    &parallel.model_parallel,
+                    &parallel,
                     u64::from(cluster.gpus),
                     u64::from(cluster.gpus_per_node),
                 ),

@@ -148,7 +148,14 @@ impl Cost {
         let tp = plan.parallel.model_parallel.tensor;
         c.shard_group = group(plan.shard_group, plan.dp_per_node);
         c.dp_group = group(plan.dp, plan.dp_per_node);
-        c.replica_group = group(plan.dp.div_ceil(plan.dp_per_node), 1);
+        // HYBRID_SHARD's replicas: one per shard group, those of a node's shard groups
+        // sharing it (a shard group of a node or more: one replica per node).
+        c.replica_group = if plan.parallel.sharding == crate::plan::Sharding::HybridShard {
+            let shard = plan.shard_group.max(1);
+            group(plan.dp.div_ceil(shard), (plan.dp_per_node / shard).max(1))
+        } else {
+            group(plan.dp.div_ceil(plan.dp_per_node), 1)
+        };
         c.tp_group = group(tp, tp);
         // Expert groups in Megatron-Core's folded order (expert-tensor 1, then expert, then
         // expert-data): an expert group is `ep` consecutive ranks of the stage, its
