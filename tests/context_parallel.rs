@@ -110,3 +110,42 @@ fn gradients_and_optimizer_state_spread_over_data_times_context() {
     let t = r.throughput.as_ref().unwrap();
     assert_eq!(t.tokens_per_step, 4 * 8192 * 2);
 }
+
+/// Under FSDP, torchtitan's context parallelism (PyTorch's context_parallel, rotate method
+/// "allgather" by default): the attention core all-gathers every rank's keys and values
+/// (a cp x 4096 x 512 x 2 B buffer while it runs) and, in forward, computes its own block
+/// while the all-gather's cp - 1 steps run: max(t / cp, 3 (5 us + block / 360 GB/s)) +
+/// 3 t / cp. "alltoall" passes blocks around a ring like Transformer Engine's.
+#[test]
+fn fsdp_context_parallel_all_gathers_the_keys_and_values() {
+    let fsdp = |rotate: &str| {
+        let toml = format!(
+            "[model]\nfamily = \"llama\"\nn_layers = {LAYERS}\nhidden = {H}\nn_heads = 8\nn_kv_heads = 2\nffn_hidden = {F}\nvocab = 32000\nmax_seq_len = 16384\n\
+             [hardware]\ngpu = \"h100-sxm\"\ngpus = 8\n\
+             [parallel]\nframework = \"fsdp\"\nsharding = \"full_shard\"\ncontext = 4\n{rotate}\n\
+             [training]\nmicro_batch = 1\nseq_len = 16384\ngrad_accum = 1\nprecision = \"bf16-mixed-adam\"\nattention = \"flash\"\n"
+        );
+        Scenario::from_toml(Path::new("<cp fsdp>"), &toml).unwrap_or_else(|e| panic!("{e}\n{toml}"))
+    };
+    let s = fsdp("");
+    assert!(s.parallel.model_parallel.context_all_gather);
+    let dag = model::build(&s.model, &s.workload);
+    let core = dag.ops.iter().find(|o| o.name == "layers.0.attention.core").unwrap().clone();
+    let kv = 4096 * 2 * KV * 2;
+    assert_eq!((core.cp_kv_bytes, core.fwd_scratch), (kv, 4 * kv));
+    let plan = Plan::new(&dag, s.parallel.clone(), s.training.clone(), 8, 8);
+    assert_eq!(plan.shard_group, 8);
+    let cost = Cost::for_plan(&s.cluster, &plan);
+    let mut plain = core.clone();
+    plain.cp_kv_bytes = 0;
+    let t = cost.forward_s(&plain);
+    let gather = 3.0 * (5e-6 + kv as f64 / 360e9);
+    assert!((cost.forward_s(&core) - ((t / 4.0).max(gather) + 3.0 * t / 4.0)).abs() < 1e-12);
+    let ring = fsdp("context_rotate = \"alltoall\"");
+    assert!(!ring.parallel.model_parallel.context_all_gather);
+    let dag = model::build(&ring.model, &ring.workload);
+    let core = dag.ops.iter().find(|o| o.name == "layers.0.attention.core").unwrap();
+    assert_eq!(core.fwd_scratch, 2 * kv);
+    let r = stepsim::simulate(&s).unwrap().report;
+    assert!(r.assumptions.iter().any(|a| a.starts_with("context parallel 4 (PyTorch's context_parallel")));
+}

@@ -1315,10 +1315,39 @@ fn cases() -> Vec<Case> {
         // --- [parallel] context
         case("context 0", h100().set("parallel", "context", "0"), "parallel.context", &["must be a positive integer"]),
         case(
-            "context under FSDP",
-            h100().set("hardware", "gpus", "2").set("parallel", "context", "2"),
+            "context under DeepSpeed",
+            h100()
+                .set("hardware", "gpus", "2")
+                .set("parallel", "framework", "\"deepspeed\"")
+                .set("parallel", "context", "2"),
             "parallel.context",
-            &["framework = \"megatron\""],
+            &["framework = \"megatron\"", "framework = \"fsdp\"", "Ulysses"],
+        ),
+        case(
+            "unknown parallel.context_rotate",
+            h100().set("hardware", "gpus", "2").set("parallel", "context", "2").set(
+                "parallel",
+                "context_rotate",
+                "\"ring\"",
+            ),
+            "parallel.context_rotate",
+            &["unknown value \"ring\"", "\"allgather\"", "\"alltoall\""],
+        ),
+        case(
+            "parallel.context_rotate without context parallelism",
+            h100().set("parallel", "context_rotate", "\"alltoall\""),
+            "parallel.context_rotate",
+            &["parallel.context > 1"],
+        ),
+        case(
+            "parallel.context_rotate under Megatron",
+            h100()
+                .set("hardware", "gpus", "2")
+                .set("parallel", "framework", "\"megatron\"")
+                .set("parallel", "context", "2")
+                .set("parallel", "context_rotate", "\"allgather\""),
+            "parallel.context_rotate",
+            &["Transformer Engine's ring"],
         ),
         case(
             "context not dividing the GPUs",

@@ -40,7 +40,8 @@ pub const COUNTERFACTUAL_NAMES: &[&str] = &[
 const EXPERT_PARALLEL: usize = 12;
 /// Token dropping: a mixture of experts only; it changes the training problem.
 const CAPACITY: usize = 13;
-/// Context parallelism, as Megatron-Core runs it: offered under framework = "megatron" only.
+/// Context parallelism, as Megatron-Core and torchtitan (FSDP) run it: not offered under
+/// DeepSpeed.
 const CONTEXT: usize = 14;
 /// Liger's fused linear cross-entropy: offered outside Megatron (which has its own loss).
 const FUSED_LOSS: usize = 15;
@@ -342,9 +343,11 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             // splits the sequence into 2 x context chunks, with grad_accum multiplied alike so
             // the global batch stays (the ring takes its ranks from data parallelism).
             let mp = &s.parallel.model_parallel;
-            if s.parallel.framework != crate::plan::Framework::Megatron {
-                return Err("context parallelism is simulated under Megatron-Core".into());
+            if s.parallel.framework == crate::plan::Framework::Deepspeed {
+                return Err("context parallelism is simulated under Megatron-Core and FSDP (torchtitan)".into());
             }
+            // Under FSDP, torchtitan's default rotation (all-gather).
+            let all_gather = s.parallel.framework == crate::plan::Framework::Fsdp;
             if s.workload.attention != crate::model::Attention::Flash {
                 return Err("context parallelism runs flash attention blocks".into());
             }
@@ -367,6 +370,10 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
                     let mut v = s.clone();
                     v.parallel.model_parallel.context = mp.context * x;
                     v.workload.split.context = mp.context * x;
+                    if mp.context == 1 {
+                        v.parallel.model_parallel.context_all_gather = all_gather;
+                        v.workload.split.context_all_gather = all_gather;
+                    }
                     v.training.grad_accum = t.grad_accum * x;
                     if let Some(f) = v.workload.fp8.as_mut() {
                         f.micro_batches = v.training.grad_accum;
@@ -550,7 +557,7 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
             continue;
         }
         let megatron = s.parallel.framework == crate::plan::Framework::Megatron;
-        if (which == CONTEXT && !megatron)
+        if (which == CONTEXT && s.parallel.framework == crate::plan::Framework::Deepspeed)
             || ((which == FUSED_LOSS || which == SELECTIVE_OP) && megatron)
             || (which == SYNC_EACH && !s.parallel.no_sync)
         {

@@ -396,6 +396,11 @@ pub struct TensorSplit {
     /// around the context-parallel ring (Transformer Engine's `AttnFuncWithCPAndKVP2P`).
     #[serde(skip_serializing_if = "is_one")]
     pub context: u64,
+    /// Context parallelism by all-gathering the keys and values (PyTorch `context_parallel`,
+    /// rotate method "allgather") rather than a ring: the gathered buffer is the whole
+    /// sequence's.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub context_all_gather: bool,
 }
 
 fn is_one(x: &u64) -> bool {
@@ -404,6 +409,6 @@ fn is_one(x: &u64) -> bool {
 
 impl Default for TensorSplit {
     fn default() -> Self {
-        TensorSplit { tensor: 1, sequence_parallel: false, expert: 1, context: 1 }
+        TensorSplit { tensor: 1, sequence_parallel: false, expert: 1, context: 1, context_all_gather: false }
     }
 }

@@ -608,8 +608,14 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         let core = bd.op_tp(p("attention.core"), OpKind::AttentionCore, 0, (att_f, bwd_f), inputs, outs, saves);
         if cp > 1 {
             bd.ops[core].cp_kv_bytes = kv_bytes;
-            // Two receive buffers of the ring (Transformer Engine's p2p_comm_buffers).
-            bd.ops[core].fwd_scratch += 2 * kv_bytes;
+            bd.ops[core].fwd_scratch += if w.split.context_all_gather {
+                // The whole sequence's keys and values, all-gathered (PyTorch's
+                // _AllGatherRotater).
+                cp * kv_bytes
+            } else {
+                // Two receive buffers of the ring (Transformer Engine's p2p_comm_buffers).
+                2 * kv_bytes
+            };
         }
         if w.attention == Attention::Math {
             // The raw scores exist while softmax runs.

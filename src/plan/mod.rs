@@ -243,6 +243,13 @@ pub struct ModelParallel {
     /// data-parallel-with-context-parallel group does.
     #[serde(skip_serializing_if = "is_one")]
     pub context: u64,
+    /// Context parallelism as PyTorch's `context_parallel` runs it under FSDP with
+    /// torchtitan's default rotate method "allgather": each rank all-gathers the keys and
+    /// values of the whole sequence (computing its local block meanwhile) instead of passing
+    /// blocks around a ring; backward gathers them again and reduce-scatters their
+    /// gradients.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub context_all_gather: bool,
 }
 
 impl Default for ModelParallel {
@@ -257,6 +264,7 @@ impl Default for ModelParallel {
             overlap_p2p: false,
             expert: 1,
             context: 1,
+            context_all_gather: false,
         }
     }
 }

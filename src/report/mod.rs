@@ -615,7 +615,24 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
     if cp > 1 {
         let core = dag.ops.iter().find(|o| o.cp_kv_bytes > 0);
         let kv = core.map_or(0, |o| o.cp_kv_bytes);
-        assumptions.push(format!(
+        let mp = &plan.parallel.model_parallel;
+        if plan.parallel.framework == crate::plan::Framework::Fsdp {
+            assumptions.push(format!(
+                "context parallel {cp} (PyTorch's context_parallel as torchtitan applies it to SDPA, rotate method {}): each sequence is cut into {} chunks and GPU i holds chunks i and {} - i (causal load balancing), so every op but attention runs on {} of {} tokens; {}; parameters are replicated over the context ranks, which join FSDP's shard group (data x context = {} ranks)",
+                if mp.context_all_gather { "allgather" } else { "alltoall" },
+                2 * cp,
+                2 * cp - 1,
+                s.training.seq_len / cp,
+                s.training.seq_len,
+                if mp.context_all_gather {
+                    format!("attention all-gathers every rank's keys and values ({} per rank, {} gathered) while it computes its own block, then computes the others; backward gathers them again and reduce-scatters their gradients after the last block", fmt_bytes(kv), fmt_bytes(cp * kv))
+                } else {
+                    format!("attention runs {cp} steps, each over one block of keys and values while the next ({}) arrives by all-to-all shift, a step lasting as long as the slower of the two", fmt_bytes(kv))
+                },
+                plan.dp
+            ));
+        } else {
+            assumptions.push(format!(
             "context parallel {cp} (Megatron-Core with Transformer Engine's AttnFuncWithCPAndKVP2P): each sequence is cut into {} chunks and GPU i of the ring holds chunks i and {} - i (causal load balancing), so every op but attention runs on {} of {} tokens; attention runs {cp} steps, each over one block of keys and values while the next block ({} of keys and values per step, {} with their gradients in backward) arrives from the previous rank, a step lasting as long as the slower of the two; two receive buffers live while attention runs; parameters are replicated over the ring, so gradients are reduced and the distributed optimizer sharded over data x context = {} ranks",
             2 * cp,
             2 * cp - 1,
@@ -625,6 +642,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
             fmt_bytes(2 * kv),
             plan.dp
         ));
+        }
     }
     let mp = &plan.parallel.model_parallel;
     if mp.tensor > 1 {

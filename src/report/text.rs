@@ -171,9 +171,16 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         }
         if mp.context > 1 {
             parts.push(format!(
-                "context {} ({} of each sequence per GPU, keys and values around a ring)",
+                "context {} ({} of each sequence per GPU, {})",
                 mp.context,
-                s.training.seq_len / mp.context
+                s.training.seq_len / mp.context,
+                if mp.context_all_gather {
+                    "keys and values all-gathered: PyTorch context_parallel, rotate method allgather"
+                } else if p.framework == crate::plan::Framework::Megatron {
+                    "keys and values around a ring"
+                } else {
+                    "keys and values around a ring: PyTorch context_parallel, rotate method alltoall"
+                }
             ));
         }
         if mp.pipeline > 1 {
@@ -187,7 +194,12 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         }
         let _ = writeln!(
             o,
-            "Parallel   Megatron-LM {} x data parallel {} = {} GPUs; over the data-parallel{} ranks {}",
+            "Parallel   {}{} x data parallel {} = {} GPUs; over the data-parallel{} ranks {}",
+            if mp.tensor * mp.pipeline * mp.expert > 1 || p.framework == crate::plan::Framework::Megatron {
+                "Megatron-LM "
+            } else {
+                ""
+            },
             parts.join(", "),
             s.dp_degree(),
             c.gpus,

@@ -294,6 +294,9 @@ pub struct ParallelSection {
     pub expert: Option<i64>,
     /// Megatron-Core `--context-parallel-size`: ranks each sequence is split over.
     pub context: Option<i64>,
+    /// Context parallelism under FSDP: "allgather" (torchtitan's default
+    /// context_parallel_rotate_method) | "alltoall" (blocks passed around a ring).
+    pub context_rotate: Option<String>,
 }
 
 /// `[deepspeed]`: the `zero_optimization` settings of a `ds_config.json` that size

@@ -929,8 +929,9 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
             "flash" => Attention::Flash,
             _ => Attention::Math,
         };
+    parallel.model_parallel.context_all_gather =
+        validate_context(&v, p, &parallel.model_parallel, &model, parallel.framework, attention, seq_len, job)?;
     let mp = &parallel.model_parallel;
-    validate_context(&v, mp, &model, parallel.framework, attention, seq_len, job)?;
     if mp.sequence_parallel && seq_len % mp.tensor != 0 {
         return Err(v.err(
             "training.seq_len",
@@ -974,6 +975,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
             sequence_parallel: parallel.model_parallel.sequence_parallel,
             expert: parallel.model_parallel.expert,
             context: parallel.model_parallel.context,
+            context_all_gather: parallel.model_parallel.context_all_gather,
         },
         lora: None,
         routed: None,

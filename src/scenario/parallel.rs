@@ -176,6 +176,7 @@ pub(super) fn validate_model_parallel(
         overlap_p2p,
         expert: 1,
         context,
+        context_all_gather: false,
     })
 }
 
@@ -183,26 +184,46 @@ pub(super) fn validate_model_parallel(
 /// sequence into 2 x context chunks (rank i holds chunks i and 2 x context - 1 - i, which
 /// balances causal attention), so the sequence must divide by 2 x context, and with sequence
 /// parallelism each rank's share again by the tensor-parallel degree.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn validate_context(
     v: &V,
+    p: &ParallelSection,
     mp: &ModelParallel,
     model: &ModelConfig,
     framework: Framework,
     attention: Attention,
     seq_len: u64,
     job: JobKind,
-) -> Result<(), ScenarioError> {
+) -> Result<bool, ScenarioError> {
     let cp = mp.context;
     if cp == 1 {
-        return Ok(());
+        if p.context_rotate.is_some() {
+            return Err(v.err("parallel.context_rotate", "applies to context parallelism (parallel.context > 1)"));
+        }
+        return Ok(false);
     }
     let refuse = |msg: String| Err(v.err("parallel.context", msg));
     if job != JobKind::Train {
         return refuse("context parallelism is simulated for training jobs only".into());
     }
-    if framework != Framework::Megatron {
-        return refuse("context parallelism is simulated as Megatron-Core runs it (Transformer Engine's ring attention): set parallel.framework = \"megatron\"".into());
-    }
+    let all_gather = match framework {
+        Framework::Megatron => {
+            if p.context_rotate.is_some() {
+                return Err(v.err(
+                    "parallel.context_rotate",
+                    "is PyTorch's context_parallel option (framework = \"fsdp\"); Megatron-Core passes blocks around Transformer Engine's ring",
+                ));
+            }
+            false
+        }
+        Framework::Fsdp => {
+            v.choice("parallel.context_rotate", p.context_rotate.as_deref().unwrap_or("allgather"), &["allgather", "alltoall"])?
+                == "allgather"
+        }
+        Framework::Deepspeed => {
+            return refuse("context parallelism is simulated as Megatron-Core (framework = \"megatron\") and PyTorch's context_parallel under FSDP (framework = \"fsdp\", torchtitan) run it; DeepSpeed-Ulysses is not simulated".into())
+        }
+    };
     if attention != Attention::Flash {
         return refuse("context parallelism runs flash (fused) attention blocks around the ring; set training.attention = \"flash\"".into());
     }
@@ -225,5 +246,5 @@ pub(super) fn validate_context(
             ),
         ));
     }
-    Ok(())
+    Ok(all_gather)
 }

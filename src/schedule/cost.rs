@@ -75,6 +75,9 @@ pub struct Cost {
     /// Context parallelism: ranks in the attention ring, and the bandwidth (one direction)
     /// and latency of one ring step's send to the next rank.
     pub cp_steps: u64,
+    /// Context parallelism by all-gather (PyTorch `context_parallel`, rotate "allgather")
+    /// rather than a ring of blocks.
+    pub cp_all_gather: bool,
     pub cp_bytes_per_s: f64,
     pub cp_latency_s: f64,
 }
@@ -126,6 +129,7 @@ impl Cost {
             p2p_latency_s: ALPHA_INTRA_S,
             p2p_inter_node: false,
             cp_steps: 1,
+            cp_all_gather: false,
             cp_bytes_per_s: g.nvlink_bytes_per_s * LINK_EFFICIENCY,
             cp_latency_s: ALPHA_INTRA_S,
         }
@@ -169,6 +173,7 @@ impl Cost {
         // data, pipeline): inside a node while tensor x context fits in one.
         let cp = plan.parallel.model_parallel.context.max(1);
         c.cp_steps = cp;
+        c.cp_all_gather = plan.parallel.model_parallel.context_all_gather;
         if tp * cp > plan.gpus_per_node {
             c.cp_bytes_per_s = network * NETWORK_EFFICIENCY;
             c.cp_latency_s = ALPHA_INTER_S;
@@ -287,8 +292,18 @@ impl Cost {
             return t;
         }
         let n = self.cp_steps as f64;
-        let comm = self.cp_latency_s + (factor * op.cp_kv_bytes) as f64 / self.cp_bytes_per_s;
+        let block = self.cp_latency_s + op.cp_kv_bytes as f64 / self.cp_bytes_per_s;
         let step = t / n;
+        if self.cp_all_gather {
+            // PyTorch's all-gather rotation: the ring all-gather of every rank's block (n - 1
+            // steps) runs under the local block's compute; the other blocks follow. In
+            // backward the blocks are gathered again the same way and their gradients
+            // reduce-scattered after the last block (n - 1 steps, exposed).
+            let gather = (n - 1.0) * block;
+            let reduce = if factor > 1 { gather } else { 0.0 };
+            return step.max(gather) + (n - 1.0) * step + reduce;
+        }
+        let comm = self.cp_latency_s + (factor * op.cp_kv_bytes) as f64 / self.cp_bytes_per_s;
         step + (n - 1.0) * step.max(comm)
     }
 
