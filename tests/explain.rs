@@ -267,12 +267,16 @@ fn explain_answers_a_long_context_oom_with_context_parallelism() {
         let c = e.counterfactuals.iter().find(|c| c.change.starts_with(other)).unwrap();
         assert_eq!(c.fits, Some(false), "{c:?}");
     }
-    // Outside Megatron the ring is not offered; Liger's fused loss is, and it is not offered
-    // under Megatron (which has its own cross-entropy).
+    // Liger's fused loss is not offered under Megatron (which has its own cross-entropy);
+    // under FSDP it is, and context parallelism is offered as torchtitan runs it (PyTorch's
+    // context_parallel, keys and values all-gathered).
     assert!(!e.counterfactuals.iter().any(|c| c.change.contains("fused-linear")));
     let fsdp = shipped("100b-32gpu-fsdp.toml");
     let sim = stepsim::simulate(&fsdp).unwrap();
     let e = explain::explain(&fsdp, &sim, explain::DEFAULT_MARGIN);
-    assert!(!e.counterfactuals.iter().any(|c| c.change.starts_with("context parallel")));
+    let cp = e.counterfactuals.iter().find(|c| c.change.starts_with("context parallel 1 -> ")).unwrap();
+    assert_eq!(cp.fits, Some(true), "{cp:?}");
+    let (_, v) = stepsim::explain::counterfactual::variants(&fsdp, 14).unwrap().swap_remove(0);
+    assert!(v.parallel.model_parallel.context_all_gather && v.workload.split.context_all_gather);
     assert!(e.counterfactuals.iter().any(|c| c.change.contains("fused-linear")));
 }
