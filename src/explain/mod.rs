@@ -219,7 +219,7 @@ pub fn render(e: &Explanation, s: &Scenario) -> String {
     let _ = writeln!(o, "stepsim explain - {}", s.name);
     let _ = writeln!(
         o,
-        "Configuration: {} {} layers x hidden {} ({} parameters) on {} x {} ({}), {}, micro-batch {} x seq {} x grad_accum {}, precision {}, checkpointing {:?}",
+        "Configuration: {} {} layers x hidden {} ({} parameters) on {} x {} ({}), {}, micro-batch {} x seq {} x grad_accum {}, precision {}, checkpointing {}",
         format!("{:?}", s.model.family).to_lowercase(),
         s.model.n_layers,
         s.model.hidden,
@@ -232,7 +232,7 @@ pub fn render(e: &Explanation, s: &Scenario) -> String {
         t.seq_len,
         t.grad_accum,
         t.precision.preset,
-        t.checkpointing
+        t.checkpointing.name()
     );
     let _ = writeln!(o, "\n{}", e.summary);
     if e.status != "fits" {

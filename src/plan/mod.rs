@@ -334,6 +334,18 @@ pub enum Checkpointing {
     SelectiveOp,
 }
 
+impl Checkpointing {
+    /// As a scenario spells it (`training.activation_checkpointing`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Checkpointing::None => "none",
+            Checkpointing::Full => "full",
+            Checkpointing::Selective => "selective",
+            Checkpointing::SelectiveOp => "selective-op",
+        }
+    }
+}
+
 /// Megatron-Core's `--recompute-modules` under `--recompute-granularity selective`
 /// (TransformerConfig.recompute_modules).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

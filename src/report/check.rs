@@ -109,7 +109,7 @@ pub fn summary(s: &Scenario) -> String {
     );
     let _ = writeln!(
             o,
-            "             precision \"{}\" (parameters {}, compute {}, gradients {}, master {}, optimizer state {} x {}); {:?} ({:?}); checkpointing {:?}; {:?} attention",
+            "             precision \"{}\" (parameters {}, compute {}, gradients {}, master {}, optimizer state {} x {}); {:?} ({:?}); checkpointing {}; {:?} attention",
             pr.preset,
             pr.param.name(),
             pr.compute.name(),
@@ -119,7 +119,7 @@ pub fn summary(s: &Scenario) -> String {
             pr.optimizer_state.name(),
             t.optimizer,
             t.optimizer_impl,
-            t.checkpointing,
+            t.checkpointing.name(),
             s.workload.attention
         );
     o

@@ -245,14 +245,14 @@ pub fn render(r: &Report, s: &Scenario) -> String {
     }
     let _ = writeln!(
         o,
-        "Training   micro-batch {} x seq {} x grad_accum {}, {:?} ({:?}), precision {}, checkpointing {:?}{}, {:?} attention{}",
+        "Training   micro-batch {} x seq {} x grad_accum {}, {:?} ({:?}), precision {}, checkpointing {}{}, {:?} attention{}",
         t.micro_batch,
         t.seq_len,
         t.grad_accum,
         t.optimizer,
         t.optimizer_impl,
         t.precision.preset,
-        t.checkpointing,
+        t.checkpointing.name(),
         match t.checkpoint_blocks {
             crate::plan::CheckpointBlocks::All => String::new(),
             crate::plan::CheckpointBlocks::EveryNth(n) => {
