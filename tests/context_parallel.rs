@@ -128,7 +128,7 @@ fn fsdp_context_parallel_all_gathers_the_keys_and_values() {
         Scenario::from_toml(Path::new("<cp fsdp>"), &toml).unwrap_or_else(|e| panic!("{e}\n{toml}"))
     };
     let s = fsdp("");
-    assert!(s.parallel.model_parallel.context_all_gather);
+    assert_eq!(s.parallel.model_parallel.context_comm, model::ContextComm::AllGather);
     let dag = model::build(&s.model, &s.workload);
     let core = dag.ops.iter().find(|o| o.name == "layers.0.attention.core").unwrap().clone();
     let kv = 4096 * 2 * KV * 2;
@@ -142,10 +142,43 @@ fn fsdp_context_parallel_all_gathers_the_keys_and_values() {
     let gather = 3.0 * (5e-6 + kv as f64 / 360e9);
     assert!((cost.forward_s(&core) - ((t / 4.0).max(gather) + 3.0 * t / 4.0)).abs() < 1e-12);
     let ring = fsdp("context_rotate = \"alltoall\"");
-    assert!(!ring.parallel.model_parallel.context_all_gather);
+    assert_eq!(ring.parallel.model_parallel.context_comm, model::ContextComm::Ring);
     let dag = model::build(&ring.model, &ring.workload);
     let core = dag.ops.iter().find(|o| o.name == "layers.0.attention.core").unwrap();
     assert_eq!(core.fwd_scratch, 2 * kv);
     let r = stepsim::simulate(&s).unwrap().report;
     assert!(r.assumptions.iter().any(|a| a.starts_with("context parallel 4 (PyTorch's context_parallel")));
+}
+
+/// Ulysses (Megatron `--cp-comm-type a2a`; DeepSpeed's sequence parallelism): all-to-alls
+/// move q, k and v (4096 tokens x (1024 + 256 + 256) x 2 B) in and the output (x 1024) out,
+/// the attention kernel runs whole on its heads, and the all-to-alls add their time; the
+/// head-sharded q, k and v exist beside the originals while they move. The heads must
+/// divide by the degree: 2 KV heads over 4 ranks do not.
+#[test]
+fn ulysses_moves_q_k_v_and_the_output_by_all_to_all() {
+    let s = scenario(8, "context = 2\ncontext_comm = \"a2a\"", 8192);
+    assert_eq!(s.parallel.model_parallel.context_comm, model::ContextComm::AllToAll);
+    let dag = model::build(&s.model, &s.workload);
+    let core = dag.ops.iter().find(|o| o.name == "layers.0.attention.core").unwrap().clone();
+    assert_eq!(core.cp_kv_bytes, 4096 * (H + KV + KV + H) * 2);
+    assert_eq!(core.fwd_scratch, 4096 * (H + KV + KV) * 2);
+    let plan = Plan::new(&dag, s.parallel.clone(), s.training.clone(), 8, 8);
+    let cost = Cost::for_plan(&s.cluster, &plan);
+    let mut plain = core.clone();
+    plain.cp_kv_bytes = 0;
+    let a2a = cost.cp_group.time_s(stepsim::net::Collective::AllToAll, core.cp_kv_bytes);
+    assert!(a2a > 0.0);
+    assert!((cost.forward_s(&core) - cost.forward_s(&plain) - a2a).abs() < 1e-12);
+    let toml = |cp: u64| {
+        format!(
+            "[model]\nfamily = \"llama\"\nn_layers = {LAYERS}\nhidden = {H}\nn_heads = 8\nn_kv_heads = 2\nffn_hidden = {F}\nvocab = 32000\nmax_seq_len = 8192\n\
+             [hardware]\ngpu = \"h100-sxm\"\ngpus = 8\n[parallel]\nframework = \"deepspeed\"\nsharding = \"zero3\"\ncontext = {cp}\n\
+             [training]\nmicro_batch = 1\nseq_len = 8192\ngrad_accum = 1\nprecision = \"bf16-mixed-adam\"\nattention = \"flash\"\n"
+        )
+    };
+    let ds = Scenario::from_toml(Path::new("<ulysses>"), &toml(2)).unwrap();
+    assert_eq!(ds.parallel.model_parallel.context_comm, model::ContextComm::AllToAll);
+    let err = Scenario::from_toml(Path::new("<ulysses>"), &toml(4)).unwrap_err().to_string();
+    assert!(err.contains("parallel.context") && err.contains("not divisible by 4"), "{err}");
 }

@@ -277,6 +277,7 @@ fn explain_answers_a_long_context_oom_with_context_parallelism() {
     let cp = e.counterfactuals.iter().find(|c| c.change.starts_with("context parallel 1 -> ")).unwrap();
     assert_eq!(cp.fits, Some(true), "{cp:?}");
     let (_, v) = stepsim::explain::counterfactual::variants(&fsdp, 14).unwrap().swap_remove(0);
-    assert!(v.parallel.model_parallel.context_all_gather && v.workload.split.context_all_gather);
+    assert_eq!(v.parallel.model_parallel.context_comm, stepsim::model::ContextComm::AllGather);
+    assert_eq!(v.workload.split.context_comm, stepsim::model::ContextComm::AllGather);
     assert!(e.counterfactuals.iter().any(|c| c.change.contains("fused-linear")));
 }

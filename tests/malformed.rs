@@ -1315,13 +1315,13 @@ fn cases() -> Vec<Case> {
         // --- [parallel] context
         case("context 0", h100().set("parallel", "context", "0"), "parallel.context", &["must be a positive integer"]),
         case(
-            "context under DeepSpeed",
+            "Ulysses with heads not divisible by the degree",
             h100()
-                .set("hardware", "gpus", "2")
+                .set("hardware", "gpus", "32")
                 .set("parallel", "framework", "\"deepspeed\"")
-                .set("parallel", "context", "2"),
+                .set("parallel", "context", "32"),
             "parallel.context",
-            &["framework = \"megatron\"", "framework = \"fsdp\"", "Ulysses"],
+            &["Ulysses", "not divisible by 32"],
         ),
         case(
             "unknown parallel.context_rotate",
@@ -1340,6 +1340,26 @@ fn cases() -> Vec<Case> {
             &["parallel.context > 1"],
         ),
         case(
+            "unknown parallel.context_comm",
+            h100()
+                .set("hardware", "gpus", "2")
+                .set("parallel", "framework", "\"megatron\"")
+                .set("parallel", "context", "2")
+                .set("parallel", "context_comm", "\"ring\""),
+            "parallel.context_comm",
+            &["unknown value \"ring\"", "\"p2p\"", "\"a2a\""],
+        ),
+        case(
+            "parallel.context_comm under FSDP",
+            h100().set("hardware", "gpus", "2").set("parallel", "context", "2").set(
+                "parallel",
+                "context_comm",
+                "\"a2a\"",
+            ),
+            "parallel.context_comm",
+            &["--cp-comm-type", "context_rotate"],
+        ),
+        case(
             "parallel.context_rotate under Megatron",
             h100()
                 .set("hardware", "gpus", "2")
@@ -1347,7 +1367,7 @@ fn cases() -> Vec<Case> {
                 .set("parallel", "context", "2")
                 .set("parallel", "context_rotate", "\"allgather\""),
             "parallel.context_rotate",
-            &["Transformer Engine's ring"],
+            &["framework = \"fsdp\"", "context_comm"],
         ),
         case(
             "context not dividing the GPUs",

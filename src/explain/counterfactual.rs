@@ -40,8 +40,8 @@ pub const COUNTERFACTUAL_NAMES: &[&str] = &[
 const EXPERT_PARALLEL: usize = 12;
 /// Token dropping: a mixture of experts only; it changes the training problem.
 const CAPACITY: usize = 13;
-/// Context parallelism, as Megatron-Core and torchtitan (FSDP) run it: not offered under
-/// DeepSpeed.
+/// Context parallelism, as each framework runs it (Megatron's ring, torchtitan's all-gather,
+/// DeepSpeed's Ulysses).
 const CONTEXT: usize = 14;
 /// Liger's fused linear cross-entropy: offered outside Megatron (which has its own loss).
 const FUSED_LOSS: usize = 15;
@@ -343,11 +343,15 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             // splits the sequence into 2 x context chunks, with grad_accum multiplied alike so
             // the global batch stays (the ring takes its ranks from data parallelism).
             let mp = &s.parallel.model_parallel;
-            if s.parallel.framework == crate::plan::Framework::Deepspeed {
-                return Err("context parallelism is simulated under Megatron-Core and FSDP (torchtitan)".into());
-            }
-            // Under FSDP, torchtitan's default rotation (all-gather).
-            let all_gather = s.parallel.framework == crate::plan::Framework::Fsdp;
+            // Under FSDP, torchtitan's default rotation (all-gather); Megatron's ring;
+            // DeepSpeed's Ulysses, which needs the heads to divide by the degree.
+            let comm = match s.parallel.framework {
+                crate::plan::Framework::Fsdp => crate::model::ContextComm::AllGather,
+                crate::plan::Framework::Megatron if mp.context > 1 => mp.context_comm,
+                crate::plan::Framework::Megatron => crate::model::ContextComm::Ring,
+                crate::plan::Framework::Deepspeed => crate::model::ContextComm::AllToAll,
+            };
+            let heads = (s.model.n_heads / mp.tensor.max(1), s.model.n_kv_heads / mp.tensor.max(1));
             if s.workload.attention != crate::model::Attention::Flash {
                 return Err("context parallelism runs flash attention blocks".into());
             }
@@ -364,6 +368,10 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
                 .filter(|&x| t.seq_len % (2 * mp.context * x) == 0)
                 .filter(|&x| !mp.sequence_parallel || (t.seq_len / (mp.context * x)) % mp.tensor == 0)
                 .filter(|&x| {
+                    comm != crate::model::ContextComm::AllToAll
+                        || (heads.0 % (mp.context * x) == 0 && heads.1 % (mp.context * x) == 0)
+                })
+                .filter(|&x| {
                     mp.schedule != crate::plan::PipelineSchedule::Interleaved || (t.grad_accum * x) % mp.pipeline == 0
                 })
                 .map(|x| {
@@ -371,8 +379,8 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
                     v.parallel.model_parallel.context = mp.context * x;
                     v.workload.split.context = mp.context * x;
                     if mp.context == 1 {
-                        v.parallel.model_parallel.context_all_gather = all_gather;
-                        v.workload.split.context_all_gather = all_gather;
+                        v.parallel.model_parallel.context_comm = comm;
+                        v.workload.split.context_comm = comm;
                     }
                     v.training.grad_accum = t.grad_accum * x;
                     if let Some(f) = v.workload.fp8.as_mut() {
@@ -557,10 +565,7 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
             continue;
         }
         let megatron = s.parallel.framework == crate::plan::Framework::Megatron;
-        if (which == CONTEXT && s.parallel.framework == crate::plan::Framework::Deepspeed)
-            || ((which == FUSED_LOSS || which == SELECTIVE_OP) && megatron)
-            || (which == SYNC_EACH && !s.parallel.no_sync)
-        {
+        if ((which == FUSED_LOSS || which == SELECTIVE_OP) && megatron) || (which == SYNC_EACH && !s.parallel.no_sync) {
             continue;
         }
         match variants(s, which) {

@@ -396,11 +396,33 @@ pub struct TensorSplit {
     /// around the context-parallel ring (Transformer Engine's `AttnFuncWithCPAndKVP2P`).
     #[serde(skip_serializing_if = "is_one")]
     pub context: u64,
-    /// Context parallelism by all-gathering the keys and values (PyTorch `context_parallel`,
-    /// rotate method "allgather") rather than a ring: the gathered buffer is the whole
-    /// sequence's.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub context_all_gather: bool,
+    /// How context-parallel attention gets the rest of the sequence.
+    #[serde(skip_serializing_if = "ContextComm::is_ring")]
+    pub context_comm: ContextComm,
+}
+
+/// How context-parallel attention meets the whole sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ContextComm {
+    /// Blocks of keys and values passed around a ring under the attention blocks
+    /// (Transformer Engine's p2p ring, Megatron `--cp-comm-type p2p`; PyTorch
+    /// `context_parallel` with rotate method "alltoall").
+    #[default]
+    Ring,
+    /// Every rank's keys and values all-gathered while the local block computes (PyTorch
+    /// `context_parallel`, rotate method "allgather", torchtitan's default).
+    AllGather,
+    /// Ulysses: all-to-alls turn q, k, v from a sequence shard of every head into the whole
+    /// sequence of 1/cp of the heads, and the output back (DeepSpeed-Ulysses, Megatron
+    /// `--cp-comm-type a2a`).
+    AllToAll,
+}
+
+impl ContextComm {
+    pub fn is_ring(&self) -> bool {
+        *self == ContextComm::Ring
+    }
 }
 
 fn is_one(x: &u64) -> bool {
@@ -409,6 +431,6 @@ fn is_one(x: &u64) -> bool {
 
 impl Default for TensorSplit {
     fn default() -> Self {
-        TensorSplit { tensor: 1, sequence_parallel: false, expert: 1, context: 1, context_all_gather: false }
+        TensorSplit { tensor: 1, sequence_parallel: false, expert: 1, context: 1, context_comm: ContextComm::Ring }
     }
 }

@@ -13,7 +13,7 @@
 use petgraph::graph::{DiGraph, NodeIndex};
 use serde::Serialize;
 
-use super::config::{Attention, Dtype, Family, MlaConfig, ModelConfig, MoeConfig, RoutedCopies, Workload};
+use super::config::{Attention, ContextComm, Dtype, Family, MlaConfig, ModelConfig, MoeConfig, RoutedCopies, Workload};
 use crate::net::Collective;
 
 /// Index of a tensor in [`LayerDag::tensors`].
@@ -607,15 +607,20 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         };
         let core = bd.op_tp(p("attention.core"), OpKind::AttentionCore, 0, (att_f, bwd_f), inputs, outs, saves);
         if cp > 1 {
-            bd.ops[core].cp_kv_bytes = kv_bytes;
-            bd.ops[core].fwd_scratch += if w.split.context_all_gather {
+            let o_bytes = bd.tensors[o].bytes;
+            let (moved, scratch) = match w.split.context_comm {
+                // Two receive buffers of the ring (Transformer Engine's p2p_comm_buffers).
+                ContextComm::Ring => (kv_bytes, 2 * kv_bytes),
                 // The whole sequence's keys and values, all-gathered (PyTorch's
                 // _AllGatherRotater).
-                cp * kv_bytes
-            } else {
-                // Two receive buffers of the ring (Transformer Engine's p2p_comm_buffers).
-                2 * kv_bytes
+                ContextComm::AllGather => (kv_bytes, cp * kv_bytes),
+                // Ulysses: q, k and v all-to-all'd in (the head-sharded copies exist beside
+                // the sequence-sharded ones while the all-to-all runs), the output out; the
+                // same bytes again for the gradients in backward.
+                ContextComm::AllToAll => (qkvo as u64, qkvo as u64 - o_bytes),
             };
+            bd.ops[core].cp_kv_bytes = moved;
+            bd.ops[core].fwd_scratch += scratch;
         }
         if w.attention == Attention::Math {
             // The raw scores exist while softmax runs.

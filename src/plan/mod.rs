@@ -243,13 +243,11 @@ pub struct ModelParallel {
     /// data-parallel-with-context-parallel group does.
     #[serde(skip_serializing_if = "is_one")]
     pub context: u64,
-    /// Context parallelism as PyTorch's `context_parallel` runs it under FSDP with
-    /// torchtitan's default rotate method "allgather": each rank all-gathers the keys and
-    /// values of the whole sequence (computing its local block meanwhile) instead of passing
-    /// blocks around a ring; backward gathers them again and reduce-scatters their
-    /// gradients.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub context_all_gather: bool,
+    /// How context-parallel attention meets the whole sequence: a ring (Megatron's default),
+    /// all-gathered keys and values (PyTorch's `context_parallel` under FSDP, torchtitan's
+    /// default) or Ulysses all-to-alls (DeepSpeed, Megatron `--cp-comm-type a2a`).
+    #[serde(skip_serializing_if = "crate::model::ContextComm::is_ring")]
+    pub context_comm: crate::model::ContextComm,
 }
 
 impl Default for ModelParallel {
@@ -264,7 +262,7 @@ impl Default for ModelParallel {
             overlap_p2p: false,
             expert: 1,
             context: 1,
-            context_all_gather: false,
+            context_comm: crate::model::ContextComm::Ring,
         }
     }
 }

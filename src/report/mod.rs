@@ -616,15 +616,28 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
         let core = dag.ops.iter().find(|o| o.cp_kv_bytes > 0);
         let kv = core.map_or(0, |o| o.cp_kv_bytes);
         let mp = &plan.parallel.model_parallel;
-        if plan.parallel.framework == crate::plan::Framework::Fsdp {
+        if mp.context_comm == crate::model::ContextComm::AllToAll {
+            assumptions.push(format!(
+                "context parallel {cp} as Ulysses ({}): every op but attention runs on {} of {} tokens; before the attention kernel all-to-alls turn q, k and v into the whole sequence of 1/{cp} of the heads, and after it the output back ({} per layer through the all-to-alls, the same for the gradients in backward), not overlapped with compute; parameters are replicated over the context ranks (gradients reduced and state sharded over data x context = {} ranks)",
+                if plan.parallel.framework == crate::plan::Framework::Megatron {
+                    "Megatron-Core --cp-comm-type a2a"
+                } else {
+                    "DeepSpeed-Ulysses DistributedAttention"
+                },
+                s.training.seq_len / cp,
+                s.training.seq_len,
+                fmt_bytes(kv),
+                plan.dp
+            ));
+        } else if plan.parallel.framework == crate::plan::Framework::Fsdp {
             assumptions.push(format!(
                 "context parallel {cp} (PyTorch's context_parallel as torchtitan applies it to SDPA, rotate method {}): each sequence is cut into {} chunks and GPU i holds chunks i and {} - i (causal load balancing), so every op but attention runs on {} of {} tokens; {}; parameters are replicated over the context ranks, which join FSDP's shard group (data x context = {} ranks)",
-                if mp.context_all_gather { "allgather" } else { "alltoall" },
+                if mp.context_comm == crate::model::ContextComm::AllGather { "allgather" } else { "alltoall" },
                 2 * cp,
                 2 * cp - 1,
                 s.training.seq_len / cp,
                 s.training.seq_len,
-                if mp.context_all_gather {
+                if mp.context_comm == crate::model::ContextComm::AllGather {
                     format!("attention all-gathers every rank's keys and values ({} per rank, {} gathered) while it computes its own block, then computes the others; backward gathers them again and reduce-scatters their gradients after the last block", fmt_bytes(kv), fmt_bytes(cp * kv))
                 } else {
                     format!("attention runs {cp} steps, each over one block of keys and values while the next ({}) arrives by all-to-all shift, a step lasting as long as the slower of the two", fmt_bytes(kv))

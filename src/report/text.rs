@@ -174,8 +174,10 @@ pub fn render(r: &Report, s: &Scenario) -> String {
                 "context {} ({} of each sequence per GPU, {})",
                 mp.context,
                 s.training.seq_len / mp.context,
-                if mp.context_all_gather {
+                if mp.context_comm == crate::model::ContextComm::AllGather {
                     "keys and values all-gathered: PyTorch context_parallel, rotate method allgather"
+                } else if mp.context_comm == crate::model::ContextComm::AllToAll {
+                    "Ulysses: all-to-alls give each GPU the whole sequence of 1/context of the heads"
                 } else if p.framework == crate::plan::Framework::Megatron {
                     "keys and values around a ring"
                 } else {

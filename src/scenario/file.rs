@@ -297,6 +297,9 @@ pub struct ParallelSection {
     /// Context parallelism under FSDP: "allgather" (torchtitan's default
     /// context_parallel_rotate_method) | "alltoall" (blocks passed around a ring).
     pub context_rotate: Option<String>,
+    /// Context parallelism under Megatron: "p2p" (Transformer Engine's ring, default) |
+    /// "a2a" (Ulysses all-to-all), Megatron-Core's --cp-comm-type.
+    pub context_comm: Option<String>,
 }
 
 /// `[deepspeed]`: the `zero_optimization` settings of a `ds_config.json` that size

@@ -929,7 +929,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
             "flash" => Attention::Flash,
             _ => Attention::Math,
         };
-    parallel.model_parallel.context_all_gather =
+    parallel.model_parallel.context_comm =
         validate_context(&v, p, &parallel.model_parallel, &model, parallel.framework, attention, seq_len, job)?;
     let mp = &parallel.model_parallel;
     if mp.sequence_parallel && seq_len % mp.tensor != 0 {
@@ -975,7 +975,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
             sequence_parallel: parallel.model_parallel.sequence_parallel,
             expert: parallel.model_parallel.expert,
             context: parallel.model_parallel.context,
-            context_all_gather: parallel.model_parallel.context_all_gather,
+            context_comm: parallel.model_parallel.context_comm,
         },
         lora: None,
         routed: None,

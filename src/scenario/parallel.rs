@@ -2,6 +2,7 @@
 //! pipeline schedule and stage layers, and what they compose with.
 
 use super::*;
+use crate::model::ContextComm;
 
 /// `[parallel]`'s Megatron-LM degrees: they must divide the GPUs, the heads (and KV heads),
 /// the vocabulary-parallel split and the layers, as Megatron's own argument checks demand.
@@ -176,7 +177,7 @@ pub(super) fn validate_model_parallel(
         overlap_p2p,
         expert: 1,
         context,
-        context_all_gather: false,
+        context_comm: crate::model::ContextComm::Ring,
     })
 }
 
@@ -194,36 +195,64 @@ pub(super) fn validate_context(
     attention: Attention,
     seq_len: u64,
     job: JobKind,
-) -> Result<bool, ScenarioError> {
+) -> Result<ContextComm, ScenarioError> {
     let cp = mp.context;
     if cp == 1 {
-        if p.context_rotate.is_some() {
-            return Err(v.err("parallel.context_rotate", "applies to context parallelism (parallel.context > 1)"));
+        for (field, set) in [
+            ("parallel.context_rotate", p.context_rotate.is_some()),
+            ("parallel.context_comm", p.context_comm.is_some()),
+        ] {
+            if set {
+                return Err(v.err(field, "applies to context parallelism (parallel.context > 1)"));
+            }
         }
-        return Ok(false);
+        return Ok(ContextComm::Ring);
     }
     let refuse = |msg: String| Err(v.err("parallel.context", msg));
     if job != JobKind::Train {
         return refuse("context parallelism is simulated for training jobs only".into());
     }
-    let all_gather = match framework {
+    if framework != Framework::Fsdp && p.context_rotate.is_some() {
+        return Err(v.err(
+            "parallel.context_rotate",
+            "is PyTorch's context_parallel option (framework = \"fsdp\"); Megatron-Core sets parallel.context_comm, DeepSpeed runs Ulysses",
+        ));
+    }
+    if framework != Framework::Megatron && p.context_comm.is_some() {
+        return Err(v.err(
+            "parallel.context_comm",
+            "is Megatron-Core's --cp-comm-type (framework = \"megatron\"); under FSDP set parallel.context_rotate",
+        ));
+    }
+    let comm = match framework {
         Framework::Megatron => {
-            if p.context_rotate.is_some() {
-                return Err(v.err(
-                    "parallel.context_rotate",
-                    "is PyTorch's context_parallel option (framework = \"fsdp\"); Megatron-Core passes blocks around Transformer Engine's ring",
-                ));
+            match v.choice("parallel.context_comm", p.context_comm.as_deref().unwrap_or("p2p"), &["p2p", "a2a"])? {
+                "p2p" => ContextComm::Ring,
+                _ => ContextComm::AllToAll,
             }
-            false
         }
         Framework::Fsdp => {
-            v.choice("parallel.context_rotate", p.context_rotate.as_deref().unwrap_or("allgather"), &["allgather", "alltoall"])?
-                == "allgather"
+            match v.choice(
+                "parallel.context_rotate",
+                p.context_rotate.as_deref().unwrap_or("allgather"),
+                &["allgather", "alltoall"],
+            )? {
+                "allgather" => ContextComm::AllGather,
+                _ => ContextComm::Ring,
+            }
         }
-        Framework::Deepspeed => {
-            return refuse("context parallelism is simulated as Megatron-Core (framework = \"megatron\") and PyTorch's context_parallel under FSDP (framework = \"fsdp\", torchtitan) run it; DeepSpeed-Ulysses is not simulated".into())
-        }
+        // DeepSpeed's sequence parallelism is Ulysses (deepspeed.sequence.layer.DistributedAttention).
+        Framework::Deepspeed => ContextComm::AllToAll,
     };
+    if comm == ContextComm::AllToAll {
+        let heads = model.n_heads / mp.tensor.max(1);
+        let kv = model.n_kv_heads / mp.tensor.max(1);
+        if heads % cp != 0 || kv % cp != 0 {
+            return refuse(format!(
+                "Ulysses all-to-all gives each of the {cp} ranks 1/{cp} of the heads: this rank's {heads} query and {kv} key-value heads are not divisible by {cp}"
+            ));
+        }
+    }
     if attention != Attention::Flash {
         return refuse("context parallelism runs flash (fused) attention blocks around the ring; set training.attention = \"flash\"".into());
     }
@@ -246,5 +275,5 @@ pub(super) fn validate_context(
             ),
         ));
     }
-    Ok(all_gather)
+    Ok(comm)
 }

@@ -75,9 +75,10 @@ pub struct Cost {
     /// Context parallelism: ranks in the attention ring, and the bandwidth (one direction)
     /// and latency of one ring step's send to the next rank.
     pub cp_steps: u64,
-    /// Context parallelism by all-gather (PyTorch `context_parallel`, rotate "allgather")
-    /// rather than a ring of blocks.
-    pub cp_all_gather: bool,
+    /// How context-parallel attention meets the whole sequence.
+    pub cp_comm: crate::model::ContextComm,
+    /// The context-parallel group, for Ulysses' all-to-alls.
+    pub cp_group: Group,
     pub cp_bytes_per_s: f64,
     pub cp_latency_s: f64,
 }
@@ -129,7 +130,8 @@ impl Cost {
             p2p_latency_s: ALPHA_INTRA_S,
             p2p_inter_node: false,
             cp_steps: 1,
-            cp_all_gather: false,
+            cp_comm: crate::model::ContextComm::Ring,
+            cp_group: group(1, 1),
             cp_bytes_per_s: g.nvlink_bytes_per_s * LINK_EFFICIENCY,
             cp_latency_s: ALPHA_INTRA_S,
         }
@@ -173,7 +175,8 @@ impl Cost {
         // data, pipeline): inside a node while tensor x context fits in one.
         let cp = plan.parallel.model_parallel.context.max(1);
         c.cp_steps = cp;
-        c.cp_all_gather = plan.parallel.model_parallel.context_all_gather;
+        c.cp_comm = plan.parallel.model_parallel.context_comm;
+        c.cp_group = group(cp, (plan.gpus_per_node / tp).clamp(1, cp));
         if tp * cp > plan.gpus_per_node {
             c.cp_bytes_per_s = network * NETWORK_EFFICIENCY;
             c.cp_latency_s = ALPHA_INTER_S;
@@ -294,7 +297,13 @@ impl Cost {
         let n = self.cp_steps as f64;
         let block = self.cp_latency_s + op.cp_kv_bytes as f64 / self.cp_bytes_per_s;
         let step = t / n;
-        if self.cp_all_gather {
+        if self.cp_comm == crate::model::ContextComm::AllToAll {
+            // Ulysses: the all-to-alls (q, k, v in and the output out; dO in and dq, dk, dv
+            // out in backward: the same bytes) run before and after the attention kernel,
+            // which then runs whole on its heads.
+            return t + self.cp_group.time_s(Collective::AllToAll, op.cp_kv_bytes);
+        }
+        if self.cp_comm == crate::model::ContextComm::AllGather {
             // PyTorch's all-gather rotation: the ring all-gather of every rank's block (n - 1
             // steps) runs under the local block's compute; the other blocks follow. In
             // backward the blocks are gathered again the same way and their gradients
