@@ -80,3 +80,13 @@ fn overlapped_offload_keeps_two_groups_and_hides_what_compute_covers() {
     let copies = 7.0 * MEGATRON_BLOCK as f64 * (1.0 / 53e9 + 1.0 / 35e9);
     assert!(t1 >= t0 && t1 < t0 + copies, "step {t1} vs {t0} (+ {copies} if nothing overlapped)");
 }
+
+/// `stepsim check` names the savers a scenario sets, in the scenario's own words.
+#[test]
+fn check_names_the_offload() {
+    let s = scenario("megatron", "activation_offload = \"overlapped\"\nactivation_offload_layers = 3");
+    let text = stepsim::report::check::summary(&s);
+    assert!(text.contains("activation_offload = \"overlapped\" (first 3 blocks)"), "{text}");
+    let plain = stepsim::report::check::summary(&scenario("fsdp", ""));
+    assert!(!plain.contains("activation_offload"), "{plain}");
+}

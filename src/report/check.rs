@@ -122,5 +122,50 @@ pub fn summary(s: &Scenario) -> String {
             t.checkpointing.name(),
             s.workload.attention
         );
+    // The memory savers and gradient-sync options set beyond the defaults, in the scenario's
+    // own words.
+    let mut extra = Vec::new();
+    match t.checkpoint_blocks {
+        crate::plan::CheckpointBlocks::All => {}
+        crate::plan::CheckpointBlocks::EveryNth(n) => extra.push(format!("checkpoint_every = {n}")),
+        crate::plan::CheckpointBlocks::FirstPerChunk(n) => {
+            extra.push(format!("recompute_method = \"block\", recompute_num_layers = {n}"))
+        }
+    }
+    if t.recompute_modules != [crate::plan::RecomputeModule::CoreAttn] {
+        let names: Vec<&str> = t.recompute_modules.iter().map(|m| m.name()).collect();
+        extra.push(format!("recompute_modules = {names:?}"));
+    }
+    if let Some(a) = &t.activation_offload {
+        extra.push(format!("activation_offload = \"{}\" (first {} blocks)", a.method.name(), a.blocks));
+    }
+    if !s.workload.loss.is_eager() {
+        extra.push(format!("loss = \"{}\"", s.workload.loss.name()));
+    }
+    let p = &s.parallel;
+    if p.no_sync {
+        extra.push("no_sync (gradients reduced in the last micro-batch)".into());
+    }
+    if let Some(n) = p.hsdp_shard {
+        extra.push(format!("hsdp_shard_size = {n}"));
+    }
+    if p.model_parallel.context > 1 {
+        let how = match p.model_parallel.context_comm {
+            crate::model::ContextComm::Ring => "ring of key-value blocks",
+            crate::model::ContextComm::AllGather => "keys and values all-gathered",
+            crate::model::ContextComm::AllToAll => "Ulysses all-to-all",
+        };
+        extra.push(format!("context parallel {} ({how})", p.model_parallel.context));
+    }
+    if let Some(f) = &s.workload.fp8 {
+        extra.push(format!(
+            "fp8 {}{}",
+            f.recipe.name(),
+            if f.fsdp_all_gather { " with the FP8 all-gather" } else { "" }
+        ));
+    }
+    if !extra.is_empty() {
+        let _ = writeln!(o, "             {}", extra.join("; "));
+    }
     o
 }
