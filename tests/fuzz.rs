@@ -58,6 +58,7 @@ const FIELDS: &[(&str, &str)] = &[
     ("parallel", "hsdp_shard_size"),
     ("parallel", "context_rotate"),
     ("parallel", "context_comm"),
+    ("parallel", "async_tp"),
     ("model.moe", "num_experts"),
     ("model.moe", "top_k"),
     ("model.moe", "expert_ffn_hidden"),

@@ -1018,6 +1018,18 @@ fn cases() -> Vec<Case> {
             &["must divide the 8 data-parallel ranks"],
         ),
         case(
+            "parallel.async_tp without tensor parallelism",
+            b().set("parallel", "sharding", "\"full_shard\"").set("parallel", "async_tp", "true"),
+            "parallel.async_tp",
+            &["parallel.tensor > 1", "sequence_parallel"],
+        ),
+        case(
+            "parallel.async_tp under Megatron",
+            b().set("parallel", "framework", "\"megatron\"").set("parallel", "async_tp", "true"),
+            "parallel.async_tp",
+            &["tp_comm_overlap"],
+        ),
+        case(
             "per-op selective checkpointing under Megatron",
             b().set("parallel", "framework", "\"megatron\"").set(
                 "training",

@@ -91,6 +91,12 @@ pub struct ParallelConfig {
     /// HYBRID_SHARD default).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hsdp_shard: Option<u64>,
+    /// torchtitan's async tensor parallelism (`enable_async_tensor_parallel`: torch.compile's
+    /// micro-pipelined all-gather-matmul and matmul-reduce-scatter over symmetric memory):
+    /// the sequence-parallel collectives pipelined with their GEMMs, as Megatron's
+    /// `--tp-comm-overlap` pairs them.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub async_tp: bool,
 }
 
 /// Where offloaded state lives.

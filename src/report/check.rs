@@ -146,6 +146,9 @@ pub fn summary(s: &Scenario) -> String {
     if p.no_sync {
         extra.push("no_sync (gradients reduced in the last micro-batch)".into());
     }
+    if p.async_tp {
+        extra.push("async TP".into());
+    }
     if let Some(n) = p.hsdp_shard {
         extra.push(format!("hsdp_shard_size = {n}"));
     }

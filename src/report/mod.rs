@@ -600,6 +600,9 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
     if let Some(f) = &dag.workload.fp8 {
         assumptions.push(fp8_assumption(f));
     }
+    if plan.parallel.async_tp {
+        assumptions.push(format!("async TP (torchtitan enable_async_tensor_parallel: torch.compile's micro-pipelined all-gather-matmul and matmul-reduce-scatter over symmetric memory): a sequence-parallel collective and the GEMM it pairs with, split into {} chunks, take max + min / {} (the forward all-gather with the column-parallel linears, the forward reduce-scatter with the row-parallel linear that feeds it, that reduce-scatter's backward all-gather with the linear's input-gradient GEMM; the pairs of Megatron's --tp-comm-overlap); the split GEMMs' lower efficiency is not modelled", plan.parallel.model_parallel.tensor, plan.parallel.model_parallel.tensor));
+    }
     if plan.parallel.no_sync {
         assumptions.push("FSDP no_sync (FSDP1 no_sync(), FSDP2 set_requires_gradient_sync(False), HF Accelerate's default under gradient accumulation): each unit's unsharded gradient is created by the step's first backward, later micro-batches accumulate into it (their own gradient a temporary AccumulateGrad adds in), and only the last micro-batch's post-backward reduce-scatters it; parameters are still resharded after each backward".into());
     }

@@ -156,11 +156,12 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         )
     } else {
         format!(
-            "reshard_after_forward={}, backward_prefetch={}, limit_all_gathers={}{}",
+            "reshard_after_forward={}, backward_prefetch={}, limit_all_gathers={}{}{}",
             p.reshard_after_forward && p.sharding != crate::plan::Sharding::Zero2,
             p.backward_prefetch.display(),
             p.limit_all_gathers,
-            if p.no_sync { ", no_sync (gradients reduced in the last micro-batch only)" } else { "" }
+            if p.no_sync { ", no_sync (gradients reduced in the last micro-batch only)" } else { "" },
+            if p.async_tp { ", async TP (sequence-parallel collectives pipelined with their GEMMs)" } else { "" }
         )
     };
     let mp = &p.model_parallel;
@@ -196,7 +197,7 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         }
         let _ = writeln!(
             o,
-            "Parallel   {}{} x data parallel {} = {} GPUs; over the data-parallel{} ranks {}",
+            "Parallel   {}{} x data parallel {} = {} GPUs; over the data-parallel{} ranks {}{}",
             if mp.tensor * mp.pipeline * mp.expert > 1 || p.framework == crate::plan::Framework::Megatron {
                 "Megatron-LM "
             } else {
@@ -206,7 +207,8 @@ pub fn render(r: &Report, s: &Scenario) -> String {
             s.dp_degree(),
             c.gpus,
             if mp.context > 1 { " x context-parallel" } else { "" },
-            p.sharding.display()
+            p.sharding.display(),
+            if p.async_tp { "; async TP (sequence-parallel collectives pipelined with their GEMMs)" } else { "" }
         );
     } else {
         let _ = writeln!(

@@ -273,6 +273,8 @@ pub struct ParallelSection {
     pub no_sync: Option<bool>,
     /// HYBRID_SHARD: ranks per shard group (FSDP2 HSDP mesh; default one node's GPUs).
     pub hsdp_shard_size: Option<i64>,
+    /// FSDP + tensor parallelism: torchtitan's async TP (enable_async_tensor_parallel).
+    pub async_tp: Option<bool>,
     pub gradient_as_bucket_view: Option<bool>,
     pub bucket_cap_mb: Option<f64>,
     /// Megatron-LM `--tensor-model-parallel-size`.

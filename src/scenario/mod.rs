@@ -777,6 +777,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         megatron,
         no_sync: p.no_sync.unwrap_or(false),
         hsdp_shard: None,
+        async_tp: p.async_tp.unwrap_or(false),
     };
     let mut parallel = parallel;
     if parallel.model_parallel.pipeline > 1 {
@@ -795,6 +796,18 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
     }
     if let Some(o) = &f.offload {
         parallel.offload = validate_offload(&v, o, &parallel, &cluster)?;
+    }
+    if parallel.async_tp {
+        let mp = &parallel.model_parallel;
+        if framework != Framework::Fsdp {
+            return Err(v.err(
+                "parallel.async_tp",
+                "is torchtitan's (framework = \"fsdp\"); under Megatron set [megatron] tp_comm_overlap",
+            ));
+        }
+        if mp.tensor < 2 || !mp.sequence_parallel {
+            return Err(v.err("parallel.async_tp", "pipelines the sequence-parallel collectives with their GEMMs: needs parallel.tensor > 1 and sequence_parallel = true"));
+        }
     }
     if let Some(n) = p.hsdp_shard_size {
         let field = "parallel.hsdp_shard_size";

@@ -215,7 +215,8 @@ impl Builder<'_> {
     /// input, and that reduce-scatter's backward all-gather with the linear's input-gradient
     /// GEMM.
     pub(super) fn tp_overlap_gemm_s(&self, i: usize, forward: bool) -> Option<f64> {
-        if !(self.is_megatron() && self.plan.parallel.megatron.tp_comm_overlap) {
+        let p = &self.plan.parallel;
+        if !((self.is_megatron() && p.megatron.tp_comm_overlap) || p.async_tp) {
             return None;
         }
         let dag = self.dag;
