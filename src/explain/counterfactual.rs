@@ -433,7 +433,7 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             vec![("activation checkpointing: selective-op (torchtitan's per-op policy)".into(), v)]
         }
         ACT_OFFLOAD => {
-            use crate::plan::{ActivationOffload, ActivationOffloadMethod, Framework};
+            use crate::plan::{ActivationOffloadMethod, Framework};
             if t.activation_offload.is_some() {
                 return Err("already offloading activations".into());
             }
@@ -443,25 +443,19 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             if s.parallel.model_parallel.pipeline > 1 {
                 return Err("activation offload with pipeline parallelism is not simulated".into());
             }
-            let layers = s.model.n_layers;
-            let (method, blocks, label) = match s.parallel.framework {
-                Framework::Megatron => (
-                    ActivationOffloadMethod::Overlapped,
-                    layers.saturating_sub(1),
-                    format!("--cpu-offloading --cpu-offloading-num-layers {}", layers.saturating_sub(1)),
-                ),
-                _ => (
-                    ActivationOffloadMethod::Synchronous,
-                    layers,
-                    "offload_wrapper on every block (PyTorch save_on_cpu)".into(),
-                ),
+            let method = match s.parallel.framework {
+                Framework::Megatron => ActivationOffloadMethod::Overlapped,
+                _ => ActivationOffloadMethod::Synchronous,
             };
+            let blocks = method.most_blocks(s.model.n_layers);
             if blocks == 0 {
                 return Err("one block: nothing to offload ahead of its backward".into());
             }
-            let (h2d, d2h) = crate::scenario::pcie_bytes_per_s(s.cluster.gpu.pcie_gen);
-            v.training.activation_offload =
-                Some(ActivationOffload { method, blocks, h2d_bytes_per_s: h2d, d2h_bytes_per_s: d2h });
+            let label = match method {
+                ActivationOffloadMethod::Overlapped => format!("--cpu-offloading --cpu-offloading-num-layers {blocks}"),
+                ActivationOffloadMethod::Synchronous => "offload_wrapper on every block (PyTorch save_on_cpu)".into(),
+            };
+            v.training.activation_offload = Some(crate::scenario::activation_offload(&s.cluster, method, blocks));
             vec![(format!("activation offload: {label}"), v)]
         }
         SYNC_EACH => {

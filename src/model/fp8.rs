@@ -75,6 +75,15 @@ pub struct Fp8Config {
     pub shard_group: u64,
 }
 
+impl Fp8Config {
+    /// torchao's float8 tensor parallelism applies (torchtitan turns it on for tensorwise
+    /// with sequence-parallel TP): sequence-parallel inputs cast on the shard and all-gathered
+    /// in FP8.
+    pub fn float8_tensor_parallel(&self, split: &super::TensorSplit) -> bool {
+        self.recipe == Fp8Recipe::Tensorwise && split.tensor > 1 && split.sequence_parallel
+    }
+}
+
 /// Bytes per element of the casts, as documented at the top of this module:
 /// (forward per input element, backward per input element, backward per output-gradient
 /// element, per parameter per micro-batch).
@@ -121,7 +130,7 @@ fn converted(dag: &LayerDag, id: usize) -> bool {
 pub fn apply(dag: &mut LayerDag, cfg: &Fp8Config, c: u64) {
     let mut fp8_copy: Vec<Option<usize>> = vec![None; dag.tensors.len()];
     let split = dag.workload.split;
-    let float8_tp = cfg.recipe == Fp8Recipe::Tensorwise && split.tensor > 1 && split.sequence_parallel;
+    let float8_tp = cfg.float8_tensor_parallel(&split);
     // Sequence-parallel inputs already cast (on the shard) for an earlier linear.
     let mut cast_on_shard = vec![false; dag.tensors.len()];
     for id in 0..dag.ops.len() {

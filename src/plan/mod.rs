@@ -418,6 +418,16 @@ pub enum ActivationOffloadMethod {
 }
 
 impl ActivationOffloadMethod {
+    /// The most blocks that can offload (the default): Transformer Engine's handler needs
+    /// fewer groups than layers (Megatron checks `cpu_offloading_num_layers < num_layers`);
+    /// PyTorch's wrapper can take every block.
+    pub fn most_blocks(self, n_layers: u64) -> u64 {
+        match self {
+            ActivationOffloadMethod::Overlapped => n_layers.saturating_sub(1),
+            ActivationOffloadMethod::Synchronous => n_layers,
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             ActivationOffloadMethod::Overlapped => "overlapped",

@@ -343,8 +343,8 @@ fn fp8_assumption(f: &crate::model::Fp8Config) -> String {
 pub struct ActivationOffloadReport {
     pub method: &'static str,
     pub blocks: u64,
-    /// Per micro-batch: what the offloaded blocks keep for backward (pinned host memory per
-    /// GPU; nothing else is in flight without a pipeline).
+    /// Per micro-batch: the tensors the schedule offloads (pinned host memory per GPU;
+    /// nothing else is in flight without a pipeline).
     pub host_bytes_per_gpu: Bytes,
     pub d2h_bytes_per_s: f64,
     pub h2d_bytes_per_s: f64,
@@ -352,11 +352,10 @@ pub struct ActivationOffloadReport {
 
 pub fn activation_offload_report(dag: &LayerDag, plan: &crate::plan::Plan) -> Option<ActivationOffloadReport> {
     let a = plan.training.activation_offload?;
-    let kept = crate::schedule::checkpoint::plan(dag, plan).kept_block_bytes(dag);
     Some(ActivationOffloadReport {
         method: a.method.name(),
         blocks: a.blocks,
-        host_bytes_per_gpu: Bytes::new(kept.iter().take(a.blocks as usize).sum()),
+        host_bytes_per_gpu: Bytes::new(crate::schedule::activation_offload::host_bytes(dag, plan)),
         d2h_bytes_per_s: a.d2h_bytes_per_s,
         h2d_bytes_per_s: a.h2d_bytes_per_s,
     })
@@ -422,9 +421,7 @@ pub fn fp8_report(s: &Scenario, dag: &LayerDag) -> Option<Fp8Report> {
         fp8_peak_flops: s.cluster.gpu.fp8_flops.unwrap_or(0.0),
         weight_workspaces: Bytes::new(if delayed { 2 * fp8_params } else { 0 }),
         amax_history_len: delayed.then_some(f.amax_history_len),
-        float8_tensor_parallel: f.recipe == crate::model::Fp8Recipe::Tensorwise
-            && dag.workload.split.tensor > 1
-            && dag.workload.split.sequence_parallel,
+        float8_tensor_parallel: f.float8_tensor_parallel(&dag.workload.split),
         fsdp_all_gather: f.fsdp_all_gather,
     })
 }

@@ -278,7 +278,7 @@ fn validate_activation_offload(
     n_layers: u64,
     cluster: &Cluster,
 ) -> Result<Option<crate::plan::ActivationOffload>, ScenarioError> {
-    use crate::plan::{ActivationOffload, ActivationOffloadMethod};
+    use crate::plan::ActivationOffloadMethod;
     let method = match v.choice(
         "training.activation_offload",
         t.activation_offload.as_deref().unwrap_or("none"),
@@ -313,12 +313,11 @@ fn validate_activation_offload(
     if ck != Checkpointing::None {
         return Err(v.err(field, "offloads what checkpointing would drop: Megatron-Core refuses --cpu-offloading with recomputation, and PyTorch's offload_wrapper replaces the checkpoint wrapper; set training.activation_checkpointing = \"none\""));
     }
+    let most = method.most_blocks(n_layers);
     let blocks = match t.activation_offload_layers {
         Some(n) => v.positive("training.activation_offload_layers", n)?,
-        None if method == ActivationOffloadMethod::Overlapped => n_layers.saturating_sub(1),
-        None => n_layers,
+        None => most,
     };
-    let most = if method == ActivationOffloadMethod::Overlapped { n_layers.saturating_sub(1) } else { n_layers };
     if blocks == 0 || blocks > most {
         return Err(v.err(
             "training.activation_offload_layers",
@@ -332,8 +331,18 @@ fn validate_activation_offload(
             ),
         ));
     }
+    Ok(Some(activation_offload(cluster, method, blocks)))
+}
+
+/// Activation offload of the first `blocks` blocks, with pinned copies at the GPU's PCIe
+/// generation's measured rates ([`pcie_bytes_per_s`]).
+pub fn activation_offload(
+    cluster: &Cluster,
+    method: crate::plan::ActivationOffloadMethod,
+    blocks: u64,
+) -> crate::plan::ActivationOffload {
     let (h2d, d2h) = pcie_bytes_per_s(cluster.gpu.pcie_gen);
-    Ok(Some(ActivationOffload { method, blocks, h2d_bytes_per_s: h2d, d2h_bytes_per_s: d2h }))
+    crate::plan::ActivationOffload { method, blocks, h2d_bytes_per_s: h2d, d2h_bytes_per_s: d2h }
 }
 
 /// `training.recompute_modules`: Megatron-Core's `--recompute-modules`, with selective

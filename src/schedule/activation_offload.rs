@@ -21,50 +21,58 @@
 //! after that block reads it (a tensor still read forward stays on the GPU).
 
 use super::backward::Bwd;
+use super::checkpoint::TensorPlan;
 use super::forward::FwdPass;
 use super::{Builder, Category, Phase, TaskKind, TaskLabel, COMPUTE};
-use crate::model::Region;
-use crate::plan::ActivationOffloadMethod;
+use crate::model::{LayerDag, Region};
+use crate::plan::{ActivationOffloadMethod, Plan};
 
-/// One offloaded tensor of a micro-batch: the op whose backward frees it, its bytes and
-/// name.
-#[derive(Clone)]
-pub(crate) struct Offloaded {
-    pub saver: usize,
-    pub bytes: u64,
-    pub tensor: usize,
-}
-
-/// Per block, what one micro-batch offloaded and the copy that took it to the host.
+/// Per block, what one micro-batch offloaded (tensor ids and their buffers) and the copies
+/// that took it to the host and back.
 #[derive(Clone, Default)]
 pub(crate) struct BlockOffload {
-    pub tensors: Vec<Offloaded>,
+    pub tensors: Vec<usize>,
     pub buffers: Vec<u32>,
     pub copy: Option<u32>,
     pub reload: Option<u32>,
 }
 
-impl Builder<'_> {
-    /// Whether kept tensor `t`, produced by op `i`, goes to the host: the block of its first
-    /// saver is offloaded and no forward op after that block reads it.
-    pub(super) fn offloaded_block(&self, t: usize) -> Option<usize> {
-        let tp = self.tensors[t];
-        let saver = tp.last_saver?;
-        let Region::Block(l) = self.dag.ops[saver].region else { return None };
-        let l = l as usize;
-        if !self.offload_blocks.get(l).copied().unwrap_or(false) {
-            return None;
-        }
-        let read_later = tp.last_consumer.is_some_and(|c| self.dag.ops[c].region != Region::Block(l as u64));
-        (!read_later).then_some(l)
-    }
+/// Per tensor, the block whose offload takes it to the host (None: it stays on the GPU),
+/// decided once per program: a kept tensor whose first saver is in one of the first
+/// `blocks` blocks and that no forward op after that block reads. Empty without offload.
+pub fn offload_targets(dag: &LayerDag, plan: &Plan, tensors: &[TensorPlan]) -> Vec<Option<u64>> {
+    let Some(a) = plan.training.activation_offload else { return Vec::new() };
+    tensors
+        .iter()
+        .map(|tp| {
+            let saver = tp.last_saver.filter(|_| tp.kept)?;
+            let region = dag.ops[saver].region;
+            let Region::Block(l) = region else { return None };
+            let read_later = tp.last_consumer.is_some_and(|c| dag.ops[c].region != region);
+            (l < a.blocks && !read_later).then_some(l)
+        })
+        .collect()
+}
 
-    /// Records an offloaded tensor's buffer (in place of freeing it in backward).
-    pub(super) fn offload_tensor(&mut self, st: &mut FwdPass, l: usize, t: usize, b: u32) {
-        let saver = self.tensors[t].last_saver.unwrap_or(0);
-        let o = &mut st.offload[l];
-        o.tensors.push(Offloaded { saver, bytes: self.dag.tensors[t].bytes, tensor: t });
-        o.buffers.push(b);
+/// Bytes one micro-batch keeps in pinned host memory per GPU (what the report prints).
+pub fn host_bytes(dag: &LayerDag, plan: &Plan) -> u64 {
+    let tensors = super::checkpoint::plan(dag, plan).tensors;
+    let targets = offload_targets(dag, plan, &tensors);
+    targets.iter().zip(&dag.tensors).filter(|(l, _)| l.is_some()).map(|(_, t)| t.bytes).sum()
+}
+
+impl Builder<'_> {
+    /// Forward's buffer `b` of kept tensor `t` (made by op `i`): freed after its saver's
+    /// backward, or handed to its block's offload.
+    pub(super) fn keep_for_backward(&self, st: &mut FwdPass, t: usize, b: u32, i: usize) {
+        match self.offload_of.get(t).copied().flatten() {
+            Some(l) => {
+                let o = &mut st.offload[l as usize];
+                o.tensors.push(t);
+                o.buffers.push(b);
+            }
+            None => st.free_bwd[self.tensors[t].last_saver.unwrap_or(i)].push(b),
+        }
     }
 
     /// The end of block `l`'s forward (its last task `after`): synchronous, the block's
@@ -107,7 +115,7 @@ impl Builder<'_> {
     /// Block `l`'s tensors copied to the host on `stream` after task `after`.
     fn offload_copy(&mut self, st: &mut FwdPass, l: usize, stream: u16, after: u32) -> u32 {
         let cfg = self.plan.training.activation_offload.expect("activation offload");
-        let bytes: u64 = st.offload[l].tensors.iter().map(|x| x.bytes).sum();
+        let bytes = self.offloaded_bytes(&st.offload[l]);
         let what = text!(self.names, "offload layers.{l} saved activations to host ({bytes} B, D2H)");
         let label = TaskLabel::new(st.step, Phase::Forward, st.mb, what, TaskKind::Send, None)
             .with_region(Region::Block(l as u64));
@@ -123,16 +131,16 @@ impl Builder<'_> {
         let tensors = st.offload[l].tensors.clone();
         let mb = st.mb;
         let mut alloc = Vec::new();
-        for x in &tensors {
+        for &t in &tensors {
             let b = self.buffer(
-                x.bytes,
+                self.dag.tensors[t].bytes,
                 Category::Activations,
-                text!(self.names, "{} (micro-batch {mb}, reloaded from host)", self.dag.tensors[x.tensor].name),
+                text!(self.names, "{} (micro-batch {mb}, reloaded from host)", self.dag.tensors[t].name),
             );
             alloc.push(b);
-            st.free_bwd[x.saver].push(b);
+            st.free_bwd[self.tensors[t].last_saver.unwrap_or(0)].push(b);
         }
-        let bytes: u64 = tensors.iter().map(|x| x.bytes).sum();
+        let bytes = self.offloaded_bytes(&st.offload[l]);
         let what = text!(self.names, "reload layers.{l} saved activations from host ({bytes} B, H2D)");
         let label = TaskLabel::new(st.step, Phase::Backward, mb, what, TaskKind::Recv, None)
             .with_region(Region::Block(l as u64));
@@ -140,6 +148,10 @@ impl Builder<'_> {
         let t = self.task(stream, bytes as f64 / cfg.h2d_bytes_per_s, deps, alloc, label);
         st.offload[l].reload = Some(t);
         t
+    }
+
+    fn offloaded_bytes(&self, o: &BlockOffload) -> u64 {
+        o.tensors.iter().map(|&t| self.dag.tensors[t].bytes).sum()
     }
 
     /// The start of block `l`'s backward (the first kernel waits for `deps`): synchronous,

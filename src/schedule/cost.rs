@@ -22,9 +22,10 @@
 //! | 0.81  | 3.8     | 2.9     | 3.9         | 4.1         | 2.9        | 17.6 |
 //! | 0.82  | 4.6     | 2.5     | 4.5         | 5.1         | 4.0        | 20.7 |
 //!
-//! Below 0.80 Table 5 misses its 4% goal. (Re-measured with all eight torchtitan rows,
-//! per-op and every-other-block checkpointing included: the same figures; measured with `cargo test --release --test model_parallel --test fidelity_megatron
-//! --test fidelity_throughput -- --nocapture` after changing the constant.) The Megatron
+//! Below 0.80 Table 5 misses its 4% goal. (Measured with `cargo test --release --test
+//! model_parallel --test fidelity_megatron --test fidelity_throughput -- --nocapture` after
+//! changing the constant; re-measured with all eight torchtitan rows, per-op and
+//! every-other-block checkpointing included: the same figures.) The Megatron
 //! papers pull in opposite directions: the 2022 code (Table 5) is faster than the 2021 code
 //! on like configurations, so Table 5's rows come out slow and Narayanan's fast.
 
@@ -285,35 +286,34 @@ impl Cost {
         self.ring_s(op, t, 1) + self.chain_s(op.chain_bytes[0])
     }
 
-    /// Context-parallel attention as Transformer Engine's ring runs it: `cp` steps, each
-    /// computing one block of keys and values while the next block travels from the previous
-    /// rank; a step lasts as long as the slower of the two (the first has nothing to wait
-    /// for). The backward passes the blocks and their gradients (`factor` 2). Other ops, and
-    /// attention without context parallelism, keep `t`.
+    /// Context-parallel attention of kernel time `t` (`factor` 2 in backward, where key-value
+    /// blocks travel with their gradients); other ops, and attention without context
+    /// parallelism, keep `t`. Per [`crate::model::ContextComm`]:
+    /// - ring (Transformer Engine's p2p): `cp` steps, each over one block while the next
+    ///   travels from the previous rank, a step as long as the slower of the two (the first
+    ///   waits for nothing);
+    /// - all-gather (PyTorch's rotation): the `cp - 1` ring steps of the gather run under the
+    ///   local block's compute, the other blocks follow; backward gathers again and
+    ///   reduce-scatters the gradients after the last block, exposed;
+    /// - all-to-all (Ulysses): q, k, v in and the output out (the gradients alike in
+    ///   backward: the same bytes) around the kernel, which runs whole on its heads.
     fn ring_s(&self, op: &Op, t: f64, factor: u64) -> f64 {
+        use crate::model::ContextComm;
         if op.cp_kv_bytes == 0 || self.cp_steps < 2 {
             return t;
         }
         let n = self.cp_steps as f64;
-        let block = self.cp_latency_s + op.cp_kv_bytes as f64 / self.cp_bytes_per_s;
         let step = t / n;
-        if self.cp_comm == crate::model::ContextComm::AllToAll {
-            // Ulysses: the all-to-alls (q, k, v in and the output out; dO in and dq, dk, dv
-            // out in backward: the same bytes) run before and after the attention kernel,
-            // which then runs whole on its heads.
-            return t + self.cp_group.time_s(Collective::AllToAll, op.cp_kv_bytes);
+        let transfer = |blocks: u64| self.cp_latency_s + (blocks * op.cp_kv_bytes) as f64 / self.cp_bytes_per_s;
+        match self.cp_comm {
+            ContextComm::AllToAll => t + self.cp_group.time_s(Collective::AllToAll, op.cp_kv_bytes),
+            ContextComm::AllGather => {
+                let gather = (n - 1.0) * transfer(1);
+                let reduce = if factor > 1 { gather } else { 0.0 };
+                step.max(gather) + (n - 1.0) * step + reduce
+            }
+            ContextComm::Ring => step + (n - 1.0) * step.max(transfer(factor)),
         }
-        if self.cp_comm == crate::model::ContextComm::AllGather {
-            // PyTorch's all-gather rotation: the ring all-gather of every rank's block (n - 1
-            // steps) runs under the local block's compute; the other blocks follow. In
-            // backward the blocks are gathered again the same way and their gradients
-            // reduce-scattered after the last block (n - 1 steps, exposed).
-            let gather = (n - 1.0) * block;
-            let reduce = if factor > 1 { gather } else { 0.0 };
-            return step.max(gather) + (n - 1.0) * step + reduce;
-        }
-        let comm = self.cp_latency_s + (factor * op.cp_kv_bytes) as f64 / self.cp_bytes_per_s;
-        step + (n - 1.0) * step.max(comm)
     }
 
     /// A matmul's backward is two GEMMs with their own output shapes, so their own wave

@@ -64,7 +64,7 @@ impl Builder<'_> {
             first_deps,
             last: 0,
             out_buf: None,
-            offload: if self.offload_blocks.is_empty() {
+            offload: if self.offload_of.is_empty() {
                 Vec::new()
             } else {
                 vec![Default::default(); dag.config.n_layers as usize]
@@ -119,10 +119,8 @@ impl Builder<'_> {
                 if self.chunk_out[c] == Some(t) {
                     // Sent to the next stage, then freed (Megatron deallocates pipeline outputs).
                     st.out_buf = Some(b);
-                } else if let Some(l) = tp.kept.then(|| self.offloaded_block(t)).flatten() {
-                    self.offload_tensor(&mut st, l, t, b);
                 } else if tp.kept {
-                    st.free_bwd[tp.last_saver.unwrap_or(i)].push(b);
+                    self.keep_for_backward(&mut st, t, b, i);
                 } else {
                     st.free_fwd[tp.last_consumer.unwrap_or(i).max(i)].push(b);
                 }

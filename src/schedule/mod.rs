@@ -112,9 +112,9 @@ struct Builder<'a> {
     recompute_ops: Vec<Vec<usize>>,
     /// Per block: a checkpoint region of a full or per-op policy.
     checkpointed: Vec<bool>,
-    /// Per block: its saved activations go to host memory (empty without activation
-    /// offload).
-    offload_blocks: Vec<bool>,
+    /// Per tensor: the block whose activation offload takes it to the host
+    /// ([`activation_offload::offload_targets`]; empty without offload).
+    offload_of: Vec<Option<u64>>,
     /// Transformer Engine's window map for overlapped activation offload.
     offload_window: Vec<u64>,
     /// Each unit's gathered parameters, while gathered (FSDP / ZeRO-3). Without a pipeline
@@ -225,6 +225,7 @@ pub fn build_with(dag: &LayerDag, plan: &Plan, cluster: &Cluster, names: bool, s
 impl<'a> Builder<'a> {
     fn new(dag: &'a LayerDag, plan: &'a Plan, cost: &'a Cost, names: bool) -> Self {
         let checkpoint::Checkpoints { tensors, recompute_ops, checkpointed } = checkpoint::plan(dag, plan);
+        let offload_of = activation_offload::offload_targets(dag, plan, &tensors);
         let nu = plan.units.len();
         // Each stream with the links its transfers occupy (engine::links): offload copies use
         // one PCIe direction each; compute, NVMe and the CPU none.
@@ -306,10 +307,7 @@ impl<'a> Builder<'a> {
             tensors,
             recompute_ops,
             checkpointed,
-            offload_blocks: match plan.training.activation_offload {
-                Some(a) => (0..dag.config.n_layers).map(|l| l < a.blocks).collect(),
-                None => Vec::new(),
-            },
+            offload_of,
             offload_window: match plan.training.activation_offload {
                 Some(a) => activation_offload::offload_window(a.blocks, dag.config.n_layers),
                 None => Vec::new(),

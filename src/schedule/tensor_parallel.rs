@@ -132,10 +132,8 @@ impl Builder<'_> {
                 text!(self.names, "{} (micro-batch {mb})", dag.tensors[t].name),
             );
             alloc.push(b);
-            if let Some(l) = tp.kept.then(|| self.offloaded_block(t)).flatten() {
-                self.offload_tensor(st, l, t, b);
-            } else if tp.kept {
-                st.free_bwd[tp.last_saver.unwrap_or(i)].push(b);
+            if tp.kept {
+                self.keep_for_backward(st, t, b, i);
             } else {
                 st.free_fwd[tp.last_consumer.unwrap_or(i).max(i)].push(b);
             }
