@@ -43,18 +43,33 @@ pub struct Simulation {
     pub class_reports: Vec<report::Report>,
 }
 
+/// What a simulation keeps beyond its report.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SimOptions {
+    /// Each rank class's allocator history, for a PyTorch memory snapshot
+    /// ([`report::snapshot`]): every allocation, free and segment with its address.
+    pub history: bool,
+}
+
 /// Simulates a validated scenario. Fails only on an internal scheduling error.
 pub fn simulate(s: &scenario::Scenario) -> Result<Simulation, engine::Deadlock> {
+    simulate_with(s, SimOptions::default())
+}
+
+/// [`simulate`], keeping what `opts` asks for. The figures are [`simulate`]'s, whatever it
+/// keeps.
+pub fn simulate_with(s: &scenario::Scenario, opts: SimOptions) -> Result<Simulation, engine::Deadlock> {
+    let record = if opts.history { job::run::Record::History } else { job::run::Record::Curve };
     if let Some(cfg) = &s.inference {
-        return simulate_inference(s, cfg);
+        return simulate_inference(s, cfg, record);
     }
-    let mut sim = simulate_job(s, s.allocator_capacity(), true)?;
+    let mut sim = simulate_job(s, s.allocator_capacity(), record)?;
     // A fragmentation OOM: would perfect packing (no allocator overhead at all) fit?
     let fragmented = sim.report.allocator.oom.as_ref().is_some_and(|d| d.cause == memory::OomCause::Fragmentation);
     if fragmented {
         let mut alt = s.clone();
         alt.allocator.kind = memory::AllocatorKind::Exact;
-        let r = simulate_job(&alt, s.allocator_capacity(), false)?.report;
+        let r = simulate_job(&alt, s.allocator_capacity(), job::run::Record::Peaks)?.report;
         let w = report::allocator::WithoutFragmentation {
             fits: matches!(r.verdict, report::Verdict::Fits { .. }),
             oom_at: match r.verdict {
@@ -86,9 +101,9 @@ pub fn simulate(s: &scenario::Scenario) -> Result<Simulation, engine::Deadlock> 
 /// the verdict, the peaks and the throughput (explain's counterfactuals).
 pub fn simulate_job_only(s: &scenario::Scenario) -> Result<Simulation, engine::Deadlock> {
     if let Some(cfg) = &s.inference {
-        return simulate_inference(s, cfg);
+        return simulate_inference(s, cfg, job::run::Record::Curve);
     }
-    simulate_job(s, s.allocator_capacity(), true)
+    simulate_job(s, s.allocator_capacity(), job::run::Record::Curve)
 }
 
 /// Offload's figures: where the bytes live, from the plan; the traffic of the last step,
@@ -137,7 +152,7 @@ fn offload_report(
     let mut alt = s.clone();
     alt.parallel.offload = None;
     let without = plan_of(&alt, &sim.dag).model_state().total();
-    let r = simulate_job(&alt, u64::MAX / 4, false)?.report;
+    let r = simulate_job(&alt, u64::MAX / 4, job::run::Record::Peaks)?.report;
     let fsdp = s.parallel.framework == plan::Framework::Fsdp;
     let mode = match (fsdp, off.parameters) {
         (true, _) => "FSDP CPUOffload(offload_params=True)".to_string(),
@@ -202,8 +217,12 @@ fn offload_report(
 
 /// An inference job: its program through the runner, its report, and the largest batch and
 /// context that fit.
-fn simulate_inference(s: &scenario::Scenario, cfg: &infer::InferenceConfig) -> Result<Simulation, engine::Deadlock> {
-    let r = inference_run(s, cfg, true, false, true)?;
+fn simulate_inference(
+    s: &scenario::Scenario,
+    cfg: &infer::InferenceConfig,
+    record: job::run::Record,
+) -> Result<Simulation, engine::Deadlock> {
+    let r = inference_run_with(s, cfg, true, false, record)?;
     let class = &r.job.classes[0];
     let mut report = report::inference::build(s, cfg, &r.dag, &class.schedule, &r.run.traces[0], &r.traffic);
     let fit =
@@ -233,6 +252,17 @@ pub fn inference_run(
     probe: bool,
     curve: bool,
 ) -> Result<InferenceRun, engine::Deadlock> {
+    let record = if curve { job::run::Record::Curve } else { job::run::Record::Peaks };
+    inference_run_with(s, cfg, names, probe, record)
+}
+
+fn inference_run_with(
+    s: &scenario::Scenario,
+    cfg: &infer::InferenceConfig,
+    names: bool,
+    probe: bool,
+    record: job::run::Record,
+) -> Result<InferenceRun, engine::Deadlock> {
     let tp = s.parallel.model_parallel.tensor;
     let c = infer::compile(&s.model, &s.workload, &s.cluster, tp, cfg, names, probe);
     let class = job::RankClass {
@@ -246,20 +276,25 @@ pub fn inference_run(
     let job = job::Job { classes: vec![class], extra: Vec::new(), links: Vec::new() };
     // generate() calls no torch.cuda.empty_cache(): the training points do not apply.
     let settings = memory::AllocatorSettings { empty_cache: Vec::new(), ..s.allocator.clone() };
-    let run = job::run::run(&job, &settings, s.allocator_capacity(), s.cluster.memory_bytes, 0, curve)?;
+    let run = job::run::run(&job, &settings, s.allocator_capacity(), s.cluster.memory_bytes, 0, record)?;
     Ok(InferenceRun { dag: c.dag, job, run, traffic: c.traffic })
 }
 
 /// Scenario -> DAG -> plan -> rank classes -> one run -> report, with the allocator capped at
 /// `capacity`. Without `curve` the traces keep the peaks but not every sample, and no
 /// class gets a report of its own (a counterfactual run whose report alone is read).
-fn simulate_job(s: &scenario::Scenario, capacity: u64, curve: bool) -> Result<Simulation, engine::Deadlock> {
+fn simulate_job(
+    s: &scenario::Scenario,
+    capacity: u64,
+    record: job::run::Record,
+) -> Result<Simulation, engine::Deadlock> {
+    let curve = record != job::run::Record::Peaks;
     let dag = model::build(&s.model, &s.workload);
     let plan = plan_of(s, &dag);
     let steps = plan.training.steps;
     let loads = s.expert_loads();
     let job = job::compile(&dag, &plan, &s.cluster, s.jitter.as_ref(), loads.as_deref(), true, steps);
-    let run = job::run::run(&job, &s.allocator, capacity, s.cluster.memory_bytes, steps, curve)?;
+    let run = job::run::run(&job, &s.allocator, capacity, s.cluster.memory_bytes, steps, record)?;
     let jr = report::job::build(s, &dag, &job, &run, curve);
     Ok(Simulation { dag, job, run, report: jr.report, headline: jr.headline, class_reports: jr.classes })
 }
@@ -295,7 +330,7 @@ pub fn simulate_lean(
     let loads = s.expert_loads();
     let run_steps = |steps: u32| -> Result<_, engine::Deadlock> {
         let job = job::compile(dag, &plan, &s.cluster, s.jitter.as_ref(), loads.as_deref(), false, steps);
-        let run = job::run::run(&job, &s.allocator, capacity, s.cluster.memory_bytes, all, false)?;
+        let run = job::run::run(&job, &s.allocator, capacity, s.cluster.memory_bytes, all, job::run::Record::Peaks)?;
         Ok((job, run))
     };
     for steps in early.iter().copied().filter(|&k| k < all) {
@@ -317,7 +352,7 @@ fn checkpointing_cost(
     let Some(tp) = &with.throughput else { return Ok(None) };
     let mut alt = s.clone();
     alt.training.checkpointing = plan::Checkpointing::None;
-    let r = simulate_job(&alt, u64::MAX / 4, false)?.report;
+    let r = simulate_job(&alt, u64::MAX / 4, job::run::Record::Peaks)?.report;
     Ok(r.throughput.map(|t| report::CheckpointingCost {
         step_time_without_s: t.step_time_s,
         step_time_with_s: tp.step_time_s,
@@ -344,11 +379,11 @@ fn routing_report(
         }
     }
     let ran_out = matches!(with.verdict, report::Verdict::Oom(_));
-    let needed = if ran_out { simulate_job(s, u64::MAX / 4, false)?.report } else { with.clone() };
+    let needed = if ran_out { simulate_job(s, u64::MAX / 4, job::run::Record::Peaks)?.report } else { with.clone() };
     let mut uniform = s.clone();
     uniform.routing = schedule::routing::Routing::Uniform;
     uniform.capacity = None;
-    let u = simulate_job(&uniform, s.allocator_capacity(), false)?.report;
+    let u = simulate_job(&uniform, s.allocator_capacity(), job::run::Record::Peaks)?.report;
     let describe = match &s.routing {
         schedule::routing::Routing::Uniform => "uniform".to_string(),
         schedule::routing::Routing::Zipf { exponent, seed } => format!("zipf (exponent {exponent}, seed {seed})"),

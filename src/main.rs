@@ -34,6 +34,11 @@ enum Command {
         /// Print report.json to stdout instead of the text report.
         #[arg(long)]
         json: bool,
+        /// Also write each rank class's allocator as a PyTorch memory snapshot
+        /// (snapshot.pickle, or snapshot-<class>.pickle per class): open it in
+        /// pytorch.org/memory_viz like a `torch.cuda.memory._dump_snapshot()` of a real run.
+        #[arg(long)]
+        snapshot: bool,
     },
     /// Validate a scenario and print what stepsim derived from it, without simulating.
     Check {
@@ -70,7 +75,7 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Run { scenario, out, json } => run(&scenario, out, json),
+        Command::Run { scenario, out, json, snapshot } => run(&scenario, out, json, snapshot),
         Command::Sweep(args) => stepsim::sweep::cli::main(args),
         Command::Explain { scenario, out, margin } => explain(&scenario, out, margin),
         Command::Models => {
@@ -97,7 +102,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(path: &std::path::Path, out: Option<PathBuf>, json: bool) -> ExitCode {
+fn run(path: &std::path::Path, out: Option<PathBuf>, json: bool, snapshot: bool) -> ExitCode {
     let s = match Scenario::load(path) {
         Ok(s) => s,
         Err(e) => {
@@ -109,7 +114,14 @@ fn run(path: &std::path::Path, out: Option<PathBuf>, json: bool) -> ExitCode {
         eprintln!("error: {e}");
         return ExitCode::from(2);
     }
-    let sim = match stepsim::simulate(&s) {
+    if snapshot && s.allocator.kind == stepsim::memory::AllocatorKind::Exact {
+        eprintln!(
+            "error: {}: field `allocator.kind`: --snapshot writes the caching allocator's segments and addresses; the exact model (\"exact\") has none: use \"caching\" (the default) or drop --snapshot",
+            path.display()
+        );
+        return ExitCode::from(2);
+    }
+    let sim = match stepsim::simulate_with(&s, stepsim::SimOptions { history: snapshot }) {
         Ok(sim) => sim,
         Err(e) => {
             eprintln!("error: {e}");
@@ -120,8 +132,13 @@ fn run(path: &std::path::Path, out: Option<PathBuf>, json: bool) -> ExitCode {
     let views: Vec<_> = (0..sim.job.classes.len())
         .map(|k| (&sim.job.classes[k].schedule, &sim.run.traces[k], &sim.class_reports[k]))
         .collect();
+    let alloc_conf = s.allocator.alloc_conf();
     let written = stepsim::report::write::publish(&dir, |d| {
-        stepsim::report::write::write_job(d, &sim.report, &views, sim.headline)
+        let mut w = stepsim::report::write::write_job(d, &sim.report, &views, sim.headline)?;
+        if snapshot {
+            w.extend(stepsim::report::write::write_snapshots(d, &sim.report, &views, &s.name, &alloc_conf)?);
+        }
+        Ok(w)
     });
     let written = match written {
         Ok(w) => w,

@@ -22,7 +22,8 @@ pub mod links;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use crate::memory::{AllocError, Allocator, AllocatorStats, Category, Timeline, Totals};
+use crate::memory::history::NO_TENSOR;
+use crate::memory::{AllocError, Allocator, AllocatorStats, Category, History, Timeline, Totals};
 
 /// A tensor's lifetime: allocated when one task starts, freed when another ends.
 #[derive(Debug, Clone)]
@@ -164,6 +165,8 @@ pub struct Trace {
     pub stream_busy_ns: Vec<u64>,
     /// The allocator's counters at the end of the run.
     pub allocator: AllocatorStats,
+    /// The allocator's history ([`RunOptions::history`]), if it keeps one.
+    pub history: Option<History>,
 }
 
 /// What the engine does besides running tasks.
@@ -174,6 +177,8 @@ pub struct RunOptions {
     /// Record the peaks and what a report reads, not every sample
     /// ([`Timeline::peaks_only`]): a caller that draws no curve spares writing one.
     pub peaks_only: bool,
+    /// Have every allocator record its history ([`Allocator::start_history`]).
+    pub history: bool,
 }
 
 fn totals(alloc: &dyn Allocator) -> Totals {
@@ -205,6 +210,7 @@ pub struct DeviceTrace {
     pub end_time_ns: u64,
     pub stream_busy_ns: Vec<u64>,
     pub allocators: Vec<AllocatorStats>,
+    pub histories: Vec<Option<History>>,
 }
 
 /// Runs `program` to completion or to the first allocation that does not fit.
@@ -223,6 +229,7 @@ pub fn run_with(program: &Program, alloc: &mut dyn Allocator, opts: &RunOptions)
         end_time_ns: d.end_time_ns,
         stream_busy_ns: d.stream_busy_ns,
         allocator: d.allocators.swap_remove(0),
+        history: d.histories.into_iter().next().flatten(),
     })
 }
 
@@ -331,7 +338,13 @@ pub fn run_parts(
         end_time_ns: 0,
         stream_busy_ns: vec![0; ns],
         allocators: Vec::new(),
+        histories: Vec::new(),
     };
+    if opts.history {
+        for a in allocs.iter_mut() {
+            a.start_history();
+        }
+    }
     for (tl, n) in trace.timelines.iter_mut().zip(sample_bound(&num, &flat, &dev_of, nd, &opts.empty_cache_after)) {
         tl.reserve(n);
     }
@@ -362,7 +375,7 @@ pub fn run_parts(
                 let spec = &prog.buffers[lb as usize];
                 let b = bo + lb as usize;
                 let alloc = &mut *allocs[dv];
-                if let Err(error) = alloc.malloc(b, spec.bytes, local[s]) {
+                if let Err(error) = alloc.malloc_at(b, spec.bytes, local[s], now) {
                     let live_now = live
                         .iter()
                         .enumerate()
@@ -382,6 +395,7 @@ pub fn run_parts(
                     // The failed allocation released the cache before giving up.
                     trace.timelines[dv].record_totals(now, totals(alloc), ti as usize);
                     trace.allocators = allocs.iter().map(|a| a.stats()).collect();
+                    trace.histories = allocs.iter().map(|a| a.history()).collect();
                     return Ok(trace);
                 }
                 live[b] = true;
@@ -461,6 +475,7 @@ pub fn run_parts(
     }
     trace.end_time_ns = now;
     trace.allocators = allocs.iter().map(|a| a.stats()).collect();
+    trace.histories = allocs.iter().map(|a| a.history()).collect();
     if done < n {
         return Err(Deadlock { waiting: n - done });
     }
@@ -472,13 +487,15 @@ pub fn run_parts(
 /// busy time and the OOM if it happened there, all in the part's own indices.
 pub fn part_traces(parts: &[&Program], devices: usize, t: DeviceTrace) -> Vec<Trace> {
     let num = Numbering::of(parts);
-    let DeviceTrace { timelines, start_ns, end_ns, oom, end_time_ns, stream_busy_ns, allocators } = t;
+    let DeviceTrace { timelines, start_ns, end_ns, oom, end_time_ns, stream_busy_ns, allocators, mut histories } = t;
+    histories.resize(timelines.len(), None);
     timelines
         .into_iter()
         .zip(allocators)
+        .zip(histories)
         .take(devices)
         .enumerate()
-        .map(|(k, (mut timeline, allocator))| {
+        .map(|(k, ((mut timeline, allocator), mut history))| {
             let (to, bo, so) = (num.task[k], num.buffer[k], num.stream[k]);
             let n = parts[k].tasks.len();
             timeline.shift_tasks(to);
@@ -489,6 +506,16 @@ pub fn part_traces(parts: &[&Program], devices: usize, t: DeviceTrace) -> Vec<Tr
                 o.live.iter_mut().for_each(|b| *b -= bo as u32);
                 o
             });
+            // The history names tensors in the part's own numbering too.
+            if let Some(h) = history.as_mut() {
+                let local = |t: &mut u32| {
+                    if *t != NO_TENSOR {
+                        *t = t.checked_sub(bo as u32).unwrap_or(NO_TENSOR);
+                    }
+                };
+                h.events.iter_mut().for_each(|e| local(&mut e.tensor));
+                h.segments.iter_mut().flat_map(|s| s.blocks.iter_mut()).for_each(|b| local(&mut b.tensor));
+            }
             Trace {
                 timeline,
                 start_ns: start_ns[to..to + n].to_vec(),
@@ -497,6 +524,7 @@ pub fn part_traces(parts: &[&Program], devices: usize, t: DeviceTrace) -> Vec<Tr
                 end_time_ns,
                 stream_busy_ns: stream_busy_ns[so..so + parts[k].streams.len()].to_vec(),
                 allocator,
+                history,
             }
         })
         .collect()

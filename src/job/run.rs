@@ -18,17 +18,28 @@ pub struct JobRun {
     pub spans: Vec<(u64, u64)>,
 }
 
+/// What a run keeps of each device's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Record {
+    /// The peaks and what a report reads ([`crate::memory::Timeline::peaks_only`]).
+    Peaks,
+    /// Every memory sample.
+    Curve,
+    /// Every sample and the allocator's history (`--snapshot`).
+    History,
+}
+
 /// Plays `job` with the allocator of `settings` capped at `capacity` on each class's
-/// device (`device_total`: the GPU's whole memory, for the allocator's own accounting).
-/// Every memory sample is kept if `curve`, else the peaks only. `steps` is the number of
-/// steps the job's programs were compiled for at most.
+/// device (`device_total`: the GPU's whole memory, for the allocator's own accounting),
+/// keeping what `record` says. `steps` is the number of steps the job's programs were
+/// compiled for at most.
 pub fn run(
     job: &Job,
     settings: &AllocatorSettings,
     capacity: u64,
     device_total: u64,
     steps: u32,
-    curve: bool,
+    record: Record,
 ) -> Result<JobRun, Deadlock> {
     let mut empty_cache_after = Vec::new();
     let mut offset = 0;
@@ -38,7 +49,8 @@ pub fn run(
         empty_cache_after.extend(own.into_iter().map(|t| t + offset));
         offset += prog.tasks.len() as u32;
     }
-    let opts = RunOptions { empty_cache_after, peaks_only: !curve };
+    let opts =
+        RunOptions { empty_cache_after, peaks_only: record == Record::Peaks, history: record == Record::History };
     let mut allocs: Vec<Box<dyn Allocator>> =
         job.classes.iter().map(|_| settings.build(capacity, device_total)).collect();
     let mut refs: Vec<&mut dyn Allocator> = allocs.iter_mut().map(|a| &mut **a as &mut dyn Allocator).collect();

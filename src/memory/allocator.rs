@@ -101,6 +101,12 @@ pub struct AllocatorStats {
 pub trait Allocator {
     /// Allocates `bytes` for the tensor with handle `id` (unique while it lives) on `stream`.
     fn malloc(&mut self, id: usize, bytes: u64, stream: usize) -> Result<(), AllocError>;
+    /// [`Allocator::malloc`] at `now_ns` of the run: what a model that keeps a history
+    /// ([`Allocator::start_history`]) stamps the entries with.
+    fn malloc_at(&mut self, id: usize, bytes: u64, stream: usize, now_ns: u64) -> Result<(), AllocError> {
+        let _ = now_ns;
+        self.malloc(id, bytes, stream)
+    }
     /// Frees the tensor with handle `id`, used on its allocation stream only.
     fn free(&mut self, id: usize);
     /// Frees `id` at `now_ns` from a task on `stream`. When that is not the stream the tensor
@@ -133,6 +139,16 @@ pub trait Allocator {
     fn rounded(&self, bytes: u64) -> u64;
     /// The counters so far.
     fn stats(&self) -> AllocatorStats;
+    /// Starts recording every allocation, free and segment change with its address
+    /// (`torch.cuda.memory._record_memory_history()`); false for a model without addresses.
+    fn start_history(&mut self) -> bool {
+        false
+    }
+    /// What was recorded since [`Allocator::start_history`], with the segments as they are
+    /// now; None if nothing was.
+    fn history(&self) -> Option<super::History> {
+        None
+    }
 }
 
 /// Exact live-byte accounting: reserved equals allocated, no fragmentation.

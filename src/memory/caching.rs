@@ -62,6 +62,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use super::allocator::{AllocError, Allocator, AllocatorStats, OomCause, Snapshot};
+use super::history::{self, Action, BlockState, Event, History, NO_TENSOR};
 use super::Totals;
 
 /// `kMinBlockSize`: all sizes are rounded to at least this.
@@ -413,6 +414,16 @@ impl LiveTable {
     }
 }
 
+/// What [`CachingAllocator::start_history`] records: the trace so far, the time of the call
+/// being served, and per block index the request and tensor of the block while it serves one.
+#[derive(Debug, Clone, Default)]
+struct Recorder {
+    now: u64,
+    events: Vec<Event>,
+    requested: Vec<u64>,
+    tensor: Vec<u32>,
+}
+
 /// The caching allocator of one GPU. See the module documentation for the rules.
 #[derive(Debug, Clone)]
 pub struct CachingAllocator {
@@ -431,6 +442,8 @@ pub struct CachingAllocator {
     pending_events: usize,
     next_addr: u64,
     stats: AllocatorStats,
+    /// The history being recorded, if any (boxed: a run that records none pays one pointer).
+    history: Option<Box<Recorder>>,
 }
 
 impl CachingAllocator {
@@ -448,11 +461,31 @@ impl CachingAllocator {
             // Segments start at a 2 MiB boundary above zero, like device addresses.
             next_addr: ROUND_LARGE,
             stats: AllocatorStats::default(),
+            history: None,
         }
     }
 
     pub fn config(&self) -> &CachingConfig {
         &self.cfg
+    }
+
+    /// Appends a trace entry if a history is being recorded.
+    fn record(&mut self, action: Action, addr: u64, size: u64, pool: u32, tensor: u32) {
+        if let Some(h) = self.history.as_mut() {
+            let stream = Self::stream_of(pool) as u32;
+            h.events.push(Event { action, addr, size, stream, time_ns: h.now, tensor });
+        }
+    }
+
+    /// The request and tensor block `b` serves, as the history knows them.
+    fn served_by(&self, b: u32) -> (u64, u32) {
+        match self.history.as_deref() {
+            Some(h) => (
+                h.requested.get(b as usize).copied().unwrap_or(0),
+                h.tensor.get(b as usize).copied().unwrap_or(NO_TENSOR),
+            ),
+            None => (0, NO_TENSOR),
+        }
     }
 
     fn new_block(&mut self, b: Block) -> u32 {
@@ -677,6 +710,7 @@ impl CachingAllocator {
         let base = self.next_addr;
         self.next_addr += alloc_size.div_ceil(ROUND_LARGE) * ROUND_LARGE;
         self.segments.push(Segment { base, size: alloc_size, page: 0, alive: true });
+        self.record(Action::SegmentAlloc, base, alloc_size, pool, NO_TENSOR);
         self.stats.reserved += alloc_size;
         self.stats.num_device_alloc += 1;
         self.stats.segments += 1;
@@ -735,6 +769,11 @@ impl CachingAllocator {
 
     /// `free_block`: merges a released block with its free neighbours and caches it.
     fn free_block(&mut self, b: u32) {
+        if self.history.is_some() {
+            let (requested, tensor) = self.served_by(b);
+            let (addr, pool) = (self.blocks[b as usize].addr, self.blocks[b as usize].pool);
+            self.record(Action::FreeCompleted, addr, requested, pool, tensor);
+        }
         let original = self.blocks[b as usize].size;
         let expandable = self.expandable(b);
         let mut net: i64 = 0;
@@ -756,6 +795,8 @@ impl CachingAllocator {
     /// `release_block`: returns a cached whole segment to the device.
     fn release_block(&mut self, b: u32) {
         let (seg, size) = (self.blocks[b as usize].seg, self.blocks[b as usize].size);
+        let (addr, pool) = (self.blocks[b as usize].addr, self.blocks[b as usize].pool);
+        self.record(Action::SegmentFree, addr, size, pool, NO_TENSOR);
         self.remove_free(b);
         self.segments[seg as usize].alive = false;
         self.stats.reserved -= size;
@@ -908,6 +949,7 @@ impl CachingAllocator {
         self.try_merge(b, prev);
         self.try_merge(b, next);
         self.insert_free(b);
+        self.record(Action::SegmentMap, addr, mapped, pool, NO_TENSOR);
         self.stats.reserved += mapped;
         self.stats.num_device_alloc += 1;
         true
@@ -1003,6 +1045,7 @@ impl CachingAllocator {
         self.try_merge(b, n2);
         let a = self.blocks[b as usize].addr;
         self.pool_mut(pool).unmapped.insert(a, b);
+        self.record(Action::SegmentUnmap, start, len, pool, NO_TENSOR);
         self.stats.reserved -= len;
         self.stats.num_device_free += 1;
         if !self.is_split(b) {
@@ -1089,6 +1132,47 @@ impl CachingAllocator {
                     small: Self::is_small(pool),
                     expandable: self.expandable(h),
                     reserved,
+                    blocks,
+                }
+            })
+            .collect()
+    }
+
+    /// Every segment (each mapped range of an expandable one) with its blocks' addresses,
+    /// states and tensors, in address order: the `segments` of `torch.cuda.memory._snapshot()`.
+    fn history_segments(&self) -> Vec<history::Segment> {
+        let mut heads: Vec<u32> = (0..self.blocks.len() as u32)
+            .filter(|&i| {
+                let b = &self.blocks[i as usize];
+                b.size > 0
+                    && b.state != State::Unmapped
+                    && (b.prev == NIL || self.blocks[b.prev as usize].state == State::Unmapped)
+            })
+            .collect();
+        heads.sort_by_key(|&h| self.blocks[h as usize].addr);
+        heads
+            .into_iter()
+            .map(|h| {
+                let mut blocks = Vec::new();
+                let mut b = h;
+                while b != NIL && self.blocks[b as usize].state != State::Unmapped {
+                    let bl = &self.blocks[b as usize];
+                    let state = match bl.state {
+                        State::Taken => BlockState::Allocated,
+                        State::Pending => BlockState::PendingFree,
+                        State::Free | State::Unmapped => BlockState::Inactive,
+                    };
+                    let (requested, tensor) =
+                        if state == BlockState::Inactive { (0, NO_TENSOR) } else { self.served_by(b) };
+                    blocks.push(history::Block { addr: bl.addr, size: bl.size, requested, state, tensor });
+                    b = bl.next;
+                }
+                let pool = self.blocks[h as usize].pool;
+                history::Segment {
+                    addr: self.blocks[h as usize].addr,
+                    stream: Self::stream_of(pool) as u32,
+                    small: Self::is_small(pool),
+                    expandable: self.expandable(h),
                     blocks,
                 }
             })
@@ -1194,6 +1278,51 @@ impl CachingAllocator {
     }
 }
 
+impl CachingAllocator {
+    /// `free` of tensor `id` from `stream` at `now_ns`: `allocated` drops now; a block used
+    /// on other streams waits for their events.
+    fn release_tensor(&mut self, id: usize, stream: usize, now_ns: u64) {
+        let Some(slot) = self.live.get_mut(id) else { return };
+        let b = *slot;
+        if b == NIL {
+            return;
+        }
+        *slot = NIL;
+        if self.history.is_some() {
+            let (requested, tensor) = self.served_by(b);
+            let (addr, pool) = (self.blocks[b as usize].addr, self.blocks[b as usize].pool);
+            self.record(Action::FreeRequested, addr, requested, pool, tensor);
+        }
+        self.record_stream_block(b, stream);
+        let (size, requested, uses) = {
+            let bl = &mut self.blocks[b as usize];
+            let u = bl.uses;
+            bl.uses = 0;
+            (bl.size, bl.requested, u)
+        };
+        self.stats.allocated -= requested;
+        self.stats.allocated_blocks -= size;
+        if uses == 0 {
+            self.free_block(b);
+            return;
+        }
+        // `insert_events`: one event per stream that used the block.
+        let mut u = uses;
+        while u != 0 {
+            let s = u.trailing_zeros() as usize;
+            u &= u - 1;
+            if self.events.len() <= s {
+                self.events.resize_with(s + 1, VecDeque::new);
+                self.synced.resize(s + 1, 0);
+            }
+            self.events[s].push_back((now_ns, b));
+            self.pending_events += 1;
+            self.blocks[b as usize].events += 1;
+        }
+        self.blocks[b as usize].state = State::Pending;
+    }
+}
+
 impl Allocator for CachingAllocator {
     /// `DeviceCachingAllocator::malloc`.
     fn malloc(&mut self, id: usize, bytes: u64, stream: usize) -> Result<(), AllocError> {
@@ -1227,12 +1356,24 @@ impl Allocator for CachingAllocator {
         };
         let Some(b) = found else {
             self.update_peaks();
+            let device_free = self.cfg.capacity.saturating_sub(self.stats.reserved);
+            self.record(Action::Oom, device_free, size, pool, id as u32);
             return Err(self.oom(size, alloc_size));
         };
         let split = self.should_split(b, size);
         let block = self.alloc_found_block(b, size, split);
         self.blocks[block as usize].requested = size;
         self.blocks[block as usize].state = State::Taken;
+        if let Some(h) = self.history.as_mut() {
+            let i = block as usize;
+            if h.requested.len() <= i {
+                h.requested.resize(i + 1, 0);
+                h.tensor.resize(i + 1, NO_TENSOR);
+            }
+            (h.requested[i], h.tensor[i]) = (bytes, id as u32);
+            let addr = self.blocks[i].addr;
+            self.record(Action::Alloc, addr, bytes, pool, id as u32);
+        }
         *self.live.slot_mut(id) = block;
         self.stats.allocated += size;
         self.update_peaks();
@@ -1244,46 +1385,17 @@ impl Allocator for CachingAllocator {
         if let Some(b) = self.live.get(id) {
             if b != NIL {
                 let s = Self::stream_of(self.blocks[b as usize].pool);
-                self.free_on(id, s, 0);
+                self.release_tensor(id, s, 0);
             }
         }
     }
 
     /// `free`: `allocated` drops now; a block used on other streams waits for their events.
     fn free_on(&mut self, id: usize, stream: usize, now_ns: u64) {
-        let Some(slot) = self.live.get_mut(id) else { return };
-        let b = *slot;
-        if b == NIL {
-            return;
+        if let Some(h) = self.history.as_mut() {
+            h.now = now_ns;
         }
-        *slot = NIL;
-        self.record_stream_block(b, stream);
-        let (size, requested, uses) = {
-            let bl = &mut self.blocks[b as usize];
-            let u = bl.uses;
-            bl.uses = 0;
-            (bl.size, bl.requested, u)
-        };
-        self.stats.allocated -= requested;
-        self.stats.allocated_blocks -= size;
-        if uses == 0 {
-            self.free_block(b);
-            return;
-        }
-        // `insert_events`: one event per stream that used the block.
-        let mut u = uses;
-        while u != 0 {
-            let s = u.trailing_zeros() as usize;
-            u &= u - 1;
-            if self.events.len() <= s {
-                self.events.resize_with(s + 1, VecDeque::new);
-                self.synced.resize(s + 1, 0);
-            }
-            self.events[s].push_back((now_ns, b));
-            self.pending_events += 1;
-            self.blocks[b as usize].events += 1;
-        }
-        self.blocks[b as usize].state = State::Pending;
+        self.release_tensor(id, stream, now_ns);
     }
 
     fn stream_synced(&mut self, stream: usize, now_ns: u64) {
@@ -1292,6 +1404,9 @@ impl Allocator for CachingAllocator {
             self.events.resize_with(stream + 1, VecDeque::new);
         }
         self.synced[stream] = self.synced[stream].max(now_ns);
+        if let Some(h) = self.history.as_mut() {
+            h.now = now_ns;
+        }
     }
 
     fn empty_cache(&mut self) {
@@ -1325,6 +1440,33 @@ impl Allocator for CachingAllocator {
 
     fn stats(&self) -> AllocatorStats {
         self.stats.clone()
+    }
+
+    fn malloc_at(&mut self, id: usize, bytes: u64, stream: usize, now_ns: u64) -> Result<(), AllocError> {
+        if let Some(h) = self.history.as_mut() {
+            h.now = now_ns;
+        }
+        self.malloc(id, bytes, stream)
+    }
+
+    fn start_history(&mut self) -> bool {
+        self.history.get_or_insert_with(Box::default);
+        true
+    }
+
+    fn history(&self) -> Option<History> {
+        let h = self.history.as_deref()?;
+        Some(History {
+            events: h.events.clone(),
+            segments: self.history_segments(),
+            settings: history::Settings {
+                alloc_conf: String::new(),
+                max_split_size: self.cfg.max_split_size,
+                expandable_segments: self.cfg.expandable_segments,
+                roundup_power2_divisions: self.cfg.roundup_power2_divisions.to_vec(),
+            },
+            capacity: self.cfg.capacity,
+        })
     }
 }
 

@@ -5,11 +5,13 @@
 pub mod allocator;
 pub mod caching;
 pub mod category;
+pub mod history;
 pub mod settings;
 pub mod timeline;
 
 pub use allocator::{AllocError, Allocator, AllocatorStats, ExactAllocator, OomCause, Snapshot, PYTORCH_BLOCK};
 pub use caching::{CachingAllocator, CachingConfig};
 pub use category::Category;
+pub use history::History;
 pub use settings::{AllocatorKind, AllocatorSettings, EmptyCacheAt};
 pub use timeline::{Sample, Timeline, Totals};

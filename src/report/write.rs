@@ -266,6 +266,54 @@ pub fn write_job(dir: &Path, r: &Report, classes: &[ClassView], headline: usize)
     Ok(written)
 }
 
+/// `--snapshot`: each rank class's allocator history as a PyTorch memory snapshot
+/// ([`super::snapshot`]): `snapshot.pickle` for a job of one class, else
+/// `snapshot-<class>.pickle` per class (`snapshot-stage-2.pickle`). A class whose run kept
+/// no history (the exact allocator) is an error: the snapshot needs addresses.
+pub fn write_snapshots(
+    dir: &Path,
+    r: &Report,
+    classes: &[ClassView],
+    scenario: &str,
+    alloc_conf: &str,
+) -> Result<Vec<PathBuf>, WriteError> {
+    let mut out = Vec::new();
+    for (k, (sc, tr, _)) in classes.iter().enumerate() {
+        let label = match (classes.len(), r.rank_classes.get(k)) {
+            (1, Some(c)) if c.count == 1 => "the GPU (rank 0)".to_string(),
+            (1, Some(c)) => format!("every GPU: {} run the same program (ranks {})", c.count, c.ranks),
+            (_, c) => c.map_or(format!("class {k}"), |c| class_label(c, k)),
+        };
+        let name = if classes.len() == 1 { "snapshot.pickle".to_string() } else { snapshot_name(&label) };
+        let path = dir.join(name);
+        let Some(h) = tr.history.as_ref() else {
+            return Err(WriteError {
+                path,
+                message: "no allocator history was recorded (a snapshot needs the caching allocator's addresses: [allocator] kind = \"caching\")".into(),
+            });
+        };
+        let origin = super::snapshot::Origin { scenario, rank_class: &label, alloc_conf };
+        atomic_write(&path, &super::snapshot::render(h, sc, &origin))?;
+        out.push(path);
+    }
+    Ok(out)
+}
+
+/// A class's snapshot file name from its label: "stage 1, data-parallel rank 0 (ranks 4-7)"
+/// gives `snapshot-stage-1-data-parallel-rank-0.pickle`.
+fn snapshot_name(label: &str) -> String {
+    let role = label.split(" (ranks").next().unwrap_or(label);
+    let mut slug = String::new();
+    for c in role.chars() {
+        if c.is_ascii_alphanumeric() {
+            slug.push(c.to_ascii_lowercase());
+        } else if !slug.ends_with('-') && !slug.is_empty() {
+            slug.push('-');
+        }
+    }
+    format!("snapshot-{}.pickle", slug.trim_end_matches('-'))
+}
+
 /// memory.csv rows of a node's host memory under offload (rank class "host (node of N
 /// GPUs)"): each pinned piece and their total against the node's capacity. The pieces are
 /// pinned when the engine initialises and held to the end, so each has a row at the start
