@@ -34,6 +34,10 @@ enum Command {
         /// Print report.json to stdout instead of the text report.
         #[arg(long)]
         json: bool,
+        /// trace.json with every task and memory change even past 250,000 events (by default
+        /// a larger job's trace shows repeated micro-batches as one slice per stream and phase).
+        #[arg(long, value_name = "full", value_parser = ["full"])]
+        trace: Option<String>,
         /// Also write each rank class's allocator as a PyTorch memory snapshot
         /// (snapshot.pickle, or snapshot-<class>.pickle per class): open it in
         /// pytorch.org/memory_viz like a `torch.cuda.memory._dump_snapshot()` of a real run.
@@ -75,7 +79,7 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Run { scenario, out, json, snapshot } => run(&scenario, out, json, snapshot),
+        Command::Run { scenario, out, json, trace, snapshot } => run(&scenario, out, json, trace.is_some(), snapshot),
         Command::Sweep(args) => stepsim::sweep::cli::main(args),
         Command::Explain { scenario, out, margin } => explain(&scenario, out, margin),
         Command::Models => {
@@ -102,7 +106,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(path: &std::path::Path, out: Option<PathBuf>, json: bool, snapshot: bool) -> ExitCode {
+fn run(path: &std::path::Path, out: Option<PathBuf>, json: bool, full_trace: bool, snapshot: bool) -> ExitCode {
     let s = match Scenario::load(path) {
         Ok(s) => s,
         Err(e) => {
@@ -134,7 +138,7 @@ fn run(path: &std::path::Path, out: Option<PathBuf>, json: bool, snapshot: bool)
         .collect();
     let alloc_conf = s.allocator.alloc_conf();
     let written = stepsim::report::write::publish(&dir, |d| {
-        let mut w = stepsim::report::write::write_job(d, &sim.report, &views, sim.headline)?;
+        let mut w = stepsim::report::write::write_job(d, &sim.report, &views, sim.headline, full_trace)?;
         if snapshot {
             w.extend(stepsim::report::write::write_snapshots(d, &sim.report, &views, &s.name, &alloc_conf)?);
         }
@@ -199,7 +203,7 @@ fn explain(path: &std::path::Path, out: Option<PathBuf>, margin: f64) -> ExitCod
     sim.report.explanation = serde_json::to_value(&e).ok();
     let dir = out.unwrap_or_else(|| PathBuf::from("output").join(&s.name));
     let written = stepsim::report::write::publish(&dir, |d| {
-        let mut w = stepsim::report::write::write_all(d, &sim.report, sim.schedule(), sim.trace())?;
+        let mut w = stepsim::report::write::write_all(d, &sim.report, sim.schedule(), sim.trace(), false)?;
         w.push(stepsim::report::write::explain_png(d, &sim.report, sim.schedule(), sim.trace(), e.time_s)?);
         Ok(w)
     });

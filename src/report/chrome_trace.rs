@@ -3,12 +3,22 @@
 //! ("ph":"X") per task and counter events ("ph":"C") for allocated and reserved bytes and
 //! for every memory category the run holds, so the step's overlap of compute and
 //! communication can be read next to its memory.
+//!
+//! A trace that holds every task and every memory change of a large job (GPT-3 175B over 96
+//! micro-batches: 0.7 million tasks, 3.4 million counter events, 860 MB) does not open in a
+//! browser. Past [`EVENT_BUDGET`] events the job's trace is a [`Detail::Summary`]: every task
+//! of the first [`DETAILED_MICRO_BATCHES`] and the last micro-batch of each step, of
+//! initialisation and of the optimizer, and for the micro-batches between them one slice per
+//! stream and run of consecutive tasks of one (step, phase, micro-batch), named for it and
+//! counting its ops and busy time; the memory counters at most [`COUNTER_BUCKETS`] points per
+//! rank class, each keeping the highest allocated sample of its stretch of time and the last
+//! one (so peaks stay visible). `stepsim run --trace full` writes everything.
 
 use std::fmt::Write;
 
 use crate::engine::Trace;
 use crate::memory::Category;
-use crate::schedule::Schedule;
+use crate::schedule::{Phase, Schedule};
 
 fn esc(s: &str) -> String {
     let mut o = String::with_capacity(s.len());
@@ -30,11 +40,67 @@ fn us(ns: u64) -> String {
     format!("{}.{:03}", ns / 1000, ns % 1000)
 }
 
-/// Renders the trace of one rank class (`pid`), named `rank_label`.
+/// How much of the run trace.json holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Detail {
+    /// Every task and every memory change.
+    Full,
+    /// Repeated micro-batches as one slice per stream and phase, memory counters bucketed.
+    Summary,
+}
+
+/// Events past which a job's trace is summarised (about 50 MB of JSON): what Perfetto and
+/// chrome://tracing open in seconds.
+pub const EVENT_BUDGET: usize = 250_000;
+/// Micro-batches of each step kept task by task in a summary (besides the step's last).
+pub const DETAILED_MICRO_BATCHES: u32 = 2;
+/// Memory counter points per rank class in a summary.
+pub const COUNTER_BUCKETS: u64 = 2_000;
+
+/// Events the full trace of one class holds: its tasks that ran and two counter events per
+/// change of (allocated, reserved).
+pub fn full_events(trace: &Trace) -> usize {
+    let tasks = trace.start_ns.iter().zip(&trace.end_ns).filter(|(s, e)| **s != u64::MAX && **e != u64::MAX).count();
+    let mut last = (u64::MAX, u64::MAX);
+    let mut counters = 0;
+    for s in &trace.timeline.samples {
+        if (s.allocated, s.reserved) != last {
+            last = (s.allocated, s.reserved);
+            counters += 2;
+        }
+    }
+    tasks + counters
+}
+
+/// The detail of a job's trace: [`Detail::Full`] if every class's events together fit in
+/// [`EVENT_BUDGET`] (or `full` is asked for), else [`Detail::Summary`].
+pub fn detail_for(traces: &[&Trace], full: bool) -> Detail {
+    let events: usize = traces.iter().map(|t| full_events(t)).sum();
+    if full || events <= EVENT_BUDGET {
+        Detail::Full
+    } else {
+        Detail::Summary
+    }
+}
+
+/// Renders the trace of one rank class (`pid`), named `rank_label`, with every event.
 pub fn render(sched: &Schedule, trace: &Trace, pid: u32, rank_label: &str) -> String {
+    render_detail(sched, trace, pid, rank_label, Detail::Full)
+}
+
+/// Renders the trace of one rank class (`pid`), named `rank_label`, at `detail`.
+pub fn render_detail(sched: &Schedule, trace: &Trace, pid: u32, rank_label: &str, detail: Detail) -> String {
     let prog = &sched.program;
     let mut o = String::with_capacity(prog.tasks.len() * 160 + 1024);
-    o.push_str("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
+    if detail == Detail::Full {
+        o.push_str("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
+    } else {
+        let _ = writeln!(
+            o,
+            "{{\"displayTimeUnit\":\"ms\",\"otherData\":{{\"stepsim\":\"summary: every task of initialisation, the optimizer and micro-batches 0-{} and the last of each step; between them one slice per stream and run of one (step, phase, micro-batch); memory counters at up to {COUNTER_BUCKETS} points per rank class (each stretch's highest and last sample). stepsim run --trace full writes every event.\"}},\"traceEvents\":[",
+            DETAILED_MICRO_BATCHES - 1
+        );
+    }
     let _ = write!(
         o,
         "{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{pid},\"args\":{{\"name\":\"{}\"}}}}",
@@ -47,9 +113,13 @@ pub fn render(sched: &Schedule, trace: &Trace, pid: u32, rank_label: &str) -> St
             esc(s)
         );
     }
+    let detailed = match detail {
+        Detail::Full => vec![true; prog.tasks.len()],
+        Detail::Summary => detailed_tasks(sched),
+    };
     for (i, t) in prog.tasks.iter().enumerate() {
         let (start, end) = (trace.start_ns[i], trace.end_ns[i]);
-        if start == u64::MAX || end == u64::MAX {
+        if start == u64::MAX || end == u64::MAX || !detailed[i] {
             continue;
         }
         let l = &sched.labels[t.label as usize];
@@ -67,6 +137,9 @@ pub fn render(sched: &Schedule, trace: &Trace, pid: u32, rank_label: &str) -> St
             l.micro_batch
         );
     }
+    if detail == Detail::Summary {
+        aggregated_slices(&mut o, sched, trace, pid, &detailed);
+    }
     // Memory counters at each change: allocated and reserved on one track, every category
     // the run ever holds (by the plot's names) on another.
     let present: Vec<Category> = Category::ALL
@@ -74,8 +147,12 @@ pub fn render(sched: &Schedule, trace: &Trace, pid: u32, rank_label: &str) -> St
         .copied()
         .filter(|c| trace.timeline.samples.iter().any(|s| s.by_category[c.index()] > 0))
         .collect();
+    let kept = match detail {
+        Detail::Full => vec![true; trace.timeline.samples.len()],
+        Detail::Summary => bucketed_samples(trace),
+    };
     let mut last = (u64::MAX, u64::MAX);
-    for s in &trace.timeline.samples {
+    for (s, _) in trace.timeline.samples.iter().zip(&kept).filter(|(_, k)| **k) {
         if (s.allocated, s.reserved) == last {
             continue;
         }
@@ -100,6 +177,107 @@ pub fn render(sched: &Schedule, trace: &Trace, pid: u32, rank_label: &str) -> St
     }
     o.push_str("\n]}\n");
     o
+}
+
+/// Which tasks a summary shows one by one: those of initialisation and the optimizer, and of
+/// the first [`DETAILED_MICRO_BATCHES`] and the last micro-batch of each step.
+fn detailed_tasks(sched: &Schedule) -> Vec<bool> {
+    let labels = &sched.labels;
+    let mut last_mb: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
+    for t in &sched.program.tasks {
+        let l = &labels[t.label as usize];
+        let e = last_mb.entry(l.step).or_insert(0);
+        *e = (*e).max(l.micro_batch);
+    }
+    sched
+        .program
+        .tasks
+        .iter()
+        .map(|t| {
+            let l = &labels[t.label as usize];
+            matches!(l.phase, Phase::Init | Phase::Optimizer)
+                || l.micro_batch < DETAILED_MICRO_BATCHES
+                || last_mb.get(&l.step) == Some(&l.micro_batch)
+        })
+        .collect()
+}
+
+/// The slices of a summary: on each stream, each run of consecutive tasks (in the order they
+/// ran) of one (step, phase, micro-batch) not shown one by one becomes one slice from the
+/// first start to the last end, its busy time and op count in its arguments.
+fn aggregated_slices(o: &mut String, sched: &Schedule, trace: &Trace, pid: u32, detailed: &[bool]) {
+    let prog = &sched.program;
+    let mut by_stream: Vec<Vec<usize>> = vec![Vec::new(); prog.streams.len()];
+    for (i, t) in prog.tasks.iter().enumerate() {
+        if !detailed[i] && trace.start_ns[i] != u64::MAX && trace.end_ns[i] != u64::MAX {
+            if let Some(v) = by_stream.get_mut(t.stream as usize) {
+                v.push(i);
+            }
+        }
+    }
+    for (stream, tasks) in by_stream.iter_mut().enumerate() {
+        tasks.sort_by_key(|&i| (trace.start_ns[i], i));
+        let mut k = 0;
+        while k < tasks.len() {
+            let first = &sched.labels[prog.tasks[tasks[k]].label as usize];
+            let key = (first.step, first.phase, first.micro_batch);
+            let (start, mut end, mut busy, mut ops) = (trace.start_ns[tasks[k]], 0, 0, 0);
+            while k < tasks.len() {
+                let i = tasks[k];
+                let l = &sched.labels[prog.tasks[i].label as usize];
+                if (l.step, l.phase, l.micro_batch) != key {
+                    break;
+                }
+                end = end.max(trace.end_ns[i]);
+                busy += trace.end_ns[i] - trace.start_ns[i];
+                ops += 1;
+                k += 1;
+            }
+            let _ = write!(
+                o,
+                ",\n{{\"name\":\"micro-batch {} {} ({ops} ops)\",\"cat\":\"Summary\",\"ph\":\"X\",\"pid\":{pid},\"tid\":{stream},\"ts\":{},\"dur\":{},\"args\":{{\"step\":{},\"phase\":\"{}\",\"micro_batch\":{},\"ops\":{ops},\"busy_us\":{}}}}}",
+                key.2,
+                key.1.name(),
+                us(start),
+                us(end - start),
+                key.0,
+                key.1.name(),
+                key.2,
+                us(busy)
+            );
+        }
+    }
+}
+
+/// The memory samples a summary keeps: in each of [`COUNTER_BUCKETS`] equal stretches of the
+/// run, the first samples with the stretch's highest allocated and reserved bytes, and its
+/// last sample.
+fn bucketed_samples(trace: &Trace) -> Vec<bool> {
+    let samples = &trace.timeline.samples;
+    let mut keep = vec![false; samples.len()];
+    let (Some(first), Some(last)) = (samples.first(), samples.last()) else { return keep };
+    let span = (last.time_ns - first.time_ns).max(1);
+    let bucket = |t: u64| (u128::from(t - first.time_ns) * u128::from(COUNTER_BUCKETS) / u128::from(span)) as u64;
+    let mut i = 0;
+    while i < samples.len() {
+        let b = bucket(samples[i].time_ns);
+        let (mut top, mut top_reserved) = (i, i);
+        let mut j = i;
+        while j < samples.len() && bucket(samples[j].time_ns) == b {
+            if samples[j].allocated > samples[top].allocated {
+                top = j;
+            }
+            if samples[j].reserved > samples[top_reserved].reserved {
+                top_reserved = j;
+            }
+            j += 1;
+        }
+        keep[top] = true;
+        keep[top_reserved] = true;
+        keep[j - 1] = true;
+        i = j;
+    }
+    keep
 }
 
 #[cfg(test)]

@@ -216,19 +216,27 @@ fn class_label(c: &super::RankClass, k: usize) -> String {
 /// Writes a job's outputs: [`write_all`] for a job of one class; with several,
 /// memory.csv and trace.json hold every class (one rank class, one trace process each),
 /// memory.png a panel per class (up to 8), timeline.png the headline class's streams.
-pub fn write_job(dir: &Path, r: &Report, classes: &[ClassView], headline: usize) -> Result<Vec<PathBuf>, WriteError> {
+pub fn write_job(
+    dir: &Path,
+    r: &Report,
+    classes: &[ClassView],
+    headline: usize,
+    full_trace: bool,
+) -> Result<Vec<PathBuf>, WriteError> {
     let (sched, trace, _) = classes[headline];
-    let written = write_all(dir, r, sched, trace)?;
+    let traces: Vec<&Trace> = classes.iter().map(|c| c.1).collect();
+    let detail = super::chrome_trace::detail_for(&traces, full_trace);
     if classes.len() == 1 {
-        return Ok(written);
+        return write_files(dir, r, sched, trace, Some(detail));
     }
+    let written = write_files(dir, r, sched, trace, None)?;
     let label = |k: usize| r.rank_classes.get(k).map_or(format!("class {k}"), |c| class_label(c, k));
     let mut csv = String::new();
     let mut chrome = String::new();
     for (k, (sc, tr, _)) in classes.iter().enumerate() {
         let part = memory_csv(tr, &label(k));
         csv.push_str(if k == 0 { &part } else { part.split_once('\n').map_or("", |x| x.1) });
-        let t = super::chrome_trace::render(sc, tr, k as u32, &label(k));
+        let t = super::chrome_trace::render_detail(sc, tr, k as u32, &label(k), detail);
         let body = t.trim_end().trim_end_matches("]}").trim_end();
         if k == 0 {
             chrome.push_str(body);
@@ -339,8 +347,29 @@ fn headline_ranks(r: &Report) -> String {
     r.rank_classes.get(r.headline_class).map(|c| format!("ranks {}", c.ranks)).unwrap_or_else(|| "rank 0".into())
 }
 
-/// Writes report.json, memory.csv and memory.png into `dir` (created if missing).
-pub fn write_all(dir: &Path, r: &Report, sched: &Schedule, trace: &Trace) -> Result<Vec<PathBuf>, WriteError> {
+/// Writes report.json, memory.csv, trace.json (every event if `full_trace`, else
+/// summarised past [`super::chrome_trace::EVENT_BUDGET`]), memory.png and timeline.png into
+/// `dir` (created if missing).
+pub fn write_all(
+    dir: &Path,
+    r: &Report,
+    sched: &Schedule,
+    trace: &Trace,
+    full_trace: bool,
+) -> Result<Vec<PathBuf>, WriteError> {
+    let detail = super::chrome_trace::detail_for(&[trace], full_trace);
+    write_files(dir, r, sched, trace, Some(detail))
+}
+
+/// [`write_all`], with trace.json at `detail` (None: not written here, by a caller that writes
+/// every class's).
+fn write_files(
+    dir: &Path,
+    r: &Report,
+    sched: &Schedule,
+    trace: &Trace,
+    detail: Option<super::chrome_trace::Detail>,
+) -> Result<Vec<PathBuf>, WriteError> {
     std::fs::create_dir_all(dir).map_err(|e| WriteError {
         path: dir.to_path_buf(),
         message: format!("cannot create the output folder: {e}"),
@@ -355,7 +384,9 @@ pub fn write_all(dir: &Path, r: &Report, sched: &Schedule, trace: &Trace) -> Res
     }
     atomic_write(&csv, rows.as_bytes())?;
     let chrome = dir.join("trace.json");
-    atomic_write(&chrome, super::chrome_trace::render(sched, trace, 0, &rank).as_bytes())?;
+    if let Some(detail) = detail {
+        atomic_write(&chrome, super::chrome_trace::render_detail(sched, trace, 0, &rank, detail).as_bytes())?;
+    }
     let png = dir.join("memory.png");
     let gpus = r.rank_classes.get(r.headline_class).map_or(1, |c| c.count);
     let label = if r.throughput.as_ref().is_some_and(|t| t.jitter.is_some()) {
