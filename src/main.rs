@@ -114,7 +114,7 @@ fn run(path: &std::path::Path, out: Option<PathBuf>, json: bool, full_trace: boo
             return ExitCode::from(2);
         }
     };
-    if let Err(e) = full_report_fits(path, &s) {
+    if let Err(e) = stepsim::scenario::limits::full_report_fits(path, &s) {
         eprintln!("error: {e}");
         return ExitCode::from(2);
     }
@@ -174,21 +174,7 @@ fn explain(path: &std::path::Path, out: Option<PathBuf>, margin: f64) -> ExitCod
             return ExitCode::from(2);
         }
     };
-    if s.inference.is_some() {
-        eprintln!(
-            "error: {}: explain covers training steps; for an inference job, `stepsim run` reports what was live at an OOM and the largest batch and context that fit",
-            path.display()
-        );
-        return ExitCode::from(2);
-    }
-    if s.workload.lora.is_some() {
-        eprintln!(
-            "error: {}: explain does not cover LoRA fine-tuning yet (its counterfactuals assume full training); `stepsim run` reports the OOM point and what was live",
-            path.display()
-        );
-        return ExitCode::from(2);
-    }
-    if let Err(e) = full_report_fits(path, &s).and_then(|()| explain_fits(path, &s)) {
+    if let Err(e) = stepsim::explain::accepts(path, &s) {
         eprintln!("error: {e}");
         return ExitCode::from(2);
     }
@@ -218,33 +204,4 @@ fn explain(path: &std::path::Path, out: Option<PathBuf>, margin: f64) -> ExitCod
     let text = format!("{}\nWrote {files}\n", stepsim::explain::render(&e, &s));
     let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes());
     ExitCode::SUCCESS
-}
-
-/// A full report names every task and keeps every memory sample: refuse a job too large for
-/// it (`stepsim sweep` runs it on the lean path).
-fn full_report_fits(path: &std::path::Path, s: &Scenario) -> Result<(), String> {
-    use stepsim::scenario::limits::{MAX_REPORT_TASKS, MAX_TASKS};
-    let est = s.estimated_tasks();
-    if est > MAX_REPORT_TASKS {
-        return Err(format!(
-            "{}: field `training.grad_accum`: this job would simulate about {est} tasks, over the {MAX_REPORT_TASKS} a full report holds (every task named, every memory sample kept: about 2.5 kB each); reduce training.steps (2 shows the steady state) or training.grad_accum, or run it as a one-configuration sweep (`stepsim sweep`, lean path, up to {MAX_TASKS} tasks)",
-            path.display()
-        ));
-    }
-    Ok(())
-}
-
-/// `explain` simulates the job about [`stepsim::explain::SIMULATIONS`] times: together they
-/// stay within the one-run bound of the lean path.
-fn explain_fits(path: &std::path::Path, s: &Scenario) -> Result<(), String> {
-    use stepsim::scenario::limits::MAX_TASKS;
-    let total = s.estimated_tasks().saturating_mul(stepsim::explain::SIMULATIONS);
-    if total > MAX_TASKS {
-        return Err(format!(
-            "{}: field `training.grad_accum`: explain simulates this job about {} times (each change, each GPU count), about {total} tasks in all, over {MAX_TASKS}; reduce training.steps (2 shows the steady state), training.grad_accum or model.n_layers, or `stepsim run` it",
-            path.display(),
-            stepsim::explain::SIMULATIONS
-        ));
-    }
-    Ok(())
 }

@@ -28,6 +28,32 @@ pub const DEFAULT_MARGIN: f64 = 0.05;
 /// each GPU count it tries. Its size bound is the job's tasks times this.
 pub const SIMULATIONS: u64 = 16;
 
+/// Whether `explain` takes this scenario: training jobs (not inference, not LoRA yet) that a
+/// full report holds and whose [`SIMULATIONS`] runs together stay within the lean path's
+/// bound. The error names `path`.
+pub fn accepts(path: &std::path::Path, s: &Scenario) -> Result<(), crate::scenario::ScenarioError> {
+    use crate::scenario::limits::{full_report_fits, MAX_TASKS};
+    use crate::scenario::ScenarioError;
+    if s.inference.is_some() {
+        return Err(ScenarioError::new(path, "", "explain covers training steps; for an inference job, `stepsim run` reports what was live at an OOM and the largest batch and context that fit"));
+    }
+    if s.workload.lora.is_some() {
+        return Err(ScenarioError::new(path, "", "explain does not cover LoRA fine-tuning yet (its counterfactuals assume full training); `stepsim run` reports the OOM point and what was live"));
+    }
+    full_report_fits(path, s)?;
+    let total = s.estimated_tasks().saturating_mul(SIMULATIONS);
+    if total > MAX_TASKS {
+        return Err(ScenarioError::new(
+            path,
+            "training.grad_accum",
+            format!(
+                "explain simulates this job about {SIMULATIONS} times (each change, each GPU count), about {total} tasks in all, over {MAX_TASKS}; reduce training.steps (2 shows the steady state), training.grad_accum or model.n_layers, or `stepsim run` it"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The structured explanation (also carried in report.json).
 #[derive(Debug, Clone, Serialize)]
 pub struct Explanation {

@@ -93,6 +93,8 @@ pub fn report_json(r: &Report) -> String {
 /// totals, for each distinct rank class. Values hold until the next row of the same
 /// (rank_class, category).
 pub fn memory_csv(trace: &Trace, rank_class: &str) -> String {
+    // A class's name may hold a comma ("stage 0, expert rank 3 (ranks 3)"): quoted (RFC 4180).
+    let rank_class = &crate::sweep::output::csv_field(rank_class);
     let mut o = String::with_capacity(trace.timeline.samples.len() * 48);
     o.push_str("time_s,rank_class,category,bytes\n");
     let mut prev = [u64::MAX; Category::COUNT];
@@ -227,15 +229,12 @@ pub fn write_job(
     let traces: Vec<&Trace> = classes.iter().map(|c| c.1).collect();
     let detail = super::chrome_trace::detail_for(&traces, full_trace);
     if classes.len() == 1 {
-        return write_files(dir, r, sched, trace, Some(detail));
+        return write_files(dir, r, sched, trace, Some(detail), job_memory_csv(r, &traces));
     }
-    let written = write_files(dir, r, sched, trace, None)?;
+    let written = write_files(dir, r, sched, trace, None, job_memory_csv(r, &traces))?;
     let label = |k: usize| r.rank_classes.get(k).map_or(format!("class {k}"), |c| class_label(c, k));
-    let mut csv = String::new();
     let mut chrome = String::new();
     for (k, (sc, tr, _)) in classes.iter().enumerate() {
-        let part = memory_csv(tr, &label(k));
-        csv.push_str(if k == 0 { &part } else { part.split_once('\n').map_or("", |x| x.1) });
         let t = super::chrome_trace::render_detail(sc, tr, k as u32, &label(k), detail);
         let body = t.trim_end().trim_end_matches("]}").trim_end();
         if k == 0 {
@@ -246,7 +245,6 @@ pub fn write_job(
         }
     }
     chrome.push_str("\n]}\n");
-    atomic_write(&dir.join("memory.csv"), csv.as_bytes())?;
     atomic_write(&dir.join("trace.json"), chrome.as_bytes())?;
     let mut plot: Option<MemoryPlot> = None;
     for k in class_panels(classes.len(), headline) {
@@ -358,7 +356,28 @@ pub fn write_all(
     full_trace: bool,
 ) -> Result<Vec<PathBuf>, WriteError> {
     let detail = super::chrome_trace::detail_for(&[trace], full_trace);
-    write_files(dir, r, sched, trace, Some(detail))
+    write_files(dir, r, sched, trace, Some(detail), job_memory_csv(r, &[trace]))
+}
+
+/// A job's memory.csv: for one rank class its rows labelled by the headline's ranks, and
+/// the node's host rows under offload; for several, every class's rows labelled by the class
+/// (`traces` in class order).
+pub fn job_memory_csv(r: &Report, traces: &[&Trace]) -> String {
+    if traces.len() == 1 {
+        let trace = traces[0];
+        let mut rows = memory_csv(trace, &headline_ranks(r));
+        if let Some(off) = &r.offload {
+            rows.push_str(&host_csv(off, trace.end_time_ns));
+        }
+        return rows;
+    }
+    let mut csv = String::new();
+    for (k, tr) in traces.iter().enumerate() {
+        let label = r.rank_classes.get(k).map_or(format!("class {k}"), |c| class_label(c, k));
+        let part = memory_csv(tr, &label);
+        csv.push_str(if k == 0 { &part } else { part.split_once('\n').map_or("", |x| x.1) });
+    }
+    csv
 }
 
 /// [`write_all`], with trace.json at `detail` (None: not written here, by a caller that writes
@@ -369,6 +388,7 @@ fn write_files(
     sched: &Schedule,
     trace: &Trace,
     detail: Option<super::chrome_trace::Detail>,
+    memory_csv_rows: String,
 ) -> Result<Vec<PathBuf>, WriteError> {
     std::fs::create_dir_all(dir).map_err(|e| WriteError {
         path: dir.to_path_buf(),
@@ -378,11 +398,7 @@ fn write_files(
     let json = dir.join("report.json");
     atomic_write(&json, report_json(r).as_bytes())?;
     let csv = dir.join("memory.csv");
-    let mut rows = memory_csv(trace, &rank);
-    if let Some(off) = &r.offload {
-        rows.push_str(&host_csv(off, trace.end_time_ns));
-    }
-    atomic_write(&csv, rows.as_bytes())?;
+    atomic_write(&csv, memory_csv_rows.as_bytes())?;
     let chrome = dir.join("trace.json");
     if let Some(detail) = detail {
         atomic_write(&chrome, super::chrome_trace::render_detail(sched, trace, 0, &rank, detail).as_bytes())?;

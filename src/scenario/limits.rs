@@ -138,3 +138,20 @@ pub(super) fn check_size(v: &V, n_layers: u64, steps: u64, grad_accum: u64, rank
     }
     Ok(())
 }
+
+/// A full report (`stepsim run`, `explain`, the Python package's `simulate`) names every
+/// task and keeps every memory sample: a job too large for it is refused (`stepsim sweep`
+/// runs it on the lean path).
+pub fn full_report_fits(path: &std::path::Path, s: &super::Scenario) -> Result<(), ScenarioError> {
+    let est = s.estimated_tasks();
+    if est > MAX_REPORT_TASKS {
+        return Err(ScenarioError::new(
+            path,
+            "training.grad_accum",
+            format!(
+                "this job would simulate about {est} tasks, over the {MAX_REPORT_TASKS} a full report holds (every task named, every memory sample kept: about 2.5 kB each); reduce training.steps (2 shows the steady state) or training.grad_accum, or run it as a one-configuration sweep (`stepsim sweep`, lean path, up to {MAX_TASKS} tasks)"
+            ),
+        ));
+    }
+    Ok(())
+}

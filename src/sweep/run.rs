@@ -122,31 +122,8 @@ fn out_err(path: &Path, what: &str, e: impl std::fmt::Display) -> SweepError {
 
 /// Runs (or resumes) a sweep into `opts.out`.
 pub fn run(spec: &SweepSpec, opts: &RunOptions) -> Result<Finished, SweepError> {
-    if opts.jobs == Some(0) {
-        return Err(SweepError::Input("--jobs: must be at least 1".into()));
-    }
-    // More workers than a few per core only adds threads (and their stacks) to wait.
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let max_jobs = (4 * cores).max(MAX_JOBS_FLOOR);
-    if let Some(j) = opts.jobs.filter(|&j| j > max_jobs) {
-        return Err(SweepError::Input(format!(
-            "--jobs: at most {max_jobs} on this machine ({cores} cores x 4), got {j}"
-        )));
-    }
-    // The product of the axes bounds what the filter keeps: refuse before enumerating it.
-    let share = spec.size.div_ceil(opts.shard.map_or(1, |s| s.count));
-    if share > MAX_CONFIGURATIONS {
-        let shards = spec.size.div_ceil(MAX_CONFIGURATIONS);
-        return Err(SweepError::Input(format!(
-            "{}: the axes make {} configurations ({share} for this run), over the {MAX_CONFIGURATIONS} one run enumerates; split the sweep with --shard I/N (N >= {shards}) or narrow the axes",
-            spec.source.display(),
-            spec.size
-        )));
-    }
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(opts.jobs.unwrap_or(0))
-        .build()
-        .map_err(|e| SweepError::Internal(format!("cannot start the worker threads: {e}")))?;
+    let pool = worker_pool(opts.jobs, "--jobs")?;
+    check_size(spec, opts.shard)?;
     let threads = pool.current_num_threads();
     if opts.progress && spec.size > 100_000 {
         eprintln!("checking {} configurations...", spec.size);
@@ -258,10 +235,43 @@ pub fn run(spec: &SweepSpec, opts: &RunOptions) -> Result<Finished, SweepError> 
     Ok(fin)
 }
 
+/// The thread pool of `jobs` workers (None: one per core), `flag` naming the option in
+/// errors. More workers than a few per core only adds threads (and their stacks) to wait.
+pub fn worker_pool(jobs: Option<usize>, flag: &str) -> Result<rayon::ThreadPool, SweepError> {
+    if jobs == Some(0) {
+        return Err(SweepError::Input(format!("{flag}: must be at least 1")));
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let max_jobs = (4 * cores).max(MAX_JOBS_FLOOR);
+    if let Some(j) = jobs.filter(|&j| j > max_jobs) {
+        return Err(SweepError::Input(format!(
+            "{flag}: at most {max_jobs} on this machine ({cores} cores x 4), got {j}"
+        )));
+    }
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(jobs.unwrap_or(0))
+        .build()
+        .map_err(|e| SweepError::Internal(format!("cannot start the worker threads: {e}")))
+}
+
+/// The product of the axes bounds what the filter keeps: refuse before enumerating it.
+pub fn check_size(spec: &SweepSpec, shard: Option<Shard>) -> Result<(), SweepError> {
+    let share = spec.size.div_ceil(shard.map_or(1, |s| s.count));
+    if share > MAX_CONFIGURATIONS {
+        let shards = spec.size.div_ceil(MAX_CONFIGURATIONS);
+        return Err(SweepError::Input(format!(
+            "{}: the axes make {} configurations ({share} for this run), over the {MAX_CONFIGURATIONS} one run enumerates; split the sweep with --shard I/N (N >= {shards}) or narrow the axes",
+            spec.source.display(),
+            spec.size
+        )));
+    }
+    Ok(())
+}
+
 /// The configuration indices this run simulates, in order: every index of the product (of
 /// the shard) that validates and passes the filter. The first invalid configuration, in
-/// index order, is the error.
-fn configurations(spec: &SweepSpec, shard: Option<Shard>) -> Result<Vec<u64>, SweepError> {
+/// index order, is the error. Runs on the current rayon pool; call [`check_size`] first.
+pub fn configurations(spec: &SweepSpec, shard: Option<Shard>) -> Result<Vec<u64>, SweepError> {
     const BLOCK: u64 = 1024;
     let blocks = spec.size.div_ceil(BLOCK);
     let per: Vec<Result<Vec<u64>, SweepError>> = (0..blocks)
@@ -300,6 +310,13 @@ fn configurations(spec: &SweepSpec, shard: Option<Shard>) -> Result<Vec<u64>, Sw
 }
 
 fn simulate_row(spec: &SweepSpec, index: u64, progress: &Progress) -> Result<(String, bool), SweepError> {
+    let (line, oom) = row(spec, index)?;
+    progress.tick(oom);
+    Ok((line, oom))
+}
+
+/// Configuration `index`'s sweep.csv line, and whether it ran out of memory.
+pub fn row(spec: &SweepSpec, index: u64) -> Result<(String, bool), SweepError> {
     let s = spec
         .point(index)?
         .ok_or_else(|| SweepError::Internal(format!("configuration {index} passed the filter once and not again")))?;
@@ -311,7 +328,6 @@ fn simulate_row(spec: &SweepSpec, index: u64, progress: &Progress) -> Result<(St
         ))
     })?;
     let oom = o.oom.is_some();
-    progress.tick(oom);
     Ok((format_row(spec, index, &o), oom))
 }
 
