@@ -1132,6 +1132,16 @@ fn deepspeed_assumption(plan: &crate::plan::Plan) -> Option<String> {
     })
 }
 
+/// A CSV field, quoted when it must be (RFC 4180): a rank class of memory.csv may hold a
+/// comma, and so may a sweep's axis value.
+pub fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

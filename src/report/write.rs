@@ -94,7 +94,7 @@ pub fn report_json(r: &Report) -> String {
 /// (rank_class, category).
 pub fn memory_csv(trace: &Trace, rank_class: &str) -> String {
     // A class's name may hold a comma ("stage 0, expert rank 3 (ranks 3)"): quoted (RFC 4180).
-    let rank_class = &crate::sweep::output::csv_field(rank_class);
+    let rank_class = &super::csv_field(rank_class);
     let mut o = String::with_capacity(trace.timeline.samples.len() * 48);
     o.push_str("time_s,rank_class,category,bytes\n");
     let mut prev = [u64::MAX; Category::COUNT];

@@ -166,14 +166,8 @@ pub fn row_index(line: &str) -> Option<u64> {
     line.split(',').next()?.parse().ok()
 }
 
-/// A CSV field, quoted when it must be (RFC 4180).
-pub fn csv_field(s: &str) -> String {
-    if s.contains([',', '"', '\n', '\r']) {
-        format!("\"{}\"", s.replace('"', "\"\""))
-    } else {
-        s.to_string()
-    }
-}
+/// A CSV field, quoted when it must be (RFC 4180): memory.csv's rule too.
+pub use crate::report::csv_field;
 
 /// Splits one CSV line into fields (RFC 4180 quoting).
 pub fn split_csv(line: &str) -> Result<Vec<String>, String> {
