@@ -820,14 +820,25 @@ pub fn memory_side(cap: u64, sched: &Schedule, trace: &Trace) -> (Verdict, Optio
         }
         Some(o) => {
             let mut live = [0u64; Category::COUNT];
-            let mut largest: Vec<(String, u64)> = Vec::new();
             for &b in &o.live {
                 let spec = &prog.buffers[b as usize];
                 live[spec.category.index()] += spec.bytes.div_ceil(512) * 512;
-                largest.push((prog.names[spec.name as usize].clone(), spec.bytes));
             }
-            largest.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-            largest.truncate(8);
+            // The 8 largest (ties by name): selected, then sorted, before any name is copied.
+            let key = |b: &u32| {
+                let spec = &prog.buffers[*b as usize];
+                (std::cmp::Reverse(spec.bytes), prog.names[spec.name as usize].as_str())
+            };
+            let mut ids = o.live.clone();
+            if ids.len() > 8 {
+                ids.select_nth_unstable_by(7, |a, b| key(a).cmp(&key(b)));
+                ids.truncate(8);
+            }
+            ids.sort_by(|a, b| key(a).cmp(&key(b)));
+            let largest = ids.iter().map(|&b| {
+                let spec = &prog.buffers[b as usize];
+                (prog.names[spec.name as usize].clone(), spec.bytes)
+            });
             let spec = &prog.buffers[o.buffer as usize];
             Verdict::Oom(Box::new(Oom {
                 at: instant(sched, o.task as usize, o.time_ns),
@@ -848,25 +859,28 @@ pub fn memory_side(cap: u64, sched: &Schedule, trace: &Trace) -> (Verdict, Optio
         reserved: Bytes::new(trace.timeline.peak_reserved().map_or(p.reserved, |r| r.reserved)),
         breakdown: breakdown(&p.by_category),
     });
-    // Peak of each (step, phase).
-    let mut phase_peaks: Vec<PhasePeak> = Vec::new();
+    // Peak of each (step, phase): (step, phase, allocated, label of the first task at it),
+    // the op's name copied once at the end.
+    let mut peaks: Vec<(u32, Phase, u64, u32)> = Vec::new();
     for smp in trace.timeline.marks() {
-        let l = &sched.labels[prog.tasks[smp.task as usize].label as usize];
-        match phase_peaks.iter_mut().find(|p| p.step == l.step && p.phase == l.phase) {
-            Some(p) if p.allocated.bytes >= smp.allocated => {}
-            Some(p) => {
-                p.allocated = Bytes::new(smp.allocated);
-                p.op = l.what.clone();
-            }
-            None => phase_peaks.push(PhasePeak {
-                step: l.step,
-                phase: l.phase,
-                allocated: Bytes::new(smp.allocated),
-                op: l.what.clone(),
-            }),
+        let li = prog.tasks[smp.task as usize].label;
+        let l = &sched.labels[li as usize];
+        match peaks.iter_mut().rev().find(|p| p.0 == l.step && p.1 == l.phase) {
+            Some(p) if p.2 >= smp.allocated => {}
+            Some(p) => (p.2, p.3) = (smp.allocated, li),
+            None => peaks.push((l.step, l.phase, smp.allocated, li)),
         }
     }
-    phase_peaks.sort_by_key(|p| (p.step, p.phase));
+    peaks.sort_by_key(|p| (p.0, p.1));
+    let phase_peaks = peaks
+        .into_iter()
+        .map(|(step, phase, allocated, li)| PhasePeak {
+            step,
+            phase,
+            allocated: Bytes::new(allocated),
+            op: sched.labels[li as usize].what.clone(),
+        })
+        .collect();
     (verdict, peak, phase_peaks)
 }
 
