@@ -1104,36 +1104,14 @@ impl CachingAllocator {
 
     /// Every segment with its mapped blocks, in address order.
     pub fn segments(&self) -> Vec<SegmentInfo> {
-        let mut heads: Vec<u32> = Vec::new();
-        for (i, b) in self.blocks.iter().enumerate() {
-            if b.size > 0
-                && b.state != State::Unmapped
-                && (b.prev == NIL || self.blocks[b.prev as usize].state == State::Unmapped)
-            {
-                heads.push(i as u32);
-            }
-        }
-        heads.sort_by_key(|&h| self.blocks[h as usize].addr);
-        heads
+        self.history_segments()
             .into_iter()
-            .map(|h| {
-                let mut blocks = Vec::new();
-                let mut b = h;
-                let mut reserved = 0;
-                while b != NIL && self.blocks[b as usize].state != State::Unmapped {
-                    let bl = &self.blocks[b as usize];
-                    blocks.push((bl.size, matches!(bl.state, State::Taken | State::Pending)));
-                    reserved += bl.size;
-                    b = bl.next;
-                }
-                let pool = self.blocks[h as usize].pool;
-                SegmentInfo {
-                    stream: Self::stream_of(pool),
-                    small: Self::is_small(pool),
-                    expandable: self.expandable(h),
-                    reserved,
-                    blocks,
-                }
+            .map(|seg| SegmentInfo {
+                stream: seg.stream as usize,
+                small: seg.small,
+                expandable: seg.expandable,
+                reserved: seg.total_size(),
+                blocks: seg.blocks.iter().map(|b| (b.size, b.state != BlockState::Inactive)).collect(),
             })
             .collect()
     }
