@@ -182,12 +182,15 @@ fn json_to_toml(v: &serde_json::Value, at: &str) -> Result<toml::Value, (String,
 struct Simulation {
     sim: stepsim::Simulation,
     json: String,
+    /// The scenario's name and `PYTORCH_CUDA_ALLOC_CONF`, for snapshots.
+    scenario: String,
+    alloc_conf: String,
 }
 
 impl Simulation {
     fn new(sim: stepsim::Simulation) -> Simulation {
         let json = stepsim::report::write::report_json(&sim.report);
-        Simulation { sim, json }
+        Simulation { sim, json, scenario: String::new(), alloc_conf: String::new() }
     }
 }
 
@@ -242,6 +245,28 @@ impl Simulation {
         py.detach(|| memory_csv_text(&self.sim))
     }
 
+    /// Each rank class's PyTorch memory snapshot, as `stepsim run --snapshot` writes them:
+    /// (file name, pickle bytes) in class order; empty unless simulated with `snapshot`.
+    fn snapshots<'py>(&self, py: Python<'py>) -> PyResult<Vec<(String, Bound<'py, pyo3::types::PyBytes>)>> {
+        let sim = &self.sim;
+        if sim.run.traces.iter().all(|t| t.history.is_none()) {
+            return Ok(Vec::new());
+        }
+        let files = py.detach(|| {
+            let views: Vec<_> = (0..sim.job.classes.len())
+                .map(|k| (&sim.job.classes[k].schedule, &sim.run.traces[k], &sim.class_reports[k]))
+                .collect();
+            stepsim::report::write::snapshots(&sim.report, &views, &self.scenario, &self.alloc_conf)
+        });
+        files
+            .into_iter()
+            .map(|(name, bytes)| match bytes {
+                Ok(b) => Ok((name, pyo3::types::PyBytes::new(py, &b))),
+                Err(m) => Err(Failure::Internal(m).into_pyerr(py)),
+            })
+            .collect()
+    }
+
     /// memory.csv's columns: (time_s, rank_class, category, bytes) as lists.
     fn memory_columns<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         let cols = py.detach(|| memory_columns(&memory_csv_text(&self.sim)));
@@ -252,16 +277,30 @@ impl Simulation {
     }
 }
 
-/// Simulates a scenario as `stepsim run` does (same checks, same report).
+/// Simulates a scenario as `stepsim run` does (same checks, same report); with `snapshot`,
+/// as `stepsim run --snapshot` (each class's allocator history kept for
+/// [`Simulation::snapshots`]).
 #[pyfunction]
-fn simulate(py: Python<'_>, kind: String, payload: String) -> PyResult<Simulation> {
+#[pyo3(signature = (kind, payload, snapshot=false))]
+fn simulate(py: Python<'_>, kind: String, payload: String, snapshot: bool) -> PyResult<Simulation> {
     py.detach(move || {
         guarded(|| {
             let s = load_scenario(&kind, &payload)?;
             let path = source_name(&kind, &payload);
             stepsim::scenario::limits::full_report_fits(Path::new(&path), &s).map_err(Failure::Scenario)?;
-            let sim = stepsim::simulate(&s).map_err(|e| Failure::Internal(e.to_string()))?;
-            Ok(Simulation::new(sim))
+            if snapshot && s.allocator.kind == stepsim::memory::AllocatorKind::Exact {
+                return Err(Failure::Scenario(ScenarioError::new(
+                    Path::new(&path),
+                    "allocator.kind",
+                    "a snapshot holds the caching allocator's segments and addresses; the exact model (\"exact\") has none: use \"caching\" (the default) or leave snapshot off",
+                )));
+            }
+            let sim = stepsim::simulate_with(&s, stepsim::SimOptions { history: snapshot })
+                .map_err(|e| Failure::Internal(e.to_string()))?;
+            let mut out = Simulation::new(sim);
+            out.scenario = s.name.clone();
+            out.alloc_conf = s.allocator.alloc_conf();
+            Ok(out)
         })
     })
     .map_err(|f| f.into_pyerr(py))

@@ -162,6 +162,21 @@ class Report:
         """report.json's text, byte for byte as ``stepsim run`` writes it."""
         return self._sim.report_json()
 
+    def snapshots(self) -> Dict[str, bytes]:
+        """Each rank class's allocator as a PyTorch memory snapshot (the pickle
+        ``torch.cuda.memory._dump_snapshot()`` writes), by the file name ``stepsim run
+        --snapshot`` gives it (``snapshot.pickle``, or ``snapshot-stage-2.pickle`` ... per
+        class). ``pickle.loads`` reads one; written to a file, it opens in
+        pytorch.org/memory_viz. Needs ``simulate(..., snapshot=True)``.
+
+        Raises:
+            ValueError: the report was simulated without ``snapshot=True``.
+        """
+        files = self._sim.snapshots()
+        if not files:
+            raise ValueError("no allocator history: simulate(..., snapshot=True) keeps it")
+        return dict(files)
+
     # -- what was simulated
 
     @property
@@ -408,13 +423,16 @@ class Explanation:
         return f"<stepsim.Explanation {self.report.scenario}: {self.status}>"
 
 
-def simulate(scenario: ScenarioLike) -> Report:
+def simulate(scenario: ScenarioLike, *, snapshot: bool = False) -> Report:
     """Simulates a scenario, as ``stepsim run`` does (the same checks, the same report).
 
     Args:
         scenario: a scenario file (``str`` or ``os.PathLike``), the text of a TOML scenario,
             or a dict of its tables. A ``str`` is a path when it names an existing file or
             does not look like TOML (no newline, ``=`` or leading ``[``).
+        snapshot: also keep each rank class's allocator history, as ``stepsim run
+            --snapshot`` does, for :meth:`Report.snapshots` (PyTorch memory snapshots). The
+            report is the same either way.
 
     Returns:
         The :class:`Report` (``report.to_dict()`` is ``stepsim run``'s report.json).
@@ -425,7 +443,7 @@ def simulate(scenario: ScenarioLike) -> Report:
         SimulationError: an internal error of the simulator.
     """
     kind, payload = _scenario_source(scenario)
-    return Report(_stepsim.simulate(kind, payload))
+    return Report(_stepsim.simulate(kind, payload, bool(snapshot)))
 
 
 def explain(scenario: ScenarioLike, margin: float = DEFAULT_MARGIN) -> Explanation:

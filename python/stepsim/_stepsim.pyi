@@ -14,6 +14,8 @@ class Simulation:
         """memory.csv's text, exactly as ``stepsim run`` writes it."""
     def memory_columns(self) -> Tuple[List[float], List[str], List[str], List[int]]:
         """memory.csv's columns: (time_s, rank_class, category, bytes)."""
+    def snapshots(self) -> List[Tuple[str, bytes]]:
+        """Each rank class's memory snapshot: (file name, pickle bytes); empty without snapshot."""
 
 class SweepRows(Iterator[Dict[str, Any]]):
     """The rows of a running sweep, as they finish (or in configuration order), each a dict
@@ -30,6 +32,6 @@ class SweepRows(Iterator[Dict[str, Any]]):
     def close(self) -> None:
         """Stops the sweep: the workers finish the configurations they are on and stop."""
 
-def simulate(kind: str, payload: str) -> Simulation: ...
+def simulate(kind: str, payload: str, snapshot: bool = False) -> Simulation: ...
 def explain(kind: str, payload: str, margin: float) -> Tuple[Simulation, str, str]: ...
 def sweep(kind: str, payload: str, jobs: Optional[int] = None, ordered: bool = False) -> SweepRows: ...

@@ -148,3 +148,18 @@ def test_memory_viz_converts_it_where_torch_is_installed(run_cli) -> None:
     memory_viz.segment_plot(snap)
     memory_viz.segsum(snap)
     memory_viz.trace(snap)
+
+
+@pytest.mark.parametrize("name,files", [CASES[1], CASES[4]])
+def test_the_package_gives_the_clis_snapshots(name: str, files: List[str], run_cli) -> None:
+    import stepsim
+
+    run = run_cli("run", SCENARIOS / f"{name}.toml", "--snapshot")
+    report = stepsim.simulate(SCENARIOS / f"{name}.toml", snapshot=True)
+    snaps = report.snapshots()
+    assert sorted(snaps) == sorted(files)
+    for file in files:
+        assert snaps[file] == (run.out / file).read_bytes(), file
+    assert report.to_json() == stepsim.simulate(SCENARIOS / f"{name}.toml").to_json()
+    with pytest.raises(ValueError, match="snapshot=True"):
+        stepsim.simulate(SCENARIOS / f"{name}.toml").snapshots()

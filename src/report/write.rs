@@ -284,25 +284,43 @@ pub fn write_snapshots(
     alloc_conf: &str,
 ) -> Result<Vec<PathBuf>, WriteError> {
     let mut out = Vec::new();
-    for (k, (sc, tr, _)) in classes.iter().enumerate() {
-        let label = match (classes.len(), r.rank_classes.get(k)) {
-            (1, Some(c)) if c.count == 1 => "the GPU (rank 0)".to_string(),
-            (1, Some(c)) => format!("every GPU: {} run the same program (ranks {})", c.count, c.ranks),
-            (_, c) => c.map_or(format!("class {k}"), |c| class_label(c, k)),
-        };
-        let name = if classes.len() == 1 { "snapshot.pickle".to_string() } else { snapshot_name(&label) };
+    for (name, bytes) in snapshots(r, classes, scenario, alloc_conf) {
         let path = dir.join(name);
-        let Some(h) = tr.history.as_ref() else {
-            return Err(WriteError {
-                path,
-                message: "no allocator history was recorded (a snapshot needs the caching allocator's addresses: [allocator] kind = \"caching\")".into(),
-            });
-        };
-        let origin = super::snapshot::Origin { scenario, rank_class: &label, alloc_conf };
-        atomic_write(&path, &super::snapshot::render(h, sc, &origin))?;
+        let bytes = bytes.map_err(|message| WriteError { path: path.clone(), message })?;
+        atomic_write(&path, &bytes)?;
         out.push(path);
     }
     Ok(out)
+}
+
+/// Each rank class's snapshot file name and pickle ([`write_snapshots`] writes them; the
+/// Python package hands them over); an error for a class whose run kept no history.
+pub fn snapshots(
+    r: &Report,
+    classes: &[ClassView],
+    scenario: &str,
+    alloc_conf: &str,
+) -> Vec<(String, Result<Vec<u8>, String>)> {
+    classes
+        .iter()
+        .enumerate()
+        .map(|(k, (sc, tr, _))| {
+            let label = match (classes.len(), r.rank_classes.get(k)) {
+                (1, Some(c)) if c.count == 1 => "the GPU (rank 0)".to_string(),
+                (1, Some(c)) => format!("every GPU: {} run the same program (ranks {})", c.count, c.ranks),
+                (_, c) => c.map_or(format!("class {k}"), |c| class_label(c, k)),
+            };
+            let name = if classes.len() == 1 { "snapshot.pickle".to_string() } else { snapshot_name(&label) };
+            let bytes = match tr.history.as_ref() {
+                None => Err("no allocator history was recorded (a snapshot needs the caching allocator's addresses: [allocator] kind = \"caching\")".to_string()),
+                Some(h) => {
+                    let origin = super::snapshot::Origin { scenario, rank_class: &label, alloc_conf };
+                    Ok(super::snapshot::render(h, sc, &origin))
+                }
+            };
+            (name, bytes)
+        })
+        .collect()
 }
 
 /// A class's snapshot file name from its label: "stage 1, data-parallel rank 0 (ranks 4-7)"
