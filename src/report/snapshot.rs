@@ -11,10 +11,10 @@
 //! with address, size, stream and `time_us`) and `allocator_settings`. Where a real snapshot
 //! has Python stack frames, each tensor's `frames` name what stepsim knows instead: the tensor
 //! (`name`), the op or collective that allocated it (`filename`) and its block (`line`, -1
-//! outside the transformer blocks), then
-//! the step, phase and micro-batch. Each entry also carries the tensor's memory.csv
-//! `category`, which memory_viz colours by. A top-level `stepsim` dict says which scenario
-//! and rank class the file is, and that times are simulated.
+//! outside the transformer blocks), then the step, phase and micro-batch. Each entry also
+//! carries the tensor's memory.csv `category`, which memory_viz colours by ("unknown" for
+//! segment and oom entries). A top-level `stepsim` dict says which scenario and rank class
+//! the file is, and that times are simulated.
 //!
 //! One device per file: device 0 is the rank class's GPU. Times are simulated microseconds
 //! from the start of the run (a real snapshot's are wall-clock).
@@ -65,10 +65,11 @@ pub fn render(h: &History, sched: &Schedule, origin: &Origin) -> Vec<u8> {
         p.uint(e.time_ns / 1000);
         p.str("frames");
         frames.write(&mut p, e.tensor, &mut memo);
-        if let Some(c) = frames.category(e.tensor) {
-            p.str("category");
-            p.str(c);
-        }
+        // Entries without a tensor (segments, an OOM) are "unknown", memory_viz's own name for
+        // them: some versions of its loader fail on a snapshot whose categories lack it
+        // (`annotate_snapshot` appends it through a misspelt field).
+        p.str("category");
+        p.str(frames.category(e.tensor).unwrap_or("unknown"));
         p.dict_end();
     }
     p.list_end();
