@@ -101,6 +101,9 @@ def test_snapshot_loads_and_replays_to_memory_csv(name: str, files: List[str], r
         # memory_viz's loader (annotate_snapshot) fails in some PyTorch versions when the
         # entries' categories lack "unknown": segment entries carry it.
         assert "unknown" in {e["category"] for e in trace}
+        # A segment is made for a request: its entry names it, as PyTorch's cudaMalloc context.
+        made = [e for e in trace if e["action"] in ("segment_alloc", "segment_map")]
+        assert made and all(e["frames"] and e["frames"][0]["name"] for e in made)
         for e in trace:
             assert {"action", "size", "stream", "time_us", "frames"} <= set(e)
             assert ("device_free" if e["action"] == "oom" else "addr") in e

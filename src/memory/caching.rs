@@ -419,6 +419,8 @@ impl LiveTable {
 #[derive(Debug, Clone, Default)]
 struct Recorder {
     now: u64,
+    /// The tensor whose `malloc` is being served: a segment it makes is its doing.
+    serving: u32,
     events: Vec<Event>,
     requested: Vec<u64>,
     tensor: Vec<u32>,
@@ -710,7 +712,8 @@ impl CachingAllocator {
         let base = self.next_addr;
         self.next_addr += alloc_size.div_ceil(ROUND_LARGE) * ROUND_LARGE;
         self.segments.push(Segment { base, size: alloc_size, page: 0, alive: true });
-        self.record(Action::SegmentAlloc, base, alloc_size, pool, NO_TENSOR);
+        let by = self.history.as_deref().map_or(NO_TENSOR, |h| h.serving);
+        self.record(Action::SegmentAlloc, base, alloc_size, pool, by);
         self.stats.reserved += alloc_size;
         self.stats.num_device_alloc += 1;
         self.stats.segments += 1;
@@ -949,7 +952,8 @@ impl CachingAllocator {
         self.try_merge(b, prev);
         self.try_merge(b, next);
         self.insert_free(b);
-        self.record(Action::SegmentMap, addr, mapped, pool, NO_TENSOR);
+        let by = self.history.as_deref().map_or(NO_TENSOR, |h| h.serving);
+        self.record(Action::SegmentMap, addr, mapped, pool, by);
         self.stats.reserved += mapped;
         self.stats.num_device_alloc += 1;
         true
@@ -1423,12 +1427,17 @@ impl Allocator for CachingAllocator {
     fn malloc_at(&mut self, id: usize, bytes: u64, stream: usize, now_ns: u64) -> Result<(), AllocError> {
         if let Some(h) = self.history.as_mut() {
             h.now = now_ns;
+            h.serving = id as u32;
         }
-        self.malloc(id, bytes, stream)
+        let r = self.malloc(id, bytes, stream);
+        if let Some(h) = self.history.as_mut() {
+            h.serving = NO_TENSOR;
+        }
+        r
     }
 
     fn start_history(&mut self) -> bool {
-        self.history.get_or_insert_with(Box::default);
+        self.history.get_or_insert_with(|| Box::new(Recorder { serving: NO_TENSOR, ..Recorder::default() }));
         true
     }
 

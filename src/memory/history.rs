@@ -60,7 +60,8 @@ pub struct Event {
     pub stream: u32,
     /// Simulated time, ns.
     pub time_ns: u64,
-    /// The engine's handle of the tensor (alloc and free entries; an OOM's request).
+    /// The engine's handle of the tensor: the one allocated or freed, an OOM's request, or
+    /// the request a segment was made for (`segment_alloc`, `segment_map`).
     pub tensor: u32,
 }
 

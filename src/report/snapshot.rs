@@ -11,10 +11,11 @@
 //! with address, size, stream and `time_us`) and `allocator_settings`. Where a real snapshot
 //! has Python stack frames, each tensor's `frames` name what stepsim knows instead: the tensor
 //! (`name`), the op or collective that allocated it (`filename`) and its block (`line`, -1
-//! outside the transformer blocks), then the step, phase and micro-batch. Each entry also
-//! carries the tensor's memory.csv `category`, which memory_viz colours by ("unknown" for
-//! segment and oom entries). A top-level `stepsim` dict says which scenario and rank class
-//! the file is, and that times are simulated.
+//! outside the transformer blocks), then the step, phase and micro-batch; a segment's entry
+//! has the frames of the request it was made for, as PyTorch records the context of the
+//! `cudaMalloc`. Each entry also carries the tensor's memory.csv `category`, which memory_viz
+//! colours by ("unknown" for segment entries). A top-level `stepsim` dict says which scenario
+//! and rank class the file is, and that times are simulated.
 //!
 //! One device per file: device 0 is the rank class's GPU. Times are simulated microseconds
 //! from the start of the run (a real snapshot's are wall-clock).
@@ -68,8 +69,9 @@ pub fn render(h: &History, sched: &Schedule, origin: &Origin) -> Vec<u8> {
         // Entries without a tensor (segments, an OOM) are "unknown", memory_viz's own name for
         // them: some versions of its loader fail on a snapshot whose categories lack it
         // (`annotate_snapshot` appends it through a misspelt field).
+        let tensor_entry = !matches!(e.action, Action::SegmentAlloc | Action::SegmentMap);
         p.str("category");
-        p.str(frames.category(e.tensor).unwrap_or("unknown"));
+        p.str(frames.category(e.tensor).filter(|_| tensor_entry).unwrap_or("unknown"));
         p.dict_end();
     }
     p.list_end();
