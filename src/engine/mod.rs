@@ -395,7 +395,7 @@ pub fn run_parts(
                     // The failed allocation released the cache before giving up.
                     trace.timelines[dv].record_totals(now, totals(alloc), ti as usize);
                     trace.allocators = allocs.iter().map(|a| a.stats()).collect();
-                    trace.histories = allocs.iter().map(|a| a.history()).collect();
+                    trace.histories = allocs.iter_mut().map(|a| a.take_history()).collect();
                     return Ok(trace);
                 }
                 live[b] = true;
@@ -475,7 +475,7 @@ pub fn run_parts(
     }
     trace.end_time_ns = now;
     trace.allocators = allocs.iter().map(|a| a.stats()).collect();
-    trace.histories = allocs.iter().map(|a| a.history()).collect();
+    trace.histories = allocs.iter_mut().map(|a| a.take_history()).collect();
     if done < n {
         return Err(Deadlock { waiting: n - done });
     }

@@ -145,8 +145,8 @@ pub trait Allocator {
         false
     }
     /// What was recorded since [`Allocator::start_history`], with the segments as they are
-    /// now; None if nothing was.
-    fn history(&self) -> Option<super::History> {
+    /// now (recording stops); None if nothing was.
+    fn take_history(&mut self) -> Option<super::History> {
         None
     }
 }

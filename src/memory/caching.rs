@@ -1441,13 +1441,14 @@ impl Allocator for CachingAllocator {
         true
     }
 
-    fn history(&self) -> Option<History> {
-        let h = self.history.as_deref()?;
+    fn take_history(&mut self) -> Option<History> {
+        self.history.as_ref()?;
+        let segments = self.history_segments();
+        let h = self.history.take()?;
         Some(History {
-            events: h.events.clone(),
-            segments: self.history_segments(),
+            events: h.events,
+            segments,
             settings: history::Settings {
-                alloc_conf: String::new(),
                 max_split_size: self.cfg.max_split_size,
                 expandable_segments: self.cfg.expandable_segments,
                 roundup_power2_divisions: self.cfg.roundup_power2_divisions.to_vec(),

@@ -120,8 +120,6 @@ impl Segment {
 /// The allocator's settings as the snapshot's `allocator_settings` gives them.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Settings {
-    /// `PYTORCH_CUDA_ALLOC_CONF`.
-    pub alloc_conf: String,
     /// Bytes; `u64::MAX` for unlimited.
     pub max_split_size: u64,
     pub expandable_segments: bool,

@@ -201,6 +201,11 @@ fn class_panels(n: usize, headline: usize) -> Vec<usize> {
 
 /// A class's name in the outputs: "stage 2 (ranks 8-11)", "data-parallel rank 5 (ranks
 /// 20-23)", "stage 1, data-parallel rank 0 (ranks 4-7)".
+fn class_name(r: &Report, k: usize) -> String {
+    r.rank_classes.get(k).map_or(format!("class {k}"), |c| class_label(c, k))
+}
+
+/// [`class_name`] of a class the report describes.
 fn class_label(c: &super::RankClass, k: usize) -> String {
     let role = match (&c.stage, c.rank) {
         _ if c.expert_rank.is_some() => {
@@ -232,7 +237,7 @@ pub fn write_job(
         return write_files(dir, r, sched, trace, Some(detail), job_memory_csv(r, &traces));
     }
     let written = write_files(dir, r, sched, trace, None, job_memory_csv(r, &traces))?;
-    let label = |k: usize| r.rank_classes.get(k).map_or(format!("class {k}"), |c| class_label(c, k));
+    let label = |k: usize| class_name(r, k);
     let mut chrome = String::new();
     for (k, (sc, tr, _)) in classes.iter().enumerate() {
         let t = super::chrome_trace::render_detail(sc, tr, k as u32, &label(k), detail);
@@ -308,7 +313,7 @@ pub fn snapshots(
             let label = match (classes.len(), r.rank_classes.get(k)) {
                 (1, Some(c)) if c.count == 1 => "the GPU (rank 0)".to_string(),
                 (1, Some(c)) => format!("every GPU: {} run the same program (ranks {})", c.count, c.ranks),
-                (_, c) => c.map_or(format!("class {k}"), |c| class_label(c, k)),
+                _ => class_name(r, k),
             };
             let name = if classes.len() == 1 { "snapshot.pickle".to_string() } else { snapshot_name(&label) };
             let bytes = match tr.history.as_ref() {
@@ -391,7 +396,7 @@ pub fn job_memory_csv(r: &Report, traces: &[&Trace]) -> String {
     }
     let mut csv = String::new();
     for (k, tr) in traces.iter().enumerate() {
-        let label = r.rank_classes.get(k).map_or(format!("class {k}"), |c| class_label(c, k));
+        let label = class_name(r, k);
         let part = memory_csv(tr, &label);
         csv.push_str(if k == 0 { &part } else { part.split_once('\n').map_or("", |x| x.1) });
     }
