@@ -153,7 +153,7 @@ fn offload_report(
     alt.parallel.offload = None;
     let without = plan_of(&alt, &sim.dag).model_state().total();
     let r = simulate_job(&alt, u64::MAX / 4, job::run::Record::Peaks)?.report;
-    let fsdp = s.parallel.framework == plan::Framework::Fsdp;
+    let fsdp = s.parallel.framework.is_pytorch();
     let mode = match (fsdp, off.parameters) {
         (true, _) => "FSDP CPUOffload(offload_params=True)".to_string(),
         (false, None) if off.optimizer == OffloadDevice::Cpu => {

@@ -273,6 +273,16 @@ pub fn from_buffers(
             }
             Category::Inputs => "token ids and targets".to_string(),
             Category::KvCache => "keys and values of every token of context (inference)".to_string(),
+            Category::AllGatherBuffers => format!(
+                "FSDP2 flat all-gather outputs in {} (issued, not yet copied out into the unsharded parameters, or kept for the next unit's copy-out in forward): {}",
+                pr.compute.name(),
+                names[c].join(", ")
+            ),
+            Category::ReduceScatterBuffers => format!(
+                "FSDP2 flat reduce-scatter inputs in {} (reduce_dtype), each kept until the next unit's post-backward: {}",
+                pr.grad.name(),
+                names[c].join(", ")
+            ),
         };
         out.push(LiveLine { category: cat.key(), label: cat.label(), size: Bytes::new(bytes[c]), reason });
     }

@@ -36,10 +36,16 @@ pub enum Category {
     Inputs,
     /// Keys and values an inference job keeps for every token of context.
     KvCache,
+    /// FSDP2's flat all-gather output, from the all-gather's issue until the unit's
+    /// parameters are copied out of it (and in forward, the next unit's copy-out).
+    AllGatherBuffers,
+    /// FSDP2's flat reduce-scatter input (`reduce_dtype`), kept until the next unit's
+    /// post-backward.
+    ReduceScatterBuffers,
 }
 
 impl Category {
-    pub const ALL: [Category; 15] = [
+    pub const ALL: [Category; 17] = [
         Category::Parameters,
         Category::GatheredParameters,
         Category::MasterWeights,
@@ -55,6 +61,8 @@ impl Category {
         Category::Buffers,
         Category::Inputs,
         Category::KvCache,
+        Category::AllGatherBuffers,
+        Category::ReduceScatterBuffers,
     ];
     pub const COUNT: usize = Self::ALL.len();
 
@@ -80,6 +88,8 @@ impl Category {
             Category::Buffers => "buffers",
             Category::Inputs => "inputs",
             Category::KvCache => "kv_cache",
+            Category::AllGatherBuffers => "all_gather_buffers",
+            Category::ReduceScatterBuffers => "reduce_scatter_buffers",
         }
     }
 
@@ -101,18 +111,26 @@ impl Category {
             Category::Buffers => "module buffers",
             Category::Inputs => "inputs (token ids)",
             Category::KvCache => "KV cache",
+            Category::AllGatherBuffers => "all-gather outputs (flat, before copy-out)",
+            Category::ReduceScatterBuffers => "reduce-scatter inputs (flat)",
         }
     }
 
     /// The category PyTorch's `MemTracker` / `FSDPMemTracker` would file these bytes under,
-    /// for comparison with the measured references.
+    /// for comparison with the measured references. `FSDPMemTracker` keeps the unsharded
+    /// parameters, all-gather outputs and reduce-scatter inputs apart; it files the gradients
+    /// autograd computes for the unsharded parameters as temporaries (they are outputs of
+    /// backward ops, not a registered `.grad`).
     pub fn tracker_category(self) -> &'static str {
         match self {
-            Category::Parameters | Category::GatheredParameters | Category::MasterWeights => "Parameter",
-            Category::Gradients | Category::UnshardedGradients => "Gradient",
+            Category::Parameters | Category::MasterWeights => "Parameter",
+            Category::GatheredParameters => "Unsharded Param",
+            Category::Gradients => "Gradient",
             Category::OptimizerState | Category::OptimizerTemp => "Optstate",
             Category::Activations | Category::Recomputed | Category::Transient => "Activation",
-            Category::ActivationGradients | Category::CommBuffers => "Temp",
+            Category::ActivationGradients | Category::CommBuffers | Category::UnshardedGradients => "Temp",
+            Category::AllGatherBuffers => "All Gather",
+            Category::ReduceScatterBuffers => "Reduce Scatter",
             Category::Buffers => "Buffer",
             Category::Inputs | Category::KvCache => "Other",
         }

@@ -14,7 +14,13 @@ use crate::model::Dtype;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Framework {
+    /// PyTorch's DDP / ZeroRedundancyOptimizer / FSDP as stepsim has modelled them since its
+    /// first release: FSDP-like units whose gathered parameters are one buffer, gradients in
+    /// the policy's gradient dtype, no framework-owned collective buffers.
     Fsdp,
+    /// PyTorch FSDP2 (`fully_shard`, `torch/distributed/fsdp/_fully_shard/`, PyTorch 2.15):
+    /// everything [`Framework::Fsdp`] does, plus FSDP2's own buffers ([`Framework::fsdp2_buffers`]).
+    Fsdp2,
     Deepspeed,
     /// Megatron-LM / Megatron-Core: its `DistributedDataParallel` (contiguous gradient
     /// buffer, bucketed gradient reduction) and `DistributedOptimizer` (`sharding = "zero1"`).
@@ -22,6 +28,30 @@ pub enum Framework {
 }
 
 impl Framework {
+    /// PyTorch's own data parallelism (DDP, FSDP, FSDP2), as opposed to DeepSpeed's engine or
+    /// Megatron's: the torchtitan-side options and PyTorch's offload apply.
+    pub fn is_pytorch(self) -> bool {
+        matches!(self, Framework::Fsdp | Framework::Fsdp2)
+    }
+
+    /// FSDP2's collective buffers and dtypes (`_fsdp_param_group.py`, `_fsdp_collectives.py`,
+    /// PyTorch 2.15):
+    /// - an all-gather writes one flat output (`foreach_all_gather`), allocated on the
+    ///   all-gather copy-in stream when it is issued, which the unit's pre-forward /
+    ///   pre-backward copies out into the unsharded parameters (`foreach_all_gather_copy_out`):
+    ///   both exist during the copy. In forward the next unit's all-gather is issued after
+    ///   this copy-out (implicit prefetch, one unit ahead); in backward the pre-backward
+    ///   prefetches the next unit after its own copy-out;
+    /// - autograd computes the unsharded gradients in the parameter dtype (`param_dtype`);
+    ///   the post-backward copies them into one flat reduce-scatter input in `reduce_dtype`
+    ///   (`foreach_reduce_scatter_copy_in`) and frees them; that input is kept until the next
+    ///   unit's post-backward (`ReduceScatterState`, `reduce_scatter_max_input_buffers = 1`),
+    ///   whose compute stream first waits for the reduce-scatter, or the end of backward
+    ///   (`_end_backward_iteration`).
+    pub fn fsdp2_buffers(self) -> bool {
+        self == Framework::Fsdp2
+    }
+
     /// Adam's state exists from initialisation (DeepSpeed's engine allocates its optimizer
     /// partitions in `DeepSpeedZeroOptimizer.__init__` / `initialize_optimizer_states`), not
     /// from the first `optimizer.step()` (PyTorch's optimizers create state lazily).
@@ -32,7 +62,7 @@ impl Framework {
     /// `zero2` shards the parameters too: FSDP's SHARD_GRAD_OP does (gathered from forward to
     /// backward); DeepSpeed's ZeRO-2 keeps them replicated.
     pub fn zero2_shards_parameters(self) -> bool {
-        self == Framework::Fsdp
+        self.is_pytorch()
     }
 
     /// Offloaded parameters live on the host as the FP32 master shard and are cast on the GPU
@@ -40,7 +70,7 @@ impl Framework {
     /// `_FlatParamHandle.pre_unshard`); DeepSpeed keeps a 16-bit partition on the host and
     /// copies it as is.
     pub fn offloads_master_parameters(self) -> bool {
-        self == Framework::Fsdp
+        self.is_pytorch()
     }
 
     /// A pipeline stage keeps each micro-batch's output after sending it, until that
@@ -55,7 +85,7 @@ impl Framework {
     /// The host optimizer step under offload, as the framework's log names it.
     pub fn host_optimizer_step(self) -> &'static str {
         match self {
-            Framework::Fsdp => "optimizer.step() on the CPU",
+            Framework::Fsdp | Framework::Fsdp2 => "optimizer.step() on the CPU",
             Framework::Deepspeed => "DeepSpeedCPUAdam step on the host",
             // Offload is refused for Megatron at validation; named for completeness.
             Framework::Megatron => "optimizer.step() on the CPU (Megatron --optimizer-cpu-offload)",
@@ -69,6 +99,7 @@ impl Framework {
             (Framework::Fsdp, Sharding::None) => "PyTorch DDP",
             (Framework::Fsdp, Sharding::Zero1) => "PyTorch ZeroRedundancyOptimizer",
             (Framework::Fsdp, _) => "PyTorch FSDP",
+            (Framework::Fsdp2, _) => "PyTorch FSDP2 (fully_shard)",
             (Framework::Deepspeed, _) => "DeepSpeed",
             (Framework::Megatron, Sharding::Zero1) => "Megatron-LM (distributed optimizer)",
             (Framework::Megatron, _) => "Megatron-LM (DDP)",
@@ -79,6 +110,7 @@ impl Framework {
     pub fn state_creation(self) -> &'static str {
         match self {
             Framework::Fsdp => "state creation (PyTorch FSDP): parameters (and master copy) at init, gradients in the first backward, optimizer state at the first optimizer.step()",
+            Framework::Fsdp2 => "state creation (PyTorch FSDP2): sharded parameters at fully_shard(), sharded gradients at the first reduce-scatter, optimizer state at the first optimizer.step()",
             Framework::Deepspeed => "state creation (DeepSpeed ZeRO): parameters, FP32 master partitions and optimizer state when the engine initialises",
             Framework::Megatron => "state creation (Megatron-LM): parameters, FP32 main parameters and the contiguous gradient buffer (zeroed in place each step, never freed) at init, optimizer state at the first optimizer.step()",
         }

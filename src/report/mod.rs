@@ -631,7 +631,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
                 fmt_bytes(kv),
                 plan.dp
             ));
-        } else if plan.parallel.framework == crate::plan::Framework::Fsdp {
+        } else if plan.parallel.framework.is_pytorch() {
             assumptions.push(format!(
                 "context parallel {cp} (PyTorch's context_parallel as torchtitan applies it to SDPA, rotate method {}): each sequence is cut into {} chunks and GPU i holds chunks i and {} - i (causal load balancing), so every op but attention runs on {} of {} tokens; {}; parameters are replicated over the context ranks, which join FSDP's shard group (data x context = {} ranks)",
                 if mp.context_comm == crate::model::ContextComm::AllGather { "allgather" } else { "alltoall" },

@@ -252,7 +252,7 @@ fn validate_checkpoint_blocks(
         )),
         (Some(m), n) => {
             full("training.recompute_method")?;
-            if framework == Framework::Fsdp {
+            if framework.is_pytorch() {
                 return Err(v.err("training.recompute_method", "is Megatron-LM's flag (framework = \"megatron\" or Megatron-DeepSpeed's \"deepspeed\"); under PyTorch set training.checkpoint_every"));
             }
             let method = v.choice("training.recompute_method", m, &["uniform", "block"])?;
@@ -728,9 +728,10 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
     let framework = match v.choice(
         "parallel.framework",
         p.framework.as_deref().unwrap_or("fsdp"),
-        &["fsdp", "deepspeed", "megatron"],
+        &["fsdp", "fsdp2", "deepspeed", "megatron"],
     )? {
         "fsdp" => Framework::Fsdp,
+        "fsdp2" => Framework::Fsdp2,
         "megatron" => Framework::Megatron,
         _ => Framework::Deepspeed,
     };
@@ -738,6 +739,12 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         return Err(v.err(
             "parallel.sharding",
             "Megatron-LM replicates parameters and gradients over data parallelism: use sharding = \"none\" (its DistributedDataParallel) or \"zero1\" (--use-distributed-optimizer); parameter sharding is parallel.framework = \"fsdp\"",
+        ));
+    }
+    if framework == Framework::Fsdp2 && matches!(sharding, Sharding::None | Sharding::Zero1) {
+        return Err(v.err(
+            "parallel.sharding",
+            "FSDP2 (fully_shard) shards parameters: use sharding = \"full_shard\", \"shard_grad_op\" (reshard_after_forward=False) or \"hybrid_shard\"; DDP and ZeroRedundancyOptimizer are parallel.framework = \"fsdp\"",
         ));
     }
     v.choice("parallel.wrap", p.wrap.as_deref().unwrap_or("block"), &["block"])?;
@@ -808,7 +815,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
     }
     if parallel.async_tp {
         let mp = &parallel.model_parallel;
-        if framework != Framework::Fsdp {
+        if !framework.is_pytorch() {
             return Err(v.err(
                 "parallel.async_tp",
                 "is torchtitan's (framework = \"fsdp\"); under Megatron set [megatron] tp_comm_overlap",
@@ -834,7 +841,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         parallel.hsdp_shard = Some(n);
     }
     if parallel.no_sync {
-        let why = if framework != Framework::Fsdp {
+        let why = if !framework.is_pytorch() {
             Some("is FSDP's (no_sync() / set_requires_gradient_sync(False)); DDP, DeepSpeed and Megatron are simulated with their own gradient accumulation")
         } else if !matches!(sharding, Sharding::Zero2 | Sharding::Zero3 | Sharding::HybridShard) {
             Some("needs sharded gradients (sharding = \"shard_grad_op\", \"full_shard\" or \"hybrid_shard\"); DDP already reduces only in the last micro-batch's backward")

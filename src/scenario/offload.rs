@@ -46,7 +46,10 @@ pub(super) fn validate_offload(
     if parallel.framework == Framework::Megatron {
         return Err(v.err("offload", "offload is not simulated for Megatron-LM (its --optimizer-cpu-offload is not modelled); use parallel.framework = \"deepspeed\" (ZeRO-Offload) or \"fsdp\" (CPUOffload)"));
     }
-    let fsdp = parallel.framework == Framework::Fsdp;
+    if parallel.framework == Framework::Fsdp2 {
+        return Err(v.err("offload", "FSDP2's CPUOffloadPolicy is not simulated yet (its pinned host shards and per-unit copies differ from FSDP1's CPUOffload); use parallel.framework = \"fsdp\" for FSDP's CPU offload"));
+    }
+    let fsdp = parallel.framework.is_pytorch();
     let parameters = device("offload.parameters", o.parameters.as_deref(), "none")?;
     // FSDP offloads the optimizer with the parameters; DeepSpeed's default is the optimizer.
     let optimizer = device("offload.optimizer", o.optimizer.as_deref(), if fsdp { "none" } else { "cpu" })?;
@@ -155,7 +158,7 @@ pub fn default_offload(
         nvme_read_bytes_per_s: DEFAULT_NVME_READ_BYTES_PER_S / per_gpu,
         nvme_write_bytes_per_s: DEFAULT_NVME_WRITE_BYTES_PER_S / per_gpu,
         cpu_adam_params_per_s: match framework {
-            Framework::Fsdp => DEFAULT_TORCH_CPU_ADAM_PARAMS_PER_S,
+            Framework::Fsdp | Framework::Fsdp2 => DEFAULT_TORCH_CPU_ADAM_PARAMS_PER_S,
             Framework::Deepspeed | Framework::Megatron => DEFAULT_CPU_ADAM_PARAMS_PER_S,
         },
     }

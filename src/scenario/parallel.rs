@@ -212,7 +212,7 @@ pub(super) fn validate_context(
     if job != JobKind::Train {
         return refuse("context parallelism is simulated for training jobs only".into());
     }
-    if framework != Framework::Fsdp && p.context_rotate.is_some() {
+    if !framework.is_pytorch() && p.context_rotate.is_some() {
         return Err(v.err(
             "parallel.context_rotate",
             "is PyTorch's context_parallel option (framework = \"fsdp\"); Megatron-Core sets parallel.context_comm, DeepSpeed runs Ulysses",
@@ -231,7 +231,7 @@ pub(super) fn validate_context(
                 _ => ContextComm::AllToAll,
             }
         }
-        Framework::Fsdp => {
+        Framework::Fsdp | Framework::Fsdp2 => {
             match v.choice(
                 "parallel.context_rotate",
                 p.context_rotate.as_deref().unwrap_or("allgather"),

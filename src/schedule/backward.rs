@@ -161,6 +161,9 @@ impl Builder<'_> {
             }
         }
         self.finish_unit_grads(&mut st);
+        if let Some(w) = self.fsdp2_release_reduce_scatter_input(step, mb, st.last_bwd_task) {
+            self.step_comm.push(w);
+        }
         self.send_gradient(&mut st, c);
         self.ready.insert(Port { step, mb, virtual_stage: vs, forward: false }, st.last_bwd_task);
         if last_mb && !self.is_megatron() && !self.deepspeed_boundary_reduce(step, vec![st.last_bwd_task]) {

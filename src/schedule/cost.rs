@@ -357,6 +357,12 @@ impl Cost {
         OP_OVERHEAD_S + (elements * bytes_per_element) as f64 / (self.hbm * HBM_EFFICIENCY)
     }
 
+    /// A memory-bound copy kernel moving `bytes` (read plus written), e.g. FSDP2's all-gather
+    /// copy-out and reduce-scatter copy-in.
+    pub fn copy_s(&self, bytes: u64) -> f64 {
+        OP_OVERHEAD_S + bytes as f64 / (self.hbm * HBM_EFFICIENCY)
+    }
+
     pub fn collective_s(&self, group: &Group, op: Collective, bytes: u64) -> f64 {
         group.time_s(op, bytes)
     }

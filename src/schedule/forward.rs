@@ -40,6 +40,8 @@ pub(super) struct FwdPass {
     /// Per block, the tensors activation offload takes to the host.
     pub offload: Vec<super::activation_offload::BlockOffload>,
     pub offload_count: usize,
+    /// The unit of the chunk's last block (the last one a forward gathers).
+    pub last_block_unit: Option<usize>,
 }
 
 impl Builder<'_> {
@@ -70,6 +72,11 @@ impl Builder<'_> {
                 vec![Default::default(); dag.config.n_layers as usize]
             },
             offload_count: 0,
+            last_block_unit: dag.ops[lo..hi]
+                .iter()
+                .rev()
+                .find(|o| matches!(o.region, Region::Block(_)))
+                .map(|o| plan.unit_of(o.region)),
         };
         let wanted: Vec<usize> =
             dag.inputs.iter().copied().filter(|&t| dag.ops[lo..hi].iter().any(|o| o.inputs.contains(&t))).collect();
@@ -169,6 +176,7 @@ impl Builder<'_> {
                 }
             }
         }
+        self.fsdp2_end_forward(st.last);
         self.send_activation(&mut st, c);
         let vs = self.chunk_vs[c];
         self.ready.insert(Port { step, mb, virtual_stage: vs, forward: true }, st.last);

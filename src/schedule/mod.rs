@@ -125,6 +125,15 @@ struct Builder<'a> {
     /// pipeline stage accumulating across micro-batches) the accumulated one of each op.
     unit_grads: Vec<Vec<u32>>,
     acc_grads: Vec<Option<u32>>,
+    /// FSDP2 ([`crate::plan::Framework::fsdp2_buffers`]): each unit's flat all-gather output
+    /// awaiting its copy-out, the forward's last copy-out, and the last reduce-scatter (task,
+    /// flat input) whose input awaits the next post-backward.
+    fsdp2_ag: Vec<Option<u32>>,
+    fsdp2_fwd_copy_out: Option<u32>,
+    fsdp2_fwd_tail: Option<u32>,
+    fsdp2_rs: Option<(u32, u32)>,
+    /// FSDP2's all-gather copy-in stream, where each flat all-gather output is allocated.
+    ag_copy_in_stream: u16,
     /// Sharded gradient buffers of the current step, per unit (created by the first reduce).
     grad_bufs: Vec<Option<u32>>,
     /// Persistent full gradients of the current step, per op (DDP / ZeRO-1 / ZeRO-2 replicated).
@@ -246,6 +255,8 @@ impl<'a> Builder<'a> {
         };
         use crate::engine::links::{PCIE_D2H, PCIE_H2D};
         let tp_stream = stream("tp", mp.tensor > 1, cost.tp_links());
+        let ag_copy_in_stream =
+            stream("all-gather copy-in", plan.parallel.framework.fsdp2_buffers() && plan.params_sharded, 0);
         let ep_stream = stream("ep", mp.expert > 1, cost.ep_links());
         let off = plan.parallel.offload.as_ref();
         let offload = off.is_some();
@@ -313,6 +324,10 @@ impl<'a> Builder<'a> {
                 None => Vec::new(),
             },
             gathered: vec![None; nu],
+            fsdp2_ag: vec![None; nu],
+            fsdp2_fwd_copy_out: None,
+            fsdp2_fwd_tail: None,
+            fsdp2_rs: None,
             unit_grads: vec![Vec::new(); nu],
             acc_grads: vec![None; dag.ops.len()],
             grad_bufs: vec![None; nu],
@@ -330,6 +345,7 @@ impl<'a> Builder<'a> {
             chunk_out,
             chunk_vs,
             tp_stream,
+            ag_copy_in_stream,
             ep_stream,
             h2d_stream,
             d2h_stream,

@@ -7,7 +7,7 @@
 
 use super::backward::Bwd;
 use super::forward::FwdPass;
-use super::{Builder, Category, Collective, Phase, TaskKind, TaskLabel, NCCL};
+use super::{Builder, Category, Collective, Phase, TaskKind, TaskLabel, COMPUTE, NCCL};
 use crate::model::{Op, OpKind, Region};
 use crate::plan::BackwardPrefetch;
 use crate::plan::Sharding;
@@ -20,7 +20,79 @@ impl Builder<'_> {
             - un.fp8_gathered * (c - 1)
     }
 
+    /// A unit's all-gather: its buffer is the gathered parameters, or under FSDP2 the flat
+    /// output that [`Self::fsdp2_copy_out`] later copies them out of.
     pub(super) fn gather(&mut self, step: u32, mb: u32, phase: Phase, u: usize, deps: Vec<u32>) -> (u32, u32) {
+        let bytes = self.unit_gathered_bytes(u);
+        let fsdp2 = self.plan.parallel.framework.fsdp2_buffers();
+        let (category, name) = if fsdp2 {
+            let name = text!(
+                self.names,
+                "{} all-gather output for {} ({}, flat)",
+                self.plan.units[u].name,
+                phase.name(),
+                self.pr().compute.name()
+            );
+            (Category::AllGatherBuffers, name)
+        } else {
+            let name = text!(
+                self.names,
+                "{} gathered for {} ({})",
+                self.plan.units[u].name,
+                phase.name(),
+                self.pr().compute.name()
+            );
+            (Category::GatheredParameters, name)
+        };
+        let (deps, staging) = match &self.plan.parallel.offload {
+            Some(off) if off.parameters.is_some() => self.fetch_offloaded(step, mb, phase, u, deps, off),
+            _ => (deps, Vec::new()),
+        };
+        let b = self.buffer(bytes, category, name);
+        let secs = self.cost.collective_s(&self.cost.shard_group, Collective::AllGather, bytes);
+        let what = text!(self.names, "all-gather {}", self.plan.units[u].name);
+        let label = TaskLabel::new(step, phase, mb, what, TaskKind::AllGather, Some(u));
+        let t = if fsdp2 {
+            // `foreach_all_gather`: the flat output is allocated, and the local shard cast into
+            // it, on the all-gather copy-in stream when the all-gather is issued; the
+            // all-gather stream waits for that copy.
+            let local = bytes / self.plan.shard_group;
+            let copy = local + self.plan.units[u].shard_params * self.pr().param.bytes();
+            let what = text!(self.names, "all-gather copy-in {}", self.plan.units[u].name);
+            let kind = if phase == Phase::Forward { TaskKind::Forward } else { TaskKind::Backward };
+            let c = self.task(
+                self.ag_copy_in_stream,
+                self.cost.copy_s(copy),
+                deps,
+                vec![b],
+                TaskLabel::new(step, phase, mb, what, kind, Some(u)),
+            );
+            self.fsdp2_ag[u] = Some(b);
+            self.task(NCCL, secs, vec![c], vec![], label)
+        } else {
+            self.task(NCCL, secs, deps, vec![b], label)
+        };
+        self.free_at(t, &staging);
+        (t, b)
+    }
+
+    /// FSDP2's `wait_for_unshard` for unit `u`, whose all-gather is task `t`: a copy kernel
+    /// on the compute stream writes the unsharded parameters out of the flat all-gather
+    /// output (`foreach_all_gather_copy_out`), and the unit's kernels wait for it. Returns
+    /// what the unit's first kernel waits for (`t` itself when there is nothing to copy out:
+    /// not FSDP2, or copied already).
+    ///
+    /// The flat output is freed after the copy. In forward FSDP2 keeps its reference until
+    /// the next unit's copy-out (`AllGatherState`, so the all-gather streams may reuse the
+    /// block), which `memory_allocated()` counts; here the next unit's copy-in waits for this
+    /// copy-out instead ([`Self::pre_forward_unit`]): one flat output and one unit's unsharded
+    /// parameters at a time either way, the order in which the CPU issues them. The last
+    /// block's flat output (`keep_to_end`), which no later copy-out releases, is kept until
+    /// the root's post-forward ([`Self::fsdp2_end_forward`]).
+    fn fsdp2_copy_out(&mut self, step: u32, mb: u32, phase: Phase, u: usize, t: u32, keep_to_end: bool) -> u32 {
+        let Some(flat) = self.fsdp2_ag[u].take() else {
+            return t;
+        };
         let bytes = self.unit_gathered_bytes(u);
         let name = text!(
             self.names,
@@ -29,17 +101,51 @@ impl Builder<'_> {
             phase.name(),
             self.pr().compute.name()
         );
-        let (deps, staging) = match &self.plan.parallel.offload {
-            Some(off) if off.parameters.is_some() => self.fetch_offloaded(step, mb, phase, u, deps, off),
-            _ => (deps, Vec::new()),
-        };
         let b = self.buffer(bytes, Category::GatheredParameters, name);
-        let secs = self.cost.collective_s(&self.cost.shard_group, Collective::AllGather, bytes);
-        let what = text!(self.names, "all-gather {}", self.plan.units[u].name);
-        let t =
-            self.task(NCCL, secs, deps, vec![b], TaskLabel::new(step, phase, mb, what, TaskKind::AllGather, Some(u)));
-        self.free_at(t, &staging);
-        (t, b)
+        let kind = if phase == Phase::Forward { TaskKind::Forward } else { TaskKind::Backward };
+        let what = text!(self.names, "all-gather copy-out {}", self.plan.units[u].name);
+        let c = self.task(
+            COMPUTE,
+            self.cost.copy_s(2 * bytes),
+            vec![t],
+            vec![b],
+            TaskLabel::new(step, phase, mb, what, kind, Some(u)),
+        );
+        if keep_to_end {
+            self.fsdp2_fwd_tail = Some(flat);
+        } else {
+            self.free_at(c, &[flat]);
+        }
+        self.gathered[u] = Some(b);
+        if phase == Phase::Forward {
+            self.fsdp2_fwd_copy_out = Some(c);
+        }
+        c
+    }
+
+    /// The root's post-forward releases the flat all-gather output kept for the last block
+    /// (`release_all_gather_state_for_comm_reuse`), after the forward's last kernel `t`.
+    pub(super) fn fsdp2_end_forward(&mut self, t: u32) {
+        if let Some(flat) = self.fsdp2_fwd_tail.take() {
+            self.free_at(t, &[flat]);
+        }
+    }
+
+    /// FSDP2 keeps the last reduce-scatter input until the next post-backward, or the end of
+    /// backward (`_end_backward_iteration`): the compute stream waits for that reduce-scatter
+    /// (a zero-length kernel after `after`) and the input is freed. Returns the wait.
+    pub(super) fn fsdp2_release_reduce_scatter_input(&mut self, step: u32, mb: u32, after: u32) -> Option<u32> {
+        let (rs, input) = self.fsdp2_rs.take()?;
+        let what = text!(self.names, "wait for the previous reduce-scatter, free its input");
+        let w = self.task(
+            COMPUTE,
+            0.0,
+            vec![after, rs],
+            vec![],
+            TaskLabel::new(step, Phase::Backward, mb, what, TaskKind::Backward, None),
+        );
+        self.free_at(w, &[input]);
+        Some(w)
     }
 
     pub(super) fn reduce_scatter(&mut self, step: u32, mb: u32, u: usize, after: u32, unsharded: Vec<u32>) {
@@ -73,6 +179,34 @@ impl Builder<'_> {
             self.free_at(d, &[b]);
             self.step_comm.push(d);
             return;
+        }
+        // FSDP2: the unsharded gradients are copied into one flat input in reduce_dtype and
+        // freed; the input outlives the reduce-scatter until the next post-backward.
+        let mut after = after;
+        let mut unsharded = unsharded;
+        let mut fsdp2_input = None;
+        if plan.parallel.framework.fsdp2_buffers() {
+            if let Some(w) = self.fsdp2_release_reduce_scatter_input(step, mb, after) {
+                after = w;
+            }
+            let input = self.buffer(
+                full_bytes,
+                Category::ReduceScatterBuffers,
+                text!(self.names, "{} reduce-scatter input ({}, flat)", plan.units[u].name, self.pr().grad.name()),
+            );
+            let grad_bytes: u64 = unsharded.iter().map(|&g| self.prog.buffers[g as usize].bytes).sum();
+            let what = text!(self.names, "reduce-scatter copy-in {}", plan.units[u].name);
+            let c = self.task(
+                COMPUTE,
+                self.cost.copy_s(grad_bytes + full_bytes),
+                vec![after],
+                vec![input],
+                TaskLabel::new(step, Phase::Backward, mb, what, TaskKind::Backward, Some(u)),
+            );
+            self.free_at(c, &unsharded);
+            unsharded = Vec::new();
+            after = c;
+            fsdp2_input = Some(input);
         }
         if self.grad_bufs[u].is_none() {
             let b = self.buffer(
@@ -111,6 +245,9 @@ impl Builder<'_> {
         f.extend(tmp);
         self.free_at(t, &f);
         self.step_comm.push(t);
+        if let Some(input) = fsdp2_input {
+            self.fsdp2_rs = Some((t, input));
+        }
         if plan.parallel.sharding == Sharding::HybridShard && self.cost.replica_group.ranks > 1 {
             let what = text!(self.names, "all-reduce {} shard across nodes", plan.units[u].name);
             self.all_reduce_after(step, mb, u, t, true, (shard_bytes, 0), what);
@@ -141,9 +278,19 @@ impl Builder<'_> {
             st.ag_bwd_task[u] = Some(t);
             self.gathered[u] = Some(b);
         }
+        // FSDP2's pre-backward copies the unit out (`wait_for_unshard`) before it prefetches
+        // the next (`_backward_prefetch`), so the prefetch is issued after the copy.
+        let mut issue = st.last_bwd_task;
+        if let Some(t) = st.ag_bwd_task[u] {
+            let c = self.fsdp2_copy_out(step, mb, Phase::Backward, u, t, false);
+            if c != t {
+                issue = c;
+            }
+            st.ag_bwd_task[u] = Some(c);
+        }
         let pre = self.plan.parallel.backward_prefetch == BackwardPrefetch::Pre;
         if pre && l >= 1 && self.needs_gather(st, u - 1) {
-            let (t, b) = self.gather(step, mb, Phase::Backward, u - 1, vec![st.last_bwd_task]);
+            let (t, b) = self.gather(step, mb, Phase::Backward, u - 1, vec![issue]);
             st.ag_bwd_task[u - 1] = Some(t);
             self.gathered[u - 1] = Some(b);
         }
@@ -183,7 +330,15 @@ impl Builder<'_> {
             return;
         }
         let el = if op.shared_params > 0 { op.shared_params } else { op.params };
-        let bytes = el * self.pr().grad.bytes();
+        // FSDP2's autograd computes them in the parameter dtype of the unsharded parameters
+        // (`param_dtype`), unless they accumulate across micro-batches, which it does in
+        // `reduce_dtype` (`FSDPParam.to_accumulated_grad_if_needed`).
+        let dtype = if self.plan.parallel.framework.fsdp2_buffers() && !self.accumulates_unsharded() {
+            self.pr().compute
+        } else {
+            self.pr().grad
+        };
+        let bytes = el * dtype.bytes();
         if self.accumulates_unsharded() && self.acc_grads[i].is_some() {
             let b = self.buffer(
                 bytes,
@@ -275,7 +430,11 @@ impl Builder<'_> {
         let plan = self.plan;
         if plan.params_sharded && self.gathered[u].is_none() {
             let mut agdeps: Vec<u32> = st.step_dep.into_iter().collect();
-            if plan.parallel.limit_all_gathers {
+            if plan.parallel.framework.fsdp2_buffers() {
+                // FSDP2 has no rate limiter: its all-gather streams wait for the previous
+                // unit's copy-out ([`Self::fsdp2_copy_out`]).
+                agdeps.extend(self.fsdp2_fwd_copy_out);
+            } else if plan.parallel.limit_all_gathers {
                 // The block two units back (unit 0 is the root, never waited for; a pipeline
                 // stage numbers only its own blocks).
                 if let Region::Block(_) = region {
@@ -291,6 +450,8 @@ impl Builder<'_> {
             st.ag_fwd_task[u] = Some(t);
         }
         if let Some(t) = st.ag_fwd_task[u] {
+            let t = self.fsdp2_copy_out(st.step, st.mb, Phase::Forward, u, t, st.last_block_unit == Some(u));
+            st.ag_fwd_task[u] = Some(t);
             deps.push(t);
         }
     }
