@@ -45,6 +45,7 @@ const EXPECTED: &[(&str, Expect)] = &[
     ("gpt3-175b", Expect::Fits),
     ("llama2-7b-h100-fp8", Expect::Fits),
     ("llama3-8b-128k-h100", Expect::Oom { step: 1, phase: "forward" }),
+    ("llama3-8b-fsdp2-h100", Expect::Fits),
     ("llama2-70b-lora-1gpu", Expect::Oom { step: 0, phase: "init" }),
     ("llama2-70b-lora-8gpu", Expect::Fits),
     ("llama2-70b-qlora-1gpu", Expect::Fits),

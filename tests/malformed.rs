@@ -408,6 +408,24 @@ fn cases() -> Vec<Case> {
             "moe.pad_to_capacity",
             &["moe.capacity_factor"],
         ),
+        // --- FSDP2
+        case(
+            "FSDP2 without parameter sharding",
+            b().set("hardware", "gpus", "8")
+                .set("parallel", "framework", "\"fsdp2\"")
+                .set("parallel", "sharding", "\"none\""),
+            "parallel.sharding",
+            &["fully_shard", "\"full_shard\"", "framework = \"fsdp\""],
+        ),
+        case(
+            "FSDP2 with CPU offload",
+            b().set("hardware", "gpus", "8")
+                .set("parallel", "framework", "\"fsdp2\"")
+                .set("parallel", "sharding", "\"full_shard\"")
+                .set("offload", "parameters", "\"cpu\""),
+            "offload",
+            &["CPUOffloadPolicy", "framework = \"fsdp\""],
+        ),
         // --- Megatron-LM's overlap flags
         case(
             "[megatron] without the Megatron framework",

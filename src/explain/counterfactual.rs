@@ -193,6 +193,9 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             vec![("backward_prefetch = None".into(), v)]
         }
         7 => {
+            if s.parallel.framework == crate::plan::Framework::Fsdp2 {
+                return Err("FSDP2 has no limit_all_gathers (its all-gathers run one unit ahead)".into());
+            }
             if s.parallel.limit_all_gathers || s.parallel.sharding == Sharding::None {
                 return Err("already limited".into());
             }

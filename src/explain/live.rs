@@ -180,7 +180,10 @@ pub fn from_buffers(
                 } else {
                     format!("layer(s) {}", ranges(&layers[c]))
                 };
-                format!("unsharded {} gradients of {ls} awaiting their {what}", pr.grad.name())
+                // FSDP2 computes them in param_dtype unless they accumulate over micro-batches.
+                let fsdp2 = plan.parallel.framework.fsdp2_buffers() && !plan.parallel.no_sync && plan.pipeline() == 1;
+                let dtype = if fsdp2 { pr.compute } else { pr.grad };
+                format!("unsharded {} gradients of {ls} awaiting their {what}", dtype.name())
             }
             Category::GatheredParameters => {
                 let mut parts: Vec<String> = names[c]
@@ -274,12 +277,12 @@ pub fn from_buffers(
             Category::Inputs => "token ids and targets".to_string(),
             Category::KvCache => "keys and values of every token of context (inference)".to_string(),
             Category::AllGatherBuffers => format!(
-                "FSDP2 flat all-gather outputs in {} (issued, not yet copied out into the unsharded parameters, or kept for the next unit's copy-out in forward): {}",
+                "FSDP2 flat {} all-gather outputs, not yet copied out into unsharded parameters: {}",
                 pr.compute.name(),
                 names[c].join(", ")
             ),
             Category::ReduceScatterBuffers => format!(
-                "FSDP2 flat reduce-scatter inputs in {} (reduce_dtype), each kept until the next unit's post-backward: {}",
+                "FSDP2 flat {} (reduce_dtype) reduce-scatter inputs, kept until the next unit's post-backward: {}",
                 pr.grad.name(),
                 names[c].join(", ")
             ),

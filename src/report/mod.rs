@@ -596,6 +596,9 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
     if let Some(line) = megatron_assumption(plan) {
         assumptions.push(line);
     }
+    if let Some(line) = fsdp2_assumption(plan) {
+        assumptions.push(line);
+    }
     if let Some(f) = &dag.workload.fp8 {
         assumptions.push(fp8_assumption(f));
     }
@@ -1061,6 +1064,20 @@ pub fn phase_spans(sched: &Schedule, trace: &Trace) -> Vec<(u32, Phase, u64, u64
         }
     }
     spans
+}
+
+/// The assumption line stating FSDP2's own buffers ([`crate::plan::Framework::fsdp2_buffers`]
+/// cites the source).
+fn fsdp2_assumption(plan: &crate::plan::Plan) -> Option<String> {
+    if !plan.parallel.framework.fsdp2_buffers() {
+        return None;
+    }
+    let pr = &plan.training.precision;
+    Some(format!(
+        "FSDP2 buffers (PyTorch 2.15 fully_shard): each all-gather writes one flat {c} output, allocated when issued on the all-gather copy-in stream, which the unit's pre-forward / pre-backward copies out into its unsharded parameters (both live during the copy; in forward the next unit's all-gather is issued after this copy-out, in backward the prefetch after the unit's own copy-out); autograd computes unsharded gradients in {c} (param_dtype); each post-backward copies them into one flat {g} reduce-scatter input (reduce_dtype) and frees them, and that input is kept until the next unit's post-backward, which first waits for its reduce-scatter (reduce_scatter_max_input_buffers = 1)",
+        c = pr.compute.name(),
+        g = pr.grad.name()
+    ))
 }
 
 /// The assumption line stating Megatron-LM's communication schedule and overlap flags

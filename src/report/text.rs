@@ -154,6 +154,16 @@ pub fn render(r: &Report, s: &Scenario) -> String {
             p.bucket_bytes as f64 / 1e6,
             p.gradient_as_bucket_view
         )
+    } else if p.framework == crate::plan::Framework::Fsdp2 {
+        format!(
+            "fully_shard(reshard_after_forward={}), MixedPrecisionPolicy(param_dtype={}, reduce_dtype={}), backward prefetch {}{}{}",
+            p.reshard_after_forward && p.sharding != crate::plan::Sharding::Zero2,
+            s.training.precision.compute.name(),
+            s.training.precision.grad.name(),
+            if p.backward_prefetch == crate::plan::BackwardPrefetch::None { "off" } else { "one unit ahead" },
+            if p.no_sync { ", set_requires_gradient_sync(False) until the last micro-batch" } else { "" },
+            if p.async_tp { ", async TP (sequence-parallel collectives pipelined with their GEMMs)" } else { "" }
+        )
     } else {
         format!(
             "reshard_after_forward={}, backward_prefetch={}, limit_all_gathers={}{}{}",
