@@ -163,7 +163,8 @@ fn allocator_fields_are_validated_with_their_names() {
         ("empty_cache = [\"sometimes\"]", "allocator.empty_cache", "\"after_step\""),
         ("kind = \"exact\"\nexpandable_segments = true", "allocator.expandable_segments", "only applies"),
         ("nccl_buffers = -1", "allocator.nccl_buffers", ">= 0"),
-        ("cublas_workspace = 100000000000", "allocator.nccl_buffers", "leave nothing"),
+        ("cublas_workspace = 100000000000", "allocator.cublas_workspace", "leave nothing"),
+        ("nccl_buffers = 100000000000", "allocator.nccl_buffers", "leave nothing"),
         ("expandable = true", "allocator.expandable", "unknown field"),
     ] {
         let text = format!("{base}\n[allocator]\n{section}\n");
@@ -171,13 +172,46 @@ fn allocator_fields_are_validated_with_their_names() {
         assert_eq!(e.field, field, "{section}: {e}");
         assert!(e.message.contains(says), "{section}: {e}");
     }
-    // Overheads come off the capacity.
+    // NCCL's buffers come off the capacity; cuBLAS workspaces are the allocator's own
+    // (PyTorch allocates them through it), sized by CUBLAS_WORKSPACE_CONFIG.
     let s = Scenario::from_toml(
         Path::new("x.toml"),
         &format!("{base}\n[allocator]\ncublas_workspace = 33554432\nnccl_buffers = 1000000000\n"),
     )
     .unwrap();
-    assert_eq!(s.allocator_capacity(), s.cluster.capacity_bytes() - 33_554_432 - 1_000_000_000);
+    assert_eq!(s.allocator_capacity(), s.cluster.capacity_bytes() - 1_000_000_000);
+    assert_eq!(s.training.blas_workspace, 33_554_432);
+    let a100 = Scenario::from_toml(Path::new("x.toml"), &base).unwrap();
+    assert_eq!(a100.training.blas_workspace, 2 * 4096 * 1024 + 8 * 16 * 1024);
+}
+
+/// PyTorch takes one cuBLAS workspace per (handle, stream) from its caching allocator, and
+/// each thread has its own handle: a training step holds two (the forward's main thread and
+/// autograd's device thread), each allocated by its thread's first matmul and never freed;
+/// 32 MiB on Hopper, 8 MiB + 128 KiB on an A100 (CUBLAS_WORKSPACE_CONFIG's defaults).
+#[test]
+fn a_training_step_holds_two_cublas_workspaces_from_the_first_matmul_of_each_thread() {
+    use stepsim::memory::Category;
+    for (gpu, each) in [("a100-80gb", 2 * 4096 * 1024 + 8 * 16 * 1024u64), ("h100-sxm", 32 << 20)] {
+        let text = std::fs::read_to_string(path("gpt-1.3b-1gpu")).unwrap().replace("a100-80gb", gpu);
+        let s = Scenario::from_toml(Path::new("x.toml"), &text).unwrap();
+        let sim = stepsim::simulate(&s).unwrap();
+        let sched = sim.schedule();
+        let prog = &sched.program;
+        let ws: Vec<usize> =
+            (0..prog.buffers.len()).filter(|&b| prog.buffers[b].category == Category::BlasWorkspaces).collect();
+        assert_eq!(ws.len(), 2, "{gpu}");
+        assert!(ws.iter().all(|&b| prog.buffers[b].bytes == each), "{gpu}");
+        // Allocated by the first forward matmul and the first backward matmul, never freed.
+        let allocates = |b: usize| (0..prog.tasks.len()).find(|&t| prog.alloc.of(t).contains(&(b as u32))).unwrap();
+        let label = |t: usize| &sched.labels[prog.tasks[t].label as usize];
+        let (f, b) = (label(allocates(ws[0])), label(allocates(ws[1])));
+        assert_eq!((f.step, f.phase.name(), f.what.as_str()), (1, "forward", "layers.0.attn.c_attn"), "{gpu}");
+        assert_eq!((b.step, b.phase.name(), b.what.as_str()), (1, "backward", "output"), "{gpu}");
+        assert!(ws.iter().all(|&w| (0..prog.tasks.len()).all(|t| !prog.free.of(t).contains(&(w as u32)))));
+        let (peak, _) = sim.step_peak(2).unwrap();
+        assert_eq!(peak.by_category[Category::BlasWorkspaces.index()], 2 * each);
+    }
 }
 
 // ------------------------------------------------------------------ property test

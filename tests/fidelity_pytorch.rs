@@ -17,6 +17,10 @@ use stepsim::schedule::Phase;
 
 const TOLERANCE: f64 = 0.05;
 
+// The references ran on the CPU, where no cuBLAS workspace exists: each scenario sets
+// `allocator.cublas_workspace = 0` (on a GPU PyTorch would add two, see
+// `TrainingConfig::blas_workspace`).
+
 /// Cases stepsim does not model, and why.
 const NOT_COMPARED: &[(&str, &str)] = &[
     ("a_autocast", "CPU autocast (torch.autocast(\"cpu\", bf16)) keeps a different op-by-op dtype policy from CUDA autocast; stepsim models CUDA"),
@@ -54,7 +58,8 @@ fn scenario_for(name: &str, c: &Value) -> String {
          [hardware]\ngpu = \"h100-sxm\"\ngpus = {world}\n\
          [parallel]\nframework = \"{framework}\"\nsharding = \"{sharding}\"\nreshard_after_forward = {raf}\n\
          [training]\nmicro_batch = {mb}\nseq_len = {seq}\noptimizer = \"{opt}\"\noptimizer_impl = \"{impl_}\"\nprecision = \"{precision}\"\n\
-         activation_checkpointing = \"{ac}\"\nlogits_fp32 = {lf}\nsteps = {steps}\n",
+         activation_checkpointing = \"{ac}\"\nlogits_fp32 = {lf}\nsteps = {steps}\n\
+         [allocator]\ncublas_workspace = 0\n",
         arch = s("arch"),
         l = n("n_layers"),
         h = n("hidden"),

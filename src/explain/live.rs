@@ -276,6 +276,12 @@ pub fn from_buffers(
             }
             Category::Inputs => "token ids and targets".to_string(),
             Category::KvCache => "keys and values of every token of context (inference)".to_string(),
+            Category::BlasWorkspaces => format!(
+                "cuBLAS workspaces PyTorch takes from the caching allocator, {} per (cuBLAS handle, stream) (CUBLAS_WORKSPACE_CONFIG; {} default): {}",
+                crate::report::fmt_bytes(plan.training.blas_workspace),
+                s.cluster.gpu.name,
+                names[c].join(", ")
+            ),
             Category::AllGatherBuffers => format!(
                 "FSDP2 flat {} all-gather outputs, not yet copied out into unsharded parameters: {}",
                 pr.compute.name(),

@@ -45,6 +45,12 @@ pub struct GpuSpec {
     /// Streaming multiprocessors (NVIDIA) / compute units (AMD): how many GEMM output tiles
     /// run at once, for wave quantization.
     pub sms: u32,
+    /// Bytes of one cuBLAS workspace PyTorch allocates per (cuBLAS handle, stream) through
+    /// its caching allocator when `CUBLAS_WORKSPACE_CONFIG` is unset
+    /// (`aten/src/ATen/cuda/CublasHandlePool.cpp`, `parseChosenWorkspaceSize`):
+    /// `:4096:8` = 32 MiB on compute capability 9.x (Hopper) and 10.x / 12.x (Blackwell),
+    /// `:4096:2:16:8` = 8 MiB + 128 KiB before; on ROCm hipBLASLt's 128 MiB for gfx942/gfx950.
+    pub blas_workspace_bytes: u64,
     /// The node layout this part usually ships in (a key of [`NODES`]).
     pub default_node: &'static str,
     /// Where the figures come from.
@@ -52,6 +58,11 @@ pub struct GpuSpec {
 }
 
 const MIB: u64 = 1 << 20;
+/// PyTorch's default cuBLAS workspace before Hopper, `:4096:2:16:8` (see
+/// [`GpuSpec::blas_workspace_bytes`]).
+const PRE_HOPPER_BLAS_WORKSPACE: u64 = 2 * 4096 * 1024 + 8 * 16 * 1024;
+/// From Hopper on, `:4096:8`.
+const HOPPER_BLAS_WORKSPACE: u64 = 8 * 4096 * 1024;
 
 /// The catalog. Keys are lowercase, as written in scenario files. Unless noted, figures are
 /// the vendor datasheets' dense (no sparsity) peaks as tabulated in stas00's ml-engineering
@@ -76,6 +87,7 @@ pub const CATALOG: &[GpuSpec] = &[
         // not measured in the table; assumed like A100
         max_matmul_fraction: 0.85,
         sms: 80,
+        blas_workspace_bytes: PRE_HOPPER_BLAS_WORKSPACE, // sm70
         default_node: "dgx-1v",
         source: "NVIDIA V100 datasheet (SXM2); stas00 ml-engineering",
     },
@@ -97,6 +109,7 @@ pub const CATALOG: &[GpuSpec] = &[
         pcie_gen: 4,
         max_matmul_fraction: 0.869,
         sms: 108,
+        blas_workspace_bytes: PRE_HOPPER_BLAS_WORKSPACE, // sm80
         default_node: "dgx-a100",
         source: "NVIDIA A100 datasheet (SXM4); stas00 ml-engineering",
     },
@@ -116,6 +129,7 @@ pub const CATALOG: &[GpuSpec] = &[
         pcie_gen: 4,
         max_matmul_fraction: 0.869,
         sms: 108,
+        blas_workspace_bytes: PRE_HOPPER_BLAS_WORKSPACE, // sm80
         default_node: "dgx-a100",
         source: "NVIDIA A100 datasheet (SXM4 80GB); stas00 ml-engineering",
     },
@@ -138,6 +152,7 @@ pub const CATALOG: &[GpuSpec] = &[
         pcie_gen: 5,
         max_matmul_fraction: 0.803,
         sms: 132,
+        blas_workspace_bytes: HOPPER_BLAS_WORKSPACE, // sm90
         default_node: "dgx-h100",
         source: "NVIDIA H100 datasheet (SXM5); stas00 ml-engineering",
     },
@@ -161,6 +176,7 @@ pub const CATALOG: &[GpuSpec] = &[
         // as H100 SXM
         max_matmul_fraction: 0.803,
         sms: 114,
+        blas_workspace_bytes: HOPPER_BLAS_WORKSPACE, // sm90
         default_node: "pcie-8gpu",
         source: "NVIDIA H100 datasheet (PCIe); stas00 ml-engineering (PCIe 5 x16 63 GB/s)",
     },
@@ -182,6 +198,7 @@ pub const CATALOG: &[GpuSpec] = &[
         // "H200 is the same" as H100
         max_matmul_fraction: 0.803,
         sms: 132,
+        blas_workspace_bytes: HOPPER_BLAS_WORKSPACE, // sm90
         default_node: "hgx-h200",
         source: "NVIDIA H200 datasheet (SXM); stas00 ml-engineering",
     },
@@ -205,6 +222,7 @@ pub const CATALOG: &[GpuSpec] = &[
         pcie_gen: 6,
         max_matmul_fraction: 0.776,
         sms: 148,
+        blas_workspace_bytes: HOPPER_BLAS_WORKSPACE, // sm100
         default_node: "dgx-b200",
         source: "NVIDIA HGX B200 datasheet; stas00 ml-engineering",
     },
@@ -228,6 +246,7 @@ pub const CATALOG: &[GpuSpec] = &[
         pcie_gen: 5,
         max_matmul_fraction: 0.514,
         sms: 304,
+        blas_workspace_bytes: 128 * MIB, // gfx942
         default_node: "mi300x-8gpu",
         source: "AMD Instinct MI300X datasheet; stas00 ml-engineering network/README.md (xGMI)",
     },

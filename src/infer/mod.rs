@@ -54,6 +54,10 @@ pub struct InferenceConfig {
     pub kv_cache: KvCacheKind,
     /// Decode replayed as a CUDA graph (no per-kernel launch overhead).
     pub cuda_graphs: bool,
+    /// Bytes of the cuBLAS workspace the first matmul allocates through the caching
+    /// allocator ([`crate::plan::TrainingConfig::blas_workspace`]; generation runs on one
+    /// thread, so one workspace).
+    pub blas_workspace: u64,
 }
 
 impl InferenceConfig {

@@ -275,6 +275,7 @@ impl B<'_> {
         let mut wait: Vec<u32> = Vec::new();
         let mut last_compute = None;
         let mut kv = vec![None; dag.config.n_layers as usize];
+        let mut workspace = cfg.blas_workspace > 0;
         for (i, op) in dag.ops.iter().enumerate() {
             if !runs(i, op) || op.kind == OpKind::TpComm {
                 owed.append(&mut frees[i]);
@@ -288,6 +289,11 @@ impl B<'_> {
                 continue;
             }
             let mut alloc = Vec::new();
+            if workspace && op.kind == OpKind::Linear {
+                // The first matmul allocates the thread's cuBLAS workspace, kept for good.
+                workspace = false;
+                alloc.push(self.buffer(cfg.blas_workspace, Category::BlasWorkspaces, || "cuBLAS workspace".into()));
+            }
             let mut free = std::mem::take(&mut owed);
             for &t in &op.outputs {
                 let tensor = &dag.tensors[t];

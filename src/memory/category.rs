@@ -42,10 +42,13 @@ pub enum Category {
     /// FSDP2's flat reduce-scatter input (`reduce_dtype`), kept until the next unit's
     /// post-backward.
     ReduceScatterBuffers,
+    /// cuBLAS workspaces PyTorch takes from its caching allocator, one per (handle, stream),
+    /// kept for the life of the process.
+    BlasWorkspaces,
 }
 
 impl Category {
-    pub const ALL: [Category; 17] = [
+    pub const ALL: [Category; 18] = [
         Category::Parameters,
         Category::GatheredParameters,
         Category::MasterWeights,
@@ -63,6 +66,7 @@ impl Category {
         Category::KvCache,
         Category::AllGatherBuffers,
         Category::ReduceScatterBuffers,
+        Category::BlasWorkspaces,
     ];
     pub const COUNT: usize = Self::ALL.len();
 
@@ -90,6 +94,7 @@ impl Category {
             Category::KvCache => "kv_cache",
             Category::AllGatherBuffers => "all_gather_buffers",
             Category::ReduceScatterBuffers => "reduce_scatter_buffers",
+            Category::BlasWorkspaces => "cublas_workspaces",
         }
     }
 
@@ -113,6 +118,7 @@ impl Category {
             Category::KvCache => "KV cache",
             Category::AllGatherBuffers => "all-gather outputs (flat, before copy-out)",
             Category::ReduceScatterBuffers => "reduce-scatter inputs (flat)",
+            Category::BlasWorkspaces => "cuBLAS workspaces",
         }
     }
 
@@ -132,7 +138,7 @@ impl Category {
             Category::AllGatherBuffers => "All Gather",
             Category::ReduceScatterBuffers => "Reduce Scatter",
             Category::Buffers => "Buffer",
-            Category::Inputs | Category::KvCache => "Other",
+            Category::Inputs | Category::KvCache | Category::BlasWorkspaces => "Other",
         }
     }
 }

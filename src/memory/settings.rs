@@ -65,7 +65,8 @@ pub struct AllocatorSettings {
     pub roundup_power2_divisions: u64,
     /// Where `torch.cuda.empty_cache()` is called.
     pub empty_cache: Vec<EmptyCacheAt>,
-    /// cuBLAS / cuBLASLt workspaces, bytes, taken off the allocator's capacity.
+    /// Bytes of one cuBLAS workspace (`CUBLAS_WORKSPACE_CONFIG`'s total), which PyTorch takes
+    /// from the caching allocator per (handle, stream) ([`crate::plan::TrainingConfig::blas_workspace`]).
     pub cublas_workspace: u64,
     /// NCCL communicator buffers, bytes, held outside the allocator.
     pub nccl_buffers: u64,
@@ -88,7 +89,7 @@ impl Default for AllocatorSettings {
 impl AllocatorSettings {
     /// Bytes held outside the allocator besides the CUDA context.
     pub fn outside_bytes(&self) -> u64 {
-        self.cublas_workspace.saturating_add(self.nccl_buffers)
+        self.nccl_buffers
     }
 
     /// The caching allocator's configuration for a device of `device_total` bytes whose

@@ -526,6 +526,12 @@ pub struct TrainingConfig {
     /// Gradient-norm clipping before the step (Megatron-LM `--clip-grad 1.0`, torchtitan
     /// `max_norm = 1.0` and the HF Trainer's `max_grad_norm = 1.0` are on by default).
     pub clip_grad_norm: bool,
+    /// Bytes of one cuBLAS workspace (`[allocator] cublas_workspace`, or the GPU's PyTorch
+    /// default [`crate::hardware::GpuSpec::blas_workspace_bytes`]). A training step holds
+    /// two: PyTorch keys workspaces by (cuBLAS handle, stream) and hands each thread its own
+    /// handle (`getCurrentCUDABlasHandle`, a thread-local pool window), and the backward's
+    /// matmuls run on autograd's device thread, the forward's on the main thread.
+    pub blas_workspace: u64,
 }
 
 impl TrainingConfig {
@@ -1049,6 +1055,7 @@ mod tests {
             activation_offload: None,
             recompute_modules: vec![RecomputeModule::CoreAttn],
             clip_grad_norm: clip,
+            blas_workspace: 0,
         }
     }
 

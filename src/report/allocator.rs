@@ -240,12 +240,18 @@ pub fn assumption(s: &Scenario) -> String {
 /// The capacity assumption line: device memory less everything held outside the allocator.
 pub fn capacity_assumption(s: &Scenario) -> String {
     let a = &s.allocator;
+    let threads = if s.inference.is_some() {
+        "one, by the first matmul"
+    } else {
+        "two, by the forward's first matmul (main thread) and the backward's (autograd's device thread)"
+    };
     format!(
-        "capacity = device memory {} less CUDA context {} (hardware.cuda_context), cuBLAS workspace {} (allocator.cublas_workspace) and NCCL buffers {} (allocator.nccl_buffers)",
+        "capacity = device memory {} less CUDA context {} (hardware.cuda_context) and NCCL buffers {} (allocator.nccl_buffers); cuBLAS workspaces of {} each (allocator.cublas_workspace; PyTorch's CUBLAS_WORKSPACE_CONFIG default on {}, CublasHandlePool.cpp) come from the caching allocator, one per (cuBLAS handle, stream): {threads}",
         fmt_bytes(s.cluster.memory_bytes),
         fmt_bytes(s.cluster.cuda_context_bytes),
+        fmt_bytes(a.nccl_buffers),
         fmt_bytes(a.cublas_workspace),
-        fmt_bytes(a.nccl_buffers)
+        s.cluster.gpu.name
     )
 }
 

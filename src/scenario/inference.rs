@@ -160,5 +160,6 @@ pub(super) fn validate_inference(
         kv_dtype,
         kv_cache,
         cuda_graphs,
+        blas_workspace: 0,
     })
 }

@@ -132,7 +132,7 @@ impl Scenario {
     }
 
     /// Bytes the allocator may reserve: device memory less the CUDA context and the
-    /// reservations of `[allocator]` (cuBLAS workspaces, NCCL buffers).
+    /// reservations of `[allocator]` (NCCL buffers).
     pub fn allocator_capacity(&self) -> u64 {
         self.cluster.capacity_bytes().saturating_sub(self.allocator.outside_bytes())
     }
@@ -990,6 +990,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         activation_offload: validate_activation_offload(&v, t, checkpointing, &parallel, model.n_layers, &cluster)?,
         recompute_modules: validate_recompute_modules(&v, t, checkpointing, parallel.framework, &model)?,
         clip_grad_norm: t.clip_grad_norm.unwrap_or(true),
+        blas_workspace: 0,
     };
     let loss = validate_loss(&v, t, parallel.framework, &parallel.model_parallel, job)?;
     let workload = Workload {
@@ -1044,8 +1045,9 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         }
         workload.lora = Some(validate_lora(&v, l, &model, &parallel)?);
     }
-    let training = TrainingConfig { precision: precision.clone(), ..training };
     let allocator = validate_allocator(&v, &f.allocator, &cluster)?;
+    let training =
+        TrainingConfig { precision: precision.clone(), blas_workspace: allocator.cublas_workspace, ..training };
     let jitter = match &f.jitter {
         None => None,
         Some(j) => {
@@ -1130,7 +1132,9 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
             if f.allocator.empty_cache.is_some() {
                 return Err(v.err("allocator.empty_cache", "the empty_cache() points are a training step's (after_forward, after_backward, ...); remove it for an inference job"));
             }
-            Some(validate_inference(&v, i, &cluster, &parallel, f.jitter.is_some())?)
+            let cfg = validate_inference(&v, i, &cluster, &parallel, f.jitter.is_some())?;
+            let blas_workspace = validate_allocator(&v, &f.allocator, &cluster)?.cublas_workspace;
+            Some(crate::infer::InferenceConfig { blas_workspace, ..cfg })
         }
         None => None,
     };

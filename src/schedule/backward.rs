@@ -110,6 +110,9 @@ impl Builder<'_> {
             self.root_pre_backward(&mut st, op);
             self.recompute_scores(&mut st, op, i, u, &mut deps);
             let mut alloc = self.input_grads(op, mb, &mut st.grad_buf);
+            // The thread's cuBLAS workspace goes with the first kernel (a column-parallel
+            // linear's input-gradient GEMM).
+            alloc.extend(self.blas_workspace(op, 1));
             let n_input_grads = alloc.len();
             if op.params + op.shared_params > 0 {
                 if plan.grads_sharded {

@@ -132,6 +132,7 @@ impl Builder<'_> {
                     st.free_fwd[tp.last_consumer.unwrap_or(i).max(i)].push(b);
                 }
             }
+            alloc.extend(self.blas_workspace(op, 0));
             let mut frees_now = Vec::new();
             if op.fwd_scratch > 0 {
                 let b = self.buffer(op.fwd_scratch, Category::Transient, text!(self.names, "{} scratch", op.name));

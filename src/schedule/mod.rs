@@ -134,6 +134,8 @@ struct Builder<'a> {
     fsdp2_rs: Option<(u32, u32)>,
     /// FSDP2's all-gather copy-in stream, where each flat all-gather output is allocated.
     ag_copy_in_stream: u16,
+    /// Whether the main thread's (forward) and autograd's (backward) cuBLAS workspaces exist.
+    blas_workspaces: [bool; 2],
     /// Sharded gradient buffers of the current step, per unit (created by the first reduce).
     grad_bufs: Vec<Option<u32>>,
     /// Persistent full gradients of the current step, per op (DDP / ZeRO-1 / ZeRO-2 replicated).
@@ -346,6 +348,7 @@ impl<'a> Builder<'a> {
             chunk_vs,
             tp_stream,
             ag_copy_in_stream,
+            blas_workspaces: [false; 2],
             ep_stream,
             h2d_stream,
             d2h_stream,
@@ -403,6 +406,20 @@ impl<'a> Builder<'a> {
         self.prog.deps.push(&deps);
         self.prog.alloc.push(&alloc);
         (self.prog.tasks.len() - 1) as u32
+    }
+
+    /// The cuBLAS workspace of the thread running `op` (0: the main thread's forward, 1:
+    /// autograd's device thread, backward and recomputation), allocated by the thread's first
+    /// matmul and never freed ([`crate::plan::TrainingConfig::blas_workspace`]); None when it
+    /// exists already, or `op` is no matmul.
+    fn blas_workspace(&mut self, op: &crate::model::Op, thread: usize) -> Option<u32> {
+        let ws = self.plan.training.blas_workspace;
+        if self.blas_workspaces[thread] || op.kind != crate::model::OpKind::Linear || ws == 0 {
+            return None;
+        }
+        self.blas_workspaces[thread] = true;
+        let who = if thread == 0 { "main thread: forward" } else { "autograd thread: backward" };
+        Some(self.buffer(ws, Category::BlasWorkspaces, text!(self.names, "cuBLAS workspace ({who})")))
     }
 
     /// `task` frees `bufs` when it ends (after the frees given it before).

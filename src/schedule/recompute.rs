@@ -61,6 +61,7 @@ impl Builder<'_> {
                 alloc.push(b);
                 frees.push((ri, b));
             }
+            alloc.extend(self.blas_workspace(rop, 1));
             if casts && rop.kind == OpKind::Linear {
                 let b = self.buffer(
                     (rop.params + rop.shared_params) * cb,
