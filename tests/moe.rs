@@ -356,6 +356,10 @@ fn explain_offers_more_expert_parallelism() {
     // A device just too small for four experts per block on each GPU, so that explain
     // looks for changes: the peak with expert parallelism 8, plus the CUDA context.
     let mut ep8 = scenario(8, "expert = 8\nsharding = \"zero1\"", "");
+    // NCCL's buffers grow with the all-to-all's peers; hold them at 0 to compare the
+    // allocators alone.
+    s.allocator.nccl_buffers = Some(0);
+    ep8.allocator.nccl_buffers = Some(0);
     let need = stepsim::simulate(&ep8).unwrap().report.peak.unwrap().reserved.bytes;
     ep8.cluster.memory_bytes = need + s.cluster.cuda_context_bytes + (64 << 20);
     s.cluster = ep8.cluster.clone();

@@ -78,8 +78,8 @@ fn run_and_explain_give_the_same_headroom() {
 
 #[test]
 fn run_and_explain_agree_on_reserved_but_unallocated_at_an_oom() {
-    let r = run("100b-32gpu-fsdp", "run");
-    let e = run("100b-32gpu-fsdp", "explain");
+    let r = run("fragmentation-oom", "run");
+    let e = run("fragmentation-oom", "explain");
     // run: "...; 0.17 GB (0.16 GiB) reserved but unallocated, largest free block ..."
     let line = r.lines().find(|l| l.contains("stepsim's verdict")).unwrap();
     let end = line.find(" reserved but unallocated").unwrap();

@@ -261,6 +261,9 @@ pub struct NodeSpec {
     pub nics_per_node: u32,
     /// Bandwidth of one NIC, one direction, bytes/s.
     pub nic_bytes_per_s: f64,
+    /// The GPUs connect through NVSwitch (all-to-all NVLink): NCCL's channel count inside
+    /// the node, and NVLS on Hopper and later ([`crate::net::nccl_memory`]).
+    pub nvswitch: bool,
     pub source: &'static str,
 }
 
@@ -272,6 +275,7 @@ pub const NODES: &[NodeSpec] = &[
         gpus_per_node: 8,
         nics_per_node: 4,
         nic_bytes_per_s: 12.5e9,
+        nvswitch: false,
         source: "NVIDIA DGX-1 datasheet (4x EDR IB)",
     },
     // DGX A100: 8 x HDR 200 Gb/s (ConnectX-6) for the compute fabric.
@@ -280,6 +284,7 @@ pub const NODES: &[NodeSpec] = &[
         gpus_per_node: 8,
         nics_per_node: 8,
         nic_bytes_per_s: 25e9,
+        nvswitch: true,
         source: "NVIDIA DGX A100 datasheet (8x HDR200)",
     },
     // DGX H100: 8 x NDR 400 Gb/s (ConnectX-7) = 3.2 Tb/s per node.
@@ -288,6 +293,7 @@ pub const NODES: &[NodeSpec] = &[
         gpus_per_node: 8,
         nics_per_node: 8,
         nic_bytes_per_s: 50e9,
+        nvswitch: true,
         source: "NVIDIA DGX H100 datasheet (8x NDR400)",
     },
     NodeSpec {
@@ -295,6 +301,7 @@ pub const NODES: &[NodeSpec] = &[
         gpus_per_node: 8,
         nics_per_node: 8,
         nic_bytes_per_s: 50e9,
+        nvswitch: true,
         source: "HGX H200 reference design (8x NDR400)",
     },
     // DGX B200: 8 x 400 Gb/s (ConnectX-7).
@@ -303,6 +310,7 @@ pub const NODES: &[NodeSpec] = &[
         gpus_per_node: 8,
         nics_per_node: 8,
         nic_bytes_per_s: 50e9,
+        nvswitch: true,
         source: "NVIDIA DGX B200 datasheet (8x 400 Gb/s)",
     },
     // AWS p4d.24xlarge: 8 x A100 40GB, EFA v1 4 x 100 Gb/s = 400 Gb/s per node.
@@ -311,6 +319,7 @@ pub const NODES: &[NodeSpec] = &[
         gpus_per_node: 8,
         nics_per_node: 4,
         nic_bytes_per_s: 12.5e9,
+        nvswitch: true,
         source: "AWS p4d (EFA 4x100 Gb/s), stas00 network/README.md",
     },
     // AWS p4de.24xlarge: 8 x A100 80GB, the same EFA v1 4 x 100 Gb/s.
@@ -319,6 +328,7 @@ pub const NODES: &[NodeSpec] = &[
         gpus_per_node: 8,
         nics_per_node: 4,
         nic_bytes_per_s: 12.5e9,
+        nvswitch: true,
         source: "AWS p4de (EFA 4x100 Gb/s)",
     },
     // AWS p5.48xlarge: 8 x H100, EFA v2 32 x 100 Gb/s = 3.2 Tb/s per node.
@@ -327,6 +337,7 @@ pub const NODES: &[NodeSpec] = &[
         gpus_per_node: 8,
         nics_per_node: 32,
         nic_bytes_per_s: 12.5e9,
+        nvswitch: true,
         source: "AWS p5 (EFA v2 32x100 Gb/s), stas00 network/README.md",
     },
     // A generic 8-GPU PCIe server with one NDR 400 Gb/s NIC per two GPUs.
@@ -335,6 +346,7 @@ pub const NODES: &[NodeSpec] = &[
         gpus_per_node: 8,
         nics_per_node: 4,
         nic_bytes_per_s: 50e9,
+        nvswitch: false,
         source: "generic PCIe server (4x NDR400), an assumption",
     },
     // 8 x MI300X platform with 8 x 400 Gb/s NICs (RoCE / IB).
@@ -343,6 +355,7 @@ pub const NODES: &[NodeSpec] = &[
         gpus_per_node: 8,
         nics_per_node: 8,
         nic_bytes_per_s: 50e9,
+        nvswitch: false,
         source: "AMD MI300X platform reference (8x 400 Gb/s)",
     },
 ];

@@ -68,8 +68,9 @@ pub struct AllocatorSettings {
     /// Bytes of one cuBLAS workspace (`CUBLAS_WORKSPACE_CONFIG`'s total), which PyTorch takes
     /// from the caching allocator per (handle, stream) ([`crate::plan::TrainingConfig::blas_workspace`]).
     pub cublas_workspace: u64,
-    /// NCCL communicator buffers, bytes, held outside the allocator.
-    pub nccl_buffers: u64,
+    /// NCCL communicator buffers per GPU, bytes, held outside the allocator, as given
+    /// (None: [`crate::scenario::Scenario::nccl_bytes`] estimates them).
+    pub nccl_buffers: Option<u64>,
 }
 
 impl Default for AllocatorSettings {
@@ -81,17 +82,12 @@ impl Default for AllocatorSettings {
             roundup_power2_divisions: 0,
             empty_cache: Vec::new(),
             cublas_workspace: 0,
-            nccl_buffers: 0,
+            nccl_buffers: None,
         }
     }
 }
 
 impl AllocatorSettings {
-    /// Bytes held outside the allocator besides the CUDA context.
-    pub fn outside_bytes(&self) -> u64 {
-        self.nccl_buffers
-    }
-
     /// The caching allocator's configuration for a device of `device_total` bytes whose
     /// allocator may reserve `capacity`.
     pub fn caching_config(&self, capacity: u64, device_total: u64) -> CachingConfig {

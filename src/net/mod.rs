@@ -15,6 +15,8 @@
 
 use serde::Serialize;
 
+pub mod nccl_memory;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Collective {

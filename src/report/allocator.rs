@@ -144,7 +144,7 @@ pub fn build(s: &Scenario, sched: &Schedule, trace: &Trace) -> AllocatorReport {
     let st = &trace.allocator;
     let a = &s.allocator;
     let capacity = s.allocator_capacity();
-    let outside_total = s.cluster.cuda_context_bytes + a.outside_bytes();
+    let outside_total = s.cluster.cuda_context_bytes + s.nccl_bytes();
     let at_sample = |smp: Option<&Sample>| smp.map(|smp| instant(sched, smp.task, smp.time_ns));
     let oom = trace.oom.as_ref().filter(|_| a.kind == AllocatorKind::Caching).map(|o| {
         let e = &o.error;
@@ -208,7 +208,7 @@ pub fn build(s: &Scenario, sched: &Schedule, trace: &Trace) -> AllocatorReport {
         outside: Outside {
             cuda_context: Bytes::new(s.cluster.cuda_context_bytes),
             cublas_workspace: Bytes::new(a.cublas_workspace),
-            nccl_buffers: Bytes::new(a.nccl_buffers),
+            nccl_buffers: Bytes::new(s.nccl_bytes()),
             total: Bytes::new(outside_total),
         },
         max_memory_allocated: Bytes::new(st.peak_allocated_blocks),
@@ -237,6 +237,34 @@ pub fn assumption(s: &Scenario) -> String {
     }
 }
 
+/// The NCCL line: where `allocator.nccl_buffers` comes from, communicator by communicator.
+pub fn nccl_assumption(s: &Scenario) -> String {
+    if let Some(b) = s.allocator.nccl_buffers {
+        return format!("NCCL buffers {} per GPU, as given (allocator.nccl_buffers)", fmt_bytes(b));
+    }
+    let e = s.nccl_estimate();
+    if !e.modelled {
+        return format!(
+            "NCCL buffers 0: {} runs RCCL, whose buffers are not modelled; set allocator.nccl_buffers",
+            s.cluster.gpu.name
+        );
+    }
+    if e.communicators.is_empty() {
+        return "NCCL buffers 0: one GPU, no communicator".into();
+    }
+    let c = &e.config;
+    let parts: Vec<String> = e.communicators.iter().map(|(c, b)| format!("{} {}", c.name, fmt_bytes(*b))).collect();
+    format!(
+        "NCCL buffers {} per GPU, estimated for {} (src/net/nccl_memory.rs, from NCCL's source: every channel's connection holds LL, LL128 and SIMPLE buffers; NCCL_RUNTIME_CONNECT={}, NCCL_CUMEM_ENABLE={}, NCCL_NVLS_ENABLE={} ([nccl])): {}",
+        fmt_bytes(e.per_gpu),
+        e.class,
+        u8::from(c.runtime_connect),
+        u8::from(c.cumem),
+        u8::from(c.nvls),
+        parts.join(", ")
+    )
+}
+
 /// The capacity assumption line: device memory less everything held outside the allocator.
 pub fn capacity_assumption(s: &Scenario) -> String {
     let a = &s.allocator;
@@ -249,7 +277,7 @@ pub fn capacity_assumption(s: &Scenario) -> String {
         "capacity = device memory {} less CUDA context {} (hardware.cuda_context) and NCCL buffers {} (allocator.nccl_buffers); cuBLAS workspaces of {} each (allocator.cublas_workspace; PyTorch's CUBLAS_WORKSPACE_CONFIG default on {}, CublasHandlePool.cpp) come from the caching allocator, one per (cuBLAS handle, stream): {threads}",
         fmt_bytes(s.cluster.memory_bytes),
         fmt_bytes(s.cluster.cuda_context_bytes),
-        fmt_bytes(a.nccl_buffers),
+        fmt_bytes(s.nccl_bytes()),
         fmt_bytes(a.cublas_workspace),
         s.cluster.gpu.name
     )

@@ -584,6 +584,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
             pr.optimizer_state.name()
         ),
         allocator::capacity_assumption(s),
+        allocator::nccl_assumption(s),
         allocator::assumption(s),
         plan.parallel.framework.state_creation().into(),
         "activations: per-op saved tensors of PyTorch autograd (Korthikanti et al. 2022 counting); gradient accumulation frees each micro-batch's activations in its backward".into(),

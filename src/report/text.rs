@@ -101,14 +101,18 @@ pub fn render(r: &Report, s: &Scenario) -> String {
     }
     let _ = writeln!(
         o,
-        "Hardware   {} x {} ({} x {}), capacity {} per GPU = device {} - CUDA context {}",
+        "Hardware   {} x {} ({} x {}), capacity {} per GPU = device {} - CUDA context {}{}",
         c.gpus,
         c.gpu.name,
         plural(u64::from(c.nodes()), "node"),
         c.gpus_per_node,
         fmt_bytes(r.capacity.bytes),
         fmt_bytes(c.memory_bytes),
-        fmt_bytes(c.cuda_context_bytes)
+        fmt_bytes(c.cuda_context_bytes),
+        match s.nccl_bytes() {
+            0 => String::new(),
+            n => format!(" - NCCL buffers {}", fmt_bytes(n)),
+        }
     );
     if c.nodes() > 1 {
         let _ = writeln!(

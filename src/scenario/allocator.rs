@@ -66,17 +66,14 @@ pub(super) fn validate_allocator(
         }
         out.empty_cache.sort();
     }
-    for (field, val, slot) in [
-        ("allocator.cublas_workspace", a.cublas_workspace, &mut out.cublas_workspace),
-        ("allocator.nccl_buffers", a.nccl_buffers, &mut out.nccl_buffers),
-    ] {
-        if let Some(x) = val {
-            if x < 0 {
-                return Err(v.err(field, format!("must be >= 0 bytes, got {x}")));
-            }
-            *slot = x as u64;
-        }
+    let bytes = |field: &str, x: Option<i64>| match x {
+        Some(x) if x < 0 => Err(v.err(field, format!("must be >= 0 bytes, got {x}"))),
+        x => Ok(x.map(|x| x as u64)),
+    };
+    if let Some(x) = bytes("allocator.cublas_workspace", a.cublas_workspace)? {
+        out.cublas_workspace = x;
     }
+    out.nccl_buffers = bytes("allocator.nccl_buffers", a.nccl_buffers)?;
     if out.cublas_workspace.saturating_mul(2) >= cluster.capacity_bytes() {
         return Err(v.err(
             "allocator.cublas_workspace",
@@ -89,12 +86,13 @@ pub(super) fn validate_allocator(
             ),
         ));
     }
-    if out.outside_bytes() >= cluster.capacity_bytes() {
+    let nccl = out.nccl_buffers.unwrap_or(0);
+    if nccl >= cluster.capacity_bytes() {
         return Err(v.err(
             "allocator.nccl_buffers",
             format!(
                 "NCCL buffers ({} bytes) leave nothing of the {} bytes the CUDA context leaves",
-                out.outside_bytes(),
+                nccl,
                 cluster.capacity_bytes()
             ),
         ));

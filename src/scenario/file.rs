@@ -30,6 +30,8 @@ pub struct ScenarioFile {
     pub megatron: Option<MegatronSection>,
     #[serde(default)]
     pub allocator: AllocatorSection,
+    /// The NCCL build's connection and memory settings (PyTorch 2.15's defaults when absent).
+    pub nccl: Option<NcclSection>,
     /// Per-rank compute jitter and stragglers (off when absent).
     pub jitter: Option<JitterSection>,
     /// How a mixture of experts' router spreads tokens (uniform when absent).
@@ -340,10 +342,22 @@ pub struct AllocatorSection {
     pub roundup_power2_divisions: Option<i64>,
     /// Any of "after_init", "after_forward", "after_backward", "after_optimizer", "after_step".
     pub empty_cache: Option<Vec<String>>,
-    /// cuBLAS workspaces, bytes (default 0).
+    /// Bytes of one cuBLAS workspace (default: PyTorch's for the GPU).
     pub cublas_workspace: Option<i64>,
-    /// NCCL communicator buffers, bytes (default 0).
+    /// NCCL communicator buffers per GPU, bytes (default: estimated from the communicators).
     pub nccl_buffers: Option<i64>,
+}
+
+/// `[nccl]`: environment settings of the NCCL build that decide its device memory.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct NcclSection {
+    /// `NCCL_RUNTIME_CONNECT` (NCCL >= 2.22; false before).
+    pub runtime_connect: Option<bool>,
+    /// `NCCL_CUMEM_ENABLE` (on by default since 2.19.1).
+    pub cumem: Option<bool>,
+    /// `NCCL_NVLS_ENABLE`.
+    pub nvls: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

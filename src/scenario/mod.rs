@@ -12,6 +12,7 @@ mod lora;
 mod megatron;
 mod model_source;
 mod moe;
+pub mod nccl;
 mod offload;
 mod parallel;
 
@@ -80,6 +81,8 @@ pub struct Scenario {
     pub capacity: Option<crate::schedule::routing::Capacity>,
     pub job: JobKind,
     pub inference: Option<crate::infer::InferenceConfig>,
+    /// `[nccl]`: the settings NCCL's memory depends on ([`Scenario::nccl`]).
+    pub nccl: crate::net::nccl_memory::NcclConfig,
 }
 
 impl Scenario {
@@ -131,10 +134,23 @@ impl Scenario {
         validate(path, &stem, file)
     }
 
-    /// Bytes the allocator may reserve: device memory less the CUDA context and the
-    /// reservations of `[allocator]` (NCCL buffers).
+    /// NCCL's communicators on the rank class holding the most, and their memory, for the
+    /// scenario as it stands (a sweep or a counterfactual that changes the layout changes
+    /// them).
+    pub fn nccl_estimate(&self) -> nccl::NcclEstimate {
+        nccl::estimate(self, self.nccl)
+    }
+
+    /// Bytes NCCL holds on each GPU outside the allocator: `allocator.nccl_buffers` as
+    /// given, else [`Scenario::nccl_estimate`].
+    pub fn nccl_bytes(&self) -> u64 {
+        self.allocator.nccl_buffers.unwrap_or_else(|| self.nccl_estimate().per_gpu)
+    }
+
+    /// Bytes the allocator may reserve: device memory less the CUDA context and NCCL's
+    /// buffers.
     pub fn allocator_capacity(&self) -> u64 {
-        self.cluster.capacity_bytes().saturating_sub(self.allocator.outside_bytes())
+        self.cluster.capacity_bytes().saturating_sub(self.nccl_bytes())
     }
 
     /// Data-parallel replicas: gpus / (tensor x pipeline).
@@ -1162,7 +1178,8 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
             v.err("name", format!("\"{name}\" cannot name an output folder; use letters, digits, '-', '_' or '.'"))
         );
     }
-    Ok(Scenario {
+    let nccl_config = nccl::validate_nccl(&v, f.nccl.as_ref(), &cluster)?;
+    let s = Scenario {
         name,
         description: f.description.clone().unwrap_or_default(),
         source: path.to_path_buf(),
@@ -1178,7 +1195,20 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         capacity,
         job,
         inference,
-    })
+        nccl: nccl_config,
+    };
+    let held = s.nccl_bytes();
+    if held >= s.cluster.capacity_bytes() {
+        return Err(v.err(
+            "allocator.nccl_buffers",
+            format!(
+                "NCCL's communicators ({held} bytes per GPU, {}) leave nothing of the {} bytes the CUDA context leaves",
+                s.nccl_estimate().class,
+                s.cluster.capacity_bytes()
+            ),
+        ));
+    }
+    Ok(s)
 }
 
 /// The 1-based line and column just after `before` (the text up to a position).
