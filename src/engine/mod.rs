@@ -32,7 +32,15 @@ pub struct BufferSpec {
     pub category: Category,
     /// Index into the program's name table (what the OOM report says this was).
     pub name: u32,
+    /// The program stream whose allocator pool the buffer comes from: PyTorch allocates on
+    /// the CPU's current stream, which is often not the stream that runs the work (a
+    /// receive's buffer is `torch.empty` on the compute stream, then written by NCCL's).
+    /// [`TASK_STREAM`]: the allocating task's own stream.
+    pub pool: u16,
 }
+
+/// [`BufferSpec::pool`]: allocate on the stream of the task that allocates the buffer.
+pub const TASK_STREAM: u16 = u16::MAX;
 
 /// One unit of work on one stream. Its dependencies and memory effects are in the
 /// program's [`TaskLists`] ([`Program::deps`], [`Program::alloc`], [`Program::free`]).
@@ -375,7 +383,11 @@ pub fn run_parts(
                 let spec = &prog.buffers[lb as usize];
                 let b = bo + lb as usize;
                 let alloc = &mut *allocs[dv];
-                if let Err(error) = alloc.malloc_at(b, spec.bytes, local[s], now) {
+                let pool = match spec.pool {
+                    TASK_STREAM => s,
+                    p => Some(num.stream[k] + p as usize).filter(|&g| dev_of[g] == dv).unwrap_or(s),
+                };
+                if let Err(error) = alloc.malloc_at(b, spec.bytes, local[pool], now) {
                     let live_now = live
                         .iter()
                         .enumerate()
@@ -678,7 +690,7 @@ mod tests {
     use crate::memory::ExactAllocator;
 
     fn buf(bytes: u64) -> BufferSpec {
-        BufferSpec { bytes, category: Category::Activations, name: 0 }
+        BufferSpec { bytes, category: Category::Activations, name: 0, pool: TASK_STREAM }
     }
 
     /// A task: (stream, duration, deps, alloc, free).

@@ -158,7 +158,7 @@ impl B<'_> {
 
     fn buffer(&mut self, bytes: u64, category: Category, f: impl FnOnce() -> String) -> u32 {
         let name = self.name(f);
-        self.prog.buffers.push(BufferSpec { bytes, category, name });
+        self.prog.buffers.push(BufferSpec { bytes, category, name, pool: crate::engine::TASK_STREAM });
         (self.prog.buffers.len() - 1) as u32
     }
 

@@ -394,8 +394,23 @@ impl<'a> Builder<'a> {
         if self.names {
             self.prog.names.push(name);
         }
-        self.prog.buffers.push(BufferSpec { bytes, category, name: (self.prog.names.len() - 1) as u32 });
+        let name = (self.prog.names.len() - 1) as u32;
+        self.prog.buffers.push(BufferSpec { bytes, category, name, pool: crate::engine::TASK_STREAM });
         (self.prog.buffers.len() - 1) as u32
+    }
+
+    /// Buffers the framework allocates on the compute stream (the CPU's current stream) for
+    /// work another stream runs: a pipeline receive (Megatron's `_communicate`, DeepSpeed's
+    /// pipe buffers and `torch.distributed.pipelining` all `torch.empty` them before the
+    /// NCCL call), a tensor- or expert-parallel collective's output, DeepSpeed's gradient
+    /// partitions. They come from the compute stream's pool, where the activations freed
+    /// before them are cached (PyTorch's caching allocator reuses a block only on the
+    /// stream that allocated it).
+    #[inline]
+    fn from_compute_pool(&mut self, bufs: &[u32]) {
+        for &b in bufs {
+            self.prog.buffers[b as usize].pool = COMPUTE;
+        }
     }
 
     #[inline]
