@@ -532,6 +532,11 @@ pub struct TrainingConfig {
     /// handle (`getCurrentCUDABlasHandle`, a thread-local pool window), and the backward's
     /// matmuls run on autograd's device thread, the forward's on the main thread.
     pub blas_workspace: u64,
+    /// The PyTorch release (major, minor) whose optimizer code applies: before 2.1 the
+    /// foreach Adam / AdamW step kept two intermediates (`torch._foreach_sqrt` and an
+    /// out-of-place `torch._foreach_add` for the denominator), from 2.1 one (pytorch#104780,
+    /// "[foreach][Adam] Minimize use of intermediates to decrease peak memory").
+    pub torch_version: (u16, u16),
 }
 
 impl TrainingConfig {
@@ -1056,6 +1061,7 @@ mod tests {
             recompute_modules: vec![RecomputeModule::CoreAttn],
             clip_grad_norm: clip,
             blas_workspace: 0,
+            torch_version: (2, 15),
         }
     }
 

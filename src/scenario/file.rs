@@ -380,6 +380,8 @@ pub struct TrainingSection {
     pub attention: Option<String>,
     pub logits_fp32: Option<bool>,
     pub clip_grad_norm: Option<bool>,
+    /// The PyTorch release the job runs ("2.0"), where its memory behaviour changed.
+    pub torch_version: Option<String>,
     /// "eager" | "vocab-parallel" | "fused-linear" (default: Megatron's vocab-parallel
     /// cross-entropy under framework = "megatron", eager otherwise).
     pub loss: Option<String>,

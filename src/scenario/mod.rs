@@ -1007,6 +1007,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         recompute_modules: validate_recompute_modules(&v, t, checkpointing, parallel.framework, &model)?,
         clip_grad_norm: t.clip_grad_norm.unwrap_or(true),
         blas_workspace: 0,
+        torch_version: validate_torch_version(&v, t.torch_version.as_deref())?,
     };
     let loss = validate_loss(&v, t, parallel.framework, &parallel.model_parallel, job)?;
     let workload = Workload {
@@ -1209,6 +1210,28 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         ));
     }
     Ok(s)
+}
+
+/// `training.torch_version`: "MAJOR.MINOR" of a PyTorch release stepsim knows the memory
+/// behaviour of (1.10 to 2.15; default 2.15, the release its PyTorch models follow).
+fn validate_torch_version(v: &V, x: Option<&str>) -> Result<(u16, u16), ScenarioError> {
+    let Some(x) = x else { return Ok((2, 15)) };
+    let bad = || {
+        v.err(
+            "training.torch_version",
+            format!("\"{x}\" is not a PyTorch release stepsim models: write \"MAJOR.MINOR\" from \"1.10\" to \"2.15\" (e.g. \"2.0\")"),
+        )
+    };
+    let mut parts = x.trim().split('.');
+    let (Some(a), Some(b)) = (parts.next(), parts.next()) else { return Err(bad()) };
+    let (Ok(major), Ok(minor)) = (a.parse::<u16>(), b.parse::<u16>()) else { return Err(bad()) };
+    if parts.next().is_some_and(|p| p.parse::<u16>().is_err()) {
+        return Err(bad());
+    }
+    match (major, minor) {
+        (1, 10..) | (2, 0..=15) => Ok((major, minor)),
+        _ => Err(bad()),
+    }
 }
 
 /// The 1-based line and column just after `before` (the text up to a position).

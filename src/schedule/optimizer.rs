@@ -39,8 +39,11 @@ impl Builder<'_> {
             }
         }
         let sb = pr.optimizer_state.bytes();
+        // Foreach Adam's intermediates: the square root of the second moments, and before
+        // PyTorch 2.1 a separate out-of-place denominator ([`crate::plan::TrainingConfig::torch_version`]).
+        let intermediates = if tr.torch_version < (2, 1) { 2 } else { 1 };
         let temp = match tr.optimizer_impl {
-            OptimizerImpl::Foreach if tr.states_per_param() == 2 => el * sb,
+            OptimizerImpl::Foreach if tr.states_per_param() == 2 => intermediates * el * sb,
             OptimizerImpl::ForLoop if tr.states_per_param() == 2 => {
                 let largest = self.dag.ops.iter().map(|o| o.params).max().unwrap_or(0);
                 let largest = if plan.optimizer_sharded { largest.div_ceil(plan.shard_group) } else { largest };
@@ -50,11 +53,13 @@ impl Builder<'_> {
         };
         let mut frees = Vec::new();
         if temp > 0 {
-            let b = self.buffer(
-                temp,
-                Category::OptimizerTemp,
-                text!(self.names, "optimizer.step() temporaries ({:?})", tr.optimizer_impl),
-            );
+            let name = if intermediates == 2 && tr.optimizer_impl == OptimizerImpl::Foreach {
+                let (major, minor) = tr.torch_version;
+                text!(self.names, "optimizer.step() temporaries (Foreach, PyTorch {major}.{minor}: sqrt and denominator)")
+            } else {
+                text!(self.names, "optimizer.step() temporaries ({:?})", tr.optimizer_impl)
+            };
+            let b = self.buffer(temp, Category::OptimizerTemp, name);
             alloc.push(b);
             frees.push(b);
         }
