@@ -90,3 +90,28 @@ fn the_report_names_each_communicator() {
     assert!(line.contains("tensor parallel (2 ranks)") && line.contains("data parallel (8 ranks)"), "{line}");
     assert!(line.contains("NCCL_RUNTIME_CONNECT=1"), "{line}");
 }
+
+/// `explain` offers NCCL_NVLS_ENABLE=0 where NVLS is on: it frees NCCL's multicast buffers
+/// (capacity, not peak), and here that is what fits.
+#[test]
+fn explain_offers_turning_nvls_off() {
+    use stepsim::explain;
+    let mut s = scenario("h100-sxm", 8, "sharding = \"full_shard\"", "");
+    let need = stepsim::simulate(&s).unwrap().report.peak.unwrap().reserved.bytes;
+    let mut off = s.clone();
+    off.nccl.nvls = false;
+    let saved = s.nccl_bytes() - off.nccl_bytes();
+    assert_eq!(saved, (34 + 256) << 20);
+    // A device just too small with NVLS's buffers and large enough without them.
+    s.cluster.memory_bytes = need + s.cluster.cuda_context_bytes + off.nccl_bytes() + (64 << 20);
+    let sim = stepsim::simulate(&s).unwrap();
+    assert!(matches!(sim.report.verdict, stepsim::report::Verdict::Oom(_)));
+    let e = explain::explain(&s, &sim, explain::DEFAULT_MARGIN);
+    let row = e.counterfactuals.iter().find(|c| c.change.starts_with("NCCL_NVLS_ENABLE=0")).expect("an NVLS row");
+    assert_eq!(row.fits, Some(true), "{row:?}");
+    // Not offered where NVLS is off (an A100).
+    let a100 = scenario("a100-80gb", 8, "sharding = \"full_shard\"", "");
+    let sim = stepsim::simulate(&a100).unwrap();
+    let e = explain::explain(&a100, &sim, explain::DEFAULT_MARGIN);
+    assert!(!e.counterfactuals.iter().any(|c| c.change.starts_with("NCCL_NVLS")));
+}

@@ -33,6 +33,7 @@ pub const COUNTERFACTUAL_NAMES: &[&str] = &[
     "activation checkpointing: per-op selective (torchtitan)",
     "activation offload to host memory",
     "reduce gradients every micro-batch (FSDP without no_sync)",
+    "NCCL without NVLS buffers (NCCL_NVLS_ENABLE=0)",
 ];
 
 /// The index of the change that applies to mixtures of experts only (no row for a dense
@@ -51,6 +52,12 @@ const SELECTIVE_OP: usize = 16;
 const ACT_OFFLOAD: usize = 17;
 /// FSDP's no_sync turned off: offered only where it is on.
 const SYNC_EACH: usize = 18;
+/// NCCL's NVLS (NVSwitch multicast) buffers turned off: offered only where NVLS is on and
+/// stepsim estimates NCCL's memory (NeMo's launcher sets NCCL_NVLS_ENABLE=0 to save it).
+const NO_NVLS: usize = 19;
+/// The NVLS row's label starts so: it frees capacity, not peak memory, so an unchanged peak
+/// does not mean it had no effect.
+const NO_NVLS_LABEL: &str = "NCCL_NVLS_ENABLE=0";
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Counterfactual {
@@ -469,6 +476,17 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
                 v,
             )]
         }
+        NO_NVLS => {
+            if s.allocator.nccl_buffers.is_some() {
+                return Err("NCCL's memory is given (allocator.nccl_buffers)".into());
+            }
+            v.nccl.nvls = false;
+            let saved = s.nccl_bytes().saturating_sub(v.nccl_bytes());
+            if saved == 0 {
+                return Err("no communicator all-reduces through NVLS".into());
+            }
+            vec![(format!("{NO_NVLS_LABEL} (NVLS buffers off: {} less NCCL memory per GPU)", fmt_bytes(saved)), v)]
+        }
         _ => return Err("no such change".into()),
     })
 }
@@ -524,6 +542,7 @@ pub fn run_all(s: &Scenario, _sim: &Simulation) -> Vec<Counterfactual> {
     let mut out = single_changes(s, base_tps);
     for c in out.iter_mut() {
         let same = c.fits == Some(false)
+            && !c.change.starts_with(NO_NVLS_LABEL)
             && c.gpus == u64::from(s.cluster.gpus)
             && c.peak.map(|p| p.bytes) == base_peak
             && c.step_time_s.zip(base_step).is_some_and(|(a, b)| (a - b).abs() <= 1e-9 * b.max(1e-12));
@@ -563,7 +582,10 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
             continue;
         }
         let megatron = s.parallel.framework == crate::plan::Framework::Megatron;
-        if ((which == FUSED_LOSS || which == SELECTIVE_OP) && megatron) || (which == SYNC_EACH && !s.parallel.no_sync) {
+        if ((which == FUSED_LOSS || which == SELECTIVE_OP) && megatron)
+            || (which == SYNC_EACH && !s.parallel.no_sync)
+            || (which == NO_NVLS && !s.nccl.nvls)
+        {
             continue;
         }
         match variants(s, which) {

@@ -55,7 +55,10 @@ impl Builder<'_> {
         if temp > 0 {
             let name = if intermediates == 2 && tr.optimizer_impl == OptimizerImpl::Foreach {
                 let (major, minor) = tr.torch_version;
-                text!(self.names, "optimizer.step() temporaries (Foreach, PyTorch {major}.{minor}: sqrt and denominator)")
+                text!(
+                    self.names,
+                    "optimizer.step() temporaries (Foreach, PyTorch {major}.{minor}: sqrt and denominator)"
+                )
             } else {
                 text!(self.names, "optimizer.step() temporaries ({:?})", tr.optimizer_impl)
             };
