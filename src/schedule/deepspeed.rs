@@ -162,7 +162,7 @@ impl Builder<'_> {
                     None,
                 );
                 // `averaged_gradients` partitions are allocated on the default stream.
-                self.from_compute_pool(&alloc);
+                self.use_compute_pool(&alloc);
                 let t = self.task(NCCL, secs, after, alloc, label);
                 // The epilogue frees the IPG bucket and every full 16-bit gradient.
                 let mut frees: Vec<u32> = self.ds_ipg.take().into_iter().collect();
@@ -189,7 +189,7 @@ impl Builder<'_> {
                     TaskKind::AllReduce,
                     None,
                 );
-                self.from_compute_pool(&[bucket]);
+                self.use_compute_pool(&[bucket]);
                 let t = self.task(NCCL, secs, after, vec![bucket], label);
                 self.free_at(t, &[bucket]);
                 self.step_comm.push(t);

@@ -407,7 +407,7 @@ impl<'a> Builder<'a> {
     /// before them are cached (PyTorch's caching allocator reuses a block only on the
     /// stream that allocated it).
     #[inline]
-    fn from_compute_pool(&mut self, bufs: &[u32]) {
+    fn use_compute_pool(&mut self, bufs: &[u32]) {
         for &b in bufs {
             self.prog.buffers[b as usize].pool = COMPUTE;
         }

@@ -104,7 +104,7 @@ impl Builder<'_> {
             self.cost.p2p_s(bytes)
         };
         let kind = if stream == self.send_stream { TaskKind::Send } else { TaskKind::Recv };
-        self.from_compute_pool(&alloc);
+        self.use_compute_pool(&alloc);
         self.task(stream, secs, deps, alloc, TaskLabel::new(step, phase, mb, what, kind, None))
     }
 

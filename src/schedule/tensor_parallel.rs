@@ -49,7 +49,7 @@ impl Builder<'_> {
         };
         let u = self.plan.unit_of(op.region);
         let label = TaskLabel::new(step, phase, mb, what, kind, Some(u)).with_region(op.region);
-        self.from_compute_pool(&alloc);
+        self.use_compute_pool(&alloc);
         self.task(stream, secs, vec![after], alloc, label)
     }
 
