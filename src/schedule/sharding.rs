@@ -20,30 +20,23 @@ impl Builder<'_> {
             - un.fp8_gathered * (c - 1)
     }
 
+    /// The name of unit `u`'s gathered parameters for `phase`, or (`flat`) of FSDP2's flat
+    /// all-gather output they are copied out of (explain reads "gathered for").
+    fn gathered_name(&self, u: usize, phase: Phase, flat: bool) -> String {
+        let (unit, ph, dtype) = (&self.plan.units[u].name, phase.name(), self.pr().compute.name());
+        match flat {
+            true => text!(self.names, "{unit} all-gather output for {ph} ({dtype}, flat)"),
+            false => text!(self.names, "{unit} gathered for {ph} ({dtype})"),
+        }
+    }
+
     /// A unit's all-gather: its buffer is the gathered parameters, or under FSDP2 the flat
     /// output that [`Self::fsdp2_copy_out`] later copies them out of.
     pub(super) fn gather(&mut self, step: u32, mb: u32, phase: Phase, u: usize, deps: Vec<u32>) -> (u32, u32) {
         let bytes = self.unit_gathered_bytes(u);
         let fsdp2 = self.plan.parallel.framework.fsdp2_buffers();
-        let (category, name) = if fsdp2 {
-            let name = text!(
-                self.names,
-                "{} all-gather output for {} ({}, flat)",
-                self.plan.units[u].name,
-                phase.name(),
-                self.pr().compute.name()
-            );
-            (Category::AllGatherBuffers, name)
-        } else {
-            let name = text!(
-                self.names,
-                "{} gathered for {} ({})",
-                self.plan.units[u].name,
-                phase.name(),
-                self.pr().compute.name()
-            );
-            (Category::GatheredParameters, name)
-        };
+        let category = if fsdp2 { Category::AllGatherBuffers } else { Category::GatheredParameters };
+        let name = self.gathered_name(u, phase, fsdp2);
         let (deps, staging) = match &self.plan.parallel.offload {
             Some(off) if off.parameters.is_some() => self.fetch_offloaded(step, mb, phase, u, deps, off),
             _ => (deps, Vec::new()),
@@ -94,13 +87,7 @@ impl Builder<'_> {
             return t;
         };
         let bytes = self.unit_gathered_bytes(u);
-        let name = text!(
-            self.names,
-            "{} gathered for {} ({})",
-            self.plan.units[u].name,
-            phase.name(),
-            self.pr().compute.name()
-        );
+        let name = self.gathered_name(u, phase, false);
         let b = self.buffer(bytes, Category::GatheredParameters, name);
         let kind = if phase == Phase::Forward { TaskKind::Forward } else { TaskKind::Backward };
         let what = text!(self.names, "all-gather copy-out {}", self.plan.units[u].name);
