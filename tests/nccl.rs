@@ -115,3 +115,24 @@ fn explain_offers_turning_nvls_off() {
     let e = explain::explain(&a100, &sim, explain::DEFAULT_MARGIN);
     assert!(!e.counterfactuals.iter().any(|c| c.change.starts_with("NCCL_NVLS")));
 }
+
+/// memory.csv carries what nvidia-smi shows beside `reserved`: the allocator's reserved bytes
+/// plus the CUDA context and NCCL's buffers, whose peak is the report's.
+#[test]
+fn memory_csv_has_nvidia_smi_beside_reserved() {
+    let s = scenario("h100-sxm", 8, "sharding = \"full_shard\"", "");
+    let sim = stepsim::simulate(&s).unwrap();
+    let traces: Vec<_> = sim.run.traces.iter().collect();
+    let csv = stepsim::report::write::job_memory_csv(&sim.report, &traces);
+    let series = |cat: &str| -> Vec<u64> {
+        csv.lines()
+            .filter(|l| l.split(',').nth(2) == Some(cat))
+            .map(|l| l.rsplit(',').next().unwrap().parse().unwrap())
+            .collect()
+    };
+    let (reserved, smi) = (series("reserved"), series("nvidia_smi"));
+    let outside = s.cluster.cuda_context_bytes + s.nccl_bytes();
+    assert_eq!(reserved.len(), smi.len());
+    assert!(reserved.iter().zip(&smi).all(|(r, n)| r + outside == *n));
+    assert_eq!(smi.iter().max().copied(), Some(sim.report.allocator.nvidia_smi_peak.bytes));
+}

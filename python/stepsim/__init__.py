@@ -285,8 +285,9 @@ class Report:
     def memory(self, as_frame: Optional[bool] = None) -> Union[MemoryColumns, pandas.DataFrame]:
         """The memory curve: memory.csv's columns ``time_s``, ``rank_class``, ``category``,
         ``bytes`` (bytes as Python ints), one row each time a category's bytes change, plus
-        the ``allocated``, ``reserved`` and ``active`` totals; values hold until the next
-        row of the same rank class and category.
+        the ``allocated``, ``reserved`` and ``active`` totals and ``nvidia_smi`` (reserved plus
+        the CUDA context and NCCL's buffers); values hold until the next row of the same rank
+        class and category.
 
         Returns a pandas DataFrame when pandas can be imported, else a dict of lists;
         ``as_frame=False`` always gives the dict, ``as_frame=True`` requires pandas.

@@ -14,11 +14,11 @@ use crate::memory::{AllocatorKind, EmptyCacheAt, OomCause, Sample, Snapshot};
 use crate::scenario::Scenario;
 use crate::schedule::Schedule;
 
-/// Memory held outside the allocator.
+/// Memory held outside the allocator (cuBLAS workspaces are not: PyTorch allocates them
+/// through it).
 #[derive(Debug, Clone, Serialize)]
 pub struct Outside {
     pub cuda_context: Bytes,
-    pub cublas_workspace: Bytes,
     pub nccl_buffers: Bytes,
     pub total: Bytes,
 }
@@ -86,7 +86,7 @@ pub struct AllocatorReport {
     /// `torch.cuda.max_memory_reserved()`.
     pub max_memory_reserved: Bytes,
     /// What nvidia-smi shows at the reserved peak: `max_memory_reserved` plus the memory held
-    /// outside the allocator (CUDA context, cuBLAS workspaces, NCCL buffers).
+    /// outside the allocator (CUDA context, NCCL buffers).
     pub nvidia_smi_peak: Bytes,
     /// The peak of live tensor bytes (what PyTorch's memory trackers count).
     pub peak_live: Bytes,
@@ -207,7 +207,6 @@ pub fn build(s: &Scenario, sched: &Schedule, trace: &Trace) -> AllocatorReport {
         capacity: Bytes::new(capacity),
         outside: Outside {
             cuda_context: Bytes::new(s.cluster.cuda_context_bytes),
-            cublas_workspace: Bytes::new(a.cublas_workspace),
             nccl_buffers: Bytes::new(s.nccl_bytes()),
             total: Bytes::new(outside_total),
         },

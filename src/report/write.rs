@@ -90,9 +90,10 @@ pub fn report_json(r: &Report) -> String {
 }
 
 /// `memory.csv`: one row per change of a category's bytes, plus the allocated and reserved
-/// totals, for each distinct rank class. Values hold until the next row of the same
+/// totals and what nvidia-smi shows (reserved plus `outside`: the CUDA context and NCCL's
+/// buffers), for each distinct rank class. Values hold until the next row of the same
 /// (rank_class, category).
-pub fn memory_csv(trace: &Trace, rank_class: &str) -> String {
+pub fn memory_csv(trace: &Trace, rank_class: &str, outside: u64) -> String {
     // A class's name may hold a comma ("stage 0, expert rank 3 (ranks 3)"): quoted (RFC 4180).
     let rank_class = &super::csv_field(rank_class);
     let mut o = String::with_capacity(trace.timeline.samples.len() * 48);
@@ -117,6 +118,7 @@ pub fn memory_csv(trace: &Trace, rank_class: &str) -> String {
         }
         if s.reserved != prev_res {
             let _ = writeln!(o, "{t:.9},{rank_class},reserved,{}", s.reserved);
+            let _ = writeln!(o, "{t:.9},{rank_class},nvidia_smi,{}", s.reserved.saturating_add(outside));
             prev_res = s.reserved;
         }
         if s.active != prev_active {
@@ -386,9 +388,10 @@ pub fn write_all(
 /// the node's host rows under offload; for several, every class's rows labelled by the class
 /// (`traces` in class order).
 pub fn job_memory_csv(r: &Report, traces: &[&Trace]) -> String {
+    let outside = r.allocator.outside.total.bytes;
     if traces.len() == 1 {
         let trace = traces[0];
-        let mut rows = memory_csv(trace, &headline_ranks(r));
+        let mut rows = memory_csv(trace, &headline_ranks(r), outside);
         if let Some(off) = &r.offload {
             rows.push_str(&host_csv(off, trace.end_time_ns));
         }
@@ -397,7 +400,7 @@ pub fn job_memory_csv(r: &Report, traces: &[&Trace]) -> String {
     let mut csv = String::new();
     for (k, tr) in traces.iter().enumerate() {
         let label = class_name(r, k);
-        let part = memory_csv(tr, &label);
+        let part = memory_csv(tr, &label, outside);
         csv.push_str(if k == 0 { &part } else { part.split_once('\n').map_or("", |x| x.1) });
     }
     csv
