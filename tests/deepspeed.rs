@@ -95,3 +95,41 @@ fn fsdp_semantics_are_unchanged_by_the_deepspeed_rules() {
     assert_eq!(sim.plan().deepspeed_optimizer(), None);
     assert_eq!(most(&sim, Category::CommBuffers, Phase::Backward), 0);
 }
+
+/// `explain` offers a smaller IPG bucket under DeepSpeedZeroOptimizer: reduce_bucket_size / 4
+/// and one bucket (overlap_comm off). With two 1 GB buckets on a device that leaves no room
+/// for them, that is what fits; a job without the bucket gets no row.
+#[test]
+fn explain_offers_a_smaller_ipg_bucket() {
+    use stepsim::explain;
+    let toml = |extra: &str| {
+        format!(
+            "[model]\nfamily = \"gpt\"\nn_layers = 24\nhidden = 2048\nn_heads = 16\nvocab = 50257\nmax_seq_len = 2048\n\
+             [hardware]\ngpu = \"a100-80gb\"\ngpus = 1\n\
+             [parallel]\nframework = \"deepspeed\"\nsharding = \"zero1\"\n\
+             [training]\nmicro_batch = 4\nseq_len = 2048\ngrad_accum = 2\nprecision = \"bf16-mixed-adam\"\n{extra}"
+        )
+    };
+    let mut s = Scenario::from_toml(Path::new("<ds>"), &toml("[deepspeed]\noverlap_comm = true\n")).unwrap();
+    let small = Scenario::from_toml(
+        Path::new("<ds>"),
+        &toml("[deepspeed]\noverlap_comm = false\nreduce_bucket_size = 125000000\n"),
+    )
+    .unwrap();
+    // 1.6 GiB above the smaller buckets' live peak: room for them, not for two 1 GB buckets
+    // (1.75 GB more).
+    let need = stepsim::simulate(&small).unwrap().report.peak.unwrap().allocated.bytes;
+    s.cluster.memory_bytes = need + s.cluster.cuda_context_bytes + (1600 << 20);
+    let sim = stepsim::simulate(&s).unwrap();
+    assert!(matches!(sim.report.verdict, stepsim::report::Verdict::Oom(_)), "two 1 GB buckets do not fit");
+    let e = explain::explain(&s, &sim, explain::DEFAULT_MARGIN);
+    let row = e.counterfactuals.iter().find(|c| c.change.starts_with("DeepSpeed reduce_bucket_size")).expect("a row");
+    assert!(row.change.contains("5e8 -> 1.25e8, overlap_comm false"), "{}", row.change);
+    assert_eq!(row.fits, Some(true), "{row:?}");
+    // BF16_Optimizer has no IPG bucket.
+    let bf16 =
+        Scenario::from_toml(Path::new("<ds>"), &toml("").replace("bf16-mixed-adam", "bf16-mixed-adam-fp32-grads"))
+            .unwrap();
+    let v = explain::counterfactual::variants(&bf16, 20);
+    assert!(v.is_err(), "no IPG row for BF16_Optimizer");
+}

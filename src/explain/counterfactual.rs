@@ -34,6 +34,7 @@ pub const COUNTERFACTUAL_NAMES: &[&str] = &[
     "activation offload to host memory",
     "reduce gradients every micro-batch (FSDP without no_sync)",
     "NCCL without NVLS buffers (NCCL_NVLS_ENABLE=0)",
+    "DeepSpeed: smaller IPG bucket (reduce_bucket_size / 4, overlap_comm off)",
 ];
 
 /// The index of the change that applies to mixtures of experts only (no row for a dense
@@ -58,6 +59,9 @@ const NO_NVLS: usize = 19;
 /// The NVLS row's label starts so: it frees capacity, not peak memory, so an unchanged peak
 /// does not mean it had no effect.
 const NO_NVLS_LABEL: &str = "NCCL_NVLS_ENABLE=0";
+/// DeepSpeed's IPG bucket made smaller (ZeRO-1/2 with `contiguous_gradients`): offered
+/// under DeepSpeed only.
+const SMALLER_IPG: usize = 20;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Counterfactual {
@@ -487,6 +491,33 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             }
             vec![(format!("{NO_NVLS_LABEL} (NVLS buffers off: {} less NCCL memory per GPU)", fmt_bytes(saved)), v)]
         }
+        SMALLER_IPG => {
+            let plan_opt = crate::plan::DeepspeedOptimizer::for_plan(
+                s.parallel.framework,
+                s.parallel.sharding,
+                &s.training.precision,
+                s.parallel.offload.is_some(),
+            );
+            let ds = &s.parallel.deepspeed;
+            if plan_opt != Some(crate::plan::DeepspeedOptimizer::ZeroStage12) || ds.ipg_buckets() == 0 {
+                return Err("no IPG bucket (DeepSpeedZeroOptimizer with contiguous_gradients)".into());
+            }
+            let size = (ds.reduce_bucket_size / 4).max(1);
+            v.parallel.deepspeed.reduce_bucket_size = size;
+            v.parallel.deepspeed.overlap_comm = false;
+            let dtype = s.training.precision.param;
+            let saved = ds.ipg_bytes(dtype).saturating_sub(v.parallel.deepspeed.ipg_bytes(dtype));
+            let overlap = if ds.overlap_comm { ", overlap_comm false" } else { "" };
+            vec![(
+                format!(
+                    "DeepSpeed reduce_bucket_size {:e} -> {:e}{overlap} (IPG buckets {} smaller)",
+                    ds.reduce_bucket_size as f64,
+                    size as f64,
+                    fmt_bytes(saved)
+                ),
+                v,
+            )]
+        }
         _ => return Err("no such change".into()),
     })
 }
@@ -585,6 +616,7 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
         if ((which == FUSED_LOSS || which == SELECTIVE_OP) && megatron)
             || (which == SYNC_EACH && !s.parallel.no_sync)
             || (which == NO_NVLS && !s.nccl.nvls)
+            || (which == SMALLER_IPG && s.parallel.framework != crate::plan::Framework::Deepspeed)
         {
             continue;
         }
