@@ -67,7 +67,11 @@ fn scenario_for(name: &str, c: &Value) -> String {
         f = n("ffn_hidden"),
         v = n("vocab"),
         tie = c["tie_embeddings"].as_bool().unwrap_or(false),
-        raf = c["reshard_after_forward"].as_bool().unwrap_or(true),
+        // FSDP2 takes a bool or the size of the post-forward mesh.
+        raf = match &c["reshard_after_forward"] {
+            Value::Number(n) => n.to_string(),
+            v => v.as_bool().unwrap_or(true).to_string(),
+        },
         mb = n("micro_batch"),
         seq = n("seq_len"),
         opt = s("optimizer"),

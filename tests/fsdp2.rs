@@ -121,3 +121,40 @@ fn fsdp2_costs_copy_kernels_on_the_compute_stream() {
     assert!(!tasks(&two, 2, "all-gather copy-out").is_empty());
     assert!(tasks(&generic, 2, "all-gather copy-out").is_empty());
 }
+
+/// `reshard_after_forward = 2` on 4 ranks: after its forward each block keeps half of its
+/// BF16 parameters (FSDP2's post-forward shard) until its backward all-gathers them over
+/// those 2 ranks; an int outside FSDP2, or not dividing the shard group, is refused.
+#[test]
+fn an_int_reshard_after_forward_keeps_post_forward_shards() {
+    let sim = job("fsdp2", "reshard_after_forward = 2");
+    let prog = &sim.schedule().program;
+    let shards: Vec<u64> =
+        prog.buffers.iter().filter(|b| b.category == Category::PostForwardShards).map(|b| b.bytes).collect();
+    // Six blocks per forward, two steps.
+    assert_eq!(shards.len(), 12);
+    assert!(shards.iter().all(|&b| b == BLOCK_PARAMS * 2 / 2));
+    // Backward all-gathers over 2 ranks move half of what 4 ranks move: faster.
+    // The later of layers.3's two all-gathers of the step is the backward's.
+    let ag = |sim: &stepsim::Simulation| {
+        let t = tasks(sim, 2, "all-gather layers.3");
+        let last = t.iter().max_by_key(|t| t.1).unwrap();
+        last.2 - last.1
+    };
+    assert!(ag(&sim) < ag(&job("fsdp2", "")), "post-forward all-gathers are over fewer ranks");
+    for (framework, raf, says) in [
+        ("fsdp", "2", "parallel.framework = \"fsdp2\""),
+        ("fsdp2", "3", "must divide the 4 ranks"),
+        ("fsdp2", "4", "must divide the 4 ranks"),
+    ] {
+        let toml = format!(
+            "[model]\nfamily = \"llama\"\nn_layers = 2\nhidden = 256\nn_heads = 4\nvocab = 1000\n\
+             [hardware]\ngpu = \"h100-sxm\"\ngpus = 4\n\
+             [parallel]\nframework = \"{framework}\"\nsharding = \"full_shard\"\nreshard_after_forward = {raf}\n\
+             [training]\nmicro_batch = 1\nseq_len = 128\n"
+        );
+        let e = Scenario::from_toml(Path::new("x.toml"), &toml).unwrap_err();
+        assert_eq!(e.field, "parallel.reshard_after_forward", "{e}");
+        assert!(e.message.contains(says), "{e}");
+    }
+}

@@ -605,9 +605,16 @@ fn cases() -> Vec<Case> {
         .at_line(13),
         case(
             "string for a boolean",
+            b().set("parallel", "limit_all_gathers", "\"yes\""),
+            "parallel.limit_all_gathers",
+            &["invalid type", "\"yes\"", "expected a boolean"],
+        )
+        .at_line(24),
+        case(
+            "string for a boolean or an integer",
             b().set("parallel", "reshard_after_forward", "\"yes\""),
             "parallel.reshard_after_forward",
-            &["invalid type", "\"yes\"", "expected a boolean"],
+            &["invalid type", "\"yes\"", "expected true, false or an integer"],
         )
         .at_line(24),
         case(

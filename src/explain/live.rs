@@ -276,6 +276,13 @@ pub fn from_buffers(
             }
             Category::Inputs => "token ids and targets".to_string(),
             Category::KvCache => "keys and values of every token of context (inference)".to_string(),
+            Category::PostForwardShards => format!(
+                "FSDP2 post-forward shards (reshard_after_forward = {}): 1/{} of each finished unit's {} parameters, kept until its backward all-gathers them over those ranks: {}",
+                plan.parallel.post_forward_shard.unwrap_or(1),
+                plan.parallel.post_forward_shard.unwrap_or(1),
+                pr.compute.name(),
+                names[c].len()
+            ),
             Category::BlasWorkspaces => format!(
                 "cuBLAS workspaces PyTorch takes from the caching allocator, {} per (cuBLAS handle, stream) (CUBLAS_WORKSPACE_CONFIG; {} default): {}",
                 crate::report::fmt_bytes(plan.training.blas_workspace),

@@ -45,10 +45,13 @@ pub enum Category {
     /// cuBLAS workspaces PyTorch takes from its caching allocator, one per (handle, stream),
     /// kept for the life of the process.
     BlasWorkspaces,
+    /// FSDP2's post-forward shards (`reshard_after_forward = n`): 1/n of a unit's gathered
+    /// parameters, kept from its forward to its backward's all-gather.
+    PostForwardShards,
 }
 
 impl Category {
-    pub const ALL: [Category; 18] = [
+    pub const ALL: [Category; 19] = [
         Category::Parameters,
         Category::GatheredParameters,
         Category::MasterWeights,
@@ -67,6 +70,7 @@ impl Category {
         Category::AllGatherBuffers,
         Category::ReduceScatterBuffers,
         Category::BlasWorkspaces,
+        Category::PostForwardShards,
     ];
     pub const COUNT: usize = Self::ALL.len();
 
@@ -95,6 +99,7 @@ impl Category {
             Category::AllGatherBuffers => "all_gather_buffers",
             Category::ReduceScatterBuffers => "reduce_scatter_buffers",
             Category::BlasWorkspaces => "cublas_workspaces",
+            Category::PostForwardShards => "post_forward_shards",
         }
     }
 
@@ -119,6 +124,7 @@ impl Category {
             Category::AllGatherBuffers => "all-gather outputs (flat, before copy-out)",
             Category::ReduceScatterBuffers => "reduce-scatter inputs (flat)",
             Category::BlasWorkspaces => "cuBLAS workspaces",
+            Category::PostForwardShards => "parameters (resharded after forward)",
         }
     }
 
@@ -126,14 +132,17 @@ impl Category {
     /// for comparison with the measured references. `FSDPMemTracker` keeps the unsharded
     /// parameters, all-gather outputs and reduce-scatter inputs apart; it files the gradients
     /// autograd computes for the unsharded parameters as temporaries (they are outputs of
-    /// backward ops, not a registered `.grad`).
+    /// backward ops, not a registered `.grad`), and FSDP2's post-forward shards as activations
+    /// (forward creates them).
     pub fn tracker_category(self) -> &'static str {
         match self {
             Category::Parameters | Category::MasterWeights => "Parameter",
             Category::GatheredParameters => "Unsharded Param",
             Category::Gradients => "Gradient",
             Category::OptimizerState | Category::OptimizerTemp => "Optstate",
-            Category::Activations | Category::Recomputed | Category::Transient => "Activation",
+            Category::Activations | Category::Recomputed | Category::Transient | Category::PostForwardShards => {
+                "Activation"
+            }
             Category::ActivationGradients | Category::CommBuffers | Category::UnshardedGradients => "Temp",
             Category::AllGatherBuffers => "All Gather",
             Category::ReduceScatterBuffers => "Reduce Scatter",

@@ -65,6 +65,11 @@ pub struct ParallelConfig {
     pub sharding: Sharding,
     pub framework: Framework,
     pub reshard_after_forward: bool,
+    /// FSDP2's `reshard_after_forward = n` (an int): after forward a unit keeps 1/n of its
+    /// gathered parameters (`_to_sharded_post_forward`), and its backward all-gathers over
+    /// those n ranks only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub post_forward_shard: Option<u64>,
     pub backward_prefetch: BackwardPrefetch,
     pub forward_prefetch: bool,
     pub limit_all_gathers: bool,

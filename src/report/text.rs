@@ -161,7 +161,10 @@ pub fn render(r: &Report, s: &Scenario) -> String {
     } else if p.framework == crate::plan::Framework::Fsdp2 {
         format!(
             "fully_shard(reshard_after_forward={}), MixedPrecisionPolicy(param_dtype={}, reduce_dtype={}), backward prefetch {}{}{}",
-            p.reshard_after_forward && p.sharding != crate::plan::Sharding::Zero2,
+            match p.post_forward_shard {
+                Some(n) => n.to_string(),
+                None => (p.reshard_after_forward && p.sharding != crate::plan::Sharding::Zero2).to_string(),
+            },
             s.training.precision.compute.name(),
             s.training.precision.grad.name(),
             if p.backward_prefetch == crate::plan::BackwardPrefetch::None { "off" } else { "one unit ahead" },

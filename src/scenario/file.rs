@@ -260,13 +260,43 @@ pub struct HardwareSection {
     pub nvlink_gb_per_s: Option<f64>,
 }
 
+/// A setting that is a switch or a size (FSDP2's `reshard_after_forward: bool | int`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum BoolOrInt {
+    Bool(bool),
+    Int(i64),
+}
+
+impl<'de> Deserialize<'de> for BoolOrInt {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = BoolOrInt;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("true, false or an integer")
+            }
+            fn visit_bool<E: serde::de::Error>(self, b: bool) -> Result<BoolOrInt, E> {
+                Ok(BoolOrInt::Bool(b))
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<BoolOrInt, E> {
+                Ok(BoolOrInt::Int(n))
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<BoolOrInt, E> {
+                i64::try_from(n).map(BoolOrInt::Int).map_err(|_| E::custom(format!("{n} is out of range")))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ParallelSection {
     pub sharding: Option<String>,
     pub framework: Option<String>,
     pub wrap: Option<String>,
-    pub reshard_after_forward: Option<bool>,
+    pub reshard_after_forward: Option<BoolOrInt>,
     pub backward_prefetch: Option<String>,
     pub forward_prefetch: Option<bool>,
     pub limit_all_gathers: Option<bool>,

@@ -764,7 +764,22 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         ));
     }
     v.choice("parallel.wrap", p.wrap.as_deref().unwrap_or("block"), &["block"])?;
-    if sharding == Sharding::Zero2 && p.reshard_after_forward == Some(true) {
+    use file::BoolOrInt;
+    let (reshard, post_forward_shard) = match p.reshard_after_forward {
+        None => (None, None),
+        Some(BoolOrInt::Bool(b)) => (Some(b), None),
+        Some(BoolOrInt::Int(n)) => {
+            let field = "parallel.reshard_after_forward";
+            if framework != Framework::Fsdp2 {
+                return Err(v.err(field, format!("an int ({n}) is FSDP2's reshard to a smaller mesh: set parallel.framework = \"fsdp2\", or use true / false")));
+            }
+            if sharding != Sharding::Zero3 {
+                return Err(v.err(field, format!("an int ({n}) reshards FULL_SHARD's parameters after forward to {n} ranks: it needs sharding = \"full_shard\"")));
+            }
+            (Some(true), Some(n))
+        }
+    };
+    if sharding == Sharding::Zero2 && reshard == Some(true) {
         return Err(v.err("parallel.reshard_after_forward", "SHARD_GRAD_OP / zero2 keeps parameters gathered between forward and backward; use sharding = \"full_shard\" to reshard after forward"));
     }
     let backward_prefetch = match v.choice(
@@ -797,7 +812,8 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
     let parallel = ParallelConfig {
         sharding,
         framework,
-        reshard_after_forward: p.reshard_after_forward.unwrap_or(true),
+        reshard_after_forward: reshard.unwrap_or(true),
+        post_forward_shard: None,
         backward_prefetch,
         forward_prefetch: p.forward_prefetch.unwrap_or(false),
         limit_all_gathers: p.limit_all_gathers.unwrap_or(true),
@@ -825,6 +841,18 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         if p.reshard_after_forward.is_none() && matches!(sharding, Sharding::Zero3) {
             parallel.reshard_after_forward = false;
         }
+    }
+    if let Some(n) = post_forward_shard {
+        // FSDP2 reshards to a divisor of the shard group: data x context ranks.
+        let mp = &parallel.model_parallel;
+        let shard = gpus / (mp.tensor * mp.pipeline).max(1);
+        if n < 2 || n >= shard as i64 || shard % n as u64 != 0 {
+            return Err(v.err(
+                "parallel.reshard_after_forward",
+                format!("an int must divide the {shard} ranks parameters are sharded over and lie strictly between 1 and {shard} (FSDP2's post-forward mesh), got {n}; true reshards to all {shard}"),
+            ));
+        }
+        parallel.post_forward_shard = Some(n as u64);
     }
     if let Some(o) = &f.offload {
         parallel.offload = validate_offload(&v, o, &parallel, &cluster)?;

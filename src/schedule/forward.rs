@@ -171,7 +171,7 @@ impl Builder<'_> {
             self.free_at(t, &f);
             st.unit_last_fwd[u] = Some(t);
             if i + 1 == hi || dag.ops[i + 1].region != op.region {
-                self.post_forward_unit(op.region, u, t);
+                self.post_forward_unit(step, mb, op.region, u, t);
                 if let Region::Block(l) = op.region {
                     self.offload_block(&mut st, l as usize, t);
                 }

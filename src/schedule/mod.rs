@@ -131,6 +131,8 @@ struct Builder<'a> {
     fsdp2_ag: Vec<Option<u32>>,
     fsdp2_fwd_copy_out: Option<u32>,
     fsdp2_fwd_tail: Option<u32>,
+    /// FSDP2 `reshard_after_forward = n`: each unit's post-forward shard, until its backward.
+    post_fwd_shard: Vec<Option<u32>>,
     fsdp2_rs: Option<(u32, u32)>,
     /// FSDP2's all-gather copy-in stream, where each flat all-gather output is allocated.
     ag_copy_in_stream: u16,
@@ -329,6 +331,7 @@ impl<'a> Builder<'a> {
             fsdp2_ag: vec![None; nu],
             fsdp2_fwd_copy_out: None,
             fsdp2_fwd_tail: None,
+            post_fwd_shard: vec![None; nu],
             fsdp2_rs: None,
             unit_grads: vec![Vec::new(); nu],
             acc_grads: vec![None; dag.ops.len()],

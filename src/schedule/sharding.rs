@@ -42,7 +42,16 @@ impl Builder<'_> {
             _ => (deps, Vec::new()),
         };
         let b = self.buffer(bytes, category, name);
-        let secs = self.cost.collective_s(&self.cost.shard_group, Collective::AllGather, bytes);
+        let secs = match (self.post_fwd_shard[u], self.plan.parallel.post_forward_shard) {
+            // From the post-forward shard: over its n ranks.
+            (Some(_), Some(n)) if phase == Phase::Backward => {
+                let mut g = self.cost.shard_group.clone();
+                g.ranks_per_node = g.ranks_per_node.min(n);
+                g.ranks = n;
+                self.cost.collective_s(&g, Collective::AllGather, bytes)
+            }
+            _ => self.cost.collective_s(&self.cost.shard_group, Collective::AllGather, bytes),
+        };
         let what = text!(self.names, "all-gather {}", self.plan.units[u].name);
         let label = TaskLabel::new(step, phase, mb, what, TaskKind::AllGather, Some(u));
         let t = if fsdp2 {
@@ -102,6 +111,12 @@ impl Builder<'_> {
             self.fsdp2_fwd_tail = Some(flat);
         } else {
             self.free_at(c, &[flat]);
+        }
+        if phase == Phase::Backward {
+            // `_to_unsharded` drops the post-forward shard.
+            if let Some(pf) = self.post_fwd_shard[u].take() {
+                self.free_at(c, &[pf]);
+            }
         }
         self.gathered[u] = Some(b);
         if phase == Phase::Forward {
@@ -444,13 +459,32 @@ impl Builder<'_> {
     }
 
     /// End of a unit's forward (kernel `t`): a block is resharded (`reshard_after_forward`);
-    /// otherwise (SHARD_GRAD_OP) it stays gathered until its backward ends.
-    pub(super) fn post_forward_unit(&mut self, region: Region, u: usize, t: u32) {
-        if let (Region::Block(_), Some(g)) = (region, self.gathered[u]) {
-            if self.plan.reshard_after_forward {
-                self.free_at(t, &[g]);
-                self.gathered[u] = None;
-            }
+    /// otherwise (SHARD_GRAD_OP) it stays gathered until its backward ends. FSDP2 with
+    /// `reshard_after_forward = n` keeps this rank's 1/n of the gathered parameters
+    /// (`FSDPParamGroup._to_sharded_post_forward`: a copy out of the unsharded tensors).
+    pub(super) fn post_forward_unit(&mut self, step: u32, mb: u32, region: Region, u: usize, t: u32) {
+        let (Region::Block(_), Some(g)) = (region, self.gathered[u]) else { return };
+        if !self.plan.reshard_after_forward {
+            return;
         }
+        self.gathered[u] = None;
+        let Some(n) = self.plan.parallel.post_forward_shard else {
+            self.free_at(t, &[g]);
+            return;
+        };
+        let bytes = self.unit_gathered_bytes(u) / n;
+        let (unit, dtype) = (&self.plan.units[u].name, self.pr().compute.name());
+        let name = text!(self.names, "{unit} resharded after forward (1/{n}, {dtype})");
+        let what = text!(self.names, "reshard {unit} to {n} ranks after forward");
+        let b = self.buffer(bytes, Category::PostForwardShards, name);
+        let c = self.task(
+            COMPUTE,
+            self.cost.copy_s(2 * bytes),
+            vec![t],
+            vec![b],
+            TaskLabel::new(step, Phase::Forward, mb, what, TaskKind::Forward, Some(u)),
+        );
+        self.free_at(c, &[g]);
+        self.post_fwd_shard[u] = Some(b);
     }
 }
