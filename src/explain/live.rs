@@ -277,7 +277,7 @@ pub fn from_buffers(
             Category::Inputs => "token ids and targets".to_string(),
             Category::KvCache => "keys and values of every token of context (inference)".to_string(),
             Category::PostForwardShards => format!(
-                "FSDP2 post-forward shards (reshard_after_forward = {}): 1/{} of each finished unit's {} parameters, kept until its backward all-gathers them over those ranks: {}",
+                "FSDP2 post-forward shards (reshard_after_forward = {}): 1/{} of the {} parameters of each unit whose forward is done ({} live), kept until its backward all-gathers them over those ranks",
                 plan.parallel.post_forward_shard.unwrap_or(1),
                 plan.parallel.post_forward_shard.unwrap_or(1),
                 pr.compute.name(),

@@ -1074,8 +1074,12 @@ fn fsdp2_assumption(plan: &crate::plan::Plan) -> Option<String> {
         return None;
     }
     let pr = &plan.training.precision;
+    let post_forward = match plan.parallel.post_forward_shard {
+        Some(n) => format!("; reshard_after_forward = {n}: after its forward each block keeps 1/{n} of its parameters (_to_sharded_post_forward), all-gathered over those {n} ranks for its backward"),
+        None => String::new(),
+    };
     Some(format!(
-        "FSDP2 buffers (PyTorch 2.15 fully_shard): each all-gather writes one flat {c} output, allocated when issued on the all-gather copy-in stream, which the unit's pre-forward / pre-backward copies out into its unsharded parameters (both live during the copy; in forward the next unit's all-gather is issued after this copy-out, in backward the prefetch after the unit's own copy-out); autograd computes unsharded gradients in {c} (param_dtype); each post-backward copies them into one flat {g} reduce-scatter input (reduce_dtype) and frees them, and that input is kept until the next unit's post-backward, which first waits for its reduce-scatter (reduce_scatter_max_input_buffers = 1)",
+        "FSDP2 buffers (PyTorch 2.15 fully_shard): each all-gather writes one flat {c} output, allocated when issued on the all-gather copy-in stream, which the unit's pre-forward / pre-backward copies out into its unsharded parameters (both live during the copy; in forward the next unit's all-gather is issued after this copy-out, in backward the prefetch after the unit's own copy-out); autograd computes unsharded gradients in {c} (param_dtype); each post-backward copies them into one flat {g} reduce-scatter input (reduce_dtype) and frees them, and that input is kept until the next unit's post-backward, which first waits for its reduce-scatter (reduce_scatter_max_input_buffers = 1){post_forward}",
         c = pr.compute.name(),
         g = pr.grad.name()
     ))
