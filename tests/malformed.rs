@@ -426,6 +426,31 @@ fn cases() -> Vec<Case> {
             "offload",
             &["CPUOffloadPolicy", "framework = \"fsdp\""],
         ),
+        case(
+            "FSDP2 post-forward mesh that does not divide the shard group",
+            b().set("hardware", "gpus", "8")
+                .set("parallel", "framework", "\"fsdp2\"")
+                .set("parallel", "sharding", "\"full_shard\"")
+                .set("parallel", "reshard_after_forward", "3"),
+            "parallel.reshard_after_forward",
+            &["must divide the 8 ranks"],
+        ),
+        // --- NCCL and PyTorch release settings
+        case("a string for [nccl] nvls", b().set("nccl", "nvls", "\"yes\""), "nccl.nvls", &["invalid type", "expected a boolean"]),
+        case("NVLS on an A100", b().set("nccl", "nvls", "true"), "nccl.nvls", &["NVSwitch multicast"]),
+        case("an unknown [nccl] field", b().set("nccl", "buffsize", "4194304"), "nccl.buffsize", &["unknown field"]),
+        case(
+            "a number for training.torch_version",
+            b().set("training", "torch_version", "2.0"),
+            "training.torch_version",
+            &["invalid type", "expected a string"],
+        ),
+        case(
+            "an unmodelled PyTorch release",
+            b().set("training", "torch_version", "\"1.8\""),
+            "training.torch_version",
+            &["\"1.10\" to \"2.15\""],
+        ),
         // --- Megatron-LM's overlap flags
         case(
             "[megatron] without the Megatron framework",
