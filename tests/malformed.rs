@@ -436,7 +436,12 @@ fn cases() -> Vec<Case> {
             &["must divide the 8 ranks"],
         ),
         // --- NCCL and PyTorch release settings
-        case("a string for [nccl] nvls", b().set("nccl", "nvls", "\"yes\""), "nccl.nvls", &["invalid type", "expected a boolean"]),
+        case(
+            "a string for [nccl] nvls",
+            b().set("nccl", "nvls", "\"yes\""),
+            "nccl.nvls",
+            &["invalid type", "expected a boolean"],
+        ),
         case("NVLS on an A100", b().set("nccl", "nvls", "true"), "nccl.nvls", &["NVSwitch multicast"]),
         case("an unknown [nccl] field", b().set("nccl", "buffsize", "4194304"), "nccl.buffsize", &["unknown field"]),
         case(
