@@ -56,9 +56,6 @@ const SYNC_EACH: usize = 18;
 /// NCCL's NVLS (NVSwitch multicast) buffers turned off: offered only where NVLS is on and
 /// stepsim estimates NCCL's memory (NeMo's launcher sets NCCL_NVLS_ENABLE=0 to save it).
 const NO_NVLS: usize = 19;
-/// The NVLS row's label starts so: it frees capacity, not peak memory, so an unchanged peak
-/// does not mean it had no effect.
-const NO_NVLS_LABEL: &str = "NCCL_NVLS_ENABLE=0";
 /// DeepSpeed's IPG bucket made smaller (ZeRO-1/2 with `contiguous_gradients`): offered
 /// under DeepSpeed only.
 const SMALLER_IPG: usize = 20;
@@ -81,6 +78,10 @@ pub struct Counterfactual {
     /// runs: ranked apart from those that keep it.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub changes_problem: bool,
+    /// What the allocator could reserve in the changed run: a change that frees capacity
+    /// (NCCL's buffers) helps without changing the peak.
+    #[serde(skip)]
+    pub capacity: u64,
 }
 
 fn bigger_gpu(name: &str) -> Option<&'static str> {
@@ -489,7 +490,7 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             if saved == 0 {
                 return Err("no communicator all-reduces through NVLS".into());
             }
-            vec![(format!("{NO_NVLS_LABEL} (NVLS buffers off: {} less NCCL memory per GPU)", fmt_bytes(saved)), v)]
+            vec![(format!("NCCL_NVLS_ENABLE=0 (NVLS buffers off: {} less NCCL memory per GPU)", fmt_bytes(saved)), v)]
         }
         SMALLER_IPG => {
             let plan_opt = crate::plan::DeepspeedOptimizer::for_plan(
@@ -550,6 +551,7 @@ fn measure(label: String, s: &Scenario, base_tps: Option<f64>) -> Counterfactual
         gpu_seconds_per_token: tp.as_ref().map(|t| gpus as f64 / t.tokens_per_s),
         note: host_oom.then(|| "the node's host memory or NVMe cannot hold the offloaded state".into()),
         changes_problem: false,
+        capacity: s.allocator_capacity(),
     }
 }
 
@@ -573,7 +575,7 @@ pub fn run_all(s: &Scenario, _sim: &Simulation) -> Vec<Counterfactual> {
     let mut out = single_changes(s, base_tps);
     for c in out.iter_mut() {
         let same = c.fits == Some(false)
-            && !c.change.starts_with(NO_NVLS_LABEL)
+            && c.capacity == s.allocator_capacity()
             && c.gpus == u64::from(s.cluster.gpus)
             && c.peak.map(|p| p.bytes) == base_peak
             && c.step_time_s.zip(base_step).is_some_and(|(a, b)| (a - b).abs() <= 1e-9 * b.max(1e-12));
@@ -602,6 +604,7 @@ fn skipped(name: &str, gpus: u64, why: String) -> Counterfactual {
         gpu_seconds_per_token: None,
         note: Some(why),
         changes_problem: false,
+        capacity: 0,
     }
 }
 

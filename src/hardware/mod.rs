@@ -45,12 +45,9 @@ pub struct GpuSpec {
     /// Streaming multiprocessors (NVIDIA) / compute units (AMD): how many GEMM output tiles
     /// run at once, for wave quantization.
     pub sms: u32,
-    /// Bytes of one cuBLAS workspace PyTorch allocates per (cuBLAS handle, stream) through
-    /// its caching allocator when `CUBLAS_WORKSPACE_CONFIG` is unset
-    /// (`aten/src/ATen/cuda/CublasHandlePool.cpp`, `parseChosenWorkspaceSize`):
-    /// `:4096:8` = 32 MiB on compute capability 9.x (Hopper) and 10.x / 12.x (Blackwell),
-    /// `:4096:2:16:8` = 8 MiB + 128 KiB before; on ROCm hipBLASLt's 128 MiB for gfx942/gfx950.
-    pub blas_workspace_bytes: u64,
+    /// The architecture: what the libraries key their defaults on ([`GpuSpec::blas_workspace_bytes`],
+    /// NCCL's P2P read and NVLS in `crate::scenario::nccl`).
+    pub arch: Arch,
     /// The node layout this part usually ships in (a key of [`NODES`]).
     pub default_node: &'static str,
     /// Where the figures come from.
@@ -58,11 +55,44 @@ pub struct GpuSpec {
 }
 
 const MIB: u64 = 1 << 20;
-/// PyTorch's default cuBLAS workspace before Hopper, `:4096:2:16:8` (see
-/// [`GpuSpec::blas_workspace_bytes`]).
-const PRE_HOPPER_BLAS_WORKSPACE: u64 = 2 * 4096 * 1024 + 8 * 16 * 1024;
-/// From Hopper on, `:4096:8`.
-const HOPPER_BLAS_WORKSPACE: u64 = 8 * 4096 * 1024;
+
+/// A GPU architecture (NVIDIA compute capability, AMD gfx target).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Arch {
+    /// sm70.
+    Volta,
+    /// sm80.
+    Ampere,
+    /// sm90.
+    Hopper,
+    /// sm100.
+    Blackwell,
+    /// gfx942 (ROCm: RCCL and hipBLASLt instead of NCCL and cuBLAS).
+    Cdna3,
+}
+
+impl Arch {
+    /// Hopper or later (NVIDIA).
+    pub fn hopper_or_later(self) -> bool {
+        matches!(self, Arch::Hopper | Arch::Blackwell)
+    }
+}
+
+impl GpuSpec {
+    /// Bytes of one cuBLAS workspace PyTorch allocates per (cuBLAS handle, stream) through
+    /// its caching allocator when `CUBLAS_WORKSPACE_CONFIG` is unset
+    /// (`aten/src/ATen/cuda/CublasHandlePool.cpp`, `parseChosenWorkspaceSize`):
+    /// `:4096:8` = 32 MiB on compute capability 9.x (Hopper) and 10.x / 12.x (Blackwell),
+    /// `:4096:2:16:8` = 8 MiB + 128 KiB before; on ROCm hipBLASLt's 128 MiB for gfx942.
+    pub fn blas_workspace_bytes(&self) -> u64 {
+        match self.arch {
+            Arch::Volta | Arch::Ampere => 2 * 4096 * 1024 + 8 * 16 * 1024,
+            Arch::Hopper | Arch::Blackwell => 8 * 4096 * 1024,
+            Arch::Cdna3 => 128 * MIB,
+        }
+    }
+}
 
 /// The catalog. Keys are lowercase, as written in scenario files. Unless noted, figures are
 /// the vendor datasheets' dense (no sparsity) peaks as tabulated in stas00's ml-engineering
@@ -87,7 +117,7 @@ pub const CATALOG: &[GpuSpec] = &[
         // not measured in the table; assumed like A100
         max_matmul_fraction: 0.85,
         sms: 80,
-        blas_workspace_bytes: PRE_HOPPER_BLAS_WORKSPACE, // sm70
+        arch: Arch::Volta,
         default_node: "dgx-1v",
         source: "NVIDIA V100 datasheet (SXM2); stas00 ml-engineering",
     },
@@ -109,7 +139,7 @@ pub const CATALOG: &[GpuSpec] = &[
         pcie_gen: 4,
         max_matmul_fraction: 0.869,
         sms: 108,
-        blas_workspace_bytes: PRE_HOPPER_BLAS_WORKSPACE, // sm80
+        arch: Arch::Ampere,
         default_node: "dgx-a100",
         source: "NVIDIA A100 datasheet (SXM4); stas00 ml-engineering",
     },
@@ -129,7 +159,7 @@ pub const CATALOG: &[GpuSpec] = &[
         pcie_gen: 4,
         max_matmul_fraction: 0.869,
         sms: 108,
-        blas_workspace_bytes: PRE_HOPPER_BLAS_WORKSPACE, // sm80
+        arch: Arch::Ampere,
         default_node: "dgx-a100",
         source: "NVIDIA A100 datasheet (SXM4 80GB); stas00 ml-engineering",
     },
@@ -152,7 +182,7 @@ pub const CATALOG: &[GpuSpec] = &[
         pcie_gen: 5,
         max_matmul_fraction: 0.803,
         sms: 132,
-        blas_workspace_bytes: HOPPER_BLAS_WORKSPACE, // sm90
+        arch: Arch::Hopper,
         default_node: "dgx-h100",
         source: "NVIDIA H100 datasheet (SXM5); stas00 ml-engineering",
     },
@@ -176,7 +206,7 @@ pub const CATALOG: &[GpuSpec] = &[
         // as H100 SXM
         max_matmul_fraction: 0.803,
         sms: 114,
-        blas_workspace_bytes: HOPPER_BLAS_WORKSPACE, // sm90
+        arch: Arch::Hopper,
         default_node: "pcie-8gpu",
         source: "NVIDIA H100 datasheet (PCIe); stas00 ml-engineering (PCIe 5 x16 63 GB/s)",
     },
@@ -198,7 +228,7 @@ pub const CATALOG: &[GpuSpec] = &[
         // "H200 is the same" as H100
         max_matmul_fraction: 0.803,
         sms: 132,
-        blas_workspace_bytes: HOPPER_BLAS_WORKSPACE, // sm90
+        arch: Arch::Hopper,
         default_node: "hgx-h200",
         source: "NVIDIA H200 datasheet (SXM); stas00 ml-engineering",
     },
@@ -222,7 +252,7 @@ pub const CATALOG: &[GpuSpec] = &[
         pcie_gen: 6,
         max_matmul_fraction: 0.776,
         sms: 148,
-        blas_workspace_bytes: HOPPER_BLAS_WORKSPACE, // sm100
+        arch: Arch::Blackwell,
         default_node: "dgx-b200",
         source: "NVIDIA HGX B200 datasheet; stas00 ml-engineering",
     },
@@ -246,7 +276,7 @@ pub const CATALOG: &[GpuSpec] = &[
         pcie_gen: 5,
         max_matmul_fraction: 0.514,
         sms: 304,
-        blas_workspace_bytes: 128 * MIB, // gfx942
+        arch: Arch::Cdna3,
         default_node: "mi300x-8gpu",
         source: "AMD Instinct MI300X datasheet; stas00 ml-engineering network/README.md (xGMI)",
     },

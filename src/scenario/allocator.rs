@@ -10,7 +10,7 @@ pub(super) fn validate_allocator(
     a: &AllocatorSection,
     cluster: &Cluster,
 ) -> Result<AllocatorSettings, ScenarioError> {
-    let mut out = AllocatorSettings { cublas_workspace: cluster.gpu.blas_workspace_bytes, ..Default::default() };
+    let mut out = AllocatorSettings { cublas_workspace: cluster.gpu.blas_workspace_bytes(), ..Default::default() };
     if let Some(k) = &a.kind {
         out.kind = match v.choice("allocator.kind", k, &["caching", "exact"])? {
             "caching" => AllocatorKind::Caching,
@@ -81,7 +81,7 @@ pub(super) fn validate_allocator(
                 "two cuBLAS workspaces of {} bytes (one per thread: forward and autograd's backward) leave nothing of the {} bytes the CUDA context leaves; CUBLAS_WORKSPACE_CONFIG's default is {} bytes on {}",
                 out.cublas_workspace,
                 cluster.capacity_bytes(),
-                cluster.gpu.blas_workspace_bytes,
+                cluster.gpu.blas_workspace_bytes(),
                 cluster.gpu.name
             ),
         ));

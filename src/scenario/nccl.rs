@@ -21,7 +21,8 @@
 //! exceeds the node.
 
 use super::*;
-use crate::net::nccl_memory::{Communicator, Fabric, NcclConfig, TreePosition};
+use crate::hardware::Arch;
+use crate::net::nccl_memory::{Communicator, Fabric, NcclConfig, Traffic, TreePosition};
 
 /// What NCCL holds on each GPU: the rank class with the most, and its communicators.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -45,9 +46,10 @@ fn fabric(cluster: &Cluster) -> Fabric {
     Fabric {
         ring_channels_intra: intra,
         ring_channels_inter: inter,
-        p2p_read: cluster.gpu.name.starts_with("a100"),
+        // Two A100s (sm80) over NVLink use P2P read (`ncclTopoCheckP2p`).
+        p2p_read: cluster.gpu.arch == Arch::Ampere,
         // NVSwitch multicast needs Hopper or later on an NVSwitch fabric.
-        nvls_capable: nvswitch && matches!(cluster.gpu.name, "h100-sxm" | "h200" | "b200"),
+        nvls_capable: nvswitch && cluster.gpu.arch.hopper_or_later(),
         gpus_per_node: u64::from(cluster.gpus_per_node),
     }
 }
@@ -191,12 +193,10 @@ fn communicators(s: &Scenario, stage: u64) -> Vec<Communicator> {
     out
 }
 
-use crate::net::nccl_memory::Traffic;
-
 /// The estimate for a validated scenario: the rank class (pipeline position) holding the
 /// most NCCL memory.
 pub fn estimate(s: &Scenario, config: NcclConfig) -> NcclEstimate {
-    let modelled = !s.cluster.gpu.name.starts_with("mi");
+    let modelled = s.cluster.gpu.arch != Arch::Cdna3;
     let f = fabric(&s.cluster);
     let pp = s.parallel.model_parallel.pipeline.max(1);
     let positions: Vec<u64> =

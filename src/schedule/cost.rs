@@ -60,6 +60,9 @@ pub struct Cost {
     pub dp_group: Group,
     /// The cross-node replica group of hybrid sharding (one rank per node).
     pub replica_group: Group,
+    /// FSDP2's post-forward mesh (`reshard_after_forward = n`): the n neighbouring ranks of
+    /// the shard group a unit's backward all-gather runs over.
+    pub post_forward_group: Group,
     /// The tensor-parallel group (inside one node).
     pub tp_group: Group,
     /// The expert-parallel group: `expert` consecutive ranks in Megatron's order (MoE
@@ -124,6 +127,7 @@ impl Cost {
             shard_group: group(shard_group, per_node),
             dp_group: group(gpus, per_node),
             replica_group: group(gpus.div_ceil(per_node), 1),
+            post_forward_group: group(1, 1),
             tp_group: group(1, 1),
             ep_group: group(1, 1),
             edp_group: group(gpus, per_node),
@@ -163,6 +167,9 @@ impl Cost {
         } else {
             group(plan.dp.div_ceil(plan.dp_per_node), 1)
         };
+        if let Some(n) = plan.parallel.post_forward_shard {
+            c.post_forward_group = group(n, n.min(plan.dp_per_node));
+        }
         c.tp_group = group(tp, tp);
         // Expert groups in Megatron-Core's folded order (expert-tensor 1, then expert, then
         // expert-data): an expert group is `ep` consecutive ranks of the stage, its

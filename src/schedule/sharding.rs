@@ -42,16 +42,12 @@ impl Builder<'_> {
             _ => (deps, Vec::new()),
         };
         let b = self.buffer(bytes, category, name);
-        let secs = match (self.post_fwd_shard[u], self.plan.parallel.post_forward_shard) {
-            // From the post-forward shard: over its n ranks.
-            (Some(_), Some(n)) if phase == Phase::Backward => {
-                let mut g = self.cost.shard_group.clone();
-                g.ranks_per_node = g.ranks_per_node.min(n);
-                g.ranks = n;
-                self.cost.collective_s(&g, Collective::AllGather, bytes)
-            }
-            _ => self.cost.collective_s(&self.cost.shard_group, Collective::AllGather, bytes),
+        // From a post-forward shard the backward all-gather runs over its n ranks.
+        let group = match self.post_fwd_shard[u] {
+            Some(_) if phase == Phase::Backward => &self.cost.post_forward_group,
+            _ => &self.cost.shard_group,
         };
+        let secs = self.cost.collective_s(group, Collective::AllGather, bytes);
         let what = text!(self.names, "all-gather {}", self.plan.units[u].name);
         let label = TaskLabel::new(step, phase, mb, what, TaskKind::AllGather, Some(u));
         let t = if fsdp2 {
