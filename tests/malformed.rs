@@ -418,6 +418,16 @@ fn cases() -> Vec<Case> {
             &["fully_shard", "\"full_shard\"", "framework = \"fsdp\""],
         ),
         case(
+            "FSDP1 without parameter sharding",
+            b().set("hardware", "gpus", "8").set("parallel", "framework", "\"fsdp1\"").set(
+                "parallel",
+                "sharding",
+                "\"zero1\"",
+            ),
+            "parallel.sharding",
+            &["NO_SHARD", "\"full_shard\"", "framework = \"fsdp\""],
+        ),
+        case(
             "FSDP2 with CPU offload",
             b().set("hardware", "gpus", "8")
                 .set("parallel", "framework", "\"fsdp2\"")

@@ -248,10 +248,10 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
                 (Framework::Deepspeed, _) => {
                     return Err("DeepSpeed offloads the optimizer with ZeRO stage 2 or 3".into())
                 }
-                (Framework::Fsdp | Framework::Fsdp2, Sharding::Zero3) => {
+                (Framework::Fsdp | Framework::Fsdp1 | Framework::Fsdp2, Sharding::Zero3) => {
                     (Some(OffloadDevice::Cpu), "FSDP CPUOffload(offload_params=True)")
                 }
-                (Framework::Fsdp, _) => return Err("FSDP's CPU offload needs FULL_SHARD".into()),
+                (Framework::Fsdp | Framework::Fsdp1, _) => return Err("FSDP's CPU offload needs FULL_SHARD".into()),
                 (Framework::Fsdp2, _) => return Err("CPUOffloadPolicy under FSDP2 is not simulated yet".into()),
                 (Framework::Megatron, _) => return Err("offload is not simulated for Megatron-LM".into()),
             };
@@ -362,7 +362,9 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             // Under FSDP, torchtitan's default rotation (all-gather); Megatron's ring;
             // DeepSpeed's Ulysses, which needs the heads to divide by the degree.
             let comm = match s.parallel.framework {
-                crate::plan::Framework::Fsdp | crate::plan::Framework::Fsdp2 => crate::model::ContextComm::AllGather,
+                crate::plan::Framework::Fsdp | crate::plan::Framework::Fsdp1 | crate::plan::Framework::Fsdp2 => {
+                    crate::model::ContextComm::AllGather
+                }
                 crate::plan::Framework::Megatron if mp.context > 1 => mp.context_comm,
                 crate::plan::Framework::Megatron => crate::model::ContextComm::Ring,
                 crate::plan::Framework::Deepspeed => crate::model::ContextComm::AllToAll,

@@ -180,9 +180,10 @@ pub fn from_buffers(
                 } else {
                     format!("layer(s) {}", ranges(&layers[c]))
                 };
-                // FSDP2 computes them in param_dtype unless they accumulate over micro-batches.
-                let fsdp2 = plan.parallel.framework.fsdp2_buffers() && !plan.parallel.no_sync && plan.pipeline() == 1;
-                let dtype = if fsdp2 { pr.compute } else { pr.grad };
+                // FSDP1 and FSDP2 compute them in param_dtype unless they accumulate over
+                // micro-batches.
+                let own = plan.parallel.framework.grads_in_param_dtype() && !plan.parallel.no_sync && plan.pipeline() == 1;
+                let dtype = if own { pr.compute } else { pr.grad };
                 format!("unsharded {} gradients of {ls} awaiting their {what}", dtype.name())
             }
             Category::GatheredParameters => {
@@ -292,6 +293,11 @@ pub fn from_buffers(
             Category::AllGatherBuffers => format!(
                 "FSDP2 flat {} all-gather outputs, not yet copied out into unsharded parameters: {}",
                 pr.compute.name(),
+                names[c].join(", ")
+            ),
+            Category::ReduceScatterBuffers if plan.parallel.framework.fsdp1_buffers() => format!(
+                "FSDP1 flat gradients cast to {} (reduce_dtype) on the post-backward stream, kept until their reduce-scatter ends: {}",
+                pr.grad.name(),
                 names[c].join(", ")
             ),
             Category::ReduceScatterBuffers => format!(

@@ -18,6 +18,11 @@ pub enum Framework {
     /// first release: FSDP-like units whose gathered parameters are one buffer, gradients in
     /// the policy's gradient dtype, no framework-owned collective buffers.
     Fsdp,
+    /// PyTorch FSDP1 (`FullyShardedDataParallel`, `use_orig_params=False`,
+    /// `torch/distributed/fsdp/_runtime_utils.py` and `_flat_param.py`, PyTorch 2.15):
+    /// everything [`Framework::Fsdp`] does, plus FSDP1's own buffers
+    /// ([`Framework::fsdp1_buffers`]).
+    Fsdp1,
     /// PyTorch FSDP2 (`fully_shard`, `torch/distributed/fsdp/_fully_shard/`, PyTorch 2.15):
     /// everything [`Framework::Fsdp`] does, plus FSDP2's own buffers ([`Framework::fsdp2_buffers`]).
     Fsdp2,
@@ -31,7 +36,34 @@ impl Framework {
     /// PyTorch's own data parallelism (DDP, FSDP, FSDP2), as opposed to DeepSpeed's engine or
     /// Megatron's: the torchtitan-side options and PyTorch's offload apply.
     pub fn is_pytorch(self) -> bool {
-        matches!(self, Framework::Fsdp | Framework::Fsdp2)
+        matches!(self, Framework::Fsdp | Framework::Fsdp1 | Framework::Fsdp2)
+    }
+
+    /// FSDP1's FlatParameter buffers and dtypes (`FullyShardedDataParallel` with
+    /// `use_orig_params=False`, PyTorch 2.15 `torch/distributed/fsdp/`):
+    /// - with a low-precision `param_dtype`, each unshard first casts the FP32 local shard
+    ///   into `_mp_shard` (one shard in `param_dtype`, `_use_low_precision_shard`), all-gathers
+    ///   it into `_full_param_padded`, and frees it (`_free_low_precision_sharded_param`,
+    ///   recorded on the unshard stream, so it lives until the all-gather ends);
+    /// - the module's parameters are views of the unsharded FlatParameter, so autograd
+    ///   computes their gradients in `param_dtype` and `SplitWithSizesBackward` concatenates
+    ///   them into one flat gradient of the whole unit when the unit's last gradient exists,
+    ///   freeing the per-parameter ones;
+    /// - the post-backward hook (`_post_backward_hook`) reshards the unit, then on the
+    ///   post-backward stream casts the flat gradient to `reduce_dtype` (a second flat copy)
+    ///   and reduce-scatters it into a new sharded gradient (`_reduce_grad`); the
+    ///   `param_dtype` flat gradient is recorded on that stream
+    ///   (`_no_dispatch_record_stream(autograd_computed_grad, ...)`), so both flat copies
+    ///   live until the reduce-scatter ends.
+    pub fn fsdp1_buffers(self) -> bool {
+        self == Framework::Fsdp1
+    }
+
+    /// Autograd computes unsharded gradients in the parameter dtype the module runs in
+    /// (FSDP1's flat views, FSDP2's unsharded parameters) rather than the policy's gradient
+    /// dtype.
+    pub fn grads_in_param_dtype(self) -> bool {
+        matches!(self, Framework::Fsdp1 | Framework::Fsdp2)
     }
 
     /// FSDP2's collective buffers and dtypes (`_fsdp_param_group.py`, `_fsdp_collectives.py`,
@@ -85,7 +117,7 @@ impl Framework {
     /// The host optimizer step under offload, as the framework's log names it.
     pub fn host_optimizer_step(self) -> &'static str {
         match self {
-            Framework::Fsdp | Framework::Fsdp2 => "optimizer.step() on the CPU",
+            Framework::Fsdp | Framework::Fsdp1 | Framework::Fsdp2 => "optimizer.step() on the CPU",
             Framework::Deepspeed => "DeepSpeedCPUAdam step on the host",
             // Offload is refused for Megatron at validation; named for completeness.
             Framework::Megatron => "optimizer.step() on the CPU (Megatron --optimizer-cpu-offload)",
@@ -99,6 +131,7 @@ impl Framework {
             (Framework::Fsdp, Sharding::None) => "PyTorch DDP",
             (Framework::Fsdp, Sharding::Zero1) => "PyTorch ZeroRedundancyOptimizer",
             (Framework::Fsdp, _) => "PyTorch FSDP",
+            (Framework::Fsdp1, _) => "PyTorch FSDP1 (FullyShardedDataParallel)",
             (Framework::Fsdp2, _) => "PyTorch FSDP2 (fully_shard)",
             (Framework::Deepspeed, _) => "DeepSpeed",
             (Framework::Megatron, Sharding::Zero1) => "Megatron-LM (distributed optimizer)",
@@ -110,6 +143,7 @@ impl Framework {
     pub fn state_creation(self) -> &'static str {
         match self {
             Framework::Fsdp => "state creation (PyTorch FSDP): parameters (and master copy) at init, gradients in the first backward, optimizer state at the first optimizer.step()",
+            Framework::Fsdp1 => "state creation (PyTorch FSDP1): sharded FlatParameters at wrap time, sharded gradients at the first reduce-scatter, optimizer state at the first optimizer.step()",
             Framework::Fsdp2 => "state creation (PyTorch FSDP2): sharded parameters at fully_shard(), sharded gradients at the first reduce-scatter, optimizer state at the first optimizer.step()",
             Framework::Deepspeed => "state creation (DeepSpeed ZeRO): parameters, FP32 master partitions and optimizer state when the engine initialises",
             Framework::Megatron => "state creation (Megatron-LM): parameters, FP32 main parameters and the contiguous gradient buffer (zeroed in place each step, never freed) at init, optimizer state at the first optimizer.step()",

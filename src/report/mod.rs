@@ -600,6 +600,9 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
     if let Some(line) = fsdp2_assumption(plan) {
         assumptions.push(line);
     }
+    if let Some(line) = fsdp1_assumption(plan) {
+        assumptions.push(line);
+    }
     if let Some(f) = &dag.workload.fp8 {
         assumptions.push(fp8_assumption(f));
     }
@@ -1082,6 +1085,34 @@ fn fsdp2_assumption(plan: &crate::plan::Plan) -> Option<String> {
         "FSDP2 buffers (PyTorch 2.15 fully_shard): each all-gather writes one flat {c} output, allocated when issued on the all-gather copy-in stream, which the unit's pre-forward / pre-backward copies out into its unsharded parameters (both live during the copy; in forward the next unit's all-gather is issued after this copy-out, in backward the prefetch after the unit's own copy-out); autograd computes unsharded gradients in {c} (param_dtype); each post-backward copies them into one flat {g} reduce-scatter input (reduce_dtype) and frees them, and that input is kept until the next unit's post-backward, which first waits for its reduce-scatter (reduce_scatter_max_input_buffers = 1){post_forward}",
         c = pr.compute.name(),
         g = pr.grad.name()
+    ))
+}
+
+/// The assumption line stating FSDP1's own buffers ([`crate::plan::Framework::fsdp1_buffers`]
+/// cites the source).
+fn fsdp1_assumption(plan: &crate::plan::Plan) -> Option<String> {
+    if !plan.parallel.framework.fsdp1_buffers() {
+        return None;
+    }
+    let pr = &plan.training.precision;
+    let (c, g) = (pr.compute.name(), pr.grad.name());
+    let mp_shard = if pr.param != pr.compute {
+        format!("each all-gather sends this rank's shard cast to {c} (_mp_shard, freed when the all-gather ends); ")
+    } else {
+        String::new()
+    };
+    let cast = if pr.grad != pr.compute {
+        format!(", casts it to {g} (reduce_dtype) on the post-backward stream and reduce-scatters that copy; both flat copies live until the reduce-scatter ends")
+    } else {
+        ", and reduce-scatters it; it lives until the reduce-scatter ends".to_string()
+    };
+    let accumulate = if plan.parallel.no_sync || plan.pipeline() > 1 {
+        " (gradients accumulated over micro-batches keep the generic model: unsharded, in the policy's gradient dtype, reduced once)"
+    } else {
+        ""
+    };
+    Some(format!(
+        "FSDP1 buffers (PyTorch 2.15 FullyShardedDataParallel, use_orig_params=False): {mp_shard}autograd computes the unit's gradients in {c} (views of the unsharded FlatParameter) and concatenates them into one flat {c} gradient of the whole unit when the last one exists (SplitWithSizesBackward); the post-backward hook then reshards the unit{cast}{accumulate}; no limit on reduce-scatters in flight, so a comm-bound backward holds several units' flat gradients"
     ))
 }
 

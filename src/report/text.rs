@@ -172,8 +172,18 @@ pub fn render(r: &Report, s: &Scenario) -> String {
             if p.async_tp { ", async TP (sequence-parallel collectives pipelined with their GEMMs)" } else { "" }
         )
     } else {
+        let mp = if p.framework == crate::plan::Framework::Fsdp1 {
+            let pr = &s.training.precision;
+            format!(
+                ", MixedPrecision(param_dtype={}, reduce_dtype={}), use_orig_params=False",
+                pr.compute.name(),
+                pr.grad.name()
+            )
+        } else {
+            String::new()
+        };
         format!(
-            "reshard_after_forward={}, backward_prefetch={}, limit_all_gathers={}{}{}",
+            "reshard_after_forward={}, backward_prefetch={}, limit_all_gathers={}{mp}{}{}",
             p.reshard_after_forward && p.sharding != crate::plan::Sharding::Zero2,
             p.backward_prefetch.display(),
             p.limit_all_gathers,

@@ -58,7 +58,7 @@ pub(super) fn validate_fp8(v: &V, f: Option<&Fp8Section>, cx: &Fp8Context) -> Re
                 "\"delayed\" is Transformer Engine's delayed scaling as Megatron-Core runs it (parallel.framework = \"megatron\"); under FSDP use torchao's \"tensorwise\" or \"rowwise\"",
             ))
         }
-        (_, Framework::Fsdp | Framework::Fsdp2) => {}
+        (_, Framework::Fsdp | Framework::Fsdp1 | Framework::Fsdp2) => {}
         (_, _) => {
             return Err(v.err(
                 "fp8.recipe",

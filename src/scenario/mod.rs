@@ -744,9 +744,10 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
     let framework = match v.choice(
         "parallel.framework",
         p.framework.as_deref().unwrap_or("fsdp"),
-        &["fsdp", "fsdp2", "deepspeed", "megatron"],
+        &["fsdp", "fsdp1", "fsdp2", "deepspeed", "megatron"],
     )? {
         "fsdp" => Framework::Fsdp,
+        "fsdp1" => Framework::Fsdp1,
         "fsdp2" => Framework::Fsdp2,
         "megatron" => Framework::Megatron,
         _ => Framework::Deepspeed,
@@ -761,6 +762,12 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         return Err(v.err(
             "parallel.sharding",
             "FSDP2 (fully_shard) shards parameters: use sharding = \"full_shard\", \"shard_grad_op\" (reshard_after_forward=False) or \"hybrid_shard\"; DDP and ZeroRedundancyOptimizer are parallel.framework = \"fsdp\"",
+        ));
+    }
+    if framework == Framework::Fsdp1 && matches!(sharding, Sharding::None | Sharding::Zero1) {
+        return Err(v.err(
+            "parallel.sharding",
+            "FSDP1 is simulated with its parameters sharded: use sharding = \"full_shard\", \"shard_grad_op\" or \"hybrid_shard\" (its NO_SHARD strategy is not simulated yet); DDP and ZeroRedundancyOptimizer are parallel.framework = \"fsdp\"",
         ));
     }
     v.choice("parallel.wrap", p.wrap.as_deref().unwrap_or("block"), &["block"])?;

@@ -158,7 +158,7 @@ pub fn default_offload(
         nvme_read_bytes_per_s: DEFAULT_NVME_READ_BYTES_PER_S / per_gpu,
         nvme_write_bytes_per_s: DEFAULT_NVME_WRITE_BYTES_PER_S / per_gpu,
         cpu_adam_params_per_s: match framework {
-            Framework::Fsdp | Framework::Fsdp2 => DEFAULT_TORCH_CPU_ADAM_PARAMS_PER_S,
+            Framework::Fsdp | Framework::Fsdp1 | Framework::Fsdp2 => DEFAULT_TORCH_CPU_ADAM_PARAMS_PER_S,
             Framework::Deepspeed | Framework::Megatron => DEFAULT_CPU_ADAM_PARAMS_PER_S,
         },
     }

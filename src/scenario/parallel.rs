@@ -231,7 +231,7 @@ pub(super) fn validate_context(
                 _ => ContextComm::AllToAll,
             }
         }
-        Framework::Fsdp | Framework::Fsdp2 => {
+        Framework::Fsdp | Framework::Fsdp1 | Framework::Fsdp2 => {
             match v.choice(
                 "parallel.context_rotate",
                 p.context_rotate.as_deref().unwrap_or("allgather"),

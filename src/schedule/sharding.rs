@@ -42,6 +42,9 @@ impl Builder<'_> {
             _ => (deps, Vec::new()),
         };
         let b = self.buffer(bytes, category, name);
+        // FSDP1 all-gathers the local shard cast to `param_dtype` (`_mp_shard`), freed once
+        // the all-gather ends ([`crate::plan::Framework::fsdp1_buffers`]).
+        let mp_shard = self.fsdp1_mp_shard(u, phase);
         // From a post-forward shard the backward all-gather runs over its n ranks.
         let group = match self.post_fwd_shard[u] {
             Some(_) if phase == Phase::Backward => &self.cost.post_forward_group,
@@ -68,10 +71,88 @@ impl Builder<'_> {
             self.fsdp2_ag[u] = Some(b);
             self.task(NCCL, secs, vec![c], vec![], label)
         } else {
-            self.task(NCCL, secs, deps, vec![b], label)
+            let mut alloc = vec![b];
+            alloc.extend(mp_shard);
+            self.task(NCCL, secs, deps, alloc, label)
         };
         self.free_at(t, &staging);
+        if let Some(m) = mp_shard {
+            self.free_at(t, &[m]);
+        }
         (t, b)
+    }
+
+    /// FSDP1's `_mp_shard` for unit `u`'s all-gather: this rank's shard in `param_dtype`,
+    /// when that differs from the stored parameters' dtype.
+    fn fsdp1_mp_shard(&mut self, u: usize, phase: Phase) -> Option<u32> {
+        let pr = self.pr();
+        if !self.plan.parallel.framework.fsdp1_buffers() || pr.param == pr.compute {
+            return None;
+        }
+        let (unit, ph, dtype) = (&self.plan.units[u].name, phase.name(), pr.compute.name());
+        let name = text!(self.names, "{unit} _mp_shard for {ph} ({dtype}, this rank's shard)");
+        Some(self.buffer(self.plan.units[u].shard_params * pr.compute.bytes(), Category::GatheredParameters, name))
+    }
+
+    /// FSDP1's flat gradient of unit `u`: autograd's `SplitWithSizesBackward` concatenates
+    /// the unit's `param_dtype` gradients into one flat gradient of the whole unit (on the
+    /// compute stream, after the unit's last backward kernel `after`) and frees them, before
+    /// the post-backward hook runs. Returns the concatenation's task and the flat gradient.
+    fn fsdp1_concat(&mut self, step: u32, mb: u32, u: usize, after: u32, unsharded: &[u32]) -> (u32, u32) {
+        let c = self.pr().compute;
+        let full = self.plan.units[u].shard_params * self.plan.shard_group;
+        let unit = &self.plan.units[u].name;
+        let flat = self.buffer(
+            full * c.bytes(),
+            Category::UnshardedGradients,
+            text!(self.names, "{unit} flat gradient ({}, FlatParameter.grad)", c.name()),
+        );
+        let grad_bytes: u64 = unsharded.iter().map(|&x| self.prog.buffers[x as usize].bytes).sum();
+        let what = text!(self.names, "concatenate {unit} gradients (SplitWithSizesBackward)");
+        let cat = self.task(
+            COMPUTE,
+            self.cost.copy_s(grad_bytes + full * c.bytes()),
+            vec![after],
+            vec![flat],
+            TaskLabel::new(step, Phase::Backward, mb, what, TaskKind::Backward, Some(u)),
+        );
+        self.free_at(cat, unsharded);
+        (cat, flat)
+    }
+
+    /// FSDP1's post-backward stream (the NCCL queue here) casts unit `u`'s flat gradient
+    /// `flat` to `reduce_dtype` when that differs from `param_dtype`. Returns the task the
+    /// reduce-scatter follows and the buffers it frees when it ends: the flat gradient,
+    /// recorded on that stream, and the cast copy it reduces.
+    fn fsdp1_cast(&mut self, step: u32, mb: u32, u: usize, after: u32, flat: Vec<u32>) -> (u32, Vec<u32>) {
+        let (c, g) = (self.pr().compute, self.pr().grad);
+        if g == c {
+            return (after, flat);
+        }
+        let full = self.plan.units[u].shard_params * self.plan.shard_group;
+        let unit = &self.plan.units[u].name;
+        let input = self.buffer(
+            full * g.bytes(),
+            Category::ReduceScatterBuffers,
+            text!(self.names, "{unit} flat gradient cast to {} (reduce-scatter input)", g.name()),
+        );
+        let what = text!(self.names, "cast {unit} flat gradient to {}", g.name());
+        let cast = self.task(
+            NCCL,
+            self.cost.copy_s(full * (c.bytes() + g.bytes())),
+            vec![after],
+            vec![input],
+            TaskLabel::new(step, Phase::Backward, mb, what, TaskKind::Backward, Some(u)),
+        );
+        let mut bufs = flat;
+        bufs.push(input);
+        (cast, bufs)
+    }
+
+    /// FSDP1's own gradient path applies: its post-backward hook reduces every micro-batch
+    /// (no gradient accumulation across micro-batches, which keeps the policy's dtype).
+    fn fsdp1_grads(&self) -> bool {
+        self.plan.parallel.framework.fsdp1_buffers() && !self.accumulates_unsharded()
     }
 
     /// FSDP2's `wait_for_unshard` for unit `u`, whose all-gather is task `t`: a copy kernel
@@ -206,6 +287,9 @@ impl Builder<'_> {
             after = c;
             fsdp2_input = Some(input);
         }
+        if self.fsdp1_grads() {
+            (after, unsharded) = self.fsdp1_cast(step, mb, u, after, unsharded);
+        }
         if self.grad_bufs[u].is_none() {
             let b = self.buffer(
                 shard_bytes,
@@ -328,10 +412,10 @@ impl Builder<'_> {
             return;
         }
         let el = if op.shared_params > 0 { op.shared_params } else { op.params };
-        // FSDP2's autograd computes them in the parameter dtype of the unsharded parameters
-        // (`param_dtype`), unless they accumulate across micro-batches, which it does in
+        // FSDP1's and FSDP2's autograd computes them in the parameter dtype of the unsharded
+        // parameters (`param_dtype`), unless they accumulate across micro-batches, which it does in
         // `reduce_dtype` (`FSDPParam.to_accumulated_grad_if_needed`).
-        let dtype = if self.plan.parallel.framework.fsdp2_buffers() && !self.accumulates_unsharded() {
+        let dtype = if self.plan.parallel.framework.grads_in_param_dtype() && !self.accumulates_unsharded() {
             self.pr().compute
         } else {
             self.pr().grad
@@ -409,14 +493,25 @@ impl Builder<'_> {
             // runs for every unit once its last backward is done (`finish_unit_grads`).
             return;
         }
-        if let Some(g) = self.gathered[u].take() {
-            self.free_at(t, &[g]);
-        }
         // Without gradient sync (no_sync) the unsharded gradients stay until the last
         // micro-batch's post-backward reduce-scatters what they accumulated.
+        let mut grads = None;
+        let mut reshard = t;
         if self.plan.grads_sharded && st.sync_grads {
-            let grads = std::mem::take(&mut self.unit_grads[u]);
-            self.reduce_scatter(st.step, st.mb, u, t, grads);
+            let mut g = std::mem::take(&mut self.unit_grads[u]);
+            let mut after = t;
+            // FSDP1's flat gradient exists before its post-backward hook reshards the unit.
+            if self.fsdp1_grads() {
+                let (cat, flat) = self.fsdp1_concat(st.step, st.mb, u, t, &g);
+                (after, reshard, g) = (cat, cat, vec![flat]);
+            }
+            grads = Some((after, g));
+        }
+        if let Some(g) = self.gathered[u].take() {
+            self.free_at(reshard, &[g]);
+        }
+        if let Some((after, g)) = grads {
+            self.reduce_scatter(st.step, st.mb, u, after, g);
         }
     }
 

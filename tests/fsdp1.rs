@@ -1,0 +1,113 @@
+//! FSDP1's own buffers, rule by rule (src/schedule/sharding.rs and
+//! `Framework::fsdp1_buffers` cite `torch/distributed/fsdp/` of PyTorch 2.15): the
+//! low-precision `_mp_shard` each all-gather sends, per-parameter gradients in `param_dtype`
+//! concatenated into one flat gradient before the post-backward hook reshards the unit, and
+//! that flat gradient cast to `reduce_dtype` on the post-backward stream, both live until the
+//! reduce-scatter ends. The whole-step figures are checked against MemTracker in
+//! tests/fidelity_pytorch.rs (the `fsdp1/f*` cases); these tests pin each rule on its own.
+
+use std::path::Path;
+
+use stepsim::memory::Category;
+use stepsim::scenario::Scenario;
+
+/// A 6-layer Llama (hidden 1024, FFN 4096) on 4 GPUs, FP32 sharded parameters with BF16
+/// compute and FP32 reduction.
+fn job(framework: &str, precision: &str) -> stepsim::Simulation {
+    let toml = format!(
+        "[model]\nfamily = \"llama\"\nn_layers = 6\nhidden = 1024\nn_heads = 8\nffn_hidden = 4096\nvocab = 2048\n\
+         [hardware]\ngpu = \"h100-sxm\"\ngpus = 4\n\
+         [parallel]\nframework = \"{framework}\"\nsharding = \"full_shard\"\n\
+         [training]\nmicro_batch = 1\nseq_len = 256\noptimizer = \"adam\"\nprecision = \"{precision}\"\nsteps = 2\n"
+    );
+    let s = Scenario::from_toml(Path::new("<fsdp1>"), &toml).unwrap_or_else(|e| panic!("{e}"));
+    stepsim::simulate(&s).unwrap()
+}
+
+/// Parameters of one block: attention 4 x 1024^2, SwiGLU 3 x 1024 x 4096, two norms.
+const BLOCK_PARAMS: u64 = 4 * 1024 * 1024 + 3 * 1024 * 4096 + 2 * 1024;
+
+/// Bytes of every buffer of `cat` whose name contains `what`.
+fn buffers(sim: &stepsim::Simulation, cat: Category, what: &str) -> Vec<u64> {
+    let prog = &sim.schedule().program;
+    prog.buffers
+        .iter()
+        .filter(|b| b.category == cat && prog.names[b.name as usize].contains(what))
+        .map(|b| b.bytes)
+        .collect()
+}
+
+/// (start, end) of every task of step `step` whose text starts with `what`.
+fn tasks(sim: &stepsim::Simulation, step: u32, what: &str) -> Vec<(u64, u64)> {
+    let sched = sim.schedule();
+    let tr = sim.trace();
+    (0..sched.program.tasks.len())
+        .filter(|&i| {
+            let l = &sched.labels[sched.program.tasks[i].label as usize];
+            l.step == step && l.what.starts_with(what)
+        })
+        .map(|i| (tr.start_ns[i], tr.end_ns[i]))
+        .collect()
+}
+
+#[test]
+fn each_all_gather_sends_a_low_precision_shard() {
+    let sim = job("fsdp1", "fsdp-bf16-mixed");
+    // One BF16 quarter of a block per all-gather: forward and backward, both steps.
+    let shards = buffers(&sim, Category::GatheredParameters, "_mp_shard");
+    assert!(shards.contains(&(BLOCK_PARAMS / 4 * 2)), "{shards:?}");
+    // Pure BF16 parameters are all-gathered as they are.
+    let sim = job("fsdp1", "bf16");
+    assert!(buffers(&sim, Category::GatheredParameters, "_mp_shard").is_empty());
+}
+
+#[test]
+fn a_unit_has_one_flat_gradient_in_param_dtype_and_one_cast_copy_in_reduce_dtype() {
+    let sim = job("fsdp1", "fsdp-bf16-mixed");
+    let flat = buffers(&sim, Category::UnshardedGradients, "flat gradient (bf16");
+    assert!(flat.contains(&(BLOCK_PARAMS * 2)), "{flat:?}");
+    let cast = buffers(&sim, Category::ReduceScatterBuffers, "cast to fp32");
+    assert!(cast.contains(&(BLOCK_PARAMS * 4)), "{cast:?}");
+    // The per-parameter gradients autograd computes are BF16 (the FFN's are the largest).
+    let grads = buffers(&sim, Category::UnshardedGradients, "weight grad");
+    assert_eq!(grads.iter().max(), Some(&(1024 * 4096 * 2)));
+    // Without mixed precision there is nothing to cast: FP32 flat gradients are reduced.
+    let sim = job("fsdp1", "fp32");
+    assert!(buffers(&sim, Category::ReduceScatterBuffers, "").is_empty());
+    assert!(buffers(&sim, Category::UnshardedGradients, "flat gradient (fp32").contains(&(BLOCK_PARAMS * 4)));
+    // The generic "fsdp" keeps its per-parameter FP32 gradients and no flat copies.
+    let sim = job("fsdp", "fsdp-bf16-mixed");
+    assert!(buffers(&sim, Category::UnshardedGradients, "flat gradient").is_empty());
+}
+
+#[test]
+fn a_units_gradients_are_concatenated_then_cast_then_reduce_scattered() {
+    let sim = job("fsdp1", "fsdp-bf16-mixed");
+    let cat = tasks(&sim, 2, "concatenate layers.3 gradients");
+    let cast = tasks(&sim, 2, "cast layers.3 flat gradient to fp32");
+    let rs = tasks(&sim, 2, "reduce-scatter layers.3");
+    assert_eq!((cat.len(), cast.len(), rs.len()), (1, 1, 1), "{cat:?} {cast:?} {rs:?}");
+    assert!(cat[0].1 <= cast[0].0 && cast[0].1 <= rs[0].0, "{cat:?} {cast:?} {rs:?}");
+}
+
+#[test]
+fn fsdp1_holds_more_than_the_generic_model_at_the_backward_peak() {
+    // The flat gradient and its FP32 copy (6 B per parameter of a unit, briefly with the
+    // BF16 per-parameter gradients) against the generic model's FP32 per-parameter
+    // gradients (4 B).
+    let (s1, s0) = (job("fsdp1", "fsdp-bf16-mixed"), job("fsdp", "fsdp-bf16-mixed"));
+    let (p1, ph1) = s1.step_peak(2).unwrap();
+    let (p0, _) = s0.step_peak(2).unwrap();
+    assert_eq!(ph1.name(), "backward");
+    assert!(p1.allocated > p0.allocated, "{} vs {}", p1.allocated, p0.allocated);
+}
+
+#[test]
+fn no_shard_is_refused_with_the_alternatives_named() {
+    let toml =
+        "[model]\nfamily = \"llama\"\nn_layers = 2\nhidden = 256\nn_heads = 4\nffn_hidden = 1024\nvocab = 1000\n\
+                [hardware]\ngpu = \"h100-sxm\"\ngpus = 4\n[parallel]\nframework = \"fsdp1\"\nsharding = \"none\"\n\
+                [training]\nmicro_batch = 1\nseq_len = 128\n";
+    let e = Scenario::from_toml(Path::new("<fsdp1>"), toml).unwrap_err().to_string();
+    assert!(e.contains("parallel.sharding") && e.contains("NO_SHARD") && e.contains("\"fsdp\""), "{e}");
+}
