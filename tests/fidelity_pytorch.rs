@@ -58,8 +58,10 @@ fn scenario_for(name: &str, c: &Value) -> String {
     let n = |k: &str| c[k].as_u64().unwrap_or(0);
     // FSDP1 references (fsdp1/) name their ShardingStrategy; the others are FSDP2
     // (fully_shard) under FSDPMemTracker, or one unsharded rank.
+    let ddp = c["wrapper"].as_str() == Some("ddp");
     let (framework, sharding, world) = match c["fsdp1_sharding"].as_str() {
         Some(st) => (FSDP1, fsdp1_sharding(st), n("world_size")),
+        None if ddp => ("fsdp", "none".to_string(), n("world_size")),
         None if s("sharding") == "none" => ("fsdp", "none".to_string(), 1),
         None => ("fsdp2", s("sharding"), n("world_size")),
     };
@@ -96,10 +98,10 @@ fn scenario_for(name: &str, c: &Value) -> String {
         // reference's fake process group moves no data and runs each collective at once, so
         // the FSDP1 scenarios give collectives a 1,000,000 GB/s link: what is compared is
         // which tensors are live, not when a collective ends.
-        link = if c["fsdp1_sharding"].is_string() { "nvlink_gb_per_s = 1000000\n" } else { "" },
+        link = if c["fsdp1_sharding"].is_string() || ddp { "nvlink_gb_per_s = 1000000\n" } else { "" },
         // (FSDP1's strategy decides it.)
         raf = match &c["reshard_after_forward"] {
-            _ if c["fsdp1_sharding"].is_string() => String::new(),
+            _ if c["fsdp1_sharding"].is_string() || ddp => String::new(),
             Value::Number(n) => format!("reshard_after_forward = {n}\n"),
             v => format!("reshard_after_forward = {}\n", v.as_bool().unwrap_or(true)),
         },
@@ -205,8 +207,8 @@ fn pytorch_tracker_references() {
     assert!(failures.is_empty(), "outside {:.0}%:\n{}", TOLERANCE * 100.0, failures.join("\n"));
 }
 
-/// FSDP1 (`FullyShardedDataParallel`, tests/fixtures/pytorch/fsdp1/, measured by its
-/// fsdp1_ref.py with MemTracker): the peak, its phase, the per-phase peaks, and the peak's
+/// FSDP1 (`FullyShardedDataParallel`) and DDP (tests/fixtures/pytorch/fsdp1/, measured by
+/// its fsdp1_ref.py with MemTracker; DDP as `framework = "fsdp"`, `sharding = "none"`): the peak, its phase, the per-phase peaks, and the peak's
 /// breakdown in the three groups MemTracker keeps apart for FSDP1: parameters (the sharded
 /// FlatParameters and, through the module's views, the gathered `_full_param_padded`),
 /// optimizer state (with `optimizer.step()`'s temporaries) and the rest (activations,
