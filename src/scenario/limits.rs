@@ -1,7 +1,7 @@
 //! Stated limits, checked before any work starts: per-field maxima where a larger value is
 //! not a training job any more (and would overflow stepsim's 64-bit byte counts), the largest
-//! single tensor a job may hold, and the simulation's size. Each limit is in the README's
-//! scenario format reference; an error names the field and what to reduce.
+//! single tensor a job may hold, and the simulation's size. Each limit is in docs/scenario-format.md,
+//! the scenario format reference; an error names the field and what to reduce.
 
 use super::{ScenarioError, V};
 use crate::model::{Attention, ModelConfig, Workload};
@@ -50,7 +50,7 @@ impl V<'_> {
         if x > max {
             return Err(self.err(
                 field,
-                format!("must be at most {max}, got {x} (stepsim's stated limit; see the README's scenario format)"),
+                format!("must be at most {max}, got {x} (stepsim's stated limit; see docs/scenario-format.md)"),
             ));
         }
         Ok(x)
