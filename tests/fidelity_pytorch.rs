@@ -21,10 +21,7 @@ const TOLERANCE: f64 = 0.05;
 const FSDP1: &str = "fsdp1";
 
 /// FSDP1 cases stepsim does not model yet, and why.
-const FSDP1_NOT_COMPARED: &[(&str, &str)] = &[(
-    "f_noshard_steady",
-    "FSDP1's NO_SHARD (per-unit flat gradients all-reduced in its post-backward hook) is not simulated yet; parallel.framework = \"fsdp1\" refuses sharding = \"none\"",
-)];
+const FSDP1_NOT_COMPARED: &[(&str, &str)] = &[];
 
 /// stepsim's name for an FSDP1 `ShardingStrategy`.
 fn fsdp1_sharding(strategy: &str) -> String {

@@ -14,10 +14,14 @@ use stepsim::scenario::Scenario;
 /// A 6-layer Llama (hidden 1024, FFN 4096) on 4 GPUs, FP32 sharded parameters with BF16
 /// compute and FP32 reduction.
 fn job(framework: &str, precision: &str) -> stepsim::Simulation {
+    job_with(framework, precision, "full_shard")
+}
+
+fn job_with(framework: &str, precision: &str, sharding: &str) -> stepsim::Simulation {
     let toml = format!(
         "[model]\nfamily = \"llama\"\nn_layers = 6\nhidden = 1024\nn_heads = 8\nffn_hidden = 4096\nvocab = 2048\n\
          [hardware]\ngpu = \"h100-sxm\"\ngpus = 4\n\
-         [parallel]\nframework = \"{framework}\"\nsharding = \"full_shard\"\n\
+         [parallel]\nframework = \"{framework}\"\nsharding = \"{sharding}\"\n\
          [training]\nmicro_batch = 1\nseq_len = 256\noptimizer = \"adam\"\nprecision = \"{precision}\"\nsteps = 2\n"
     );
     let s = Scenario::from_toml(Path::new("<fsdp1>"), &toml).unwrap_or_else(|e| panic!("{e}"));
@@ -58,7 +62,7 @@ fn each_all_gather_sends_a_low_precision_shard() {
     assert!(shards.contains(&(BLOCK_PARAMS / 4 * 2)), "{shards:?}");
     // Pure BF16 parameters are all-gathered as they are.
     let sim = job("fsdp1", "bf16");
-    assert!(buffers(&sim, Category::GatheredParameters, "_mp_shard").is_empty());
+    assert!(buffers(&sim, Category::GatheredParameters, "this rank's shard").is_empty());
 }
 
 #[test]
@@ -103,10 +107,32 @@ fn fsdp1_holds_more_than_the_generic_model_at_the_backward_peak() {
 }
 
 #[test]
-fn no_shard_is_refused_with_the_alternatives_named() {
+fn no_shard_casts_each_unit_and_keeps_its_flat_gradient_all_reduced_in_place() {
+    let sim = job_with("fsdp1", "fsdp-bf16-mixed", "none");
+    // Each unit's BF16 copy of the whole unit stands where gathered parameters would be
+    // (`_mp_shard` is the unsharded parameter under NO_SHARD), the root's included.
+    let copies = buffers(&sim, Category::GatheredParameters, "layers.2 cast for");
+    assert!(copies.iter().all(|&b| b == BLOCK_PARAMS * 2) && !copies.is_empty(), "{copies:?}");
+    assert!(!buffers(&sim, Category::GatheredParameters, "root").is_empty());
+    assert!(buffers(&sim, Category::GatheredParameters, "this rank's shard").is_empty());
+    // The flat BF16 gradient, and the FP32 gradient the all-reduce keeps (no cast copy
+    // beside it, no DDP buckets).
+    assert!(buffers(&sim, Category::UnshardedGradients, "flat gradient (bf16").contains(&(BLOCK_PARAMS * 2)));
+    assert!(buffers(&sim, Category::Gradients, "flat grad (fp32, all-reduced in place)").contains(&(BLOCK_PARAMS * 4)));
+    assert!(buffers(&sim, Category::ReduceScatterBuffers, "").is_empty());
+    assert!(buffers(&sim, Category::CommBuffers, "DDP").is_empty());
+    assert_eq!(tasks(&sim, 2, "all-reduce layers.3 flat gradient").len(), 1);
+    assert!(tasks(&sim, 2, "reduce-scatter").is_empty());
+    // Without mixed precision the units run on their FP32 parameters: nothing is cast.
+    let sim = job_with("fsdp1", "fp32", "none");
+    assert!(buffers(&sim, Category::GatheredParameters, "").is_empty());
+}
+
+#[test]
+fn optimizer_only_sharding_is_refused_with_the_alternatives_named() {
     let toml =
         "[model]\nfamily = \"llama\"\nn_layers = 2\nhidden = 256\nn_heads = 4\nffn_hidden = 1024\nvocab = 1000\n\
-                [hardware]\ngpu = \"h100-sxm\"\ngpus = 4\n[parallel]\nframework = \"fsdp1\"\nsharding = \"none\"\n\
+                [hardware]\ngpu = \"h100-sxm\"\ngpus = 4\n[parallel]\nframework = \"fsdp1\"\nsharding = \"zero1\"\n\
                 [training]\nmicro_batch = 1\nseq_len = 128\n";
     let e = Scenario::from_toml(Path::new("<fsdp1>"), toml).unwrap_err().to_string();
     assert!(e.contains("parallel.sharding") && e.contains("NO_SHARD") && e.contains("\"fsdp\""), "{e}");

@@ -418,7 +418,7 @@ fn cases() -> Vec<Case> {
             &["fully_shard", "\"full_shard\"", "framework = \"fsdp\""],
         ),
         case(
-            "FSDP1 without parameter sharding",
+            "FSDP1 with optimizer-only sharding",
             b().set("hardware", "gpus", "8").set("parallel", "framework", "\"fsdp1\"").set(
                 "parallel",
                 "sharding",

@@ -195,7 +195,7 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
                 Sharding::Zero3 => return Err("already FULL_SHARD / ZeRO-3".into()),
             };
             v.parallel.sharding = next;
-            vec![(format!("sharding {} -> {}", s.parallel.sharding.display(), next.display()), v)]
+            vec![(format!("sharding {} -> {}", s.parallel.sharding_display(), next.display()), v)]
         }
         6 => {
             if s.parallel.backward_prefetch == BackwardPrefetch::None || s.parallel.sharding == Sharding::None {

@@ -123,7 +123,7 @@ pub fn from_buffers(
                 );
                 if loaded < units {
                     format!("{per} ({loaded} of {units} units loaded so far)")
-                } else if plan.params_sharded {
+                } else if plan.params_sharded && plan.shard_group > 1 {
                     format!("sharded {per}")
                 } else {
                     format!("replicated {per}")
@@ -150,7 +150,14 @@ pub fn from_buffers(
                 format!("optimizer.step() temporaries ({:?} implementation)", plan.training.optimizer_impl)
             }
             Category::Gradients => {
-                if plan.grads_sharded {
+                if plan.parallel.framework.fsdp1_no_shard(plan.parallel.sharding) {
+                    format!(
+                        "full {} flat gradients of {} of {units} units all-reduced so far (FSDP1 NO_SHARD), {} B/param",
+                        pr.grad.name(),
+                        names[c].len(),
+                        pr.grad.bytes()
+                    )
+                } else if plan.grads_sharded {
                     format!(
                         "sharded {} gradients of {} of {units} units reduced so far ({} B/param x {})",
                         pr.grad.name(),
@@ -187,10 +194,16 @@ pub fn from_buffers(
                 format!("unsharded {} gradients of {ls} awaiting their {what}", dtype.name())
             }
             Category::GatheredParameters => {
+                let no_shard = plan.parallel.framework.fsdp1_no_shard(plan.parallel.sharding);
                 let mut parts: Vec<String> = names[c]
                     .iter()
                     .map(|x| {
-                        let unit = x.split(" gathered").next().unwrap_or(x).to_string();
+                        let unit = [" gathered", " cast for", " _mp_shard"]
+                            .iter()
+                            .filter_map(|m| x.find(m))
+                            .min()
+                            .map_or(x.to_string(), |i| x[..i].to_string());
+                        let mp_shard = if x.contains("_mp_shard") { " (its _mp_shard, being all-gathered)" } else { "" };
                         let l = layer_of(x);
                         let ahead = match (l, at_layer, phase) {
                             (Some(l), Some(at), Phase::Forward) => l > at,
@@ -200,16 +213,16 @@ pub fn from_buffers(
                         if plan.pipeline() > 1 && !plan.reshard_after_forward && x.contains("gathered") {
                             // FSDP on a pipeline stage keeps its units gathered over the step.
                             format!("{unit} (kept gathered across the stage's micro-batches)")
-                        } else if l.is_none() && x.contains("gathered") {
+                        } else if l.is_none() && x.contains("gathered") && !no_shard {
                             format!("{unit} (root unit: not resharded after forward)")
                         } else if ahead {
-                            format!("{unit} (prefetched)")
-                        } else if x.contains("gathered for backward") {
-                            format!("{unit} (for its backward)")
-                        } else if x.contains("gathered for forward") && phase == Phase::Backward {
+                            format!("{unit}{mp_shard} (prefetched)")
+                        } else if x.contains(" for backward") {
+                            format!("{unit}{mp_shard} (for its backward)")
+                        } else if x.contains(" for forward") && phase == Phase::Backward {
                             format!("{unit} (kept since forward: not resharded)")
-                        } else if x.contains("gathered for forward") {
-                            format!("{unit} (for its forward)")
+                        } else if x.contains(" for forward") {
+                            format!("{unit}{mp_shard} (for its forward)")
                         } else {
                             x.clone()
                         }
@@ -222,7 +235,15 @@ pub fn from_buffers(
                     parts.truncate(5);
                     parts.push(format!("... {} more", k - 5));
                 }
-                format!("parameters all-gathered in {}: {}", pr.compute.name(), parts.join(", "))
+                if no_shard {
+                    format!(
+                        "parameters cast to {} (FSDP1 NO_SHARD: each unit's _mp_shard, freed at every reshard): {}",
+                        pr.compute.name(),
+                        parts.join(", ")
+                    )
+                } else {
+                    format!("parameters all-gathered in {}: {}", pr.compute.name(), parts.join(", "))
+                }
             }
             Category::Activations => {
                 let k = layers[c].len() as u64;

@@ -253,7 +253,7 @@ pub fn render(e: &Explanation, s: &Scenario) -> String {
         c.gpus,
         c.gpu.name,
         fmt_bytes(c.capacity_bytes()),
-        p.sharding.display(),
+        p.sharding_display(),
         t.micro_batch,
         t.seq_len,
         t.grad_accum,

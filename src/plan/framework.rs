@@ -59,6 +59,17 @@ impl Framework {
         self == Framework::Fsdp1
     }
 
+    /// FSDP1's NO_SHARD strategy (`sharding = "none"` under `framework = "fsdp1"`): no
+    /// collective gathers parameters, but with a low-precision `param_dtype` each unit's
+    /// pre-forward and pre-backward cast the whole FP32 flat parameter into `_mp_shard`, which
+    /// is then the unsharded parameter, freed at every reshard (post-forward, root included,
+    /// and post-backward: `FlatParamHandle.post_reshard`); the unit's flat gradient is cast to
+    /// `reduce_dtype` and all-reduced in place (`_reduce_grad_no_shard`), and that copy stays
+    /// as the gradient.
+    pub fn fsdp1_no_shard(self, sharding: Sharding) -> bool {
+        self == Framework::Fsdp1 && sharding == Sharding::None
+    }
+
     /// Autograd computes unsharded gradients in the parameter dtype the module runs in
     /// (FSDP1's flat views, FSDP2's unsharded parameters) rather than the policy's gradient
     /// dtype.

@@ -104,6 +104,17 @@ pub struct ParallelConfig {
     pub async_tp: bool,
 }
 
+impl ParallelConfig {
+    /// The sharding as the framework's users name it: FSDP1's NO_SHARD is not DDP.
+    pub fn sharding_display(&self) -> &'static str {
+        if self.framework.fsdp1_no_shard(self.sharding) {
+            "NO_SHARD (FSDP1)"
+        } else {
+            self.sharding.display()
+        }
+    }
+}
+
 /// Where offloaded state lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -729,9 +740,14 @@ impl Plan {
         };
         let shard =
             |params: u64, expert: u64| (params - expert).div_ceil(shard_group) + expert.div_ceil(expert_shard_group);
+        // FSDP1's NO_SHARD runs FSDP's machinery over a shard group of one rank: each unit's
+        // low-precision copy stands where the gathered parameters are, its flat gradient is
+        // all-reduced instead of reduce-scattered ([`Framework::fsdp1_no_shard`]).
+        let no_shard = parallel.framework.fsdp1_no_shard(sh);
         let params_sharded = matches!(sh, Sharding::Zero3 | Sharding::HybridShard)
-            || (sh == Sharding::Zero2 && parallel.framework.zero2_shards_parameters());
-        let grads_sharded = matches!(sh, Sharding::Zero2 | Sharding::Zero3 | Sharding::HybridShard);
+            || (sh == Sharding::Zero2 && parallel.framework.zero2_shards_parameters())
+            || no_shard;
+        let grads_sharded = matches!(sh, Sharding::Zero2 | Sharding::Zero3 | Sharding::HybridShard) || no_shard;
         let optimizer_sharded = sh != Sharding::None;
         // SHARD_GRAD_OP keeps the gathered parameters from forward to backward.
         let reshard_after_forward = params_sharded && sh != Sharding::Zero2 && parallel.reshard_after_forward;

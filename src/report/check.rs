@@ -90,7 +90,7 @@ pub fn summary(s: &Scenario) -> String {
         if mp.sequence_parallel { " (sequence parallel)" } else { "" },
         mp.pipeline,
         s.dp_degree(),
-        p.sharding.display(),
+        p.sharding_display(),
         p.framework,
         if mp.pipeline > 1 { format!("; schedule {}", mp.schedule.name()) } else { String::new() }
     );

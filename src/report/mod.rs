@@ -1096,12 +1096,18 @@ fn fsdp1_assumption(plan: &crate::plan::Plan) -> Option<String> {
     }
     let pr = &plan.training.precision;
     let (c, g) = (pr.compute.name(), pr.grad.name());
-    let mp_shard = if pr.param != pr.compute {
-        format!("each all-gather sends this rank's shard cast to {c} (_mp_shard, freed when the all-gather ends); ")
-    } else {
-        String::new()
+    let no_shard = plan.parallel.framework.fsdp1_no_shard(plan.parallel.sharding);
+    let mp_shard = match (pr.param != pr.compute, no_shard) {
+        (true, false) => {
+            format!("each all-gather sends this rank's shard cast to {c} (_mp_shard, freed when the all-gather ends); ")
+        }
+        (true, true) => format!("NO_SHARD: each unit's pre-forward and pre-backward cast its FP32 flat parameter to {c} (_mp_shard, the unsharded parameter), freed at every reshard, the root's after forward too; "),
+        (false, true) => "NO_SHARD: units run on their parameters as stored; ".to_string(),
+        (false, false) => String::new(),
     };
-    let cast = if pr.grad != pr.compute {
+    let cast = if no_shard {
+        format!(", casts it to {g} (reduce_dtype) and all-reduces that copy in place on the post-backward stream; the copy stays as the unit's gradient, the {c} one lives until the all-reduce ends")
+    } else if pr.grad != pr.compute {
         format!(", casts it to {g} (reduce_dtype) on the post-backward stream and reduce-scatters that copy; both flat copies live until the reduce-scatter ends")
     } else {
         ", and reduce-scatters it; it lives until the reduce-scatter ends".to_string()
@@ -1112,7 +1118,7 @@ fn fsdp1_assumption(plan: &crate::plan::Plan) -> Option<String> {
         ""
     };
     Some(format!(
-        "FSDP1 buffers (PyTorch 2.15 FullyShardedDataParallel, use_orig_params=False): {mp_shard}autograd computes the unit's gradients in {c} (views of the unsharded FlatParameter) and concatenates them into one flat {c} gradient of the whole unit when the last one exists (SplitWithSizesBackward); the post-backward hook then reshards the unit{cast}{accumulate}; no limit on reduce-scatters in flight, so a comm-bound backward holds several units' flat gradients"
+        "FSDP1 buffers (PyTorch 2.15 FullyShardedDataParallel, use_orig_params=False): {mp_shard}autograd computes the unit's gradients in {c} (views of the unsharded FlatParameter) and concatenates them into one flat {c} gradient of the whole unit when the last one exists (SplitWithSizesBackward); the post-backward hook then reshards the unit{cast}{accumulate}; no limit on reductions in flight, so a comm-bound backward holds several units' flat gradients"
     ))
 }
 

@@ -152,7 +152,9 @@ pub fn render(r: &Report, s: &Scenario) -> String {
             "overlap_grad_reduce={}, overlap_param_gather={}, tp_comm_overlap={}",
             m.overlap_grad_reduce, m.overlap_param_gather, m.tp_comm_overlap
         )
-    } else if matches!(p.sharding, crate::plan::Sharding::None | crate::plan::Sharding::Zero1) {
+    } else if matches!(p.sharding, crate::plan::Sharding::None | crate::plan::Sharding::Zero1)
+        && p.framework != crate::plan::Framework::Fsdp1
+    {
         format!(
             "bucket_cap_mb={:.0}, gradient_as_bucket_view={}",
             p.bucket_bytes as f64 / 1e6,
@@ -234,14 +236,14 @@ pub fn render(r: &Report, s: &Scenario) -> String {
             s.dp_degree(),
             c.gpus,
             if mp.context > 1 { " x context-parallel" } else { "" },
-            p.sharding.display(),
+            p.sharding_display(),
             if p.async_tp { "; async TP (sequence-parallel collectives pipelined with their GEMMs)" } else { "" }
         );
     } else {
         let _ = writeln!(
             o,
             "Parallel   {} over {}{}, {} semantics; {}",
-            p.sharding.display(),
+            p.sharding_display(),
             plural(u64::from(c.gpus), "GPU"),
             if p.sharding == crate::plan::Sharding::HybridShard {
                 let shard = crate::plan::shard_group(p, u64::from(c.gpus), u64::from(c.gpus_per_node));

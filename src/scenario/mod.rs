@@ -764,10 +764,10 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
             "FSDP2 (fully_shard) shards parameters: use sharding = \"full_shard\", \"shard_grad_op\" (reshard_after_forward=False) or \"hybrid_shard\"; DDP and ZeroRedundancyOptimizer are parallel.framework = \"fsdp\"",
         ));
     }
-    if framework == Framework::Fsdp1 && matches!(sharding, Sharding::None | Sharding::Zero1) {
+    if framework == Framework::Fsdp1 && sharding == Sharding::Zero1 {
         return Err(v.err(
             "parallel.sharding",
-            "FSDP1 is simulated with its parameters sharded: use sharding = \"full_shard\", \"shard_grad_op\" or \"hybrid_shard\" (its NO_SHARD strategy is not simulated yet); DDP and ZeroRedundancyOptimizer are parallel.framework = \"fsdp\"",
+            "FSDP1 has no optimizer-only sharding: use sharding = \"none\" (NO_SHARD), \"shard_grad_op\", \"full_shard\" or \"hybrid_shard\"; ZeroRedundancyOptimizer is parallel.framework = \"fsdp\"",
         ));
     }
     v.choice("parallel.wrap", p.wrap.as_deref().unwrap_or("block"), &["block"])?;

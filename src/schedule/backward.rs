@@ -107,7 +107,7 @@ impl Builder<'_> {
                 }
             }
             prev_region = Some(op.region);
-            self.root_pre_backward(&mut st, op);
+            self.root_pre_backward(&mut st, op, &mut deps);
             self.recompute_scores(&mut st, op, i, u, &mut deps);
             let mut alloc = self.input_grads(op, mb, &mut st.grad_buf);
             // The thread's cuBLAS workspace goes with the first kernel (a column-parallel

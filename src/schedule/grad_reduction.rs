@@ -73,7 +73,7 @@ impl Builder<'_> {
         last_mb: bool,
     ) {
         let plan = self.plan;
-        if plan.parallel.sharding == Sharding::None && plan.grads_reduced() && last_mb {
+        if plan.parallel.sharding == Sharding::None && !plan.grads_sharded && plan.grads_reduced() && last_mb {
             let bytes = op.params * self.pr().grad.bytes();
             st.ddp_bucket.0 += bytes;
             if op.expert {

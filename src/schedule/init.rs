@@ -56,6 +56,7 @@ impl Builder<'_> {
         }
         self.fp8_init();
         if plan.parallel.sharding == Sharding::None
+            && !plan.grads_sharded
             && plan.parallel.framework != crate::plan::Framework::Megatron
             && plan.grads_reduced()
             && !plan.parallel.gradient_as_bucket_view

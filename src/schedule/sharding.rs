@@ -26,6 +26,7 @@ impl Builder<'_> {
         let (unit, ph, dtype) = (&self.plan.units[u].name, phase.name(), self.pr().compute.name());
         match flat {
             true => text!(self.names, "{unit} all-gather output for {ph} ({dtype}, flat)"),
+            false if self.no_shard() => text!(self.names, "{unit} cast for {ph} ({dtype}, NO_SHARD _mp_shard)"),
             false => text!(self.names, "{unit} gathered for {ph} ({dtype})"),
         }
     }
@@ -50,8 +51,14 @@ impl Builder<'_> {
             Some(_) if phase == Phase::Backward => &self.cost.post_forward_group,
             _ => &self.cost.shard_group,
         };
-        let secs = self.cost.collective_s(group, Collective::AllGather, bytes);
-        let what = text!(self.names, "all-gather {}", self.plan.units[u].name);
+        let (secs, what) = if self.no_shard() {
+            // NO_SHARD's "unshard" is the cast of the FP32 flat parameter into `_mp_shard`.
+            let pb = self.pr().param.bytes();
+            (self.cost.copy_s(self.plan.units[u].shard_params * pb + bytes), "cast to param_dtype")
+        } else {
+            (self.cost.collective_s(group, Collective::AllGather, bytes), "all-gather")
+        };
+        let what = text!(self.names, "{what} {}", self.plan.units[u].name);
         let label = TaskLabel::new(step, phase, mb, what, TaskKind::AllGather, Some(u));
         let t = if fsdp2 {
             // `foreach_all_gather`: the flat output is allocated, and the local shard cast into
@@ -86,7 +93,7 @@ impl Builder<'_> {
     /// when that differs from the stored parameters' dtype.
     fn fsdp1_mp_shard(&mut self, u: usize, phase: Phase) -> Option<u32> {
         let pr = self.pr();
-        if !self.plan.parallel.framework.fsdp1_buffers() || pr.param == pr.compute {
+        if !self.plan.parallel.framework.fsdp1_buffers() || pr.param == pr.compute || self.no_shard() {
             return None;
         }
         let (unit, ph, dtype) = (&self.plan.units[u].name, phase.name(), pr.compute.name());
@@ -126,7 +133,8 @@ impl Builder<'_> {
     /// recorded on that stream, and the cast copy it reduces.
     fn fsdp1_cast(&mut self, step: u32, mb: u32, u: usize, after: u32, flat: Vec<u32>) -> (u32, Vec<u32>) {
         let (c, g) = (self.pr().compute, self.pr().grad);
-        if g == c {
+        if g == c || self.no_shard() {
+            // NO_SHARD's cast is the gradient the all-reduce reduces in place and keeps.
             return (after, flat);
         }
         let full = self.plan.units[u].shard_params * self.plan.shard_group;
@@ -147,6 +155,19 @@ impl Builder<'_> {
         let mut bufs = flat;
         bufs.push(input);
         (cast, bufs)
+    }
+
+    /// FSDP1's NO_SHARD ([`crate::plan::Framework::fsdp1_no_shard`]).
+    #[inline]
+    pub(super) fn no_shard(&self) -> bool {
+        self.plan.parallel.framework.fsdp1_no_shard(self.plan.parallel.sharding)
+    }
+
+    /// Whether units are gathered (or, under NO_SHARD, cast) before they run: not for
+    /// NO_SHARD without a low-precision `param_dtype`, which runs on the parameters as they are.
+    #[inline]
+    pub(super) fn gathers(&self) -> bool {
+        self.plan.params_sharded && !(self.no_shard() && self.pr().param == self.pr().compute)
     }
 
     /// FSDP1's own gradient path applies: its post-backward hook reduces every micro-batch
@@ -291,11 +312,12 @@ impl Builder<'_> {
             (after, unsharded) = self.fsdp1_cast(step, mb, u, after, unsharded);
         }
         if self.grad_bufs[u].is_none() {
-            let b = self.buffer(
-                shard_bytes,
-                Category::Gradients,
-                text!(self.names, "{} sharded grad ({})", plan.units[u].name, self.pr().grad.name()),
-            );
+            let name = if self.no_shard() {
+                text!(self.names, "{} flat grad ({}, all-reduced in place)", plan.units[u].name, self.pr().grad.name())
+            } else {
+                text!(self.names, "{} sharded grad ({})", plan.units[u].name, self.pr().grad.name())
+            };
+            let b = self.buffer(shard_bytes, Category::Gradients, name);
             self.grad_bufs[u] = Some(b);
             alloc.push(b);
         } else {
@@ -308,20 +330,32 @@ impl Builder<'_> {
             alloc.push(b);
             tmp = Some(b);
         }
-        let secs = self.cost.collective_s(&self.cost.shard_group, Collective::ReduceScatter, full_bytes);
+        let (secs, label) = if self.no_shard() {
+            // The post-backward stream casts the flat gradient into the kept copy, then
+            // all-reduces it in place.
+            let cast = if self.fsdp1_grads() && self.pr().grad != self.pr().compute {
+                self.cost.copy_s(plan.units[u].shard_params * (self.pr().compute.bytes() + gb))
+            } else {
+                0.0
+            };
+            let what = text!(self.names, "all-reduce {} flat gradient", plan.units[u].name);
+            (
+                cast + self.cost.collective_s(&self.cost.dp_group, Collective::AllReduce, full_bytes),
+                (what, TaskKind::AllReduce),
+            )
+        } else {
+            let what = text!(self.names, "reduce-scatter {}", plan.units[u].name);
+            (
+                self.cost.collective_s(&self.cost.shard_group, Collective::ReduceScatter, full_bytes),
+                (what, TaskKind::ReduceScatter),
+            )
+        };
         let t = self.task(
             NCCL,
             secs,
             vec![after],
             alloc,
-            TaskLabel::new(
-                step,
-                Phase::Backward,
-                mb,
-                text!(self.names, "reduce-scatter {}", plan.units[u].name),
-                TaskKind::ReduceScatter,
-                Some(u),
-            ),
+            TaskLabel::new(step, Phase::Backward, mb, label.0, label.1, Some(u)),
         );
         let mut f = unsharded;
         f.extend(tmp);
@@ -340,7 +374,8 @@ impl Builder<'_> {
     /// gathers them again (never the root unit, which FSDP keeps gathered).
     #[inline]
     fn resharded(&self, u: usize) -> bool {
-        self.plan.params_sharded && self.plan.reshard_after_forward && u > 0
+        // NO_SHARD frees every unit's low-precision copy at its reshard, the root's too.
+        self.gathers() && self.plan.reshard_after_forward && (u > 0 || self.no_shard())
     }
 
     /// Whether unit `u` must be all-gathered for this backward: it was resharded after its
@@ -384,8 +419,15 @@ impl Builder<'_> {
     /// The root module's pre-backward hook fires when the gradient of the model's output
     /// (the logits) exists: the loss is computed outside the module, so its backward comes
     /// first. Under BACKWARD_PRE that hook prefetches the last block.
-    pub(super) fn root_pre_backward(&mut self, st: &mut Bwd, op: &Op) {
+    pub(super) fn root_pre_backward(&mut self, st: &mut Bwd, op: &Op, deps: &mut Vec<u32>) {
         let nblocks = self.dag.config.n_layers as usize;
+        // NO_SHARD freed the root's low-precision copy after forward: cast it again.
+        if op.region == Region::Head && op.kind == OpKind::Linear && self.needs_gather(st, 0) {
+            let (t, b) = self.gather(st.step, st.mb, Phase::Backward, 0, vec![st.last_bwd_task]);
+            st.ag_bwd_task[0] = Some(t);
+            self.gathered[0] = Some(b);
+            deps.push(t);
+        }
         if op.region == Region::Head
             && op.kind == OpKind::Linear
             && nblocks > 0
@@ -521,7 +563,7 @@ impl Builder<'_> {
     /// outstanding.
     pub(super) fn pre_forward_unit(&mut self, st: &mut FwdPass, region: Region, u: usize, deps: &mut Vec<u32>) {
         let plan = self.plan;
-        if plan.params_sharded && self.gathered[u].is_none() {
+        if self.gathers() && self.gathered[u].is_none() {
             let mut agdeps: Vec<u32> = st.step_dep.into_iter().collect();
             if plan.parallel.framework.fsdp2_buffers() {
                 // FSDP2 has no rate limiter: its all-gather streams wait for the previous
@@ -554,8 +596,9 @@ impl Builder<'_> {
     /// `reshard_after_forward = n` keeps this rank's 1/n of the gathered parameters
     /// (`FSDPParamGroup._to_sharded_post_forward`: a copy out of the unsharded tensors).
     pub(super) fn post_forward_unit(&mut self, step: u32, mb: u32, region: Region, u: usize, t: u32) {
-        let (Region::Block(_), Some(g)) = (region, self.gathered[u]) else { return };
-        if !self.plan.reshard_after_forward {
+        let root_ends = region == Region::Head && self.no_shard();
+        let Some(g) = self.gathered[u] else { return };
+        if !matches!(region, Region::Block(_)) && !root_ends || !self.resharded(u) {
             return;
         }
         self.gathered[u] = None;
