@@ -78,9 +78,9 @@ fn scenario_for(name: &str, c: &Value) -> String {
     format!(
         "name = \"{name}\"\n[model]\nfamily = \"{arch}\"\nn_layers = {l}\nhidden = {h}\nn_heads = {a}\n{kv}ffn_hidden = {f}\nvocab = {v}\ntie_embeddings = {tie}\n\
          [hardware]\ngpu = \"h100-sxm\"\ngpus = {world}\n{link}\
-         [parallel]\nframework = \"{framework}\"\nsharding = \"{sharding}\"\n{raf}\
+         [parallel]\nframework = \"{framework}\"\nsharding = \"{sharding}\"\n{raf}{no_sync}\
          [training]\nmicro_batch = {mb}\nseq_len = {seq}\noptimizer = \"{opt}\"\noptimizer_impl = \"{impl_}\"\nprecision = \"{precision}\"\n\
-         activation_checkpointing = \"{ac}\"\nlogits_fp32 = {lf}\nsteps = {steps}\n\
+         activation_checkpointing = \"{ac}\"\nlogits_fp32 = {lf}\nsteps = {steps}\ngrad_accum = {accum}\n\
          [allocator]\ncublas_workspace = 0\n",
         arch = s("arch"),
         l = n("n_layers"),
@@ -103,6 +103,8 @@ fn scenario_for(name: &str, c: &Value) -> String {
             v => format!("reshard_after_forward = {}\n", v.as_bool().unwrap_or(true)),
         },
         mb = n("micro_batch"),
+        accum = n("grad_accum").max(1),
+        no_sync = if c["no_sync"].as_bool() == Some(true) { "no_sync = true\n" } else { "" },
         seq = n("seq_len"),
         opt = s("optimizer"),
         ac = s("activation_checkpointing"),

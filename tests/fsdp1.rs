@@ -137,3 +137,29 @@ fn optimizer_only_sharding_is_refused_with_the_alternatives_named() {
     let e = Scenario::from_toml(Path::new("<fsdp1>"), toml).unwrap_err().to_string();
     assert!(e.contains("parallel.sharding") && e.contains("NO_SHARD") && e.contains("\"fsdp\""), "{e}");
 }
+
+#[test]
+fn no_sync_accumulates_the_flat_gradients_in_param_dtype() {
+    let with = |framework: &str| {
+        let toml = format!(
+            "[model]\nfamily = \"llama\"\nn_layers = 6\nhidden = 1024\nn_heads = 8\nffn_hidden = 4096\nvocab = 2048\n\
+             [hardware]\ngpu = \"h100-sxm\"\ngpus = 4\n\
+             [parallel]\nframework = \"{framework}\"\nsharding = \"full_shard\"\nno_sync = true\n\
+             [training]\nmicro_batch = 1\nseq_len = 256\ngrad_accum = 2\noptimizer = \"adam\"\nprecision = \"fsdp-bf16-mixed\"\nsteps = 2\n"
+        );
+        let s = Scenario::from_toml(Path::new("<fsdp1>"), &toml).unwrap_or_else(|e| panic!("{e}"));
+        stepsim::simulate(&s).unwrap()
+    };
+    // FSDP1's post-backward returns before its cast under no_sync(): what accumulates over
+    // the micro-batches is autograd's BF16 gradient (the generic model keeps FP32).
+    let sim = with("fsdp1");
+    let grads = buffers(&sim, Category::UnshardedGradients, "weight grad (unsharded");
+    assert_eq!(grads.iter().max(), Some(&(1024 * 4096 * 2)));
+    // The last micro-batch concatenates its own gradients, casts and reduce-scatters once.
+    assert_eq!(tasks(&sim, 2, "reduce-scatter layers.3").len(), 1);
+    assert_eq!(tasks(&sim, 2, "concatenate layers.3 gradients").len(), 1);
+    let generic = with("fsdp");
+    let (p1, _) = sim.step_peak(2).unwrap();
+    let (p0, _) = generic.step_peak(2).unwrap();
+    assert!(p1.allocated < p0.allocated, "{} vs {}", p1.allocated, p0.allocated);
+}

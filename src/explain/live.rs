@@ -188,8 +188,10 @@ pub fn from_buffers(
                     format!("layer(s) {}", ranges(&layers[c]))
                 };
                 // FSDP1 and FSDP2 compute them in param_dtype unless they accumulate over
-                // micro-batches.
-                let own = plan.parallel.framework.grads_in_param_dtype() && !plan.parallel.no_sync && plan.pipeline() == 1;
+                // micro-batches (FSDP1's no_sync accumulates in param_dtype too).
+                let own = plan.parallel.framework.grads_in_param_dtype()
+                    && (!plan.parallel.no_sync || plan.parallel.framework.fsdp1_buffers())
+                    && plan.pipeline() == 1;
                 let dtype = if own { pr.compute } else { pr.grad };
                 format!("unsharded {} gradients of {ls} awaiting their {what}", dtype.name())
             }

@@ -1112,8 +1112,10 @@ fn fsdp1_assumption(plan: &crate::plan::Plan) -> Option<String> {
     } else {
         ", and reduce-scatters it; it lives until the reduce-scatter ends".to_string()
     };
-    let accumulate = if plan.parallel.no_sync || plan.pipeline() > 1 {
-        " (gradients accumulated over micro-batches keep the generic model: unsharded, in the policy's gradient dtype, reduced once)"
+    let accumulate = if plan.pipeline() > 1 {
+        " (a pipeline stage's gradients, accumulated over its micro-batches, keep the generic model: unsharded, in the policy's gradient dtype, reduced once)"
+    } else if plan.parallel.no_sync {
+        " (under no_sync() every micro-batch but the last returns before the cast: the flat gradients accumulate in param_dtype, autograd adding each micro-batch's into them, until the last one casts and reduces them)"
     } else {
         ""
     };

@@ -170,10 +170,12 @@ impl Builder<'_> {
         self.plan.params_sharded && !(self.no_shard() && self.pr().param == self.pr().compute)
     }
 
-    /// FSDP1's own gradient path applies: its post-backward hook reduces every micro-batch
-    /// (no gradient accumulation across micro-batches, which keeps the policy's dtype).
-    fn fsdp1_grads(&self) -> bool {
-        self.plan.parallel.framework.fsdp1_buffers() && !self.accumulates_unsharded()
+    /// FSDP1's own gradient path applies: every micro-batch's post-backward reduces, or under
+    /// `no_sync()` the flat `param_dtype` gradient accumulates over the micro-batches (autograd
+    /// adds each into it; the hook returns before casting) until the last one casts and
+    /// reduces it. A pipeline stage's accumulation keeps the generic path.
+    pub(super) fn fsdp1_grads(&self) -> bool {
+        self.plan.parallel.framework.fsdp1_buffers() && self.plan.pipeline() == 1
     }
 
     /// FSDP2's `wait_for_unshard` for unit `u`, whose all-gather is task `t`: a copy kernel
@@ -457,11 +459,8 @@ impl Builder<'_> {
         // FSDP1's and FSDP2's autograd computes them in the parameter dtype of the unsharded
         // parameters (`param_dtype`), unless they accumulate across micro-batches, which it does in
         // `reduce_dtype` (`FSDPParam.to_accumulated_grad_if_needed`).
-        let dtype = if self.plan.parallel.framework.grads_in_param_dtype() && !self.accumulates_unsharded() {
-            self.pr().compute
-        } else {
-            self.pr().grad
-        };
+        let own = self.plan.parallel.framework.grads_in_param_dtype() && !self.accumulates_unsharded();
+        let dtype = if own || self.fsdp1_grads() { self.pr().compute } else { self.pr().grad };
         let bytes = el * dtype.bytes();
         if self.accumulates_unsharded() && self.acc_grads[i].is_some() {
             let b = self.buffer(
@@ -543,9 +542,15 @@ impl Builder<'_> {
             let mut g = std::mem::take(&mut self.unit_grads[u]);
             let mut after = t;
             // FSDP1's flat gradient exists before its post-backward hook reshards the unit.
+            // Under no_sync the gradients accumulated so far are the unit's flat gradient,
+            // which this micro-batch's flat gradient is added into: both live until the
+            // reduction ends.
             if self.fsdp1_grads() {
+                let accumulated = if self.accumulates_unsharded() { std::mem::take(&mut g) } else { Vec::new() };
                 let (cat, flat) = self.fsdp1_concat(st.step, st.mb, u, t, &g);
-                (after, reshard, g) = (cat, cat, vec![flat]);
+                g = vec![flat];
+                g.extend(accumulated);
+                (after, reshard) = (cat, cat);
             }
             grads = Some((after, g));
         }
