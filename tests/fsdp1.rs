@@ -163,3 +163,18 @@ fn no_sync_accumulates_the_flat_gradients_in_param_dtype() {
     let (p0, _) = generic.step_peak(2).unwrap();
     assert!(p1.allocated < p0.allocated, "{} vs {}", p1.allocated, p0.allocated);
 }
+
+#[test]
+fn with_cpu_offload_the_flat_gradient_is_still_cast_before_its_reduce_scatter() {
+    let toml = "[model]\nfamily = \"llama\"\nn_layers = 6\nhidden = 1024\nn_heads = 8\nffn_hidden = 4096\nvocab = 2048\n\
+                [hardware]\ngpu = \"h100-sxm\"\ngpus = 4\n\
+                [parallel]\nframework = \"fsdp1\"\nsharding = \"full_shard\"\n\
+                [offload]\nparameters = \"cpu\"\n\
+                [training]\nmicro_batch = 1\nseq_len = 256\noptimizer = \"adam\"\nprecision = \"fsdp-bf16-mixed\"\nsteps = 2\n";
+    let s = Scenario::from_toml(Path::new("<fsdp1>"), toml).unwrap_or_else(|e| panic!("{e}"));
+    let sim = stepsim::simulate(&s).unwrap();
+    assert!(buffers(&sim, Category::ReduceScatterBuffers, "cast to fp32").contains(&(BLOCK_PARAMS * 4)));
+    let cast = tasks(&sim, 2, "cast layers.3 flat gradient to fp32");
+    let rs = tasks(&sim, 2, "reduce-scatter layers.3");
+    assert!(cast.len() == 1 && rs.len() == 1 && cast[0].1 <= rs[0].0, "{cast:?} {rs:?}");
+}

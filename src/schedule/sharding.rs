@@ -257,6 +257,9 @@ impl Builder<'_> {
         let shard_bytes = plan.units[u].shard_params * gb;
         let mut alloc = Vec::new();
         let mut tmp = None;
+        // FSDP1 casts its flat gradient to reduce_dtype first (CPU offload or not).
+        let (after, unsharded) =
+            if self.fsdp1_grads() { self.fsdp1_cast(step, mb, u, after, unsharded) } else { (after, unsharded) };
         if let Some(off) = &plan.parallel.offload {
             // ZeRO-Offload: the reduced partition goes to the host's FP32 gradient buffer.
             let b = self.buffer(
@@ -309,9 +312,6 @@ impl Builder<'_> {
             unsharded = Vec::new();
             after = c;
             fsdp2_input = Some(input);
-        }
-        if self.fsdp1_grads() {
-            (after, unsharded) = self.fsdp1_cast(step, mb, u, after, unsharded);
         }
         if self.grad_bufs[u].is_none() {
             let name = if self.no_shard() {
