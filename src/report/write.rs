@@ -93,6 +93,15 @@ pub fn report_json(r: &Report) -> String {
 /// totals and what nvidia-smi shows (reserved plus `outside`: the CUDA context and NCCL's
 /// buffers), for each distinct rank class. Values hold until the next row of the same
 /// (rank_class, category).
+/// Nanoseconds printed as seconds with nine decimals.
+struct Secs9(u64);
+
+impl std::fmt::Display for Secs9 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{:09}", self.0 / 1_000_000_000, self.0 % 1_000_000_000)
+    }
+}
+
 pub fn memory_csv(trace: &Trace, rank_class: &str, outside: u64) -> String {
     // A class's name may hold a comma ("stage 0, expert rank 3 (ranks 3)"): quoted (RFC 4180).
     let rank_class = &super::csv_field(rank_class);
@@ -104,25 +113,27 @@ pub fn memory_csv(trace: &Trace, rank_class: &str, outside: u64) -> String {
     let mut prev_active = u64::MAX;
     use std::fmt::Write as _;
     for s in &trace.timeline.samples {
-        let t = s.time_ns as f64 / 1e9;
+        // Seconds with nine decimals, from the integer nanoseconds (what `{:.9}` of the f64
+        // prints, without float formatting's exact path).
+        let t = Secs9(s.time_ns);
         for c in Category::ALL {
             let v = s.by_category[c.index()];
             if v != prev[c.index()] && !(prev[c.index()] == u64::MAX && v == 0) {
-                let _ = writeln!(o, "{t:.9},{rank_class},{},{v}", c.key());
+                let _ = writeln!(o, "{t},{rank_class},{},{v}", c.key());
                 prev[c.index()] = v;
             }
         }
         if s.allocated != prev_alloc {
-            let _ = writeln!(o, "{t:.9},{rank_class},allocated,{}", s.allocated);
+            let _ = writeln!(o, "{t},{rank_class},allocated,{}", s.allocated);
             prev_alloc = s.allocated;
         }
         if s.reserved != prev_res {
-            let _ = writeln!(o, "{t:.9},{rank_class},reserved,{}", s.reserved);
-            let _ = writeln!(o, "{t:.9},{rank_class},nvidia_smi,{}", s.reserved.saturating_add(outside));
+            let _ = writeln!(o, "{t},{rank_class},reserved,{}", s.reserved);
+            let _ = writeln!(o, "{t},{rank_class},nvidia_smi,{}", s.reserved.saturating_add(outside));
             prev_res = s.reserved;
         }
         if s.active != prev_active {
-            let _ = writeln!(o, "{t:.9},{rank_class},active,{}", s.active);
+            let _ = writeln!(o, "{t},{rank_class},active,{}", s.active);
             prev_active = s.active;
         }
     }
