@@ -211,7 +211,21 @@ fn model_state_matches_zero_table_1() {
                     .iter()
                     .map(|c| last.unwrap().by_category[c.index()])
                     .sum();
-            let held = held as f64 * scale / 1e9;
+            // DeepSpeed's ZeRO-3 keeps an FP32 gradient of its largest optimizer sub-group
+            // beyond the paper's K = 12 (src/plan/framework.rs `DeepspeedOptimizer::ZeroStage3`):
+            // compared apart, by its size.
+            let prog = &sim.schedule().program;
+            let fp32_sub_group: u64 = prog
+                .buffers
+                .iter()
+                .filter(|b| prog.names[b.name as usize].starts_with("ZeRO-3 FP32 gradient of the largest"))
+                .map(|b| b.bytes.div_ceil(512) * 512)
+                .sum();
+            if sharding == "zero3" {
+                let part = sim.plan().local_total(true);
+                assert_eq!(fp32_sub_group.div_ceil(512), (part.min(1_000_000_000) * 4).div_ceil(512), "dp {dp}");
+            }
+            let held = (held - fp32_sub_group) as f64 * scale / 1e9;
             assert!((held - paper).abs() / paper < 0.01, "dp {dp} {stage}: simulated {held:.3} GB vs paper {paper} GB");
         }
     }

@@ -133,3 +133,32 @@ fn explain_offers_a_smaller_ipg_bucket() {
     let v = explain::counterfactual::variants(&bf16, 20);
     assert!(v.is_err(), "no IPG row for BF16_Optimizer");
 }
+
+/// `DeepSpeedZeroOptimizer_Stage3` (stage3.py): the gradient partitions, the IPG bucket and
+/// the largest optimizer sub-group's FP32 gradient exist from initialisation; every gradient
+/// is copied into the bucket as autograd produces it.
+#[test]
+fn zero3_keeps_its_partitions_bucket_and_fp32_sub_group_gradient_from_initialisation() {
+    let sim = job(8, "zero3", "bf16-mixed-adam", "");
+    assert_eq!(sim.plan().deepspeed_optimizer(), Some(DeepspeedOptimizer::ZeroStage3));
+    let part = sim.plan().local_total(true);
+    let round = |b: u64| b.div_ceil(512) * 512;
+    // BF16 partitions (2 B) and the FP32 sub-group gradient (4 B: one sub-group, the partition
+    // is far under 1e9 elements), already at initialisation.
+    assert_eq!(most(&sim, Category::Gradients, Phase::Init), round(part * 2) + round(part * 4));
+    // The IPG bucket: 5e8 BF16 elements, one bucket whatever overlap_comm says.
+    assert_eq!(most(&sim, Category::CommBuffers, Phase::Init), 1_000_000_000);
+    let overlap = job(8, "zero3", "bf16-mixed-adam", "[deepspeed]\noverlap_comm = true\n");
+    assert_eq!(most(&overlap, Category::CommBuffers, Phase::Init), 1_000_000_000);
+    // A sub-group smaller than the partition bounds the FP32 buffer.
+    let small = job(8, "zero3", "bf16-mixed-adam", "[deepspeed]\nsub_group_size = 1e7\n");
+    assert_eq!(most(&small, Category::Gradients, Phase::Init), round(part * 2) + 40_000_000);
+    // Without contiguous_gradients there is no bucket, and gradients wait for their
+    // reduction unsharded: more of them at once.
+    let loose = job(8, "zero3", "bf16-mixed-adam", "[deepspeed]\ncontiguous_gradients = false\n");
+    assert_eq!(most(&loose, Category::CommBuffers, Phase::Init), 0);
+    assert!(
+        most(&loose, Category::UnshardedGradients, Phase::Backward)
+            > most(&sim, Category::UnshardedGradients, Phase::Backward)
+    );
+}

@@ -78,6 +78,8 @@ const FIELDS: &[(&str, &str)] = &[
     ("megatron", "overlap_param_gather"),
     ("megatron", "tp_comm_overlap"),
     ("megatron", "ddp_bucket_size"),
+    ("deepspeed", "reduce_bucket_size"),
+    ("deepspeed", "sub_group_size"),
     ("training", "micro_batch"),
     ("training", "seq_len"),
     ("training", "grad_accum"),

@@ -562,6 +562,12 @@ fn cases() -> Vec<Case> {
             &["whole number of elements"],
         ),
         case(
+            "deepspeed.sub_group_size negative",
+            b().set("parallel", "framework", "\"deepspeed\"").set("deepspeed", "sub_group_size", "-1"),
+            "deepspeed.sub_group_size",
+            &["whole number of elements", "1e9"],
+        ),
+        case(
             "deepspeed.reduce_bucket_size beyond 2^40",
             b().set("parallel", "framework", "\"deepspeed\"").set("deepspeed", "reduce_bucket_size", "1e300"),
             "deepspeed.reduce_bucket_size",

@@ -207,8 +207,11 @@ pub struct DeepspeedConfig {
     pub allgather_bucket_size: u64,
     /// Gradients are copied into the IPG bucket as they are reduced (the bucket exists).
     pub contiguous_gradients: bool,
-    /// A second IPG bucket so reduction overlaps backward.
+    /// A second IPG bucket so reduction overlaps backward (ZeRO-1/2).
     pub overlap_comm: bool,
+    /// ZeRO-3: the optimizer steps its flat FP32 master in sub-groups of at most this many
+    /// partition elements, and keeps an FP32 gradient buffer as large as the largest.
+    pub sub_group_size: u64,
 }
 
 impl Default for DeepspeedConfig {
@@ -218,6 +221,7 @@ impl Default for DeepspeedConfig {
             allgather_bucket_size: 500_000_000,
             contiguous_gradients: true,
             overlap_comm: false,
+            sub_group_size: 1_000_000_000,
         }
     }
 }
@@ -228,6 +232,16 @@ impl DeepspeedConfig {
     /// without `contiguous_gradients`.
     pub fn ipg_bytes(&self, dtype: Dtype) -> u64 {
         self.ipg_buckets() * self.reduce_bucket_size.saturating_mul(dtype.bytes())
+    }
+
+    /// ZeRO-3's IPG bucket bytes: one bucket whatever `overlap_comm` says (stage3.py keeps one
+    /// per communication dtype), none without `contiguous_gradients`.
+    pub fn stage3_ipg_bytes(&self, dtype: Dtype) -> u64 {
+        if self.contiguous_gradients {
+            self.reduce_bucket_size.saturating_mul(dtype.bytes())
+        } else {
+            0
+        }
     }
 
     /// How many IPG buckets exist: none without `contiguous_gradients`, two with `overlap_comm`.
@@ -256,6 +270,20 @@ pub enum DeepspeedOptimizer {
     /// partitioned) from initialisation, the 16-bit `.grad`s kept beside it, and gradients
     /// all-reduced in FP32 buckets (`buffered_allreduce_fallback`).
     Bf16Optimizer,
+    /// `DeepSpeedZeroOptimizer_Stage3` (stage3.py), ZeRO stage 3. When it initialises:
+    /// - the gradient partitions (`grad_partitions_flat_buffer`, zeros in
+    ///   `gradient_accumulation_dtype`, the model dtype unless `grad_accum_dtype` says
+    ///   otherwise);
+    /// - the IPG bucket (`torch.empty(reduce_bucket_size)` in the model dtype, with
+    ///   `contiguous_gradients`, one per communication dtype; `overlap_comm` adds none), into
+    ///   which every gradient is copied as autograd produces it
+    ///   (`__add_grad_to_ipg_bucket`: the parameter's own gradient is freed);
+    /// - the FP32 gradient of the optimizer's flat master of the largest sub-group
+    ///   (`initialize_optimizer_states`: `gradient_buffer` of the largest sub-group's partition
+    ///   elements, at most about `sub_group_size`), kept as that master's `.grad`.
+    ///
+    /// All three live for the whole run.
+    ZeroStage3,
 }
 
 impl DeepspeedOptimizer {
@@ -268,6 +296,7 @@ impl DeepspeedOptimizer {
                 Some(DeepspeedOptimizer::Bf16Optimizer)
             }
             Sharding::Zero1 | Sharding::Zero2 => Some(DeepspeedOptimizer::ZeroStage12),
+            Sharding::Zero3 => Some(DeepspeedOptimizer::ZeroStage3),
             _ => None,
         }
     }
@@ -277,6 +306,7 @@ impl DeepspeedOptimizer {
         match self {
             DeepspeedOptimizer::ZeroStage12 => "DeepSpeedZeroOptimizer (stage_1_and_2.py)",
             DeepspeedOptimizer::Bf16Optimizer => "BF16_Optimizer (bf16_optimizer.py)",
+            DeepspeedOptimizer::ZeroStage3 => "DeepSpeedZeroOptimizer_Stage3 (stage3.py)",
         }
     }
 }

@@ -26,7 +26,7 @@ pub(super) fn validate_deepspeed(
         if !((1.0..=MAX_BUCKET_ELEMENTS).contains(&x) && x.fract() == 0.0) {
             return Err(v.err(
                 field,
-                format!("must be a whole number of elements from 1 to 2^40 (DeepSpeed's default is 5e8), got {x}"),
+                format!("must be a whole number of elements from 1 to 2^40 (DeepSpeed's defaults: 5e8 for the buckets, 1e9 for sub_group_size), got {x}"),
             ));
         }
         *into = x as u64;
@@ -34,6 +34,7 @@ pub(super) fn validate_deepspeed(
     };
     elements("deepspeed.reduce_bucket_size", d.reduce_bucket_size, &mut out.reduce_bucket_size)?;
     elements("deepspeed.allgather_bucket_size", d.allgather_bucket_size, &mut out.allgather_bucket_size)?;
+    elements("deepspeed.sub_group_size", d.sub_group_size, &mut out.sub_group_size)?;
     if let Some(c) = d.contiguous_gradients {
         out.contiguous_gradients = c;
     }

@@ -346,6 +346,8 @@ pub struct DeepspeedSection {
     pub allgather_bucket_size: Option<f64>,
     pub contiguous_gradients: Option<bool>,
     pub overlap_comm: Option<bool>,
+    /// Elements (ZeRO-3's optimizer sub-groups; DeepSpeed writes 1e9).
+    pub sub_group_size: Option<f64>,
 }
 
 /// `[megatron]`: Megatron-LM's communication-overlap flags, by their command-line names

@@ -45,8 +45,70 @@ impl Builder<'_> {
         }
     }
 
-    /// Initialisation: BF16_Optimizer's FP32 gradient buffer of every local parameter.
+    /// `DeepSpeedZeroOptimizer_Stage3` is in use ([`DeepspeedOptimizer::ZeroStage3`]).
+    pub(super) fn ds_stage3(&self) -> bool {
+        self.ds_optimizer() == Some(DeepspeedOptimizer::ZeroStage3)
+    }
+
+    /// ZeRO-3 copies each gradient into its IPG bucket as autograd produces it and frees
+    /// the parameter's own (`__add_grad_to_ipg_bucket`, with `contiguous_gradients`).
+    pub(super) fn ds_stage3_copies_grads(&self) -> bool {
+        self.ds_stage3() && self.plan.parallel.deepspeed.contiguous_gradients
+    }
+
+    /// ZeRO-3's buffers made when `DeepSpeedZeroOptimizer_Stage3` initialises, kept for the
+    /// run: the gradient partitions, the IPG bucket and the largest optimizer sub-group's
+    /// FP32 gradient.
+    fn deepspeed_stage3_init(&mut self) {
+        let plan = self.plan;
+        let ds = plan.parallel.deepspeed;
+        let (g, m) = (self.pr().grad, self.pr().param);
+        let part = plan.local_total(true);
+        let mut bufs = vec![self.buffer(
+            part * g.bytes(),
+            Category::Gradients,
+            text!(self.names, "ZeRO-3 gradient partitions (grad_partitions_flat_buffer, {})", g.name()),
+        )];
+        if ds.contiguous_gradients {
+            bufs.push(self.buffer(
+                ds.stage3_ipg_bytes(m),
+                Category::CommBuffers,
+                text!(
+                    self.names,
+                    "DeepSpeed ZeRO-3 IPG bucket: reduce_bucket_size {:e} elements x {} B",
+                    ds.reduce_bucket_size as f64,
+                    m.bytes()
+                ),
+            ));
+        }
+        let sub = part.min(ds.sub_group_size);
+        bufs.push(self.buffer(
+            sub * Dtype::Fp32.bytes(),
+            Category::Gradients,
+            text!(
+                self.names,
+                "ZeRO-3 FP32 gradient of the largest optimizer sub-group ({sub} elements, sub_group_size {:e})",
+                ds.sub_group_size as f64
+            ),
+        ));
+        let label = TaskLabel::new(
+            0,
+            Phase::Init,
+            0,
+            text!(self.names, "DeepSpeedZeroOptimizer_Stage3 buffers"),
+            TaskKind::Init,
+            None,
+        );
+        self.task(COMPUTE, 0.0, vec![], bufs, label);
+    }
+
+    /// Initialisation: BF16_Optimizer's FP32 gradient buffer of every local parameter;
+    /// ZeRO-3's buffers ([`Self::deepspeed_stage3_init`]).
     pub(super) fn deepspeed_init(&mut self) {
+        if self.ds_stage3() {
+            self.deepspeed_stage3_init();
+            return;
+        }
         if self.ds_optimizer() != Some(DeepspeedOptimizer::Bf16Optimizer) {
             return;
         }

@@ -313,7 +313,17 @@ impl Builder<'_> {
             after = c;
             fsdp2_input = Some(input);
         }
-        if self.grad_bufs[u].is_none() {
+        if self.ds_stage3() {
+            // ZeRO-3 reduces into a new partition and adds it into grad_partitions_flat_buffer,
+            // made when the optimizer initialised (`partition_grads`).
+            let b = self.buffer(
+                shard_bytes,
+                Category::CommBuffers,
+                text!(self.names, "{} reduce-scatter output (into grad_partitions_flat_buffer)", plan.units[u].name),
+            );
+            alloc.push(b);
+            tmp = Some(b);
+        } else if self.grad_bufs[u].is_none() {
             let name = if self.no_shard() {
                 text!(self.names, "{} flat grad ({}, all-reduced in place)", plan.units[u].name, self.pr().grad.name())
             } else {
@@ -462,6 +472,18 @@ impl Builder<'_> {
         let own = self.plan.parallel.framework.grads_in_param_dtype() && !self.accumulates_unsharded();
         let dtype = if own || self.fsdp1_grads() { self.pr().compute } else { self.pr().grad };
         let bytes = el * dtype.bytes();
+        if self.ds_stage3_copies_grads() {
+            // Copied into ZeRO-3's IPG bucket and freed once its kernel has produced it.
+            let b = self.buffer(
+                bytes,
+                Category::UnshardedGradients,
+                text!(self.names, "{} weight grad (micro-batch {}, copied into the IPG bucket)", op.name, st.mb),
+            );
+            alloc.push(b);
+            st.free_bwd[i].push(b);
+            st.tied_grad_done |= op.shared_params > 0;
+            return;
+        }
         if self.accumulates_unsharded() && self.acc_grads[i].is_some() {
             let b = self.buffer(
                 bytes,
