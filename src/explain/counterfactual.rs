@@ -501,15 +501,21 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
                 &s.training.precision,
                 s.parallel.offload.is_some(),
             );
+            use crate::plan::DeepspeedOptimizer;
             let ds = &s.parallel.deepspeed;
-            if plan_opt != Some(crate::plan::DeepspeedOptimizer::ZeroStage12) || ds.ipg_buckets() == 0 {
-                return Err("no IPG bucket (DeepSpeedZeroOptimizer with contiguous_gradients)".into());
+            let bytes = |d: &crate::plan::DeepspeedConfig, dtype| match plan_opt {
+                Some(DeepspeedOptimizer::ZeroStage3) => d.stage3_ipg_bytes(dtype),
+                _ => d.ipg_bytes(dtype),
+            };
+            let dtype = s.training.precision.param;
+            let stage = matches!(plan_opt, Some(DeepspeedOptimizer::ZeroStage12 | DeepspeedOptimizer::ZeroStage3));
+            if !stage || bytes(ds, dtype) == 0 {
+                return Err("no IPG bucket (DeepSpeed's ZeRO optimizers with contiguous_gradients)".into());
             }
             let size = (ds.reduce_bucket_size / 4).max(1);
             v.parallel.deepspeed.reduce_bucket_size = size;
             v.parallel.deepspeed.overlap_comm = false;
-            let dtype = s.training.precision.param;
-            let saved = ds.ipg_bytes(dtype).saturating_sub(v.parallel.deepspeed.ipg_bytes(dtype));
+            let saved = bytes(ds, dtype).saturating_sub(bytes(&v.parallel.deepspeed, dtype));
             let overlap = if ds.overlap_comm { ", overlap_comm false" } else { "" };
             vec![(
                 format!(

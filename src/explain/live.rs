@@ -150,7 +150,15 @@ pub fn from_buffers(
                 format!("optimizer.step() temporaries ({:?} implementation)", plan.training.optimizer_impl)
             }
             Category::Gradients => {
-                if plan.parallel.framework.fsdp1_no_shard(plan.parallel.sharding) {
+                if plan.deepspeed_optimizer() == Some(crate::plan::DeepspeedOptimizer::ZeroStage3) {
+                    let sub = plan.local_total(true).min(plan.parallel.deepspeed.sub_group_size);
+                    format!(
+                        "DeepSpeed ZeRO-3's gradient partitions ({} B/param x {}) and the FP32 gradient of its largest optimizer sub-group ({sub} elements x 4 B, sub_group_size {:e}), both kept from initialisation",
+                        pr.grad.bytes(),
+                        times(true),
+                        plan.parallel.deepspeed.sub_group_size as f64
+                    )
+                } else if plan.parallel.framework.fsdp1_no_shard(plan.parallel.sharding) {
                     format!(
                         "full {} flat gradients of {} of {units} units all-reduced so far (FSDP1 NO_SHARD), {} B/param",
                         pr.grad.name(),
