@@ -133,15 +133,60 @@ fn rel(pred: u64, meas: u64, scale: u64) -> f64 {
     (pred as f64 - meas as f64).abs() / (meas as f64).max(floor)
 }
 
-#[test]
-fn pytorch_tracker_references() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pytorch");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
+/// The `.json` fixtures of `dir`, sorted.
+fn json_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "json"))
         .collect();
     files.sort();
+    files
+}
+
+/// One measured case simulated from its config: the scenario, the simulation, the measured
+/// step, and the start of its table line (peak against measured, phase), with the peak's
+/// and its phase's failures recorded.
+struct Case {
+    v: Value,
+    sc: Scenario,
+    sim: stepsim::Simulation,
+    step: u32,
+    meas_total: u64,
+    line: String,
+}
+
+fn simulate_case(name: &str, f: &Path, width: usize, failures: &mut Vec<String>) -> Case {
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap();
+    let toml = scenario_for(name, &v["config"]);
+    let sc =
+        Scenario::from_toml(Path::new(&format!("<{name}>")), &toml).unwrap_or_else(|e| panic!("{name}: {e}\n{toml}"));
+    let sim = stepsim::simulate(&sc).unwrap();
+    let step = v["config"]["warmup_steps"].as_u64().unwrap_or(0) as u32 + 1;
+    let (peak, phase) = sim.step_peak(step).unwrap();
+    let meas_total = v["peak"]["total_bytes"].as_u64().unwrap();
+    let meas_phase = v["peak"]["phase"].as_str().unwrap().to_string();
+    let e = rel(peak.allocated, meas_total, meas_total);
+    let line = format!(
+        "{name:<width$} {:>14} {:>14} {:>7.2}%  {}/{}",
+        peak.allocated,
+        meas_total,
+        e * 100.0,
+        phase.name(),
+        meas_phase
+    );
+    if e > TOLERANCE {
+        failures.push(format!("{name}: peak {} vs measured {} ({:.1}%)", peak.allocated, meas_total, e * 100.0));
+    }
+    if phase.name() != meas_phase {
+        failures.push(format!("{name}: peak phase {} vs measured {meas_phase}", phase.name()));
+    }
+    Case { v, sc, sim, step, meas_total, line }
+}
+
+#[test]
+fn pytorch_tracker_references() {
+    let files = json_files(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pytorch"));
     let mut failures = Vec::new();
     let mut compared = 0;
     println!(
@@ -154,30 +199,8 @@ fn pytorch_tracker_references() {
             println!("{name:<12} not compared: {why}");
             continue;
         }
-        let v: Value = serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap();
-        let toml = scenario_for(&name, &v["config"]);
-        let sc = Scenario::from_toml(Path::new(&format!("<{name}>")), &toml)
-            .unwrap_or_else(|e| panic!("{name}: {e}\n{toml}"));
-        let sim = stepsim::simulate(&sc).unwrap();
-        let step = v["config"]["warmup_steps"].as_u64().unwrap_or(0) as u32 + 1;
-        let (peak, phase) = sim.step_peak(step).unwrap();
-        let meas_total = v["peak"]["total_bytes"].as_u64().unwrap();
-        let meas_phase = v["peak"]["phase"].as_str().unwrap();
-        let e = rel(peak.allocated, meas_total, meas_total);
-        let mut line = format!(
-            "{name:<12} {:>14} {:>14} {:>7.2}%  {}/{}",
-            peak.allocated,
-            meas_total,
-            e * 100.0,
-            phase.name(),
-            meas_phase
-        );
-        if e > TOLERANCE {
-            failures.push(format!("{name}: peak {} vs measured {} ({:.1}%)", peak.allocated, meas_total, e * 100.0));
-        }
-        if phase.name() != meas_phase {
-            failures.push(format!("{name}: peak phase {} vs measured {meas_phase}", phase.name()));
-        }
+        let Case { v, sim, step, meas_total, mut line, .. } = simulate_case(&name, f, 12, &mut failures);
+        let (peak, _) = sim.step_peak(step).unwrap();
         for cat in CATEGORIES {
             let pred: u64 =
                 Category::ALL.iter().filter(|c| c.tracker_category() == cat).map(|c| peak.by_category[c.index()]).sum();
@@ -215,17 +238,11 @@ fn pytorch_tracker_references() {
 /// gradients under Temp or Gradient depending on when autograd made them).
 #[test]
 fn fsdp1_tracker_references() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pytorch/fsdp1");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
-        .collect();
-    files.sort();
+    let files = json_files(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pytorch/fsdp1"));
     let mut failures = Vec::new();
     let mut compared = 0;
     println!(
-        "{:<18} {:>12} {:>12} {:>7}  phase (pred/meas)  groups pred/meas MiB; phase peaks pred/meas MiB",
+        "{:<18} {:>14} {:>14} {:>8}  phase (pred/meas)  groups pred/meas MiB; phase peaks pred/meas MiB",
         "case", "pred peak B", "meas peak B", "err"
     );
     let mib = |b: u64| b as f64 / 1048576.0;
@@ -236,30 +253,8 @@ fn fsdp1_tracker_references() {
             continue;
         }
         compared += 1;
-        let v: Value = serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap();
-        let toml = scenario_for(&name, &v["config"]);
-        let sc = Scenario::from_toml(Path::new(&format!("<{name}>")), &toml)
-            .unwrap_or_else(|e| panic!("{name}: {e}\n{toml}"));
-        let sim = stepsim::simulate(&sc).unwrap();
-        let step = v["config"]["warmup_steps"].as_u64().unwrap_or(0) as u32 + 1;
-        let (peak, phase) = sim.step_peak(step).unwrap();
-        let meas_total = v["peak"]["total_bytes"].as_u64().unwrap();
-        let meas_phase = v["peak"]["phase"].as_str().unwrap();
-        let e = rel(peak.allocated, meas_total, meas_total);
-        let mut line = format!(
-            "{name:<18} {:>12} {:>12} {:>6.2}%  {}/{}",
-            peak.allocated,
-            meas_total,
-            e * 100.0,
-            phase.name(),
-            meas_phase
-        );
-        if e > TOLERANCE {
-            failures.push(format!("{name}: peak {} vs measured {} ({:.1}%)", peak.allocated, meas_total, e * 100.0));
-        }
-        if phase.name() != meas_phase {
-            failures.push(format!("{name}: peak phase {} vs measured {meas_phase}", phase.name()));
-        }
+        let Case { v, sc, sim, step, meas_total, mut line } = simulate_case(&name, f, 18, &mut failures);
+        let (peak, _) = sim.step_peak(step).unwrap();
         let bd = &v["peak"]["breakdown_bytes"];
         let g = |k: &str| bd[k].as_u64().unwrap_or(0);
         let pred_of = |cats: &[&str]| -> u64 {
