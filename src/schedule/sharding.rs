@@ -472,26 +472,25 @@ impl Builder<'_> {
         let own = self.plan.parallel.framework.grads_in_param_dtype() && !self.accumulates_unsharded();
         let dtype = if own || self.fsdp1_grads() { self.pr().compute } else { self.pr().grad };
         let bytes = el * dtype.bytes();
-        if self.ds_stage3_copies_grads() {
-            // Copied into ZeRO-3's IPG bucket and freed once its kernel has produced it.
+        // A gradient freed once its kernel has produced it: copied into ZeRO-3's IPG bucket,
+        // or added into the `.grad` a previous micro-batch made.
+        let ds = self.ds_stage3_copies_grads();
+        let into = if ds {
+            Some("copied into the IPG bucket")
+        } else if self.accumulates_unsharded() && self.acc_grads[i].is_some() {
+            Some("accumulated into .grad")
+        } else {
+            None
+        };
+        if let Some(into) = into {
             let b = self.buffer(
                 bytes,
                 Category::UnshardedGradients,
-                text!(self.names, "{} weight grad (micro-batch {}, copied into the IPG bucket)", op.name, st.mb),
+                text!(self.names, "{} weight grad (micro-batch {}, {into})", op.name, st.mb),
             );
             alloc.push(b);
             st.free_bwd[i].push(b);
-            st.tied_grad_done |= op.shared_params > 0;
-            return;
-        }
-        if self.accumulates_unsharded() && self.acc_grads[i].is_some() {
-            let b = self.buffer(
-                bytes,
-                Category::UnshardedGradients,
-                text!(self.names, "{} weight grad (micro-batch {}, accumulated into .grad)", op.name, st.mb),
-            );
-            alloc.push(b);
-            st.free_bwd[i].push(b);
+            st.tied_grad_done |= ds && op.shared_params > 0;
             return;
         }
         let b = self.buffer(
