@@ -35,6 +35,7 @@ pub const COUNTERFACTUAL_NAMES: &[&str] = &[
     "reduce gradients every micro-batch (FSDP without no_sync)",
     "NCCL without NVLS buffers (NCCL_NVLS_ENABLE=0)",
     "DeepSpeed: smaller IPG bucket (reduce_bucket_size / 4, overlap_comm off)",
+    "DeepSpeed ZeRO-3: smaller optimizer sub-groups (sub_group_size / 10)",
 ];
 
 /// The index of the change that applies to mixtures of experts only (no row for a dense
@@ -59,6 +60,9 @@ const NO_NVLS: usize = 19;
 /// DeepSpeed's IPG bucket made smaller (ZeRO-1/2 with `contiguous_gradients`): offered
 /// under DeepSpeed only.
 const SMALLER_IPG: usize = 20;
+/// DeepSpeed ZeRO-3's optimizer sub-groups made smaller, which shrinks the FP32 gradient of
+/// the largest: offered under DeepSpeed only.
+const SMALLER_SUB_GROUP: usize = 21;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Counterfactual {
@@ -527,6 +531,38 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
                 v,
             )]
         }
+        SMALLER_SUB_GROUP => {
+            let stage3 = crate::plan::DeepspeedOptimizer::for_plan(
+                s.parallel.framework,
+                s.parallel.sharding,
+                &s.training.precision,
+                s.parallel.offload.is_some(),
+            ) == Some(crate::plan::DeepspeedOptimizer::ZeroStage3);
+            if !stage3 {
+                return Err("no FP32 sub-group gradient (DeepSpeed ZeRO-3 without offload)".into());
+            }
+            let ds = &s.parallel.deepspeed;
+            let size = (ds.sub_group_size / 10).max(1);
+            // The partition this rank steps: the model's parameters over the shard group (the
+            // data-parallel ranks; no tensor or pipeline parallelism under ZeRO-3).
+            let shard =
+                crate::plan::shard_group(&s.parallel, u64::from(s.cluster.gpus), u64::from(s.cluster.gpus_per_node));
+            let part = s.model.param_count().div_ceil(shard.max(1));
+            let saved = (part.min(ds.sub_group_size) - part.min(size)) * 4;
+            if saved == 0 {
+                return Err(format!("the partition ({part} elements) is one sub-group of {size} already"));
+            }
+            v.parallel.deepspeed.sub_group_size = size;
+            vec![(
+                format!(
+                    "DeepSpeed sub_group_size {:e} -> {:e} (FP32 sub-group gradient {} smaller)",
+                    ds.sub_group_size as f64,
+                    size as f64,
+                    fmt_bytes(saved)
+                ),
+                v,
+            )]
+        }
         _ => return Err("no such change".into()),
     })
 }
@@ -627,7 +663,8 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
         if ((which == FUSED_LOSS || which == SELECTIVE_OP) && megatron)
             || (which == SYNC_EACH && !s.parallel.no_sync)
             || (which == NO_NVLS && !s.nccl.nvls)
-            || (which == SMALLER_IPG && s.parallel.framework != crate::plan::Framework::Deepspeed)
+            || ((which == SMALLER_IPG || which == SMALLER_SUB_GROUP)
+                && s.parallel.framework != crate::plan::Framework::Deepspeed)
         {
             continue;
         }
