@@ -178,3 +178,29 @@ fn with_cpu_offload_the_flat_gradient_is_still_cast_before_its_reduce_scatter() 
     let rs = tasks(&sim, 2, "reduce-scatter layers.3");
     assert!(cast.len() == 1 && rs.len() == 1 && cast[0].1 <= rs[0].0, "{cast:?} {rs:?}");
 }
+
+/// A pipeline stage numbers only its own units: the root's pre-backward prefetch of "the last
+/// block" must not index past them (it panicked with `reshard_after_forward = true` set
+/// explicitly on a pipeline, found in session 14).
+#[test]
+fn fsdp_on_a_pipeline_with_reshard_after_forward_runs() {
+    for framework in ["fsdp", "fsdp1"] {
+        let toml = format!(
+            "[model]\nfamily = \"llama\"\nn_layers = 8\nhidden = 1024\nn_heads = 8\nffn_hidden = 4096\nvocab = 32000\n\
+             [hardware]\ngpu = \"h100-sxm\"\ngpus = 16\n\
+             [parallel]\nframework = \"{framework}\"\nsharding = \"full_shard\"\nreshard_after_forward = true\npipeline = 2\n\
+             [training]\nmicro_batch = 1\nseq_len = 2048\ngrad_accum = 2\nprecision = \"fsdp-bf16-mixed\"\n"
+        );
+        let s = Scenario::from_toml(Path::new("<fsdp1>"), &toml).unwrap_or_else(|e| panic!("{e}"));
+        let sim = stepsim::simulate(&s).unwrap();
+        assert!(sim.step_peak(2).is_some(), "{framework}");
+    }
+    // FSDP1's NO_SHARD on a pipeline is refused, with the alternatives named.
+    let toml =
+        "[model]\nfamily = \"llama\"\nn_layers = 8\nhidden = 1024\nn_heads = 8\nffn_hidden = 4096\nvocab = 32000\n\
+                [hardware]\ngpu = \"h100-sxm\"\ngpus = 16\n\
+                [parallel]\nframework = \"fsdp1\"\nsharding = \"none\"\npipeline = 2\n\
+                [training]\nmicro_batch = 1\nseq_len = 2048\ngrad_accum = 2\n";
+    let e = Scenario::from_toml(Path::new("<fsdp1>"), toml).unwrap_err().to_string();
+    assert!(e.contains("parallel.sharding") && e.contains("NO_SHARD") && e.contains("pipeline"), "{e}");
+}

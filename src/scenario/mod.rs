@@ -764,6 +764,12 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
             "FSDP2 (fully_shard) shards parameters: use sharding = \"full_shard\", \"shard_grad_op\" (reshard_after_forward=False) or \"hybrid_shard\"; DDP and ZeroRedundancyOptimizer are parallel.framework = \"fsdp\"",
         ));
     }
+    if framework == Framework::Fsdp1 && sharding == Sharding::None && p.pipeline.unwrap_or(1) > 1 {
+        return Err(v.err(
+            "parallel.sharding",
+            "FSDP1's NO_SHARD with pipeline parallelism is not simulated yet; use sharding = \"full_shard\" or \"shard_grad_op\" over each stage's data-parallel ranks, or parallel.framework = \"fsdp\" (DDP)",
+        ));
+    }
     if framework == Framework::Fsdp1 && sharding == Sharding::Zero1 {
         return Err(v.err(
             "parallel.sharding",

@@ -440,9 +440,11 @@ impl Builder<'_> {
             self.gathered[0] = Some(b);
             deps.push(t);
         }
+        // (Only where units are numbered by block: a pipeline stage numbers its own.)
         if op.region == Region::Head
             && op.kind == OpKind::Linear
             && nblocks > 0
+            && nblocks < self.plan.units.len()
             && self.plan.parallel.backward_prefetch == BackwardPrefetch::Pre
             && self.needs_gather(st, nblocks)
         {
