@@ -138,7 +138,8 @@ fn run(path: &std::path::Path, out: Option<PathBuf>, json: bool, full_trace: boo
         .collect();
     let alloc_conf = s.allocator.alloc_conf();
     let written = stepsim::report::write::publish(&dir, |d| {
-        let mut w = stepsim::report::write::write_job(d, &sim.report, &views, sim.headline, full_trace)?;
+        let mut w =
+            stepsim::report::write::write_job(d, &sim.report, &views, &sim.job.links, sim.headline, full_trace)?;
         if snapshot {
             w.extend(stepsim::report::write::write_snapshots(d, &sim.report, &views, &s.name, &alloc_conf)?);
         }

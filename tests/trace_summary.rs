@@ -95,3 +95,29 @@ fn run_takes_trace_full_and_refuses_anything_else() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("full"), "names what is allowed");
 }
+
+/// Issue 24: a pipeline's trace draws an arrow from the kernel that produced each activation
+/// (or gradient) on one stage to the receive that waited for it on the next (or previous):
+/// every flow has one start and one end, on two different rank classes, the end inside a
+/// receive that starts when (or after) the arrow leaves.
+#[test]
+fn a_pipeline_trace_links_each_receive_to_its_sender() {
+    let s = Scenario::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/gpt-13b-pp4-1f1b.toml")).unwrap();
+    let sim = stepsim::simulate(&s).unwrap();
+    let views: Vec<_> = sim.job.classes.iter().enumerate().map(|(k, c)| (&c.schedule, &sim.run.traces[k])).collect();
+    let text = format!("{{\"traceEvents\":[{{}}{}]}}", chrome_trace::flow_events(&views, &sim.job.links, Detail::Full));
+    let evs = events(&text);
+    let starts: Vec<&Value> = evs.iter().filter(|e| e["ph"] == "s").collect();
+    let ends: Vec<&Value> = evs.iter().filter(|e| e["ph"] == "f").collect();
+    assert_eq!(starts.len(), ends.len());
+    // 4 stages, 16 micro-batches: 3 x 16 activations forward and 3 x 16 gradients back per
+    // step (and the tied embedding's all-reduce between first and last stage).
+    let recvs = ends.iter().filter(|e| e["name"].as_str().unwrap().starts_with("recv ")).count();
+    assert!(recvs >= 2 * 3 * 16, "{recvs} receive arrows");
+    for (s, f) in starts.iter().zip(&ends) {
+        assert_eq!(s["id"], f["id"]);
+        assert_ne!(s["pid"], f["pid"], "an arrow crosses rank classes");
+        assert!(s["ts"].as_f64().unwrap() <= f["ts"].as_f64().unwrap(), "{s} {f}");
+        assert_eq!(f["bp"], "e");
+    }
+}

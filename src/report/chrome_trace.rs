@@ -202,6 +202,61 @@ fn detailed_tasks(sched: &Schedule) -> Vec<bool> {
         .collect()
 }
 
+/// Flow events (arrows in Perfetto and chrome://tracing) for the dependencies between rank
+/// classes: a pipeline stage's send to the receive that waits for it, in each direction.
+/// `classes[k]` is class k's schedule and trace; `links` number tasks one class after the
+/// other ([`crate::engine::link_parts`]), and a link to or from a task outside the classes,
+/// or one the trace does not show task by task, draws nothing. Each arrow leaves the
+/// producing task's slice (the sender's last kernel for the data) at its start and enters the
+/// receiving task's slice.
+pub fn flow_events(classes: &[(&Schedule, &Trace)], links: &[crate::engine::Link], detail: Detail) -> String {
+    let mut offsets = Vec::with_capacity(classes.len() + 1);
+    let mut n = 0usize;
+    for (s, _) in classes {
+        offsets.push(n);
+        n += s.program.tasks.len();
+    }
+    offsets.push(n);
+    let shown: Vec<Vec<bool>> = classes
+        .iter()
+        .map(|(s, _)| match detail {
+            Detail::Full => vec![true; s.program.tasks.len()],
+            Detail::Summary => detailed_tasks(s),
+        })
+        .collect();
+    let locate = |g: u32| -> Option<(usize, usize)> {
+        let g = g as usize;
+        let k = offsets.partition_point(|&o| o <= g).checked_sub(1)?;
+        (k < classes.len()).then(|| (k, g - offsets[k]))
+    };
+    let mut o = String::new();
+    for (id, l) in links.iter().enumerate() {
+        let (Some((kt, t)), Some((kd, d))) = (locate(l.task), locate(l.dep)) else { continue };
+        let ((st, tt), (sd, td)) = (classes[kt], classes[kd]);
+        let (ts, td_start) = (tt.start_ns[t], td.start_ns[d]);
+        if ts == u64::MAX || td_start == u64::MAX || !shown[kt][t] || !shown[kd][d] {
+            continue;
+        }
+        // Named for the receive: "recv activation from virtual stage 1 (micro-batch 3)".
+        let what = &st.labels[st.program.tasks[t].label as usize].what;
+        let _ = write!(
+            o,
+            ",\n{{\"name\":\"{}\",\"cat\":\"pipeline\",\"ph\":\"s\",\"id\":{id},\"pid\":{kd},\"tid\":{},\"ts\":{}}}",
+            esc(what),
+            sd.program.tasks[d].stream,
+            us(td_start)
+        );
+        let _ = write!(
+            o,
+            ",\n{{\"name\":\"{}\",\"cat\":\"pipeline\",\"ph\":\"f\",\"bp\":\"e\",\"id\":{id},\"pid\":{kt},\"tid\":{},\"ts\":{}}}",
+            esc(what),
+            st.program.tasks[t].stream,
+            us(ts)
+        );
+    }
+    o
+}
+
 /// The slices of a summary: on each stream, each run of consecutive tasks (in the order they
 /// ran) of one (step, phase, micro-batch) not shown one by one becomes one slice from the
 /// first start to the last end, its busy time and op count in its arguments.

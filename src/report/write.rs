@@ -240,6 +240,7 @@ pub fn write_job(
     dir: &Path,
     r: &Report,
     classes: &[ClassView],
+    links: &[crate::engine::Link],
     headline: usize,
     full_trace: bool,
 ) -> Result<Vec<PathBuf>, WriteError> {
@@ -262,6 +263,8 @@ pub fn write_job(
             chrome.push_str(body.split_once('\n').map_or("", |x| x.1));
         }
     }
+    let views: Vec<(&Schedule, &Trace)> = classes.iter().map(|c| (c.0, c.1)).collect();
+    chrome.push_str(&super::chrome_trace::flow_events(&views, links, detail));
     chrome.push_str("\n]}\n");
     atomic_write(&dir.join("trace.json"), chrome.as_bytes())?;
     let mut plot: Option<MemoryPlot> = None;
