@@ -8,16 +8,20 @@ use stepsim::plan::DeepspeedOptimizer;
 use stepsim::scenario::Scenario;
 use stepsim::schedule::Phase;
 
-/// A 24-layer GPT (about 1.3B parameters) on `gpus` A100s under DeepSpeed.
+/// A 24-layer GPT (about 1.3B parameters) on `gpus` A100s under DeepSpeed, simulated.
 fn job(gpus: u64, sharding: &str, precision: &str, extra: &str) -> stepsim::Simulation {
+    stepsim::simulate(&scenario(gpus, sharding, precision, extra)).unwrap()
+}
+
+/// The scenario of [`job`].
+fn scenario(gpus: u64, sharding: &str, precision: &str, extra: &str) -> Scenario {
     let toml = format!(
         "[model]\nfamily = \"gpt\"\nn_layers = 24\nhidden = 2048\nn_heads = 16\nvocab = 50257\nmax_seq_len = 2048\n\
          [hardware]\ngpu = \"a100-80gb\"\ngpus = {gpus}\n\
          [parallel]\nframework = \"deepspeed\"\nsharding = \"{sharding}\"\n\
          [training]\nmicro_batch = 1\nseq_len = 1024\ngrad_accum = 2\nprecision = \"{precision}\"\n{extra}"
     );
-    let s = Scenario::from_toml(Path::new("<ds>"), &toml).unwrap();
-    stepsim::simulate(&s).unwrap()
+    Scenario::from_toml(Path::new("<ds>"), &toml).unwrap()
 }
 
 /// Highest bytes of `cat` over the samples of `phase` (any step).
@@ -166,24 +170,16 @@ fn zero3_keeps_its_partitions_bucket_and_fp32_sub_group_gradient_from_initialisa
 #[test]
 fn explain_offers_smaller_zero3_sub_groups_where_the_partition_is_larger() {
     use stepsim::explain;
-    let toml = |sub: &str| {
-        format!(
-            "[model]\nfamily = \"gpt\"\nn_layers = 24\nhidden = 2048\nn_heads = 16\nvocab = 50257\nmax_seq_len = 2048\n\
-             [hardware]\ngpu = \"a100-80gb\"\ngpus = 1\n\
-             [parallel]\nframework = \"deepspeed\"\nsharding = \"zero3\"\n\
-             [deepspeed]\nsub_group_size = {sub}\n\
-             [training]\nmicro_batch = 1\nseq_len = 1024\nprecision = \"bf16-mixed-adam\"\n"
-        )
+    let with = |sharding: &str, sub: &str| {
+        scenario(1, sharding, "bf16-mixed-adam", &format!("[deepspeed]\nsub_group_size = {sub}\n"))
     };
     // 1.3B parameters on one rank: one sub-group of 1e9 elements; a tenth saves 3.6 GB.
-    let s = Scenario::from_toml(Path::new("<ds>"), &toml("1e9")).unwrap();
+    let s = with("zero3", "1e9");
     let v = explain::counterfactual::variants(&s, 21).unwrap();
     assert!(v[0].0.contains("sub_group_size 1e9 -> 1e8"), "{}", v[0].0);
     assert_eq!(v[0].1.parallel.deepspeed.sub_group_size, 100_000_000);
     // A partition smaller than a tenth of the sub-group: nothing to save.
-    let small = Scenario::from_toml(Path::new("<ds>"), &toml("1e11")).unwrap();
-    assert!(explain::counterfactual::variants(&small, 21).is_err());
+    assert!(explain::counterfactual::variants(&with("zero3", "1e11"), 21).is_err());
     // ZeRO-1 has no sub-group gradient.
-    let z1 = Scenario::from_toml(Path::new("<ds>"), &toml("1e9").replace("zero3", "zero1")).unwrap();
-    assert!(explain::counterfactual::variants(&z1, 21).is_err());
+    assert!(explain::counterfactual::variants(&with("zero1", "1e9"), 21).is_err());
 }

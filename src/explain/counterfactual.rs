@@ -499,12 +499,7 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             vec![(format!("NCCL_NVLS_ENABLE=0 (NVLS buffers off: {} less NCCL memory per GPU)", fmt_bytes(saved)), v)]
         }
         SMALLER_IPG => {
-            let plan_opt = crate::plan::DeepspeedOptimizer::for_plan(
-                s.parallel.framework,
-                s.parallel.sharding,
-                &s.training.precision,
-                s.parallel.offload.is_some(),
-            );
+            let plan_opt = deepspeed_optimizer(s);
             use crate::plan::DeepspeedOptimizer;
             let ds = &s.parallel.deepspeed;
             let bytes = |d: &crate::plan::DeepspeedConfig, dtype| match plan_opt {
@@ -532,12 +527,7 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             )]
         }
         SMALLER_SUB_GROUP => {
-            let stage3 = crate::plan::DeepspeedOptimizer::for_plan(
-                s.parallel.framework,
-                s.parallel.sharding,
-                &s.training.precision,
-                s.parallel.offload.is_some(),
-            ) == Some(crate::plan::DeepspeedOptimizer::ZeroStage3);
+            let stage3 = deepspeed_optimizer(s) == Some(crate::plan::DeepspeedOptimizer::ZeroStage3);
             if !stage3 {
                 return Err("no FP32 sub-group gradient (DeepSpeed ZeRO-3 without offload)".into());
             }
@@ -548,11 +538,12 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             let shard =
                 crate::plan::shard_group(&s.parallel, u64::from(s.cluster.gpus), u64::from(s.cluster.gpus_per_node));
             let part = s.model.param_count().div_ceil(shard.max(1));
-            let saved = (part.min(ds.sub_group_size) - part.min(size)) * 4;
+            v.parallel.deepspeed.sub_group_size = size;
+            let sub = |d: &crate::plan::DeepspeedConfig| d.stage3_sub_group_elements(part);
+            let saved = (sub(ds) - sub(&v.parallel.deepspeed)) * 4;
             if saved == 0 {
                 return Err(format!("the partition ({part} elements) is one sub-group of {size} already"));
             }
-            v.parallel.deepspeed.sub_group_size = size;
             vec![(
                 format!(
                     "DeepSpeed sub_group_size {:e} -> {:e} (FP32 sub-group gradient {} smaller)",
@@ -565,6 +556,16 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
         }
         _ => return Err("no such change".into()),
     })
+}
+
+/// The DeepSpeed optimizer wrapper a scenario's plan would use (the plan's own rule).
+fn deepspeed_optimizer(s: &Scenario) -> Option<crate::plan::DeepspeedOptimizer> {
+    crate::plan::DeepspeedOptimizer::for_plan(
+        s.parallel.framework,
+        s.parallel.sharding,
+        &s.training.precision,
+        s.parallel.offload.is_some(),
+    )
 }
 
 fn measure(label: String, s: &Scenario, base_tps: Option<f64>) -> Counterfactual {

@@ -151,7 +151,7 @@ pub fn from_buffers(
             }
             Category::Gradients => {
                 if plan.deepspeed_optimizer() == Some(crate::plan::DeepspeedOptimizer::ZeroStage3) {
-                    let sub = plan.local_total(true).min(plan.parallel.deepspeed.sub_group_size);
+                    let sub = plan.parallel.deepspeed.stage3_sub_group_elements(plan.local_total(true));
                     format!(
                         "DeepSpeed ZeRO-3's gradient partitions ({} B/param x {}) and the FP32 gradient of its largest optimizer sub-group ({sub} elements x 4 B, sub_group_size {:e}), both kept from initialisation",
                         pr.grad.bytes(),
@@ -195,12 +195,7 @@ pub fn from_buffers(
                 } else {
                     format!("layer(s) {}", ranges(&layers[c]))
                 };
-                // FSDP1 and FSDP2 compute them in param_dtype unless they accumulate over
-                // micro-batches (FSDP1's no_sync accumulates in param_dtype too).
-                let own = plan.parallel.framework.grads_in_param_dtype()
-                    && (!plan.parallel.no_sync || plan.parallel.framework.fsdp1_buffers())
-                    && plan.pipeline() == 1;
-                let dtype = if own { pr.compute } else { pr.grad };
+                let dtype = plan.unsharded_grad_dtype();
                 format!("unsharded {} gradients of {ls} awaiting their {what}", dtype.name())
             }
             Category::GatheredParameters => {

@@ -244,6 +244,13 @@ impl DeepspeedConfig {
         }
     }
 
+    /// ZeRO-3's FP32 sub-group gradient, in elements, for a rank's `partition` elements: the
+    /// largest optimizer sub-group (`initialize_optimizer_states`: sub-groups hold at most
+    /// `sub_group_size` partition elements).
+    pub fn stage3_sub_group_elements(&self, partition: u64) -> u64 {
+        partition.min(self.sub_group_size)
+    }
+
     /// How many IPG buckets exist: none without `contiguous_gradients`, two with `overlap_comm`.
     pub fn ipg_buckets(&self) -> u64 {
         match (self.contiguous_gradients, self.overlap_comm) {

@@ -981,6 +981,35 @@ impl Plan {
 
     /// Which DeepSpeed optimizer wrapper owns the gradients and the step, if any (see
     /// [`DeepspeedOptimizer`]).
+    /// Whether unsharded gradients accumulate over the step's micro-batches and are reduced
+    /// once (a pipeline stage; FSDP's `no_sync`), rather than reduced after every
+    /// micro-batch's backward.
+    pub fn accumulates_unsharded(&self) -> bool {
+        self.pipeline() > 1 || self.parallel.no_sync
+    }
+
+    /// FSDP1's own gradient path: every micro-batch's post-backward reduces its flat gradient,
+    /// or under `no_sync()` the flat gradients accumulate in `param_dtype` until the last
+    /// micro-batch's reduces them ([`Framework::fsdp1_buffers`]). A pipeline stage keeps the
+    /// generic path.
+    pub fn fsdp1_grads(&self) -> bool {
+        self.parallel.framework.fsdp1_buffers() && self.pipeline() == 1
+    }
+
+    /// The dtype autograd computes a sharded-state unit's unsharded gradients in: the
+    /// parameters' compute dtype under FSDP1 and FSDP2 (the unsharded parameters are in
+    /// `param_dtype`), except that FSDP2 accumulates over micro-batches in `reduce_dtype`
+    /// (`FSDPParam.to_accumulated_grad_if_needed`); the policy's gradient dtype otherwise.
+    pub fn unsharded_grad_dtype(&self) -> Dtype {
+        let pr = &self.training.precision;
+        let own = self.parallel.framework.grads_in_param_dtype() && !self.accumulates_unsharded();
+        if own || self.fsdp1_grads() {
+            pr.compute
+        } else {
+            pr.grad
+        }
+    }
+
     pub fn deepspeed_optimizer(&self) -> Option<DeepspeedOptimizer> {
         DeepspeedOptimizer::for_plan(
             self.parallel.framework,

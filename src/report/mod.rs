@@ -1205,7 +1205,7 @@ fn deepspeed_assumption(plan: &crate::plan::Plan) -> Option<String> {
             ds.reduce_bucket_size as f64,
             pr.param.bytes(),
             ds.contiguous_gradients,
-            fmt_bytes(part.min(ds.sub_group_size) * 4),
+            fmt_bytes(ds.stage3_sub_group_elements(part) * 4),
             ds.sub_group_size as f64,
             kept,
         ),

@@ -81,7 +81,7 @@ impl Builder<'_> {
                 ),
             ));
         }
-        let sub = part.min(ds.sub_group_size);
+        let sub = ds.stage3_sub_group_elements(part);
         bufs.push(self.buffer(
             sub * Dtype::Fp32.bytes(),
             Category::Gradients,

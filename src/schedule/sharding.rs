@@ -170,14 +170,6 @@ impl Builder<'_> {
         self.plan.params_sharded && !(self.no_shard() && self.pr().param == self.pr().compute)
     }
 
-    /// FSDP1's own gradient path applies: every micro-batch's post-backward reduces, or under
-    /// `no_sync()` the flat `param_dtype` gradient accumulates over the micro-batches (autograd
-    /// adds each into it; the hook returns before casting) until the last one casts and
-    /// reduces it. A pipeline stage's accumulation keeps the generic path.
-    pub(super) fn fsdp1_grads(&self) -> bool {
-        self.plan.parallel.framework.fsdp1_buffers() && self.plan.pipeline() == 1
-    }
-
     /// FSDP2's `wait_for_unshard` for unit `u`, whose all-gather is task `t`: a copy kernel
     /// on the compute stream writes the unsharded parameters out of the flat all-gather
     /// output (`foreach_all_gather_copy_out`), and the unit's kernels wait for it. Returns
@@ -259,7 +251,7 @@ impl Builder<'_> {
         let mut tmp = None;
         // FSDP1 casts its flat gradient to reduce_dtype first (CPU offload or not).
         let (after, unsharded) =
-            if self.fsdp1_grads() { self.fsdp1_cast(step, mb, u, after, unsharded) } else { (after, unsharded) };
+            if self.plan.fsdp1_grads() { self.fsdp1_cast(step, mb, u, after, unsharded) } else { (after, unsharded) };
         if let Some(off) = &plan.parallel.offload {
             // ZeRO-Offload: the reduced partition goes to the host's FP32 gradient buffer.
             let b = self.buffer(
@@ -345,7 +337,7 @@ impl Builder<'_> {
         let (secs, label) = if self.no_shard() {
             // The post-backward stream casts the flat gradient into the kept copy, then
             // all-reduces it in place.
-            let cast = if self.fsdp1_grads() && self.pr().grad != self.pr().compute {
+            let cast = if self.plan.fsdp1_grads() && self.pr().grad != self.pr().compute {
                 self.cost.copy_s(plan.units[u].shard_params * (self.pr().compute.bytes() + gb))
             } else {
                 0.0
@@ -468,18 +460,14 @@ impl Builder<'_> {
             return;
         }
         let el = if op.shared_params > 0 { op.shared_params } else { op.params };
-        // FSDP1's and FSDP2's autograd computes them in the parameter dtype of the unsharded
-        // parameters (`param_dtype`), unless they accumulate across micro-batches, which it does in
-        // `reduce_dtype` (`FSDPParam.to_accumulated_grad_if_needed`).
-        let own = self.plan.parallel.framework.grads_in_param_dtype() && !self.accumulates_unsharded();
-        let dtype = if own || self.fsdp1_grads() { self.pr().compute } else { self.pr().grad };
+        let dtype = self.plan.unsharded_grad_dtype();
         let bytes = el * dtype.bytes();
         // A gradient freed once its kernel has produced it: copied into ZeRO-3's IPG bucket,
         // or added into the `.grad` a previous micro-batch made.
         let ds = self.ds_stage3_copies_grads();
         let into = if ds {
             Some("copied into the IPG bucket")
-        } else if self.accumulates_unsharded() && self.acc_grads[i].is_some() {
+        } else if self.plan.accumulates_unsharded() && self.acc_grads[i].is_some() {
             Some("accumulated into .grad")
         } else {
             None
@@ -501,19 +489,11 @@ impl Builder<'_> {
             text!(self.names, "{} weight grad (unsharded, micro-batch {})", op.name, st.mb),
         );
         self.unit_grads[u].push(b);
-        if self.accumulates_unsharded() {
+        if self.plan.accumulates_unsharded() {
             self.acc_grads[i] = Some(b);
         }
         alloc.push(b);
         st.tied_grad_done |= op.shared_params > 0;
-    }
-
-    /// Whether unsharded gradients accumulate over the step's micro-batches and are reduced
-    /// once (a pipeline stage), rather than reduced after every micro-batch's backward (FSDP
-    /// without `no_sync()`).
-    #[inline]
-    pub(super) fn accumulates_unsharded(&self) -> bool {
-        self.plan.pipeline() > 1 || self.plan.parallel.no_sync
     }
 
     /// End of a chunk's last backward of the step on a pipeline stage: every unit it still
@@ -568,8 +548,8 @@ impl Builder<'_> {
             // Under no_sync the gradients accumulated so far are the unit's flat gradient,
             // which this micro-batch's flat gradient is added into: both live until the
             // reduction ends.
-            if self.fsdp1_grads() {
-                let accumulated = if self.accumulates_unsharded() { std::mem::take(&mut g) } else { Vec::new() };
+            if self.plan.fsdp1_grads() {
+                let accumulated = if self.plan.accumulates_unsharded() { std::mem::take(&mut g) } else { Vec::new() };
                 let (cat, flat) = self.fsdp1_concat(st.step, st.mb, u, t, &g);
                 g = vec![flat];
                 g.extend(accumulated);
