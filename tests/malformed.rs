@@ -1793,6 +1793,11 @@ fn sizes_past_the_stated_limits_are_refused() {
         let e = with(key, value);
         assert!(e.contains(&format!("field `{field}`")) && e.contains(want), "{key} = {value}: {e}");
     }
+    // `bucket_cap_mb = 2^53` saturated DDP's bucket bytes to 2^64 - 1 and ran.
+    let text = format!("{base}\n[parallel]\nbucket_cap_mb = 9007199254740992\n");
+    let e =
+        stepsim::scenario::Scenario::from_toml(Path::new("limits.toml"), &text).map(|_| ()).unwrap_err().to_string();
+    assert!(e.contains("field `parallel.bucket_cap_mb`") && e.contains("up to 2^24"), "{e}");
 }
 
 /// Issue 22: a control character (even in a comment) and bytes that are not UTF-8 get an

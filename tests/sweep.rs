@@ -206,6 +206,13 @@ fn bad_filters_name_the_constraint_and_what_is_allowed() {
     let spec = spec_of(&with("sharding < 3"));
     let e = spec.point(0).unwrap_err().to_string();
     assert!(e.contains("filter[0]") && e.contains("cannot compare a string") && e.contains("configuration 0"), "{e}");
+    // Issue 22: an infinity equalled everything within the relative tolerance, so
+    // `gpus * 1e400 = 5` kept every configuration.
+    let e = spec_err(&with("gpus * 1e400 = 5"));
+    assert!(e.contains("filter[0]") && e.contains("`1e400` is beyond the largest number"), "{e}");
+    let spec = spec_of(&with("gpus * 1e300 * 1e300 = 5"));
+    let e = spec.point(0).unwrap_err().to_string();
+    assert!(e.contains("filter[0]") && e.contains("beyond the largest number") && e.contains("configuration 0"), "{e}");
 }
 
 #[test]
@@ -391,6 +398,147 @@ fn shards_merge_into_the_unsharded_run() {
     let r = stepsim(&["sweep", "merge", other.to_str().unwrap(), &dirs[0], &dirs[1], &dirs[2]], tmp.path());
     assert_eq!(r.status.code(), Some(2));
     assert!(text(&r.stderr).contains("other axes"), "{}", text(&r.stderr));
+}
+
+/// Issue 22: a shard whose table lost, repeated or changed a row is refused by `merge`
+/// (its manifest seals the table's row count and checksum), and a refused merge leaves the
+/// output folder as it was.
+#[test]
+fn merge_refuses_damaged_shards_and_leaves_no_partial_output() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sw = write(tmp.path(), "small.toml", &small_sweep(""));
+    let sw = sw.to_str().unwrap();
+    let dirs: Vec<PathBuf> = (1..=2)
+        .map(|i| {
+            let d = tmp.path().join(format!("shard{i}"));
+            sweep_ok(&[sw, "--out", d.to_str().unwrap(), "--shard", &format!("{i}/2")], tmp.path());
+            d
+        })
+        .collect();
+    let csv = read(&dirs[1].join("sweep.csv"));
+    let lines: Vec<&str> = csv.split_inclusive('\n').collect();
+    let merged = tmp.path().join("merged");
+    let damages: Vec<(String, String, &str)> = vec![
+        ("a lost row".into(), [&lines[..5], &lines[6..]].concat().concat(), "rows where its manifest records"),
+        ("a repeated row".into(), [&lines[..6], &lines[5..]].concat().concat(), "rows where its manifest records"),
+        ("an edited figure".into(), csv.replacen(",fits,", ",oom,", 1), "checksum"),
+        ("a cut last line".into(), csv[..csv.len() - 3].to_string(), "rows where its manifest records"),
+    ];
+    for (what, body, want) in damages {
+        std::fs::write(dirs[1].join("sweep.csv"), &body).unwrap();
+        let r = stepsim(
+            &[
+                "sweep",
+                "merge",
+                sw,
+                dirs[0].to_str().unwrap(),
+                dirs[1].to_str().unwrap(),
+                "--out",
+                merged.to_str().unwrap(),
+            ],
+            tmp.path(),
+        );
+        let err = text(&r.stderr);
+        assert_eq!(r.status.code(), Some(2), "{what}: {err}");
+        assert!(
+            err.contains("shard 2/2's sweep.csv") && err.contains(want) && err.contains("run the shard again"),
+            "{what}: {err}"
+        );
+        assert!(
+            !merged.join("sweep.csv").exists() && !merged.join("sweep.json").exists(),
+            "{what}: output left behind"
+        );
+    }
+    // Undamaged, it merges.
+    std::fs::write(dirs[1].join("sweep.csv"), &csv).unwrap();
+    sweep_ok(
+        &["merge", sw, dirs[0].to_str().unwrap(), dirs[1].to_str().unwrap(), "--out", merged.to_str().unwrap()],
+        tmp.path(),
+    );
+    assert!(read(&merged.join("sweep.manifest.json")).contains("\"complete\": true"));
+}
+
+/// Issue 22: a shard the filter leaves empty writes an empty table, so the sweep can still
+/// be merged; a sweep that keeps nothing at all is an error, sharded or not.
+#[test]
+fn an_empty_shard_writes_an_empty_table_that_merges() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Keeps configurations 0 and 1 only (8 GPUs' shards 1 and 2 of 4 own them).
+    let body = small_sweep("filter = [\"gpus = 1\", \"micro_batch = 4\", \"parallel.sharding = \\\"none\\\"\"]");
+    let sw = write(tmp.path(), "tiny.toml", &body);
+    let sw = sw.to_str().unwrap();
+    let whole = tmp.path().join("whole");
+    sweep_ok(&[sw, "--out", whole.to_str().unwrap()], tmp.path());
+    let mut dirs = Vec::new();
+    let mut empty = 0;
+    for i in 1..=4 {
+        let d = tmp.path().join(format!("s{i}"));
+        sweep_ok(&[sw, "--out", d.to_str().unwrap(), "--shard", &format!("{i}/4")], tmp.path());
+        let rows = read(&d.join("sweep.csv")).lines().count() - 1;
+        empty += usize::from(rows == 0);
+        dirs.push(d.to_str().unwrap().to_string());
+    }
+    assert!(empty >= 2, "expected empty shards");
+    let merged = tmp.path().join("merged");
+    let mut args = vec!["merge", sw];
+    args.extend(dirs.iter().map(String::as_str));
+    args.extend(["--out", merged.to_str().unwrap()]);
+    sweep_ok(&args, tmp.path());
+    assert_eq!(read(&merged.join("sweep.csv")), read(&whole.join("sweep.csv")));
+    assert_eq!(read(&merged.join("sweep.json")), read(&whole.join("sweep.json")));
+    // Nothing kept anywhere: refused, sharded or not.
+    let none = write(tmp.path(), "none.toml", &small_sweep("filter = [\"gpus = 3\"]"));
+    let r = stepsim(&["sweep", none.to_str().unwrap(), "--out", tmp.path().join("n").to_str().unwrap()], tmp.path());
+    assert_eq!(r.status.code(), Some(2));
+    assert!(text(&r.stderr).contains("no configuration passes the filter"), "{}", text(&r.stderr));
+    let n1 = tmp.path().join("n1");
+    sweep_ok(&[none.to_str().unwrap(), "--out", n1.to_str().unwrap(), "--shard", "1/1"], tmp.path());
+    let r = stepsim(
+        &[
+            "sweep",
+            "merge",
+            none.to_str().unwrap(),
+            n1.to_str().unwrap(),
+            "--out",
+            tmp.path().join("nm").to_str().unwrap(),
+        ],
+        tmp.path(),
+    );
+    assert_eq!(r.status.code(), Some(2));
+    assert!(text(&r.stderr).contains("no configuration passes the filter"), "{}", text(&r.stderr));
+}
+
+/// Issue 22: when the answer cannot be written, neither sweep.json nor heatmap.png is left
+/// (an earlier run's would not be this table's) and the manifest does not say complete;
+/// `--resume` then finishes from the complete table without simulating again.
+#[test]
+fn a_sweep_whose_answer_cannot_be_written_leaves_no_answer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sw = write(tmp.path(), "small.toml", &small_sweep(""));
+    let sw = sw.to_str().unwrap();
+    let out = tmp.path().join("out");
+    sweep_ok(&[sw, "--out", out.to_str().unwrap()], tmp.path());
+    let json = read(&out.join("sweep.json"));
+    // A folder in the way of the heatmap's temporary file.
+    std::fs::create_dir_all(out.join("heatmap.png.tmp.png/x")).unwrap();
+    let r = stepsim(&["sweep", sw, "--out", out.to_str().unwrap()], tmp.path());
+    assert_eq!(r.status.code(), Some(2), "{}", text(&r.stderr));
+    assert!(text(&r.stderr).contains("heatmap"), "{}", text(&r.stderr));
+    assert!(!out.join("sweep.json").exists(), "sweep.json left beside a missing heatmap");
+    assert!(read(&out.join("sweep.manifest.json")).contains("\"complete\": false"));
+    assert!(!out.join("heatmap.png").exists(), "the earlier run's heatmap left beside this table");
+    assert!(out.join("sweep.csv").exists(), "the complete table is kept for --resume");
+    std::fs::remove_dir_all(out.join("heatmap.png.tmp.png")).unwrap();
+    let (_, err) = sweep_ok(&[sw, "--out", out.to_str().unwrap(), "--resume"], tmp.path());
+    assert!(!err.contains("simulated"), "{err}");
+    assert_eq!(read(&out.join("sweep.json")), json);
+    assert!(read(&out.join("sweep.manifest.json")).contains("\"complete\": true"));
+    // A complete table edited afterwards is not reused.
+    let csv = read(&out.join("sweep.csv"));
+    std::fs::write(out.join("sweep.csv"), csv.replacen(",fits,", ",oom,", 1)).unwrap();
+    let r = stepsim(&["sweep", sw, "--out", out.to_str().unwrap(), "--resume"], tmp.path());
+    assert_eq!(r.status.code(), Some(2));
+    assert!(text(&r.stderr).contains("checksum"), "{}", text(&r.stderr));
 }
 
 #[test]

@@ -156,8 +156,8 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         && p.framework != crate::plan::Framework::Fsdp1
     {
         format!(
-            "bucket_cap_mb={:.0}, gradient_as_bucket_view={}",
-            p.bucket_bytes as f64 / 1e6,
+            "bucket_cap_mb={}, gradient_as_bucket_view={}",
+            p.bucket_bytes as f64 / (1u64 << 20) as f64,
             p.gradient_as_bucket_view
         )
     } else if p.framework == crate::plan::Framework::Fsdp2 {

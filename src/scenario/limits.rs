@@ -27,6 +27,9 @@ pub const MAX_TOKENS: u64 = 1 << 32;
 pub const MAX_GRAD_ACCUM: u64 = 1 << 16;
 /// GPUs in a job.
 pub const MAX_GPUS: u64 = 1 << 20;
+/// DDP's `bucket_cap_mb`: 2^24 MiB (16 TiB). A bucket larger than the model is one bucket,
+/// so any larger value means the same; the bound keeps its bytes exact.
+pub const MAX_BUCKET_CAP_MB: f64 = (1u64 << 24) as f64;
 /// The largest single tensor: 2^56 bytes (72 PB). Beyond it no GPU could hold it, and
 /// products of the job's sizes start to leave stepsim's 64-bit byte counts.
 pub const MAX_TENSOR_BYTES: u128 = 1 << 56;

@@ -805,8 +805,13 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         _ => BackwardPrefetch::None,
     };
     let bucket_cap_mb = p.bucket_cap_mb.unwrap_or(25.0);
-    if !(bucket_cap_mb > 0.0 && bucket_cap_mb.is_finite()) {
-        return Err(v.err("parallel.bucket_cap_mb", format!("must be a positive number of MB, got {bucket_cap_mb}")));
+    if !(bucket_cap_mb > 0.0 && bucket_cap_mb <= limits::MAX_BUCKET_CAP_MB) {
+        return Err(v.err(
+            "parallel.bucket_cap_mb",
+            format!(
+                "must be a positive number of MiB up to 2^24 (16 TiB; a bucket larger than the model is one bucket), got {bucket_cap_mb}"
+            ),
+        ));
     }
     // Defaults: PyTorch 2.x FSDP1 `FullyShardedDataParallel` (reshard_after_forward is
     // implied by FULL_SHARD, backward_prefetch=BACKWARD_PRE, forward_prefetch=False,
@@ -831,7 +836,8 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         forward_prefetch: p.forward_prefetch.unwrap_or(false),
         limit_all_gathers: p.limit_all_gathers.unwrap_or(true),
         gradient_as_bucket_view: p.gradient_as_bucket_view.unwrap_or(false),
-        bucket_bytes: (bucket_cap_mb * 1e6).round() as u64,
+        // DDP: `self.bucket_bytes_cap = int(bucket_cap_mb * 1024 * 1024)` (distributed.py).
+        bucket_bytes: ((bucket_cap_mb * (1u64 << 20) as f64).floor() as u64).max(1),
         model_parallel,
         offload: None,
         deepspeed: validate_deepspeed(&v, f.deepspeed.as_ref(), framework)?,

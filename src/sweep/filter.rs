@@ -105,6 +105,9 @@ fn lex(s: &str) -> Result<Vec<Tok>, String> {
             }
             let text: String = s[start..i].chars().filter(|&c| c != '_').collect();
             let n = text.parse::<f64>().map_err(|_| format!("`{}` is not a number", &s[start..i]))?;
+            if !n.is_finite() {
+                return Err(format!("`{}` is beyond the largest number (about 1.8e308)", &s[start..i]));
+            }
             out.push(Tok::Num(n));
         } else if c.is_ascii_alphabetic() || c == '_' {
             let start = i;
@@ -328,7 +331,8 @@ fn eval(e: &Expr, env: &Env) -> Result<Val, String> {
         }),
         Expr::Path(p) => match get_path(env.tree, p) {
             Some(toml::Value::Integer(i)) => Val::Num(*i as f64),
-            Some(toml::Value::Float(f)) => Val::Num(*f),
+            Some(toml::Value::Float(f)) if f.is_finite() => Val::Num(*f),
+            Some(toml::Value::Float(f)) => return Err(format!("`{p}` is {f}, not a finite number")),
             Some(toml::Value::String(s)) => Val::Str(s.clone()),
             Some(toml::Value::Boolean(b)) => Val::Bool(*b),
             Some(other) => return Err(format!("`{p}` is a {}, not a number, string or boolean", other.type_str())),
@@ -343,14 +347,19 @@ fn eval(e: &Expr, env: &Env) -> Result<Val, String> {
                 (Val::Num(x), Val::Num(y)) => (x, y),
                 (l, r) => return Err(format!("`{op}` needs numbers, got {} and {}", l.kind(), r.kind())),
             };
-            Val::Num(match op {
+            let v = match op {
                 '+' => x + y,
                 '-' => x - y,
                 '*' => x * y,
                 '/' | '%' if y == 0.0 => return Err("division by zero".into()),
                 '/' => x / y,
                 _ => x % y,
-            })
+            };
+            // An infinity would compare equal to anything within the relative tolerance.
+            if !v.is_finite() {
+                return Err(format!("{x} {op} {y} is beyond the largest number (about 1.8e308)"));
+            }
+            Val::Num(v)
         }
     })
 }

@@ -5,7 +5,8 @@
 //!
 //! Files in the output folder:
 //! - `sweep.manifest.json`: which sweep (fingerprint), which shard, how many configurations,
-//!   and whether the CSV is complete;
+//!   sweep.csv's row count and checksum once it is in place, and `complete` once every output
+//!   is (written last: a folder whose manifest is not complete holds no answer to trust);
 //! - `sweep.csv.partial`: the rows so far of an unfinished run (`--resume` continues it);
 //! - `sweep.csv`: only ever the complete table (renamed into place);
 //! - `sweep.json`, `heatmap.png`: the answer (not written for a shard: `sweep merge` does).
@@ -22,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use super::answer::{Aggregator, Answer};
 use super::error::SweepError;
 use super::output::{format_row, parse_row, row_index};
-use super::spec::SweepSpec;
+use super::spec::{Fnv64, SweepSpec};
 use super::{heatmap, summary};
 
 pub const CSV: &str = "sweep.csv";
@@ -100,7 +101,54 @@ struct Manifest {
     /// "I/N" for a shard.
     shard: Option<String>,
     configurations: u64,
+    /// sweep.csv's seal, once the complete table is in place: `merge` and `--resume` check
+    /// the file against it, so a lost, duplicated or edited row is found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    csv: Option<Seal>,
+    /// Every output is in place: sweep.csv, and (not for a shard) sweep.json and heatmap.png.
     complete: bool,
+}
+
+/// A finished sweep.csv's rows (the header not counted) and 64-bit FNV-1a checksum.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+struct Seal {
+    rows: u64,
+    checksum: String,
+}
+
+/// Reads `csv` through once: its rows and checksum.
+fn seal(csv: &Path) -> Result<Seal, SweepError> {
+    let mut f = File::open(csv).map_err(|e| out_err(csv, "cannot open", e))?;
+    let mut h = Fnv64::default();
+    let mut lines = 0u64;
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = f.read(&mut buf).map_err(|e| out_err(csv, "cannot read", e))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        lines += buf[..n].iter().filter(|&&b| b == b'\n').count() as u64;
+    }
+    Ok(Seal { rows: lines.saturating_sub(1), checksum: h.hex() })
+}
+
+/// Why `csv` does not match the seal its manifest recorded, if it does not.
+fn check_seal(csv: &Path, want: Option<&Seal>) -> Result<Option<String>, SweepError> {
+    let Some(want) = want else {
+        return Ok(Some(format!("{MANIFEST} records no row count or checksum for it")));
+    };
+    let got = seal(csv)?;
+    Ok(if got.rows != want.rows {
+        Some(format!("it has {} rows where its manifest records {}", got.rows, want.rows))
+    } else if got.checksum != want.checksum {
+        Some(format!(
+            "its checksum is {} where its manifest records {} (the table was damaged or edited)",
+            got.checksum, want.checksum
+        ))
+    } else {
+        None
+    })
 }
 
 /// What a finished run or merge produced.
@@ -136,6 +184,7 @@ pub fn run(spec: &SweepSpec, opts: &RunOptions) -> Result<Finished, SweepError> 
         stepsim_version: env!("CARGO_PKG_VERSION").to_string(),
         shard: opts.shard.map(|s| s.to_string()),
         configurations: kept.len() as u64,
+        csv: None,
         complete: false,
     };
     let out = &opts.out;
@@ -152,7 +201,16 @@ pub fn run(spec: &SweepSpec, opts: &RunOptions) -> Result<Finished, SweepError> 
     }
     let start = if opts.resume {
         match &previous {
-            Some(m) if same(m) && m.complete && csv.exists() => Start::Reuse,
+            // The table is renamed into place only once complete, and sealed then.
+            Some(m) if same(m) && m.csv.is_some() && csv.exists() => {
+                if let Some(why) = check_seal(&csv, m.csv.as_ref())? {
+                    return Err(SweepError::Input(format!(
+                        "--resume: {}: {why}; run without --resume to start over",
+                        csv.display()
+                    )));
+                }
+                Start::Reuse
+            }
             Some(m) if same(m) && partial.exists() => {
                 let (n, o, f) = resume_partial(spec, &partial, &kept)?;
                 Start::Continue(f, n, o)
@@ -180,21 +238,22 @@ pub fn run(spec: &SweepSpec, opts: &RunOptions) -> Result<Finished, SweepError> 
         Start::Reuse => (None, kept.len(), 0),
         Start::Continue(f, n, o) => (Some(f), n, o),
         Start::Fresh => {
-            // Clear what an earlier run left, so nothing stale looks current.
+            // Clear what an earlier run left, so nothing stale looks current: first the
+            // manifest (not complete), then the files it vouched for.
+            write_manifest(&mpath, &manifest)?;
             for f in [CSV, JSON, HEATMAP] {
                 let p = out.join(f);
                 if p.exists() {
                     std::fs::remove_file(&p).map_err(|e| out_err(&p, "cannot remove the previous result", e))?;
                 }
             }
-            write_manifest(&mpath, &manifest)?;
             let mut f = File::create(&partial).map_err(|e| out_err(&partial, "cannot create", e))?;
             f.write_all(spec.csv_header().as_bytes()).map_err(|e| out_err(&partial, "cannot write", e))?;
             (Some(f), 0, 0)
         }
     };
     let mut simulated = 0u64;
-    if let Some(mut f) = file {
+    let sealed = if let Some(mut f) = file {
         let progress = Progress::new(opts.progress, kept.len() as u64, done as u64, ooms);
         let chunk = CHUNK_PER_THREAD * threads;
         for ids in kept[done..].chunks(chunk) {
@@ -224,13 +283,18 @@ pub fn run(spec: &SweepSpec, opts: &RunOptions) -> Result<Finished, SweepError> 
         progress.finish();
         drop(f);
         std::fs::rename(&partial, &csv).map_err(|e| out_err(&csv, "cannot move the finished table into place", e))?;
-        write_manifest(&mpath, &Manifest { complete: true, ..manifest.clone() })?;
-    }
+        Manifest { csv: Some(seal(&csv)?), ..manifest.clone() }
+    } else {
+        previous.unwrap_or(manifest.clone())
+    };
     if opts.shard.is_some() {
+        write_manifest(&mpath, &Manifest { complete: true, ..sealed })?;
         let ooms = if simulated == 0 { count_ooms(spec, &csv)? } else { ooms };
         return Ok(Finished { answer: None, files: vec![csv, mpath], rows: kept.len() as u64, simulated, ooms });
     }
+    write_manifest(&mpath, &Manifest { complete: false, ..sealed.clone() })?;
     let mut fin = finalize(spec, out)?;
+    write_manifest(&mpath, &Manifest { complete: true, ..sealed })?;
     fin.simulated = simulated;
     Ok(fin)
 }
@@ -299,14 +363,16 @@ pub fn configurations(spec: &SweepSpec, shard: Option<Shard>) -> Result<Vec<u64>
             )));
         }
     }
-    if kept.is_empty() {
-        return Err(SweepError::Input(format!(
-            "{}: field `filter`: no configuration{} passes the filter",
-            spec.source.display(),
-            shard.map(|s| format!(" of shard {s}")).unwrap_or_default()
-        )));
+    // A shard the filter leaves empty still writes its (empty) table, so that `merge` can
+    // complete; the sweep as a whole must keep something.
+    if kept.is_empty() && shard.is_none() {
+        return Err(no_configuration(spec));
     }
     Ok(kept)
+}
+
+fn no_configuration(spec: &SweepSpec) -> SweepError {
+    SweepError::Input(format!("{}: field `filter`: no configuration passes the filter", spec.source.display()))
 }
 
 fn simulate_row(spec: &SweepSpec, index: u64, progress: &Progress) -> Result<(String, bool), SweepError> {
@@ -417,8 +483,19 @@ fn for_each_row(spec: &SweepSpec, csv: &Path, mut f: impl FnMut(&super::output::
     Ok(n)
 }
 
-/// Computes the answer from `out/sweep.csv` and writes `sweep.json` and `heatmap.png`.
+/// Computes the answer from `out/sweep.csv` and writes `sweep.json` and `heatmap.png`; on
+/// failure neither is left behind (nor an earlier run's, which would not be this table's).
 pub fn finalize(spec: &SweepSpec, out: &Path) -> Result<Finished, SweepError> {
+    let answer = answer_files(spec, out);
+    if answer.is_err() {
+        for f in [JSON, HEATMAP] {
+            let _ = std::fs::remove_file(out.join(f));
+        }
+    }
+    answer
+}
+
+fn answer_files(spec: &SweepSpec, out: &Path) -> Result<Finished, SweepError> {
     let csv = out.join(CSV);
     let mut agg = Aggregator::new(spec);
     let rows = for_each_row(spec, &csv, |r| agg.add(r))?;
@@ -440,6 +517,7 @@ pub fn merge(spec: &SweepSpec, dirs: &[PathBuf], out: &Path) -> Result<Finished,
         return Err(SweepError::Input("sweep merge: name the shards' output folders".into()));
     }
     let mut count = None;
+    let mut total = 0u64;
     let mut seen: Vec<Option<PathBuf>> = Vec::new();
     for d in dirs {
         let m = read_manifest(&d.join(MANIFEST)).map_err(|_| {
@@ -465,6 +543,22 @@ pub fn merge(spec: &SweepSpec, dirs: &[PathBuf], out: &Path) -> Result<Finished,
                 d.display()
             )));
         }
+        let damaged = match check_seal(&d.join(CSV), m.csv.as_ref())? {
+            Some(why) => Some(why),
+            None if m.csv.as_ref().is_some_and(|s| s.rows != m.configurations) => Some(format!(
+                "it has {} rows where the shard ran {} configurations",
+                m.csv.as_ref().map_or(0, |s| s.rows),
+                m.configurations
+            )),
+            None => None,
+        };
+        if let Some(why) = damaged {
+            return Err(SweepError::Input(format!(
+                "{}: shard {shard}'s {CSV}: {why}; run the shard again (without --resume)",
+                d.display()
+            )));
+        }
+        total += m.configurations;
         if *count.get_or_insert(shard.count) != shard.count {
             return Err(SweepError::Input(format!(
                 "{}: shard {shard} is of a split into {} shards; the others are of {}",
@@ -498,10 +592,47 @@ pub fn merge(spec: &SweepSpec, dirs: &[PathBuf], out: &Path) -> Result<Finished,
     if !missing.is_empty() {
         return Err(SweepError::Input(format!("sweep merge: missing shard(s) {}", missing.join(", "))));
     }
+    if total == 0 {
+        return Err(no_configuration(spec));
+    }
     std::fs::create_dir_all(out).map_err(|e| out_err(out, "cannot create the output folder", e))?;
+    let partial = out.join(PARTIAL);
+    let merged = merge_rows(spec, &seen, &partial);
+    if merged.is_err() {
+        let _ = std::fs::remove_file(&partial);
+    }
+    let rows = merged?;
+    if rows != total {
+        let _ = std::fs::remove_file(&partial);
+        return Err(SweepError::Internal(format!("merged {rows} rows where the shards hold {total}")));
+    }
+    // From here `out` holds no answer until the manifest says complete.
+    let manifest = Manifest {
+        sweep: spec.name.clone(),
+        fingerprint: spec.fingerprint.clone(),
+        stepsim_version: env!("CARGO_PKG_VERSION").to_string(),
+        shard: None,
+        configurations: total,
+        csv: None,
+        complete: false,
+    };
+    let mpath = out.join(MANIFEST);
+    write_manifest(&mpath, &manifest)?;
+    let csv = out.join(CSV);
+    std::fs::rename(&partial, &csv).map_err(|e| out_err(&csv, "cannot move the merged table into place", e))?;
+    let sealed = Manifest { csv: Some(seal(&csv)?), ..manifest };
+    write_manifest(&mpath, &sealed)?;
+    let fin = finalize(spec, out)?;
+    write_manifest(&mpath, &Manifest { complete: true, ..sealed })?;
+    Ok(fin)
+}
+
+/// Streams the shards' rows, in configuration order, into `partial`; returns the rows
+/// written. Each row must belong to the shard it came from and come after the one before.
+fn merge_rows(spec: &SweepSpec, shards: &[Option<PathBuf>], partial: &Path) -> Result<u64, SweepError> {
     let header = spec.csv_header();
     let mut readers = Vec::new();
-    for d in seen.iter().flatten() {
+    for d in shards.iter().flatten() {
         let p = d.join(CSV);
         let f = File::open(&p).map_err(|e| out_err(&p, "cannot open", e))?;
         let mut lines = BufReader::new(f).lines();
@@ -511,9 +642,8 @@ pub fn merge(spec: &SweepSpec, dirs: &[PathBuf], out: &Path) -> Result<Finished,
         }
         readers.push((p, lines));
     }
-    let partial = out.join(PARTIAL);
-    let mut w = std::io::BufWriter::new(File::create(&partial).map_err(|e| out_err(&partial, "cannot create", e))?);
-    w.write_all(header.as_bytes()).map_err(|e| out_err(&partial, "cannot write", e))?;
+    let mut w = std::io::BufWriter::new(File::create(partial).map_err(|e| out_err(partial, "cannot create", e))?);
+    w.write_all(header.as_bytes()).map_err(|e| out_err(partial, "cannot write", e))?;
     let mut heads: Vec<Option<(u64, String)>> = Vec::new();
     let next = |r: &mut (PathBuf, std::io::Lines<BufReader<File>>)| -> Result<Option<(u64, String)>, SweepError> {
         match r.1.next() {
@@ -534,6 +664,13 @@ pub fn merge(spec: &SweepSpec, dirs: &[PathBuf], out: &Path) -> Result<Finished,
     while let Some(k) = (0..heads.len()).filter(|&k| heads[k].is_some()).min_by_key(|&k| heads[k].as_ref().map(|h| h.0))
     {
         let (i, line) = heads[k].take().unwrap_or_default();
+        let shard = Shard { index: k as u64 + 1, count: readers.len() as u64 };
+        if !shard.owns(i) {
+            return Err(SweepError::Input(format!(
+                "{}: configuration {i} belongs to another shard than {shard}",
+                readers[k].0.display()
+            )));
+        }
         if last.is_some_and(|l| l >= i) {
             return Err(SweepError::Input(format!(
                 "{}: configuration {i} is out of order or given twice",
@@ -543,27 +680,12 @@ pub fn merge(spec: &SweepSpec, dirs: &[PathBuf], out: &Path) -> Result<Finished,
         last = Some(i);
         w.write_all(line.as_bytes())
             .and_then(|()| w.write_all(b"\n"))
-            .map_err(|e| out_err(&partial, "cannot write", e))?;
+            .map_err(|e| out_err(partial, "cannot write", e))?;
         rows += 1;
         heads[k] = next(&mut readers[k])?;
     }
-    w.flush().map_err(|e| out_err(&partial, "cannot write", e))?;
-    drop(w);
-    let csv = out.join(CSV);
-    std::fs::rename(&partial, &csv).map_err(|e| out_err(&csv, "cannot move the merged table into place", e))?;
-    write_manifest(
-        &out.join(MANIFEST),
-        &Manifest {
-            sweep: spec.name.clone(),
-            fingerprint: spec.fingerprint.clone(),
-            stepsim_version: env!("CARGO_PKG_VERSION").to_string(),
-            shard: None,
-            configurations: rows,
-            complete: true,
-        },
-    )?;
-    let fin = finalize(spec, out)?;
-    Ok(fin)
+    w.flush().map_err(|e| out_err(partial, "cannot write", e))?;
+    Ok(rows)
 }
 
 /// The progress bar (done/total, OOMs so far, time left) on stderr, or nothing.

@@ -652,14 +652,37 @@ pub fn literal(v: &toml::Value) -> String {
     }
 }
 
+/// 64-bit FNV-1a: the sweep's fingerprint and the checksum of a finished sweep.csv (it
+/// detects a damaged or edited table; it is not a defence against tampering).
+#[derive(Debug, Clone, Copy)]
+pub struct Fnv64(u64);
+
+impl Default for Fnv64 {
+    fn default() -> Fnv64 {
+        Fnv64(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv64 {
+    pub fn update(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 ^= u64::from(b);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+
+    /// 16 hex digits.
+    pub fn hex(&self) -> String {
+        format!("{:016x}", self.0)
+    }
+}
+
 /// FNV-1a over everything that decides the sweep's rows.
 fn fingerprint(base: &toml::Table, axes: &[Axis], filters: &[Constraint], budget: Option<f64>) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut h = Fnv64::default();
     let mut feed = |s: &str| {
-        for b in s.bytes().chain([0xff]) {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
+        h.update(s.as_bytes());
+        h.update(&[0xff]);
     };
     feed(env!("CARGO_PKG_VERSION"));
     feed(&toml::Value::Table(base.clone()).to_string());
@@ -673,7 +696,7 @@ fn fingerprint(base: &toml::Table, axes: &[Axis], filters: &[Constraint], budget
         feed(&f.text);
     }
     feed(&format!("{budget:?}"));
-    format!("{h:016x}")
+    h.hex()
 }
 
 /// Sweeps simulate training steps; an inference base is refused up front rather than swept
