@@ -43,6 +43,18 @@ pub struct Simulation {
     pub class_reports: Vec<report::Report>,
 }
 
+impl Simulation {
+    /// The report's invariants ([`report::invariants`]), of the job's report and of every
+    /// class's: what the CLI and the Python package check before they write or return one.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        std::iter::once(&self.report).chain(&self.class_reports).try_for_each(|r| {
+            report::invariants::check(r).map_err(|e| {
+                format!("internal error: the report breaks its own invariant ({e}); nothing was written. Please report this with the scenario")
+            })
+        })
+    }
+}
+
 /// What a simulation keeps beyond its report.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SimOptions {

@@ -132,6 +132,10 @@ fn run(path: &std::path::Path, out: Option<PathBuf>, json: bool, full_trace: boo
             return ExitCode::from(3);
         }
     };
+    if let Err(e) = sim.check_invariants() {
+        eprintln!("error: {e}");
+        return ExitCode::from(3);
+    }
     let dir = out.unwrap_or_else(|| PathBuf::from("output").join(&s.name));
     let views: Vec<_> = (0..sim.job.classes.len())
         .map(|k| (&sim.job.classes[k].schedule, &sim.run.traces[k], &sim.class_reports[k]))
@@ -188,6 +192,10 @@ fn explain(path: &std::path::Path, out: Option<PathBuf>, margin: f64) -> ExitCod
     };
     let e = stepsim::explain::explain(&s, &sim, margin);
     sim.report.explanation = serde_json::to_value(&e).ok();
+    if let Err(e) = sim.check_invariants() {
+        eprintln!("error: {e}");
+        return ExitCode::from(3);
+    }
     let dir = out.unwrap_or_else(|| PathBuf::from("output").join(&s.name));
     let written = stepsim::report::write::publish(&dir, |d| {
         let mut w = stepsim::report::write::write_all(d, &sim.report, sim.schedule(), sim.trace(), false)?;

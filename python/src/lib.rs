@@ -297,6 +297,7 @@ fn simulate(py: Python<'_>, kind: String, payload: String, snapshot: bool) -> Py
             }
             let sim = stepsim::simulate_with(&s, stepsim::SimOptions { history: snapshot })
                 .map_err(|e| Failure::Internal(e.to_string()))?;
+            sim.check_invariants().map_err(Failure::Internal)?;
             let mut out = Simulation::new(sim);
             out.scenario = s.name.clone();
             out.alloc_conf = s.allocator.alloc_conf();
@@ -321,6 +322,7 @@ fn explain(py: Python<'_>, kind: String, payload: String, margin: f64) -> PyResu
             let mut sim = stepsim::simulate(&s).map_err(|e| Failure::Internal(e.to_string()))?;
             let e = stepsim::explain::explain(&s, &sim, margin);
             sim.report.explanation = serde_json::to_value(&e).ok();
+            sim.check_invariants().map_err(Failure::Internal)?;
             let json = serde_json::to_string(&e).map_err(|e| Failure::Internal(e.to_string()))?;
             let text = stepsim::explain::render(&e, &s);
             Ok((Simulation::new(sim), json, text))

@@ -5,7 +5,9 @@
 pub mod allocator;
 pub mod check;
 pub mod chrome_trace;
+pub mod finite;
 pub mod inference;
+pub mod invariants;
 pub mod job;
 pub mod pickle;
 pub mod png;

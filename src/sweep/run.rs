@@ -393,6 +393,13 @@ pub fn row(spec: &SweepSpec, index: u64) -> Result<(String, bool), SweepError> {
             spec.describe(index)
         ))
     })?;
+    o.check().map_err(|e| {
+        SweepError::Internal(format!(
+            "{}: configuration {index} ({}): the row breaks its own invariant ({e}); please report this with the sweep",
+            spec.source.display(),
+            spec.describe(index)
+        ))
+    })?;
     let oom = o.oom.is_some();
     Ok((format_row(spec, index, &o), oom))
 }

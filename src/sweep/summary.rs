@@ -66,6 +66,32 @@ impl Outcome {
     }
 }
 
+impl Outcome {
+    /// What a sweep row must satisfy before it is written (the figures it prints; see
+    /// [`crate::report::invariants`] for a whole report's).
+    pub fn check(&self) -> Result<(), String> {
+        if self.peak_allocated > self.peak_reserved {
+            return Err(format!(
+                "peak allocated {} B is above peak reserved {} B",
+                self.peak_allocated, self.peak_reserved
+            ));
+        }
+        if self.oom.is_none() && self.peak_reserved > self.capacity {
+            return Err(format!("fits with {} B reserved, above capacity {} B", self.peak_reserved, self.capacity));
+        }
+        if let Some(t) = self.throughput {
+            let ok = |x: f64| x.is_finite() && x >= 0.0;
+            if !(ok(t.step_time_s) && t.step_time_s > 0.0 && ok(t.tokens_per_s) && ok(t.mfu)) {
+                return Err(format!(
+                    "throughput: step {} s, {} tokens/s, MFU {}",
+                    t.step_time_s, t.tokens_per_s, t.mfu
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// DAGs recently built on this thread: neighbouring configurations usually share the model
 /// and the micro-batch shape, and building the DAG is a tenth of a simulation.
 const DAG_CACHE: usize = 8;
