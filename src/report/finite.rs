@@ -211,12 +211,12 @@ impl<'a> ser::Serializer for &'a mut Visitor {
 mod tests {
     use super::*;
 
-    #[derive(Serialize)]
+    #[derive(serde::Serialize)]
     struct Step {
         time_s: f64,
     }
 
-    #[derive(Serialize)]
+    #[derive(serde::Serialize)]
     struct R {
         name: String,
         steps: Vec<Step>,
