@@ -3,8 +3,14 @@
 //! (`run`, or `explain`), checking the exit-code contract (0 or 2, never a panic's 101),
 //! a time bound, and on exit 0 the report's own invariants.
 //!
+//! A second test does the same for sweep files (extreme axis values, 10^9-configuration
+//! products, deep and overflowing filters, bad flags) and for `sweep merge` of damaged shards
+//! (a row lost, repeated, swapped or edited, a cut table, a deleted or cut manifest): every
+//! damage must be refused with nothing written. Every case is bounded to 30 s and 4 GB
+//! resident (read from /proc on Linux).
+//!
 //! `cargo test --release --test fuzz` runs a short fixed-seed campaign (as CI does);
-//! `STEPSIM_FUZZ_CASES=10000 STEPSIM_FUZZ_SEED=7 cargo test --release --test fuzz -- --nocapture`
+//! `STEPSIM_FUZZ_CASES=10000 STEPSIM_FUZZ_SWEEPS=2000 STEPSIM_FUZZ_SEED=7 cargo test --release --test fuzz -- --nocapture`
 //! runs a long one and prints its counts.
 
 use std::path::Path;
@@ -188,46 +194,96 @@ fn check_report(json: &str) -> Result<(), String> {
 struct Outcome {
     code: Option<i32>,
     seconds: f64,
+    /// The process's peak resident memory, where /proc tells it (Linux).
+    peak_rss: u64,
     problem: Option<String>,
+    stderr: String,
 }
 
-fn run_case(file: &Path, out: &Path, explain: bool, limit: Duration) -> Outcome {
+/// The memory bound of one case (issue 22: "no memory over 4 GB").
+const MEMORY_LIMIT: u64 = 4_000_000_000;
+
+/// A process's peak resident set (`VmHWM`), in bytes; 0 where /proc does not say.
+fn peak_rss(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|k| k.parse::<u64>().ok()))
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Runs `stepsim ARGS` with the time and memory bounds; the exit code, time, peak memory and
+/// stderr, with a problem when a bound is passed or the exit code is neither 0 nor 2.
+fn run_bounded(args: &[&str], limit: Duration) -> Outcome {
     let t = Instant::now();
-    let cmd = if explain { "explain" } else { "run" };
     let mut child = Command::new(env!("CARGO_BIN_EXE_stepsim"))
-        .args([cmd, file.to_str().unwrap(), "--out", out.to_str().unwrap()])
+        .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .expect("cannot start stepsim");
-    loop {
-        if let Ok(Some(status)) = child.try_wait() {
-            let mut err = String::new();
-            if let Some(mut e) = child.stderr.take() {
-                let _ = std::io::Read::read_to_string(&mut e, &mut err);
-            }
-            let code = status.code();
-            let mut problem = match code {
-                Some(0) => std::fs::read_to_string(out.join("report.json"))
-                    .map_err(|e| format!("exit 0 without report.json: {e}"))
-                    .and_then(|j| check_report(&j))
-                    .err(),
-                Some(2) if err.trim().is_empty() => Some("exit 2 with an empty message".into()),
-                Some(2) => None,
-                _ => Some(format!("exit {code:?}: {}", err.lines().take(3).collect::<Vec<_>>().join(" | "))),
-            };
-            if code == Some(2) && out.join("report.json").exists() {
-                problem = Some("exit 2 but report.json was written".into());
-            }
-            return Outcome { code, seconds: t.elapsed().as_secs_f64(), problem };
+    // stderr is read on a thread so that a chatty process cannot block on a full pipe.
+    let mut pipe = child.stderr.take();
+    let reader = std::thread::spawn(move || {
+        let mut err = String::new();
+        if let Some(e) = pipe.as_mut() {
+            let _ = std::io::Read::read_to_string(e, &mut err);
         }
-        if t.elapsed() > limit {
+        err
+    });
+    let mut rss = 0;
+    loop {
+        // Read before reaping: once waited for, the process's /proc entry is gone.
+        rss = rss.max(peak_rss(child.id()));
+        let over = if rss > MEMORY_LIMIT {
+            Some(format!("over the memory bound: {:.2} GB resident", rss as f64 / 1e9))
+        } else if t.elapsed() > limit {
+            Some("timed out".to_string())
+        } else {
+            None
+        };
+        if over.is_some() {
             let _ = child.kill();
             let _ = child.wait();
-            return Outcome { code: None, seconds: t.elapsed().as_secs_f64(), problem: Some("timed out".into()) };
+            let stderr = reader.join().unwrap_or_default();
+            return Outcome { code: None, seconds: t.elapsed().as_secs_f64(), peak_rss: rss, problem: over, stderr };
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            let stderr = reader.join().unwrap_or_default();
+            let code = status.code();
+            let problem = match code {
+                Some(0) => None,
+                Some(2) if stderr.trim().is_empty() => Some("exit 2 with an empty message".into()),
+                Some(2) => None,
+                _ => Some(format!("exit {code:?}: {}", stderr.lines().take(3).collect::<Vec<_>>().join(" | "))),
+            };
+            return Outcome { code, seconds: t.elapsed().as_secs_f64(), peak_rss: rss, problem, stderr };
         }
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+fn run_case(file: &Path, out: &Path, explain: bool, limit: Duration) -> Outcome {
+    let cmd = if explain { "explain" } else { "run" };
+    let mut o = run_bounded(&[cmd, file.to_str().unwrap(), "--out", out.to_str().unwrap()], limit);
+    if o.problem.is_none() {
+        let code = o.code;
+        let err = &o.stderr;
+        o.problem = match code {
+            Some(0) => std::fs::read_to_string(out.join("report.json"))
+                .map_err(|e| format!("exit 0 without report.json: {e}"))
+                .and_then(|j| check_report(&j))
+                .err(),
+            _ if code == Some(2) && out.join("report.json").exists() => {
+                Some(format!("exit 2 but report.json was written ({})", err.trim()))
+            }
+            _ => None,
+        };
+    }
+    o
 }
 
 /// Sets `section.key = value` in a TOML text (the value written as given; `section` may be
@@ -260,6 +316,7 @@ fn mutated_scenarios_keep_the_exit_code_contract() {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let (mut ok, mut refused, mut slowest) = (0, 0, 0.0f64);
     let mut slowest_case = String::new();
+    let mut largest = (0u64, String::new());
     let mut problems = Vec::new();
     for i in 0..cases {
         let base_name = BASES[rng.random_range(0..BASES.len())];
@@ -286,9 +343,13 @@ fn mutated_scenarios_keep_the_exit_code_contract() {
         let out = dir.path().join(format!("out{i}"));
         let explain = rng.random_range(0..4) == 0;
         let o = run_case(&file, &out, explain, limit);
+        let case = || format!("{base_name} [{}]{}", what.join(", "), if explain { " (explain)" } else { "" });
         if o.seconds > slowest {
             slowest = o.seconds;
-            slowest_case = format!("{base_name} [{}]{}", what.join(", "), if explain { " (explain)" } else { "" });
+            slowest_case = case();
+        }
+        if o.peak_rss > largest.0 {
+            largest = (o.peak_rss, case());
         }
         match o.code {
             Some(0) => ok += 1,
@@ -301,8 +362,250 @@ fn mutated_scenarios_keep_the_exit_code_contract() {
         let _ = std::fs::remove_dir_all(&out);
     }
     println!(
-        "fuzz: seed {seed}, {cases} cases: {ok} ran (exit 0), {refused} refused (exit 2), {} problems; slowest {slowest:.1} s: {slowest_case}",
-        problems.len()
+        "fuzz: seed {seed}, {cases} cases: {ok} ran (exit 0), {refused} refused (exit 2), {} problems; slowest {slowest:.1} s: {slowest_case}; most memory {:.2} GB: {}",
+        problems.len(),
+        largest.0 as f64 / 1e9,
+        largest.1
+    );
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// Sweep axes a case may draw: a path and TOML lists for it, plausible and extreme.
+const SWEEP_AXES: &[(&str, &[&str])] = &[
+    (
+        "training.micro_batch",
+        &["[1, 2]", "[0, 1]", "[-1]", "[1e30]", "[9223372036854775807]", "[]", "[\"x\"]", "[1, 2, 4, 8]"],
+    ),
+    ("hardware.gpus", &["[1, 2]", "[8, 16]", "[0]", "[4294967296]", "[1, 1, 1]"]),
+    ("training.activation_checkpointing", &["[\"none\", \"full\"]", "[\"bogus\"]", "[true]"]),
+    ("parallel.sharding", &["[\"none\", \"full_shard\"]", "[\"zero9\"]"]),
+    ("model.n_layers", &["[2, 4]", "[2147483648]", "[nan]"]),
+    ("training.seq_len", &["[128, 256]", "[16777217]", "[inf]"]),
+    ("training.grad_accum", &["[1, 2]", "[1000000000000000000]"]),
+    ("allocator.expandable_segments", &["[true, false]", "[2]"]),
+];
+
+/// Filters a case may draw: none, ordinary ones, and the kinds the issue found broken.
+fn sweep_filter(rng: &mut ChaCha8Rng) -> String {
+    let deep = |n: usize| format!("{}gpus{} = 1", "(".repeat(n), ")".repeat(n));
+    let long = format!("gpus = {}1", "1 + ".repeat(600));
+    let pick: [String; 12] = [
+        String::new(),
+        "gpus = 1".into(),
+        "micro_batch * grad_accum * dp >= 2".into(),
+        "gpus * 1e400 = 5".into(),
+        "gpus * 1e300 * 1e300 = 5".into(),
+        "micro_batch / 0 = 1".into(),
+        "sharding < 3".into(),
+        "gpus = ".into(),
+        "x.y.z = 1".into(),
+        deep(60),
+        deep(10_000),
+        long,
+    ];
+    // Half the sweeps have no filter, so that many run.
+    let f = if rng.random_bool(0.5) { &pick[0] } else { &pick[rng.random_range(0..pick.len())] };
+    if f.is_empty() {
+        String::new()
+    } else {
+        format!("filter = [{f:?}]\n")
+    }
+}
+
+/// A sweep file: one of a few small bases, one to three axes (sometimes three of a thousand
+/// values each: 10^9 configurations, to be refused before any is enumerated), a filter, and
+/// sometimes a bad token budget.
+fn sweep_case(rng: &mut ChaCha8Rng, root: &Path) -> (String, String) {
+    let bases = ["gpt-1.3b-1gpu.toml", "100b-8gpu-fsdp.toml", "fragmentation-oom.toml"];
+    let base = root.join("scenarios").join(bases[rng.random_range(0..bases.len())]);
+    let mut what = vec![base.file_name().unwrap().to_string_lossy().to_string()];
+    let mut text = format!("name = \"fuzz\"\nbase = {:?}\n", base.to_str().unwrap());
+    text.push_str(&sweep_filter(rng));
+    match rng.random_range(0..12) {
+        0 => text.push_str("token_budget = -1\n"),
+        1 => text.push_str("token_budget = nan\n"),
+        _ => {}
+    }
+    text.push_str("[axes]\n");
+    if rng.random_range(0..10) == 0 {
+        let thousand = format!("[{}]", (1..=1000).map(|i| i.to_string()).collect::<Vec<_>>().join(", "));
+        for path in ["training.micro_batch", "training.grad_accum", "training.seq_len"] {
+            text.push_str(&format!("{path} = {thousand}\n"));
+        }
+        what.push("10^9 configurations".into());
+    } else {
+        let mut used = Vec::new();
+        for _ in 0..rng.random_range(1..=3) {
+            let (path, values) = SWEEP_AXES[rng.random_range(0..SWEEP_AXES.len())];
+            if used.contains(&path) {
+                continue;
+            }
+            used.push(path);
+            // Half the time the plausible first list, so that many sweeps run.
+            let v = if rng.random_bool(0.5) { values[0] } else { values[rng.random_range(0..values.len())] };
+            text.push_str(&format!("{path} = {v}\n"));
+            what.push(format!("{path} = {v}"));
+        }
+    }
+    if let Some(l) = text.lines().find(|l| l.starts_with("filter")) {
+        what.push(l.chars().take(60).collect());
+    }
+    (text, what.join(", "))
+}
+
+/// Damages a copy of a finished shard's folder the way a disk, a copy or a hand can: every
+/// one must make `merge` refuse (exit 2) and write nothing.
+fn damage(dir: &Path, rng: &mut ChaCha8Rng) -> &'static str {
+    let csv = dir.join("sweep.csv");
+    let manifest = dir.join("sweep.manifest.json");
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
+    let m = std::fs::read_to_string(&manifest).unwrap();
+    let (what, csv_text, m_text): (&str, Option<String>, Option<String>) = match rng.random_range(0..10) {
+        0 => ("a row lost", Some([&lines[..2], &lines[3..]].concat().concat()), None),
+        1 => ("a row repeated", Some([&lines[..3], &lines[2..]].concat().concat()), None),
+        2 => ("two rows swapped", Some([&lines[..1], &lines[2..3], &lines[1..2], &lines[3..]].concat().concat()), None),
+        3 => ("the table cut mid-row", Some(text[..text.len() - 7].to_string()), None),
+        4 => {
+            // The last digit of the first row (a throughput or peak figure) changed.
+            let mut row: Vec<char> = lines[1].chars().collect();
+            let k = row.iter().rposition(|c| c.is_ascii_digit()).unwrap();
+            row[k] = if row[k] == '9' { '0' } else { char::from(row[k] as u8 + 1) };
+            let edited: String = row.into_iter().collect();
+            ("a figure edited", Some([lines[0], &edited].concat() + &lines[2..].concat()), None)
+        }
+        5 => ("the manifest deleted", None, Some(String::new())),
+        6 => ("the manifest cut", None, Some(m[..m.len() / 2].to_string())),
+        7 => ("the manifest says unfinished", None, Some(m.replace("\"complete\": true", "\"complete\": false"))),
+        8 => ("the table deleted", Some(String::new()), None),
+        _ => ("the header changed", Some(text.replacen("index,", "idx,", 1)), None),
+    };
+    match csv_text {
+        Some(c) if c.is_empty() => std::fs::remove_file(&csv).unwrap(),
+        Some(c) => std::fs::write(&csv, c).unwrap(),
+        None => {}
+    }
+    match m_text {
+        Some(c) if c.is_empty() => std::fs::remove_file(&manifest).unwrap(),
+        Some(c) => std::fs::write(&manifest, c).unwrap(),
+        None => {}
+    }
+    what
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, to.join(p.file_name().unwrap())).unwrap();
+    }
+}
+
+/// Mutated sweep files and damaged shards (issue 22): every sweep exits 0 or 2 within the
+/// time and memory bounds, one that fails leaves no sweep.json, and every damaged shard
+/// makes `merge` refuse without writing a table or an answer.
+#[test]
+fn mutated_sweeps_and_damaged_shards_keep_the_contract() {
+    let cases: usize = std::env::var("STEPSIM_FUZZ_SWEEPS").ok().and_then(|x| x.parse().ok()).unwrap_or(40);
+    let seed: u64 = std::env::var("STEPSIM_FUZZ_SEED").ok().and_then(|x| x.parse().ok()).unwrap_or(22);
+    let limit = Duration::from_secs(30);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed);
+    // One good sweep in two shards, copied and damaged by the merge cases.
+    let good = dir.path().join("good.toml");
+    let base = root.join("scenarios/gpt-1.3b-1gpu.toml");
+    std::fs::write(
+        &good,
+        format!("name = \"good\"\nbase = {:?}\n[axes]\ntraining.micro_batch = [1, 2, 4, 8]\ntraining.activation_checkpointing = [\"none\", \"full\"]\n", base.to_str().unwrap()),
+    )
+    .unwrap();
+    let shards: Vec<_> = (1..=2).map(|i| dir.path().join(format!("good-{i}"))).collect();
+    for (i, s) in shards.iter().enumerate() {
+        let o = run_bounded(
+            &["sweep", good.to_str().unwrap(), "--out", s.to_str().unwrap(), "--shard", &format!("{}/2", i + 1)],
+            limit,
+        );
+        assert_eq!(o.code, Some(0), "{}", o.stderr);
+    }
+    let (mut ok, mut refused, mut merges, mut slowest, mut most) = (0, 0, 0, 0.0f64, 0u64);
+    let mut problems = Vec::new();
+    for i in 0..cases {
+        let out = dir.path().join(format!("sout{i}"));
+        if rng.random_range(0..3) == 0 {
+            // A merge of the good shards, one of them damaged (or, one time in five, not).
+            merges += 1;
+            let copies: Vec<_> = (0..2).map(|k| dir.path().join(format!("m{i}-{k}"))).collect();
+            for (s, c) in shards.iter().zip(&copies) {
+                copy_dir(s, c);
+            }
+            let what =
+                if rng.random_range(0..5) == 0 { "nothing" } else { damage(&copies[rng.random_range(0..2)], &mut rng) };
+            let o = run_bounded(
+                &[
+                    "sweep",
+                    "merge",
+                    good.to_str().unwrap(),
+                    copies[0].to_str().unwrap(),
+                    copies[1].to_str().unwrap(),
+                    "--out",
+                    out.to_str().unwrap(),
+                ],
+                limit,
+            );
+            let left = out.join("sweep.csv").exists() || out.join("sweep.json").exists();
+            let problem = o.problem.clone().or_else(|| match (what, o.code) {
+                ("nothing", Some(0)) => None,
+                ("nothing", c) => Some(format!("an undamaged merge exited {c:?}: {}", o.stderr.trim())),
+                (_, Some(2)) if left => Some("a refused merge left a table or an answer".into()),
+                (_, Some(2)) => None,
+                (_, c) => Some(format!("merged with {what}: exit {c:?}")),
+            });
+            if let Some(p) = problem {
+                problems.push(format!("merge with {what}: {p}"));
+            }
+        } else {
+            let (text, what) = sweep_case(&mut rng, root);
+            let file = dir.path().join(format!("sweep{i}.toml"));
+            std::fs::write(&file, &text).unwrap();
+            let mut args = vec![
+                "sweep".to_string(),
+                file.to_str().unwrap().to_string(),
+                "--out".into(),
+                out.to_str().unwrap().into(),
+            ];
+            let flag = match rng.random_range(0..8) {
+                0 => vec!["--jobs", ["0", "1", "100000"][rng.random_range(0..3)]],
+                1 => vec!["--shard", ["0/2", "3/2", "1/0", "1/2", "x"][rng.random_range(0..5)]],
+                _ => vec![],
+            };
+            args.extend(flag.iter().map(|s| s.to_string()));
+            let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+            let o = run_bounded(&argv, limit);
+            slowest = slowest.max(o.seconds);
+            most = most.max(o.peak_rss);
+            match o.code {
+                Some(0) => ok += 1,
+                Some(2) => refused += 1,
+                _ => {}
+            }
+            let problem = o.problem.clone().or_else(|| {
+                (o.code == Some(2) && out.join("sweep.json").exists())
+                    .then(|| "exit 2 but sweep.json was written".into())
+            });
+            if std::env::var("STEPSIM_FUZZ_SHOW").is_ok() {
+                println!("{:?} [{what}] {flag:?}: {}", o.code, o.stderr.lines().last().unwrap_or(""));
+            }
+            if let Some(p) = problem {
+                problems.push(format!("sweep [{what}] {flag:?}: {p}"));
+            }
+        }
+        let _ = std::fs::remove_dir_all(&out);
+    }
+    println!(
+        "sweep fuzz: seed {seed}, {cases} cases: {ok} sweeps ran, {refused} refused, {merges} merges, {} problems; slowest {slowest:.2} s, most memory {:.2} GB",
+        problems.len(),
+        most as f64 / 1e9
     );
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
