@@ -70,7 +70,28 @@ enum Command {
     },
 }
 
+/// A panic is a stepsim bug, whatever the input: say so in one line, with where it happened,
+/// and exit 3 (internal error) like every other internal error, not with Rust's 101 and its
+/// backtrace hint. Outputs are staged (`report::write::publish`), so none is left as if
+/// complete. (The picture writers catch a renderer's panic and report a write error; the
+/// line is printed for those too, since it is still a bug.)
 fn main() -> ExitCode {
+    std::panic::set_hook(Box::new(|info| {
+        let what = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        let at = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
+        eprintln!(
+            "error: internal error{at}: {what}. This is a bug in stepsim, not in the input; please report it with the scenario or sweep file"
+        );
+    }));
+    std::panic::catch_unwind(cli_main).unwrap_or(ExitCode::from(3))
+}
+
+fn cli_main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

@@ -55,6 +55,14 @@ pub fn publish(
     let staging = dir.join(".stepsim-partial");
     let _ = std::fs::remove_dir_all(&staging);
     std::fs::create_dir_all(&staging).map_err(|e| err(&staging, format!("cannot create a staging folder: {e}")))?;
+    // Removed however this function is left, a panic's unwinding included.
+    struct Staging<'a>(&'a Path);
+    impl Drop for Staging<'_> {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(self.0);
+        }
+    }
+    let _staging = Staging(&staging);
     let written = match write(&staging) {
         Ok(w) => w,
         Err(e) => {
