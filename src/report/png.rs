@@ -18,6 +18,8 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::style::{register_font, FontStyle};
 
+use crate::memory::Category;
+
 /// One phase band to shade (forward, backward, optimizer, init...).
 #[derive(Debug, Clone)]
 pub struct PhaseSpan {
@@ -50,6 +52,9 @@ pub struct RankPanel {
     pub reserved: Option<Vec<u64>>,
     pub phases: Vec<PhaseSpan>,
     pub oom: Option<OomMark>,
+    /// What the rank keeps in host memory instead (offload), in words: constant for the run,
+    /// so it is stated in the legend rather than drawn as a band on the GPU's axis.
+    pub host_note: Option<String>,
 }
 
 /// A whole figure: one vertically stacked panel per distinct rank class.
@@ -91,9 +96,38 @@ const CAPTION_SIZE: f64 = 21.0;
 const AXIS_DESC_SIZE: f64 = 18.0;
 const LABEL_SIZE: f64 = 16.0;
 
-/// Okabe-Ito first (designed for colour-vision deficiencies), then Paul Tol's
-/// muted and light schemes, so a dozen-plus categories still get distinct
-/// colours before any repeats.
+/// Each memory category's own colour, the same in every picture: Okabe-Ito's
+/// colour-blind-safe eight for the categories most plots show (parameters blue, gradients
+/// green, optimizer state orange, saved activations reddish purple, activation gradients
+/// vermillion), Paul Tol's muted and light schemes for their variants (a lighter or darker
+/// shade of the same family: gathered parameters sky blue, unsharded gradients teal,
+/// transient activations pink), greys for inputs, module buffers and workspaces. Neighbours
+/// in the stack differ in hue or lightness, so "inputs", "activations (transient)" and
+/// "optimizer state" no longer read as one olive band.
+const CATEGORY_COLORS: [(Category, RGBColor); 19] = [
+    (Category::Parameters, RGBColor(0x00, 0x72, 0xB2)),
+    (Category::GatheredParameters, RGBColor(0x56, 0xB4, 0xE9)),
+    (Category::PostForwardShards, RGBColor(0x88, 0xCC, 0xEE)),
+    (Category::MasterWeights, RGBColor(0x33, 0x22, 0x88)),
+    (Category::Gradients, RGBColor(0x00, 0x9E, 0x73)),
+    (Category::UnshardedGradients, RGBColor(0x44, 0xAA, 0x99)),
+    (Category::OptimizerState, RGBColor(0xE6, 0x9F, 0x00)),
+    (Category::OptimizerTemp, RGBColor(0xF0, 0xE4, 0x42)),
+    (Category::Activations, RGBColor(0xCC, 0x79, 0xA7)),
+    (Category::Recomputed, RGBColor(0xAA, 0x44, 0x99)),
+    (Category::Transient, RGBColor(0xFF, 0xAA, 0xBB)),
+    (Category::ActivationGradients, RGBColor(0xD5, 0x5E, 0x00)),
+    (Category::Inputs, RGBColor(0x77, 0x77, 0x77)),
+    (Category::KvCache, RGBColor(0x88, 0x22, 0x55)),
+    (Category::CommBuffers, RGBColor(0xDD, 0xCC, 0x77)),
+    (Category::AllGatherBuffers, RGBColor(0x99, 0x99, 0x33)),
+    (Category::ReduceScatterBuffers, RGBColor(0xBB, 0xCC, 0x33)),
+    (Category::Buffers, RGBColor(0x44, 0x44, 0x44)),
+    (Category::BlasWorkspaces, RGBColor(0xCC, 0xCC, 0xCC)),
+];
+
+/// Colours for series that are not memory categories (a caller's own names), in order:
+/// Okabe-Ito, then Paul Tol's muted and light schemes.
 const PALETTE: [RGBColor; 20] = [
     RGBColor(0x00, 0x72, 0xB2),
     RGBColor(0xE6, 0x9F, 0x00),
@@ -192,6 +226,13 @@ pub(crate) fn ensure_font() -> Result<(), String> {
 /// longer list colours only categories that have data, in order, to put off
 /// the palette wrapping around.
 fn category_colors(panels: &[RankPanel]) -> HashMap<String, RGBColor> {
+    let fixed = |name: &str| CATEGORY_COLORS.iter().find(|(c, _)| c.label() == name).map(|(_, col)| *col);
+    let mut out: HashMap<String, RGBColor> = HashMap::new();
+    for name in panels.iter().flat_map(|p| p.categories.iter()) {
+        if let Some(c) = fixed(name) {
+            out.insert(name.clone(), c);
+        }
+    }
     let mut names: Vec<&String> = Vec::new();
     for name in panels.iter().flat_map(|p| p.categories.iter()) {
         if !names.contains(&name) {
@@ -208,7 +249,13 @@ fn category_colors(panels: &[RankPanel]) -> HashMap<String, RGBColor> {
             }
         }
     }
-    names.into_iter().enumerate().map(|(i, name)| (name.clone(), PALETTE[i % PALETTE.len()])).collect()
+    names.retain(|n| !out.contains_key(*n));
+    // Other names take the palette's colours that no category here has already.
+    let taken: Vec<RGBColor> = out.values().copied().collect();
+    let free: Vec<RGBColor> = PALETTE.iter().copied().filter(|c| !taken.contains(c)).collect();
+    let free = if free.is_empty() { PALETTE.to_vec() } else { free };
+    out.extend(names.into_iter().enumerate().map(|(i, name)| (name.clone(), free[i % free.len()])));
+    out
 }
 
 /// One stacked category, as the cumulative (top-edge) curve in GB.
@@ -233,6 +280,7 @@ struct Prepared {
     reserved_gb: Option<Vec<f64>>,
     phases: Vec<(String, f64, f64)>,
     oom: Option<OomMark>,
+    host_note: Option<String>,
 }
 
 fn prepare_panel(index: usize, p: &RankPanel, colors: &HashMap<String, RGBColor>) -> Result<Prepared, String> {
@@ -343,6 +391,7 @@ fn prepare_panel(index: usize, p: &RankPanel, colors: &HashMap<String, RGBColor>
         reserved_gb,
         phases,
         oom,
+        host_note: p.host_note.clone(),
     })
 }
 
@@ -639,7 +688,6 @@ fn render_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Prepared)
     let columns = plot_w.max(1) as usize;
 
     // Phase bands go first so the data stays fully saturated on top of them.
-    let band_colors = [RGBAColor(0x80, 0x80, 0x80, 0.10), RGBAColor(0x56, 0xB4, 0xE9, 0.13)];
     let visible_phases: Vec<(usize, &(String, f64, f64))> = p
         .phases
         .iter()
@@ -649,11 +697,9 @@ fn render_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Prepared)
         .filter(|(_, (_, a, b))| *b > *a && *b >= x0 && *a <= x1)
         .collect();
     chart
-        .draw_series(
-            visible_phases.iter().map(|(i, (_, a, b))| {
-                Rectangle::new([(a.max(x0), 0.0), (b.min(x1), y_max)], band_colors[i % 2].filled())
-            }),
-        )
+        .draw_series(visible_phases.iter().map(|(_, (label, a, b))| {
+            Rectangle::new([(a.max(x0), 0.0), (b.min(x1), y_max)], band_color(phase_parts(label).0).filled())
+        }))
         .map_err(draw_err("phase bands"))?;
 
     // Painter's algorithm: each layer is filled from zero up to its
@@ -700,6 +746,12 @@ fn render_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Prepared)
     chart
         .draw_series(edges.iter().map(|&x| PathElement::new(vec![(x, 0.0), (x, y_max)], boundary.stroke_width(1))))
         .map_err(draw_err("phase boundaries"))?;
+    // Step boundaries: where each training step after the first begins.
+    let step_edge = RGBAColor(0x20, 0x20, 0x20, 0.75);
+    let starts: Vec<f64> = step_spans(&visible_phases).iter().skip(1).map(|s| s.1).filter(|x| *x > x0).collect();
+    chart
+        .draw_series(starts.iter().map(|&x| PathElement::new(vec![(x, 0.0), (x, y_max)], step_edge.stroke_width(2))))
+        .map_err(draw_err("step boundaries"))?;
 
     if let Some(r) = &p.reserved_gb {
         let keep = decimate(&p.times, r, x0, x1, columns);
@@ -747,6 +799,25 @@ fn render_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Prepared)
                     + Text::new(text, (dx + 5, 8), style),
             ))
             .map_err(draw_err("capacity label"))?;
+    }
+
+    // Offloaded state lives in host memory for the whole run: stated in the plot, under the
+    // labels and the capacity note, since it is not on this GPU's axis.
+    if let Some(note) = &p.host_note {
+        let style = font(LABEL_SIZE).color(&RGBColor(0x33, 0x33, 0x33));
+        let (plot_w, _) = chart.plotting_area().dim_in_pixel();
+        let lines = wrap_text(area, note, &style, plot_w.saturating_sub(40), 3);
+        let line_h = LABEL_SIZE as i32 + 4;
+        let tw =
+            lines.iter().map(|l| area.estimate_text_size(l, &style).map_or(0, |(w, _)| w as i32)).max().unwrap_or(0);
+        let y = PHASE_ROW_TOP + 3 * PHASE_ROW_HEIGHT + 16;
+        let backdrop = EmptyElement::at((x0, y_max))
+            + Rectangle::new([(4, y - 2), (tw + 14, y + lines.len() as i32 * line_h + 4)], WHITE.mix(0.6).filled());
+        chart.draw_series(std::iter::once(backdrop)).map_err(draw_err("host note"))?;
+        for (k, l) in lines.into_iter().enumerate() {
+            let text = EmptyElement::at((x0, y_max)) + Text::new(l, (9, y + k as i32 * line_h), style.clone());
+            chart.draw_series(std::iter::once(text)).map_err(draw_err("host note"))?;
+        }
     }
 
     // The peak of live tensors, marked and labelled (an OOM panel marks the failure instead).
@@ -829,10 +900,55 @@ struct PhaseLabel {
     left: i32,
 }
 
-/// Greedy left-to-right layout: a label sits centred over its band, may
-/// spill past a narrow band (a short optimizer phase still gets a readable
-/// name), and drops to a second row, then to a shortened form, rather than
-/// overprint its neighbour.
+/// A phase label's name and step: "backward 2" is ("backward", Some(2)).
+fn phase_parts(label: &str) -> (&str, Option<u32>) {
+    match label.rsplit_once(' ') {
+        Some((name, n)) => match n.parse() {
+            Ok(step) => (name, Some(step)),
+            Err(_) => (label, None),
+        },
+        None => (label, None),
+    }
+}
+
+/// The background of a phase, by its kind, so a band reads without its label (the legend
+/// names them): forward sky blue, backward orange, the optimizer grey, the rest faint.
+fn band_color(phase: &str) -> RGBAColor {
+    match phase {
+        "forward" => RGBAColor(0x56, 0xB4, 0xE9, 0.16),
+        "backward" => RGBAColor(0xE6, 0x9F, 0x00, 0.14),
+        "optimizer" => RGBAColor(0x60, 0x60, 0x60, 0.22),
+        _ => RGBAColor(0x80, 0x80, 0x80, 0.08),
+    }
+}
+
+/// A training run's steps as (step, start, end) over its phases; empty for a job without a
+/// backward (inference), whose numbered phases are not steps.
+fn step_spans(phases: &[(usize, &(String, f64, f64))]) -> Vec<(u32, f64, f64)> {
+    let training = phases.iter().any(|(_, (l, _, _))| matches!(phase_parts(l).0, "backward" | "optimizer"));
+    let mut out: Vec<(u32, f64, f64)> = Vec::new();
+    if !training {
+        return out;
+    }
+    for (_, (label, a, b)) in phases {
+        let Some(step) = phase_parts(label).1 else { continue };
+        match out.iter_mut().find(|s| s.0 == step) {
+            Some(s) => {
+                s.1 = s.1.min(*a);
+                s.2 = s.2.max(*b);
+            }
+            None => out.push((step, *a, *b)),
+        }
+    }
+    out.sort_by(|x, y| x.1.total_cmp(&y.1));
+    out
+}
+
+/// Labels in two rows above the data. A training run gets one label per step in the first
+/// row ("step 2", always shown where it fits) and each phase's kind in the second, where its
+/// band holds it (the optimizer's short phase may spill into free space beside it); a label
+/// that does not fit is left out, never shortened, since the band's colour and the legend
+/// already say what it is. Another job (inference) gets its phases' names in the first row.
 fn place_phase_labels<DB: DrawingBackend>(
     chart: &DualCoordChartContext<'_, DB, F64Coord, F64Coord>,
     measure: &DrawingArea<DB, Shift>,
@@ -844,39 +960,33 @@ fn place_phase_labels<DB: DrawingBackend>(
     let style = font(LABEL_SIZE);
     let (plot_left, _) = chart.backend_coord(&(x0, p.y_max_gb));
     let (plot_right, _) = chart.backend_coord(&(x1, p.y_max_gb));
+    let span = plot_right - plot_left;
     let width = |s: &str| measure.estimate_text_size(s, &style).map(|(w, _)| w as i32).unwrap_or(i32::MAX / 4);
-    let mut sorted: Vec<&(String, f64, f64)> = phases.iter().map(|(_, ph)| *ph).collect();
-    sorted.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let px = |t: f64| chart.backend_coord(&(t.clamp(x0, x1), p.y_max_gb)).0 - plot_left;
+    let steps = step_spans(phases);
+    // (text, row, band start, band end, may spill)
+    let mut wanted: Vec<(String, usize, f64, f64, bool)> = Vec::new();
+    for (step, a, b) in &steps {
+        wanted.push((format!("step {step}"), 0, *a, *b, false));
+    }
+    let phase_row = usize::from(!steps.is_empty());
+    for (_, (label, a, b)) in phases {
+        let name = phase_parts(label).0;
+        if !label.is_empty() {
+            wanted.push((name.to_string(), phase_row, *a, *b, name == "optimizer"));
+        }
+    }
+    wanted.sort_by(|x, y| x.1.cmp(&y.1).then(x.2.total_cmp(&y.2)));
     let mut row_end = [i32::MIN / 2; 2];
     let mut out = Vec::new();
-    for (label, a, b) in sorted {
-        if label.is_empty() {
+    for (text, row, a, b, spill) in wanted {
+        let (pa, pb) = (px(a), px(b));
+        let w = width(&text);
+        if w > span - 4 || (!spill && w > pb - pa - 6) {
             continue;
         }
-        let pa = chart.backend_coord(&(a.max(x0), p.y_max_gb)).0 - plot_left;
-        let pb = chart.backend_coord(&(b.min(x1), p.y_max_gb)).0 - plot_left;
-        let span = plot_right - plot_left;
-        let centre = (pa + pb) / 2;
-        let place = |w: i32| (centre - w / 2).clamp(2, (span - w - 2).max(2));
-        let w = width(label);
-        let mut placed = None;
-        if w <= span - 4 {
-            let left = place(w);
-            for (row, end) in row_end.iter().enumerate() {
-                if left >= end + GAP {
-                    placed = Some((label.clone(), row, left, w));
-                    break;
-                }
-            }
-        }
-        if placed.is_none() {
-            let room = (pb - pa - 6).min(pb - row_end[0] - GAP).max(0) as u32;
-            if let Some(t) = fit_text(measure, label, &style, room) {
-                let tw = width(&t);
-                placed = Some((t, 0, place(tw).max(row_end[0] + GAP), tw));
-            }
-        }
-        if let Some((text, row, left, w)) = placed {
+        let left = ((pa + pb) / 2 - w / 2).clamp(2, (span - w - 2).max(2));
+        if left >= row_end[row] + GAP {
             row_end[row] = left + w;
             out.push(PhaseLabel { text, row, left });
         }
@@ -967,7 +1077,9 @@ fn darken(c: RGBColor) -> RGBColor {
 fn draw_legend<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Prepared) -> Result<(), String> {
     enum Swatch {
         Fill(RGBColor),
+        Band(RGBAColor),
         Line(RGBColor, bool),
+        Edge,
         Marker,
     }
     let mut entries: Vec<(Swatch, String)> = p
@@ -985,6 +1097,23 @@ fn draw_legend<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Prepared) 
     if let Some(o) = &p.oom {
         let decimals = tick_decimals(p.x_range.0, p.x_range.1, X_TICKS) + 1;
         entries.push((Swatch::Marker, format!("out of memory at {} s", fmt_num(o.time_s, decimals))));
+    }
+    // The phase backgrounds, for a training run (their labels may be left out where narrow).
+    let phases: Vec<(usize, &(String, f64, f64))> = p.phases.iter().enumerate().collect();
+    let steps = step_spans(&phases);
+    if !steps.is_empty() {
+        for (kind, name) in [
+            ("forward", "forward (background)"),
+            ("backward", "backward (background)"),
+            ("optimizer", "optimizer step (background)"),
+        ] {
+            if p.phases.iter().any(|(l, _, _)| phase_parts(l).0 == kind) {
+                entries.push((Swatch::Band(band_color(kind)), name.to_string()));
+            }
+        }
+        if steps.len() > 1 {
+            entries.push((Swatch::Edge, "a new training step begins".to_string()));
+        }
     }
 
     let style = font(LABEL_SIZE);
@@ -1008,6 +1137,13 @@ fn draw_legend<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Prepared) 
             Swatch::Fill(c) => area
                 .draw(&Rectangle::new([(10, y - 8), (32, y + 8)], c.filled()))
                 .and_then(|_| area.draw(&Rectangle::new([(10, y - 8), (32, y + 8)], darken(*c).stroke_width(1)))),
+            Swatch::Band(c) => area.draw(&Rectangle::new([(10, y - 8), (32, y + 8)], c.filled())).and_then(|_| {
+                area.draw(&Rectangle::new([(10, y - 8), (32, y + 8)], RGBColor(0xBB, 0xBB, 0xBB).stroke_width(1)))
+            }),
+            Swatch::Edge => area.draw(&PathElement::new(
+                vec![(21, y - 10), (21, y + 10)],
+                RGBAColor(0x20, 0x20, 0x20, 0.75).stroke_width(2),
+            )),
             Swatch::Line(c, dashed) => {
                 if *dashed {
                     area.draw(&PathElement::new(vec![(8, y), (16, y)], c.stroke_width(3)))
@@ -1065,6 +1201,7 @@ mod tests {
                 PhaseSpan { label: "backward".into(), start_s: n as f64 * 0.004, end_s: n as f64 * 0.01 },
             ],
             oom: oom.then(|| OomMark { time_s: n as f64 * 0.007, label: "alloc of 4 GB failed".into() }),
+            host_note: None,
         }
     }
 
@@ -1101,6 +1238,7 @@ mod tests {
             reserved: None,
             phases: vec![],
             oom: None,
+            host_note: None,
         };
         cases.push(MemoryPlot { title: "empty panel".into(), panels: vec![empty.clone()] });
         let mut single = panel("single", 1, true);
@@ -1219,6 +1357,32 @@ mod tests {
     }
 
     #[test]
+    fn every_category_has_its_own_colour() {
+        for cat in Category::ALL {
+            assert_eq!(CATEGORY_COLORS.iter().filter(|(c, _)| *c == cat).count(), 1, "{cat:?}");
+        }
+        let distinct: std::collections::HashSet<(u8, u8, u8)> =
+            CATEGORY_COLORS.iter().map(|(_, c)| (c.0, c.1, c.2)).collect();
+        assert_eq!(distinct.len(), CATEGORY_COLORS.len());
+    }
+
+    #[test]
+    fn steps_come_from_the_phase_labels_of_a_training_run() {
+        let ph = |l: &str, a: f64, b: f64| (l.to_string(), a, b);
+        let phases =
+            [ph("init", 0.0, 0.1), ph("forward 1", 0.1, 0.2), ph("backward 1", 0.2, 0.4), ph("optimizer 1", 0.4, 0.45)];
+        let phases2 = [ph("forward 2", 0.45, 0.6), ph("backward 2", 0.6, 0.8)];
+        let all: Vec<(usize, &(String, f64, f64))> = phases.iter().chain(&phases2).enumerate().collect();
+        assert_eq!(step_spans(&all), vec![(1, 0.1, 0.45), (2, 0.45, 0.8)]);
+        assert_eq!(phase_parts("backward 12"), ("backward", Some(12)));
+        assert_eq!(phase_parts("init"), ("init", None));
+        // Inference's numbered phases are not training steps.
+        let inf = [ph("prefill 1", 0.0, 0.1), ph("decode 1", 0.1, 0.5)];
+        let inf: Vec<(usize, &(String, f64, f64))> = inf.iter().enumerate().collect();
+        assert!(step_spans(&inf).is_empty());
+    }
+
+    #[test]
     fn colours_follow_names_across_panels() {
         let a = panel("a", 5, false);
         let mut b = panel("b", 5, false);
@@ -1228,10 +1392,10 @@ mod tests {
         assert_eq!(colors.len(), a.categories.len());
         let distinct: std::collections::HashSet<(u8, u8, u8)> = colors.values().map(|c| (c.0, c.1, c.2)).collect();
         assert_eq!(distinct.len(), colors.len());
-        assert_eq!(colors.get("parameters").map(|c| (c.0, c.1, c.2)), {
-            let c = PALETTE[0];
-            Some((c.0, c.1, c.2))
-        });
+        // A memory category keeps its own colour in every picture.
+        let own = |cat: Category| CATEGORY_COLORS.iter().find(|(c, _)| *c == cat).map(|(_, col)| (col.0, col.1, col.2));
+        assert_eq!(colors.get("parameters").map(|c| (c.0, c.1, c.2)), own(Category::Parameters));
+        assert_eq!(colors.get("optimizer state").map(|c| (c.0, c.1, c.2)), own(Category::OptimizerState));
     }
 
     #[test]

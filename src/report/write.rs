@@ -198,8 +198,29 @@ pub fn memory_plot(r: &Report, sched: &Schedule, trace: &Trace, rank_label: &str
             reserved,
             phases,
             oom,
+            host_note: host_note(r),
         }],
     }
+}
+
+/// What offload keeps in pinned host memory, for memory.png's legend.
+fn host_note(r: &Report) -> Option<String> {
+    if let Some(o) = &r.offload {
+        return Some(format!(
+            "in host memory, not on the GPU: {} per GPU ({}); {} per node of {}",
+            fmt_bytes(o.host_bytes_per_gpu.bytes),
+            o.host_holds,
+            fmt_bytes(o.host_bytes_per_node.bytes),
+            fmt_bytes(o.host_capacity.bytes)
+        ));
+    }
+    r.activation_offload.as_ref().map(|a| {
+        format!(
+            "in host memory, not on the GPU: {} per GPU of offloaded activations ({})",
+            fmt_bytes(a.host_bytes_per_gpu.bytes),
+            a.method
+        )
+    })
 }
 
 /// One rank class's program, run and report, for the per-class outputs.
