@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 use stepsim::scenario::Scenario;
+use stepsim::sweep::answer::Aggregator;
+use stepsim::sweep::heatmap;
 use stepsim::sweep::output::parse_row;
 use stepsim::sweep::summary::{self, Outcome};
 use stepsim::sweep::SweepSpec;
@@ -752,7 +754,25 @@ fn the_shipped_capacity_sweep_names_the_smallest_gpu_count_that_fits() {
     let frontier = answer["frontier"].as_array().unwrap();
     assert_eq!(frontier[0]["gpus"].as_u64(), Some(smallest));
     assert!(frontier.windows(2).all(|w| w[0]["gpus"].as_u64() < w[1]["gpus"].as_u64()));
-    assert!(std::fs::read(out.join("heatmap.png")).unwrap().starts_with(b"\x89PNG\r\n\x1a\n"));
+    let png = std::fs::read(out.join("heatmap.png")).unwrap();
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"));
+    // The picture: sized to its 4 rows, a colour scale from 0, and in each cell that fits the
+    // winner's checkpointing (its sharding, full_shard everywhere, is said once).
+    let mut agg = Aggregator::new(&spec);
+    rows.iter().for_each(|r| agg.add(r));
+    let a = agg.finish();
+    let plan = heatmap::plan(&a);
+    let dim = |o: usize| u32::from_be_bytes(png[o..o + 4].try_into().unwrap()) as i32;
+    assert_eq!((dim(16), dim(20)), (plan.width, plan.height));
+    assert!(plan.height <= plan.top + (4 * plan.cell_h).max(plan.legend_h) + 80, "{plan:?}");
+    assert_eq!(plan.scale.lo, 0.0);
+    assert!(plan.scale.ticks.len() >= 3);
+    assert_eq!(plan.winners.same, [("parallel.sharding".to_string(), "full_shard".to_string())]);
+    for (i, c) in a.heatmap.cells.iter().enumerate() {
+        if !c.winner.is_empty() {
+            assert_eq!(plan.winners.lines[i].as_deref(), Some(c.winner[2].as_str()), "cell {i}");
+        }
+    }
 }
 
 #[test]

@@ -100,6 +100,20 @@ pub struct Cell {
     pub fits: u64,
     #[serde(flatten)]
     pub state: CellState,
+    /// The winning configuration's value on every axis (file order, as the CSV writes them);
+    /// empty unless something fits. What the picture writes under the value.
+    #[serde(skip)]
+    pub winner: Vec<String>,
+}
+
+/// An axis as the heatmap picture names it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GridAxis {
+    pub path: String,
+    /// Each value as the CSV writes it.
+    pub labels: Vec<String>,
+    /// Numbers and booleans (written with a short axis name) rather than strings.
+    pub numeric: bool,
 }
 
 /// The heatmap: cells over two axes, each the best of the configurations that share its
@@ -114,6 +128,9 @@ pub struct Grid {
     pub higher_is_better: bool,
     /// Row-major: y outer, x inner.
     pub cells: Vec<Cell>,
+    /// Every axis of the sweep, in file order (for the winners' values).
+    #[serde(skip)]
+    pub axes: Vec<GridAxis>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -357,6 +374,9 @@ impl<'a> Aggregator<'a> {
                     (None, Some((step, _, phase))) => CellState::Oom { step: *step, phase: phase.clone() },
                     (None, None) => CellState::Empty,
                 },
+                winner: c.best.as_ref().map_or_else(Vec::new, |b| {
+                    spec.axes.iter().zip(spec.value_indices(b.index)).map(|(a, v)| a.labels[v].clone()).collect()
+                }),
             })
             .collect();
         let heatmap = Grid {
@@ -371,6 +391,15 @@ impl<'a> Aggregator<'a> {
                 .find(|c| c.metric == color)
                 .map_or(color.higher_is_better(), |c| c.maximize),
             cells,
+            axes: spec
+                .axes
+                .iter()
+                .map(|a| GridAxis {
+                    path: a.path.clone(),
+                    labels: a.labels.clone(),
+                    numeric: a.values.iter().all(|v| !v.is_str()),
+                })
+                .collect(),
         };
         Answer {
             sweep: spec.name.clone(),
