@@ -482,7 +482,7 @@ fn font(size: f64) -> TextStyle<'static> {
 /// power of ten divided by 2, 5 or 10, counting only ticks aligned to the
 /// step inside the range) so labels are neither "1.000" nor two "0"s; where
 /// rounding makes the count uncertain it errs towards more decimals.
-fn tick_decimals(lo: f64, hi: f64, max_ticks: usize) -> usize {
+pub(crate) fn tick_decimals(lo: f64, hi: f64, max_ticks: usize) -> usize {
     let span = hi - lo;
     if !(lo.is_finite() && hi.is_finite() && span > 0.0) || max_ticks == 0 {
         return 0;
@@ -509,7 +509,7 @@ fn tick_decimals(lo: f64, hi: f64, max_ticks: usize) -> usize {
     (-(finest.log10() + 1e-9).floor()).clamp(0.0, 9.0) as usize
 }
 
-fn fmt_num(v: f64, decimals: usize) -> String {
+pub(crate) fn fmt_num(v: f64, decimals: usize) -> String {
     let s = format!("{v:.decimals$}");
     // "-0" and "-0.00" read as a bug in a memory axis.
     if s.trim_start_matches('-').chars().all(|c| c == '0' || c == '.') {
@@ -525,7 +525,7 @@ fn fmt_gb(bytes_gb: f64) -> String {
 
 /// Shortens `text` with an ellipsis until it fits `max_px`, so long rank
 /// class or category names stay inside their box instead of overprinting.
-fn fit_text<DB: DrawingBackend>(
+pub(crate) fn fit_text<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     text: &str,
     style: &TextStyle,

@@ -264,7 +264,7 @@ fn class_label(c: &super::RankClass, k: usize) -> String {
 
 /// Writes a job's outputs: [`write_all`] for a job of one class; with several,
 /// memory.csv and trace.json hold every class (one rank class, one trace process each),
-/// memory.png a panel per class (up to 8), timeline.png the headline class's streams.
+/// memory.png a panel per class (up to 8), timeline.png a row group per class (up to 16).
 pub fn write_job(
     dir: &Path,
     r: &Report,
@@ -277,9 +277,9 @@ pub fn write_job(
     let traces: Vec<&Trace> = classes.iter().map(|c| c.1).collect();
     let detail = super::chrome_trace::detail_for(&traces, full_trace);
     if classes.len() == 1 {
-        return write_files(dir, r, sched, trace, Some(detail), job_memory_csv(r, &traces));
+        return write_files(dir, r, (sched, trace), (&[], 0), Some(detail), job_memory_csv(r, &traces));
     }
-    let written = write_files(dir, r, sched, trace, None, job_memory_csv(r, &traces))?;
+    let written = write_files(dir, r, (sched, trace), (classes, headline), None, job_memory_csv(r, &traces))?;
     let label = |k: usize| class_name(r, k);
     let mut chrome = String::new();
     for (k, (sc, tr, _)) in classes.iter().enumerate() {
@@ -424,7 +424,7 @@ pub fn write_all(
     full_trace: bool,
 ) -> Result<Vec<PathBuf>, WriteError> {
     let detail = super::chrome_trace::detail_for(&[trace], full_trace);
-    write_files(dir, r, sched, trace, Some(detail), job_memory_csv(r, &[trace]))
+    write_files(dir, r, (sched, trace), (&[], 0), Some(detail), job_memory_csv(r, &[trace]))
 }
 
 /// A job's memory.csv: for one rank class its rows labelled by the headline's ranks, and
@@ -454,8 +454,8 @@ pub fn job_memory_csv(r: &Report, traces: &[&Trace]) -> String {
 fn write_files(
     dir: &Path,
     r: &Report,
-    sched: &Schedule,
-    trace: &Trace,
+    (sched, trace): (&Schedule, &Trace),
+    (classes, headline): (&[ClassView], usize),
     detail: Option<super::chrome_trace::Detail>,
     memory_csv_rows: String,
 ) -> Result<Vec<PathBuf>, WriteError> {
@@ -486,8 +486,25 @@ fn write_files(
     super::png::write_memory_png(&png, &memory_plot(r, sched, trace, &label))
         .map_err(|m| WriteError { path: png.clone(), message: m })?;
     let timeline = dir.join("timeline.png");
-    let title = format!("stepsim: {} - streams of {} over time", r.scenario, rank);
-    super::timeline_png::write(&timeline, &title, sched, trace)
+    let (title, groups) = if classes.len() <= 1 {
+        let name = format!("{rank} ({} GPU{})", gpus, if gpus == 1 { "" } else { "s" });
+        let group = super::timeline_png::Group { name, sched, trace, steps: &r.steps };
+        (format!("stepsim: {} - streams of {} over time", r.scenario, rank), vec![group])
+    } else {
+        let groups = classes
+            .iter()
+            .enumerate()
+            .map(|(k, &(sc, tr, rk))| super::timeline_png::Group {
+                name: class_name(r, k),
+                sched: sc,
+                trace: tr,
+                steps: &rk.steps,
+            })
+            .collect();
+        (format!("stepsim: {} - streams of every rank class over time", r.scenario), groups)
+    };
+    let headline = if classes.len() <= 1 { 0 } else { headline };
+    super::timeline_png::write(&timeline, &title, &groups, headline, &r.steps)
         .map_err(|m| WriteError { path: timeline.clone(), message: m })?;
     Ok(vec![json, csv, chrome, png, timeline])
 }
