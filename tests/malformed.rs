@@ -776,7 +776,7 @@ fn cases() -> Vec<Case> {
             "zero bucket_cap_mb",
             b().set("parallel", "bucket_cap_mb", "0.0"),
             "parallel.bucket_cap_mb",
-            &["must be a positive number of MB", "got 0"],
+            &["must be a positive number of MiB", "got 0"],
         ),
         // --- shapes
         case(
