@@ -108,16 +108,15 @@ pub fn simulate_with(s: &scenario::Scenario, opts: SimOptions) -> Result<Simulat
     Ok(sim)
 }
 
-/// The job alone: [`simulate`] without its follow-up runs (the fragmentation check, the
-/// checkpointing cost, the offload report, the routing report), for callers that read only
-/// the verdict, the peaks and the throughput (explain's counterfactuals).
-pub fn simulate_job_only(s: &scenario::Scenario) -> Result<Simulation, engine::Deadlock> {
-    if let Some(cfg) = &s.inference {
-        return simulate_inference(s, cfg, job::run::Record::Peaks);
-    }
-    // The peaks and what a report reads, not every memory sample: explain's counterfactuals
-    // of a [jitter] job at 16-256 GPUs otherwise held every rank's curve (2.6 GB).
-    simulate_job(s, s.allocator_capacity(), job::run::Record::Peaks)
+/// The job alone: [`simulate`]'s verdict, peaks and throughput without its follow-up runs
+/// (the fragmentation check, the checkpointing cost, the offload and routing reports), on
+/// the sweep's lean programs ([`simulate_lean`], trying the initialisation-only prefix
+/// first): for callers that read only those figures (explain's counterfactuals, a dozen
+/// variants of a job, two at a time). A full simulation held every task's name and every
+/// memory sample: explain of a 1024-layer job reached 7.8 GB.
+pub fn simulate_job_only(s: &scenario::Scenario) -> Result<report::Report, engine::Deadlock> {
+    let dag = model::build(&s.model, &s.workload);
+    simulate_lean(s, &dag, &[0])
 }
 
 /// Offload's figures: where the bytes live, from the plan; the traffic of the last step,

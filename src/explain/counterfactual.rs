@@ -573,7 +573,7 @@ fn measure(label: String, s: &Scenario, base_tps: Option<f64>) -> Counterfactual
     let Ok(sim) = crate::simulate_job_only(s) else {
         return skipped(&label, gpus, "internal scheduling error".into());
     };
-    let r = &sim.report;
+    let r = &sim;
     let (fits, oom_phase) = match &r.verdict {
         Verdict::Fits { .. } => (true, None),
         Verdict::Oom(o) => (false, Some(o.at.phase)),
@@ -581,9 +581,16 @@ fn measure(label: String, s: &Scenario, base_tps: Option<f64>) -> Counterfactual
     // Offload that the node's host memory or NVMe cannot hold fails at initialisation.
     let host_oom = !r.offload_fits;
     let (fits, oom_phase) = if host_oom && fits { (false, Some(Phase::Init)) } else { (fits, oom_phase) };
-    let timed = if fits { Some(sim) } else { unbounded(s) };
-    let tp = timed.as_ref().and_then(|x| x.report.throughput.clone());
-    let peak = timed.as_ref().and_then(|x| x.report.peak.as_ref().map(|p| p.allocated));
+    // One simulation alive at a time: the run that did not fit is dropped before its
+    // unbounded twin is built (each holds the whole program of a large job).
+    let timed = if fits {
+        Some(sim)
+    } else {
+        drop(sim);
+        unbounded(s)
+    };
+    let tp = timed.as_ref().and_then(|x| x.throughput.clone());
+    let peak = timed.as_ref().and_then(|x| x.peak.as_ref().map(|p| p.allocated));
     Counterfactual {
         change: label,
         fits: Some(fits),
@@ -601,7 +608,7 @@ fn measure(label: String, s: &Scenario, base_tps: Option<f64>) -> Counterfactual
 }
 
 /// The same scenario with unbounded memory: its timing and the peak it would need.
-fn unbounded(s: &Scenario) -> Option<Simulation> {
+fn unbounded(s: &Scenario) -> Option<crate::report::Report> {
     let mut u = s.clone();
     u.cluster.memory_bytes = u64::MAX / 4;
     u.cluster.cuda_context_bytes = 0;
@@ -614,9 +621,11 @@ fn unbounded(s: &Scenario) -> Option<Simulation> {
 /// that fits; when no single change fits, pairs with full checkpointing are tried.
 pub fn run_all(s: &Scenario, _sim: &Simulation) -> Vec<Counterfactual> {
     let base = unbounded(s);
-    let base_tps = base.as_ref().and_then(|x| x.report.throughput.as_ref().map(|t| t.tokens_per_s_per_gpu));
-    let base_peak = base.as_ref().and_then(|x| x.report.peak.as_ref().map(|p| p.allocated.bytes));
-    let base_step = base.as_ref().and_then(|x| x.report.throughput.as_ref().map(|t| t.step_time_s));
+    let base_tps = base.as_ref().and_then(|x| x.throughput.as_ref().map(|t| t.tokens_per_s_per_gpu));
+    let base_peak = base.as_ref().and_then(|x| x.peak.as_ref().map(|p| p.allocated.bytes));
+    let base_step = base.as_ref().and_then(|x| x.throughput.as_ref().map(|t| t.step_time_s));
+    // Only these figures are read from here on; the simulation itself is large.
+    drop(base);
     let mut out = single_changes(s, base_tps);
     for c in out.iter_mut() {
         let same = c.fits == Some(false)
