@@ -33,6 +33,8 @@ pub struct PhaseSpan {
 pub struct OomMark {
     pub time_s: f64,
     pub label: String,
+    /// The allocation that failed, drawn as a bar on top of what was allocated (0: unknown).
+    pub requested_bytes: u64,
 }
 
 /// Memory over time of one distinct rank class, as a step function: value i holds from times_s[i] until times_s[i+1].
@@ -55,6 +57,8 @@ pub struct RankPanel {
     /// What the rank keeps in host memory instead (offload), in words: constant for the run,
     /// so it is stated in the legend rather than drawn as a band on the GPU's axis.
     pub host_note: Option<String>,
+    /// The op running at the peak of live tensors, named beside the peak's mark.
+    pub peak_op: Option<String>,
 }
 
 /// A whole figure: one vertically stacked panel per distinct rank class.
@@ -281,6 +285,7 @@ struct Prepared {
     phases: Vec<(String, f64, f64)>,
     oom: Option<OomMark>,
     host_note: Option<String>,
+    peak_op: Option<String>,
 }
 
 fn prepare_panel(index: usize, p: &RankPanel, colors: &HashMap<String, RGBColor>) -> Result<Prepared, String> {
@@ -392,6 +397,7 @@ fn prepare_panel(index: usize, p: &RankPanel, colors: &HashMap<String, RGBColor>
         phases,
         oom,
         host_note: p.host_note.clone(),
+        peak_op: p.peak_op.clone(),
     })
 }
 
@@ -824,7 +830,10 @@ fn render_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Prepared)
     if p.oom.is_none() {
         if let Some((t, peak)) = peak_of(p) {
             let style = font(LABEL_SIZE);
-            let text = format!("peak {} allocated", fmt_gb(peak));
+            let text = match &p.peak_op {
+                Some(op) if !op.is_empty() => format!("peak {} allocated, in {op}", fmt_gb(peak)),
+                _ => format!("peak {} allocated", fmt_gb(peak)),
+            };
             let (tw, th) = area.estimate_text_size(&text, &style).unwrap_or((0, 0));
             let (tw, th) = (tw as i32, th as i32);
             // Right of the point unless that runs off the plot.
@@ -1019,6 +1028,20 @@ fn draw_oom<DB: DrawingBackend>(
                 + Cross::new((0, 0), 4, WHITE.stroke_width(2)),
         ))
         .map_err(draw_err("OOM marker"))?;
+    // The request that failed, as a bar on top of what was allocated: it is what crosses
+    // the capacity line (clipped at the top of the plot).
+    if oom.requested_bytes > 0 && total > 0.0 {
+        let req = oom.requested_bytes as f64 / GB;
+        let top = (total + req).min(y_max);
+        let h = chart.backend_coord(&(t, total)).1 - chart.backend_coord(&(t, top)).1;
+        chart
+            .draw_series(std::iter::once(
+                EmptyElement::at((t, total))
+                    + Rectangle::new([(-18, -h), (-6, 0)], OOM_COLOR.mix(0.35).filled())
+                    + Rectangle::new([(-18, -h), (-6, 0)], OOM_COLOR.stroke_width(2)),
+            ))
+            .map_err(draw_err("failed request"))?;
+    }
 
     let style = font(LABEL_SIZE).color(&OOM_COLOR);
     // Callers often phrase the label as "OOM: ..." already.
@@ -1096,7 +1119,8 @@ fn draw_legend<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Prepared) 
     }
     if let Some(o) = &p.oom {
         let decimals = tick_decimals(p.x_range.0, p.x_range.1, X_TICKS) + 1;
-        entries.push((Swatch::Marker, format!("out of memory at {} s", fmt_num(o.time_s, decimals))));
+        let bar = if o.requested_bytes > 0 { "; the bar: the request that failed" } else { "" };
+        entries.push((Swatch::Marker, format!("out of memory at {} s{bar}", fmt_num(o.time_s, decimals))));
     }
     // The phase backgrounds, for a training run (their labels may be left out where narrow).
     let phases: Vec<(usize, &(String, f64, f64))> = p.phases.iter().enumerate().collect();
@@ -1200,8 +1224,13 @@ mod tests {
                 PhaseSpan { label: "forward".into(), start_s: 0.0, end_s: n as f64 * 0.004 },
                 PhaseSpan { label: "backward".into(), start_s: n as f64 * 0.004, end_s: n as f64 * 0.01 },
             ],
-            oom: oom.then(|| OomMark { time_s: n as f64 * 0.007, label: "alloc of 4 GB failed".into() }),
+            oom: oom.then(|| OomMark {
+                time_s: n as f64 * 0.007,
+                label: "alloc of 4 GB failed".into(),
+                requested_bytes: 4_000_000_000,
+            }),
             host_note: None,
+            peak_op: None,
         }
     }
 
@@ -1239,6 +1268,7 @@ mod tests {
             phases: vec![],
             oom: None,
             host_note: None,
+            peak_op: None,
         };
         cases.push(MemoryPlot { title: "empty panel".into(), panels: vec![empty.clone()] });
         let mut single = panel("single", 1, true);

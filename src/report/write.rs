@@ -184,6 +184,7 @@ pub fn memory_plot(r: &Report, sched: &Schedule, trace: &Trace, rank_label: &str
         super::Verdict::Oom(o) => Some(OomMark {
             time_s: o.at.time_s,
             label: format!("OOM: {} in {} (+{})", o.at.op, o.at.phase.name(), fmt_bytes(o.requested.bytes)),
+            requested_bytes: o.requested.bytes,
         }),
         _ => None,
     };
@@ -199,6 +200,7 @@ pub fn memory_plot(r: &Report, sched: &Schedule, trace: &Trace, rank_label: &str
             phases,
             oom,
             host_note: host_note(r),
+            peak_op: r.peak.as_ref().map(|p| format!("`{}`", p.at.op)),
         }],
     }
 }
