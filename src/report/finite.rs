@@ -108,27 +108,22 @@ impl ser::SerializeMap for Items<'_> {
     }
 }
 
-impl ser::SerializeStruct for Items<'_> {
-    type Ok = ();
-    type Error = Stop;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, value: &T) -> Result<(), Stop> {
-        self.v.nested(key.to_string(), value)
-    }
-    fn end(self) -> Result<(), Stop> {
-        Ok(())
-    }
+/// Structs and struct variants: each field under its name.
+macro_rules! fields {
+    ($($trait:ident),*) => {$(
+        impl ser::$trait for Items<'_> {
+            type Ok = ();
+            type Error = Stop;
+            fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, value: &T) -> Result<(), Stop> {
+                self.v.nested(key.to_string(), value)
+            }
+            fn end(self) -> Result<(), Stop> {
+                Ok(())
+            }
+        }
+    )*};
 }
-
-impl ser::SerializeStructVariant for Items<'_> {
-    type Ok = ();
-    type Error = Stop;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, value: &T) -> Result<(), Stop> {
-        self.v.nested(key.to_string(), value)
-    }
-    fn end(self) -> Result<(), Stop> {
-        Ok(())
-    }
-}
+fields!(SerializeStruct, SerializeStructVariant);
 
 macro_rules! ignore {
     ($($method:ident: $t:ty),*) => {$(
