@@ -126,7 +126,7 @@ pub fn render_detail(sched: &Schedule, trace: &Trace, pid: u32, rank_label: &str
         let layer = l.layer().map_or(String::from("null"), |x| x.to_string());
         let _ = write!(
             o,
-            ",\n{{\"name\":\"{}\",\"cat\":\"{:?}\",\"ph\":\"X\",\"pid\":{pid},\"tid\":{},\"ts\":{},\"dur\":{},\"args\":{{\"step\":{},\"phase\":\"{}\",\"micro_batch\":{},\"layer\":{layer}}}}}",
+            ",\n{{\"name\":\"{}\",\"cat\":\"{:?}\",\"ph\":\"X\",\"pid\":{pid},\"tid\":{},\"ts\":{},\"dur\":{},\"args\":{{\"step\":{},\"phase\":\"{}\",\"micro_batch\":{},\"layer\":{layer}{}}}}}",
             esc(&l.what),
             l.kind,
             t.stream,
@@ -134,7 +134,8 @@ pub fn render_detail(sched: &Schedule, trace: &Trace, pid: u32, rank_label: &str
             us(end - start),
             l.step,
             l.phase.name(),
-            l.micro_batch
+            l.micro_batch,
+            work_args(l, end - start)
         );
     }
     if detail == Detail::Summary {
@@ -333,6 +334,27 @@ fn bucketed_samples(trace: &Trace) -> Vec<bool> {
         i = j;
     }
     keep
+}
+
+/// A task's cost-model figures as event args: FLOPs and the achieved TFLOP/s for a kernel,
+/// bytes and the achieved GB/s for what moves data (nothing where the cost model charged
+/// neither).
+fn work_args(l: &crate::schedule::TaskLabel, dur_ns: u64) -> String {
+    let secs = dur_ns as f64 / 1e9;
+    let mut s = String::new();
+    if l.flops > 0.0 {
+        let _ = write!(s, ",\"flops\":{:.0}", l.flops);
+        if secs > 0.0 {
+            let _ = write!(s, ",\"tflops_per_s\":{:.1}", l.flops / secs / 1e12);
+        }
+    }
+    if l.bytes > 0 {
+        let _ = write!(s, ",\"bytes\":{}", l.bytes);
+        if secs > 0.0 {
+            let _ = write!(s, ",\"gb_per_s\":{:.1}", l.bytes as f64 / secs / 1e9);
+        }
+    }
+    s
 }
 
 #[cfg(test)]

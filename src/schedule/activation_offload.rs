@@ -118,7 +118,8 @@ impl Builder<'_> {
         let bytes = self.offloaded_bytes(&st.offload[l]);
         let what = text!(self.names, "offload layers.{l} saved activations to host ({bytes} B, D2H)");
         let label = TaskLabel::new(st.step, Phase::Forward, st.mb, what, TaskKind::Send, None)
-            .with_region(Region::Block(l as u64));
+            .with_region(Region::Block(l as u64))
+            .with_work(0.0, bytes);
         let t = self.task(stream, bytes as f64 / cfg.d2h_bytes_per_s, vec![after], vec![], label);
         st.offload[l].copy = Some(t);
         t
@@ -143,7 +144,8 @@ impl Builder<'_> {
         let bytes = self.offloaded_bytes(&st.offload[l]);
         let what = text!(self.names, "reload layers.{l} saved activations from host ({bytes} B, H2D)");
         let label = TaskLabel::new(st.step, Phase::Backward, mb, what, TaskKind::Recv, None)
-            .with_region(Region::Block(l as u64));
+            .with_region(Region::Block(l as u64))
+            .with_work(0.0, bytes);
         let deps = st.offload[l].copy.into_iter().chain([after]).collect();
         let t = self.task(stream, bytes as f64 / cfg.h2d_bytes_per_s, deps, alloc, label);
         st.offload[l].reload = Some(t);

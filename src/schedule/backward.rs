@@ -134,7 +134,8 @@ impl Builder<'_> {
                     TaskKind::Backward,
                     Some(u),
                 )
-                .with_region(op.region);
+                .with_region(op.region)
+                .with_work(op.bwd_flops, self.cost.backward_bytes(op));
                 self.task(COMPUTE, secs, deps, alloc, label)
             };
             st.last_bwd_task = t;

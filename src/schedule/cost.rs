@@ -296,6 +296,17 @@ impl Cost {
         bytes / (self.hbm * HBM_EFFICIENCY)
     }
 
+    /// The HBM bytes of an op's forward roofline (activations, weights, chained
+    /// memory-bound kernels).
+    pub fn forward_bytes(&self, op: &Op) -> u64 {
+        (op.fwd_bytes + self.weight_bytes(op) + op.chain_bytes[0]) as u64
+    }
+
+    /// The HBM bytes of an op's backward roofline.
+    pub fn backward_bytes(&self, op: &Op) -> u64 {
+        (op.backward_bytes() + 2.0 * self.weight_bytes(op) + op.chain_bytes[1]) as u64
+    }
+
     pub fn forward_s(&self, op: &Op) -> f64 {
         let t =
             self.roofline_at(self.gemm_peak(op), op.fwd_flops, op.fwd_bytes + self.weight_bytes(op), self.op_eff(op));

@@ -225,7 +225,7 @@ impl Builder<'_> {
                 );
                 // `averaged_gradients` partitions are allocated on the default stream.
                 self.use_compute_pool(&alloc);
-                let t = self.task(NCCL, secs, after, alloc, label);
+                let t = self.task(NCCL, secs, after, alloc, label.with_work(0.0, bytes));
                 // The epilogue frees the IPG bucket and every full 16-bit gradient.
                 let mut frees: Vec<u32> = self.ds_ipg.take().into_iter().collect();
                 frees.extend(self.op_grad_bufs.iter_mut().filter_map(Option::take));
@@ -252,7 +252,7 @@ impl Builder<'_> {
                     None,
                 );
                 self.use_compute_pool(&[bucket]);
-                let t = self.task(NCCL, secs, after, vec![bucket], label);
+                let t = self.task(NCCL, secs, after, vec![bucket], label.with_work(0.0, bytes));
                 self.free_at(t, &[bucket]);
                 self.step_comm.push(t);
                 true
@@ -300,7 +300,7 @@ impl Builder<'_> {
             TaskKind::Optimizer,
             None,
         );
-        let t = self.task(COMPUTE, secs, deps, alloc, label);
+        let t = self.task(COMPUTE, secs, deps, alloc, label.with_work(0.0, el * copy_bytes));
         self.free_at(t, &frees);
         Some((t, fp32))
     }

@@ -163,7 +163,8 @@ impl Builder<'_> {
                 deps,
                 alloc,
                 TaskLabel::new(step, Phase::Forward, mb, text!(self.names, "{}", op.name), TaskKind::Forward, Some(u))
-                    .with_region(op.region),
+                    .with_region(op.region)
+                    .with_work(op.fwd_flops, self.cost.forward_bytes(op)),
             );
             st.last = t;
             let mut f = std::mem::take(&mut st.free_fwd[i]);

@@ -33,7 +33,7 @@ impl Builder<'_> {
         } else {
             self.cost.dp_collective_s(Collective::AllReduce, bytes, expert)
         };
-        let label = TaskLabel::new(step, Phase::Backward, mb, what, TaskKind::AllReduce, Some(u));
+        let label = TaskLabel::new(step, Phase::Backward, mb, what, TaskKind::AllReduce, Some(u)).with_work(0.0, bytes);
         let ar = self.task(NCCL, secs, vec![after], vec![], label);
         self.step_comm.push(ar);
     }
@@ -108,7 +108,8 @@ impl Builder<'_> {
                 text!(self.names, "reduce-scatter gradients (ZeRO-1)"),
                 TaskKind::ReduceScatter,
                 None,
-            ),
+            )
+            .with_work(0.0, bytes),
         );
         self.step_comm.push(t);
     }

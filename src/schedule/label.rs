@@ -80,11 +80,22 @@ pub struct TaskLabel {
     /// FSDP unit index (0 = root).
     pub unit: Option<usize>,
     pub region: Option<Region>,
+    /// What the cost model charged the task for, shown in trace.json's event args: the
+    /// kernel's FLOPs and the HBM bytes of its roofline for compute; the payload for a
+    /// collective, a transfer or a copy (0 where nothing was set).
+    pub flops: f64,
+    pub bytes: u64,
 }
 
 impl TaskLabel {
     pub fn new(step: u32, phase: Phase, micro_batch: u32, what: String, kind: TaskKind, unit: Option<usize>) -> Self {
-        TaskLabel { step, phase, micro_batch, what, kind, unit, region: None }
+        TaskLabel { step, phase, micro_batch, what, kind, unit, region: None, flops: 0.0, bytes: 0 }
+    }
+    /// The FLOPs and bytes the task was costed for.
+    pub fn with_work(mut self, flops: f64, bytes: u64) -> Self {
+        self.flops = flops;
+        self.bytes = bytes;
+        self
     }
     pub fn with_region(mut self, r: Region) -> Self {
         self.region = Some(r);

@@ -146,7 +146,7 @@ impl Builder<'_> {
             kind,
             None,
         );
-        let r = self.task(NCCL, secs, vec![t], vec![], label);
+        let r = self.task(NCCL, secs, vec![t], vec![], label.with_work(0.0, bytes));
         self.step_comm.push(r);
     }
 
@@ -170,7 +170,7 @@ impl Builder<'_> {
             TaskKind::AllGather,
             None,
         );
-        self.task(NCCL, secs, deps, vec![], label)
+        self.task(NCCL, secs, deps, vec![], label.with_work(0.0, bytes))
     }
 
     /// At the start of a step after the first: `zero_grad` dispatches the first bucket's

@@ -51,7 +51,7 @@ impl Builder<'_> {
         let alloc = if cast { vec![copy, gathered_from] } else { vec![copy] };
         let what = text!(self.names, "copy {name} partition to the GPU ({}, H2D)", self.pr().param.name());
         let secs = (el * pb) as f64 / off.h2d_bytes_per_s;
-        let h = self.task(self.h2d_stream, secs, deps, alloc, label(what, TaskKind::Recv));
+        let h = self.task(self.h2d_stream, secs, deps, alloc, label(what, TaskKind::Recv).with_work(0.0, el * pb));
         if cast {
             self.free_at(h, &[copy]);
         }
@@ -69,7 +69,7 @@ impl Builder<'_> {
         label: TaskLabel,
     ) -> u32 {
         let rate = if read { off.nvme_read_bytes_per_s } else { off.nvme_write_bytes_per_s };
-        self.task(self.nvme_stream, bytes as f64 / rate, deps, vec![], label)
+        self.task(self.nvme_stream, bytes as f64 / rate, deps, vec![], label.with_work(0.0, bytes))
     }
 
     /// The offloaded step: the CPU optimizer on the host partition once every gradient
@@ -110,13 +110,14 @@ impl Builder<'_> {
                     (el * pb) as f64 / off.h2d_bytes_per_s,
                     vec![last],
                     vec![],
-                    lbl(what, TaskKind::Recv),
+                    lbl(what, TaskKind::Recv).with_work(0.0, el * pb),
                 );
                 if !plan.params_sharded && plan.grads_reduced() {
                     let (bytes, expert) = (plan.total_params() * pb, plan.expert_params() * pb);
                     let secs = self.cost.dp_collective_s(Collective::AllGather, bytes, expert);
                     let what = text!(self.names, "all-gather updated parameters");
-                    last = self.task(NCCL, secs, vec![last], vec![], lbl(what, TaskKind::AllGather));
+                    last =
+                        self.task(NCCL, secs, vec![last], vec![], lbl(what, TaskKind::AllGather).with_work(0.0, bytes));
                 }
             }
             Some(OffloadDevice::Cpu) => {}

@@ -77,7 +77,8 @@ impl Builder<'_> {
             secs,
             deps,
             alloc,
-            TaskLabel::new(step, Phase::Optimizer, 0, text!(self.names, "optimizer.step()"), TaskKind::Optimizer, None),
+            TaskLabel::new(step, Phase::Optimizer, 0, text!(self.names, "optimizer.step()"), TaskKind::Optimizer, None)
+                .with_work(0.0, el * tr.optimizer_step_bytes()),
         );
         self.free_at(t, &frees);
         let mut last = t;
@@ -102,7 +103,8 @@ impl Builder<'_> {
                     text!(self.names, "all-gather updated parameters"),
                     TaskKind::AllGather,
                     None,
-                ),
+                )
+                .with_work(0.0, bytes),
             );
         }
         // BF16_Optimizer zeroes its 16-bit `.grad`s rather than freeing them.

@@ -105,7 +105,7 @@ impl Builder<'_> {
         };
         let kind = if stream == self.send_stream { TaskKind::Send } else { TaskKind::Recv };
         self.use_compute_pool(&alloc);
-        self.task(stream, secs, deps, alloc, TaskLabel::new(step, phase, mb, what, kind, None))
+        self.task(stream, secs, deps, alloc, TaskLabel::new(step, phase, mb, what, kind, None).with_work(0.0, bytes))
     }
 
     /// Start of a chunk's backward: the gradient of its output arrives from the next stage.
@@ -225,7 +225,7 @@ impl Builder<'_> {
             };
             let secs = self.cost.dp_collective_s(coll, bytes, expert);
             let label = TaskLabel::new(step, super::Phase::Backward, 0, text!(self.names, "{what}"), kind, None);
-            let t = self.task(super::NCCL, secs, last, vec![], label);
+            let t = self.task(super::NCCL, secs, last, vec![], label.with_work(0.0, bytes));
             self.step_comm.push(t);
         }
         self.tied_embedding_all_reduce(step);
@@ -265,7 +265,7 @@ impl Builder<'_> {
             super::TaskKind::AllReduce,
             None,
         );
-        let t = self.task(super::NCCL, secs, mine.into_iter().collect(), vec![], label);
+        let t = self.task(super::NCCL, secs, mine.into_iter().collect(), vec![], label.with_work(0.0, bytes));
         self.ext_deps.push((t, port(other)));
         self.step_comm.push(t);
     }

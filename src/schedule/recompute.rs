@@ -95,7 +95,8 @@ impl Builder<'_> {
                         TaskKind::Recompute,
                         Some(u),
                     )
-                    .with_region(rop.region),
+                    .with_region(rop.region)
+                    .with_work(rop.fwd_flops, self.cost.forward_bytes(rop)),
                 )
             };
             // Pending transient frees: attach now to this task if their consumer is this
@@ -164,7 +165,8 @@ impl Builder<'_> {
                     TaskKind::Recompute,
                     Some(u),
                 )
-                .with_region(op.region),
+                .with_region(op.region)
+                .with_work(op.fwd_flops, self.cost.forward_bytes(op)),
             );
         }
     }

@@ -59,7 +59,7 @@ impl Builder<'_> {
             (self.cost.collective_s(group, Collective::AllGather, bytes), "all-gather")
         };
         let what = text!(self.names, "{what} {}", self.plan.units[u].name);
-        let label = TaskLabel::new(step, phase, mb, what, TaskKind::AllGather, Some(u));
+        let label = TaskLabel::new(step, phase, mb, what, TaskKind::AllGather, Some(u)).with_work(0.0, bytes);
         let t = if fsdp2 {
             // `foreach_all_gather`: the flat output is allocated, and the local shard cast into
             // it, on the all-gather copy-in stream when the all-gather is issued; the
@@ -73,7 +73,7 @@ impl Builder<'_> {
                 self.cost.copy_s(copy),
                 deps,
                 vec![b],
-                TaskLabel::new(step, phase, mb, what, kind, Some(u)),
+                TaskLabel::new(step, phase, mb, what, kind, Some(u)).with_work(0.0, copy),
             );
             self.fsdp2_ag[u] = Some(b);
             self.task(NCCL, secs, vec![c], vec![], label)
@@ -121,7 +121,8 @@ impl Builder<'_> {
             self.cost.copy_s(grad_bytes + full * c.bytes()),
             vec![after],
             vec![flat],
-            TaskLabel::new(step, Phase::Backward, mb, what, TaskKind::Backward, Some(u)),
+            TaskLabel::new(step, Phase::Backward, mb, what, TaskKind::Backward, Some(u))
+                .with_work(0.0, grad_bytes + full * c.bytes()),
         );
         self.free_at(cat, unsharded);
         (cat, flat)
@@ -150,7 +151,8 @@ impl Builder<'_> {
             self.cost.copy_s(full * (c.bytes() + g.bytes())),
             vec![after],
             vec![input],
-            TaskLabel::new(step, Phase::Backward, mb, what, TaskKind::Backward, Some(u)),
+            TaskLabel::new(step, Phase::Backward, mb, what, TaskKind::Backward, Some(u))
+                .with_work(0.0, full * (c.bytes() + g.bytes())),
         );
         let mut bufs = flat;
         bufs.push(input);
@@ -197,7 +199,7 @@ impl Builder<'_> {
             self.cost.copy_s(2 * bytes),
             vec![t],
             vec![b],
-            TaskLabel::new(step, phase, mb, what, kind, Some(u)),
+            TaskLabel::new(step, phase, mb, what, kind, Some(u)).with_work(0.0, 2 * bytes),
         );
         if keep_to_end {
             self.fsdp2_fwd_tail = Some(flat);
@@ -266,13 +268,20 @@ impl Builder<'_> {
                 secs,
                 vec![after],
                 vec![b],
-                label(text!(self.names, "reduce-scatter {}", plan.units[u].name), TaskKind::ReduceScatter),
+                label(text!(self.names, "reduce-scatter {}", plan.units[u].name), TaskKind::ReduceScatter)
+                    .with_work(0.0, full_bytes),
             );
             self.free_at(t, &unsharded);
             let el = plan.units[u].shard_params;
             let secs = (el * crate::plan::OffloadConfig::GRAD_BYTES_PER_PARAM) as f64 / off.d2h_bytes_per_s;
             let what = text!(self.names, "copy {} gradient partition to host (fp32, D2H)", plan.units[u].name);
-            let d = self.task(self.d2h_stream, secs, vec![t], vec![], label(what, TaskKind::Send));
+            let d = self.task(
+                self.d2h_stream,
+                secs,
+                vec![t],
+                vec![],
+                label(what, TaskKind::Send).with_work(0.0, el * crate::plan::OffloadConfig::GRAD_BYTES_PER_PARAM),
+            );
             self.free_at(d, &[b]);
             self.step_comm.push(d);
             return;
@@ -298,7 +307,8 @@ impl Builder<'_> {
                 self.cost.copy_s(grad_bytes + full_bytes),
                 vec![after],
                 vec![input],
-                TaskLabel::new(step, Phase::Backward, mb, what, TaskKind::Backward, Some(u)),
+                TaskLabel::new(step, Phase::Backward, mb, what, TaskKind::Backward, Some(u))
+                    .with_work(0.0, grad_bytes + full_bytes),
             );
             self.free_at(c, &unsharded);
             unsharded = Vec::new();
@@ -359,7 +369,7 @@ impl Builder<'_> {
             secs,
             vec![after],
             alloc,
-            TaskLabel::new(step, Phase::Backward, mb, label.0, label.1, Some(u)),
+            TaskLabel::new(step, Phase::Backward, mb, label.0, label.1, Some(u)).with_work(0.0, full_bytes),
         );
         let mut f = unsharded;
         f.extend(tmp);
@@ -624,7 +634,7 @@ impl Builder<'_> {
             self.cost.copy_s(2 * bytes),
             vec![t],
             vec![b],
-            TaskLabel::new(step, Phase::Forward, mb, what, TaskKind::Forward, Some(u)),
+            TaskLabel::new(step, Phase::Forward, mb, what, TaskKind::Forward, Some(u)).with_work(0.0, 2 * bytes),
         );
         self.free_at(c, &[g]);
         self.post_fwd_shard[u] = Some(b);

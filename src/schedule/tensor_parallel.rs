@@ -48,7 +48,7 @@ impl Builder<'_> {
             _ => text!(self.names, "{}", op.name),
         };
         let u = self.plan.unit_of(op.region);
-        let label = TaskLabel::new(step, phase, mb, what, kind, Some(u)).with_region(op.region);
+        let label = TaskLabel::new(step, phase, mb, what, kind, Some(u)).with_region(op.region).with_work(0.0, bytes);
         self.use_compute_pool(&alloc);
         self.task(stream, secs, vec![after], alloc, label)
     }
@@ -101,12 +101,22 @@ impl Builder<'_> {
         let (step, mb) = (st.step, st.mb);
         let (secs, dgrad_share) = self.cost.backward_split(op);
         self.hw_flops += op.bwd_flops;
-        let label = |what: String| {
-            TaskLabel::new(step, Phase::Backward, mb, what, TaskKind::Backward, Some(u)).with_region(op.region)
+        let bytes = self.cost.backward_bytes(op);
+        // The two GEMMs do the same FLOPs (dX = dY W and dW = dY^T X); the HBM bytes split
+        // by time, as the roofline charged them.
+        let label = |what: String, share: f64| {
+            TaskLabel::new(step, Phase::Backward, mb, what, TaskKind::Backward, Some(u))
+                .with_region(op.region)
+                .with_work(op.bwd_flops / 2.0, (bytes as f64 * share) as u64)
         };
         let wgrad_alloc = alloc.split_off(n_input_grads);
-        let d =
-            self.task(COMPUTE, secs * dgrad_share, deps, alloc, label(text!(self.names, "{} (input grad)", op.name)));
+        let d = self.task(
+            COMPUTE,
+            secs * dgrad_share,
+            deps,
+            alloc,
+            label(text!(self.names, "{} (input grad)", op.name), dgrad_share),
+        );
         st.dgrad = Some(d);
         let wdeps = st.regather.take().into_iter().collect();
         self.task(
@@ -114,7 +124,7 @@ impl Builder<'_> {
             secs * (1.0 - dgrad_share),
             wdeps,
             wgrad_alloc,
-            label(text!(self.names, "{} (weight grad)", op.name)),
+            label(text!(self.names, "{} (weight grad)", op.name), 1.0 - dgrad_share),
         )
     }
 
