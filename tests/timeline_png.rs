@@ -6,6 +6,7 @@ use std::path::Path;
 
 use stepsim::report::timeline_png::{exposed_intervals, layout, MAX_GROUPS, MAX_HEIGHT};
 use stepsim::scenario::Scenario;
+use stepsim::schedule::StreamClass;
 
 /// A small GPT on `pipeline` A100s, one per stage, 1F1B over 2 x `pipeline` micro-batches.
 fn pipelined(pipeline: usize) -> Scenario {
@@ -126,10 +127,35 @@ fn the_red_band_is_the_reports_exposed_communication() {
     let sim = stepsim::simulate(&pipelined(4)).unwrap();
     for k in 0..4 {
         let (sc, tr, r) = (&sim.job.classes[k].schedule, &sim.run.traces[k], &sim.class_reports[k]);
-        let marked: u64 = exposed_intervals(sc, tr, &r.steps).iter().map(|(s, e)| e - s).sum();
+        let marked: u64 = exposed_intervals(sc, tr, &r.steps, StreamClass::Comm).iter().map(|(s, e)| e - s).sum();
         let reported: f64 = r.steps.iter().map(|s| s.exposed_comm_s).sum();
         assert!(reported > 0.0, "stage {k}: a pipeline exposes its transfers");
         let rel = (marked as f64 / 1e9 - reported).abs() / reported;
         assert!(rel < 0.02, "stage {k}: band {} s vs report {reported} s", marked as f64 / 1e9);
     }
+}
+
+/// FSDP with CPU offload: the step waits on the CPU's Adam, not on the network. The amber
+/// band is the report's `exposed_host_s`, the red band its `exposed_comm_s`, and the verdict
+/// names the host.
+#[test]
+fn offload_waits_on_the_host_not_on_communication() {
+    let s = Scenario::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/100b-8gpu-fsdp-cpu-offload.toml"))
+        .unwrap();
+    let sim = stepsim::simulate(&s).unwrap();
+    let (sc, tr, r) = (&sim.job.classes[0].schedule, &sim.run.traces[0], &sim.class_reports[0]);
+    let band = |which| exposed_intervals(sc, tr, &r.steps, which).iter().map(|(s, e)| e - s).sum::<u64>() as f64 / 1e9;
+    let st = r.steps.last().unwrap();
+    assert!(st.host_busy_s > 0.0 && st.exposed_host_s > 0.5 * st.time_s, "{st:?}");
+    assert!(st.exposed_comm_s < st.exposed_host_s, "{st:?}");
+    let (host, comm) = (band(StreamClass::Host), band(StreamClass::Comm));
+    let (host_r, comm_r): (f64, f64) =
+        (r.steps.iter().map(|s| s.exposed_host_s).sum(), r.steps.iter().map(|s| s.exposed_comm_s).sum());
+    assert!((host - host_r).abs() <= 0.02 * host_r, "host band {host} s vs report {host_r} s");
+    assert!((comm - comm_r).abs() <= 0.02 * comm_r.max(1e-3), "comm band {comm} s vs report {comm_r} s");
+    // The split adds up to the step.
+    let sum = st.compute_busy_s + st.exposed_comm_s + st.exposed_host_s + st.idle_s;
+    assert!((sum - st.time_s).abs() < 1e-6 * st.time_s, "{st:?}");
+    let v = &sim.report.throughput.as_ref().unwrap().verdict;
+    assert_eq!(v.bound, "host-bound", "{v:?}");
 }

@@ -99,11 +99,12 @@ class ModelState(TypedDict):
 
 
 class ThroughputVerdict(TypedDict):
-    """Whether the step is compute- or communication-bound, and why."""
+    """Whether the step is compute-, communication-, host- or overhead-bound, and why."""
 
     bound: str
     acceptable: bool
     exposed_comm_fraction: float
+    exposed_host_fraction: float
     mfu: float
     reason: str
 
@@ -151,9 +152,11 @@ class StepTiming(TypedDict):
     time_s: float
     compute_busy_s: float
     comm_busy_s: float
+    host_busy_s: float
     compute_idle_s: float
     recompute_s: float
     exposed_comm_s: float
+    exposed_host_s: float
     idle_s: float
 
 

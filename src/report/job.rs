@@ -240,7 +240,7 @@ fn finish(r: &mut Report, s: &Scenario, job: &Job, figures: &[ClassFigures], spa
         t.start_s = a as f64 / 1e9;
         t.time_s = dur;
         t.compute_idle_s = (dur - t.compute_busy_s).max(0.0);
-        t.idle_s = (dur - t.compute_busy_s - t.exposed_comm_s).max(0.0);
+        t.idle_s = (dur - t.compute_busy_s - t.exposed_comm_s - t.exposed_host_s).max(0.0);
         steps.push(t);
     }
     let plan = &job.classes[0].plan;

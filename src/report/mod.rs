@@ -23,7 +23,7 @@ use crate::memory::Category;
 use crate::model::LayerDag;
 use crate::plan::{ModelState, Plan};
 use crate::scenario::Scenario;
-use crate::schedule::{Phase, Schedule, TaskKind};
+use crate::schedule::{Phase, Schedule, StreamClass, TaskKind};
 
 /// Bytes shown both ways: GB = 1e9 bytes, GiB = 2^30 bytes.
 #[derive(Debug, Clone, Copy, Serialize, PartialEq)]
@@ -129,16 +129,23 @@ pub struct StepTiming {
     pub start_s: f64,
     pub time_s: f64,
     pub compute_busy_s: f64,
-    /// Time any communication stream (collectives, pipeline transfers, host copies) runs.
+    /// Time any communication stream (collectives, pipeline transfers) runs.
     pub comm_busy_s: f64,
+    /// Time any host stream runs under offload (PCIe copies, NVMe, the CPU optimizer step:
+    /// [`crate::schedule::HOST_STREAMS`]); 0 without offload.
+    pub host_busy_s: f64,
     /// Compute stream idle inside the step: waiting for a collective (exposed communication).
     pub compute_idle_s: f64,
     /// Compute time spent recomputing forward ops under activation checkpointing.
     pub recompute_s: f64,
     /// Communication time not hidden behind compute: the compute stream idle while a
-    /// collective runs.
+    /// collective or pipeline transfer runs.
     pub exposed_comm_s: f64,
-    /// Compute stream idle with no collective running either (dependencies, latency).
+    /// Host work not hidden behind compute or communication: the compute stream idle, no
+    /// collective running, while offload's host work runs (the CPU optimizer step, PCIe
+    /// copies, NVMe).
+    pub exposed_host_s: f64,
+    /// Compute stream idle with nothing else running either (dependencies, latency).
     pub idle_s: f64,
 }
 
@@ -510,8 +517,8 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
             /// Busy nanoseconds of the compute stream (communication is measured as a union below).
             busy: u64,
             recompute: u64,
-            /// Intervals of the compute and the communication streams.
-            intervals: [Vec<(u64, u64)>; 2],
+            /// Intervals of the compute, the communication and the host streams.
+            intervals: [Vec<(u64, u64)>; 3],
         }
         let n = plan.training.steps as usize;
         let mut acc: Vec<Acc> = (0..n).map(|_| Acc { start: u64::MAX, ..Default::default() }).collect();
@@ -523,7 +530,11 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
             let Some(a) = acc.get_mut(l.step as usize - 1) else { continue };
             a.start = a.start.min(trace.start_ns[i]);
             a.end = a.end.max(trace.end_ns[i]);
-            let st = t.stream.min(1) as usize;
+            let st = match sched.stream_class(t.stream) {
+                StreamClass::Compute => 0,
+                StreamClass::Comm => 1,
+                StreamClass::Host => 2,
+            };
             if st == 0 {
                 a.busy += t.duration_ns;
             }
@@ -546,16 +557,19 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
             }
             let start = prev_end.unwrap_or(a.start);
             prev_end = Some(end);
-            let [compute, comm] = &mut a.intervals;
+            let [compute, comm, host] = &mut a.intervals;
             // Exposure within the period: work begun before it is clipped to its start.
-            for v in [&mut *compute, &mut *comm] {
+            for v in [&mut *compute, &mut *comm, &mut *host] {
                 v.retain(|&(_, e)| e > start);
                 v.iter_mut().for_each(|x| x.0 = x.0.max(start));
             }
             let exposed = uncovered(comm, compute);
+            // Host work counts as exposed only where neither compute nor a collective covers it.
+            let mut covering: Vec<(u64, u64)> = compute.iter().chain(comm.iter()).copied().collect();
+            let exposed_host = uncovered(host, &mut covering);
             // Communication streams overlap one another (tensor-parallel, data-parallel,
-            // pipeline, host copies): their busy time is the time any of them runs.
-            let comm_busy = union_len(comm);
+            // pipeline): their busy time is the time any of them runs; the same for host work.
+            let (comm_busy, host_busy) = (union_len(comm), union_len(host));
             let dur = end - start;
             steps.push(StepTiming {
                 step: k,
@@ -563,10 +577,12 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
                 time_s: dur as f64 / 1e9,
                 compute_busy_s: busy as f64 / 1e9,
                 comm_busy_s: comm_busy as f64 / 1e9,
+                host_busy_s: host_busy as f64 / 1e9,
                 compute_idle_s: dur.saturating_sub(busy) as f64 / 1e9,
                 recompute_s: recompute as f64 / 1e9,
                 exposed_comm_s: exposed as f64 / 1e9,
-                idle_s: dur.saturating_sub(busy).saturating_sub(exposed) as f64 / 1e9,
+                exposed_host_s: exposed_host as f64 / 1e9,
+                idle_s: dur.saturating_sub(busy).saturating_sub(exposed).saturating_sub(exposed_host) as f64 / 1e9,
             });
         }
     }
@@ -1021,35 +1037,53 @@ pub const EXPOSED_COMM_ACCEPTABLE: f64 = 0.15;
 /// "How fast", kept apart from "does it fit".
 #[derive(Debug, Clone, Serialize)]
 pub struct ThroughputVerdict {
-    /// "compute-bound", "communication-bound" or "overhead-bound".
+    /// "compute-bound", "communication-bound", "host-bound" (offload's host work: the CPU
+    /// optimizer step, PCIe copies, NVMe) or "overhead-bound".
     pub bound: &'static str,
     pub acceptable: bool,
     pub exposed_comm_fraction: f64,
+    pub exposed_host_fraction: f64,
     pub mfu: f64,
     pub reason: String,
 }
 
 pub fn throughput_verdict(st: &StepTiming, mfu: f64) -> ThroughputVerdict {
     let exposed = st.exposed_comm_s / st.time_s.max(1e-12);
+    let host = st.exposed_host_s / st.time_s.max(1e-12);
     let idle = st.idle_s / st.time_s.max(1e-12);
-    let bound = if exposed > EXPOSED_COMM_ACCEPTABLE && exposed >= idle {
+    // The largest wait past the threshold names the bound.
+    let bound = if host > EXPOSED_COMM_ACCEPTABLE && host >= exposed && host >= idle {
+        "host-bound"
+    } else if exposed > EXPOSED_COMM_ACCEPTABLE && exposed >= idle {
         "communication-bound"
     } else if idle > EXPOSED_COMM_ACCEPTABLE {
         "overhead-bound"
     } else {
         "compute-bound"
     };
-    let acceptable = mfu >= MFU_ACCEPTABLE && exposed <= EXPOSED_COMM_ACCEPTABLE;
-    let reason = format!(
+    let acceptable = mfu >= MFU_ACCEPTABLE && exposed <= EXPOSED_COMM_ACCEPTABLE && host <= EXPOSED_COMM_ACCEPTABLE;
+    let cmp = |x: f64| if x <= EXPOSED_COMM_ACCEPTABLE { "<=" } else { ">" };
+    let mut reason = format!(
         "MFU {:.1}% ({} {:.0}%), {:.1}% of the step waits on communication ({} {:.0}%)",
         mfu * 100.0,
         if mfu >= MFU_ACCEPTABLE { ">=" } else { "<" },
         MFU_ACCEPTABLE * 100.0,
         exposed * 100.0,
-        if exposed <= EXPOSED_COMM_ACCEPTABLE { "<=" } else { ">" },
+        cmp(exposed),
         EXPOSED_COMM_ACCEPTABLE * 100.0
     );
-    ThroughputVerdict { bound, acceptable, exposed_comm_fraction: round4(exposed), mfu: round4(mfu), reason }
+    if st.host_busy_s > 0.0 {
+        reason +=
+            &format!(", {:.1}% on host work ({} {:.0}%)", host * 100.0, cmp(host), EXPOSED_COMM_ACCEPTABLE * 100.0);
+    }
+    ThroughputVerdict {
+        bound,
+        acceptable,
+        exposed_comm_fraction: round4(exposed),
+        exposed_host_fraction: round4(host),
+        mfu: round4(mfu),
+        reason,
+    }
 }
 
 /// Phase spans of the compute stream, for shading plots: (step, phase, start_ns, end_ns).
@@ -1254,9 +1288,11 @@ mod tests {
             time_s: compute + exposed + idle,
             compute_busy_s: compute,
             comm_busy_s: exposed,
+            host_busy_s: 0.0,
             compute_idle_s: exposed + idle,
             recompute_s: 0.0,
             exposed_comm_s: exposed,
+            exposed_host_s: 0.0,
             idle_s: idle,
         };
         let v = throughput_verdict(&st(9.0, 1.0, 0.0), 0.45);
@@ -1265,5 +1301,10 @@ mod tests {
         assert!(!v.acceptable && v.bound == "communication-bound");
         let v = throughput_verdict(&st(5.0, 0.0, 5.0), 0.2);
         assert!(!v.acceptable && v.bound == "overhead-bound");
+        // Offload: the compute stream waits on the CPU's optimizer step.
+        let host = StepTiming { host_busy_s: 8.0, exposed_host_s: 7.0, idle_s: 0.0, ..st(3.0, 0.0, 7.0) };
+        let v = throughput_verdict(&host, 0.1);
+        assert!(!v.acceptable && v.bound == "host-bound", "{v:?}");
+        assert!(v.reason.contains("70.0% on host work"), "{}", v.reason);
     }
 }

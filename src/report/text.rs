@@ -492,7 +492,7 @@ fn offload(x: &super::OffloadReport, o: &mut String) {
     if let (Some(a), Some(b)) = (x.step_time_with_s, x.step_time_without_s) {
         let _ = writeln!(
             o,
-            "           step time {a:.3} s with offload vs {b:.3} s without it ({:+.1}%; without offload, memory unbounded); host copies, NVMe and the CPU step count as communication in the time split below",
+            "           step time {a:.3} s with offload vs {b:.3} s without it ({:+.1}%; without offload, memory unbounded); host copies, NVMe and the CPU step count as host work in the time split below",
             100.0 * (a / b - 1.0)
         );
     }
@@ -634,20 +634,40 @@ fn time(r: &Report, s: &Scenario, o: &mut String) {
     if !r.steps.is_empty() {
         let _ = writeln!(o, "\nTime");
         for st in &r.steps {
-            let _ = writeln!(
-                o,
-                "  step {}: {:.3} s (compute busy {:.3} s, communication busy {:.3} s, compute idle {:.3} s)",
-                st.step, st.time_s, st.compute_busy_s, st.comm_busy_s, st.compute_idle_s
-            );
-            let _ = writeln!(
-                o,
-                "          split: compute {:.3} s, exposed communication {:.3} s, idle {:.3} s; busy: compute {:.0}%, communication {:.0}% (any collective or transfer running)",
-                st.compute_busy_s,
-                st.exposed_comm_s,
-                st.idle_s,
-                100.0 * st.compute_busy_s / st.time_s.max(1e-12),
-                100.0 * st.comm_busy_s / st.time_s.max(1e-12)
-            );
+            let pct = |x: f64| 100.0 * x / st.time_s.max(1e-12);
+            if st.host_busy_s > 0.0 {
+                let _ = writeln!(
+                    o,
+                    "  step {}: {:.3} s (compute busy {:.3} s, communication busy {:.3} s, host busy {:.3} s, compute idle {:.3} s)",
+                    st.step, st.time_s, st.compute_busy_s, st.comm_busy_s, st.host_busy_s, st.compute_idle_s
+                );
+                let _ = writeln!(
+                    o,
+                    "          split: compute {:.3} s, exposed communication {:.3} s, exposed host work {:.3} s, idle {:.3} s; busy: compute {:.0}%, communication {:.0}% (any collective or transfer running), host {:.0}% (CPU optimizer step, PCIe copies, NVMe)",
+                    st.compute_busy_s,
+                    st.exposed_comm_s,
+                    st.exposed_host_s,
+                    st.idle_s,
+                    pct(st.compute_busy_s),
+                    pct(st.comm_busy_s),
+                    pct(st.host_busy_s)
+                );
+            } else {
+                let _ = writeln!(
+                    o,
+                    "  step {}: {:.3} s (compute busy {:.3} s, communication busy {:.3} s, compute idle {:.3} s)",
+                    st.step, st.time_s, st.compute_busy_s, st.comm_busy_s, st.compute_idle_s
+                );
+                let _ = writeln!(
+                    o,
+                    "          split: compute {:.3} s, exposed communication {:.3} s, idle {:.3} s; busy: compute {:.0}%, communication {:.0}% (any collective or transfer running)",
+                    st.compute_busy_s,
+                    st.exposed_comm_s,
+                    st.idle_s,
+                    pct(st.compute_busy_s),
+                    pct(st.comm_busy_s)
+                );
+            }
             if st.recompute_s > 0.0 {
                 let base = st.compute_busy_s - st.recompute_s;
                 let _ = writeln!(o, "          activation checkpointing recomputes for {:.3} s: +{:.1}% compute over the same step without it", st.recompute_s, 100.0 * st.recompute_s / base.max(1e-12));

@@ -17,7 +17,9 @@
 //!   `steps[].start_s .. start_s + time_s` of that class's report), the time the class's
 //!   compute stream (stream 0) runs nothing while any of its communication streams runs a
 //!   task. This is the rule behind report.json's `exposed_comm_s`, drawn where it happens;
-//!   a column is marked when any of its time is exposed.
+//!   a column is marked when any of its time is exposed. Under offload, the time compute
+//!   waits on host work alone (the CPU optimizer step, PCIe copies, NVMe: `exposed_host_s`)
+//!   is a black band in the same strip, so a CPU-bound step does not read as a network one.
 //! - **Step boundaries**: a vertical line at each step's start (the job report's
 //!   `steps[].start_s`, or for a run without step timings (an OOM) the first start of each
 //!   step's tasks), labelled "step 1", "step 2", ...
@@ -34,7 +36,7 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 use super::png::{ensure_font, fit_text, fmt_num, tick_decimals, FONT};
 use super::StepTiming;
 use crate::engine::Trace;
-use crate::schedule::{Schedule, TaskKind};
+use crate::schedule::{Schedule, StreamClass, TaskKind};
 
 /// Same width and legend column as memory.png, so the time axes line up.
 const WIDTH: u32 = 1400;
@@ -61,6 +63,9 @@ pub const MAX_HEIGHT: u32 = 1100;
 
 const IDLE: RGBColor = RGBColor(0xE4, 0xE4, 0xE4);
 const EXPOSED: RGBColor = RGBColor(0xD0, 0x00, 0x00);
+/// Exposed host work: black, apart from the red of exposed communication under every
+/// colour-vision deficiency, and from every task colour.
+const EXPOSED_HOST: RGBColor = RGBColor(0x00, 0x00, 0x00);
 const STEP_LINE: RGBColor = RGBColor(0x20, 0x20, 0x20);
 const TEXT: RGBColor = RGBColor(0x20, 0x20, 0x20);
 
@@ -275,9 +280,10 @@ fn merged(mut v: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
     out
 }
 
-/// The exposed-communication intervals of one class (see the module doc): inside each step
-/// period, the union of its communication tasks minus the union of its compute tasks.
-pub fn exposed_intervals(sched: &Schedule, trace: &Trace, steps: &[StepTiming]) -> Vec<(u64, u64)> {
+/// The exposed intervals of one class (see the module doc): inside each step period, the
+/// union of its tasks on streams of class `which` (communication, or host work) minus the
+/// union of what covers them (compute; for host work, compute and communication).
+pub fn exposed_intervals(sched: &Schedule, trace: &Trace, steps: &[StepTiming], which: StreamClass) -> Vec<(u64, u64)> {
     let mut compute = Vec::new();
     let mut comm = Vec::new();
     for (i, t) in sched.program.tasks.iter().enumerate() {
@@ -285,10 +291,11 @@ pub fn exposed_intervals(sched: &Schedule, trace: &Trace, steps: &[StepTiming]) 
         if s == u64::MAX || e == u64::MAX || e <= s {
             continue;
         }
-        if t.stream == 0 {
-            compute.push((s, e));
-        } else {
+        let class = sched.stream_class(t.stream);
+        if class == which {
             comm.push((s, e));
+        } else if class == StreamClass::Compute || which == StreamClass::Host {
+            compute.push((s, e));
         }
     }
     let (compute, comm) = (merged(compute), merged(comm));
@@ -494,6 +501,15 @@ fn font(size: f64) -> TextStyle<'static> {
 
 fn header_text(g: &Group) -> String {
     match g.steps.last() {
+        Some(st) if st.host_busy_s > 0.0 => format!(
+            "{} - step {}: {} s; compute idle {} s, of which exposed communication {} s, host work {} s",
+            g.name,
+            st.step,
+            fmt_num(st.time_s, 3),
+            fmt_num(st.compute_idle_s, 3),
+            fmt_num(st.exposed_comm_s, 3),
+            fmt_num(st.exposed_host_s, 3)
+        ),
         Some(st) => format!(
             "{} - step {}: {} s; compute idle {} s, of which exposed communication {} s",
             g.name,
@@ -593,10 +609,12 @@ fn render(path: &Path, title: &str, groups: &[Group], lay: &Layout, job_steps: &
         draw_blocks(&blocks(&raster.shares(tasks_of(g, |s| s == 0)), raster.ns_per_col), y, y + h)?;
         left(&g.sched.program.streams.first().cloned().unwrap_or_else(|| "compute".into()), y + h / 2, 14.0)?;
         y += h;
-        let exposed = raster.marked(&exposed_intervals(g.sched, g.trace, g.steps));
-        for (a, b, _) in runs(&exposed) {
-            root.draw(&rect(px0 + a as i32, px0 + b as i32, y, y + geo.exposed as i32 - 1, EXPOSED))
-                .map_err(e("exposed communication"))?;
+        for (which, color) in [(StreamClass::Comm, EXPOSED), (StreamClass::Host, EXPOSED_HOST)] {
+            let exposed = raster.marked(&exposed_intervals(g.sched, g.trace, g.steps, which));
+            for (a, b, _) in runs(&exposed) {
+                root.draw(&rect(px0 + a as i32, px0 + b as i32, y, y + geo.exposed as i32 - 1, color))
+                    .map_err(e("exposed communication"))?;
+            }
         }
         y += geo.exposed as i32;
         // Communication: a row per stream, or one row for all of them.
@@ -650,6 +668,7 @@ fn render(path: &Path, title: &str, groups: &[Group], lay: &Layout, job_steps: &
         root.draw_text(&format!("step {step}"), &style, (x + 3, py0 - 3)).map_err(e("step label"))?;
     }
     // Legend: task kinds present, then what the marks mean.
+    let host = lay.drawn.iter().any(|&g| groups[g].steps.iter().any(|st| st.host_busy_s > 0.0));
     let present: Vec<bool> = (0..ENTRIES.len())
         .map(|k| lay.drawn.iter().any(|&g| groups[g].sched.labels.iter().any(|l| entry(l.kind) == k)))
         .collect();
@@ -681,6 +700,17 @@ fn render(path: &Path, title: &str, groups: &[Group], lay: &Layout, job_steps: &
         legend_area.draw(&Text::new(*line, (54, ly + 18 * i as i32), font(15.0))).map_err(e("legend"))?;
     }
     ly += LEGEND_ROW as i32 + 36;
+    if host {
+        legend_area.draw(&Rectangle::new([(20, ly + 6), (44, ly + 10)], EXPOSED_HOST.filled())).map_err(e("legend"))?;
+        for (i, line) in
+            ["exposed host work: compute idle", "while only offload's CPU step,", "PCIe copies or NVMe run"]
+                .iter()
+                .enumerate()
+        {
+            legend_area.draw(&Text::new(*line, (54, ly + 18 * i as i32), font(15.0))).map_err(e("legend"))?;
+        }
+        ly += LEGEND_ROW as i32 + 36;
+    }
     legend_area.draw(&Rectangle::new([(31, ly), (32, ly + 16)], STEP_LINE.filled())).map_err(e("legend"))?;
     legend_area.draw(&Text::new("step start", (54, ly), font(15.0))).map_err(e("legend"))?;
     // The note: which classes are drawn and which are left out.

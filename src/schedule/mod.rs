@@ -97,6 +97,34 @@ pub struct Schedule {
     pub hardware_flops_per_step: f64,
 }
 
+/// The streams that run host work under offload rather than GPU-to-GPU communication: PCIe
+/// copies to and from the host, NVMe transfers, and the CPU optimizer step. A report counts
+/// compute waiting on them apart from compute waiting on collectives, so an offloaded job
+/// whose step is the CPU's Adam does not read as communication-bound.
+pub const HOST_STREAMS: [&str; 4] = ["h2d", "d2h", "nvme", "cpu"];
+
+/// What a stream runs, for splitting a step's time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamClass {
+    Compute,
+    /// Collectives and pipeline transfers (NCCL, tensor/expert parallel, p2p, copy-in).
+    Comm,
+    /// [`HOST_STREAMS`].
+    Host,
+}
+
+impl Schedule {
+    pub fn stream_class(&self, stream: u16) -> StreamClass {
+        if stream == COMPUTE {
+            StreamClass::Compute
+        } else if HOST_STREAMS.contains(&self.program.streams[stream as usize].as_str()) {
+            StreamClass::Host
+        } else {
+            StreamClass::Comm
+        }
+    }
+}
+
 struct Builder<'a> {
     dag: &'a LayerDag,
     plan: &'a Plan,
