@@ -698,6 +698,30 @@ fn cases() -> Vec<Case> {
             &["leaves nothing", "1000000-byte device"],
         ),
         case(
+            "a size in bits",
+            b().set("hardware", "memory_capacity", "\"80Gb\""),
+            "hardware.memory_capacity",
+            &["\"80Gb\": unknown unit", "lowercase b is bits", "\"80GiB\" (2^30)"],
+        ),
+        case(
+            "a size that is not a whole number of bytes",
+            b().set("allocator", "nccl_buffers", "\"0.5B\""),
+            "allocator.nccl_buffers",
+            &["\"0.5B\" is not a whole number of bytes"],
+        ),
+        case(
+            "a fractional float size",
+            b().set("hardware", "cuda_context", "5.5e-1"),
+            "hardware.cuda_context",
+            &["0.55 is not a whole number of bytes"],
+        ),
+        case(
+            "a size past i64",
+            b().set("offload", "cpu_memory", "\"9e9TiB\""),
+            "offload.cpu_memory",
+            &["is more than 9223372036854775807 bytes"],
+        ),
+        case(
             "too many steps",
             b().set("training", "steps", "1000"),
             "training.steps",

@@ -7,6 +7,10 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScenarioFile {
+    /// `extends = "base.toml"`: resolved when a file is loaded ([`super::extends`]); one
+    /// that reaches validation (scenario text or a value tree given directly) is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extends: Option<toml::Value>,
     /// Defaults to the file stem.
     pub name: Option<String>,
     pub description: Option<String>,
@@ -121,8 +125,10 @@ pub struct OffloadSection {
     /// `CPUOffload(offload_params=True)`) | "none" (default).
     pub parameters: Option<String>,
     /// Host memory per node, bytes (default 2 TB, a DGX A100 / H100).
+    #[serde(default, deserialize_with = "super::byte_size::opt")]
     pub cpu_memory: Option<i64>,
     /// NVMe capacity per node, bytes (default 30.72 TB, a DGX H100's eight 3.84 TB drives).
+    #[serde(default, deserialize_with = "super::byte_size::opt")]
     pub nvme_capacity: Option<i64>,
     /// Pinned copy bandwidth per GPU, GB/s (default from the GPU's PCIe generation).
     pub h2d_gb_per_s: Option<f64>,
@@ -245,8 +251,10 @@ pub struct HardwareSection {
     pub gpus: i64,
     pub gpus_per_node: Option<i64>,
     /// Overrides the catalog's device memory, bytes.
+    #[serde(default, deserialize_with = "super::byte_size::opt")]
     pub memory_capacity: Option<i64>,
     /// Memory outside PyTorch's allocator (CUDA context, libraries), bytes.
+    #[serde(default, deserialize_with = "super::byte_size::opt")]
     pub cuda_context: Option<i64>,
     /// `CUDA_MODULE_LOADING`: "lazy" (the default since CUDA 11.7 / PyTorch 2.0) or "eager"
     /// (older stacks): picks the CUDA context's default size.
@@ -375,8 +383,10 @@ pub struct AllocatorSection {
     /// Any of "after_init", "after_forward", "after_backward", "after_optimizer", "after_step".
     pub empty_cache: Option<Vec<String>>,
     /// Bytes of one cuBLAS workspace (default: PyTorch's for the GPU).
+    #[serde(default, deserialize_with = "super::byte_size::opt")]
     pub cublas_workspace: Option<i64>,
     /// NCCL communicator buffers per GPU, bytes (default: estimated from the communicators).
+    #[serde(default, deserialize_with = "super::byte_size::opt")]
     pub nccl_buffers: Option<i64>,
 }
 

@@ -2,8 +2,10 @@
 //! config says, defaults, and validation with errors that name the file and the field.
 
 mod allocator;
+pub mod byte_size;
 mod deepspeed;
 pub mod error;
+pub mod extends;
 mod file;
 mod fp8;
 mod inference;
@@ -87,38 +89,25 @@ pub struct Scenario {
 
 impl Scenario {
     /// Reads and validates a scenario file.
+    /// Reads and validates a scenario file, with its chain of bases when it says
+    /// `extends = "base.toml"` ([`extends`]).
     pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
-        let bytes = std::fs::read(path)
-            .map_err(|e| ScenarioError::new(path, "", format!("cannot read the scenario file: {e}")))?;
-        let src = String::from_utf8(bytes).map_err(|e| {
-            let ok = &e.as_bytes()[..e.utf8_error().valid_up_to()];
-            let (line, col) = line_col(&String::from_utf8_lossy(ok));
-            ScenarioError::new(
-                path,
-                "",
-                format!(
-                    "cannot read the scenario file: line {line}, column {col}: not UTF-8 text (TOML files are UTF-8)"
-                ),
-            )
-        })?;
-        Scenario::from_toml(path, &src)
+        let src = read_text(path)?;
+        let extends = toml::from_str::<toml::Table>(&src).is_ok_and(|t| t.contains_key("extends"));
+        if !extends {
+            return Scenario::from_toml(path, &src);
+        }
+        let (table, chain) = extends::resolve(path)?;
+        Scenario::from_value(path, toml::Value::Table(table)).map_err(|mut e| {
+            let bases: Vec<String> = chain[1..].iter().map(|p| p.display().to_string()).collect();
+            e.message = format!("{} (in the scenario as it extends {})", e.message, bases.join(", which extends "));
+            e
+        })
     }
 
     /// Parses and validates scenario text; `path` names it in errors.
     pub fn from_toml(path: &Path, src: &str) -> Result<Scenario, ScenarioError> {
-        // TOML allows no control character but tab (and CR before LF), even in a comment;
-        // the parser's own message for one is empty.
-        let bad = src
-            .char_indices()
-            .find(|&(i, c)| c.is_control() && c != '\t' && c != '\n' && !(c == '\r' && src[i + 1..].starts_with('\n')));
-        if let Some((i, c)) = bad {
-            let (line, col) = line_col(&src[..i]);
-            return Err(ScenarioError::new(
-                path,
-                "",
-                format!("line {line}, column {col}: control character U+{:04X} is not allowed in TOML, not even in a comment", c as u32),
-            ));
-        }
+        check_control(path, src)?;
         let file: ScenarioFile = toml::from_str(src).map_err(|e| error::from_toml(path, src, &e))?;
         let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "scenario".into());
         validate(path, &stem, file)
@@ -482,6 +471,12 @@ impl V<'_> {
 
 fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, ScenarioError> {
     let v = V { path };
+    if f.extends.is_some() {
+        return Err(v.err(
+            "extends",
+            "a base is read only when a scenario is loaded from its file (stepsim run / check / explain, or a sweep's base = \"path\"); an inline sweep base cannot extend one",
+        ));
+    }
     // --- model
     let m = &f.model;
     let hf = model_source::hf_model(&v, m)?;
@@ -1282,6 +1277,43 @@ fn validate_torch_version(v: &V, x: Option<&str>) -> Result<(u16, u16), Scenario
 }
 
 /// The 1-based line and column just after `before` (the text up to a position).
+/// A scenario file's text: UTF-8, and no control character TOML refuses (errors with the
+/// line and column, which the parser's own messages lack).
+pub(crate) fn read_text(path: &Path) -> Result<String, ScenarioError> {
+    let bytes =
+        std::fs::read(path).map_err(|e| ScenarioError::new(path, "", format!("cannot read the scenario file: {e}")))?;
+    let src = String::from_utf8(bytes).map_err(|e| {
+        let ok = &e.as_bytes()[..e.utf8_error().valid_up_to()];
+        let (line, col) = line_col(&String::from_utf8_lossy(ok));
+        ScenarioError::new(
+            path,
+            "",
+            format!("cannot read the scenario file: line {line}, column {col}: not UTF-8 text (TOML files are UTF-8)"),
+        )
+    })?;
+    check_control(path, &src)?;
+    Ok(src)
+}
+
+/// TOML allows no control character but tab (and CR before LF), even in a comment; the
+/// parser's own message for one is empty.
+fn check_control(path: &Path, src: &str) -> Result<(), ScenarioError> {
+    let bad = src
+        .char_indices()
+        .find(|&(i, c)| c.is_control() && c != '\t' && c != '\n' && !(c == '\r' && src[i + 1..].starts_with('\n')));
+    match bad {
+        Some((i, c)) => {
+            let (line, col) = line_col(&src[..i]);
+            Err(ScenarioError::new(
+                path,
+                "",
+                format!("line {line}, column {col}: control character U+{:04X} is not allowed in TOML, not even in a comment", c as u32),
+            ))
+        }
+        None => Ok(()),
+    }
+}
+
 fn line_col(before: &str) -> (usize, usize) {
     let line = before.matches('\n').count() + 1;
     let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;

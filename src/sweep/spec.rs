@@ -294,15 +294,18 @@ impl SweepSpec {
             Some(toml::Value::String(p)) => {
                 let dir = path.parent().unwrap_or(Path::new("."));
                 let bp = dir.join(&p);
-                let text = std::fs::read_to_string(&bp).map_err(|e| {
-                    SweepError::field(path, "base", format!("cannot read the base scenario `{}`: {e}", bp.display()))
-                })?;
-                // The base must be a valid scenario on its own: errors name its file and line.
-                let base = Scenario::from_toml(&bp, &text).map_err(|e| SweepError::scenario(&e))?;
+                if let Err(e) = std::fs::metadata(&bp) {
+                    return Err(SweepError::field(
+                        path,
+                        "base",
+                        format!("cannot read the base scenario `{}`: {e}", bp.display()),
+                    ));
+                }
+                // The base must be a valid scenario on its own (its own `extends` resolved):
+                // errors name its file and line.
+                let base = Scenario::load(&bp).map_err(|e| SweepError::scenario(&e))?;
                 training_only(path, &base)?;
-                let table: toml::Table = toml::from_str(&text).map_err(|e| {
-                    SweepError::scenario(&crate::scenario::error::from_toml(&bp, &text, &e))
-                })?;
+                let (table, _) = crate::scenario::extends::resolve(&bp).map_err(|e| SweepError::scenario(&e))?;
                 (table, bp)
             }
             Some(toml::Value::Table(t)) => {
