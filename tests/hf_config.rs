@@ -16,6 +16,11 @@ use stepsim::scenario::Scenario;
 /// `model.safetensors.index.json` total size over 2 bytes (BF16), tests/fixtures/hf/README.md.
 const PUBLISHED: &[(&str, u64)] = &[
     ("gemma-7b", 8_537_680_896),
+    // openai-community/gpt2 and gpt2-xl: one model.safetensors each (no index); the counts are
+    // transformers' GPT2LMHeadModel.num_parameters(), and nanoGPT's from_pretrained prints
+    // 123.65M and 1555.97M for them, the same less the 1024 x n_embd position table.
+    ("gpt2", 124_439_808),
+    ("gpt2-xl", 1_557_611_200),
     ("llama-3.1-8b", 8_030_261_248),
     ("llama-3.1-70b", 70_553_706_496),
     ("llama-3.1-405b", 405_853_388_800),
@@ -73,7 +78,7 @@ fn scenario(model: &str, extra_model: &str, seq: u64) -> String {
 fn every_zoo_model_has_its_published_parameter_count() {
     assert_eq!(PUBLISHED.len(), stepsim::model::hf::ZOO.len(), "every zoo model has a published count here");
     for &(name, published) in PUBLISHED {
-        let s = Scenario::from_toml(Path::new("<zoo>"), &scenario(&format!("name = \"{name}\""), "", 2048))
+        let s = Scenario::from_toml(Path::new("<zoo>"), &scenario(&format!("name = \"{name}\""), "", 1024))
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let dag = stepsim::model::build(&s.model, &s.workload);
         println!("{name:<18} {published:>16} closed form {:>16} DAG {:>16}", s.model.param_count(), dag.param_count());
@@ -103,7 +108,7 @@ fn mixture_of_experts_zoo_models_have_their_active_parameter_counts() {
             "{name}: {billions:.3}B active, the card says {card_billions}B"
         );
         // The scenario reads the same experts from the zoo name.
-        let s = Scenario::from_toml(Path::new("<zoo>"), &scenario(&format!("name = \"{name}\""), "", 2048)).unwrap();
+        let s = Scenario::from_toml(Path::new("<zoo>"), &scenario(&format!("name = \"{name}\""), "", 1024)).unwrap();
         assert_eq!(s.model.moe.as_ref(), Some(&m), "{name}: the scenario's experts");
         assert_eq!(s.model.active_param_count(), active, "{name}: the scenario's active count");
     }

@@ -7,6 +7,7 @@
 //! | `model_type` | what differs from Llama | transformers class |
 //! |---|---|---|
 //! | llama | (Llama 1 to 3.3) | `LlamaConfig` |
+//! | gpt2 | stepsim's gpt family: LayerNorm, GELU MLP of `n_inner` (4 x `n_embd`), biases everywhere, a learned position table of `n_positions` (1024) rows, tied embeddings; `n_embd` (768), `n_layer` (12), `n_head` (12), `vocab_size` (50257); dropout `resid_pdrop` (0.1) | `GPT2Config` |
 //! | mistral | sliding-window attention when `sliding_window` is set | `MistralConfig` |
 //! | qwen2 | biases on q, k and v | `Qwen2Config` |
 //! | qwen3 | `head_dim`; RMSNorm of each q and k head (`q_norm`, `k_norm`) | `Qwen3Config` |
@@ -59,9 +60,18 @@ pub struct HfModel {
     pub moe: Option<super::MoeConfig>,
     /// Multi-head latent attention, for the DeepSeek types.
     pub mla: Option<super::MlaConfig>,
+    /// Dropout in training (GPT-2's `resid_pdrop`; 0 for the types whose configs set none).
+    pub dropout: f64,
 }
 
 impl HfModel {
+    /// The position table's rows a config fixes, where they are parameters (GPT-2's
+    /// `n_positions`; rotary models have no table): the model's `max_seq_len` unless the
+    /// scenario sets one.
+    pub fn position_table(&self) -> Option<u64> {
+        (self.family == Family::Gpt).then_some(self.max_position_embeddings).flatten()
+    }
+
     /// The config as stepsim's model, with no field overridden.
     pub fn model_config(&self, max_seq_len: u64) -> super::ModelConfig {
         super::ModelConfig {
@@ -74,7 +84,7 @@ impl HfModel {
             vocab: self.vocab,
             max_seq_len,
             tie_embeddings: self.tie_embeddings,
-            dropout: 0.0,
+            dropout: self.dropout,
             embedding_norm: false,
             head_dim_override: self.head_dim,
             qkv_bias: self.qkv_bias,
@@ -87,6 +97,7 @@ impl HfModel {
 
 /// The model types this module reads.
 pub const SUPPORTED: &[&str] = &[
+    "gpt2",
     "llama",
     "mistral",
     "qwen2",
@@ -149,6 +160,9 @@ pub fn parse(text: &str) -> Result<HfModel, String> {
             "key `model_type`: \"{model_type}\" is not supported; supported: {}",
             SUPPORTED.join(", ")
         ));
+    }
+    if model_type == "gpt2" {
+        return gpt2(&o);
     }
     let is_moe = MOE_TYPES.contains(&model_type.as_str());
     if !is_moe {
@@ -234,6 +248,43 @@ pub fn parse(text: &str) -> Result<HfModel, String> {
         moe,
         mla,
         model_type,
+        dropout: 0.0,
+    })
+}
+
+/// GPT-2 (`GPT2Config`, transformers' defaults where a key is absent): stepsim's gpt family
+/// is GPT-2's block, so every key maps one to one.
+fn gpt2(o: &Map<String, Value>) -> Result<HfModel, String> {
+    if flag(o, "add_cross_attention")?.unwrap_or(false) {
+        return Err(
+            "key `add_cross_attention`: true (an encoder-decoder's cross-attention) is not modelled; only false".into(),
+        );
+    }
+    let hidden = opt_count(o, "n_embd")?.unwrap_or(768);
+    let n_heads = opt_count(o, "n_head")?.unwrap_or(12);
+    let pdrop = match o.get("resid_pdrop") {
+        None | Some(Value::Null) => 0.1,
+        Some(Value::Number(n)) if n.as_f64().is_some_and(|p| (0.0..1.0).contains(&p)) => n.as_f64().unwrap_or(0.1),
+        Some(v) => return Err(format!("key `resid_pdrop`: must be a probability in [0, 1), got {v}")),
+    };
+    Ok(HfModel {
+        model_type: "gpt2".into(),
+        family: Family::Gpt,
+        n_layers: opt_count(o, "n_layer")?.unwrap_or(12),
+        hidden,
+        n_heads,
+        n_kv_heads: n_heads,
+        ffn_hidden: opt_count(o, "n_inner")?.unwrap_or(4 * hidden),
+        vocab: opt_count(o, "vocab_size")?.unwrap_or(50257),
+        tie_embeddings: flag(o, "tie_word_embeddings")?.unwrap_or(true),
+        head_dim: None,
+        qkv_bias: false,
+        qk_norm: false,
+        max_position_embeddings: Some(opt_count(o, "n_positions")?.unwrap_or(1024)),
+        sliding_window: None,
+        moe: None,
+        mla: None,
+        dropout: pdrop,
     })
 }
 
@@ -448,6 +499,8 @@ pub const ZOO: &[ZooModel] = zoo! {
     "deepseek-v3" => "deepseek-ai/DeepSeek-V3";
         " less its quantization_config (the released weights' FP8 storage, not the architecture)",
     "gemma-7b" => "google/gemma-7b",
+    "gpt2" => "openai-community/gpt2",
+    "gpt2-xl" => "openai-community/gpt2-xl",
     "llama-3.1-8b" => "meta-llama/Llama-3.1-8B",
     "llama-3.1-70b" => "meta-llama/Llama-3.1-70B",
     "llama-3.1-405b" => "meta-llama/Llama-3.1-405B",
@@ -478,6 +531,30 @@ mod tests {
             let h = parse(m.config).unwrap_or_else(|e| panic!("{}: {e}", m.name));
             assert!(h.n_layers > 0 && h.hidden > 0, "{}", m.name);
         }
+    }
+
+    #[test]
+    fn gpt2_reads_its_own_keys_with_transformers_defaults() {
+        let h = parse(r#"{"model_type": "gpt2"}"#).unwrap();
+        assert_eq!(
+            (h.family, h.n_layers, h.hidden, h.n_heads, h.ffn_hidden, h.vocab),
+            (Family::Gpt, 12, 768, 12, 3072, 50257)
+        );
+        assert_eq!((h.position_table(), h.tie_embeddings, h.dropout), (Some(1024), true, 0.1));
+        let h =
+            parse(r#"{"model_type": "gpt2", "n_embd": 64, "n_inner": 100, "n_positions": 2048, "resid_pdrop": 0.0}"#)
+                .unwrap();
+        assert_eq!((h.hidden, h.ffn_hidden, h.position_table(), h.dropout), (64, 100, Some(2048), 0.0));
+        assert_eq!(h.model_config(2048).param_count(), h.model_config(1).param_count() + 2047 * 64);
+        let e = parse(r#"{"model_type": "gpt2", "add_cross_attention": true}"#).unwrap_err();
+        assert!(e.contains("add_cross_attention"), "{e}");
+        let e = parse(r#"{"model_type": "gpt2", "n_layer": 0}"#).unwrap_err();
+        assert!(e.contains("n_layer"), "{e}");
+        let e = parse(r#"{"model_type": "gpt2", "resid_pdrop": 1.5}"#).unwrap_err();
+        assert!(e.contains("resid_pdrop"), "{e}");
+        // Llama-style configs have no position table among their parameters.
+        let l = parse(include_str!("../../models/llama-3.1-8b.json")).unwrap();
+        assert_eq!(l.position_table(), None);
     }
 
     #[test]

@@ -739,7 +739,7 @@ pub fn zoo_table() -> String {
     );
     for z in crate::model::hf::ZOO {
         let Ok(h) = crate::model::hf::parse(z.config) else { continue };
-        let cfg = h.model_config(1);
+        let cfg = h.model_config(h.position_table().unwrap_or(1));
         // A mixture of experts: the parameters one token uses (top-k experts of each block).
         let active = if cfg.moe.is_some() { sep(cfg.active_param_count()) } else { "-".to_string() };
         let _ = writeln!(

@@ -490,7 +490,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
             ))
         }
         (Some(f), None) => f.clone(),
-        (None, Some(_)) => "llama".to_string(),
+        (None, Some(h)) => if h.family == Family::Gpt { "gpt" } else { "llama" }.to_string(),
         (None, None) => {
             return Err(v.err(
                 "model.family",
@@ -571,9 +571,12 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
     let t = f.training.as_ref().unwrap_or(&standin);
     let micro_batch = v.bounded("training.micro_batch", t.micro_batch, limits::MAX_MICRO_BATCH)?;
     let seq_len = v.bounded("training.seq_len", t.seq_len, limits::MAX_SEQ)?;
-    let max_seq_len = match m.max_seq_len {
-        Some(x) => v.bounded("model.max_seq_len", x, limits::MAX_SEQ)?,
-        None => inf.map_or(seq_len, |(_, ctx)| ctx),
+    // A GPT-2 config's position table has its own size (`n_positions`): a parameter count.
+    let table = hf.as_ref().and_then(|h| h.position_table());
+    let max_seq_len = match (m.max_seq_len, table) {
+        (Some(x), _) => v.bounded("model.max_seq_len", x, limits::MAX_SEQ)?,
+        (None, Some(n)) => v.bounded("model.max_seq_len", i64::try_from(n).unwrap_or(i64::MAX), limits::MAX_SEQ)?,
+        (None, None) => inf.map_or(seq_len, |(_, ctx)| ctx),
     };
     if let Some((_, ctx)) = inf {
         if ctx > max_seq_len {
@@ -585,7 +588,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
     } else if seq_len > max_seq_len {
         return Err(v.err("training.seq_len", format!("{seq_len} exceeds model.max_seq_len ({max_seq_len})")));
     }
-    let dropout = m.dropout.unwrap_or(0.0);
+    let dropout = m.dropout.unwrap_or(hf.as_ref().map_or(0.0, |h| h.dropout));
     if !(0.0..1.0).contains(&dropout) {
         return Err(v.err("model.dropout", format!("must be in [0, 1), got {dropout}")));
     }
