@@ -17,6 +17,7 @@
 pub mod engine;
 pub mod explain;
 pub mod hardware;
+pub mod import;
 pub mod infer;
 pub mod job;
 pub mod memory;

@@ -68,6 +68,50 @@ enum Command {
         #[arg(long, default_value_t = stepsim::explain::DEFAULT_MARGIN)]
         margin: f64,
     },
+    /// Write a scenario from a framework's own config, saying what was mapped, what was
+    /// assumed and what could not be expressed (the scenario is validated before it is written).
+    #[command(subcommand)]
+    Import(ImportCommand),
+}
+
+#[derive(Subcommand)]
+enum ImportCommand {
+    /// A DeepSpeed ds_config.json (batch sizes, ZeRO stage, precision, offload, bucket sizes);
+    /// the model, GPUs and sequence length come from the flags.
+    Deepspeed {
+        /// The ds_config.json.
+        config: PathBuf,
+        /// A zoo model (`stepsim models`) or the path of a Hugging Face config.json.
+        #[arg(long)]
+        model: String,
+        /// GPU (catalog key, e.g. h100-sxm).
+        #[arg(long)]
+        gpu: String,
+        /// GPUs in the job (the data-parallel size: ds_config.json holds no model parallelism).
+        #[arg(long)]
+        gpus: u64,
+        /// GPUs per node (default: the GPU's usual node).
+        #[arg(long)]
+        gpus_per_node: Option<u64>,
+        /// Tokens per sequence.
+        #[arg(long, default_value_t = 2048)]
+        seq_len: u64,
+        /// train_micro_batch_size_per_gpu, where the config says "auto" or nothing.
+        #[arg(long)]
+        micro_batch: Option<u64>,
+        /// gradient_accumulation_steps, where the config says "auto" or nothing.
+        #[arg(long)]
+        grad_accum: Option<u64>,
+        /// Activation checkpointing of the model: none | full | selective | selective-op.
+        #[arg(long, default_value = "none")]
+        checkpointing: String,
+        /// What the Trainer's --bf16 / --fp16 fill a bf16/fp16 "enabled": "auto" with.
+        #[arg(long, value_parser = ["bf16", "fp16", "fp32"])]
+        dtype: Option<String>,
+        /// Write the scenario here (default: print it).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 /// A panic is a stepsim bug, whatever the input: say so in one line, with where it happened,
@@ -106,6 +150,43 @@ fn cli_main() -> ExitCode {
         Command::Models => {
             print!("{}", stepsim::report::text::zoo_table());
             ExitCode::SUCCESS
+        }
+        Command::Import(ImportCommand::Deepspeed {
+            config,
+            model,
+            gpu,
+            gpus,
+            gpus_per_node,
+            seq_len,
+            micro_batch,
+            grad_accum,
+            checkpointing,
+            dtype,
+            out,
+        }) => {
+            let model = if model.ends_with(".json") || std::path::Path::new(&model).is_file() {
+                match std::fs::canonicalize(&model) {
+                    Ok(p) => stepsim::import::ModelArg::HfConfig(p.to_string_lossy().into_owned()),
+                    Err(e) => {
+                        eprintln!("error: --model {model}: cannot read the config.json: {e}");
+                        return ExitCode::from(2);
+                    }
+                }
+            } else {
+                stepsim::import::ModelArg::Zoo(model)
+            };
+            let args = stepsim::import::deepspeed::DeepspeedArgs {
+                model,
+                gpu,
+                gpus,
+                gpus_per_node,
+                seq_len,
+                micro_batch,
+                grad_accum,
+                checkpointing,
+                dtype,
+            };
+            import(&config, out, |name, text| stepsim::import::deepspeed::import(name, text, &args), "deepspeed")
         }
         Command::Check { scenario } => match Scenario::load(&scenario) {
             Ok(s) => {
@@ -233,5 +314,58 @@ fn explain(path: &std::path::Path, out: Option<PathBuf>, margin: f64) -> ExitCod
     let files = written.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ");
     let text = format!("{}\nWrote {files}\n", stepsim::explain::render(&e, &s));
     let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes());
+    ExitCode::SUCCESS
+}
+
+/// Reads a framework config, imports it with `f`, validates the scenario and prints or writes
+/// it (atomically); exit 2 with nothing written when any step fails.
+fn import(
+    config: &std::path::Path,
+    out: Option<PathBuf>,
+    f: impl Fn(&str, &str) -> Result<stepsim::import::Import, stepsim::import::ImportError>,
+    tool: &str,
+) -> ExitCode {
+    let name = config.display().to_string();
+    let text = match std::fs::read_to_string(config) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {name}: cannot read the config: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let im = match f(&name, &text) {
+        Ok(im) => im,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let scenario = im.render(tool);
+    let as_path = out.clone().unwrap_or_else(|| PathBuf::from("<imported>.toml"));
+    if let Err(e) = Scenario::from_toml(&as_path, &scenario) {
+        eprintln!("error: the scenario imported from {name} does not validate, nothing written: {e}");
+        return ExitCode::from(2);
+    }
+    let Some(out) = out else {
+        print!("{scenario}");
+        return ExitCode::SUCCESS;
+    };
+    let tmp = out.with_extension("toml.partial");
+    if let Err(e) = std::fs::write(&tmp, &scenario).and_then(|_| std::fs::rename(&tmp, &out)) {
+        let _ = std::fs::remove_file(&tmp);
+        eprintln!("error: cannot write {}: {e}", out.display());
+        return ExitCode::from(2);
+    }
+    println!(
+        "Wrote {}: {} mapped, {} assumed, {} not expressed, {} ignored (listed at the top of the file)",
+        out.display(),
+        im.mapped.len(),
+        im.assumed.len(),
+        im.not_expressed.len(),
+        im.ignored.len()
+    );
+    for n in &im.not_expressed {
+        println!("  not expressed: {n}");
+    }
     ExitCode::SUCCESS
 }
