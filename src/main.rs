@@ -112,6 +112,27 @@ enum ImportCommand {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// A torchtitan job TOML (parallel degrees, batch, precision, checkpointing, float8); the
+    /// model from its name and flavor (or --model), the GPU from the flag.
+    Torchtitan {
+        /// The job TOML (train_configs/*.toml).
+        config: PathBuf,
+        /// GPU (catalog key, e.g. h100-sxm).
+        #[arg(long)]
+        gpu: String,
+        /// GPUs in the job: needed when data_parallel_shard_degree is -1.
+        #[arg(long)]
+        gpus: Option<u64>,
+        /// GPUs per node (default: the GPU's usual node).
+        #[arg(long)]
+        gpus_per_node: Option<u64>,
+        /// A zoo model or a config.json, instead of the config's model name and flavor.
+        #[arg(long)]
+        model: Option<String>,
+        /// Write the scenario here (default: print it).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 /// A panic is a stepsim bug, whatever the input: say so in one line, with where it happened,
@@ -164,16 +185,9 @@ fn cli_main() -> ExitCode {
             dtype,
             out,
         }) => {
-            let model = if model.ends_with(".json") || std::path::Path::new(&model).is_file() {
-                match std::fs::canonicalize(&model) {
-                    Ok(p) => stepsim::import::ModelArg::HfConfig(p.to_string_lossy().into_owned()),
-                    Err(e) => {
-                        eprintln!("error: --model {model}: cannot read the config.json: {e}");
-                        return ExitCode::from(2);
-                    }
-                }
-            } else {
-                stepsim::import::ModelArg::Zoo(model)
+            let model = match model_arg(model) {
+                Ok(m) => m,
+                Err(code) => return code,
             };
             let args = stepsim::import::deepspeed::DeepspeedArgs {
                 model,
@@ -187,6 +201,14 @@ fn cli_main() -> ExitCode {
                 dtype,
             };
             import(&config, out, |name, text| stepsim::import::deepspeed::import(name, text, &args), "deepspeed")
+        }
+        Command::Import(ImportCommand::Torchtitan { config, gpu, gpus, gpus_per_node, model, out }) => {
+            let model = match model.map(model_arg).transpose() {
+                Ok(m) => m,
+                Err(code) => return code,
+            };
+            let args = stepsim::import::torchtitan::TorchtitanArgs { model, gpu, gpus, gpus_per_node };
+            import(&config, out, |name, text| stepsim::import::torchtitan::import(name, text, &args), "torchtitan")
         }
         Command::Check { scenario } => match Scenario::load(&scenario) {
             Ok(s) => {
@@ -368,4 +390,20 @@ fn import(
         println!("  not expressed: {n}");
     }
     ExitCode::SUCCESS
+}
+
+/// `--model`: a config.json path (made absolute, so the scenario loads from anywhere) or a
+/// zoo name.
+fn model_arg(model: String) -> Result<stepsim::import::ModelArg, ExitCode> {
+    if model.ends_with(".json") || std::path::Path::new(&model).is_file() {
+        match std::fs::canonicalize(&model) {
+            Ok(p) => Ok(stepsim::import::ModelArg::HfConfig(p.to_string_lossy().into_owned())),
+            Err(e) => {
+                eprintln!("error: --model {model}: cannot read the config.json: {e}");
+                Err(ExitCode::from(2))
+            }
+        }
+    } else {
+        Ok(stepsim::import::ModelArg::Zoo(model))
+    }
 }

@@ -187,3 +187,111 @@ fn keys_it_cannot_use_are_listed_not_dropped() {
     assert!(im.ignored.iter().any(|i| i.starts_with("steps_per_print")));
     assert!(im.render("deepspeed").contains("# Not expressed"));
 }
+
+// ---------------------------------------------------------------- torchtitan
+
+use stepsim::import::torchtitan::{self, TorchtitanArgs};
+
+fn titan(config: &str, gpus: Option<u64>) -> Result<Scenario, String> {
+    let a = TorchtitanArgs { model: None, gpu: "h100-sxm".into(), gpus, gpus_per_node: None };
+    let im = torchtitan::import("job.toml", config, &a).map_err(|e| e.to_string())?;
+    Scenario::from_toml(Path::new("imported.toml"), &im.render("torchtitan")).map_err(|e| e.to_string())
+}
+
+fn titan_fixture(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/torchtitan").join(name).display().to_string()
+}
+
+#[test]
+fn torchtitans_own_llama3_configs_import_and_run() {
+    let d = tempfile::tempdir().unwrap();
+    let run = |cfg: &str, extra: &[&str]| {
+        let mut a = vec!["import", "torchtitan", cfg, "--gpu", "a100-80gb", "--out", "s.toml"];
+        a.extend_from_slice(extra);
+        stepsim(&a, d.path())
+    };
+    let cfg8 = titan_fixture("llama3_8b.toml");
+    let out = run(&cfg8, &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("key `parallelism.data_parallel_shard_degree`: -1")
+            && text(&out.stderr).contains("--gpus"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!d.path().join("s.toml").exists());
+    let out = run(&cfg8, &["--gpus", "64"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let s = Scenario::load(&d.path().join("s.toml")).unwrap();
+    assert_eq!(s.model.param_count(), 8_030_261_248);
+    assert_eq!((s.workload.micro_batch, s.workload.seq_len, s.cluster.gpus), (1, 8192, 64));
+    assert_eq!(s.training.precision.preset, "fsdp-bf16-mixed");
+    let file = std::fs::read_to_string(d.path().join("s.toml")).unwrap();
+    for want in [
+        "framework = \"fsdp2\"",
+        "sharding = \"full_shard\"",
+        "activation_checkpointing = \"selective-op\"",
+        "optimizer_impl = \"fused\"",
+    ] {
+        assert!(file.contains(want), "{want} in\n{file}");
+    }
+    let r = stepsim(&["run", "s.toml", "--out", "o"], d.path());
+    assert_eq!(r.status.code(), Some(0), "{}", text(&r.stderr));
+    let out = run(&titan_fixture("llama3_70b.toml"), &["--gpus", "64"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let s = Scenario::load(&d.path().join("s.toml")).unwrap();
+    assert_eq!(s.parallel.model_parallel.tensor, 8);
+    assert!(s.parallel.model_parallel.sequence_parallel);
+}
+
+#[test]
+fn torchtitan_degrees_batches_checkpointing_and_float8() {
+    let base = "[model]\nname = \"llama3\"\nflavor = \"8B\"\n[training]\nlocal_batch_size = 2\nseq_len = 4096\n";
+    // HSDP: replicate x shard, the world from the degrees.
+    let s = titan(
+        &format!("{base}[parallelism]\ndata_parallel_replicate_degree = 2\ndata_parallel_shard_degree = 8\n"),
+        None,
+    )
+    .unwrap();
+    assert_eq!(s.cluster.gpus, 16);
+    // The degrees and --gpus must agree.
+    let e = titan(&format!("{base}[parallelism]\ndata_parallel_shard_degree = 8\n"), Some(16)).unwrap_err();
+    assert!(e.contains("multiply to 8 GPUs"), "{e}");
+    // global_batch_size gives the accumulation.
+    let s =
+        titan(&format!("{base}global_batch_size = 64\n[parallelism]\ndata_parallel_shard_degree = 8\n"), None).unwrap();
+    assert_eq!((s.workload.micro_batch, s.training.grad_accum), (2, 4));
+    let e = titan(&format!("{base}global_batch_size = 60\n[parallelism]\ndata_parallel_shard_degree = 8\n"), None)
+        .unwrap_err();
+    assert!(e.contains("not a multiple"), "{e}");
+    // selective with an integer: every n-th block fully checkpointed.
+    let s = titan(&format!("{base}[parallelism]\ndata_parallel_shard_degree = 8\n[activation_checkpoint]\nmode = \"selective\"\nselective_ac_option = \"2\"\n"), None).unwrap();
+    assert_eq!(s.training.checkpointing.name(), "full");
+    let e = titan(
+        &format!(
+            "{base}[parallelism]\ndata_parallel_shard_degree = 8\n[activation_checkpoint]\nmode = \"memory_budget\"\n"
+        ),
+        None,
+    )
+    .unwrap_err();
+    assert!(e.contains("activation_checkpoint.mode"), "{e}");
+    // An unknown flavor needs --model.
+    let e = titan(
+        "[model]\nname = \"llama3\"\nflavor = \"debugmodel\"\n[parallelism]\ndata_parallel_shard_degree = 8\n",
+        None,
+    )
+    .unwrap_err();
+    assert!(e.contains("model.flavor") && e.contains("--model"), "{e}");
+    // float8 through the converters.
+    let a = TorchtitanArgs { model: None, gpu: "h100-sxm".into(), gpus: None, gpus_per_node: None };
+    let im = torchtitan::import(
+        "job.toml",
+        &format!("[model]\nname = \"llama3\"\nflavor = \"8B\"\nconverters = [\"float8\"]\n[training]\nlocal_batch_size = 1\nseq_len = 8192\n[parallelism]\ndata_parallel_shard_degree = 8\n[float8]\nenable_fsdp_float8_all_gather = true\n[compile]\nenable = true\n[mystery]\nx = 1\n"),
+        &a,
+    )
+    .unwrap();
+    assert!(im.toml.contains("[fp8]\nrecipe = \"tensorwise\"\nfsdp_all_gather = true"), "{}", im.toml);
+    assert!(im.not_expressed.iter().any(|n| n.starts_with("compile")), "{:?}", im.not_expressed);
+    assert!(im.not_expressed.iter().any(|n| n.starts_with("[mystery]")), "{:?}", im.not_expressed);
+    Scenario::from_toml(Path::new("imported.toml"), &im.render("torchtitan")).unwrap_or_else(|e| panic!("{e}"));
+}

@@ -364,9 +364,10 @@ pub fn import(file: &str, config: &str, a: &DeepspeedArgs) -> Result<Import, Imp
     }
     // --- the scenario
     let mut t = String::new();
-    t.push_str(&format!("description = \"imported from {} ({} x {}, ZeRO stage {stage})\"\n\n", file, a.gpus, a.gpu));
+    let description = format!("imported from {file} ({} x {}, ZeRO stage {stage})", a.gpus, a.gpu);
+    t.push_str(&format!("description = {}\n\n", super::quote(&description)));
     t.push_str(&format!("[model]\n{}\n", a.model.toml()));
-    t.push_str(&format!("\n[hardware]\ngpu = \"{}\"\ngpus = {}\n", a.gpu, a.gpus));
+    t.push_str(&format!("\n[hardware]\ngpu = {}\ngpus = {}\n", super::quote(&a.gpu), a.gpus));
     if let Some(n) = a.gpus_per_node {
         t.push_str(&format!("gpus_per_node = {n}\n"));
     }

@@ -3,6 +3,7 @@
 //! validated before it is written, so an import that exits 0 always loads.
 
 pub mod deepspeed;
+pub mod torchtitan;
 
 use std::fmt;
 
@@ -26,7 +27,7 @@ impl ModelArg {
 }
 
 /// A TOML basic string.
-fn quote(s: &str) -> String {
+pub(crate) fn quote(s: &str) -> String {
     toml::Value::String(s.to_string()).to_string()
 }
 
