@@ -286,7 +286,7 @@ fn torchtitan_degrees_batches_checkpointing_and_float8() {
     let a = TorchtitanArgs { model: None, gpu: "h100-sxm".into(), gpus: None, gpus_per_node: None };
     let im = torchtitan::import(
         "job.toml",
-        "[model]\nname = \"llama3\"\nflavor = \"8B\"\nconverters = [\"float8\"]\n[training]\nlocal_batch_size = 1\nseq_len = 8192\n[parallelism]\ndata_parallel_shard_degree = 8\n[float8]\nenable_fsdp_float8_all_gather = true\n[compile]\nenable = true\n[mystery]\nx = 1\n"),
+        "[model]\nname = \"llama3\"\nflavor = \"8B\"\nconverters = [\"float8\"]\n[training]\nlocal_batch_size = 1\nseq_len = 8192\n[parallelism]\ndata_parallel_shard_degree = 8\n[float8]\nenable_fsdp_float8_all_gather = true\n[compile]\nenable = true\n[mystery]\nx = 1\n",
         &a,
     )
     .unwrap();
