@@ -1,8 +1,10 @@
-//! The GPU catalog's consumer and inference parts (issue 19): fine-tuning on one RTX 4090
-//! runs and fits, and a small full fine-tune runs on every part added with them.
+//! The GPU catalog's consumer and inference parts, and a user-defined GPU (issue 19):
+//! fine-tuning on one RTX 4090 runs and fits, and `[hardware.custom]` with the catalog entry's
+//! own figures simulates the same step.
 
 use std::path::Path;
 
+use stepsim::hardware::{self, Arch};
 use stepsim::report::Verdict;
 use stepsim::scenario::Scenario;
 
@@ -78,4 +80,61 @@ fn a_small_full_fine_tune_runs_on_every_new_part() {
         let t = sim.report.throughput.as_ref().unwrap();
         assert!(t.mfu > 0.0 && t.mfu < 1.0, "{gpu}: MFU {}", t.mfu);
     }
+}
+
+/// The catalog's RTX 4090 written out as `[hardware.custom]` is the same GPU: the same
+/// figures, the same peak memory and step time; only the name and the source differ.
+#[test]
+fn a_custom_gpu_with_the_catalog_figures_simulates_the_same_step() {
+    let custom = "gpu = \"custom\"\ngpus = 1\nnode = \"workstation\"\n\
+                  [hardware.custom]\nname = \"my 4090\"\nmemory = 25757220864\nbf16_tflops = 165.2\ntf32_tflops = 82.6\n\
+                  fp32_tflops = 82.6\nfp8_tflops = 330.3\nhbm_gb_per_s = 1008\nnvlink_gb_per_s = 31\npcie_gen = 4\nsms = 128\n\
+                  max_matmul_fraction = 1.082\narch = \"ada\"";
+    // [hardware.custom] must come after the [hardware] keys: it is a sub-table.
+    let a = scenario(&qlora_8b("gpu = \"rtx-4090\"\ngpus = 1"));
+    let b = scenario(&qlora_8b(custom));
+    let catalog = hardware::lookup("rtx-4090").unwrap();
+    let mut g = b.cluster.gpu.clone();
+    assert_eq!(g.name, "my 4090");
+    assert_eq!(g.source, "user-defined in [hardware.custom]");
+    g.name = catalog.name.clone();
+    g.source = catalog.source;
+    g.default_node = catalog.default_node;
+    assert_eq!(&g, catalog);
+    let (sa, sb) = (stepsim::simulate(&a).unwrap(), stepsim::simulate(&b).unwrap());
+    let reserved = |s: &stepsim::Simulation| s.report.peak.as_ref().unwrap().reserved.bytes;
+    assert_eq!(reserved(&sa), reserved(&sb));
+    let (ta, tb) = (sa.report.throughput.as_ref().unwrap(), sb.report.throughput.as_ref().unwrap());
+    assert_eq!(ta.step_time_s, tb.step_time_s);
+    assert!(tb.assumptions[0].contains("user-defined in [hardware.custom]"), "{}", tb.assumptions[0]);
+}
+
+/// The optional fields' defaults: name "custom", FP16 = BF16, no TF32 / FP8, PCIe 4, no SM
+/// count (no wave quantization, said so), a matmul ceiling of 0.8, Hopper's library defaults,
+/// the generic PCIe server for a node.
+#[test]
+fn a_minimal_custom_gpu_takes_the_stated_defaults() {
+    let toml = qlora_8b(
+        "gpu = \"custom\"\ngpus = 1\n[hardware.custom]\nmemory = 34359738368\nbf16_tflops = 200\nfp32_tflops = 50\n\
+         hbm_gb_per_s = 1500\nnvlink_gb_per_s = 63",
+    );
+    let s = scenario(&toml);
+    let g = &s.cluster.gpu;
+    assert_eq!(
+        (g.name.as_ref(), g.memory_bytes, g.fp16_flops, g.bf16_flops),
+        ("custom", 32 << 30, 200e12, Some(200e12))
+    );
+    assert_eq!((g.tf32_flops, g.fp8_flops, g.pcie_gen, g.sms), (None, None, 4, 0));
+    assert_eq!((g.max_matmul_fraction, g.arch, s.cluster.node.as_str()), (0.8, Arch::Hopper, "pcie-8gpu"));
+    assert_eq!(g.blas_workspace_bytes(), 32 << 20);
+    let sim = stepsim::simulate(&s).unwrap();
+    let t = sim.report.throughput.as_ref().unwrap();
+    assert!(
+        t.assumptions[1].contains("no wave quantization (the GPU's SM count is not given)"),
+        "{}",
+        t.assumptions[1]
+    );
+    // A custom GPU without FP8 refuses FP8 training like a catalog part without it.
+    let e = Scenario::from_toml(Path::new("gpus.toml"), &format!("{toml}\n[fp8]\nrecipe = \"tensorwise\"\n"));
+    assert!(e.is_err());
 }

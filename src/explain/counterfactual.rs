@@ -224,7 +224,7 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             vec![("limit_all_gathers = true".into(), v)]
         }
         8 => {
-            let Some(g) = bigger_gpu(s.cluster.gpu.name) else { return Err("no larger GPU in the catalog".into()) };
+            let Some(g) = bigger_gpu(&s.cluster.gpu.name) else { return Err("no larger GPU in the catalog".into()) };
             let spec = crate::hardware::lookup(g).ok_or("catalog")?;
             v.cluster.gpu = spec.clone();
             v.cluster.memory_bytes = spec.memory_bytes;

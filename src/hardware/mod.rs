@@ -13,14 +13,18 @@
 //! FP32-accumulate figures. A part with no GPU fabric (NVLink / xGMI) carries its PCIe x16
 //! link, one direction, as its intra-node link; GeForce drivers expose no PCIe peer-to-peer, so
 //! NCCL stages through host memory there (each entry says what was measured).
+//!
+//! A scenario may also describe a part that is not here (`gpu = "custom"` with
+//! `[hardware.custom]`, see `crate::scenario`): its [`GpuSpec::name`] is then the user's.
 
 use serde::Serialize;
+use std::borrow::Cow;
 
 /// One GPU model: what bounds memory, compute and communication.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct GpuSpec {
-    /// Catalog key used in scenario files.
-    pub name: &'static str,
+    /// Catalog key used in scenario files (a user-defined GPU's own name for `gpu = "custom"`).
+    pub name: Cow<'static, str>,
     /// Device memory as `nvidia-smi` / `rocm-smi` reports it, bytes.
     pub memory_bytes: u64,
     /// Dense BF16 tensor-core peak, FLOP/s (None: the part has no BF16 tensor cores).
@@ -50,7 +54,8 @@ pub struct GpuSpec {
     /// "Maximum achievable matmul FLOPS": A100 86.9%, H100 80.3%, B200 77.6%, MI300X 51.4%).
     pub max_matmul_fraction: f64,
     /// Streaming multiprocessors (NVIDIA) / compute units (AMD): how many GEMM output tiles
-    /// run at once, for wave quantization.
+    /// run at once, for wave quantization (0: not known, for a user-defined GPU without
+    /// `sms`: no wave quantization).
     pub sms: u32,
     /// The architecture: what the libraries key their defaults on ([`GpuSpec::blas_workspace_bytes`],
     /// NCCL's P2P read and NVLS in `crate::scenario::nccl`).
@@ -91,6 +96,18 @@ pub enum Arch {
 }
 
 impl Arch {
+    /// Every architecture, with the name `[hardware.custom] arch` takes.
+    pub const ALL: [(&'static str, Arch); 8] = [
+        ("volta", Arch::Volta),
+        ("ampere", Arch::Ampere),
+        ("ga10x", Arch::Ga10x),
+        ("ada", Arch::Ada),
+        ("hopper", Arch::Hopper),
+        ("blackwell", Arch::Blackwell),
+        ("gb20x", Arch::Gb20x),
+        ("cdna3", Arch::Cdna3),
+    ];
+
     /// NVLink SHARP (NVSwitch multicast, NCCL's NVLS): data-center Hopper and Blackwell; the
     /// GB20x parts have compute capability 12.0 but no NVLink.
     pub fn nvlink_sharp(self) -> bool {
@@ -128,7 +145,7 @@ impl GpuSpec {
 /// estimate says so.
 pub const CATALOG: &[GpuSpec] = &[
     GpuSpec {
-        name: "v100-32gb",
+        name: Cow::Borrowed("v100-32gb"),
         // nvidia-smi: 32510 MiB (Tesla V100-SXM2-32GB).
         memory_bytes: 32_510 * MIB,
         // Volta has FP16 tensor cores only: 125 TFLOP/s; no BF16, no TF32; 15.7 FP32.
@@ -151,7 +168,7 @@ pub const CATALOG: &[GpuSpec] = &[
         source: "NVIDIA V100 datasheet (SXM2); stas00 ml-engineering",
     },
     GpuSpec {
-        name: "a10g",
+        name: Cow::Borrowed("a10g"),
         // nvidia-smi: 23028 MiB (NVIDIA A10G, AWS G5).
         memory_bytes: 23_028 * MIB,
         // ESTIMATES: an AWS-only GA102 part with no NVIDIA datasheet. Baseten's "NVIDIA A10 vs
@@ -179,7 +196,7 @@ pub const CATALOG: &[GpuSpec] = &[
         source: "AWS EC2 G5 (NVIDIA A10G, no NVIDIA datasheet); Baseten A10 vs A10G (estimates)",
     },
     GpuSpec {
-        name: "rtx-3090",
+        name: Cow::Borrowed("rtx-3090"),
         // nvidia-smi: 24576 MiB (NVIDIA GeForce RTX 3090).
         memory_bytes: 24_576 * MIB,
         // NVIDIA Ampere GA102 whitepaper, appendix A (GeForce RTX 3090): FP16/BF16 tensor 71
@@ -207,7 +224,7 @@ pub const CATALOG: &[GpuSpec] = &[
         source: "NVIDIA Ampere GA102 whitepaper (GeForce RTX 3090, FP32-accumulate tensor rates)",
     },
     GpuSpec {
-        name: "a100-40gb",
+        name: Cow::Borrowed("a100-40gb"),
         // nvidia-smi: 40960 MiB (A100-SXM4-40GB).
         memory_bytes: 40_960 * MIB,
         // NVIDIA A100 datasheet: 312 TFLOP/s BF16/FP16 dense, 156 TF32, 19.5 FP32.
@@ -229,7 +246,7 @@ pub const CATALOG: &[GpuSpec] = &[
         source: "NVIDIA A100 datasheet (SXM4); stas00 ml-engineering",
     },
     GpuSpec {
-        name: "a100-80gb",
+        name: Cow::Borrowed("a100-80gb"),
         // nvidia-smi: 81920 MiB (A100-SXM4-80GB).
         memory_bytes: 81_920 * MIB,
         bf16_flops: Some(312e12),
@@ -249,7 +266,7 @@ pub const CATALOG: &[GpuSpec] = &[
         source: "NVIDIA A100 datasheet (SXM4 80GB); stas00 ml-engineering",
     },
     GpuSpec {
-        name: "rtx-4090",
+        name: Cow::Borrowed("rtx-4090"),
         // nvidia-smi: 24564 MiB (NVIDIA GeForce RTX 4090).
         memory_bytes: 24_564 * MIB,
         // NVIDIA Ada GPU architecture whitepaper, appendix (GeForce RTX 4090): FP16/BF16 tensor
@@ -277,7 +294,7 @@ pub const CATALOG: &[GpuSpec] = &[
         source: "NVIDIA Ada GPU architecture whitepaper (GeForce RTX 4090, FP32-accumulate tensor rates)",
     },
     GpuSpec {
-        name: "l4",
+        name: Cow::Borrowed("l4"),
         // nvidia-smi: 23034 MiB (NVIDIA L4).
         memory_bytes: 23_034 * MIB,
         // NVIDIA L4 datasheet: BF16/FP16 tensor 242 TFLOP/s with sparsity (121 dense), TF32 120
@@ -301,7 +318,7 @@ pub const CATALOG: &[GpuSpec] = &[
         source: "NVIDIA L4 datasheet; stas00 ml-engineering (PCIe 4 x16 31 GB/s)",
     },
     GpuSpec {
-        name: "l40s",
+        name: Cow::Borrowed("l40s"),
         // nvidia-smi: 46068 MiB (NVIDIA L40S).
         memory_bytes: 46_068 * MIB,
         // NVIDIA L40S datasheet: BF16/FP16 tensor 362.05 TFLOP/s dense (733 with sparsity), TF32
@@ -325,7 +342,7 @@ pub const CATALOG: &[GpuSpec] = &[
         source: "NVIDIA L40S datasheet; stas00 ml-engineering",
     },
     GpuSpec {
-        name: "h100-sxm",
+        name: Cow::Borrowed("h100-sxm"),
         // nvidia-smi: 81559 MiB (H100 80GB HBM3).
         memory_bytes: 81_559 * MIB,
         // NVIDIA H100 datasheet: 989 TFLOP/s BF16/FP16 dense (1979 with sparsity), 494.5 TF32,
@@ -348,7 +365,7 @@ pub const CATALOG: &[GpuSpec] = &[
         source: "NVIDIA H100 datasheet (SXM5); stas00 ml-engineering",
     },
     GpuSpec {
-        name: "h100-pcie",
+        name: Cow::Borrowed("h100-pcie"),
         // nvidia-smi: 81559 MiB (H100 PCIe 80GB).
         memory_bytes: 81_559 * MIB,
         // H100 PCIe: 756 TFLOP/s BF16/FP16 dense, 378 TF32, 51 FP32.
@@ -372,7 +389,7 @@ pub const CATALOG: &[GpuSpec] = &[
         source: "NVIDIA H100 datasheet (PCIe); stas00 ml-engineering (PCIe 5 x16 63 GB/s)",
     },
     GpuSpec {
-        name: "h100-nvl",
+        name: Cow::Borrowed("h100-nvl"),
         // nvidia-smi: 95830 MiB (NVIDIA H100 NVL, 94 GB HBM3).
         memory_bytes: 95_830 * MIB,
         // NVIDIA H100 datasheet (H100 NVL): BF16/FP16 1,671 TFLOP/s with sparsity (835.5 dense),
@@ -399,7 +416,7 @@ pub const CATALOG: &[GpuSpec] = &[
         source: "NVIDIA H100 datasheet (H100 NVL); stas00 ml-engineering (PCIe 5 x16 63 GB/s)",
     },
     GpuSpec {
-        name: "h20",
+        name: Cow::Borrowed("h20"),
         // nvidia-smi: 97871 MiB (NVIDIA H20, 96 GB HBM3).
         memory_bytes: 97_871 * MIB,
         // NVIDIA publishes no H20 datasheet; the specification as the press reported it (e.g.
@@ -426,7 +443,7 @@ pub const CATALOG: &[GpuSpec] = &[
         source: "NVIDIA H20 as the press reported it (no public NVIDIA datasheet)",
     },
     GpuSpec {
-        name: "h200",
+        name: Cow::Borrowed("h200"),
         // nvidia-smi: 143771 MiB (H200 141GB HBM3e).
         memory_bytes: 143_771 * MIB,
         // Same GH100 compute as H100 SXM.
@@ -448,7 +465,7 @@ pub const CATALOG: &[GpuSpec] = &[
         source: "NVIDIA H200 datasheet (SXM); stas00 ml-engineering",
     },
     GpuSpec {
-        name: "gh200-96gb",
+        name: Cow::Borrowed("gh200-96gb"),
         // nvidia-smi: 97871 MiB (NVIDIA GH200 480GB: 96 GB HBM3 beside 480 GB LPDDR5X).
         memory_bytes: 97_871 * MIB,
         // NVIDIA GH200 Grace Hopper Superchip datasheet: the H100 SXM's GPU, BF16/FP16 1,979
@@ -475,7 +492,7 @@ pub const CATALOG: &[GpuSpec] = &[
         source: "NVIDIA GH200 Grace Hopper Superchip datasheet (96 GB HBM3); stas00 ml-engineering",
     },
     GpuSpec {
-        name: "gh200-144gb",
+        name: Cow::Borrowed("gh200-144gb"),
         // nvidia-smi: 146831 MiB (NVIDIA GH200 144G HBM3e).
         memory_bytes: 146_831 * MIB,
         // As gh200-96gb: the H100 SXM's GPU.
@@ -497,7 +514,7 @@ pub const CATALOG: &[GpuSpec] = &[
         source: "NVIDIA GH200 Grace Hopper Superchip datasheet (144 GB HBM3e); stas00 ml-engineering",
     },
     GpuSpec {
-        name: "rtx-5090",
+        name: Cow::Borrowed("rtx-5090"),
         // nvidia-smi: 32607 MiB (NVIDIA GeForce RTX 5090).
         memory_bytes: 32_607 * MIB,
         // NVIDIA RTX Blackwell GPU architecture whitepaper (GeForce RTX 5090): FP16/BF16 tensor
@@ -527,7 +544,7 @@ pub const CATALOG: &[GpuSpec] = &[
         source: "NVIDIA RTX Blackwell GPU architecture whitepaper (GeForce RTX 5090, FP32-accumulate tensor rates)",
     },
     GpuSpec {
-        name: "b200",
+        name: Cow::Borrowed("b200"),
         // 180 GB HBM3e per the HGX B200 datasheet (some sources say 192 GB; the
         // nvidia-smi figure was not available to us: override with memory_capacity).
         memory_bytes: 180_000_000_000,
@@ -551,7 +568,7 @@ pub const CATALOG: &[GpuSpec] = &[
         source: "NVIDIA HGX B200 datasheet; stas00 ml-engineering",
     },
     GpuSpec {
-        name: "gb200",
+        name: Cow::Borrowed("gb200"),
         // nvidia-smi: 189471 MiB (NVIDIA GB200: one of a superchip's two Blackwell GPUs).
         memory_bytes: 189_471 * MIB,
         // NVIDIA GB200 NVL72 specifications divided by its 72 GPUs (stas00's per-chip row):
@@ -577,7 +594,7 @@ pub const CATALOG: &[GpuSpec] = &[
         source: "NVIDIA GB200 NVL72 specifications (per GPU); stas00 ml-engineering",
     },
     GpuSpec {
-        name: "mi300x",
+        name: Cow::Borrowed("mi300x"),
         // 192 GB HBM3 (rocm-smi reports 192 GiB-class VRAM: 196,592 MiB).
         memory_bytes: 196_592 * MIB,
         // AMD Instinct MI300X datasheet: 1307.4 TFLOP/s BF16/FP16 dense, 653.7 TF32,
@@ -601,7 +618,7 @@ pub const CATALOG: &[GpuSpec] = &[
         source: "AMD Instinct MI300X datasheet; stas00 ml-engineering network/README.md (xGMI)",
     },
     GpuSpec {
-        name: "mi325x",
+        name: Cow::Borrowed("mi325x"),
         // 256 GB HBM3E. No rocm-smi figure was found; derived from the MI300X's, whose
         // rocm-smi VRAM total of 205,822,885,888 B is 192 GiB less 320 MiB: 256 GiB less 320
         // MiB (an estimate; override with hardware.memory_capacity).
@@ -828,7 +845,7 @@ pub fn lookup(name: &str) -> Option<&'static GpuSpec> {
 
 /// Catalog keys, for error messages.
 pub fn names() -> Vec<&'static str> {
-    CATALOG.iter().map(|g| g.name).collect()
+    CATALOG.iter().map(|g| g.name.as_ref()).collect()
 }
 
 /// The cluster a scenario runs on, after overrides.
