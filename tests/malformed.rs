@@ -167,6 +167,15 @@ fn cases() -> Vec<Case> {
             "2048",
         )
     };
+    // The base on a user-defined GPU: an RTX 4090's figures, no FP8.
+    let custom = || {
+        b().set("hardware", "gpu", "\"custom\"")
+            .set("hardware.custom", "memory", "25757220864")
+            .set("hardware.custom", "bf16_tflops", "165.2")
+            .set("hardware.custom", "fp32_tflops", "82.6")
+            .set("hardware.custom", "hbm_gb_per_s", "1008.0")
+            .set("hardware.custom", "nvlink_gb_per_s", "31.0")
+    };
     // The base on an H100 (FP8 tensor cores).
     let h100 = || b().set("hardware", "gpu", "\"h100-sxm\"");
     // The base as a llama with DeepSeek-style latent attention.
@@ -894,7 +903,170 @@ fn cases() -> Vec<Case> {
             "unknown GPU",
             b().set("hardware", "gpu", "\"h100\""),
             "hardware.gpu",
-            &["unknown GPU \"h100\"", "the catalog has", "h100-sxm", "a100-80gb"],
+            &["unknown GPU \"h100\"", "the catalog has", "h100-sxm", "a100-80gb", "rtx-4090", "gpu = \"custom\""],
+        ),
+        // --- a user-defined GPU: [hardware.custom]
+        case(
+            "custom GPU without [hardware.custom]",
+            b().set("hardware", "gpu", "\"custom\""),
+            "hardware.gpu",
+            &["[hardware.custom]", "memory", "fp32_tflops"],
+        ),
+        case(
+            "[hardware.custom] beside a catalog GPU",
+            custom().set("hardware", "gpu", "\"a100-80gb\""),
+            "hardware.custom",
+            &["hardware.gpu is \"a100-80gb\"", "gpu = \"custom\""],
+        ),
+        case(
+            "custom GPU without memory",
+            custom().remove("hardware.custom", "memory"),
+            "hardware.custom.memory",
+            &["missing field `memory`"],
+        ),
+        case(
+            "custom GPU memory in bits",
+            custom().set("hardware.custom", "memory", "\"24Gb\""),
+            "hardware.custom.memory",
+            &["unknown unit", "lowercase b is bits"],
+        ),
+        case(
+            "custom GPU of zero memory",
+            custom().set("hardware.custom", "memory", "0"),
+            "hardware.custom.memory",
+            &["positive integer"],
+        ),
+        case(
+            "custom GPU memory past the limit",
+            custom().set("hardware.custom", "memory", "35184372088832"),
+            "hardware.custom.memory",
+            &["at most 17592186044416"],
+        ),
+        case(
+            "custom GPU without BF16 or FP16 peak",
+            custom().remove("hardware.custom", "bf16_tflops"),
+            "hardware.custom.bf16_tflops",
+            &["fp16_tflops"],
+        ),
+        case(
+            "custom GPU negative BF16 peak",
+            custom().set("hardware.custom", "bf16_tflops", "-165.2"),
+            "hardware.custom.bf16_tflops",
+            &["positive number of TFLOP/s", "-165.2"],
+        ),
+        case(
+            "custom GPU NaN FP32 peak",
+            custom().set("hardware.custom", "fp32_tflops", "nan"),
+            "hardware.custom.fp32_tflops",
+            &["positive number of TFLOP/s"],
+        ),
+        case(
+            "custom GPU FP8 peak past the limit",
+            custom().set("hardware.custom", "fp8_tflops", "1e7"),
+            "hardware.custom.fp8_tflops",
+            &["at most 1000000 TFLOP/s"],
+        ),
+        case(
+            "custom GPU zero TF32 peak",
+            custom().set("hardware.custom", "tf32_tflops", "0.0"),
+            "hardware.custom.tf32_tflops",
+            &["positive number of TFLOP/s"],
+        ),
+        case(
+            "custom GPU without FP32 peak",
+            custom().remove("hardware.custom", "fp32_tflops"),
+            "hardware.custom.fp32_tflops",
+            &["missing field `fp32_tflops`"],
+        ),
+        case(
+            "custom GPU zero memory bandwidth",
+            custom().set("hardware.custom", "hbm_gb_per_s", "0.0"),
+            "hardware.custom.hbm_gb_per_s",
+            &["positive number of GB/s"],
+        ),
+        case(
+            "custom GPU infinite link",
+            custom().set("hardware.custom", "nvlink_gb_per_s", "inf"),
+            "hardware.custom.nvlink_gb_per_s",
+            &["positive number of GB/s"],
+        ),
+        case(
+            "custom GPU link past the limit",
+            custom().set("hardware.custom", "nvlink_gb_per_s", "2e6"),
+            "hardware.custom.nvlink_gb_per_s",
+            &["at most 1000000 GB/s"],
+        ),
+        case(
+            "custom GPU PCIe 7",
+            custom().set("hardware.custom", "pcie_gen", "7"),
+            "hardware.custom.pcie_gen",
+            &["3, 4, 5 or 6", "got 7"],
+        ),
+        case(
+            "custom GPU of zero SMs",
+            custom().set("hardware.custom", "sms", "0"),
+            "hardware.custom.sms",
+            &["positive integer"],
+        ),
+        case(
+            "custom GPU SMs past the limit",
+            custom().set("hardware.custom", "sms", "100000"),
+            "hardware.custom.sms",
+            &["at most 65536"],
+        ),
+        case(
+            "custom GPU matmul fraction above 1.1",
+            custom().set("hardware.custom", "max_matmul_fraction", "1.5"),
+            "hardware.custom.max_matmul_fraction",
+            &["(0, 1.1]", "1.5"],
+        ),
+        case(
+            "custom GPU unknown arch",
+            custom().set("hardware.custom", "arch", "\"turing\""),
+            "hardware.custom.arch",
+            &["unknown value \"turing\"", "\"ada\"", "\"hopper\"", "\"cdna3\""],
+        ),
+        case(
+            "custom GPU FP8 on an arch without it",
+            custom().set("hardware.custom", "arch", "\"ampere\"").set("hardware.custom", "fp8_tflops", "624.0"),
+            "hardware.custom.fp8_tflops",
+            &["\"ampere\" has no FP8 tensor cores"],
+        ),
+        case(
+            "custom GPU named like a catalog GPU",
+            custom().set("hardware.custom", "name", "\"h100-sxm\""),
+            "hardware.custom.name",
+            &["\"h100-sxm\" is a catalog GPU", "gpu = \"h100-sxm\""],
+        ),
+        case(
+            "custom GPU name with a slash",
+            custom().set("hardware.custom", "name", "\"a/b\""),
+            "hardware.custom.name",
+            &["1 to 64 characters"],
+        ),
+        case(
+            "custom GPU unknown field",
+            custom().set("hardware.custom", "tflops", "100.0"),
+            "hardware.custom.tflops",
+            &["unknown field `tflops`", "bf16_tflops"],
+        ),
+        case(
+            "custom GPU with memory_capacity",
+            custom().set("hardware", "memory_capacity", "25000000000"),
+            "hardware.memory_capacity",
+            &["[hardware.custom] memory"],
+        ),
+        case(
+            "custom GPU with the link override",
+            custom().set("hardware", "nvlink_gb_per_s", "31.0"),
+            "hardware.nvlink_gb_per_s",
+            &["[hardware.custom] nvlink_gb_per_s"],
+        ),
+        case(
+            "custom GPU without FP8 training FP8",
+            custom().set("fp8", "recipe", "\"tensorwise\""),
+            "fp8",
+            &["custom"],
         ),
         // --- unknown enum values
         case(

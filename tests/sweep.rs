@@ -134,7 +134,7 @@ gpu = ["h100-sxm", "a100-80gb"]
     let paths: Vec<&str> = spec.axes.iter().map(|a| a.path.as_str()).collect();
     assert_eq!(paths, ["training.seq_len", "hardware.gpus", "hardware.gpu"]);
     let s = spec.point(spec.size - 1).unwrap().unwrap();
-    assert_eq!((s.workload.seq_len, s.cluster.gpus, s.cluster.gpu.name), (128, 2, "a100-80gb"));
+    assert_eq!((s.workload.seq_len, s.cluster.gpus, s.cluster.gpu.name.as_ref()), (128, 2, "a100-80gb"));
 }
 
 #[test]

@@ -88,13 +88,18 @@ pub struct Counterfactual {
     pub capacity: u64,
 }
 
+/// The next catalog part with more memory, along the upgrade a user of `name` would make
+/// (24 GB consumer cards to the 32 GB RTX 5090; AWS's 24 GB parts to the 48 GB L40S).
 fn bigger_gpu(name: &str) -> Option<&'static str> {
     Some(match name {
         "v100-32gb" => "a100-40gb",
-        "a100-40gb" => "a100-80gb",
-        "a100-80gb" | "h100-sxm" | "h100-pcie" => "h200",
-        "h200" => "b200",
-        "b200" => "mi300x",
+        "rtx-3090" | "rtx-4090" => "rtx-5090",
+        "a10g" | "l4" | "rtx-5090" => "l40s",
+        "a100-40gb" | "l40s" => "a100-80gb",
+        "a100-80gb" | "h100-sxm" | "h100-pcie" | "h100-nvl" | "h20" | "gh200-96gb" => "h200",
+        "h200" | "gh200-144gb" => "b200",
+        "b200" | "gb200" => "mi300x",
+        "mi300x" => "mi325x",
         _ => return None,
     })
 }
@@ -219,7 +224,7 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             vec![("limit_all_gathers = true".into(), v)]
         }
         8 => {
-            let Some(g) = bigger_gpu(s.cluster.gpu.name) else { return Err("no larger GPU in the catalog".into()) };
+            let Some(g) = bigger_gpu(&s.cluster.gpu.name) else { return Err("no larger GPU in the catalog".into()) };
             let spec = crate::hardware::lookup(g).ok_or("catalog")?;
             v.cluster.gpu = spec.clone();
             v.cluster.memory_bytes = spec.memory_bytes;

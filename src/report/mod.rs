@@ -948,13 +948,18 @@ pub fn throughput_of(
                     _ => format!("peak {:.0} TFLOP/s dense {} ({})", peak_flops / 1e12, plan.training.precision.compute.name(), s.cluster.gpu.source),
                 },
                 format!(
-                    "matmuls at {:.0}% x {:.1}% (best achievable matmul) = {:.0}% of peak (the global fit of src/schedule/cost.rs), less each GEMM's wave quantization ({}x{} output tiles over {} SMs; a matmul's input- and weight-gradient GEMMs by their own output shapes), flash attention at {:.0}%, memory-bound ops at {:.0}% of {:.2} TB/s HBM, {:.0} us per op",
+                    "matmuls at {:.0}% x {:.1}% (best achievable matmul) = {:.0}% of peak (the global fit of src/schedule/cost.rs), {}, flash attention at {:.0}%, memory-bound ops at {:.0}% of {:.2} TB/s HBM, {:.0} us per op",
                     crate::schedule::cost::MATMUL_EFFICIENCY * 100.0,
                     s.cluster.gpu.max_matmul_fraction * 100.0,
                     crate::schedule::cost::MATMUL_EFFICIENCY * s.cluster.gpu.max_matmul_fraction * 100.0,
-                    crate::schedule::cost::GEMM_TILE.0,
-                    crate::schedule::cost::GEMM_TILE.1,
-                    s.cluster.gpu.sms,
+                    match s.cluster.gpu.sms {
+                        0 => "no wave quantization (the GPU's SM count is not given)".to_string(),
+                        sms => format!(
+                            "less each GEMM's wave quantization ({}x{} output tiles over {sms} SMs; a matmul's input- and weight-gradient GEMMs by their own output shapes)",
+                            crate::schedule::cost::GEMM_TILE.0,
+                            crate::schedule::cost::GEMM_TILE.1,
+                        ),
+                    },
                     crate::schedule::cost::ATTENTION_EFFICIENCY * s.cluster.gpu.max_matmul_fraction * 100.0,
                     crate::schedule::cost::HBM_EFFICIENCY * 100.0,
                     s.cluster.gpu.hbm_bytes_per_s / 1e12,

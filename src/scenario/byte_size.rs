@@ -71,6 +71,11 @@ fn decimal(s: &str) -> Option<(u128, i32)> {
     Some((digits, exp - frac.len() as i32))
 }
 
+/// serde: a required size field.
+pub fn required<'de, D: serde::Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+    opt(d).map(|v| v.unwrap_or_default())
+}
+
 /// serde: an optional size field (integer, integral float or string with a unit).
 pub fn opt<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
     struct V;

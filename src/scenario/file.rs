@@ -266,6 +266,43 @@ pub struct HardwareSection {
     pub nic_gbps: Option<f64>,
     /// Override of the GPU's intra-node link (NVLink / xGMI), GB/s per direction.
     pub nvlink_gb_per_s: Option<f64>,
+    /// `[hardware.custom]`: the GPU of `gpu = "custom"`, a part the catalog lacks.
+    pub custom: Option<CustomGpuSection>,
+}
+
+/// `[hardware.custom]`: a GPU described in the scenario (with `hardware.gpu = "custom"`), in
+/// the catalog's terms (`crate::hardware::GpuSpec`): dense peaks, no sparsity.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CustomGpuSection {
+    /// Shown in reports and errors (default "custom"); not a catalog key.
+    pub name: Option<String>,
+    /// Device memory as `nvidia-smi` / `rocm-smi` reports it (`memory.total`), bytes (or
+    /// with a unit: "24564MiB").
+    #[serde(deserialize_with = "super::byte_size::required")]
+    pub memory: i64,
+    /// Dense BF16 tensor peak, TFLOP/s (absent: no BF16 tensor cores).
+    pub bf16_tflops: Option<f64>,
+    /// Dense FP16 tensor peak, TFLOP/s (default: bf16_tflops).
+    pub fp16_tflops: Option<f64>,
+    /// Dense TF32 tensor peak, TFLOP/s (absent: no TF32).
+    pub tf32_tflops: Option<f64>,
+    /// FP32 peak without tensor cores, TFLOP/s.
+    pub fp32_tflops: f64,
+    /// Dense FP8 tensor peak, TFLOP/s (absent: no FP8 tensor cores).
+    pub fp8_tflops: Option<f64>,
+    /// Device memory bandwidth, GB/s.
+    pub hbm_gb_per_s: f64,
+    /// Intra-node GPU-to-GPU link, GB/s per direction (NVLink / xGMI, or PCIe x16).
+    pub nvlink_gb_per_s: f64,
+    /// PCIe generation of the host link (default 4).
+    pub pcie_gen: Option<i64>,
+    /// Streaming multiprocessors / compute units (absent: no wave quantization).
+    pub sms: Option<i64>,
+    /// Best measured dense matmul throughput as a fraction of the BF16/FP16 peak (default 0.8).
+    pub max_matmul_fraction: Option<f64>,
+    /// The architecture the libraries key their defaults on (default "hopper").
+    pub arch: Option<String>,
 }
 
 /// A setting that is a switch or a size (FSDP2's `reshard_after_forward: bool | int`).

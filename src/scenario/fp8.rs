@@ -36,7 +36,7 @@ pub(super) fn validate_fp8(v: &V, f: Option<&Fp8Section>, cx: &Fp8Context) -> Re
         return Err(v.err(
             "fp8",
             format!(
-                "{} has no FP8 tensor cores; FP8 training needs H100, H200, B200 or MI300X (remove [fp8] to train in 16 bits)",
+                "{} has no FP8 tensor cores; FP8 training needs an Ada, Hopper, Blackwell or MI300-class part (e.g. RTX 4090, L40S, H100, H200, B200, MI300X; remove [fp8] to train in 16 bits)",
                 cx.cluster.gpu.name
             ),
         ));

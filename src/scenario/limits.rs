@@ -27,6 +27,14 @@ pub const MAX_TOKENS: u64 = 1 << 32;
 pub const MAX_GRAD_ACCUM: u64 = 1 << 16;
 /// GPUs in a job.
 pub const MAX_GPUS: u64 = 1 << 20;
+/// `[hardware.custom] memory`: 2^44 bytes (16 TiB; announced parts stay under 1 TiB).
+pub const MAX_GPU_MEMORY: u64 = 1 << 44;
+/// `[hardware.custom]` peaks: 10^6 TFLOP/s (an exaFLOP/s per GPU; shipped parts reach 10^4).
+pub const MAX_TFLOPS: f64 = 1e6;
+/// `[hardware.custom]` bandwidths: 10^6 GB/s (a PB/s; HBM is near 10^4).
+pub const MAX_GB_PER_S: f64 = 1e6;
+/// `[hardware.custom] sms`: 2^16 (shipped parts have up to 304).
+pub const MAX_SMS: u64 = 1 << 16;
 /// DDP's `bucket_cap_mb`: 2^24 MiB (16 TiB). A bucket larger than the model is one bucket,
 /// so any larger value means the same; the bound keeps its bytes exact.
 pub const MAX_BUCKET_CAP_MB: f64 = (1u64 << 24) as f64;

@@ -3,6 +3,7 @@
 
 mod allocator;
 pub mod byte_size;
+pub mod custom_gpu;
 mod deepspeed;
 pub mod error;
 pub mod extends;
@@ -23,6 +24,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use allocator::validate_allocator;
+use custom_gpu::validate_gpu;
 use deepspeed::validate_deepspeed;
 pub use error::ScenarioError;
 pub use file::*;
@@ -641,9 +643,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
 
     // --- hardware
     let h = &f.hardware;
-    let gpu = hardware::lookup(&h.gpu).ok_or_else(|| {
-        v.err("hardware.gpu", format!("unknown GPU \"{}\"; the catalog has: {}", h.gpu, hardware::names().join(", ")))
-    })?;
+    let mut gpu = validate_gpu(&v, h)?;
     let gpus = v.bounded("hardware.gpus", h.gpus, limits::MAX_GPUS)?;
     let node_name = h.node.as_deref().unwrap_or(gpu.default_node);
     let node = hardware::node(node_name).ok_or_else(|| {
@@ -667,7 +667,6 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         Some(x) => x * 1e9 / 8.0,
         None => node.nic_bytes_per_s,
     };
-    let mut gpu = gpu.clone();
     if let Some(x) = h.nvlink_gb_per_s {
         if !(x > 0.0 && x.is_finite()) {
             return Err(v.err("hardware.nvlink_gb_per_s", format!("must be a positive number of GB/s, got {x}")));

@@ -48,8 +48,9 @@ fn fabric(cluster: &Cluster) -> Fabric {
         ring_channels_inter: inter,
         // Two A100s (sm80) over NVLink use P2P read (`ncclTopoCheckP2p`).
         p2p_read: cluster.gpu.arch == Arch::Ampere,
-        // NVSwitch multicast needs Hopper or later on an NVSwitch fabric.
-        nvls_capable: nvswitch && cluster.gpu.arch.hopper_or_later(),
+        // NVSwitch multicast needs NVLink SHARP (data-center Hopper or Blackwell) on an
+        // NVSwitch fabric.
+        nvls_capable: nvswitch && cluster.gpu.arch.nvlink_sharp(),
         gpus_per_node: u64::from(cluster.gpus_per_node),
     }
 }
@@ -69,7 +70,7 @@ pub(super) fn validate_nccl(v: &V, n: Option<&NcclSection>, cluster: &Cluster) -
             return Err(v.err(
                 "nccl.nvls",
                 format!(
-                    "NVLS needs NVSwitch multicast (H100, H200 or B200 on an NVSwitch node); {} on {} has none",
+                    "NVLS needs NVSwitch multicast (a data-center Hopper or Blackwell GPU on an NVSwitch node); {} on {} has none",
                     cluster.gpu.name, cluster.node
                 ),
             ));
