@@ -112,6 +112,27 @@ enum ImportCommand {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Megatron-LM's arguments: the command line, or the `arguments` block a training log
+    /// prints (every argument with its value); the GPU from the flag.
+    Megatron {
+        /// A file holding the arguments (command line or log block).
+        args: PathBuf,
+        /// GPU (catalog key, e.g. h100-sxm).
+        #[arg(long)]
+        gpu: String,
+        /// GPUs in the job (a log's world_size is used when this is absent).
+        #[arg(long)]
+        gpus: Option<u64>,
+        /// GPUs per node (default: the GPU's usual node).
+        #[arg(long)]
+        gpus_per_node: Option<u64>,
+        /// The padded vocabulary size, where the arguments give none (it comes from the tokenizer).
+        #[arg(long)]
+        vocab: Option<u64>,
+        /// Write the scenario here (default: print it).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// A torchtitan job TOML (parallel degrees, batch, precision, checkpointing, float8); the
     /// model from its name and flavor (or --model), the GPU from the flag.
     Torchtitan {
@@ -201,6 +222,10 @@ fn cli_main() -> ExitCode {
                 dtype,
             };
             import(&config, out, |name, text| stepsim::import::deepspeed::import(name, text, &args), "deepspeed")
+        }
+        Command::Import(ImportCommand::Megatron { args, gpu, gpus, gpus_per_node, vocab, out }) => {
+            let a = stepsim::import::megatron::MegatronArgs { gpu, gpus, gpus_per_node, vocab };
+            import(&args, out, |name, text| stepsim::import::megatron::import(name, text, &a), "megatron")
         }
         Command::Import(ImportCommand::Torchtitan { config, gpu, gpus, gpus_per_node, model, out }) => {
             let model = match model.map(model_arg).transpose() {

@@ -295,3 +295,109 @@ fn torchtitan_degrees_batches_checkpointing_and_float8() {
     assert!(im.not_expressed.iter().any(|n| n.starts_with("[mystery]")), "{:?}", im.not_expressed);
     Scenario::from_toml(Path::new("imported.toml"), &im.render("torchtitan")).unwrap_or_else(|e| panic!("{e}"));
 }
+
+// ---------------------------------------------------------------- Megatron-LM
+
+use stepsim::import::megatron::{self, MegatronArgs};
+
+fn megatron_args(gpus: Option<u64>, vocab: Option<u64>) -> MegatronArgs {
+    MegatronArgs { gpu: "h100-sxm".into(), gpus, gpus_per_node: None, vocab }
+}
+
+/// A Llama-style job's `arguments` block in the layout Megatron's `_print_args` writes (name,
+/// dots to column 48, value), with arguments at their defaults among them as a real log has.
+const LLAMA_LOG: &str = "\
+using world size: 16, data-parallel-size: 8, tensor-model-parallel-size: 2
+------------------------ arguments ------------------------
+  accumulate_allreduce_grads_in_fp32 .............. False
+  add_bias_linear ................................. False
+  add_qkv_bias .................................... False
+  bf16 ............................................ True
+  ckpt_format ..................................... torch_dist
+  clip_grad ....................................... 1.0
+  cpu_offloading .................................. True
+  fp16 ............................................ False
+  ffn_hidden_size ................................. 2816
+  global_batch_size ............................... 64
+  group_query_attention ........................... True
+  hidden_dropout .................................. 0.0
+  hidden_size ..................................... 1024
+  kv_channels ..................................... 64
+  max_position_embeddings ......................... 4096
+  micro_batch_size ................................ 2
+  normalization ................................... RMSNorm
+  num_attention_heads ............................. 16
+  num_layers ...................................... 4
+  num_query_groups ................................ 4
+  overlap_grad_reduce ............................. True
+  padded_vocab_size ............................... 32000
+  pipeline_model_parallel_size .................... 1
+  position_embedding_type ......................... rope
+  recompute_granularity ........................... selective
+  seq_length ...................................... 4096
+  sequence_parallel ............................... True
+  swiglu .......................................... True
+  tensor_model_parallel_size ...................... 2
+  untie_embeddings_and_output_weights ............. True
+  use_distributed_optimizer ....................... True
+  world_size ...................................... 16
+-------------------- end of arguments ---------------------
+";
+
+#[test]
+fn megatrons_gpt3_175b_command_line_imports() {
+    let cmd = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/megatron/gpt3_175b_command.txt"),
+    )
+    .unwrap();
+    // The world size from torchrun's --nproc_per_node 8 x --nnodes 128.
+    let im = megatron::import("cmd.txt", &cmd, &megatron_args(None, Some(51200))).unwrap_or_else(|e| panic!("{e}"));
+    let s = Scenario::from_toml(Path::new("imported.toml"), &im.render("megatron")).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(s.cluster.gpus, 1024);
+    let mp = &s.parallel.model_parallel;
+    assert_eq!((mp.tensor, mp.pipeline), (8, 16));
+    assert_eq!((s.workload.micro_batch, s.training.grad_accum), (1, 192));
+    // GPT-3 175B: 96 x (12 h^2 + 13 h) + (V + s) h + 2h.
+    let h = 12288u64;
+    assert_eq!(s.model.param_count(), 96 * (12 * h * h + 13 * h) + (51200 + 2048) * h + 2 * h);
+    assert!(im.not_expressed.iter().any(|n| n.starts_with("rampup_batch_size")), "{:?}", im.not_expressed);
+    assert!(im.ignored.iter().any(|n| n == "lr"));
+    // The vocabulary comes from the tokenizer.
+    let e = megatron::import("cmd.txt", &cmd, &megatron_args(None, None)).unwrap_err();
+    assert!(e.key == "padded_vocab_size" && e.message.contains("--vocab"), "{e}");
+    let e = megatron::import("cmd.txt", &cmd, &megatron_args(Some(512), Some(51200))).unwrap_err();
+    assert!(e.message.contains("1024 GPUs, --gpus 512"), "{e}");
+}
+
+#[test]
+fn a_megatron_log_block_imports_and_runs() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(d.path().join("train.log"), LLAMA_LOG).unwrap();
+    let out = stepsim(&["import", "megatron", "train.log", "--gpu", "h100-sxm", "--out", "s.toml"], d.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("cpu_offloading = True"), "{}", text(&out.stdout));
+    let file = std::fs::read_to_string(d.path().join("s.toml")).unwrap();
+    assert!(!file.contains("ckpt_format"), "a default-valued log argument is not listed:\n{file}");
+    let s = Scenario::load(&d.path().join("s.toml")).unwrap();
+    assert_eq!(s.cluster.gpus, 16);
+    assert_eq!((s.workload.micro_batch, s.training.grad_accum), (2, 4));
+    assert_eq!((s.model.n_heads, s.model.n_kv_heads, s.model.ffn_hidden, s.model.vocab), (16, 4, 2816, 32000));
+    assert!(!s.model.tie_embeddings);
+    for want in [
+        "framework = \"megatron\"",
+        "sharding = \"zero1\"",
+        "overlap_grad_reduce = true",
+        "activation_checkpointing = \"selective\"",
+    ] {
+        assert!(file.contains(want), "{want} in\n{file}");
+    }
+    let r = stepsim(&["run", "s.toml", "--out", "o"], d.path());
+    assert_eq!(r.status.code(), Some(0), "{}", text(&r.stderr));
+    // A block between GPT and Llama is refused, naming what breaks it.
+    let mixed = LLAMA_LOG.replace(
+        "position_embedding_type ......................... rope",
+        "position_embedding_type ......................... learned_absolute",
+    );
+    let e = megatron::import("train.log", &mixed, &megatron_args(None, None)).unwrap_err();
+    assert!(e.key == "normalization" && e.message.contains("learned_absolute"), "{e}");
+}

@@ -3,6 +3,7 @@
 //! validated before it is written, so an import that exits 0 always loads.
 
 pub mod deepspeed;
+pub mod megatron;
 pub mod torchtitan;
 
 use std::fmt;

@@ -1,0 +1,468 @@
+//! A Megatron-LM job as a scenario, from its arguments in either form people have them: the
+//! command line (`--num-layers 32 --hidden-size 4096 ... --bf16`, line continuations allowed)
+//! or the block Megatron prints at start-up (`num_layers ...................... 32`, the
+//! `arguments` section of every training log). Names and defaults are `megatron/training/
+//! arguments.py`'s:
+//! - the architecture: `num_layers`, `hidden_size`, `ffn_hidden_size` (default 4 x hidden;
+//!   with `--swiglu` 4 x hidden x 2/3 rounded up to a multiple of 64),
+//!   `num_attention_heads`, `group_query_attention` with `num_query_groups`, `kv_channels`,
+//!   `max_position_embeddings`, the vocabulary (`padded_vocab_size` from the log, or
+//!   `--vocab-size`); GPT-style (LayerNorm, GELU, learned positions, biases) or Llama-style
+//!   (`--normalization RMSNorm --swiglu --position-embedding-type rope
+//!   --disable-bias-linear`), anything in between refused with the key that breaks it;
+//! - the layout: `tensor_model_parallel_size`, `pipeline_model_parallel_size`,
+//!   `num_layers_per_virtual_pipeline_stage`, `sequence_parallel`, `context_parallel_size`,
+//!   `use_distributed_optimizer` (ZeRO-1), the overlap flags; the data-parallel size is the
+//!   world size over the model-parallel size;
+//! - the step: `micro_batch_size`, `global_batch_size` (accumulation = global / (micro x
+//!   data-parallel size)), `seq_length`, `bf16` / `fp16`,
+//!   `accumulate_allreduce_grads_in_fp32`, recomputation, `clip_grad`, FP8.
+
+use std::collections::BTreeMap;
+
+use super::{Import, ImportError};
+
+/// What the command line adds to the arguments.
+#[derive(Debug, Clone)]
+pub struct MegatronArgs {
+    pub gpu: String,
+    /// The world size (the log's `world_size` is used when this is absent).
+    pub gpus: Option<u64>,
+    pub gpus_per_node: Option<u64>,
+    /// The padded vocabulary, where the arguments do not give one.
+    pub vocab: Option<u64>,
+}
+
+/// Arguments read and ignored: no effect on memory or time.
+const NO_EFFECT: &[&str] = &[
+    "lr",
+    "min_lr",
+    "lr_decay_style",
+    "lr_decay_iters",
+    "lr_warmup_iters",
+    "lr_warmup_fraction",
+    "weight_decay",
+    "adam_beta1",
+    "adam_beta2",
+    "adam_eps",
+    "init_method_std",
+    "seed",
+    "train_iters",
+    "train_samples",
+    "log_interval",
+    "save_interval",
+    "eval_interval",
+    "eval_iters",
+    "save",
+    "load",
+    "data_path",
+    "split",
+    "tokenizer_type",
+    "vocab_file",
+    "merge_file",
+    "tokenizer_model",
+    "tensorboard_dir",
+    "wandb_project",
+    "exit_interval",
+    "distributed_backend",
+    "log_throughput",
+    "log_timers_to_tensorboard",
+    "no_load_optim",
+    "no_load_rng",
+    "norm_epsilon",
+    "layernorm_epsilon",
+    "rotary_base",
+    "rotary_percent",
+    "attention_softmax_in_fp32",
+    "use_flash_attn",
+    "use_mcore_models",
+    "transformer_impl",
+    "rank",
+    "local_rank",
+    "data_parallel_size",
+    "attention_backend",
+    "master_addr",
+    "master_port",
+    "node_rank",
+    "rdzv_backend",
+    "rdzv_endpoint",
+    "rdzv_id",
+];
+
+/// Arguments that change memory or time and that stepsim does not read, with what they do:
+/// listed when a log shows them set (a log prints every argument, most at their defaults).
+const WATCH: &[(&str, &str)] = &[
+    ("cpu_offloading", "activation and weight offload to the CPU"),
+    ("fp8_param_gather", "FP8 parameters gathered by the distributed optimizer"),
+    ("enable_cuda_graph", "CUDA graphs"),
+    ("defer_embedding_wgrad_compute", "the embedding's weight gradient deferred"),
+    ("decoder_first_pipeline_num_layers", "an uneven first pipeline stage"),
+    ("decoder_last_pipeline_num_layers", "an uneven last pipeline stage"),
+    ("account_for_embedding_in_pipeline_split", "the embedding counted as a layer in the pipeline split"),
+    ("account_for_loss_in_pipeline_split", "the loss counted as a layer in the pipeline split"),
+    ("distribute_saved_activations", "checkpointed activations split over the tensor-parallel group"),
+    ("mtp_num_layers", "multi-token prediction"),
+    ("multi_latent_attention", "multi-head latent attention"),
+    ("use_torch_fsdp2", "PyTorch FSDP2 in place of Megatron's DDP"),
+    ("use_custom_fsdp", "Megatron's FSDP"),
+    ("fp16_lm_cross_entropy", "the loss in 16 bits"),
+    ("cross_entropy_loss_fusion", "the fused cross-entropy"),
+    ("moe_expert_capacity_factor", "token dropping"),
+    ("moe_shared_expert_intermediate_size", "shared experts"),
+    ("apply_residual_connection_post_layernorm", "a post-norm residual"),
+    ("rampup_batch_size", "the batch-size ramp-up (the full global batch is simulated)"),
+];
+
+/// The arguments as a map from Megatron's underscored names to their text ("true" for a
+/// flag given without a value).
+pub fn parse_args(text: &str) -> Result<BTreeMap<String, String>, String> {
+    let mut m = BTreeMap::new();
+    let log = text.lines().any(|l| l.contains(" ....") || l.contains(" ...."));
+    if log {
+        for l in text.lines() {
+            // `  num_layers ...................................... 32`
+            let l = l.trim();
+            let Some((k, rest)) = l.split_once(' ') else { continue };
+            let rest = rest.trim_start();
+            if !rest.starts_with("..") || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                continue;
+            }
+            let v = rest.trim_start_matches('.').trim();
+            m.insert(k.to_string(), v.to_string());
+        }
+        return Ok(m);
+    }
+    // Comments dropped, line continuations and a bash array's parentheses are no words.
+    let words: Vec<&str> = text
+        .lines()
+        .flat_map(|l| l.split('#').next().unwrap_or("").split_whitespace())
+        .filter(|w| !["\\", "(", ")"].contains(w))
+        .collect();
+    // The training script after the launcher's flags is no flag's value.
+    let is_value = |w: &str| !w.starts_with("--") && !w.ends_with(".py");
+    let mut i = 0;
+    while i < words.len() {
+        let w = words[i];
+        let Some(name) = w.strip_prefix("--") else {
+            i += 1;
+            continue; // the launcher and script before the first flag
+        };
+        let (name, inline) = match name.split_once('=') {
+            Some((n, v)) => (n, Some(v.to_string())),
+            None => (name, None),
+        };
+        let key = name.replace('-', "_");
+        let value = match inline {
+            Some(v) => v,
+            None => {
+                // A flag's values run to the next flag (`--recompute-modules core_attn mlp`).
+                let mut vals = Vec::new();
+                while i + 1 < words.len() && is_value(words[i + 1]) {
+                    i += 1;
+                    vals.push(words[i]);
+                }
+                if vals.is_empty() {
+                    "true".to_string()
+                } else {
+                    vals.join(" ")
+                }
+            }
+        };
+        if m.insert(key.clone(), value).is_some() {
+            return Err(format!("--{name} is given twice"));
+        }
+        i += 1;
+    }
+    Ok(m)
+}
+
+pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, ImportError> {
+    let err = |key: &str, msg: String| ImportError { file: file.to_string(), key: key.to_string(), message: msg };
+    let m = parse_args(text).map_err(|e| err("", e))?;
+    let from_log = text.lines().any(|l| l.contains(" ...."));
+    if m.is_empty() {
+        return Err(err(
+            "",
+            "no Megatron arguments found (give the command line, or the `arguments` block of a training log)".into(),
+        ));
+    }
+    let mut im = Import::default();
+    let mut used: Vec<&str> = Vec::new();
+    let none = |v: &str| v.is_empty() || v == "None";
+    let mut get = |k: &'static str| -> Option<String> {
+        used.push(k);
+        m.get(k).filter(|v| !none(v)).cloned()
+    };
+    let flag = |v: Option<String>| v.is_some_and(|v| v == "true" || v == "True");
+    let num = |k: &str, v: Option<String>| -> Result<Option<u64>, ImportError> {
+        v.map(|v| {
+            v.parse::<u64>()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| err(k, format!("must be a positive whole number, got \"{v}\"")))
+        })
+        .transpose()
+    };
+    let req = |k: &str, v: Option<u64>| v.ok_or_else(|| err(k, "is required".into()));
+    // --- the architecture
+    let layers = req("num_layers", num("num_layers", get("num_layers"))?)?;
+    let hidden = req("hidden_size", num("hidden_size", get("hidden_size"))?)?;
+    let heads = req("num_attention_heads", num("num_attention_heads", get("num_attention_heads"))?)?;
+    let swiglu = flag(get("swiglu"));
+    let norm = get("normalization").unwrap_or_else(|| "LayerNorm".into());
+    let pos = get("position_embedding_type").unwrap_or_else(|| "learned_absolute".into());
+    let no_bias = flag(get("disable_bias_linear")) || get("add_bias_linear").is_some_and(|v| v == "False");
+    let untie = flag(get("untie_embeddings_and_output_weights"));
+    let llama = norm == "RMSNorm" && swiglu && pos == "rope" && no_bias;
+    let gpt = norm == "LayerNorm" && !swiglu && pos == "learned_absolute" && !no_bias;
+    if !llama && !gpt {
+        return Err(err(
+            "normalization",
+            format!("normalization {norm}, swiglu {swiglu}, position_embedding_type {pos}, biases {}: stepsim's blocks are GPT-style (LayerNorm, GELU, learned_absolute, biases) or Llama-style (RMSNorm, --swiglu, rope, --disable-bias-linear)", !no_bias),
+        ));
+    }
+    let family = if llama { "llama" } else { "gpt" };
+    im.mapped.push(format!(
+        "architecture: {family} family ({norm}, {}, {pos}, {})",
+        if swiglu { "SwiGLU" } else { "GELU" },
+        if no_bias { "no linear biases" } else { "linear biases" }
+    ));
+    let ffn = match num("ffn_hidden_size", get("ffn_hidden_size"))? {
+        Some(f) => f,
+        // arguments.py: 4h, and with --swiglu int(4h x 2/3) rounded up to a multiple of 64.
+        None if swiglu => (4 * hidden * 2 / 3).div_ceil(64) * 64,
+        None => 4 * hidden,
+    };
+    let kv = if flag(get("group_query_attention")) {
+        num("num_query_groups", get("num_query_groups"))?.unwrap_or(1)
+    } else {
+        heads
+    };
+    let head_dim = num("kv_channels", get("kv_channels"))?.filter(|&d| d * heads != hidden);
+    let vocab =
+        match (a.vocab, num("padded_vocab_size", get("padded_vocab_size"))?, num("vocab_size", get("vocab_size"))?) {
+            (Some(v), _, _) | (None, Some(v), _) | (None, None, Some(v)) => v,
+            (None, None, None) => {
+                return Err(err(
+                    "padded_vocab_size",
+                    "the vocabulary comes from the tokenizer: give --vocab (the padded size Megatron prints)".into(),
+                ))
+            }
+        };
+    let seq = req("seq_length", num("seq_length", get("seq_length"))?)?;
+    let max_pos = num("max_position_embeddings", get("max_position_embeddings"))?.unwrap_or(seq);
+    let dropout = get("hidden_dropout").and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.1);
+    let mut model = format!("family = \"{family}\"\nn_layers = {layers}\nhidden = {hidden}\nn_heads = {heads}\nffn_hidden = {ffn}\nvocab = {vocab}\nmax_seq_len = {max_pos}\ntie_embeddings = {}\ndropout = {dropout}\n", !untie);
+    if llama && kv != heads {
+        model.push_str(&format!("n_kv_heads = {kv}\n"));
+    }
+    if let Some(d) = head_dim {
+        model.push_str(&format!("head_dim = {d}\n"));
+    }
+    if flag(get("add_qkv_bias")) {
+        model.push_str("qkv_bias = true\n");
+    }
+    im.mapped.push(format!("model: {layers} layers, hidden {hidden}, {heads} heads ({kv} query groups), ffn {ffn}, vocab {vocab}, positions {max_pos}, dropout {dropout}"));
+    if let Some(e) = num("num_experts", get("num_experts"))? {
+        let k = num("moe_router_topk", get("moe_router_topk"))?.unwrap_or(2);
+        let f = num("moe_ffn_hidden_size", get("moe_ffn_hidden_size"))?.unwrap_or(ffn);
+        model.push_str(&format!("\n[model.moe]\nnum_experts = {e}\ntop_k = {k}\nexpert_ffn_hidden = {f}\n"));
+        im.mapped.push(format!("MoE: {e} experts, top {k}, expert ffn {f}"));
+    }
+    // --- the layout
+    let tp = num("tensor_model_parallel_size", get("tensor_model_parallel_size"))?.unwrap_or(1);
+    let pp = num("pipeline_model_parallel_size", get("pipeline_model_parallel_size"))?.unwrap_or(1);
+    let cp = num("context_parallel_size", get("context_parallel_size"))?.unwrap_or(1);
+    let ep = num("expert_model_parallel_size", get("expert_model_parallel_size"))?.unwrap_or(1);
+    // torchrun's --nproc_per_node x --nnodes, where the command line has the launcher.
+    let launched = match (num("nproc_per_node", get("nproc_per_node"))?, num("nnodes", get("nnodes"))?) {
+        (Some(p), n) => Some(p * n.unwrap_or(1)),
+        _ => None,
+    };
+    let gpus = match (a.gpus, num("world_size", get("world_size"))?.or(launched)) {
+        (Some(g), Some(w)) if g != w => {
+            return Err(err("world_size", format!("the arguments give {w} GPUs, --gpus {g}")))
+        }
+        (Some(g), _) | (None, Some(g)) => g,
+        (None, None) => {
+            return Err(err(
+                "world_size",
+                "not in the arguments (no log world_size, no torchrun --nproc_per_node): give --gpus".into(),
+            ))
+        }
+    };
+    let mp = tp * pp * cp;
+    if gpus % mp != 0 {
+        return Err(err(
+            "tensor_model_parallel_size",
+            format!("tensor {tp} x pipeline {pp} x context {cp} = {mp} does not divide {gpus} GPUs"),
+        ));
+    }
+    let dp = gpus / mp;
+    let zero1 = flag(get("use_distributed_optimizer"));
+    let mut par = format!("framework = \"megatron\"\nsharding = \"{}\"\n", if zero1 { "zero1" } else { "none" });
+    if tp > 1 {
+        par.push_str(&format!("tensor = {tp}\n"));
+    }
+    if flag(get("sequence_parallel")) {
+        par.push_str("sequence_parallel = true\n");
+    }
+    if pp > 1 {
+        match num("num_layers_per_virtual_pipeline_stage", get("num_layers_per_virtual_pipeline_stage"))? {
+            Some(v) => {
+                let chunks = layers / pp / v;
+                par.push_str(&format!("pipeline = {pp}\nschedule = \"interleaved-1f1b\"\nvirtual_stages = {chunks}\n"));
+            }
+            None => par.push_str(&format!("pipeline = {pp}\nschedule = \"1f1b\"\n")),
+        }
+    }
+    if cp > 1 {
+        par.push_str(&format!("context = {cp}\n"));
+    }
+    if ep > 1 {
+        par.push_str(&format!("expert = {ep}\n"));
+    }
+    im.mapped.push(format!(
+        "layout: tensor {tp} x pipeline {pp} x context {cp} x data {dp} = {gpus} GPUs{}{}",
+        if ep > 1 { format!(", expert {ep}") } else { String::new() },
+        if zero1 { ", distributed optimizer (ZeRO-1)" } else { "" }
+    ));
+    let mut mg = String::new();
+    for k in ["overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap"] {
+        if flag(get(k)) {
+            mg.push_str(&format!("{k} = true\n"));
+            im.mapped.push(format!("--{}", k.replace('_', "-")));
+        }
+    }
+    // --- the step
+    let micro = num("micro_batch_size", get("micro_batch_size"))?.unwrap_or(1);
+    let global = num("global_batch_size", get("global_batch_size"))?.unwrap_or(micro * dp);
+    if global % (micro * dp) != 0 {
+        return Err(err(
+            "global_batch_size",
+            format!("{global} is not a multiple of micro_batch_size {micro} x data-parallel size {dp}"),
+        ));
+    }
+    let accum = global / (micro * dp);
+    im.mapped.push(format!("batch: micro {micro} x {accum} micro-batches x data-parallel {dp} = global {global}"));
+    let (bf16, fp16) = (flag(get("bf16")), flag(get("fp16")));
+    let fp32_acc = flag(get("accumulate_allreduce_grads_in_fp32"));
+    let (preset, extra) = match (bf16, fp16) {
+        (true, true) => return Err(err("fp16", "bf16 and fp16 together".into())),
+        (true, false) if fp32_acc => ("bf16-mixed-adam-fp32-grads", ""),
+        (true, false) => ("bf16-mixed-adam", ""),
+        (false, true) => {
+            ("bf16-mixed-adam", "param_dtype = \"fp16\"\ncompute_dtype = \"fp16\"\ngrad_dtype = \"fp16\"\n")
+        }
+        (false, false) => ("fp32", ""),
+    };
+    im.mapped.push(format!(
+        "precision: {}{}: preset {preset}",
+        if bf16 {
+            "--bf16"
+        } else if fp16 {
+            "--fp16"
+        } else {
+            "FP32"
+        },
+        if fp32_acc { " --accumulate-allreduce-grads-in-fp32" } else { "" }
+    ));
+    let mut training =
+        format!("micro_batch = {micro}\nseq_len = {seq}\ngrad_accum = {accum}\nprecision = \"{preset}\"\n{extra}");
+    // Older Megatron's names: --checkpoint-activations (full) and --recompute-activations
+    // (selective).
+    let granularity = get("recompute_granularity").or_else(|| {
+        if flag(get("checkpoint_activations")) {
+            Some("full".into())
+        } else if flag(get("recompute_activations")) {
+            Some("selective".into())
+        } else {
+            None
+        }
+    });
+    match granularity.as_deref() {
+        None => training.push_str("activation_checkpointing = \"none\"\n"),
+        Some("full") => {
+            training.push_str("activation_checkpointing = \"full\"\n");
+            if let Some(method) = get("recompute_method") {
+                training.push_str(&format!("recompute_method = \"{method}\"\n"));
+            }
+            if let Some(n) = num("recompute_num_layers", get("recompute_num_layers"))? {
+                training.push_str(&format!("recompute_num_layers = {n}\n"));
+            }
+            im.mapped.push("--recompute-granularity full".into());
+        }
+        Some("selective") => {
+            training.push_str("activation_checkpointing = \"selective\"\n");
+            if let Some(mods) = get("recompute_modules") {
+                let list: Vec<String> = mods
+                    .trim_matches(|c| c == '[' || c == ']')
+                    .split([' ', ','])
+                    .map(|s| s.trim_matches('\'').trim_matches('"'))
+                    .filter(|s| !s.is_empty())
+                    .map(|s| format!("\"{s}\""))
+                    .collect();
+                training.push_str(&format!("recompute_modules = [{}]\n", list.join(", ")));
+            }
+            im.mapped.push("--recompute-granularity selective".into());
+        }
+        Some(x) => return Err(err("recompute_granularity", format!("must be full or selective, got \"{x}\""))),
+    }
+    let clip = get("clip_grad").and_then(|v| v.parse::<f64>().ok()).unwrap_or(1.0);
+    training.push_str(&format!("clip_grad_norm = {}\n", clip > 0.0));
+    match get("optimizer").as_deref() {
+        None | Some("adam") => training.push_str("optimizer = \"adamw\"\n"),
+        Some("sgd") => training.push_str("optimizer = \"sgd\"\n"),
+        Some(x) => im.not_expressed.push(format!("optimizer {x}: AdamW simulated")),
+    }
+    let mut fp8 = String::new();
+    if let Some(f) = get("fp8_format").or_else(|| get("fp8")) {
+        if f != "false" && f != "False" {
+            fp8.push_str("recipe = \"delayed\"\n");
+            if let Some(h) = num("fp8_amax_history_len", get("fp8_amax_history_len"))? {
+                fp8.push_str(&format!("amax_history_len = {h}\n"));
+            }
+            if flag(get("no_fp8_wgrad")) {
+                fp8.push_str("wgrad = false\n");
+            }
+            im.mapped.push(format!("FP8 ({f}): Transformer Engine delayed scaling"));
+        }
+    }
+    // --- what is left
+    for (k, v) in &m {
+        if used.contains(&k.as_str()) || NO_EFFECT.contains(&k.as_str()) {
+            if NO_EFFECT.contains(&k.as_str()) && !used.contains(&k.as_str()) {
+                im.ignored.push(k.clone());
+            }
+            continue;
+        }
+        if none(v) || v == "False" || v == "false" || v == "0" {
+            continue;
+        }
+        match WATCH.iter().find(|w| w.0 == k) {
+            Some((_, what)) => im.not_expressed.push(format!("{k} = {v}: {what}")),
+            // A log prints every argument at its value, defaults included: only the watched
+            // ones are named; a command line names what the user set.
+            None if !from_log => im.not_expressed.push(format!("--{} {v}: not read by stepsim", k.replace('_', "-"))),
+            None => {}
+        }
+    }
+    im.assumed.push("attention: flash (Megatron-Core's fused attention)".into());
+    let mut s = format!(
+        "description = {}\n\n[model]\n{model}\n[hardware]\ngpu = {}\ngpus = {gpus}\n",
+        super::quote(&format!("Megatron-LM job imported from {file}")),
+        super::quote(&a.gpu)
+    );
+    if let Some(n) = a.gpus_per_node {
+        s.push_str(&format!("gpus_per_node = {n}\n"));
+    }
+    s.push_str(&format!("\n[parallel]\n{par}\n[training]\n{training}attention = \"flash\"\n"));
+    if !mg.is_empty() {
+        s.push_str(&format!("\n[megatron]\n{mg}"));
+    }
+    if !fp8.is_empty() {
+        s.push_str(&format!("\n[fp8]\n{fp8}"));
+    }
+    im.toml = s;
+    Ok(im)
+}
