@@ -401,3 +401,34 @@ fn a_megatron_log_block_imports_and_runs() {
     let e = megatron::import("train.log", &mixed, &megatron_args(None, None)).unwrap_err();
     assert!(e.key == "normalization" && e.message.contains("learned_absolute"), "{e}");
 }
+
+/// Absurd numbers in any importer are errors (or a scenario the validator refuses), never a
+/// wrapped product or a panic: the importers' products are formed in u128.
+#[test]
+fn huge_numbers_are_refused_not_wrapped() {
+    let big = u64::MAX;
+    let mg = format!(
+        "--num-layers 4 --hidden-size {big} --num-attention-heads 16 --seq-length 4096 --swiglu --normalization RMSNorm \
+         --position-embedding-type rope --disable-bias-linear --tensor-model-parallel-size {big} \
+         --pipeline-model-parallel-size {big} --micro-batch-size {big} --global-batch-size {big}"
+    );
+    let r = megatron::import("cmd", &mg, &megatron_args(Some(big), Some(32000)));
+    if let Ok(im) = r {
+        assert!(Scenario::from_toml(Path::new("i.toml"), &im.render("megatron")).is_err());
+    }
+    let ds = format!(
+        r#"{{"train_batch_size": {big}, "train_micro_batch_size_per_gpu": {big}, "gradient_accumulation_steps": {big}}}"#
+    );
+    assert!(import("ds.json", &ds, &args(big)).is_err());
+    let tt = format!(
+        "[model]\nname = \"llama3\"\nflavor = \"8B\"\n[training]\nlocal_batch_size = {}\nglobal_batch_size = {}\n\
+         [parallelism]\ndata_parallel_replicate_degree = {m}\ndata_parallel_shard_degree = {m}\ntensor_parallel_degree = {m}\n\
+         pipeline_parallel_degree = {m}\ncontext_parallel_degree = {m}\n",
+        i64::MAX,
+        i64::MAX,
+        m = i64::MAX
+    );
+    if let Ok(s) = titan(&tt, None) {
+        panic!("{} GPUs accepted", s.cluster.gpus);
+    }
+}

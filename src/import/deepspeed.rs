@@ -108,17 +108,17 @@ pub fn import(file: &str, config: &str, a: &DeepspeedArgs) -> Result<Import, Imp
         _ => count("train_batch_size", None, "")?,
     };
     let (micro, gas) = match (micro, gas, global) {
-        (Some(m), Some(g), Some(t)) if m * g * dp_guess != t => {
+        (Some(m), Some(g), Some(t)) if wide(&[m, g, dp_guess]) != t as u128 => {
             return Err(err(
                 "train_batch_size",
-                format!("{t} != train_micro_batch_size_per_gpu {m} x gradient_accumulation_steps {g} x data-parallel size {dp_guess} (= {}), as DeepSpeed checks", m * g * dp_guess),
+                format!("{t} != train_micro_batch_size_per_gpu {m} x gradient_accumulation_steps {g} x data-parallel size {dp_guess} (= {}), as DeepSpeed checks", wide(&[m, g, dp_guess])),
             ))
         }
         (Some(m), Some(g), _) => (m, g),
-        (Some(m), None, Some(t)) => (m, divide(t, m * dp_guess).ok_or_else(|| err("train_batch_size", format!("{t} is not a multiple of train_micro_batch_size_per_gpu {m} x data-parallel size {dp_guess}")))?),
-        (None, Some(g), Some(t)) => (divide(t, g * dp_guess).ok_or_else(|| err("train_batch_size", format!("{t} is not a multiple of gradient_accumulation_steps {g} x data-parallel size {dp_guess}")))?, g),
+        (Some(m), None, Some(t)) => (m, divide(t, wide(&[m, dp_guess])).ok_or_else(|| err("train_batch_size", format!("{t} is not a multiple of train_micro_batch_size_per_gpu {m} x data-parallel size {dp_guess}")))?),
+        (None, Some(g), Some(t)) => (divide(t, wide(&[g, dp_guess])).ok_or_else(|| err("train_batch_size", format!("{t} is not a multiple of gradient_accumulation_steps {g} x data-parallel size {dp_guess}")))?, g),
         (Some(m), None, None) => (m, 1),
-        (None, None, Some(t)) => (divide(t, dp_guess).ok_or_else(|| err("train_batch_size", format!("{t} is not a multiple of the data-parallel size {dp_guess}")))?, 1),
+        (None, None, Some(t)) => (divide(t, dp_guess as u128).ok_or_else(|| err("train_batch_size", format!("{t} is not a multiple of the data-parallel size {dp_guess}")))?, 1),
         (None, _, None) => {
             return Err(err(
                 "train_micro_batch_size_per_gpu",
@@ -128,7 +128,7 @@ pub fn import(file: &str, config: &str, a: &DeepspeedArgs) -> Result<Import, Imp
     };
     im.mapped.push(format!(
         "batch: train_micro_batch_size_per_gpu {micro} x gradient_accumulation_steps {gas} x {dp_guess} GPUs = train_batch_size {}",
-        micro * gas * dp_guess
+        wide(&[micro, gas, dp_guess])
     ));
     // --- precision
     let enabled = |k: &str| -> Result<bool, ImportError> {
@@ -389,6 +389,12 @@ pub fn import(file: &str, config: &str, a: &DeepspeedArgs) -> Result<Import, Imp
 /// stepsim's bound on a bucket or sub-group, elements (`[deepspeed]`'s validation).
 const MAX_ELEMENTS: f64 = (1u64 << 40) as f64;
 
-fn divide(a: u64, b: u64) -> Option<u64> {
-    (b > 0 && a % b == 0 && a / b > 0).then(|| a / b)
+fn divide(a: u64, b: u128) -> Option<u64> {
+    let a = a as u128;
+    (b > 0 && a % b == 0 && a / b > 0).then(|| (a / b) as u64)
+}
+
+/// A product of counts, in u128 so no input can wrap it.
+fn wide(xs: &[u64]) -> u128 {
+    xs.iter().fold(1u128, |p, &x| p.saturating_mul(x as u128))
 }

@@ -230,15 +230,15 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
     let ffn = match num("ffn_hidden_size", get("ffn_hidden_size"))? {
         Some(f) => f,
         // arguments.py: 4h, and with --swiglu int(4h x 2/3) rounded up to a multiple of 64.
-        None if swiglu => (4 * hidden * 2 / 3).div_ceil(64) * 64,
-        None => 4 * hidden,
+        None if swiglu => u64::try_from((4 * hidden as u128 * 2 / 3).div_ceil(64) * 64).unwrap_or(u64::MAX),
+        None => hidden.saturating_mul(4),
     };
     let kv = if flag(get("group_query_attention")) {
         num("num_query_groups", get("num_query_groups"))?.unwrap_or(1)
     } else {
         heads
     };
-    let head_dim = num("kv_channels", get("kv_channels"))?.filter(|&d| d * heads != hidden);
+    let head_dim = num("kv_channels", get("kv_channels"))?.filter(|&d| d as u128 * heads as u128 != hidden as u128);
     let vocab =
         match (a.vocab, num("padded_vocab_size", get("padded_vocab_size"))?, num("vocab_size", get("vocab_size"))?) {
             (Some(v), _, _) | (None, Some(v), _) | (None, None, Some(v)) => v,
@@ -276,7 +276,7 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
     let ep = num("expert_model_parallel_size", get("expert_model_parallel_size"))?.unwrap_or(1);
     // torchrun's --nproc_per_node x --nnodes, where the command line has the launcher.
     let launched = match (num("nproc_per_node", get("nproc_per_node"))?, num("nnodes", get("nnodes"))?) {
-        (Some(p), n) => Some(p * n.unwrap_or(1)),
+        (Some(p), n) => Some(p.saturating_mul(n.unwrap_or(1))),
         _ => None,
     };
     let gpus = match (a.gpus, num("world_size", get("world_size"))?.or(launched)) {
@@ -291,14 +291,14 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
             ))
         }
     };
-    let mp = tp * pp * cp;
-    if gpus % mp != 0 {
+    let mp = (tp as u128 * pp as u128).saturating_mul(cp as u128);
+    if gpus as u128 % mp != 0 {
         return Err(err(
             "tensor_model_parallel_size",
             format!("tensor {tp} x pipeline {pp} x context {cp} = {mp} does not divide {gpus} GPUs"),
         ));
     }
-    let dp = gpus / mp;
+    let dp = (gpus as u128 / mp) as u64;
     let zero1 = flag(get("use_distributed_optimizer"));
     let mut par = format!("framework = \"megatron\"\nsharding = \"{}\"\n", if zero1 { "zero1" } else { "none" });
     if tp > 1 {
@@ -336,14 +336,15 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
     }
     // --- the step
     let micro = num("micro_batch_size", get("micro_batch_size"))?.unwrap_or(1);
-    let global = num("global_batch_size", get("global_batch_size"))?.unwrap_or(micro * dp);
-    if global % (micro * dp) != 0 {
+    let per_step = micro as u128 * dp as u128;
+    let global = num("global_batch_size", get("global_batch_size"))?.unwrap_or(micro.saturating_mul(dp));
+    if global as u128 % per_step != 0 {
         return Err(err(
             "global_batch_size",
             format!("{global} is not a multiple of micro_batch_size {micro} x data-parallel size {dp}"),
         ));
     }
-    let accum = global / (micro * dp);
+    let accum = (global as u128 / per_step) as u64;
     im.mapped.push(format!("batch: micro {micro} x {accum} micro-batches x data-parallel {dp} = global {global}"));
     let (bf16, fp16) = (flag(get("bf16")), flag(get("fp16")));
     let fp32_acc = flag(get("accumulate_allreduce_grads_in_fp32"));

@@ -140,7 +140,9 @@ pub fn import(file: &str, config: &str, a: &TorchtitanArgs) -> Result<Import, Im
             format!("must be a positive integer or -1, got {shard_cfg}"),
         ));
     }
-    let others = (rep * tp * pp * cp) as u64;
+    let others = [rep, tp, pp, cp].iter().fold(1u128, |p, &d| p.saturating_mul(d as u128));
+    let others =
+        u64::try_from(others).map_err(|_| err("parallelism", format!("the degrees multiply to {others} GPUs")))?;
     let (gpus, shard) = match (shard_cfg, a.gpus) {
         (-1, None) => {
             return Err(err(
@@ -158,7 +160,9 @@ pub fn import(file: &str, config: &str, a: &TorchtitanArgs) -> Result<Import, Im
             (g, g / others)
         }
         (s, g) => {
-            let world = others * s as u64;
+            let world = others
+                .checked_mul(s as u64)
+                .ok_or_else(|| err("parallelism", "the degrees multiply to more than 2^64 GPUs".into()))?;
             if let Some(g) = g.filter(|&g| g != world) {
                 return Err(err(
                     "parallelism",
@@ -238,12 +242,12 @@ pub fn import(file: &str, config: &str, a: &TorchtitanArgs) -> Result<Import, Im
     if local < 1 {
         return Err(err("training.local_batch_size", format!("must be a positive integer, got {local}")));
     }
-    let dp = rep as u64 * shard;
+    let dp = (rep as u64).saturating_mul(shard);
     let global = int(&training, "training", "global_batch_size", -1)?;
     let accum = if global <= 0 {
         1
-    } else if global as u64 % (local as u64 * dp) == 0 {
-        global as u64 / (local as u64 * dp)
+    } else if global as u128 % (local as u128 * dp as u128) == 0 {
+        (global as u128 / (local as u128 * dp as u128)) as u64
     } else {
         return Err(err(
             "training.global_batch_size",
