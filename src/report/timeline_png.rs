@@ -321,11 +321,14 @@ struct Legend {
     steps: bool,
     /// Some communication stream (not host work) ran a task: there can be a red band.
     comm: bool,
+    /// Some row has a lone task's tinted line (known once drawn; the layout reserves its
+    /// legend line).
+    lone: bool,
 }
 
 impl Legend {
     fn tallest() -> Self {
-        Legend { kinds: (0..KINDS).collect(), host: true, decode: true, steps: true, comm: true }
+        Legend { kinds: (0..KINDS).collect(), host: true, decode: true, steps: true, comm: true, lone: true }
     }
 
     fn of(groups: &[Group], drawn: &[usize]) -> Self {
@@ -347,7 +350,8 @@ impl Legend {
         let comm = drawn
             .iter()
             .any(|&k| active_streams(&groups[k]).iter().any(|&s| groups[k].sched.stream_class(s) == StreamClass::Comm));
-        Legend { kinds: (0..KINDS).filter(|&k| present[k]).collect(), host, decode, steps, comm }
+        let kinds: Vec<usize> = (0..KINDS).filter(|&k| present[k]).collect();
+        Legend { lone: !kinds.is_empty(), kinds, host, decode, steps, comm }
     }
 
     /// The marks explained under the kinds: swatch and text.
@@ -355,6 +359,8 @@ impl Legend {
         let mut v = vec![(Mark::Idle, "idle (compute row / other rows)")];
         if !self.kinds.is_empty() {
             v.push((Mark::Fill, "fill height: share of time busy"));
+        }
+        if self.lone {
             v.push((Mark::Lone, "tinted line: a short task alone"));
         }
         if self.comm {
@@ -809,14 +815,14 @@ fn place_header(name: &str, stats: Option<&[String]>, lines: &[i32], px0: i32, p
     let Some(stats) = stats else {
         return (vec![Piece { text: name.into(), x: x0 }], x0 + w(name) as i32 <= first);
     };
+    // Each wording, longest first: beside the name, else right of the last step line.
+    let last_line = interior.last().copied();
     for s in stats {
         let full = format!("{name} - {s}");
         if x0 + w(&full) as i32 <= first {
             return (vec![Piece { text: full, x: x0 }], true);
         }
-    }
-    if let Some(&last) = interior.last() {
-        for s in stats {
+        if let Some(last) = last_line {
             if x0 + w(name) as i32 <= first && last + 5 + w(s) as i32 <= px1 - 2 {
                 return (vec![Piece { text: name.into(), x: x0 }, Piece { text: s.clone(), x: last + 5 }], true);
             }
@@ -887,9 +893,10 @@ fn render(path: &Path, title: &str, groups: &[Group], lay: &Layout, job_steps: &
         root.draw_text(&t, &style, (px0 - 5, y)).map_err(|err| format!("drawing row labels: {err}"))
     };
     // A row's stacked columns from `y0` to its bottom `y1` on `bg`: equal neighbouring
-    // columns are one rectangle, a lone task has a tinted line behind it.
-    let draw_fills = |fills: &[[u32; KINDS]], y0: i32, y1: i32, bg: RGBColor| -> Result<(), String> {
-        for (c, k) in lone_columns(fills) {
+    // columns are one rectangle, a lone task has a tinted line behind it (true: some has).
+    let draw_fills = |fills: &[[u32; KINDS]], y0: i32, y1: i32, bg: RGBColor| -> Result<bool, String> {
+        let lone = lone_columns(fills);
+        for &(c, k) in &lone {
             root.draw(&rect(px0 + c as i32, px0 + c as i32 + 1, y0, y1, tint(ENTRIES[k].0, bg, 0.4)))
                 .map_err(|err| format!("drawing tasks: {err}"))?;
         }
@@ -916,8 +923,9 @@ fn render(path: &Path, title: &str, groups: &[Group], lay: &Layout, job_steps: &
             }
             c = d;
         }
-        Ok(())
+        Ok(!lone.is_empty())
     };
+    let mut lone = false;
     let steps = step_starts(groups, &lay.drawn, job_steps);
     let mut lines: Vec<i32> =
         steps.iter().filter(|(_, s)| s.is_finite() && *s >= 0.0 && *s <= x1).map(|&(_, s)| x_of(s)).collect();
@@ -938,7 +946,8 @@ fn render(path: &Path, title: &str, groups: &[Group], lay: &Layout, job_steps: &
         let h = geo.compute as i32;
         let run_end = if nothing_ran { px0 } else { x_of(g.trace.end_time_ns as f64 / 1e9) + 1 };
         root.draw(&rect(px0, run_end.max(px0), y, y + h, IDLE)).map_err(e("idle"))?;
-        draw_fills(&column_fills(&row_tasks(g.sched, g.trace, &[0]), ns_per_col, cols, geo.compute), y, y + h, IDLE)?;
+        let fills = column_fills(&row_tasks(g.sched, g.trace, &[0]), ns_per_col, cols, geo.compute);
+        lone |= draw_fills(&fills, y, y + h, IDLE)?;
         left(&g.sched.program.streams.first().cloned().unwrap_or_else(|| "compute".into()), y + h / 2, 14.0)?;
         y += h;
         for (which, color) in [(StreamClass::Comm, EXPOSED), (StreamClass::Host, EXPOSED_HOST)] {
@@ -974,7 +983,7 @@ fn render(path: &Path, title: &str, groups: &[Group], lay: &Layout, job_steps: &
             let pad = if lay.compact { 0 } else { 2 };
             root.draw(&rect(px0, px1, y + pad, y + h - pad, TRACK)).map_err(e("rows"))?;
             let fills = column_fills(&row_tasks(g.sched, g.trace, &row), ns_per_col, cols, (h - 2 * pad) as u32);
-            draw_fills(&fills, y + pad, y + h - pad, TRACK)?;
+            lone |= draw_fills(&fills, y + pad, y + h - pad, TRACK)?;
             if !lay.compact {
                 left(&g.sched.program.streams[row[0] as usize], y + h / 2, 12.0)?;
             } else {
@@ -1049,7 +1058,7 @@ fn render(path: &Path, title: &str, groups: &[Group], lay: &Layout, job_steps: &
             root.draw_text(line, &style, (x, y)).map_err(e("message"))?;
         }
     }
-    draw_legend(&legend_area, &Legend::of(groups, &lay.drawn))?;
+    draw_legend(&legend_area, &Legend { lone, ..Legend::of(groups, &lay.drawn) })?;
     // The note: which classes are drawn and which are left out.
     for (i, line) in lay.note.iter().enumerate() {
         note_area
