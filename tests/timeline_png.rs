@@ -1,10 +1,16 @@
 //! timeline.png (issue 24): every rank class gets a row group on one time axis, the image
 //! height stays bounded however many classes a job has, every class is drawn or named in
-//! the note, and the picture is byte-identical for the same input.
+//! the note, and the picture is byte-identical for the same input. What the rows show is
+//! honest: each kind's drawn area tracks its share of the time, the red band's length the
+//! report's exposed communication, short pipeline transfers stay visible, and a run that
+//! stopped at t = 0 says so on a sensible axis.
 
 use std::path::Path;
 
-use stepsim::report::timeline_png::{exposed_intervals, layout, MAX_GROUPS, MAX_HEIGHT};
+use stepsim::report::timeline_png::{
+    axis_end_s, column_fills, entry, entry_name, exposed_columns, exposed_intervals, layout, layout_of, lone_columns,
+    nothing_ran, row_tasks, Group, KINDS, MAX_GROUPS, MAX_HEIGHT, PLOT_COLS,
+};
 use stepsim::scenario::Scenario;
 use stepsim::schedule::StreamClass;
 
@@ -39,8 +45,20 @@ fn png_size(path: &Path) -> (u32, u32) {
     (u32::from_be_bytes(b[16..20].try_into().unwrap()), u32::from_be_bytes(b[20..24].try_into().unwrap()))
 }
 
-fn streams(sim: &stepsim::Simulation) -> Vec<usize> {
-    sim.job.classes.iter().map(|c| c.schedule.program.streams.len()).collect()
+/// The row groups [`stepsim::report::write::write_job`] draws, named by class index.
+fn groups(sim: &stepsim::Simulation) -> Vec<Group<'_>> {
+    (0..sim.job.classes.len())
+        .map(|k| Group {
+            name: format!("class {k}"),
+            sched: &sim.job.classes[k].schedule,
+            trace: &sim.run.traces[k],
+            steps: &sim.class_reports[k].steps,
+        })
+        .collect()
+}
+
+fn shipped(name: &str) -> Scenario {
+    Scenario::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios").join(name)).unwrap()
 }
 
 #[test]
@@ -48,8 +66,9 @@ fn a_pipeline_gets_one_row_group_per_stage() {
     let dir = tempfile::tempdir().unwrap();
     let sim = write(&pipelined(4), dir.path());
     assert_eq!(sim.job.classes.len(), 4, "one class per stage");
-    let names: Vec<String> = (0..4).map(|k| format!("stage {k}")).collect();
-    let lay = layout(&names, &streams(&sim), sim.headline);
+    // The layout of what is drawn: a stream that ran nothing (here the data-parallel "nccl"
+    // stream, data parallelism 1) has no row, so rows are not counted from the program.
+    let lay = layout_of(&groups(&sim), sim.headline);
     assert_eq!(lay.drawn, vec![0, 1, 2, 3], "every stage drawn, stage 0 on top");
     assert!(lay.left_out.is_empty() && lay.note.is_empty());
     assert!(!lay.compact, "four stages: every stream has its own row");
@@ -61,8 +80,7 @@ fn sixteen_stages_are_all_drawn_within_a_bounded_height() {
     let dir = tempfile::tempdir().unwrap();
     let sim = write(&pipelined(16), dir.path());
     assert_eq!(sim.job.classes.len(), 16);
-    let names: Vec<String> = (0..16).map(|k| format!("stage {k}")).collect();
-    let lay = layout(&names, &streams(&sim), sim.headline);
+    let lay = layout_of(&groups(&sim), sim.headline);
     assert_eq!(lay.drawn, (0..16).collect::<Vec<_>>(), "16 stages: every one drawn");
     assert!(lay.compact, "16 groups: compute and one communication row each");
     let (w, h) = png_size(&dir.path().join("timeline.png"));
@@ -158,4 +176,150 @@ fn offload_waits_on_the_host_not_on_communication() {
     assert!((sum - st.time_s).abs() < 1e-6 * st.time_s, "{st:?}");
     let v = &sim.report.throughput.as_ref().unwrap().verdict;
     assert_eq!(v.bound, "host-bound", "{v:?}");
+}
+
+/// Per kind, its drawn share of a row (pixels over columns x height) and its share of the
+/// row's time (busy ns over the axis), for the tasks of `streams`.
+fn drawn_and_true(g: &Group, streams: &[u16], end_ns: u64, height: u32) -> Vec<(usize, f64, f64)> {
+    let tasks = row_tasks(g.sched, g.trace, streams);
+    let ns_per_col = end_ns as f64 / PLOT_COLS as f64;
+    let fills = column_fills(&tasks, ns_per_col, PLOT_COLS, height);
+    (0..KINDS)
+        .filter_map(|k| {
+            let busy: u64 = tasks.iter().filter(|t| t.2 == k).map(|t| t.1 - t.0).sum();
+            let px: u32 = fills.iter().map(|c| c[k]).sum();
+            (busy > 0).then(|| (k, f64::from(px) / (PLOT_COLS as f64 * f64::from(height)), busy as f64 / end_ns as f64))
+        })
+        .collect()
+}
+
+/// Issue: ga8 (FSDP, gradient accumulation, full checkpointing) drew no recompute though the
+/// text says 4.18 s/step of it, and no reduce-scatter: each column showed only the kind that
+/// ran longest in it. Now a column's fill is each kind's share of its time, so every kind's
+/// drawn area tracks its time.
+#[test]
+fn every_kinds_drawn_area_tracks_its_share_of_the_time() {
+    let toml = "[model]\nfamily = \"llama\"\nn_layers = 32\nhidden = 4096\nn_heads = 32\nffn_hidden = 11008\n\
+                vocab = 32000\nmax_seq_len = 4096\n[hardware]\ngpu = \"a100-80gb\"\ngpus = 8\n\
+                [parallel]\nsharding = \"full_shard\"\n[training]\nmicro_batch = 2\nseq_len = 4096\ngrad_accum = 4\n\
+                activation_checkpointing = \"full\"\nattention = \"flash\"\n";
+    let sim = stepsim::simulate(&Scenario::from_toml(Path::new("<ga>"), toml).unwrap()).unwrap();
+    let gs = groups(&sim);
+    let g = &gs[0];
+    let end = g.trace.end_time_ns;
+    for (streams, h) in [(&[0u16][..], 24), (&[1u16][..], 14)] {
+        for (k, drawn, time) in drawn_and_true(g, streams, end, h) {
+            let name = entry_name(k);
+            // Within 10% of the time share, or half a percent of the row for a kind whose
+            // every pixel column gets its minimum pixel.
+            assert!(
+                (drawn - time).abs() <= (0.1 * time).max(0.005),
+                "streams {streams:?}, {name}: drawn {drawn:.4} of the row, ran {time:.4} of the time"
+            );
+        }
+    }
+    let compute = drawn_and_true(g, &[0], end, 24);
+    let share = |v: &[(usize, f64, f64)], k: usize| v.iter().find(|x| x.0 == k).map_or(0.0, |x| x.1);
+    assert!(share(&compute, entry(stepsim::schedule::TaskKind::Recompute)) > 0.1, "recompute is a visible band");
+    let comm = drawn_and_true(g, &[1], end, 14);
+    assert!(share(&comm, entry(stepsim::schedule::TaskKind::ReduceScatter)) > 0.0, "reduce-scatters are drawn");
+}
+
+/// Issue: 100b-4gpu-tp4-inference drew its "tp" row as one solid all-reduce bar although
+/// all-reduces take 8% of decode; the row now fills that share.
+#[test]
+fn a_stream_busy_a_few_percent_is_not_drawn_full() {
+    let sim = stepsim::simulate(&shipped("100b-4gpu-tp4-inference.toml")).unwrap();
+    let gs = groups(&sim);
+    let tp = gs[0].sched.program.streams.iter().position(|s| s == "tp").unwrap() as u16;
+    let v = drawn_and_true(&gs[0], &[tp], gs[0].trace.end_time_ns, 14);
+    let (_, drawn, time) = v.iter().copied().find(|x| x.0 == entry(stepsim::schedule::TaskKind::AllReduce)).unwrap();
+    assert!(time < 0.15, "all-reduces {time}");
+    assert!(drawn < 0.2 && (drawn - time).abs() <= 0.1 * time + 0.02, "tp row filled {drawn} for a busy share {time}");
+}
+
+/// Issue: the red band marked a column when any of its time was exposed, so it ran under the
+/// whole first forward of every GPipe stage (0.7 s) while the report says 0.111 s. Now its
+/// drawn length is the report's exposed communication.
+#[test]
+fn the_red_bands_drawn_length_is_the_reports_exposed_communication() {
+    let sim = stepsim::simulate(&shipped("gpt-13b-pp4-gpipe.toml")).unwrap();
+    let gs = groups(&sim);
+    let end = gs.iter().map(|g| g.trace.end_time_ns).max().unwrap();
+    let ns_per_col = end as f64 / PLOT_COLS as f64;
+    for (k, g) in gs.iter().enumerate() {
+        let cols =
+            exposed_columns(&exposed_intervals(g.sched, g.trace, g.steps, StreamClass::Comm), ns_per_col, PLOT_COLS);
+        let drawn = cols.iter().filter(|&&m| m).count() as f64 * ns_per_col / 1e9;
+        let reported: f64 = g.steps.iter().map(|s| s.exposed_comm_s).sum();
+        assert!(reported > 0.1, "stage {k}: {reported}");
+        assert!((drawn - reported).abs() <= 0.05 * reported, "stage {k}: band {drawn} s vs report {reported} s");
+    }
+}
+
+/// Issue: an OOM run has no step timings, so no red band was drawn while its compute waited
+/// on the first all-gathers: without steps, exposure is marked over the run.
+#[test]
+fn an_oom_run_without_steps_still_shows_its_exposed_communication() {
+    let sim = stepsim::simulate(&shipped("100b-8gpu-fsdp.toml")).unwrap();
+    let gs = groups(&sim);
+    assert!(gs[0].steps.is_empty() && gs[0].trace.oom.is_some(), "an OOM run without step timings");
+    let exposed: u64 =
+        exposed_intervals(gs[0].sched, gs[0].trace, gs[0].steps, StreamClass::Comm).iter().map(|(s, e)| e - s).sum();
+    assert!(exposed > 0, "compute waits on the first all-gather");
+}
+
+/// Issue: gpt-13b-pp4-1f1b's stage 0 drew empty send and receive rows although it runs 32 of
+/// each: a task narrower than a pixel was a one-column rectangle the bitmap backend filled as
+/// empty. Every transfer now fills its pixel column, with a tinted line behind it.
+#[test]
+fn every_pipeline_transfer_is_visible() {
+    let sim = stepsim::simulate(&shipped("gpt-13b-pp4-1f1b.toml")).unwrap();
+    let gs = groups(&sim);
+    let end = gs.iter().map(|g| g.trace.end_time_ns).max().unwrap();
+    for (k, g) in gs.iter().enumerate() {
+        for name in ["p2p send", "p2p recv"] {
+            let s = g.sched.program.streams.iter().position(|x| x == name).unwrap() as u16;
+            let tasks = row_tasks(g.sched, g.trace, &[s]);
+            assert!(tasks.len() >= 32, "stage {k} {name}: {}", tasks.len());
+            let fills = column_fills(&tasks, end as f64 / PLOT_COLS as f64, PLOT_COLS, 14);
+            let ns_per_col = end as f64 / PLOT_COLS as f64;
+            for t in &tasks {
+                let c = ((t.0 as f64 / ns_per_col) as usize).min(PLOT_COLS - 1);
+                assert!(fills[c][t.2] >= 1, "stage {k} {name}: the transfer at {} ns is not drawn", t.0);
+            }
+            assert!(!lone_columns(&fills).is_empty(), "stage {k} {name}: lone transfers are marked");
+        }
+    }
+}
+
+/// Issue: an OOM while loading weights ends the run at t = 0: the axis had zero width and
+/// its tick labels ran together. It now spans one second and the plot says what happened.
+#[test]
+fn an_oom_at_t_0_gets_an_axis_and_a_sentence() {
+    let dir = tempfile::tempdir().unwrap();
+    let sim = write(&shipped("100b-8gpu-ddp.toml"), dir.path());
+    let gs = groups(&sim);
+    let lay = layout_of(&gs, sim.headline);
+    assert_eq!(axis_end_s(&gs, &lay.drawn), 1.0);
+    let msg = nothing_ran(&gs, &lay.drawn).unwrap();
+    assert!(msg.starts_with("out of memory during initialisation at t = 0") && msg.ends_with("nothing ran"), "{msg}");
+    assert_eq!(png_size(&dir.path().join("timeline.png")), (lay.width, lay.height));
+    assert!(lay.height < 300, "one row and a short legend: {} px", lay.height);
+    // A run that took time has its own end and no such sentence.
+    let sim = stepsim::simulate(&pipelined(2)).unwrap();
+    let gs = groups(&sim);
+    assert!(nothing_ran(&gs, &[0, 1]).is_none() && axis_end_s(&gs, &[0, 1]) > 0.0);
+}
+
+/// Streams that ran nothing have no row: 1F1B's middle stages run no data-parallel
+/// collective, so their "nccl" row is left out.
+#[test]
+fn streams_that_ran_nothing_have_no_row() {
+    let sim = stepsim::simulate(&shipped("gpt-13b-pp4-1f1b.toml")).unwrap();
+    let gs = groups(&sim);
+    let names: Vec<String> = (0..4).map(|k| format!("class {k}")).collect();
+    let lay = layout_of(&gs, sim.headline);
+    assert_eq!(lay.height, layout(&names, &[5, 4, 4, 5], sim.headline).height, "stages 1 and 2 have no nccl row");
+    assert!(lay.height < layout(&names, &[5; 4], sim.headline).height);
 }

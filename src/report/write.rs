@@ -489,9 +489,11 @@ fn write_files(
         .map_err(|m| WriteError { path: png.clone(), message: m })?;
     let timeline = dir.join("timeline.png");
     let (title, groups) = if classes.len() <= 1 {
-        let name = format!("{rank} ({} GPU{})", gpus, if gpus == 1 { "" } else { "s" });
+        // "rank 0", not "ranks 0", for one GPU.
+        let subject = if gpus == 1 { rank.replacen("ranks ", "rank ", 1) } else { rank.clone() };
+        let name = format!("{subject} ({} GPU{})", gpus, if gpus == 1 { "" } else { "s" });
         let group = super::timeline_png::Group { name, sched, trace, steps: &r.steps };
-        (format!("stepsim: {} - streams of {} over time", r.scenario, rank), vec![group])
+        (Some(subject), vec![group])
     } else {
         let groups = classes
             .iter()
@@ -503,10 +505,10 @@ fn write_files(
                 steps: &rk.steps,
             })
             .collect();
-        (format!("stepsim: {} - streams of every rank class over time", r.scenario), groups)
+        (None, groups)
     };
     let headline = if classes.len() <= 1 { 0 } else { headline };
-    super::timeline_png::write(&timeline, &title, &groups, headline, &r.steps)
+    super::timeline_png::write(&timeline, &r.scenario, title.as_deref(), &groups, headline, &r.steps)
         .map_err(|m| WriteError { path: timeline.clone(), message: m })?;
     Ok(vec![json, csv, chrome, png, timeline])
 }
