@@ -100,31 +100,32 @@ const CAPTION_SIZE: f64 = 21.0;
 const AXIS_DESC_SIZE: f64 = 18.0;
 const LABEL_SIZE: f64 = 16.0;
 
-/// Each memory category's own colour, the same in every picture: Okabe-Ito's
-/// colour-blind-safe eight for the categories most plots show (parameters blue, gradients
-/// green, optimizer state orange, saved activations reddish purple, activation gradients
-/// vermillion), Paul Tol's muted and light schemes for their variants (a lighter or darker
-/// shade of the same family: gathered parameters sky blue, unsharded gradients teal,
-/// transient activations pink), greys for inputs, module buffers and workspaces. Neighbours
-/// in the stack differ in hue or lightness, so "inputs", "activations (transient)" and
-/// "optimizer state" no longer read as one olive band.
+/// Each memory category's own colour, the same in every picture, from Okabe-Ito's and Paul
+/// Tol's colour-blind-safe schemes. Categories that sit next to each other in the stack or
+/// live at the same time differ in lightness as well as hue, so they stay apart for
+/// colour-blind readers too: parameters blue with their gathered copies a light sky blue;
+/// gradients dark green, unsharded gradients a light mint; optimizer state a light yellow,
+/// its temporaries a dark red; saved activations reddish purple between recomputed ones
+/// (dark wine) and transient ones (pale pink); activation gradients vermillion; FSDP2's
+/// all-gather output dark blue, its reduce-scatter input light pear; greys for inputs,
+/// module buffers and workspaces.
 const CATEGORY_COLORS: [(Category, RGBColor); 19] = [
     (Category::Parameters, RGBColor(0x00, 0x72, 0xB2)),
     (Category::GatheredParameters, RGBColor(0x56, 0xB4, 0xE9)),
     (Category::PostForwardShards, RGBColor(0x88, 0xCC, 0xEE)),
     (Category::MasterWeights, RGBColor(0x33, 0x22, 0x88)),
-    (Category::Gradients, RGBColor(0x00, 0x9E, 0x73)),
-    (Category::UnshardedGradients, RGBColor(0x44, 0xAA, 0x99)),
-    (Category::OptimizerState, RGBColor(0xE6, 0x9F, 0x00)),
-    (Category::OptimizerTemp, RGBColor(0xF0, 0xE4, 0x42)),
+    (Category::Gradients, RGBColor(0x11, 0x77, 0x33)),
+    (Category::UnshardedGradients, RGBColor(0x44, 0xBB, 0x99)),
+    (Category::OptimizerState, RGBColor(0xEE, 0xCC, 0x66)),
+    (Category::OptimizerTemp, RGBColor(0x99, 0x44, 0x55)),
     (Category::Activations, RGBColor(0xCC, 0x79, 0xA7)),
-    (Category::Recomputed, RGBColor(0xAA, 0x44, 0x99)),
-    (Category::Transient, RGBColor(0xFF, 0xAA, 0xBB)),
+    (Category::Recomputed, RGBColor(0x88, 0x22, 0x55)),
+    (Category::Transient, RGBColor(0xFF, 0xCC, 0xCC)),
     (Category::ActivationGradients, RGBColor(0xD5, 0x5E, 0x00)),
     (Category::Inputs, RGBColor(0x77, 0x77, 0x77)),
-    (Category::KvCache, RGBColor(0x88, 0x22, 0x55)),
-    (Category::CommBuffers, RGBColor(0xDD, 0xCC, 0x77)),
-    (Category::AllGatherBuffers, RGBColor(0x99, 0x99, 0x33)),
+    (Category::KvCache, RGBColor(0x66, 0x33, 0x33)),
+    (Category::CommBuffers, RGBColor(0x99, 0x99, 0x33)),
+    (Category::AllGatherBuffers, RGBColor(0x22, 0x22, 0x55)),
     (Category::ReduceScatterBuffers, RGBColor(0xBB, 0xCC, 0x33)),
     (Category::Buffers, RGBColor(0x44, 0x44, 0x44)),
     (Category::BlasWorkspaces, RGBColor(0xCC, 0xCC, 0xCC)),
@@ -1445,5 +1446,43 @@ mod tests {
         assert_eq!(pts, vec![(0.0, 1.0), (1.0, 1.0), (1.0, 3.0), (2.0, 3.0), (2.0, 2.0), (4.0, 2.0)]);
         assert_eq!(value_at(&[0.0, 1.0, 2.0], &[1.0, 3.0, 2.0], 1.5), Some(3.0));
         assert_eq!(value_at(&[0.0, 1.0], &[1.0, 3.0], -1.0), None);
+    }
+
+    /// CIE L* of an sRGB colour.
+    fn lightness(c: RGBColor) -> f64 {
+        let lin = |v: u8| {
+            let v = f64::from(v) / 255.0;
+            if v <= 0.04045 {
+                v / 12.92
+            } else {
+                ((v + 0.055) / 1.055).powf(2.4)
+            }
+        };
+        let y = 0.2126 * lin(c.0) + 0.7152 * lin(c.1) + 0.0722 * lin(c.2);
+        if y > 0.008856 {
+            116.0 * y.cbrt() - 16.0
+        } else {
+            903.3 * y
+        }
+    }
+
+    #[test]
+    fn categories_that_live_together_differ_in_lightness() {
+        let color = |cat: Category| CATEGORY_COLORS.iter().find(|(c, _)| *c == cat).map(|(_, col)| *col).unwrap();
+        use Category::*;
+        for (a, b) in [
+            (Gradients, UnshardedGradients),
+            (OptimizerState, ActivationGradients),
+            (OptimizerState, OptimizerTemp),
+            (Activations, Recomputed),
+            (Activations, Transient),
+            (Recomputed, Transient),
+            (ReduceScatterBuffers, AllGatherBuffers),
+            (Parameters, GatheredParameters),
+            (Inputs, BlasWorkspaces),
+        ] {
+            let d = (lightness(color(a)) - lightness(color(b))).abs();
+            assert!(d >= 20.0, "{a:?} and {b:?} differ by only {d:.1} in L*");
+        }
     }
 }
