@@ -190,6 +190,7 @@ pub fn memory_plot(r: &Report, sched: &Schedule, trace: &Trace, rank_label: &str
     };
     MemoryPlot {
         title: format!("stepsim: {} - memory per GPU ({} params)", r.scenario, r.param_count_human),
+        note: None,
         panels: vec![RankPanel {
             label: rank_label.to_string(),
             capacity_bytes: r.capacity.bytes,
@@ -201,6 +202,8 @@ pub fn memory_plot(r: &Report, sched: &Schedule, trace: &Trace, rank_label: &str
             oom,
             host_note: host_note(r),
             peak_op: r.peak.as_ref().map(|p| format!("`{}`", p.at.op)),
+            peak_time_s: r.peak.as_ref().map(|p| p.at.time_s),
+            window_s: None,
         }],
     }
 }
