@@ -232,18 +232,100 @@ fn host_note(r: &Report) -> Option<String> {
 pub type ClassView<'a> = (&'a Schedule, &'a Trace, &'a Report);
 
 /// At most this many classes get a memory.png panel: the first, the last, the headline
-/// class and evenly spaced ones between (all of them up to this count).
+/// class, the one with the highest peak and evenly spaced ones between (all of them up to
+/// this count); the figure names the ones left out.
 const MAX_CLASS_PANELS: usize = 8;
 
-fn class_panels(n: usize, headline: usize) -> Vec<usize> {
+/// The classes (by index, ascending) that get a panel, of `n` with the given peaks.
+fn class_panels(n: usize, headline: usize, peaks: &[u64]) -> Vec<usize> {
     if n <= MAX_CLASS_PANELS {
         return (0..n).collect();
     }
-    let mut v: Vec<usize> = (0..MAX_CLASS_PANELS - 1).map(|i| i * (n - 1) / (MAX_CLASS_PANELS - 2)).collect();
-    v.push(headline);
+    let highest = (0..n).max_by_key(|&k| (peaks.get(k).copied().unwrap_or(0), std::cmp::Reverse(k))).unwrap_or(0);
+    let mut v = vec![0, n - 1, headline.min(n - 1), highest];
     v.sort_unstable();
     v.dedup();
+    // Then, one at a time, the class farthest from those already chosen: evenly spaced.
+    while v.len() < MAX_CLASS_PANELS {
+        let gap = |k: usize| v.iter().map(|&x| x.abs_diff(k)).min().unwrap_or(n);
+        match (0..n).filter(|k| !v.contains(k)).max_by_key(|&k| (gap(k), std::cmp::Reverse(k))) {
+            Some(k) => {
+                v.push(k);
+                v.sort_unstable();
+            }
+            None => break,
+        }
+    }
     v
+}
+
+/// Names a set of classes compactly: "stages 1, 3-4, 6" or "stage 0, expert ranks 1-2, 4-7;
+/// stage 1, expert ranks 0-2" (their roles grouped by what precedes the last number).
+fn name_classes(roles: &[String]) -> String {
+    let mut groups: Vec<(String, Vec<u64>)> = Vec::new();
+    let mut loose: Vec<String> = Vec::new();
+    for role in roles {
+        match role.rsplit_once(' ').and_then(|(prefix, n)| n.parse::<u64>().ok().map(|n| (prefix, n))) {
+            Some((prefix, n)) => match groups.iter_mut().find(|g| g.0 == prefix) {
+                Some(g) => g.1.push(n),
+                None => groups.push((prefix.to_string(), vec![n])),
+            },
+            None => loose.push(role.clone()),
+        }
+    }
+    let mut parts: Vec<String> = groups
+        .into_iter()
+        .map(|(prefix, mut ns)| {
+            ns.sort_unstable();
+            ns.dedup();
+            let mut ranges: Vec<String> = Vec::new();
+            let mut i = 0;
+            while i < ns.len() {
+                let mut j = i;
+                while j + 1 < ns.len() && ns[j + 1] == ns[j] + 1 {
+                    j += 1;
+                }
+                ranges.push(if j > i { format!("{}-{}", ns[i], ns[j]) } else { ns[i].to_string() });
+                i = j + 1;
+            }
+            let prefix = if ns.len() > 1 {
+                match prefix.rsplit_once(' ') {
+                    Some((head, last)) => format!("{head} {}", plural(last)),
+                    None => plural(&prefix),
+                }
+            } else {
+                prefix
+            };
+            format!("{prefix} {}", ranges.join(", "))
+        })
+        .collect();
+    parts.extend(loose);
+    parts.join("; ")
+}
+
+fn plural(word: &str) -> String {
+    if word.ends_with('s') {
+        format!("{word}es")
+    } else {
+        format!("{word}s")
+    }
+}
+
+/// The note under memory.png's title when some classes have no panel: which are drawn and
+/// which are left out.
+fn left_out_note(r: &Report, n: usize, shown: &[usize]) -> Option<String> {
+    if shown.len() >= n {
+        return None;
+    }
+    let role = |k: usize| r.rank_classes.get(k).map_or(format!("class {k}"), |c| class_role(c, k));
+    let drawn: Vec<String> = shown.iter().map(|&k| role(k)).collect();
+    let left: Vec<String> = (0..n).filter(|k| !shown.contains(k)).map(role).collect();
+    Some(format!(
+        "{} of {n} rank classes drawn ({}); left out: {} (every class's memory over time is in memory.csv)",
+        shown.len(),
+        name_classes(&drawn),
+        name_classes(&left)
+    ))
 }
 
 /// A class's name in the outputs: "stage 2 (ranks 8-11)", "data-parallel rank 5 (ranks
@@ -254,7 +336,12 @@ fn class_name(r: &Report, k: usize) -> String {
 
 /// [`class_name`] of a class the report describes.
 fn class_label(c: &super::RankClass, k: usize) -> String {
-    let role = match (&c.stage, c.rank) {
+    format!("{} (ranks {})", class_role(c, k), c.ranks)
+}
+
+/// What a class is, without its ranks: "stage 2", "stage 0, expert rank 3".
+fn class_role(c: &super::RankClass, k: usize) -> String {
+    match (&c.stage, c.rank) {
         _ if c.expert_rank.is_some() => {
             let e = c.expert_rank.unwrap_or(0);
             c.stage.as_ref().map_or(format!("expert rank {e}"), |st| format!("stage {}, expert rank {e}", st.stage))
@@ -263,8 +350,7 @@ fn class_label(c: &super::RankClass, k: usize) -> String {
         (None, Some(r)) => format!("data-parallel rank {r}"),
         (Some(st), Some(r)) => format!("stage {}, data-parallel rank {r}", st.stage),
         (None, None) => format!("class {k}"),
-    };
-    format!("{role} (ranks {})", c.ranks)
+    }
 }
 
 /// Writes a job's outputs: [`write_all`] for a job of one class; with several,
@@ -302,29 +388,52 @@ pub fn write_job(
     chrome.push_str("\n]}\n");
     atomic_write(&dir.join("trace.json"), chrome.as_bytes())?;
     let mut plot: Option<MemoryPlot> = None;
-    for k in class_panels(classes.len(), headline) {
+    let peaks: Vec<u64> = classes.iter().map(|c| c.2.peak.as_ref().map_or(0, |p| p.allocated.bytes)).collect();
+    let shown = class_panels(classes.len(), headline, &peaks);
+    for &k in &shown {
         let (sc, tr, rk) = classes[k];
-        let c = r.rank_classes.get(k);
-        let programs = match c {
-            Some(c) if c.rank.is_some() => "its own compute draws",
-            Some(c) if c.expert_rank.is_some() => "its experts' own load",
-            _ => "identical programs",
-        };
-        let gpus = match c.map_or(1, |c| c.count) {
-            1 => "1 GPU".to_string(),
-            n => format!("{n} GPUs"),
-        };
-        let p = memory_plot(rk, sc, tr, &format!("{}: {gpus}, {programs}", label(k)));
+        let p = memory_plot(rk, sc, tr, &panel_caption(r, k));
         match plot.as_mut() {
             None => plot = Some(p),
             Some(m) => m.panels.extend(p.panels),
         }
+    }
+    if let Some(plot) = plot.as_mut() {
+        plot.note = left_out_note(r, classes.len(), &shown);
     }
     if let Some(plot) = plot {
         let png = dir.join("memory.png");
         super::png::write_memory_png(&png, &plot).map_err(|m| WriteError { path: png.clone(), message: m })?;
     }
     Ok(written)
+}
+
+/// A class's panel caption: its name, the layers a pipeline stage holds, and its GPUs, as in
+/// "stage 0 (ranks 0): layers 0-1 + embedding; 1 GPU",
+/// "stage 3 (ranks 24-31): layers 24-31 + LM head and loss; 8 GPUs, identical programs" or
+/// "data-parallel rank 5 (ranks 5): 1 GPU, its own compute draws". "Identical programs"
+/// only where several GPUs share the panel.
+fn panel_caption(r: &Report, k: usize) -> String {
+    let c = r.rank_classes.get(k);
+    let count = c.map_or(1, |c| c.count);
+    let gpus = if count == 1 { "1 GPU".to_string() } else { format!("{count} GPUs") };
+    let programs = match c {
+        Some(c) if c.rank.is_some() => ", its own compute draws",
+        Some(c) if c.expert_rank.is_some() => ", its experts' own load",
+        _ if count > 1 => ", identical programs",
+        _ => "",
+    };
+    let layers = c.and_then(|c| c.stage.as_ref()).map_or(String::new(), |st| {
+        let mut held = format!("layers {}", st.layers);
+        if st.embedding {
+            held.push_str(" + embedding");
+        }
+        if st.head {
+            held.push_str(" + LM head and loss");
+        }
+        format!("{held}; ")
+    });
+    format!("{}: {layers}{gpus}{programs}", class_name(r, k))
 }
 
 /// `--snapshot`: each rank class's allocator history as a PyTorch memory snapshot
@@ -545,4 +654,39 @@ pub fn explain_png(dir: &Path, r: &Report, sched: &Schedule, trace: &Trace, at_s
     let png = dir.join("explain.png");
     super::png::write_memory_png(&png, &plot).map_err(|m| WriteError { path: png.clone(), message: m })?;
     Ok(png)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn at_most_eight_class_panels_spread_over_the_classes() {
+        assert_eq!(class_panels(5, 2, &[1, 2, 3, 4, 5]), vec![0, 1, 2, 3, 4]);
+        let peaks: Vec<u64> = (0..16).map(|k| 100 - k).collect();
+        let v = class_panels(16, 0, &peaks);
+        assert_eq!(v.len(), MAX_CLASS_PANELS);
+        assert!(v.windows(2).all(|w| w[0] < w[1]) && v[0] == 0 && v[7] == 15, "{v:?}");
+        // The headline and the highest peak always have a panel.
+        let mut peaks = vec![1u64; 32];
+        peaks[11] = 9;
+        let v = class_panels(32, 3, &peaks);
+        assert_eq!(v.len(), MAX_CLASS_PANELS);
+        assert!(v.contains(&3) && v.contains(&11) && v.contains(&0) && v.contains(&31), "{v:?}");
+    }
+
+    #[test]
+    fn classes_are_named_compactly() {
+        let roles = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            name_classes(&roles(&["stage 1", "stage 2", "stage 4", "stage 6", "stage 7", "stage 8"])),
+            "stages 1-2, 4, 6-8"
+        );
+        assert_eq!(
+            name_classes(&roles(&["stage 0, expert rank 1", "stage 0, expert rank 2", "stage 1, expert rank 0"])),
+            "stage 0, expert ranks 1-2; stage 1, expert rank 0"
+        );
+        assert_eq!(name_classes(&roles(&["class 3"])), "class 3");
+        assert_eq!(name_classes(&roles(&["classes?"])), "classes?");
+    }
 }
