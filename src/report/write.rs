@@ -171,9 +171,12 @@ pub fn memory_plot(r: &Report, sched: &Schedule, trace: &Trace, rank_label: &str
         }
     }
     let reserved = super::allocator::reserved_series(&r.allocator, trace, times.len());
+    // A zero-length init is left out, unless nothing else happens (an OOM while loading
+    // weights): memory.png then names it on its allocation axis.
+    let zero_span = trace.end_time_ns == 0;
     let phases = phase_spans(sched, trace)
         .into_iter()
-        .filter(|p| p.1 != crate::schedule::Phase::Init || p.3 > p.2)
+        .filter(|p| p.1 != crate::schedule::Phase::Init || p.3 > p.2 || zero_span)
         .map(|(step, ph, a, b)| PhaseSpan {
             label: if step == 0 { ph.name().to_string() } else { format!("{} {}", ph.name(), step) },
             start_s: a as f64 / 1e9,
@@ -632,10 +635,18 @@ pub fn explain_png(dir: &Path, r: &Report, sched: &Schedule, trace: &Trace, at_s
         message: format!("cannot create the output folder: {e}"),
     })?;
     let rank = headline_ranks(r);
-    let mut plot = memory_plot(r, sched, trace, &format!("{rank}: the {:.3} s before t = {at_s:.3} s", at_s * 0.2));
+    // An OOM at t = 0 (while loading weights): no simulated time has passed, so there is no
+    // "fifth of the run" to show; memory.png draws every allocation in order.
+    let subtitle = if at_s < 1e-6 {
+        format!("{rank}: every allocation up to t = {} s (no simulated time passes in initialisation)", secs(at_s))
+    } else {
+        format!("{rank}: the {} s before t = {} s", secs(at_s * 0.2), secs(at_s))
+    };
+    let mut plot = memory_plot(r, sched, trace, &subtitle);
     plot.title = format!("stepsim explain: {} - what filled the GPU", r.scenario);
     let (t0, t1) = (at_s * 0.8, at_s + (at_s * 0.01).max(1e-6));
     for p in &mut plot.panels {
+        p.window_s = Some((t0, t1));
         let keep: Vec<usize> = (0..p.times_s.len()).filter(|&i| p.times_s[i] >= t0 && p.times_s[i] <= t1).collect();
         // Start the window with the value in force at t0.
         let first = p.times_s.iter().rposition(|&t| t < t0);
@@ -645,15 +656,22 @@ pub fn explain_png(dir: &Path, r: &Report, sched: &Schedule, trace: &Trace, at_s
         if let Some(res) = &p.reserved {
             p.reserved = Some(idx.iter().map(|&i| res[i]).collect());
         }
-        p.phases.retain(|ph| ph.end_s >= t0 && ph.start_s <= t1);
-        for ph in &mut p.phases {
-            ph.start_s = ph.start_s.max(t0);
-            ph.end_s = ph.end_s.min(t1);
-        }
+        // The phases are kept whole: the picture shows those in the window, and labels a step
+        // that began before it with its start.
     }
     let png = dir.join("explain.png");
     super::png::write_memory_png(&png, &plot).map_err(|m| WriteError { path: png.clone(), message: m })?;
     Ok(png)
+}
+
+/// Seconds for a sentence: three decimals, or three significant digits below 0.1 s (never
+/// "0.000 s" for a time that is not zero).
+fn secs(s: f64) -> String {
+    if s == 0.0 || !s.is_finite() {
+        return "0".to_string();
+    }
+    let decimals = if s.abs() >= 0.1 { 3 } else { (2 - s.abs().log10().floor() as i32).clamp(3, 12) as usize };
+    format!("{s:.decimals$}")
 }
 
 #[cfg(test)]
@@ -688,5 +706,14 @@ mod tests {
         );
         assert_eq!(name_classes(&roles(&["class 3"])), "class 3");
         assert_eq!(name_classes(&roles(&["classes?"])), "classes?");
+    }
+
+    #[test]
+    fn seconds_never_read_as_zero_when_they_are_not() {
+        assert_eq!(secs(0.0), "0");
+        assert_eq!(secs(1.4494), "1.449");
+        assert_eq!(secs(0.0287), "0.0287");
+        assert_eq!(secs(0.00004), "0.0000400");
+        assert_ne!(secs(1e-7), "0.000");
     }
 }
