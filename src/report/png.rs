@@ -1,21 +1,41 @@
-//! PNG rendering of simulated memory timelines.
+//! PNG rendering of simulated memory timelines (`memory.png`, `explain.png`).
 //!
-//! The picture is meant to answer "what filled the GPU, and when" at a glance,
-//! so every panel uses the same colour for the same category, shows the
-//! capacity it is measured against, and marks the OOM instant explicitly.
-//! Rendering must never take the simulator down: bad or degenerate input
-//! becomes an `Err(String)`, never a panic.
+//! The picture is meant to answer "what filled the GPU, and when" at a glance, so every
+//! panel uses the same colour for the same category, shows the capacity it is measured
+//! against, and marks the OOM instant explicitly. Rendering must never take the simulator
+//! down: bad or degenerate input becomes an `Err(String)`, never a panic.
+//!
+//! Layout, top to bottom: the figure's title and, when some rank classes are left out, a
+//! note naming them; then per panel its caption, the *phase strip* (each training step's
+//! label at the line where it begins, and a bar of the phases, forward / backward /
+//! optimizer..., in light tints with their names where they fit), and the plot. The plot
+//! is white: phases are not shaded in it, so no background can be taken for a memory
+//! category; their boundaries are thin lines, drawn only where they are far enough apart
+//! to read (a run of 96 micro-batches gets the strip alone). The categories are stacked as
+//! plain fills, with no outline per segment (outlines between thousands of small steps
+//! turned whole bands grey). The allocator's reserved bytes are a black line, the capacity
+//! a dashed red one. The labels in the plot (the OOM, the capacity, the peak, and the peak
+//! again in an OOM panel when it is elsewhere) are placed by [`place_labels`], which keeps
+//! them off each other, the axes, the lines and, where it can, the data; a leader line joins
+//! a label to its mark. The legend, outside the plot, lists every category drawn (the panel
+//! grows to fit it), the lines, the phase tints, and what lives in host memory.
+//!
+//! A run whose samples all fall within a microsecond (an OOM while loading weights: no
+//! simulated time passes during initialisation) is drawn on an allocation axis instead of
+//! a time axis, so its ramp up to the OOM is visible.
+//!
+//! Labels are drawn with the bundled font through `ab_glyph` directly ([`draw_str`]), each
+//! glyph at its own side bearing: plotters' text drops it, which closed the space in
+//! "c_proj in".
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use plotters::chart::DualCoordChartContext;
-use plotters::coord::types::RangedCoordf64;
+use ab_glyph::{Font as _, FontRef, PxScale, ScaleFont as _};
 use plotters::coord::Shift;
 use plotters::prelude::*;
-use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::style::{register_font, FontStyle};
 
 use crate::memory::Category;
@@ -59,12 +79,21 @@ pub struct RankPanel {
     pub host_note: Option<String>,
     /// The op running at the peak of live tensors, named beside the peak's mark.
     pub peak_op: Option<String>,
+    /// When the peak `peak_op` names happens: marked there, in an OOM panel too when it is
+    /// not the failing instant. None: the highest stacked total is marked (not in an OOM
+    /// panel).
+    pub peak_time_s: Option<f64>,
+    /// The span of time to show (explain's window); None: the whole timeline. Phases may
+    /// reach outside it: a step that began earlier is labelled with its start time.
+    pub window_s: Option<(f64, f64)>,
 }
 
 /// A whole figure: one vertically stacked panel per distinct rank class.
 #[derive(Debug, Clone)]
 pub struct MemoryPlot {
     pub title: String,
+    /// Said under the title (e.g. which rank classes have a panel and which are left out).
+    pub note: Option<String>,
     pub panels: Vec<RankPanel>,
 }
 
@@ -75,8 +104,22 @@ const FONT_BYTES: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
 pub(crate) const FONT: &str = "sans-serif";
 
 const WIDTH: u32 = 1400;
+/// A panel's height unless its legend needs more.
 const PANEL_HEIGHT: u32 = 520;
+/// Beyond this a legend is cut short ("… N more"): only a caller's own long list of
+/// series gets there (the memory categories fit well within it).
+const MAX_PANEL_HEIGHT: u32 = 1400;
 const TITLE_HEIGHT: u32 = 56;
+const NOTE_LINE_HEIGHT: u32 = 22;
+const NOTE_MAX_LINES: usize = 4;
+/// The panel's caption, above the phase strip.
+const CAPTION_HEIGHT: u32 = 32;
+/// The phase strip between the caption and the plot: a row of step labels and a bar of
+/// the phases.
+const STRIP_HEIGHT: u32 = 46;
+const STRIP_STEP_ROW: i32 = 2;
+const STRIP_BAR_TOP: i32 = 23;
+const STRIP_BAR_HEIGHT: i32 = 20;
 /// Kept outside the plot so a long category list never hides data.
 const LEGEND_WIDTH: u32 = 310;
 /// A bound on the image size: each panel costs ~2 MB of RGB buffer, and a
@@ -85,46 +128,61 @@ const MAX_PANELS: usize = 64;
 /// Enough to keep first/min/max/last of every pixel column, which is all a
 /// rasterised step function can show.
 const SAMPLES_PER_COLUMN: usize = 4;
-const HEADROOM: f64 = 1.08;
+/// Room above the capacity line for the labels.
+const HEADROOM: f64 = 1.15;
 /// Below this fraction of capacity the y axis follows the data, with room above it for
-/// the phase labels and the capacity note.
+/// the labels (the capacity is then named in the legend).
 const ZOOM_BELOW: f64 = 0.5;
 const ZOOMED_HEADROOM: f64 = 1.35;
+/// Samples spread over less than this are drawn in allocation order, not on a time axis.
+const EVENT_AXIS_SPAN_S: f64 = 1e-6;
+/// Phase boundaries closer than this on average are left to the strip (micro-batches).
+const MIN_BOUNDARY_SPACING_PX: i32 = 12;
+/// Nor is a boundary drawn this close to the one before it.
+const MIN_BOUNDARY_GAP_PX: i32 = 6;
 const X_TICKS: usize = 14;
 const Y_TICKS: usize = 10;
 const GB: f64 = 1e9;
 const GIB: f64 = 1_073_741_824.0;
 
 const TITLE_SIZE: f64 = 28.0;
+const NOTE_SIZE: f64 = 17.0;
 const CAPTION_SIZE: f64 = 21.0;
 const AXIS_DESC_SIZE: f64 = 18.0;
 const LABEL_SIZE: f64 = 16.0;
+const STRIP_SIZE: f64 = 15.0;
+/// A line of label text.
+const LINE_HEIGHT: i32 = 20;
+/// Padding inside a label's box.
+const PAD_X: i32 = 5;
+const PAD_Y: i32 = 3;
 
-/// Each memory category's own colour, the same in every picture: Okabe-Ito's
-/// colour-blind-safe eight for the categories most plots show (parameters blue, gradients
-/// green, optimizer state orange, saved activations reddish purple, activation gradients
-/// vermillion), Paul Tol's muted and light schemes for their variants (a lighter or darker
-/// shade of the same family: gathered parameters sky blue, unsharded gradients teal,
-/// transient activations pink), greys for inputs, module buffers and workspaces. Neighbours
-/// in the stack differ in hue or lightness, so "inputs", "activations (transient)" and
-/// "optimizer state" no longer read as one olive band.
+/// Each memory category's own colour, the same in every picture, from Okabe-Ito's and Paul
+/// Tol's colour-blind-safe schemes. Categories that sit next to each other in the stack or
+/// live at the same time differ in lightness as well as hue, so they stay apart for
+/// colour-blind readers too: parameters blue with their gathered copies a light sky blue;
+/// gradients dark green, unsharded gradients a light mint; optimizer state a light yellow,
+/// its temporaries a dark red; saved activations reddish purple between recomputed ones
+/// (dark wine) and transient ones (pale pink); activation gradients vermillion; FSDP2's
+/// all-gather output dark blue, its reduce-scatter input light pear; greys for inputs,
+/// module buffers and workspaces.
 const CATEGORY_COLORS: [(Category, RGBColor); 19] = [
     (Category::Parameters, RGBColor(0x00, 0x72, 0xB2)),
     (Category::GatheredParameters, RGBColor(0x56, 0xB4, 0xE9)),
     (Category::PostForwardShards, RGBColor(0x88, 0xCC, 0xEE)),
     (Category::MasterWeights, RGBColor(0x33, 0x22, 0x88)),
-    (Category::Gradients, RGBColor(0x00, 0x9E, 0x73)),
-    (Category::UnshardedGradients, RGBColor(0x44, 0xAA, 0x99)),
-    (Category::OptimizerState, RGBColor(0xE6, 0x9F, 0x00)),
-    (Category::OptimizerTemp, RGBColor(0xF0, 0xE4, 0x42)),
+    (Category::Gradients, RGBColor(0x11, 0x77, 0x33)),
+    (Category::UnshardedGradients, RGBColor(0x44, 0xBB, 0x99)),
+    (Category::OptimizerState, RGBColor(0xEE, 0xCC, 0x66)),
+    (Category::OptimizerTemp, RGBColor(0x99, 0x44, 0x55)),
     (Category::Activations, RGBColor(0xCC, 0x79, 0xA7)),
-    (Category::Recomputed, RGBColor(0xAA, 0x44, 0x99)),
-    (Category::Transient, RGBColor(0xFF, 0xAA, 0xBB)),
+    (Category::Recomputed, RGBColor(0x88, 0x22, 0x55)),
+    (Category::Transient, RGBColor(0xFF, 0xCC, 0xCC)),
     (Category::ActivationGradients, RGBColor(0xD5, 0x5E, 0x00)),
     (Category::Inputs, RGBColor(0x77, 0x77, 0x77)),
-    (Category::KvCache, RGBColor(0x88, 0x22, 0x55)),
-    (Category::CommBuffers, RGBColor(0xDD, 0xCC, 0x77)),
-    (Category::AllGatherBuffers, RGBColor(0x99, 0x99, 0x33)),
+    (Category::KvCache, RGBColor(0x66, 0x33, 0x33)),
+    (Category::CommBuffers, RGBColor(0x99, 0x99, 0x33)),
+    (Category::AllGatherBuffers, RGBColor(0x22, 0x22, 0x55)),
     (Category::ReduceScatterBuffers, RGBColor(0xBB, 0xCC, 0x33)),
     (Category::Buffers, RGBColor(0x44, 0x44, 0x44)),
     (Category::BlasWorkspaces, RGBColor(0xCC, 0xCC, 0xCC)),
@@ -158,6 +216,8 @@ const CAPACITY_COLOR: RGBColor = RGBColor(0xD0, 0x00, 0x00);
 const OOM_COLOR: RGBColor = RGBColor(0x9B, 0x00, 0x20);
 const RESERVED_COLOR: RGBColor = RGBColor(0x00, 0x00, 0x00);
 const TEXT_COLOR: RGBColor = RGBColor(0x20, 0x20, 0x20);
+const NOTE_COLOR: RGBColor = RGBColor(0x33, 0x33, 0x33);
+const STEP_EDGE_COLOR: RGBAColor = RGBAColor(0x20, 0x20, 0x20, 0.75);
 
 /// Writes a PNG; returns a human-readable error string on failure (never panics).
 ///
@@ -165,6 +225,9 @@ const TEXT_COLOR: RGBColor = RGBColor(0x20, 0x20, 0x20);
 /// polling for the file never sees a half-written PNG.
 pub fn write_memory_png(path: &Path, plot: &MemoryPlot) -> Result<(), String> {
     ensure_font()?;
+    if glyph_font().is_none() {
+        return Err("the bundled DejaVuSans.ttf could not be parsed as a font".to_string());
+    }
     if plot.panels.len() > MAX_PANELS {
         return Err(format!("memory plot has {} panels; at most {MAX_PANELS} fit in one PNG", plot.panels.len()));
     }
@@ -180,7 +243,7 @@ pub fn write_memory_png(path: &Path, plot: &MemoryPlot) -> Result<(), String> {
     let tmp = tmp_path(path);
     // plotters has internal unwraps (font table lock, buffer sizing); a bug
     // there must cost us a picture, not the simulation run.
-    let rendered = catch_unwind(AssertUnwindSafe(|| render(&tmp, &plot.title, &panels)))
+    let rendered = catch_unwind(AssertUnwindSafe(|| render(&tmp, &plot.title, plot.note.as_deref(), &panels)))
         .unwrap_or_else(|payload| Err(format!("plot rendering panicked: {}", panic_text(&payload))));
     let result = rendered.and_then(|()| {
         std::fs::rename(&tmp, path).map_err(|e| format!("cannot move {} to {}: {e}", tmp.display(), path.display()))
@@ -279,6 +342,7 @@ struct Prepared {
     /// timeline, not the axis padding, so nothing is invented after an OOM.
     step_end: f64,
     y_max_gb: f64,
+    /// Sample positions on the x axis: seconds, or allocation numbers on an event axis.
     times: Vec<f64>,
     layers: Vec<Layer>,
     reserved_gb: Option<Vec<f64>>,
@@ -286,6 +350,10 @@ struct Prepared {
     oom: Option<OomMark>,
     host_note: Option<String>,
     peak_op: Option<String>,
+    /// Where to mark the peak of live tensors: (x, GB).
+    peak: Option<(f64, f64)>,
+    /// The x axis counts allocations (all samples at one instant), not seconds.
+    event_axis: bool,
 }
 
 fn prepare_panel(index: usize, p: &RankPanel, colors: &HashMap<String, RGBColor>) -> Result<Prepared, String> {
@@ -311,7 +379,7 @@ fn prepare_panel(index: usize, p: &RankPanel, colors: &HashMap<String, RGBColor>
     if !order.windows(2).all(|w| p.times_s[w[0]] <= p.times_s[w[1]]) {
         order.sort_by(|&a, &b| p.times_s[a].total_cmp(&p.times_s[b]));
     }
-    let times: Vec<f64> = order.iter().map(|&i| p.times_s[i]).collect();
+    let mut times: Vec<f64> = order.iter().map(|&i| p.times_s[i]).collect();
 
     let mut running = vec![0u64; order.len()];
     let mut layers = Vec::new();
@@ -330,7 +398,7 @@ fn prepare_panel(index: usize, p: &RankPanel, colors: &HashMap<String, RGBColor>
     }
     let reserved_gb = p.reserved.as_ref().map(|r| order.iter().map(|&i| r[i] as f64 / GB).collect::<Vec<_>>());
 
-    let phases: Vec<(String, f64, f64)> = p
+    let mut phases: Vec<(String, f64, f64)> = p
         .phases
         .iter()
         .filter(|ph| ph.start_s.is_finite() && ph.end_s.is_finite())
@@ -339,7 +407,24 @@ fn prepare_panel(index: usize, p: &RankPanel, colors: &HashMap<String, RGBColor>
             (ph.label.clone(), a, b)
         })
         .collect();
-    let oom = p.oom.clone().filter(|o| o.time_s.is_finite());
+    let mut oom = p.oom.clone().filter(|o| o.time_s.is_finite());
+
+    // Every sample at one instant (weights loading: no simulated time passes) would
+    // collapse to a single step at t: drawn in allocation order instead.
+    let event_axis = times.len() >= 2 && times[times.len() - 1] - times[0] < EVENT_AXIS_SPAN_S;
+    let mut window = p.window_s.filter(|(a, b)| a.is_finite() && b.is_finite() && b > a);
+    if event_axis {
+        let count = times.len() as f64;
+        times = (0..times.len()).map(|i| i as f64).collect();
+        let name = phases.first().map_or("initialisation", |ph| phase_parts(&ph.0).0);
+        let name = if name == "init" { "initialisation" } else { name };
+        phases = vec![(format!("{name}: allocations in order, no simulated time passes"), 0.0, count)];
+        // The failed request comes after the last allocation that succeeded.
+        if let Some(o) = oom.as_mut() {
+            o.time_s = count;
+        }
+        window = None;
+    }
 
     let mut lo = f64::INFINITY;
     let mut hi = f64::NEG_INFINITY;
@@ -352,12 +437,17 @@ fn prepare_panel(index: usize, p: &RankPanel, colors: &HashMap<String, RGBColor>
     if !lo.is_finite() || !hi.is_finite() {
         (lo, hi) = (0.0, 1.0);
     }
+    let mut step_end = hi;
+    if let Some((a, b)) = window {
+        step_end = step_end.min(b);
+        (lo, hi) = (a, b);
+    }
     if hi - lo <= f64::EPSILON * lo.abs().max(1.0) * 16.0 {
         // A single instant still needs a visible width to draw its value.
         let pad = (lo.abs() * 1e-3).max(0.5);
         (lo, hi) = (lo - pad, hi + pad);
+        step_end = hi;
     }
-    let step_end = hi;
     if let Some(o) = &oom {
         // An OOM usually ends the timeline; without padding its line and
         // marker would sit on the plot border, half clipped.
@@ -375,7 +465,7 @@ fn prepare_panel(index: usize, p: &RankPanel, colors: &HashMap<String, RGBColor>
     let max_reserved = reserved_gb.as_ref().map(|r| r.iter().copied().fold(0.0, f64::max)).unwrap_or(0.0);
     let data_max = max_total.max(max_reserved);
     // A job far below capacity gets an axis scaled to its data (the capacity is then named
-    // above the plot) rather than a stack squeezed into the bottom of it.
+    // in the legend) rather than a stack squeezed into the bottom of it.
     let mut y_max_gb = if capacity_gb > 0.0 && data_max > 0.0 && data_max < ZOOM_BELOW * capacity_gb {
         data_max * ZOOMED_HEADROOM
     } else {
@@ -385,7 +475,7 @@ fn prepare_panel(index: usize, p: &RankPanel, colors: &HashMap<String, RGBColor>
         y_max_gb = 1.0;
     }
 
-    Ok(Prepared {
+    let mut prepared = Prepared {
         label: p.label.clone(),
         capacity_gb,
         x_range: (lo, hi),
@@ -398,7 +488,31 @@ fn prepare_panel(index: usize, p: &RankPanel, colors: &HashMap<String, RGBColor>
         oom,
         host_note: p.host_note.clone(),
         peak_op: p.peak_op.clone(),
-    })
+        peak: None,
+        event_axis,
+    };
+    prepared.peak = peak_mark(&prepared, p.peak_time_s);
+    Ok(prepared)
+}
+
+/// Where the peak of live tensors is marked: at `peak_time` (the highest stacked total among
+/// the samples at that instant) when it is given and in view; else, outside an OOM panel, the
+/// first highest stacked total.
+fn peak_mark(p: &Prepared, peak_time: Option<f64>) -> Option<(f64, f64)> {
+    let top = &p.layers.last()?.top_gb;
+    match peak_time.filter(|t| t.is_finite() && !p.event_axis) {
+        Some(t) => {
+            if t < p.x_range.0 || t > p.x_range.1 {
+                return None;
+            }
+            let (a, b) = (p.times.partition_point(|&x| x < t), p.times.partition_point(|&x| x <= t));
+            let at = top.get(a..b).unwrap_or(&[]).iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let v = if at.is_finite() { Some(at) } else { value_at(&p.times, top, t) };
+            v.filter(|v| *v > 0.0).map(|v| (t, v))
+        }
+        None if p.oom.is_none() || (p.event_axis && peak_time.is_some()) => peak_of(p),
+        None => None,
+    }
 }
 
 /// Indices of the samples worth drawing when there are more samples than
@@ -530,7 +644,8 @@ fn fmt_gb(bytes_gb: f64) -> String {
 }
 
 /// Shortens `text` with an ellipsis until it fits `max_px`, so long rank
-/// class or category names stay inside their box instead of overprinting.
+/// class or category names stay inside their box instead of overprinting
+/// (plotters' measure: timeline.png's text; memory.png's is [`fit_px`]).
 pub(crate) fn fit_text<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     text: &str,
@@ -557,27 +672,102 @@ pub(crate) fn fit_text<DB: DrawingBackend>(
     (lo > 0).then(|| candidate(lo))
 }
 
-/// Word-wraps `text` into at most `max_lines` lines of `max_px`, the last
-/// one shortened with an ellipsis if text remains: long category names and
-/// OOM descriptions are the most informative text in the figure, so they
-/// get a second line before they lose words.
-fn wrap_text<DB: DrawingBackend>(
+/// The bundled font, parsed once for [`text_width`] and [`draw_str`].
+fn glyph_font() -> Option<&'static FontRef<'static>> {
+    static PARSED: OnceLock<Option<FontRef<'static>>> = OnceLock::new();
+    PARSED.get_or_init(|| FontRef::try_from_slice(FONT_BYTES).ok()).as_ref()
+}
+
+/// The width in pixels of `text` at `size` px as [`draw_str`] draws it: advances and kerning.
+fn text_width(text: &str, size: f64) -> i32 {
+    let Some(font) = glyph_font() else {
+        return (text.chars().count() as f64 * size * 0.6).ceil() as i32;
+    };
+    let f = font.as_scaled(PxScale::from(size as f32));
+    let mut w = 0f32;
+    let mut prev = None;
+    for c in text.chars() {
+        let id = f.glyph_id(c);
+        if let Some(p) = prev {
+            w += f.kern(p, id);
+        }
+        w += f.h_advance(id);
+        prev = Some(id);
+    }
+    w.ceil() as i32
+}
+
+/// Draws `text` with its top-left corner at `pos` (pixels of `area`), each glyph at its
+/// own side bearing.
+fn draw_str<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     text: &str,
-    style: &TextStyle,
-    max_px: u32,
-    max_lines: usize,
-) -> Vec<String> {
-    let width = |s: &str| area.estimate_text_size(s, style).map(|(w, _)| w).unwrap_or(u32::MAX);
+    size: f64,
+    color: RGBColor,
+    pos: (i32, i32),
+) -> Result<(), String> {
+    let font = glyph_font().ok_or("the bundled DejaVuSans.ttf could not be parsed as a font")?;
+    let scale = PxScale::from(size as f32);
+    let f = font.as_scaled(scale);
+    let baseline = pos.1 as f32 + f.ascent();
+    let mut pen = pos.0 as f32;
+    let mut prev = None;
+    let mut coverage: Vec<(i32, i32, f32)> = Vec::new();
+    for c in text.chars() {
+        let id = f.glyph_id(c);
+        if let Some(p) = prev {
+            pen += f.kern(p, id);
+        }
+        if let Some(outline) = font.outline_glyph(id.with_scale_and_position(scale, ab_glyph::point(pen, baseline))) {
+            let b = outline.px_bounds();
+            outline.draw(|x, y, c| {
+                if c > 0.0 {
+                    coverage.push((b.min.x as i32 + x as i32, b.min.y as i32 + y as i32, c.min(1.0)));
+                }
+            });
+        }
+        pen += f.h_advance(id);
+        prev = Some(id);
+    }
+    for (x, y, c) in coverage {
+        area.draw_pixel((x, y), &color.mix(f64::from(c))).map_err(draw_err("text"))?;
+    }
+    Ok(())
+}
+
+/// Shortens `text` with an ellipsis until it is at most `max_px` wide ([`text_width`]).
+fn fit_px(text: &str, size: f64, max_px: i32) -> Option<String> {
+    if text_width(text, size) <= max_px {
+        return Some(text.to_string());
+    }
+    let chars: Vec<char> = text.chars().collect();
+    let candidate = |keep: usize| chars[..keep].iter().collect::<String>() + "…";
+    let (mut lo, mut hi) = (0usize, chars.len());
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        if text_width(&candidate(mid), size) <= max_px {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    (lo > 0).then(|| candidate(lo))
+}
+
+/// Word-wraps `text` into at most `max_lines` lines of at most `max_px`, the last one
+/// shortened with an ellipsis if text remains: long category names and OOM descriptions
+/// are the most informative text in the figure, so they get more lines before they lose
+/// words.
+fn wrap_px(text: &str, size: f64, max_px: i32, max_lines: usize) -> Vec<String> {
+    let width = |s: &str| text_width(s, size);
     let mut lines = Vec::new();
     let mut rest = text.trim();
     while !rest.is_empty() && lines.len() < max_lines {
         if lines.len() + 1 == max_lines || width(rest) <= max_px {
-            lines.extend(fit_text(area, rest, style, max_px));
+            lines.extend(fit_px(rest, size, max_px));
             break;
         }
-        // The longest run of whole words that fits (binary search: widths
-        // grow with every added word).
+        // The longest run of whole words that fits (widths grow with every added word).
         let spaces: Vec<usize> = rest.match_indices(' ').map(|(i, _)| i).collect();
         let fits = |k: usize| width(&rest[..spaces[k]]) <= max_px;
         let (mut lo, mut hi) = (0usize, spaces.len());
@@ -613,42 +803,367 @@ fn wrap_text<DB: DrawingBackend>(
     lines
 }
 
-fn render(path: &Path, title: &str, panels: &[Prepared]) -> Result<(), String> {
-    let rows = panels.len().max(1) as u32;
-    let height = TITLE_HEIGHT + rows * PANEL_HEIGHT;
-    let root = BitMapBackend::new(path, (WIDTH, height)).into_drawing_area();
-    root.fill(&WHITE).map_err(draw_err("background"))?;
-    let (title_area, body) = root.split_vertically(TITLE_HEIGHT);
-    let title_style = font(TITLE_SIZE).pos(Pos::new(HPos::Center, VPos::Center));
-    if let Some(t) = fit_text(&title_area, title, &title_style, WIDTH - 40) {
-        title_area
-            .draw_text(&t, &title_style, ((WIDTH / 2) as i32, (TITLE_HEIGHT / 2) as i32))
-            .map_err(draw_err("title"))?;
+/// A rectangle in pixels: columns `x0..x1`, rows `y0..y1` (ends excluded).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PxRect {
+    pub x0: i32,
+    pub y0: i32,
+    pub x1: i32,
+    pub y1: i32,
+}
+
+impl PxRect {
+    pub(crate) fn at(x: i32, y: i32, w: i32, h: i32) -> PxRect {
+        PxRect { x0: x, y0: y, x1: x + w, y1: y + h }
+    }
+    pub(crate) fn intersects(&self, o: &PxRect) -> bool {
+        self.x0 < o.x1 && o.x0 < self.x1 && self.y0 < o.y1 && o.y0 < self.y1
+    }
+    pub(crate) fn contains(&self, o: &PxRect) -> bool {
+        o.x0 >= self.x0 && o.x1 <= self.x1 && o.y0 >= self.y0 && o.y1 <= self.y1
+    }
+    fn grown(&self, m: i32) -> PxRect {
+        PxRect { x0: self.x0 - m, y0: self.y0 - m, x1: self.x1 + m, y1: self.y1 + m }
+    }
+    /// The point of this rectangle nearest to `p`.
+    fn nearest(&self, p: (i32, i32)) -> (i32, i32) {
+        (p.0.clamp(self.x0, self.x1 - 1), p.1.clamp(self.y0, self.y1 - 1))
+    }
+}
+
+/// What labels in a plot must keep clear of, in pixels.
+pub(crate) struct Scene {
+    /// The plotting area: labels stay inside it, off the axes and their tick labels.
+    pub plot: PxRect,
+    /// For each pixel column of the plot (x = plot.x0 + i), the rows the lines (reserved,
+    /// capacity) pass through there, as inclusive spans.
+    pub lines: Vec<Vec<(i32, i32)>>,
+    /// For each pixel column, the top row of the drawn data (plot.y1 where there is none).
+    pub data_top: Vec<i32>,
+    /// Marks to keep clear of: the OOM line and marker, the failed request's bar, the peak.
+    pub marks: Vec<PxRect>,
+}
+
+impl Scene {
+    pub(crate) fn new(plot: PxRect) -> Scene {
+        let columns = (plot.x1 - plot.x0).max(0) as usize;
+        Scene { plot, lines: vec![Vec::new(); columns], data_top: vec![plot.y1; columns], marks: Vec::new() }
     }
 
-    if panels.is_empty() {
-        let style = font(AXIS_DESC_SIZE).pos(Pos::new(HPos::Center, VPos::Center));
-        body.draw_text("no rank classes to plot", &style, ((WIDTH / 2) as i32, (PANEL_HEIGHT / 2) as i32))
-            .map_err(draw_err("empty-figure note"))?;
+    /// Adds a polyline (pixel points) as `half_width` pixels either side of its path.
+    pub(crate) fn add_line(&mut self, points: &[(i32, i32)], half_width: i32) {
+        for (col, span) in rasterize(points, self.plot.x0, self.lines.len()).into_iter().enumerate() {
+            if let Some((a, b)) = span {
+                self.lines[col].push((a - half_width, b + half_width));
+            }
+        }
     }
-    for (panel, area) in panels.iter().zip(body.split_evenly((panels.len().max(1), 1))) {
-        render_panel(&area, panel)?;
+
+    /// Records the top edge of the data (a polyline of pixel points): labels stay above it
+    /// where they can.
+    pub(crate) fn add_data_top(&mut self, points: &[(i32, i32)]) {
+        for (col, span) in rasterize(points, self.plot.x0, self.data_top.len()).into_iter().enumerate() {
+            if let Some((a, _)) = span {
+                self.data_top[col] = self.data_top[col].min(a);
+            }
+        }
     }
+
+    fn columns(&self, r: &PxRect) -> std::ops::Range<usize> {
+        let n = self.lines.len() as i32;
+        let a = (r.x0 - self.plot.x0).clamp(0, n) as usize;
+        let b = (r.x1 - self.plot.x0).clamp(0, n) as usize;
+        a..b
+    }
+
+    /// How bad a spot `r` is for a label, given the labels already placed: 0 clear of
+    /// everything; 1 over the data; 2 across a line; 3 over a mark or another label (or
+    /// off the plot).
+    fn cost(&self, r: &PxRect, placed: &[PxRect]) -> u8 {
+        if !self.plot.contains(r) {
+            return 4;
+        }
+        let g = r.grown(2);
+        if placed.iter().chain(&self.marks).any(|o| o.intersects(&g)) {
+            return 3;
+        }
+        let cols = self.columns(&g);
+        if self.lines[cols.clone()].iter().any(|spans| spans.iter().any(|&(a, b)| a < g.y1 && g.y0 <= b)) {
+            return 2;
+        }
+        if self.data_top[cols].iter().any(|&top| g.y1 > top) {
+            return 1;
+        }
+        0
+    }
+}
+
+/// For each of `columns` pixel columns from `x0`, the rows a polyline passes through there
+/// (inclusive), or None where it does not reach.
+fn rasterize(points: &[(i32, i32)], x0: i32, columns: usize) -> Vec<Option<(i32, i32)>> {
+    let mut out: Vec<Option<(i32, i32)>> = vec![None; columns];
+    let mut mark = |x: i32, y: i32| {
+        if let Some(slot) = usize::try_from(x - x0).ok().and_then(|i| out.get_mut(i)) {
+            *slot = Some(slot.map_or((y, y), |(a, b)| (a.min(y), b.max(y))));
+        }
+    };
+    if let [only] = points {
+        mark(only.0, only.1);
+    }
+    for w in points.windows(2) {
+        let ((ax, ay), (bx, by)) = (w[0], w[1]);
+        if ax == bx {
+            mark(ax, ay);
+            mark(ax, by);
+            continue;
+        }
+        let ((ax, ay), (bx, by)) = if ax < bx { ((ax, ay), (bx, by)) } else { ((bx, by), (ax, ay)) };
+        // Only the columns inside the plot matter: a long segment is clipped first.
+        let first = ax.max(x0 - 1);
+        let last = bx.min(x0 + columns as i32);
+        for x in first..=last {
+            let t = f64::from(x - ax) / f64::from(bx - ax);
+            let y = f64::from(ay) + t * f64::from(by - ay);
+            let t2 = (f64::from(x + 1 - ax) / f64::from(bx - ax)).min(1.0);
+            let y2 = f64::from(ay) + t2 * f64::from(by - ay);
+            mark(x, y.min(y2).floor() as i32);
+            mark(x, y.max(y2).ceil() as i32);
+        }
+    }
+    out
+}
+
+/// A label to place: the point it describes, and the spots it may take, best first.
+pub(crate) struct Want {
+    pub anchor: (i32, i32),
+    pub options: Vec<PxRect>,
+}
+
+/// Places labels one after another, each at its first option of the lowest [`Scene::cost`]
+/// (clear of everything, else over the data, else across a line, else over another label),
+/// never outside the plot when an option inside it exists. Returns the chosen option's
+/// index per label (None for a label with no options).
+pub(crate) fn place_labels(scene: &Scene, wants: &[Want]) -> Vec<Option<usize>> {
+    let mut placed: Vec<PxRect> = Vec::new();
+    let mut out = Vec::with_capacity(wants.len());
+    for want in wants {
+        let mut best: Option<(u8, usize)> = None;
+        for (i, r) in want.options.iter().enumerate() {
+            let mut c = scene.cost(r, &placed);
+            // A leader line through another label reads as pointing at it.
+            if c < 3 && placed.iter().any(|o| segment_hits(want.anchor, r.nearest(want.anchor), o)) {
+                c = 3;
+            }
+            if best.is_none_or(|(b, _)| c < b) {
+                best = Some((c, i));
+                if c == 0 {
+                    break;
+                }
+            }
+        }
+        if let Some((_, i)) = best {
+            placed.push(want.options[i]);
+        }
+        out.push(best.map(|b| b.1));
+    }
+    out
+}
+
+/// Whether the segment from `a` to `b` passes through `r` (sampled every 2 pixels).
+fn segment_hits(a: (i32, i32), b: (i32, i32), r: &PxRect) -> bool {
+    let steps = ((b.0 - a.0).abs().max((b.1 - a.1).abs()) / 2).max(1);
+    (0..=steps).any(|k| {
+        let x = a.0 + (b.0 - a.0) * k / steps;
+        let y = a.1 + (b.1 - a.1) * k / steps;
+        x >= r.x0 && x < r.x1 && y >= r.y0 && y < r.y1
+    })
+}
+
+/// Spots for a `w` x `h` label around a mark at `a`: a grid of boxes above, beside and
+/// below it, nearest first; at equal distance above before beside before below, and left of
+/// the mark before right when `left_first`.
+#[cfg(test)]
+pub(crate) fn options_around(a: (i32, i32), size: (i32, i32), left_first: bool) -> Vec<PxRect> {
+    scored_around(a, size, left_first).into_iter().map(|o| o.1).collect()
+}
+
+/// [`options_around`]'s boxes with their scores (distance from the mark plus the penalty of
+/// their side), ascending.
+fn scored_around(a: (i32, i32), (w, h): (i32, i32), left_first: bool) -> Vec<(i64, PxRect)> {
+    let mut xs: Vec<(i32, i32)> = vec![(a.0 - w / 2, 1)];
+    for k in 0..=14 {
+        let (right, left) = ((a.0 + 6 + 40 * k, 0), (a.0 - 6 - w - 40 * k, 0));
+        let (near, far) = if left_first { (left, right) } else { (right, left) };
+        xs.push(near);
+        xs.push((far.0, 1));
+    }
+    let mut ys: Vec<(i32, i32)> = vec![(a.1 - h / 2, 8)];
+    for j in 0..=20 {
+        ys.push((a.1 - 8 - h - 14 * j, 0));
+        ys.push((a.1 + 8 + 14 * j, 16));
+    }
+    let mut out: Vec<(i64, PxRect)> = Vec::new();
+    for &(x, xp) in &xs {
+        for &(y, yp) in &ys {
+            let r = PxRect::at(x, y, w, h);
+            // A box over its own mark hides it.
+            if r.grown(2).contains(&PxRect::at(a.0, a.1, 1, 1)) {
+                continue;
+            }
+            let n = r.nearest(a);
+            let (dx, dy) = (i64::from(n.0 - a.0), i64::from(n.1 - a.1));
+            let d = ((dx * dx + dy * dy) as f64).sqrt() as i64;
+            out.push((d + i64::from(xp + yp), r));
+        }
+    }
+    out.sort_by_key(|o| o.0);
+    out
+}
+
+/// Spots for a `w` x `h` label on a horizontal line at row `y` across `plot`: just below or
+/// above it, at the left end, the right end, then points between.
+pub(crate) fn options_along(plot: &PxRect, y: i32, (w, h): (i32, i32)) -> Vec<PxRect> {
+    let (left, right) = (plot.x0 + 8, plot.x1 - 8 - w);
+    let mut xs = vec![left, right];
+    for k in 1..8 {
+        xs.push(left + (right - left) * k / 8);
+    }
+    let mut out = Vec::new();
+    for x in xs {
+        out.push(PxRect::at(x, y + 5, w, h));
+        out.push(PxRect::at(x, y - 5 - h, w, h));
+    }
+    out
+}
+
+/// The figure's layout: the note's lines under the title, the head's height (title and
+/// note), each panel's legend and height, and the image's size.
+struct Layout {
+    note_lines: Vec<String>,
+    head: u32,
+    legends: Vec<Vec<LegendEntry>>,
+    heights: Vec<u32>,
+    size: (u32, u32),
+}
+
+fn layout(note: Option<&str>, panels: &[Prepared]) -> Layout {
+    let note_lines = note.map(|n| wrap_px(n, NOTE_SIZE, WIDTH as i32 - 80, NOTE_MAX_LINES)).unwrap_or_default();
+    let head = TITLE_HEIGHT + note_lines.len() as u32 * NOTE_LINE_HEIGHT + if note_lines.is_empty() { 0 } else { 8 };
+    let legends: Vec<Vec<LegendEntry>> = panels.iter().map(legend_entries).collect();
+    let heights: Vec<u32> = legends.iter().map(|l| panel_height(l)).collect();
+    let body = if panels.is_empty() { PANEL_HEIGHT } else { heights.iter().sum() };
+    Layout { note_lines, head, legends, heights, size: (WIDTH, head + body) }
+}
+
+fn render(path: &Path, title: &str, note: Option<&str>, panels: &[Prepared]) -> Result<(), String> {
+    let layout = layout(note, panels);
+    let root = BitMapBackend::new(path, layout.size).into_drawing_area();
+    draw_figure(&root, title, &layout, panels)?;
     root.present().map_err(|e| format!("writing {} failed: {e}", path.display()))
 }
 
-fn render_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Prepared) -> Result<(), String> {
+fn draw_figure<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    title: &str,
+    layout: &Layout,
+    panels: &[Prepared],
+) -> Result<(), String> {
+    root.fill(&WHITE).map_err(draw_err("background"))?;
+    if let Some(t) = fit_px(title, TITLE_SIZE, WIDTH as i32 - 40) {
+        let x = (WIDTH as i32 - text_width(&t, TITLE_SIZE)) / 2;
+        draw_str(root, &t, TITLE_SIZE, TEXT_COLOR, (x, (TITLE_HEIGHT as i32 - TITLE_SIZE as i32) / 2 - 2))?;
+    }
+    for (k, line) in layout.note_lines.iter().enumerate() {
+        let x = (WIDTH as i32 - text_width(line, NOTE_SIZE)) / 2;
+        draw_str(root, line, NOTE_SIZE, NOTE_COLOR, (x, TITLE_HEIGHT as i32 - 4 + k as i32 * NOTE_LINE_HEIGHT as i32))?;
+    }
+    let (_, mut rest) = root.split_vertically(layout.head);
+    if panels.is_empty() {
+        let text = "no rank classes to plot";
+        let x = (WIDTH as i32 - text_width(text, AXIS_DESC_SIZE)) / 2;
+        draw_str(&rest, text, AXIS_DESC_SIZE, TEXT_COLOR, (x, PANEL_HEIGHT as i32 / 2 - 10))?;
+    }
+    for ((panel, legend), h) in panels.iter().zip(&layout.legends).zip(&layout.heights) {
+        let (area, below) = rest.split_vertically(*h);
+        render_panel(&area, panel, legend)?;
+        rest = below;
+    }
+    Ok(())
+}
+
+/// The plot's pixel frame in its panel's coordinates, and the data range it shows.
+struct Frame {
+    x_range: (f64, f64),
+    y_max: f64,
+    left: i32,
+    top: i32,
+    right: i32,
+    bottom: i32,
+}
+
+impl Frame {
+    fn px_x(&self, x: f64) -> i32 {
+        let (x0, x1) = self.x_range;
+        let f = ((x - x0) / (x1 - x0)).clamp(-10.0, 10.0);
+        self.left + (f * f64::from(self.right - self.left)).round() as i32
+    }
+    fn px_y(&self, y: f64) -> i32 {
+        let f = ((self.y_max - y) / self.y_max).clamp(-10.0, 10.0);
+        self.top + (f * f64::from(self.bottom - self.top)).round() as i32
+    }
+    fn px(&self, (x, y): (f64, f64)) -> (i32, i32) {
+        (self.px_x(x), self.px_y(y))
+    }
+    fn rect(&self) -> PxRect {
+        PxRect { x0: self.left, y0: self.top, x1: self.right + 1, y1: self.bottom + 1 }
+    }
+}
+
+/// A label in the plot: its text (one or more variants, e.g. on one line or wrapped onto
+/// two), colour and border, and the spots it may take, each with the variant it fits.
+struct Label {
+    variants: Vec<Vec<String>>,
+    color: RGBColor,
+    border: Option<RGBColor>,
+    anchor: (i32, i32),
+    options: Vec<(usize, PxRect)>,
+}
+
+/// The spots of a label's variants (its text on one line, on two...; each scored by
+/// [`scored_around`]) in one list, each with its variant: best score first, a later variant
+/// only where it scores better by more than a few pixels.
+fn nearest_first(variants: impl IntoIterator<Item = Vec<(i64, PxRect)>>) -> Vec<(usize, PxRect)> {
+    let mut all: Vec<(i64, usize, PxRect)> = Vec::new();
+    for (k, options) in variants.into_iter().enumerate() {
+        all.extend(options.into_iter().map(|(score, r)| (score + 12 * k as i64, k, r)));
+    }
+    all.sort_by_key(|o| o.0);
+    all.into_iter().map(|o| (o.1, o.2)).collect()
+}
+
+/// The size of a label's box holding `lines`.
+fn label_size(lines: &[String]) -> (i32, i32) {
+    let w = lines.iter().map(|l| text_width(l, LABEL_SIZE)).max().unwrap_or(0);
+    (w + 2 * PAD_X, lines.len() as i32 * LINE_HEIGHT + 2 * PAD_Y)
+}
+
+fn render_panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    p: &Prepared,
+    legend: &[LegendEntry],
+) -> Result<(), String> {
     let (w, _) = area.dim_in_pixel();
     let (chart_area, legend_area) = area.split_horizontally(w.saturating_sub(LEGEND_WIDTH));
+    let (cw, _) = chart_area.dim_in_pixel();
+    if let Some(c) = fit_px(&p.label, CAPTION_SIZE, cw as i32 - 40) {
+        draw_str(area, &c, CAPTION_SIZE, TEXT_COLOR, ((cw as i32 - text_width(&c, CAPTION_SIZE)) / 2, 6))?;
+    }
+    let (_, chart_body) = chart_area.split_vertically(CAPTION_HEIGHT + STRIP_HEIGHT);
     let (x0, x1) = p.x_range;
     let y_max = p.y_max_gb;
     let y_max_gib = y_max * GB / GIB;
 
-    let caption_style = font(CAPTION_SIZE);
-    let caption =
-        fit_text(&chart_area, &p.label, &caption_style, w.saturating_sub(LEGEND_WIDTH + 40)).unwrap_or_default();
-    let mut chart = ChartBuilder::on(&chart_area)
-        .caption(caption, caption_style)
+    let mut chart = ChartBuilder::on(&chart_body)
         .margin_top(8)
         .margin_left(10)
         .margin_right(6)
@@ -666,9 +1181,11 @@ fn render_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Prepared)
     let x_fmt = |v: &f64| fmt_num(*v, x_dec);
     let y_fmt = |v: &f64| fmt_num(*v, y_dec);
     let gib_fmt = |v: &f64| fmt_num(*v, gib_dec);
+    let x_desc =
+        if p.event_axis { "allocation order (each allocation in turn: no simulated time passes)" } else { "time (s)" };
     chart
         .configure_mesh()
-        .x_desc("time (s)")
+        .x_desc(x_desc)
         .y_desc("memory (GB = 1e9 B)")
         .label_style(font(LABEL_SIZE))
         .axis_desc_style(font(AXIS_DESC_SIZE))
@@ -690,28 +1207,25 @@ fn render_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Prepared)
         .draw()
         .map_err(draw_err("GiB axis"))?;
 
-    let (plot_w, _) = chart.plotting_area().dim_in_pixel();
-    let columns = plot_w.max(1) as usize;
+    let base = area.get_base_pixel();
+    let (left, top) = chart.backend_coord(&(x0, y_max));
+    let (right, bottom) = chart.backend_coord(&(x1, 0.0));
+    let frame = Frame {
+        x_range: (x0, x1),
+        y_max,
+        left: left - base.0,
+        top: top - base.1,
+        right: right - base.0,
+        bottom: bottom - base.1,
+    };
+    let columns = (frame.right - frame.left).max(1) as usize;
 
-    // Phase bands go first so the data stays fully saturated on top of them.
-    let visible_phases: Vec<(usize, &(String, f64, f64))> = p
-        .phases
-        .iter()
-        .enumerate()
-        // A zero-length phase has nothing to shade and would only add a label
-        // that collides with its neighbours.
-        .filter(|(_, (_, a, b))| *b > *a && *b >= x0 && *a <= x1)
-        .collect();
-    chart
-        .draw_series(visible_phases.iter().map(|(_, (label, a, b))| {
-            Rectangle::new([(a.max(x0), 0.0), (b.min(x1), y_max)], band_color(phase_parts(label).0).filled())
-        }))
-        .map_err(draw_err("phase bands"))?;
+    draw_strip(area, p, &frame)?;
 
-    // Painter's algorithm: each layer is filled from zero up to its
-    // cumulative top, topmost first, so lower layers overdraw the part of
-    // the upper fill that belongs to them. Each curve is decimated on its
-    // own, which keeps every layer boundary's peaks.
+    // Painter's algorithm: each layer is filled from zero up to its cumulative top, topmost
+    // first, so lower layers overdraw the part of the upper fill that belongs to them. Each
+    // curve is decimated on its own, which keeps every layer boundary's peaks. No outline:
+    // strokes between thousands of small steps would paint whole bands their colour.
     let layer_paths: Vec<Vec<(f64, f64)>> = p
         .layers
         .iter()
@@ -733,157 +1247,331 @@ fn render_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Prepared)
             .draw_series(std::iter::once(Polygon::new(poly, layer.color.filled())))
             .map_err(draw_err("stacked area"))?;
     }
-    for (layer, path) in p.layers.iter().zip(&layer_paths) {
-        // A faint edge separates similar colours without turning short
-        // spikes (a few pixels wide) into solid outline colour.
-        let edge = darken(layer.color).mix(0.45);
-        chart
-            .draw_series(std::iter::once(PathElement::new(path.clone(), edge.stroke_width(1))))
-            .map_err(draw_err("layer edge"))?;
+
+    // Phase boundaries over the stack, where they are far enough apart to read; step
+    // boundaries always.
+    let edges = phase_edges(p);
+    if !edges.is_empty() && (frame.right - frame.left) / edges.len() as i32 >= MIN_BOUNDARY_SPACING_PX {
+        let boundary = RGBAColor(0x30, 0x30, 0x30, 0.30);
+        let mut last = i32::MIN / 2;
+        for x in edges {
+            let px = frame.px_x(x);
+            // Nor two boundaries within a few pixels of each other: they would merge into a bar.
+            if px - last < MIN_BOUNDARY_GAP_PX {
+                continue;
+            }
+            last = px;
+            area.draw(&PathElement::new(vec![(px, frame.top), (px, frame.bottom)], boundary.stroke_width(1)))
+                .map_err(draw_err("phase boundaries"))?;
+        }
+    }
+    for s in step_starts(p) {
+        let px = frame.px_x(s);
+        area.draw(&PathElement::new(vec![(px, frame.top), (px, frame.bottom)], STEP_EDGE_COLOR.stroke_width(2)))
+            .map_err(draw_err("step boundaries"))?;
     }
 
-    // Phase boundaries drawn over the stack, so phases stay readable where
-    // the stack hides the band tint.
-    let boundary = RGBAColor(0x30, 0x30, 0x30, 0.35);
-    let mut edges: Vec<f64> =
-        visible_phases.iter().flat_map(|(_, (_, a, b))| [*a, *b]).filter(|x| *x > x0 && *x < x1).collect();
-    edges.sort_by(f64::total_cmp);
-    edges.dedup();
-    chart
-        .draw_series(edges.iter().map(|&x| PathElement::new(vec![(x, 0.0), (x, y_max)], boundary.stroke_width(1))))
-        .map_err(draw_err("phase boundaries"))?;
-    // Step boundaries: where each training step after the first begins.
-    let step_edge = RGBAColor(0x20, 0x20, 0x20, 0.75);
-    let starts: Vec<f64> = step_spans(&visible_phases).iter().skip(1).map(|s| s.1).filter(|x| *x > x0).collect();
-    chart
-        .draw_series(starts.iter().map(|&x| PathElement::new(vec![(x, 0.0), (x, y_max)], step_edge.stroke_width(2))))
-        .map_err(draw_err("step boundaries"))?;
-
+    let mut scene = Scene::new(frame.rect());
+    if let Some(path) = layer_paths.last() {
+        scene.add_data_top(&path.iter().map(|&pt| frame.px(pt)).collect::<Vec<_>>());
+    }
     if let Some(r) = &p.reserved_gb {
         let keep = decimate(&p.times, r, x0, x1, columns);
         let pts = step_points(&p.times, r, &keep, p.step_end);
+        scene.add_line(&pts.iter().map(|&pt| frame.px(pt)).collect::<Vec<_>>(), 2);
         chart.draw_series(LineSeries::new(pts, RESERVED_COLOR.stroke_width(2))).map_err(draw_err("reserved line"))?;
     }
-
-    if p.capacity_gb > y_max {
-        // The axis is zoomed to the data: say where the capacity is.
-        let style = font(LABEL_SIZE).color(&CAPACITY_COLOR);
-        let peak = peak_of(p).map_or(0.0, |x| x.1);
-        let reserved = p.reserved_gb.as_ref().map_or(0.0, |r| r.iter().copied().fold(0.0, f64::max));
-        let text = format!(
-            "capacity {} is above this plot: the peak allocates {:.0}% of it, the allocator reserves {:.0}%",
-            fmt_gb(p.capacity_gb),
-            100.0 * peak / p.capacity_gb,
-            100.0 * reserved / p.capacity_gb
-        );
-        let (tw, th) = area.estimate_text_size(&text, &style).unwrap_or((0, 0));
-        let y = PHASE_ROW_TOP + 2 * PHASE_ROW_HEIGHT + 6;
-        chart
-            .draw_series(std::iter::once(
-                EmptyElement::at((x0, y_max))
-                    + Rectangle::new([(4, y - 2), (tw as i32 + 14, y + th as i32 + 6)], WHITE.mix(0.85).filled())
-                    + Text::new(text, (9, y), style),
-            ))
-            .map_err(draw_err("capacity note"))?;
-    } else if p.capacity_gb > 0.0 {
+    let capacity_drawn = p.capacity_gb > 0.0 && p.capacity_gb <= y_max;
+    if capacity_drawn {
         let cap = p.capacity_gb;
         chart
             .draw_series(DashedLineSeries::new(vec![(x0, cap), (x1, cap)], 12, 6, CAPACITY_COLOR.stroke_width(3)))
             .map_err(draw_err("capacity line"))?;
-        let style = font(LABEL_SIZE).color(&CAPACITY_COLOR);
-        let text = format!("capacity {}", fmt_gb(cap));
-        let (tw, th) = area.estimate_text_size(&text, &style).unwrap_or((0, 0));
-        let (tw, th) = (tw as i32, th as i32);
-        // Memory is usually low early in the run, so the label goes at the
-        // left end, unless the OOM label will need that corner.
-        let oom_on_left = p.oom.as_ref().is_some_and(|o| o.time_s < x0 + 0.45 * (x1 - x0));
-        let (anchor, dx) = if oom_on_left { ((x1, cap), -(tw + 14)) } else { ((x0, cap), 4) };
-        chart
-            .draw_series(std::iter::once(
-                EmptyElement::at(anchor)
-                    + Rectangle::new([(dx, 5), (dx + tw + 10, th + 16)], WHITE.mix(0.85).filled())
-                    + Text::new(text, (dx + 5, 8), style),
-            ))
-            .map_err(draw_err("capacity label"))?;
+        let y = frame.px_y(cap);
+        scene.add_line(&[(frame.left, y), (frame.right, y)], 2);
     }
 
-    // Offloaded state lives in host memory for the whole run: stated in the plot, under the
-    // labels and the capacity note, since it is not on this GPU's axis.
-    if let Some(note) = &p.host_note {
-        let style = font(LABEL_SIZE).color(&RGBColor(0x33, 0x33, 0x33));
-        let (plot_w, _) = chart.plotting_area().dim_in_pixel();
-        let lines = wrap_text(area, note, &style, plot_w.saturating_sub(40), 3);
-        let line_h = LABEL_SIZE as i32 + 4;
-        let tw =
-            lines.iter().map(|l| area.estimate_text_size(l, &style).map_or(0, |(w, _)| w as i32)).max().unwrap_or(0);
-        let y = PHASE_ROW_TOP + 3 * PHASE_ROW_HEIGHT + 16;
-        let backdrop = EmptyElement::at((x0, y_max))
-            + Rectangle::new([(4, y - 2), (tw + 14, y + lines.len() as i32 * line_h + 4)], WHITE.mix(0.6).filled());
-        chart.draw_series(std::iter::once(backdrop)).map_err(draw_err("host note"))?;
-        for (k, l) in lines.into_iter().enumerate() {
-            let text = EmptyElement::at((x0, y_max)) + Text::new(l, (9, y + k as i32 * line_h), style.clone());
-            chart.draw_series(std::iter::once(text)).map_err(draw_err("host note"))?;
+    // The peak (in an OOM panel too: it may be another op, just before the failure), unless
+    // it is the OOM's own point; drawn under the OOM's marks, which stay whole where the two
+    // are close (the labels tell them apart).
+    let oom_point = p.oom.as_ref().map(|oom| oom_marker(p, &frame, oom));
+    let peak_at = p.peak.map(|pt| frame.px(pt)).filter(|&(px, py)| {
+        px >= frame.left
+            && px <= frame.right
+            && oom_point.is_none_or(|(o, _)| (px - o.0).abs() > 2 || (py - o.1).abs() > 2)
+    });
+    if let Some((px, py)) = peak_at {
+        area.draw(&Circle::new((px, py), 7, WHITE.filled()))
+            .and_then(|_| area.draw(&Circle::new((px, py), 5, RESERVED_COLOR.filled())))
+            .map_err(draw_err("peak mark"))?;
+        scene.marks.push(PxRect::at(px - 7, py - 7, 15, 15));
+    }
+    let oom_at = match &p.oom {
+        Some(oom) => Some(draw_oom_marks(area, p, &frame, oom, &mut scene)?),
+        None => None,
+    };
+
+    // The labels, placed clear of each other, the lines and the data, most important first.
+    let mut labels: Vec<Label> = Vec::new();
+    let plot_w = frame.right - frame.left;
+    if let (Some(oom), Some(anchor)) = (&p.oom, oom_at) {
+        // On one line where it fits the plot, else wrapped onto two or three.
+        let text = oom_text(oom);
+        let mut variants: Vec<Vec<String>> = Vec::new();
+        for (width, lines) in [(plot_w - 40, 1), ((plot_w / 2).clamp(160, 460), 3), ((plot_w / 3).clamp(160, 320), 4)] {
+            let v = wrap_px(&text, LABEL_SIZE, width, lines);
+            if !variants.contains(&v) && (lines > 1 || text_width(&text, LABEL_SIZE) <= width) {
+                variants.push(v);
+            }
         }
+        let left_first = anchor.0 > (frame.left + frame.right) / 2;
+        let options = nearest_first(variants.iter().map(|v| scored_around(anchor, label_size(v), left_first)));
+        labels.push(Label { variants, color: OOM_COLOR, border: Some(OOM_COLOR), anchor, options });
+    }
+    if capacity_drawn {
+        let lines = vec![format!("capacity {}", fmt_gb(p.capacity_gb))];
+        let y = frame.px_y(p.capacity_gb);
+        let options = options_along(&frame.rect(), y, label_size(&lines)).into_iter().map(|r| (0, r)).collect();
+        let anchor = (frame.left + 8, y);
+        labels.push(Label { variants: vec![lines], color: CAPACITY_COLOR, border: None, anchor, options });
+    } else if p.capacity_gb > y_max {
+        // Zoomed to the data: the legend gives the capacity's share; the plot says where it is.
+        let lines = vec![format!("capacity {} is above this plot", fmt_gb(p.capacity_gb))];
+        let options =
+            options_along(&frame.rect(), frame.top - 1, label_size(&lines)).into_iter().map(|r| (0, r)).collect();
+        let anchor = (frame.left + 8, frame.top);
+        labels.push(Label { variants: vec![lines], color: CAPACITY_COLOR, border: None, anchor, options });
+    }
+    if let (Some(anchor), Some((_, gb))) = (peak_at, p.peak) {
+        let text = match &p.peak_op {
+            Some(op) if !op.is_empty() => format!("peak {} allocated, in {op}", fmt_gb(gb)),
+            _ => format!("peak {} allocated", fmt_gb(gb)),
+        };
+        let two = wrap_px(&text, LABEL_SIZE, (plot_w / 2).clamp(160, 420), 2);
+        let left_first = anchor.0 > frame.left + plot_w * 2 / 3;
+        let one = vec![text];
+        let options = nearest_first([
+            scored_around(anchor, label_size(&one), left_first),
+            scored_around(anchor, label_size(&two), left_first),
+        ]);
+        labels.push(Label { variants: vec![one, two], color: TEXT_COLOR, border: None, anchor, options });
+    }
+    let wants: Vec<Want> =
+        labels.iter().map(|l| Want { anchor: l.anchor, options: l.options.iter().map(|o| o.1).collect() }).collect();
+    for (label, choice) in labels.iter().zip(place_labels(&scene, &wants)) {
+        let Some((k, rect)) = choice.and_then(|i| label.options.get(i)) else { continue };
+        draw_label(area, &label.variants[*k], label.color, label.border, *rect, label.anchor)?;
     }
 
-    // The peak of live tensors, marked and labelled (an OOM panel marks the failure instead).
-    if p.oom.is_none() {
-        if let Some((t, peak)) = peak_of(p) {
-            let style = font(LABEL_SIZE);
-            let text = match &p.peak_op {
-                Some(op) if !op.is_empty() => format!("peak {} allocated, in {op}", fmt_gb(peak)),
-                _ => format!("peak {} allocated", fmt_gb(peak)),
-            };
-            let (tw, th) = area.estimate_text_size(&text, &style).unwrap_or((0, 0));
-            let (tw, th) = (tw as i32, th as i32);
-            // Right of the point unless that runs off the plot.
-            let (px, _) = chart.backend_coord(&(t, peak));
-            let (right, _) = chart.backend_coord(&(x1, peak));
-            let dx = if px + tw + 24 < right { 10 } else { -(tw + 20) };
-            chart
-                .draw_series(std::iter::once(
-                    EmptyElement::at((t, peak))
-                        + Circle::new((0, 0), 5, RESERVED_COLOR.filled())
-                        + Rectangle::new([(dx, -th - 14), (dx + tw + 10, -4)], WHITE.mix(0.85).filled())
-                        + Text::new(text, (dx + 5, -th - 10), style),
-                ))
-                .map_err(draw_err("peak label"))?;
-        }
-    }
-
-    let labels = place_phase_labels(&chart, area, &visible_phases, p);
-    let rows_used = labels.iter().map(|l| l.row + 1).max().unwrap_or(0);
-    // Phase labels after the data so nothing covers them; they live in the
-    // headroom above the data.
-    let label_style = font(LABEL_SIZE);
-    for l in labels {
-        let (tw, th) = area.estimate_text_size(&l.text, &label_style).unwrap_or((0, 0));
-        let y = PHASE_ROW_TOP + l.row as i32 * PHASE_ROW_HEIGHT;
-        let backdrop = if l.row > 0 { WHITE.mix(0.8) } else { TRANSPARENT };
-        chart
-            .draw_series(std::iter::once(
-                EmptyElement::at((x0, y_max))
-                    + Rectangle::new(
-                        [(l.left - 3, y - 2), (l.left + tw as i32 + 3, y + th as i32 + 4)],
-                        backdrop.filled(),
-                    )
-                    + Text::new(l.text, (l.left, y), label_style.clone()),
-            ))
-            .map_err(draw_err("phase label"))?;
-    }
-
-    // The OOM mark is the most important thing on the panel: drawn last.
-    if let Some(oom) = &p.oom {
-        draw_oom(&mut chart, area, p, oom, PHASE_ROW_TOP + rows_used as i32 * PHASE_ROW_HEIGHT + 4)?;
-    }
     if p.times.is_empty() {
-        let style = font(AXIS_DESC_SIZE).pos(Pos::new(HPos::Center, VPos::Center));
-        chart
-            .draw_series(std::iter::once(Text::new("no memory samples", ((x0 + x1) / 2.0, y_max / 2.0), style)))
-            .map_err(draw_err("empty-panel note"))?;
+        let text = "no memory samples";
+        let x = (frame.left + frame.right - text_width(text, AXIS_DESC_SIZE)) / 2;
+        draw_str(area, text, AXIS_DESC_SIZE, TEXT_COLOR, (x, (frame.top + frame.bottom) / 2 - 10))?;
+    }
+    draw_legend(&legend_area, legend)
+}
+
+/// The OOM's line, marker and failed request's bar; returns the marker's pixel, and records
+/// them in `scene` for the labels to keep clear of.
+fn draw_oom_marks<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    p: &Prepared,
+    f: &Frame,
+    oom: &OomMark,
+    scene: &mut Scene,
+) -> Result<(i32, i32), String> {
+    let ((tx, ty), total) = oom_marker(p, f, oom);
+    area.draw(&PathElement::new(vec![(tx, f.top), (tx, f.bottom)], OOM_COLOR.stroke_width(3)))
+        .map_err(draw_err("OOM line"))?;
+    scene.marks.push(PxRect { x0: tx - 2, y0: f.top, x1: tx + 3, y1: f.bottom + 1 });
+    // The request that failed, as a bar on top of what was allocated: it is what crosses
+    // the capacity line (clipped at the top of the plot).
+    if oom.requested_bytes > 0 && total > 0.0 {
+        let req = oom.requested_bytes as f64 / GB;
+        let bar_top = f.px_y((total + req).min(f.y_max));
+        let bar = [(tx - 18, bar_top), (tx - 6, ty)];
+        area.draw(&Rectangle::new(bar, OOM_COLOR.mix(0.35).filled()))
+            .and_then(|_| area.draw(&Rectangle::new(bar, OOM_COLOR.stroke_width(2))))
+            .map_err(draw_err("failed request"))?;
+        scene.marks.push(PxRect { x0: tx - 19, y0: bar_top - 1, x1: tx - 4, y1: ty + 2 });
+    }
+    area.draw(&Circle::new((tx, ty), 9, WHITE.filled()))
+        .and_then(|_| area.draw(&Circle::new((tx, ty), 7, OOM_COLOR.filled())))
+        .and_then(|_| area.draw(&Cross::new((tx, ty), 4, WHITE.stroke_width(2))))
+        .map_err(draw_err("OOM marker"))?;
+    scene.marks.push(PxRect::at(tx - 10, ty - 10, 21, 21));
+    Ok((tx, ty))
+}
+
+/// Where the OOM's marker sits (pixels): on what was allocated at that instant (GB, also
+/// returned), or on the capacity when that is unknown.
+fn oom_marker(p: &Prepared, f: &Frame, oom: &OomMark) -> ((i32, i32), f64) {
+    let (x0, x1) = p.x_range;
+    let t = oom.time_s.clamp(x0, x1);
+    let total = p.layers.last().and_then(|l| value_at(&p.times, &l.top_gb, t)).unwrap_or(0.0);
+    let marker_gb = if total > 0.0 { total } else { p.capacity_gb.min(f.y_max) };
+    ((f.px_x(t), f.px_y(marker_gb)), total)
+}
+
+/// The OOM label's text: callers often phrase it as "OOM: ..." already.
+fn oom_text(oom: &OomMark) -> String {
+    let label = oom.label.trim();
+    if label.is_empty() {
+        "OOM".to_string()
+    } else if label.to_ascii_lowercase().starts_with("oom") {
+        label.to_string()
+    } else {
+        format!("OOM: {label}")
+    }
+}
+
+/// A label's box, text and, when it sits away from its mark, a leader line to the mark.
+fn draw_label<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    lines: &[String],
+    color: RGBColor,
+    border: Option<RGBColor>,
+    rect: PxRect,
+    anchor: (i32, i32),
+) -> Result<(), String> {
+    let near = rect.nearest(anchor);
+    if (near.0 - anchor.0).abs() + (near.1 - anchor.1).abs() > 8 {
+        area.draw(&PathElement::new(vec![anchor, near], color.mix(0.8).stroke_width(1)))
+            .map_err(draw_err("leader line"))?;
+    }
+    let corners = [(rect.x0, rect.y0), (rect.x1 - 1, rect.y1 - 1)];
+    area.draw(&Rectangle::new(corners, WHITE.mix(0.92).filled())).map_err(draw_err("label box"))?;
+    if let Some(b) = border {
+        area.draw(&Rectangle::new(corners, b.stroke_width(1))).map_err(draw_err("label box"))?;
+    }
+    for (k, line) in lines.iter().enumerate() {
+        draw_str(area, line, LABEL_SIZE, color, (rect.x0 + PAD_X, rect.y0 + PAD_Y + 1 + k as i32 * LINE_HEIGHT))?;
+    }
+    Ok(())
+}
+
+/// The light tint of a phase in the strip (and its legend swatch), by kind. The strip sits
+/// above the plot, so a tint is never read as a memory category.
+fn phase_tint(kind: &str) -> RGBColor {
+    match kind {
+        "forward" => RGBColor(0xD6, 0xEA, 0xF8),
+        "backward" => RGBColor(0xFC, 0xE4, 0xC4),
+        "optimizer" => RGBColor(0xE4, 0xDA, 0xF1),
+        "prefill" => RGBColor(0xD9, 0xEE, 0xD6),
+        "decode" => RGBColor(0xF7, 0xDC, 0xE7),
+        _ => RGBColor(0xEC, 0xEC, 0xEC),
+    }
+}
+
+/// The phases with something to show in the x range: (label, start, end), unclipped.
+fn visible_phases(p: &Prepared) -> Vec<&(String, f64, f64)> {
+    let (x0, x1) = p.x_range;
+    p.phases.iter().filter(|(_, a, b)| *b > *a && *b > x0 && *a < x1).collect()
+}
+
+/// Phase boundaries strictly inside the x range, ascending.
+fn phase_edges(p: &Prepared) -> Vec<f64> {
+    let (x0, x1) = p.x_range;
+    let mut edges: Vec<f64> =
+        visible_phases(p).iter().flat_map(|(_, a, b)| [*a, *b]).filter(|x| *x > x0 && *x < x1).collect();
+    edges.sort_by(f64::total_cmp);
+    edges.dedup();
+    edges
+}
+
+/// Where a training step begins inside the x range (a step's start after the first phase
+/// of the timeline).
+fn step_starts(p: &Prepared) -> Vec<f64> {
+    let (x0, x1) = p.x_range;
+    let all: Vec<(usize, &(String, f64, f64))> = p.phases.iter().enumerate().collect();
+    let first = p.phases.iter().map(|ph| ph.1).fold(f64::INFINITY, f64::min);
+    step_spans(&all).iter().map(|s| s.1).filter(|&s| s > first && s > x0 && s < x1).collect()
+}
+
+/// The phase strip above the plot: a bar of the phases in their tints with their names where
+/// they fit (a short optimizer / prefill phase's name beside it, with an arrow), and above it
+/// each training step's label at the line where the step begins ("step 2 (from t = 0.72 s)"
+/// for one that began before the plot's window).
+fn draw_strip<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Prepared, f: &Frame) -> Result<(), String> {
+    let (x0, x1) = p.x_range;
+    let top = CAPTION_HEIGHT as i32;
+    let (bar_top, bar_bottom) = (top + STRIP_BAR_TOP, top + STRIP_BAR_TOP + STRIP_BAR_HEIGHT);
+    let phases = visible_phases(p);
+    let err = draw_err("phase strip");
+    area.draw(&Rectangle::new([(f.left, bar_top), (f.right, bar_bottom)], RGBColor(0xF8, 0xF8, 0xF8).filled()))
+        .map_err(&err)?;
+    let span_px = |a: f64, b: f64| {
+        let pa = f.px_x(a.max(x0));
+        (pa, f.px_x(b.min(x1)).max(pa + 1))
+    };
+    for (label, a, b) in &phases {
+        let (pa, pb) = span_px(*a, *b);
+        area.draw(&Rectangle::new([(pa, bar_top), (pb, bar_bottom)], phase_tint(phase_parts(label).0).filled()))
+            .map_err(&err)?;
+    }
+    area.draw(&Rectangle::new([(f.left, bar_top), (f.right, bar_bottom)], RGBColor(0xBB, 0xBB, 0xBB).stroke_width(1)))
+        .map_err(&err)?;
+
+    // Names inside their bands first, then the short phases' names beside theirs.
+    const GAP: i32 = 8;
+    let mut taken: Vec<(i32, i32)> = Vec::new();
+    let free = |taken: &[(i32, i32)], a: i32, b: i32| {
+        a >= f.left + 2 && b <= f.right - 2 && taken.iter().all(|&(ta, tb)| b + GAP <= ta || a >= tb + GAP)
+    };
+    let text_y = bar_top + (STRIP_BAR_HEIGHT - STRIP_SIZE as i32) / 2 - 1;
+    let mut spill: Vec<(&str, i32, i32)> = Vec::new();
+    for (label, a, b) in &phases {
+        let name = phase_parts(label).0;
+        let (pa, pb) = span_px(*a, *b);
+        let w = text_width(name, STRIP_SIZE);
+        let left = (pa + pb) / 2 - w / 2;
+        if w + 6 <= pb - pa && free(&taken, left, left + w) {
+            draw_str(area, name, STRIP_SIZE, TEXT_COLOR, (left, text_y))?;
+            taken.push((left, left + w));
+        } else if !matches!(name, "forward" | "backward") {
+            spill.push((name, pa, pb));
+        }
+    }
+    for (name, pa, pb) in spill {
+        let after = format!("← {name}");
+        let before = format!("{name} →");
+        let (wa, wb) = (text_width(&after, STRIP_SIZE), text_width(&before, STRIP_SIZE));
+        if free(&taken, pb + 3, pb + 3 + wa) {
+            draw_str(area, &after, STRIP_SIZE, TEXT_COLOR, (pb + 3, text_y))?;
+            taken.push((pb + 3, pb + 3 + wa));
+        } else if free(&taken, pa - 3 - wb, pa - 3) {
+            draw_str(area, &before, STRIP_SIZE, TEXT_COLOR, (pa - 3 - wb, text_y))?;
+            taken.push((pa - 3 - wb, pa - 3));
+        }
     }
 
-    draw_legend(&legend_area, p)
+    // Step labels at the line where each step begins.
+    let all: Vec<(usize, &(String, f64, f64))> = p.phases.iter().enumerate().collect();
+    let decimals = tick_decimals(x0, x1, X_TICKS) + 1;
+    let steps: Vec<(u32, f64, f64)> = step_spans(&all).into_iter().filter(|&(_, a, b)| b > x0 && a < x1).collect();
+    for (k, &(step, a, _)) in steps.iter().enumerate() {
+        let began_before = a < x0 - (x1 - x0) * 1e-9;
+        let sp = f.px_x(a.max(x0));
+        if !began_before {
+            area.draw(&PathElement::new(
+                vec![(sp, top + STRIP_STEP_ROW), (sp, bar_bottom)],
+                STEP_EDGE_COLOR.stroke_width(2),
+            ))
+            .map_err(&err)?;
+        }
+        // Each label ends before the next step's line.
+        let limit = steps.get(k + 1).map_or(f.right, |next| f.px_x(next.1) - GAP);
+        let mut texts = vec![format!("step {step}")];
+        if began_before {
+            let from = if a == 0.0 { "0".to_string() } else { fmt_num(a, decimals) };
+            texts.insert(0, format!("step {step} (from t = {from} s)"));
+        }
+        let x = sp + 5;
+        if let Some(text) = texts.into_iter().find(|t| x + text_width(t, STRIP_SIZE) <= limit) {
+            draw_str(area, &text, STRIP_SIZE, TEXT_COLOR, (x, top + STRIP_STEP_ROW))?;
+        }
+    }
+    Ok(())
 }
 
 /// The time and height (GB) of the highest stacked total, the first time it is reached.
@@ -898,17 +1586,6 @@ fn peak_of(p: &Prepared) -> Option<(f64, f64)> {
     best
 }
 
-const PHASE_ROW_TOP: i32 = 3;
-const PHASE_ROW_HEIGHT: i32 = 21;
-
-/// A phase label's final text, row, and left edge in pixels relative to the
-/// plot's left edge.
-struct PhaseLabel {
-    text: String,
-    row: usize,
-    left: i32,
-}
-
 /// A phase label's name and step: "backward 2" is ("backward", Some(2)).
 fn phase_parts(label: &str) -> (&str, Option<u32>) {
     match label.rsplit_once(' ') {
@@ -920,21 +1597,11 @@ fn phase_parts(label: &str) -> (&str, Option<u32>) {
     }
 }
 
-/// The background of a phase, by its kind, so a band reads without its label (the legend
-/// names them): forward sky blue, backward orange, the optimizer grey, the rest faint.
-fn band_color(phase: &str) -> RGBAColor {
-    match phase {
-        "forward" => RGBAColor(0x56, 0xB4, 0xE9, 0.16),
-        "backward" => RGBAColor(0xE6, 0x9F, 0x00, 0.14),
-        "optimizer" => RGBAColor(0x60, 0x60, 0x60, 0.22),
-        _ => RGBAColor(0x80, 0x80, 0x80, 0.08),
-    }
-}
-
-/// A training run's steps as (step, start, end) over its phases; empty for a job without a
-/// backward (inference), whose numbered phases are not steps.
+/// A training run's steps as (step, start, end) over its phases; empty for a job without
+/// forward, backward or optimizer phases (inference: prefill and decode), whose numbered
+/// phases are not steps.
 fn step_spans(phases: &[(usize, &(String, f64, f64))]) -> Vec<(u32, f64, f64)> {
-    let training = phases.iter().any(|(_, (l, _, _))| matches!(phase_parts(l).0, "backward" | "optimizer"));
+    let training = phases.iter().any(|(_, (l, _, _))| matches!(phase_parts(l).0, "forward" | "backward" | "optimizer"));
     let mut out: Vec<(u32, f64, f64)> = Vec::new();
     if !training {
         return out;
@@ -953,240 +1620,160 @@ fn step_spans(phases: &[(usize, &(String, f64, f64))]) -> Vec<(u32, f64, f64)> {
     out
 }
 
-/// Labels in two rows above the data. A training run gets one label per step in the first
-/// row ("step 2", always shown where it fits) and each phase's kind in the second, where its
-/// band holds it (the optimizer's short phase may spill into free space beside it); a label
-/// that does not fit is left out, never shortened, since the band's colour and the legend
-/// already say what it is. Another job (inference) gets its phases' names in the first row.
-fn place_phase_labels<DB: DrawingBackend>(
-    chart: &DualCoordChartContext<'_, DB, F64Coord, F64Coord>,
-    measure: &DrawingArea<DB, Shift>,
-    phases: &[(usize, &(String, f64, f64))],
-    p: &Prepared,
-) -> Vec<PhaseLabel> {
-    const GAP: i32 = 10;
-    let (x0, x1) = p.x_range;
-    let style = font(LABEL_SIZE);
-    let (plot_left, _) = chart.backend_coord(&(x0, p.y_max_gb));
-    let (plot_right, _) = chart.backend_coord(&(x1, p.y_max_gb));
-    let span = plot_right - plot_left;
-    let width = |s: &str| measure.estimate_text_size(s, &style).map(|(w, _)| w as i32).unwrap_or(i32::MAX / 4);
-    let px = |t: f64| chart.backend_coord(&(t.clamp(x0, x1), p.y_max_gb)).0 - plot_left;
-    let steps = step_spans(phases);
-    // (text, row, band start, band end, may spill)
-    let mut wanted: Vec<(String, usize, f64, f64, bool)> = Vec::new();
-    for (step, a, b) in &steps {
-        wanted.push((format!("step {step}"), 0, *a, *b, false));
-    }
-    let phase_row = usize::from(!steps.is_empty());
-    for (_, (label, a, b)) in phases {
-        let name = phase_parts(label).0;
-        if !label.is_empty() {
-            wanted.push((name.to_string(), phase_row, *a, *b, name == "optimizer"));
-        }
-    }
-    wanted.sort_by(|x, y| x.1.cmp(&y.1).then(x.2.total_cmp(&y.2)));
-    let mut row_end = [i32::MIN / 2; 2];
+/// A legend entry's mark.
+#[derive(Debug, Clone, PartialEq)]
+enum Swatch {
+    /// A memory category's fill.
+    Fill(RGBColor),
+    /// A phase's tint in the strip.
+    Tint(RGBColor),
+    /// A line, dashed or not.
+    Line(RGBColor, bool),
+    /// The line where a training step begins.
+    Edge,
+    /// The OOM's marker.
+    Marker,
+    /// No mark: a note.
+    Note,
+}
+
+/// One legend entry: its mark, its text already wrapped, and the text's colour.
+#[derive(Debug, Clone)]
+struct LegendEntry {
+    swatch: Swatch,
+    lines: Vec<String>,
+    color: RGBColor,
+}
+
+const LEGEND_TOP: i32 = (CAPTION_HEIGHT + STRIP_HEIGHT) as i32 + 16;
+/// An entry's first line, and each further one.
+const LEGEND_ROW: i32 = 22;
+const LEGEND_WRAP: i32 = 18;
+const LEGEND_TEXT_X: i32 = 40;
+const LEGEND_TEXT_PX: i32 = LEGEND_WIDTH as i32 - LEGEND_TEXT_X - 6;
+
+fn entry_height(e: &LegendEntry) -> i32 {
+    LEGEND_ROW + LEGEND_WRAP * (e.lines.len().max(1) as i32 - 1)
+}
+
+/// A panel tall enough for its legend (every category drawn is listed), within bounds.
+fn panel_height(entries: &[LegendEntry]) -> u32 {
+    let needed = LEGEND_TOP + entries.iter().map(entry_height).sum::<i32>() + 16;
+    (needed.max(0) as u32).clamp(PANEL_HEIGHT, MAX_PANEL_HEIGHT)
+}
+
+/// The legend of a panel: the capacity and reserved lines, every category drawn (top of the
+/// stack first, as in the picture), the OOM, the phase tints of the strip, the step line,
+/// and what the rank keeps in host memory.
+fn legend_entries(p: &Prepared) -> Vec<LegendEntry> {
+    let entry = |swatch: Swatch, text: &str, lines: usize, color: RGBColor| LegendEntry {
+        swatch,
+        lines: wrap_px(text, LABEL_SIZE, LEGEND_TEXT_PX, lines),
+        color,
+    };
     let mut out = Vec::new();
-    for (text, row, a, b, spill) in wanted {
-        let (pa, pb) = (px(a), px(b));
-        let w = width(&text);
-        if w > span - 4 || (!spill && w > pb - pa - 6) {
-            continue;
+    if p.capacity_gb > p.y_max_gb {
+        let peak = peak_of(p).map_or(0.0, |x| x.1);
+        let reserved = p.reserved_gb.as_ref().map_or(0.0, |r| r.iter().copied().fold(0.0, f64::max));
+        let text = format!(
+            "capacity {}: above this plot; the peak allocates {:.0}% of it, the allocator reserves {:.0}%",
+            fmt_gb(p.capacity_gb),
+            100.0 * peak / p.capacity_gb,
+            100.0 * reserved / p.capacity_gb
+        );
+        out.push(entry(Swatch::Line(CAPACITY_COLOR, true), &text, 3, CAPACITY_COLOR));
+    } else if p.capacity_gb > 0.0 {
+        out.push(entry(
+            Swatch::Line(CAPACITY_COLOR, true),
+            &format!("capacity {}", fmt_gb(p.capacity_gb)),
+            2,
+            TEXT_COLOR,
+        ));
+    }
+    if p.reserved_gb.is_some() {
+        out.push(entry(Swatch::Line(RESERVED_COLOR, false), "allocator reserved", 1, TEXT_COLOR));
+    }
+    for l in p.layers.iter().rev() {
+        out.push(entry(Swatch::Fill(l.color), &l.name, 2, TEXT_COLOR));
+    }
+    if let Some(o) = &p.oom {
+        let bar = if o.requested_bytes > 0 { "; the bar: the request that failed" } else { "" };
+        let text = if p.event_axis {
+            format!("out of memory at allocation {} (no simulated time had passed){bar}", fmt_num(o.time_s, 0))
+        } else {
+            let decimals = tick_decimals(p.x_range.0, p.x_range.1, X_TICKS) + 1;
+            format!("out of memory at {} s{bar}", fmt_num(o.time_s, decimals))
+        };
+        out.push(entry(Swatch::Marker, &text, 3, TEXT_COLOR));
+    }
+    if !p.event_axis {
+        let mut kinds: Vec<&str> = Vec::new();
+        for (label, _, _) in visible_phases(p) {
+            let kind = phase_parts(label).0;
+            if !kind.is_empty() && !kinds.contains(&kind) {
+                kinds.push(kind);
+            }
         }
-        let left = ((pa + pb) / 2 - w / 2).clamp(2, (span - w - 2).max(2));
-        if left >= row_end[row] + GAP {
-            row_end[row] = left + w;
-            out.push(PhaseLabel { text, row, left });
+        for kind in kinds {
+            let name = if kind == "optimizer" { "optimizer step" } else { kind };
+            out.push(entry(Swatch::Tint(phase_tint(kind)), &format!("phase: {name} (strip above)"), 1, TEXT_COLOR));
         }
+        if !step_starts(p).is_empty() {
+            out.push(entry(Swatch::Edge, "a new training step begins", 1, TEXT_COLOR));
+        }
+    }
+    if let Some(note) = &p.host_note {
+        out.push(entry(Swatch::Note, note, 6, NOTE_COLOR));
     }
     out
 }
 
-type F64Coord = Cartesian2d<RangedCoordf64, RangedCoordf64>;
-
-fn draw_oom<DB: DrawingBackend>(
-    chart: &mut DualCoordChartContext<'_, DB, F64Coord, F64Coord>,
-    measure: &DrawingArea<DB, Shift>,
-    p: &Prepared,
-    oom: &OomMark,
-    label_top: i32,
-) -> Result<(), String> {
-    let (x0, x1) = p.x_range;
-    let y_max = p.y_max_gb;
-    let t = oom.time_s.clamp(x0, x1);
-    chart
-        .draw_series(std::iter::once(PathElement::new(vec![(t, 0.0), (t, y_max)], OOM_COLOR.stroke_width(3))))
-        .map_err(draw_err("OOM line"))?;
-    let total = p.layers.last().and_then(|l| value_at(&p.times, &l.top_gb, t)).unwrap_or(0.0);
-    let marker_y = if total > 0.0 { total } else { p.capacity_gb.min(y_max) };
-    chart
-        .draw_series(std::iter::once(
-            EmptyElement::at((t, marker_y))
-                + Circle::new((0, 0), 9, WHITE.filled())
-                + Circle::new((0, 0), 7, OOM_COLOR.filled())
-                + Cross::new((0, 0), 4, WHITE.stroke_width(2)),
-        ))
-        .map_err(draw_err("OOM marker"))?;
-    // The request that failed, as a bar on top of what was allocated: it is what crosses
-    // the capacity line (clipped at the top of the plot).
-    if oom.requested_bytes > 0 && total > 0.0 {
-        let req = oom.requested_bytes as f64 / GB;
-        let top = (total + req).min(y_max);
-        let h = chart.backend_coord(&(t, total)).1 - chart.backend_coord(&(t, top)).1;
-        chart
-            .draw_series(std::iter::once(
-                EmptyElement::at((t, total))
-                    + Rectangle::new([(-18, -h), (-6, 0)], OOM_COLOR.mix(0.35).filled())
-                    + Rectangle::new([(-18, -h), (-6, 0)], OOM_COLOR.stroke_width(2)),
-            ))
-            .map_err(draw_err("failed request"))?;
-    }
-
-    let style = font(LABEL_SIZE).color(&OOM_COLOR);
-    // Callers often phrase the label as "OOM: ..." already.
-    let text = if oom.label.trim().is_empty() {
-        "OOM".to_string()
-    } else if oom.label.trim_start().to_ascii_lowercase().starts_with("oom") {
-        oom.label.trim().to_string()
-    } else {
-        format!("OOM: {}", oom.label.trim())
-    };
-    let (px, _) = chart.backend_coord(&(t, y_max));
-    let (plot_left, _) = chart.backend_coord(&(x0, y_max));
-    let (plot_right, _) = chart.backend_coord(&(x1, y_max));
-    // Put the label on whichever side of the line has more room for it.
-    let (room_left, room_right) = (px - plot_left - 24, plot_right - px - 24);
-    let on_right = room_right >= room_left;
-    let room = room_left.max(room_right).max(40) as u32;
-    let lines = wrap_text(measure, &text, &style, room, 3);
-    if lines.is_empty() {
-        return Ok(());
-    }
-    let line_h = LABEL_SIZE as i32 + 4;
-    let tw =
-        lines.iter().map(|l| measure.estimate_text_size(l, &style).map_or(0, |(w, _)| w as i32)).max().unwrap_or(0);
-    let box_h = lines.len() as i32 * line_h + 10;
-    // Keep the box off the capacity line so both stay readable.
-    let cap_px = chart.backend_coord(&(t, p.capacity_gb)).1 - chart.backend_coord(&(t, y_max)).1;
-    let y = if p.capacity_gb > 0.0 && cap_px >= label_top - 3 && cap_px <= label_top + box_h + 3 {
-        cap_px + 6
-    } else {
-        label_top
-    };
-    let dx = if on_right { 10 } else { -(tw + 20) };
-    chart
-        .draw_series(std::iter::once(
-            EmptyElement::at((t, y_max))
-                + Rectangle::new([(dx, y), (dx + tw + 10, y + box_h)], WHITE.mix(0.9).filled())
-                + Rectangle::new([(dx, y), (dx + tw + 10, y + box_h)], OOM_COLOR.stroke_width(1)),
-        ))
-        .map_err(draw_err("OOM label box"))?;
-    for (k, line) in lines.into_iter().enumerate() {
-        chart
-            .draw_series(std::iter::once(
-                EmptyElement::at((t, y_max)) + Text::new(line, (dx + 5, y + 6 + k as i32 * line_h), style.clone()),
-            ))
-            .map_err(draw_err("OOM label"))?;
+/// Legend outside the plot, so it can never hide the peak it explains.
+fn draw_legend<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, entries: &[LegendEntry]) -> Result<(), String> {
+    let (_, h) = area.dim_in_pixel();
+    let bottom = h as i32 - 12;
+    let err = draw_err("legend");
+    // `y` is the middle of an entry's first line.
+    let mut y = LEGEND_TOP;
+    for (k, e) in entries.iter().enumerate() {
+        let entry_h = entry_height(e);
+        // Only a caller's own very long list of series gets here: say how many are left.
+        let needed = if k + 1 == entries.len() { entry_h } else { entry_h + LEGEND_ROW };
+        if y + needed > bottom {
+            let more = format!("… {} more", entries.len() - k);
+            draw_str(area, &more, LABEL_SIZE, TEXT_COLOR, (LEGEND_TEXT_X, y - 10))?;
+            break;
+        }
+        match &e.swatch {
+            Swatch::Fill(c) => area
+                .draw(&Rectangle::new([(10, y - 7), (32, y + 7)], c.filled()))
+                .and_then(|_| area.draw(&Rectangle::new([(10, y - 7), (32, y + 7)], darken(*c).stroke_width(1)))),
+            Swatch::Tint(c) => area.draw(&Rectangle::new([(6, y - 5), (36, y + 5)], c.filled())).and_then(|_| {
+                area.draw(&Rectangle::new([(6, y - 5), (36, y + 5)], RGBColor(0xBB, 0xBB, 0xBB).stroke_width(1)))
+            }),
+            Swatch::Edge => {
+                area.draw(&PathElement::new(vec![(21, y - 9), (21, y + 9)], STEP_EDGE_COLOR.stroke_width(2)))
+            }
+            Swatch::Line(c, true) => area
+                .draw(&PathElement::new(vec![(8, y), (16, y)], c.stroke_width(3)))
+                .and_then(|_| area.draw(&PathElement::new(vec![(24, y), (34, y)], c.stroke_width(3)))),
+            Swatch::Line(c, false) => area.draw(&PathElement::new(vec![(8, y), (34, y)], c.stroke_width(2))),
+            Swatch::Marker => area
+                .draw(&PathElement::new(vec![(21, y - 10), (21, y + 10)], OOM_COLOR.stroke_width(3)))
+                .and_then(|_| area.draw(&Circle::new((21, y), 7, OOM_COLOR.filled()))),
+            Swatch::Note => Ok(()),
+        }
+        .map_err(&err)?;
+        for (i, line) in e.lines.iter().enumerate() {
+            draw_str(area, line, LABEL_SIZE, e.color, (LEGEND_TEXT_X, y - 10 + i as i32 * LEGEND_WRAP))?;
+        }
+        y += entry_h;
     }
     Ok(())
 }
 
 fn darken(c: RGBColor) -> RGBColor {
     RGBColor((c.0 as f64 * 0.75) as u8, (c.1 as f64 * 0.75) as u8, (c.2 as f64 * 0.75) as u8)
-}
-
-/// Legend outside the plot, so it can never hide the peak it explains.
-fn draw_legend<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &Prepared) -> Result<(), String> {
-    enum Swatch {
-        Fill(RGBColor),
-        Band(RGBAColor),
-        Line(RGBColor, bool),
-        Edge,
-        Marker,
-    }
-    let mut entries: Vec<(Swatch, String)> = p
-        .layers
-        .iter()
-        .rev() // top of the stack listed first, matching the picture
-        .map(|l| (Swatch::Fill(l.color), l.name.clone()))
-        .collect();
-    if p.reserved_gb.is_some() {
-        entries.insert(0, (Swatch::Line(RESERVED_COLOR, false), "allocator reserved".to_string()));
-    }
-    if p.capacity_gb > 0.0 {
-        entries.insert(0, (Swatch::Line(CAPACITY_COLOR, true), format!("capacity {}", fmt_gb(p.capacity_gb))));
-    }
-    if let Some(o) = &p.oom {
-        let decimals = tick_decimals(p.x_range.0, p.x_range.1, X_TICKS) + 1;
-        let bar = if o.requested_bytes > 0 { "; the bar: the request that failed" } else { "" };
-        entries.push((Swatch::Marker, format!("out of memory at {} s{bar}", fmt_num(o.time_s, decimals))));
-    }
-    // The phase backgrounds, for a training run (their labels may be left out where narrow).
-    let phases: Vec<(usize, &(String, f64, f64))> = p.phases.iter().enumerate().collect();
-    let steps = step_spans(&phases);
-    if !steps.is_empty() {
-        for (kind, name) in [
-            ("forward", "forward (background)"),
-            ("backward", "backward (background)"),
-            ("optimizer", "optimizer step (background)"),
-        ] {
-            if p.phases.iter().any(|(l, _, _)| phase_parts(l).0 == kind) {
-                entries.push((Swatch::Band(band_color(kind)), name.to_string()));
-            }
-        }
-        if steps.len() > 1 {
-            entries.push((Swatch::Edge, "a new training step begins".to_string()));
-        }
-    }
-
-    let style = font(LABEL_SIZE);
-    let (w, h) = area.dim_in_pixel();
-    let (top, row, wrap_row, x_text) = (44, 26, 19, 42);
-    let bottom = h as i32 - 16;
-    let text_px = w.saturating_sub(x_text as u32 + 8);
-    let left_style = style.pos(Pos::new(HPos::Left, VPos::Center));
-    let mut y = top;
-    for (k, (swatch, name)) in entries.iter().enumerate() {
-        let lines = wrap_text(area, name, &style, text_px, 2);
-        let entry_h = row + wrap_row * (lines.len().max(1) as i32 - 1);
-        // Leave room for the "… N more" line unless this is the last entry.
-        let needed = if k + 1 == entries.len() { entry_h } else { entry_h + row };
-        if y + needed > bottom {
-            let more = format!("… {} more", entries.len() - k);
-            area.draw_text(&more, &left_style, (x_text, y)).map_err(draw_err("legend text"))?;
-            break;
-        }
-        match swatch {
-            Swatch::Fill(c) => area
-                .draw(&Rectangle::new([(10, y - 8), (32, y + 8)], c.filled()))
-                .and_then(|_| area.draw(&Rectangle::new([(10, y - 8), (32, y + 8)], darken(*c).stroke_width(1)))),
-            Swatch::Band(c) => area.draw(&Rectangle::new([(10, y - 8), (32, y + 8)], c.filled())).and_then(|_| {
-                area.draw(&Rectangle::new([(10, y - 8), (32, y + 8)], RGBColor(0xBB, 0xBB, 0xBB).stroke_width(1)))
-            }),
-            Swatch::Edge => area.draw(&PathElement::new(
-                vec![(21, y - 10), (21, y + 10)],
-                RGBAColor(0x20, 0x20, 0x20, 0.75).stroke_width(2),
-            )),
-            Swatch::Line(c, dashed) => {
-                if *dashed {
-                    area.draw(&PathElement::new(vec![(8, y), (16, y)], c.stroke_width(3)))
-                        .and_then(|_| area.draw(&PathElement::new(vec![(24, y), (34, y)], c.stroke_width(3))))
-                } else {
-                    area.draw(&PathElement::new(vec![(8, y), (34, y)], c.stroke_width(2)))
-                }
-            }
-            Swatch::Marker => area
-                .draw(&PathElement::new(vec![(21, y - 11), (21, y + 11)], OOM_COLOR.stroke_width(3)))
-                .and_then(|_| area.draw(&Circle::new((21, y), 7, OOM_COLOR.filled()))),
-        }
-        .map_err(draw_err("legend swatch"))?;
-        for (i, line) in lines.iter().enumerate() {
-            area.draw_text(line, &left_style, (x_text, y + i as i32 * wrap_row)).map_err(draw_err("legend text"))?;
-        }
-        y += entry_h;
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -1231,6 +1818,8 @@ mod tests {
             }),
             host_note: None,
             peak_op: None,
+            peak_time_s: None,
+            window_s: None,
         }
     }
 
@@ -1247,6 +1836,7 @@ mod tests {
         let path = dir.join("memory.png");
         let plot = MemoryPlot {
             title: "test plot".into(),
+            note: None,
             panels: vec![panel("rank class 0", 500, false), panel("rank class 1", 300, true)],
         };
         assert_eq!(write_memory_png(&path, &plot), Ok(()));
@@ -1257,7 +1847,7 @@ mod tests {
     #[test]
     fn degenerate_inputs_do_not_panic() {
         let dir = scratch("degenerate");
-        let mut cases: Vec<MemoryPlot> = vec![MemoryPlot { title: String::new(), panels: vec![] }];
+        let mut cases: Vec<MemoryPlot> = vec![MemoryPlot { title: String::new(), note: None, panels: vec![] }];
         let empty = RankPanel {
             label: String::new(),
             capacity_bytes: 0,
@@ -1269,19 +1859,21 @@ mod tests {
             oom: None,
             host_note: None,
             peak_op: None,
+            peak_time_s: None,
+            window_s: None,
         };
-        cases.push(MemoryPlot { title: "empty panel".into(), panels: vec![empty.clone()] });
+        cases.push(MemoryPlot { title: "empty panel".into(), note: None, panels: vec![empty.clone()] });
         let mut single = panel("single", 1, true);
         single.phases.clear();
-        cases.push(MemoryPlot { title: "single".into(), panels: vec![single] });
+        cases.push(MemoryPlot { title: "single".into(), note: None, panels: vec![single] });
         let mut flat = panel("same time", 50, true);
         flat.times_s = vec![3.0; 50];
-        cases.push(MemoryPlot { title: "flat".into(), panels: vec![flat] });
+        cases.push(MemoryPlot { title: "flat".into(), note: None, panels: vec![flat] });
         let mut zeros = panel("zeros", 20, false);
         zeros.bytes.iter_mut().for_each(|s| s.iter_mut().for_each(|b| *b = 0));
         zeros.reserved = None;
         zeros.capacity_bytes = 0;
-        cases.push(MemoryPlot { title: "zeros".into(), panels: vec![zeros] });
+        cases.push(MemoryPlot { title: "zeros".into(), note: None, panels: vec![zeros] });
         let mut weird = panel("weird", 10, true);
         weird.times_s[3] = f64::NAN;
         weird.times_s.swap(1, 7);
@@ -1292,10 +1884,10 @@ mod tests {
         if let Some(o) = weird.oom.as_mut() {
             o.time_s = 1e12;
         }
-        cases.push(MemoryPlot { title: "T".repeat(1000), panels: vec![weird] });
+        cases.push(MemoryPlot { title: "T".repeat(1000), note: None, panels: vec![weird] });
         let mut mismatched = panel("mismatched", 10, false);
         mismatched.bytes[1].pop();
-        cases.push(MemoryPlot { title: "bad".into(), panels: vec![mismatched] });
+        cases.push(MemoryPlot { title: "bad".into(), note: None, panels: vec![mismatched] });
 
         for (i, plot) in cases.iter().enumerate() {
             let path = dir.join(format!("case{i}.png"));
@@ -1375,7 +1967,7 @@ mod tests {
     fn many_samples_render_quickly() {
         let dir = scratch("big");
         let path = dir.join("big.png");
-        let plot = MemoryPlot { title: "big".into(), panels: vec![panel("100k", 100_000, true)] };
+        let plot = MemoryPlot { title: "big".into(), note: None, panels: vec![panel("100k", 100_000, true)] };
         let start = std::time::Instant::now();
         assert_eq!(write_memory_png(&path, &plot), Ok(()));
         let took = start.elapsed();
@@ -1445,5 +2037,308 @@ mod tests {
         assert_eq!(pts, vec![(0.0, 1.0), (1.0, 1.0), (1.0, 3.0), (2.0, 3.0), (2.0, 2.0), (4.0, 2.0)]);
         assert_eq!(value_at(&[0.0, 1.0, 2.0], &[1.0, 3.0, 2.0], 1.5), Some(3.0));
         assert_eq!(value_at(&[0.0, 1.0], &[1.0, 3.0], -1.0), None);
+    }
+
+    /// Renders a figure into memory as [`write_memory_png`] would: (RGB bytes, width, height).
+    fn render_rgb(plot: &MemoryPlot) -> (Vec<u8>, u32, u32) {
+        ensure_font().unwrap();
+        let colors = category_colors(&plot.panels);
+        let panels: Vec<Prepared> =
+            plot.panels.iter().enumerate().map(|(i, p)| prepare_panel(i, p, &colors).unwrap()).collect();
+        let layout = layout(plot.note.as_deref(), &panels);
+        let (w, h) = layout.size;
+        let mut buf = vec![0u8; (w * h * 3) as usize];
+        {
+            let root = BitMapBackend::with_buffer(&mut buf, (w, h)).into_drawing_area();
+            draw_figure(&root, &plot.title, &layout, &panels).unwrap();
+            root.present().unwrap();
+        }
+        (buf, w, h)
+    }
+
+    /// A training panel with every memory category, an OOM, steps and a host note.
+    fn full_panel(n: usize) -> RankPanel {
+        let cats: Vec<String> = Category::ALL.iter().map(|c| c.label().to_string()).collect();
+        let bytes = (0..cats.len())
+            .map(|c| (0..n).map(|i| 300_000_000 + (c as u64 * 7 + i as u64) % 13 * 20_000_000).collect())
+            .collect();
+        let t = |i: usize| i as f64 * 0.01;
+        let ph = |l: &str, a: usize, b: usize| PhaseSpan { label: l.to_string(), start_s: t(a), end_s: t(b) };
+        RankPanel {
+            label: "every category".into(),
+            capacity_bytes: 12_000_000_000,
+            categories: cats,
+            times_s: (0..n).map(t).collect(),
+            bytes,
+            reserved: Some(vec![11_000_000_000; n]),
+            phases: vec![
+                ph("forward 1", 0, n / 4),
+                ph("backward 1", n / 4, n / 2),
+                ph("optimizer 1", n / 2, n / 2 + 5),
+                ph("forward 2", n / 2 + 5, 3 * n / 4),
+                ph("backward 2", 3 * n / 4, n),
+            ],
+            oom: Some(OomMark {
+                time_s: t(n - 1),
+                label: "OOM: c_proj in backward (+1 GB)".into(),
+                requested_bytes: 1_000_000_000,
+            }),
+            host_note: Some(
+                "in host memory, not on the GPU: 200 GB per GPU (FP32 master partition + optimizer state)".into(),
+            ),
+            peak_op: Some("`logits.float`".into()),
+            peak_time_s: Some(t(n / 3)),
+            window_s: None,
+        }
+    }
+
+    #[test]
+    fn the_legend_lists_every_category_drawn_in_its_own_colour() {
+        let p = full_panel(200);
+        let colors = category_colors(std::slice::from_ref(&p));
+        let prepared = prepare_panel(0, &p, &colors).unwrap();
+        assert_eq!(prepared.layers.len(), Category::COUNT);
+        let entries = legend_entries(&prepared);
+        for (layer, cat) in prepared.layers.iter().zip(Category::ALL) {
+            let own = CATEGORY_COLORS.iter().find(|(c, _)| *c == cat).map(|(_, col)| *col);
+            let listed = entries.iter().find(|e| e.swatch == Swatch::Fill(layer.color));
+            assert!(listed.is_some_and(|e| e.lines.join(" ") == layer.name), "{} is not in the legend", layer.name);
+            assert_eq!(Some(layer.color), own, "{}", layer.name);
+        }
+        // The panel is tall enough for all of it: nothing is cut to "… N more".
+        let needed = LEGEND_TOP + entries.iter().map(entry_height).sum::<i32>() + 16;
+        assert!(panel_height(&entries) as i32 >= needed, "{} < {needed}", panel_height(&entries));
+        // The host note and the phases' tints are there too.
+        assert!(entries.iter().any(|e| e.swatch == Swatch::Note));
+        for kind in ["forward", "backward", "optimizer"] {
+            assert!(entries.iter().any(|e| e.swatch == Swatch::Tint(phase_tint(kind))), "{kind}");
+        }
+    }
+
+    #[test]
+    fn a_run_at_one_instant_is_drawn_in_allocation_order() {
+        // Weights loading: every sample at t = 0, then the OOM.
+        let n = 40;
+        let mut p = panel("weights", n, true);
+        p.times_s = vec![0.0; n];
+        p.phases = vec![PhaseSpan { label: "init".into(), start_s: 0.0, end_s: 0.0 }];
+        p.bytes[0] = (0..n as u64).map(|i| i * 2_000_000_000).collect();
+        for series in p.bytes.iter_mut().skip(1) {
+            series.iter_mut().for_each(|b| *b = 1_000_000_000);
+        }
+        if let Some(o) = p.oom.as_mut() {
+            o.time_s = 0.0;
+        }
+        let colors = category_colors(std::slice::from_ref(&p));
+        let prepared = prepare_panel(0, &p, &colors).unwrap();
+        assert!(prepared.event_axis);
+        let (x0, x1) = prepared.x_range;
+        assert!(x0 <= 0.0 && x1 >= n as f64, "{x0}..{x1}");
+        assert!(prepared.times.windows(2).all(|w| w[1] - w[0] == 1.0), "one step per allocation");
+        assert_eq!(prepared.oom.as_ref().map(|o| o.time_s), Some(n as f64), "the OOM after the last allocation");
+        assert!(prepared.phases[0].0.starts_with("initialisation: allocations in order, no simulated time passes"));
+        // The ramp is drawn: the stacked total climbs over the axis.
+        let top = &prepared.layers.last().unwrap().top_gb;
+        assert!(top.windows(2).all(|w| w[1] > w[0]));
+        let entries = legend_entries(&prepared);
+        assert!(entries.iter().any(|e| e.lines.join(" ").contains(&format!("out of memory at allocation {n}"))));
+        assert!(render_rgb(&MemoryPlot { title: "weights".into(), note: None, panels: vec![p] }).2 > 0);
+    }
+
+    #[test]
+    fn a_window_shows_its_span_and_keeps_whole_steps() {
+        let mut p = full_panel(200);
+        p.oom = None;
+        p.window_s = Some((1.2, 1.9));
+        let colors = category_colors(std::slice::from_ref(&p));
+        let prepared = prepare_panel(0, &p, &colors).unwrap();
+        assert_eq!(prepared.x_range, (1.2, 1.9));
+        // Step 2 began at 1.05, before the window: its start is still known for its label.
+        let all: Vec<(usize, &(String, f64, f64))> = prepared.phases.iter().enumerate().collect();
+        let steps = step_spans(&all);
+        assert!(steps.iter().any(|s| s.0 == 2 && s.1 < 1.2), "{steps:?}");
+        // The peak at 0.66 s is outside the window: not marked there.
+        assert!(prepared.peak.is_none());
+    }
+
+    #[test]
+    fn an_oom_panel_marks_the_peak_too_when_it_is_elsewhere() {
+        let p = full_panel(200);
+        let colors = category_colors(std::slice::from_ref(&p));
+        let prepared = prepare_panel(0, &p, &colors).unwrap();
+        let (t, gb) = prepared.peak.expect("the peak is marked beside the OOM");
+        assert!((t - 0.66).abs() < 1e-12, "{t}");
+        assert!(gb > 0.0);
+    }
+
+    fn lcg(seed: &mut u64, m: i32) -> i32 {
+        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((*seed >> 33) % m.max(1) as u64) as i32
+    }
+
+    #[test]
+    fn placed_labels_keep_clear_of_each_other_the_axes_and_the_lines() {
+        let plot = PxRect { x0: 100, y0: 60, x1: 960, y1: 440 };
+        let mut seed = 7u64;
+        for case in 0..60 {
+            let mut scene = Scene::new(plot);
+            let cap = plot.y0 + 40 + lcg(&mut seed, 60);
+            scene.add_line(&[(plot.x0, cap), (plot.x1 - 1, cap)], 2);
+            // A stepped reserved line below the capacity, the data below it.
+            let (mut line, mut data) = (Vec::new(), Vec::new());
+            let mut y = plot.y1 - 20;
+            for x in (plot.x0..plot.x1).step_by(43) {
+                line.push((x, y));
+                data.push((x, y + 15));
+                y = (y - lcg(&mut seed, 25)).max(cap + 30);
+                line.push((x, y));
+                data.push((x, y + 15));
+            }
+            scene.add_line(&line, 2);
+            scene.add_data_top(&data);
+            let marks = (0..3)
+                .map(|_| (plot.x0 + 20 + lcg(&mut seed, 820), cap + 30 + lcg(&mut seed, 200)))
+                .collect::<Vec<_>>();
+            for &(x, y) in &marks {
+                scene.marks.push(PxRect::at(x - 7, y - 7, 15, 15));
+            }
+            let wants: Vec<Want> = marks
+                .iter()
+                .map(|&a| {
+                    let size = (140 + lcg(&mut seed, 260), 26 + 20 * lcg(&mut seed, 2));
+                    Want { anchor: a, options: options_around(a, size, lcg(&mut seed, 2) == 0) }
+                })
+                .collect();
+            let chosen = place_labels(&scene, &wants);
+            let boxes: Vec<PxRect> = chosen.iter().zip(&wants).map(|(c, w)| w.options[c.expect("placed")]).collect();
+            for (i, b) in boxes.iter().enumerate() {
+                assert!(plot.contains(b), "case {case}: label {i} {b:?} reaches the axes");
+                for (j, o) in boxes[..i].iter().enumerate() {
+                    assert!(!b.intersects(o), "case {case}: labels {j} and {i} overlap: {o:?} {b:?}");
+                }
+                assert!(!scene.marks.iter().any(|m| m.intersects(b)), "case {case}: label {i} covers a mark");
+                assert!(scene.cost(b, &[]) < 2, "case {case}: label {i} {b:?} crosses a line");
+            }
+        }
+    }
+
+    #[test]
+    fn a_label_moves_off_a_line_and_off_the_data_when_there_is_room() {
+        let plot = PxRect { x0: 0, y0: 0, x1: 600, y1: 400 };
+        let mut scene = Scene::new(plot);
+        scene.add_line(&[(0, 100), (599, 100)], 2);
+        scene.add_data_top(&[(0, 300), (599, 300)]);
+        // Its nearest spots straddle the line.
+        let a = (300, 112);
+        let want = Want { anchor: a, options: options_around(a, (200, 26), false) };
+        let r = want.options[place_labels(&scene, std::slice::from_ref(&want))[0].unwrap()];
+        assert_eq!(scene.cost(&r, &[]), 0, "{r:?}");
+        assert!(r.y1 + 2 <= 98 || r.y0 - 2 > 102, "{r:?} crosses the line");
+        assert!(r.y1 + 2 <= 300, "{r:?} covers the data");
+    }
+
+    #[test]
+    fn no_phase_tint_inside_the_plot() {
+        // The phases' tints live in the strip above the plot: no pixel below it (left of the
+        // legend) has one, so no background reads as a memory category.
+        let (buf, w, h) = render_rgb(&MemoryPlot { title: "tints".into(), note: None, panels: vec![full_panel(300)] });
+        let tints: Vec<(u8, u8, u8)> =
+            ["forward", "backward", "optimizer"].iter().map(|k| phase_tint(k)).map(|c| (c.0, c.1, c.2)).collect();
+        let top = TITLE_HEIGHT + CAPTION_HEIGHT + STRIP_HEIGHT;
+        let mut in_strip = 0;
+        for y in 0..h {
+            for x in 0..w - LEGEND_WIDTH {
+                let i = ((y * w + x) * 3) as usize;
+                if tints.contains(&(buf[i], buf[i + 1], buf[i + 2])) {
+                    assert!(y < top, "a phase tint at ({x}, {y}), inside the plot");
+                    in_strip += 1;
+                }
+            }
+        }
+        assert!(in_strip > 1000, "the strip shows the phases");
+    }
+
+    #[test]
+    fn a_space_after_j_is_as_wide_as_any_other() {
+        // plotters' text drops each glyph's side bearing, which narrowed the space after a
+        // "j": "OOM: layers.79.mlp.c_proj in backward" read "c_projin".
+        ensure_font().unwrap();
+        const T: &str = "OOM: layers.79.mlp.c_proj in backward (+0.84 GB (0.78 GiB))";
+        let (w, h) = (520u32, 30u32);
+        let mut buf = vec![255u8; (w * h * 3) as usize];
+        {
+            let root = BitMapBackend::with_buffer(&mut buf, (w, h)).into_drawing_area();
+            draw_str(&root, T, LABEL_SIZE, OOM_COLOR, (4, 4)).unwrap();
+            root.present().unwrap();
+        }
+        let inked = |x: i32| (0..h).any(|y| buf[((y * w + x as u32) * 3 + 1) as usize] < 170);
+        // The widest run of blank columns around the space after `prefix`.
+        let gap = |prefix: &str| {
+            let at = 4 + text_width(prefix, LABEL_SIZE);
+            let (mut best, mut run) = (0, 0);
+            for x in at - 3..=4 + text_width(&format!("{prefix} "), LABEL_SIZE) + 3 {
+                run = if inked(x) { 0 } else { run + 1 };
+                best = best.max(run);
+            }
+            best
+        };
+        let after_j = gap("OOM: layers.79.mlp.c_proj");
+        let after_n = gap("OOM: layers.79.mlp.c_proj in");
+        assert!(
+            after_j + 1 >= after_n && after_j >= 4,
+            "the space after \"c_proj\" is {after_j} px, after \"in\" {after_n} px"
+        );
+        // And the text ends where its measured width says.
+        assert!(inked(4 + text_width(T, LABEL_SIZE) - 3));
+        assert!(!(4 + text_width(T, LABEL_SIZE) + 2..w as i32).any(inked));
+    }
+
+    /// CIE L* of an sRGB colour.
+    fn lightness(c: RGBColor) -> f64 {
+        let lin = |v: u8| {
+            let v = f64::from(v) / 255.0;
+            if v <= 0.04045 {
+                v / 12.92
+            } else {
+                ((v + 0.055) / 1.055).powf(2.4)
+            }
+        };
+        let y = 0.2126 * lin(c.0) + 0.7152 * lin(c.1) + 0.0722 * lin(c.2);
+        if y > 0.008856 {
+            116.0 * y.cbrt() - 16.0
+        } else {
+            903.3 * y
+        }
+    }
+
+    #[test]
+    fn categories_that_live_together_differ_in_lightness() {
+        let color = |cat: Category| CATEGORY_COLORS.iter().find(|(c, _)| *c == cat).map(|(_, col)| *col).unwrap();
+        use Category::*;
+        for (a, b) in [
+            (Gradients, UnshardedGradients),
+            (OptimizerState, ActivationGradients),
+            (OptimizerState, OptimizerTemp),
+            (Activations, Recomputed),
+            (Activations, Transient),
+            (Recomputed, Transient),
+            (ReduceScatterBuffers, AllGatherBuffers),
+            (Parameters, GatheredParameters),
+            (Inputs, BlasWorkspaces),
+        ] {
+            let d = (lightness(color(a)) - lightness(color(b))).abs();
+            assert!(d >= 20.0, "{a:?} and {b:?} differ by only {d:.1} in L*");
+        }
+    }
+
+    #[test]
+    fn the_same_plot_gives_the_same_bytes() {
+        let dir = scratch("same");
+        let plot = MemoryPlot { title: "same".into(), note: Some("a note".into()), panels: vec![full_panel(300)] };
+        let (a, b) = (dir.join("a.png"), dir.join("b.png"));
+        assert_eq!(write_memory_png(&a, &plot), Ok(()));
+        assert_eq!(write_memory_png(&b, &plot), Ok(()));
+        assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

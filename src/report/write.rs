@@ -171,9 +171,12 @@ pub fn memory_plot(r: &Report, sched: &Schedule, trace: &Trace, rank_label: &str
         }
     }
     let reserved = super::allocator::reserved_series(&r.allocator, trace, times.len());
+    // A zero-length init is left out, unless nothing else happens (an OOM while loading
+    // weights): memory.png then names it on its allocation axis.
+    let zero_span = trace.end_time_ns == 0;
     let phases = phase_spans(sched, trace)
         .into_iter()
-        .filter(|p| p.1 != crate::schedule::Phase::Init || p.3 > p.2)
+        .filter(|p| p.1 != crate::schedule::Phase::Init || p.3 > p.2 || zero_span)
         .map(|(step, ph, a, b)| PhaseSpan {
             label: if step == 0 { ph.name().to_string() } else { format!("{} {}", ph.name(), step) },
             start_s: a as f64 / 1e9,
@@ -190,6 +193,7 @@ pub fn memory_plot(r: &Report, sched: &Schedule, trace: &Trace, rank_label: &str
     };
     MemoryPlot {
         title: format!("stepsim: {} - memory per GPU ({} params)", r.scenario, r.param_count_human),
+        note: None,
         panels: vec![RankPanel {
             label: rank_label.to_string(),
             capacity_bytes: r.capacity.bytes,
@@ -201,6 +205,8 @@ pub fn memory_plot(r: &Report, sched: &Schedule, trace: &Trace, rank_label: &str
             oom,
             host_note: host_note(r),
             peak_op: r.peak.as_ref().map(|p| format!("`{}`", p.at.op)),
+            peak_time_s: r.peak.as_ref().map(|p| p.at.time_s),
+            window_s: None,
         }],
     }
 }
@@ -229,18 +235,100 @@ fn host_note(r: &Report) -> Option<String> {
 pub type ClassView<'a> = (&'a Schedule, &'a Trace, &'a Report);
 
 /// At most this many classes get a memory.png panel: the first, the last, the headline
-/// class and evenly spaced ones between (all of them up to this count).
+/// class, the one with the highest peak and evenly spaced ones between (all of them up to
+/// this count); the figure names the ones left out.
 const MAX_CLASS_PANELS: usize = 8;
 
-fn class_panels(n: usize, headline: usize) -> Vec<usize> {
+/// The classes (by index, ascending) that get a panel, of `n` with the given peaks.
+fn class_panels(n: usize, headline: usize, peaks: &[u64]) -> Vec<usize> {
     if n <= MAX_CLASS_PANELS {
         return (0..n).collect();
     }
-    let mut v: Vec<usize> = (0..MAX_CLASS_PANELS - 1).map(|i| i * (n - 1) / (MAX_CLASS_PANELS - 2)).collect();
-    v.push(headline);
+    let highest = (0..n).max_by_key(|&k| (peaks.get(k).copied().unwrap_or(0), std::cmp::Reverse(k))).unwrap_or(0);
+    let mut v = vec![0, n - 1, headline.min(n - 1), highest];
     v.sort_unstable();
     v.dedup();
+    // Then, one at a time, the class farthest from those already chosen: evenly spaced.
+    while v.len() < MAX_CLASS_PANELS {
+        let gap = |k: usize| v.iter().map(|&x| x.abs_diff(k)).min().unwrap_or(n);
+        match (0..n).filter(|k| !v.contains(k)).max_by_key(|&k| (gap(k), std::cmp::Reverse(k))) {
+            Some(k) => {
+                v.push(k);
+                v.sort_unstable();
+            }
+            None => break,
+        }
+    }
     v
+}
+
+/// Names a set of classes compactly: "stages 1, 3-4, 6" or "stage 0, expert ranks 1-2, 4-7;
+/// stage 1, expert ranks 0-2" (their roles grouped by what precedes the last number).
+fn name_classes(roles: &[String]) -> String {
+    let mut groups: Vec<(String, Vec<u64>)> = Vec::new();
+    let mut loose: Vec<String> = Vec::new();
+    for role in roles {
+        match role.rsplit_once(' ').and_then(|(prefix, n)| n.parse::<u64>().ok().map(|n| (prefix, n))) {
+            Some((prefix, n)) => match groups.iter_mut().find(|g| g.0 == prefix) {
+                Some(g) => g.1.push(n),
+                None => groups.push((prefix.to_string(), vec![n])),
+            },
+            None => loose.push(role.clone()),
+        }
+    }
+    let mut parts: Vec<String> = groups
+        .into_iter()
+        .map(|(prefix, mut ns)| {
+            ns.sort_unstable();
+            ns.dedup();
+            let mut ranges: Vec<String> = Vec::new();
+            let mut i = 0;
+            while i < ns.len() {
+                let mut j = i;
+                while j + 1 < ns.len() && ns[j + 1] == ns[j] + 1 {
+                    j += 1;
+                }
+                ranges.push(if j > i { format!("{}-{}", ns[i], ns[j]) } else { ns[i].to_string() });
+                i = j + 1;
+            }
+            let prefix = if ns.len() > 1 {
+                match prefix.rsplit_once(' ') {
+                    Some((head, last)) => format!("{head} {}", plural(last)),
+                    None => plural(&prefix),
+                }
+            } else {
+                prefix
+            };
+            format!("{prefix} {}", ranges.join(", "))
+        })
+        .collect();
+    parts.extend(loose);
+    parts.join("; ")
+}
+
+fn plural(word: &str) -> String {
+    if word.ends_with('s') {
+        format!("{word}es")
+    } else {
+        format!("{word}s")
+    }
+}
+
+/// The note under memory.png's title when some classes have no panel: which are drawn and
+/// which are left out.
+fn left_out_note(r: &Report, n: usize, shown: &[usize]) -> Option<String> {
+    if shown.len() >= n {
+        return None;
+    }
+    let role = |k: usize| r.rank_classes.get(k).map_or(format!("class {k}"), |c| class_role(c, k));
+    let drawn: Vec<String> = shown.iter().map(|&k| role(k)).collect();
+    let left: Vec<String> = (0..n).filter(|k| !shown.contains(k)).map(role).collect();
+    Some(format!(
+        "{} of {n} rank classes drawn ({}); left out: {} (every class's memory over time is in memory.csv)",
+        shown.len(),
+        name_classes(&drawn),
+        name_classes(&left)
+    ))
 }
 
 /// A class's name in the outputs: "stage 2 (ranks 8-11)", "data-parallel rank 5 (ranks
@@ -251,7 +339,12 @@ fn class_name(r: &Report, k: usize) -> String {
 
 /// [`class_name`] of a class the report describes.
 fn class_label(c: &super::RankClass, k: usize) -> String {
-    let role = match (&c.stage, c.rank) {
+    format!("{} (ranks {})", class_role(c, k), c.ranks)
+}
+
+/// What a class is, without its ranks: "stage 2", "stage 0, expert rank 3".
+fn class_role(c: &super::RankClass, k: usize) -> String {
+    match (&c.stage, c.rank) {
         _ if c.expert_rank.is_some() => {
             let e = c.expert_rank.unwrap_or(0);
             c.stage.as_ref().map_or(format!("expert rank {e}"), |st| format!("stage {}, expert rank {e}", st.stage))
@@ -260,8 +353,7 @@ fn class_label(c: &super::RankClass, k: usize) -> String {
         (None, Some(r)) => format!("data-parallel rank {r}"),
         (Some(st), Some(r)) => format!("stage {}, data-parallel rank {r}", st.stage),
         (None, None) => format!("class {k}"),
-    };
-    format!("{role} (ranks {})", c.ranks)
+    }
 }
 
 /// Writes a job's outputs: [`write_all`] for a job of one class; with several,
@@ -299,29 +391,52 @@ pub fn write_job(
     chrome.push_str("\n]}\n");
     atomic_write(&dir.join("trace.json"), chrome.as_bytes())?;
     let mut plot: Option<MemoryPlot> = None;
-    for k in class_panels(classes.len(), headline) {
+    let peaks: Vec<u64> = classes.iter().map(|c| c.2.peak.as_ref().map_or(0, |p| p.allocated.bytes)).collect();
+    let shown = class_panels(classes.len(), headline, &peaks);
+    for &k in &shown {
         let (sc, tr, rk) = classes[k];
-        let c = r.rank_classes.get(k);
-        let programs = match c {
-            Some(c) if c.rank.is_some() => "its own compute draws",
-            Some(c) if c.expert_rank.is_some() => "its experts' own load",
-            _ => "identical programs",
-        };
-        let gpus = match c.map_or(1, |c| c.count) {
-            1 => "1 GPU".to_string(),
-            n => format!("{n} GPUs"),
-        };
-        let p = memory_plot(rk, sc, tr, &format!("{}: {gpus}, {programs}", label(k)));
+        let p = memory_plot(rk, sc, tr, &panel_caption(r, k));
         match plot.as_mut() {
             None => plot = Some(p),
             Some(m) => m.panels.extend(p.panels),
         }
+    }
+    if let Some(plot) = plot.as_mut() {
+        plot.note = left_out_note(r, classes.len(), &shown);
     }
     if let Some(plot) = plot {
         let png = dir.join("memory.png");
         super::png::write_memory_png(&png, &plot).map_err(|m| WriteError { path: png.clone(), message: m })?;
     }
     Ok(written)
+}
+
+/// A class's panel caption: its name, the layers a pipeline stage holds, and its GPUs, as in
+/// "stage 0 (ranks 0): layers 0-1 + embedding; 1 GPU",
+/// "stage 3 (ranks 24-31): layers 24-31 + LM head and loss; 8 GPUs, identical programs" or
+/// "data-parallel rank 5 (ranks 5): 1 GPU, its own compute draws". "Identical programs"
+/// only where several GPUs share the panel.
+fn panel_caption(r: &Report, k: usize) -> String {
+    let c = r.rank_classes.get(k);
+    let count = c.map_or(1, |c| c.count);
+    let gpus = if count == 1 { "1 GPU".to_string() } else { format!("{count} GPUs") };
+    let programs = match c {
+        Some(c) if c.rank.is_some() => ", its own compute draws",
+        Some(c) if c.expert_rank.is_some() => ", its experts' own load",
+        _ if count > 1 => ", identical programs",
+        _ => "",
+    };
+    let layers = c.and_then(|c| c.stage.as_ref()).map_or(String::new(), |st| {
+        let mut held = format!("layers {}", st.layers);
+        if st.embedding {
+            held.push_str(" + embedding");
+        }
+        if st.head {
+            held.push_str(" + LM head and loss");
+        }
+        format!("{held}; ")
+    });
+    format!("{}: {layers}{gpus}{programs}", class_name(r, k))
 }
 
 /// `--snapshot`: each rank class's allocator history as a PyTorch memory snapshot
@@ -522,10 +637,18 @@ pub fn explain_png(dir: &Path, r: &Report, sched: &Schedule, trace: &Trace, at_s
         message: format!("cannot create the output folder: {e}"),
     })?;
     let rank = headline_ranks(r);
-    let mut plot = memory_plot(r, sched, trace, &format!("{rank}: the {:.3} s before t = {at_s:.3} s", at_s * 0.2));
+    // An OOM at t = 0 (while loading weights): no simulated time has passed, so there is no
+    // "fifth of the run" to show; memory.png draws every allocation in order.
+    let subtitle = if at_s < 1e-6 {
+        format!("{rank}: every allocation up to t = {} s (no simulated time passes in initialisation)", secs(at_s))
+    } else {
+        format!("{rank}: the {} s before t = {} s", secs(at_s * 0.2), secs(at_s))
+    };
+    let mut plot = memory_plot(r, sched, trace, &subtitle);
     plot.title = format!("stepsim explain: {} - what filled the GPU", r.scenario);
     let (t0, t1) = (at_s * 0.8, at_s + (at_s * 0.01).max(1e-6));
     for p in &mut plot.panels {
+        p.window_s = Some((t0, t1));
         let keep: Vec<usize> = (0..p.times_s.len()).filter(|&i| p.times_s[i] >= t0 && p.times_s[i] <= t1).collect();
         // Start the window with the value in force at t0.
         let first = p.times_s.iter().rposition(|&t| t < t0);
@@ -535,13 +658,64 @@ pub fn explain_png(dir: &Path, r: &Report, sched: &Schedule, trace: &Trace, at_s
         if let Some(res) = &p.reserved {
             p.reserved = Some(idx.iter().map(|&i| res[i]).collect());
         }
-        p.phases.retain(|ph| ph.end_s >= t0 && ph.start_s <= t1);
-        for ph in &mut p.phases {
-            ph.start_s = ph.start_s.max(t0);
-            ph.end_s = ph.end_s.min(t1);
-        }
+        // The phases are kept whole: the picture shows those in the window, and labels a step
+        // that began before it with its start.
     }
     let png = dir.join("explain.png");
     super::png::write_memory_png(&png, &plot).map_err(|m| WriteError { path: png.clone(), message: m })?;
     Ok(png)
+}
+
+/// Seconds for a sentence: three decimals, or three significant digits below 0.1 s (never
+/// "0.000 s" for a time that is not zero).
+fn secs(s: f64) -> String {
+    if s == 0.0 || !s.is_finite() {
+        return "0".to_string();
+    }
+    let decimals = if s.abs() >= 0.1 { 3 } else { (2 - s.abs().log10().floor() as i32).clamp(3, 12) as usize };
+    format!("{s:.decimals$}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn at_most_eight_class_panels_spread_over_the_classes() {
+        assert_eq!(class_panels(5, 2, &[1, 2, 3, 4, 5]), vec![0, 1, 2, 3, 4]);
+        let peaks: Vec<u64> = (0..16).map(|k| 100 - k).collect();
+        let v = class_panels(16, 0, &peaks);
+        assert_eq!(v.len(), MAX_CLASS_PANELS);
+        assert!(v.windows(2).all(|w| w[0] < w[1]) && v[0] == 0 && v[7] == 15, "{v:?}");
+        // The headline and the highest peak always have a panel.
+        let mut peaks = vec![1u64; 32];
+        peaks[11] = 9;
+        let v = class_panels(32, 3, &peaks);
+        assert_eq!(v.len(), MAX_CLASS_PANELS);
+        assert!(v.contains(&3) && v.contains(&11) && v.contains(&0) && v.contains(&31), "{v:?}");
+    }
+
+    #[test]
+    fn classes_are_named_compactly() {
+        let roles = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            name_classes(&roles(&["stage 1", "stage 2", "stage 4", "stage 6", "stage 7", "stage 8"])),
+            "stages 1-2, 4, 6-8"
+        );
+        assert_eq!(
+            name_classes(&roles(&["stage 0, expert rank 1", "stage 0, expert rank 2", "stage 1, expert rank 0"])),
+            "stage 0, expert ranks 1-2; stage 1, expert rank 0"
+        );
+        assert_eq!(name_classes(&roles(&["class 3"])), "class 3");
+        assert_eq!(name_classes(&roles(&["classes?"])), "classes?");
+    }
+
+    #[test]
+    fn seconds_never_read_as_zero_when_they_are_not() {
+        assert_eq!(secs(0.0), "0");
+        assert_eq!(secs(1.4494), "1.449");
+        assert_eq!(secs(0.0287), "0.0287");
+        assert_eq!(secs(0.00004), "0.0000400");
+        assert_ne!(secs(1e-7), "0.000");
+    }
 }
