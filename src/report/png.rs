@@ -652,18 +652,22 @@ pub(crate) fn fit_text<DB: DrawingBackend>(
     style: &TextStyle,
     max_px: u32,
 ) -> Option<String> {
-    let width = |s: &str| area.estimate_text_size(s, style).map(|(w, _)| w).unwrap_or(u32::MAX);
-    if width(text) <= max_px {
+    shorten(text, |s| area.estimate_text_size(s, style).map(|(w, _)| w).unwrap_or(u32::MAX) <= max_px)
+}
+
+/// `text`, or its longest prefix with an ellipsis that `fits` (None: not even one
+/// character does). Binary search on the prefix length: labels can be arbitrarily long and
+/// each measurement walks the whole candidate string.
+fn shorten(text: &str, fits: impl Fn(&str) -> bool) -> Option<String> {
+    if fits(text) {
         return Some(text.to_string());
     }
-    // Binary search on the prefix length: labels can be arbitrarily long
-    // and each measurement walks the whole candidate string.
     let chars: Vec<char> = text.chars().collect();
     let candidate = |keep: usize| chars[..keep].iter().collect::<String>() + "…";
     let (mut lo, mut hi) = (0usize, chars.len());
     while lo < hi {
         let mid = (lo + hi).div_ceil(2);
-        if width(&candidate(mid)) <= max_px {
+        if fits(&candidate(mid)) {
             lo = mid;
         } else {
             hi = mid - 1;
@@ -737,21 +741,7 @@ fn draw_str<DB: DrawingBackend>(
 
 /// Shortens `text` with an ellipsis until it is at most `max_px` wide ([`text_width`]).
 fn fit_px(text: &str, size: f64, max_px: i32) -> Option<String> {
-    if text_width(text, size) <= max_px {
-        return Some(text.to_string());
-    }
-    let chars: Vec<char> = text.chars().collect();
-    let candidate = |keep: usize| chars[..keep].iter().collect::<String>() + "…";
-    let (mut lo, mut hi) = (0usize, chars.len());
-    while lo < hi {
-        let mid = (lo + hi).div_ceil(2);
-        if text_width(&candidate(mid), size) <= max_px {
-            lo = mid;
-        } else {
-            hi = mid - 1;
-        }
-    }
-    (lo > 0).then(|| candidate(lo))
+    shorten(text, |s| text_width(s, size) <= max_px)
 }
 
 /// Word-wraps `text` into at most `max_lines` lines of at most `max_px`, the last one
