@@ -841,3 +841,25 @@ pub fn answer(cfs: &[Counterfactual], status: &str) -> String {
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::bigger_gpu;
+    use crate::hardware::{lookup, CATALOG};
+
+    /// The upgrade list is kept by hand: every catalog part but the largest has an upgrade,
+    /// and each names a catalog part with more memory.
+    #[test]
+    fn every_catalog_gpu_upgrades_to_a_larger_catalog_gpu() {
+        let largest = CATALOG.iter().map(|g| g.memory_bytes).max().unwrap();
+        for g in CATALOG {
+            match bigger_gpu(&g.name) {
+                Some(b) => {
+                    let b = lookup(b).unwrap_or_else(|| panic!("{}: upgrade {b} is not in the catalog", g.name));
+                    assert!(b.memory_bytes > g.memory_bytes, "{} -> {}: not more memory", g.name, b.name);
+                }
+                None => assert_eq!(g.memory_bytes, largest, "{}: no upgrade", g.name),
+            }
+        }
+    }
+}

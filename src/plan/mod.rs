@@ -979,8 +979,6 @@ impl Plan {
         self.local_total(self.optimizer_sharded) * per_param
     }
 
-    /// Which DeepSpeed optimizer wrapper owns the gradients and the step, if any (see
-    /// [`DeepspeedOptimizer`]).
     /// Whether unsharded gradients accumulate over the step's micro-batches and are reduced
     /// once (a pipeline stage; FSDP's `no_sync`), rather than reduced after every
     /// micro-batch's backward.
@@ -1010,6 +1008,8 @@ impl Plan {
         }
     }
 
+    /// Which DeepSpeed optimizer wrapper owns the gradients and the step, if any (see
+    /// [`DeepspeedOptimizer`]).
     pub fn deepspeed_optimizer(&self) -> Option<DeepspeedOptimizer> {
         DeepspeedOptimizer::for_plan(
             self.parallel.framework,

@@ -7,6 +7,7 @@ pub mod check;
 pub mod chrome_trace;
 pub mod finite;
 pub mod inference;
+pub mod intervals;
 pub mod invariants;
 pub mod job;
 pub mod pickle;
@@ -563,13 +564,13 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
                 v.retain(|&(_, e)| e > start);
                 v.iter_mut().for_each(|x| x.0 = x.0.max(start));
             }
-            let exposed = uncovered(comm, compute);
+            let exposed = intervals::uncovered(comm, compute);
             // Host work counts as exposed only where neither compute nor a collective covers it.
-            let mut covering: Vec<(u64, u64)> = compute.iter().chain(comm.iter()).copied().collect();
-            let exposed_host = uncovered(host, &mut covering);
+            let covering: Vec<(u64, u64)> = compute.iter().chain(comm.iter()).copied().collect();
+            let exposed_host = intervals::uncovered(host, &covering);
             // Communication streams overlap one another (tensor-parallel, data-parallel,
             // pipeline): their busy time is the time any of them runs; the same for host work.
-            let (comm_busy, host_busy) = (union_len(comm), union_len(host));
+            let (comm_busy, host_busy) = (intervals::union_len(comm), intervals::union_len(host));
             let dur = end - start;
             steps.push(StepTiming {
                 step: k,
@@ -994,44 +995,6 @@ pub fn throughput_of(
         }
 }
 
-/// Nanoseconds of the union of `a` not covered by the union of `b` (intervals [start, end)).
-/// Sorted, merged copy of intervals.
-fn merged(v: &mut [(u64, u64)]) -> Vec<(u64, u64)> {
-    v.sort_unstable();
-    let mut out: Vec<(u64, u64)> = Vec::new();
-    for &(s, e) in v.iter() {
-        match out.last_mut() {
-            Some(last) if s <= last.1 => last.1 = last.1.max(e),
-            _ => out.push((s, e)),
-        }
-    }
-    out
-}
-
-/// Nanoseconds covered by at least one of the intervals.
-fn union_len(v: &mut [(u64, u64)]) -> u64 {
-    merged(v).iter().map(|(s, e)| e - s).sum()
-}
-
-fn uncovered(a: &mut [(u64, u64)], b: &mut [(u64, u64)]) -> u64 {
-    let (a, b) = (merged(a), merged(b));
-    let mut total = 0;
-    let mut j = 0;
-    for (s, e) in a {
-        let mut covered = 0;
-        while j < b.len() && b[j].1 <= s {
-            j += 1;
-        }
-        let mut k = j;
-        while k < b.len() && b[k].0 < e {
-            covered += b[k].1.min(e) - b[k].0.max(s);
-            k += 1;
-        }
-        total += (e - s) - covered;
-    }
-    total
-}
-
 /// Thresholds of the throughput verdict: about 50% MFU "is considered a win" for large
 /// models (stas00 ml-engineering, `compute/accelerator/benchmarks/README.md`); below 30% or
 /// with more than 15% of the step waiting on communication the configuration is leaving
@@ -1274,16 +1237,6 @@ pub fn csv_field(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn exposed_time_is_the_part_of_comm_not_under_compute() {
-        // comm [0,10) [20,30); compute [5,25): exposed = 5 + 5.
-        assert_eq!(uncovered(&mut [(0, 10), (20, 30)], &mut [(5, 25)]), 10);
-        assert_eq!(uncovered(&mut [(0, 10)], &mut []), 10);
-        assert_eq!(uncovered(&mut [(2, 4)], &mut [(0, 3), (3, 10)]), 0);
-        // Overlapping comm intervals count once.
-        assert_eq!(uncovered(&mut [(0, 10), (5, 15)], &mut [(12, 20)]), 12);
-    }
 
     #[test]
     fn throughput_verdict_separates_compute_and_communication_bound() {

@@ -240,11 +240,21 @@ pub fn write_memory_png(path: &Path, plot: &MemoryPlot) -> Result<(), String> {
         p.y_max_gb = y_max;
     }
 
+    render_atomically(path, "plot", |tmp| render(tmp, &plot.title, plot.note.as_deref(), &panels))
+}
+
+/// Renders a PNG next to `path` and renames it into place, so a reader polling for the file
+/// never sees a half-written picture; on failure nothing is left behind. plotters has
+/// internal unwraps (font table lock, buffer sizing): a panic there costs a picture (an
+/// error naming `what`), not the run. Every picture stepsim writes goes through here.
+pub(crate) fn render_atomically(
+    path: &Path,
+    what: &str,
+    render: impl FnOnce(&Path) -> Result<(), String>,
+) -> Result<(), String> {
     let tmp = tmp_path(path);
-    // plotters has internal unwraps (font table lock, buffer sizing); a bug
-    // there must cost us a picture, not the simulation run.
-    let rendered = catch_unwind(AssertUnwindSafe(|| render(&tmp, &plot.title, plot.note.as_deref(), &panels)))
-        .unwrap_or_else(|payload| Err(format!("plot rendering panicked: {}", panic_text(&payload))));
+    let rendered = catch_unwind(AssertUnwindSafe(|| render(&tmp)))
+        .unwrap_or_else(|payload| Err(format!("{what} rendering panicked: {}", panic_text(&payload))));
     let result = rendered.and_then(|()| {
         std::fs::rename(&tmp, path).map_err(|e| format!("cannot move {} to {}: {e}", tmp.display(), path.display()))
     });
@@ -1663,7 +1673,8 @@ fn legend_entries(p: &Prepared) -> Vec<LegendEntry> {
     };
     let mut out = Vec::new();
     if p.capacity_gb > p.y_max_gb {
-        let peak = peak_of(p).map_or(0.0, |x| x.1);
+        // The peak the plot marks (the run's, from the report), else the highest drawn.
+        let peak = p.peak.or_else(|| peak_of(p)).map_or(0.0, |x| x.1);
         let reserved = p.reserved_gb.as_ref().map_or(0.0, |r| r.iter().copied().fold(0.0, f64::max));
         let text = format!(
             "capacity {}: above this plot; the peak allocates {:.0}% of it, the allocator reserves {:.0}%",

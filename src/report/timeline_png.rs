@@ -50,6 +50,7 @@ use std::path::Path;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
+use super::intervals::{intersect, merged, minus};
 use super::png::{ensure_font, fit_text, fmt_num, tick_decimals, FONT};
 use super::StepTiming;
 use crate::engine::Trace;
@@ -423,28 +424,8 @@ pub fn write(
     let lay = layout_of(groups, headline);
     let subject = subject.map_or_else(|| classes_drawn(&lay), str::to_string);
     let title = format!("stepsim: {scenario} - streams of {subject} over time");
-    let tmp = path.with_extension("tmp.png");
-    let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| render(&tmp, &title, groups, &lay, job_steps)))
-        .unwrap_or_else(|_| Err("rendering timeline.png panicked inside plotters".into()))
-        .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| format!("renaming {}: {e}", tmp.display())));
-    if res.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    res.map(|()| lay)
-}
-
-/// Merges sorted-or-not intervals into disjoint sorted ones.
-fn merged(mut v: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
-    v.retain(|x| x.1 > x.0);
-    v.sort_unstable();
-    let mut out: Vec<(u64, u64)> = Vec::with_capacity(v.len());
-    for (s, e) in v {
-        match out.last_mut() {
-            Some(l) if s <= l.1 => l.1 = l.1.max(e),
-            _ => out.push((s, e)),
-        }
-    }
-    out
+    super::png::render_atomically(path, "timeline.png", |tmp| render(tmp, &title, groups, &lay, job_steps))
+        .map(|()| lay)
 }
 
 /// The exposed intervals of one class (see the module doc): inside each step period (the
@@ -478,41 +459,7 @@ pub fn exposed_intervals(sched: &Schedule, trace: &Trace, steps: &[StepTiming], 
         )
     };
     // comm ∩ periods, then minus compute; all three are sorted and disjoint.
-    let mut within = Vec::new();
-    let mut j = 0;
-    for &(s, e) in &comm {
-        while j < periods.len() && periods[j].1 <= s {
-            j += 1;
-        }
-        let mut k = j;
-        while k < periods.len() && periods[k].0 < e {
-            let (a, b) = (s.max(periods[k].0), e.min(periods[k].1));
-            if b > a {
-                within.push((a, b));
-            }
-            k += 1;
-        }
-    }
-    let mut out = Vec::new();
-    let mut j = 0;
-    for (s, e) in within {
-        while j < compute.len() && compute[j].1 <= s {
-            j += 1;
-        }
-        let mut cur = s;
-        let mut k = j;
-        while k < compute.len() && compute[k].0 < e {
-            if compute[k].0 > cur {
-                out.push((cur, compute[k].0));
-            }
-            cur = cur.max(compute[k].1);
-            k += 1;
-        }
-        if cur < e {
-            out.push((cur, e));
-        }
-    }
-    out
+    minus(&intersect(&comm, &periods), &compute)
 }
 
 /// Calls `f(column, overlap_ns)` for each of the `cols` columns of `ns_per_col` (from t = 0)
@@ -722,12 +669,13 @@ fn font(size: f64) -> TextStyle<'static> {
     (FONT, size).into_font().color(&TEXT)
 }
 
-/// A time in seconds for a header: "0" for zero, else 3 significant decimals.
+/// A time in seconds for a header: "0" for zero, else with enough decimals to be nonzero
+/// (explain.png's rule, [`super::write::secs`]).
 fn secs(ns: u64) -> String {
     if ns == 0 {
         "0".into()
     } else {
-        format!("{} s", fmt_num(ns as f64 / 1e9, 3))
+        format!("{} s", super::write::secs(ns as f64 / 1e9))
     }
 }
 

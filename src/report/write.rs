@@ -668,7 +668,7 @@ pub fn explain_png(dir: &Path, r: &Report, sched: &Schedule, trace: &Trace, at_s
 
 /// Seconds for a sentence: three decimals, or three significant digits below 0.1 s (never
 /// "0.000 s" for a time that is not zero).
-fn secs(s: f64) -> String {
+pub(crate) fn secs(s: f64) -> String {
     if s == 0.0 || !s.is_finite() {
         return "0".to_string();
     }

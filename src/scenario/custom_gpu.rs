@@ -25,9 +25,7 @@ pub const DEFAULT_PCIE_GEN: u8 = 4;
 /// `arch` when not given: compute capability 9.x defaults (PyTorch's 32 MiB cuBLAS workspace,
 /// NCCL without P2P read).
 pub const DEFAULT_ARCH: &str = "hopper";
-/// The largest `max_matmul_fraction`: a measured GEMM beats its datasheet peak by up to 8% on
-/// GeForce cards, whose clocks run above the boost clock their datasheets count.
-pub const MAX_MATMUL_FRACTION: f64 = 1.1;
+pub use crate::hardware::MAX_MATMUL_FRACTION;
 
 /// The GPU a scenario runs on: the catalog's entry for `hardware.gpu`, or `[hardware.custom]`.
 pub(super) fn validate_gpu(v: &V, h: &HardwareSection) -> Result<GpuSpec, ScenarioError> {
@@ -71,21 +69,21 @@ fn custom_gpu(v: &V, h: &HardwareSection, c: &CustomGpuSection) -> Result<GpuSpe
         Some(n) => custom_name(v, n)?,
     };
     let memory = v.bounded("hardware.custom.memory", c.memory, limits::MAX_GPU_MEMORY)?;
-    let flops = |field: &str, x: f64| -> Result<f64, ScenarioError> {
+    // A positive, finite rate within its stated limit, in its unit (TFLOP/s, GB/s), scaled
+    // to per second.
+    let rate = |field: &str, x: f64, unit: &str, max: f64, scale: f64| -> Result<f64, ScenarioError> {
         if !(x > 0.0 && x.is_finite()) {
-            return Err(v.err(field, format!("must be a positive number of TFLOP/s, got {x}")));
+            return Err(v.err(field, format!("must be a positive number of {unit}, got {x}")));
         }
-        if x > limits::MAX_TFLOPS {
+        if x > max {
             return Err(v.err(
                 field,
-                format!(
-                    "must be at most {} TFLOP/s, got {x} (stepsim's stated limit; see docs/scenario-format.md)",
-                    limits::MAX_TFLOPS
-                ),
+                format!("must be at most {max} {unit}, got {x} (stepsim's stated limit; see docs/scenario-format.md)"),
             ));
         }
-        Ok(x * 1e12)
+        Ok(x * scale)
     };
+    let flops = |field: &str, x: f64| rate(field, x, "TFLOP/s", limits::MAX_TFLOPS, 1e12);
     let bf16 = c.bf16_tflops.map(|x| flops("hardware.custom.bf16_tflops", x)).transpose()?;
     let fp16 =
         match (c.fp16_tflops, bf16) {
@@ -99,21 +97,7 @@ fn custom_gpu(v: &V, h: &HardwareSection, c: &CustomGpuSection) -> Result<GpuSpe
     let tf32 = c.tf32_tflops.map(|x| flops("hardware.custom.tf32_tflops", x)).transpose()?;
     let fp32 = flops("hardware.custom.fp32_tflops", c.fp32_tflops)?;
     let fp8 = c.fp8_tflops.map(|x| flops("hardware.custom.fp8_tflops", x)).transpose()?;
-    let bandwidth = |field: &str, x: f64| -> Result<f64, ScenarioError> {
-        if !(x > 0.0 && x.is_finite()) {
-            return Err(v.err(field, format!("must be a positive number of GB/s, got {x}")));
-        }
-        if x > limits::MAX_GB_PER_S {
-            return Err(v.err(
-                field,
-                format!(
-                    "must be at most {} GB/s, got {x} (stepsim's stated limit; see docs/scenario-format.md)",
-                    limits::MAX_GB_PER_S
-                ),
-            ));
-        }
-        Ok(x * 1e9)
-    };
+    let bandwidth = |field: &str, x: f64| rate(field, x, "GB/s", limits::MAX_GB_PER_S, 1e9);
     let hbm = bandwidth("hardware.custom.hbm_gb_per_s", c.hbm_gb_per_s)?;
     let link = bandwidth("hardware.custom.nvlink_gb_per_s", c.nvlink_gb_per_s)?;
     let pcie_gen = match c.pcie_gen {

@@ -273,9 +273,14 @@ impl Cost {
     /// partial wave leaves SMs idle (NVIDIA "Matrix Multiplication Background" user guide).
     /// Large training GEMMs lose a few percent; small ones (small hidden sizes, few tokens)
     /// lose much more.
+    /// A GPU whose SM count is not known (a `[hardware.custom]` part without `sms`) has none:
+    /// 1.0, as the report's assumption line says.
     pub fn wave_efficiency(&self, m: u64, n: u64) -> f64 {
+        if self.sms == 0 {
+            return 1.0;
+        }
         let tiles = m.div_ceil(GEMM_TILE.0) * n.div_ceil(GEMM_TILE.1);
-        let sms = self.sms.max(1);
+        let sms = self.sms;
         let waves = tiles.div_ceil(sms);
         tiles as f64 / (waves * sms) as f64
     }

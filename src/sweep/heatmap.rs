@@ -10,7 +10,6 @@
 //! everything is laid out by [`plan`] before anything is drawn, and the image is rendered to a
 //! temporary name and renamed into place.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 
 use plotters::prelude::*;
@@ -83,18 +82,7 @@ fn luminance(c: RGBColor) -> f64 {
 /// Writes the heatmap of `answer` to `path` (a `.png`).
 pub fn write(path: &Path, answer: &Answer) -> Result<(), String> {
     ensure_font()?;
-    let mut tmp = path.as_os_str().to_os_string();
-    tmp.push(".tmp.png");
-    let tmp = std::path::PathBuf::from(tmp);
-    let rendered = catch_unwind(AssertUnwindSafe(|| render(&tmp, answer)))
-        .unwrap_or_else(|_| Err("heatmap rendering panicked".to_string()));
-    let result = rendered.and_then(|()| {
-        std::fs::rename(&tmp, path).map_err(|e| format!("cannot move {} to {}: {e}", tmp.display(), path.display()))
-    });
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    crate::report::png::render_atomically(path, "heatmap", |tmp| render(tmp, answer))
 }
 
 fn font(size: f64) -> TextStyle<'static> {
