@@ -33,6 +33,8 @@ fn gpt(l: u64, h: u64, a: u64, dropout: f64) -> ModelConfig {
         qk_norm: false,
         moe: None,
         mla: None,
+        style: Default::default(),
+        sliding_window: None,
     }
 }
 

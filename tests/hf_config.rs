@@ -16,6 +16,15 @@ use stepsim::scenario::Scenario;
 /// `model.safetensors.index.json` total size over 2 bytes (BF16), tests/fixtures/hf/README.md.
 const PUBLISHED: &[(&str, u64)] = &[
     ("gemma-7b", 8_537_680_896),
+    // The families added with GPT-NeoX, OLMo and Gemma 2/3 are summed term by term in
+    // tests/hf_families.rs; there, each against the figure its authors publish.
+    ("gemma-2-9b", 9_241_705_984),
+    ("gemma-2-27b", 27_227_128_320),
+    ("gemma-3-1b", 999_885_952),
+    ("gpt-neox-20b", 20_554_567_680),
+    ("olmo-7b", 6_888_095_744),
+    ("olmo-2-7b", 7_298_617_344),
+    ("pythia-6.9b", 6_857_302_016),
     // openai-community/gpt2 and gpt2-xl: one model.safetensors each (no index); the counts are
     // transformers' GPT2LMHeadModel.num_parameters(), and nanoGPT's from_pretrained prints
     // 123.65M and 1555.97M for them, the same less the 1024 x n_embd position table.

@@ -223,10 +223,29 @@ fn cases() -> Vec<Case> {
             &["model_type (\"qwen2\")", "remove model.family"],
         ),
         case(
-            "sliding window shorter than the sequence",
-            b().remove_section("model").set("model", "name", "\"phi-3-mini-4k\"").set("training", "seq_len", "4096"),
+            "context parallelism over a sliding window shorter than the sequence",
+            b().remove_section("model")
+                .set("model", "name", "\"phi-3-mini-4k\"")
+                .set("training", "seq_len", "4096")
+                .set("parallel", "context", "2"),
+            "parallel.context",
+            &["sliding-window", "2047", "parallel.context = 1"],
+        ),
+        case(
+            "inference past a sliding window",
+            inf()
+                .remove_section("model")
+                .set("model", "name", "\"mistral-7b-v0.1\"")
+                .set("inference", "prompt_len", "4096")
+                .set("inference", "gen_len", "100"),
             "model.name",
-            &["sliding-window", "2047"],
+            &["sliding-window", "4096", "KV cache", "simulate training"],
+        ),
+        case(
+            "full-width QK-norm under tensor parallelism",
+            b().remove_section("model").set("model", "name", "\"olmo-2-7b\"").set("parallel", "tensor", "2"),
+            "parallel.tensor",
+            &["span every head", "parallel.tensor = 1"],
         ),
         case(
             "head_dim on the gpt family",

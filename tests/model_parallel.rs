@@ -32,6 +32,8 @@ fn gpt(h: u64, a: u64) -> ModelConfig {
         qk_norm: false,
         moe: None,
         mla: None,
+        style: Default::default(),
+        sliding_window: None,
     }
 }
 

@@ -81,6 +81,130 @@ pub struct ModelConfig {
     /// only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mla: Option<MlaConfig>,
+    /// Where a block departs from its family's layout (GPT-NeoX, OLMo, OLMo 2, Gemma 2/3);
+    /// read from Hugging Face configs.
+    #[serde(skip_serializing_if = "BlockStyle::is_default")]
+    pub style: BlockStyle,
+    /// Sliding-window (local) attention in some or all blocks (Mistral, Gemma 2/3).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sliding_window: Option<SlidingWindow>,
+}
+
+/// Departures from the family's block that change parameters, saved tensors or kernels, each
+/// as the Hugging Face modelling code of the architecture builds it. The default is the
+/// family's own block (Llama's or GPT-2's).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct BlockStyle {
+    /// Gpt family: rotary positions on this many dimensions of each head in place of a learned
+    /// position table (GPT-NeoX's `rotary_pct` x head_dim, applied to the first dimensions;
+    /// `GPTNeoXAttention` builds new q and k while v stays a view of the fused projection).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rotary_dims: Option<u64>,
+    /// The MLP reads the block's input, not the attention's residual sum: `x + attn(ln1(x)) +
+    /// mlp(ln2(x))` (GPT-NeoX's `use_parallel_residual`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub parallel_residual: bool,
+    /// Where the block's norms sit.
+    #[serde(skip_serializing_if = "NormPlacement::is_pre")]
+    pub norms: NormPlacement,
+    /// Norms without weights or biases (OLMo's `OlmoLayerNorm`: `F.layer_norm` with no affine
+    /// parameters, a mean-centred LayerNorm).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub weightless_norms: bool,
+    /// The query and key norms span every head together (OLMo 2's `q_norm` of
+    /// heads x head_dim and `k_norm` of kv_heads x head_dim) rather than one head's width.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub qk_norm_full_width: bool,
+    /// Gemma 2's `final_logit_softcapping`: `tanh(logits / cap) x cap` before the loss, in
+    /// eager PyTorch three element-wise kernels of which tanh saves its output.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub final_logit_softcap: bool,
+    /// Gemma 2's `attn_logit_softcapping`: the same on attention scores (inside the kernel with
+    /// FlashAttention; three passes over the s x s scores, tanh's output saved, in math
+    /// attention).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub attn_logit_softcap: bool,
+}
+
+impl BlockStyle {
+    pub fn is_default(&self) -> bool {
+        *self == BlockStyle::default()
+    }
+
+    /// Norms in one block (each with a weight, unless weightless).
+    pub fn norms_per_block(&self) -> u64 {
+        match self.norms {
+            NormPlacement::Pre | NormPlacement::Post => 2,
+            NormPlacement::Sandwich => 4,
+        }
+    }
+}
+
+/// Where a block's norms sit around attention and the MLP.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NormPlacement {
+    /// Before each (GPT-2, Llama): `x + attn(norm(x))`.
+    #[default]
+    Pre,
+    /// After each, inside the residual (OLMo 2): `x + norm(attn(x))`.
+    Post,
+    /// Before and after each (Gemma 2 and 3's four norms): `x + norm(attn(norm(x)))`.
+    Sandwich,
+}
+
+impl NormPlacement {
+    pub fn is_pre(&self) -> bool {
+        *self == NormPlacement::Pre
+    }
+}
+
+/// Sliding-window attention: a query attends to itself and the `window` tokens before it (the
+/// causal band FlashAttention-2 computes with `window_size`; Hugging Face's flash path), in
+/// the blocks `pattern` names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SlidingWindow {
+    pub window: u64,
+    pub pattern: WindowPattern,
+}
+
+/// Which blocks attend locally.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WindowPattern {
+    /// Every block (Mistral 7B v0.1).
+    All,
+    /// Every block but each `n`th, which attends globally: block l is global when
+    /// (l + 1) % n == 0 (Gemma 2: n = 2, its even blocks local; Gemma 3's
+    /// `sliding_window_pattern` 6: five local to one global).
+    GlobalEvery(u64),
+    /// Blocks from this index on (Qwen2's `max_window_layers` with `use_sliding_window`).
+    From(u64),
+}
+
+impl SlidingWindow {
+    /// The window of block `l`, where it attends locally.
+    pub fn window_of(&self, l: u64) -> Option<u64> {
+        let local = match self.pattern {
+            WindowPattern::All => true,
+            WindowPattern::GlobalEvery(n) => (l + 1) % n.max(1) != 0,
+            WindowPattern::From(k) => l >= k,
+        };
+        local.then_some(self.window)
+    }
+
+    /// Query-key pairs a block of window `w` computes over a causal sequence of `s` tokens, as
+    /// a share of full causal attention's s (s + 1) / 2: each query i meets min(i, w) + 1 keys.
+    /// 1 when the window covers the sequence.
+    pub fn causal_share(w: u64, s: u64) -> f64 {
+        if w + 1 >= s {
+            return 1.0;
+        }
+        let (w, s) = (w as f64, s as f64);
+        // Queries 0..=w meet i + 1 keys (the triangle), the rest w + 1 each.
+        let band = (w + 1.0) * (w + 2.0) / 2.0 + (s - w - 1.0) * (w + 1.0);
+        band / (s * (s + 1.0) / 2.0)
+    }
 }
 
 /// Multi-head latent attention (DeepSeek-V2/V3; Hugging Face `DeepseekV3Attention`,
@@ -188,6 +312,8 @@ impl ModelConfig {
             qk_norm: false,
             moe: None,
             mla: None,
+            style: BlockStyle::default(),
+            sliding_window: None,
         }
     }
 
@@ -217,12 +343,31 @@ impl ModelConfig {
                     return mla.params(h, self.n_heads) + 2 * h;
                 }
                 let bias = if self.qkv_bias { q + 2 * kv } else { 0 };
-                let qk_norm = if self.qk_norm { 2 * self.head_dim() } else { 0 };
-                2 * h * q + 2 * h * kv + 2 * h + bias + qk_norm
+                let qk_norm = match (self.qk_norm, self.style.qk_norm_full_width) {
+                    (false, _) => 0,
+                    (true, false) => 2 * self.head_dim(),
+                    (true, true) => q + kv,
+                };
+                2 * h * q + 2 * h * kv + self.block_norm_params() + bias + qk_norm
             }
             // qkv 3h*h + 3h bias, proj h*h + h, two LayerNorms 2*2h.
-            Family::Gpt => 4 * h * h + 3 * h + h + 4 * h,
+            Family::Gpt => 4 * h * h + 3 * h + h + self.block_norm_params(),
         }
+    }
+
+    /// Parameters of one norm over the hidden state: RMSNorm's weight (Llama), LayerNorm's
+    /// weight and bias (GPT), none for a weightless norm (OLMo).
+    pub fn norm_params(&self) -> u64 {
+        match (self.style.weightless_norms, self.family) {
+            (true, _) => 0,
+            (false, Family::Llama) => self.hidden,
+            (false, Family::Gpt) => 2 * self.hidden,
+        }
+    }
+
+    /// The norms of one block (counted with its attention half).
+    fn block_norm_params(&self) -> u64 {
+        self.style.norms_per_block() * self.norm_params()
     }
 
     fn dense_mlp_params(&self) -> u64 {
@@ -265,15 +410,69 @@ impl ModelConfig {
     pub fn params_outside_blocks(&self) -> u64 {
         let (h, v) = (self.hidden, self.vocab);
         let emb = v * h * if self.tie_embeddings { 1 } else { 2 };
-        let norm = match self.family {
-            Family::Llama => h,
-            Family::Gpt => 2 * h,
-        };
+        let norm = self.norm_params();
         let emb_norm = if self.embedding_norm { norm } else { 0 };
+        emb + self.position_table().map_or(0, |rows| rows * h) + norm + emb_norm
+    }
+
+    /// Rows of the learned position table, where positions are parameters (the gpt family
+    /// without rotary dimensions).
+    pub fn position_table(&self) -> Option<u64> {
+        (self.family == Family::Gpt && self.style.rotary_dims.is_none()).then_some(self.max_seq_len)
+    }
+
+    /// Dimensions of each head rotary embeddings turn (none for a learned table).
+    pub fn rotary_dims(&self) -> Option<u64> {
         match self.family {
-            Family::Llama => emb + norm + emb_norm,
-            Family::Gpt => emb + self.max_seq_len * h + norm + emb_norm,
+            Family::Llama => Some(self.mla.as_ref().map_or(self.head_dim(), |m| m.qk_rope_head_dim)),
+            Family::Gpt => self.style.rotary_dims,
         }
+    }
+
+    /// What a reader needs to know of the block beyond its sizes, in words: where it departs
+    /// from its family's (the `style`) and its sliding windows against a `seq_len` sequence.
+    pub fn block_notes(&self, seq_len: u64) -> Vec<String> {
+        let st = &self.style;
+        let mut notes = Vec::new();
+        if let Some(d) = st.rotary_dims {
+            notes.push(format!("rotary positions on {d} of {} dims per head (no position table)", self.head_dim()));
+        }
+        if st.parallel_residual {
+            notes.push("parallel residual (the MLP reads the block's input)".into());
+        }
+        match st.norms {
+            NormPlacement::Pre => {}
+            NormPlacement::Post => notes.push("norms after attention and the MLP, inside the residual".into()),
+            NormPlacement::Sandwich => notes.push("norms before and after attention and the MLP (4 per block)".into()),
+        }
+        if st.weightless_norms {
+            notes.push("LayerNorms without weights or biases".into());
+        }
+        if self.qk_norm && st.qk_norm_full_width {
+            notes.push("q/k RMSNorm over all heads together".into());
+        }
+        if st.attn_logit_softcap {
+            notes.push("attention-score soft-capping (in the flash kernel; 3 passes and a saved copy of the scores in math attention)".into());
+        }
+        if st.final_logit_softcap {
+            notes.push("final-logit soft-capping (tanh saves a tokens x vocabulary copy)".into());
+        }
+        if let Some(sw) = &self.sliding_window {
+            let local = (0..self.n_layers).filter(|&l| sw.window_of(l).is_some()).count();
+            let effect = if sw.window + 1 >= seq_len {
+                format!("covering the whole {seq_len}-token sequence")
+            } else {
+                format!(
+                    "flash computes {:.1}% of causal attention there at {seq_len} tokens; math attention every score",
+                    100.0 * SlidingWindow::causal_share(sw.window, seq_len)
+                )
+            };
+            notes.push(format!(
+                "sliding window of {} tokens in {local} of {} blocks ({effect})",
+                sw.window, self.n_layers
+            ));
+        }
+        notes
     }
 
     /// Total parameter count, closed form (the DAG's count is tested against this).

@@ -13,7 +13,10 @@
 use petgraph::graph::{DiGraph, NodeIndex};
 use serde::Serialize;
 
-use super::config::{Attention, ContextComm, Dtype, Family, MlaConfig, ModelConfig, MoeConfig, RoutedCopies, Workload};
+use super::config::{
+    Attention, ContextComm, Dtype, Family, MlaConfig, ModelConfig, MoeConfig, NormPlacement, RoutedCopies,
+    SlidingWindow, Workload,
+};
 use crate::net::Collective;
 
 /// Index of a tensor in [`LayerDag::tensors`].
@@ -293,6 +296,8 @@ struct Builder {
     f_out: Option<TensorId>,
     /// SwiGLU as one fused kernel ([`Workload::fused_swiglu`]).
     fused_swiglu: bool,
+    /// The model's norms have no parameters (OLMo's).
+    weightless_norms: bool,
 }
 
 impl Builder {
@@ -453,6 +458,14 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         full: t * h * c,
         f_out: None,
         fused_swiglu: w.fused_swiglu,
+        weightless_norms: cfg.style.weightless_norms,
+    };
+    // The norm of the hidden state: the family's, or OLMo's weightless LayerNorm.
+    let nfam = if cfg.style.weightless_norms { Family::Gpt } else { cfg.family };
+    let (pre_norm, post_norm) = match cfg.style.norms {
+        NormPlacement::Pre => (true, false),
+        NormPlacement::Post => (false, true),
+        NormPlacement::Sandwich => (true, true),
     };
     let tokens = bd.input("tokens", t);
     let targets = bd.input("targets", t);
@@ -465,12 +478,12 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         bd.op("tok_embeddings".into(), OpKind::Embedding, v * h / tp, (0.0, 0.0), vec![tokens], vec![x0], vec![tokens]);
     bd.ops[emb].tp_sharded = tp > 1;
     let mut x = bd.g_op("tok_embeddings", x0, c);
-    if cfg.family == Family::Gpt {
+    if let Some(table) = cfg.position_table() {
         let y = bd.tensor("pos_embeddings.out", rows * h, c, TensorKind::Activation);
         bd.op(
             "pos_embeddings".into(),
             OpKind::Embedding,
-            cfg.max_seq_len * h,
+            table * h,
             ((rows * h) as f64, 0.0),
             vec![x],
             vec![y],
@@ -491,7 +504,7 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         bd.region = Region::Block(l);
         let p = |n: &str| format!("layers.{l}.{n}");
         // --- attention half
-        let n1 = norm_op(&mut bd, cfg.family, &p("attention_norm"), x, rows, h, c);
+        let n1 = if pre_norm { norm_op(&mut bd, nfam, &p("attention_norm"), x, rows, h, c) } else { x };
         let n1_in = bd.f_op(&p("attention"), n1, c);
         let (q, k, vv);
         let first_qkv = bd.ops.len();
@@ -513,7 +526,13 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
                 bd.regather_op(&p("attention"), first_qkv);
                 // Qwen3's q_norm / k_norm: an RMSNorm over each head's head_dim (rows are
                 // tokens x this rank's heads), one weight vector shared by the heads.
-                let (q0, k0) = if cfg.qk_norm {
+                let (q0, k0) = if cfg.qk_norm && cfg.style.qk_norm_full_width {
+                    // OLMo 2's: one RMSNorm over all of a token's query heads (and key heads);
+                    // whole heads on one rank (tensor parallelism is refused with it).
+                    let qn = norm_op(&mut bd, Family::Llama, &p("attention.q_norm"), q0, t, qt, c);
+                    let kn = norm_op(&mut bd, Family::Llama, &p("attention.k_norm"), k0, t, kvd, c);
+                    (qn, kn)
+                } else if cfg.qk_norm {
                     let hd = cfg.head_dim();
                     let qn = norm_op(&mut bd, Family::Llama, &p("attention.q_norm"), q0, t * a, hd, c);
                     let kn = norm_op(&mut bd, Family::Llama, &p("attention.k_norm"), k0, t * kvd / hd, hd, c);
@@ -549,10 +568,30 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
                     vec![n1],
                 );
                 bd.regather_op(&p("attn"), first_qkv);
-                // q, k, v are views of the fused projection's output.
-                q = qkv;
-                k = qkv;
                 vv = qkv;
+                match cfg.style.rotary_dims {
+                    // q, k, v are views of the fused projection's output.
+                    None => (q, k) = (qkv, qkv),
+                    // GPT-NeoX: the first `rd` dimensions of each query and key head turned and
+                    // concatenated with the rest into new q and k (cat saves nothing); v stays
+                    // a view of the fused output, which attention's saved v keeps whole.
+                    Some(rd) => {
+                        q = bd.tensor(&p("attention.rope.q"), t * qt, c, TensorKind::Activation);
+                        k = bd.tensor(&p("attention.rope.k"), t * qt, c, TensorKind::Activation);
+                        let turned = 2 * cfg.n_heads * rd;
+                        let id = bd.op_tp(
+                            p("attention.rope"),
+                            OpKind::Rope,
+                            0,
+                            (6.0 * tf * turned as f64, 6.0 * tf * turned as f64),
+                            vec![qkv],
+                            vec![q, k],
+                            vec![],
+                        );
+                        // x*cos and rotate_half(x) of the turned part live while they are summed.
+                        bd.ops[id].fwd_scratch = 2 * t * (turned / tp) * c;
+                    }
+                }
             }
         }
         // Each head's query and key width, and its value and output width (MLA's differ).
@@ -563,6 +602,13 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         // Q K^T over the query/key width, then P V over the value width.
         // Under context parallelism this rank's queries (s / cp) meet every key (s).
         let att_f = 2.0 * (b * sl * s) as f64 * (qk_w + v_w) as f64;
+        // A local block's flash kernel computes only the window's band of the causal square;
+        // math attention computes every score and masks them.
+        let window = cfg.sliding_window.as_ref().and_then(|sw| sw.window_of(l));
+        let att_f = match window {
+            Some(win) if w.attention == Attention::Flash && win + 1 < s => att_f * SlidingWindow::causal_share(win, s),
+            _ => att_f,
+        };
         let mut saves = vec![q];
         for x in [k, vv] {
             if !saves.contains(&x) {
@@ -593,18 +639,17 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
             }
         }
         let inputs: Vec<TensorId> = saves.iter().copied().filter(|&x| x == q || x == k || x == vv).collect();
-        let qkvo = (inputs.iter().map(|&x| bd.tensors[x].bytes).sum::<u64>() + bd.tensors[o].bytes) as f64;
+        // The gpt family's v is a third of the fused projection's output (GPT-2's q and k too).
+        let v_bytes = if cfg.family == Family::Gpt { bd.tensors[vv].bytes / 3 } else { bd.tensors[vv].bytes };
+        let k_bytes = if k == vv { v_bytes } else { bd.tensors[k].bytes };
+        let q_bytes = if q == vv { v_bytes } else { bd.tensors[q].bytes };
+        let qkvo = (q_bytes + k_bytes + v_bytes + bd.tensors[o].bytes) as f64;
         // Flash backward recomputes the scores: 2.5x the forward's matmul work.
         let bwd_f = match w.attention {
             Attention::Flash => 2.5 * att_f,
             Attention::Math => 2.0 * att_f,
         };
-        let kv_bytes = if k == vv {
-            // GPT's fused projection: q, k and v are thirds of one tensor.
-            bd.tensors[k].bytes / 3 * 2
-        } else {
-            bd.tensors[k].bytes + bd.tensors[vv].bytes
-        };
+        let kv_bytes = k_bytes + v_bytes;
         let core = bd.op_tp(p("attention.core"), OpKind::AttentionCore, 0, (att_f, bwd_f), inputs, outs, saves);
         if cp > 1 {
             let o_bytes = bd.tensors[o].bytes;
@@ -641,18 +686,33 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
             op.fwd_bytes = qkvo + 2.0 * n * cf;
             op.bwd_bytes = Some(2.0 * qkvo + 4.0 * n * cf);
             op.chain_bytes = if dropout { [4.0 * n * cf + n, 5.0 * n * cf + n] } else { [2.0 * n * cf, 3.0 * n * cf] };
+            if cfg.style.attn_logit_softcap {
+                // Gemma 2's eager attention caps the scores before softmax: a division, tanh
+                // (which saves its output) and a multiplication, each reading and writing the
+                // scores; backward: the multiplication's (2 n c), tanh's reads y and dy and
+                // writes dx (3 n c), the division's (2 n c).
+                op.chain_bytes[0] += 6.0 * n * cf;
+                op.chain_bytes[1] += 7.0 * n * cf;
+            }
+        }
+        if cfg.style.attn_logit_softcap && w.attention == Attention::Math {
+            let capped = bd.tensor(&p("attention.core.softcap"), b * a * s * s, c, TensorKind::AttentionScores);
+            bd.ops[core].outputs.push(capped);
+            bd.ops[core].saves.push(capped);
         }
         // Row-parallel output projection: its bias is added once, after the reduction.
         let ao = bd.tensor(&p("attention.wo.out"), t * h, c, TensorKind::Activation);
         let wo_bias = if cfg.family == Family::Gpt { h } else { 0 };
         bd.op_tp(p("attention.wo"), OpKind::Linear, qt * h + wo_bias, lin(qd, h), vec![o], vec![ao], vec![o]);
         let ao = bd.g_op(&p("attention"), ao, c);
+        let ao = if post_norm { norm_op(&mut bd, nfam, &p("post_attention_norm"), ao, rows, h, c) } else { ao };
         let fused = dropout && cfg.family == Family::Gpt;
         let ao = if dropout { dropout_op(&mut bd, &p("attention.dropout"), ao, rows * h, c, fused) } else { ao };
         let h1 = residual_op(&mut bd, &p("residual1"), x, ao, rows * h, c, fused);
 
-        // --- MLP half
-        let n2 = norm_op(&mut bd, cfg.family, &p("ffn_norm"), h1, rows, h, c);
+        // --- MLP half (GPT-NeoX's parallel residual feeds it the block's input)
+        let mlp_in = if cfg.style.parallel_residual { x } else { h1 };
+        let n2 = if pre_norm { norm_op(&mut bd, nfam, &p("ffn_norm"), mlp_in, rows, h, c) } else { mlp_in };
         let ft = f / tp;
         let mlp_out = match cfg.family {
             Family::Llama => match &cfg.moe {
@@ -685,6 +745,8 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
             }
         };
         let mlp_out =
+            if post_norm { norm_op(&mut bd, nfam, &p("post_feedforward_norm"), mlp_out, rows, h, c) } else { mlp_out };
+        let mlp_out =
             if dropout { dropout_op(&mut bd, &p("mlp.dropout"), mlp_out, rows * h, c, fused) } else { mlp_out };
         let y = residual_op(&mut bd, &p("residual2"), h1, mlp_out, rows * h, c, fused);
         x = y;
@@ -692,7 +754,7 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
 
     // --- head (a column-parallel LM head and vocabulary-parallel cross-entropy under TP)
     bd.region = Region::Head;
-    let nf = norm_op(&mut bd, cfg.family, "norm", x, rows, h, c);
+    let nf = norm_op(&mut bd, nfam, "norm", x, rows, h, c);
     let nf_in = bd.f_op("output", nf, c);
     let first = bd.ops.len();
     let vt = v / tp;
@@ -706,6 +768,8 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
             bd.ops[id].shared_params = vt * h;
         }
         bd.regather_op("output", first);
+        let logits =
+            if cfg.style.final_logit_softcap { softcap_ops(&mut bd, "output.softcap", logits, t, v) } else { logits };
         if w.loss == super::config::LossKind::VocabParallel {
             // Megatron-Core's vocab_parallel_cross_entropy: the logits are upcast and
             // exponentiated in place into the FP32 softmax it saves (with the target mask);
@@ -757,11 +821,8 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         }
     }
 
-    let buffer_bytes = match cfg.family {
-        // cos and sin tables, FP32, max_seq_len x head_dim each.
-        Family::Llama => 2 * cfg.max_seq_len * cfg.mla.as_ref().map_or(cfg.head_dim(), |m| m.qk_rope_head_dim) * 4,
-        Family::Gpt => 0,
-    };
+    // cos and sin tables, FP32, max_seq_len x the rotary dimensions each.
+    let buffer_bytes = cfg.rotary_dims().map_or(0, |d| 2 * cfg.max_seq_len * d * 4);
     // GEMM shapes of the linear layers, from their input and output tensors.
     let cb = w.compute_dtype.bytes();
     for op in bd.ops.iter_mut().filter(|o| o.kind == OpKind::Linear && o.gemm.is_none()) {
@@ -1129,6 +1190,7 @@ fn norm_op(bd: &mut Builder, family: Family, name: &str, x: TensorId, t: u64, h:
         Family::Llama => (h, 4),
         Family::Gpt => (2 * h, 8),
     };
+    let params = if bd.weightless_norms { 0 } else { params };
     let out = bd.tensor(&format!("{name}.out"), t * h, c, TensorKind::Activation);
     let stats = bd.tensor(&format!("{name}.stats"), t, stats_per_row, TensorKind::Stats);
     let tf = t as f64;
@@ -1142,6 +1204,22 @@ fn norm_op(bd: &mut Builder, family: Family, name: &str, x: TensorId, t: u64, h:
         vec![x, stats],
     );
     out
+}
+
+/// Gemma 2's final logit soft-capping in eager PyTorch (`Gemma2ForCausalLM.forward`):
+/// `logits / cap`, `tanh`, `* cap`, three element-wise kernels over this rank's `t` x `v` / tp
+/// logits. Division and multiplication by a constant save nothing; tanh saves its output.
+fn softcap_ops(bd: &mut Builder, name: &str, x: TensorId, t: u64, v: u64) -> TensorId {
+    let bytes = bd.tensors[x].bytes;
+    let n = (t * v) as f64;
+    let mut y = x;
+    for (step, saves_out) in [("div", false), ("tanh", true), ("mul", false)] {
+        let out = bd.tensor(&format!("{name}.{step}.out"), bytes, 1, TensorKind::Activation);
+        let saves = if saves_out { vec![out] } else { vec![] };
+        bd.op_tp(format!("{name}.{step}"), OpKind::Elementwise, 0, (n, n), vec![y], vec![out], saves);
+        y = out;
+    }
+    y
 }
 
 /// Dropout over `elems` elements: saves its 1-byte mask. Backward reads the output gradient

@@ -8,7 +8,12 @@
 //! |---|---|---|
 //! | llama | (Llama 1 to 3.3) | `LlamaConfig` |
 //! | gpt2 | stepsim's gpt family: LayerNorm, GELU MLP of `n_inner` (4 x `n_embd`), biases everywhere, a learned position table of `n_positions` (1024) rows, tied embeddings; `n_embd` (768), `n_layer` (12), `n_head` (12), `vocab_size` (50257); dropout `resid_pdrop` (0.1) | `GPT2Config` |
-//! | mistral | sliding-window attention when `sliding_window` is set | `MistralConfig` |
+//! | gpt_neox | the gpt block with rotary positions on `rotary_pct` (0.25; `partial_rotary_factor` in newer files) of each head instead of a table, the MLP beside attention (`use_parallel_residual`, true), untied embeddings; `hidden_dropout` (0); GPT-NeoX-20B's sizes by default; `attention_bias` true only | `GPTNeoXConfig` |
+//! | mistral | sliding-window attention in every block when `sliding_window` is set | `MistralConfig` |
+//! | olmo | norms without weights or biases (`OlmoLayerNorm`); `clip_qkv`'s in-place clamps are not charged | `OlmoConfig` |
+//! | olmo2 | RMSNorms after attention and the MLP inside the residual (none before); `q_norm` / `k_norm` over all heads together | `Olmo2Config` |
+//! | gemma2 | `head_dim` (256); four RMSNorms per block; `attn_logit_softcapping` (50) and `final_logit_softcapping` (30), null turns them off; `sliding_window` (4096) in every even block | `Gemma2Config` |
+//! | gemma3_text | Gemma 2's block with q/k head norms and no soft-capping by default; `sliding_window` (4096) in all blocks but every `sliding_window_pattern`th (6) | `Gemma3TextConfig` |
 //! | qwen2 | biases on q, k and v | `Qwen2Config` |
 //! | qwen3 | `head_dim`; RMSNorm of each q and k head (`q_norm`, `k_norm`) | `Qwen3Config` |
 //! | gemma | `head_dim` (256); tied embeddings; GeGLU (same parameters as SwiGLU) | `GemmaConfig` |
@@ -18,6 +23,9 @@
 //! | qwen3_moe | qwen3's `head_dim` and q/k head norms; every MLP `num_experts` (128) experts of `moe_intermediate_size` (768), top `num_experts_per_tok` (8), no shared expert; `decoder_sparse_step` 1 and empty `mlp_only_layers` only | `Qwen3MoeConfig` |
 //! | deepseek_v3 | multi-head latent attention in place of q, k, v: `q_lora_rank` (1536; null: a direct q projection), `kv_lora_rank` (512), per head `qk_nope_head_dim` (128) + `qk_rope_head_dim` (64) query/key and `v_head_dim` (128) value, `num_key_value_heads` = `num_attention_heads` only; the first `first_k_dense_replace` (3) MLPs dense of `intermediate_size`, the rest `n_routed_experts` (256) experts of `moe_intermediate_size` (2048), top `num_experts_per_tok` (8), plus `n_shared_experts` (1) x `moe_intermediate_size` of shared expert, ungated; `moe_layer_freq` 1 only | `DeepseekV3Config` |
 //! | deepseek_v2 | as deepseek_v3, with its own defaults: `first_k_dense_replace` (0), `n_routed_experts` (64), `moe_intermediate_size` (1407), `n_shared_experts` (2); `num_experts_per_tok` required (no default) | `DeepseekV2Config` |
+//!
+//! An explicit `layer_types` list (newer transformers write one) decides which blocks are local
+//! where it is given; Qwen2/3 with `use_sliding_window` are local from `max_window_layers` (28).
 //!
 //! Defaults in parentheses are transformers' where the key is absent. `norm_topk_prob`,
 //! `router_aux_loss_coef`, `router_jitter_noise` and `output_router_logits` change neither
@@ -54,8 +62,10 @@ pub struct HfModel {
     pub qk_norm: bool,
     /// The context the model was trained for (`max_position_embeddings`).
     pub max_position_embeddings: Option<u64>,
-    /// Sliding-window attention's window, where the config turns it on.
-    pub sliding_window: Option<u64>,
+    /// Sliding-window attention, where the config turns it on, and in which blocks.
+    pub sliding_window: Option<super::SlidingWindow>,
+    /// Where the block departs from its family's (GPT-NeoX, OLMo, OLMo 2, Gemma 2/3).
+    pub style: super::BlockStyle,
     /// Mixture-of-experts MLPs, for the MoE model types.
     pub moe: Option<super::MoeConfig>,
     /// Multi-head latent attention, for the DeepSeek types.
@@ -69,7 +79,9 @@ impl HfModel {
     /// `n_positions`; rotary models have no table): the model's `max_seq_len` unless the
     /// scenario sets one.
     pub fn position_table(&self) -> Option<u64> {
-        (self.family == Family::Gpt).then_some(self.max_position_embeddings).flatten()
+        (self.family == Family::Gpt && self.style.rotary_dims.is_none())
+            .then_some(self.max_position_embeddings)
+            .flatten()
     }
 
     /// The config as stepsim's model, with no field overridden.
@@ -91,6 +103,8 @@ impl HfModel {
             qk_norm: self.qk_norm,
             moe: self.moe.clone(),
             mla: self.mla.clone(),
+            style: self.style.clone(),
+            sliding_window: self.sliding_window.clone(),
         }
     }
 }
@@ -98,11 +112,16 @@ impl HfModel {
 /// The model types this module reads.
 pub const SUPPORTED: &[&str] = &[
     "gpt2",
+    "gpt_neox",
     "llama",
     "mistral",
     "qwen2",
     "qwen3",
     "gemma",
+    "gemma2",
+    "gemma3_text",
+    "olmo",
+    "olmo2",
     "phi3",
     "mixtral",
     "qwen2_moe",
@@ -119,6 +138,7 @@ const DEEPSEEK_TYPES: &[&str] = &["deepseek_v2", "deepseek_v3"];
 
 /// Model types people ask for that are not read, with what the block cannot express.
 const UNSUPPORTED: &[(&str, &str)] = &[
+    ("gemma3", "a multimodal wrapper (a SigLIP vision tower beside the language model): give its text_config as a config.json of its own (model_type gemma3_text)"),
     ("gpt_oss", "attention sinks, alternating sliding-window blocks and biased experts are not modelled yet"),
     ("llama4", "a multimodal wrapper with interleaved dense and MoE blocks and chunked attention is not modelled yet"),
     ("llama4_text", "interleaved dense and MoE blocks and chunked attention are not modelled yet"),
@@ -161,8 +181,10 @@ pub fn parse(text: &str) -> Result<HfModel, String> {
             SUPPORTED.join(", ")
         ));
     }
-    if model_type == "gpt2" {
-        return gpt2(&o);
+    match model_type.as_str() {
+        "gpt2" => return gpt2(&o),
+        "gpt_neox" => return gpt_neox(&o),
+        _ => {}
     }
     let is_moe = MOE_TYPES.contains(&model_type.as_str());
     if !is_moe {
@@ -195,9 +217,18 @@ pub fn parse(text: &str) -> Result<HfModel, String> {
     // DeepSeek's widths are in the MLA keys (transformers sets its `head_dim` to
     // `qk_rope_head_dim`, whatever the file says).
     let head_dim = if deepseek { None } else { opt_count(&o, "head_dim")? };
-    let gemma = model_type == "gemma";
+    let gemma = model_type.starts_with("gemma");
+    // Gemma2Config and Gemma3TextConfig default head_dim to 256; GemmaConfig's released files
+    // all give it.
+    let head_dim = match model_type.as_str() {
+        "gemma2" | "gemma3_text" => Some(head_dim.unwrap_or(256)),
+        _ => head_dim,
+    };
     if gemma && head_dim.is_none() {
         return Err("key `head_dim` is missing (Gemma's heads are not hidden_size / num_attention_heads wide)".into());
+    }
+    if flag(&o, "use_bidirectional_attention")?.unwrap_or(false) {
+        return Err("key `use_bidirectional_attention`: true (an encoder's attention, EmbeddingGemma) is not modelled; only false (causal)".into());
     }
     let tie_default = gemma;
     let attention_bias = flag(&o, "attention_bias")?.unwrap_or(false);
@@ -214,14 +245,7 @@ pub fn parse(text: &str) -> Result<HfModel, String> {
     if flag(&o, "mlp_bias")?.unwrap_or(false) {
         return Err("key `mlp_bias`: true (biases on the MLP projections) is not modelled; only false".into());
     }
-    // Sliding-window attention: Mistral's is on whenever `sliding_window` is set; Qwen2's
-    // only with `use_sliding_window` (off in every released Qwen2/2.5 config).
-    let window = opt_count(&o, "sliding_window")?;
-    let sliding_window = match model_type.as_str() {
-        "mistral" | "phi3" | "mixtral" => window,
-        "qwen2" | "qwen3" | "qwen2_moe" | "qwen3_moe" if flag(&o, "use_sliding_window")?.unwrap_or(false) => window,
-        _ => None,
-    };
+    let sliding_window = sliding_window(&o, &model_type)?;
     let qkv_bias = match model_type.as_str() {
         "qwen2" => true,
         // Qwen2MoeConfig's `qkv_bias` (default true; older transformers always had the biases).
@@ -242,9 +266,10 @@ pub fn parse(text: &str) -> Result<HfModel, String> {
         tie_embeddings: flag(&o, "tie_word_embeddings")?.unwrap_or(tie_default),
         head_dim: head_dim.filter(|&d| d * n_heads != hidden),
         qkv_bias,
-        qk_norm: model_type == "qwen3" || model_type == "qwen3_moe",
+        qk_norm: matches!(model_type.as_str(), "qwen3" | "qwen3_moe" | "gemma3_text" | "olmo2"),
         max_position_embeddings: opt_count(&o, "max_position_embeddings")?,
         sliding_window,
+        style: block_style(&o, &model_type)?,
         moe,
         mla,
         model_type,
@@ -282,10 +307,206 @@ fn gpt2(o: &Map<String, Value>) -> Result<HfModel, String> {
         qk_norm: false,
         max_position_embeddings: Some(opt_count(o, "n_positions")?.unwrap_or(1024)),
         sliding_window: None,
+        style: super::BlockStyle::default(),
         moe: None,
         mla: None,
         dropout: pdrop,
     })
+}
+
+/// GPT-NeoX (`GPTNeoXConfig`, transformers' defaults where a key is absent, which are
+/// GPT-NeoX-20B's): stepsim's gpt block (LayerNorms, biased fused qkv and dense, a biased GELU
+/// MLP) with partial rotary positions in place of the position table, the MLP beside attention
+/// (`use_parallel_residual`, true) and untied embeddings (`embed_in`, `embed_out`).
+fn gpt_neox(o: &Map<String, Value>) -> Result<HfModel, String> {
+    if flag(o, "attention_bias")? == Some(false) {
+        return Err(
+            "key `attention_bias`: false (GPT-NeoX without its q, k, v and dense biases) is not modelled; only true"
+                .into(),
+        );
+    }
+    let hidden = opt_count(o, "hidden_size")?.unwrap_or(6144);
+    let n_heads = opt_count(o, "num_attention_heads")?.unwrap_or(64);
+    if hidden % n_heads != 0 {
+        return Err(format!("key `num_attention_heads`: {n_heads} does not divide hidden_size ({hidden})"));
+    }
+    // `rotary_pct` (0.25), or `partial_rotary_factor` where newer transformers write it (at the
+    // top level or in `rope_parameters`); transformers turns int(head_size x share) dimensions.
+    let nested = match o.get("rope_parameters") {
+        Some(Value::Object(r)) => fraction(r, "partial_rotary_factor")?,
+        _ => None,
+    };
+    let share = match (fraction(o, "rotary_pct")?, fraction(o, "partial_rotary_factor")?, nested) {
+        (Some(a), _, _) | (None, Some(a), _) | (None, None, Some(a)) => a,
+        (None, None, None) => 0.25,
+    };
+    let head = hidden / n_heads;
+    let rotary_dims = (head as f64 * share).floor() as u64;
+    if rotary_dims == 0 || rotary_dims % 2 != 0 {
+        return Err(format!(
+            "key `rotary_pct`: {share} of a {head}-wide head turns {rotary_dims} dimensions; rotary embeddings need an even, positive number"
+        ));
+    }
+    let hidden_dropout = fraction_or_zero(o, "hidden_dropout")?;
+    let attention_dropout = fraction_or_zero(o, "attention_dropout")?;
+    if hidden_dropout != attention_dropout {
+        return Err(format!(
+            "keys `hidden_dropout` ({hidden_dropout}) and `attention_dropout` ({attention_dropout}): different rates are not modelled (one dropout rate); make them equal"
+        ));
+    }
+    Ok(HfModel {
+        model_type: "gpt_neox".into(),
+        family: Family::Gpt,
+        n_layers: opt_count(o, "num_hidden_layers")?.unwrap_or(44),
+        hidden,
+        n_heads,
+        n_kv_heads: n_heads,
+        ffn_hidden: opt_count(o, "intermediate_size")?.unwrap_or(24576),
+        vocab: opt_count(o, "vocab_size")?.unwrap_or(50432),
+        tie_embeddings: flag(o, "tie_word_embeddings")?.unwrap_or(false),
+        head_dim: None,
+        qkv_bias: false,
+        qk_norm: false,
+        max_position_embeddings: Some(opt_count(o, "max_position_embeddings")?.unwrap_or(2048)),
+        sliding_window: None,
+        style: super::BlockStyle {
+            rotary_dims: Some(rotary_dims),
+            parallel_residual: flag(o, "use_parallel_residual")?.unwrap_or(true),
+            ..Default::default()
+        },
+        moe: None,
+        mla: None,
+        dropout: hidden_dropout,
+    })
+}
+
+/// How the block of a llama-style type departs from Llama's, as transformers builds it.
+fn block_style(o: &Map<String, Value>, model_type: &str) -> Result<super::BlockStyle, String> {
+    use super::NormPlacement;
+    // A softcap is on when its key is a number (null: off), with the type's default if absent.
+    let cap = |key: &str, default: bool| -> Result<bool, String> {
+        match o.get(key) {
+            None => Ok(default),
+            Some(Value::Null) => Ok(false),
+            Some(Value::Number(n)) if n.as_f64().is_some_and(|x| x > 0.0) => Ok(true),
+            Some(v) => Err(format!("key `{key}`: must be a positive number or null, got {v}")),
+        }
+    };
+    Ok(match model_type {
+        // OlmoLayerNorm: F.layer_norm with no weight or bias.
+        "olmo" => super::BlockStyle { weightless_norms: true, ..Default::default() },
+        // Olmo2DecoderLayer: post_attention_layernorm and post_feedforward_layernorm on the
+        // sublayers' outputs; q_norm over heads x head_dim, k_norm over kv_heads x head_dim.
+        "olmo2" => super::BlockStyle { norms: NormPlacement::Post, qk_norm_full_width: true, ..Default::default() },
+        // Gemma2DecoderLayer: input, post-attention, pre- and post-feedforward RMSNorms;
+        // Gemma2Config caps attention scores at 50 and the final logits at 30 by default.
+        "gemma2" => super::BlockStyle {
+            norms: NormPlacement::Sandwich,
+            attn_logit_softcap: cap("attn_logit_softcapping", true)?,
+            final_logit_softcap: cap("final_logit_softcapping", true)?,
+            ..Default::default()
+        },
+        // Gemma3TextConfig: the same four norms, no softcaps by default.
+        "gemma3_text" => super::BlockStyle {
+            norms: NormPlacement::Sandwich,
+            attn_logit_softcap: cap("attn_logit_softcapping", false)?,
+            final_logit_softcap: cap("final_logit_softcapping", false)?,
+            ..Default::default()
+        },
+        _ => super::BlockStyle::default(),
+    })
+}
+
+/// Which blocks attend through a sliding window, as transformers decides it: Mistral, Phi-3 and
+/// Mixtral every block whenever `sliding_window` is set; Qwen2/3 (and their MoE) only with
+/// `use_sliding_window`, from block `max_window_layers` (28) on; Gemma 2 every even block,
+/// Gemma 3 all but every `sliding_window_pattern`th (6); an explicit `layer_types` list (newer
+/// transformers write one) decides it where given.
+fn sliding_window(o: &Map<String, Value>, model_type: &str) -> Result<Option<super::SlidingWindow>, String> {
+    use super::WindowPattern;
+    let window = match (model_type, o.get("sliding_window")) {
+        // Gemma2Config's and Gemma3TextConfig's default window; null turns it off.
+        ("gemma2" | "gemma3_text", None) => Some(4096),
+        _ => opt_count(o, "sliding_window")?,
+    };
+    let rule = match model_type {
+        "mistral" | "phi3" | "mixtral" => Some(WindowPattern::All),
+        "qwen2" | "qwen3" | "qwen2_moe" | "qwen3_moe" if flag(o, "use_sliding_window")?.unwrap_or(false) => {
+            Some(WindowPattern::From(opt_whole(o, "max_window_layers")?.unwrap_or(28)))
+        }
+        "gemma2" => Some(WindowPattern::GlobalEvery(2)),
+        "gemma3_text" => Some(WindowPattern::GlobalEvery(opt_count(o, "sliding_window_pattern")?.unwrap_or(6))),
+        _ => None,
+    };
+    let pattern = match o.get("layer_types") {
+        None | Some(Value::Null) => rule,
+        Some(list) => layer_types(list)?,
+    };
+    match (window, pattern) {
+        (Some(window), Some(pattern)) => Ok(Some(super::SlidingWindow { window, pattern })),
+        (None, Some(_)) if o.get("layer_types").is_some_and(|x| !x.is_null()) => {
+            Err("key `layer_types`: names sliding_attention blocks but `sliding_window` is not set".into())
+        }
+        _ => Ok(None),
+    }
+}
+
+/// `layer_types` as one of the patterns stepsim's blocks express: None when every block
+/// attends globally.
+fn layer_types(list: &Value) -> Result<Option<super::WindowPattern>, String> {
+    use super::WindowPattern;
+    let Value::Array(items) = list else {
+        return Err(format!(
+            "key `layer_types`: must be a list of \"full_attention\" / \"sliding_attention\", got {list}"
+        ));
+    };
+    let mut local = Vec::with_capacity(items.len());
+    for item in items {
+        match item.as_str() {
+            Some("full_attention") => local.push(false),
+            Some("sliding_attention") => local.push(true),
+            _ => {
+                return Err(format!(
+                    "key `layer_types`: {item} is not modelled; allowed: \"full_attention\", \"sliding_attention\""
+                ))
+            }
+        }
+    }
+    let n = local.len() as u64;
+    if !local.contains(&true) {
+        return Ok(None);
+    }
+    let matches = |p: WindowPattern| {
+        let sw = super::SlidingWindow { window: 1, pattern: p };
+        (0..n).all(|l| sw.window_of(l).is_some() == local[l as usize])
+    };
+    let first_local = local.iter().position(|&x| x).unwrap_or(0) as u64;
+    let candidates = [WindowPattern::All, WindowPattern::From(first_local)]
+        .into_iter()
+        .chain((2..=n.max(2)).map(WindowPattern::GlobalEvery));
+    for p in candidates {
+        if matches(p) {
+            return Ok(Some(p));
+        }
+    }
+    Err("key `layer_types`: this mix of local and global blocks is not one stepsim expresses (every block local, local from one block on, or every nth block global)".into())
+}
+
+/// A number in [0, 1], where given.
+fn fraction(o: &Map<String, Value>, key: &str) -> Result<Option<f64>, String> {
+    match o.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) if n.as_f64().is_some_and(|x| (0.0..=1.0).contains(&x)) => Ok(n.as_f64()),
+        Some(v) => Err(format!("key `{key}`: must be a number in [0, 1], got {v}")),
+    }
+}
+
+/// A dropout rate in [0, 1); 0 when absent.
+fn fraction_or_zero(o: &Map<String, Value>, key: &str) -> Result<f64, String> {
+    match fraction(o, key)? {
+        Some(p) if p >= 1.0 => Err(format!("key `{key}`: must be a probability in [0, 1), got {p}")),
+        p => Ok(p.unwrap_or(0.0)),
+    }
 }
 
 /// DeepSeek's multi-head latent attention, with transformers' defaults (the same in
@@ -499,6 +720,10 @@ pub const ZOO: &[ZooModel] = zoo! {
     "deepseek-v3" => "deepseek-ai/DeepSeek-V3";
         " less its quantization_config (the released weights' FP8 storage, not the architecture)",
     "gemma-7b" => "google/gemma-7b",
+    "gemma-2-9b" => "google/gemma-2-9b",
+    "gemma-2-27b" => "google/gemma-2-27b",
+    "gemma-3-1b" => "google/gemma-3-1b-pt",
+    "gpt-neox-20b" => "EleutherAI/gpt-neox-20b",
     "gpt2" => "openai-community/gpt2",
     "gpt2-xl" => "openai-community/gpt2-xl",
     "llama-3.1-8b" => "meta-llama/Llama-3.1-8B",
@@ -508,6 +733,9 @@ pub const ZOO: &[ZooModel] = zoo! {
     "mistral-nemo-12b" => "mistralai/Mistral-Nemo-Base-2407",
     "mixtral-8x7b" => "mistralai/Mixtral-8x7B-v0.1",
     "mixtral-8x22b" => "mistralai/Mixtral-8x22B-v0.1",
+    "olmo-7b" => "allenai/OLMo-7B-hf",
+    "olmo-2-7b" => "allenai/OLMo-2-1124-7B",
+    "pythia-6.9b" => "EleutherAI/pythia-6.9b",
     "phi-3-mini-4k" => "microsoft/Phi-3-mini-4k-instruct",
     "qwen1.5-moe-a2.7b" => "Qwen/Qwen1.5-MoE-A2.7B",
     "qwen2.5-7b" => "Qwen/Qwen2.5-7B",
@@ -576,6 +804,96 @@ mod tests {
         assert!(parse("[1, 2]").unwrap_err().contains("JSON object"));
     }
 
+    #[test]
+    fn gpt_neox_reads_partial_rotary_and_the_parallel_residual() {
+        let h = parse(r#"{"model_type": "gpt_neox"}"#).unwrap();
+        assert_eq!(
+            (h.family, h.n_layers, h.hidden, h.n_heads, h.ffn_hidden, h.vocab),
+            (Family::Gpt, 44, 6144, 64, 24576, 50432)
+        );
+        assert_eq!((h.style.rotary_dims, h.style.parallel_residual, h.tie_embeddings), (Some(24), true, false));
+        assert_eq!(h.position_table(), None);
+        let with = |extra: &str| {
+            parse(&format!(r#"{{"model_type": "gpt_neox", "hidden_size": 512, "num_attention_heads": 8{extra}}}"#))
+        };
+        assert_eq!(with(r#", "rotary_pct": 0.5"#).unwrap().style.rotary_dims, Some(32));
+        assert_eq!(with(r#", "partial_rotary_factor": 1.0"#).unwrap().style.rotary_dims, Some(64));
+        let nested = with(r#", "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.25}"#).unwrap();
+        assert_eq!(nested.style.rotary_dims, Some(16));
+        assert!(!with(r#", "use_parallel_residual": false"#).unwrap().style.parallel_residual);
+        assert_eq!(with(r#", "hidden_dropout": 0.1, "attention_dropout": 0.1"#).unwrap().dropout, 0.1);
+        for (extra, key) in [
+            (r#", "attention_bias": false"#, "`attention_bias`"),
+            (r#", "rotary_pct": 0.01"#, "`rotary_pct`"),
+            (r#", "rotary_pct": 2"#, "`rotary_pct`"),
+            (r#", "hidden_dropout": 0.1"#, "`hidden_dropout`"),
+            (r#", "num_attention_heads": 7"#, "`num_attention_heads`"),
+        ] {
+            let e = with(extra).unwrap_err();
+            assert!(e.contains(key), "{extra}: {e}");
+        }
+    }
+
+    #[test]
+    fn layer_types_and_window_rules_become_patterns() {
+        use crate::model::WindowPattern;
+        let base = r#""hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 6,
+            "intermediate_size": 128, "vocab_size": 100"#;
+        let with = |t: &str, extra: &str| parse(&format!(r#"{{"model_type": "{t}", {base}{extra}}}"#));
+        let pattern = |t: &str, extra: &str| with(t, extra).unwrap().sliding_window.map(|w| (w.window, w.pattern));
+        assert_eq!(pattern("mistral", r#", "sliding_window": 16"#), Some((16, WindowPattern::All)));
+        assert_eq!(pattern("mistral", ""), None);
+        assert_eq!(pattern("gemma2", ""), Some((4096, WindowPattern::GlobalEvery(2))));
+        assert_eq!(pattern("gemma2", r#", "sliding_window": null"#), None);
+        assert_eq!(
+            pattern("gemma3_text", r#", "sliding_window_pattern": 3"#),
+            Some((4096, WindowPattern::GlobalEvery(3)))
+        );
+        assert_eq!(pattern("qwen2", r#", "sliding_window": 32, "use_sliding_window": false"#), None);
+        assert_eq!(
+            pattern("qwen2", r#", "sliding_window": 32, "use_sliding_window": true, "max_window_layers": 2"#),
+            Some((32, WindowPattern::From(2)))
+        );
+        let types = |list: &str| format!(r#", "sliding_window": 8, "layer_types": [{list}]"#);
+        let (s, f) = (r#""sliding_attention""#, r#""full_attention""#);
+        assert_eq!(pattern("qwen3", &types(&[f, f, s, s, s, s].join(","))), Some((8, WindowPattern::From(2))));
+        assert_eq!(
+            pattern("gemma3_text", &types(&[s, s, f, s, s, f].join(","))),
+            Some((8, WindowPattern::GlobalEvery(3)))
+        );
+        assert_eq!(pattern("gemma2", &types(&[f, f, f, f, f, f].join(","))), None);
+        let e = with("qwen3", &types(&[s, f, f, s, f, f].join(","))).unwrap_err();
+        assert!(e.contains("`layer_types`") && e.contains("not one stepsim expresses"), "{e}");
+        let e = with("qwen3", &types(r#""chunked_attention""#)).unwrap_err();
+        assert!(e.contains("`layer_types`") && e.contains("chunked_attention"), "{e}");
+        let e = with("qwen3", &format!(r#", "layer_types": [{s}]"#)).unwrap_err();
+        assert!(e.contains("`sliding_window` is not set"), "{e}");
+    }
+
+    #[test]
+    fn olmo_gemma2_and_gemma3_styles() {
+        use crate::model::NormPlacement;
+        let base = r#""hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 6,
+            "intermediate_size": 128, "vocab_size": 100"#;
+        let with = |t: &str, extra: &str| parse(&format!(r#"{{"model_type": "{t}", {base}{extra}}}"#));
+        assert!(with("olmo", "").unwrap().style.weightless_norms);
+        let o2 = with("olmo2", "").unwrap();
+        assert!(o2.qk_norm && o2.style.qk_norm_full_width && o2.style.norms == NormPlacement::Post);
+        let g2 = with("gemma2", "").unwrap();
+        assert_eq!((g2.head_dim, g2.tie_embeddings, g2.style.norms), (Some(256), true, NormPlacement::Sandwich));
+        assert!(g2.style.attn_logit_softcap && g2.style.final_logit_softcap && !g2.qk_norm);
+        let off = with("gemma2", r#", "attn_logit_softcapping": null, "final_logit_softcapping": null"#).unwrap();
+        assert!(!off.style.attn_logit_softcap && !off.style.final_logit_softcap);
+        let e = with("gemma2", r#", "final_logit_softcapping": "30""#).unwrap_err();
+        assert!(e.contains("`final_logit_softcapping`"), "{e}");
+        let g3 = with("gemma3_text", "").unwrap();
+        assert!(g3.qk_norm && !g3.style.qk_norm_full_width && !g3.style.final_logit_softcap);
+        let e = with("gemma3_text", r#", "use_bidirectional_attention": true"#).unwrap_err();
+        assert!(e.contains("`use_bidirectional_attention`"), "{e}");
+        let e = parse(r#"{"model_type": "gemma3", "text_config": {}}"#).unwrap_err();
+        assert!(e.contains("gemma3_text") && e.contains("text_config"), "{e}");
+    }
+
     const MOE_BASE: &str = r#""hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
         "intermediate_size": 128, "vocab_size": 100"#;
 
@@ -589,7 +907,8 @@ mod tests {
         let e = with("mixtral", r#", "num_experts": 4, "num_local_experts": 8"#).unwrap_err();
         assert!(e.contains("`num_local_experts`") && e.contains("`num_experts`"), "{e}");
         // Mixtral's window is on when set, as Mistral's.
-        assert_eq!(with("mixtral", r#", "sliding_window": 4096"#).unwrap().sliding_window, Some(4096));
+        let sw = with("mixtral", r#", "sliding_window": 4096"#).unwrap().sliding_window.unwrap();
+        assert_eq!((sw.window, sw.pattern), (4096, crate::model::WindowPattern::All));
         // Qwen2-MoE: 60 experts of 1408, top 4, a gated 5632-wide shared expert, q/k/v biases.
         let h = with("qwen2_moe", "").unwrap();
         let m = h.moe.clone().unwrap();

@@ -31,6 +31,10 @@ pub fn summary(s: &Scenario) -> String {
         m.vocab,
         if m.tie_embeddings { ", tied embeddings" } else { "" }
     );
+    let notes = m.block_notes(s.workload.seq_len);
+    if !notes.is_empty() {
+        let _ = writeln!(o, "  block      {}", notes.join("; "));
+    }
     match &m.moe {
         Some(moe) => {
             let moe_layers = m.moe_layers();

@@ -49,7 +49,7 @@ pub fn render(r: &Report, s: &Scenario) -> String {
     if m.qkv_bias {
         extras.push("q/k/v biases".to_string());
     }
-    if m.qk_norm {
+    if m.qk_norm && !m.style.qk_norm_full_width {
         extras.push("q/k head RMSNorm".to_string());
     }
     if let Some(moe) = &m.moe {
@@ -78,6 +78,7 @@ pub fn render(r: &Report, s: &Scenario) -> String {
             mla.kv_lora_rank, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim
         ));
     }
+    extras.extend(m.block_notes(s.workload.seq_len));
     if !extras.is_empty() {
         let _ = writeln!(o, "           {}", extras.join(", "));
     }

@@ -611,6 +611,12 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         qk_norm,
         moe: validate_moe(&v, m, hf.as_ref(), family, n_layers)?,
         mla: validate_mla(&v, m, hf.as_ref(), family)?,
+        style: hf.as_ref().map_or_else(Default::default, |h| crate::model::BlockStyle {
+            // OLMo 2's full-width norms go with its QK-norm (an override can turn it off).
+            qk_norm_full_width: h.style.qk_norm_full_width && qk_norm,
+            ..h.style.clone()
+        }),
+        sliding_window: hf.as_ref().and_then(|h| h.sliding_window.clone()),
     };
     if model.mla.is_some() {
         for (field, set) in
@@ -632,12 +638,17 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
             "inference of a mixture-of-experts model is not simulated yet (decode would read every expert's weights); simulate its training, or a dense model's inference",
         ));
     }
-    let context = inf.map_or(seq_len, |(_, ctx)| ctx);
-    // A window of w earlier tokens covers a sequence of w + 1 whole.
-    if let Some(w) = hf.as_ref().and_then(|h| h.sliding_window).filter(|&w| w.saturating_add(1) < context) {
+    // A window of w earlier tokens covers a sequence of w + 1 whole. Training computes the
+    // band (model::SlidingWindow); a KV cache that keeps only the window is not modelled.
+    let local_window = model
+        .sliding_window
+        .as_ref()
+        .map(|sw| sw.window)
+        .filter(|&w| inf.is_some_and(|(_, ctx)| w.saturating_add(1) < ctx));
+    if let (Some(w), Some((_, context))) = (local_window, inf) {
         return Err(v.err(
             if m.name.is_some() { "model.name" } else { "model.hf_config" },
-            format!("the config's sliding-window attention (window {w} tokens) is shorter than the sequence ({context} tokens); sliding windows are not modelled (stepsim would count full causal attention): use at most {} tokens", w + 1),
+            format!("the config's sliding-window attention (window {w} tokens) is shorter than the context ({context} tokens); in inference its KV cache (the window's tokens only) is not modelled: use a context of at most {} tokens, or simulate training", w + 1),
         ));
     }
 
@@ -1092,6 +1103,15 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         )?,
     };
     let mut workload = workload;
+    let mp = &parallel.model_parallel;
+    if model.style.qk_norm_full_width && mp.tensor > 1 {
+        return Err(v.err("parallel.tensor", format!("{}: this model's query and key norms span every head (OLMo 2's), which tensor parallelism would split (an all-reduce per norm, not modelled); use parallel.tensor = 1, or FSDP", mp.tensor)));
+    }
+    if let Some(sw) = model.sliding_window.as_ref().filter(|sw| sw.window.saturating_add(1) < seq_len) {
+        if mp.context > 1 {
+            return Err(v.err("parallel.context", format!("{}: context parallelism over sliding-window attention (window {} tokens, sequence {seq_len}) is not modelled (the ring would skip blocks outside the window); use parallel.context = 1", mp.context, sw.window)));
+        }
+    }
     if let Some(l) = &f.lora {
         if model.moe.is_some() || model.mla.is_some() {
             return Err(v.err("lora", "LoRA on a mixture-of-experts or multi-head latent attention model is not simulated yet (adapters on the experts and latent projections); fine-tune a dense model, or simulate full training"));
