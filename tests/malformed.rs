@@ -1,6 +1,6 @@
 //! Malformed scenarios through the real binary: every bad input exits 2 with one line on
 //! stderr that names the file, the dotted field and what is allowed, never panics, and writes
-//! nothing.
+//! nothing. (Each case is one mistake; a file with several lists them all: tests/all_errors.rs.)
 //!
 //! Each case starts from a copy of scenarios/gpt-1.3b-1gpu.toml (comments removed, see BASE)
 //! and changes one thing.

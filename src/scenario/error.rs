@@ -12,21 +12,51 @@ pub struct ScenarioError {
     pub field: String,
     /// What is wrong and what is allowed.
     pub message: String,
+    /// Further errors of the same file, as (dotted field, message), each found with the fields
+    /// named before it left out ([`super::recovery`]); empty when there is one error, or when
+    /// the rest cannot be told apart from effects of leaving fields out.
+    pub also: Vec<(String, String)>,
 }
 
 impl ScenarioError {
     pub fn new(file: &Path, field: impl Into<String>, message: impl Into<String>) -> Self {
-        ScenarioError { file: file.to_path_buf(), field: field.into(), message: message.into() }
+        ScenarioError { file: file.to_path_buf(), field: field.into(), message: message.into(), also: Vec::new() }
     }
 }
 
 impl fmt::Display for ScenarioError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.field.is_empty() {
-            write!(f, "{}: {}", self.file.display(), self.message)
+            write!(f, "{}: {}", self.file.display(), self.message)?;
         } else {
-            write!(f, "{}: field `{}`: {}", self.file.display(), self.field, self.message)
+            write!(f, "{}: field `{}`: {}", self.file.display(), self.field, self.message)?;
         }
+        let n = self.also.len();
+        if n == 0 {
+            return Ok(());
+        }
+        // Recovery stopped at its cap: there may be more.
+        let cap = if n + 1 >= super::recovery::MAX_ERRORS {
+            format!(" (stopping at {} in all)", n + 1)
+        } else {
+            String::new()
+        };
+        if n == 1 {
+            write!(
+                f,
+                "\n1 more{cap}, found by reading the file without the field above (fixing it can change this one):"
+            )?;
+        } else {
+            write!(f, "\n{n} more{cap}, each found by reading the file without the fields above it (fixing one can change the next):")?;
+        }
+        for (field, message) in &self.also {
+            if field.is_empty() {
+                write!(f, "\n  {message}")?;
+            } else {
+                write!(f, "\n  field `{field}`: {message}")?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -95,4 +125,23 @@ fn join(table: &str, key: &str) -> String {
         (false, true) => table.to_string(),
         (false, false) => format!("{table}.{key}"),
     }
+}
+
+/// The 1-based line where the dotted `field` is written in `src` (its key, or its `[table]`
+/// header), for errors found on a table rather than the text: None when it is not written
+/// there (a missing field) or the text does not parse.
+pub(crate) fn line_of(src: &str, field: &str) -> Option<usize> {
+    let doc = toml_edit::ImDocument::parse(src).ok()?;
+    let mut table: &dyn toml_edit::TableLike = doc.as_table();
+    let mut span = None;
+    let mut parts = field.split('.').peekable();
+    while let Some(p) = parts.next() {
+        let (key, item) = table.get_key_value(p)?;
+        span = key.span().or_else(|| item.span());
+        if parts.peek().is_some() {
+            table = item.as_table_like()?;
+        }
+    }
+    let start = span?.start.min(src.len());
+    Some(src.as_bytes()[..start].iter().filter(|&&b| b == b'\n').count() + 1)
 }

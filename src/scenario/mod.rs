@@ -18,6 +18,7 @@ mod moe;
 pub mod nccl;
 mod offload;
 mod parallel;
+mod recovery;
 
 use std::path::{Path, PathBuf};
 
@@ -90,9 +91,9 @@ pub struct Scenario {
 }
 
 impl Scenario {
-    /// Reads and validates a scenario file.
     /// Reads and validates a scenario file, with its chain of bases when it says
-    /// `extends = "base.toml"` ([`extends`]).
+    /// `extends = "base.toml"` ([`extends`]). An invalid file's error lists every error
+    /// recovery can find ([`ScenarioError::also`], [`recovery`]).
     pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
         let src = read_text(path)?;
         let extends = toml::from_str::<toml::Table>(&src).is_ok_and(|t| t.contains_key("extends"));
@@ -100,29 +101,43 @@ impl Scenario {
             return Scenario::from_toml(path, &src);
         }
         let (table, chain) = extends::resolve(path)?;
-        Scenario::from_value(path, toml::Value::Table(table)).map_err(|mut e| {
-            let bases: Vec<String> = chain[1..].iter().map(|p| p.display().to_string()).collect();
-            e.message = format!("{} (in the scenario as it extends {})", e.message, bases.join(", which extends "));
-            e
-        })
+        let first = match Scenario::from_value(path, toml::Value::Table(table.clone())) {
+            Ok(s) => return Ok(s),
+            Err(e) => e,
+        };
+        // The merged table has no lines to cite; its errors name the loaded file.
+        let mut e = recovery::knock_out(first, table, |t| check_table(path, None, t));
+        let bases: Vec<String> = chain[1..].iter().map(|p| p.display().to_string()).collect();
+        e.message = format!("{} (in the scenario as it extends {})", e.message, bases.join(", which extends "));
+        Err(e)
     }
 
-    /// Parses and validates scenario text; `path` names it in errors.
+    /// Parses and validates scenario text; `path` names it in errors. An invalid scenario's
+    /// error lists every error recovery can find ([`ScenarioError::also`]); text that is not
+    /// TOML has one.
     pub fn from_toml(path: &Path, src: &str) -> Result<Scenario, ScenarioError> {
         check_control(path, src)?;
-        let file: ScenarioFile = toml::from_str(src).map_err(|e| error::from_toml(path, src, &e))?;
-        let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "scenario".into());
-        validate(path, &stem, file)
+        let first = match toml::from_str::<ScenarioFile>(src) {
+            Ok(file) => match validate(path, &stem(path), file) {
+                Ok(s) => return Ok(s),
+                Err(e) => e,
+            },
+            Err(e) => error::from_toml(path, src, &e),
+        };
+        match toml::from_str::<toml::Table>(src) {
+            Ok(table) => Err(recovery::knock_out(first, table, |t| check_table(path, Some(src), t))),
+            Err(_) => Err(first),
+        }
     }
 
     /// Validates a scenario given as a TOML value tree (a table with `[model]`, `[hardware]`,
     /// ...), as sweeps build them; `path` names it in errors and gives the default name.
     /// Validation and messages are those of [`Scenario::from_toml`]; a type error names its
-    /// dotted field (there are no lines to cite).
+    /// dotted field (there are no lines to cite). One error: a sweep's configurations are
+    /// reported one by one.
     pub fn from_value(path: &Path, value: toml::Value) -> Result<Scenario, ScenarioError> {
         let file = ScenarioFile::deserialize(value).map_err(|e| value_error(path, &e))?;
-        let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "scenario".into());
-        validate(path, &stem, file)
+        validate(path, &stem(path), file)
     }
 
     /// NCCL's communicators on the rank class holding the most, and their memory, for the
@@ -218,6 +233,25 @@ impl Scenario {
     pub fn tokens_per_step(&self) -> u64 {
         self.training.micro_batch * self.training.seq_len * self.training.grad_accum * self.dp_degree()
     }
+}
+
+/// A scenario's default name: its file's stem.
+fn stem(path: &Path) -> String {
+    path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "scenario".into())
+}
+
+/// Validates `table` for [`recovery`], as [`Scenario::from_value`] does; a type or
+/// unknown-field error cites its line in `src` (the file's text, when there is one) as
+/// [`Scenario::from_toml`]'s first error does.
+fn check_table(path: &Path, src: Option<&str>, table: &toml::Table) -> Result<(), ScenarioError> {
+    let file = ScenarioFile::deserialize(toml::Value::Table(table.clone())).map_err(|e| {
+        let mut e = value_error(path, &e);
+        if let Some(line) = src.and_then(|s| error::line_of(s, &e.field)) {
+            e.message = format!("{} (line {line})", e.message);
+        }
+        e
+    })?;
+    validate(path, &stem(path), file).map(|_| ())
 }
 
 /// Which blocks full checkpointing wraps: torchtitan's every n-th block, or Megatron's
