@@ -227,6 +227,7 @@ fn cases() -> Vec<Case> {
             b().remove_section("model")
                 .set("model", "name", "\"phi-3-mini-4k\"")
                 .set("training", "seq_len", "4096")
+                .set("hardware", "gpus", "2")
                 .set("parallel", "context", "2"),
             "parallel.context",
             &["sliding-window", "2047", "parallel.context = 1"],
@@ -243,7 +244,10 @@ fn cases() -> Vec<Case> {
         ),
         case(
             "full-width QK-norm under tensor parallelism",
-            b().remove_section("model").set("model", "name", "\"olmo-2-7b\"").set("parallel", "tensor", "2"),
+            b().remove_section("model")
+                .set("model", "name", "\"olmo-2-7b\"")
+                .set("hardware", "gpus", "2")
+                .set("parallel", "tensor", "2"),
             "parallel.tensor",
             &["span every head", "parallel.tensor = 1"],
         ),
