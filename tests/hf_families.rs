@@ -212,3 +212,39 @@ fn a_sliding_window_shortens_the_step_and_leaves_memory_alone() {
     // FlashAttention saves the same tensors either way.
     assert_eq!(windowed.peak.unwrap().allocated, full.peak.unwrap().allocated);
 }
+
+/// gpt-oss (`GptOssForCausalLM`): per block q, k, v and o with biases (heads x 64 = 4096 wide
+/// queries, 8 x 64 keys and values), one sink logit per head, two RMSNorms; a router with a
+/// bias per expert; experts of `gate_up_proj` (h x 2f, bias 2f) and `down_proj` (f x h, bias
+/// h); untied embeddings and the final norm. OpenAI's model card: 20.91B and 116.83B
+/// parameters, 3.61B and 5.13B active per token, counting the unembedding and not the
+/// embedding table (stepsim's active count has both, V x h more).
+#[test]
+fn gpt_oss_counts_term_by_term() {
+    let (h, v, f, heads, kv, hd) = (2880u64, 201_088u64, 2880u64, 64u64, 8u64, 64u64);
+    let attention = 2 * h * heads * hd + 2 * h * kv * hd + heads * hd + 2 * kv * hd + h + heads;
+    assert_eq!(attention, 26_550_144);
+    let expert = h * 2 * f + 2 * f + f * h + h;
+    for (name, blocks, experts, total, card_active) in
+        [("gpt-oss-20b", 24u64, 32u64, 20_914_757_184u64, 3.61), ("gpt-oss-120b", 36, 128, 116_829_156_672, 5.13)]
+    {
+        let block = attention + 2 * h + experts * h + experts + experts * expert;
+        assert_eq!(blocks * block + 2 * v * h + h, total, "{name}");
+        counts(name, total);
+        let s = scenario(name, 1024, "none");
+        let active = total - blocks * (experts - 4) * expert;
+        assert_eq!(s.model.active_param_count(), active, "{name}");
+        let card = (active - v * h) as f64 / 1e9;
+        assert!((card - card_active).abs() < 0.005, "{name}: {card:.3}B active without the embedding table");
+        // Even blocks attend through a 128-token window.
+        let sw = s.model.sliding_window.as_ref().unwrap();
+        assert_eq!((sw.window, sw.window_of(0), sw.window_of(1)), (128, Some(128), None));
+    }
+    // The DAG puts the sinks on the attention core and the biases on the router and experts.
+    let s = scenario("gpt-oss-20b", 1024, "none");
+    let dag = build(&s.model, &s.workload);
+    assert_eq!(op(&dag, "layers.0.attention.core").params, 64);
+    assert_eq!(op(&dag, "layers.0.attention.wo").params, 4096 * 2880 + 2880);
+    assert_eq!(op(&dag, "layers.0.feed_forward.router").params, 32 * 2880 + 32);
+    assert_eq!(op(&dag, "layers.0.feed_forward.experts.w2").params, 32 * (2880 * 2880 + 2880));
+}

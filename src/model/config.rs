@@ -115,6 +115,14 @@ pub struct BlockStyle {
     /// heads x head_dim and `k_norm` of kv_heads x head_dim) rather than one head's width.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub qk_norm_full_width: bool,
+    /// A bias on the attention's output projection (Hugging Face `attention_bias` on Llama,
+    /// OLMo, Gemma, Qwen3 and gpt-oss biases q, k, v and o; `qkv_bias` holds the first three).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub o_bias: bool,
+    /// gpt-oss's attention sinks: one learned logit per head (`GptOssAttention.sinks`) that
+    /// joins every query's softmax, taking probability mass and writing nothing.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub attention_sinks: bool,
     /// Gemma 2's `final_logit_softcapping`: `tanh(logits / cap) x cap` before the loss, in
     /// eager PyTorch three element-wise kernels of which tanh saves its output.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -268,6 +276,10 @@ pub struct MoeConfig {
     pub shared_expert_gate: bool,
     /// Leading blocks with a dense MLP of `ffn_hidden` (DeepSeek `first_k_dense_replace`).
     pub first_dense_layers: u64,
+    /// Biases on the router (one per expert) and on every expert's projections (gpt-oss's
+    /// `GptOssTopKRouter.bias`, `gate_up_proj_bias`, `down_proj_bias`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub biases: bool,
 }
 
 impl MoeConfig {
@@ -279,12 +291,12 @@ impl MoeConfig {
     pub fn active_mlp_params(&self, h: u64) -> u64 {
         self.router_params(h) + self.top_k * self.expert_params(h) + self.shared_params(h)
     }
-    /// One expert: gate, up and down projections.
+    /// One expert: gate, up and down projections (and their biases).
     pub fn expert_params(&self, h: u64) -> u64 {
-        3 * h * self.expert_ffn_hidden
+        3 * h * self.expert_ffn_hidden + if self.biases { 2 * self.expert_ffn_hidden + h } else { 0 }
     }
     pub fn router_params(&self, h: u64) -> u64 {
-        self.num_experts * h
+        self.num_experts * h + if self.biases { self.num_experts } else { 0 }
     }
     pub fn shared_params(&self, h: u64) -> u64 {
         3 * h * self.shared_expert_ffn_hidden + if self.shared_expert_gate { h } else { 0 }
@@ -348,7 +360,9 @@ impl ModelConfig {
                     (true, false) => 2 * self.head_dim(),
                     (true, true) => q + kv,
                 };
-                2 * h * q + 2 * h * kv + self.block_norm_params() + bias + qk_norm
+                let o_bias = if self.style.o_bias { h } else { 0 };
+                let sinks = if self.style.attention_sinks { self.n_heads } else { 0 };
+                2 * h * q + 2 * h * kv + self.block_norm_params() + bias + o_bias + qk_norm + sinks
             }
             // qkv 3h*h + 3h bias, proj h*h + h, two LayerNorms 2*2h.
             Family::Gpt => 4 * h * h + 3 * h + h + self.block_norm_params(),
@@ -450,6 +464,17 @@ impl ModelConfig {
         }
         if self.qk_norm && st.qk_norm_full_width {
             notes.push("q/k RMSNorm over all heads together".into());
+        }
+        match (self.qkv_bias, st.o_bias) {
+            (true, true) => notes.push("biases on q, k, v and the attention output".into()),
+            (false, true) => notes.push("a bias on the attention output".into()),
+            _ => {}
+        }
+        if st.attention_sinks {
+            notes.push("attention sinks (one learned logit per head)".into());
+        }
+        if self.moe.as_ref().is_some_and(|m| m.biases) {
+            notes.push("router and expert biases".into());
         }
         if st.attn_logit_softcap {
             notes.push("attention-score soft-capping (in the flash kernel; 3 passes and a saved copy of the scores in math attention)".into());

@@ -650,7 +650,9 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
             Attention::Math => 2.0 * att_f,
         };
         let kv_bytes = k_bytes + v_bytes;
-        let core = bd.op_tp(p("attention.core"), OpKind::AttentionCore, 0, (att_f, bwd_f), inputs, outs, saves);
+        // gpt-oss's sinks: one logit per head of this rank.
+        let sinks = if cfg.style.attention_sinks { a } else { 0 };
+        let core = bd.op_tp(p("attention.core"), OpKind::AttentionCore, sinks, (att_f, bwd_f), inputs, outs, saves);
         if cp > 1 {
             let o_bytes = bd.tensors[o].bytes;
             let (moved, scratch) = match w.split.context_comm {
@@ -702,7 +704,7 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         }
         // Row-parallel output projection: its bias is added once, after the reduction.
         let ao = bd.tensor(&p("attention.wo.out"), t * h, c, TensorKind::Activation);
-        let wo_bias = if cfg.family == Family::Gpt { h } else { 0 };
+        let wo_bias = if cfg.family == Family::Gpt || cfg.style.o_bias { h } else { 0 };
         bd.op_tp(p("attention.wo"), OpKind::Linear, qt * h + wo_bias, lin(qd, h), vec![o], vec![ao], vec![o]);
         let ao = bd.g_op(&p("attention"), ao, c);
         let ao = if post_norm { norm_op(&mut bd, nfam, &p("post_attention_norm"), ao, rows, h, c) } else { ao };
@@ -1052,7 +1054,7 @@ fn moe_mlp(bd: &mut Builder, name: &str, m: &MoeConfig, x: TensorId, s: MoeShape
     let r = bd.op(
         p("router"),
         OpKind::Linear,
-        e * h,
+        m.router_params(h),
         (2.0 * rf * hf * ef, 4.0 * rf * hf * ef),
         vec![x],
         vec![logits],
@@ -1098,7 +1100,7 @@ fn moe_mlp(bd: &mut Builder, name: &str, m: &MoeConfig, x: TensorId, s: MoeShape
         let id = bd.op(
             p(&format!("experts.{n}")),
             OpKind::Linear,
-            local * i * o,
+            local * (i * o + if m.biases { o } else { 0 }),
             lin(i as f64, o as f64),
             vec![input],
             vec![out],

@@ -22,6 +22,7 @@
 //! | qwen2_moe | qwen2's q, k, v biases (`qkv_bias`, true); every MLP `num_experts` (60) experts of `moe_intermediate_size` (1408), top `num_experts_per_tok` (4), plus a shared expert of `shared_expert_intermediate_size` (5632) behind a sigmoid gate (one h -> 1 linear); `decoder_sparse_step` 1 and empty `mlp_only_layers` only | `Qwen2MoeConfig` |
 //! | qwen3_moe | qwen3's `head_dim` and q/k head norms; every MLP `num_experts` (128) experts of `moe_intermediate_size` (768), top `num_experts_per_tok` (8), no shared expert; `decoder_sparse_step` 1 and empty `mlp_only_layers` only | `Qwen3MoeConfig` |
 //! | deepseek_v3 | multi-head latent attention in place of q, k, v: `q_lora_rank` (1536; null: a direct q projection), `kv_lora_rank` (512), per head `qk_nope_head_dim` (128) + `qk_rope_head_dim` (64) query/key and `v_head_dim` (128) value, `num_key_value_heads` = `num_attention_heads` only; the first `first_k_dense_replace` (3) MLPs dense of `intermediate_size`, the rest `n_routed_experts` (256) experts of `moe_intermediate_size` (2048), top `num_experts_per_tok` (8), plus `n_shared_experts` (1) x `moe_intermediate_size` of shared expert, ungated; `moe_layer_freq` 1 only | `DeepseekV3Config` |
+//! | gpt_oss | `head_dim` (64); `attention_bias` (true: q, k, v and o); one attention-sink logit per head; every MLP `num_local_experts` (128) experts of `intermediate_size` (2880) with biases on the router and the experts, top `num_experts_per_tok` (4; `experts_per_token` alike); `sliding_window` (128) in every even block; `swiglu_limit`'s clamps and YaRN change no parameter | `GptOssConfig` |
 //! | deepseek_v2 | as deepseek_v3, with its own defaults: `first_k_dense_replace` (0), `n_routed_experts` (64), `moe_intermediate_size` (1407), `n_shared_experts` (2); `num_experts_per_tok` required (no default) | `DeepseekV2Config` |
 //!
 //! An explicit `layer_types` list (newer transformers write one) decides which blocks are local
@@ -128,10 +129,16 @@ pub const SUPPORTED: &[&str] = &[
     "qwen3_moe",
     "deepseek_v2",
     "deepseek_v3",
+    "gpt_oss",
 ];
 
 /// The mixture-of-experts model types (the rest are dense).
-const MOE_TYPES: &[&str] = &["mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"];
+const MOE_TYPES: &[&str] = &["mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss"];
+
+/// The types whose `attention_bias` puts biases on q, k, v and o (their attention classes
+/// build all four projections with `bias=config.attention_bias`).
+const FOUR_BIASES: &[&str] =
+    &["llama", "qwen3", "qwen3_moe", "olmo", "olmo2", "gemma", "gemma2", "gemma3_text", "gpt_oss"];
 
 /// The model types with DeepSeek's multi-head latent attention (and its MoE keys).
 const DEEPSEEK_TYPES: &[&str] = &["deepseek_v2", "deepseek_v3"];
@@ -139,7 +146,6 @@ const DEEPSEEK_TYPES: &[&str] = &["deepseek_v2", "deepseek_v3"];
 /// Model types people ask for that are not read, with what the block cannot express.
 const UNSUPPORTED: &[(&str, &str)] = &[
     ("gemma3", "a multimodal wrapper (a SigLIP vision tower beside the language model): give its text_config as a config.json of its own (model_type gemma3_text)"),
-    ("gpt_oss", "attention sinks, alternating sliding-window blocks and biased experts are not modelled yet"),
     ("llama4", "a multimodal wrapper with interleaved dense and MoE blocks and chunked attention is not modelled yet"),
     ("llama4_text", "interleaved dense and MoE blocks and chunked attention are not modelled yet"),
     ("dbrx", "DBRX's clipped fused qkv and ffn_config experts are not read yet"),
@@ -222,6 +228,7 @@ pub fn parse(text: &str) -> Result<HfModel, String> {
     // all give it.
     let head_dim = match model_type.as_str() {
         "gemma2" | "gemma3_text" => Some(head_dim.unwrap_or(256)),
+        "gpt_oss" => Some(head_dim.unwrap_or(64)),
         _ => head_dim,
     };
     if gemma && head_dim.is_none() {
@@ -231,15 +238,17 @@ pub fn parse(text: &str) -> Result<HfModel, String> {
         return Err("key `use_bidirectional_attention`: true (an encoder's attention, EmbeddingGemma) is not modelled; only false (causal)".into());
     }
     let tie_default = gemma;
-    let attention_bias = flag(&o, "attention_bias")?.unwrap_or(false);
+    // GptOssConfig's default is true; the others' false.
+    let attention_bias = flag(&o, "attention_bias")?.unwrap_or(model_type == "gpt_oss");
     if attention_bias && deepseek {
         return Err(format!(
             "key `attention_bias`: true (biases on q_a_proj, kv_a_proj_with_mqa and o_proj of {model_type}) is not modelled; only false"
         ));
     }
-    if attention_bias && model_type != "qwen2" {
+    let four_biases = attention_bias && FOUR_BIASES.contains(&model_type.as_str());
+    if attention_bias && !four_biases && model_type != "qwen2" {
         return Err(format!(
-            "key `attention_bias`: true (biases on q, k, v and o of {model_type}) is not modelled; only false"
+            "key `attention_bias`: true (biases on the attention projections of {model_type}) is not modelled; only false"
         ));
     }
     if flag(&o, "mlp_bias")?.unwrap_or(false) {
@@ -250,7 +259,7 @@ pub fn parse(text: &str) -> Result<HfModel, String> {
         "qwen2" => true,
         // Qwen2MoeConfig's `qkv_bias` (default true; older transformers always had the biases).
         "qwen2_moe" => flag(&o, "qkv_bias")?.unwrap_or(true),
-        _ => false,
+        _ => four_biases,
     };
     let n_layers = count(&o, "num_hidden_layers")?;
     let moe = if is_moe { Some(moe_config(&o, &model_type, n_layers)?) } else { None };
@@ -269,7 +278,7 @@ pub fn parse(text: &str) -> Result<HfModel, String> {
         qk_norm: matches!(model_type.as_str(), "qwen3" | "qwen3_moe" | "gemma3_text" | "olmo2"),
         max_position_embeddings: opt_count(&o, "max_position_embeddings")?,
         sliding_window,
-        style: block_style(&o, &model_type)?,
+        style: super::BlockStyle { o_bias: four_biases, ..block_style(&o, &model_type)? },
         moe,
         mla,
         model_type,
@@ -413,6 +422,8 @@ fn block_style(o: &Map<String, Value>, model_type: &str) -> Result<super::BlockS
             final_logit_softcap: cap("final_logit_softcapping", false)?,
             ..Default::default()
         },
+        // GptOssAttention: one sink logit per head.
+        "gpt_oss" => super::BlockStyle { attention_sinks: true, ..Default::default() },
         _ => super::BlockStyle::default(),
     })
 }
@@ -425,8 +436,10 @@ fn block_style(o: &Map<String, Value>, model_type: &str) -> Result<super::BlockS
 fn sliding_window(o: &Map<String, Value>, model_type: &str) -> Result<Option<super::SlidingWindow>, String> {
     use super::WindowPattern;
     let window = match (model_type, o.get("sliding_window")) {
-        // Gemma2Config's and Gemma3TextConfig's default window; null turns it off.
+        // Gemma2Config's and Gemma3TextConfig's default window, GptOssConfig's; null turns it
+        // off.
         ("gemma2" | "gemma3_text", None) => Some(4096),
+        ("gpt_oss", None) => Some(128),
         _ => opt_count(o, "sliding_window")?,
     };
     let rule = match model_type {
@@ -436,6 +449,8 @@ fn sliding_window(o: &Map<String, Value>, model_type: &str) -> Result<Option<sup
         }
         "gemma2" => Some(WindowPattern::GlobalEvery(2)),
         "gemma3_text" => Some(WindowPattern::GlobalEvery(opt_count(o, "sliding_window_pattern")?.unwrap_or(6))),
+        // GptOssConfig: even blocks local.
+        "gpt_oss" => Some(WindowPattern::GlobalEvery(2)),
         _ => None,
     };
     let pattern = match o.get("layer_types") {
@@ -557,6 +572,14 @@ fn moe_config(o: &Map<String, Value>, model_type: &str, n_layers: u64) -> Result
             opt_count(o, "moe_intermediate_size")?.unwrap_or(768),
             0,
         ),
+        // GptOssConfig: `num_local_experts` (128) experts of `intermediate_size` (2880), top
+        // `num_experts_per_tok` (4; the released files repeat it as `experts_per_token`).
+        "gpt_oss" => (
+            aliased(o, "num_local_experts", "num_experts")?.unwrap_or(128),
+            aliased(o, "num_experts_per_tok", "experts_per_token")?.unwrap_or(4),
+            opt_count(o, "intermediate_size")?.unwrap_or(2880),
+            0,
+        ),
         _ => unreachable!("moe_config of a dense model type"),
     };
     if top_k > num_experts {
@@ -564,7 +587,7 @@ fn moe_config(o: &Map<String, Value>, model_type: &str, n_layers: u64) -> Result
             "key `num_experts_per_tok`: {top_k} experts per token is more than the {num_experts} experts there are"
         ));
     }
-    if model_type != "mixtral" {
+    if model_type != "mixtral" && model_type != "gpt_oss" {
         // Qwen-MoE: block l's MLP is sparse when l is not in `mlp_only_layers` and
         // (l + 1) % decoder_sparse_step == 0; stepsim's blocks are all alike.
         let step = opt_count(o, "decoder_sparse_step")?.unwrap_or(1);
@@ -591,6 +614,7 @@ fn moe_config(o: &Map<String, Value>, model_type: &str, n_layers: u64) -> Result
         shared_expert_ffn_hidden: shared,
         shared_expert_gate: model_type == "qwen2_moe",
         first_dense_layers: 0,
+        biases: model_type == "gpt_oss",
     })
 }
 
@@ -650,6 +674,7 @@ fn deepseek_moe(o: &Map<String, Value>, model_type: &str, n_layers: u64) -> Resu
         shared_expert_ffn_hidden: n_shared * expert_ffn_hidden,
         shared_expert_gate: false,
         first_dense_layers,
+        biases: false,
     })
 }
 
@@ -724,6 +749,10 @@ pub const ZOO: &[ZooModel] = zoo! {
     "gemma-2-27b" => "google/gemma-2-27b",
     "gemma-3-1b" => "google/gemma-3-1b-pt",
     "gpt-neox-20b" => "EleutherAI/gpt-neox-20b",
+    "gpt-oss-20b" => "openai/gpt-oss-20b";
+        " less its quantization_config (the released experts' MXFP4 storage, not the architecture)",
+    "gpt-oss-120b" => "openai/gpt-oss-120b";
+        " less its quantization_config (the released experts' MXFP4 storage, not the architecture)",
     "gpt2" => "openai-community/gpt2",
     "gpt2-xl" => "openai-community/gpt2-xl",
     "llama-3.1-8b" => "meta-llama/Llama-3.1-8B",
@@ -793,8 +822,11 @@ mod tests {
         assert!(with("").is_ok());
         let e = with(r#", "num_local_experts": 8"#).unwrap_err();
         assert!(e.contains("`num_local_experts`") && e.contains("mixture-of-experts"), "{e}");
-        let e = with(r#", "attention_bias": true"#).unwrap_err();
-        assert!(e.contains("`attention_bias`"), "{e}");
+        // Llama's attention_bias: q, k, v and o (LlamaAttention's bias=config.attention_bias).
+        let b = with(r#", "attention_bias": true"#).unwrap();
+        assert!(b.qkv_bias && b.style.o_bias);
+        let e = parse(&format!(r#"{}, "attention_bias": true}}"#, base.replace("llama", "mistral"))).unwrap_err();
+        assert!(e.contains("`attention_bias`") && e.contains("mistral"), "{e}");
         let e = with(r#", "hidden_size": 64.5"#).unwrap_err();
         assert!(e.contains("`hidden_size`") && e.contains("whole number"), "{e}");
         let e = parse(r#"{"model_type": "gpt_bigcode"}"#).unwrap_err();
@@ -832,6 +864,26 @@ mod tests {
             let e = with(extra).unwrap_err();
             assert!(e.contains(key), "{extra}: {e}");
         }
+    }
+
+    #[test]
+    fn gpt_oss_reads_biased_experts_sinks_and_alternating_windows_with_transformers_defaults() {
+        let h = parse(&format!(r#"{{"model_type": "gpt_oss", {MOE_BASE}}}"#)).unwrap();
+        let m = h.moe.clone().unwrap();
+        assert_eq!((m.num_experts, m.top_k, m.expert_ffn_hidden, m.biases), (128, 4, 128, true));
+        assert_eq!((h.head_dim, h.qkv_bias, h.style.o_bias, h.style.attention_sinks), (Some(64), true, true, true));
+        let sw = h.sliding_window.unwrap();
+        assert_eq!((sw.window, sw.pattern), (128, crate::model::WindowPattern::GlobalEvery(2)));
+        let h = parse(&format!(
+            r#"{{"model_type": "gpt_oss", {MOE_BASE}, "num_local_experts": 32, "experts_per_token": 2, "attention_bias": false}}"#
+        ))
+        .unwrap();
+        assert_eq!((h.moe.unwrap().num_experts, h.qkv_bias, h.style.o_bias), (32, false, false));
+        let e = parse(&format!(
+            r#"{{"model_type": "gpt_oss", {MOE_BASE}, "num_experts_per_tok": 4, "experts_per_token": 2}}"#
+        ))
+        .unwrap_err();
+        assert!(e.contains("`experts_per_token`"), "{e}");
     }
 
     #[test]
@@ -939,7 +991,7 @@ mod tests {
         }
         let e = with("mixtral", r#", "num_experts_per_tok": 9"#).unwrap_err();
         assert!(e.contains("`num_experts_per_tok`"), "{e}");
-        let e = with("qwen3_moe", r#", "attention_bias": true"#).unwrap_err();
+        let e = with("mixtral", r#", "attention_bias": true"#).unwrap_err();
         assert!(e.contains("`attention_bias`"), "{e}");
         // Dense types still refuse expert keys.
         let e = with("qwen3", r#", "num_experts": 8"#).unwrap_err();
@@ -947,7 +999,7 @@ mod tests {
         // DeepSeek's routed experts are read by the DeepSeek types only.
         let e = with("qwen3_moe", r#", "n_routed_experts": 8"#).unwrap_err();
         assert!(e.contains("`n_routed_experts`") && e.contains("deepseek_v3"), "{e}");
-        for t in ["gpt_oss", "llama4", "dbrx", "jamba"] {
+        for t in ["llama4", "dbrx", "jamba", "gemma3"] {
             let e = with(t, "").unwrap_err();
             assert!(e.contains(t) && e.contains("not supported"), "{e}");
         }

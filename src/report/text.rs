@@ -46,7 +46,7 @@ pub fn render(r: &Report, s: &Scenario) -> String {
     if m.head_dim_override.is_some() {
         extras.push(format!("head_dim {} (queries {} wide)", m.head_dim(), m.q_dim()));
     }
-    if m.qkv_bias {
+    if m.qkv_bias && !m.style.o_bias {
         extras.push("q/k/v biases".to_string());
     }
     if m.qk_norm && !m.style.qk_norm_full_width {

@@ -76,6 +76,7 @@ pub(super) fn validate_moe(
         shared_expert_ffn_hidden,
         shared_expert_gate,
         first_dense_layers,
+        biases: base.as_ref().is_some_and(|b| b.biases),
     }))
 }
 
