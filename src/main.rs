@@ -38,6 +38,10 @@ enum Command {
         /// a larger job's trace shows repeated micro-batches as one slice per stream and phase).
         #[arg(long, value_name = "full", value_parser = ["full"])]
         trace: Option<String>,
+        /// memory.csv with every change even past 1,000,000 rows (by default a larger job's
+        /// keeps each of 2,000 stretches' highest allocated and reserved and last samples).
+        #[arg(long = "memory-csv", value_name = "full", value_parser = ["full"])]
+        memory_csv: Option<String>,
         /// Also write each rank class's allocator as a PyTorch memory snapshot
         /// (snapshot.pickle, or snapshot-<class>.pickle per class): open it in
         /// pytorch.org/memory_viz like a `torch.cuda.memory._dump_snapshot()` of a real run.
@@ -186,7 +190,13 @@ fn cli_main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Run { scenario, out, json, trace, snapshot } => run(&scenario, out, json, trace.is_some(), snapshot),
+        Command::Run { scenario, out, json, trace, memory_csv, snapshot } => {
+            let output = stepsim::report::write::OutputDetail {
+                full_trace: trace.is_some(),
+                full_memory_csv: memory_csv.is_some(),
+            };
+            run(&scenario, out, json, output, snapshot)
+        }
         Command::Sweep(args) => stepsim::sweep::cli::main(args),
         Command::Explain { scenario, out, margin } => explain(&scenario, out, margin),
         Command::Models => {
@@ -255,7 +265,13 @@ fn cli_main() -> ExitCode {
     }
 }
 
-fn run(path: &std::path::Path, out: Option<PathBuf>, json: bool, full_trace: bool, snapshot: bool) -> ExitCode {
+fn run(
+    path: &std::path::Path,
+    out: Option<PathBuf>,
+    json: bool,
+    output: stepsim::report::write::OutputDetail,
+    snapshot: bool,
+) -> ExitCode {
     let s = match Scenario::load(path) {
         Ok(s) => s,
         Err(e) => {
@@ -290,9 +306,10 @@ fn run(path: &std::path::Path, out: Option<PathBuf>, json: bool, full_trace: boo
         .map(|k| (&sim.job.classes[k].schedule, &sim.run.traces[k], &sim.class_reports[k]))
         .collect();
     let alloc_conf = s.allocator.alloc_conf();
+    let traces: Vec<_> = views.iter().map(|v| v.1).collect();
+    let plan = stepsim::report::write::OutputPlan::of(&sim.report, &traces, output);
     let written = stepsim::report::write::publish(&dir, |d| {
-        let mut w =
-            stepsim::report::write::write_job(d, &sim.report, &views, &sim.job.links, sim.headline, full_trace)?;
+        let mut w = stepsim::report::write::write_job(d, &sim.report, &views, &sim.job.links, sim.headline, &plan)?;
         if snapshot {
             w.extend(stepsim::report::write::write_snapshots(d, &sim.report, &views, &s.name, &alloc_conf)?);
         }
@@ -309,10 +326,15 @@ fn run(path: &std::path::Path, out: Option<PathBuf>, json: bool, full_trace: boo
         stepsim::report::write::report_json(&sim.report)
     } else {
         let files = written.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ");
-        format!("{}\nWrote {files}\n", stepsim::report::text::render(&sim.report, &s))
+        let notes: String = plan.notes().iter().map(|n| format!("{n}\n")).collect();
+        format!("{}\nWrote {files}\n{notes}", stepsim::report::text::render(&sim.report, &s))
     };
     // A closed pipe (`stepsim run ... | head`) is not an error of the simulation.
     let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes());
+    // The process ends here: handing the simulation's millions of small allocations back one
+    // by one would cost a large job ~0.15 s for nothing (the OS takes the pages back at exit).
+    std::mem::forget(views);
+    std::mem::forget(sim);
     ExitCode::SUCCESS
 }
 
@@ -347,7 +369,7 @@ fn explain(path: &std::path::Path, out: Option<PathBuf>, margin: f64) -> ExitCod
     }
     let dir = out.unwrap_or_else(|| PathBuf::from("output").join(&s.name));
     let written = stepsim::report::write::publish(&dir, |d| {
-        let mut w = stepsim::report::write::write_all(d, &sim.report, sim.schedule(), sim.trace(), false)?;
+        let mut w = stepsim::report::write::write_all(d, &sim.report, sim.schedule(), sim.trace(), Default::default())?;
         w.push(stepsim::report::write::explain_png(d, &sim.report, sim.schedule(), sim.trace(), e.time_s)?);
         Ok(w)
     });

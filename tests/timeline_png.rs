@@ -33,7 +33,9 @@ fn write(s: &Scenario, dir: &Path) -> stepsim::Simulation {
     let views: Vec<_> = (0..sim.job.classes.len())
         .map(|k| (&sim.job.classes[k].schedule, &sim.run.traces[k], &sim.class_reports[k]))
         .collect();
-    stepsim::report::write::write_job(dir, &sim.report, &views, &sim.job.links, sim.headline, false).unwrap();
+    let traces: Vec<_> = views.iter().map(|v| v.1).collect();
+    let plan = stepsim::report::write::OutputPlan::of(&sim.report, &traces, Default::default());
+    stepsim::report::write::write_job(dir, &sim.report, &views, &sim.job.links, sim.headline, &plan).unwrap();
     drop(views);
     sim
 }

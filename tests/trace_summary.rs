@@ -121,3 +121,101 @@ fn a_pipeline_trace_links_each_receive_to_its_sender() {
         assert_eq!(f["bp"], "e");
     }
 }
+
+/// Issue 25: memory.csv past its row budget keeps the samples trace.json's counters keep, and
+/// each kept row is the full file's value at that instant: fewer rows, the same peaks, the same
+/// final state, and the run says so. Shown on a 4-stage pipeline with a budget of 1,000 rows.
+#[test]
+fn a_memory_csv_summary_keeps_exact_values_and_every_peak() {
+    use std::collections::BTreeMap;
+    use stepsim::report::write::{self, OutputDetail, OutputPlan};
+    let s = Scenario::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/gpt-13b-pp4-1f1b.toml")).unwrap();
+    let sim = stepsim::simulate(&s).unwrap();
+    let views: Vec<_> = (0..sim.job.classes.len())
+        .map(|k| (&sim.job.classes[k].schedule, &sim.run.traces[k], &sim.class_reports[k]))
+        .collect();
+    let traces: Vec<_> = views.iter().map(|v| v.1).collect();
+    let csv = |plan: &OutputPlan| {
+        let dir = tempfile::tempdir().unwrap();
+        write::write_job(dir.path(), &sim.report, &views, &sim.job.links, sim.headline, plan).unwrap();
+        std::fs::read_to_string(dir.path().join("memory.csv")).unwrap()
+    };
+    let full_plan = OutputPlan::of(&sim.report, &traces, OutputDetail::default());
+    assert!(full_plan.notes().iter().all(|n| !n.contains("memory.csv")), "a small job's memory.csv is whole");
+    let full = csv(&full_plan);
+    let plan = OutputPlan::with_row_budget(&sim.report, &traces, OutputDetail::default(), 1_000);
+    assert!(plan.notes().iter().any(|n| n.contains("memory.csv is a summary") && n.contains("--memory-csv full")));
+    let summary = csv(&plan);
+    // --memory-csv full overrides the budget.
+    let asked = OutputDetail { full_memory_csv: true, ..Default::default() };
+    assert_eq!(csv(&OutputPlan::with_row_budget(&sim.report, &traces, asked, 1_000)), full);
+
+    type Row = (u64, String, String, u64);
+    let rows = |text: &str| -> Vec<Row> {
+        let mut r = text.lines();
+        assert_eq!(r.next(), Some("time_s,rank_class,category,bytes"));
+        r.map(|l| {
+            let f: Vec<&str> = l.rsplitn(3, ',').collect();
+            let (head, cat, bytes) = (f[2], f[1], f[0]);
+            let (t, class) = head.split_once(',').unwrap();
+            let (sec, frac) = t.split_once('.').unwrap();
+            let ns = sec.parse::<u64>().unwrap() * 1_000_000_000 + frac.parse::<u64>().unwrap();
+            (ns, class.to_string(), cat.to_string(), bytes.parse().unwrap())
+        })
+        .collect()
+    };
+    let (full, summary) = (rows(&full), rows(&summary));
+    assert!(summary.len() * 3 < full.len(), "{} rows of {}", summary.len(), full.len());
+    // The values (class, category) takes at instant t in the full file: the one holding from
+    // before t and those of its rows at t (several ops can run at one instant; a kept sample is
+    // one of them).
+    let mut history: BTreeMap<(String, String), Vec<(u64, u64)>> = BTreeMap::new();
+    for (t, c, k, v) in &full {
+        history.entry((c.clone(), k.clone())).or_default().push((*t, *v));
+    }
+    let at = |c: &str, k: &str, t: u64| -> Vec<u64> {
+        let h = &history[&(c.to_string(), k.to_string())];
+        let before = h.partition_point(|&(x, _)| x < t);
+        let mut vals: Vec<u64> = h[before..].iter().take_while(|&&(x, _)| x == t).map(|&(_, v)| v).collect();
+        if before > 0 {
+            vals.push(h[before - 1].1);
+        }
+        vals
+    };
+    for (t, c, k, v) in &summary {
+        assert!(at(c, k, *t).contains(v), "{c} {k} at {t} ns: {v} is not a value the full file has then");
+    }
+    let peaks = |rs: &[Row]| {
+        let mut m: BTreeMap<(String, String), u64> = BTreeMap::new();
+        for (_, c, k, v) in rs.iter().filter(|r| r.2 == "allocated" || r.2 == "reserved") {
+            let e = m.entry((c.clone(), k.clone())).or_default();
+            *e = (*e).max(*v);
+        }
+        m
+    };
+    assert_eq!(peaks(&full), peaks(&summary));
+    let last = |rs: &[Row]| -> BTreeMap<(String, String), u64> {
+        rs.iter().map(|(_, c, k, v)| ((c.clone(), k.clone()), *v)).collect()
+    };
+    assert_eq!(last(&full), last(&summary), "every class and category ends where the full file does");
+}
+
+#[test]
+fn run_takes_memory_csv_full_and_refuses_anything_else() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    let run = |extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_stepsim"))
+            .args(["run", "scenarios/gpt-1.3b-1gpu.toml", "--out", dir.path().to_str().unwrap()])
+            .args(extra)
+            .current_dir(root)
+            .output()
+            .unwrap()
+    };
+    let ok = run(&["--memory-csv", "full"]);
+    assert!(ok.status.success());
+    assert!(!String::from_utf8_lossy(&ok.stdout).contains("is a summary"), "a small job's files are whole");
+    let bad = run(&["--memory-csv", "all"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("full"), "names what is allowed");
+}

@@ -133,6 +133,38 @@ impl Timeline {
         self.recorded += 1;
     }
 
+    /// The samples a summary of the curve keeps (trace.json's counters, memory.csv past its
+    /// row budget): in each of `buckets` equal stretches of the run, the first samples with the
+    /// stretch's highest allocated and reserved bytes, and its last sample. The peaks of
+    /// allocated and reserved bytes are kept exactly, and every stretch ends in its true state.
+    pub fn summary_samples(&self, buckets: u64) -> Vec<bool> {
+        let samples = &self.samples;
+        let mut keep = vec![false; samples.len()];
+        let (Some(first), Some(last)) = (samples.first(), samples.last()) else { return keep };
+        let span = (last.time_ns - first.time_ns).max(1);
+        let bucket = |t: u64| (u128::from(t - first.time_ns) * u128::from(buckets) / u128::from(span)) as u64;
+        let mut i = 0;
+        while i < samples.len() {
+            let b = bucket(samples[i].time_ns);
+            let (mut top, mut top_reserved) = (i, i);
+            let mut j = i;
+            while j < samples.len() && bucket(samples[j].time_ns) == b {
+                if samples[j].allocated > samples[top].allocated {
+                    top = j;
+                }
+                if samples[j].reserved > samples[top_reserved].reserved {
+                    top_reserved = j;
+                }
+                j += 1;
+            }
+            keep[top] = true;
+            keep[top_reserved] = true;
+            keep[j - 1] = true;
+            i = j;
+        }
+        keep
+    }
+
     /// The sample of the highest `allocated` (first one if tied).
     pub fn peak(&self) -> Option<&Sample> {
         self.peak.as_ref()

@@ -75,11 +75,18 @@ pub fn full_events(trace: &Trace) -> usize {
 /// The detail of a job's trace: [`Detail::Full`] if every class's events together fit in
 /// [`EVENT_BUDGET`] (or `full` is asked for), else [`Detail::Summary`].
 pub fn detail_for(traces: &[&Trace], full: bool) -> Detail {
-    let events: usize = traces.iter().map(|t| full_events(t)).sum();
-    if full || events <= EVENT_BUDGET {
-        Detail::Full
-    } else {
-        Detail::Summary
+    Detail::of(traces.iter().map(|t| full_events(t)).sum(), full)
+}
+
+impl Detail {
+    /// A trace of `events` events in full: [`Detail::Full`] within [`EVENT_BUDGET`] or when
+    /// `full` is asked for.
+    pub fn of(events: usize, full: bool) -> Detail {
+        if full || events <= EVENT_BUDGET {
+            Detail::Full
+        } else {
+            Detail::Summary
+        }
     }
 }
 
@@ -150,7 +157,7 @@ pub fn render_detail(sched: &Schedule, trace: &Trace, pid: u32, rank_label: &str
         .collect();
     let kept = match detail {
         Detail::Full => vec![true; trace.timeline.samples.len()],
-        Detail::Summary => bucketed_samples(trace),
+        Detail::Summary => trace.timeline.summary_samples(COUNTER_BUCKETS),
     };
     let mut last = (u64::MAX, u64::MAX);
     for (s, _) in trace.timeline.samples.iter().zip(&kept).filter(|(_, k)| **k) {
@@ -303,37 +310,6 @@ fn aggregated_slices(o: &mut String, sched: &Schedule, trace: &Trace, pid: u32, 
             );
         }
     }
-}
-
-/// The memory samples a summary keeps: in each of [`COUNTER_BUCKETS`] equal stretches of the
-/// run, the first samples with the stretch's highest allocated and reserved bytes, and its
-/// last sample.
-fn bucketed_samples(trace: &Trace) -> Vec<bool> {
-    let samples = &trace.timeline.samples;
-    let mut keep = vec![false; samples.len()];
-    let (Some(first), Some(last)) = (samples.first(), samples.last()) else { return keep };
-    let span = (last.time_ns - first.time_ns).max(1);
-    let bucket = |t: u64| (u128::from(t - first.time_ns) * u128::from(COUNTER_BUCKETS) / u128::from(span)) as u64;
-    let mut i = 0;
-    while i < samples.len() {
-        let b = bucket(samples[i].time_ns);
-        let (mut top, mut top_reserved) = (i, i);
-        let mut j = i;
-        while j < samples.len() && bucket(samples[j].time_ns) == b {
-            if samples[j].allocated > samples[top].allocated {
-                top = j;
-            }
-            if samples[j].reserved > samples[top_reserved].reserved {
-                top_reserved = j;
-            }
-            j += 1;
-        }
-        keep[top] = true;
-        keep[top_reserved] = true;
-        keep[j - 1] = true;
-        i = j;
-    }
-    keep
 }
 
 /// A task's cost-model figures as event args: FLOPs and the achieved TFLOP/s for a kernel,

@@ -111,41 +111,72 @@ impl std::fmt::Display for Secs9 {
 }
 
 pub fn memory_csv(trace: &Trace, rank_class: &str, outside: u64) -> String {
+    memory_csv_of(trace, rank_class, outside, None)
+}
+
+/// Rows past which a job's memory.csv is a summary (about 55 MB): what a spreadsheet or pandas
+/// opens in seconds.
+pub const MEMORY_CSV_ROW_BUDGET: usize = 1_000_000;
+
+/// How much of the run the output files hold.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OutputDetail {
+    /// trace.json with every event past its budget (`run --trace full`).
+    pub full_trace: bool,
+    /// memory.csv with every change past its budget (`run --memory-csv full`).
+    pub full_memory_csv: bool,
+}
+
+/// memory.csv of one class, of every sample or only those `keep` marks.
+fn memory_csv_of(trace: &Trace, rank_class: &str, outside: u64, keep: Option<&[bool]>) -> String {
     // A class's name may hold a comma ("stage 0, expert rank 3 (ranks 3)"): quoted (RFC 4180).
     let rank_class = &super::csv_field(rank_class);
-    let mut o = String::with_capacity(trace.timeline.samples.len() * 48);
+    let rows = keep.map_or(trace.timeline.samples.len(), |k| k.iter().filter(|&&x| x).count());
+    let mut o = String::with_capacity(rows * 48);
     o.push_str("time_s,rank_class,category,bytes\n");
+    use std::fmt::Write as _;
+    // Seconds with nine decimals, from the integer nanoseconds (what `{:.9}` of the f64 prints,
+    // without float formatting's exact path).
+    for_each_row(trace, outside, keep, |t, key, v| {
+        let _ = writeln!(o, "{},{rank_class},{key},{v}", Secs9(t));
+    });
+    o
+}
+
+/// memory.csv's rows of one class, in order, as (time in ns, category key, bytes): a row
+/// where a category's bytes (or the allocated, reserved, nvidia-smi or active total) differ
+/// from its previous row, at the samples `keep` marks (every sample for None).
+fn for_each_row(trace: &Trace, outside: u64, keep: Option<&[bool]>, mut emit: impl FnMut(u64, &str, u64)) {
     let mut prev = [u64::MAX; Category::COUNT];
     let mut prev_alloc = u64::MAX;
     let mut prev_res = u64::MAX;
     let mut prev_active = u64::MAX;
-    use std::fmt::Write as _;
-    for s in &trace.timeline.samples {
-        // Seconds with nine decimals, from the integer nanoseconds (what `{:.9}` of the f64
-        // prints, without float formatting's exact path).
-        let t = Secs9(s.time_ns);
+    for (i, s) in trace.timeline.samples.iter().enumerate() {
+        if keep.is_some_and(|k| !k[i]) {
+            continue;
+        }
+        let t = s.time_ns;
         for c in Category::ALL {
             let v = s.by_category[c.index()];
             if v != prev[c.index()] && !(prev[c.index()] == u64::MAX && v == 0) {
-                let _ = writeln!(o, "{t},{rank_class},{},{v}", c.key());
+                emit(t, c.key(), v);
                 prev[c.index()] = v;
             }
         }
         if s.allocated != prev_alloc {
-            let _ = writeln!(o, "{t},{rank_class},allocated,{}", s.allocated);
+            emit(t, "allocated", s.allocated);
             prev_alloc = s.allocated;
         }
         if s.reserved != prev_res {
-            let _ = writeln!(o, "{t},{rank_class},reserved,{}", s.reserved);
-            let _ = writeln!(o, "{t},{rank_class},nvidia_smi,{}", s.reserved.saturating_add(outside));
+            emit(t, "reserved", s.reserved);
+            emit(t, "nvidia_smi", s.reserved.saturating_add(outside));
             prev_res = s.reserved;
         }
         if s.active != prev_active {
-            let _ = writeln!(o, "{t},{rank_class},active,{}", s.active);
+            emit(t, "active", s.active);
             prev_active = s.active;
         }
     }
-    o
 }
 
 pub fn memory_plot(r: &Report, sched: &Schedule, trace: &Trace, rank_label: &str) -> MemoryPlot {
@@ -365,49 +396,63 @@ pub fn write_job(
     classes: &[ClassView],
     links: &[crate::engine::Link],
     headline: usize,
-    full_trace: bool,
+    plan: &OutputPlan,
 ) -> Result<Vec<PathBuf>, WriteError> {
     let (sched, trace, _) = classes[headline];
     let traces: Vec<&Trace> = classes.iter().map(|c| c.1).collect();
-    let detail = super::chrome_trace::detail_for(&traces, full_trace);
+    let detail = plan.trace;
+    let csv = job_memory_csv_at(r, &traces, plan.keep.as_deref());
     if classes.len() == 1 {
-        return write_files(dir, r, (sched, trace), (&[], 0), Some(detail), job_memory_csv(r, &traces));
+        return write_files(dir, r, (sched, trace), (&[], 0), (Some(detail), true), csv);
     }
-    let written = write_files(dir, r, (sched, trace), (classes, headline), None, job_memory_csv(r, &traces))?;
-    let label = |k: usize| class_name(r, k);
-    let mut chrome = String::new();
-    for (k, (sc, tr, _)) in classes.iter().enumerate() {
-        let t = super::chrome_trace::render_detail(sc, tr, k as u32, &label(k), detail);
-        let body = t.trim_end().trim_end_matches("]}").trim_end();
-        if k == 0 {
-            chrome.push_str(body);
-        } else {
-            chrome.push_str(",\n");
-            chrome.push_str(body.split_once('\n').map_or("", |x| x.1));
+    // The files are independent: trace.json and memory.png of every class are rendered while
+    // the rest are written (two cores halve a large job's writing).
+    let trace_json = || -> Result<(), WriteError> {
+        let label = |k: usize| class_name(r, k);
+        let mut chrome = String::new();
+        for (k, (sc, tr, _)) in classes.iter().enumerate() {
+            let t = super::chrome_trace::render_detail(sc, tr, k as u32, &label(k), detail);
+            let body = t.trim_end().trim_end_matches("]}").trim_end();
+            if k == 0 {
+                chrome.push_str(body);
+            } else {
+                chrome.push_str(",\n");
+                chrome.push_str(body.split_once('\n').map_or("", |x| x.1));
+            }
         }
-    }
-    let views: Vec<(&Schedule, &Trace)> = classes.iter().map(|c| (c.0, c.1)).collect();
-    chrome.push_str(&super::chrome_trace::flow_events(&views, links, detail));
-    chrome.push_str("\n]}\n");
-    atomic_write(&dir.join("trace.json"), chrome.as_bytes())?;
-    let mut plot: Option<MemoryPlot> = None;
-    let peaks: Vec<u64> = classes.iter().map(|c| c.2.peak.as_ref().map_or(0, |p| p.allocated.bytes)).collect();
-    let shown = class_panels(classes.len(), headline, &peaks);
-    for &k in &shown {
-        let (sc, tr, rk) = classes[k];
-        let p = memory_plot(rk, sc, tr, &panel_caption(r, k));
-        match plot.as_mut() {
-            None => plot = Some(p),
-            Some(m) => m.panels.extend(p.panels),
+        let views: Vec<(&Schedule, &Trace)> = classes.iter().map(|c| (c.0, c.1)).collect();
+        chrome.push_str(&super::chrome_trace::flow_events(&views, links, detail));
+        chrome.push_str("\n]}\n");
+        atomic_write(&dir.join("trace.json"), chrome.as_bytes())
+    };
+    let memory_png = || -> Result<(), WriteError> {
+        let peaks: Vec<u64> = classes.iter().map(|c| c.2.peak.as_ref().map_or(0, |p| p.allocated.bytes)).collect();
+        let shown = class_panels(classes.len(), headline, &peaks);
+        let mut plot: Option<MemoryPlot> = None;
+        for &k in &shown {
+            let (sc, tr, rk) = classes[k];
+            let p = memory_plot(rk, sc, tr, &panel_caption(r, k));
+            match plot.as_mut() {
+                None => plot = Some(p),
+                Some(m) => m.panels.extend(p.panels),
+            }
         }
-    }
-    if let Some(plot) = plot.as_mut() {
+        let mut plot = plot.unwrap_or_else(|| memory_plot(r, sched, trace, &headline_ranks(r)));
         plot.note = left_out_note(r, classes.len(), &shown);
-    }
-    if let Some(plot) = plot {
         let png = dir.join("memory.png");
-        super::png::write_memory_png(&png, &plot).map_err(|m| WriteError { path: png.clone(), message: m })?;
-    }
+        super::png::write_memory_png(&png, &plot).map_err(|m| WriteError { path: png.clone(), message: m })
+    };
+    std::fs::create_dir_all(dir).map_err(|e| WriteError {
+        path: dir.to_path_buf(),
+        message: format!("cannot create the output folder: {e}"),
+    })?;
+    let (written, (chrome, png)) = rayon::join(
+        || write_files(dir, r, (sched, trace), (classes, headline), (None, false), csv),
+        || rayon::join(trace_json, memory_png),
+    );
+    let written = written?;
+    chrome?;
+    png?;
     Ok(written)
 }
 
@@ -530,28 +575,95 @@ fn headline_ranks(r: &Report) -> String {
     r.rank_classes.get(r.headline_class).map(|c| format!("ranks {}", c.ranks)).unwrap_or_else(|| "rank 0".into())
 }
 
-/// Writes report.json, memory.csv, trace.json (every event if `full_trace`, else
-/// summarised past [`super::chrome_trace::EVENT_BUDGET`]), memory.png and timeline.png into
-/// `dir` (created if missing).
+/// Writes report.json, memory.csv (every change unless past [`MEMORY_CSV_ROW_BUDGET`] rows),
+/// trace.json (every event unless past [`super::chrome_trace::EVENT_BUDGET`]), memory.png and
+/// timeline.png into `dir` (created if missing); `output` asks for every row and event.
 pub fn write_all(
     dir: &Path,
     r: &Report,
     sched: &Schedule,
     trace: &Trace,
-    full_trace: bool,
+    output: OutputDetail,
 ) -> Result<Vec<PathBuf>, WriteError> {
-    let detail = super::chrome_trace::detail_for(&[trace], full_trace);
-    write_files(dir, r, (sched, trace), (&[], 0), Some(detail), job_memory_csv(r, &[trace]))
+    let plan = OutputPlan::of(r, &[trace], output);
+    write_files(
+        dir,
+        r,
+        (sched, trace),
+        (&[], 0),
+        (Some(plan.trace), true),
+        job_memory_csv_at(r, &[trace], plan.keep.as_deref()),
+    )
 }
 
-/// A job's memory.csv: for one rank class its rows labelled by the headline's ranks, and
-/// the node's host rows under offload; for several, every class's rows labelled by the class
-/// (`traces` in class order).
-pub fn job_memory_csv(r: &Report, traces: &[&Trace]) -> String {
+/// What a job's output files hold, decided once from the run's size and what was asked for:
+/// trace.json's detail, and the memory samples memory.csv keeps (None: every change; else each
+/// class's summary samples, as trace.json's counters: every stretch's highest allocated and
+/// reserved and its last sample, at [`super::chrome_trace::COUNTER_BUCKETS`] stretches per
+/// class).
+pub struct OutputPlan {
+    pub trace: super::chrome_trace::Detail,
+    keep: Option<Vec<Vec<bool>>>,
+    /// The full files' sizes, where they are summarised: trace events, memory.csv rows.
+    trace_events: usize,
+    csv_rows: usize,
+    row_budget: usize,
+}
+
+impl OutputPlan {
+    pub fn of(r: &Report, traces: &[&Trace], output: OutputDetail) -> OutputPlan {
+        OutputPlan::with_row_budget(r, traces, output, MEMORY_CSV_ROW_BUDGET)
+    }
+
+    /// [`OutputPlan::of`] with memory.csv summarised past `rows` rows instead of
+    /// [`MEMORY_CSV_ROW_BUDGET`] (tests show a summary on a small job).
+    pub fn with_row_budget(r: &Report, traces: &[&Trace], output: OutputDetail, rows: usize) -> OutputPlan {
+        use super::chrome_trace::{full_events, Detail};
+        let trace_events: usize = if output.full_trace { 0 } else { traces.iter().map(|t| full_events(t)).sum() };
+        let trace = Detail::of(trace_events, output.full_trace);
+        let mut csv_rows = 0usize;
+        if !output.full_memory_csv {
+            let outside = r.allocator.outside.total.bytes;
+            for tr in traces {
+                for_each_row(tr, outside, None, |_, _, _| csv_rows += 1);
+            }
+        }
+        let keep = (csv_rows > rows)
+            .then(|| traces.iter().map(|t| t.timeline.summary_samples(super::chrome_trace::COUNTER_BUCKETS)).collect());
+        OutputPlan { trace, keep, trace_events, csv_rows, row_budget: rows }
+    }
+
+    /// What the files leave out, a sentence each, for the run's text: which of trace.json and
+    /// memory.csv are summaries, and how to get everything.
+    pub fn notes(&self) -> Vec<String> {
+        let mut notes = Vec::new();
+        if self.trace == super::chrome_trace::Detail::Summary {
+            notes.push(format!(
+                "trace.json is a summary ({} events in full, past {}): micro-batches 0-{} and the last of each step task by task, the rest one slice per stream and phase; `stepsim run --trace full` writes every event",
+                super::text::sep(self.trace_events as u64),
+                super::text::sep(super::chrome_trace::EVENT_BUDGET as u64),
+                super::chrome_trace::DETAILED_MICRO_BATCHES - 1
+            ));
+        }
+        if self.keep.is_some() {
+            notes.push(format!(
+                "memory.csv is a summary ({} rows in full, past {}): in each of {} stretches per rank class, the samples of the highest allocated and reserved bytes and the last; `stepsim run --memory-csv full` writes every change",
+                super::text::sep(self.csv_rows as u64),
+                super::text::sep(self.row_budget as u64),
+                super::text::sep(super::chrome_trace::COUNTER_BUCKETS)
+            ));
+        }
+        notes
+    }
+}
+
+/// [`job_memory_csv`] at the samples `keep` marks per class (every change for None).
+fn job_memory_csv_at(r: &Report, traces: &[&Trace], keep: Option<&[Vec<bool>]>) -> String {
     let outside = r.allocator.outside.total.bytes;
+    let kept = |k: usize| keep.map(|v| v[k].as_slice());
     if traces.len() == 1 {
         let trace = traces[0];
-        let mut rows = memory_csv(trace, &headline_ranks(r), outside);
+        let mut rows = memory_csv_of(trace, &headline_ranks(r), outside, kept(0));
         if let Some(off) = &r.offload {
             rows.push_str(&host_csv(off, trace.end_time_ns));
         }
@@ -560,7 +672,7 @@ pub fn job_memory_csv(r: &Report, traces: &[&Trace]) -> String {
     let mut csv = String::new();
     for (k, tr) in traces.iter().enumerate() {
         let label = class_name(r, k);
-        let part = memory_csv(tr, &label, outside);
+        let part = memory_csv_of(tr, &label, outside, kept(k));
         csv.push_str(if k == 0 { &part } else { part.split_once('\n').map_or("", |x| x.1) });
     }
     csv
@@ -573,7 +685,7 @@ fn write_files(
     r: &Report,
     (sched, trace): (&Schedule, &Trace),
     (classes, headline): (&[ClassView], usize),
-    detail: Option<super::chrome_trace::Detail>,
+    (detail, memory_png): (Option<super::chrome_trace::Detail>, bool),
     memory_csv_rows: String,
 ) -> Result<Vec<PathBuf>, WriteError> {
     std::fs::create_dir_all(dir).map_err(|e| WriteError {
@@ -582,49 +694,63 @@ fn write_files(
     })?;
     let rank = headline_ranks(r);
     let json = dir.join("report.json");
-    atomic_write(&json, report_json(r).as_bytes())?;
     let csv = dir.join("memory.csv");
-    atomic_write(&csv, memory_csv_rows.as_bytes())?;
     let chrome = dir.join("trace.json");
-    if let Some(detail) = detail {
-        atomic_write(&chrome, super::chrome_trace::render_detail(sched, trace, 0, &rank, detail).as_bytes())?;
-    }
     let png = dir.join("memory.png");
+    let timeline = dir.join("timeline.png");
     let gpus = r.rank_classes.get(r.headline_class).map_or(1, |c| c.count);
-    let label = if r.throughput.as_ref().is_some_and(|t| t.jitter.is_some()) {
-        format!("{rank} ({gpus} GPUs; [jitter]: every data-parallel rank simulated, the headline rank shown)")
-    } else {
-        if gpus == 1 {
+    let text_files = || -> Result<(), WriteError> {
+        atomic_write(&json, report_json(r).as_bytes())?;
+        atomic_write(&csv, memory_csv_rows.as_bytes())?;
+        if let Some(detail) = detail {
+            atomic_write(&chrome, super::chrome_trace::render_detail(sched, trace, 0, &rank, detail).as_bytes())?;
+        }
+        Ok(())
+    };
+    let memory = || -> Result<(), WriteError> {
+        if !memory_png {
+            return Ok(());
+        }
+        let label = if r.throughput.as_ref().is_some_and(|t| t.jitter.is_some()) {
+            format!("{rank} ({gpus} GPUs; [jitter]: every data-parallel rank simulated, the headline rank shown)")
+        } else if gpus == 1 {
             format!("{rank} (1 GPU)")
         } else {
             format!("{rank} ({gpus} GPUs, identical programs, simulated once)")
-        }
+        };
+        super::png::write_memory_png(&png, &memory_plot(r, sched, trace, &label))
+            .map_err(|m| WriteError { path: png.clone(), message: m })
     };
-    super::png::write_memory_png(&png, &memory_plot(r, sched, trace, &label))
-        .map_err(|m| WriteError { path: png.clone(), message: m })?;
-    let timeline = dir.join("timeline.png");
-    let (title, groups) = if classes.len() <= 1 {
-        // "rank 0", not "ranks 0", for one GPU.
-        let subject = if gpus == 1 { rank.replacen("ranks ", "rank ", 1) } else { rank.clone() };
-        let name = format!("{subject} ({} GPU{})", gpus, if gpus == 1 { "" } else { "s" });
-        let group = super::timeline_png::Group { name, sched, trace, steps: &r.steps };
-        (Some(subject), vec![group])
-    } else {
-        let groups = classes
-            .iter()
-            .enumerate()
-            .map(|(k, &(sc, tr, rk))| super::timeline_png::Group {
-                name: class_name(r, k),
-                sched: sc,
-                trace: tr,
-                steps: &rk.steps,
-            })
-            .collect();
-        (None, groups)
+    let timeline_png = || -> Result<(), WriteError> {
+        let (title, groups) = if classes.len() <= 1 {
+            // "rank 0", not "ranks 0", for one GPU.
+            let subject = if gpus == 1 { rank.replacen("ranks ", "rank ", 1) } else { rank.clone() };
+            let name = format!("{subject} ({} GPU{})", gpus, if gpus == 1 { "" } else { "s" });
+            let group = super::timeline_png::Group { name, sched, trace, steps: &r.steps };
+            (Some(subject), vec![group])
+        } else {
+            let groups = classes
+                .iter()
+                .enumerate()
+                .map(|(k, &(sc, tr, rk))| super::timeline_png::Group {
+                    name: class_name(r, k),
+                    sched: sc,
+                    trace: tr,
+                    steps: &rk.steps,
+                })
+                .collect();
+            (None, groups)
+        };
+        let headline = if classes.len() <= 1 { 0 } else { headline };
+        super::timeline_png::write(&timeline, &r.scenario, title.as_deref(), &groups, headline, &r.steps)
+            .map(|_| ())
+            .map_err(|m| WriteError { path: timeline.clone(), message: m })
     };
-    let headline = if classes.len() <= 1 { 0 } else { headline };
-    super::timeline_png::write(&timeline, &r.scenario, title.as_deref(), &groups, headline, &r.steps)
-        .map_err(|m| WriteError { path: timeline.clone(), message: m })?;
+    // Independent files, rendered on both cores; the first failure in file order is reported.
+    let (text, (memory, timeline_result)) = rayon::join(text_files, || rayon::join(memory, timeline_png));
+    text?;
+    memory?;
+    timeline_result?;
     Ok(vec![json, csv, chrome, png, timeline])
 }
 
