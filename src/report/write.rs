@@ -657,6 +657,14 @@ impl OutputPlan {
     }
 }
 
+/// A job's memory.csv with every change: for one rank class its rows labelled by the
+/// headline's ranks, and the node's host rows under offload; for several, every class's rows
+/// labelled by the class (`traces` in class order). What the Python package returns; `run`
+/// writes [`OutputPlan`]'s (a summary past [`MEMORY_CSV_ROW_BUDGET`] rows).
+pub fn job_memory_csv(r: &Report, traces: &[&Trace]) -> String {
+    job_memory_csv_at(r, traces, None)
+}
+
 /// [`job_memory_csv`] at the samples `keep` marks per class (every change for None).
 fn job_memory_csv_at(r: &Report, traces: &[&Trace], keep: Option<&[Vec<bool>]>) -> String {
     let outside = r.allocator.outside.total.bytes;
