@@ -126,31 +126,46 @@ fn mixture_of_experts_zoo_models_have_their_active_parameter_counts() {
 }
 
 #[test]
-fn moe_configs_the_block_cannot_express_are_refused_naming_why() {
+fn moe_layer_patterns_are_read_and_impossible_ones_refused_naming_the_key() {
     let base = r#""hidden_size": 2048, "num_attention_heads": 16, "num_hidden_layers": 4,
         "intermediate_size": 5632, "vocab_size": 1000"#;
-    let e = stepsim::model::hf::parse(&format!(
-        r#"{{"model_type": "deepseek_v3", {base}, "kv_lora_rank": 512, "n_routed_experts": 256, "moe_layer_freq": 2}}"#
-    ))
-    .unwrap_err();
-    assert!(e.contains("`moe_layer_freq`") && e.contains("only 1"), "{e}");
-    // Without it, DeepSeek's latent attention and experts are read (no longer refused).
+    // DeepSeek's moe_layer_freq: MoE in blocks 0 and 2 of 4, the others dense.
     let h = stepsim::model::hf::parse(&format!(
-        r#"{{"model_type": "deepseek_v3", {base}, "kv_lora_rank": 512, "n_routed_experts": 256, "moe_layer_freq": 1}}"#
+        r#"{{"model_type": "deepseek_v3", {base}, "kv_lora_rank": 512, "n_routed_experts": 256, "moe_layer_freq": 2, "first_k_dense_replace": 0}}"#
     ))
     .unwrap();
-    assert_eq!((h.mla.unwrap().kv_lora_rank, h.moe.unwrap().num_experts), (512, 256));
-    let e = stepsim::model::hf::parse(&format!(
+    let model = h.model_config(2048);
+    assert_eq!(model.moe_layers(), 2);
+    let m = h.moe.clone().unwrap();
+    let (dense, moe) = (model.block_params(1), model.block_params(0));
+    assert_eq!(moe - dense, m.mlp_params(2048) - 3 * 2048 * 5632);
+    assert_eq!(model.param_count(), model.params_outside_blocks() + 2 * dense + 2 * moe);
+    // Qwen3-MoE's decoder_sparse_step 2: blocks 1 and 3.
+    let h = stepsim::model::hf::parse(&format!(
         r#"{{"model_type": "qwen3_moe", {base}, "head_dim": 128, "decoder_sparse_step": 2}}"#
     ))
-    .unwrap_err();
-    assert!(e.contains("`decoder_sparse_step`"), "{e}");
-    // And through a scenario, the error names the config file's key too.
+    .unwrap();
+    let model = h.model_config(2048);
+    assert_eq!((0..4).map(|l| model.is_moe_layer(l)).collect::<Vec<_>>(), [false, true, false, true]);
+    // Through a scenario, the layer DAG builds the same blocks: its count equals the closed form.
     let dir = std::env::temp_dir().join(format!("stepsim-hf-moe-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(
         dir.join("config.json"),
         format!(r#"{{"model_type": "qwen3_moe", {base}, "head_dim": 128, "decoder_sparse_step": 2}}"#),
+    )
+    .unwrap();
+    let s = Scenario::from_toml(&dir.join("job.toml"), &scenario("hf_config = \"config.json\"", "", 2048)).unwrap();
+    assert_eq!(s.model.param_count(), model.param_count());
+    let dag = stepsim::model::build(&s.model, &s.workload);
+    assert_eq!(dag.param_count(), model.param_count());
+    assert!(dag.ops.iter().any(|o| o.name == "layers.0.feed_forward.w1"), "block 0 dense");
+    assert!(dag.ops.iter().any(|o| o.name == "layers.1.feed_forward.router"), "block 1 MoE");
+    assert!(stepsim::simulate(&s).is_ok());
+    // A pattern with no MoE block left is refused, naming the key, through a scenario too.
+    std::fs::write(
+        dir.join("config.json"),
+        format!(r#"{{"model_type": "qwen3_moe", {base}, "head_dim": 128, "decoder_sparse_step": 8}}"#),
     )
     .unwrap();
     let e = Scenario::from_toml(&dir.join("job.toml"), &scenario("hf_config = \"config.json\"", "", 2048))

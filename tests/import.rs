@@ -402,6 +402,38 @@ fn a_megatron_log_block_imports_and_runs() {
     assert!(e.key == "normalization" && e.message.contains("learned_absolute"), "{e}");
 }
 
+/// Megatron-Core's MoE flags map to [model.moe] and [moe]: `--moe-layer-freq` as an int (blocks
+/// 0, N, 2N, ...) or a list expression, shared experts, the capacity factor and padding.
+#[test]
+fn megatron_moe_layer_frequency_shared_experts_and_capacity_import() {
+    let base = "--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 --swiglu \
+        --normalization RMSNorm --position-embedding-type rope --disable-bias-linear --micro-batch-size 1 \
+        --global-batch-size 8 --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 512 --bf16";
+    let load = |extra: &str| {
+        let im = megatron::import("cmd", &format!("{base} {extra}"), &megatron_args(Some(8), Some(32000)))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let s = Scenario::from_toml(Path::new("imported.toml"), &im.render("megatron"))
+            .unwrap_or_else(|e| panic!("{e}\n{}", im.toml));
+        (im, s)
+    };
+    let (_, s) = load("--moe-layer-freq 2");
+    assert_eq!((0..4).map(|l| s.model.is_moe_layer(l)).collect::<Vec<_>>(), [true, false, true, false]);
+    let (im, s) = load("--moe-layer-freq ([0]*1+[1]*3) --moe-shared-expert-intermediate-size 1024");
+    assert_eq!((0..4).map(|l| s.model.is_moe_layer(l)).collect::<Vec<_>>(), [false, true, true, true]);
+    assert_eq!(s.model.moe.as_ref().unwrap().shared_expert_ffn_hidden, 1024);
+    assert!(im.not_expressed.iter().all(|n| !n.contains("shared")), "{:?}", im.not_expressed);
+    let (_, s) = load("--moe-layer-freq [1,0,0,1]");
+    assert_eq!(s.model.moe.as_ref().unwrap().dense_layers, [1, 2]);
+    let (im, s) =
+        load("--moe-expert-capacity-factor 1.25 --moe-pad-expert-input-to-capacity --expert-model-parallel-size 2");
+    assert!(s.capacity.is_some());
+    assert!(im.toml.contains("[moe]\ncapacity_factor = 1.25\npad_to_capacity = true"), "{}", im.toml);
+    for bad in ["--moe-layer-freq [1,0]", "--moe-layer-freq [0]*4", "--moe-layer-freq [2]*4", "--moe-layer-freq 0"] {
+        let e = megatron::import("cmd", &format!("{base} {bad}"), &megatron_args(Some(8), Some(32000))).unwrap_err();
+        assert_eq!(e.key, "moe_layer_freq", "{bad}: {e}");
+    }
+}
+
 /// Absurd numbers in any importer are errors (or a scenario the validator refuses), never a
 /// wrapped product or a panic: the importers' products are formed in u128.
 #[test]

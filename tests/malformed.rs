@@ -284,6 +284,24 @@ fn cases() -> Vec<Case> {
             &["between 0 and model.n_layers - 1 (23)"],
         ),
         case(
+            "MoE offset not below every",
+            moe().set("model.moe", "every", "2").set("model.moe", "offset", "2"),
+            "model.moe.offset",
+            &["between 0 and 1", "got 2"],
+        ),
+        case(
+            "MoE dense layer past the model",
+            moe().set("model.moe", "dense_layers", "[3, 24]"),
+            "model.moe.dense_layers",
+            &["between 0 and model.n_layers - 1 (23)", "got 24"],
+        ),
+        case(
+            "MoE pattern with no MoE block",
+            moe().set("model.moe", "first_dense_layers", "1").set("model.moe", "every", "30"),
+            "model.moe.every",
+            &["none of the 24 blocks"],
+        ),
+        case(
             "unknown [model.moe] key",
             moe().set("model.moe", "capacity_factor", "1.0"),
             "model.moe.capacity_factor",

@@ -107,8 +107,6 @@ const WATCH: &[(&str, &str)] = &[
     ("use_custom_fsdp", "Megatron's FSDP"),
     ("fp16_lm_cross_entropy", "the loss in 16 bits"),
     ("cross_entropy_loss_fusion", "the fused cross-entropy"),
-    ("moe_expert_capacity_factor", "token dropping"),
-    ("moe_shared_expert_intermediate_size", "shared experts"),
     ("apply_residual_connection_post_layernorm", "a post-norm residual"),
     ("rampup_batch_size", "the batch-size ramp-up (the full global batch is simulated)"),
 ];
@@ -263,11 +261,36 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
         model.push_str("qkv_bias = true\n");
     }
     im.mapped.push(format!("model: {layers} layers, hidden {hidden}, {heads} heads ({kv} query groups), ffn {ffn}, vocab {vocab}, positions {max_pos}, dropout {dropout}"));
+    let mut routing = String::new();
     if let Some(e) = num("num_experts", get("num_experts"))? {
         let k = num("moe_router_topk", get("moe_router_topk"))?.unwrap_or(2);
         let f = num("moe_ffn_hidden_size", get("moe_ffn_hidden_size"))?.unwrap_or(ffn);
         model.push_str(&format!("\n[model.moe]\nnum_experts = {e}\ntop_k = {k}\nexpert_ffn_hidden = {f}\n"));
         im.mapped.push(format!("MoE: {e} experts, top {k}, expert ffn {f}"));
+        if let Some(sh) = num("moe_shared_expert_intermediate_size", get("moe_shared_expert_intermediate_size"))? {
+            model.push_str(&format!("shared_expert_ffn_hidden = {sh}\n"));
+            im.mapped.push(format!("shared experts of ffn {sh}"));
+        }
+        if let Some(freq) = get("moe_layer_freq") {
+            let pattern = moe_layer_pattern(&freq, layers).map_err(|e| err("moe_layer_freq", e))?;
+            let lines = pattern_fields(&pattern, &freq);
+            if !lines.is_empty() {
+                model.push_str(&lines);
+                im.mapped.push(format!("MoE layer pattern {freq}"));
+            }
+        }
+        if let Some(c) = get("moe_expert_capacity_factor") {
+            let c: f64 =
+                c.parse().ok().filter(|x: &f64| x.is_finite() && *x > 0.0).ok_or_else(|| {
+                    err("moe_expert_capacity_factor", format!("must be a positive number, got \"{c}\""))
+                })?;
+            routing.push_str(&format!("capacity_factor = {c}\n"));
+            im.mapped.push(format!("capacity factor {c} (token dropping)"));
+            if flag(get("moe_pad_expert_input_to_capacity")) {
+                routing.push_str("pad_to_capacity = true\n");
+                im.mapped.push("experts padded to their capacity".into());
+            }
+        }
     }
     // --- the layout
     let tp = num("tensor_model_parallel_size", get("tensor_model_parallel_size"))?.unwrap_or(1);
@@ -464,6 +487,80 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
     if !fp8.is_empty() {
         s.push_str(&format!("\n[fp8]\n{fp8}"));
     }
+    if !routing.is_empty() {
+        s.push_str(&format!("\n[moe]\n{routing}"));
+    }
     im.toml = s;
     Ok(im)
+}
+
+/// `--moe-layer-freq` as Megatron-Core reads it (`moe_layer_freq` in
+/// `megatron/core/transformer/transformer_config.py`): an int N puts a mixture of experts in
+/// blocks 0, N, 2N, ...; a Python list expression (`[1,0,1,0]`, `([0]*3+[1]*58)`) gives each
+/// block's 1 (MoE) or 0 (dense) and must have one entry per block.
+fn moe_layer_pattern(text: &str, layers: u64) -> Result<Vec<bool>, String> {
+    if let Ok(n) = text.trim().parse::<u64>() {
+        if n == 0 {
+            return Err("must be a positive whole number or a list expression, got 0".into());
+        }
+        return Ok((0..layers).map(|l| l % n == 0).collect());
+    }
+    let t = text.trim();
+    let t = t.strip_prefix('(').and_then(|x| x.strip_suffix(')')).unwrap_or(t);
+    let mut out = Vec::new();
+    for term in t.split('+') {
+        let term = term.trim();
+        let (list, times) = match term.split_once('*') {
+            Some((l, n)) => (
+                l.trim(),
+                n.trim().parse::<u64>().map_err(|_| format!("`{term}`: the repeat count must be a whole number"))?,
+            ),
+            None => (term, 1),
+        };
+        let inner = list
+            .strip_prefix('[')
+            .and_then(|x| x.strip_suffix(']'))
+            .ok_or_else(|| format!("`{term}` is not a list such as [1,0] or [0]*3"))?;
+        let items: Vec<bool> = inner
+            .split(',')
+            .map(|x| match x.trim() {
+                "1" => Ok(true),
+                "0" => Ok(false),
+                o => Err(format!("`{o}` in `{term}`: each entry is 1 (MoE) or 0 (dense)")),
+            })
+            .collect::<Result<_, _>>()?;
+        if times > 1_000_000 {
+            return Err(format!("`{term}`: a repeat count past any model's layers"));
+        }
+        for _ in 0..times {
+            out.extend_from_slice(&items);
+        }
+    }
+    if out.len() as u64 != layers {
+        return Err(format!("\"{text}\" gives {} blocks, the model has {layers} (--num-layers)", out.len()));
+    }
+    if !out.contains(&true) {
+        return Err(format!("\"{text}\" makes no block a mixture of experts"));
+    }
+    Ok(out)
+}
+
+/// `[model.moe]` lines for a per-block pattern: `every` for Megatron's int form (blocks 0, N,
+/// 2N, ...), else the leading dense blocks and any other dense block listed; nothing when every
+/// block is a mixture of experts.
+fn pattern_fields(pattern: &[bool], text: &str) -> String {
+    if let Ok(n) = text.trim().parse::<u64>() {
+        return if n > 1 { format!("every = {n}\n") } else { String::new() };
+    }
+    let first = pattern.iter().take_while(|&&x| !x).count();
+    let rest: Vec<String> =
+        pattern.iter().enumerate().skip(first).filter(|(_, &x)| !x).map(|(l, _)| l.to_string()).collect();
+    let mut s = String::new();
+    if first > 0 {
+        s.push_str(&format!("first_dense_layers = {first}\n"));
+    }
+    if !rest.is_empty() {
+        s.push_str(&format!("dense_layers = [{}]\n", rest.join(", ")));
+    }
+    s
 }

@@ -276,13 +276,50 @@ pub struct MoeConfig {
     pub shared_expert_gate: bool,
     /// Leading blocks with a dense MLP of `ffn_hidden` (DeepSeek `first_k_dense_replace`).
     pub first_dense_layers: u64,
+    /// Past them, block l is a mixture of experts when l % `every` == `offset`: Megatron's
+    /// `--moe-layer-freq N` (every N, offset 0), DeepSeek's `moe_layer_freq`, Qwen-MoE's
+    /// `decoder_sparse_step` and Llama 4's `interleave_moe_layer_step` s (every s, offset
+    /// s - 1); the other blocks have a dense MLP of `ffn_hidden`.
+    #[serde(skip_serializing_if = "is_one")]
+    pub every: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub offset: u64,
+    /// Blocks whose MLP is dense whatever the pattern says (Qwen-MoE's `mlp_only_layers`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub dense_layers: Vec<u64>,
     /// Biases on the router (one per expert) and on every expert's projections (gpt-oss's
     /// `GptOssTopKRouter.bias`, `gate_up_proj_bias`, `down_proj_bias`).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub biases: bool,
 }
 
+fn is_zero(x: &u64) -> bool {
+    *x == 0
+}
+
 impl MoeConfig {
+    /// Whether block `l`'s MLP is this mixture of experts.
+    pub fn is_moe_layer(&self, l: u64) -> bool {
+        l >= self.first_dense_layers && l % self.every.max(1) == self.offset && !self.dense_layers.contains(&l)
+    }
+
+    /// The pattern in words: "every block", "blocks 3-60", "every 2nd block from block 1", with
+    /// the blocks listed dense, for a model of `n_layers` blocks.
+    pub fn pattern_words(&self, n_layers: u64) -> String {
+        let mut w = match (self.every.max(1), self.first_dense_layers) {
+            (1, 0) => "every block".to_string(),
+            (1, k) => format!("blocks {k}-{} (the first {k} dense)", n_layers.saturating_sub(1)),
+            (n, k) => {
+                let first = (k..n_layers).find(|&l| l % n == self.offset).unwrap_or(k);
+                format!("every {} block from block {first}", ordinal(n))
+            }
+        };
+        if !self.dense_layers.is_empty() {
+            let list: Vec<String> = self.dense_layers.iter().map(|l| l.to_string()).collect();
+            w.push_str(&format!(" but blocks {} (dense)", list.join(", ")));
+        }
+        w
+    }
     /// Parameters of one MoE MLP: router, every expert, shared experts and their gate.
     pub fn mlp_params(&self, h: u64) -> u64 {
         self.router_params(h) + self.num_experts * self.expert_params(h) + self.shared_params(h)
@@ -396,12 +433,17 @@ impl ModelConfig {
 
     /// Whether block `l`'s MLP is a mixture of experts.
     pub fn is_moe_layer(&self, l: u64) -> bool {
-        self.moe.as_ref().is_some_and(|m| l >= m.first_dense_layers)
+        self.moe.as_ref().is_some_and(|m| m.is_moe_layer(l))
     }
 
     /// Blocks whose MLP is a mixture of experts.
     pub fn moe_layers(&self) -> u64 {
-        self.moe.as_ref().map_or(0, |m| self.n_layers.saturating_sub(m.first_dense_layers))
+        match &self.moe {
+            None => 0,
+            // The common case without a walk over the blocks.
+            Some(m) if m.every <= 1 && m.dense_layers.is_empty() => self.n_layers.saturating_sub(m.first_dense_layers),
+            Some(m) => (0..self.n_layers).filter(|&l| m.is_moe_layer(l)).count() as u64,
+        }
     }
 
     /// Parameters of block `l`, closed form.
@@ -656,5 +698,50 @@ fn is_one(x: &u64) -> bool {
 impl Default for TensorSplit {
     fn default() -> Self {
         TensorSplit { tensor: 1, sequence_parallel: false, expert: 1, context: 1, context_comm: ContextComm::Ring }
+    }
+}
+
+/// "2nd", "3rd", "4th", "11th", "21st".
+fn ordinal(n: u64) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (_, 11..=13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn moe_patterns_in_words_and_blocks() {
+        let m = MoeConfig {
+            num_experts: 8,
+            top_k: 2,
+            expert_ffn_hidden: 64,
+            shared_expert_ffn_hidden: 0,
+            shared_expert_gate: false,
+            first_dense_layers: 0,
+            every: 1,
+            offset: 0,
+            dense_layers: vec![],
+            biases: false,
+        };
+        assert_eq!(m.pattern_words(8), "every block");
+        let d = MoeConfig { first_dense_layers: 3, ..m.clone() };
+        assert_eq!(d.pattern_words(61), "blocks 3-60 (the first 3 dense)");
+        let q = MoeConfig { every: 2, offset: 1, dense_layers: vec![5], ..m.clone() };
+        assert_eq!(q.pattern_words(8), "every 2nd block from block 1 but blocks 5 (dense)");
+        assert_eq!((0..8).filter(|&l| q.is_moe_layer(l)).collect::<Vec<_>>(), [1, 3, 7]);
+        let k = MoeConfig { every: 3, offset: 0, first_dense_layers: 1, ..m };
+        assert_eq!(k.pattern_words(10), "every 3rd block from block 3");
+        assert_eq!(
+            (ordinal(1), ordinal(11), ordinal(12), ordinal(22), ordinal(104)),
+            ("1st".into(), "11th".into(), "12th".into(), "22nd".into(), "104th".into())
+        );
     }
 }

@@ -19,9 +19,9 @@
 //! | gemma | `head_dim` (256); tied embeddings; GeGLU (same parameters as SwiGLU) | `GemmaConfig` |
 //! | phi3 | fused qkv and gate/up projections (same parameters, split here) | `Phi3Config` |
 //! | mixtral | every MLP a mixture of `num_local_experts` (8) experts of `intermediate_size`, top `num_experts_per_tok` (2); sliding window as mistral | `MixtralConfig` |
-//! | qwen2_moe | qwen2's q, k, v biases (`qkv_bias`, true); every MLP `num_experts` (60) experts of `moe_intermediate_size` (1408), top `num_experts_per_tok` (4), plus a shared expert of `shared_expert_intermediate_size` (5632) behind a sigmoid gate (one h -> 1 linear); `decoder_sparse_step` 1 and empty `mlp_only_layers` only | `Qwen2MoeConfig` |
-//! | qwen3_moe | qwen3's `head_dim` and q/k head norms; every MLP `num_experts` (128) experts of `moe_intermediate_size` (768), top `num_experts_per_tok` (8), no shared expert; `decoder_sparse_step` 1 and empty `mlp_only_layers` only | `Qwen3MoeConfig` |
-//! | deepseek_v3 | multi-head latent attention in place of q, k, v: `q_lora_rank` (1536; null: a direct q projection), `kv_lora_rank` (512), per head `qk_nope_head_dim` (128) + `qk_rope_head_dim` (64) query/key and `v_head_dim` (128) value, `num_key_value_heads` = `num_attention_heads` only; the first `first_k_dense_replace` (3) MLPs dense of `intermediate_size`, the rest `n_routed_experts` (256) experts of `moe_intermediate_size` (2048), top `num_experts_per_tok` (8), plus `n_shared_experts` (1) x `moe_intermediate_size` of shared expert, ungated; `moe_layer_freq` 1 only | `DeepseekV3Config` |
+//! | qwen2_moe | qwen2's q, k, v biases (`qkv_bias`, true); every MLP `num_experts` (60) experts of `moe_intermediate_size` (1408), top `num_experts_per_tok` (4), plus a shared expert of `shared_expert_intermediate_size` (5632) behind a sigmoid gate (one h -> 1 linear); the MLP of block l sparse when (l + 1) % `decoder_sparse_step` (1) == 0 and l is not in `mlp_only_layers`, dense of `intermediate_size` otherwise | `Qwen2MoeConfig` |
+//! | qwen3_moe | qwen3's `head_dim` and q/k head norms; every MLP `num_experts` (128) experts of `moe_intermediate_size` (768), top `num_experts_per_tok` (8), no shared expert; `decoder_sparse_step` and `mlp_only_layers` as qwen2_moe | `Qwen3MoeConfig` |
+//! | deepseek_v3 | multi-head latent attention in place of q, k, v: `q_lora_rank` (1536; null: a direct q projection), `kv_lora_rank` (512), per head `qk_nope_head_dim` (128) + `qk_rope_head_dim` (64) query/key and `v_head_dim` (128) value, `num_key_value_heads` = `num_attention_heads` only; the first `first_k_dense_replace` (3) MLPs dense of `intermediate_size`, the rest `n_routed_experts` (256) experts of `moe_intermediate_size` (2048), top `num_experts_per_tok` (8), plus `n_shared_experts` (1) x `moe_intermediate_size` of shared expert, ungated; past the dense blocks, block l sparse when l % `moe_layer_freq` (1) == 0, as DeepSeek's own modelling code reads it | `DeepseekV3Config` |
 //! | gpt_oss | `head_dim` (64); `attention_bias` (true: q, k, v and o); one attention-sink logit per head; every MLP `num_local_experts` (128) experts of `intermediate_size` (2880) with biases on the router and the experts, top `num_experts_per_tok` (4; `experts_per_token` alike); `sliding_window` (128) in every even block; `swiglu_limit`'s clamps and YaRN change no parameter | `GptOssConfig` |
 //! | deepseek_v2 | as deepseek_v3, with its own defaults: `first_k_dense_replace` (0), `n_routed_experts` (64), `moe_intermediate_size` (1407), `n_shared_experts` (2); `num_experts_per_tok` required (no default) | `DeepseekV2Config` |
 //!
@@ -587,35 +587,49 @@ fn moe_config(o: &Map<String, Value>, model_type: &str, n_layers: u64) -> Result
             "key `num_experts_per_tok`: {top_k} experts per token is more than the {num_experts} experts there are"
         ));
     }
-    if model_type != "mixtral" && model_type != "gpt_oss" {
-        // Qwen-MoE: block l's MLP is sparse when l is not in `mlp_only_layers` and
-        // (l + 1) % decoder_sparse_step == 0; stepsim's blocks are all alike.
+    // Qwen-MoE: block l's MLP is sparse when l is not in `mlp_only_layers` and
+    // (l + 1) % decoder_sparse_step == 0.
+    let (every, dense_layers) = if model_type == "mixtral" || model_type == "gpt_oss" {
+        (1, Vec::new())
+    } else {
         let step = opt_count(o, "decoder_sparse_step")?.unwrap_or(1);
-        if step != 1 {
-            return Err(format!(
-                "key `decoder_sparse_step`: {step} (a mixture-of-experts MLP only every {step}th block, dense MLPs between) is not modelled; only 1"
-            ));
-        }
-        match o.get("mlp_only_layers") {
-            None | Some(Value::Null) => {}
-            Some(Value::Array(a)) if a.is_empty() => {}
-            Some(Value::Array(_)) => {
-                return Err(
-                    "key `mlp_only_layers`: dense MLPs in the listed blocks are not modelled; only [] (every block a mixture of experts)".into(),
-                )
+        let dense = match o.get("mlp_only_layers") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(a)) => {
+                a.iter().map(|x| x.as_u64().filter(|&l| l < n_layers)).collect::<Option<Vec<u64>>>().ok_or_else(
+                    || {
+                        format!(
+                        "key `mlp_only_layers`: must list block indices below num_hidden_layers ({n_layers}), got {}",
+                        Value::Array(a.clone())
+                    )
+                    },
+                )?
             }
             Some(v) => return Err(format!("key `mlp_only_layers`: must be a list of block indices, got {v}")),
-        }
-    }
-    Ok(super::MoeConfig {
+        };
+        (step, dense)
+    };
+    let mut dense_layers = dense_layers;
+    dense_layers.sort_unstable();
+    dense_layers.dedup();
+    let moe = super::MoeConfig {
         num_experts,
         top_k,
         expert_ffn_hidden,
         shared_expert_ffn_hidden: shared,
         shared_expert_gate: model_type == "qwen2_moe",
         first_dense_layers: 0,
+        every,
+        offset: every - 1,
+        dense_layers,
         biases: model_type == "gpt_oss",
-    })
+    };
+    if !(0..n_layers).any(|l| moe.is_moe_layer(l)) {
+        return Err(format!(
+            "keys `decoder_sparse_step` and `mlp_only_layers`: leave no mixture-of-experts block among the {n_layers}"
+        ));
+    }
+    Ok(moe)
 }
 
 /// DeepSeek's MoE MLPs (`DeepseekV2Moe`, `DeepseekV3MoE`): the first `first_k_dense_replace`
@@ -658,24 +672,28 @@ fn deepseek_moe(o: &Map<String, Value>, model_type: &str, n_layers: u64) -> Resu
             n_layers - 1
         ));
     }
-    // DeepSeek's modelling code: block l's MLP is sparse when l >= first_k_dense_replace and
-    // l % moe_layer_freq == 0 (transformers' classes read no such key: every block past the
-    // dense ones sparse).
-    let freq = opt_count(o, "moe_layer_freq")?.unwrap_or(1);
-    if freq != 1 {
-        return Err(format!(
-            "key `moe_layer_freq`: {freq} (a mixture-of-experts MLP only in every {freq}th block, dense MLPs between) is not modelled; only 1"
-        ));
-    }
-    Ok(super::MoeConfig {
+    // DeepSeek's modelling code (modeling_deepseek.py, DeepseekV3DecoderLayer): block l's MLP
+    // is sparse when l >= first_k_dense_replace and l % moe_layer_freq == 0. (transformers'
+    // DeepseekV3 classes read no such key; every released DeepSeek config says 1.)
+    let every = opt_count(o, "moe_layer_freq")?.unwrap_or(1);
+    let moe = super::MoeConfig {
         num_experts,
         top_k,
         expert_ffn_hidden,
         shared_expert_ffn_hidden: n_shared * expert_ffn_hidden,
         shared_expert_gate: false,
         first_dense_layers,
+        every,
+        offset: 0,
+        dense_layers: Vec::new(),
         biases: false,
-    })
+    };
+    if !(0..n_layers).any(|l| moe.is_moe_layer(l)) {
+        return Err(format!(
+            "key `moe_layer_freq`: {every} with first_k_dense_replace ({first_dense_layers}) leaves no mixture-of-experts block among the {n_layers}"
+        ));
+    }
+    Ok(moe)
 }
 
 /// A count under either of two names transformers treats as one (`attribute_map`).
@@ -983,11 +1001,18 @@ mod tests {
     fn moe_refusals_name_the_key() {
         let with = |t: &str, extra: &str| parse(&format!(r#"{{"model_type": "{t}", {MOE_BASE}{extra}}}"#));
         for t in ["qwen2_moe", "qwen3_moe"] {
-            let e = with(t, r#", "decoder_sparse_step": 2"#).unwrap_err();
-            assert!(e.contains("`decoder_sparse_step`") && e.contains("only 1"), "{e}");
+            // Qwen-MoE's (l + 1) % decoder_sparse_step == 0: blocks 1, 3, ... of 2.
+            let m = with(t, r#", "decoder_sparse_step": 2"#).unwrap().moe.unwrap();
+            assert_eq!((m.every, m.offset, m.is_moe_layer(0), m.is_moe_layer(1)), (2, 1, false, true));
             assert!(with(t, r#", "decoder_sparse_step": 1, "mlp_only_layers": []"#).is_ok());
+            let m = with(t, r#", "mlp_only_layers": [1, 1]"#).unwrap().moe.unwrap();
+            assert_eq!((m.dense_layers.clone(), m.is_moe_layer(0), m.is_moe_layer(1)), (vec![1], true, false));
             let e = with(t, r#", "mlp_only_layers": [0, 5]"#).unwrap_err();
-            assert!(e.contains("`mlp_only_layers`"), "{e}");
+            assert!(e.contains("`mlp_only_layers`") && e.contains("below num_hidden_layers (2)"), "{e}");
+            let e = with(t, r#", "mlp_only_layers": [0, 1]"#).unwrap_err();
+            assert!(e.contains("leave no mixture-of-experts block"), "{e}");
+            let e = with(t, r#", "decoder_sparse_step": 3"#).unwrap_err();
+            assert!(e.contains("`decoder_sparse_step`"), "{e}");
         }
         let e = with("mixtral", r#", "num_experts_per_tok": 9"#).unwrap_err();
         assert!(e.contains("`num_experts_per_tok`"), "{e}");
@@ -1048,8 +1073,13 @@ mod tests {
         for t in ["deepseek_v3", "deepseek_v2"] {
             let k = r#", "num_experts_per_tok": 2, "first_k_dense_replace": 1"#;
             assert!(with(t, k).is_ok(), "{t}");
+            // DeepSeek's own l >= first_k_dense_replace and l % moe_layer_freq == 0.
+            let four = r#", "num_experts_per_tok": 2, "first_k_dense_replace": 1, "num_hidden_layers": 4"#;
+            let m = with(t, &format!(r#"{four}, "moe_layer_freq": 2"#)).unwrap().moe.unwrap();
+            let moe: Vec<bool> = (0..4).map(|l| m.is_moe_layer(l)).collect();
+            assert_eq!(moe, [false, false, true, false]);
             let e = with(t, &format!(r#"{k}, "moe_layer_freq": 2"#)).unwrap_err();
-            assert!(e.contains("`moe_layer_freq`") && e.contains("only 1"), "{e}");
+            assert!(e.contains("`moe_layer_freq`") && e.contains("leaves no mixture-of-experts block"), "{e}");
             assert!(with(t, &format!(r#"{k}, "moe_layer_freq": 1"#)).is_ok());
             let e = with(t, &format!(r#"{k}, "attention_bias": true"#)).unwrap_err();
             assert!(e.contains("`attention_bias`") && e.contains(t), "{e}");

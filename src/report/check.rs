@@ -45,7 +45,7 @@ pub fn summary(s: &Scenario) -> String {
                 o,
                 "             {} parameters = {dense_part}{moe_layers} MoE blocks x {} + {} outside them (embeddings, final norm, head); {} active per token",
                 sep(m.param_count()),
-                sep(m.block_params(m.n_layers - 1)),
+                sep(m.block_params((0..m.n_layers).rev().find(|&l| m.is_moe_layer(l)).unwrap_or(m.n_layers - 1))),
                 sep(outside),
                 sep(m.active_param_count())
             );

@@ -53,11 +53,7 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         extras.push("q/k head RMSNorm".to_string());
     }
     if let Some(moe) = &m.moe {
-        let blocks = if moe.first_dense_layers == 0 {
-            "every block".to_string()
-        } else {
-            format!("blocks {}-{} (the first {} dense)", moe.first_dense_layers, m.n_layers - 1, moe.first_dense_layers)
-        };
+        let blocks = moe.pattern_words(m.n_layers);
         let mut line = format!(
             "mixture of experts in {blocks}: {} experts of ffn {}, top-{} routing",
             moe.num_experts, moe.expert_ffn_hidden, moe.top_k

@@ -242,6 +242,13 @@ pub struct MoeSection {
     /// Leading blocks with a dense MLP of `model.ffn_hidden` (DeepSeek
     /// `first_k_dense_replace`).
     pub first_dense_layers: Option<i64>,
+    /// Past them, block l is a mixture of experts when l % every == offset (Megatron
+    /// `--moe-layer-freq N`: every = N, offset 0; Qwen-MoE / Llama 4 step s: every = s,
+    /// offset = s - 1).
+    pub every: Option<i64>,
+    pub offset: Option<i64>,
+    /// Blocks with a dense MLP whatever the pattern (Qwen-MoE `mlp_only_layers`).
+    pub dense_layers: Option<Vec<i64>>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -16,7 +16,18 @@ pub(super) fn validate_moe(
     n_layers: u64,
 ) -> Result<Option<MoeConfig>, ScenarioError> {
     let base = hf.and_then(|h| h.moe.clone());
-    let Some(sec) = &m.moe else { return Ok(base) };
+    let Some(sec) = &m.moe else {
+        if let Some(b) = base.as_ref().filter(|b| !(0..n_layers).any(|l| b.is_moe_layer(l))) {
+            return Err(v.err(
+                "model.n_layers",
+                format!(
+                    "{n_layers} blocks hold none of the config's mixture-of-experts blocks ({}): use more",
+                    b.pattern_words(n_layers)
+                ),
+            ));
+        }
+        return Ok(base);
+    };
     if family != Family::Llama {
         return Err(v.err(
             "model.moe",
@@ -69,15 +80,66 @@ pub(super) fn validate_moe(
         Some(x) => x as u64,
         None => base.as_ref().map_or(0, |b| b.first_dense_layers),
     };
-    Ok(Some(MoeConfig {
+    let every = match sec.every {
+        Some(x) => v.bounded("model.moe.every", x, limits::MAX_LAYERS)?,
+        None => base.as_ref().map_or(1, |b| b.every),
+    };
+    let offset = match sec.offset {
+        Some(x) if x < 0 || x as u64 >= every => {
+            return Err(v.err(
+                "model.moe.offset",
+                format!(
+                    "block l is a mixture of experts when l % every ({every}) == offset: between 0 and {}, got {x}",
+                    every - 1
+                ),
+            ))
+        }
+        Some(x) => x as u64,
+        None if sec.every.is_some() => 0,
+        None => base.as_ref().map_or(0, |b| b.offset),
+    };
+    let dense_layers = match &sec.dense_layers {
+        Some(list) => {
+            let mut out = Vec::with_capacity(list.len());
+            for &l in list {
+                if l < 0 || l as u64 >= n_layers {
+                    return Err(v.err(
+                        "model.moe.dense_layers",
+                        format!(
+                            "block indices between 0 and model.n_layers - 1 ({}), got {l}",
+                            n_layers.saturating_sub(1)
+                        ),
+                    ));
+                }
+                out.push(l as u64);
+            }
+            out.sort_unstable();
+            out.dedup();
+            out
+        }
+        None => {
+            base.as_ref().map_or_else(Vec::new, |b| b.dense_layers.iter().copied().filter(|&l| l < n_layers).collect())
+        }
+    };
+    let moe = MoeConfig {
         num_experts,
         top_k,
         expert_ffn_hidden,
         shared_expert_ffn_hidden,
         shared_expert_gate,
         first_dense_layers,
+        every,
+        offset,
+        dense_layers,
         biases: base.as_ref().is_some_and(|b| b.biases),
-    }))
+    };
+    if !(0..n_layers).any(|l| moe.is_moe_layer(l)) {
+        return Err(v.err(
+            "model.moe.every",
+            format!("with first_dense_layers {first_dense_layers}, offset {offset} and the dense_layers listed, none of the {n_layers} blocks is a mixture of experts"),
+        ));
+    }
+    Ok(Some(moe))
 }
 
 /// `[parallel] expert`: the expert-parallel degree, folded over the tensor- and
