@@ -16,7 +16,7 @@ use stepsim::scenario::Scenario;
 /// `model.safetensors.index.json` total size over 2 bytes (BF16), tests/fixtures/hf/README.md.
 const PUBLISHED: &[(&str, u64)] = &[
     ("gemma-7b", 8_537_680_896),
-    // The families added with GPT-NeoX, OLMo, Gemma 2/3 and gpt-oss are summed term by term in
+    // The families added with GPT-NeoX, OLMo, Gemma 2/3, gpt-oss and Llama 4 are summed term by term in
     // tests/hf_families.rs; there, each against the figure its authors publish.
     ("gemma-2-9b", 9_241_705_984),
     ("gemma-2-27b", 27_227_128_320),
@@ -24,6 +24,8 @@ const PUBLISHED: &[(&str, u64)] = &[
     ("gpt-neox-20b", 20_554_567_680),
     ("gpt-oss-20b", 20_914_757_184),
     ("gpt-oss-120b", 116_829_156_672),
+    ("llama-4-scout", 107_769_861_120),
+    ("llama-4-maverick", 400_711_848_960),
     ("olmo-7b", 6_888_095_744),
     ("olmo-2-7b", 7_298_617_344),
     ("pythia-6.9b", 6_857_302_016),

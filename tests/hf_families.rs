@@ -248,3 +248,42 @@ fn gpt_oss_counts_term_by_term() {
     assert_eq!(op(&dag, "layers.0.feed_forward.router").params, 32 * 2880 + 32);
     assert_eq!(op(&dag, "layers.0.feed_forward.experts.w2").params, 32 * (2880 * 2880 + 2880));
 }
+
+/// Llama 4's language models (`Llama4ForCausalLM` over the released configs' text_config): per
+/// block q and o of 40 x 128, k and v of 8 x 128, two RMSNorms; MoE blocks a router (experts x
+/// h), the experts (3 h f each, f = `intermediate_size`) and one shared expert of the same
+/// width; dense blocks (Maverick's even ones) a SwiGLU MLP of `intermediate_size_mlp`; untied
+/// embeddings. Meta's model cards: 17B active parameters, 109B and 400B in total, the totals
+/// with the vision encoder this count leaves out (within 2%).
+#[test]
+fn llama4_counts_term_by_term_with_chunked_attention_and_interleaved_experts() {
+    let (h, v, f, fd) = (5120u64, 202_048u64, 8192u64, 16_384u64);
+    let attention = 2 * h * 40 * 128 + 2 * h * 8 * 128 + 2 * h;
+    let expert = 3 * h * f;
+    let dense = attention + 3 * h * fd;
+    let outside = 2 * v * h + h;
+    for (name, experts, every, total, card_total) in [
+        ("llama-4-scout", 16u64, 1u64, 107_769_861_120u64, 109.0),
+        ("llama-4-maverick", 128, 2, 400_711_848_960, 400.0),
+    ] {
+        let moe_blocks = 48 / every;
+        let moe = attention + experts * h + experts * expert + expert;
+        assert_eq!((48 - moe_blocks) * dense + moe_blocks * moe + outside, total, "{name}");
+        counts(name, total);
+        let s = scenario(name, 16_384, "full");
+        let active = total - moe_blocks * (experts - 1) * expert;
+        assert_eq!(s.model.active_param_count(), active, "{name}");
+        assert!((active as f64 / 1e9 / 17.0 - 1.0).abs() < 0.02, "{name}: {active} active");
+        assert!((total as f64 / 1e9 / card_total - 1.0).abs() < 0.02, "{name}: {total} in all");
+        // Maverick's MoE blocks are the odd ones (interleave_moe_layer_step 2).
+        let moe_at: Vec<u64> = (0..4).filter(|&l| s.model.is_moe_layer(l)).collect();
+        assert_eq!(moe_at, if every == 1 { vec![0, 1, 2, 3] } else { vec![1, 3] }, "{name}");
+        // Rotary blocks attend within 8192-token chunks, every 4th (NoPE) block globally.
+        let dag = build(&s.model, &s.workload);
+        let flops = |l: u64| op(&dag, &format!("layers.{l}.attention.core")).fwd_flops;
+        let share = (2.0 * 8192.0 * 8193.0 / 2.0) / (16_384.0 * 16_385.0 / 2.0);
+        assert!((SlidingWindow::chunked_share(8192, 16_384) - share).abs() < 1e-15);
+        assert!((flops(0) / flops(3) - share).abs() < 1e-12, "{name}");
+        assert_eq!(flops(3), flops(7));
+    }
+}

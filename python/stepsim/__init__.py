@@ -305,7 +305,9 @@ class Report:
         return pd.DataFrame(cols)
 
     def memory_csv(self) -> str:
-        """memory.csv's text, byte for byte as ``stepsim run`` writes it."""
+        """memory.csv's text with every change, byte for byte as ``stepsim run`` writes it
+        (``stepsim run --memory-csv full`` past 1,000,000 rows, where the CLI's default is a
+        summary)."""
         return self._sim.memory_csv()
 
     # -- time

@@ -174,6 +174,11 @@ impl NormPlacement {
 pub struct SlidingWindow {
     pub window: u64,
     pub pattern: WindowPattern,
+    /// Chunked local attention instead (Llama 4's `attention_chunk_size`): the sequence is cut
+    /// into chunks of `window` tokens and a query attends to the tokens of its own chunk up to
+    /// itself.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub chunked: bool,
 }
 
 /// Which blocks attend locally.
@@ -199,6 +204,39 @@ impl SlidingWindow {
             WindowPattern::From(k) => l >= k,
         };
         local.then_some(self.window)
+    }
+
+    /// Whether a local block attends to the whole of an `s`-token sequence anyway.
+    pub fn covers(&self, s: u64) -> bool {
+        if self.chunked {
+            self.window >= s
+        } else {
+            self.window.saturating_add(1) >= s
+        }
+    }
+
+    /// The share of causal attention's query-key pairs a local block computes over an
+    /// `s`-token sequence ([`SlidingWindow::causal_share`], or its chunked counterpart).
+    pub fn share(&self, s: u64) -> f64 {
+        if self.chunked {
+            SlidingWindow::chunked_share(self.window, s)
+        } else {
+            SlidingWindow::causal_share(self.window, s)
+        }
+    }
+
+    /// Query-key pairs chunked attention computes, chunks of `c` tokens over a causal sequence
+    /// of `s`, as a share of s (s + 1) / 2: each whole chunk its own triangle c (c + 1) / 2, the
+    /// last r = s mod c tokens r (r + 1) / 2. 1 when one chunk covers the sequence.
+    pub fn chunked_share(c: u64, s: u64) -> f64 {
+        if c >= s {
+            return 1.0;
+        }
+        let (q, r) = ((s / c) as f64, (s % c) as f64);
+        let c = c as f64;
+        let pairs = q * c * (c + 1.0) / 2.0 + r * (r + 1.0) / 2.0;
+        let s = s as f64;
+        pairs / (s * (s + 1.0) / 2.0)
     }
 
     /// Query-key pairs a block of window `w` computes over a causal sequence of `s` tokens, as
@@ -526,18 +564,16 @@ impl ModelConfig {
         }
         if let Some(sw) = &self.sliding_window {
             let local = (0..self.n_layers).filter(|&l| sw.window_of(l).is_some()).count();
-            let effect = if sw.window + 1 >= seq_len {
+            let effect = if sw.covers(seq_len) {
                 format!("covering the whole {seq_len}-token sequence")
             } else {
                 format!(
                     "flash computes {:.1}% of causal attention there at {seq_len} tokens; math attention every score",
-                    100.0 * SlidingWindow::causal_share(sw.window, seq_len)
+                    100.0 * sw.share(seq_len)
                 )
             };
-            notes.push(format!(
-                "sliding window of {} tokens in {local} of {} blocks ({effect})",
-                sw.window, self.n_layers
-            ));
+            let what = if sw.chunked { "chunked attention over chunks" } else { "sliding window" };
+            notes.push(format!("{what} of {} tokens in {local} of {} blocks ({effect})", sw.window, self.n_layers));
         }
         notes
     }

@@ -14,8 +14,7 @@ use petgraph::graph::{DiGraph, NodeIndex};
 use serde::Serialize;
 
 use super::config::{
-    Attention, ContextComm, Dtype, Family, MlaConfig, ModelConfig, MoeConfig, NormPlacement, RoutedCopies,
-    SlidingWindow, Workload,
+    Attention, ContextComm, Dtype, Family, MlaConfig, ModelConfig, MoeConfig, NormPlacement, RoutedCopies, Workload,
 };
 use crate::net::Collective;
 
@@ -604,9 +603,9 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         let att_f = 2.0 * (b * sl * s) as f64 * (qk_w + v_w) as f64;
         // A local block's flash kernel computes only the window's band of the causal square;
         // math attention computes every score and masks them.
-        let window = cfg.sliding_window.as_ref().and_then(|sw| sw.window_of(l));
-        let att_f = match window {
-            Some(win) if w.attention == Attention::Flash && win + 1 < s => att_f * SlidingWindow::causal_share(win, s),
+        let local = cfg.sliding_window.as_ref().filter(|sw| sw.window_of(l).is_some() && !sw.covers(s));
+        let att_f = match local {
+            Some(sw) if w.attention == Attention::Flash => att_f * sw.share(s),
             _ => att_f,
         };
         let mut saves = vec![q];

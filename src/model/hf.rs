@@ -23,6 +23,7 @@
 //! | qwen3_moe | qwen3's `head_dim` and q/k head norms; every MLP `num_experts` (128) experts of `moe_intermediate_size` (768), top `num_experts_per_tok` (8), no shared expert; `decoder_sparse_step` and `mlp_only_layers` as qwen2_moe | `Qwen3MoeConfig` |
 //! | deepseek_v3 | multi-head latent attention in place of q, k, v: `q_lora_rank` (1536; null: a direct q projection), `kv_lora_rank` (512), per head `qk_nope_head_dim` (128) + `qk_rope_head_dim` (64) query/key and `v_head_dim` (128) value, `num_key_value_heads` = `num_attention_heads` only; the first `first_k_dense_replace` (3) MLPs dense of `intermediate_size`, the rest `n_routed_experts` (256) experts of `moe_intermediate_size` (2048), top `num_experts_per_tok` (8), plus `n_shared_experts` (1) x `moe_intermediate_size` of shared expert, ungated; past the dense blocks, block l sparse when l % `moe_layer_freq` (1) == 0, as DeepSeek's own modelling code reads it | `DeepseekV3Config` |
 //! | gpt_oss | `head_dim` (64); `attention_bias` (true: q, k, v and o); one attention-sink logit per head; every MLP `num_local_experts` (128) experts of `intermediate_size` (2880) with biases on the router and the experts, top `num_experts_per_tok` (4; `experts_per_token` alike); `sliding_window` (128) in every even block; `swiglu_limit`'s clamps and YaRN change no parameter | `GptOssConfig` |
+//! | llama4_text | (the language model of a `llama4` config: its `text_config`) `head_dim` (128); MoE blocks of `num_local_experts` (16) experts of `intermediate_size` (8192), top `num_experts_per_tok` (1), plus one shared expert of the same width, every `interleave_moe_layer_step`th block (1) or the `moe_layers` listed, the other blocks dense of `intermediate_size_mlp` (16384); chunked attention over `attention_chunk_size` (8192; null: none) in the rotary blocks, global in the NoPE ones (`no_rope_layers`, default every `no_rope_layer_interval`th, 4); `use_qk_norm`'s L2 norm and the attention temperature have no parameters | `Llama4TextConfig` |
 //! | deepseek_v2 | as deepseek_v3, with its own defaults: `first_k_dense_replace` (0), `n_routed_experts` (64), `moe_intermediate_size` (1407), `n_shared_experts` (2); `num_experts_per_tok` required (no default) | `DeepseekV2Config` |
 //!
 //! An explicit `layer_types` list (newer transformers write one) decides which blocks are local
@@ -130,10 +131,12 @@ pub const SUPPORTED: &[&str] = &[
     "deepseek_v2",
     "deepseek_v3",
     "gpt_oss",
+    "llama4_text",
 ];
 
 /// The mixture-of-experts model types (the rest are dense).
-const MOE_TYPES: &[&str] = &["mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss"];
+const MOE_TYPES: &[&str] =
+    &["mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4_text"];
 
 /// The types whose `attention_bias` puts biases on q, k, v and o (their attention classes
 /// build all four projections with `bias=config.attention_bias`).
@@ -146,8 +149,7 @@ const DEEPSEEK_TYPES: &[&str] = &["deepseek_v2", "deepseek_v3"];
 /// Model types people ask for that are not read, with what the block cannot express.
 const UNSUPPORTED: &[(&str, &str)] = &[
     ("gemma3", "a multimodal wrapper (a SigLIP vision tower beside the language model): give its text_config as a config.json of its own (model_type gemma3_text)"),
-    ("llama4", "a multimodal wrapper with interleaved dense and MoE blocks and chunked attention is not modelled yet"),
-    ("llama4_text", "interleaved dense and MoE blocks and chunked attention are not modelled yet"),
+    ("llama4", "a multimodal wrapper (a vision encoder beside the language model): give its text_config as a config.json of its own (model_type llama4_text)"),
     ("dbrx", "DBRX's clipped fused qkv and ffn_config experts are not read yet"),
     ("jamba", "Mamba (state-space) blocks are not modelled"),
     ("qwen3_next", "gated DeltaNet linear attention and gated attention are not modelled"),
@@ -229,6 +231,7 @@ pub fn parse(text: &str) -> Result<HfModel, String> {
     let head_dim = match model_type.as_str() {
         "gemma2" | "gemma3_text" => Some(head_dim.unwrap_or(256)),
         "gpt_oss" => Some(head_dim.unwrap_or(64)),
+        "llama4_text" => Some(head_dim.unwrap_or(128)),
         _ => head_dim,
     };
     if gemma && head_dim.is_none() {
@@ -270,7 +273,12 @@ pub fn parse(text: &str) -> Result<HfModel, String> {
         hidden,
         n_heads,
         n_kv_heads,
-        ffn_hidden: count(&o, "intermediate_size")?,
+        // Llama 4's dense blocks use `intermediate_size_mlp`; its experts `intermediate_size`.
+        ffn_hidden: if model_type == "llama4_text" {
+            opt_count(&o, "intermediate_size_mlp")?.unwrap_or(16384)
+        } else {
+            count(&o, "intermediate_size")?
+        },
         vocab: count(&o, "vocab_size")?,
         tie_embeddings: flag(&o, "tie_word_embeddings")?.unwrap_or(tie_default),
         head_dim: head_dim.filter(|&d| d * n_heads != hidden),
@@ -434,6 +442,7 @@ fn block_style(o: &Map<String, Value>, model_type: &str) -> Result<super::BlockS
 /// Gemma 3 all but every `sliding_window_pattern`th (6); an explicit `layer_types` list (newer
 /// transformers write one) decides it where given.
 fn sliding_window(o: &Map<String, Value>, model_type: &str) -> Result<Option<super::SlidingWindow>, String> {
+    let n_layers = count(o, "num_hidden_layers")?;
     use super::WindowPattern;
     let window = match (model_type, o.get("sliding_window")) {
         // Gemma2Config's and Gemma3TextConfig's default window, GptOssConfig's; null turns it
@@ -453,12 +462,15 @@ fn sliding_window(o: &Map<String, Value>, model_type: &str) -> Result<Option<sup
         "gpt_oss" => Some(WindowPattern::GlobalEvery(2)),
         _ => None,
     };
+    if model_type == "llama4_text" {
+        return llama4_chunks(o, n_layers);
+    }
     let pattern = match o.get("layer_types") {
         None | Some(Value::Null) => rule,
-        Some(list) => layer_types(list)?,
+        Some(list) => layer_types(list, "sliding_attention", n_layers)?,
     };
     match (window, pattern) {
-        (Some(window), Some(pattern)) => Ok(Some(super::SlidingWindow { window, pattern })),
+        (Some(window), Some(pattern)) => Ok(Some(super::SlidingWindow { window, pattern, chunked: false })),
         (None, Some(_)) if o.get("layer_types").is_some_and(|x| !x.is_null()) => {
             Err("key `layer_types`: names sliding_attention blocks but `sliding_window` is not set".into())
         }
@@ -466,33 +478,64 @@ fn sliding_window(o: &Map<String, Value>, model_type: &str) -> Result<Option<sup
     }
 }
 
+/// Llama 4's chunked attention (`Llama4TextAttention`): blocks with rotary positions attend
+/// within chunks of `attention_chunk_size` (8192; null: none), the NoPE blocks globally; the
+/// NoPE blocks are where `no_rope_layers` says 0 (default every `no_rope_layer_interval`th, 4),
+/// or the `full_attention` entries of `layer_types` where given.
+fn llama4_chunks(o: &Map<String, Value>, n_layers: u64) -> Result<Option<super::SlidingWindow>, String> {
+    let chunk = match o.get("attention_chunk_size") {
+        Some(Value::Null) => return Ok(None),
+        None => 8192,
+        Some(_) => count(o, "attention_chunk_size")?,
+    };
+    let pattern = match (o.get("layer_types"), o.get("no_rope_layers")) {
+        (Some(list), _) if !list.is_null() => layer_types(list, "chunked_attention", n_layers)?,
+        (_, Some(Value::Array(a))) if !a.is_empty() => {
+            let types: Vec<Value> = a
+                .iter()
+                .map(|x| match x.as_u64() {
+                    Some(0) => Ok(Value::String("full_attention".into())),
+                    Some(1) => Ok(Value::String("chunked_attention".into())),
+                    _ => Err(format!(
+                        "key `no_rope_layers`: each entry is 1 (rotary, chunked) or 0 (NoPE, global), got {x}"
+                    )),
+                })
+                .collect::<Result<_, _>>()?;
+            layer_types(&Value::Array(types), "chunked_attention", n_layers)?
+        }
+        _ => Some(super::WindowPattern::GlobalEvery(opt_count(o, "no_rope_layer_interval")?.unwrap_or(4))),
+    };
+    Ok(pattern.map(|pattern| super::SlidingWindow { window: chunk, pattern, chunked: true }))
+}
+
 /// `layer_types` as one of the patterns stepsim's blocks express: None when every block
 /// attends globally.
-fn layer_types(list: &Value) -> Result<Option<super::WindowPattern>, String> {
+fn layer_types(list: &Value, local_name: &str, n_layers: u64) -> Result<Option<super::WindowPattern>, String> {
     use super::WindowPattern;
     let Value::Array(items) = list else {
-        return Err(format!(
-            "key `layer_types`: must be a list of \"full_attention\" / \"sliding_attention\", got {list}"
-        ));
+        return Err(format!("key `layer_types`: must be a list of \"full_attention\" / \"{local_name}\", got {list}"));
     };
     let mut local = Vec::with_capacity(items.len());
     for item in items {
         match item.as_str() {
             Some("full_attention") => local.push(false),
-            Some("sliding_attention") => local.push(true),
+            Some(x) if x == local_name => local.push(true),
             _ => {
                 return Err(format!(
-                    "key `layer_types`: {item} is not modelled; allowed: \"full_attention\", \"sliding_attention\""
+                    "key `layer_types`: {item} is not modelled; allowed: \"full_attention\", \"{local_name}\""
                 ))
             }
         }
     }
     let n = local.len() as u64;
+    if n != n_layers {
+        return Err(format!("key `layer_types`: {n} entries for num_hidden_layers ({n_layers}) blocks"));
+    }
     if !local.contains(&true) {
         return Ok(None);
     }
     let matches = |p: WindowPattern| {
-        let sw = super::SlidingWindow { window: 1, pattern: p };
+        let sw = super::SlidingWindow { window: 1, pattern: p, chunked: false };
         (0..n).all(|l| sw.window_of(l).is_some() == local[l as usize])
     };
     let first_local = local.iter().position(|&x| x).unwrap_or(0) as u64;
@@ -580,6 +623,17 @@ fn moe_config(o: &Map<String, Value>, model_type: &str, n_layers: u64) -> Result
             opt_count(o, "intermediate_size")?.unwrap_or(2880),
             0,
         ),
+        // Llama4TextConfig: `num_local_experts` (16) experts of `intermediate_size` (8192), top
+        // `num_experts_per_tok` (1), and one shared expert of the same width in every MoE block.
+        "llama4_text" => {
+            let f = opt_count(o, "intermediate_size")?.unwrap_or(8192);
+            (
+                aliased(o, "num_local_experts", "num_experts")?.unwrap_or(16),
+                opt_count(o, "num_experts_per_tok")?.unwrap_or(1),
+                f,
+                f,
+            )
+        }
         _ => unreachable!("moe_config of a dense model type"),
     };
     if top_k > num_experts {
@@ -591,6 +645,8 @@ fn moe_config(o: &Map<String, Value>, model_type: &str, n_layers: u64) -> Result
     // (l + 1) % decoder_sparse_step == 0.
     let (every, dense_layers) = if model_type == "mixtral" || model_type == "gpt_oss" {
         (1, Vec::new())
+    } else if model_type == "llama4_text" {
+        llama4_moe_layers(o, n_layers)?
     } else {
         let step = opt_count(o, "decoder_sparse_step")?.unwrap_or(1);
         let dense = match o.get("mlp_only_layers") {
@@ -630,6 +686,22 @@ fn moe_config(o: &Map<String, Value>, model_type: &str, n_layers: u64) -> Result
         ));
     }
     Ok(moe)
+}
+
+/// Llama 4's MoE blocks (`Llama4TextConfig.moe_layers`): an explicit `moe_layers` list, else
+/// every `interleave_moe_layer_step`th block (1: all), i.e. blocks s - 1, 2s - 1, ...; as
+/// (every, the blocks listed dense).
+fn llama4_moe_layers(o: &Map<String, Value>, n_layers: u64) -> Result<(u64, Vec<u64>), String> {
+    match o.get("moe_layers") {
+        None | Some(Value::Null) => Ok((opt_count(o, "interleave_moe_layer_step")?.unwrap_or(1), Vec::new())),
+        Some(Value::Array(a)) => {
+            let moe = a.iter().map(|x| x.as_u64().filter(|&l| l < n_layers)).collect::<Option<Vec<u64>>>().ok_or_else(
+                || format!("key `moe_layers`: must list block indices below num_hidden_layers ({n_layers})"),
+            )?;
+            Ok((1, (0..n_layers).filter(|l| !moe.contains(l)).collect()))
+        }
+        Some(v) => Err(format!("key `moe_layers`: must be a list of block indices, got {v}")),
+    }
 }
 
 /// DeepSeek's MoE MLPs (`DeepseekV2Moe`, `DeepseekV3MoE`): the first `first_k_dense_replace`
@@ -776,6 +848,10 @@ pub const ZOO: &[ZooModel] = zoo! {
     "llama-3.1-8b" => "meta-llama/Llama-3.1-8B",
     "llama-3.1-70b" => "meta-llama/Llama-3.1-70B",
     "llama-3.1-405b" => "meta-llama/Llama-3.1-405B",
+    "llama-4-maverick" => "meta-llama/Llama-4-Maverick-17B-128E";
+        ": its text_config (the language model; the vision encoder beside it is not modelled)",
+    "llama-4-scout" => "meta-llama/Llama-4-Scout-17B-16E";
+        ": its text_config (the language model; the vision encoder beside it is not modelled)",
     "mistral-7b-v0.1" => "mistralai/Mistral-7B-v0.1",
     "mistral-nemo-12b" => "mistralai/Mistral-Nemo-Base-2407",
     "mixtral-8x7b" => "mistralai/Mixtral-8x7B-v0.1",
@@ -905,6 +981,31 @@ mod tests {
     }
 
     #[test]
+    fn llama4_reads_interleaved_experts_and_chunked_attention_with_transformers_defaults() {
+        use crate::model::WindowPattern;
+        let with = |extra: &str| parse(&format!(r#"{{"model_type": "llama4_text", {MOE_BASE}{extra}}}"#));
+        let h = with(r#", "intermediate_size_mlp": 256"#).unwrap();
+        let m = h.moe.clone().unwrap();
+        assert_eq!((m.num_experts, m.top_k, m.expert_ffn_hidden, m.shared_expert_ffn_hidden), (16, 1, 128, 128));
+        assert_eq!((h.ffn_hidden, h.head_dim, m.every), (256, Some(128), 1));
+        let sw = h.sliding_window.unwrap();
+        assert_eq!((sw.window, sw.pattern, sw.chunked), (8192, WindowPattern::GlobalEvery(4), true));
+        let m = with(r#", "interleave_moe_layer_step": 2"#).unwrap().moe.unwrap();
+        assert_eq!((m.is_moe_layer(0), m.is_moe_layer(1)), (false, true));
+        let m = with(r#", "moe_layers": [0]"#).unwrap().moe.unwrap();
+        assert_eq!(m.dense_layers, [1]);
+        let sw = with(r#", "no_rope_layers": [1, 0]"#).unwrap().sliding_window.unwrap();
+        assert_eq!((sw.window_of(0), sw.window_of(1)), (Some(8192), None));
+        assert!(with(r#", "attention_chunk_size": null"#).unwrap().sliding_window.is_none());
+        let e = with(r#", "moe_layers": [2]"#).unwrap_err();
+        assert!(e.contains("`moe_layers`"), "{e}");
+        let e = with(r#", "no_rope_layers": [1, 2]"#).unwrap_err();
+        assert!(e.contains("`no_rope_layers`"), "{e}");
+        let e = parse(r#"{"model_type": "llama4", "text_config": {}}"#).unwrap_err();
+        assert!(e.contains("llama4_text") && e.contains("text_config"), "{e}");
+    }
+
+    #[test]
     fn layer_types_and_window_rules_become_patterns() {
         use crate::model::WindowPattern;
         let base = r#""hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 6,
@@ -934,9 +1035,12 @@ mod tests {
         assert_eq!(pattern("gemma2", &types(&[f, f, f, f, f, f].join(","))), None);
         let e = with("qwen3", &types(&[s, f, f, s, f, f].join(","))).unwrap_err();
         assert!(e.contains("`layer_types`") && e.contains("not one stepsim expresses"), "{e}");
-        let e = with("qwen3", &types(r#""chunked_attention""#)).unwrap_err();
+        let c = r#""chunked_attention""#;
+        let e = with("qwen3", &types(&[c, f, f, f, f, f].join(","))).unwrap_err();
         assert!(e.contains("`layer_types`") && e.contains("chunked_attention"), "{e}");
-        let e = with("qwen3", &format!(r#", "layer_types": [{s}]"#)).unwrap_err();
+        let e = with("qwen3", &types(&[s, f].join(","))).unwrap_err();
+        assert!(e.contains("`layer_types`") && e.contains("2 entries for num_hidden_layers (6)"), "{e}");
+        let e = with("qwen3", &format!(r#", "layer_types": [{}]"#, [f, s, s, s, s, s].join(","))).unwrap_err();
         assert!(e.contains("`sliding_window` is not set"), "{e}");
     }
 
@@ -1024,7 +1128,7 @@ mod tests {
         // DeepSeek's routed experts are read by the DeepSeek types only.
         let e = with("qwen3_moe", r#", "n_routed_experts": 8"#).unwrap_err();
         assert!(e.contains("`n_routed_experts`") && e.contains("deepseek_v3"), "{e}");
-        for t in ["llama4", "dbrx", "jamba", "gemma3"] {
+        for t in ["dbrx", "jamba", "gemma3"] {
             let e = with(t, "").unwrap_err();
             assert!(e.contains(t) && e.contains("not supported"), "{e}");
         }

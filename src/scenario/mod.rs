@@ -674,15 +674,16 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
     }
     // A window of w earlier tokens covers a sequence of w + 1 whole. Training computes the
     // band (model::SlidingWindow); a KV cache that keeps only the window is not modelled.
-    let local_window = model
-        .sliding_window
-        .as_ref()
-        .map(|sw| sw.window)
-        .filter(|&w| inf.is_some_and(|(_, ctx)| w.saturating_add(1) < ctx));
-    if let (Some(w), Some((_, context))) = (local_window, inf) {
+    let local = model.sliding_window.as_ref().filter(|sw| inf.is_some_and(|(_, ctx)| !sw.covers(ctx)));
+    if let (Some(sw), Some((_, context))) = (local, inf) {
+        let (what, most) = if sw.chunked {
+            ("chunked attention (chunks", sw.window)
+        } else {
+            ("sliding-window attention (window", sw.window + 1)
+        };
         return Err(v.err(
             if m.name.is_some() { "model.name" } else { "model.hf_config" },
-            format!("the config's sliding-window attention (window {w} tokens) is shorter than the context ({context} tokens); in inference its KV cache (the window's tokens only) is not modelled: use a context of at most {} tokens, or simulate training", w + 1),
+            format!("the config's {what} {} tokens) is shorter than the context ({context} tokens); in inference its KV cache (the window's tokens only) is not modelled: use a context of at most {most} tokens, or simulate training", sw.window),
         ));
     }
 
@@ -1141,7 +1142,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
     if model.style.qk_norm_full_width && mp.tensor > 1 {
         return Err(v.err("parallel.tensor", format!("{}: this model's query and key norms span every head (OLMo 2's), which tensor parallelism would split (an all-reduce per norm, not modelled); use parallel.tensor = 1, or FSDP", mp.tensor)));
     }
-    if let Some(sw) = model.sliding_window.as_ref().filter(|sw| sw.window.saturating_add(1) < seq_len) {
+    if let Some(sw) = model.sliding_window.as_ref().filter(|sw| !sw.covers(seq_len)) {
         if mp.context > 1 {
             return Err(v.err("parallel.context", format!("{}: context parallelism over sliding-window attention (window {} tokens, sequence {seq_len}) is not modelled (the ring would skip blocks outside the window); use parallel.context = 1", mp.context, sw.window)));
         }
