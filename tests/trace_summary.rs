@@ -78,8 +78,10 @@ fn small_jobs_keep_every_event_and_full_overrides_the_budget() {
     assert_eq!(chrome_trace::detail_for(&many, true), Detail::Full);
 }
 
+/// `run --trace full` and `run --memory-csv full` are accepted, anything else for them refused
+/// naming what is allowed; a small job's files are whole and the run says nothing of summaries.
 #[test]
-fn run_takes_trace_full_and_refuses_anything_else() {
+fn run_takes_trace_full_and_memory_csv_full_and_refuses_anything_else() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = tempfile::tempdir().unwrap();
     let run = |extra: &[&str]| {
@@ -90,10 +92,14 @@ fn run_takes_trace_full_and_refuses_anything_else() {
             .output()
             .unwrap()
     };
-    assert!(run(&["--trace", "full"]).status.success());
-    let bad = run(&["--trace", "everything"]);
-    assert_eq!(bad.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("full"), "names what is allowed");
+    for flag in ["--trace", "--memory-csv"] {
+        let ok = run(&[flag, "full"]);
+        assert!(ok.status.success(), "{flag}");
+        assert!(!String::from_utf8_lossy(&ok.stdout).contains("is a summary"), "a small job's files are whole");
+        let bad = run(&[flag, "everything"]);
+        assert_eq!(bad.status.code(), Some(2), "{flag}");
+        assert!(String::from_utf8_lossy(&bad.stderr).contains("full"), "{flag}: names what is allowed");
+    }
 }
 
 /// Issue 24: a pipeline's trace draws an arrow from the kernel that produced each activation
@@ -198,24 +204,4 @@ fn a_memory_csv_summary_keeps_exact_values_and_every_peak() {
         rs.iter().map(|(_, c, k, v)| ((c.clone(), k.clone()), *v)).collect()
     };
     assert_eq!(last(&full), last(&summary), "every class and category ends where the full file does");
-}
-
-#[test]
-fn run_takes_memory_csv_full_and_refuses_anything_else() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let dir = tempfile::tempdir().unwrap();
-    let run = |extra: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_stepsim"))
-            .args(["run", "scenarios/gpt-1.3b-1gpu.toml", "--out", dir.path().to_str().unwrap()])
-            .args(extra)
-            .current_dir(root)
-            .output()
-            .unwrap()
-    };
-    let ok = run(&["--memory-csv", "full"]);
-    assert!(ok.status.success());
-    assert!(!String::from_utf8_lossy(&ok.stdout).contains("is a summary"), "a small job's files are whole");
-    let bad = run(&["--memory-csv", "all"]);
-    assert_eq!(bad.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("full"), "names what is allowed");
 }
