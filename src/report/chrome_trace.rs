@@ -20,8 +20,12 @@ use crate::engine::Trace;
 use crate::memory::Category;
 use crate::schedule::{Phase, Schedule};
 
-fn esc(s: &str) -> String {
-    let mut o = String::with_capacity(s.len());
+fn esc(s: &str) -> std::borrow::Cow<'_, str> {
+    // Most names need no escaping: borrowed as they are.
+    if !s.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut o = String::with_capacity(s.len() + 8);
     for c in s.chars() {
         match c {
             '"' => o.push_str("\\\""),
@@ -32,7 +36,39 @@ fn esc(s: &str) -> String {
             c => o.push(c),
         }
     }
-    o
+    std::borrow::Cow::Owned(o)
+}
+
+/// Bytes as GB with four decimals: what `{:.4}` prints of `bytes as f64 / 1e9`, from integer
+/// arithmetic (fixed-precision float formatting falls to its slow exact path on many values).
+/// The two agree except where the fifth decimal onwards is exactly a half (`bytes % 100_000 ==
+/// 50_000`, where the double's rounding decides) or past 2^53 bytes: those take the float path.
+struct Gb4(u64);
+
+impl std::fmt::Display for Gb4 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (q, r) = (self.0 / 100_000, self.0 % 100_000);
+        if r == 50_000 || self.0 >= 1 << 53 {
+            return write!(f, "{:.4}", self.0 as f64 / 1e9);
+        }
+        let q = if r > 50_000 { q + 1 } else { q };
+        write!(f, "{}.{:04}", q / 10_000, q % 10_000)
+    }
+}
+
+/// A FLOP count as `{:.0}` prints it: a whole number below 2^53 (every count the cost model
+/// forms from sizes) as the integer it is, anything else through the float path.
+struct Whole(f64);
+
+impl std::fmt::Display for Whole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let x = self.0;
+        if x.fract() == 0.0 && (0.0..9_007_199_254_740_992.0).contains(&x) {
+            write!(f, "{}", x as u64)
+        } else {
+            write!(f, "{x:.0}")
+        }
+    }
 }
 
 /// Microseconds with nanosecond precision, as the format expects.
@@ -167,10 +203,10 @@ pub fn render_detail(sched: &Schedule, trace: &Trace, pid: u32, rank_label: &str
         last = (s.allocated, s.reserved);
         let _ = write!(
             o,
-            ",\n{{\"name\":\"memory (GB)\",\"ph\":\"C\",\"pid\":{pid},\"ts\":{},\"args\":{{\"allocated\":{:.4},\"reserved\":{:.4}}}}}",
+            ",\n{{\"name\":\"memory (GB)\",\"ph\":\"C\",\"pid\":{pid},\"ts\":{},\"args\":{{\"allocated\":{},\"reserved\":{}}}}}",
             us(s.time_ns),
-            s.allocated as f64 / 1e9,
-            s.reserved as f64 / 1e9,
+            Gb4(s.allocated),
+            Gb4(s.reserved),
         );
         let _ = write!(
             o,
@@ -179,7 +215,7 @@ pub fn render_detail(sched: &Schedule, trace: &Trace, pid: u32, rank_label: &str
         );
         for (k, c) in present.iter().enumerate() {
             let sep = if k == 0 { "" } else { "," };
-            let _ = write!(o, "{sep}\"{}\":{:.4}", esc(c.label()), s.by_category[c.index()] as f64 / 1e9);
+            let _ = write!(o, "{sep}\"{}\":{}", esc(c.label()), Gb4(s.by_category[c.index()]));
         }
         o.push_str("}}");
     }
@@ -319,7 +355,7 @@ fn work_args(l: &crate::schedule::TaskLabel, dur_ns: u64) -> String {
     let secs = dur_ns as f64 / 1e9;
     let mut s = String::new();
     if l.flops > 0.0 {
-        let _ = write!(s, ",\"flops\":{:.0}", l.flops);
+        let _ = write!(s, ",\"flops\":{}", Whole(l.flops));
         if secs > 0.0 {
             let _ = write!(s, ",\"tflops_per_s\":{:.1}", l.flops / secs / 1e12);
         }
@@ -336,6 +372,26 @@ fn work_args(l: &crate::schedule::TaskLabel, dur_ns: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn integer_formatting_prints_what_float_formatting_prints() {
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut values =
+            vec![0, 1, 49_999, 50_000, 50_001, 150_000, 99_999_999_950_000, (1 << 53) - 1, 1 << 53, u64::MAX];
+        for _ in 0..100_000 {
+            // xorshift: bytes across every magnitude stepsim reports.
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            values.push(x >> (x % 40));
+        }
+        for b in values {
+            assert_eq!(Gb4(b).to_string(), format!("{:.4}", b as f64 / 1e9), "{b}");
+            let f = b as f64;
+            assert_eq!(Whole(f).to_string(), format!("{f:.0}"), "{f}");
+            assert_eq!(Whole(f * 0.5 + 0.25).to_string(), format!("{:.0}", f * 0.5 + 0.25));
+        }
+    }
 
     #[test]
     fn escapes_json_and_formats_microseconds() {
