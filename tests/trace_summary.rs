@@ -111,7 +111,10 @@ fn a_pipeline_trace_links_each_receive_to_its_sender() {
     let s = Scenario::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/gpt-13b-pp4-1f1b.toml")).unwrap();
     let sim = stepsim::simulate(&s).unwrap();
     let views: Vec<_> = sim.job.classes.iter().enumerate().map(|(k, c)| (&c.schedule, &sim.run.traces[k])).collect();
-    let text = format!("{{\"traceEvents\":[{{}}{}]}}", chrome_trace::flow_events(&views, &sim.job.links, Detail::Full));
+    let text = format!(
+        "{{\"traceEvents\":[{{}}{}]}}",
+        chrome_trace::flow_events(&views, &sim.job.links, &vec![Detail::Full; views.len()])
+    );
     let evs = events(&text);
     let starts: Vec<&Value> = evs.iter().filter(|e| e["ph"] == "s").collect();
     let ends: Vec<&Value> = evs.iter().filter(|e| e["ph"] == "f").collect();
@@ -204,4 +207,47 @@ fn a_memory_csv_summary_keeps_exact_values_and_every_peak() {
         rs.iter().map(|(_, c, k, v)| ((c.clone(), k.clone()), *v)).collect()
     };
     assert_eq!(last(&full), last(&summary), "every class and category ends where the full file does");
+}
+
+/// Issue 25: a summary of a job with more rank classes than [`chrome_trace::DETAILED_CLASSES`]
+/// (a `[jitter]` job simulates one per data-parallel rank) shows the first 16 classes'
+/// micro-batches 0-1 task by task and the rest as slices only: every task still shown or
+/// counted, the file far smaller, and the run says so.
+#[test]
+fn a_summary_of_many_rank_classes_slices_all_but_sixteen() {
+    let text = "[model]\nfamily = \"llama\"\nn_layers = 4\nhidden = 512\nn_heads = 8\nvocab = 1000\n\
+                [hardware]\ngpu = \"h100-sxm\"\ngpus = 24\n[parallel]\nsharding = \"full_shard\"\n\
+                [training]\nmicro_batch = 1\nseq_len = 512\n[jitter]\nseed = 3\ncompute_cv = 0.05\n";
+    let s = Scenario::from_toml(Path::new("<jitter>"), text).unwrap();
+    let sim = stepsim::simulate(&s).unwrap();
+    assert_eq!(sim.job.classes.len(), 24);
+    let n = sim.job.classes.len();
+    for k in 0..n {
+        let d = Detail::Summary.of_class(k, n, sim.headline);
+        assert_eq!(d == Detail::Slices, k >= chrome_trace::DETAILED_CLASSES && k != sim.headline, "class {k}");
+        assert_eq!(Detail::Full.of_class(k, n, sim.headline), Detail::Full);
+    }
+    let (sched, tr) = (&sim.job.classes[20].schedule, &sim.run.traces[20]);
+    let sliced = events(&chrome_trace::render_detail(sched, tr, 20, "x", Detail::Slices));
+    let ran = tr.start_ns.iter().filter(|&&t| t != u64::MAX).count() as u64;
+    let shown = sliced.iter().filter(|e| e["ph"] == "X" && e["cat"] != "Summary").count() as u64;
+    let counted: u64 =
+        sliced.iter().filter(|e| e["cat"] == "Summary").map(|e| e["args"]["ops"].as_u64().unwrap()).sum();
+    assert_eq!(shown + counted, ran, "every task shown or counted");
+    for e in sliced.iter().filter(|e| e["ph"] == "X" && e["cat"] != "Summary") {
+        let phase = e["args"]["phase"].as_str().unwrap();
+        assert!(phase == "init" || phase == "optimizer", "{e}");
+    }
+    let full = events(&chrome_trace::render_detail(sched, tr, 20, "x", Detail::Full));
+    let slices = |evs: &[Value]| evs.iter().filter(|e| e["ph"] == "X").count();
+    assert!(slices(&sliced) * 5 < slices(&full), "{} slices of {}", slices(&sliced), slices(&full));
+    // Its memory at fewer points, the peaks kept.
+    let peak = |evs: &[Value], key: &str| {
+        evs.iter().filter(|e| e["name"] == "memory (GB)").map(|e| e["args"][key].as_f64().unwrap()).fold(0.0, f64::max)
+    };
+    for key in ["allocated", "reserved"] {
+        assert_eq!(peak(&full, key), peak(&sliced, key), "peak {key}");
+    }
+    let points = sliced.iter().filter(|e| e["name"] == "memory (GB)").count() as u64;
+    assert!(points <= 3 * chrome_trace::SLICED_COUNTER_BUCKETS + 1, "{points} memory points");
 }

@@ -83,6 +83,41 @@ pub enum Detail {
     Full,
     /// Repeated micro-batches as one slice per stream and phase, memory counters bucketed.
     Summary,
+    /// Every micro-batch as slices (only initialisation and the optimizer task by task),
+    /// memory counters at [`SLICED_COUNTER_BUCKETS`] points: a summary's rank classes past the first
+    /// [`DETAILED_CLASSES`] (a `[jitter]` job simulates one per rank).
+    Slices,
+}
+
+/// Rank classes a summary shows task by task (the headline always among them); the rest are
+/// [`Detail::Slices`].
+pub const DETAILED_CLASSES: usize = 16;
+/// Memory counter points of a [`Detail::Slices`] class (its peaks kept all the same).
+pub const SLICED_COUNTER_BUCKETS: u64 = 200;
+
+impl Detail {
+    /// The detail of class `k` of `classes` in a job whose trace is at `self`.
+    pub fn of_class(self, k: usize, classes: usize, headline: usize) -> Detail {
+        if self == Detail::Summary && classes > DETAILED_CLASSES && k >= DETAILED_CLASSES && k != headline {
+            Detail::Slices
+        } else {
+            self
+        }
+    }
+
+    /// Which of a schedule's tasks this detail shows one by one.
+    fn shown(self, sched: &Schedule) -> Vec<bool> {
+        match self {
+            Detail::Full => vec![true; sched.program.tasks.len()],
+            Detail::Summary => detailed_tasks(sched),
+            Detail::Slices => sched
+                .program
+                .tasks
+                .iter()
+                .map(|t| matches!(sched.labels[t.label as usize].phase, Phase::Init | Phase::Optimizer))
+                .collect(),
+        }
+    }
 }
 
 /// Events past which a job's trace is summarised (about 50 MB of JSON): what Perfetto and
@@ -156,10 +191,7 @@ pub fn render_detail(sched: &Schedule, trace: &Trace, pid: u32, rank_label: &str
             esc(s)
         );
     }
-    let detailed = match detail {
-        Detail::Full => vec![true; prog.tasks.len()],
-        Detail::Summary => detailed_tasks(sched),
-    };
+    let detailed = detail.shown(sched);
     for (i, t) in prog.tasks.iter().enumerate() {
         let (start, end) = (trace.start_ns[i], trace.end_ns[i]);
         if start == u64::MAX || end == u64::MAX || !detailed[i] {
@@ -181,7 +213,7 @@ pub fn render_detail(sched: &Schedule, trace: &Trace, pid: u32, rank_label: &str
             work_args(l, end - start)
         );
     }
-    if detail == Detail::Summary {
+    if detail != Detail::Full {
         aggregated_slices(&mut o, sched, trace, pid, &detailed);
     }
     // Memory counters at each change: allocated and reserved on one track, every category
@@ -194,6 +226,7 @@ pub fn render_detail(sched: &Schedule, trace: &Trace, pid: u32, rank_label: &str
     let kept = match detail {
         Detail::Full => vec![true; trace.timeline.samples.len()],
         Detail::Summary => trace.timeline.summary_samples(COUNTER_BUCKETS),
+        Detail::Slices => trace.timeline.summary_samples(SLICED_COUNTER_BUCKETS),
     };
     let mut last = (u64::MAX, u64::MAX);
     for (s, _) in trace.timeline.samples.iter().zip(&kept).filter(|(_, k)| **k) {
@@ -253,7 +286,7 @@ fn detailed_tasks(sched: &Schedule) -> Vec<bool> {
 /// or one the trace does not show task by task, draws nothing. Each arrow leaves the
 /// producing task's slice (the sender's last kernel for the data) at its start and enters the
 /// receiving task's slice.
-pub fn flow_events(classes: &[(&Schedule, &Trace)], links: &[crate::engine::Link], detail: Detail) -> String {
+pub fn flow_events(classes: &[(&Schedule, &Trace)], links: &[crate::engine::Link], details: &[Detail]) -> String {
     let mut offsets = Vec::with_capacity(classes.len() + 1);
     let mut n = 0usize;
     for (s, _) in classes {
@@ -261,13 +294,7 @@ pub fn flow_events(classes: &[(&Schedule, &Trace)], links: &[crate::engine::Link
         n += s.program.tasks.len();
     }
     offsets.push(n);
-    let shown: Vec<Vec<bool>> = classes
-        .iter()
-        .map(|(s, _)| match detail {
-            Detail::Full => vec![true; s.program.tasks.len()],
-            Detail::Summary => detailed_tasks(s),
-        })
-        .collect();
+    let shown: Vec<Vec<bool>> = classes.iter().zip(details).map(|((s, _), d)| d.shown(s)).collect();
     let locate = |g: u32| -> Option<(usize, usize)> {
         let g = g as usize;
         let k = offsets.partition_point(|&o| o <= g).checked_sub(1)?;

@@ -410,8 +410,9 @@ pub fn write_job(
     let trace_json = || -> Result<(), WriteError> {
         let label = |k: usize| class_name(r, k);
         let mut chrome = String::new();
+        let details: Vec<_> = (0..classes.len()).map(|k| detail.of_class(k, classes.len(), headline)).collect();
         for (k, (sc, tr, _)) in classes.iter().enumerate() {
-            let t = super::chrome_trace::render_detail(sc, tr, k as u32, &label(k), detail);
+            let t = super::chrome_trace::render_detail(sc, tr, k as u32, &label(k), details[k]);
             let body = t.trim_end().trim_end_matches("]}").trim_end();
             if k == 0 {
                 chrome.push_str(body);
@@ -421,7 +422,7 @@ pub fn write_job(
             }
         }
         let views: Vec<(&Schedule, &Trace)> = classes.iter().map(|c| (c.0, c.1)).collect();
-        chrome.push_str(&super::chrome_trace::flow_events(&views, links, detail));
+        chrome.push_str(&super::chrome_trace::flow_events(&views, links, &details));
         chrome.push_str("\n]}\n");
         atomic_write(&dir.join("trace.json"), chrome.as_bytes())
     };
@@ -608,6 +609,8 @@ pub struct OutputPlan {
     trace_events: usize,
     csv_rows: usize,
     row_budget: usize,
+    /// Rank classes the trace holds.
+    classes: usize,
 }
 
 impl OutputPlan {
@@ -630,7 +633,7 @@ impl OutputPlan {
         }
         let keep = (csv_rows > rows)
             .then(|| traces.iter().map(|t| t.timeline.summary_samples(super::chrome_trace::COUNTER_BUCKETS)).collect());
-        OutputPlan { trace, keep, trace_events, csv_rows, row_budget: rows }
+        OutputPlan { trace, keep, trace_events, csv_rows, row_budget: rows, classes: traces.len() }
     }
 
     /// What the files leave out, a sentence each, for the run's text: which of trace.json and
@@ -638,8 +641,18 @@ impl OutputPlan {
     pub fn notes(&self) -> Vec<String> {
         let mut notes = Vec::new();
         if self.trace == super::chrome_trace::Detail::Summary {
+            let classes = if self.classes > super::chrome_trace::DETAILED_CLASSES {
+                format!(
+                    " in {} of the {} rank classes (the rest as slices only, their memory at {} points)",
+                    super::chrome_trace::DETAILED_CLASSES,
+                    self.classes,
+                    super::chrome_trace::SLICED_COUNTER_BUCKETS
+                )
+            } else {
+                String::new()
+            };
             notes.push(format!(
-                "trace.json is a summary ({} events in full, past {}): micro-batches 0-{} and the last of each step task by task, the rest one slice per stream and phase; `stepsim run --trace full` writes every event",
+                "trace.json is a summary ({} events in full, past {}): micro-batches 0-{} and the last of each step task by task{classes}, the rest one slice per stream and phase; `stepsim run --trace full` writes every event",
                 super::text::sep(self.trace_events as u64),
                 super::text::sep(super::chrome_trace::EVENT_BUDGET as u64),
                 super::chrome_trace::DETAILED_MICRO_BATCHES - 1
