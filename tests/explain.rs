@@ -281,3 +281,25 @@ fn explain_answers_a_long_context_oom_with_context_parallelism() {
     assert_eq!(v.workload.split.context_comm, stepsim::model::ContextComm::AllGather);
     assert!(e.counterfactuals.iter().any(|c| c.change.contains("fused-linear")));
 }
+
+/// Issue 20: under Megatron a mixture of experts is offered Megatron's `--recompute-modules
+/// moe_act` (the routed experts' activation discarded in forward and rerun in backward), which
+/// lowers the peak of the shipped Mixtral job; a dense model gets no such row.
+#[test]
+fn a_megatron_mixture_of_experts_is_offered_recomputing_the_experts_activation() {
+    use stepsim::plan::{Checkpointing, RecomputeModule};
+    let which = counterfactual::COUNTERFACTUAL_NAMES.iter().position(|n| n.contains("moe_act")).unwrap();
+    let s = shipped("mixtral-8x7b-h100-ep8.toml");
+    let variants = counterfactual::variants(&s, which).unwrap();
+    assert_eq!(variants.len(), 1);
+    let (label, v) = &variants[0];
+    assert!(label.contains("moe_act"), "{label}");
+    assert_eq!(v.training.checkpointing, Checkpointing::Selective);
+    assert!(v.training.recompute_modules.contains(&RecomputeModule::MoeAct));
+    assert!(v.training.recompute_modules.contains(&RecomputeModule::CoreAttn), "Megatron's default kept");
+    let peak = |s: &stepsim::scenario::Scenario| stepsim::simulate(s).unwrap().report.peak.unwrap().allocated.bytes;
+    assert!(peak(v) < peak(&s), "the experts' activation no longer kept");
+    // Already on: no row; a dense model: none either.
+    assert!(counterfactual::variants(v, which).is_err());
+    assert!(counterfactual::variants(&shipped("gpt-1.3b-1gpu.toml"), which).is_err());
+}

@@ -36,6 +36,7 @@ pub const COUNTERFACTUAL_NAMES: &[&str] = &[
     "NCCL without NVLS buffers (NCCL_NVLS_ENABLE=0)",
     "DeepSpeed: smaller IPG bucket (reduce_bucket_size / 4, overlap_comm off)",
     "DeepSpeed ZeRO-3: smaller optimizer sub-groups (sub_group_size / 10)",
+    "recompute the experts' activation (Megatron --recompute-modules moe_act)",
 ];
 
 /// The index of the change that applies to mixtures of experts only (no row for a dense
@@ -63,6 +64,9 @@ const SMALLER_IPG: usize = 20;
 /// DeepSpeed ZeRO-3's optimizer sub-groups made smaller, which shrinks the FP32 gradient of
 /// the largest: offered under DeepSpeed only.
 const SMALLER_SUB_GROUP: usize = 21;
+/// Megatron's selective recomputation of the routed experts' activation (`moe_act`): a mixture
+/// of experts under Megatron only.
+const MOE_ACT: usize = 22;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Counterfactual {
@@ -559,6 +563,31 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
                 v,
             )]
         }
+        MOE_ACT => {
+            use crate::plan::RecomputeModule;
+            if s.model.moe.is_none() {
+                return Err("not a mixture of experts".into());
+            }
+            let modules = match t.checkpointing {
+                Checkpointing::Full if t.checkpoint_blocks == CheckpointBlocks::All => {
+                    return Err("full checkpointing of every block keeps less already".into())
+                }
+                Checkpointing::Selective if t.recompute_modules.contains(&RecomputeModule::MoeAct) => {
+                    return Err("already on".into())
+                }
+                // Megatron's --recompute-modules default is core_attn alone.
+                Checkpointing::Selective => t.recompute_modules.clone(),
+                _ => vec![RecomputeModule::CoreAttn],
+            };
+            v.training.checkpointing = Checkpointing::Selective;
+            v.training.checkpoint_blocks = CheckpointBlocks::All;
+            v.training.recompute_modules = modules.into_iter().chain([RecomputeModule::MoeAct]).collect();
+            vec![(
+                "recompute_modules + \"moe_act\" (selective): the routed experts' activation recomputed in backward"
+                    .into(),
+                v,
+            )]
+        }
         _ => return Err("no such change".into()),
     })
 }
@@ -671,10 +700,13 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
     let mut jobs: Vec<(usize, String, Scenario)> = Vec::new();
     let mut skips: Vec<(usize, Counterfactual)> = Vec::new();
     for (which, name) in COUNTERFACTUAL_NAMES.iter().enumerate() {
-        if (which == EXPERT_PARALLEL || which == CAPACITY) && s.model.moe.is_none() {
+        if (which == EXPERT_PARALLEL || which == CAPACITY || which == MOE_ACT) && s.model.moe.is_none() {
             continue;
         }
         let megatron = s.parallel.framework == crate::plan::Framework::Megatron;
+        if which == MOE_ACT && !megatron {
+            continue;
+        }
         if ((which == FUSED_LOSS || which == SELECTIVE_OP) && megatron)
             || (which == SYNC_EACH && !s.parallel.no_sync)
             || (which == NO_NVLS && !s.nccl.nvls)
