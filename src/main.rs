@@ -78,6 +78,21 @@ enum Command {
     Import(ImportCommand),
 }
 
+/// What every importer takes besides its config: the GPUs the scenario runs on and where
+/// the scenario goes.
+#[derive(clap::Args)]
+struct ImportTarget {
+    /// GPU (catalog key, e.g. h100-sxm).
+    #[arg(long)]
+    gpu: String,
+    /// GPUs per node (default: the GPU's usual node).
+    #[arg(long)]
+    gpus_per_node: Option<u64>,
+    /// Write the scenario here (default: print it).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
 #[derive(Subcommand)]
 enum ImportCommand {
     /// A DeepSpeed ds_config.json (batch sizes, ZeRO stage, precision, offload, bucket sizes);
@@ -88,15 +103,9 @@ enum ImportCommand {
         /// A zoo model (`stepsim models`) or the path of a Hugging Face config.json.
         #[arg(long)]
         model: String,
-        /// GPU (catalog key, e.g. h100-sxm).
-        #[arg(long)]
-        gpu: String,
         /// GPUs in the job (the data-parallel size: ds_config.json holds no model parallelism).
         #[arg(long)]
         gpus: u64,
-        /// GPUs per node (default: the GPU's usual node).
-        #[arg(long)]
-        gpus_per_node: Option<u64>,
         /// Tokens per sequence.
         #[arg(long, default_value_t = 2048)]
         seq_len: u64,
@@ -112,51 +121,36 @@ enum ImportCommand {
         /// What the Trainer's --bf16 / --fp16 fill a bf16/fp16 "enabled": "auto" with.
         #[arg(long, value_parser = ["bf16", "fp16", "fp32"])]
         dtype: Option<String>,
-        /// Write the scenario here (default: print it).
-        #[arg(long)]
-        out: Option<PathBuf>,
+        #[command(flatten)]
+        target: ImportTarget,
     },
     /// Megatron-LM's arguments: the command line, or the `arguments` block a training log
     /// prints (every argument with its value); the GPU from the flag.
     Megatron {
         /// A file holding the arguments (command line or log block).
         args: PathBuf,
-        /// GPU (catalog key, e.g. h100-sxm).
-        #[arg(long)]
-        gpu: String,
         /// GPUs in the job (a log's world_size is used when this is absent).
         #[arg(long)]
         gpus: Option<u64>,
-        /// GPUs per node (default: the GPU's usual node).
-        #[arg(long)]
-        gpus_per_node: Option<u64>,
         /// The padded vocabulary size, where the arguments give none (it comes from the tokenizer).
         #[arg(long)]
         vocab: Option<u64>,
-        /// Write the scenario here (default: print it).
-        #[arg(long)]
-        out: Option<PathBuf>,
+        #[command(flatten)]
+        target: ImportTarget,
     },
     /// A torchtitan job TOML (parallel degrees, batch, precision, checkpointing, float8); the
     /// model from its name and flavor (or --model), the GPU from the flag.
     Torchtitan {
         /// The job TOML (train_configs/*.toml).
         config: PathBuf,
-        /// GPU (catalog key, e.g. h100-sxm).
-        #[arg(long)]
-        gpu: String,
         /// GPUs in the job: needed when data_parallel_shard_degree is -1.
         #[arg(long)]
         gpus: Option<u64>,
-        /// GPUs per node (default: the GPU's usual node).
-        #[arg(long)]
-        gpus_per_node: Option<u64>,
         /// A zoo model or a config.json, instead of the config's model name and flavor.
         #[arg(long)]
         model: Option<String>,
-        /// Write the scenario here (default: print it).
-        #[arg(long)]
-        out: Option<PathBuf>,
+        #[command(flatten)]
+        target: ImportTarget,
     },
 }
 
@@ -206,15 +200,13 @@ fn cli_main() -> ExitCode {
         Command::Import(ImportCommand::Deepspeed {
             config,
             model,
-            gpu,
             gpus,
-            gpus_per_node,
             seq_len,
             micro_batch,
             grad_accum,
             checkpointing,
             dtype,
-            out,
+            target: ImportTarget { gpu, gpus_per_node, out },
         }) => {
             let model = match model_arg(model) {
                 Ok(m) => m,
@@ -233,11 +225,21 @@ fn cli_main() -> ExitCode {
             };
             import(&config, out, |name, text| stepsim::import::deepspeed::import(name, text, &args), "deepspeed")
         }
-        Command::Import(ImportCommand::Megatron { args, gpu, gpus, gpus_per_node, vocab, out }) => {
+        Command::Import(ImportCommand::Megatron {
+            args,
+            gpus,
+            vocab,
+            target: ImportTarget { gpu, gpus_per_node, out },
+        }) => {
             let a = stepsim::import::megatron::MegatronArgs { gpu, gpus, gpus_per_node, vocab };
             import(&args, out, |name, text| stepsim::import::megatron::import(name, text, &a), "megatron")
         }
-        Command::Import(ImportCommand::Torchtitan { config, gpu, gpus, gpus_per_node, model, out }) => {
+        Command::Import(ImportCommand::Torchtitan {
+            config,
+            gpus,
+            model,
+            target: ImportTarget { gpu, gpus_per_node, out },
+        }) => {
             let model = match model.map(model_arg).transpose() {
                 Ok(m) => m,
                 Err(code) => return code,
@@ -333,7 +335,7 @@ fn run(
     let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes());
     // The process ends here: handing the simulation's millions of small allocations back one
     // by one would cost a large job ~0.15 s for nothing (the OS takes the pages back at exit).
-    std::mem::forget(views);
+    drop(views);
     std::mem::forget(sim);
     ExitCode::SUCCESS
 }

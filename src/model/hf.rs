@@ -257,14 +257,14 @@ pub fn parse(text: &str) -> Result<HfModel, String> {
     if flag(&o, "mlp_bias")?.unwrap_or(false) {
         return Err("key `mlp_bias`: true (biases on the MLP projections) is not modelled; only false".into());
     }
-    let sliding_window = sliding_window(&o, &model_type)?;
+    let n_layers = count(&o, "num_hidden_layers")?;
+    let sliding_window = sliding_window(&o, &model_type, n_layers)?;
     let qkv_bias = match model_type.as_str() {
         "qwen2" => true,
         // Qwen2MoeConfig's `qkv_bias` (default true; older transformers always had the biases).
         "qwen2_moe" => flag(&o, "qkv_bias")?.unwrap_or(true),
         _ => four_biases,
     };
-    let n_layers = count(&o, "num_hidden_layers")?;
     let moe = if is_moe { Some(moe_config(&o, &model_type, n_layers)?) } else { None };
     let mla = if deepseek { Some(mla_config(&o)?) } else { None };
     Ok(HfModel {
@@ -441,8 +441,11 @@ fn block_style(o: &Map<String, Value>, model_type: &str) -> Result<super::BlockS
 /// `use_sliding_window`, from block `max_window_layers` (28) on; Gemma 2 every even block,
 /// Gemma 3 all but every `sliding_window_pattern`th (6); an explicit `layer_types` list (newer
 /// transformers write one) decides it where given.
-fn sliding_window(o: &Map<String, Value>, model_type: &str) -> Result<Option<super::SlidingWindow>, String> {
-    let n_layers = count(o, "num_hidden_layers")?;
+fn sliding_window(
+    o: &Map<String, Value>,
+    model_type: &str,
+    n_layers: u64,
+) -> Result<Option<super::SlidingWindow>, String> {
     use super::WindowPattern;
     let window = match (model_type, o.get("sliding_window")) {
         // Gemma2Config's and Gemma3TextConfig's default window, GptOssConfig's; null turns it
@@ -491,17 +494,17 @@ fn llama4_chunks(o: &Map<String, Value>, n_layers: u64) -> Result<Option<super::
     let pattern = match (o.get("layer_types"), o.get("no_rope_layers")) {
         (Some(list), _) if !list.is_null() => layer_types(list, "chunked_attention", n_layers)?,
         (_, Some(Value::Array(a))) if !a.is_empty() => {
-            let types: Vec<Value> = a
+            let local: Vec<bool> = a
                 .iter()
                 .map(|x| match x.as_u64() {
-                    Some(0) => Ok(Value::String("full_attention".into())),
-                    Some(1) => Ok(Value::String("chunked_attention".into())),
+                    Some(0) => Ok(false),
+                    Some(1) => Ok(true),
                     _ => Err(format!(
                         "key `no_rope_layers`: each entry is 1 (rotary, chunked) or 0 (NoPE, global), got {x}"
                     )),
                 })
                 .collect::<Result<_, _>>()?;
-            layer_types(&Value::Array(types), "chunked_attention", n_layers)?
+            local_pattern(&local, "no_rope_layers", n_layers)?
         }
         _ => Some(super::WindowPattern::GlobalEvery(opt_count(o, "no_rope_layer_interval")?.unwrap_or(4))),
     };
@@ -511,7 +514,6 @@ fn llama4_chunks(o: &Map<String, Value>, n_layers: u64) -> Result<Option<super::
 /// `layer_types` as one of the patterns stepsim's blocks express: None when every block
 /// attends globally.
 fn layer_types(list: &Value, local_name: &str, n_layers: u64) -> Result<Option<super::WindowPattern>, String> {
-    use super::WindowPattern;
     let Value::Array(items) = list else {
         return Err(format!("key `layer_types`: must be a list of \"full_attention\" / \"{local_name}\", got {list}"));
     };
@@ -527,9 +529,17 @@ fn layer_types(list: &Value, local_name: &str, n_layers: u64) -> Result<Option<s
             }
         }
     }
+    local_pattern(&local, "layer_types", n_layers)
+}
+
+/// Which blocks attend locally (`local[l]`, one entry per block of `n_layers`, read from
+/// `key`) as one of the patterns stepsim's blocks express: None when every block attends
+/// globally.
+fn local_pattern(local: &[bool], key: &str, n_layers: u64) -> Result<Option<super::WindowPattern>, String> {
+    use super::WindowPattern;
     let n = local.len() as u64;
     if n != n_layers {
-        return Err(format!("key `layer_types`: {n} entries for num_hidden_layers ({n_layers}) blocks"));
+        return Err(format!("key `{key}`: {n} entries for num_hidden_layers ({n_layers}) blocks"));
     }
     if !local.contains(&true) {
         return Ok(None);
@@ -547,7 +557,7 @@ fn layer_types(list: &Value, local_name: &str, n_layers: u64) -> Result<Option<s
             return Ok(Some(p));
         }
     }
-    Err("key `layer_types`: this mix of local and global blocks is not one stepsim expresses (every block local, local from one block on, or every nth block global)".into())
+    Err(format!("key `{key}`: this mix of local and global blocks is not one stepsim expresses (every block local, local from one block on, or every nth block global)"))
 }
 
 /// A number in [0, 1], where given.
@@ -1001,6 +1011,8 @@ mod tests {
         assert!(e.contains("`moe_layers`"), "{e}");
         let e = with(r#", "no_rope_layers": [1, 2]"#).unwrap_err();
         assert!(e.contains("`no_rope_layers`"), "{e}");
+        let e = with(r#", "no_rope_layers": [1, 0, 1]"#).unwrap_err();
+        assert!(e.contains("key `no_rope_layers`: 3 entries for num_hidden_layers (2)"), "{e}");
         let e = parse(r#"{"model_type": "llama4", "text_config": {}}"#).unwrap_err();
         assert!(e.contains("llama4_text") && e.contains("text_config"), "{e}");
     }

@@ -749,6 +749,26 @@ fn draw_str<DB: DrawingBackend>(
     Ok(())
 }
 
+/// Greedy word wrap: each line the most whole words that `fits` (a word too wide on its own
+/// gets a line of its own). timeline.png's note and message and the sweep heatmap's caption
+/// wrap with it, each measuring text its own way.
+pub(crate) fn greedy_wrap(text: &str, fits: impl Fn(&str) -> bool) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    for word in text.split(' ').filter(|w| !w.is_empty()) {
+        let candidate = if line.is_empty() { word.to_string() } else { format!("{line} {word}") };
+        if line.is_empty() || fits(&candidate) {
+            line = candidate;
+        } else {
+            lines.push(std::mem::replace(&mut line, word.to_string()));
+        }
+    }
+    if !line.is_empty() {
+        lines.push(line);
+    }
+    lines
+}
+
 /// Shortens `text` with an ellipsis until it is at most `max_px` wide ([`text_width`]).
 fn fit_px(text: &str, size: f64, max_px: i32) -> Option<String> {
     shorten(text, |s| text_width(s, size) <= max_px)

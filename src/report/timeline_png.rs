@@ -195,21 +195,7 @@ fn text_width(s: &str, size: f64) -> u32 {
 
 /// Word-wraps `text` into lines of at most `max_px`.
 fn wrap(text: &str, size: f64, max_px: u32) -> Vec<String> {
-    let mut lines = Vec::new();
-    let mut line = String::new();
-    for word in text.split(' ') {
-        let candidate = if line.is_empty() { word.to_string() } else { format!("{line} {word}") };
-        if !line.is_empty() && text_width(&candidate, size) > max_px {
-            lines.push(std::mem::take(&mut line));
-            line = word.to_string();
-        } else {
-            line = candidate;
-        }
-    }
-    if !line.is_empty() {
-        lines.push(line);
-    }
-    lines
+    super::png::greedy_wrap(text, |s| text_width(s, size) <= max_px)
 }
 
 /// The note naming the classes left out: each by name if that fits in [`NOTE_MAX_LINES`],

@@ -97,10 +97,6 @@ pub fn report_json(r: &Report) -> String {
     s
 }
 
-/// `memory.csv`: one row per change of a category's bytes, plus the allocated and reserved
-/// totals and what nvidia-smi shows (reserved plus `outside`: the CUDA context and NCCL's
-/// buffers), for each distinct rank class. Values hold until the next row of the same
-/// (rank_class, category).
 /// Nanoseconds printed as seconds with nine decimals.
 struct Secs9(u64);
 
@@ -108,10 +104,6 @@ impl std::fmt::Display for Secs9 {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}.{:09}", self.0 / 1_000_000_000, self.0 % 1_000_000_000)
     }
-}
-
-pub fn memory_csv(trace: &Trace, rank_class: &str, outside: u64) -> String {
-    memory_csv_of(trace, rank_class, outside, None)
 }
 
 /// Rows past which a job's memory.csv is a summary (about 55 MB): what a spreadsheet or pandas
@@ -127,7 +119,10 @@ pub struct OutputDetail {
     pub full_memory_csv: bool,
 }
 
-/// memory.csv of one class, of every sample or only those `keep` marks.
+/// `memory.csv` of one rank class: one row per change of a category's bytes, plus the
+/// allocated and reserved totals and what nvidia-smi shows (reserved plus `outside`: the CUDA
+/// context and NCCL's buffers); values hold until the next row of the same (rank_class,
+/// category). Of every sample, or only those `keep` marks (a summary).
 fn memory_csv_of(trace: &Trace, rank_class: &str, outside: u64, keep: Option<&[bool]>) -> String {
     // A class's name may hold a comma ("stage 0, expert rank 3 (ranks 3)"): quoted (RFC 4180).
     let rank_class = &super::csv_field(rank_class);

@@ -112,20 +112,7 @@ fn fitted(text: &str, size: f64, min: f64, width: i32) -> Option<f64> {
 
 /// Greedy word wrap at `width` pixels (a word longer than the width gets a line of its own).
 fn wrap(text: &str, size: f64, width: i32) -> Vec<String> {
-    let mut lines = Vec::new();
-    let mut line = String::new();
-    for word in text.split(' ').filter(|w| !w.is_empty()) {
-        let candidate = if line.is_empty() { word.to_string() } else { format!("{line} {word}") };
-        if line.is_empty() || text_w(&candidate, size) <= width {
-            line = candidate;
-        } else {
-            lines.push(std::mem::replace(&mut line, word.to_string()));
-        }
-    }
-    if !line.is_empty() {
-        lines.push(line);
-    }
-    lines
+    crate::report::png::greedy_wrap(text, |s| text_w(s, size) <= width)
 }
 
 /// The colour metric's unit and name for people.
