@@ -79,11 +79,30 @@ fn bf16_optimizer_keeps_fp32_and_16_bit_gradients_of_every_local_parameter() {
     let n = plan.total_params();
     // FP32 accumulation (4 B, not partitioned) and the kept BF16 .grads (2 B).
     assert_eq!(plan.model_state().gradients, 6 * n);
-    assert_eq!(most(&sim, Category::Gradients, Phase::Backward), 6 * n);
-    // The FP32 buffer exists from initialisation; the BF16 .grads survive zero_grad into the
-    // next step's forward.
+    // update_hp_grads() after each backward adds every .grad into the FP32 buffer through an
+    // FP32 copy, one parameter at a time: the largest is the tied word embedding.
+    let largest = 50257 * 2048;
+    assert_eq!(most(&sim, Category::Gradients, Phase::Backward), 6 * n + 4 * largest);
+    // The FP32 buffer exists from initialisation; the BF16 .grads survive the step into the
+    // next step's forward (nothing frees them at the step).
     assert_eq!(most(&sim, Category::Gradients, Phase::Init), 4 * n);
     assert_eq!(most(&sim, Category::Gradients, Phase::Forward), 6 * n);
+    // Every backward starts with clear_lp_grads(): .grad = None, so the second micro-batch's
+    // backward begins with the FP32 buffer only.
+    let labels = &sim.schedule().labels;
+    let tasks = &sim.schedule().program.tasks;
+    let cleared: Vec<u64> = sim
+        .trace()
+        .timeline
+        .samples
+        .iter()
+        .filter(|x| labels[tasks[x.task].label as usize].kind == stepsim::schedule::TaskKind::ZeroGrad)
+        .filter(|x| labels[tasks[x.task].label as usize].phase == Phase::Backward)
+        .map(|x| x.by_category[Category::Gradients.index()])
+        .collect();
+    // (one sample per freed .grad, each after its free, down to none live)
+    assert!(cleared.iter().all(|&g| g < 6 * n), "{cleared:?}");
+    assert_eq!(cleared.iter().min(), Some(&(4 * n)));
     // The bucketed FP32 all-reduce flattens up to 5e8 elements.
     assert_eq!(most(&sim, Category::CommBuffers, Phase::Backward), n.min(500_000_000) * 4);
 }

@@ -13,8 +13,10 @@
 //!   engine (1F1B) with its stage outputs kept until their backward;
 //! - 02-21 rows: DeepSpeed ZeRO-1 (`DeepSpeedZeroOptimizer`) with 16-bit gradients,
 //!   `--pp-partition-method type:transformer` (blocks split evenly, the embedding on top);
-//!   02-28 rows: `BF16_Optimizer` (FP32 gradient accumulation) and
-//!   `type:transformer|embedding` (each embedding takes a block's slot);
+//!   02-28 rows: `BF16_Optimizer` (FP32 gradient accumulation; each backward frees the
+//!   previous 16-bit `.grad`s and ends by adding every `.grad` into the FP32 buffer through
+//!   an FP32 copy, the word embedding's the largest) and `type:transformer|embedding` (each
+//!   embedding takes a block's slot);
 //! - PyTorch 1.10-1.11 with CUDA 11 (eager module loading: a 1,573 MiB CUDA context, as the
 //!   same document measured) and the NCCL it bundles (2.10): every communicator connects
 //!   its ring and tree channels at init, without cuMem (`[nccl] runtime_connect = false,
@@ -31,13 +33,13 @@
 //!
 //! Tolerances (this target is 80% of fitting rows within 10%; what holds today is
 //! asserted, and the table says where the rest is): every measured-fitting row simulated as
-//! fitting; the median absolute error under 8%; at least 70% of the fitting rows within
+//! fitting; the median absolute error under 7%; at least 70% of the fitting rows within
 //! 10%; no row low by more than 20% except the one row the document's own tables
 //! contradict (196B TP8 PP6 DP8 reads 65 GB at micro-batch 2 and 56 GB at 4); the
 //! single-node ZeRO-1 rows, whose peak is DeepSpeed's step-time FP32 gradient partition,
 //! within 12% (they read +10.9% and -0.9%: 11.8 points apart on the same node and
-//! communicators, a spread no per-GPU constant closes); the micro-batch-2 row measured OOM
-//! simulated as OOM.
+//! communicators, a spread no per-GPU constant closes); both 184B TP4 PP6 DP16 rows
+//! (micro-batch 1 and 2), measured as OOM, simulated as OOM.
 
 use std::path::Path;
 
@@ -50,7 +52,6 @@ struct Row {
     simulated_gib: f64,
     oom: bool,
     zero0: bool,
-    mbs: u64,
 }
 
 fn stage_layers(layers: u64, pp: u64, embedding_slots: bool) -> Vec<u64> {
@@ -122,7 +123,6 @@ fn simulate_row(r: &Value) -> Row {
         simulated_gib,
         oom,
         zero0,
-        mbs,
     }
 }
 
@@ -164,7 +164,7 @@ fn bigscience_tr11_stage0_memory() {
             }
             None => {
                 println!("{:<58} {:>9} {:>6.1}GiB {:>7} {verdict}", r.label, "OOM", r.simulated_gib, "");
-                if r.mbs == 2 && !r.oom && r.label.contains("184B") {
+                if !r.oom && r.label.contains("184B") {
                     failures.push(format!("row {i} ({}) measured OOM, stepsim fits", r.label));
                 }
             }
@@ -180,7 +180,7 @@ fn bigscience_tr11_stage0_memory() {
         100.0 * within as f64 / errors.len() as f64,
         median * 100.0
     );
-    assert!(median < 0.08, "median |error| {:.1}%", median * 100.0);
+    assert!(median < 0.07, "median |error| {:.1}%", median * 100.0);
     assert!(10 * within >= 7 * errors.len(), "{within} of {} within 10%", errors.len());
     assert!(failures.is_empty(), "{failures:#?}");
 }

@@ -158,6 +158,11 @@ pub fn from_buffers(
                         times(true),
                         plan.parallel.deepspeed.sub_group_size as f64
                     )
+                } else if plan.deepspeed_optimizer() == Some(crate::plan::DeepspeedOptimizer::Bf16Optimizer) {
+                    format!(
+                        "BF16_Optimizer's FP32 gradient accumulation buffer (4 B/param x {psi}, not partitioned) and the {} .grads autograd has produced in this backward, 2 B/param, with the FP32 copy update_hp_grads makes of one .grad at a time after backward",
+                        pr.param.name()
+                    )
                 } else if plan.parallel.framework.fsdp1_no_shard(plan.parallel.sharding) {
                     format!(
                         "full {} flat gradients of {} of {units} units all-reduced so far (FSDP1 NO_SHARD), {} B/param",

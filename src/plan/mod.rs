@@ -1076,8 +1076,8 @@ impl Plan {
                 optimizer_state: 0,
             };
         }
-        // DeepSpeed's BF16_Optimizer keeps each parameter's 16-bit `.grad` (zeroed, not freed)
-        // beside its FP32 accumulation buffer.
+        // DeepSpeed's BF16_Optimizer holds each parameter's 16-bit `.grad` after backward (freed
+        // only by the next backward's clear_lp_grads) beside its FP32 accumulation buffer.
         let lp_grads = match self.deepspeed_optimizer() {
             Some(DeepspeedOptimizer::Bf16Optimizer) => self.local_total(false) * pr.param.bytes(),
             _ => 0,

@@ -1214,7 +1214,7 @@ fn deepspeed_assumption(plan: &crate::plan::Plan) -> Option<String> {
             kept,
         ),
         DeepspeedOptimizer::Bf16Optimizer => format!(
-            "DeepSpeed {}: FP32 gradient accumulation buffer of every local parameter {} from initialisation (fp32_groups_gradients_flat, not partitioned) beside the kept {} .grads; FP32 gradients all-reduced in flattened buckets of up to 5e8 elements ({}, MEMORY_OPT_ALLREDUCE_SIZE); FP32 master and moments partitioned over data parallelism{}",
+            "DeepSpeed {}: FP32 gradient accumulation buffer of every local parameter {} from initialisation (fp32_groups_gradients_flat, not partitioned) beside the {} .grads, which every backward frees as it starts (clear_lp_grads: .grad = None) and ends by adding into the FP32 buffer through an FP32 copy of one parameter's .grad at a time (update_hp_grads), none freed at the step; FP32 gradients all-reduced in flattened buckets of up to 5e8 elements ({}, MEMORY_OPT_ALLREDUCE_SIZE); FP32 master and moments partitioned over data parallelism{}",
             which.name(),
             fmt_bytes(plan.local_total(false) * 4),
             pr.param.name(),

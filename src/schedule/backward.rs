@@ -88,6 +88,7 @@ impl Builder<'_> {
         };
         self.deepspeed_backward_start(step, mb);
         self.recv_gradient(&mut st, c, recv_after);
+        self.bf16_clear_lp_grads(step, mb);
         let mut prev_region: Option<Region> = None;
         for i in (lo..hi).rev() {
             let op = &dag.ops[i];
@@ -167,6 +168,9 @@ impl Builder<'_> {
         self.finish_unit_grads(&mut st);
         if let Some(w) = self.fsdp2_release_reduce_scatter_input(step, mb, st.last_bwd_task) {
             self.step_comm.push(w);
+        }
+        if let Some(t) = self.bf16_update_hp_grads(step, mb, st.last_bwd_task) {
+            st.last_bwd_task = t;
         }
         self.send_gradient(&mut st, c);
         self.ready.insert(Port { step, mb, virtual_stage: vs, forward: false }, st.last_bwd_task);

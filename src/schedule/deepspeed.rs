@@ -16,8 +16,15 @@
 //!     through the update; the flattened 16-bit copy is a temporary of the cast.
 //! - `BF16_Optimizer` (`runtime/bf16_optimizer.py`): an FP32 gradient buffer of every local
 //!   parameter (`fp32_groups_gradients_flat = torch.zeros_like(bf16_groups_flat, fp32)`)
-//!   from initialisation, not partitioned; the 16-bit `.grad`s are zeroed between steps,
-//!   not freed (`clear_lp_grads`); the pipeline engine all-reduces the FP32 gradients in
+//!   from initialisation, not partitioned. Every micro-batch's backward starts with
+//!   `clear_lp_grads()` (`param.grad = None`: the 16-bit `.grad`s of the previous
+//!   micro-batch are freed and autograd allocates them anew) and ends with
+//!   `update_hp_grads()`, which adds each `.grad` into the FP32 buffer through an FP32 copy
+//!   (`hp_grad.add_(lp.grad.to(fp32))`, one parameter tensor at a time) and keeps the
+//!   `.grad`s: `BF16_Optimizer.backward`, and `PipelineEngine._exec_backward_pass` on stages
+//!   before the last. Nothing frees them at the step (`_take_model_step` skips `zero_grad`
+//!   for BF16_Optimizer). The same in the 2022 code BigScience trained with (commit 56c522386,
+//!   "bf16+pipeline parallelism"). The pipeline engine all-reduces the FP32 gradients in
 //!   buckets of `MEMORY_OPT_ALLREDUCE_SIZE` elements, each flattened into a new tensor
 //!   (`_bf16_reduce_grads`, `buffered_allreduce_fallback`, pipe/engine.py and engine.py).
 
@@ -30,7 +37,9 @@ impl Builder<'_> {
         self.plan.deepspeed_optimizer()
     }
 
-    /// BF16_Optimizer keeps its 16-bit `.grad`s across steps (zeroed, never freed).
+    /// BF16_Optimizer keeps its 16-bit `.grad`s through the step: they are freed by the
+    /// next backward's `clear_lp_grads()` ([`Self::bf16_clear_lp_grads`]), not by a
+    /// `zero_grad`.
     pub(super) fn keeps_grads_across_steps(&self) -> bool {
         self.ds_optimizer() == Some(DeepspeedOptimizer::Bf16Optimizer)
     }
@@ -130,6 +139,75 @@ impl Builder<'_> {
             None,
         );
         self.task(COMPUTE, 0.0, vec![], vec![b], label);
+    }
+
+    /// `BF16_Optimizer.clear_lp_grads()` at the start of a micro-batch's backward: the
+    /// previous backward's 16-bit `.grad`s are set to None (freed), so this backward's
+    /// autograd allocates them again as it produces them.
+    pub(super) fn bf16_clear_lp_grads(&mut self, step: u32, mb: u32) {
+        if !self.keeps_grads_across_steps() {
+            return;
+        }
+        let grads: Vec<u32> = self.op_grad_bufs.iter_mut().filter_map(Option::take).collect();
+        if grads.is_empty() {
+            return;
+        }
+        let label = TaskLabel::new(
+            step,
+            Phase::Backward,
+            mb,
+            text!(self.names, "BF16_Optimizer.clear_lp_grads() (.grad = None)"),
+            TaskKind::ZeroGrad,
+            None,
+        );
+        let t = self.task(COMPUTE, 0.0, vec![], vec![], label);
+        self.free_at(t, &grads);
+    }
+
+    /// `BF16_Optimizer.update_hp_grads()` after a micro-batch's backward: each parameter's
+    /// 16-bit `.grad` is cast to FP32 (a new tensor of the parameter's size) and added into
+    /// the FP32 gradient buffer, one parameter tensor after another, so the largest local
+    /// parameter's FP32 copy is the transient that matters (on the first pipeline stage the
+    /// word embedding's vocabulary / TP x hidden). HBM traffic per element: the cast reads 2 B
+    /// and writes 4 B, the add reads 4 + 4 B and writes 4 B. Returns the task, to follow.
+    pub(super) fn bf16_update_hp_grads(&mut self, step: u32, mb: u32, after: u32) -> Option<u32> {
+        if !self.keeps_grads_across_steps() {
+            return None;
+        }
+        let ops = &self.dag.ops;
+        let largest = self
+            .chunk_ops
+            .iter()
+            .flat_map(|&(lo, hi)| &ops[lo..hi])
+            .map(|o| o.params.max(o.shared_params))
+            .max()
+            .unwrap_or(0);
+        let local = self.plan.local_total(false);
+        if largest == 0 || local == 0 {
+            return None;
+        }
+        let lp = self.pr().param.bytes();
+        let per_element = lp + 2 * Dtype::Fp32.bytes() + 2 * Dtype::Fp32.bytes();
+        let copy = self.buffer(
+            largest * Dtype::Fp32.bytes(),
+            Category::Gradients,
+            text!(
+                self.names,
+                "FP32 copy of a .grad in BF16_Optimizer.update_hp_grads (largest parameter, {largest} elements)"
+            ),
+        );
+        let label = TaskLabel::new(
+            step,
+            Phase::Backward,
+            mb,
+            text!(self.names, "BF16_Optimizer.update_hp_grads(): accumulate .grads into the FP32 buffer"),
+            TaskKind::Backward,
+            None,
+        );
+        let secs = self.cost.optimizer_s(local, per_element);
+        let t = self.task(COMPUTE, secs, vec![after], vec![copy], label.with_work(0.0, local * per_element));
+        self.free_at(t, &[copy]);
+        Some(t)
     }
 
     /// The IPG bucket a ZeRO stage 1/2 `backward()` allocates, when one is not live yet

@@ -487,7 +487,8 @@ impl<'a> Builder<'a> {
     }
 
     /// A new step's gradient bookkeeping: no gradient of this step exists yet (except
-    /// BF16_Optimizer's kept `.grad`s) and no collective is pending.
+    /// BF16_Optimizer's `.grad`s of the last backward, which the next one frees) and no
+    /// collective is pending.
     fn begin_step(&mut self) {
         self.grad_bufs.iter_mut().for_each(|g| *g = None);
         if !self.keeps_grads_across_steps() {

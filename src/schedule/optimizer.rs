@@ -107,7 +107,7 @@ impl Builder<'_> {
                 .with_work(0.0, bytes),
             );
         }
-        // BF16_Optimizer zeroes its 16-bit `.grad`s rather than freeing them.
+        // BF16_Optimizer's 16-bit `.grad`s outlive the step: the next backward frees them.
         let keep = self.keeps_grads_across_steps();
         let replicated = self.op_grad_bufs.iter().filter(|_| !keep);
         let grads: Vec<u32> = self.grad_bufs.iter().chain(replicated).flatten().copied().collect();
