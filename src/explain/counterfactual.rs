@@ -37,6 +37,7 @@ pub const COUNTERFACTUAL_NAMES: &[&str] = &[
     "DeepSpeed: smaller IPG bucket (reduce_bucket_size / 4, overlap_comm off)",
     "DeepSpeed ZeRO-3: smaller optimizer sub-groups (sub_group_size / 10)",
     "recompute the experts' activation (Megatron --recompute-modules moe_act)",
+    "Megatron --use-precision-aware-optimizer (FP32 master as int16 remainders)",
 ];
 
 /// The index of the change that applies to mixtures of experts only (no row for a dense
@@ -67,6 +68,10 @@ const SMALLER_SUB_GROUP: usize = 21;
 /// Megatron's selective recomputation of the routed experts' activation (`moe_act`): a mixture
 /// of experts under Megatron only.
 const MOE_ACT: usize = 22;
+/// Megatron's precision-aware optimizer with FP32 states: Transformer Engine's FusedAdam keeps
+/// the FP32 master as the int16 remainder of each BF16 parameter (bit-exact, 2 B less per
+/// sharded element). Megatron's distributed optimizer with BF16 parameters only.
+const PRECISION_AWARE: usize = 23;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Counterfactual {
@@ -588,6 +593,31 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
                 v,
             )]
         }
+        PRECISION_AWARE => {
+            let pr = &t.precision;
+            if pr.aware.is_some() {
+                return Err("already on".into());
+            }
+            if s.parallel.sharding != Sharding::Zero1 {
+                return Err("needs Megatron's distributed optimizer (sharding = \"zero1\")".into());
+            }
+            if pr.param != crate::model::Dtype::Bf16 || pr.master != Some(crate::model::Dtype::Fp32) {
+                return Err("remainders need BF16 parameters under an FP32 master".into());
+            }
+            if !matches!(t.optimizer, crate::plan::OptimizerKind::Adam | crate::plan::OptimizerKind::AdamW) {
+                return Err("the precision-aware optimizer is Adam only".into());
+            }
+            v.training.precision.aware = Some(crate::plan::PrecisionAware {
+                main_params: crate::model::Dtype::Fp32,
+                store_param_remainders: true,
+                exp_avg: crate::plan::StateDtype::Fp32,
+                exp_avg_sq: crate::plan::StateDtype::Fp32,
+            });
+            vec![(
+                "use_precision_aware_optimizer: FP32 master as int16 remainders (TE 2.1+), 2 B/element less".into(),
+                v,
+            )]
+        }
         _ => return Err("no such change".into()),
     })
 }
@@ -704,7 +734,7 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
             continue;
         }
         let megatron = s.parallel.framework == crate::plan::Framework::Megatron;
-        if which == MOE_ACT && !megatron {
+        if (which == MOE_ACT || which == PRECISION_AWARE) && !megatron {
             continue;
         }
         if ((which == FUSED_LOSS || which == SELECTIVE_OP) && megatron)

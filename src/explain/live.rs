@@ -129,20 +129,29 @@ pub fn from_buffers(
                     format!("replicated {per}")
                 }
             }
-            Category::MasterWeights => {
-                let m = pr.master.map_or("fp32", |m| m.name());
-                format!(
-                    "{m} master weights: {} B/param x {}",
-                    pr.master.map_or(4, |m| m.bytes()),
+            Category::MasterWeights => match pr.aware {
+                Some(pa) if pa.remainders(pr.param) => format!(
+                    "fp32 master weights kept by FusedAdam as int16 remainders of the bf16 parameters (store_param_remainders): 2 B/param x {}",
                     times(plan.optimizer_sharded)
-                )
-            }
+                ),
+                _ => {
+                    let m = pr.aware.map(|pa| pa.main_params).or(pr.master).map_or("fp32", |m| m.name());
+                    format!(
+                        "{m} master weights: {} B/param x {}",
+                        pr.master.map_or(4, |_| pr.master_bytes()),
+                        times(plan.optimizer_sharded)
+                    )
+                }
+            },
             Category::OptimizerState => {
                 let k = plan.training.states_per_param();
+                let dtypes = match pr.aware {
+                    Some(pa) => format!("exp_avg {} + exp_avg_sq {}", pa.exp_avg.name(), pa.exp_avg_sq.name()),
+                    None => pr.optimizer_state.name().to_string(),
+                };
                 format!(
-                    "{k} {} optimizer moment(s): {} B/param x {}",
-                    pr.optimizer_state.name(),
-                    k * pr.optimizer_state.bytes(),
+                    "{k} {dtypes} optimizer moment(s): {} B/param x {}",
+                    pr.state_bytes(k),
                     times(plan.optimizer_sharded)
                 )
             }

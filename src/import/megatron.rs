@@ -16,7 +16,9 @@
 //!   world size over the model-parallel size;
 //! - the step: `micro_batch_size`, `global_batch_size` (accumulation = global / (micro x
 //!   data-parallel size)), `seq_length`, `bf16` / `fp16`,
-//!   `accumulate_allreduce_grads_in_fp32`, recomputation, `clip_grad`, FP8.
+//!   `accumulate_allreduce_grads_in_fp32`, recomputation, `clip_grad`, FP8,
+//!   `use_precision_aware_optimizer` with `main_grads_dtype`, `main_params_dtype`,
+//!   `exp_avg_dtype` and `exp_avg_sq_dtype`.
 
 use std::collections::BTreeMap;
 
@@ -355,6 +357,27 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
         if flag(get(k)) {
             mg.push_str(&format!("{k} = true\n"));
             im.mapped.push(format!("--{}", k.replace('_', "-")));
+        }
+    }
+    // --use-precision-aware-optimizer and its dtypes ("bf16" on the command line,
+    // "torch.bfloat16" in a log; FP8 states are torch.uint8 there).
+    let aware = flag(get("use_precision_aware_optimizer"));
+    if aware {
+        mg.push_str("use_precision_aware_optimizer = true\n");
+        im.mapped.push("--use-precision-aware-optimizer".into());
+    }
+    for k in ["main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"] {
+        let Some(d) = get(k) else { continue };
+        let d = match d.trim_start_matches("torch.") {
+            "float32" | "fp32" => "fp32",
+            "bfloat16" | "bf16" => "bf16",
+            "float16" | "fp16" => "fp16",
+            "uint8" | "fp8" => "fp8",
+            other => return Err(err(k, format!("unknown dtype \"{other}\"; allowed: fp32, bf16, fp16, fp8"))),
+        };
+        if aware && d != "fp32" {
+            mg.push_str(&format!("{k} = \"{d}\"\n"));
+            im.mapped.push(format!("--{} {d}", k.replace('_', "-")));
         }
     }
     // --- the step

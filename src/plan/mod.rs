@@ -3,7 +3,9 @@
 //! state is sized here, so the report's model-state table and the simulation agree.
 
 mod framework;
+mod precision_aware;
 pub use framework::{DeepspeedConfig, DeepspeedOptimizer, Framework, MegatronConfig, DEEPSPEED_ALLREDUCE_BUCKET};
+pub use precision_aware::{PrecisionAware, StateDtype};
 
 use serde::Serialize;
 
@@ -481,6 +483,10 @@ pub struct Precision {
     /// A separate master copy the optimizer updates (None: the parameters are the master).
     pub master: Option<Dtype>,
     pub optimizer_state: Dtype,
+    /// Megatron's precision-aware optimizer: how Transformer Engine's FusedAdam stores the
+    /// master and the moments (their bytes replace `master`'s and `optimizer_state`'s).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub aware: Option<PrecisionAware>,
 }
 
 impl Precision {
@@ -494,6 +500,7 @@ impl Precision {
             grad,
             master,
             optimizer_state: os,
+            aware: None,
         };
         Some(match name {
             // Megatron / DeepSpeed bf16: BF16 weights 2 + FP32 master 4 + BF16 grads 2 +
@@ -513,6 +520,45 @@ impl Precision {
             _ => return None,
         })
     }
+    /// "master M, optimizer state S" for the report and `check`: the precision-aware
+    /// optimizer's storage where it is on.
+    pub fn state_words(&self, states: u64, no_master: &str) -> String {
+        match self.aware {
+            Some(pa) => format!(
+                "master {}, optimizer state exp_avg {} + exp_avg_sq {} (FusedAdam)",
+                if pa.remainders(self.param) {
+                    "fp32 as int16 remainders".to_string()
+                } else {
+                    pa.main_params.name().to_string()
+                },
+                pa.exp_avg.name(),
+                pa.exp_avg_sq.name()
+            ),
+            None => format!(
+                "master {}, optimizer state {} x {}",
+                self.master.map_or(no_master, |m| m.name()),
+                states,
+                self.optimizer_state.name()
+            ),
+        }
+    }
+
+    /// Bytes per (sharded) element of the separate master copy (0 without one).
+    pub fn master_bytes(&self) -> u64 {
+        match (self.aware, self.master) {
+            (Some(pa), Some(_)) => pa.master_bytes(self.param),
+            (_, m) => m.map_or(0, |m| m.bytes()),
+        }
+    }
+
+    /// Bytes per (sharded) element of an optimizer with `states` state tensors per parameter.
+    pub fn state_bytes(&self, states: u64) -> u64 {
+        match self.aware {
+            Some(pa) if states == 2 => pa.state_bytes(),
+            _ => states * self.optimizer_state.bytes(),
+        }
+    }
+
     pub fn preset_names() -> &'static [&'static str] {
         &["bf16-mixed-adam", "bf16-mixed-adam-fp32-grads", "fsdp-bf16-mixed", "fp32", "bf16"]
     }
@@ -584,6 +630,9 @@ impl TrainingConfig {
     /// named for the report.
     pub fn optimizer_step_passes(&self) -> Vec<(&'static str, u64)> {
         let pr = &self.precision;
+        if let Some(pa) = pr.aware {
+            return self.precision_aware_step_passes(&pa);
+        }
         let master = pr.master.unwrap_or(pr.param).bytes();
         let g = pr.grad.bytes();
         let mut passes = Vec::new();
@@ -601,6 +650,35 @@ impl TrainingConfig {
         passes.push(("update (read weights, gradient, states; write weights, states)", 2 * master + grad + states));
         if pr.master.is_some() {
             passes.push(("master copied into the parameters", master + pr.param.bytes()));
+        }
+        passes
+    }
+
+    /// The step under Megatron's precision-aware optimizer: FusedAdam reads the gradients in
+    /// their own dtype (`decoupled_grad`, no cast), unscales each non-FP32 state to FP32 before
+    /// its one kernel and writes it back after, and the kernel updates the master (or the
+    /// BF16 parameter with its int16 remainder) and writes the 16-bit parameter itself.
+    fn precision_aware_step_passes(&self, pa: &PrecisionAware) -> Vec<(&'static str, u64)> {
+        let pr = &self.precision;
+        let g = pr.grad.bytes();
+        let mut passes = Vec::new();
+        if self.clip_grad_norm {
+            passes.push(("gradient-norm clipping (norm, then scale in place)", 3 * g));
+        }
+        let scaled = pa.scaled_states();
+        let (unscale, rescale) =
+            scaled.iter().map(|s| s.unscale_rescale_bytes()).fold((0, 0), |(a, b), (u, r)| (a + u, b + r));
+        if unscale > 0 {
+            passes.push(("non-FP32 states unscaled to FP32 copies (FusedAdam get_unscaled_state)", unscale));
+        }
+        // The kernel reads and writes each moment (FP32 copies where unscaled) and the master;
+        // with remainders it reads and writes the BF16 parameter and its int16 remainder, else
+        // it reads and writes the master (FP32, or its FP32 copy) and writes the parameter.
+        let moments: u64 = [pa.exp_avg, pa.exp_avg_sq].iter().map(|s| 2 * s.bytes().max(4)).sum();
+        let master = if pa.remainders(pr.param) { 2 * (pr.param.bytes() + 2) } else { 2 * 4 + pr.param.bytes() };
+        passes.push(("update (FusedAdam: gradient, moments, master and parameter)", g + moments + master));
+        if rescale > 0 {
+            passes.push(("states written back from their FP32 copies (FusedAdam _apply_scale)", rescale));
         }
         passes
     }
@@ -1084,9 +1162,9 @@ impl Plan {
         };
         ModelState {
             parameters: self.local_total(self.params_sharded) * pr.param.bytes() + self.frozen_local(),
-            master_weights: pr.master.map_or(0, |m| opt_el * m.bytes()),
+            master_weights: opt_el * pr.master_bytes(),
             gradients: self.local_total(self.grads_sharded) * pr.grad.bytes() + lp_grads,
-            optimizer_state: opt_el * self.training.states_per_param() * pr.optimizer_state.bytes(),
+            optimizer_state: opt_el * pr.state_bytes(self.training.states_per_param()),
         }
     }
 }

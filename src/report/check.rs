@@ -113,14 +113,12 @@ pub fn summary(s: &Scenario) -> String {
     );
     let _ = writeln!(
             o,
-            "             precision \"{}\" (parameters {}, compute {}, gradients {}, master {}, optimizer state {} x {}); {:?} ({:?}); checkpointing {}; {:?} attention",
+            "             precision \"{}\" (parameters {}, compute {}, gradients {}, {}); {:?} ({:?}); checkpointing {}; {:?} attention",
             pr.preset,
             pr.param.name(),
             pr.compute.name(),
             pr.grad.name(),
-            pr.master.map_or("none", |d| d.name()),
-            t.states_per_param(),
-            pr.optimizer_state.name(),
+            pr.state_words(t.states_per_param(), "none"),
             t.optimizer,
             t.optimizer_impl,
             t.checkpointing.name(),

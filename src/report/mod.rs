@@ -482,10 +482,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
     let total_state = ms.total();
     let per_param = {
         let pr = &plan.training.precision;
-        pr.param.bytes()
-            + pr.grad.bytes()
-            + pr.master.map_or(0, |m| m.bytes())
-            + plan.training.states_per_param() * pr.optimizer_state.bytes()
+        pr.param.bytes() + pr.grad.bytes() + pr.master_bytes() + pr.state_bytes(plan.training.states_per_param())
     };
     // LoRA: the full per-parameter policy applies to the adapters only; the frozen base
     // counts as stored.
@@ -593,15 +590,13 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
     let pr = &plan.training.precision;
     let assumptions = vec![
         format!(
-            "precision \"{}\": parameters {}, compute {}, gradients {}, master {}, optimizer state {} x {}",
+            "precision \"{}\": parameters {}, compute {}, gradients {}, {}",
             pr.preset,
             pr.param.name(),
             pr.compute.name(),
             pr.grad.name(),
-            pr.master.map_or("none (parameters are the master)", |m| m.name()),
-            plan.training.states_per_param(),
-            pr.optimizer_state.name()
-        ),
+            pr.state_words(plan.training.states_per_param(), "none (parameters are the master)")
+        ) + &pr.aware.map_or(String::new(), |pa| format!("; {}", pa.describe(pr.param))),
         allocator::capacity_assumption(s),
         allocator::nccl_assumption(s),
         allocator::assumption(s),

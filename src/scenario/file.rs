@@ -412,6 +412,19 @@ pub struct MegatronSection {
     pub tp_comm_overlap: Option<bool>,
     /// `--ddp-bucket-size`, elements.
     pub ddp_bucket_size: Option<f64>,
+    /// `--use-precision-aware-optimizer` (Transformer Engine's FusedAdam keeps the master and
+    /// the moments in the dtypes below).
+    pub use_precision_aware_optimizer: Option<bool>,
+    /// `--main-grads-dtype`: "fp32" | "bf16".
+    pub main_grads_dtype: Option<String>,
+    /// `--main-params-dtype`: "fp32" | "fp16".
+    pub main_params_dtype: Option<String>,
+    /// `--exp-avg-dtype`: "fp32" | "fp16" | "bf16" | "fp8".
+    pub exp_avg_dtype: Option<String>,
+    /// `--exp-avg-sq-dtype`: "fp32" | "fp16" | "bf16" | "fp8".
+    pub exp_avg_sq_dtype: Option<String>,
+    /// `OptimizerConfig.store_param_remainders` (default true; false before TE 2.1).
+    pub store_param_remainders: Option<bool>,
 }
 
 /// `[allocator]`: the allocator model, its `PYTORCH_CUDA_ALLOC_CONF` options, where the

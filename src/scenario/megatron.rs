@@ -3,7 +3,7 @@
 //! (`megatron/training/arguments.py`, `validate_args`).
 
 use super::*;
-use crate::plan::MegatronConfig;
+use crate::plan::{MegatronConfig, OptimizerKind, Precision, PrecisionAware, StateDtype};
 
 /// A bucket of more elements than this is refused (2^40 elements of FP32 is 4 TB).
 const MAX_BUCKET_ELEMENTS: f64 = (1u64 << 40) as f64;
@@ -60,4 +60,104 @@ pub(super) fn validate_megatron(
         out.bucket_size = Some(x as u64);
     }
     Ok(out)
+}
+
+/// `[megatron] use_precision_aware_optimizer` and its dtypes, applied to the precision policy,
+/// with Megatron's own checks (`OptimizerConfig.__post_init__`, `get_megatron_optimizer`,
+/// `validate_args` in megatron/training/arguments.py).
+pub(super) fn apply_precision_aware(
+    v: &V,
+    m: Option<&MegatronSection>,
+    sharding: Sharding,
+    optimizer: OptimizerKind,
+    precision: &mut Precision,
+) -> Result<(), ScenarioError> {
+    let Some(m) = m else { return Ok(()) };
+    let on = m.use_precision_aware_optimizer.unwrap_or(false);
+    let dtype_fields = [
+        ("megatron.main_grads_dtype", &m.main_grads_dtype),
+        ("megatron.main_params_dtype", &m.main_params_dtype),
+        ("megatron.exp_avg_dtype", &m.exp_avg_dtype),
+        ("megatron.exp_avg_sq_dtype", &m.exp_avg_sq_dtype),
+    ];
+    if !on {
+        for (field, val) in dtype_fields {
+            if val.as_deref().is_some_and(|d| d != "fp32") {
+                return Err(v.err(
+                    field,
+                    "a dtype other than fp32 needs --use-precision-aware-optimizer (set megatron.use_precision_aware_optimizer = true)",
+                ));
+            }
+        }
+        if m.store_param_remainders.is_some() {
+            return Err(v.err(
+                "megatron.store_param_remainders",
+                "applies to the precision-aware optimizer only (set megatron.use_precision_aware_optimizer = true)",
+            ));
+        }
+        return Ok(());
+    }
+    if sharding != Sharding::Zero1 {
+        return Err(v.err(
+            "megatron.use_precision_aware_optimizer",
+            "--use-precision-aware-optimizer only supported with distributed optimizer (parallel.sharding = \"zero1\")",
+        ));
+    }
+    if !matches!(optimizer, OptimizerKind::Adam | OptimizerKind::AdamW) {
+        return Err(v.err(
+            "megatron.use_precision_aware_optimizer",
+            "--use-precision-aware-optimizer only supported with adam (training.optimizer = \"adam\" or \"adamw\")",
+        ));
+    }
+    if precision.master.is_none() {
+        return Err(v.err(
+            "megatron.use_precision_aware_optimizer",
+            format!(
+                "the precision-aware optimizer keeps a master copy of 16-bit parameters; training.precision \"{}\" has none (use \"bf16-mixed-adam\" or \"bf16-mixed-adam-fp32-grads\")",
+                precision.preset
+            ),
+        ));
+    }
+    let pick = |field: &str, val: &Option<String>, allowed: &[&str]| -> Result<String, ScenarioError> {
+        let d = val.as_deref().unwrap_or("fp32");
+        if allowed.contains(&d) {
+            Ok(d.to_string())
+        } else {
+            Err(v.err(
+                field,
+                format!(
+                    "unknown dtype \"{d}\"; allowed: {}",
+                    allowed.iter().map(|a| format!("\"{a}\"")).collect::<Vec<_>>().join(", ")
+                ),
+            ))
+        }
+    };
+    let grads = pick("megatron.main_grads_dtype", &m.main_grads_dtype, &["fp32", "bf16"])?;
+    let params = pick("megatron.main_params_dtype", &m.main_params_dtype, &["fp32", "fp16"])?;
+    let states = ["fp32", "fp16", "bf16", "fp8"];
+    let exp_avg = pick("megatron.exp_avg_dtype", &m.exp_avg_dtype, &states)?;
+    let exp_avg_sq = pick("megatron.exp_avg_sq_dtype", &m.exp_avg_sq_dtype, &states)?;
+    if m.main_grads_dtype.is_some() {
+        // Megatron's gradient buffer is in main_grads_dtype (bf16: no FP32 accumulation).
+        let g = Dtype::parse(&grads).unwrap_or(Dtype::Fp32);
+        if g == Dtype::Bf16 && precision.grad == Dtype::Fp32 {
+            return Err(v.err(
+                "megatron.main_grads_dtype",
+                format!(
+                    "--main-grads-dtype can only be fp32 when --accumulate-allreduce-grads-in-fp32 is set, and training.precision \"{}\" (or training.grad_dtype) accumulates gradients in fp32; use training.precision = \"bf16-mixed-adam\"",
+                    precision.preset
+                ),
+            ));
+        }
+        precision.grad = g;
+    }
+    let main_params = Dtype::parse(&params).unwrap_or(Dtype::Fp32);
+    precision.master = Some(main_params);
+    precision.aware = Some(PrecisionAware {
+        main_params,
+        store_param_remainders: m.store_param_remainders.unwrap_or(true),
+        exp_avg: StateDtype::parse(&exp_avg).unwrap_or(StateDtype::Fp32),
+        exp_avg_sq: StateDtype::parse(&exp_avg_sq).unwrap_or(StateDtype::Fp32),
+    });
+    Ok(())
 }

@@ -1032,6 +1032,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
     if let Some(d) = &t.optimizer_state_dtype {
         precision.optimizer_state = v.dtype("training.optimizer_state_dtype", d)?;
     }
+    megatron::apply_precision_aware(&v, f.megatron.as_ref(), sharding, optimizer, &mut precision)?;
     if precision.compute == Dtype::Bf16 && cluster.gpu.bf16_flops.is_none() {
         let field = if t.compute_dtype.is_some() { "training.compute_dtype" } else { "training.precision" };
         return Err(v.err(

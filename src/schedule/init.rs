@@ -29,7 +29,10 @@ impl Builder<'_> {
             self.task(COMPUTE, 0.0, vec![], alloc, lbl(text!(self.names, "load {}", plan.units[u].name), Some(u)));
         }
         let offload = plan.parallel.offload.is_some();
-        if let Some(m) = self.pr().master.filter(|_| !offload) {
+        // Under the precision-aware optimizer the master is FusedAdam's state, made at the
+        // first step ([`Builder::optimizer`]).
+        let aware = self.pr().aware.is_some();
+        if let Some(m) = self.pr().master.filter(|_| !offload && !aware) {
             for u in 0..plan.units.len() {
                 let el = plan.local(u, plan.optimizer_sharded);
                 let b = self.buffer(

@@ -11,14 +11,23 @@ impl Builder<'_> {
         let plan = self.plan;
         let el = plan.local(u, plan.optimizer_sharded);
         let tr = &plan.training;
-        let bytes = el * tr.states_per_param() * tr.precision.optimizer_state.bytes();
-        let name = text!(
-            self.names,
-            "{} optimizer state ({} x {})",
-            plan.units[u].name,
-            tr.states_per_param(),
-            tr.precision.optimizer_state.name()
-        );
+        let bytes = el * tr.precision.state_bytes(tr.states_per_param());
+        let name = match tr.precision.aware {
+            Some(pa) => text!(
+                self.names,
+                "{} optimizer state (exp_avg {}, exp_avg_sq {}, FusedAdam)",
+                plan.units[u].name,
+                pa.exp_avg.name(),
+                pa.exp_avg_sq.name()
+            ),
+            None => text!(
+                self.names,
+                "{} optimizer state ({} x {})",
+                plan.units[u].name,
+                tr.states_per_param(),
+                tr.precision.optimizer_state.name()
+            ),
+        };
         self.buffer(bytes, Category::OptimizerState, name)
     }
 
@@ -38,11 +47,24 @@ impl Builder<'_> {
                 alloc.push(self.optimizer_state_buffer(u));
             }
         }
+        // FusedAdam's `initialize_state` makes the master with the moments at the first step.
+        if let Some(pa) = pr.aware.filter(|_| step == 1) {
+            for u in 0..plan.units.len() {
+                let el = plan.local(u, plan.optimizer_sharded);
+                let what = if pa.remainders(pr.param) {
+                    text!(self.names, "{} master weights (int16 remainders of the BF16 parameters)", plan.units[u].name)
+                } else {
+                    text!(self.names, "{} master weights ({}, FusedAdam)", plan.units[u].name, pa.main_params.name())
+                };
+                alloc.push(self.buffer(el * pr.master_bytes(), Category::MasterWeights, what));
+            }
+        }
         let sb = pr.optimizer_state.bytes();
         // Foreach Adam's intermediates: the square root of the second moments, and before
         // PyTorch 2.1 a separate out-of-place denominator ([`crate::plan::TrainingConfig::torch_version`]).
         let intermediates = if tr.torch_version < (2, 1) { 2 } else { 1 };
         let temp = match tr.optimizer_impl {
+            _ if pr.aware.is_some() => el * pr.aware.map_or(0, |pa| pa.step_temp_bytes()),
             OptimizerImpl::Foreach if tr.states_per_param() == 2 => intermediates * el * sb,
             OptimizerImpl::ForLoop if tr.states_per_param() == 2 => {
                 let largest = self.dag.ops.iter().map(|o| o.params).max().unwrap_or(0);
@@ -53,7 +75,9 @@ impl Builder<'_> {
         };
         let mut frees = Vec::new();
         if temp > 0 {
-            let name = if intermediates == 2 && tr.optimizer_impl == OptimizerImpl::Foreach {
+            let name = if pr.aware.is_some() {
+                text!(self.names, "FusedAdam's FP32 copies of the non-FP32 states (precision-aware optimizer)")
+            } else if intermediates == 2 && tr.optimizer_impl == OptimizerImpl::Foreach {
                 let (major, minor) = tr.torch_version;
                 text!(
                     self.names,
