@@ -705,6 +705,15 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
             mp.expert - 1,
             mp.expert
         ));
+        if mp.expert_tensor > 1 {
+            let etp = mp.expert_tensor;
+            assumptions.push(format!(
+                "expert tensor parallel {etp} (Megatron-Core --expert-tensor-parallel-size): each expert's FC1 column- and FC2 row-parallel over {etp} consecutive GPUs ({} of its {} width each); the token dispatcher all-gathers what the all-to-all brought over them before the experts ({} per GPU per MoE block and micro-batch, the gathered copies saved for the experts' backward) and reduce-scatters the experts' output after (as many bytes), in the compute dtype, on the tensor-parallel stream in series with the compute; backward the reverse collectives",
+                moe.expert_ffn_hidden / etp,
+                moe.expert_ffn_hidden,
+                fmt_bytes(etp * bytes)
+            ));
+        }
     }
     if mp.pipeline > 1 {
         let p2p = if mp.overlap_p2p {
