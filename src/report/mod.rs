@@ -476,9 +476,14 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
     let cap = s.allocator_capacity();
     let ms: ModelState = plan.model_state();
     // The whole model's parameters (a tensor-parallel rank's DAG holds 1/t of most of them,
-    // an expert-parallel rank's 1/e of the experts).
+    // an expert-parallel rank's 1/e of the experts, an expert-tensor-parallel one 1/etp of
+    // each).
     let split = dag.workload.split;
-    let params = if split.tensor > 1 || split.expert > 1 { dag.config.param_count() } else { dag.param_count() };
+    let params = if split.tensor > 1 || split.expert > 1 || split.expert_tensor > 1 {
+        dag.config.param_count()
+    } else {
+        dag.param_count()
+    };
     let total_state = ms.total();
     let per_param = {
         let pr = &plan.training.precision;
