@@ -282,6 +282,7 @@ fn inference_run_with(
     let class = job::RankClass {
         role: job::Role::Replicas,
         stride: 1,
+        run: 1,
         count: u64::from(s.cluster.gpus),
         first_rank: 0,
         plan: std::sync::Arc::new(plan_of(s, &c.dag)),

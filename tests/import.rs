@@ -434,6 +434,58 @@ fn megatron_moe_layer_frequency_shared_experts_and_capacity_import() {
     }
 }
 
+/// `--expert-tensor-parallel-size` maps to `[parallel] expert_tensor`; without it the scenario
+/// takes Megatron's default, the tensor-parallel size; a log prints the resolved value, equal
+/// to the tensor size when not given, and a dense model's is read and ignored.
+#[test]
+fn megatron_expert_tensor_parallel_size_imports() {
+    let base = "--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 --swiglu \
+        --normalization RMSNorm --position-embedding-type rope --disable-bias-linear --micro-batch-size 1 \
+        --global-batch-size 8 --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 512 --bf16 \
+        --tensor-model-parallel-size 2 --sequence-parallel --use-distributed-optimizer";
+    let load = |extra: &str| {
+        let im = megatron::import("cmd", &format!("{base} {extra}"), &megatron_args(Some(8), Some(32000)))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let s = Scenario::from_toml(Path::new("imported.toml"), &im.render("megatron"))
+            .unwrap_or_else(|e| panic!("{e}\n{}", im.toml));
+        (im, s)
+    };
+    let (im, s) = load("--expert-model-parallel-size 4 --expert-tensor-parallel-size 1");
+    assert!(im.toml.contains("expert = 4\nexpert_tensor = 1\n"), "{}", im.toml);
+    assert_eq!((s.parallel.model_parallel.expert, s.parallel.model_parallel.expert_tensor), (4, 1));
+    assert!(im.mapped.iter().any(|m| m.contains("expert 4") && !m.contains("expert tensor")), "{:?}", im.mapped);
+    assert!(im.not_expressed.iter().all(|n| !n.contains("expert-tensor")), "{:?}", im.not_expressed);
+    // Not given: Megatron's default, the tensor size, in Megatron and in the scenario.
+    let (im, s) = load("--expert-model-parallel-size 4");
+    assert!(!im.toml.contains("expert_tensor"), "{}", im.toml);
+    assert_eq!(s.parallel.model_parallel.expert_tensor, 2);
+    assert!(im.mapped.iter().any(|m| m.contains("expert 4, expert tensor 2")), "{:?}", im.mapped);
+    // Given equal to the tensor size (as a log prints it): the same scenario.
+    let (im2, s2) = load("--expert-model-parallel-size 4 --expert-tensor-parallel-size 2");
+    assert_eq!(im2.toml, im.toml);
+    assert_eq!(s2.parallel.model_parallel.expert_tensor, 2);
+    // A dense model's flag splits nothing.
+    let dense = base.replace("--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 512", "");
+    let im = megatron::import(
+        "cmd",
+        &format!("{dense} --expert-tensor-parallel-size 2"),
+        &megatron_args(Some(8), Some(32000)),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!im.toml.contains("expert_tensor"), "{}", im.toml);
+    assert!(im.ignored.iter().any(|k| k == "expert_tensor_parallel_size"), "{:?}", im.ignored);
+    Scenario::from_toml(Path::new("imported.toml"), &im.render("megatron")).unwrap_or_else(|e| panic!("{e}"));
+    // Refused as Megatron refuses it: 2 x 8 does not divide 8 ranks.
+    let im = megatron::import(
+        "cmd",
+        &format!("{base} --expert-model-parallel-size 8 --expert-tensor-parallel-size 2"),
+        &megatron_args(Some(8), Some(32000)),
+    )
+    .unwrap();
+    let e = Scenario::from_toml(Path::new("imported.toml"), &im.render("megatron")).unwrap_err();
+    assert_eq!(e.field, "parallel.expert", "{e}");
+}
+
 /// Absurd numbers in any importer are errors (or a scenario the validator refuses), never a
 /// wrapped product or a panic: the importers' products are formed in u128.
 #[test]

@@ -326,6 +326,41 @@ fn cases() -> Vec<Case> {
             &["tensor x data-parallel ranks (1 x 1 = 1)"],
         ),
         case(
+            "parallel.expert_tensor on a dense model",
+            b().set("hardware", "gpus", "2").set("parallel", "expert_tensor", "2"),
+            "parallel.expert_tensor",
+            &["expert tensor parallelism", "mixture-of-experts model"],
+        ),
+        case(
+            "parallel.expert_tensor of zero",
+            moe().set("parallel", "expert_tensor", "0"),
+            "parallel.expert_tensor",
+            &["must be a positive integer, got 0"],
+        ),
+        case(
+            "parallel.expert_tensor x expert beyond the tensor x data ranks",
+            moe().set("hardware", "gpus", "8").set("parallel", "expert", "4").set("parallel", "expert_tensor", "4"),
+            "parallel.expert_tensor",
+            &["(4 x 4 = 16)", "tensor x data-parallel ranks (1 x 8 = 8)", "must divide them"],
+        ),
+        case(
+            "expert_tensor defaulting to tensor, beyond the ranks with expert",
+            moe()
+                .set("hardware", "gpus", "8")
+                .set("model", "vocab", "50304")
+                .set("parallel", "tensor", "2")
+                .set("parallel", "sequence_parallel", "true")
+                .set("parallel", "expert", "8"),
+            "parallel.expert",
+            &["(2 x 8 = 16)", "defaults to parallel.tensor", "parallel.expert_tensor = 1"],
+        ),
+        case(
+            "parallel.expert_tensor not dividing the expert width",
+            moe().set("hardware", "gpus", "3").set("parallel", "expert_tensor", "3"),
+            "parallel.expert_tensor",
+            &["model.moe.expert_ffn_hidden (2048) is not divisible by 3"],
+        ),
+        case(
             "expert parallelism with FSDP",
             moe().set("hardware", "gpus", "8").set("parallel", "expert", "8").set(
                 "parallel",

@@ -53,26 +53,42 @@ fn parameter_counts_match_the_closed_form_and_the_dag() {
     assert_eq!(model::build(&sh.model, &sh.workload).param_count(), sh.model.param_count());
 }
 
-/// Each expert-parallel rank holds E / ep experts; ZeRO-1 shards the dense state over the
-/// data-parallel ranks and the expert state over the expert-data-parallel ones (tensor x
-/// data / ep). bf16-mixed-adam: 2 B parameters, 2 B gradients, 4 B master, 8 B moments.
+/// Each expert-parallel rank holds E / ep experts, each split expert_tensor ways; ZeRO-1
+/// shards the dense state over the data-parallel ranks and the expert state over the
+/// expert-data-parallel ones (tensor x data / (expert_tensor x ep), Megatron-Core's
+/// `expert_data_parallel_size`). bf16-mixed-adam: 2 B parameters, 2 B gradients, 4 B master,
+/// 8 B moments. `expert_tensor` defaults to `tensor`, as Megatron's
+/// `--expert-tensor-parallel-size` does.
 #[test]
 fn expert_state_is_split_by_expert_parallelism_and_sharded_over_its_data_parallel_group() {
     let attn = 4 * H * H + 2 * H;
     let dense = LAYERS * (attn + E * H) + 2 * VOCAB * H + H;
     let expert = 3 * H * FE;
-    for (gpus, tp, ep, sharding) in
-        [(8, 1, 1, "none"), (8, 1, 8, "none"), (8, 1, 4, "zero1"), (16, 1, 8, "zero1"), (16, 2, 8, "zero1")]
-    {
+    for (gpus, tp, etp, ep, sharding) in [
+        (8, 1, 1, 1, "none"),
+        (8, 1, 1, 8, "none"),
+        (8, 1, 1, 4, "zero1"),
+        (16, 1, 1, 8, "zero1"),
+        (16, 2, 1, 8, "zero1"),
+        (16, 2, 2, 8, "zero1"),
+        (16, 2, 2, 4, "zero1"),
+        (16, 2, 1, 4, "zero1"),
+        (8, 2, 2, 4, "none"),
+        (8, 1, 2, 4, "zero1"),
+    ] {
         let sp = if tp > 1 { "sequence_parallel = true\n" } else { "" };
-        let s = scenario(gpus, &format!("tensor = {tp}\n{sp}expert = {ep}\nsharding = \"{sharding}\""), "");
+        // The default (no expert_tensor line) where it is Megatron's: expert_tensor = tensor.
+        let etp_line = if etp == tp { String::new() } else { format!("expert_tensor = {etp}\n") };
+        let s = scenario(gpus, &format!("tensor = {tp}\n{sp}{etp_line}expert = {ep}\nsharding = \"{sharding}\""), "");
+        assert_eq!(s.parallel.model_parallel.expert_tensor, etp);
         let sim = stepsim::simulate(&s).unwrap();
         let plan = sim.plan();
         let dp = gpus / tp;
-        let edp = tp * dp / ep;
-        assert_eq!(plan.edp, edp, "{gpus} GPUs tp {tp} ep {ep}");
-        let local_expert = LAYERS * (E / ep) * expert;
-        assert_eq!(plan.expert_params(), local_expert);
+        let edp = tp * dp / (etp * ep);
+        let case = format!("{gpus} GPUs tp {tp} etp {etp} ep {ep} {sharding}");
+        assert_eq!(plan.edp, edp, "{case}");
+        let local_expert = LAYERS * (E / ep) * expert / etp;
+        assert_eq!(plan.expert_params(), local_expert, "{case}");
         // Dense parameters are 1/tp per rank except the norms (replicated) and the router.
         let local_dense = plan.total_params() - local_expert;
         if tp == 1 {
@@ -86,7 +102,7 @@ fn expert_state_is_split_by_expert_parallelism_and_sharded_over_its_data_paralle
         } else {
             local_dense + local_expert
         };
-        assert_eq!(ms.master_weights, opt * 4, "{gpus} GPUs tp {tp} ep {ep} {sharding}");
+        assert_eq!(ms.master_weights, opt * 4, "{case}");
         assert_eq!(ms.optimizer_state, opt * 8);
         if (gpus, tp, ep) == (16, 1, 8) {
             // By hand: 16 data-parallel ranks, experts on 2 each (edp 2): per block the dense
@@ -96,6 +112,157 @@ fn expert_state_is_split_by_expert_parallelism_and_sharded_over_its_data_paralle
             assert_eq!(opt, by_hand);
         }
     }
+}
+
+/// By hand, 16 GPUs, tensor 2 (sequence parallel), expert 8, ZeRO-1, with the experts whole
+/// (expert_tensor 1) and split (expert_tensor 2, Megatron's default with tensor 2): one
+/// expert of 3 x 1024 x 3584 = 11,010,048 weights per MoE block and GPU, or half of it.
+/// - expert_tensor 1: each expert on 16 / 8 = 2 GPUs (the tensor-parallel pair holds copies);
+///   4 blocks x 11,010,048 = 44,040,192 expert parameters per GPU: 88,080,384 B of BF16
+///   weights, as many of gradients; the optimizer's 12 B per element over 2: 264,241,152 B.
+/// - expert_tensor 2: each expert's slice on 16 / (2 x 8) = 1 GPU; 4 x 5,505,024 =
+///   22,020,096 per GPU: 44,040,192 B of weights, as many of gradients, 264,241,152 B of
+///   master weights and moments (the same: a distributed optimizer splits all expert
+///   state over the stage's 16 GPUs either way).
+#[test]
+fn expert_tensor_parallelism_halves_the_expert_weights_by_hand() {
+    let model_state = |etp: u64| {
+        let s = scenario(
+            16,
+            &format!("tensor = 2\nsequence_parallel = true\nexpert_tensor = {etp}\nexpert = 8\nsharding = \"zero1\""),
+            "",
+        );
+        let dag = model::build(&s.model, &s.workload);
+        let plan = stepsim::plan::Plan::new(&dag, s.parallel.clone(), s.training.clone(), 16, 8);
+        let experts = plan.expert_params();
+        let opt: u64 = plan.units.iter().map(|u| u.expert_params.div_ceil(plan.edp)).sum();
+        (plan.edp, experts, experts * 2, opt * 12)
+    };
+    assert_eq!(model_state(1), (2, 44_040_192, 88_080_384, 264_241_152));
+    assert_eq!(model_state(2), (1, 22_020_096, 44_040_192, 264_241_152));
+}
+
+/// Under expert tensor parallelism the token dispatcher all-gathers the copies the all-to-all
+/// brought over the expert-tensor-parallel group before the experts and reduce-scatters the
+/// experts' output after (`MoEAlltoAllTokenDispatcher.dispatch_postprocess` /
+/// `combine_preprocess`): each moves expert_tensor x the rank's copies x hidden x 2 B; per
+/// MoE block and micro-batch one all-gather and one reduce-scatter forward, and the reverse
+/// backward; the all-to-alls keep their bytes. The expert GEMMs: FC1 (w1, w3) column- and FC2
+/// (w2) row-parallel, M = the gathered copies per local expert, the width FE / expert_tensor;
+/// a rank's FLOPs unchanged. The gathered copies are what w1 and w3 save: the block saves
+/// (expert_tensor - 1) x copies x hidden x 2 B more than with the experts whole.
+#[test]
+fn expert_tensor_collectives_gemm_shapes_and_saved_copies() {
+    for (gpus, tp, etp, ep) in [(8, 2, 2, 4), (8, 1, 2, 4), (8, 2, 1, 4), (16, 2, 2, 8)] {
+        let sp = if tp > 1 { "sequence_parallel = true\n" } else { "" };
+        let parallel = format!("tensor = {tp}\n{sp}expert_tensor = {etp}\nexpert = {ep}");
+        let s = scenario(gpus, &parallel, "");
+        let case = format!("{gpus} GPUs tp {tp} etp {etp} ep {ep}");
+        let dag = model::build(&s.model, &s.workload);
+        let copies = SEQ / tp * K;
+        let gathered = etp * copies;
+        let local = E / ep;
+        let etp_ops: Vec<_> =
+            dag.ops.iter().filter(|o| o.comm.is_some_and(|c| c.group == model::CommGroup::ExpertTensor)).collect();
+        let a2a: Vec<_> =
+            dag.ops.iter().filter(|o| o.comm.is_some_and(|c| c.group == model::CommGroup::Expert)).collect();
+        assert_eq!(a2a.len() as u64, 2 * LAYERS, "{case}");
+        for o in &a2a {
+            assert_eq!(o.comm.unwrap().bytes, copies * H * 2, "{case} {}", o.name);
+        }
+        if etp == 1 {
+            assert!(etp_ops.is_empty(), "{case}");
+        } else {
+            assert_eq!(etp_ops.len() as u64, 2 * LAYERS, "{case}");
+            use stepsim::net::Collective::{AllGather, ReduceScatter};
+            let ag = dag.ops.iter().find(|o| o.name == "layers.1.feed_forward.etp_all_gather").unwrap().comm.unwrap();
+            assert_eq!((ag.forward, ag.backward, ag.bytes), (Some(AllGather), Some(ReduceScatter), gathered * H * 2));
+            let rs =
+                dag.ops.iter().find(|o| o.name == "layers.1.feed_forward.etp_reduce_scatter").unwrap().comm.unwrap();
+            assert_eq!((rs.forward, rs.backward, rs.bytes), (Some(ReduceScatter), Some(AllGather), gathered * H * 2));
+        }
+        let op = |n: &str| dag.ops.iter().find(|o| o.name == format!("layers.1.feed_forward.experts.{n}")).unwrap();
+        let (w1, w2) = (op("w1"), op("w2"));
+        assert_eq!(w1.gemm, Some([gathered / local, FE / etp, H]), "{case}");
+        assert_eq!(w2.gemm, Some([gathered / local, H, FE / etp]), "{case}");
+        assert_eq!((w1.params, w2.params), (local * H * FE / etp, local * FE * H / etp));
+        // A rank's expert FLOPs are those of its copies at the whole width.
+        assert_eq!(w1.fwd_flops, 2.0 * (copies * H * FE) as f64, "{case}");
+        // Saved: the gathered copies in place of the received ones.
+        let mut whole = s.workload.clone();
+        whole.split.expert_tensor = 1;
+        let whole = model::build(&s.model, &whole);
+        assert_eq!(
+            dag.saved_bytes(Region::Block(1), true),
+            whole.saved_bytes(Region::Block(1), true) + (etp - 1) * copies * H * 2,
+            "{case}"
+        );
+        // The schedule: two micro-batches x layers x (2 forward + 2 backward) collectives of
+        // the group, on the tensor-parallel stream.
+        let sim = stepsim::simulate(&s).unwrap();
+        let sched = sim.schedule();
+        let tasks: Vec<_> = sched
+            .program
+            .tasks
+            .iter()
+            .filter(|t| {
+                let l = &sched.labels[t.label as usize];
+                l.step == 1 && l.what.contains(".etp_")
+            })
+            .collect();
+        assert_eq!(tasks.len() as u64, if etp > 1 { 2 * LAYERS * 4 } else { 0 }, "{case}");
+        assert!(tasks.iter().all(|t| sched.program.streams[t.stream as usize] == "tp"), "{case}");
+    }
+}
+
+/// Megatron's default and rules: expert_tensor follows tensor unless given; a dense model
+/// has none; experts with biases (gpt-oss) only with expert_tensor 1 (`transformer_config.py`:
+/// "Bias in Moe is only supported when ETP==1").
+#[test]
+fn expert_tensor_defaults_to_tensor_and_refuses_biased_experts() {
+    let tp2 = "tensor = 2\nsequence_parallel = true\nexpert = 4";
+    assert_eq!(scenario(8, tp2, "").parallel.model_parallel.expert_tensor, 2);
+    assert_eq!(scenario(8, tp2, "").workload.split.expert_tensor, 2);
+    assert_eq!(scenario(8, &format!("{tp2}\nexpert_tensor = 1"), "").parallel.model_parallel.expert_tensor, 1);
+    let dense = Scenario::load(Path::new("scenarios/gpt-1.3b-1gpu.toml")).unwrap();
+    assert_eq!(dense.parallel.model_parallel.expert_tensor, 1);
+    let oss = |etp: u64| {
+        Scenario::from_toml(
+            Path::new("<oss>"),
+            &format!(
+                "[model]\nname = \"gpt-oss-20b\"\n[hardware]\ngpu = \"h100-sxm\"\ngpus = 8\n\
+                 [parallel]\nframework = \"megatron\"\nexpert = 4\nexpert_tensor = {etp}\n\
+                 [training]\nmicro_batch = 1\nseq_len = 4096\nprecision = \"bf16-mixed-adam\"\nattention = \"flash\"\n"
+            ),
+        )
+    };
+    assert!(oss(1).is_ok());
+    let e = oss(2).unwrap_err();
+    assert_eq!(e.field, "parallel.expert_tensor", "{e}");
+    assert!(e.message.contains("Bias in Moe is only supported when ETP==1"), "{e}");
+}
+
+/// Under uneven routing each expert-parallel rank is a class of the expert-tensor-parallel
+/// groups that hold its experts: with expert_tensor 2 and expert 4 on 16 GPUs, rank 1 is
+/// GPUs 2-3, 10-11 ("2-3 every 8, to 11"); its DAG all-gathers twice its received copies.
+#[test]
+fn uneven_routing_with_expert_tensor_parallelism() {
+    let s = routed(
+        16,
+        "tensor = 2\nsequence_parallel = true\nexpert = 4\nsharding = \"zero1\"",
+        "routing = \"measured\"\ntokens_per_expert = [3, 1, 1, 1, 1, 1, 1, 1]",
+    );
+    assert_eq!(s.parallel.model_parallel.expert_tensor, 2);
+    let loads = s.expert_loads().unwrap();
+    let sim = stepsim::simulate(&s).unwrap();
+    assert_eq!(sim.job.classes.len(), 4);
+    assert_eq!(sim.job.classes[1].ranks(), "2-3 every 8, to 11");
+    assert_eq!(sim.job.classes[1].count, 4);
+    let mut w = s.workload.clone();
+    w.routed = Some(model::RoutedCopies { received: loads[0], busiest: loads[0] });
+    let hot = model::build(&s.model, &w);
+    let ag = hot.ops.iter().find(|o| o.name == "layers.0.feed_forward.etp_all_gather").unwrap();
+    assert_eq!(ag.comm.unwrap().bytes, 2 * loads[0] * H * 2);
 }
 
 /// Dispatch and combine move every token copy: tokens x top_k x hidden x 2 B per all-to-all,
@@ -211,6 +378,16 @@ fn the_report_says_what_runs_where() {
         "4096 token copies per micro-batch",
     ] {
         assert!(text.contains(want), "missing {want:?}");
+    }
+    // With expert tensor parallelism (Megatron's default under tensor 2) the layout says so.
+    let s2 = scenario(16, "tensor = 2\nsequence_parallel = true\nexpert = 4\nsharding = \"zero1\"", "");
+    let text2 = stepsim::report::text::render(&stepsim::simulate(&s2).unwrap().report, &s2);
+    for want in [
+        "Experts    expert tensor parallel 2: each expert's width split over 2 consecutive GPUs (1792 of 3584 per GPU",
+        "expert parallel 4: 2 of 8 experts of each MoE block on every GPU; each expert slice on 2 GPUs",
+        "expert tensor parallel 2 (Megatron-Core --expert-tensor-parallel-size)",
+    ] {
+        assert!(text2.contains(want), "missing {want:?} in\n{text2}");
     }
     assert_eq!(sim.report.active_param_count, Some(s.model.active_param_count()));
     assert_eq!(sim.report.param_count, s.model.param_count());

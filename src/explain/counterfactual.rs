@@ -312,7 +312,14 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             v.model.vocab = padded;
             let pad =
                 if padded != m.vocab { format!(" (vocabulary padded {} -> {padded})", m.vocab) } else { String::new() };
-            vec![(format!("tensor parallel {} -> {tp}, sequence parallel{pad}", mp.tensor), v)]
+            // The experts keep their layout: expert tensor parallelism stays what the
+            // scenario has (Megatron's default would follow --tensor-model-parallel-size;
+            // the label says so for a mixture of experts).
+            let experts = match &m.moe {
+                Some(_) => format!(", expert_tensor stays {}", mp.expert_tensor),
+                None => String::new(),
+            };
+            vec![(format!("tensor parallel {} -> {tp}, sequence parallel{pad}{experts}", mp.tensor), v)]
         }
         EXPERT_PARALLEL => {
             // Megatron-Core's rules as scenario validation applies them (src/scenario/moe.rs):
@@ -321,9 +328,11 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             let mp = &s.parallel.model_parallel;
             let ep = mp.expert * 2;
             let ranks = mp.tensor * s.dp_degree();
-            if moe.num_experts % ep != 0 || ranks % ep != 0 {
+            let etp = mp.expert_tensor;
+            if moe.num_experts % ep != 0 || ranks % (etp * ep) != 0 {
                 return Err(format!(
-                    "expert parallel {ep} does not divide the {} experts and the {ranks} tensor x data-parallel ranks of a stage",
+                    "expert parallel {ep}{} does not divide the {} experts and the {ranks} tensor x data-parallel ranks of a stage",
+                    if etp > 1 { format!(" (x expert tensor parallel {etp})") } else { String::new() },
                     moe.num_experts
                 ));
             }

@@ -12,6 +12,7 @@
 //!   --disable-bias-linear`), anything in between refused with the key that breaks it;
 //! - the layout: `tensor_model_parallel_size`, `pipeline_model_parallel_size`,
 //!   `num_layers_per_virtual_pipeline_stage`, `sequence_parallel`, `context_parallel_size`,
+//!   `expert_model_parallel_size`, `expert_tensor_parallel_size` (default: the tensor size),
 //!   `use_distributed_optimizer` (ZeRO-1), the overlap flags; the data-parallel size is the
 //!   world size over the model-parallel size;
 //! - the step: `micro_batch_size`, `global_batch_size` (accumulation = global / (micro x
@@ -299,6 +300,10 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
     let pp = num("pipeline_model_parallel_size", get("pipeline_model_parallel_size"))?.unwrap_or(1);
     let cp = num("context_parallel_size", get("context_parallel_size"))?.unwrap_or(1);
     let ep = num("expert_model_parallel_size", get("expert_model_parallel_size"))?.unwrap_or(1);
+    // `--expert-tensor-parallel-size`, whose default is the tensor-parallel size
+    // (`arguments.py` `validate_args`), as the scenario's `expert_tensor` defaults.
+    let etp = num("expert_tensor_parallel_size", get("expert_tensor_parallel_size"))?;
+    let moe = m.get("num_experts").is_some_and(|v| !none(v));
     // torchrun's --nproc_per_node x --nnodes, where the command line has the launcher.
     let launched = match (num("nproc_per_node", get("nproc_per_node"))?, num("nnodes", get("nnodes"))?) {
         (Some(p), n) => Some(p.saturating_mul(n.unwrap_or(1))),
@@ -347,9 +352,25 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
     if ep > 1 {
         par.push_str(&format!("expert = {ep}\n"));
     }
+    let etp = match etp {
+        Some(e) if moe => {
+            if e != tp {
+                par.push_str(&format!("expert_tensor = {e}\n"));
+            }
+            e
+        }
+        Some(_) => {
+            // Without experts the flag splits nothing (a log prints it at the tensor size).
+            im.ignored.push("expert_tensor_parallel_size".into());
+            1
+        }
+        None if moe => tp,
+        None => 1,
+    };
     im.mapped.push(format!(
-        "layout: tensor {tp} x pipeline {pp} x context {cp} x data {dp} = {gpus} GPUs{}{}",
+        "layout: tensor {tp} x pipeline {pp} x context {cp} x data {dp} = {gpus} GPUs{}{}{}",
         if ep > 1 { format!(", expert {ep}") } else { String::new() },
+        if etp > 1 { format!(", expert tensor {etp}") } else { String::new() },
         if zero1 { ", distributed optimizer (ZeRO-1)" } else { "" }
     ));
     let mut mg = String::new();

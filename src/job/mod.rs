@@ -50,20 +50,29 @@ pub struct RankClass {
     /// The first of them in Megatron-LM's rank order (tensor fastest, then data, then
     /// pipeline); the class's GPUs are `first_rank + i x stride` for i below `count`.
     pub first_rank: u64,
-    /// 1, or the expert-parallel degree for an expert-parallel rank's class (every
-    /// `expert`-th rank of its stage).
+    /// 1, or for an expert-parallel rank's class expert tensor x expert (its GPUs come in
+    /// runs of `run` consecutive ranks, one run every `stride` ranks of its stage).
     pub stride: u64,
+    /// Consecutive GPUs per run: 1, or the expert-tensor-parallel degree for an
+    /// expert-parallel rank's class (the GPUs are `first_rank + (i / run) x stride + i % run`).
+    pub run: u64,
     /// Who holds what on these GPUs (a pipeline stage's own plan).
     pub plan: Arc<Plan>,
     pub schedule: Schedule,
 }
 
 impl RankClass {
-    /// "0-31", or "5" for a class of one GPU.
+    /// "0-31", or "5" for a class of one GPU; "2-3 every 8, to 27" for runs of two.
     pub fn ranks(&self) -> String {
+        let run = self.run.max(1);
         match (self.count, self.stride) {
             (0 | 1, _) => format!("{}", self.first_rank),
             (n, 0 | 1) => format!("{}-{}", self.first_rank, self.first_rank + n - 1),
+            (n, s) if run > 1 && n > run => {
+                let last = self.first_rank + (n / run - 1) * s + run - 1;
+                format!("{}-{} every {s}, to {last}", self.first_rank, self.first_rank + run - 1)
+            }
+            (n, _) if run > 1 => format!("{}-{}", self.first_rank, self.first_rank + n - 1),
             (n, s) => format!("{}-{} every {s}", self.first_rank, self.first_rank + (n - 1) * s),
         }
     }
@@ -134,6 +143,7 @@ fn base_classes(
         count: plan.gpus,
         first_rank: 0,
         stride: 1,
+        run: 1,
         plan: Arc::new(plan.clone()),
         schedule,
     };
@@ -159,6 +169,7 @@ fn pipeline_classes(
             count: per,
             first_rank: k as u64 * per,
             stride: 1,
+            run: 1,
             plan: Arc::new(st.plan),
             schedule: st.schedule,
         })
@@ -174,6 +185,7 @@ fn pipeline_classes(
 /// holds everyone back). Rank r of one stage sends to rank r of the next.
 fn with_routing(dag: &LayerDag, plan: &Plan, cluster: &Cluster, loads: &[u64], names: bool, steps: u32) -> Job {
     let ep = loads.len();
+    let etp = plan.parallel.model_parallel.expert_tensor.max(1);
     let busiest = loads.iter().copied().max().unwrap_or(0);
     // What every rank receives under uniform routing: its own tokens' copies.
     let split = dag.workload.split;
@@ -192,9 +204,12 @@ fn with_routing(dag: &LayerDag, plan: &Plan, cluster: &Cluster, loads: &[u64], n
                 _ => None,
             };
             c.role = Role::Expert { stage, ep_rank: r as u64, copies, uniform };
+            // Expert-parallel rank r is the expert-tensor-parallel group of ranks etp x r to
+            // etp x (r + 1) - 1 of every etp x ep (Megatron-Core's expert rank order).
             c.count /= ep as u64;
-            c.first_rank += r as u64;
-            c.stride = ep as u64;
+            c.first_rank += r as u64 * etp;
+            c.stride = ep as u64 * etp;
+            c.run = etp;
         }
         per_rank.push((classes, links));
     }
@@ -268,6 +283,7 @@ fn with_jitter(classes: Vec<RankClass>, links: &[PartLink], cfg: &JitterConfig) 
                 count: tensor,
                 first_rank: c.first_rank + r as u64 * tensor,
                 stride: 1,
+                run: 1,
                 plan: c.plan.clone(),
                 schedule: Schedule {
                     program,

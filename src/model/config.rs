@@ -688,10 +688,16 @@ pub struct TensorSplit {
     pub sequence_parallel: bool,
     /// Expert parallelism (Megatron-Core `--expert-model-parallel-size`): the experts of a
     /// MoE block are spread over this many ranks, each holding num_experts / `expert` of
-    /// them; tokens reach them by all-to-all. Experts are not split by tensor parallelism
-    /// (`--expert-tensor-parallel-size 1`): with it, each tensor-parallel rank routes its own
-    /// sequence shard.
+    /// them; tokens reach them by all-to-all. Every rank routes its own rows (under
+    /// sequence parallelism, its sequence shard).
     pub expert: u64,
+    /// Expert tensor parallelism (Megatron-Core `--expert-tensor-parallel-size`): each
+    /// expert's FC1 is column-parallel and FC2 row-parallel over this many ranks
+    /// (`TEColumnParallelGroupedLinear` / `TERowParallelGroupedLinear`); the token
+    /// dispatcher all-gathers the tokens its all-to-all received over them before the
+    /// experts and reduce-scatters the experts' output after (`MoEAlltoAllTokenDispatcher`).
+    #[serde(skip_serializing_if = "is_one")]
+    pub expert_tensor: u64,
     /// Context parallelism: this rank holds 1/`context` of each sequence (Megatron-Core's
     /// load-balanced split: chunks i and 2 x context - 1 - i of 2 x context) for every op;
     /// attention runs its queries against the whole sequence's keys and values, which pass
@@ -733,7 +739,14 @@ fn is_one(x: &u64) -> bool {
 
 impl Default for TensorSplit {
     fn default() -> Self {
-        TensorSplit { tensor: 1, sequence_parallel: false, expert: 1, context: 1, context_comm: ContextComm::Ring }
+        TensorSplit {
+            tensor: 1,
+            sequence_parallel: false,
+            expert: 1,
+            expert_tensor: 1,
+            context: 1,
+            context_comm: ContextComm::Ring,
+        }
     }
 }
 

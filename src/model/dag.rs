@@ -109,6 +109,10 @@ pub enum CommGroup {
     Tensor,
     /// The expert-parallel group (MoE token dispatch and combine).
     Expert,
+    /// The expert-tensor-parallel group (`--expert-tensor-parallel-size` consecutive ranks):
+    /// the token dispatcher's all-gather of the received tokens before the experts and
+    /// reduce-scatter of their output after.
+    ExpertTensor,
 }
 
 /// One op of the forward pass.
@@ -270,7 +274,8 @@ impl LayerDag {
     pub fn model_forward_flops(&self) -> f64 {
         let t = self.workload.split.tensor as f64;
         // Under sequence parallelism each tensor-parallel rank routes its own tokens to the
-        // experts: the experts' work is split t ways too.
+        // experts: the experts' work is split t ways too (expert tensor parallelism leaves a
+        // rank's expert FLOPs as they are: etp x the copies at 1/etp of the width).
         let sp = self.workload.split.sequence_parallel;
         let split = |o: &Op| o.tp_sharded || (o.expert && sp);
         self.ops.iter().map(|o| if split(o) { o.fwd_flops * t } else { o.fwd_flops }).sum()
@@ -718,8 +723,8 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         let mlp_out = match cfg.family {
             Family::Llama => match &cfg.moe {
                 Some(m) if cfg.is_moe_layer(l) => {
-                    let ep = w.split.expert.max(1);
-                    let shape = MoeShape { rows, tokens: t, h, c, ep, routed: w.routed };
+                    let (ep, etp) = (w.split.expert.max(1), w.split.expert_tensor.max(1));
+                    let shape = MoeShape { rows, tokens: t, h, c, ep, etp, routed: w.routed };
                     moe_mlp(&mut bd, &p("feed_forward"), m, n2, shape)
                 }
                 _ => swiglu_mlp(&mut bd, &p("feed_forward"), n2, t, h, f, c),
@@ -1004,13 +1009,14 @@ fn swiglu_mlp(bd: &mut Builder, name: &str, x: TensorId, t: u64, h: u64, f: u64,
 
 /// One rank's share of a MoE block: `rows` tokens of the hidden state (the sequence shard
 /// under sequence parallelism), `tokens` of the whole micro-batch (what the tensor-parallel
-/// shared experts see), `ep` expert-parallel ranks.
+/// shared experts see), `ep` expert-parallel and `etp` expert-tensor-parallel ranks.
 struct MoeShape {
     rows: u64,
     tokens: u64,
     h: u64,
     c: u64,
     ep: u64,
+    etp: u64,
     routed: Option<RoutedCopies>,
 }
 
@@ -1026,9 +1032,24 @@ struct MoeShape {
 ///   destination; `index_select` saves only the indices.
 /// - **Dispatch**: an all-to-all over the expert-parallel group moves the copies to the
 ///   ranks holding their experts (none with one rank). Backward is the reverse all-to-all.
+/// - **Expert tensor parallelism** (`etp` > 1, `--expert-tensor-parallel-size`): the
+///   dispatcher's `dispatch_postprocess` all-gathers what the all-to-all brought over the
+///   expert-tensor-parallel group (`gather_from_sequence_parallel_region(...,
+///   group=self.tp_group)`, the group `parallel_state.get_expert_tensor_parallel_group()`),
+///   so every rank of it runs its slice of the local experts on all their copies; its
+///   backward is a reduce-scatter of the copies' gradients.
 /// - **Experts**: this rank's num_experts / ep SwiGLU experts as grouped GEMMs over the
 ///   copies it received (each GEMM's M is the copies per local expert), saving what the
-///   dense MLP saves, per copy.
+///   dense MLP saves, per copy. Under expert tensor parallelism FC1 (w1, w3) is column-
+///   and FC2 (w2) row-parallel (`TEColumnParallelGroupedLinear` /
+///   `TERowParallelGroupedLinear` in `megatron/core/extensions/transformer_engine.py`,
+///   `GroupedMLP` in `experts.py`: `divide(moe_ffn_hidden_size, tp_size)`): each rank holds
+///   expert_ffn_hidden / etp of every local expert's width and runs it on etp x the
+///   copies, so its FLOPs are unchanged and its weights 1/etp.
+/// - **Expert-tensor-parallel reduce-scatter** (`combine_preprocess`:
+///   `reduce_scatter_to_sequence_parallel_region(..., group=self.tp_group)`): FC2's partial
+///   sums are summed over the group and each rank keeps its own copies (the compute dtype,
+///   as Megatron-Core 0.8-0.11 reduce-scatters); its backward all-gathers their gradients.
 /// - **Combine**: the reverse all-to-all brings each copy home.
 /// - **Unpermute**: each copy scaled by its routing probability and summed into its token;
 ///   the product saves the copies and the probabilities (`unpermute(..., probs)` in
@@ -1036,9 +1057,10 @@ struct MoeShape {
 /// - **Shared experts** (if any) run beside, as a tensor-parallel SwiGLU MLP over every
 ///   token; Qwen2-MoE scales theirs by a sigmoid gate (h -> 1).
 fn moe_mlp(bd: &mut Builder, name: &str, m: &MoeConfig, x: TensorId, s: MoeShape) -> TensorId {
-    let MoeShape { rows, tokens, h, c, ep, routed } = s;
+    let MoeShape { rows, tokens, h, c, ep, etp, routed } = s;
     let p = |n: &str| format!("{name}.{n}");
-    let (e, k, fe) = (m.num_experts, m.top_k, m.expert_ffn_hidden);
+    // Under expert tensor parallelism each rank holds 1/etp of every expert's width.
+    let (e, k, fe) = (m.num_experts, m.top_k, m.expert_ffn_hidden / etp);
     // Copies home again after the combine (this rank's own tokens' copies).
     let home = rows * k;
     let local = (e / ep).max(1);
@@ -1047,7 +1069,10 @@ fn moe_mlp(bd: &mut Builder, name: &str, m: &MoeConfig, x: TensorId, s: MoeShape
     let copies = rows * k;
     let received = routed.map_or(copies, |r| r.received);
     let busiest = routed.map_or(copies, |r| r.busiest.max(r.received));
-    let (rf, cf, hf, ff, ef) = (rows as f64, received as f64, h as f64, fe as f64, e as f64);
+    // The copies this rank's experts run on: what the expert-tensor-parallel group's ranks
+    // received, all-gathered (they hold the same experts, so the same load).
+    let gathered = etp * received;
+    let (rf, cf, hf, ff, ef) = (rows as f64, gathered as f64, h as f64, fe as f64, e as f64);
     // --- router
     let logits = bd.tensor(&p("router.out"), rows * e, c, TensorKind::Activation);
     let r = bd.op(
@@ -1091,11 +1116,29 @@ fn moe_mlp(bd: &mut Builder, name: &str, m: &MoeConfig, x: TensorId, s: MoeShape
     } else {
         perm
     };
+    // An expert-tensor-parallel collective of the copies: `gathered` copies on the wire.
+    let etp_comm = |forward: Collective, backward: Collective| TpComm {
+        group: CommGroup::ExpertTensor,
+        forward: Some(forward),
+        backward: Some(backward),
+        bytes: gathered * h * c,
+        forward_bytes: None,
+        backward_buffer: 0,
+        backward_buffer_until: None,
+    };
+    let recv = if etp > 1 {
+        let out = bd.tensor(&p("etp_all_gather.out"), gathered * h, c, TensorKind::Activation);
+        let comm = etp_comm(Collective::AllGather, Collective::ReduceScatter);
+        bd.comm_op(p("etp_all_gather"), vec![recv], vec![out], comm);
+        out
+    } else {
+        recv
+    };
     // --- this rank's experts, grouped GEMMs over the copies received
     let lin = |i: f64, o: f64| (2.0 * cf * i * o, 4.0 * cf * i * o);
-    let per_expert = received.div_ceil(local);
+    let per_expert = gathered.div_ceil(local);
     let expert = |bd: &mut Builder, n: &str, i: u64, o: u64, input: TensorId| {
-        let out = bd.tensor(&p(&format!("experts.{n}.out")), received * o, c, TensorKind::Activation);
+        let out = bd.tensor(&p(&format!("experts.{n}.out")), gathered * o, c, TensorKind::Activation);
         let id = bd.op(
             p(&format!("experts.{n}")),
             OpKind::Linear,
@@ -1112,23 +1155,31 @@ fn moe_mlp(bd: &mut Builder, name: &str, m: &MoeConfig, x: TensorId, s: MoeShape
     let g = expert(bd, "w1", h, fe, recv);
     let u = expert(bd, "w3", h, fe, recv);
     let mm = if bd.fused_swiglu {
-        let mm = bd.tensor(&p("experts.swiglu.out"), received * fe, c, TensorKind::Activation);
+        let mm = bd.tensor(&p("experts.swiglu.out"), gathered * fe, c, TensorKind::Activation);
         let fl = (5.0 * cf * ff, 10.0 * cf * ff);
         let id = bd.op(p("experts.swiglu"), OpKind::Elementwise, 0, fl, vec![g, u], vec![mm], vec![g, u]);
         bd.ops[id].expert = true;
         mm
     } else {
-        let sg = bd.tensor(&p("experts.silu.out"), received * fe, c, TensorKind::Activation);
+        let sg = bd.tensor(&p("experts.silu.out"), gathered * fe, c, TensorKind::Activation);
         let fl = (4.0 * cf * ff, 8.0 * cf * ff);
         let id = bd.op(p("experts.silu"), OpKind::Elementwise, 0, fl, vec![g], vec![sg], vec![g]);
         bd.ops[id].expert = true;
-        let mm = bd.tensor(&p("experts.mul.out"), received * fe, c, TensorKind::Activation);
+        let mm = bd.tensor(&p("experts.mul.out"), gathered * fe, c, TensorKind::Activation);
         let fl = (cf * ff, 2.0 * cf * ff);
         let id = bd.op(p("experts.mul"), OpKind::Elementwise, 0, fl, vec![sg, u], vec![mm], vec![sg, u]);
         bd.ops[id].expert = true;
         mm
     };
     let d = expert(bd, "w2", fe, h, mm);
+    let d = if etp > 1 {
+        let out = bd.tensor(&p("etp_reduce_scatter.out"), received * h, c, TensorKind::Activation);
+        let comm = etp_comm(Collective::ReduceScatter, Collective::AllGather);
+        bd.comm_op(p("etp_reduce_scatter"), vec![d], vec![out], comm);
+        out
+    } else {
+        d
+    };
     // --- combine and unpermute
     let back = if ep > 1 {
         let out = bd.tensor(&p("combine.out"), home * h, c, TensorKind::Activation);

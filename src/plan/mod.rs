@@ -253,13 +253,21 @@ pub struct ModelParallel {
     /// Off, a stage's send and the receive posted with it block its next compute, as in
     /// Megatron-LM 2021-22 and DeepSpeed's pipeline engine.
     pub overlap_p2p: bool,
-    /// Expert parallelism (`--expert-model-parallel-size`), folded over the tensor- and
-    /// data-parallel ranks of a stage as Megatron-Core's parallel folding does with
-    /// `--expert-tensor-parallel-size 1`: expert-parallel groups are `expert` consecutive
-    /// ranks, and each expert is replicated over tensor x data / `expert` ranks (its
-    /// expert-data-parallel group).
+    /// Expert parallelism (`--expert-model-parallel-size`), folded over the tensor-,
+    /// context- and data-parallel ranks of a stage as Megatron-Core's parallel folding does
+    /// (`megatron/core/parallel_state.py` `initialize_model_parallel`: the expert
+    /// `RankGenerator` orders expert-tensor, expert, expert-data, pipeline): expert-parallel
+    /// groups are `expert` ranks `expert_tensor` apart, and each expert slice is replicated
+    /// over tensor x context x data / (`expert_tensor` x `expert`) ranks (its
+    /// expert-data-parallel group, [`ModelParallel::expert_data_parallel`]).
     #[serde(skip_serializing_if = "is_one")]
     pub expert: u64,
+    /// Expert tensor parallelism (`--expert-tensor-parallel-size`; Megatron's default is the
+    /// tensor-parallel degree, `arguments.py` `validate_args`): each expert's weights are
+    /// split over this many consecutive ranks (FC1 column-, FC2 row-parallel). 1 for a dense
+    /// model.
+    #[serde(skip_serializing_if = "is_one")]
+    pub expert_tensor: u64,
     /// Context parallelism (`--context-parallel-size`): each sequence is split over this many
     /// ranks (tensor-parallel groups `tensor` apart), attention exchanging keys and values
     /// around a ring; parameters are replicated over them, so gradients are reduced (and a
@@ -285,6 +293,7 @@ impl Default for ModelParallel {
             stage_layers: Vec::new(),
             overlap_p2p: false,
             expert: 1,
+            expert_tensor: 1,
             context: 1,
             context_comm: crate::model::ContextComm::Ring,
         }
@@ -304,6 +313,14 @@ impl ModelParallel {
     /// Model replicas that each take their own sequences (the batch's divisor).
     pub fn data_parallel(&self, gpus: u64) -> u64 {
         (gpus / (self.tensor * self.pipeline * self.context.max(1)).max(1)).max(1)
+    }
+
+    /// Expert-data-parallel degree of `gpus`: the ranks of a pipeline stage (tensor x context
+    /// x data) over the expert-tensor x expert-parallel ranks, as `initialize_model_parallel`
+    /// sizes `expert_data_parallel_size` (world size / (expert tensor x expert x pipeline)).
+    pub fn expert_data_parallel(&self, gpus: u64) -> u64 {
+        let stage = self.tensor * self.context.max(1) * self.data_parallel(gpus);
+        (stage / (self.expert_tensor.max(1) * self.expert.max(1))).max(1)
     }
 
     /// Blocks held by each virtual stage (chunk), in model order: virtual stage j = chunk
@@ -698,8 +715,9 @@ pub struct Unit {
     /// LoRA: bytes of the frozen base weights as stored (BF16 or NF4), whole and per shard.
     pub frozen_bytes: u64,
     pub frozen_shard_bytes: u64,
-    /// Of `params`, this rank's routed experts' weights: replicated over the
-    /// expert-data-parallel group, so their optimizer shard is 1/[`Plan::edp`] of them.
+    /// Of `params`, this rank's routed experts' weights (its 1/expert_tensor slice of its
+    /// experts): replicated over the expert-data-parallel group, so their optimizer shard
+    /// is 1/[`Plan::edp`] of them.
     pub expert_params: u64,
     /// Of `params`, those FSDP all-gathers in FP8 (torchao `enable_fsdp_float8_all_gather`:
     /// the float8 linears' weights, cast on the shard before the all-gather): 1 byte each
@@ -751,10 +769,10 @@ pub struct Plan {
     pub block_unit: Vec<usize>,
     /// Ranks a sharded tensor is split over (all GPUs, or one node for hybrid sharding).
     pub shard_group: u64,
-    /// Expert-data-parallel degree: the ranks that hold the same experts, over which expert
-    /// gradients are reduced and (ZeRO-1) their optimizer state is sharded: tensor x data /
-    /// expert (Megatron-Core's parallel folding; experts are not split by tensor
-    /// parallelism, so the tensor-parallel ranks hold copies too).
+    /// Expert-data-parallel degree: the ranks that hold the same expert slices, over which
+    /// expert gradients are reduced and (ZeRO-1) their optimizer state is sharded: tensor x
+    /// context x data / (expert tensor x expert) (Megatron-Core's parallel folding, the
+    /// `expert_data_parallel` group; [`ModelParallel::expert_data_parallel`]).
     pub edp: u64,
     /// Root unit first, then one unit per block.
     pub units: Vec<Unit>,
@@ -807,13 +825,13 @@ impl Plan {
         let dp_per_node = (gpus_per_node / mp.tensor).clamp(1, dp);
         let shard_group = shard_group(&parallel, gpus, gpus_per_node);
         let ep = mp.expert.max(1);
-        let edp = (mp.tensor * dp / ep).max(1);
+        let edp = mp.expert_data_parallel(gpus);
         // Expert state is split over the expert-data-parallel group where other state is
-        // split over the shard group; they are one group without expert or tensor
-        // parallelism (validation allows those with ZeRO-1 and DDP only).
+        // split over the shard group; they are one group without expert, expert-tensor or
+        // tensor parallelism (validation allows those with ZeRO-1 and DDP only).
         let expert_shard_group = match sh {
             Sharding::None => 1,
-            _ if ep == 1 && mp.tensor == 1 => shard_group,
+            _ if ep == 1 && mp.tensor == 1 && mp.expert_tensor <= 1 => shard_group,
             _ => edp,
         };
         let shard =

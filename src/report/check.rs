@@ -51,7 +51,7 @@ pub fn summary(s: &Scenario) -> String {
             );
             let _ = writeln!(
                 o,
-                "  experts    {} of ffn {} per MoE block, top-{}{}; expert parallel {}",
+                "  experts    {} of ffn {} per MoE block, top-{}{}; expert parallel {}{}",
                 moe.num_experts,
                 moe.expert_ffn_hidden,
                 moe.top_k,
@@ -60,7 +60,11 @@ pub fn summary(s: &Scenario) -> String {
                 } else {
                     String::new()
                 },
-                s.parallel.model_parallel.expert
+                s.parallel.model_parallel.expert,
+                match s.parallel.model_parallel.expert_tensor {
+                    1 => String::new(),
+                    etp => format!(", expert tensor parallel {etp}"),
+                }
             );
         }
         None => {

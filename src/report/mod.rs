@@ -476,9 +476,14 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
     let cap = s.allocator_capacity();
     let ms: ModelState = plan.model_state();
     // The whole model's parameters (a tensor-parallel rank's DAG holds 1/t of most of them,
-    // an expert-parallel rank's 1/e of the experts).
+    // an expert-parallel rank's 1/e of the experts, an expert-tensor-parallel one 1/etp of
+    // each).
     let split = dag.workload.split;
-    let params = if split.tensor > 1 || split.expert > 1 { dag.config.param_count() } else { dag.param_count() };
+    let params = if split.tensor > 1 || split.expert > 1 || split.expert_tensor > 1 {
+        dag.config.param_count()
+    } else {
+        dag.param_count()
+    };
     let total_state = ms.total();
     let per_param = {
         let pr = &plan.training.precision;
@@ -700,6 +705,15 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
             mp.expert - 1,
             mp.expert
         ));
+        if mp.expert_tensor > 1 {
+            let etp = mp.expert_tensor;
+            assumptions.push(format!(
+                "expert tensor parallel {etp} (Megatron-Core --expert-tensor-parallel-size): each expert's FC1 column- and FC2 row-parallel over {etp} consecutive GPUs ({} of its {} width each); the token dispatcher all-gathers what the all-to-all brought over them before the experts ({} per GPU per MoE block and micro-batch, the gathered copies saved for the experts' backward) and reduce-scatters the experts' output after (as many bytes), in the compute dtype, on the tensor-parallel stream in series with the compute; backward the reverse collectives",
+                moe.expert_ffn_hidden / etp,
+                moe.expert_ffn_hidden,
+                fmt_bytes(etp * bytes)
+            ));
+        }
     }
     if mp.pipeline > 1 {
         let p2p = if mp.overlap_p2p {

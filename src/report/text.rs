@@ -191,7 +191,7 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         )
     };
     let mp = &p.model_parallel;
-    if mp.tensor * mp.pipeline * mp.expert * mp.context > 1 {
+    if mp.tensor * mp.pipeline * mp.expert * mp.expert_tensor * mp.context > 1 {
         let mut parts = vec![format!("tensor {}", mp.tensor)];
         if mp.sequence_parallel {
             parts.push("sequence parallel".into());
@@ -224,7 +224,9 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         let _ = writeln!(
             o,
             "Parallel   {}{} x data parallel {} = {} GPUs; over the data-parallel{} ranks {}{}",
-            if mp.tensor * mp.pipeline * mp.expert > 1 || p.framework == crate::plan::Framework::Megatron {
+            if mp.tensor * mp.pipeline * mp.expert * mp.expert_tensor > 1
+                || p.framework == crate::plan::Framework::Megatron
+            {
                 "Megatron-LM "
             } else {
                 ""
@@ -257,13 +259,25 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         );
     }
     if let Some(moe) = &s.model.moe {
-        let ep = mp.expert;
-        let edp = mp.tensor * s.dp_degree() / ep;
+        let (ep, etp) = (mp.expert, mp.expert_tensor);
+        let edp = mp.expert_data_parallel(u64::from(c.gpus));
+        // Expert tensor parallelism: each expert's width split over `etp` consecutive GPUs,
+        // the received tokens all-gathered over them and the experts' output reduce-scattered.
+        let split = if etp > 1 {
+            format!(
+                "expert tensor parallel {etp}: each expert's width split over {etp} consecutive GPUs ({} of {} per GPU; the tokens the all-to-all brings all-gathered over them before the experts, the output reduce-scattered after); ",
+                moe.expert_ffn_hidden / etp,
+                moe.expert_ffn_hidden
+            )
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             o,
-            "Experts    expert parallel {ep}: {} of {} experts of each MoE block on every GPU; each expert on {} ({}){}",
+            "Experts    {split}expert parallel {ep}: {} of {} experts of each MoE block on every GPU; each expert{} on {} ({}){}",
             moe.num_experts / ep,
             moe.num_experts,
+            if etp > 1 { " slice" } else { "" },
             plural(edp, "GPU"),
             if edp > 1 {
                 "its expert-data-parallel group: expert gradients are reduced there, and sharded optimizer state split over it"

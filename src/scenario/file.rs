@@ -378,6 +378,9 @@ pub struct ParallelSection {
     pub overlap_p2p_communication: Option<bool>,
     /// Megatron-Core `--expert-model-parallel-size`: ranks the experts are spread over.
     pub expert: Option<i64>,
+    /// Megatron-Core `--expert-tensor-parallel-size`: ranks each expert's weights are split
+    /// over (default: `tensor`, as Megatron's).
+    pub expert_tensor: Option<i64>,
     /// Megatron-Core `--context-parallel-size`: ranks each sequence is split over.
     pub context: Option<i64>,
     /// Context parallelism under FSDP: "allgather" (torchtitan's default

@@ -89,12 +89,18 @@ pub(super) fn check_tensors(v: &V, m: &ModelConfig, w: &Workload, context: Optio
         ));
     }
     if let Some(moe) = &m.moe {
-        // The routed copies of a micro-batch's tokens, through the widest expert layer.
-        let copies = tokens * u128::from(moe.top_k) * u128::from(m.hidden.max(moe.expert_ffn_hidden)) * 4;
+        // The routed copies of a micro-batch's tokens, through the widest expert layer; an
+        // expert-tensor-parallel group wider than the tensor-parallel one gathers the copies
+        // of expert_tensor / tensor micro-batches.
+        let gathered = u128::from((w.split.expert_tensor / w.split.tensor.max(1)).max(1));
+        let copies = tokens * gathered * u128::from(moe.top_k) * u128::from(m.hidden.max(moe.expert_ffn_hidden)) * 4;
         if too_big(copies) {
             return Err(v.err(
                 "model.moe.top_k",
-                format!("the routed token copies of one micro-batch would be {copies} bytes (micro_batch x seq_len x top_k x width x 4), over the {MAX_TENSOR_BYTES} bytes stepsim counts"),
+                format!(
+                    "the routed token copies of one micro-batch would be {copies} bytes (micro_batch x seq_len x top_k x width x 4{}), over the {MAX_TENSOR_BYTES} bytes stepsim counts",
+                    if gathered > 1 { format!(" x {gathered} micro-batches gathered by expert tensor parallelism") } else { String::new() }
+                ),
             ));
         }
     }

@@ -860,7 +860,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
     // implied by FULL_SHARD, backward_prefetch=BACKWARD_PRE, forward_prefetch=False,
     // limit_all_gathers=True) and DDP (`bucket_cap_mb=25`, `gradient_as_bucket_view=False`).
     let mut model_parallel = validate_model_parallel(&v, p, &model, gpus, u64::from(cluster.gpus_per_node), sharding)?;
-    model_parallel.expert = validate_expert_parallel(
+    (model_parallel.expert, model_parallel.expert_tensor) = validate_expert_parallel(
         &v,
         p,
         &model,
@@ -1112,6 +1112,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
             tensor: parallel.model_parallel.tensor,
             sequence_parallel: parallel.model_parallel.sequence_parallel,
             expert: parallel.model_parallel.expert,
+            expert_tensor: parallel.model_parallel.expert_tensor,
             context: parallel.model_parallel.context,
             context_comm: parallel.model_parallel.context_comm,
         },

@@ -1,6 +1,7 @@
-//! `[model.moe]` and `[parallel] expert`: a mixture-of-experts MLP, from the section or a MoE
-//! `config.json`, and the expert parallelism it runs with (Megatron-Core's rules:
-//! `megatron/training/arguments.py` `validate_args` and `parallel_state.py`).
+//! `[model.moe]` and `[parallel] expert` / `expert_tensor`: a mixture-of-experts MLP, from the
+//! section or a MoE `config.json`, and the expert (and expert tensor) parallelism it runs
+//! with (Megatron-Core's rules: `megatron/training/arguments.py` `validate_args`,
+//! `parallel_state.py`, `transformer_config.py`).
 
 use super::*;
 use crate::model::hf::HfModel;
@@ -142,9 +143,11 @@ pub(super) fn validate_moe(
     Ok(Some(moe))
 }
 
-/// `[parallel] expert`: the expert-parallel degree, folded over the tensor- and
-/// data-parallel ranks of a stage (Megatron-Core's parallel folding with
-/// `--expert-tensor-parallel-size 1`).
+/// `[parallel] expert` and `expert_tensor`: the expert-parallel and expert-tensor-parallel
+/// degrees, folded over the tensor- and data-parallel ranks of a stage (Megatron-Core's
+/// parallel folding: `parallel_state.py` `initialize_model_parallel` builds the expert groups
+/// from a second `RankGenerator` of expert tensor x expert x expert data x pipeline over the
+/// same ranks). Returns (expert, expert_tensor); (1, 1) for a dense model.
 pub(super) fn validate_expert_parallel(
     v: &V,
     p: &ParallelSection,
@@ -153,10 +156,14 @@ pub(super) fn validate_expert_parallel(
     sequence_parallel: bool,
     dp: u64,
     sharding: Sharding,
-) -> Result<u64, ScenarioError> {
+) -> Result<(u64, u64), ScenarioError> {
     let ep = match p.expert {
         Some(x) => v.positive("parallel.expert", x)?,
         None => 1,
+    };
+    let etp_given = match p.expert_tensor {
+        Some(x) => Some(v.positive("parallel.expert_tensor", x)?),
+        None => None,
     };
     if model.mla.is_some() && tensor > 1 {
         return Err(v.err(
@@ -165,13 +172,32 @@ pub(super) fn validate_expert_parallel(
         ));
     }
     let Some(moe) = &model.moe else {
-        if ep == 1 {
-            return Ok(1);
+        if ep > 1 {
+            return Err(v.err(
+                "parallel.expert",
+                "expert parallelism needs a mixture-of-experts model ([model.moe], or a MoE model.name / model.hf_config)",
+            ));
         }
-        return Err(v.err(
-            "parallel.expert",
-            "expert parallelism needs a mixture-of-experts model ([model.moe], or a MoE model.name / model.hf_config)",
-        ));
+        if etp_given.is_some_and(|x| x > 1) {
+            return Err(v.err(
+                "parallel.expert_tensor",
+                "expert tensor parallelism splits the experts of a mixture-of-experts model ([model.moe], or a MoE model.name / model.hf_config)",
+            ));
+        }
+        return Ok((1, 1));
+    };
+    // Megatron's default: `arguments.py` `validate_args` (and `ModelParallelConfig.
+    // __post_init__`) set expert_tensor_parallel_size = tensor_model_parallel_size when the
+    // flag is not given.
+    let etp = etp_given.unwrap_or(tensor);
+    // The field an error about the expert-tensor degree names: the one the file sets.
+    let etp_field = if etp_given.is_some() { "parallel.expert_tensor" } else { "parallel.tensor" };
+    let etp_default = if etp_given.is_some() {
+        String::new()
+    } else {
+        format!(
+            " (parallel.expert_tensor defaults to parallel.tensor, {tensor}, as Megatron's --expert-tensor-parallel-size does: set parallel.expert_tensor = 1 to keep each expert whole)"
+        )
     };
     if moe.num_experts % ep != 0 {
         return Err(v.err(
@@ -189,19 +215,47 @@ pub(super) fn validate_expert_parallel(
             format!("expert parallelism is folded over a stage's tensor x data-parallel ranks ({tensor} x {dp} = {ranks}): it must divide them, got {ep}"),
         ));
     }
+    if ranks % (etp * ep) != 0 {
+        // parallel_state.py: "world_size ... is not divisible by
+        // expert_tensor_model_pipeline_parallel size".
+        return Err(v.err(
+            if etp_given.is_some() { "parallel.expert_tensor" } else { "parallel.expert" },
+            format!(
+                "expert tensor x expert parallelism ({etp} x {ep} = {}) is folded over a stage's tensor x data-parallel ranks ({tensor} x {dp} = {ranks}): it must divide them{etp_default}",
+                etp * ep
+            ),
+        ));
+    }
+    if moe.expert_ffn_hidden % etp != 0 {
+        // GroupedMLP / TEGroupedLinear: divide(moe_ffn_hidden_size, tp_size).
+        return Err(v.err(
+            etp_field,
+            format!(
+                "expert tensor parallelism splits each expert's width over {etp} ranks: model.moe.expert_ffn_hidden ({}) is not divisible by {etp}{etp_default}",
+                moe.expert_ffn_hidden
+            ),
+        ));
+    }
+    if moe.biases && etp > 1 {
+        // transformer_config.py: "Bias in Moe is only supported when ETP==1".
+        return Err(v.err(
+            etp_field,
+            format!("this model's experts have biases, which Megatron-Core supports with expert tensor parallelism 1 only (\"Bias in Moe is only supported when ETP==1\"), got {etp}{etp_default}"),
+        ));
+    }
     if tensor > 1 && !sequence_parallel {
         return Err(v.err(
             "parallel.sequence_parallel",
-            "a mixture of experts with tensor parallelism needs sequence parallelism (Megatron-Core: \"When using expert parallelism and tensor parallelism, sequence parallelism must be used\"; stepsim's experts are not split by tensor parallelism, each tensor-parallel rank routes its own sequence shard); set parallel.sequence_parallel = true",
+            "a mixture of experts with tensor parallelism needs sequence parallelism (Megatron-Core: \"When using expert parallelism and tensor parallelism, sequence parallelism must be used\"; each tensor-parallel rank routes its own sequence shard); set parallel.sequence_parallel = true",
         ));
     }
-    if (ep > 1 || tensor > 1) && !matches!(sharding, Sharding::None | Sharding::Zero1) {
+    if (ep > 1 || tensor > 1 || etp > 1) && !matches!(sharding, Sharding::None | Sharding::Zero1) {
         return Err(v.err(
             "parallel.sharding",
             "a mixture of experts with expert or tensor parallelism is simulated with sharding = \"none\" (DDP / Megatron DDP) or \"zero1\" (distributed optimizer); FSDP / ZeRO-2/3 over expert parameters (torchtitan's dp_shard_mod_ep) is not modelled yet",
         ));
     }
-    Ok(ep)
+    Ok((ep, etp))
 }
 
 /// `[moe]`: the router's spread of tokens over the experts.

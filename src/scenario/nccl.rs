@@ -133,22 +133,34 @@ fn communicators(s: &Scenario, stage: u64) -> Vec<Communicator> {
         };
         add(format!("context parallel ({cp} ranks)"), cp, spans(tp, cp), traffic);
     }
+    // Megatron-Core's expert groups (`parallel_state.py`, the expert `RankGenerator`):
+    // expert-tensor-parallel ranks consecutive, expert-parallel ones `etp` apart,
+    // expert-data-parallel ones `etp` x `ep` apart; each its own communicator.
+    let etp = mp.expert_tensor;
+    if etp > 1 {
+        add(
+            format!("expert tensor parallel ({etp} ranks)"),
+            etp,
+            spans(1, etp),
+            Traffic::Collectives { all_reduce: false },
+        );
+    }
     if ep > 1 {
         add(
             format!("expert parallel ({ep} ranks, all-to-all)"),
             ep,
-            spans(tp * cp, ep),
+            spans(etp, ep),
             Traffic::PointToPoint { send_peers: ep - 1, recv_peers: ep - 1 },
         );
-        let edp = tp * dp / ep;
-        if p.framework == Framework::Megatron {
-            add(
-                format!("expert data parallel ({edp} ranks)"),
-                edp,
-                spans(ep, edp),
-                Traffic::Collectives { all_reduce: true },
-            );
-        }
+    }
+    if (ep > 1 || etp > 1) && p.framework == Framework::Megatron {
+        let edp = mp.expert_data_parallel(gpus);
+        add(
+            format!("expert data parallel ({edp} ranks)"),
+            edp,
+            spans(etp * ep, edp),
+            Traffic::Collectives { all_reduce: true },
+        );
     }
     if pp > 1 {
         let neighbours = if stage == 0 || stage + 1 == pp { 1 } else { 2 };

@@ -176,6 +176,7 @@ pub(super) fn validate_model_parallel(
         stage_layers,
         overlap_p2p,
         expert: 1,
+        expert_tensor: 1,
         context,
         context_comm: crate::model::ContextComm::Ring,
     })

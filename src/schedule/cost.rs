@@ -74,11 +74,15 @@ pub struct Cost {
     pub post_forward_group: Group,
     /// The tensor-parallel group (inside one node).
     pub tp_group: Group,
-    /// The expert-parallel group: `expert` consecutive ranks in Megatron's order (MoE
-    /// all-to-all).
+    /// The expert-parallel group: `expert` ranks `expert_tensor` apart in Megatron's order
+    /// (MoE all-to-all).
     pub ep_group: Group,
-    /// The expert-data-parallel group: the ranks holding the same experts, `expert` apart
-    /// (expert gradients' reduction, expert parameters' all-gather).
+    /// The expert-tensor-parallel group: `expert_tensor` consecutive ranks (the token
+    /// dispatcher's all-gather and reduce-scatter around the experts).
+    pub etp_group: Group,
+    /// The expert-data-parallel group: the ranks holding the same expert slices,
+    /// `expert_tensor` x `expert` apart (expert gradients' reduction, expert parameters'
+    /// all-gather).
     pub edp_group: Group,
     /// Point-to-point bandwidth between adjacent pipeline stages, bytes/s, and its latency.
     pub p2p_bytes_per_s: f64,
@@ -139,6 +143,7 @@ impl Cost {
             post_forward_group: group(1, 1),
             tp_group: group(1, 1),
             ep_group: group(1, 1),
+            etp_group: group(1, 1),
             edp_group: group(gpus, per_node),
             p2p_bytes_per_s: g.nvlink_bytes_per_s * LINK_EFFICIENCY,
             p2p_latency_s: ALPHA_INTRA_S,
@@ -180,14 +185,21 @@ impl Cost {
             c.post_forward_group = group(n, n.min(plan.dp_per_node));
         }
         c.tp_group = group(tp, tp);
-        // Expert groups in Megatron-Core's folded order (expert-tensor 1, then expert, then
-        // expert-data): an expert group is `ep` consecutive ranks of the stage, its
-        // expert-data-parallel peers are `ep` apart.
+        // Expert groups in Megatron-Core's folded order (`parallel_state.py`: the expert
+        // `RankGenerator`'s order tp-cp-ep-dp-pp with cp 1: expert-tensor fastest, then
+        // expert, then expert-data): an expert-tensor group is `etp` consecutive ranks of the
+        // stage, an expert group `ep` ranks `etp` apart, expert-data-parallel peers `etp` x
+        // `ep` apart.
         let ep = plan.parallel.model_parallel.expert.max(1);
+        let etp = plan.parallel.model_parallel.expert_tensor.max(1);
         let stage_per_node = (tp * plan.dp).min(plan.gpus_per_node).max(1);
-        c.ep_group = group(ep, ep.min(stage_per_node));
-        c.edp_group =
-            if plan.expert_params() > 0 { group(plan.edp, (stage_per_node / ep).max(1)) } else { c.dp_group.clone() };
+        c.etp_group = group(etp, etp.min(stage_per_node));
+        c.ep_group = group(ep, (stage_per_node / etp).clamp(1, ep));
+        c.edp_group = if plan.expert_params() > 0 {
+            group(plan.edp, (stage_per_node / (etp * ep)).max(1))
+        } else {
+            c.dp_group.clone()
+        };
         // Context-parallel peers are `tensor` ranks apart (Megatron's order: tensor, context,
         // data, pipeline): inside a node while tensor x context fits in one.
         let cp = plan.parallel.model_parallel.context.max(1);
@@ -220,9 +232,10 @@ impl Cost {
         group_links(&self.ep_group)
     }
 
-    /// The links tensor-parallel collectives occupy: NVLink (the group is inside a node).
+    /// The links the tensor-parallel stream's collectives occupy: NVLink (the group is
+    /// inside a node), and the expert-tensor-parallel group's (which may span nodes).
     pub fn tp_links(&self) -> u8 {
-        group_links(&self.tp_group)
+        group_links(&self.tp_group) | group_links(&self.etp_group)
     }
 
     /// The links a pipeline send (or receive) occupies: one direction of the NICs when

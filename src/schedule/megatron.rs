@@ -222,6 +222,13 @@ impl Builder<'_> {
         let dag = self.dag;
         let op = &dag.ops[i];
         let comm = op.comm?;
+        // Transformer Engine's userbuffers pipeline the tensor-parallel linears' collectives;
+        // the token dispatcher's expert-tensor-parallel ones are plain NCCL calls (and
+        // `TELinear.__init__` turns userbuffers off for expert linears: `if is_expert:
+        // extra_kwargs["ub_overlap_ag"] = False`).
+        if comm.group != crate::model::CommGroup::Tensor {
+            return None;
+        }
         let coll = if forward { comm.forward? } else { comm.backward? };
         match (forward, coll) {
             (true, Collective::AllGather) => {

@@ -286,7 +286,9 @@ impl<'a> Builder<'a> {
             }
         };
         use crate::engine::links::{PCIE_D2H, PCIE_H2D};
-        let tp_stream = stream("tp", mp.tensor > 1, cost.tp_links());
+        // The expert-tensor-parallel collectives run on the tensor-parallel stream (in series
+        // with the experts, as Megatron-Core's dispatcher issues them).
+        let tp_stream = stream("tp", mp.tensor > 1 || mp.expert_tensor > 1, cost.tp_links());
         let ag_copy_in_stream =
             stream("all-gather copy-in", plan.parallel.framework.fsdp2_buffers() && plan.params_sharded, 0);
         let ep_stream = stream("ep", mp.expert > 1, cost.ep_links());

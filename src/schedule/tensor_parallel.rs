@@ -2,7 +2,8 @@
 //! `layers.py`): the all-reduces (all-gathers / reduce-scatters with sequence parallelism)
 //! of column- and row-parallel linears, on their own stream over the tensor-parallel group;
 //! and the MoE token dispatcher's all-to-alls, collectives between ops of the same kind, on
-//! theirs over the expert-parallel group.
+//! theirs over the expert-parallel group; its all-gather and reduce-scatter around the
+//! experts over the expert-tensor-parallel group, on the tensor-parallel stream.
 
 use super::backward::Bwd;
 use super::forward::FwdPass;
@@ -30,6 +31,7 @@ impl Builder<'_> {
         let bytes = op.comm.map_or(0, |c| if forward { c.forward_bytes.unwrap_or(c.bytes) } else { c.bytes });
         let (group, stream) = match op.comm.map(|c| c.group) {
             Some(CommGroup::Expert) => (&self.cost.ep_group, self.ep_stream),
+            Some(CommGroup::ExpertTensor) => (&self.cost.etp_group, self.tp_stream),
             _ => (&self.cost.tp_group, self.tp_stream),
         };
         let mut secs = self.cost.collective_s(group, coll, bytes);
