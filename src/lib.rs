@@ -169,6 +169,7 @@ fn offload_report(
     let r = simulate_job(&alt, u64::MAX / 4, job::run::Record::Peaks)?.report;
     let fsdp = s.parallel.framework.is_pytorch();
     let mode = match (fsdp, off.parameters) {
+        (true, _) if s.parallel.framework.fsdp2_buffers() => "FSDP2 CPUOffloadPolicy(pin_memory=True)".to_string(),
         (true, _) => "FSDP CPUOffload(offload_params=True)".to_string(),
         (false, None) if off.optimizer == OffloadDevice::Cpu => {
             "DeepSpeed ZeRO-Offload (offload_optimizer = cpu)".to_string()

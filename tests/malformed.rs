@@ -513,13 +513,13 @@ fn cases() -> Vec<Case> {
             &["NO_SHARD", "\"full_shard\"", "framework = \"fsdp\""],
         ),
         case(
-            "FSDP2 with CPU offload",
+            "FSDP2 CPU offload without FULL_SHARD",
             b().set("hardware", "gpus", "8")
                 .set("parallel", "framework", "\"fsdp2\"")
-                .set("parallel", "sharding", "\"full_shard\"")
+                .set("parallel", "sharding", "\"shard_grad_op\"")
                 .set("offload", "parameters", "\"cpu\""),
-            "offload",
-            &["CPUOffloadPolicy", "framework = \"fsdp\""],
+            "offload.parameters",
+            &["CPU offload", "\"full_shard\""],
         ),
         case(
             "FSDP2 post-forward mesh that does not divide the shard group",

@@ -274,3 +274,51 @@ fn host_bytes_per_parameter_match_deepspeeds_estimator() {
         assert!(err.abs() < 0.002, "{row}: {predicted:.2} GiB vs {published}");
     }
 }
+
+/// FSDP2's CPUOffloadPolicy on the same job (`framework = "fsdp2"`): the same host state and
+/// PCIe bytes as FSDP1's CPUOffload, with FSDP2's own buffers and streams:
+/// - each fetched FP32 shard and its BF16 cast are freed by the all-gather copy-in that
+///   reads them (`foreach_all_gather`), not by the all-gather;
+/// - the sharded FP32 gradient goes to the host on the reduce-scatter stream
+///   (`foreach_reduce`: `.to("cpu", non_blocking=True)`), so the next reduce-scatter waits for
+///   it; each reduce-scatter input is kept to the next post-backward as without offload.
+#[test]
+fn fsdp2_cpu_offload_policy_copies_on_its_own_streams() {
+    let s = load_file_with("scenarios/100b-8gpu-fsdp-cpu-offload.toml", |t| {
+        t.replace("framework = \"fsdp\"", "framework = \"fsdp2\"")
+    });
+    let sim = stepsim::simulate(&s).unwrap();
+    let shard = sim.plan().local_total(true);
+    assert_eq!(sim.report.model_state_per_gpu.total.bytes, 0);
+    let off = sim.report.offload.clone().unwrap();
+    assert!(off.mode.starts_with("FSDP2 CPUOffloadPolicy"), "{}", off.mode);
+    assert_eq!(off.host_bytes_per_gpu.bytes, 16 * shard);
+    let cfg = s.parallel.offload.clone().unwrap();
+    let m = moved(&sim, &cfg, 2);
+    let fetched_el: u64 = m.all_gathers.iter().map(|&u| sim.plan().units[u].shard_params).sum();
+    assert!(close(m.h2d, 4.0 * fetched_el as f64));
+    assert_eq!(m.d2h, 0.0, "FSDP2's gradient copies run on the reduce-scatter stream");
+    let prog = &sim.schedule().program;
+    let labels = &sim.schedule().labels;
+    let on = |what: &str| -> Vec<&str> {
+        prog.tasks
+            .iter()
+            .filter(|t| labels[t.label as usize].step == 2 && labels[t.label as usize].what.contains(what))
+            .map(|t| prog.streams[t.stream as usize].as_str())
+            .collect()
+    };
+    let d2h = on("gradient partition to host");
+    assert_eq!(d2h.len(), 4 * 81, "every unit every micro-batch");
+    assert!(d2h.iter().all(|&x| x == "nccl"), "{:?}", &d2h[..3]);
+    // The fetched shard's copies die at the copy-in, before the all-gather runs.
+    let staged: Vec<usize> = (0..prog.buffers.len())
+        .filter(|&b| prog.names[prog.buffers[b].name as usize].contains("the copied shard cast"))
+        .collect();
+    assert!(!staged.is_empty());
+    let freer = |b: usize| (0..prog.tasks.len()).find(|&t| prog.free.of(t).contains(&(b as u32)));
+    for &b in staged.iter().take(20) {
+        let t = freer(b).expect("freed");
+        assert!(labels[prog.tasks[t].label as usize].what.contains("all-gather copy-in"));
+    }
+    assert!(matches!(sim.report.verdict, Verdict::Fits { .. }));
+}

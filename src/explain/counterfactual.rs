@@ -266,11 +266,13 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
                 (Framework::Deepspeed, _) => {
                     return Err("DeepSpeed offloads the optimizer with ZeRO stage 2 or 3".into())
                 }
-                (Framework::Fsdp | Framework::Fsdp1 | Framework::Fsdp2, Sharding::Zero3) => {
+                (Framework::Fsdp2, Sharding::Zero3) => (Some(OffloadDevice::Cpu), "FSDP2 CPUOffloadPolicy()"),
+                (Framework::Fsdp | Framework::Fsdp1, Sharding::Zero3) => {
                     (Some(OffloadDevice::Cpu), "FSDP CPUOffload(offload_params=True)")
                 }
-                (Framework::Fsdp | Framework::Fsdp1, _) => return Err("FSDP's CPU offload needs FULL_SHARD".into()),
-                (Framework::Fsdp2, _) => return Err("CPUOffloadPolicy under FSDP2 is not simulated yet".into()),
+                (Framework::Fsdp | Framework::Fsdp1 | Framework::Fsdp2, _) => {
+                    return Err("FSDP's CPU offload is simulated with FULL_SHARD".into())
+                }
                 (Framework::Megatron, _) => return Err("offload is not simulated for Megatron-LM".into()),
             };
             v.parallel.offload =

@@ -46,9 +46,6 @@ pub(super) fn validate_offload(
     if parallel.framework == Framework::Megatron {
         return Err(v.err("offload", "offload is not simulated for Megatron-LM (its --optimizer-cpu-offload is not modelled); use parallel.framework = \"deepspeed\" (ZeRO-Offload) or \"fsdp\" (CPUOffload)"));
     }
-    if parallel.framework == Framework::Fsdp2 {
-        return Err(v.err("offload", "FSDP2's CPUOffloadPolicy is not simulated yet (its pinned host shards and per-unit copies differ from FSDP1's CPUOffload); use parallel.framework = \"fsdp\" for FSDP's CPU offload"));
-    }
     let fsdp = parallel.framework.is_pytorch();
     let parameters = device("offload.parameters", o.parameters.as_deref(), "none")?;
     // FSDP offloads the optimizer with the parameters; DeepSpeed's default is the optimizer.

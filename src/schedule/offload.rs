@@ -42,8 +42,18 @@ impl Builder<'_> {
         // FSDP under mixed precision casts the copy into the _mp_shard the all-gather reads;
         // the FP32 temporary dies with the cast, at the copy's end.
         let cast = plan.parallel.framework.offloads_master_parameters() && pb != cb;
+        // FSDP2 (`FSDPParam.all_gather_inputs` under CPUOffloadPolicy): the pinned host shard
+        // is copied with `.to(device, non_blocking=True)` and cast to `param_dtype`
+        // (`_to_dtype_if_needed`) inside `foreach_all_gather` (issued on the all-gather
+        // copy-in stream; stepsim keeps the copy on the H2D link, which the copy-in waits
+        // for); the copy-in then reads the cast shard and both are freed.
+        let fsdp2 = plan.parallel.framework.fsdp2_buffers();
         let gathered_from = if cast {
-            let name = text!(self.names, "{name} _mp_shard ({})", self.pr().compute.name());
+            let name = if fsdp2 {
+                text!(self.names, "{name} all-gather input ({}, the copied shard cast)", self.pr().compute.name())
+            } else {
+                text!(self.names, "{name} _mp_shard ({})", self.pr().compute.name())
+            };
             self.buffer(el * cb, Category::CommBuffers, name)
         } else {
             copy

@@ -76,13 +76,17 @@ impl Builder<'_> {
                 TaskLabel::new(step, phase, mb, what, kind, Some(u)).with_work(0.0, copy),
             );
             self.fsdp2_ag[u] = Some(b);
+            // An offloaded shard's copies are freed once copied in (`del param_all_gather_inputs`).
+            self.free_at(c, &staging);
             self.task(NCCL, secs, vec![c], vec![], label)
         } else {
             let mut alloc = vec![b];
             alloc.extend(mp_shard);
             self.task(NCCL, secs, deps, alloc, label)
         };
-        self.free_at(t, &staging);
+        if !fsdp2 {
+            self.free_at(t, &staging);
+        }
         if let Some(m) = mp_shard {
             self.free_at(t, &[m]);
         }
@@ -254,38 +258,6 @@ impl Builder<'_> {
         // FSDP1 casts its flat gradient to reduce_dtype first (CPU offload or not).
         let (after, unsharded) =
             if self.plan.fsdp1_grads() { self.fsdp1_cast(step, mb, u, after, unsharded) } else { (after, unsharded) };
-        if let Some(off) = &plan.parallel.offload {
-            // ZeRO-Offload: the reduced partition goes to the host's FP32 gradient buffer.
-            let b = self.buffer(
-                shard_bytes,
-                Category::CommBuffers,
-                text!(self.names, "{} reduced gradient partition (to host, micro-batch {mb})", plan.units[u].name),
-            );
-            let secs = self.cost.collective_s(&self.cost.shard_group, Collective::ReduceScatter, full_bytes);
-            let label = |what: String, kind| TaskLabel::new(step, Phase::Backward, mb, what, kind, Some(u));
-            let t = self.task(
-                NCCL,
-                secs,
-                vec![after],
-                vec![b],
-                label(text!(self.names, "reduce-scatter {}", plan.units[u].name), TaskKind::ReduceScatter)
-                    .with_work(0.0, full_bytes),
-            );
-            self.free_at(t, &unsharded);
-            let el = plan.units[u].shard_params;
-            let secs = (el * crate::plan::OffloadConfig::GRAD_BYTES_PER_PARAM) as f64 / off.d2h_bytes_per_s;
-            let what = text!(self.names, "copy {} gradient partition to host (fp32, D2H)", plan.units[u].name);
-            let d = self.task(
-                self.d2h_stream,
-                secs,
-                vec![t],
-                vec![],
-                label(what, TaskKind::Send).with_work(0.0, el * crate::plan::OffloadConfig::GRAD_BYTES_PER_PARAM),
-            );
-            self.free_at(d, &[b]);
-            self.step_comm.push(d);
-            return;
-        }
         // FSDP2: the unsharded gradients are copied into one flat input in reduce_dtype and
         // freed; the input outlives the reduce-scatter until the next post-backward.
         let mut after = after;
@@ -314,6 +286,45 @@ impl Builder<'_> {
             unsharded = Vec::new();
             after = c;
             fsdp2_input = Some(input);
+        }
+        if let Some(off) = &plan.parallel.offload {
+            // ZeRO-Offload: the reduced partition goes to the host's FP32 gradient buffer.
+            let b = self.buffer(
+                shard_bytes,
+                Category::CommBuffers,
+                text!(self.names, "{} reduced gradient partition (to host, micro-batch {mb})", plan.units[u].name),
+            );
+            let secs = self.cost.collective_s(&self.cost.shard_group, Collective::ReduceScatter, full_bytes);
+            let label = |what: String, kind| TaskLabel::new(step, Phase::Backward, mb, what, kind, Some(u));
+            let t = self.task(
+                NCCL,
+                secs,
+                vec![after],
+                vec![b],
+                label(text!(self.names, "reduce-scatter {}", plan.units[u].name), TaskKind::ReduceScatter)
+                    .with_work(0.0, full_bytes),
+            );
+            self.free_at(t, &unsharded);
+            if let Some(input) = fsdp2_input {
+                self.fsdp2_rs = Some((t, input));
+            }
+            let el = plan.units[u].shard_params;
+            let secs = (el * crate::plan::OffloadConfig::GRAD_BYTES_PER_PARAM) as f64 / off.d2h_bytes_per_s;
+            let what = text!(self.names, "copy {} gradient partition to host (fp32, D2H)", plan.units[u].name);
+            // FSDP2 copies the sharded gradient to the host inside `foreach_reduce`, on the
+            // reduce-scatter stream (`.to("cpu", non_blocking=True)` into pinned memory), so the
+            // next reduce-scatter waits for it; FSDP1 and DeepSpeed use a copy stream of their own.
+            let stream = if plan.parallel.framework.fsdp2_buffers() { NCCL } else { self.d2h_stream };
+            let d = self.task(
+                stream,
+                secs,
+                vec![t],
+                vec![],
+                label(what, TaskKind::Send).with_work(0.0, el * crate::plan::OffloadConfig::GRAD_BYTES_PER_PARAM),
+            );
+            self.free_at(d, &[b]);
+            self.step_comm.push(d);
+            return;
         }
         if self.ds_stage3() {
             // ZeRO-3 reduces into a new partition and adds it into grad_partitions_flat_buffer,
