@@ -188,8 +188,15 @@ fn model_state_matches_zero_table_1() {
                 "[model]\nfamily = \"gpt\"\nn_layers = 36\nhidden = 4096\nn_heads = 32\nvocab = 50257\nmax_seq_len = 128\n\
                  [hardware]\ngpu = \"a100-80gb\"\ngpus = {dp}\ngpus_per_node = {gpn}\nmemory_capacity = 100000000000000\n\
                  [parallel]\nsharding = \"{sharding}\"\nframework = \"deepspeed\"\n\
-                 [training]\nmicro_batch = 1\nseq_len = 128\nprecision = \"bf16-mixed-adam\"\nsteps = 2\n",
-                gpn = dp.min(8)
+                 [training]\nmicro_batch = 1\nseq_len = 128\nprecision = \"bf16-mixed-adam\"\nsteps = 2\n{fp16}",
+                gpn = dp.min(8),
+                // The paper's mixed precision is FP16; DeepSpeed without ZeRO runs it through
+                // FP16_Optimizer (BF16 there would be BF16_Optimizer, itself partitioned).
+                fp16 = if sharding == "none" {
+                    "param_dtype = \"fp16\"\ncompute_dtype = \"fp16\"\ngrad_dtype = \"fp16\"\n"
+                } else {
+                    ""
+                }
             );
             let s = Scenario::from_toml(Path::new("<zero>"), &toml).unwrap();
             let sim = stepsim::simulate(&s).unwrap();

@@ -202,3 +202,47 @@ fn explain_offers_smaller_zero3_sub_groups_where_the_partition_is_larger() {
     // ZeRO-1 has no sub-group gradient.
     assert!(explain::counterfactual::variants(&with("zero1", "1e9"), 21).is_err());
 }
+
+/// FP16 without ZeRO: DeepSpeed's FP16_Optimizer. Hand count on one 8-GPU job, P local
+/// parameters (all of them: nothing is partitioned):
+/// - from initialisation, the FP32 master (4 P) and both moments (8 P);
+/// - the engine all-reduces the FP16 .grads at the boundary in one flattened bucket of up to
+///   5e8 elements (2 B each), not through DDP buckets;
+/// - the step casts every .grad to FP32 in a list (4 P) and flattens it into the master's
+///   gradient (4 P): 8 P at once beside the 2 P of FP16 .grads it then frees.
+#[test]
+fn fp16_without_zero_runs_fp16_optimizer() {
+    let fp16 = "param_dtype = \"fp16\"\ncompute_dtype = \"fp16\"\ngrad_dtype = \"fp16\"\n";
+    let sim = job(8, "none", "bf16-mixed-adam", fp16);
+    let plan = sim.plan();
+    assert_eq!(plan.deepspeed_optimizer(), Some(DeepspeedOptimizer::Fp16Optimizer));
+    let p = plan.total_params();
+    assert_eq!(most(&sim, Category::MasterWeights, Phase::Init), 4 * p);
+    assert_eq!(most(&sim, Category::OptimizerState, Phase::Init), 8 * p);
+    assert_eq!(most(&sim, Category::CommBuffers, Phase::Backward), p.min(500_000_000) * 2);
+    assert_eq!(most(&sim, Category::OptimizerTemp, Phase::Optimizer), 4 * p);
+    assert_eq!(most(&sim, Category::Gradients, Phase::Optimizer), 2 * p + 4 * p);
+    let kinds: Vec<&str> = sim
+        .schedule()
+        .labels
+        .iter()
+        .filter(|l| l.kind == stepsim::schedule::TaskKind::AllReduce)
+        .map(|l| l.what.as_str())
+        .collect();
+    assert!(kinds.iter().all(|w| w.contains("DeepSpeed engine")), "{kinds:?}");
+}
+
+/// BF16 without ZeRO is BF16_Optimizer, which DeepSpeed also picks for ZeRO-1 with FP32
+/// accumulation: the scenario says to simulate it that way.
+#[test]
+fn bf16_without_zero_points_to_its_equivalent() {
+    let e = Scenario::from_toml(
+        Path::new("<ds>"),
+        "[model]\nfamily = \"gpt\"\nn_layers = 2\nhidden = 256\nn_heads = 4\nvocab = 1000\nmax_seq_len = 128\n\
+         [hardware]\ngpu = \"a100-80gb\"\ngpus = 8\n[parallel]\nframework = \"deepspeed\"\n\
+         [training]\nmicro_batch = 1\nseq_len = 128\nprecision = \"bf16-mixed-adam\"\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("parallel.sharding") && e.contains("BF16_Optimizer") && e.contains("zero1"), "{e}");
+}

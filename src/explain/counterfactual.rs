@@ -271,7 +271,7 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
                     (Some(OffloadDevice::Cpu), "FSDP CPUOffload(offload_params=True)")
                 }
                 (Framework::Fsdp | Framework::Fsdp1 | Framework::Fsdp2, _) => {
-                    return Err("FSDP's CPU offload is simulated with FULL_SHARD".into())
+                    return Err("FSDP's CPU offload needs FULL_SHARD".into())
                 }
                 (Framework::Megatron, _) => return Err("offload is not simulated for Megatron-LM".into()),
             };

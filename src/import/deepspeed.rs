@@ -196,7 +196,14 @@ pub fn import(file: &str, config: &str, a: &DeepspeedArgs) -> Result<Import, Imp
     };
     // --- ZeRO
     let sharding = ["none", "zero1", "zero2", "zero3"][stage as usize];
-    im.mapped.push(format!("zero_optimization.stage {stage}: sharding \"{sharding}\" under DeepSpeed's semantics"));
+    if stage == 0 && bf16 {
+        // BF16 without ZeRO is BF16_Optimizer, which partitions the FP32 master and moments
+        // over data parallelism: stepsim's zero1 with FP32 gradients is the same optimizer.
+        im.mapped.push("zero_optimization.stage 0 with bf16: BF16_Optimizer partitions the FP32 master and moments over data parallelism, simulated as sharding \"zero1\" (DeepSpeed picks the same optimizer there)".into());
+    } else {
+        im.mapped.push(format!("zero_optimization.stage {stage}: sharding \"{sharding}\" under DeepSpeed's semantics"));
+    }
+    let sharding = if stage == 0 && bf16 { "zero1" } else { sharding };
     let mut ds = String::new();
     let mut no_ipg = false;
     for key in ["reduce_bucket_size", "allgather_bucket_size", "sub_group_size"] {

@@ -291,6 +291,15 @@ pub enum DeepspeedOptimizer {
     ///
     /// All three live for the whole run.
     ZeroStage3,
+    /// `FP16_Optimizer` (fp16/fused_optimizer.py): FP16 without ZeRO (stage 0) and a fused
+    /// optimizer. The FP32 master is one flat copy of every local parameter
+    /// (`fp32_groups_flat`, not partitioned) and the moments are made when it initialises
+    /// (`initialize_optimizer_states`); the FP16 `.grad`s are all-reduced by the engine at the
+    /// accumulation boundary in flattened buckets (`buffered_allreduce_fallback`); `step()`
+    /// casts every `.grad` to FP32 in a list and flattens the list into the master's
+    /// gradient (`_flatten_dense_tensors([p.grad.to(fp32) ...])`), then frees the FP16
+    /// `.grad`s.
+    Fp16Optimizer,
 }
 
 impl DeepspeedOptimizer {
@@ -304,6 +313,10 @@ impl DeepspeedOptimizer {
             }
             Sharding::Zero1 | Sharding::Zero2 => Some(DeepspeedOptimizer::ZeroStage12),
             Sharding::Zero3 => Some(DeepspeedOptimizer::ZeroStage3),
+            // `_do_optimizer_sanity_check`: FP16 without ZeRO is FP16_Optimizer (BF16 without
+            // ZeRO, BF16_Optimizer, is refused at validation in favour of its equivalent
+            // zero1 + FP32 gradients).
+            Sharding::None if pr.param == Dtype::Fp16 && pr.master.is_some() => Some(DeepspeedOptimizer::Fp16Optimizer),
             _ => None,
         }
     }
@@ -314,6 +327,7 @@ impl DeepspeedOptimizer {
             DeepspeedOptimizer::ZeroStage12 => "DeepSpeedZeroOptimizer (stage_1_and_2.py)",
             DeepspeedOptimizer::Bf16Optimizer => "BF16_Optimizer (bf16_optimizer.py)",
             DeepspeedOptimizer::ZeroStage3 => "DeepSpeedZeroOptimizer_Stage3 (stage3.py)",
+            DeepspeedOptimizer::Fp16Optimizer => "FP16_Optimizer (fp16/fused_optimizer.py)",
         }
     }
 }

@@ -1222,6 +1222,20 @@ fn deepspeed_assumption(plan: &crate::plan::Plan) -> Option<String> {
             ds.sub_group_size as f64,
             kept,
         ),
+        DeepspeedOptimizer::Fp16Optimizer => {
+            let el = plan.local_total(false);
+            format!(
+                "DeepSpeed {}: FP32 master {} and moments of every local parameter from initialisation (fp32_groups_flat, not partitioned); the engine all-reduces the {} .grads at the accumulation boundary in flattened buckets of up to 5e8 elements ({}, buffered_allreduce_fallback); the step casts every .grad to FP32 in a list and flattens it ({} + {}), then frees the {} .grads{}",
+                which.name(),
+                fmt_bytes(el * 4),
+                pr.grad.name(),
+                fmt_bytes(el.min(crate::plan::DEEPSPEED_ALLREDUCE_BUCKET) * pr.grad.bytes()),
+                fmt_bytes(el * 4),
+                fmt_bytes(el * 4),
+                pr.grad.name(),
+                kept,
+            )
+        }
         DeepspeedOptimizer::Bf16Optimizer => format!(
             "DeepSpeed {}: FP32 gradient accumulation buffer of every local parameter {} from initialisation (fp32_groups_gradients_flat, not partitioned) beside the {} .grads, which every backward frees as it starts (clear_lp_grads: .grad = None) and ends by adding into the FP32 buffer through an FP32 copy of one parameter's .grad at a time (update_hp_grads), none freed at the step; FP32 gradients all-reduced in flattened buckets of up to 5e8 elements ({}, MEMORY_OPT_ALLREDUCE_SIZE); FP32 master and moments partitioned over data parallelism{}",
             which.name(),

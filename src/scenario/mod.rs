@@ -1033,6 +1033,21 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         precision.optimizer_state = v.dtype("training.optimizer_state_dtype", d)?;
     }
     megatron::apply_precision_aware(&v, f.megatron.as_ref(), sharding, optimizer, &mut precision)?;
+    // DeepSpeed's engine runs BF16 without ZeRO through BF16_Optimizer (engine.py
+    // `_do_optimizer_sanity_check`: a BF16 model with FP32 gradient accumulation, the default
+    // without ZeRO), which partitions the FP32 master and moments over data parallelism as
+    // ZeRO-1 does: the same optimizer DeepSpeed picks for ZeRO-1 with FP32 accumulation.
+    if framework == Framework::Deepspeed
+        && sharding == Sharding::None
+        && precision.param == Dtype::Bf16
+        && precision.master.is_some()
+        && f.offload.is_none()
+    {
+        return Err(v.err(
+            "parallel.sharding",
+            "DeepSpeed runs BF16 without ZeRO through BF16_Optimizer, which accumulates gradients in FP32 and partitions the FP32 master and moments over data parallelism like ZeRO-1; simulate it as parallel.sharding = \"zero1\" with training.precision = \"bf16-mixed-adam-fp32-grads\" (DeepSpeed picks the same optimizer there)",
+        ));
+    }
     if precision.compute == Dtype::Bf16 && cluster.gpu.bf16_flops.is_none() {
         let field = if t.compute_dtype.is_some() { "training.compute_dtype" } else { "training.precision" };
         return Err(v.err(

@@ -14,6 +14,9 @@
 //!   - `step()` flattens the partition's gradients and casts them to the FP32 master dtype
 //!     (`single_grad_partition = flatten_dense_tensors_aligned(...).to(fp32)`), which lives
 //!     through the update; the flattened 16-bit copy is a temporary of the cast.
+//! - `FP16_Optimizer` (`runtime/fp16/fused_optimizer.py`), FP16 without ZeRO: see
+//!   [`DeepspeedOptimizer::Fp16Optimizer`]; the engine's boundary all-reduce and the step's
+//!   FP32 list and flat gradient.
 //! - `BF16_Optimizer` (`runtime/bf16_optimizer.py`): an FP32 gradient buffer of every local
 //!   parameter (`fp32_groups_gradients_flat = torch.zeros_like(bf16_groups_flat, fp32)`)
 //!   from initialisation, not partitioned. Every micro-batch's backward starts with
@@ -335,13 +338,80 @@ impl Builder<'_> {
                 self.step_comm.push(t);
                 true
             }
+            Some(DeepspeedOptimizer::Fp16Optimizer) if plan.grads_reduced() => {
+                // The engine's `allreduce_gradients` at the boundary: the 16-bit `.grad`s in
+                // flattened buckets (`buffered_allreduce_fallback`, one bucket's flat copy at a time).
+                let el = plan.local_total(false);
+                let g = self.pr().grad;
+                let bucket = self.buffer(
+                    el.min(DEEPSPEED_ALLREDUCE_BUCKET) * g.bytes(),
+                    Category::CommBuffers,
+                    text!(
+                        self.names,
+                        "DeepSpeed all-reduce bucket (MEMORY_OPT_ALLREDUCE_SIZE 5e8 elements, {})",
+                        g.name()
+                    ),
+                );
+                let (bytes, expert) = (el * g.bytes(), plan.expert_params() * g.bytes());
+                let secs = cost.dp_collective_s(Collective::AllReduce, bytes, expert);
+                let label = TaskLabel::new(
+                    step,
+                    Phase::Backward,
+                    0,
+                    text!(self.names, "all-reduce {} gradients in buckets (DeepSpeed engine, no ZeRO)", g.name()),
+                    TaskKind::AllReduce,
+                    None,
+                );
+                self.use_compute_pool(&[bucket]);
+                let t = self.task(NCCL, secs, after, vec![bucket], label.with_work(0.0, bytes));
+                self.free_at(t, &[bucket]);
+                self.step_comm.push(t);
+                true
+            }
             _ => false,
         }
+    }
+
+    /// `FP16_Optimizer.step()`: every 16-bit `.grad` cast to FP32 (a list of new tensors) and
+    /// the list flattened into the master's FP32 gradient, then the `.grad`s set to None.
+    /// Returns the flat FP32 gradient, which the step frees when it ends, and the task.
+    fn fp16_optimizer_flatten(&mut self, step: u32, deps: Vec<u32>) -> (u32, u32) {
+        let el = self.plan.local_total(false);
+        let g = self.pr().grad;
+        let list = self.buffer(
+            el * Dtype::Fp32.bytes(),
+            Category::OptimizerTemp,
+            text!(self.names, "p.grad.to(fp32) of every parameter (FP16_Optimizer.step, before flattening)"),
+        );
+        let flat = self.buffer(
+            el * Dtype::Fp32.bytes(),
+            Category::Gradients,
+            text!(self.names, "flat FP32 gradient of the master (fp32_groups_flat.grad)"),
+        );
+        // The casts read 2 B and write 4 B; the flatten reads and writes 4 B each.
+        let per = g.bytes() + Dtype::Fp32.bytes() + 2 * Dtype::Fp32.bytes();
+        let label = TaskLabel::new(
+            step,
+            Phase::Optimizer,
+            0,
+            text!(self.names, "cast and flatten the gradients to FP32 (FP16_Optimizer.step)"),
+            TaskKind::Optimizer,
+            None,
+        );
+        let t =
+            self.task(COMPUTE, self.cost.optimizer_s(el, per), deps, vec![list, flat], label.with_work(0.0, el * per));
+        let mut frees = vec![list];
+        frees.extend(self.op_grad_bufs.iter_mut().filter_map(Option::take));
+        self.free_at(t, &frees);
+        (t, flat)
     }
 
     /// ZeRO stage 1/2 `step()`: the partition's gradients flattened and cast to FP32. Returns
     /// the FP32 partition, which the step frees when it ends, and the task that made it.
     pub(super) fn deepspeed_flatten_partition(&mut self, step: u32, deps: Vec<u32>) -> Option<(u32, u32)> {
+        if self.ds_optimizer() == Some(DeepspeedOptimizer::Fp16Optimizer) {
+            return Some(self.fp16_optimizer_flatten(step, deps));
+        }
         if self.ds_optimizer() != Some(DeepspeedOptimizer::ZeroStage12) {
             return None;
         }

@@ -61,6 +61,7 @@ impl Builder<'_> {
         if plan.parallel.sharding == Sharding::None
             && !plan.grads_sharded
             && plan.parallel.framework != crate::plan::Framework::Megatron
+            && plan.deepspeed_optimizer().is_none()
             && plan.grads_reduced()
             && !plan.parallel.gradient_as_bucket_view
             && plan.pipeline() == 1
