@@ -35,6 +35,7 @@ fn gpt(l: u64, h: u64, a: u64, dropout: f64) -> ModelConfig {
         mla: None,
         style: Default::default(),
         sliding_window: None,
+        mtp: None,
     }
 }
 

@@ -34,6 +34,7 @@ fn gpt(h: u64, a: u64) -> ModelConfig {
         mla: None,
         style: Default::default(),
         sliding_window: None,
+        mtp: None,
     }
 }
 

@@ -19,7 +19,8 @@
 //!   data-parallel size)), `seq_length`, `bf16` / `fp16`,
 //!   `accumulate_allreduce_grads_in_fp32`, recomputation, `clip_grad`, FP8,
 //!   `use_precision_aware_optimizer` with `main_grads_dtype`, `main_params_dtype`,
-//!   `exp_avg_dtype` and `exp_avg_sq_dtype`.
+//!   `exp_avg_dtype` and `exp_avg_sq_dtype`;
+//! - multi-token prediction: `mtp_num_layers`, `mtp_loss_scaling_factor` (`[model.mtp]`).
 
 use std::collections::BTreeMap;
 
@@ -104,7 +105,6 @@ const WATCH: &[(&str, &str)] = &[
     ("account_for_embedding_in_pipeline_split", "the embedding counted as a layer in the pipeline split"),
     ("account_for_loss_in_pipeline_split", "the loss counted as a layer in the pipeline split"),
     ("distribute_saved_activations", "checkpointed activations split over the tensor-parallel group"),
-    ("mtp_num_layers", "multi-token prediction"),
     ("multi_latent_attention", "multi-head latent attention"),
     ("use_torch_fsdp2", "PyTorch FSDP2 in place of Megatron's DDP"),
     ("use_custom_fsdp", "Megatron's FSDP"),
@@ -294,6 +294,24 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
                 im.mapped.push("experts padded to their capacity".into());
             }
         }
+    }
+    // Multi-token prediction (`--mtp-num-layers`, `--mtp-loss-scaling-factor`, whose
+    // default 0.1 every log prints; read only with modules to scale).
+    let mtp_scale = get("mtp_loss_scaling_factor");
+    if let Some(d) = num("mtp_num_layers", get("mtp_num_layers"))? {
+        model.push_str(&format!("\n[model.mtp]\nlayers = {d}\n"));
+        let scale = match mtp_scale {
+            Some(x) => {
+                let f: f64 =
+                    x.parse().ok().filter(|f: &f64| f.is_finite() && *f > 0.0).ok_or_else(|| {
+                        err("mtp_loss_scaling_factor", format!("must be a positive number, got \"{x}\""))
+                    })?;
+                model.push_str(&format!("loss_scale = {f}\n"));
+                f
+            }
+            None => 0.1,
+        };
+        im.mapped.push(format!("multi-token prediction: {d} module(s), loss scale {scale}"));
     }
     // --- the layout
     let tp = num("tensor_model_parallel_size", get("tensor_model_parallel_size"))?.unwrap_or(1);

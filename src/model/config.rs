@@ -88,6 +88,30 @@ pub struct ModelConfig {
     /// Sliding-window (local) attention in some or all blocks (Mistral, Gemma 2/3).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sliding_window: Option<SlidingWindow>,
+    /// DeepSeek-V3's multi-token prediction modules after the last block (Megatron-Core
+    /// `--mtp-num-layers`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mtp: Option<MtpConfig>,
+}
+
+/// Multi-token prediction as DeepSeek-V3 trains it (arXiv 2412.19437, Sec. 2.2) and
+/// Megatron-Core implements it (`megatron/core/transformer/multi_token_prediction.py`):
+/// `layers` sequential modules after the main model, on its last pipeline stage. Module k
+/// takes the hidden state of depth k - 1 (the main model's output after its final norm, for
+/// the first) and the embedding of the tokens shifted k places (`roll_tensor`), normalises
+/// each with its own RMSNorm (`hnorm`, `enorm`), projects their concatenation 2h -> h
+/// (`eh_proj`, no bias), runs one transformer layer built from the last block's spec (a MoE
+/// block for DeepSeek-V3) and its own final RMSNorm (`final_layernorm`), then the shared
+/// output head and a cross-entropy against the labels shifted k places. Embedding and head
+/// are the main model's (shared, not counted again).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MtpConfig {
+    /// Prediction depth D (`--mtp-num-layers`; Hugging Face `num_nextn_predict_layers`).
+    pub layers: u64,
+    /// `--mtp-loss-scaling-factor` (Megatron's default 0.1; DeepSeek-V3's lambda, 0.3 for
+    /// its first 10T tokens and 0.1 after): the mean of the D losses is scaled by it. It
+    /// changes no memory or time.
+    pub loss_scale: f64,
 }
 
 /// Departures from the family's block that change parameters, saved tensors or kernels, each
@@ -401,6 +425,7 @@ impl ModelConfig {
             mla: None,
             style: BlockStyle::default(),
             sliding_window: None,
+            mtp: None,
         }
     }
 
@@ -494,10 +519,12 @@ impl ModelConfig {
 
     /// Parameters one token's forward uses: the whole model for a dense one; for a mixture
     /// of experts, `top_k` experts of each MoE block (the "active" count model cards give).
+    /// The multi-token prediction modules count with the share they use.
     pub fn active_param_count(&self) -> u64 {
         let Some(m) = &self.moe else { return self.param_count() };
         let moe_layers = self.moe_layers();
-        self.param_count() - moe_layers * (m.mlp_params(self.hidden) - m.active_mlp_params(self.hidden))
+        let mtp = self.mtp_layers() * (self.mtp_module_params() - self.mtp_module_active_params());
+        self.param_count() - moe_layers * (m.mlp_params(self.hidden) - m.active_mlp_params(self.hidden)) - mtp
     }
 
     /// Parameters outside the blocks: embeddings, positions, final norm, LM head.
@@ -578,7 +605,8 @@ impl ModelConfig {
         notes
     }
 
-    /// Total parameter count, closed form (the DAG's count is tested against this).
+    /// Total parameter count, closed form (the DAG's count is tested against this): the
+    /// blocks, what is outside them and the multi-token prediction modules.
     pub fn param_count(&self) -> u64 {
         let moe_layers = self.moe_layers();
         let blocks = match &self.moe {
@@ -588,7 +616,53 @@ impl ModelConfig {
             }
             None => self.n_layers * self.params_per_block(),
         };
-        blocks + self.params_outside_blocks()
+        blocks + self.params_outside_blocks() + self.mtp_layers() * self.mtp_module_params()
+    }
+
+    /// Blocks as the simulation's size estimate counts them (`scenario::limits`): each block
+    /// once, a MoE block twice, a multi-token prediction module as its layer.
+    pub fn size_layers(&self) -> u64 {
+        let mtp = self.mtp_layers() * (1 + u64::from(self.is_moe_layer(self.mtp_spec_layer())));
+        self.n_layers + self.moe_layers() + mtp
+    }
+
+    /// Multi-token prediction modules (0 without).
+    pub fn mtp_layers(&self) -> u64 {
+        self.mtp.as_ref().map_or(0, |m| m.layers)
+    }
+
+    /// Blocks of the DAG: the model's, then one per multi-token prediction module (block
+    /// `n_layers + k` is module k's, its norms and projection with it).
+    pub fn blocks(&self) -> u64 {
+        self.n_layers + self.mtp_layers()
+    }
+
+    /// The block whose spec a multi-token prediction module's transformer layer is built
+    /// from: Megatron-Core's `get_gpt_mtp_block_spec` takes the decoder's last layer spec
+    /// (`spec.layer_specs[-1]`), so the layer is a MoE block when the last block is.
+    pub fn mtp_spec_layer(&self) -> u64 {
+        self.n_layers.saturating_sub(1)
+    }
+
+    /// Parameters of one multi-token prediction module that are its own: `enorm`, `hnorm`
+    /// and `final_layernorm` (three norms over the hidden state), `eh_proj` (2h -> h, no
+    /// bias) and the transformer layer. The embedding and the output head are shared with
+    /// the main model and counted there.
+    pub fn mtp_module_params(&self) -> u64 {
+        let h = self.hidden;
+        3 * self.norm_params() + 2 * h * h + self.block_params(self.mtp_spec_layer())
+    }
+
+    /// Of [`ModelConfig::mtp_module_params`], what one token uses (`top_k` routed experts of
+    /// a MoE layer).
+    pub fn mtp_module_active_params(&self) -> u64 {
+        let all = self.mtp_module_params();
+        match &self.moe {
+            Some(m) if self.is_moe_layer(self.mtp_spec_layer()) => {
+                all - (m.mlp_params(self.hidden) - m.active_mlp_params(self.hidden))
+            }
+            _ => all,
+        }
     }
 }
 

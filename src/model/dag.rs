@@ -280,6 +280,20 @@ impl LayerDag {
         let split = |o: &Op| o.tp_sharded || (o.expert && sp);
         self.ops.iter().map(|o| if split(o) { o.fwd_flops * t } else { o.fwd_flops }).sum()
     }
+    /// Elements of the word embedding a pipeline's last stage holds a copy of when it is
+    /// not the first: the LM head's weight when tied, and the embedding multi-token
+    /// prediction looks its tokens up in (Megatron-Core `LanguageModule.
+    /// setup_embeddings_and_output_layer`: "if use Multi-Token Prediction (MTP), we also need
+    /// to maintain duplicated embedding weights in mtp process stage"; one copy serves both),
+    /// whose gradients `_allreduce_word_embedding_grads` all-reduces with the first stage's.
+    pub fn embedding_copy_params(&self) -> u64 {
+        self.ops.iter().filter(|o| o.region == Region::Head).map(|o| o.shared_params).max().unwrap_or(0)
+    }
+    /// Blocks of the DAG: the model's and the multi-token prediction modules'
+    /// ([`ModelConfig::blocks`]).
+    pub fn blocks(&self) -> u64 {
+        self.config.blocks()
+    }
     /// Tokens of a micro-batch this rank holds (its share of each sequence under context
     /// parallelism).
     pub fn tokens(&self) -> u64 {
@@ -451,8 +465,6 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
     // The query heads' width (hidden unless head_dim says otherwise), whole and per rank.
     let qd = cfg.q_dim();
     let qt = qd / tp;
-    let tf = t as f64;
-    let lin = |i: u64, o: u64| (2.0 * tf * i as f64 * o as f64, 4.0 * tf * i as f64 * o as f64);
     let mut bd = Builder {
         ops: Vec::new(),
         tensors: Vec::new(),
@@ -504,327 +516,31 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         x = dropout_op(&mut bd, "embedding_dropout", x, rows * h, c, false);
     }
 
+    let shape =
+        BlockShape { cfg, w, b, s, sl, t, h, f, c, tp, cp, rows, a, kvd, qd, qt, nfam, pre_norm, post_norm, dropout };
     for l in 0..cfg.n_layers {
         bd.region = Region::Block(l);
-        let p = |n: &str| format!("layers.{l}.{n}");
-        // --- attention half
-        let n1 = if pre_norm { norm_op(&mut bd, nfam, &p("attention_norm"), x, rows, h, c) } else { x };
-        let n1_in = bd.f_op(&p("attention"), n1, c);
-        let (q, k, vv);
-        let first_qkv = bd.ops.len();
-        match cfg.family {
-            Family::Llama if cfg.mla.is_some() => {
-                let mla = cfg.mla.as_ref().expect("matched");
-                (q, k, vv) = mla_qkv(&mut bd, &p("attention"), mla, n1, MlaShape { t, h, heads: a, c });
-            }
-            Family::Llama => {
-                // Biases add their elements to the (column-parallel, so split) projections.
-                let (qb, kvb) = if cfg.qkv_bias { (qt, kvd) } else { (0, 0) };
-                let q0 = bd.tensor(&p("attention.wq.out"), t * qt, c, TensorKind::Activation);
-                bd.op_tp(p("attention.wq"), OpKind::Linear, h * qt + qb, lin(h, qd), vec![n1_in], vec![q0], vec![n1]);
-                let k0 = bd.tensor(&p("attention.wk.out"), t * kvd, c, TensorKind::Activation);
-                let kp = h * kvd + kvb;
-                bd.op_tp(p("attention.wk"), OpKind::Linear, kp, lin(h, kvd * tp), vec![n1_in], vec![k0], vec![n1]);
-                vv = bd.tensor(&p("attention.wv.out"), t * kvd, c, TensorKind::Activation);
-                bd.op_tp(p("attention.wv"), OpKind::Linear, kp, lin(h, kvd * tp), vec![n1_in], vec![vv], vec![n1]);
-                bd.regather_op(&p("attention"), first_qkv);
-                // Qwen3's q_norm / k_norm: an RMSNorm over each head's head_dim (rows are
-                // tokens x this rank's heads), one weight vector shared by the heads.
-                let (q0, k0) = if cfg.qk_norm && cfg.style.qk_norm_full_width {
-                    // OLMo 2's: one RMSNorm over all of a token's query heads (and key heads);
-                    // whole heads on one rank (tensor parallelism is refused with it).
-                    let qn = norm_op(&mut bd, Family::Llama, &p("attention.q_norm"), q0, t, qt, c);
-                    let kn = norm_op(&mut bd, Family::Llama, &p("attention.k_norm"), k0, t, kvd, c);
-                    (qn, kn)
-                } else if cfg.qk_norm {
-                    let hd = cfg.head_dim();
-                    let qn = norm_op(&mut bd, Family::Llama, &p("attention.q_norm"), q0, t * a, hd, c);
-                    let kn = norm_op(&mut bd, Family::Llama, &p("attention.k_norm"), k0, t * kvd / hd, hd, c);
-                    (qn, kn)
-                } else {
-                    (q0, k0)
-                };
-                // Rotary: q*cos + rotate_half(q)*sin; mul by a constant buffer saves only the
-                // buffer, cat saves nothing, so nothing of q or k is kept.
-                q = bd.tensor(&p("attention.rope.q"), t * qt, c, TensorKind::Activation);
-                k = bd.tensor(&p("attention.rope.k"), t * kvd, c, TensorKind::Activation);
-                let id = bd.op_tp(
-                    p("attention.rope"),
-                    OpKind::Rope,
-                    0,
-                    (6.0 * tf * (qd + kvd * tp) as f64, 6.0 * tf * (qd + kvd * tp) as f64),
-                    vec![q0, k0],
-                    vec![q, k],
-                    vec![],
-                );
-                // q*cos and rotate_half(q) live while the sum is formed.
-                bd.ops[id].fwd_scratch = 2 * t * qt * c;
-            }
-            Family::Gpt => {
-                let qkv = bd.tensor(&p("attn.c_attn.out"), t * 3 * h / tp, c, TensorKind::Activation);
-                bd.op_tp(
-                    p("attn.c_attn"),
-                    OpKind::Linear,
-                    (3 * h * h + 3 * h) / tp,
-                    lin(h, 3 * h),
-                    vec![n1_in],
-                    vec![qkv],
-                    vec![n1],
-                );
-                bd.regather_op(&p("attn"), first_qkv);
-                vv = qkv;
-                match cfg.style.rotary_dims {
-                    // q, k, v are views of the fused projection's output.
-                    None => (q, k) = (qkv, qkv),
-                    // GPT-NeoX: the first `rd` dimensions of each query and key head turned and
-                    // concatenated with the rest into new q and k (cat saves nothing); v stays
-                    // a view of the fused output, which attention's saved v keeps whole.
-                    Some(rd) => {
-                        q = bd.tensor(&p("attention.rope.q"), t * qt, c, TensorKind::Activation);
-                        k = bd.tensor(&p("attention.rope.k"), t * qt, c, TensorKind::Activation);
-                        let turned = 2 * cfg.n_heads * rd;
-                        let id = bd.op_tp(
-                            p("attention.rope"),
-                            OpKind::Rope,
-                            0,
-                            (6.0 * tf * turned as f64, 6.0 * tf * turned as f64),
-                            vec![qkv],
-                            vec![q, k],
-                            vec![],
-                        );
-                        // x*cos and rotate_half(x) of the turned part live while they are summed.
-                        bd.ops[id].fwd_scratch = 2 * t * (turned / tp) * c;
-                    }
-                }
-            }
-        }
-        // Each head's query and key width, and its value and output width (MLA's differ).
-        let (qk_w, v_w) =
-            cfg.mla.as_ref().map_or((qd, qd), |m| (cfg.n_heads * m.qk_head_dim(), cfg.n_heads * m.v_head_dim));
-        let (qd, qt) = (v_w, v_w / tp);
-        let o = bd.tensor(&p("attention.core.out"), t * qt, c, TensorKind::Activation);
-        // Q K^T over the query/key width, then P V over the value width.
-        // Under context parallelism this rank's queries (s / cp) meet every key (s).
-        let att_f = 2.0 * (b * sl * s) as f64 * (qk_w + v_w) as f64;
-        // A local block's flash kernel computes only the window's band of the causal square;
-        // math attention computes every score and masks them.
-        let local = cfg.sliding_window.as_ref().filter(|sw| sw.window_of(l).is_some() && !sw.covers(s));
-        let att_f = match local {
-            Some(sw) if w.attention == Attention::Flash => att_f * sw.share(s),
-            _ => att_f,
-        };
-        let mut saves = vec![q];
-        for x in [k, vv] {
-            if !saves.contains(&x) {
-                saves.push(x);
-            }
-        }
-        let mut outs = vec![o];
-        match w.attention {
-            Attention::Flash => {
-                let lse = bd.tensor(&p("attention.core.lse"), b * a * sl, 4, TensorKind::Stats);
-                outs.push(lse);
-                saves.push(o);
-                saves.push(lse);
-            }
-            Attention::Math => {
-                let probs = bd.tensor(&p("attention.core.softmax"), b * a * s * s, c, TensorKind::AttentionScores);
-                outs.push(probs);
-                saves.push(probs);
-                if dropout {
-                    let mask =
-                        bd.tensor(&p("attention.core.dropout_mask"), b * a * s * s, 1, TensorKind::AttentionScores);
-                    let dp = bd.tensor(&p("attention.core.dropout_out"), b * a * s * s, c, TensorKind::AttentionScores);
-                    outs.push(mask);
-                    outs.push(dp);
-                    saves.push(mask);
-                    saves.push(dp);
-                }
-            }
-        }
-        let inputs: Vec<TensorId> = saves.iter().copied().filter(|&x| x == q || x == k || x == vv).collect();
-        // The gpt family's v is a third of the fused projection's output (GPT-2's q and k too).
-        let v_bytes = if cfg.family == Family::Gpt { bd.tensors[vv].bytes / 3 } else { bd.tensors[vv].bytes };
-        let k_bytes = if k == vv { v_bytes } else { bd.tensors[k].bytes };
-        let q_bytes = if q == vv { v_bytes } else { bd.tensors[q].bytes };
-        let qkvo = (q_bytes + k_bytes + v_bytes + bd.tensors[o].bytes) as f64;
-        // Flash backward recomputes the scores: 2.5x the forward's matmul work.
-        let bwd_f = match w.attention {
-            Attention::Flash => 2.5 * att_f,
-            Attention::Math => 2.0 * att_f,
-        };
-        let kv_bytes = k_bytes + v_bytes;
-        // gpt-oss's sinks: one logit per head of this rank.
-        let sinks = if cfg.style.attention_sinks { a } else { 0 };
-        let core = bd.op_tp(p("attention.core"), OpKind::AttentionCore, sinks, (att_f, bwd_f), inputs, outs, saves);
-        if cp > 1 {
-            let o_bytes = bd.tensors[o].bytes;
-            let (moved, scratch) = match w.split.context_comm {
-                // Two receive buffers of the ring (Transformer Engine's p2p_comm_buffers).
-                ContextComm::Ring => (kv_bytes, 2 * kv_bytes),
-                // The whole sequence's keys and values, all-gathered (PyTorch's
-                // _AllGatherRotater).
-                ContextComm::AllGather => (kv_bytes, cp * kv_bytes),
-                // Ulysses: q, k and v all-to-all'd in (the head-sharded copies exist beside
-                // the sequence-sharded ones while the all-to-all runs), the output out; the
-                // same bytes again for the gradients in backward.
-                ContextComm::AllToAll => (qkvo as u64, qkvo as u64 - o_bytes),
-            };
-            bd.ops[core].cp_kv_bytes = moved;
-            bd.ops[core].fwd_scratch += scratch;
-        }
-        if w.attention == Attention::Math {
-            // The raw scores exist while softmax runs.
-            bd.ops[core].fwd_scratch = b * a * s * s * c;
-            // Math attention is a chain of kernels over the n = b a s^2 scores of this rank's
-            // heads (Megatron-LM's CoreAttention; PyTorch's eager attention alike): a batched
-            // GEMM writes the scores (n c bytes), a fused scale-mask-softmax reads and writes
-            // them (2 n c), dropout reads them and writes the dropped probabilities and a 1-byte
-            // mask (2 n c + n), and a second batched GEMM reads them (n c). Backward: the two
-            // GEMMs of attention-over-V write dP and read P (2 n c), dropout's backward reads
-            // dP and the mask and writes its gradient (2 n c + n), softmax's reads y and dy and
-            // writes dx (3 n c), and the two GEMMs of QK^T read dS (2 n c). The GEMMs' head
-            // dimension is small, so they are memory-bound on the s^2 tensor; the softmax and
-            // dropout passes run after them, not under them: their time adds.
-            let n = (b * a * s * s) as f64;
-            let cf = c as f64;
-            let op = &mut bd.ops[core];
-            op.fwd_bytes = qkvo + 2.0 * n * cf;
-            op.bwd_bytes = Some(2.0 * qkvo + 4.0 * n * cf);
-            op.chain_bytes = if dropout { [4.0 * n * cf + n, 5.0 * n * cf + n] } else { [2.0 * n * cf, 3.0 * n * cf] };
-            if cfg.style.attn_logit_softcap {
-                // Gemma 2's eager attention caps the scores before softmax: a division, tanh
-                // (which saves its output) and a multiplication, each reading and writing the
-                // scores; backward: the multiplication's (2 n c), tanh's reads y and dy and
-                // writes dx (3 n c), the division's (2 n c).
-                op.chain_bytes[0] += 6.0 * n * cf;
-                op.chain_bytes[1] += 7.0 * n * cf;
-            }
-        }
-        if cfg.style.attn_logit_softcap && w.attention == Attention::Math {
-            let capped = bd.tensor(&p("attention.core.softcap"), b * a * s * s, c, TensorKind::AttentionScores);
-            bd.ops[core].outputs.push(capped);
-            bd.ops[core].saves.push(capped);
-        }
-        // Row-parallel output projection: its bias is added once, after the reduction.
-        let ao = bd.tensor(&p("attention.wo.out"), t * h, c, TensorKind::Activation);
-        let wo_bias = if cfg.family == Family::Gpt || cfg.style.o_bias { h } else { 0 };
-        bd.op_tp(p("attention.wo"), OpKind::Linear, qt * h + wo_bias, lin(qd, h), vec![o], vec![ao], vec![o]);
-        let ao = bd.g_op(&p("attention"), ao, c);
-        let ao = if post_norm { norm_op(&mut bd, nfam, &p("post_attention_norm"), ao, rows, h, c) } else { ao };
-        let fused = dropout && cfg.family == Family::Gpt;
-        let ao = if dropout { dropout_op(&mut bd, &p("attention.dropout"), ao, rows * h, c, fused) } else { ao };
-        let h1 = residual_op(&mut bd, &p("residual1"), x, ao, rows * h, c, fused);
-
-        // --- MLP half (GPT-NeoX's parallel residual feeds it the block's input)
-        let mlp_in = if cfg.style.parallel_residual { x } else { h1 };
-        let n2 = if pre_norm { norm_op(&mut bd, nfam, &p("ffn_norm"), mlp_in, rows, h, c) } else { mlp_in };
-        let ft = f / tp;
-        let mlp_out = match cfg.family {
-            Family::Llama => match &cfg.moe {
-                Some(m) if cfg.is_moe_layer(l) => {
-                    let (ep, etp) = (w.split.expert.max(1), w.split.expert_tensor.max(1));
-                    let shape = MoeShape { rows, tokens: t, h, c, ep, etp, routed: w.routed };
-                    moe_mlp(&mut bd, &p("feed_forward"), m, n2, shape)
-                }
-                _ => swiglu_mlp(&mut bd, &p("feed_forward"), n2, t, h, f, c),
-            },
-            Family::Gpt => {
-                let n2_in = bd.f_op(&p("mlp"), n2, c);
-                let first = bd.ops.len();
-                let g = bd.tensor(&p("mlp.c_fc.out"), t * ft, c, TensorKind::Activation);
-                bd.op_tp(p("mlp.c_fc"), OpKind::Linear, (h * f + f) / tp, lin(h, f), vec![n2_in], vec![g], vec![n2]);
-                bd.regather_op(&p("mlp"), first);
-                let ge = bd.tensor(&p("mlp.gelu.out"), t * ft, c, TensorKind::Activation);
-                bd.op_tp(
-                    p("mlp.gelu"),
-                    OpKind::Elementwise,
-                    0,
-                    (8.0 * tf * f as f64, 16.0 * tf * f as f64),
-                    vec![g],
-                    vec![ge],
-                    vec![g],
-                );
-                let d = bd.tensor(&p("mlp.c_proj.out"), t * h, c, TensorKind::Activation);
-                bd.op_tp(p("mlp.c_proj"), OpKind::Linear, f * h / tp + h, lin(f, h), vec![ge], vec![d], vec![ge]);
-                bd.g_op(&p("mlp"), d, c)
-            }
-        };
-        let mlp_out =
-            if post_norm { norm_op(&mut bd, nfam, &p("post_feedforward_norm"), mlp_out, rows, h, c) } else { mlp_out };
-        let mlp_out =
-            if dropout { dropout_op(&mut bd, &p("mlp.dropout"), mlp_out, rows * h, c, fused) } else { mlp_out };
-        let y = residual_op(&mut bd, &p("residual2"), h1, mlp_out, rows * h, c, fused);
-        x = y;
+        x = block(&mut bd, &shape, &format!("layers.{l}"), l, x);
     }
 
     // --- head (a column-parallel LM head and vocabulary-parallel cross-entropy under TP)
     bd.region = Region::Head;
     let nf = norm_op(&mut bd, nfam, "norm", x, rows, h, c);
-    let nf_in = bd.f_op("output", nf, c);
-    let first = bd.ops.len();
     let vt = v / tp;
     let head_params = if cfg.tie_embeddings { 0 } else { vt * h };
+    // Multi-token prediction: its modules, heads and losses come first (Megatron-Core's
+    // `GPTModel._postprocess` runs `self.mtp` and `process_mtp_loss` before the main head),
+    // and the main head reads its chunk of the hidden states they were concatenated into.
+    let head_in = match &cfg.mtp {
+        Some(m) => mtp_modules(&mut bd, &shape, m.layers, nf, [tokens, targets]),
+        None => nf,
+    };
+    let nf_in = bd.f_op("output", head_in, c);
     if w.loss == super::config::LossKind::FusedLinear {
         fused_linear_cross_entropy(&mut bd, cfg, nf, targets, HeadShape { t, h, v, c, head_params });
     } else {
-        let logits = bd.tensor("output.logits", t * vt, c, TensorKind::Activation);
-        let id = bd.op_tp("output".into(), OpKind::Linear, head_params, lin(h, v), vec![nf_in], vec![logits], vec![nf]);
-        if cfg.tie_embeddings {
-            bd.ops[id].shared_params = vt * h;
-        }
-        bd.regather_op("output", first);
-        let logits =
-            if cfg.style.final_logit_softcap { softcap_ops(&mut bd, "output.softcap", logits, t, v) } else { logits };
-        if w.loss == super::config::LossKind::VocabParallel {
-            // Megatron-Core's vocab_parallel_cross_entropy: the logits are upcast and
-            // exponentiated in place into the FP32 softmax it saves (with the target mask);
-            // the loss is log(sum exp) - the target's logit. Its backward writes the 16-bit
-            // logit gradient.
-            let sm = bd.tensor("loss.softmax", t * vt, 4, TensorKind::Activation);
-            let loss = bd.tensor("loss", 1, 4, TensorKind::Activation);
-            let id = bd.op_tp(
-                "loss.vocab_parallel_cross_entropy".into(),
-                OpKind::Loss,
-                0,
-                (5.0 * tf * v as f64, 5.0 * tf * v as f64),
-                vec![logits, targets],
-                vec![sm, loss],
-                vec![sm, targets],
-            );
-            // Its passes over the n = tokens x vocab / tp logits, bytes per element
-            // (`--cross-entropy-loss-fusion` off, Megatron-Core's default): forward the FP32
-            // copy (2 read, 4 written), the max (4), subtracting it in place (4 + 4), exp in
-            // place (4 + 4), the sum (4) and the division in place (4 + 4): 38; backward
-            // scaling the saved softmax by the loss's gradient in place (4 + 4) and the cast
-            // of the logit gradient back to 16 bits (4 + 2): 14.
-            let n = (t * vt) as f64;
-            bd.ops[id].fwd_bytes = 38.0 * n;
-            bd.ops[id].bwd_bytes = Some(14.0 * n);
-        } else {
-            let mut logits = logits;
-            let loss_dtype = if w.logits_fp32 { Dtype::Fp32 } else { w.compute_dtype };
-            if loss_dtype != w.compute_dtype {
-                // logits.float(): a copy; its backward saves nothing.
-                let l32 = bd.tensor("output.logits.float", t * vt, 4, TensorKind::Activation);
-                bd.op_tp("logits.float".into(), OpKind::Cast, 0, (0.0, 0.0), vec![logits], vec![l32], vec![]);
-                logits = l32;
-            }
-            // cross_entropy = log_softmax (saves its output) + nll_loss (saves the targets).
-            let lb = loss_dtype.bytes();
-            let lsm = bd.tensor("loss.log_softmax", t * vt, lb, TensorKind::Activation);
-            bd.op_tp(
-                "loss.log_softmax".into(),
-                OpKind::Loss,
-                0,
-                (5.0 * tf * v as f64, 5.0 * tf * v as f64),
-                vec![logits],
-                vec![lsm],
-                vec![lsm],
-            );
-            let loss = bd.tensor("loss", 1, 4, TensorKind::Activation);
-            bd.op("loss.nll".into(), OpKind::Loss, 0, (tf, tf), vec![lsm, targets], vec![loss], vec![targets]);
-        }
+        let shared = if cfg.tie_embeddings { vt * h } else { 0 };
+        lm_head_loss(&mut bd, &shape, "", [nf_in, head_in], targets, (head_params, shared));
     }
 
     // cos and sin tables, FP32, max_seq_len x the rotary dimensions each.
@@ -864,6 +580,445 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         super::fp8::apply(&mut dag, f, c);
     }
     dag
+}
+
+/// What every block of one rank's DAG shares: the model, the workload and the shapes
+/// [`build`] derives from them.
+struct BlockShape<'a> {
+    cfg: &'a ModelConfig,
+    w: &'a Workload,
+    b: u64,
+    s: u64,
+    sl: u64,
+    t: u64,
+    h: u64,
+    f: u64,
+    c: u64,
+    tp: u64,
+    cp: u64,
+    rows: u64,
+    a: u64,
+    kvd: u64,
+    qd: u64,
+    qt: u64,
+    nfam: Family,
+    pre_norm: bool,
+    post_norm: bool,
+    dropout: bool,
+}
+
+/// One transformer block over the hidden state `x`, its ops named `name`.`op` in the
+/// builder's current region: attention, then the MLP (a mixture of experts when block
+/// `spec` of the model is one; local attention when block `spec` is local). Returns the
+/// block's output.
+fn block(bd: &mut Builder, sh: &BlockShape, name: &str, spec: u64, x: TensorId) -> TensorId {
+    let BlockShape { cfg, w, b, s, sl, t, h, f, c, tp, cp, rows, a, kvd, qd, qt, nfam, pre_norm, post_norm, dropout } =
+        *sh;
+    let l = spec;
+    let tf = t as f64;
+    let lin = |i: u64, o: u64| (2.0 * tf * i as f64 * o as f64, 4.0 * tf * i as f64 * o as f64);
+    let p = |n: &str| format!("{name}.{n}");
+    // --- attention half
+    let n1 = if pre_norm { norm_op(bd, nfam, &p("attention_norm"), x, rows, h, c) } else { x };
+    let n1_in = bd.f_op(&p("attention"), n1, c);
+    let (q, k, vv);
+    let first_qkv = bd.ops.len();
+    match cfg.family {
+        Family::Llama if cfg.mla.is_some() => {
+            let mla = cfg.mla.as_ref().expect("matched");
+            (q, k, vv) = mla_qkv(bd, &p("attention"), mla, n1, MlaShape { t, h, heads: a, c });
+        }
+        Family::Llama => {
+            // Biases add their elements to the (column-parallel, so split) projections.
+            let (qb, kvb) = if cfg.qkv_bias { (qt, kvd) } else { (0, 0) };
+            let q0 = bd.tensor(&p("attention.wq.out"), t * qt, c, TensorKind::Activation);
+            bd.op_tp(p("attention.wq"), OpKind::Linear, h * qt + qb, lin(h, qd), vec![n1_in], vec![q0], vec![n1]);
+            let k0 = bd.tensor(&p("attention.wk.out"), t * kvd, c, TensorKind::Activation);
+            let kp = h * kvd + kvb;
+            bd.op_tp(p("attention.wk"), OpKind::Linear, kp, lin(h, kvd * tp), vec![n1_in], vec![k0], vec![n1]);
+            vv = bd.tensor(&p("attention.wv.out"), t * kvd, c, TensorKind::Activation);
+            bd.op_tp(p("attention.wv"), OpKind::Linear, kp, lin(h, kvd * tp), vec![n1_in], vec![vv], vec![n1]);
+            bd.regather_op(&p("attention"), first_qkv);
+            // Qwen3's q_norm / k_norm: an RMSNorm over each head's head_dim (rows are
+            // tokens x this rank's heads), one weight vector shared by the heads.
+            let (q0, k0) = if cfg.qk_norm && cfg.style.qk_norm_full_width {
+                // OLMo 2's: one RMSNorm over all of a token's query heads (and key heads);
+                // whole heads on one rank (tensor parallelism is refused with it).
+                let qn = norm_op(bd, Family::Llama, &p("attention.q_norm"), q0, t, qt, c);
+                let kn = norm_op(bd, Family::Llama, &p("attention.k_norm"), k0, t, kvd, c);
+                (qn, kn)
+            } else if cfg.qk_norm {
+                let hd = cfg.head_dim();
+                let qn = norm_op(bd, Family::Llama, &p("attention.q_norm"), q0, t * a, hd, c);
+                let kn = norm_op(bd, Family::Llama, &p("attention.k_norm"), k0, t * kvd / hd, hd, c);
+                (qn, kn)
+            } else {
+                (q0, k0)
+            };
+            // Rotary: q*cos + rotate_half(q)*sin; mul by a constant buffer saves only the
+            // buffer, cat saves nothing, so nothing of q or k is kept.
+            q = bd.tensor(&p("attention.rope.q"), t * qt, c, TensorKind::Activation);
+            k = bd.tensor(&p("attention.rope.k"), t * kvd, c, TensorKind::Activation);
+            let id = bd.op_tp(
+                p("attention.rope"),
+                OpKind::Rope,
+                0,
+                (6.0 * tf * (qd + kvd * tp) as f64, 6.0 * tf * (qd + kvd * tp) as f64),
+                vec![q0, k0],
+                vec![q, k],
+                vec![],
+            );
+            // q*cos and rotate_half(q) live while the sum is formed.
+            bd.ops[id].fwd_scratch = 2 * t * qt * c;
+        }
+        Family::Gpt => {
+            let qkv = bd.tensor(&p("attn.c_attn.out"), t * 3 * h / tp, c, TensorKind::Activation);
+            bd.op_tp(
+                p("attn.c_attn"),
+                OpKind::Linear,
+                (3 * h * h + 3 * h) / tp,
+                lin(h, 3 * h),
+                vec![n1_in],
+                vec![qkv],
+                vec![n1],
+            );
+            bd.regather_op(&p("attn"), first_qkv);
+            vv = qkv;
+            match cfg.style.rotary_dims {
+                // q, k, v are views of the fused projection's output.
+                None => (q, k) = (qkv, qkv),
+                // GPT-NeoX: the first `rd` dimensions of each query and key head turned and
+                // concatenated with the rest into new q and k (cat saves nothing); v stays
+                // a view of the fused output, which attention's saved v keeps whole.
+                Some(rd) => {
+                    q = bd.tensor(&p("attention.rope.q"), t * qt, c, TensorKind::Activation);
+                    k = bd.tensor(&p("attention.rope.k"), t * qt, c, TensorKind::Activation);
+                    let turned = 2 * cfg.n_heads * rd;
+                    let id = bd.op_tp(
+                        p("attention.rope"),
+                        OpKind::Rope,
+                        0,
+                        (6.0 * tf * turned as f64, 6.0 * tf * turned as f64),
+                        vec![qkv],
+                        vec![q, k],
+                        vec![],
+                    );
+                    // x*cos and rotate_half(x) of the turned part live while they are summed.
+                    bd.ops[id].fwd_scratch = 2 * t * (turned / tp) * c;
+                }
+            }
+        }
+    }
+    // Each head's query and key width, and its value and output width (MLA's differ).
+    let (qk_w, v_w) =
+        cfg.mla.as_ref().map_or((qd, qd), |m| (cfg.n_heads * m.qk_head_dim(), cfg.n_heads * m.v_head_dim));
+    let (qd, qt) = (v_w, v_w / tp);
+    let o = bd.tensor(&p("attention.core.out"), t * qt, c, TensorKind::Activation);
+    // Q K^T over the query/key width, then P V over the value width.
+    // Under context parallelism this rank's queries (s / cp) meet every key (s).
+    let att_f = 2.0 * (b * sl * s) as f64 * (qk_w + v_w) as f64;
+    // A local block's flash kernel computes only the window's band of the causal square;
+    // math attention computes every score and masks them.
+    let local = cfg.sliding_window.as_ref().filter(|sw| sw.window_of(l).is_some() && !sw.covers(s));
+    let att_f = match local {
+        Some(sw) if w.attention == Attention::Flash => att_f * sw.share(s),
+        _ => att_f,
+    };
+    let mut saves = vec![q];
+    for x in [k, vv] {
+        if !saves.contains(&x) {
+            saves.push(x);
+        }
+    }
+    let mut outs = vec![o];
+    match w.attention {
+        Attention::Flash => {
+            let lse = bd.tensor(&p("attention.core.lse"), b * a * sl, 4, TensorKind::Stats);
+            outs.push(lse);
+            saves.push(o);
+            saves.push(lse);
+        }
+        Attention::Math => {
+            let probs = bd.tensor(&p("attention.core.softmax"), b * a * s * s, c, TensorKind::AttentionScores);
+            outs.push(probs);
+            saves.push(probs);
+            if dropout {
+                let mask = bd.tensor(&p("attention.core.dropout_mask"), b * a * s * s, 1, TensorKind::AttentionScores);
+                let dp = bd.tensor(&p("attention.core.dropout_out"), b * a * s * s, c, TensorKind::AttentionScores);
+                outs.push(mask);
+                outs.push(dp);
+                saves.push(mask);
+                saves.push(dp);
+            }
+        }
+    }
+    let inputs: Vec<TensorId> = saves.iter().copied().filter(|&x| x == q || x == k || x == vv).collect();
+    // The gpt family's v is a third of the fused projection's output (GPT-2's q and k too).
+    let v_bytes = if cfg.family == Family::Gpt { bd.tensors[vv].bytes / 3 } else { bd.tensors[vv].bytes };
+    let k_bytes = if k == vv { v_bytes } else { bd.tensors[k].bytes };
+    let q_bytes = if q == vv { v_bytes } else { bd.tensors[q].bytes };
+    let qkvo = (q_bytes + k_bytes + v_bytes + bd.tensors[o].bytes) as f64;
+    // Flash backward recomputes the scores: 2.5x the forward's matmul work.
+    let bwd_f = match w.attention {
+        Attention::Flash => 2.5 * att_f,
+        Attention::Math => 2.0 * att_f,
+    };
+    let kv_bytes = k_bytes + v_bytes;
+    // gpt-oss's sinks: one logit per head of this rank.
+    let sinks = if cfg.style.attention_sinks { a } else { 0 };
+    let core = bd.op_tp(p("attention.core"), OpKind::AttentionCore, sinks, (att_f, bwd_f), inputs, outs, saves);
+    if cp > 1 {
+        let o_bytes = bd.tensors[o].bytes;
+        let (moved, scratch) = match w.split.context_comm {
+            // Two receive buffers of the ring (Transformer Engine's p2p_comm_buffers).
+            ContextComm::Ring => (kv_bytes, 2 * kv_bytes),
+            // The whole sequence's keys and values, all-gathered (PyTorch's
+            // _AllGatherRotater).
+            ContextComm::AllGather => (kv_bytes, cp * kv_bytes),
+            // Ulysses: q, k and v all-to-all'd in (the head-sharded copies exist beside
+            // the sequence-sharded ones while the all-to-all runs), the output out; the
+            // same bytes again for the gradients in backward.
+            ContextComm::AllToAll => (qkvo as u64, qkvo as u64 - o_bytes),
+        };
+        bd.ops[core].cp_kv_bytes = moved;
+        bd.ops[core].fwd_scratch += scratch;
+    }
+    if w.attention == Attention::Math {
+        // The raw scores exist while softmax runs.
+        bd.ops[core].fwd_scratch = b * a * s * s * c;
+        // Math attention is a chain of kernels over the n = b a s^2 scores of this rank's
+        // heads (Megatron-LM's CoreAttention; PyTorch's eager attention alike): a batched
+        // GEMM writes the scores (n c bytes), a fused scale-mask-softmax reads and writes
+        // them (2 n c), dropout reads them and writes the dropped probabilities and a 1-byte
+        // mask (2 n c + n), and a second batched GEMM reads them (n c). Backward: the two
+        // GEMMs of attention-over-V write dP and read P (2 n c), dropout's backward reads
+        // dP and the mask and writes its gradient (2 n c + n), softmax's reads y and dy and
+        // writes dx (3 n c), and the two GEMMs of QK^T read dS (2 n c). The GEMMs' head
+        // dimension is small, so they are memory-bound on the s^2 tensor; the softmax and
+        // dropout passes run after them, not under them: their time adds.
+        let n = (b * a * s * s) as f64;
+        let cf = c as f64;
+        let op = &mut bd.ops[core];
+        op.fwd_bytes = qkvo + 2.0 * n * cf;
+        op.bwd_bytes = Some(2.0 * qkvo + 4.0 * n * cf);
+        op.chain_bytes = if dropout { [4.0 * n * cf + n, 5.0 * n * cf + n] } else { [2.0 * n * cf, 3.0 * n * cf] };
+        if cfg.style.attn_logit_softcap {
+            // Gemma 2's eager attention caps the scores before softmax: a division, tanh
+            // (which saves its output) and a multiplication, each reading and writing the
+            // scores; backward: the multiplication's (2 n c), tanh's reads y and dy and
+            // writes dx (3 n c), the division's (2 n c).
+            op.chain_bytes[0] += 6.0 * n * cf;
+            op.chain_bytes[1] += 7.0 * n * cf;
+        }
+    }
+    if cfg.style.attn_logit_softcap && w.attention == Attention::Math {
+        let capped = bd.tensor(&p("attention.core.softcap"), b * a * s * s, c, TensorKind::AttentionScores);
+        bd.ops[core].outputs.push(capped);
+        bd.ops[core].saves.push(capped);
+    }
+    // Row-parallel output projection: its bias is added once, after the reduction.
+    let ao = bd.tensor(&p("attention.wo.out"), t * h, c, TensorKind::Activation);
+    let wo_bias = if cfg.family == Family::Gpt || cfg.style.o_bias { h } else { 0 };
+    bd.op_tp(p("attention.wo"), OpKind::Linear, qt * h + wo_bias, lin(qd, h), vec![o], vec![ao], vec![o]);
+    let ao = bd.g_op(&p("attention"), ao, c);
+    let ao = if post_norm { norm_op(bd, nfam, &p("post_attention_norm"), ao, rows, h, c) } else { ao };
+    let fused = dropout && cfg.family == Family::Gpt;
+    let ao = if dropout { dropout_op(bd, &p("attention.dropout"), ao, rows * h, c, fused) } else { ao };
+    let h1 = residual_op(bd, &p("residual1"), x, ao, rows * h, c, fused);
+
+    // --- MLP half (GPT-NeoX's parallel residual feeds it the block's input)
+    let mlp_in = if cfg.style.parallel_residual { x } else { h1 };
+    let n2 = if pre_norm { norm_op(bd, nfam, &p("ffn_norm"), mlp_in, rows, h, c) } else { mlp_in };
+    let ft = f / tp;
+    let mlp_out = match cfg.family {
+        Family::Llama => match &cfg.moe {
+            Some(m) if cfg.is_moe_layer(l) => {
+                let (ep, etp) = (w.split.expert.max(1), w.split.expert_tensor.max(1));
+                let shape = MoeShape { rows, tokens: t, h, c, ep, etp, routed: w.routed };
+                moe_mlp(bd, &p("feed_forward"), m, n2, shape)
+            }
+            _ => swiglu_mlp(bd, &p("feed_forward"), n2, t, h, f, c),
+        },
+        Family::Gpt => {
+            let n2_in = bd.f_op(&p("mlp"), n2, c);
+            let first = bd.ops.len();
+            let g = bd.tensor(&p("mlp.c_fc.out"), t * ft, c, TensorKind::Activation);
+            bd.op_tp(p("mlp.c_fc"), OpKind::Linear, (h * f + f) / tp, lin(h, f), vec![n2_in], vec![g], vec![n2]);
+            bd.regather_op(&p("mlp"), first);
+            let ge = bd.tensor(&p("mlp.gelu.out"), t * ft, c, TensorKind::Activation);
+            bd.op_tp(
+                p("mlp.gelu"),
+                OpKind::Elementwise,
+                0,
+                (8.0 * tf * f as f64, 16.0 * tf * f as f64),
+                vec![g],
+                vec![ge],
+                vec![g],
+            );
+            let d = bd.tensor(&p("mlp.c_proj.out"), t * h, c, TensorKind::Activation);
+            bd.op_tp(p("mlp.c_proj"), OpKind::Linear, f * h / tp + h, lin(f, h), vec![ge], vec![d], vec![ge]);
+            bd.g_op(&p("mlp"), d, c)
+        }
+    };
+    let mlp_out = if post_norm { norm_op(bd, nfam, &p("post_feedforward_norm"), mlp_out, rows, h, c) } else { mlp_out };
+    let mlp_out = if dropout { dropout_op(bd, &p("mlp.dropout"), mlp_out, rows * h, c, fused) } else { mlp_out };
+    residual_op(bd, &p("residual2"), h1, mlp_out, rows * h, c, fused)
+}
+
+/// The LM head and the loss over this rank's tokens: the output linear reading `x[0]` and
+/// saving `x[1]` (the same tensor, or under sequence parallelism its shard), Gemma 2's
+/// soft-capping, and the cross-entropy `w.loss` names. `prefix` starts every op's name (""
+/// for the main head); the linear owns `weights.0` parameters and reads `weights.1` another
+/// op owns (a tied or shared head). A head whose input is a chunk of a larger tensor (the
+/// hidden states multi-token prediction concatenates) is charged its chunk.
+fn lm_head_loss(
+    bd: &mut Builder,
+    sh: &BlockShape,
+    prefix: &str,
+    x: [TensorId; 2],
+    targets: TensorId,
+    weights: (u64, u64),
+) {
+    let BlockShape { cfg, w, t, h, c, tp, .. } = *sh;
+    let (v, vt, tf) = (cfg.vocab, cfg.vocab / tp, t as f64);
+    let n = |s: &str| format!("{prefix}{s}");
+    let first = bd.ops.len();
+    let logits = bd.tensor(&n("output.logits"), t * vt, c, TensorKind::Activation);
+    let lin = (2.0 * tf * h as f64 * v as f64, 4.0 * tf * h as f64 * v as f64);
+    let id = bd.op_tp(n("output"), OpKind::Linear, weights.0, lin, vec![x[0]], vec![logits], vec![x[1]]);
+    bd.ops[id].shared_params = weights.1;
+    let chunk = t * h * c;
+    if bd.tensors[x[0]].bytes > chunk && bd.tp == 1 {
+        bd.ops[id].fwd_bytes = (chunk + t * vt * c) as f64;
+        bd.ops[id].gemm = Some([t, vt, h]);
+    }
+    bd.regather_op(&n("output"), first);
+    let logits =
+        if cfg.style.final_logit_softcap { softcap_ops(bd, &n("output.softcap"), logits, t, v) } else { logits };
+    if w.loss == super::config::LossKind::VocabParallel {
+        // Megatron-Core's vocab_parallel_cross_entropy: the logits are upcast and
+        // exponentiated in place into the FP32 softmax it saves (with the target mask);
+        // the loss is log(sum exp) - the target's logit. Its backward writes the 16-bit
+        // logit gradient.
+        let sm = bd.tensor(&n("loss.softmax"), t * vt, 4, TensorKind::Activation);
+        let loss = bd.tensor(&n("loss"), 1, 4, TensorKind::Activation);
+        let id = bd.op_tp(
+            n("loss.vocab_parallel_cross_entropy"),
+            OpKind::Loss,
+            0,
+            (5.0 * tf * v as f64, 5.0 * tf * v as f64),
+            vec![logits, targets],
+            vec![sm, loss],
+            vec![sm, targets],
+        );
+        // Its passes over the n = tokens x vocab / tp logits, bytes per element
+        // (`--cross-entropy-loss-fusion` off, Megatron-Core's default): forward the FP32
+        // copy (2 read, 4 written), the max (4), subtracting it in place (4 + 4), exp in
+        // place (4 + 4), the sum (4) and the division in place (4 + 4): 38; backward
+        // scaling the saved softmax by the loss's gradient in place (4 + 4) and the cast
+        // of the logit gradient back to 16 bits (4 + 2): 14.
+        let e = (t * vt) as f64;
+        bd.ops[id].fwd_bytes = 38.0 * e;
+        bd.ops[id].bwd_bytes = Some(14.0 * e);
+    } else {
+        let mut logits = logits;
+        let loss_dtype = if w.logits_fp32 { Dtype::Fp32 } else { w.compute_dtype };
+        if loss_dtype != w.compute_dtype {
+            // logits.float(): a copy; its backward saves nothing.
+            let l32 = bd.tensor(&n("output.logits.float"), t * vt, 4, TensorKind::Activation);
+            bd.op_tp(n("logits.float"), OpKind::Cast, 0, (0.0, 0.0), vec![logits], vec![l32], vec![]);
+            logits = l32;
+        }
+        // cross_entropy = log_softmax (saves its output) + nll_loss (saves the targets).
+        let lb = loss_dtype.bytes();
+        let lsm = bd.tensor(&n("loss.log_softmax"), t * vt, lb, TensorKind::Activation);
+        bd.op_tp(
+            n("loss.log_softmax"),
+            OpKind::Loss,
+            0,
+            (5.0 * tf * v as f64, 5.0 * tf * v as f64),
+            vec![logits],
+            vec![lsm],
+            vec![lsm],
+        );
+        let loss = bd.tensor(&n("loss"), 1, 4, TensorKind::Activation);
+        bd.op(n("loss.nll"), OpKind::Loss, 0, (tf, tf), vec![lsm, targets], vec![loss], vec![targets]);
+    }
+}
+
+/// DeepSeek-V3's multi-token prediction as Megatron-Core runs it in training
+/// (`megatron/core/transformer/multi_token_prediction.py`: `MultiTokenPredictionBlock`,
+/// `MultiTokenPredictionLayer`, `process_mtp_loss`), `depth` modules after the main model's
+/// final norm `nf` (the decoder's output), on one tensor-parallel rank of one context shard:
+///
+/// - module k (block `n_layers + k`): the word embedding of the tokens rolled k + 1 places
+///   (`_get_embeddings`: the shared embedding, in the head's region so that it stays outside
+///   the module's checkpoint, as Megatron computes it before `_checkpointed_forward`);
+///   `enorm` over it and `hnorm` over the previous depth's output (`_concat_embeddings`), their
+///   concatenation (`torch.cat`, 2h wide; its backward takes views), `eh_proj` (2h -> h, no
+///   bias), one transformer layer of the last block's kind, and its `final_layernorm`;
+/// - the main output and the D modules' outputs concatenated into one (1 + D) x tokens x h
+///   tensor (`torch.cat(hidden_states_list)` at the end of the block's forward), whose chunks
+///   the heads read and save;
+/// - per depth (`process_mtp_loss`): the shared output head, the cross-entropy against the
+///   labels rolled k + 1 places (rolled int64 copies of the labels and mask, tokens x 8 bytes,
+///   are not charged), and the acceptance count (`_compute_mtp_acceptance_counts`, under
+///   no_grad: an argmax over the logits, which keeps them until it has read them).
+///
+/// Returns the concatenated hidden states, which the main head reads (its first chunk).
+fn mtp_modules(bd: &mut Builder, sh: &BlockShape, depth: u64, nf: TensorId, io: [TensorId; 2]) -> TensorId {
+    let BlockShape { cfg, t, h, c, tp, rows, nfam, .. } = *sh;
+    let [tokens, targets] = io;
+    let vt = cfg.vocab / tp;
+    let tf = t as f64;
+    let mut outs = vec![nf];
+    let mut prev = nf;
+    for d in 0..depth {
+        let p = |n: &str| format!("mtp.{d}.{n}");
+        bd.region = Region::Head;
+        let e = bd.tensor(&p("embedding.out"), t * h, c, TensorKind::Activation);
+        let id = bd.op(p("embedding"), OpKind::Embedding, 0, (0.0, 0.0), vec![tokens], vec![e], vec![tokens]);
+        // The main model's word embedding (a copy on the last pipeline stage, see
+        // `LayerDag::embedding_copy_params`).
+        bd.ops[id].shared_params = vt * h;
+        bd.ops[id].tp_sharded = tp > 1;
+        bd.region = Region::Block(cfg.n_layers + d);
+        let en = norm_op(bd, nfam, &p("enorm"), e, rows, h, c);
+        let hn = norm_op(bd, nfam, &p("hnorm"), prev, rows, h, c);
+        let cat = bd.tensor(&p("concat.out"), rows * 2 * h, c, TensorKind::Activation);
+        let id = bd.op(p("concat"), OpKind::Elementwise, 0, (0.0, 0.0), vec![en, hn], vec![cat], vec![]);
+        bd.ops[id].bwd_bytes = Some(0.0);
+        let y = bd.tensor(&p("eh_proj.out"), rows * h, c, TensorKind::Activation);
+        let lin = (2.0 * tf * (2 * h) as f64 * h as f64, 4.0 * tf * (2 * h) as f64 * h as f64);
+        bd.op(p("eh_proj"), OpKind::Linear, 2 * h * h, lin, vec![cat], vec![y], vec![cat]);
+        let y = block(bd, sh, &p("layer"), cfg.mtp_spec_layer(), y);
+        prev = norm_op(bd, nfam, &p("final_layernorm"), y, rows, h, c);
+        outs.push(prev);
+    }
+    bd.region = Region::Head;
+    let all = bd.tensor("mtp.concat_hidden.out", (depth + 1) * rows * h, c, TensorKind::Activation);
+    let id = bd.op("mtp.concat_hidden".into(), OpKind::Elementwise, 0, (0.0, 0.0), outs, vec![all], vec![]);
+    bd.ops[id].bwd_bytes = Some(0.0);
+    for d in 0..depth {
+        let prefix = format!("mtp.{d}.");
+        lm_head_loss(bd, sh, &prefix, [all, all], targets, (0, vt * h));
+        // The head's logits, the tensor the loss read, are the last logits tensor written.
+        let logits = bd.ops.iter().rev().find(|o| o.name == format!("{prefix}output")).map(|o| o.outputs[0]);
+        let logits = logits.expect("the head was just built");
+        let preds = bd.tensor(&format!("{prefix}acceptance.argmax"), t, 8, TensorKind::Index);
+        let id = bd.op(
+            format!("{prefix}acceptance"),
+            OpKind::Elementwise,
+            0,
+            (0.0, 0.0),
+            vec![logits, targets],
+            vec![preds],
+            vec![],
+        );
+        bd.ops[id].fwd_bytes = (t * vt * c) as f64;
+        bd.ops[id].bwd_bytes = Some(0.0);
+    }
+    all
 }
 
 /// The head's shape: tokens, hidden, vocabulary, activation bytes, the head's own parameters.

@@ -38,7 +38,9 @@
 //! DeepSeek counts: the count is of transformers' `DeepseekV3ForCausalLM` (and V2's), which
 //! builds no multi-token-prediction module for `num_nextn_predict_layers`, so the count
 //! excludes MTP (DeepSeek-V3's released checkpoint, 685B, adds its 14B MTP module to the
-//! 671B). The router's `e_score_correction_bias` (one float per routed expert in each MoE
+//! 671B). The key is read (`HfModel::nextn_predict_layers`) and reported, not trained:
+//! training the modules is Megatron-Core's `--mtp-num-layers`, off unless given, which a
+//! scenario asks for with `[model.mtp] layers`. The router's `e_score_correction_bias` (one float per routed expert in each MoE
 //! block, 256 for DeepSeek-V3) is a buffer updated by DeepSeek's balancing rule, not by
 //! gradients, and is not counted.
 
@@ -74,6 +76,11 @@ pub struct HfModel {
     pub mla: Option<super::MlaConfig>,
     /// Dropout in training (GPT-2's `resid_pdrop`; 0 for the types whose configs set none).
     pub dropout: f64,
+    /// DeepSeek-V3's `num_nextn_predict_layers` (0 where the key is absent, and for other
+    /// types): the multi-token prediction modules its checkpoint holds. Reported, not
+    /// trained: transformers builds no module for it, and Megatron-Core trains them only under
+    /// `--mtp-num-layers` (`[model.mtp] layers`).
+    pub nextn_predict_layers: u64,
 }
 
 impl HfModel {
@@ -107,6 +114,8 @@ impl HfModel {
             mla: self.mla.clone(),
             style: self.style.clone(),
             sliding_window: self.sliding_window.clone(),
+            // The config's MTP modules are not trained by default (see `nextn_predict_layers`).
+            mtp: None,
         }
     }
 }
@@ -289,6 +298,16 @@ pub fn parse(text: &str) -> Result<HfModel, String> {
         style: super::BlockStyle { o_bias: four_biases, ..block_style(&o, &model_type)? },
         moe,
         mla,
+        nextn_predict_layers: match model_type.as_str() {
+            // DeepSeek-V3's own config.json gives 1; V2's have no such key.
+            "deepseek_v3" => match o.get("num_nextn_predict_layers") {
+                None | Some(Value::Null) => 0,
+                Some(v) => v.as_u64().ok_or_else(|| {
+                    format!("key `num_nextn_predict_layers`: must be a whole number of modules, got {v}")
+                })?,
+            },
+            _ => 0,
+        },
         model_type,
         dropout: 0.0,
     })
@@ -328,6 +347,7 @@ fn gpt2(o: &Map<String, Value>) -> Result<HfModel, String> {
         moe: None,
         mla: None,
         dropout: pdrop,
+        nextn_predict_layers: 0,
     })
 }
 
@@ -394,6 +414,7 @@ fn gpt_neox(o: &Map<String, Value>) -> Result<HfModel, String> {
         moe: None,
         mla: None,
         dropout: hidden_dropout,
+        nextn_predict_layers: 0,
     })
 }
 
@@ -1181,6 +1202,21 @@ mod tests {
             "rope_scaling": {"type": "yarn", "factor": 40}, "first_k_dense_replace": 1"#
         )
         .is_ok());
+    }
+
+    /// `num_nextn_predict_layers` is read (0 when absent, a whole number otherwise) and
+    /// changes no count: transformers builds no module for it.
+    #[test]
+    fn deepseek_v3_reads_its_mtp_module_count_without_counting_it() {
+        let with = |extra: &str| parse(&format!(r#"{{"model_type": "deepseek_v3", {MOE_BASE}{extra}}}"#));
+        let base = r#", "num_hidden_layers": 4"#;
+        let absent = with(base).unwrap();
+        let one = with(&format!(r#"{base}, "num_nextn_predict_layers": 1"#)).unwrap();
+        assert_eq!((absent.nextn_predict_layers, one.nextn_predict_layers), (0, 1));
+        assert_eq!(one.model_config(4096).param_count(), absent.model_config(4096).param_count());
+        assert!(one.model_config(4096).mtp.is_none());
+        let e = with(&format!(r#"{base}, "num_nextn_predict_layers": -1"#)).unwrap_err();
+        assert!(e.contains("`num_nextn_predict_layers`"), "{e}");
     }
 
     #[test]

@@ -735,6 +735,14 @@ pub struct Chunk {
     pub end_block: u64,
     pub embed: bool,
     pub head: bool,
+    /// Multi-token prediction modules after `end_block` (blocks `end_block..end_block +
+    /// mtp`), on the chunk holding the head.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub mtp: u64,
+}
+
+fn is_zero(x: &u64) -> bool {
+    *x == 0
 }
 
 impl Chunk {
@@ -742,7 +750,7 @@ impl Chunk {
         match r {
             Region::Embed => self.embed,
             Region::Head => self.head,
-            Region::Block(l) => (self.first_block..self.end_block).contains(&l),
+            Region::Block(l) => (self.first_block..self.end_block + self.mtp).contains(&l),
         }
     }
 }
@@ -850,10 +858,12 @@ impl Plan {
         let mut units = Vec::new();
         let root = [Region::Embed, Region::Head];
         // One pass over the ops: parameters per unit (root first, then one per block).
-        let mut per_unit = vec![0u64; dag.config.n_layers as usize + 1];
-        let mut frozen = vec![0u64; dag.config.n_layers as usize + 1];
-        let mut expert = vec![0u64; dag.config.n_layers as usize + 1];
-        let mut fp8_gathered = vec![0u64; dag.config.n_layers as usize + 1];
+        // (A multi-token prediction module is a block after the model's, with its own unit.)
+        let blocks = dag.blocks() as usize;
+        let mut per_unit = vec![0u64; blocks + 1];
+        let mut frozen = vec![0u64; blocks + 1];
+        let mut expert = vec![0u64; blocks + 1];
+        let mut fp8_gathered = vec![0u64; blocks + 1];
         let fp8_all_gather = dag.workload.fp8.is_some_and(|f| f.fsdp_all_gather);
         for op in &dag.ops {
             let u = match op.region {
@@ -880,11 +890,12 @@ impl Plan {
             expert_params: expert[0],
             fp8_gathered: fp8_gathered[0],
         });
-        for l in 0..dag.config.n_layers {
+        let n_layers = dag.config.n_layers;
+        for l in 0..dag.blocks() {
             let p = per_unit[l as usize + 1];
             let f = frozen[l as usize + 1];
             units.push(Unit {
-                name: format!("layers.{l}"),
+                name: if l < n_layers { format!("layers.{l}") } else { format!("mtp.{}", l - n_layers) },
                 regions: vec![Region::Block(l)],
                 params: p,
                 shard_params: shard(p, expert[l as usize + 1]),
@@ -894,8 +905,9 @@ impl Plan {
                 fp8_gathered: fp8_gathered[l as usize + 1],
             });
         }
-        let n_layers = dag.config.n_layers;
-        let chunks = vec![Chunk { virtual_stage: 0, first_block: 0, end_block: n_layers, embed: true, head: true }];
+        let mtp = dag.config.mtp_layers();
+        let chunks =
+            vec![Chunk { virtual_stage: 0, first_block: 0, end_block: n_layers, embed: true, head: true, mtp }];
         Plan {
             parallel,
             training,
@@ -905,7 +917,7 @@ impl Plan {
             dp_per_node,
             stage: 0,
             chunks,
-            block_unit: (1..=n_layers as usize).collect(),
+            block_unit: (1..=blocks).collect(),
             shard_group,
             edp,
             units,
@@ -930,7 +942,9 @@ impl Plan {
 
     /// The model chunks of every pipeline stage: virtual stage j (model order) is chunk
     /// j / p of stage j % p.
-    pub fn stage_chunks(&self, n_layers: u64) -> Vec<Vec<Chunk>> {
+    /// The last holds the `mtp` multi-token prediction modules (Megatron-Core places them on
+    /// the last pipeline stage, its last virtual stage: `mtp_on_this_rank`).
+    pub fn stage_chunks(&self, n_layers: u64, mtp: u64) -> Vec<Vec<Chunk>> {
         let mp = &self.parallel.model_parallel;
         let (p, v) = (mp.pipeline, mp.virtual_stages);
         let sizes = mp.virtual_stage_layers(n_layers);
@@ -944,6 +958,7 @@ impl Plan {
                 end_block: first + n,
                 embed: j == 0,
                 head: j + 1 == p * v,
+                mtp: if j + 1 == p * v { mtp } else { 0 },
             });
             first += n;
         }
@@ -955,14 +970,16 @@ impl Plan {
     /// pipeline with tied embeddings keeps its own copy of the word embeddings for the LM
     /// head, as Megatron-LM does (their gradients are all-reduced with the first stage's).
     pub fn stage(&self, dag: &LayerDag, k: u64) -> Plan {
-        let chunks = self.stage_chunks(dag.config.n_layers).swap_remove(k as usize);
+        let chunks = self.stage_chunks(dag.config.n_layers, dag.config.mtp_layers()).swap_remove(k as usize);
         let mut root = 0u64;
-        let tied_copy = self.pipeline() > 1;
         for op in &dag.ops {
             let on = chunks.iter().any(|c| c.holds(op.region));
             if on && matches!(op.region, Region::Embed | Region::Head) {
-                root += op.params + if tied_copy && op.region == Region::Head { op.shared_params } else { 0 };
+                root += op.params;
             }
+        }
+        if self.pipeline() > 1 && chunks.iter().any(|c| c.head) {
+            root += dag.embedding_copy_params();
         }
         let mut units = vec![Unit {
             name: self.units[0].name.clone(),
@@ -976,9 +993,9 @@ impl Plan {
             // The LM head stays in 16 bits.
             fp8_gathered: 0,
         }];
-        let mut block_unit = vec![usize::MAX; dag.config.n_layers as usize];
+        let mut block_unit = vec![usize::MAX; dag.blocks() as usize];
         for c in &chunks {
-            for l in c.first_block..c.end_block {
+            for l in c.first_block..c.end_block + c.mtp {
                 block_unit[l as usize] = units.len();
                 units.push(self.units[l as usize + 1].clone());
             }

@@ -35,6 +35,11 @@ pub fn summary(s: &Scenario) -> String {
     if !notes.is_empty() {
         let _ = writeln!(o, "  block      {}", notes.join("; "));
     }
+    // The multi-token prediction modules' own parameters, as a term of the sums below.
+    let mtp = match m.mtp_layers() {
+        0 => String::new(),
+        d => format!(" + {d} MTP module{} x {}", if d == 1 { "" } else { "s" }, sep(m.mtp_module_params())),
+    };
     match &m.moe {
         Some(moe) => {
             let moe_layers = m.moe_layers();
@@ -43,7 +48,7 @@ pub fn summary(s: &Scenario) -> String {
                 if dense > 0 { format!("{dense} dense blocks x {} + ", sep(per_block)) } else { String::new() };
             let _ = writeln!(
                 o,
-                "             {} parameters = {dense_part}{moe_layers} MoE blocks x {} + {} outside them (embeddings, final norm, head); {} active per token",
+                "             {} parameters = {dense_part}{moe_layers} MoE blocks x {} + {} outside them (embeddings, final norm, head){mtp}; {} active per token",
                 sep(m.param_count()),
                 sep(m.block_params((0..m.n_layers).rev().find(|&l| m.is_moe_layer(l)).unwrap_or(m.n_layers - 1))),
                 sep(outside),
@@ -70,7 +75,7 @@ pub fn summary(s: &Scenario) -> String {
         None => {
             let _ = writeln!(
                 o,
-                "             {} parameters = {} blocks x {} + {} outside them (embeddings, final norm, head)",
+                "             {} parameters = {} blocks x {} + {} outside them (embeddings, final norm, head){mtp}",
                 sep(m.param_count()),
                 m.n_layers,
                 sep(per_block),

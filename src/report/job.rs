@@ -31,10 +31,14 @@ fn layers_of(plan: &Plan) -> String {
     plan.chunks
         .iter()
         .map(|c| {
-            if c.end_block > c.first_block + 1 {
+            let blocks = if c.end_block > c.first_block + 1 {
                 format!("{}-{}", c.first_block, c.end_block - 1)
             } else {
                 format!("{}", c.first_block)
+            };
+            match c.mtp {
+                0 => blocks,
+                d => format!("{blocks} + {d} MTP module{}", if d == 1 { "" } else { "s" }),
             }
         })
         .collect::<Vec<_>>()

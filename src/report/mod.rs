@@ -634,6 +634,9 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
     if let Some(a) = &plan.training.activation_offload {
         assumptions.push(activation_offload_assumption(a, dag.config.n_layers));
     }
+    if let Some(m) = &dag.config.mtp {
+        assumptions.push(mtp_assumption(dag, m));
+    }
     match dag.workload.loss {
         crate::model::LossKind::Eager => {}
         crate::model::LossKind::VocabParallel => assumptions.push("loss: Megatron-Core's vocab_parallel_cross_entropy (megatron/core/tensor_parallel/cross_entropy.py): the 16-bit logits are upcast and exponentiated in place into the FP32 softmax it saves for backward (no separate FP32 copy or log-softmax), and its backward writes the 16-bit logit gradient".into()),
@@ -917,6 +920,22 @@ pub fn memory_side(cap: u64, sched: &Schedule, trace: &Trace) -> (Verdict, Optio
         })
         .collect();
     (verdict, peak, phase_peaks)
+}
+
+/// Multi-token prediction as simulated (`model::dag` `mtp_modules`).
+fn mtp_assumption(dag: &LayerDag, m: &crate::model::MtpConfig) -> String {
+    let cfg = &dag.config;
+    let tokens = dag.tokens();
+    let logits = tokens * cfg.vocab * dag.workload.compute_dtype.bytes();
+    format!(
+        "multi-token prediction (Megatron-Core MultiTokenPredictionBlock, DeepSeek-V3 Sec. 2.2): {d} module{s} after the decoder's final norm on the last pipeline stage (its last virtual stage), each the shared embedding of the tokens rolled k places, enorm and hnorm, eh_proj (2h -> h) over their concatenation, a transformer layer of the last block's kind and a final norm; the D + 1 hidden states concatenated (torch.cat) for the heads, then per depth the shared output head ({logits} of 16-bit logits a micro-batch), the loss ({loss}) and the acceptance argmax, before the main head; it checkpoints with the decoder's layers under Megatron's uniform full recompute and not under block recompute, as MultiTokenPredictionLayer does; with a pipeline the last stage keeps a copy of the word embedding ({emb} elements) whose gradient is all-reduced with the first stage's; the rolled label and mask copies (tokens x 8 bytes) are not charged and the loss scale ({scale}) changes no memory or time; MFU counts its FLOPs from the DAG, as num_floating_point_operations counts its layers, eh_proj and logits",
+        d = m.layers,
+        s = if m.layers == 1 { "" } else { "s" },
+        logits = fmt_bytes(logits),
+        loss = dag.workload.loss.name(),
+        emb = text::sep(dag.embedding_copy_params()),
+        scale = m.loss_scale,
+    )
 }
 
 /// Step time, tokens/s, MFU and HFU of a step timing; `model_flops` and `hw_flops` are per

@@ -74,6 +74,9 @@ pub fn render(r: &Report, s: &Scenario) -> String {
             mla.kv_lora_rank, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim
         ));
     }
+    if let Some(mtp) = &m.mtp {
+        extras.push(mtp_words(m, mtp));
+    }
     extras.extend(m.block_notes(s.workload.seq_len));
     if !extras.is_empty() {
         let _ = writeln!(o, "           {}", extras.join(", "));
@@ -769,4 +772,16 @@ pub fn zoo_table() -> String {
     }
     o.push_str("use one with [model] name = \"<model>\"; any other config.json with [model] hf_config = \"path/config.json\"\n");
     o
+}
+
+/// The multi-token prediction modules in words, for the Model line and `stepsim check`.
+pub(crate) fn mtp_words(m: &crate::model::ModelConfig, mtp: &crate::model::MtpConfig) -> String {
+    let kind = if m.is_moe_layer(m.mtp_spec_layer()) { "MoE" } else { "dense" };
+    format!(
+        "multi-token prediction: {} module{} after the last block (each enorm, hnorm, eh_proj 2h -> h, a {kind} layer, its final norm: {} parameters; embedding and head shared), loss scale {}, on the last stage",
+        mtp.layers,
+        if mtp.layers == 1 { "" } else { "s" },
+        sep(m.mtp_module_params()),
+        mtp.loss_scale
+    )
 }

@@ -211,6 +211,18 @@ pub struct ModelSection {
     /// DeepSeek's multi-head latent attention (llama family); a DeepSeek `config.json` fills
     /// it in.
     pub mla: Option<MlaSection>,
+    /// DeepSeek-V3's multi-token prediction modules (Megatron-Core `--mtp-num-layers`).
+    pub mtp: Option<MtpSection>,
+}
+
+/// `[model.mtp]`: multi-token prediction, by Megatron-Core's flag names.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct MtpSection {
+    /// `--mtp-num-layers` (Hugging Face `num_nextn_predict_layers`): the prediction depth.
+    pub layers: Option<i64>,
+    /// `--mtp-loss-scaling-factor` (default 0.1).
+    pub loss_scale: Option<f64>,
 }
 
 /// `[model.mla]`: multi-head latent attention, by Hugging Face's names.

@@ -15,6 +15,7 @@ mod lora;
 mod megatron;
 mod model_source;
 mod moe;
+mod mtp;
 pub mod nccl;
 mod offload;
 mod parallel;
@@ -34,6 +35,7 @@ use inference::{inference_lengths, inference_standin, job_kind, validate_inferen
 use lora::validate_lora;
 use megatron::validate_megatron;
 use moe::{validate_expert_parallel, validate_mla, validate_moe};
+use mtp::{check_mtp, validate_mtp};
 use offload::validate_offload;
 pub use offload::*;
 use parallel::{validate_context, validate_model_parallel};
@@ -221,7 +223,7 @@ impl Scenario {
             (!self.routing.is_uniform() || self.capacity.is_some()) && ep > 1,
         );
         let est = limits::estimated_tasks(
-            self.model.n_layers + self.model.moe_layers(),
+            self.model.size_layers(),
             u64::from(self.training.steps),
             self.training.grad_accum,
             ranks,
@@ -651,6 +653,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
             ..h.style.clone()
         }),
         sliding_window: hf.as_ref().and_then(|h| h.sliding_window.clone()),
+        mtp: validate_mtp(&v, m, family)?,
     };
     if model.mla.is_some() {
         for (field, set) in
@@ -1155,6 +1158,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         )?,
     };
     let mut workload = workload;
+    check_mtp(&v, &model, &parallel, &workload, &training, job)?;
     let mp = &parallel.model_parallel;
     if model.style.qk_norm_full_width && mp.tensor > 1 {
         return Err(v.err("parallel.tensor", format!("{}: this model's query and key norms span every head (OLMo 2's), which tensor parallelism would split (an all-reduce per norm, not modelled); use parallel.tensor = 1, or FSDP", mp.tensor)));
@@ -1252,7 +1256,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
             (!routing.is_uniform() || capacity.is_some()) && ep > 1,
         );
         // A MoE block holds about twice a dense block's ops.
-        limits::check_size(&v, n_layers + model.moe_layers(), steps, grad_accum, ranks)?;
+        limits::check_size(&v, model.size_layers(), steps, grad_accum, ranks)?;
     }
     let inference = match inf {
         Some((i, _)) => {

@@ -63,6 +63,17 @@ pub(super) fn describe(m: &ModelSection, h: &HfModel) -> String {
     ];
     let over: Vec<&str> = overrides.iter().filter(|x| x.1).map(|x| x.0).collect();
     let over = if over.is_empty() { String::new() } else { format!("; overridden: {}", over.join(", ")) };
+    // DeepSeek-V3's checkpoint holds its multi-token prediction modules; transformers builds
+    // none and Megatron trains them only under --mtp-num-layers, so the config's count is
+    // said, and whether the scenario trains them.
+    let mtp = match (h.nextn_predict_layers, m.mtp.is_some()) {
+        (0, _) => String::new(),
+        (n, true) => format!("; its num_nextn_predict_layers = {n}: multi-token prediction as [model.mtp] says"),
+        (n, false) => format!(
+            "; its num_nextn_predict_layers = {n} multi-token prediction module(s) not trained (add [model.mtp] layers = {n}, Megatron --mtp-num-layers)"
+        ),
+    };
+    let over = format!("{over}{mtp}");
     match (&m.name, &m.hf_config) {
         (Some(n), _) => {
             let src = hf::zoo(n).map_or("", |z| z.source);

@@ -183,7 +183,10 @@ fn communicators(s: &Scenario, stage: u64) -> Vec<Communicator> {
                 Traffic::PointToPoint { send_peers: neighbours, recv_peers: neighbours },
             );
         }
-        if megatron_like && s.model.tie_embeddings && (stage == 0 || stage + 1 == pp) {
+        // The embedding group all-reduces the word embedding's gradient when the last stage
+        // holds a copy: a tied head's, or multi-token prediction's lookups.
+        let copy = s.model.tie_embeddings || s.model.mtp.is_some();
+        if megatron_like && copy && (stage == 0 || stage + 1 == pp) {
             add(
                 "embedding group (first and last stage)".into(),
                 2,

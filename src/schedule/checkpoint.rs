@@ -55,7 +55,7 @@ impl Checkpoints {
     /// Bytes each block keeps from forward to backward: every kept tensor whose first saver
     /// (or, for a per-op policy's saved output nothing saves, whose producer) is in it.
     pub fn kept_block_bytes(&self, dag: &LayerDag) -> Vec<u64> {
-        let mut out = vec![0; dag.config.n_layers as usize];
+        let mut out = vec![0; dag.blocks() as usize];
         for (t, tp) in self.tensors.iter().enumerate() {
             if !tp.kept {
                 continue;
@@ -130,11 +130,11 @@ pub fn plan(dag: &LayerDag, plan: &Plan) -> Checkpoints {
     let recompute_ops = match ck {
         Checkpointing::SelectiveOp | Checkpointing::Selective => needed_recompute(dag, &tensors),
         Checkpointing::Full => full_recompute(dag, &tensors),
-        _ => vec![Vec::new(); dag.config.n_layers as usize],
+        _ => vec![Vec::new(); dag.blocks() as usize],
     };
     let checkpointed = match ck {
         Checkpointing::Full | Checkpointing::SelectiveOp => region_blocks,
-        _ => vec![false; dag.config.n_layers as usize],
+        _ => vec![false; dag.blocks() as usize],
     };
     Checkpoints { tensors, recompute_ops, checkpointed }
 }
@@ -182,7 +182,7 @@ fn selective_drop(
 
 /// Per block: whether it holds a mixture-of-experts layer (a router).
 fn moe_blocks(dag: &LayerDag) -> Vec<bool> {
-    let mut out = vec![false; dag.config.n_layers as usize];
+    let mut out = vec![false; dag.blocks() as usize];
     for o in &dag.ops {
         if let Region::Block(l) = o.region {
             if o.name.ends_with(".router") {
@@ -196,14 +196,19 @@ fn moe_blocks(dag: &LayerDag) -> Vec<bool> {
 /// Per block: whether a full or per-op checkpointing policy wraps it; every block unless
 /// the scenario says otherwise.
 fn checkpointed_blocks(dag: &LayerDag, plan: &Plan) -> Vec<bool> {
-    let n = dag.config.n_layers;
+    let n = dag.blocks();
     match plan.training.checkpoint_blocks {
+        // Megatron's `uniform` (one layer per checkpoint) wraps each multi-token prediction
+        // module too (`MultiTokenPredictionLayer._checkpointed_forward`).
         CheckpointBlocks::All => vec![true; n as usize],
         CheckpointBlocks::EveryNth(k) => (0..n).map(|l| (l + 1) % k.max(1) == 0).collect(),
+        // Megatron's `block`: the first k of each chunk's decoder layers; the multi-token
+        // prediction modules are not checkpointed ("recompute_method == 'block' is not
+        // supported for MTP yet. Skipping recompute.").
         CheckpointBlocks::FirstPerChunk(k) => {
             let mut out = vec![false; n as usize];
             let mut first = 0;
-            for len in plan.parallel.model_parallel.virtual_stage_layers(n) {
+            for len in plan.parallel.model_parallel.virtual_stage_layers(dag.config.n_layers) {
                 for l in first..(first + len.min(k)) {
                     out[l as usize] = true;
                 }
@@ -220,7 +225,7 @@ fn checkpointed_blocks(dag: &LayerDag, plan: &Plan) -> Vec<bool> {
 /// parallelism.
 fn sac_saved_ops(dag: &LayerDag) -> Vec<bool> {
     let mut saved = vec![false; dag.ops.len()];
-    let mut mm_count = vec![0u64; dag.config.n_layers as usize];
+    let mut mm_count = vec![0u64; dag.blocks() as usize];
     for (i, op) in dag.ops.iter().enumerate() {
         let Region::Block(l) = op.region else { continue };
         saved[i] = match op.kind {
@@ -244,7 +249,7 @@ fn sac_saved_ops(dag: &LayerDag) -> Vec<bool> {
 /// Full checkpointing: each block's ops in forward order, up to the last one writing a
 /// recomputed tensor.
 fn full_recompute(dag: &LayerDag, tensors: &[TensorPlan]) -> Vec<Vec<usize>> {
-    let mut block_ops: Vec<Vec<usize>> = vec![Vec::new(); dag.config.n_layers as usize];
+    let mut block_ops: Vec<Vec<usize>> = vec![Vec::new(); dag.blocks() as usize];
     for (i, op) in dag.ops.iter().enumerate() {
         if let Region::Block(l) = op.region {
             if let Some(v) = block_ops.get_mut(l as usize) {
@@ -265,7 +270,7 @@ fn full_recompute(dag: &LayerDag, tensors: &[TensorPlan]) -> Vec<Vec<usize>> {
 /// writing a tensor its backward needs, and, transitively, those writing what they read
 /// that was not kept; in forward order.
 fn needed_recompute(dag: &LayerDag, tensors: &[TensorPlan]) -> Vec<Vec<usize>> {
-    let mut out = vec![Vec::new(); dag.config.n_layers as usize];
+    let mut out = vec![Vec::new(); dag.blocks() as usize];
     // The attention scores are recomputed inside the attention core's backward
     // (`recompute::recompute_scores`), not by rerunning ops before the block.
     let mut need: Vec<bool> =

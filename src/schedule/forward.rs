@@ -69,7 +69,7 @@ impl Builder<'_> {
             offload: if self.offload_of.is_empty() {
                 Vec::new()
             } else {
-                vec![Default::default(); dag.config.n_layers as usize]
+                vec![Default::default(); dag.blocks() as usize]
             },
             offload_count: 0,
             last_block_unit: dag.ops[lo..hi]

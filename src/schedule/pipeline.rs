@@ -16,7 +16,7 @@ use super::forward::FwdPass;
 use super::{Builder, Category, Cost, Phase, Port, Schedule, TaskKind, TaskLabel};
 use crate::engine::PartLink;
 use crate::hardware::Cluster;
-use crate::model::{LayerDag, Region};
+use crate::model::LayerDag;
 use crate::net::Collective;
 use crate::plan::{PipelineSchedule, Plan, Sharding};
 
@@ -232,15 +232,15 @@ impl Builder<'_> {
         self.optimizer(step);
     }
 
-    /// Tied word embeddings: the first stage's embedding and the last stage's copy for the LM
-    /// head get gradients from both uses, so Megatron-LM all-reduces them between the two
+    /// Tied word embeddings (or multi-token prediction's lookups): the first stage's
+    /// embedding and the last stage's copy for the LM head get gradients from both uses, so Megatron-LM all-reduces them between the two
     /// stages (`_allreduce_embedding_grads`, over its embedding group, after the
     /// data-parallel reduction) before the optimizer step. Each side's collective starts
     /// once both stages have finished their backwards and reduced over data parallelism.
     fn tied_embedding_all_reduce(&mut self, step: u32) {
         let p = self.plan.pipeline();
         let k = self.plan.stage;
-        let tied: u64 = self.dag.ops.iter().filter(|o| o.region == Region::Head).map(|o| o.shared_params).sum();
+        let tied = self.dag.embedding_copy_params();
         if p < 2 || tied == 0 || (k != 0 && k != p - 1) {
             return;
         }

@@ -445,7 +445,7 @@ impl Builder<'_> {
     /// (the logits) exists: the loss is computed outside the module, so its backward comes
     /// first. Under BACKWARD_PRE that hook prefetches the last block.
     pub(super) fn root_pre_backward(&mut self, st: &mut Bwd, op: &Op, deps: &mut Vec<u32>) {
-        let nblocks = self.dag.config.n_layers as usize;
+        let nblocks = self.dag.blocks() as usize;
         // NO_SHARD freed the root's low-precision copy after forward: cast it again.
         if op.region == Region::Head && op.kind == OpKind::Linear && self.needs_gather(st, 0) {
             let (t, b) = self.gather(st.step, st.mb, Phase::Backward, 0, vec![st.last_bwd_task]);
