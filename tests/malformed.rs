@@ -1753,14 +1753,47 @@ fn cases() -> Vec<Case> {
             &["2 x 3 load-balanced chunks", "not divisible by 6"],
         ),
         case(
-            "context with a mixture of experts",
+            "context with a mixture of experts under FSDP",
             moe()
+                .set("hardware", "gpu", "\"h100-sxm\"")
+                .set("hardware", "gpus", "2")
+                .set("parallel", "framework", "\"fsdp\"")
+                .set("parallel", "context", "2"),
+            "parallel.context",
+            &["mixture of experts", "framework = \"megatron\"", "torchtitan"],
+        ),
+        case(
+            "context with a mixture of experts under DeepSpeed",
+            moe()
+                .set("hardware", "gpu", "\"h100-sxm\"")
+                .set("hardware", "gpus", "2")
+                .set("parallel", "framework", "\"deepspeed\"")
+                .set("parallel", "sharding", "\"zero1\"")
+                .set("parallel", "context", "2"),
+            "parallel.context",
+            &["mixture of experts", "framework = \"megatron\"", "DeepSpeed"],
+        ),
+        case(
+            "context with multi-head latent attention",
+            mla()
                 .set("hardware", "gpu", "\"h100-sxm\"")
                 .set("hardware", "gpus", "2")
                 .set("parallel", "framework", "\"megatron\"")
                 .set("parallel", "context", "2"),
             "parallel.context",
-            &["mixture of experts"],
+            &["multi-head latent attention", "parallel.context = 1"],
+        ),
+        case(
+            "expert x expert_tensor not dividing tensor x context x data",
+            moe()
+                .set("hardware", "gpu", "\"h100-sxm\"")
+                .set("hardware", "gpus", "4")
+                .set("parallel", "framework", "\"megatron\"")
+                .set("parallel", "context", "2")
+                .set("parallel", "expert", "4")
+                .set("parallel", "expert_tensor", "2"),
+            "parallel.expert_tensor",
+            &["(2 x 4 = 8)", "tensor x context x data-parallel ranks (1 x 2 x 2 = 4)"],
         ),
         case(
             "context with jitter",

@@ -325,17 +325,19 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
         }
         EXPERT_PARALLEL => {
             // Megatron-Core's rules as scenario validation applies them (src/scenario/moe.rs):
-            // the degree divides the experts and the stage's tensor x data-parallel ranks.
+            // the degree divides the experts and the stage's tensor x context x data-parallel
+            // ranks.
             let Some(moe) = &s.model.moe else { return Err("not a mixture of experts".into()) };
             let mp = &s.parallel.model_parallel;
             let ep = mp.expert * 2;
-            let ranks = mp.tensor * s.dp_degree();
+            let ranks = mp.tensor * mp.context.max(1) * s.dp_degree();
             let etp = mp.expert_tensor;
             if moe.num_experts % ep != 0 || ranks % (etp * ep) != 0 {
                 return Err(format!(
-                    "expert parallel {ep}{} does not divide the {} experts and the {ranks} tensor x data-parallel ranks of a stage",
+                    "expert parallel {ep}{} does not divide the {} experts and the {ranks} {} ranks of a stage",
                     if etp > 1 { format!(" (x expert tensor parallel {etp})") } else { String::new() },
-                    moe.num_experts
+                    moe.num_experts,
+                    if mp.context > 1 { "tensor x context x data-parallel" } else { "tensor x data-parallel" }
                 ));
             }
             if !matches!(s.parallel.sharding, Sharding::None | Sharding::Zero1) {
@@ -402,10 +404,16 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             if s.workload.attention != crate::model::Attention::Flash {
                 return Err("context parallelism runs flash attention blocks".into());
             }
-            if s.model.moe.is_some() || s.model.mla.is_some() || s.jitter.is_some() {
+            if s.model.mla.is_some() || s.jitter.is_some() {
+                return Err("context parallelism with latent attention or [jitter] is not simulated".into());
+            }
+            // A mixture of experts under Megatron-Core: the ring's ranks come out of data
+            // parallelism, so a stage's tensor x context x data ranks, which the experts fold
+            // over, stay as they are (the expert layout is unchanged; the context ranks join
+            // the expert-data-parallel group the data ranks leave).
+            if s.model.moe.is_some() && s.parallel.framework != crate::plan::Framework::Megatron {
                 return Err(
-                    "context parallelism with a mixture of experts, latent attention or [jitter] is not simulated"
-                        .into(),
+                    "context parallelism with a mixture of experts is simulated under Megatron-Core only".into()
                 );
             }
             let dp = s.dp_degree();

@@ -47,7 +47,7 @@ pub struct RankClass {
     pub role: Role,
     /// Real GPUs that run this program.
     pub count: u64,
-    /// The first of them in Megatron-LM's rank order (tensor fastest, then data, then
+    /// The first of them in Megatron-LM's rank order (tensor fastest, then context, data,
     /// pipeline); the class's GPUs are `first_rank + i x stride` for i below `count`.
     pub first_rank: u64,
     /// 1, or for an expert-parallel rank's class expert tensor x expert (its GPUs come in
@@ -205,7 +205,9 @@ fn with_routing(dag: &LayerDag, plan: &Plan, cluster: &Cluster, loads: &[u64], n
             };
             c.role = Role::Expert { stage, ep_rank: r as u64, copies, uniform };
             // Expert-parallel rank r is the expert-tensor-parallel group of ranks etp x r to
-            // etp x (r + 1) - 1 of every etp x ep (Megatron-Core's expert rank order).
+            // etp x (r + 1) - 1 of every etp x ep (Megatron-Core's expert rank order, which
+            // has no context axis: under context parallelism the stage's context ranks are
+            // further runs of the same expert-data-parallel group).
             c.count /= ep as u64;
             c.first_rank += r as u64 * etp;
             c.stride = ep as u64 * etp;

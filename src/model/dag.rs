@@ -1164,7 +1164,11 @@ fn swiglu_mlp(bd: &mut Builder, name: &str, x: TensorId, t: u64, h: u64, f: u64,
 
 /// One rank's share of a MoE block: `rows` tokens of the hidden state (the sequence shard
 /// under sequence parallelism), `tokens` of the whole micro-batch (what the tensor-parallel
-/// shared experts see), `ep` expert-parallel and `etp` expert-tensor-parallel ranks.
+/// shared experts see), `ep` expert-parallel and `etp` expert-tensor-parallel ranks. Under
+/// context parallelism both count this rank's 1/cp of each sequence only: Megatron-Core
+/// hands each rank its two chunks (`megatron/core/utils.py` `get_batch_on_this_cp_rank`),
+/// `MoELayer.forward` (`moe_layer.py`) takes their `[seq_length, bsz, hidden]` hidden
+/// states and routes per token, so nothing else in the block changes.
 struct MoeShape {
     rows: u64,
     tokens: u64,

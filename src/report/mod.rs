@@ -717,6 +717,29 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
                 fmt_bytes(etp * bytes)
             ));
         }
+        if mp.context > 1 {
+            // Megatron-Core: the MoE layer sees this rank's [s/cp, b] rows (moe_layer.py);
+            // the expert RankGenerator has cp=1 (parallel_state.py), so a stage's context
+            // ranks become expert-data-parallel ranks (distributed_data_parallel.py reduces
+            // dense buffers over intra_dp_cp_group, expert ones over intra_expt_dp_group);
+            // the load-balancing loss's token counts are all-reduced over tensor x context
+            // (router.py, reduce_group=tp_cp_group) only when --moe-aux-loss-coeff > 0 (its
+            // default is 0).
+            let cp = mp.context;
+            let edp = if plan.edp > 1 {
+                format!("each expert slice's expert-data-parallel group ({} GPUs, the ones holding it) spans context ranks too", plan.edp)
+            } else {
+                "each expert slice lives on one GPU (no expert-data-parallel group)".into()
+            };
+            assumptions.push(format!(
+                "mixture of experts with context parallel {cp} (Megatron-Core): each GPU's router and experts see only its own {} of the {} tokens of each sequence (routing is per token: the MoE layer is the same on fewer tokens); the experts are folded over a stage's tensor x context x data = {} GPUs (Megatron-Core's expert rank generator has no context axis), so {edp}, while dense gradients are reduced over data x context = {} ranks; the load-balancing loss's tokens-per-expert all-reduce over tensor x context ({} int64 counts per MoE block; it runs only with --moe-aux-loss-coeff > 0, whose default is 0) is not simulated",
+                s.training.seq_len / cp,
+                s.training.seq_len,
+                mp.tensor * plan.dp,
+                plan.dp,
+                moe.num_experts
+            ));
+        }
     }
     if mp.pipeline > 1 {
         let p2p = if mp.overlap_p2p {

@@ -184,11 +184,18 @@ impl Scenario {
         (!loads.iter().all(|&l| l == copies)).then_some(loads)
     }
 
-    /// Token copies one rank routes per micro-batch and MoE block: its rows (the sequence
-    /// shard under sequence parallelism) x top_k; 0 for a dense model.
+    /// Token copies one rank routes per micro-batch and MoE block: its rows (its 1/context of
+    /// each sequence, and of that the sequence shard under sequence parallelism) x top_k; 0
+    /// for a dense model. Megatron-Core's router sees only the rank's own tokens (`router.py`
+    /// `TopKRouter.routing`: `logits.view(-1, num_moe_experts)` of this rank's [s/cp, b]
+    /// rows), and a capacity factor caps each expert at a share of those (`moe_utils.py`
+    /// `apply_router_token_dropping`: `get_capacity(num_tokens=num_tokens * router_topk)`
+    /// with `num_tokens` the routing map's local rows).
     pub fn routed_copies(&self) -> u64 {
         let mp = &self.parallel.model_parallel;
-        let rows = self.workload.micro_batch * self.workload.seq_len / if mp.sequence_parallel { mp.tensor } else { 1 };
+        let rows = self.workload.micro_batch * self.workload.seq_len
+            / mp.context.max(1)
+            / if mp.sequence_parallel { mp.tensor } else { 1 };
         self.model.moe.as_ref().map_or(0, |m| rows * m.top_k)
     }
 
@@ -869,6 +876,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         &model,
         model_parallel.tensor,
         model_parallel.sequence_parallel,
+        model_parallel.context,
         model_parallel.data_parallel(gpus),
         sharding,
     )?;

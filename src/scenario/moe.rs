@@ -144,16 +144,24 @@ pub(super) fn validate_moe(
 }
 
 /// `[parallel] expert` and `expert_tensor`: the expert-parallel and expert-tensor-parallel
-/// degrees, folded over the tensor- and data-parallel ranks of a stage (Megatron-Core's
-/// parallel folding: `parallel_state.py` `initialize_model_parallel` builds the expert groups
-/// from a second `RankGenerator` of expert tensor x expert x expert data x pipeline over the
-/// same ranks). Returns (expert, expert_tensor); (1, 1) for a dense model.
+/// degrees, folded over the tensor-, context- and data-parallel ranks of a stage
+/// (Megatron-Core's parallel folding: `parallel_state.py` `initialize_model_parallel` builds
+/// the expert groups from a second `RankGenerator` of expert tensor x expert x expert data x
+/// pipeline over the same ranks, with `cp=1`: "CP is only included in default RankGenerator,
+/// and EP only in expert RankGenerator", so the context-parallel ranks of a stage become
+/// expert-data-parallel ranks, `expert_data_parallel_size = world_size //
+/// (expert_tensor x expert x pipeline)`). Its one assertion on the degrees, "world_size ... is
+/// not divisible by expert_tensor_model_pipeline_parallel size", is expert tensor x expert
+/// dividing a stage's tensor x context x data ranks. Returns (expert, expert_tensor); (1, 1)
+/// for a dense model.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn validate_expert_parallel(
     v: &V,
     p: &ParallelSection,
     model: &ModelConfig,
     tensor: u64,
     sequence_parallel: bool,
+    context: u64,
     dp: u64,
     sharding: Sharding,
 ) -> Result<(u64, u64), ScenarioError> {
@@ -208,11 +216,19 @@ pub(super) fn validate_expert_parallel(
             ),
         ));
     }
-    let ranks = tensor * dp;
+    // A stage's ranks the experts fold over: tensor x context x data (the context-parallel
+    // ranks hold the same experts and reduce their gradients together).
+    let context = context.max(1);
+    let ranks = tensor * context * dp;
+    let stage = if context > 1 {
+        format!("tensor x context x data-parallel ranks ({tensor} x {context} x {dp} = {ranks})")
+    } else {
+        format!("tensor x data-parallel ranks ({tensor} x {dp} = {ranks})")
+    };
     if ranks % ep != 0 {
         return Err(v.err(
             "parallel.expert",
-            format!("expert parallelism is folded over a stage's tensor x data-parallel ranks ({tensor} x {dp} = {ranks}): it must divide them, got {ep}"),
+            format!("expert parallelism is folded over a stage's {stage}: it must divide them, got {ep}"),
         ));
     }
     if ranks % (etp * ep) != 0 {
@@ -221,7 +237,7 @@ pub(super) fn validate_expert_parallel(
         return Err(v.err(
             if etp_given.is_some() { "parallel.expert_tensor" } else { "parallel.expert" },
             format!(
-                "expert tensor x expert parallelism ({etp} x {ep} = {}) is folded over a stage's tensor x data-parallel ranks ({tensor} x {dp} = {ranks}): it must divide them{etp_default}",
+                "expert tensor x expert parallelism ({etp} x {ep} = {}) is folded over a stage's {stage}: it must divide them{etp_default}",
                 etp * ep
             ),
         ));

@@ -257,8 +257,27 @@ pub(super) fn validate_context(
     if attention != Attention::Flash {
         return refuse("context parallelism runs flash (fused) attention blocks around the ring; set training.attention = \"flash\"".into());
     }
-    if model.moe.is_some() || model.mla.is_some() {
-        return refuse("context parallelism with a mixture of experts or latent attention is not simulated yet".into());
+    if model.mla.is_some() {
+        // Megatron-Core runs it (`multi_latent_attention.py` `MLASelfAttention`: the latent
+        // up-projected into per-head keys and values before Transformer Engine's attention,
+        // the rotary key's position offsets taken per context-parallel rank), but what the
+        // ring then carries for MLA's unequal key and value widths is not modelled here.
+        return refuse(
+            "context parallelism with multi-head latent attention is not simulated yet (the keys and values Transformer Engine's ring passes for MLA's per-head widths are not modelled); use parallel.context = 1".into(),
+        );
+    }
+    if model.moe.is_some() && framework != Framework::Megatron {
+        // Megatron-Core folds the context-parallel ranks into the expert layout (see
+        // `moe.rs` `validate_expert_parallel`); torchtitan's mesh (expert parallelism over
+        // dp_shard x cp, FSDP over the experts) and DeepSpeed-Ulysses with DeepSpeed-MoE
+        // are other layouts, not modelled.
+        return refuse(format!(
+            "context parallelism with a mixture of experts is simulated as Megatron-Core runs it (parallel.framework = \"megatron\"); {}'s layout of experts over context-parallel ranks is not modelled",
+            match framework {
+                Framework::Deepspeed => "DeepSpeed",
+                _ => "torchtitan / PyTorch",
+            }
+        ));
     }
     if seq_len % (2 * cp) != 0 {
         return Err(v.err(

@@ -189,7 +189,12 @@ impl Cost {
         // `RankGenerator`'s order tp-cp-ep-dp-pp with cp 1: expert-tensor fastest, then
         // expert, then expert-data): an expert-tensor group is `etp` consecutive ranks of the
         // stage, an expert group `ep` ranks `etp` apart, expert-data-parallel peers `etp` x
-        // `ep` apart.
+        // `ep` apart. The expert generator has no context axis whatever the context degree
+        // ("CP is only included in default RankGenerator, and EP only in expert
+        // RankGenerator"): it lays the same stage block of tensor x context x data ranks
+        // (`plan.dp` is data x context) out again, so the strides hold under context
+        // parallelism and the context ranks become expert-data-parallel ranks
+        // (tests/moe_context_parallel.rs compares these groups with Megatron's).
         let ep = plan.parallel.model_parallel.expert.max(1);
         let etp = plan.parallel.model_parallel.expert_tensor.max(1);
         let stage_per_node = (tp * plan.dp).min(plan.gpus_per_node).max(1);
