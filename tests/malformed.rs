@@ -636,25 +636,41 @@ fn cases() -> Vec<Case> {
         ),
         case(
             "deepspeed.reduce_bucket_size zero",
-            b().set("parallel", "framework", "\"deepspeed\"").set("deepspeed", "reduce_bucket_size", "0"),
+            b().set("parallel", "framework", "\"deepspeed\"").set("parallel", "sharding", "\"zero2\"").set(
+                "deepspeed",
+                "reduce_bucket_size",
+                "0",
+            ),
             "deepspeed.reduce_bucket_size",
             &["whole number of elements", "5e8"],
         ),
         case(
             "deepspeed.allgather_bucket_size fractional",
-            b().set("parallel", "framework", "\"deepspeed\"").set("deepspeed", "allgather_bucket_size", "1.5"),
+            b().set("parallel", "framework", "\"deepspeed\"").set("parallel", "sharding", "\"zero2\"").set(
+                "deepspeed",
+                "allgather_bucket_size",
+                "1.5",
+            ),
             "deepspeed.allgather_bucket_size",
             &["whole number of elements"],
         ),
         case(
             "deepspeed.sub_group_size negative",
-            b().set("parallel", "framework", "\"deepspeed\"").set("deepspeed", "sub_group_size", "-1"),
+            b().set("parallel", "framework", "\"deepspeed\"").set("parallel", "sharding", "\"zero2\"").set(
+                "deepspeed",
+                "sub_group_size",
+                "-1",
+            ),
             "deepspeed.sub_group_size",
             &["whole number of elements", "1e9"],
         ),
         case(
             "deepspeed.reduce_bucket_size beyond 2^40",
-            b().set("parallel", "framework", "\"deepspeed\"").set("deepspeed", "reduce_bucket_size", "1e300"),
+            b().set("parallel", "framework", "\"deepspeed\"").set("parallel", "sharding", "\"zero2\"").set(
+                "deepspeed",
+                "reduce_bucket_size",
+                "1e300",
+            ),
             "deepspeed.reduce_bucket_size",
             &["2^40"],
         ),
@@ -1674,6 +1690,7 @@ fn cases() -> Vec<Case> {
             h100()
                 .set("hardware", "gpus", "32")
                 .set("parallel", "framework", "\"deepspeed\"")
+                .set("parallel", "sharding", "\"zero2\"")
                 .set("parallel", "context", "32"),
             "parallel.context",
             &["Ulysses", "not divisible by 32"],
