@@ -164,6 +164,7 @@ pub(super) fn validate_expert_parallel(
     context: u64,
     dp: u64,
     sharding: Sharding,
+    framework: Framework,
 ) -> Result<(u64, u64), ScenarioError> {
     let ep = match p.expert {
         Some(x) => v.positive("parallel.expert", x)?,
@@ -265,13 +266,51 @@ pub(super) fn validate_expert_parallel(
             "a mixture of experts with tensor parallelism needs sequence parallelism (Megatron-Core: \"When using expert parallelism and tensor parallelism, sequence parallelism must be used\"; each tensor-parallel rank routes its own sequence shard); set parallel.sequence_parallel = true",
         ));
     }
-    if (ep > 1 || tensor > 1 || etp > 1) && !matches!(sharding, Sharding::None | Sharding::Zero1) {
+    if framework == Framework::Fsdp2 && sharding == Sharding::Zero3 && ep > 1 {
+        validate_fsdp2_expert_parallel(v, tensor, context, ep, etp, etp_field, &etp_default)?;
+    } else if (ep > 1 || tensor > 1 || etp > 1) && !matches!(sharding, Sharding::None | Sharding::Zero1) {
         return Err(v.err(
             "parallel.sharding",
-            "a mixture of experts with expert or tensor parallelism is simulated with sharding = \"none\" (DDP / Megatron DDP) or \"zero1\" (distributed optimizer); FSDP / ZeRO-2/3 over expert parameters (torchtitan's dp_shard_mod_ep) is not modelled yet",
+            "a mixture of experts with expert or tensor parallelism is simulated with sharding = \"none\" (DDP / Megatron DDP) or \"zero1\" (distributed optimizer), or with framework = \"fsdp2\", sharding = \"full_shard\" and parallel.expert > 1 (torchtitan's FSDP2 over expert parallelism); other FSDP / ZeRO-2/3 sharding of expert parameters is not modelled yet",
         ));
     }
     Ok((ep, etp))
+}
+
+/// torchtitan's FSDP2 with expert parallelism (`framework = "fsdp2"`, `sharding =
+/// "full_shard"`, `expert > 1`): the expert-parallel ranks are borrowed from the FSDP ranks.
+/// `torchtitan/distributed/parallel_dims.py` `ParallelDims._validate` requires `ep` to divide
+/// `dp_shard * cp * tp` (the check above: tensor x context x data ranks), and its mesh
+/// (`build_mesh`: the sparse mesh `["pp", "dp_replicate", "efsdp", "ep"]` with `efsdp =
+/// dp_shard * cp * tp // ep`) keeps each routed expert whole (`MOE_SHARDING.md`: routed
+/// expert weights `Shard(0)` on EP), which is expert tensor parallelism 1. torchtitan up to
+/// its ETP removal (commit aeb3a4baf, `_validate`: "Currently we only support ETP=TP or
+/// ETP=1") also let the experts be split over the tensor-parallel ranks, with `ep % cp == 0`
+/// (the EP mesh is `dp_shard_in_ep x cp`) and `dp_shard_mod_ep = dp_shard * cp // ep`.
+/// Both fold as Megatron-Core's groups do ([`crate::plan::ModelParallel::expert_data_parallel`]).
+/// Hybrid sharding (`dp_replicate`) is not accepted here: `sharding` must be "full_shard".
+fn validate_fsdp2_expert_parallel(
+    v: &V,
+    tensor: u64,
+    context: u64,
+    ep: u64,
+    etp: u64,
+    etp_field: &str,
+    etp_default: &str,
+) -> Result<(), ScenarioError> {
+    if etp != 1 && etp != tensor {
+        return Err(v.err(
+            etp_field,
+            format!("torchtitan's expert parallelism keeps each expert whole (expert tensor parallelism 1) or, in its earlier ETP support, splits it over the tensor-parallel ranks (\"Currently we only support ETP=TP or ETP=1\"): got {etp} with parallel.tensor {tensor}{etp_default}"),
+        ));
+    }
+    if etp == tensor && tensor > 1 && ep % context != 0 {
+        return Err(v.err(
+            "parallel.expert",
+            format!("with the experts split over the tensor-parallel ranks torchtitan's expert-parallel mesh is dp_shard_in_ep x cp: parallel.expert must be a multiple of parallel.context ({context}), got {ep}"),
+        ));
+    }
+    Ok(())
 }
 
 /// `[moe]`: the router's spread of tokens over the experts.
