@@ -100,6 +100,10 @@ fn per_rank_shards_gathered_sizes_and_reduce_scatters_by_hand() {
     );
     let rs = collectives(&sim, TaskKind::ReduceScatter, 1);
     assert_eq!(rs, vec![("reduce-scatter layers.0 (fsdp, efsdp meshes)".to_string(), 104_898_560)]);
+    // The report says which framework and which mesh.
+    let text = stepsim::report::text::render(&sim.report, &s);
+    assert!(text.contains("torchtitan (FSDP2 over expert parallelism)"), "{text}");
+    assert!(text.contains("each expert on 4 GPUs (torchtitan's efsdp mesh"), "{text}");
     // The root has no experts: one all-gather over the fsdp mesh, as before.
     let root = collectives(&sim, TaskKind::AllGather, 0);
     assert!(root.iter().all(|(w, b)| w == "all-gather root (embeddings, final norm, head)" && *b == 65_537_024 * 2));
