@@ -123,20 +123,17 @@ fn the_efsdp_mesh_is_fsdp_over_expert_parallelism() {
         assert_eq!(plan.expert_split(1), Some((262_784, local.div_ceil(efsdp))), "ep {ep}");
         assert_eq!(local / efsdp, E * 3 * H * FE / 16);
     }
-    // With tensor parallelism 2 and the experts whole (torchtitan's EP), efsdp = 16 / 4 = 4
-    // over dp_shard 8 x tp 2; with the experts split over the tensor pair (its earlier ETP =
-    // TP), dp_shard_mod_ep = 8 / 4 = 2.
-    for (etp, efsdp) in [(1, 4), (2, 2)] {
-        let s = scenario(
-            16,
-            &format!("framework = \"fsdp2\"\nsharding = \"full_shard\"\ntensor = 2\nsequence_parallel = true\nexpert = 4\nexpert_tensor = {etp}"),
-        );
-        let plan = stepsim::simulate(&s).unwrap().plan().clone();
-        assert_eq!((plan.shard_group, plan.expert_shard_group), (8, efsdp), "etp {etp}");
-        let local = E / 4 * 3 * H * FE / etp;
-        assert_eq!(plan.units[1].expert_params, local);
-        assert_eq!(plan.expert_split(1).unwrap().1, local.div_ceil(efsdp));
-    }
+    // With tensor parallelism 2 and the experts whole (torchtitan's EP: expert_tensor 1),
+    // efsdp = 16 / 4 = 4 over dp_shard 8 x tp 2, the rest over the 8 data-parallel ranks.
+    let s = scenario(
+        16,
+        "framework = \"fsdp2\"\nsharding = \"full_shard\"\ntensor = 2\nsequence_parallel = true\nexpert = 4\nexpert_tensor = 1",
+    );
+    let plan = stepsim::simulate(&s).unwrap().plan().clone();
+    assert_eq!((plan.shard_group, plan.expert_shard_group), (8, 4));
+    let local = E / 4 * 3 * H * FE;
+    assert_eq!(plan.units[1].expert_params, local);
+    assert_eq!(plan.expert_split(1).unwrap().1, local.div_ceil(4));
 }
 
 /// What stays refused, each naming its field.
@@ -150,11 +147,14 @@ fn what_stays_refused() {
     assert!(e.contains("parallel.sharding"), "{e}");
     let e = refused(16, "framework = \"fsdp2\"\nsharding = \"full_shard\"\nexpert = 4\nreshard_after_forward = 4");
     assert!(e.contains("parallel.reshard_after_forward"), "{e}");
+    // torchtitan keeps routed experts whole: expert_tensor (default: tensor) must be 1.
     let e = refused(
         16,
-        "framework = \"fsdp2\"\nsharding = \"full_shard\"\ntensor = 4\nsequence_parallel = true\nexpert = 2\nexpert_tensor = 2",
+        "framework = \"fsdp2\"\nsharding = \"full_shard\"\ntensor = 2\nsequence_parallel = true\nexpert = 4",
     );
-    assert!(e.contains("parallel.expert_tensor") && e.contains("ETP=TP or ETP=1"), "{e}");
+    assert!(e.contains("parallel.tensor") && e.contains("expert_tensor = 1"), "{e}");
+    let e = refused(16, "framework = \"fsdp2\"\nsharding = \"full_shard\"\nexpert = 4\nexpert_tensor = 2");
+    assert!(e.contains("parallel.expert_tensor"), "{e}");
     // ep must divide dp_shard x cp x tp.
     let e = refused(16, "framework = \"fsdp2\"\nsharding = \"full_shard\"\nexpert = 32");
     assert!(e.contains("parallel.expert"), "{e}");

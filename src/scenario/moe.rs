@@ -267,7 +267,7 @@ pub(super) fn validate_expert_parallel(
         ));
     }
     if framework == Framework::Fsdp2 && sharding == Sharding::Zero3 && ep > 1 {
-        validate_fsdp2_expert_parallel(v, tensor, context, ep, etp, etp_field, &etp_default)?;
+        validate_fsdp2_expert_parallel(v, etp, etp_field)?;
     } else if (ep > 1 || tensor > 1 || etp > 1) && !matches!(sharding, Sharding::None | Sharding::Zero1) {
         return Err(v.err(
             "parallel.sharding",
@@ -282,32 +282,18 @@ pub(super) fn validate_expert_parallel(
 /// `torchtitan/distributed/parallel_dims.py` `ParallelDims._validate` requires `ep` to divide
 /// `dp_shard * cp * tp` (the check above: tensor x context x data ranks), and its mesh
 /// (`build_mesh`: the sparse mesh `["pp", "dp_replicate", "efsdp", "ep"]` with `efsdp =
-/// dp_shard * cp * tp // ep`) keeps each routed expert whole (`MOE_SHARDING.md`: routed
-/// expert weights `Shard(0)` on EP), which is expert tensor parallelism 1. torchtitan up to
-/// its ETP removal (commit aeb3a4baf, `_validate`: "Currently we only support ETP=TP or
-/// ETP=1") also let the experts be split over the tensor-parallel ranks, with `ep % cp == 0`
-/// (the EP mesh is `dp_shard_in_ep x cp`) and `dp_shard_mod_ep = dp_shard * cp // ep`.
-/// Both fold as Megatron-Core's groups do ([`crate::plan::ModelParallel::expert_data_parallel`]).
-/// Hybrid sharding (`dp_replicate`) is not accepted here: `sharding` must be "full_shard".
-fn validate_fsdp2_expert_parallel(
-    v: &V,
-    tensor: u64,
-    context: u64,
-    ep: u64,
-    etp: u64,
-    etp_field: &str,
-    etp_default: &str,
-) -> Result<(), ScenarioError> {
-    if etp != 1 && etp != tensor {
+/// dp_shard * cp * tp // ep`, `ep` the innermost, consecutive ranks) keeps each routed expert
+/// whole (`torchtitan/models/common/MOE_SHARDING.md`: with EP on, routed expert weights
+/// `Shard(0)` on EP): expert tensor parallelism 1, whose folding is Megatron-Core's with
+/// `expert_tensor = 1` ([`crate::plan::ModelParallel::expert_data_parallel`]). torchtitan's
+/// earlier ETP = TP (commit aeb3a4baf, removed since) is not simulated: its dispatch differs
+/// from Megatron's. Hybrid sharding (`dp_replicate`) is not accepted here: `sharding` must be
+/// "full_shard".
+fn validate_fsdp2_expert_parallel(v: &V, etp: u64, etp_field: &str) -> Result<(), ScenarioError> {
+    if etp != 1 {
         return Err(v.err(
             etp_field,
-            format!("torchtitan's expert parallelism keeps each expert whole (expert tensor parallelism 1) or, in its earlier ETP support, splits it over the tensor-parallel ranks (\"Currently we only support ETP=TP or ETP=1\"): got {etp} with parallel.tensor {tensor}{etp_default}"),
-        ));
-    }
-    if etp == tensor && tensor > 1 && ep % context != 0 {
-        return Err(v.err(
-            "parallel.expert",
-            format!("with the experts split over the tensor-parallel ranks torchtitan's expert-parallel mesh is dp_shard_in_ep x cp: parallel.expert must be a multiple of parallel.context ({context}), got {ep}"),
+            format!("torchtitan's expert parallelism keeps each routed expert whole (its sparse mesh is efsdp x ep, the experts Shard(0) over ep): set parallel.expert_tensor = 1 (it defaults to parallel.tensor), got {etp}"),
         ));
     }
     Ok(())
