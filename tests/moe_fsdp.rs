@@ -213,3 +213,48 @@ fn mixtral_8x7b_on_16_h100_with_fsdp2_and_ep8() {
     assert!(matches!(ep8.report.verdict, stepsim::report::Verdict::Fits { .. }), "{:?}", ep8.report.verdict);
     assert!(ep8.report.peak.as_ref().unwrap().allocated.bytes < ep1.report.peak.as_ref().unwrap().allocated.bytes);
 }
+
+/// torchtitan's meshes over 16 ranks (two nodes of 8) with tensor 2, expert 4
+/// (`build_mesh`: dense `["dp_shard", "tp"]` = 8 x 2, sparse `["efsdp", "ep"]` = 4 x 4 over
+/// the same flattened ranks): the fsdp group is the 8 ranks of one tp index (stride 2, 4 a
+/// node), the ep group 4 consecutive ranks (one node), the efsdp group 4 ranks 4 apart (2 a
+/// node). Those are the groups the collectives are costed on, and a block's all-gather takes
+/// the fsdp mesh's all-gather of its non-expert part plus the efsdp mesh's of its experts
+/// (its nominal duration; the engine may stretch it where other traffic shares the links).
+#[test]
+fn groups_follow_torchtitans_mesh_order_and_the_all_gather_runs_on_both() {
+    use stepsim::net::Collective;
+    let s = scenario(
+        16,
+        "framework = \"fsdp2\"\nsharding = \"full_shard\"\ntensor = 2\nsequence_parallel = true\nexpert = 4\nexpert_tensor = 1",
+    );
+    let sim = stepsim::simulate(&s).unwrap();
+    let plan = sim.plan();
+    let cost = stepsim::schedule::Cost::for_plan(&s.cluster, plan);
+    let g = |x: &stepsim::net::Group| (x.ranks, x.ranks_per_node);
+    assert_eq!(g(&cost.shard_group), (8, 4));
+    assert_eq!(g(&cost.ep_group), (4, 4));
+    assert_eq!(g(&cost.edp_group), (4, 2));
+    let (dense, expert) = plan.expert_split(1).unwrap();
+    // tensor 2: the attention's projections are halved, the norms and the router are not.
+    assert_eq!(dense, (4 * H * H / 2 + 2 * H + E * H).div_ceil(8));
+    assert_eq!(expert, (E / 4 * 3 * H * FE).div_ceil(4));
+    let (d, e) = (dense * 8 * 2, expert * 4 * 2);
+    let want = cost.shard_group.time_s(Collective::AllGather, d) + cost.edp_group.time_s(Collective::AllGather, e);
+    let sched = sim.schedule();
+    let got: Vec<u64> = sched
+        .program
+        .tasks
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| {
+            let l = &sched.labels[t.label as usize];
+            l.step == 1 && l.what == "all-gather layers.0 (fsdp, efsdp meshes)"
+        })
+        .map(|(_, t)| t.duration_ns)
+        .collect();
+    assert_eq!(got.len(), 2);
+    for ns in got {
+        assert!((ns as f64 - want * 1e9).abs() <= 2.0, "{ns} ns, want {:.0}", want * 1e9);
+    }
+}
