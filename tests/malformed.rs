@@ -368,7 +368,7 @@ fn cases() -> Vec<Case> {
                 "\"full_shard\"",
             ),
             "parallel.sharding",
-            &["\"none\"", "\"zero1\"", "dp_shard_mod_ep"],
+            &["\"none\"", "\"zero1\"", "framework = \"fsdp2\""],
         ),
         case(
             "MoE with tensor parallelism but no sequence parallelism",

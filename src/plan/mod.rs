@@ -107,6 +107,14 @@ pub struct ParallelConfig {
 }
 
 impl ParallelConfig {
+    /// torchtitan's FSDP2 with expert parallelism (`framework = "fsdp2"`, `sharding =
+    /// "full_shard"`, `expert > 1`): each MoE block's routed experts are sharded over the
+    /// `efsdp` mesh, the rest over the `fsdp` (dp_shard x cp) mesh, and the block's
+    /// all-gather and reduce-scatter run once per mesh ([`Plan::expert_shard_group`]).
+    pub fn fsdp_expert_split(&self) -> bool {
+        self.framework == Framework::Fsdp2 && self.sharding == Sharding::Zero3 && self.model_parallel.expert > 1
+    }
+
     /// The sharding as the framework's users name it: FSDP1's NO_SHARD is not DDP.
     pub fn sharding_display(&self) -> &'static str {
         if self.framework.fsdp1_no_shard(self.sharding) {
@@ -782,6 +790,16 @@ pub struct Plan {
     /// context x data / (expert tensor x expert) (Megatron-Core's parallel folding, the
     /// `expert_data_parallel` group; [`ModelParallel::expert_data_parallel`]).
     pub edp: u64,
+    /// Ranks a routed expert's state is split over: [`Plan::shard_group`] without expert,
+    /// expert-tensor or tensor parallelism, else [`Plan::edp`] (1 without sharding). Under
+    /// torchtitan's FSDP2 with expert parallelism it is the `efsdp` mesh
+    /// (`torchtitan/distributed/parallel_dims.py` `build_mesh`: `efsdp = dp_shard * cp * tp
+    /// // ep`, the sparse mesh `["pp", "dp_replicate", "efsdp", "ep"]`), over which
+    /// `torchtitan/distributed/fsdp.py` `apply_fsdp_to_decoder` shards the routed experts
+    /// (`shard_placement_fn` returning the `edp_mesh` for them, `dp_mesh` for the rest of the
+    /// block).
+    #[serde(skip)]
+    pub expert_shard_group: u64,
     /// Root unit first, then one unit per block.
     pub units: Vec<Unit>,
     pub params_sharded: bool,
@@ -836,14 +854,16 @@ impl Plan {
         let edp = mp.expert_data_parallel(gpus);
         // Expert state is split over the expert-data-parallel group where other state is
         // split over the shard group; they are one group without expert, expert-tensor or
-        // tensor parallelism (validation allows those with ZeRO-1 and DDP only).
+        // tensor parallelism (validation allows those with ZeRO-1 and DDP, and with
+        // torchtitan's FSDP2 full_shard over expert parallelism, whose efsdp mesh is `edp`).
         let expert_shard_group = match sh {
             Sharding::None => 1,
             _ if ep == 1 && mp.tensor == 1 && mp.expert_tensor <= 1 => shard_group,
             _ => edp,
         };
-        let shard =
-            |params: u64, expert: u64| (params - expert).div_ceil(shard_group) + expert.div_ceil(expert_shard_group);
+        let shard = |params: u64, expert: u64| {
+            Plan::dense_shard(params, expert, shard_group) + Plan::expert_shard(expert, expert_shard_group)
+        };
         // FSDP1's NO_SHARD runs FSDP's machinery over a shard group of one rank: each unit's
         // low-precision copy stands where the gathered parameters are, its flat gradient is
         // all-reduced instead of reduce-scattered ([`Framework::fsdp1_no_shard`]).
@@ -920,12 +940,38 @@ impl Plan {
             block_unit: (1..=blocks).collect(),
             shard_group,
             edp,
+            expert_shard_group,
             units,
             params_sharded,
             grads_sharded,
             optimizer_sharded,
             reshard_after_forward,
         }
+    }
+
+    /// A unit's non-expert elements one rank holds: `params - expert` split over `group`.
+    fn dense_shard(params: u64, expert: u64, group: u64) -> u64 {
+        (params - expert).div_ceil(group)
+    }
+
+    /// A unit's routed-expert elements one rank holds: `expert` split over `group`.
+    fn expert_shard(expert: u64, group: u64) -> u64 {
+        expert.div_ceil(group)
+    }
+
+    /// Unit `u`'s parameter shard under torchtitan's FSDP2 with expert parallelism
+    /// ([`ParallelConfig::fsdp_expert_split`]), as (non-expert elements of the `fsdp` mesh's
+    /// shard, routed-expert elements of the `efsdp` mesh's shard); `None` otherwise, or for a
+    /// unit without routed experts (one all-gather over the shard group).
+    pub fn expert_split(&self, u: usize) -> Option<(u64, u64)> {
+        let un = &self.units[u];
+        if !self.parallel.fsdp_expert_split() || un.expert_params == 0 {
+            return None;
+        }
+        Some((
+            Plan::dense_shard(un.params, un.expert_params, self.shard_group),
+            Plan::expert_shard(un.expert_params, self.expert_shard_group),
+        ))
     }
 
     /// Unit index holding a region's ops.

@@ -227,7 +227,9 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         let _ = writeln!(
             o,
             "Parallel   {}{} x data parallel {} = {} GPUs; over the data-parallel{} ranks {}{}",
-            if mp.tensor * mp.pipeline * mp.expert * mp.expert_tensor > 1
+            if p.fsdp_expert_split() {
+                "torchtitan (FSDP2 over expert parallelism) "
+            } else if mp.tensor * mp.pipeline * mp.expert * mp.expert_tensor > 1
                 || p.framework == crate::plan::Framework::Megatron
             {
                 "Megatron-LM "
@@ -282,7 +284,9 @@ pub fn render(r: &Report, s: &Scenario) -> String {
             moe.num_experts,
             if etp > 1 { " slice" } else { "" },
             plural(edp, "GPU"),
-            if edp > 1 {
+            if s.parallel.fsdp_expert_split() {
+                "torchtitan's efsdp mesh: FSDP2 shards the experts' parameters, gradients and optimizer state over it, all-gathers and reduce-scatters them there"
+            } else if edp > 1 {
                 "its expert-data-parallel group: expert gradients are reduced there, and sharded optimizer state split over it"
             } else {
                 "no expert gradient reduction"

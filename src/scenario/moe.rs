@@ -164,6 +164,7 @@ pub(super) fn validate_expert_parallel(
     context: u64,
     dp: u64,
     sharding: Sharding,
+    framework: Framework,
 ) -> Result<(u64, u64), ScenarioError> {
     let ep = match p.expert {
         Some(x) => v.positive("parallel.expert", x)?,
@@ -265,13 +266,37 @@ pub(super) fn validate_expert_parallel(
             "a mixture of experts with tensor parallelism needs sequence parallelism (Megatron-Core: \"When using expert parallelism and tensor parallelism, sequence parallelism must be used\"; each tensor-parallel rank routes its own sequence shard); set parallel.sequence_parallel = true",
         ));
     }
-    if (ep > 1 || tensor > 1 || etp > 1) && !matches!(sharding, Sharding::None | Sharding::Zero1) {
+    if framework == Framework::Fsdp2 && sharding == Sharding::Zero3 && ep > 1 {
+        validate_fsdp2_expert_parallel(v, etp, etp_field)?;
+    } else if (ep > 1 || tensor > 1 || etp > 1) && !matches!(sharding, Sharding::None | Sharding::Zero1) {
         return Err(v.err(
             "parallel.sharding",
-            "a mixture of experts with expert or tensor parallelism is simulated with sharding = \"none\" (DDP / Megatron DDP) or \"zero1\" (distributed optimizer); FSDP / ZeRO-2/3 over expert parameters (torchtitan's dp_shard_mod_ep) is not modelled yet",
+            "a mixture of experts with expert or tensor parallelism is simulated with sharding = \"none\" (DDP / Megatron DDP) or \"zero1\" (distributed optimizer), or with framework = \"fsdp2\", sharding = \"full_shard\" and parallel.expert > 1 (torchtitan's FSDP2 over expert parallelism); other FSDP / ZeRO-2/3 sharding of expert parameters is not modelled yet",
         ));
     }
     Ok((ep, etp))
+}
+
+/// torchtitan's FSDP2 with expert parallelism (`framework = "fsdp2"`, `sharding =
+/// "full_shard"`, `expert > 1`): the expert-parallel ranks are borrowed from the FSDP ranks.
+/// `torchtitan/distributed/parallel_dims.py` `ParallelDims._validate` requires `ep` to divide
+/// `dp_shard * cp * tp` (the check above: tensor x context x data ranks), and its mesh
+/// (`build_mesh`: the sparse mesh `["pp", "dp_replicate", "efsdp", "ep"]` with `efsdp =
+/// dp_shard * cp * tp // ep`, `ep` the innermost, consecutive ranks) keeps each routed expert
+/// whole (`torchtitan/models/common/MOE_SHARDING.md`: with EP on, routed expert weights
+/// `Shard(0)` on EP): expert tensor parallelism 1, whose folding is Megatron-Core's with
+/// `expert_tensor = 1` ([`crate::plan::ModelParallel::expert_data_parallel`]). torchtitan's
+/// earlier ETP = TP (commit aeb3a4baf, removed since) is not simulated: its dispatch differs
+/// from Megatron's. Hybrid sharding (`dp_replicate`) is not accepted here: `sharding` must be
+/// "full_shard".
+fn validate_fsdp2_expert_parallel(v: &V, etp: u64, etp_field: &str) -> Result<(), ScenarioError> {
+    if etp != 1 {
+        return Err(v.err(
+            etp_field,
+            format!("torchtitan's expert parallelism keeps each routed expert whole (its sparse mesh is efsdp x ep, the experts Shard(0) over ep): set parallel.expert_tensor = 1 (it defaults to parallel.tensor), got {etp}"),
+        ));
+    }
+    Ok(())
 }
 
 /// `[moe]`: the router's spread of tokens over the experts.

@@ -16,8 +16,23 @@ impl Builder<'_> {
     pub(super) fn unit_gathered_bytes(&self, u: usize) -> u64 {
         let un = &self.plan.units[u];
         let c = self.pr().compute.bytes();
+        if let Some((dense, expert)) = self.plan.expert_split(u) {
+            let (d, e) = self.split_gathered_bytes(u, dense, expert, c);
+            return d + e;
+        }
         un.shard_params * self.plan.shard_group * c + un.frozen_shard_bytes * self.plan.shard_group
             - un.fp8_gathered * (c - 1)
+    }
+
+    /// Under torchtitan's FSDP2 with expert parallelism ([`crate::plan::Plan::expert_split`]):
+    /// the bytes of unit `u`'s two all-gather outputs (or reduce-scatter inputs) at `c` bytes
+    /// an element: the non-expert shards of the `fsdp` mesh's ranks, and the routed-expert
+    /// shards of the `efsdp` mesh's (FP8 all-gather, where on, narrows the float8 linears,
+    /// which are not the routed experts' grouped GEMMs).
+    fn split_gathered_bytes(&self, u: usize, dense: u64, expert: u64, c: u64) -> (u64, u64) {
+        let un = &self.plan.units[u];
+        let d = dense * self.plan.shard_group * c - un.fp8_gathered * c.saturating_sub(1);
+        (d, expert * self.plan.expert_shard_group * c)
     }
 
     /// The name of unit `u`'s gathered parameters for `phase`, or (`flat`) of FSDP2's flat
@@ -51,20 +66,38 @@ impl Builder<'_> {
             Some(_) if phase == Phase::Backward => &self.cost.post_forward_group,
             _ => &self.cost.shard_group,
         };
+        let split = self.plan.expert_split(u);
         let (secs, what) = if self.no_shard() {
             // NO_SHARD's "unshard" is the cast of the FP32 flat parameter into `_mp_shard`.
             let pb = self.pr().param.bytes();
             (self.cost.copy_s(self.plan.units[u].shard_params * pb + bytes), "cast to param_dtype")
+        } else if let Some((dense, expert)) = split {
+            // torchtitan's FSDP2 with expert parallelism: one all-gather over the fsdp mesh
+            // for the block's other parameters, one over the efsdp mesh for its routed
+            // experts, one after the other on the all-gather stream.
+            let c = self.pr().compute.bytes();
+            let (d, e) = self.split_gathered_bytes(u, dense, expert, c);
+            (
+                self.cost.collective_s(group, Collective::AllGather, d)
+                    + self.cost.collective_s(&self.cost.edp_group, Collective::AllGather, e),
+                "all-gather (fsdp, efsdp meshes)",
+            )
         } else {
             (self.cost.collective_s(group, Collective::AllGather, bytes), "all-gather")
         };
-        let what = text!(self.names, "{what} {}", self.plan.units[u].name);
+        let what = match what.split_once(" (") {
+            Some((op, meshes)) => text!(self.names, "{op} {} ({meshes}", self.plan.units[u].name),
+            None => text!(self.names, "{what} {}", self.plan.units[u].name),
+        };
         let label = TaskLabel::new(step, phase, mb, what, TaskKind::AllGather, Some(u)).with_work(0.0, bytes);
         let t = if fsdp2 {
             // `foreach_all_gather`: the flat output is allocated, and the local shard cast into
             // it, on the all-gather copy-in stream when the all-gather is issued; the
             // all-gather stream waits for that copy.
-            let local = bytes / self.plan.shard_group;
+            let local = match split {
+                Some(_) => self.plan.units[u].shard_params * self.pr().compute.bytes(),
+                None => bytes / self.plan.shard_group,
+            };
             let copy = local + self.plan.units[u].shard_params * self.pr().param.bytes();
             let what = text!(self.names, "all-gather copy-in {}", self.plan.units[u].name);
             let kind = if phase == Phase::Forward { TaskKind::Forward } else { TaskKind::Backward };
@@ -251,7 +284,11 @@ impl Builder<'_> {
     pub(super) fn reduce_scatter(&mut self, step: u32, mb: u32, u: usize, after: u32, unsharded: Vec<u32>) {
         let plan = self.plan;
         let gb = self.pr().grad.bytes();
-        let full_bytes = plan.units[u].shard_params * plan.shard_group * gb;
+        let split = plan.expert_split(u).map(|(dense, expert)| self.split_gathered_bytes(u, dense, expert, gb));
+        let full_bytes = match split {
+            Some((d, e)) => d + e,
+            None => plan.units[u].shard_params * plan.shard_group * gb,
+        };
         let shard_bytes = plan.units[u].shard_params * gb;
         let mut alloc = Vec::new();
         let mut tmp = None;
@@ -367,6 +404,15 @@ impl Builder<'_> {
             (
                 cast + self.cost.collective_s(&self.cost.dp_group, Collective::AllReduce, full_bytes),
                 (what, TaskKind::AllReduce),
+            )
+        } else if let Some((d, e)) = split {
+            // torchtitan's FSDP2 with expert parallelism: the block's other gradients are
+            // reduce-scattered over the fsdp mesh, its routed experts' over the efsdp mesh.
+            let what = text!(self.names, "reduce-scatter {} (fsdp, efsdp meshes)", plan.units[u].name);
+            (
+                self.cost.collective_s(&self.cost.shard_group, Collective::ReduceScatter, d)
+                    + self.cost.collective_s(&self.cost.edp_group, Collective::ReduceScatter, e),
+                (what, TaskKind::ReduceScatter),
             )
         } else {
             let what = text!(self.names, "reduce-scatter {}", plan.units[u].name);
