@@ -64,6 +64,7 @@ fn a_small_full_fine_tune_runs_on_every_new_part() {
         "a10g",
         "h100-nvl",
         "h20",
+        "h800",
         "gh200-96gb",
         "gh200-144gb",
         "gb200",

@@ -421,6 +421,32 @@ pub const CATALOG: &[GpuSpec] = &[
         source: "NVIDIA H100 datasheet (H100 NVL); stas00 ml-engineering (PCIe 5 x16 63 GB/s)",
     },
     GpuSpec {
+        name: Cow::Borrowed("h800"),
+        // H800 SXM5 80GB: the H100 SXM die and memory (nvidia-smi 81559 MiB as H100 80GB HBM3).
+        memory_bytes: 81_559 * MIB,
+        // NVIDIA H800 SXM5 datasheet: BF16/FP16 989 TFLOP/s dense, TF32 494.5, FP32 67 (the
+        // H100 SXM figures; FP64 is what was cut, which stepsim does not use).
+        bf16_flops: Some(989e12),
+        fp16_flops: 989e12,
+        tf32_flops: Some(494.5e12),
+        fp32_flops: 67e12,
+        // FP8 1,979 TFLOP/s dense.
+        fp8_flops: Some(1979e12),
+        // 3.35 TB/s HBM3.
+        hbm_bytes_per_s: 3.35e12,
+        // The export part's NVLink: 400 GB/s (8 of NVLink 4's links), 200 per direction, on an
+        // HGX 8-GPU NVSwitch board. DeepSeek-V3's report measures about 160 GB/s achievable
+        // (arXiv 2412.19437, Section 3.2.2).
+        nvlink_bytes_per_s: 200e9,
+        pcie_gen: 5,
+        // as H100 SXM (the same SMs and clocks)
+        max_matmul_fraction: 0.803,
+        sms: 132,
+        arch: Arch::Hopper,
+        default_node: "hgx-h800",
+        source: "NVIDIA H800 SXM5 datasheet; DeepSeek-V3 technical report (NVLink, IB)",
+    },
+    GpuSpec {
         name: Cow::Borrowed("h20"),
         // nvidia-smi: 97871 MiB (NVIDIA H20, 96 GB HBM3).
         memory_bytes: 97_871 * MIB,
@@ -805,6 +831,14 @@ pub const NODES: &[NodeSpec] = &[
     },
     // HGX H20: the HGX 8-GPU NVSwitch board; NICs assumed as HGX H100/H200 (8 x 400 Gb/s).
     NodeSpec {
+        name: "hgx-h800",
+        gpus_per_node: 8,
+        nics_per_node: 8,
+        nic_bytes_per_s: 50e9,
+        nvswitch: true,
+        source: "HGX H800 8-GPU board; 8x 400 Gb/s InfiniBand a node as DeepSeek-V3's cluster (arXiv 2412.19437, Section 3.1)",
+    },
+    NodeSpec {
         name: "hgx-h20",
         gpus_per_node: 8,
         nics_per_node: 8,
@@ -977,8 +1011,9 @@ mod tests {
             assert!(g.sms >= 40 && g.sms <= 320, "{n}: {} SMs", g.sms);
             // NVSwitch nodes for parts that have NVLink.
             let node = node(g.default_node).unwrap();
+            // (H800's NVLink is 200 GB/s a direction, the least of the NVSwitch parts)
             if node.nvswitch {
-                assert!(g.nvlink_bytes_per_s >= 300e9, "{n}: an NVSwitch node for a PCIe part");
+                assert!(g.nvlink_bytes_per_s >= 200e9, "{n}: an NVSwitch node for a PCIe part");
             }
         }
     }
