@@ -105,6 +105,8 @@ fn bigger_gpu(name: &str) -> Option<&'static str> {
         "rtx-3090" | "rtx-4090" => "rtx-5090",
         "a10g" | "l4" | "rtx-5090" => "l40s",
         "a100-40gb" | "l40s" => "a100-80gb",
+        // The H800's buyers (export-controlled markets) step up to the 96 GB H20.
+        "h800" => "h20",
         "a100-80gb" | "h100-sxm" | "h100-pcie" | "h100-nvl" | "h20" | "gh200-96gb" => "h200",
         "h200" | "gh200-144gb" => "b200",
         "b200" | "gb200" => "mi300x",
