@@ -516,3 +516,20 @@ fn huge_numbers_are_refused_not_wrapped() {
         panic!("{} GPUs accepted", s.cluster.gpus);
     }
 }
+
+/// Megatron's `validate_args` turns FP32 gradient accumulation on for --bf16 (since 2021)
+/// unless --grad-reduce-in-bf16 says otherwise; a log prints the value after that rule.
+#[test]
+fn megatron_bf16_command_lines_accumulate_in_fp32() {
+    let base = "--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 \
+                --max-position-embeddings 2048 --micro-batch-size 1 --global-batch-size 8 --bf16";
+    let preset = |cmd: &str| {
+        let im =
+            megatron::import("cmd.txt", cmd, &megatron_args(Some(8), Some(50304))).unwrap_or_else(|e| panic!("{e}"));
+        let s = Scenario::from_toml(Path::new("i.toml"), &im.render("megatron")).unwrap_or_else(|e| panic!("{e}"));
+        s.training.precision.preset
+    };
+    assert_eq!(preset(base), "bf16-mixed-adam-fp32-grads");
+    assert_eq!(preset(&format!("{base} --grad-reduce-in-bf16")), "bf16-mixed-adam");
+    assert_eq!(preset(&format!("{base} --accumulate-allreduce-grads-in-fp32")), "bf16-mixed-adam-fp32-grads");
+}

@@ -432,7 +432,14 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
     let accum = (global as u128 / per_step) as u64;
     im.mapped.push(format!("batch: micro {micro} x {accum} micro-batches x data-parallel {dp} = global {global}"));
     let (bf16, fp16) = (flag(get("bf16")), flag(get("fp16")));
-    let fp32_acc = flag(get("accumulate_allreduce_grads_in_fp32"));
+    // `validate_args` (since 2021, arguments.py): with --bf16, gradients accumulate and are
+    // all-reduced in FP32 unless --grad-reduce-in-bf16 (or a bf16 --main-grads-dtype) says
+    // otherwise. A log prints the value after that rule; a command line leaves it to it.
+    let printed_acc = flag(get("accumulate_allreduce_grads_in_fp32"));
+    let grad_reduce_in_bf16 = flag(get("grad_reduce_in_bf16"));
+    let bf16_main_grads = m.get("main_grads_dtype").is_some_and(|d| d.trim_start_matches("torch.").starts_with("b"));
+    let implied = bf16 && !from_log && !grad_reduce_in_bf16 && !bf16_main_grads;
+    let fp32_acc = printed_acc || implied;
     let (preset, extra) = match (bf16, fp16) {
         (true, true) => return Err(err("fp16", "bf16 and fp16 together".into())),
         (true, false) if fp32_acc => ("bf16-mixed-adam-fp32-grads", ""),
@@ -451,7 +458,13 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
         } else {
             "FP32"
         },
-        if fp32_acc { " --accumulate-allreduce-grads-in-fp32" } else { "" }
+        if printed_acc {
+            " --accumulate-allreduce-grads-in-fp32"
+        } else if implied {
+            " (Megatron accumulates and all-reduces gradients in FP32 for --bf16 unless --grad-reduce-in-bf16)"
+        } else {
+            ""
+        }
     ));
     let mut training =
         format!("micro_batch = {micro}\nseq_len = {seq}\ngrad_accum = {accum}\nprecision = \"{preset}\"\n{extra}");
