@@ -304,6 +304,14 @@ fn megatron_args(gpus: Option<u64>, vocab: Option<u64>) -> MegatronArgs {
     MegatronArgs { gpu: "h100-sxm".into(), gpus, gpus_per_node: None, vocab }
 }
 
+/// A Megatron command line on 8 GPUs imported and loaded as a scenario.
+fn megatron_scenario(cmd: &str, vocab: u64) -> (stepsim::import::Import, Scenario) {
+    let im = megatron::import("cmd", cmd, &megatron_args(Some(8), Some(vocab))).unwrap_or_else(|e| panic!("{e}"));
+    let s = Scenario::from_toml(Path::new("imported.toml"), &im.render("megatron"))
+        .unwrap_or_else(|e| panic!("{e}\n{}", im.toml));
+    (im, s)
+}
+
 /// A Llama-style job's `arguments` block in the layout Megatron's `_print_args` writes (name,
 /// dots to column 48, value), with arguments at their defaults among them as a real log has.
 const LLAMA_LOG: &str = "\
@@ -409,13 +417,7 @@ fn megatron_moe_layer_frequency_shared_experts_and_capacity_import() {
     let base = "--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 --swiglu \
         --normalization RMSNorm --position-embedding-type rope --disable-bias-linear --micro-batch-size 1 \
         --global-batch-size 8 --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 512 --bf16";
-    let load = |extra: &str| {
-        let im = megatron::import("cmd", &format!("{base} {extra}"), &megatron_args(Some(8), Some(32000)))
-            .unwrap_or_else(|e| panic!("{e}"));
-        let s = Scenario::from_toml(Path::new("imported.toml"), &im.render("megatron"))
-            .unwrap_or_else(|e| panic!("{e}\n{}", im.toml));
-        (im, s)
-    };
+    let load = |extra: &str| megatron_scenario(&format!("{base} {extra}"), 32000);
     let (_, s) = load("--moe-layer-freq 2");
     assert_eq!((0..4).map(|l| s.model.is_moe_layer(l)).collect::<Vec<_>>(), [true, false, true, false]);
     let (im, s) = load("--moe-layer-freq ([0]*1+[1]*3) --moe-shared-expert-intermediate-size 1024");
@@ -443,13 +445,7 @@ fn megatron_expert_tensor_parallel_size_imports() {
         --normalization RMSNorm --position-embedding-type rope --disable-bias-linear --micro-batch-size 1 \
         --global-batch-size 8 --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 512 --bf16 \
         --tensor-model-parallel-size 2 --sequence-parallel --use-distributed-optimizer";
-    let load = |extra: &str| {
-        let im = megatron::import("cmd", &format!("{base} {extra}"), &megatron_args(Some(8), Some(32000)))
-            .unwrap_or_else(|e| panic!("{e}"));
-        let s = Scenario::from_toml(Path::new("imported.toml"), &im.render("megatron"))
-            .unwrap_or_else(|e| panic!("{e}\n{}", im.toml));
-        (im, s)
-    };
+    let load = |extra: &str| megatron_scenario(&format!("{base} {extra}"), 32000);
     let (im, s) = load("--expert-model-parallel-size 4 --expert-tensor-parallel-size 1");
     assert!(im.toml.contains("expert = 4\nexpert_tensor = 1\n"), "{}", im.toml);
     assert_eq!((s.parallel.model_parallel.expert, s.parallel.model_parallel.expert_tensor), (4, 1));
@@ -523,12 +519,7 @@ fn huge_numbers_are_refused_not_wrapped() {
 fn megatron_bf16_command_lines_accumulate_in_fp32() {
     let base = "--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 \
                 --max-position-embeddings 2048 --micro-batch-size 1 --global-batch-size 8 --bf16";
-    let preset = |cmd: &str| {
-        let im =
-            megatron::import("cmd.txt", cmd, &megatron_args(Some(8), Some(50304))).unwrap_or_else(|e| panic!("{e}"));
-        let s = Scenario::from_toml(Path::new("i.toml"), &im.render("megatron")).unwrap_or_else(|e| panic!("{e}"));
-        s.training.precision.preset
-    };
+    let preset = |cmd: &str| megatron_scenario(cmd, 50304).1.training.precision.preset;
     assert_eq!(preset(base), "bf16-mixed-adam-fp32-grads");
     assert_eq!(preset(&format!("{base} --grad-reduce-in-bf16")), "bf16-mixed-adam");
     assert_eq!(preset(&format!("{base} --accumulate-allreduce-grads-in-fp32")), "bf16-mixed-adam-fp32-grads");

@@ -141,6 +141,31 @@ impl GpuSpec {
     }
 }
 
+/// NVIDIA H100 SXM5 80GB (also the base of the H800 entry).
+const H100_SXM: GpuSpec = GpuSpec {
+    name: Cow::Borrowed("h100-sxm"),
+    // nvidia-smi: 81559 MiB (H100 80GB HBM3).
+    memory_bytes: 81_559 * MIB,
+    // NVIDIA H100 datasheet: 989 TFLOP/s BF16/FP16 dense (1979 with sparsity), 494.5 TF32,
+    // 67 FP32.
+    bf16_flops: Some(989e12),
+    fp16_flops: 989e12,
+    tf32_flops: Some(494.5e12),
+    fp32_flops: 67e12,
+    // H100 SXM datasheet: 1,979 TFLOP/s FP8 dense (3,958 with sparsity).
+    fp8_flops: Some(1979e12),
+    // 3.35 TB/s HBM3.
+    hbm_bytes_per_s: 3.35e12,
+    // NVLink 4: 18 links, 450 GB/s per direction.
+    nvlink_bytes_per_s: 450e9,
+    pcie_gen: 5,
+    max_matmul_fraction: 0.803,
+    sms: 132,
+    arch: Arch::Hopper,
+    default_node: "dgx-h100",
+    source: "NVIDIA H100 datasheet (SXM5); stas00 ml-engineering",
+};
+
 /// The catalog. Keys are lowercase, as written in scenario files. Unless noted, figures are
 /// the vendor datasheets' dense (no sparsity) peaks as tabulated in stas00's ml-engineering
 /// `compute/accelerator/README.md`; link figures from its `network/README.md`; capacities the
@@ -346,29 +371,7 @@ pub const CATALOG: &[GpuSpec] = &[
         default_node: "aws-g6e",
         source: "NVIDIA L40S datasheet; stas00 ml-engineering",
     },
-    GpuSpec {
-        name: Cow::Borrowed("h100-sxm"),
-        // nvidia-smi: 81559 MiB (H100 80GB HBM3).
-        memory_bytes: 81_559 * MIB,
-        // NVIDIA H100 datasheet: 989 TFLOP/s BF16/FP16 dense (1979 with sparsity), 494.5 TF32,
-        // 67 FP32.
-        bf16_flops: Some(989e12),
-        fp16_flops: 989e12,
-        tf32_flops: Some(494.5e12),
-        fp32_flops: 67e12,
-        // H100 SXM datasheet: 1,979 TFLOP/s FP8 dense (3,958 with sparsity).
-        fp8_flops: Some(1979e12),
-        // 3.35 TB/s HBM3.
-        hbm_bytes_per_s: 3.35e12,
-        // NVLink 4: 18 links, 450 GB/s per direction.
-        nvlink_bytes_per_s: 450e9,
-        pcie_gen: 5,
-        max_matmul_fraction: 0.803,
-        sms: 132,
-        arch: Arch::Hopper,
-        default_node: "dgx-h100",
-        source: "NVIDIA H100 datasheet (SXM5); stas00 ml-engineering",
-    },
+    H100_SXM,
     GpuSpec {
         name: Cow::Borrowed("h100-pcie"),
         // nvidia-smi: 81559 MiB (H100 PCIe 80GB).
@@ -420,31 +423,16 @@ pub const CATALOG: &[GpuSpec] = &[
         default_node: "pcie-8gpu",
         source: "NVIDIA H100 datasheet (H100 NVL); stas00 ml-engineering (PCIe 5 x16 63 GB/s)",
     },
+    // The export part: the H100 SXM die, HBM3 and clocks (NVIDIA H800 SXM5 datasheet: the
+    // same BF16/FP16/TF32/FP8 peaks; FP64, which stepsim does not use, was cut) with 8 of
+    // NVLink 4's 18 links: 400 GB/s, 200 per direction, on an HGX 8-GPU NVSwitch board.
+    // DeepSeek-V3's report measures about 160 GB/s achievable (arXiv 2412.19437, 3.2.2).
     GpuSpec {
         name: Cow::Borrowed("h800"),
-        // H800 SXM5 80GB: the H100 SXM die and memory (nvidia-smi 81559 MiB as H100 80GB HBM3).
-        memory_bytes: 81_559 * MIB,
-        // NVIDIA H800 SXM5 datasheet: BF16/FP16 989 TFLOP/s dense, TF32 494.5, FP32 67 (the
-        // H100 SXM figures; FP64 is what was cut, which stepsim does not use).
-        bf16_flops: Some(989e12),
-        fp16_flops: 989e12,
-        tf32_flops: Some(494.5e12),
-        fp32_flops: 67e12,
-        // FP8 1,979 TFLOP/s dense.
-        fp8_flops: Some(1979e12),
-        // 3.35 TB/s HBM3.
-        hbm_bytes_per_s: 3.35e12,
-        // The export part's NVLink: 400 GB/s (8 of NVLink 4's links), 200 per direction, on an
-        // HGX 8-GPU NVSwitch board. DeepSeek-V3's report measures about 160 GB/s achievable
-        // (arXiv 2412.19437, Section 3.2.2).
         nvlink_bytes_per_s: 200e9,
-        pcie_gen: 5,
-        // as H100 SXM (the same SMs and clocks)
-        max_matmul_fraction: 0.803,
-        sms: 132,
-        arch: Arch::Hopper,
         default_node: "hgx-h800",
         source: "NVIDIA H800 SXM5 datasheet; DeepSeek-V3 technical report (NVLink, IB)",
+        ..H100_SXM
     },
     GpuSpec {
         name: Cow::Borrowed("h20"),

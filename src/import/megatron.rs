@@ -405,6 +405,7 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
         mg.push_str("use_precision_aware_optimizer = true\n");
         im.mapped.push("--use-precision-aware-optimizer".into());
     }
+    let mut main_grads_bf16 = false;
     for k in ["main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"] {
         let Some(d) = get(k) else { continue };
         let d = match d.trim_start_matches("torch.") {
@@ -414,6 +415,7 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
             "uint8" | "fp8" => "fp8",
             other => return Err(err(k, format!("unknown dtype \"{other}\"; allowed: fp32, bf16, fp16, fp8"))),
         };
+        main_grads_bf16 |= k == "main_grads_dtype" && d == "bf16";
         if aware && d != "fp32" {
             mg.push_str(&format!("{k} = \"{d}\"\n"));
             im.mapped.push(format!("--{} {d}", k.replace('_', "-")));
@@ -437,8 +439,7 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
     // otherwise. A log prints the value after that rule; a command line leaves it to it.
     let printed_acc = flag(get("accumulate_allreduce_grads_in_fp32"));
     let grad_reduce_in_bf16 = flag(get("grad_reduce_in_bf16"));
-    let bf16_main_grads = m.get("main_grads_dtype").is_some_and(|d| d.trim_start_matches("torch.").starts_with("b"));
-    let implied = bf16 && !from_log && !grad_reduce_in_bf16 && !bf16_main_grads;
+    let implied = bf16 && !from_log && !grad_reduce_in_bf16 && !main_grads_bf16;
     let fp32_acc = printed_acc || implied;
     let (preset, extra) = match (bf16, fp16) {
         (true, true) => return Err(err("fp16", "bf16 and fp16 together".into())),

@@ -654,6 +654,12 @@ impl TrainingConfig {
     /// The passes of [`TrainingConfig::optimizer_step_bytes`] with their bytes per element,
     /// named for the report.
     pub fn optimizer_step_passes(&self) -> Vec<(&'static str, u64)> {
+        self.step_passes(false)
+    }
+
+    /// The step's passes; `grads_in_master`: a wrapper has already made the gradients in the
+    /// master's dtype (DeepSpeed's flattened FP32 partition), so there is no cast-up pass.
+    pub fn step_passes(&self, grads_in_master: bool) -> Vec<(&'static str, u64)> {
         let pr = &self.precision;
         if let Some(pa) = pr.aware {
             return self.precision_aware_step_passes(&pa);
@@ -662,7 +668,9 @@ impl TrainingConfig {
         let g = pr.grad.bytes();
         let mut passes = Vec::new();
         // The optimizer reads gradients in the master's dtype when there is a master.
-        let grad = if pr.master.is_some() && g < master {
+        let grad = if pr.master.is_some() && g < master && grads_in_master {
+            master
+        } else if pr.master.is_some() && g < master {
             passes.push(("gradients cast up to the master dtype", g + master));
             master
         } else {
@@ -1194,6 +1202,32 @@ impl Plan {
 
     /// Whether replicated gradients are reduced at all: over data parallelism, or for the
     /// experts over their expert-data-parallel group (which tensor parallelism alone makes).
+    /// The optimizer step's passes as this plan runs them: DeepSpeed's ZeRO-1/2 and
+    /// FP16_Optimizer wrappers cast the gradients to FP32 in their own flatten task
+    /// ([`crate::schedule`]'s `deepspeed_flatten_partition`), so the step does not again.
+    pub fn optimizer_step_passes(&self) -> Vec<(&'static str, u64)> {
+        let wrapper_casts = matches!(
+            self.deepspeed_optimizer(),
+            Some(DeepspeedOptimizer::ZeroStage12 | DeepspeedOptimizer::Fp16Optimizer)
+        );
+        self.training.step_passes(wrapper_casts)
+    }
+
+    /// Bytes per local element of [`Self::optimizer_step_passes`].
+    pub fn optimizer_step_bytes(&self) -> u64 {
+        self.optimizer_step_passes().iter().map(|p| p.1).sum()
+    }
+
+    /// PyTorch DDP's reducer owns the gradient reduction: no sharding, no Megatron buffers and
+    /// no DeepSpeed wrapper (whose engine reduces at the boundary), and something to reduce.
+    pub fn ddp_reducer(&self) -> bool {
+        self.parallel.sharding == Sharding::None
+            && !self.grads_sharded
+            && self.parallel.framework != Framework::Megatron
+            && self.deepspeed_optimizer().is_none()
+            && self.grads_reduced()
+    }
+
     pub fn grads_reduced(&self) -> bool {
         self.dp > 1 || (self.edp > 1 && self.expert_params() > 0)
     }

@@ -124,17 +124,12 @@ impl PrecisionAware {
 
     /// One line for the report.
     pub fn describe(&self, param: Dtype) -> String {
-        let master = if self.remainders(param) {
-            "FP32 master kept as int16 remainders of the BF16 parameters (store_param_remainders), 2 B".to_string()
-        } else {
-            format!("{} master, {} B", self.main_params.name(), self.main_params.bytes())
-        };
         let temp = self.step_temp_bytes();
         format!(
-            "Megatron --use-precision-aware-optimizer (Transformer Engine FusedAdam): {master}; exp_avg {} ({} B), exp_avg_sq {} ({} B); {}",
-            self.exp_avg.name(),
+            "Megatron --use-precision-aware-optimizer (Transformer Engine FusedAdam{}): per sharded element master {} B, moments {} + {} B; {}",
+            if self.remainders(param) { ", store_param_remainders" } else { "" },
+            self.master_bytes(param),
             self.exp_avg.bytes(),
-            self.exp_avg_sq.name(),
             self.exp_avg_sq.bytes(),
             if temp > 0 {
                 format!("the step unscales each non-FP32 state into an FP32 copy of the whole shard ({temp} B per element, held until the step ends)")

@@ -1020,9 +1020,8 @@ pub fn throughput_of(
                 format!(
                     "optimizer step{}: memory-bound, {} B per local element at the same HBM rate: {}",
                     if plan.parallel.offload.is_some() { " (when not offloaded to the CPU)" } else { "" },
-                    plan.training.optimizer_step_bytes(),
-                    plan.training
-                        .optimizer_step_passes()
+                    plan.optimizer_step_bytes(),
+                    plan.optimizer_step_passes()
                         .iter()
                         .map(|(what, b)| format!("{what} {b} B"))
                         .collect::<Vec<_>>()

@@ -177,14 +177,7 @@ impl Builder<'_> {
         if !self.keeps_grads_across_steps() {
             return None;
         }
-        let ops = &self.dag.ops;
-        let largest = self
-            .chunk_ops
-            .iter()
-            .flat_map(|&(lo, hi)| &ops[lo..hi])
-            .map(|o| o.params.max(o.shared_params))
-            .max()
-            .unwrap_or(0);
+        let largest = self.largest_local_param;
         let local = self.plan.local_total(false);
         if largest == 0 || local == 0 {
             return None;
@@ -315,61 +308,41 @@ impl Builder<'_> {
                 self.step_comm.push(t);
                 true
             }
+            // The engine's `allreduce_gradients` at the boundary (`buffered_allreduce_fallback`,
+            // one bucket's flat copy at a time): BF16_Optimizer's FP32 gradients (pipe/engine.py
+            // `_bf16_reduce_grads`), FP16_Optimizer's 16-bit `.grad`s.
             Some(DeepspeedOptimizer::Bf16Optimizer) => {
-                let el = plan.local_total(false);
-                let bucket = self.buffer(
-                    el.min(DEEPSPEED_ALLREDUCE_BUCKET) * Dtype::Fp32.bytes(),
-                    Category::CommBuffers,
-                    text!(self.names, "DeepSpeed all-reduce bucket (MEMORY_OPT_ALLREDUCE_SIZE 5e8 elements, fp32)"),
-                );
-                let (bytes, expert) = (el * Dtype::Fp32.bytes(), plan.expert_params() * Dtype::Fp32.bytes());
-                let secs = cost.dp_collective_s(Collective::AllReduce, bytes, expert);
-                let label = TaskLabel::new(
-                    step,
-                    Phase::Backward,
-                    0,
-                    text!(self.names, "all-reduce FP32 gradients in buckets (BF16_Optimizer)"),
-                    TaskKind::AllReduce,
-                    None,
-                );
-                self.use_compute_pool(&[bucket]);
-                let t = self.task(NCCL, secs, after, vec![bucket], label.with_work(0.0, bytes));
-                self.free_at(t, &[bucket]);
-                self.step_comm.push(t);
-                true
+                let what = text!(self.names, "all-reduce FP32 gradients in buckets (BF16_Optimizer)");
+                self.engine_bucketed_all_reduce(step, after, Dtype::Fp32, what)
             }
             Some(DeepspeedOptimizer::Fp16Optimizer) if plan.grads_reduced() => {
-                // The engine's `allreduce_gradients` at the boundary: the 16-bit `.grad`s in
-                // flattened buckets (`buffered_allreduce_fallback`, one bucket's flat copy at a time).
-                let el = plan.local_total(false);
                 let g = self.pr().grad;
-                let bucket = self.buffer(
-                    el.min(DEEPSPEED_ALLREDUCE_BUCKET) * g.bytes(),
-                    Category::CommBuffers,
-                    text!(
-                        self.names,
-                        "DeepSpeed all-reduce bucket (MEMORY_OPT_ALLREDUCE_SIZE 5e8 elements, {})",
-                        g.name()
-                    ),
-                );
-                let (bytes, expert) = (el * g.bytes(), plan.expert_params() * g.bytes());
-                let secs = cost.dp_collective_s(Collective::AllReduce, bytes, expert);
-                let label = TaskLabel::new(
-                    step,
-                    Phase::Backward,
-                    0,
-                    text!(self.names, "all-reduce {} gradients in buckets (DeepSpeed engine, no ZeRO)", g.name()),
-                    TaskKind::AllReduce,
-                    None,
-                );
-                self.use_compute_pool(&[bucket]);
-                let t = self.task(NCCL, secs, after, vec![bucket], label.with_work(0.0, bytes));
-                self.free_at(t, &[bucket]);
-                self.step_comm.push(t);
-                true
+                let what =
+                    text!(self.names, "all-reduce {} gradients in buckets (DeepSpeed engine, no ZeRO)", g.name());
+                self.engine_bucketed_all_reduce(step, after, g, what)
             }
             _ => false,
         }
+    }
+
+    /// Every local gradient all-reduced in `dtype` through flat buckets of up to
+    /// `MEMORY_OPT_ALLREDUCE_SIZE` elements after `after`; true (the boundary is reduced).
+    fn engine_bucketed_all_reduce(&mut self, step: u32, after: Vec<u32>, dtype: Dtype, what: String) -> bool {
+        let plan = self.plan;
+        let el = plan.local_total(false);
+        let bucket = self.buffer(
+            el.min(DEEPSPEED_ALLREDUCE_BUCKET) * dtype.bytes(),
+            Category::CommBuffers,
+            text!(self.names, "DeepSpeed all-reduce bucket (MEMORY_OPT_ALLREDUCE_SIZE 5e8 elements, {})", dtype.name()),
+        );
+        let (bytes, expert) = (el * dtype.bytes(), plan.expert_params() * dtype.bytes());
+        let secs = self.cost.dp_collective_s(Collective::AllReduce, bytes, expert);
+        let label = TaskLabel::new(step, Phase::Backward, 0, what, TaskKind::AllReduce, None);
+        self.use_compute_pool(&[bucket]);
+        let t = self.task(NCCL, secs, after, vec![bucket], label.with_work(0.0, bytes));
+        self.free_at(t, &[bucket]);
+        self.step_comm.push(t);
+        true
     }
 
     /// `FP16_Optimizer.step()`: every 16-bit `.grad` cast to FP32 (a list of new tensors) and

@@ -73,14 +73,7 @@ impl Builder<'_> {
         last_mb: bool,
     ) {
         let plan = self.plan;
-        // DeepSpeed's engine reduces at the boundary instead ([`Self::deepspeed_boundary_reduce`]).
-        let ds_engine = self.plan.deepspeed_optimizer().is_some();
-        if plan.parallel.sharding == Sharding::None
-            && !plan.grads_sharded
-            && plan.grads_reduced()
-            && last_mb
-            && !ds_engine
-        {
+        if plan.ddp_reducer() && last_mb {
             let bytes = op.params * self.pr().grad.bytes();
             st.ddp_bucket.0 += bytes;
             if op.expert {

@@ -2,7 +2,7 @@
 //! master weights, module buffers, DDP's reducer buckets, DeepSpeed's optimizer state,
 //! Megatron's gradient buffer).
 
-use super::{Builder, Category, Phase, Sharding, TaskKind, TaskLabel, COMPUTE};
+use super::{Builder, Category, Phase, TaskKind, TaskLabel, COMPUTE};
 
 impl Builder<'_> {
     /// Initialisation: parameters (loaded unit by unit, so an OOM names the layer), master
@@ -58,14 +58,7 @@ impl Builder<'_> {
             self.task(COMPUTE, 0.0, vec![], vec![b], lbl(text!(self.names, "module buffers"), None));
         }
         self.fp8_init();
-        if plan.parallel.sharding == Sharding::None
-            && !plan.grads_sharded
-            && plan.parallel.framework != crate::plan::Framework::Megatron
-            && plan.deepspeed_optimizer().is_none()
-            && plan.grads_reduced()
-            && !plan.parallel.gradient_as_bucket_view
-            && plan.pipeline() == 1
-        {
+        if plan.ddp_reducer() && !plan.parallel.gradient_as_bucket_view && plan.pipeline() == 1 {
             let bytes = plan.total_params() * self.pr().grad.bytes();
             let b = self.buffer(
                 bytes,

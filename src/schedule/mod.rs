@@ -31,7 +31,7 @@ use crate::hardware::Cluster;
 use crate::memory::Category;
 use crate::model::LayerDag;
 use crate::net::Collective;
-use crate::plan::{Checkpointing, OptimizerImpl, Plan, Sharding};
+use crate::plan::{Checkpointing, OptimizerImpl, Plan};
 
 use checkpoint::TensorPlan;
 pub use cost::Cost;
@@ -187,6 +187,9 @@ struct Builder<'a> {
     /// Per model chunk this stage runs: its op range, the tensor it receives from the
     /// previous stage and the one it sends on, and its virtual stage index.
     chunk_ops: Vec<(usize, usize)>,
+    /// Elements of this rank's largest parameter tensor (a tied head's counted as its own):
+    /// the size of per-parameter temporaries such as BF16_Optimizer's FP32 `.grad` copy.
+    largest_local_param: u64,
     chunk_in: Vec<Option<usize>>,
     chunk_out: Vec<Option<usize>>,
     chunk_vs: Vec<u64>,
@@ -375,6 +378,12 @@ impl<'a> Builder<'a> {
             mg_param_ag,
             hw_flops: 0.0,
             names,
+            largest_local_param: chunk_ops
+                .iter()
+                .flat_map(|&(lo, hi)| &dag.ops[lo..hi])
+                .map(|o| o.params.max(o.shared_params))
+                .max()
+                .unwrap_or(0),
             chunk_ops,
             chunk_in,
             chunk_out,

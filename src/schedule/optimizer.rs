@@ -90,7 +90,7 @@ impl Builder<'_> {
             alloc.push(b);
             frees.push(b);
         }
-        let secs = self.cost.optimizer_s(el, tr.optimizer_step_bytes());
+        let secs = self.cost.optimizer_s(el, plan.optimizer_step_bytes());
         let mut deps = self.step_comm.clone();
         if let Some((flatten, fp32)) = self.deepspeed_flatten_partition(step, deps.clone()) {
             deps = vec![flatten];
@@ -102,7 +102,7 @@ impl Builder<'_> {
             deps,
             alloc,
             TaskLabel::new(step, Phase::Optimizer, 0, text!(self.names, "optimizer.step()"), TaskKind::Optimizer, None)
-                .with_work(0.0, el * tr.optimizer_step_bytes()),
+                .with_work(0.0, el * plan.optimizer_step_bytes()),
         );
         self.free_at(t, &frees);
         let mut last = t;
