@@ -10,7 +10,13 @@
 //! - the tr11 recipe (tr11-176B-ml.slurm): sequence 2048, vocabulary 250,880, tied
 //!   embeddings, `--embed-layernorm`, hidden dropout 0.1, full activation checkpointing,
 //!   Megatron's math attention with fused softmax, apex FusedAdam, DeepSpeed's pipeline
-//!   engine (1F1B) with its stage outputs kept until their backward;
+//!   engine (1F1B) with its stage outputs kept until their backward, split over the
+//!   tensor-parallel group (`PartitionedTensor`) when TP > 1;
+//! - DeepSpeed 0.6 (`[deepspeed] version = "0.6"`: the releases of BigScience's early-2022
+//!   runs, before v0.8.0's `empty_cache()` after the parameters move to the CPU and v0.13.2's
+//!   lazy optimizer state): the optimizer wrapper flattens the parameters Megatron made one
+//!   tensor at a time, leaving their blocks in PyTorch's cache, and steps Adam once at
+//!   initialisation on zero gradients;
 //! - 02-21 rows: DeepSpeed ZeRO-1 (`DeepSpeedZeroOptimizer`) with 16-bit gradients,
 //!   `--pp-partition-method type:transformer` (blocks split evenly, the embedding on top);
 //!   02-28 rows: `BF16_Optimizer` (FP32 gradient accumulation; each backward frees the
@@ -23,8 +29,9 @@
 //!   cumem = false`); NCCL's buffers are estimated per communicator
 //!   (src/net/nccl_memory.rs): tensor, data, pipeline pair, tied-embedding, model-parallel
 //!   and world groups, 2.8-4.0 GB on stage 0;
-//! - stage 0's memory reaches its steady state once PP micro-batches are in flight, so each
-//!   row simulates min(GBS / (MBS x DP), 2 x PP) micro-batches per step, 2 steps;
+//! - each row simulates the run's GBS / (MBS x DP) micro-batches per step, 2 steps: the
+//!   caching allocator's reserved memory keeps growing after the pipeline fills (the
+//!   184B TP4 PP6 DP16 micro-batch 1 row runs out at micro-batch 68 of 128);
 //! - nvidia-smi's reading is max_memory_reserved plus the memory outside the allocator, in
 //!   GiB (nvidia-smi prints MiB; the document's "GB" is read as MiB / 1024).
 //!
@@ -32,10 +39,9 @@
 //! different branch and "need[s] to retest"; it is printed, simulated as FP16 through
 //! DeepSpeed's FP16_Optimizer (DeepSpeed 0.6 ran bf16 with ZeRO 1-3 only).
 //!
-//! Tolerances (this issue's target is 80% of fitting rows within 10%; what holds today is
-//! asserted, and the table says where the rest is): every measured-fitting row simulated as
-//! fitting; the median absolute error under 7%; at least 70% of the fitting rows within
-//! 10%; no row low by more than 20% except the one row the document's own tables
+//! Tolerances: every measured-fitting row simulated as fitting; the median absolute error
+//! under 5%; at least 80% of the fitting rows within 10% (the issue's target); no row low by
+//! more than 20% except the one row the document's own tables
 //! contradict (196B TP8 PP6 DP8 reads 65 GB at micro-batch 2 and 56 GB at 4); the
 //! single-node ZeRO-1 rows, whose peak is DeepSpeed's step-time FP32 gradient partition,
 //! within 12% (they read +10.9% and -0.9%: 11.8 points apart on the same node and
@@ -86,7 +92,7 @@ fn simulate_row(r: &Value) -> Row {
     let table = r["date/table"].as_str().unwrap();
     let bf16_optimizer = table.starts_with("02-28");
     let zero0 = table.contains("ZeRO-0");
-    let micro_batches = (gbs / (mbs * dp)).min(2 * pp);
+    let micro_batches = gbs / (mbs * dp);
     let pipeline = if pp > 1 {
         let st = stage_layers(layers, pp, bf16_optimizer).iter().map(|x| x.to_string()).collect::<Vec<_>>();
         format!("pipeline = {pp}\nschedule = \"1f1b\"\nstage_layers = [{}]\n", st.join(", "))
@@ -101,7 +107,7 @@ fn simulate_row(r: &Value) -> Row {
          [parallel]\nframework = \"deepspeed\"\nsharding = \"{sharding}\"\ntensor = {tp}\n{pipeline}\
          [training]\nmicro_batch = {mbs}\nseq_len = 2048\ngrad_accum = {micro_batches}\nprecision = \"{precision}\"\n\
          activation_checkpointing = \"full\"\nattention = \"math\"\noptimizer_impl = \"fused\"\n{fp16}\
-         [nccl]\nruntime_connect = false\ncumem = false\n",
+         [nccl]\nruntime_connect = false\ncumem = false\n[deepspeed]\nversion = \"0.6\"\n",
         gpus = tp * pp * dp,
         sharding = if zero0 { "none" } else { "zero1" },
         precision = if bf16_optimizer { "bf16-mixed-adam-fp32-grads" } else { "bf16-mixed-adam" },
@@ -184,7 +190,7 @@ fn bigscience_tr11_stage0_memory() {
         100.0 * within as f64 / errors.len() as f64,
         median * 100.0
     );
-    assert!(median < 0.07, "median |error| {:.1}%", median * 100.0);
-    assert!(10 * within >= 7 * errors.len(), "{within} of {} within 10%", errors.len());
+    assert!(median < 0.05, "median |error| {:.1}%", median * 100.0);
+    assert!(10 * within >= 8 * errors.len(), "{within} of {} within 10%", errors.len());
     assert!(failures.is_empty(), "{failures:#?}");
 }

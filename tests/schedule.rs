@@ -34,16 +34,23 @@ fn block_gathered(s: &Simulation) -> u64 {
 }
 
 #[test]
-fn fsdp_creates_adam_state_at_the_first_step_deepspeed_at_init() {
+fn adam_state_at_the_first_step_but_at_init_under_deepspeed_before_0_13_2() {
     let f = sim("sharding = \"full_shard\"", "", 8);
     assert_eq!(max_in(&f, 1, Phase::Forward, Category::OptimizerState), 0);
     assert_eq!(max_in(&f, 1, Phase::Backward, Category::OptimizerState), 0);
     let want = f.plan().model_state().optimizer_state;
     assert_eq!(max_in(&f, 1, Phase::Optimizer, Category::OptimizerState), want);
     assert_eq!(first_in(&f, 2, Phase::Forward, Category::OptimizerState), want);
-    let d = sim("sharding = \"zero3\"\nframework = \"deepspeed\"", "", 8);
+    // DeepSpeed before v0.13.2 stepped the optimizer on zero gradients as it initialised
+    // (initialize_optimizer_states); since 18179807f the moments come with the first step.
+    let ds = "sharding = \"zero3\"\nframework = \"deepspeed\"";
+    let d = sim(ds, "[deepspeed]\nversion = \"0.13.1\"", 8);
     assert_eq!(max_in(&d, 0, Phase::Init, Category::OptimizerState), want);
     assert_eq!(first_in(&d, 1, Phase::Forward, Category::OptimizerState), want);
+    let d = sim(ds, "", 8);
+    assert_eq!(max_in(&d, 0, Phase::Init, Category::OptimizerState), 0);
+    assert_eq!(max_in(&d, 1, Phase::Backward, Category::OptimizerState), 0);
+    assert_eq!(max_in(&d, 1, Phase::Optimizer, Category::OptimizerState), want);
     // Master weights exist from init under both.
     assert_eq!(first_in(&f, 1, Phase::Forward, Category::MasterWeights), f.plan().model_state().master_weights);
 }

@@ -133,6 +133,9 @@ pub struct Program {
     /// Per stream: the links its tasks occupy ([`links`] bits; empty or 0: none). Tasks on
     /// a common link of one device share it while they overlap.
     pub stream_links: Vec<u8>,
+    /// Tasks after which the framework itself calls `torch.cuda.empty_cache()` (beside the
+    /// points `[allocator] empty_cache` names).
+    pub empty_cache_after: Vec<u32>,
 }
 
 impl Program {

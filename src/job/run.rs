@@ -45,7 +45,10 @@ pub fn run(
     let mut offset = 0;
     for c in &job.classes {
         let prog = &c.schedule.program;
-        let own = empty_cache_tasks(prog, &c.schedule.labels, &settings.empty_cache);
+        let mut own = empty_cache_tasks(prog, &c.schedule.labels, &settings.empty_cache);
+        own.extend_from_slice(&prog.empty_cache_after);
+        own.sort_unstable();
+        own.dedup();
         empty_cache_after.extend(own.into_iter().map(|t| t + offset));
         offset += prog.tasks.len() as u32;
     }

@@ -212,7 +212,19 @@ pub struct DeepspeedConfig {
     /// ZeRO-3: the optimizer steps its flat FP32 master in sub-groups of at most this many
     /// partition elements, and keeps an FP32 gradient buffer as large as the largest.
     pub sub_group_size: u64,
+    /// The DeepSpeed release (major, minor, patch) whose initialisation is modelled
+    /// ([`Self::empties_cache_after_moving_params`], [`Self::moments_at_init`]).
+    #[serde(serialize_with = "version_string")]
+    pub version: (u16, u16, u16),
 }
+
+fn version_string<S: serde::Serializer>(v: &(u16, u16, u16), s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(&format_args!("{}.{}.{}", v.0, v.1, v.2))
+}
+
+/// The DeepSpeed release stepsim follows unless `[deepspeed] version` says otherwise
+/// (0.16.5, commit 38327e0).
+pub const DEEPSPEED_DEFAULT_VERSION: (u16, u16, u16) = (0, 16, 5);
 
 impl Default for DeepspeedConfig {
     fn default() -> Self {
@@ -222,11 +234,34 @@ impl Default for DeepspeedConfig {
             contiguous_gradients: true,
             overlap_comm: false,
             sub_group_size: 1_000_000_000,
+            version: DEEPSPEED_DEFAULT_VERSION,
         }
     }
 }
 
 impl DeepspeedConfig {
+    /// DeepSpeedZeroOptimizer calls `empty_cache()` once it has moved the parameters to the
+    /// CPU, so their freed GPU blocks go back to the driver (stage_1_and_2.py, since
+    /// d0dbc95a9, "call empty_cache to really free up GPU memory", v0.8.0). Before, they
+    /// stayed in PyTorch's cache, where later allocations of their sizes found them.
+    pub fn empties_cache_after_moving_params(&self) -> bool {
+        self.version >= (0, 8, 0)
+    }
+
+    /// ZeRO-1/2/3 and BF16_Optimizer made Adam's moments at initialisation by stepping the
+    /// optimizer on zero gradients (`initialize_optimizer_states`) until 18179807f ("Remove
+    /// optimizer step on initialization", v0.13.2); since then the optimizer makes them at
+    /// its first `step()`. FP16_Optimizer still steps at initialisation.
+    pub fn moments_at_init(&self) -> bool {
+        self.version < (0, 13, 2)
+    }
+
+    /// How the report writes the version.
+    pub fn version_name(&self) -> String {
+        let (a, b, c) = self.version;
+        format!("{a}.{b}.{c}")
+    }
+
     /// The IPG buckets' bytes: `torch.empty(reduce_bucket_size, dtype=model dtype)`, two of
     /// them with `overlap_comm` (`DeepSpeedZeroOptimizer.backward`, stage_1_and_2.py); none
     /// without `contiguous_gradients`.

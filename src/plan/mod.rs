@@ -1175,6 +1175,35 @@ impl Plan {
         }
     }
 
+    /// Adam's state exists from initialisation rather than from the first `step()`:
+    /// DeepSpeed's wrappers step the optimizer on zero gradients when they initialise
+    /// (always FP16_Optimizer; the others before v0.13.2,
+    /// [`crate::plan::DeepspeedConfig::moments_at_init`]); PyTorch's optimizers, and so
+    /// FSDP's and Megatron's, make it lazily.
+    pub fn optimizer_state_at_init(&self) -> bool {
+        if !self.parallel.framework.optimizer_state_at_init() {
+            return false;
+        }
+        match self.deepspeed_optimizer() {
+            Some(DeepspeedOptimizer::Fp16Optimizer) => true,
+            _ => self.parallel.deepspeed.moments_at_init(),
+        }
+    }
+
+    /// DeepSpeedZeroOptimizer (ZeRO-1/2), BF16_Optimizer and FP16_Optimizer take the model's
+    /// parameters as it made them, one tensor each, and move them into one flat 16-bit
+    /// buffer beside an FP32 master (mixed precision); the master and the moments are flat
+    /// tensors too.
+    pub fn deepspeed_flattens(&self) -> bool {
+        let flat = matches!(
+            self.deepspeed_optimizer(),
+            Some(
+                DeepspeedOptimizer::ZeroStage12 | DeepspeedOptimizer::Bf16Optimizer | DeepspeedOptimizer::Fp16Optimizer
+            )
+        );
+        flat && self.training.precision.master.is_some() && self.units.iter().all(|u| u.frozen_bytes == 0)
+    }
+
     /// Which DeepSpeed optimizer wrapper owns the gradients and the step, if any (see
     /// [`DeepspeedOptimizer`]).
     pub fn deepspeed_optimizer(&self) -> Option<DeepspeedOptimizer> {

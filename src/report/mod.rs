@@ -605,7 +605,14 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
         allocator::capacity_assumption(s),
         allocator::nccl_assumption(s),
         allocator::assumption(s),
-        plan.parallel.framework.state_creation().into(),
+        if plan.parallel.framework == crate::plan::Framework::Deepspeed && !plan.optimizer_state_at_init() {
+            format!(
+                "state creation (DeepSpeed ZeRO): parameters and FP32 master partitions when the engine initialises, optimizer state at the first optimizer.step() (DeepSpeed {}: no optimizer step at initialisation since v0.13.2)",
+                plan.parallel.deepspeed.version_name()
+            )
+        } else {
+            plan.parallel.framework.state_creation().into()
+        },
         "activations: per-op saved tensors of PyTorch autograd (Korthikanti et al. 2022 counting); gradient accumulation frees each micro-batch's activations in its backward".into(),
         "the CPU is assumed to run ahead of the GPU: collectives are issued as early as their dependencies (and limit_all_gathers) allow, in one NCCL queue per process group".into(),
     ];
@@ -1219,9 +1226,13 @@ fn deepspeed_assumption(plan: &crate::plan::Plan) -> Option<String> {
     let pr = &plan.training.precision;
     let part = plan.local_total(true);
     let pipeline = plan.pipeline() > 1;
-    let kept =
-        if pipeline { "; pipeline stage outputs kept until their backward (PipelineEngine pipe_buffers)" } else { "" };
-    Some(match which {
+    let kept = match (pipeline, plan.parallel.model_parallel.tensor > 1) {
+        (true, true) => "; pipeline stage outputs kept until their backward (PipelineEngine pipe_buffers), split over tensor parallelism (PartitionedTensor, 1/TP each) and rebuilt whole for the backward",
+        (true, false) => "; pipeline stage outputs kept until their backward (PipelineEngine pipe_buffers)",
+        _ => "",
+    };
+    let kept = format!("{kept}; {}", deepspeed_init_clause(plan, which));
+    let line = match which {
         DeepspeedOptimizer::ZeroStage12 => format!(
             "DeepSpeed {}: IPG bucket {} (reduce_bucket_size {:e} elements x {} B{}, contiguous_gradients={}), live {}; {}the step flattens the gradient partition and casts it to FP32 (single_grad_partition {}{}){}",
             which.name(),
@@ -1285,7 +1296,37 @@ fn deepspeed_assumption(plan: &crate::plan::Plan) -> Option<String> {
             fmt_bytes(plan.local_total(false).min(crate::plan::DEEPSPEED_ALLREDUCE_BUCKET) * 4),
             kept,
         ),
-    })
+    };
+    Some(format!("{line} (DeepSpeed {}, [deepspeed] version)", ds.version_name()))
+}
+
+/// What DeepSpeed's wrapper does as it initialises, as the release in use does it
+/// (src/schedule/deepspeed.rs, `deepspeed_flat_init`).
+fn deepspeed_init_clause(plan: &crate::plan::Plan, which: crate::plan::DeepspeedOptimizer) -> String {
+    use crate::plan::DeepspeedOptimizer;
+    let ds = plan.parallel.deepspeed;
+    let moments = if plan.optimizer_state_at_init() {
+        "Adam's moments made at initialisation by a step on zero gradients (initialize_optimizer_states)"
+    } else {
+        "Adam's moments made by the first step (no step at initialisation since v0.13.2)"
+    };
+    let flat = match which {
+        _ if !plan.deepspeed_flattens() => return moments.to_string(),
+        DeepspeedOptimizer::ZeroStage3 => return moments.to_string(),
+        DeepspeedOptimizer::ZeroStage12 if ds.empties_cache_after_moving_params() => {
+            "the parameters moved to the CPU, empty_cache() (since v0.8.0), and flattened into one 16-bit buffer"
+        }
+        DeepspeedOptimizer::ZeroStage12 => {
+            "the parameters moved to the CPU, their blocks left in PyTorch's cache (before v0.8.0), and flattened into one 16-bit buffer"
+        }
+        DeepspeedOptimizer::Bf16Optimizer => {
+            "the parameters flattened into one 16-bit buffer, their own blocks then freed to PyTorch's cache"
+        }
+        DeepspeedOptimizer::Fp16Optimizer => {
+            "clones of the parameters flattened into one 16-bit buffer, clones and originals then freed to PyTorch's cache"
+        }
+    };
+    format!("at initialisation {flat}, the FP32 master made as partition.clone().float(), {moments}")
 }
 
 /// A CSV field, quoted when it must be (RFC 4180): a rank class of memory.csv may hold a

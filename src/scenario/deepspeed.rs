@@ -41,5 +41,37 @@ pub(super) fn validate_deepspeed(
     if let Some(o) = d.overlap_comm {
         out.overlap_comm = o;
     }
+    if let Some(s) = d.version.as_deref() {
+        out.version = parse_version(s).ok_or_else(|| {
+            v.err(
+                "deepspeed.version",
+                format!(
+                    "must be a DeepSpeed release from 0.5 to 0.16 as \"MAJOR.MINOR\" or \"MAJOR.MINOR.PATCH\" (default \"{}\", the release stepsim follows), got {s:?}",
+                    DeepspeedConfig::default().version_name()
+                ),
+            )
+        })?;
+    }
     Ok(out)
+}
+
+/// "0.6" or "0.13.2" within the releases whose initialisation stepsim knows (0.5 to 0.16).
+fn parse_version(s: &str) -> Option<(u16, u16, u16)> {
+    let mut parts = s.split('.').map(|p| {
+        if p.is_empty() || p.len() > 4 || !p.bytes().all(|b| b.is_ascii_digit()) {
+            None
+        } else {
+            p.parse::<u16>().ok()
+        }
+    });
+    let major = parts.next()??;
+    let minor = parts.next()??;
+    let patch = match parts.next() {
+        Some(p) => p?,
+        None => 0,
+    };
+    if parts.next().is_some() || major != 0 || !(5..=16).contains(&minor) {
+        return None;
+    }
+    Some((major, minor, patch))
 }

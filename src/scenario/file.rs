@@ -415,6 +415,8 @@ pub struct DeepspeedSection {
     pub overlap_comm: Option<bool>,
     /// Elements (ZeRO-3's optimizer sub-groups; DeepSpeed writes 1e9).
     pub sub_group_size: Option<f64>,
+    /// The DeepSpeed release, "MAJOR.MINOR" or "MAJOR.MINOR.PATCH".
+    pub version: Option<String>,
 }
 
 /// `[megatron]`: Megatron-LM's communication-overlap flags, by their command-line names

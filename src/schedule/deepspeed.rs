@@ -35,6 +35,10 @@ use super::{Builder, Category, Collective, Phase, TaskKind, TaskLabel, COMPUTE, 
 use crate::model::Dtype;
 use crate::plan::{DeepspeedOptimizer, Sharding, DEEPSPEED_ALLREDUCE_BUCKET};
 
+fn init_label(what: String) -> TaskLabel {
+    TaskLabel::new(0, Phase::Init, 0, what, TaskKind::Init, None)
+}
+
 impl Builder<'_> {
     fn ds_optimizer(&self) -> Option<DeepspeedOptimizer> {
         self.plan.deepspeed_optimizer()
@@ -114,34 +118,221 @@ impl Builder<'_> {
         self.task(COMPUTE, 0.0, vec![], bufs, label);
     }
 
-    /// Initialisation: BF16_Optimizer's FP32 gradient buffer of every local parameter;
-    /// ZeRO-3's buffers ([`Self::deepspeed_stage3_init`]).
-    pub(super) fn deepspeed_init(&mut self) {
+    /// Initialisation: ZeRO-3's buffers ([`Self::deepspeed_stage3_init`]); the flat
+    /// parameters, master, moments and (BF16_Optimizer) FP32 gradients of the other
+    /// wrappers ([`Self::deepspeed_flat_init`]), `constructed` being the parameters as the
+    /// model made them.
+    pub(super) fn deepspeed_init(&mut self, constructed: Vec<u32>) {
         if self.ds_stage3() {
             self.deepspeed_stage3_init();
             return;
         }
-        if self.ds_optimizer() != Some(DeepspeedOptimizer::Bf16Optimizer) {
-            return;
+        if self.deepspeed_flattens() {
+            self.deepspeed_flat_init(constructed);
+        } else if self.ds_optimizer() == Some(DeepspeedOptimizer::Bf16Optimizer) {
+            let b = self.bf16_fp32_grads_buffer();
+            self.task(
+                COMPUTE,
+                0.0,
+                vec![],
+                vec![b],
+                init_label(text!(self.names, "BF16_Optimizer FP32 gradient buffer")),
+            );
         }
+    }
+
+    fn bf16_fp32_grads_buffer(&mut self) -> u32 {
         let el = self.plan.local_total(false);
-        let b = self.buffer(
+        self.buffer(
             el * Dtype::Fp32.bytes(),
             Category::Gradients,
             text!(
                 self.names,
                 "BF16_Optimizer fp32_groups_gradients_flat (FP32 gradient accumulation, not partitioned)"
             ),
+        )
+    }
+
+    /// [`crate::plan::Plan::deepspeed_flattens`].
+    pub(super) fn deepspeed_flattens(&self) -> bool {
+        self.plan.deepspeed_flattens()
+    }
+
+    /// The model's parameters of unit `u` as the model constructs them on the GPU (Megatron's
+    /// layers allocate each weight with `torch.empty(..., device=cuda)`): one block per op
+    /// (a weight and its bias), and the last pipeline stage's copy of the tied word
+    /// embedding. Returns the blocks, which the flattening frees.
+    pub(super) fn construct_unit(&mut self, u: usize) -> Vec<u32> {
+        let (plan, dag) = (self.plan, self.dag);
+        let pb = self.pr().param.bytes();
+        let unit = &plan.units[u];
+        let mut bufs = Vec::new();
+        let mut sum = 0;
+        for o in dag.ops.iter().filter(|o| o.params > 0 && unit.regions.contains(&o.region)) {
+            sum += o.params;
+            bufs.push(self.buffer(
+                o.params * pb,
+                Category::Parameters,
+                text!(self.names, "{} parameters as constructed", o.name),
+            ));
+        }
+        if unit.params > sum {
+            let what = text!(self.names, "tied word-embedding copy as constructed");
+            bufs.push(self.buffer((unit.params - sum) * pb, Category::Parameters, what));
+        }
+        let what = text!(self.names, "construct {} on the GPU", unit.name);
+        self.task(COMPUTE, 0.0, vec![], bufs.clone(), TaskLabel::new(0, Phase::Init, 0, what, TaskKind::Init, Some(u)));
+        bufs
+    }
+
+    /// What DeepSpeed's optimizer wrappers allocate and free as they initialise, in their
+    /// order (stage_1_and_2.py, bf16_optimizer.py and fp16/fused_optimizer.py of v0.6.0, the
+    /// release BigScience's 2022 runs used, and of v0.16.5):
+    /// - the parameters are flattened into one 16-bit buffer: DeepSpeedZeroOptimizer moves
+    ///   them to the CPU first (`move_to_cpu`: their GPU blocks are freed, and stay cached
+    ///   in PyTorch's allocator until v0.8.0, which empties the cache there:
+    ///   [`crate::plan::DeepspeedConfig::empties_cache_after_moving_params`]), then copies
+    ///   the flat buffer made on the CPU to the GPU
+    ///   (`bit16_groups_flat`); BF16_Optimizer flattens on the GPU and points the parameters
+    ///   into it (`_update_storage_to_flattened_tensor`); FP16_Optimizer flattens clones of
+    ///   them (`_flatten_dense_tensors([p.clone() ...])`) and frees clones and originals;
+    /// - the FP32 master is `partition.clone().float()`: a 16-bit copy of the rank's
+    ///   partition, then the FP32 one, then the copy freed;
+    /// - BF16_Optimizer's FP32 gradient buffer of every parameter (`zeros_like`);
+    /// - `initialize_optimizer_states()` steps the optimizer once on zero gradients so the
+    ///   moments exist before any activation (DeepSpeedZeroOptimizer and FP16_Optimizer make a
+    ///   zero FP32 gradient of the partition for it and free it after; BF16_Optimizer's is a
+    ///   view of its gradient buffer). Since v0.13.2 only FP16_Optimizer steps there; the
+    ///   others' moments come with the first step
+    ///   ([`crate::plan::DeepspeedConfig::moments_at_init`]), and DeepSpeedZeroOptimizer
+    ///   still makes and frees its zero gradient.
+    ///
+    /// The freed blocks stay in the allocator's cache, where the step's flattened gradient
+    /// partition and its FP32 cast later find blocks of their exact sizes.
+    fn deepspeed_flat_init(&mut self, constructed: Vec<u32>) {
+        let Some(kind) = self.ds_optimizer() else { return };
+        let plan = self.plan;
+        let (all, part) = (plan.local_total(false), plan.local_total(plan.optimizer_sharded));
+        let pr = self.pr();
+        let (p16, master) = (pr.param, pr.master.unwrap_or(Dtype::Fp32));
+        let flat_name = match kind {
+            DeepspeedOptimizer::Bf16Optimizer => "bf16_groups_flat",
+            DeepspeedOptimizer::Fp16Optimizer => "fp16_groups_flat",
+            _ => "bit16_groups_flat",
+        };
+        let flat = self.buffer(
+            all * p16.bytes(),
+            Category::Parameters,
+            text!(self.names, "flat {} parameters ({flat_name})", p16.name()),
         );
-        let label = TaskLabel::new(
-            0,
-            Phase::Init,
-            0,
-            text!(self.names, "BF16_Optimizer FP32 gradient buffer"),
-            TaskKind::Init,
-            None,
+        match kind {
+            DeepspeedOptimizer::ZeroStage12 => {
+                let t = if plan.parallel.deepspeed.empties_cache_after_moving_params() {
+                    let what = text!(self.names, "move the parameters to the CPU, then empty_cache()");
+                    let t = self.task(COMPUTE, 0.0, vec![], vec![], init_label(what));
+                    self.prog.empty_cache_after.push(t);
+                    t
+                } else {
+                    let what = text!(self.names, "move the parameters to the CPU (move_to_cpu)");
+                    self.task(COMPUTE, 0.0, vec![], vec![], init_label(what))
+                };
+                self.free_at(t, &constructed);
+                let what = text!(self.names, "copy the parameters flattened on the CPU to the GPU ({flat_name})");
+                self.task(COMPUTE, 0.0, vec![], vec![flat], init_label(what));
+            }
+            DeepspeedOptimizer::Fp16Optimizer => {
+                let mut alloc = Vec::with_capacity(constructed.len() + 1);
+                for &b in &constructed {
+                    let bytes = self.prog.buffers[b as usize].bytes;
+                    alloc.push(self.buffer(
+                        bytes,
+                        Category::OptimizerTemp,
+                        text!(self.names, "p.clone() before flattening"),
+                    ));
+                }
+                let mut frees = alloc.clone();
+                frees.extend_from_slice(&constructed);
+                alloc.push(flat);
+                let what = text!(self.names, "flatten clones of the parameters ({flat_name}), then point them into it");
+                let t = self.task(COMPUTE, 0.0, vec![], alloc, init_label(what));
+                self.free_at(t, &frees);
+            }
+            _ => {
+                let what = text!(self.names, "flatten the parameters ({flat_name}), then point them into it");
+                let t = self.task(COMPUTE, 0.0, vec![], vec![flat], init_label(what));
+                self.free_at(t, &constructed);
+            }
+        }
+        let clone = self.buffer(
+            part * p16.bytes(),
+            Category::OptimizerTemp,
+            text!(self.names, "{} copy of the partition (partition.clone().float())", p16.name()),
         );
-        self.task(COMPUTE, 0.0, vec![], vec![b], label);
+        let m = self.buffer(
+            part * master.bytes(),
+            Category::MasterWeights,
+            text!(self.names, "flat {} master partition", master.name()),
+        );
+        let t = self.task(COMPUTE, 0.0, vec![], vec![clone, m], init_label(text!(self.names, "FP32 master weights")));
+        self.free_at(t, &[clone]);
+        if kind == DeepspeedOptimizer::Bf16Optimizer {
+            let b = self.bf16_fp32_grads_buffer();
+            self.task(
+                COMPUTE,
+                0.0,
+                vec![],
+                vec![b],
+                init_label(text!(self.names, "BF16_Optimizer FP32 gradient buffer")),
+            );
+        }
+        let mut alloc = Vec::new();
+        let mut frees = Vec::new();
+        if kind != DeepspeedOptimizer::Bf16Optimizer {
+            let g = self.buffer(
+                part * master.bytes(),
+                Category::OptimizerTemp,
+                text!(self.names, "zero FP32 gradient of the partition (initialize_optimizer_states)"),
+            );
+            alloc.push(g);
+            frees.push(g);
+        }
+        let at_init = plan.optimizer_state_at_init();
+        if at_init {
+            alloc.extend(self.deepspeed_flat_moments());
+        }
+        if alloc.is_empty() {
+            return;
+        }
+        let what = if at_init {
+            text!(self.names, "optimizer.step() on zero gradients (initialize_optimizer_states)")
+        } else {
+            text!(self.names, "initialize_optimizer_states (the moments wait for the first step)")
+        };
+        let t = self.task(COMPUTE, 0.0, vec![], alloc, init_label(what));
+        self.free_at(t, &frees);
+    }
+
+    /// Adam's moments over the rank's flat FP32 master partition: one flat tensor each
+    /// (`torch.zeros_like(p)` of the flat partition in FusedAdam's state initialisation).
+    pub(super) fn deepspeed_flat_moments(&mut self) -> Vec<u32> {
+        let plan = self.plan;
+        let part = plan.local_total(plan.optimizer_sharded);
+        let state = self.pr().optimizer_state;
+        let n = plan.training.states_per_param();
+        (0..n)
+            .map(|i| {
+                let what = match (n, i) {
+                    (2, 0) => "exp_avg",
+                    (2, _) => "exp_avg_sq",
+                    _ => "momentum",
+                };
+                self.buffer(
+                    part * state.bytes(),
+                    Category::OptimizerState,
+                    text!(self.names, "optimizer state: flat {what} ({})", state.name()),
+                )
+            })
+            .collect()
     }
 
     /// `BF16_Optimizer.clear_lp_grads()` at the start of a micro-batch's backward: the

@@ -13,7 +13,16 @@ impl Builder<'_> {
         let lbl = |what: String, unit: Option<usize>| TaskLabel::new(0, Phase::Init, 0, what, TaskKind::Init, unit);
         // Offloaded parameters stay on the host (or NVMe) between uses.
         let on_gpu = !plan.params_offloaded();
+        // DeepSpeed's ZeRO-1/2, BF16_Optimizer and FP16_Optimizer move the parameters Megatron
+        // (or the user) made, tensor by tensor, into one flat buffer ([`Self::deepspeed_flat_init`]).
+        let flat = self.deepspeed_flattens();
+        let mut constructed = Vec::new();
         for u in 0..plan.units.len() {
+            if flat {
+                let t = self.construct_unit(u);
+                constructed.extend(t);
+                continue;
+            }
             let el = plan.local(u, plan.params_sharded);
             let name = text!(self.names, "{} parameters ({})", plan.units[u].name, self.pr().param.name());
             let mut alloc = Vec::new();
@@ -32,7 +41,7 @@ impl Builder<'_> {
         // Under the precision-aware optimizer the master is FusedAdam's state, made at the
         // first step ([`Builder::optimizer`]).
         let aware = self.pr().aware.is_some();
-        if let Some(m) = self.pr().master.filter(|_| !offload && !aware) {
+        if let Some(m) = self.pr().master.filter(|_| !offload && !aware && !flat) {
             for u in 0..plan.units.len() {
                 let el = plan.local(u, plan.optimizer_sharded);
                 let b = self.buffer(
@@ -67,7 +76,7 @@ impl Builder<'_> {
             );
             self.task(COMPUTE, 0.0, vec![], vec![b], lbl(text!(self.names, "DDP reducer buckets"), None));
         }
-        if plan.parallel.framework.optimizer_state_at_init() && !offload {
+        if plan.optimizer_state_at_init() && !offload && !flat {
             for u in 0..plan.units.len() {
                 let b = self.optimizer_state_buffer(u);
                 self.task(
@@ -79,7 +88,7 @@ impl Builder<'_> {
                 );
             }
         }
-        self.deepspeed_init();
+        self.deepspeed_init(constructed);
         self.megatron_init();
         self.last_task_of_prev_step = self.prog.tasks.len().checked_sub(1).map(|t| t as u32);
     }

@@ -41,10 +41,14 @@ impl Builder<'_> {
             return;
         }
         let mut alloc = Vec::new();
-        let lazy = !plan.parallel.framework.optimizer_state_at_init() && step == 1;
+        let lazy = !plan.optimizer_state_at_init() && step == 1;
         if lazy && tr.states_per_param() > 0 {
-            for u in 0..plan.units.len() {
-                alloc.push(self.optimizer_state_buffer(u));
+            if self.deepspeed_flattens() {
+                alloc.extend(self.deepspeed_flat_moments());
+            } else {
+                for u in 0..plan.units.len() {
+                    alloc.push(self.optimizer_state_buffer(u));
+                }
             }
         }
         // FusedAdam's `initialize_state` makes the master with the moments at the first step.

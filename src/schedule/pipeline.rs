@@ -120,9 +120,22 @@ impl Builder<'_> {
             text!(self.names, "grad of {} received (micro-batch {mb})", dag.tensors[y].name),
         );
         st.grad_buf[y] = Some(b);
+        let mut alloc = vec![b];
+        if self.deepspeed_partitions_outputs() {
+            // _exec_backward_pass rebuilds the full output from its partition
+            // (`PartitionedTensor.full()`) for autograd, and drops it when the backward ends.
+            let full = self.buffer(
+                dag.tensors[y].bytes,
+                Category::Activations,
+                text!(self.names, "stage output rebuilt for backward (PartitionedTensor.full(), micro-batch {mb})"),
+            );
+            alloc.push(full);
+            let lo = self.chunk_ops[c].0;
+            st.free_bwd[lo].push(full);
+        }
         let what = text!(self.names, "recv gradient from virtual stage {} (micro-batch {mb})", vs + 1);
         let deps = recv_after.into_iter().collect();
-        let t = self.p2p_task(self.recv_stream, step, Phase::Backward, mb, deps, vec![b], what);
+        let t = self.p2p_task(self.recv_stream, step, Phase::Backward, mb, deps, alloc, what);
         self.ext_deps.push((t, Port { step, mb, virtual_stage: vs + 1, forward: false }));
         st.pending = Some(t);
     }
@@ -172,8 +185,27 @@ impl Builder<'_> {
         let Some(b) = st.out_buf else { return };
         let mb = st.mb;
         let vs = self.chunk_vs[c];
+        let mut last = st.last;
+        let mut b = b;
+        if self.deepspeed_partitions_outputs() {
+            // PipelineEngine._exec_forward_pass: the output is split over the tensor-parallel
+            // group (`PartitionedTensor`, a clone of this rank's 1/TP) and its full data freed
+            // (`first_output.data = torch.zeros(1)`) before the send; the partition is what
+            // `pipe_buffers['outputs']` keeps until the backward.
+            let bytes = self.prog.buffers[b as usize].bytes.div_ceil(self.plan.parallel.model_parallel.tensor);
+            let part = self.buffer(
+                bytes,
+                Category::Activations,
+                text!(self.names, "stage output partition kept for backward (PartitionedTensor, micro-batch {mb})"),
+            );
+            let what = text!(self.names, "partition the stage output over tensor parallelism (micro-batch {mb})");
+            let label = super::TaskLabel::new(st.step, Phase::Forward, mb, what, super::TaskKind::Forward, None);
+            last = self.task(super::COMPUTE, 0.0, vec![st.last], vec![part], label);
+            self.free_at(last, &[b]);
+            b = part;
+        }
         let what = text!(self.names, "send activation to virtual stage {} (micro-batch {mb})", vs + 1);
-        let t = self.p2p_task(self.send_stream, st.step, Phase::Forward, mb, vec![st.last], vec![], what);
+        let t = self.p2p_task(self.send_stream, st.step, Phase::Forward, mb, vec![last], vec![], what);
         if self.plan.parallel.framework.keeps_pipeline_outputs() {
             // Held until this micro-batch's backward of the chunk is done.
             let lo = self.chunk_ops[c].0;
@@ -181,7 +213,14 @@ impl Builder<'_> {
         } else {
             self.free_at(t, &[b]);
         }
-        self.block_on_send(t, st.last);
+        self.block_on_send(t, last);
+    }
+
+    /// DeepSpeed's pipeline engine with tensor parallelism partitions each stage output it
+    /// keeps over the tensor-parallel group (`is_pipe_partitioned = is_model_parallel`,
+    /// pipe/engine.py).
+    fn deepspeed_partitions_outputs(&self) -> bool {
+        self.plan.parallel.framework.keeps_pipeline_outputs() && self.plan.parallel.model_parallel.tensor > 1
     }
 
     /// One step of a pipeline stage: its forwards and backwards in schedule order, then the
