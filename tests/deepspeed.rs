@@ -246,3 +246,85 @@ fn bf16_without_zero_points_to_its_equivalent() {
     .to_string();
     assert!(e.contains("parallel.sharding") && e.contains("BF16_Optimizer") && e.contains("zero1"), "{e}");
 }
+
+/// Allocated and reserved bytes after the last change of initialisation.
+fn after_init(sim: &stepsim::Simulation) -> (u64, u64) {
+    let labels = &sim.schedule().labels;
+    let tasks = &sim.schedule().program.tasks;
+    let s = sim.trace().timeline.samples.iter().filter(|x| labels[tasks[x.task].label as usize].phase == Phase::Init);
+    s.last().map(|x| (x.allocated, x.reserved)).unwrap()
+}
+
+#[test]
+fn zero1_flattens_what_the_model_made_and_before_v0_8_leaves_its_blocks_cached() {
+    // One GPU: the partition is every parameter (n).
+    let old = job(1, "zero1", "bf16-mixed-adam", "[deepspeed]\nversion = \"0.6\"\n");
+    let n = old.plan().total_params();
+    assert_eq!(old.plan().parallel.deepspeed.version, (0, 6, 0));
+    // DeepSpeed 0.6 holds the flat 16-bit parameters (2 B), the FP32 master (4 B) and both
+    // moments (8 B, made by initialize_optimizer_states' step on zero gradients) ...
+    let (alloc, reserved) = after_init(&old);
+    assert_eq!(alloc, 14 * n);
+    assert_eq!(most(&old, Category::OptimizerState, Phase::Init), 8 * n);
+    // ... and keeps cached what it freed: the parameters as the model made them (2 B), the
+    // 16-bit clone the master was cast from (2 B) and the zero FP32 gradient (4 B), plus the
+    // allocator's rounding of the small tensors (norms, biases) to their segments.
+    let cached = reserved - alloc;
+    assert!((8 * n..8 * n + n / 4).contains(&cached), "{:.3} B/param cached", cached as f64 / n as f64);
+    // DeepSpeed 0.16 empties the cache once the parameters are on the CPU, and makes the
+    // moments at the first step.
+    let new = job(1, "zero1", "bf16-mixed-adam", "");
+    assert_eq!(new.plan().parallel.deepspeed.version, (0, 16, 5));
+    let (alloc, reserved) = after_init(&new);
+    assert_eq!(alloc, 6 * n);
+    let cached = reserved - alloc;
+    assert!((6 * n..6 * n + n / 100).contains(&cached), "{:.3} B/param cached", cached as f64 / n as f64);
+    assert_eq!(most(&new, Category::OptimizerState, Phase::Init), 0);
+    assert_eq!(most(&new, Category::OptimizerState, Phase::Backward), 8 * n);
+    assert_eq!(most(&new, Category::OptimizerState, Phase::Optimizer), 8 * n);
+}
+
+#[test]
+fn fp16_optimizer_flattens_clones_and_still_steps_at_initialisation() {
+    let extra = "param_dtype = \"fp16\"\ncompute_dtype = \"fp16\"\ngrad_dtype = \"fp16\"\n";
+    let sim = job(8, "none", "bf16-mixed-adam", extra);
+    assert_eq!(sim.plan().deepspeed_optimizer(), Some(DeepspeedOptimizer::Fp16Optimizer));
+    let n = sim.plan().total_params();
+    // Unpartitioned: the flat FP16 parameters (2 B), the FP32 master (4 B) and both moments
+    // (8 B) from initialisation in every release; at the peak of initialisation the step on
+    // zero gradients also holds its zero FP32 gradient (4 B).
+    assert_eq!(after_init(&sim).0, 14 * n);
+    assert_eq!(most(&sim, Category::OptimizerTemp, Phase::Init), 4 * n);
+    let labels = &sim.schedule().labels;
+    let tasks = &sim.schedule().program.tasks;
+    let init_peak = sim
+        .trace()
+        .timeline
+        .samples
+        .iter()
+        .filter(|x| labels[tasks[x.task].label as usize].phase == Phase::Init)
+        .map(|x| x.allocated)
+        .max()
+        .unwrap();
+    assert_eq!(init_peak, 18 * n);
+}
+
+#[test]
+fn the_pipeline_engine_keeps_stage_outputs_partitioned_over_tensor_parallelism() {
+    let toml = "[model]\nfamily = \"gpt\"\nn_layers = 8\nhidden = 2048\nn_heads = 16\nvocab = 50304\nmax_seq_len = 2048\n\
+         [hardware]\ngpu = \"a100-80gb\"\ngpus = 4\n\
+         [parallel]\nframework = \"deepspeed\"\nsharding = \"zero1\"\ntensor = 2\npipeline = 2\n\
+         [training]\nmicro_batch = 2\nseq_len = 1024\ngrad_accum = 4\nprecision = \"bf16-mixed-adam\"\nactivation_checkpointing = \"full\"\n";
+    let sim = stepsim::simulate(&Scenario::from_toml(Path::new("<ds pp>"), toml).unwrap()).unwrap();
+    let stage0 = sim.classes().next().unwrap();
+    let prog = &stage0.schedule.program;
+    let sized = |prefix: &str| -> Vec<u64> {
+        prog.buffers.iter().filter(|b| prog.names[b.name as usize].starts_with(prefix)).map(|b| b.bytes).collect()
+    };
+    // The output of stage 0 is seq x micro-batch x hidden in BF16; each rank keeps its half
+    // (PartitionedTensor over TP 2) from the send to the backward, and the backward rebuilds
+    // it whole (PartitionedTensor.full()): once per micro-batch (4) and step (2).
+    let whole = 1024 * 2 * 2048 * 2;
+    assert_eq!(sized("stage output partition kept for backward"), vec![whole / 2; 8]);
+    assert_eq!(sized("stage output rebuilt for backward"), vec![whole; 8]);
+}

@@ -655,6 +655,26 @@ fn cases() -> Vec<Case> {
             &["whole number of elements"],
         ),
         case(
+            "deepspeed.version unknown",
+            b().set("parallel", "framework", "\"deepspeed\"").set("parallel", "sharding", "\"zero1\"").set(
+                "deepspeed",
+                "version",
+                "\"0.17.1\"",
+            ),
+            "deepspeed.version",
+            &["from 0.5 to 0.16", "MAJOR.MINOR", "0.16.5"],
+        ),
+        case(
+            "deepspeed.version not a version",
+            b().set("parallel", "framework", "\"deepspeed\"").set("parallel", "sharding", "\"zero1\"").set(
+                "deepspeed",
+                "version",
+                "\"0.+6\"",
+            ),
+            "deepspeed.version",
+            &["MAJOR.MINOR.PATCH"],
+        ),
+        case(
             "deepspeed.sub_group_size negative",
             b().set("parallel", "framework", "\"deepspeed\"").set("parallel", "sharding", "\"zero2\"").set(
                 "deepspeed",
