@@ -251,8 +251,9 @@ fn bf16_without_zero_points_to_its_equivalent() {
 fn after_init(sim: &stepsim::Simulation) -> (u64, u64) {
     let labels = &sim.schedule().labels;
     let tasks = &sim.schedule().program.tasks;
-    let s = sim.trace().timeline.samples.iter().filter(|x| labels[tasks[x.task].label as usize].phase == Phase::Init);
-    s.last().map(|x| (x.allocated, x.reserved)).unwrap()
+    let mut s =
+        sim.trace().timeline.samples.iter().filter(|x| labels[tasks[x.task].label as usize].phase == Phase::Init);
+    s.next_back().map(|x| (x.allocated, x.reserved)).unwrap()
 }
 
 #[test]
