@@ -146,6 +146,9 @@ fn explain_offers_a_smaller_ipg_bucket() {
     let sim = stepsim::simulate(&s).unwrap();
     assert!(matches!(sim.report.verdict, stepsim::report::Verdict::Oom(_)), "two 1 GB buckets do not fit");
     let e = explain::explain(&s, &sim, explain::DEFAULT_MARGIN);
+    // The parameters are DeepSpeed's flat buffer, all of it from initialisation.
+    let params = e.live.iter().find(|l| l.reason.starts_with("replicated bf16 parameters")).expect("a parameters line");
+    assert!(params.reason.ends_with("flattened by DeepSpeed into one buffer (bit16_groups_flat)"), "{}", params.reason);
     let row = e.counterfactuals.iter().find(|c| c.change.starts_with("DeepSpeed reduce_bucket_size")).expect("a row");
     assert!(row.change.contains("5e8 -> 1.25e8, overlap_comm false"), "{}", row.change);
     assert_eq!(row.fits, Some(true), "{row:?}");

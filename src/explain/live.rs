@@ -121,7 +121,11 @@ pub fn from_buffers(
                     pr.param.bytes(),
                     times(plan.params_sharded)
                 );
-                if loaded < units {
+                let flat = plan.deepspeed_optimizer().filter(|_| plan.deepspeed_flattens());
+                if let Some(ds) = flat {
+                    // DeepSpeed's wrapper moved them into one flat buffer at initialisation.
+                    format!("replicated {per}, flattened by DeepSpeed into one buffer ({})", ds.flat_params_name())
+                } else if loaded < units {
                     format!("{per} ({loaded} of {units} units loaded so far)")
                 } else if plan.params_sharded && plan.shard_group > 1 {
                     format!("sharded {per}")

@@ -356,6 +356,16 @@ impl DeepspeedOptimizer {
         }
     }
 
+    /// The wrapper's flat 16-bit parameter buffer, by its attribute name.
+    pub fn flat_params_name(self) -> &'static str {
+        match self {
+            DeepspeedOptimizer::Bf16Optimizer => "bf16_groups_flat",
+            DeepspeedOptimizer::Fp16Optimizer => "fp16_groups_flat",
+            DeepspeedOptimizer::ZeroStage12 => "bit16_groups_flat",
+            DeepspeedOptimizer::ZeroStage3 => "fp16_partitioned_groups_flat",
+        }
+    }
+
     /// How the report names it.
     pub fn name(self) -> &'static str {
         match self {

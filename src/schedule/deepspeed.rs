@@ -215,11 +215,7 @@ impl Builder<'_> {
         let (all, part) = (plan.local_total(false), plan.local_total(plan.optimizer_sharded));
         let pr = self.pr();
         let (p16, master) = (pr.param, pr.master.unwrap_or(Dtype::Fp32));
-        let flat_name = match kind {
-            DeepspeedOptimizer::Bf16Optimizer => "bf16_groups_flat",
-            DeepspeedOptimizer::Fp16Optimizer => "fp16_groups_flat",
-            _ => "bit16_groups_flat",
-        };
+        let flat_name = kind.flat_params_name();
         let flat = self.buffer(
             all * p16.bytes(),
             Category::Parameters,
