@@ -217,6 +217,15 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             v.parallel.sharding = next;
             vec![(format!("sharding {} -> {}", s.parallel.sharding_display(), next.display()), v)]
         }
+        6 | 7 if !s.parallel.framework.is_pytorch() => {
+            return Err(format!(
+                "an FSDP setting; {} does not read it",
+                s.parallel.framework.display(s.parallel.sharding, s.cluster.gpus as u64)
+            ));
+        }
+        6 | 7 if !matches!(s.parallel.sharding, Sharding::Zero2 | Sharding::Zero3 | Sharding::HybridShard) => {
+            return Err("no parameters are gathered (DDP, ZeRO-1, NO_SHARD)".into());
+        }
         6 => {
             if s.parallel.backward_prefetch == BackwardPrefetch::None || s.parallel.sharding == Sharding::None {
                 return Err("no backward prefetch to turn off".into());
