@@ -332,3 +332,77 @@ fn the_pipeline_engine_keeps_stage_outputs_partitioned_over_tensor_parallelism()
     assert_eq!(sized("stage output partition kept for backward"), vec![whole / 2; 8]);
     assert_eq!(sized("stage output rebuilt for backward"), vec![whole; 8]);
 }
+
+/// Highest GatheredParameters bytes of micro-batch `mb` of `step`.
+fn gathered_in(sim: &stepsim::Simulation, step: u32, mb: u32) -> u64 {
+    let labels = &sim.schedule().labels;
+    let tasks = &sim.schedule().program.tasks;
+    sim.trace()
+        .timeline
+        .samples
+        .iter()
+        .filter(|x| {
+            let l = &labels[tasks[x.task].label as usize];
+            l.step == step && l.micro_batch == mb && matches!(l.phase, Phase::Forward | Phase::Backward)
+        })
+        .map(|x| x.by_category[Category::GatheredParameters.index()])
+        .max()
+        .unwrap_or(0)
+}
+
+/// DeepSpeed ZeRO-3 fetches each module's parameters at its hooks
+/// (`PartitionedParameterCoordinator.fetch_sub_module`): with no trace yet (the first
+/// micro-batch) one module at a time, released after it; with a trace, prefetching along it
+/// until `stage3_max_live_parameters` elements are available.
+#[test]
+fn zero3_fetches_module_by_module_and_prefetches_up_to_the_live_cap() {
+    let sim = job(8, "zero3", "bf16-mixed-adam", "");
+    let largest = 50257 * 2048; // the word embedding, the largest module
+                                // No trace: the largest module alone (BF16).
+    assert_eq!(gathered_in(&sim, 1, 0), 2 * largest);
+    // With the trace: up to the 1e9-element cap, overshot by at most the module that
+    // crossed it and the module being fetched.
+    for (step, mb) in [(1, 1), (2, 0), (2, 1)] {
+        let g = gathered_in(&sim, step, mb);
+        assert!(g > 2 * 900_000_000 && g <= 2 * (1_000_000_000 + 2 * largest), "step {step} mb {mb}: {g}");
+    }
+    // The cap bounds what prefetching adds; the reuse window (the last layers' parameters,
+    // used again within stage3_max_reuse_distance elements) is kept whatever the cap.
+    let capped = job(8, "zero3", "bf16-mixed-adam", "[deepspeed]\nstage3_max_live_parameters = 2e8\n");
+    assert!(gathered_in(&capped, 2, 0) < gathered_in(&sim, 2, 0));
+    let tight = "[deepspeed]\nstage3_max_live_parameters = 2e8\nstage3_max_reuse_distance = 0\n";
+    let g = gathered_in(&job(8, "zero3", "bf16-mixed-adam", tight), 2, 0);
+    assert!(g <= 2 * (200_000_000 + 2 * largest), "{g}");
+    let none = job(8, "zero3", "bf16-mixed-adam", "[deepspeed]\nstage3_prefetch_bucket_size = 0\n");
+    let no_reuse = job(
+        8,
+        "zero3",
+        "bf16-mixed-adam",
+        "[deepspeed]\nstage3_prefetch_bucket_size = 0\nstage3_max_reuse_distance = 0\n",
+    );
+    assert!(gathered_in(&none, 2, 0) < gathered_in(&sim, 2, 0));
+    assert_eq!(gathered_in(&no_reuse, 2, 0), 2 * largest);
+    // The first step waits for every fetch; later ones are prefetched.
+    let t = |s: &stepsim::Simulation, k: usize| s.report.steps[k].time_s;
+    assert!(t(&sim, 0) > t(&sim, 1), "{} vs {}", t(&sim, 0), t(&sim, 1));
+    assert!(t(&none, 1) > t(&sim, 1));
+}
+
+/// Parameters of at most `stage3_param_persistence_threshold` elements (1e5 by default)
+/// are never partitioned: whole on every rank from initialisation (`ds_persist`).
+#[test]
+fn zero3_keeps_small_parameters_whole() {
+    let persistent = |extra: &str| -> u64 {
+        let sim = job(8, "zero3", "bf16-mixed-adam", extra);
+        let prog = &sim.schedule().program;
+        prog.buffers
+            .iter()
+            .filter(|b| prog.names[b.name as usize].starts_with("ZeRO-3 persistent parameters"))
+            .map(|b| b.bytes)
+            .sum()
+    };
+    // The norms: two per block and the final one, weight and bias of 2048 each (BF16); the
+    // linears (with their biases) and the embeddings are larger.
+    assert_eq!(persistent(""), (2 * 24 + 1) * 2 * 2048 * 2);
+    assert_eq!(persistent("[deepspeed]\nstage3_param_persistence_threshold = 0\n"), 0);
+}

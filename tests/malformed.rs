@@ -675,6 +675,16 @@ fn cases() -> Vec<Case> {
             &["MAJOR.MINOR.PATCH"],
         ),
         case(
+            "deepspeed.stage3_max_live_parameters fractional",
+            b().set("parallel", "framework", "\"deepspeed\"").set("parallel", "sharding", "\"zero3\"").set(
+                "deepspeed",
+                "stage3_max_live_parameters",
+                "2.5",
+            ),
+            "deepspeed.stage3_max_live_parameters",
+            &["whole number of elements from 0", "1e9"],
+        ),
+        case(
             "deepspeed.sub_group_size negative",
             b().set("parallel", "framework", "\"deepspeed\"").set("parallel", "sharding", "\"zero2\"").set(
                 "deepspeed",

@@ -38,6 +38,7 @@ pub const COUNTERFACTUAL_NAMES: &[&str] = &[
     "DeepSpeed ZeRO-3: smaller optimizer sub-groups (sub_group_size / 10)",
     "recompute the experts' activation (Megatron --recompute-modules moe_act)",
     "Megatron --use-precision-aware-optimizer (FP32 master as int16 remainders)",
+    "DeepSpeed ZeRO-3: fewer live parameters (stage3_max_live_parameters, stage3_max_reuse_distance / 10)",
 ];
 
 /// The index of the change that applies to mixtures of experts only (no row for a dense
@@ -72,6 +73,10 @@ const MOE_ACT: usize = 22;
 /// the FP32 master as the int16 remainder of each BF16 parameter (bit-exact, 2 B less per
 /// sharded element). Megatron's distributed optimizer with BF16 parameters only.
 const PRECISION_AWARE: usize = 23;
+/// DeepSpeed ZeRO-3's fetch window made smaller: prefetching stops at a tenth of the live
+/// parameters and a tenth of the reuse distance keeps fewer gathered (`zero3_fetch`): offered
+/// under DeepSpeed only.
+const FEWER_LIVE: usize = 24;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Counterfactual {
@@ -648,6 +653,28 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
                 v,
             )]
         }
+        FEWER_LIVE => {
+            let offloaded = s.parallel.offload.as_ref().is_some_and(|o| o.parameters.is_some());
+            if s.parallel.sharding != Sharding::Zero3 || offloaded {
+                return Err("no ZeRO-3 fetching of on-GPU parameters".into());
+            }
+            let ds = &s.parallel.deepspeed;
+            if ds.stage3_max_live_parameters == 0 && ds.stage3_max_reuse_distance == 0 {
+                return Err("nothing is kept live already".into());
+            }
+            v.parallel.deepspeed.stage3_max_live_parameters = ds.stage3_max_live_parameters / 10;
+            v.parallel.deepspeed.stage3_max_reuse_distance = ds.stage3_max_reuse_distance / 10;
+            vec![(
+                format!(
+                    "DeepSpeed stage3_max_live_parameters {:e} -> {:e}, stage3_max_reuse_distance {:e} -> {:e}",
+                    ds.stage3_max_live_parameters as f64,
+                    (ds.stage3_max_live_parameters / 10) as f64,
+                    ds.stage3_max_reuse_distance as f64,
+                    (ds.stage3_max_reuse_distance / 10) as f64
+                ),
+                v,
+            )]
+        }
         _ => return Err("no such change".into()),
     })
 }
@@ -770,7 +797,7 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
         if ((which == FUSED_LOSS || which == SELECTIVE_OP) && megatron)
             || (which == SYNC_EACH && !s.parallel.no_sync)
             || (which == NO_NVLS && !s.nccl.nvls)
-            || ((which == SMALLER_IPG || which == SMALLER_SUB_GROUP)
+            || ((which == SMALLER_IPG || which == SMALLER_SUB_GROUP || which == FEWER_LIVE)
                 && s.parallel.framework != crate::plan::Framework::Deepspeed)
         {
             continue;

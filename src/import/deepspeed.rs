@@ -67,11 +67,7 @@ const ZERO_NO_EFFECT: &[(&str, &str)] = &[
 
 /// `zero_optimization` keys stepsim cannot express yet, with what they change.
 const ZERO_NOT_EXPRESSED: &[(&str, &str)] = &[
-    ("stage3_prefetch_bucket_size", "how far ZeRO-3 prefetches parameters (stepsim prefetches one unit)"),
-    ("stage3_max_live_parameters", "the cap on gathered parameters (stepsim gathers one unit ahead)"),
-    ("stage3_max_reuse_distance", "when ZeRO-3 keeps a gathered parameter for reuse"),
-    ("stage3_param_persistence_threshold", "small parameters kept gathered (stepsim gathers every unit)"),
-    ("stage3_model_persistence_threshold", "small parameters kept gathered"),
+    ("stage3_model_persistence_threshold", "a cap on the persistent parameters' total (stepsim has none)"),
     ("zero_hpz_partition_size", "ZeRO++ hierarchical partitioning"),
     ("zero_quantized_weights", "ZeRO++ quantized all-gather"),
     ("zero_quantized_gradients", "ZeRO++ quantized reduce-scatter"),
@@ -239,6 +235,39 @@ pub fn import(file: &str, config: &str, a: &DeepspeedArgs) -> Result<Import, Imp
             },
         }
     }
+    // ZeRO-3's fetch knobs: 0 is a valid setting of each (no prefetch, no reuse, nothing
+    // persistent).
+    for key in [
+        "stage3_prefetch_bucket_size",
+        "stage3_max_live_parameters",
+        "stage3_max_reuse_distance",
+        "stage3_param_persistence_threshold",
+    ] {
+        match zero.get(key) {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) if s == "auto" => {
+                im.assumed.push(format!("zero_optimization.{key} \"auto\": DeepSpeed's default (the Trainer sets it from the model's hidden size; give a number to use it)"));
+            }
+            Some(x) => match x.as_f64() {
+                Some(n) if (0.0..=MAX_ELEMENTS).contains(&n) => {
+                    // The Trainer writes 0.9 x hidden^2 for the prefetch bucket, which need
+                    // not be whole: stepsim takes the integer part (an element more or less).
+                    let whole = match n.trunc() {
+                        0.0 => "0".to_string(),
+                        w => format!("{w:e}"),
+                    };
+                    ds.push_str(&format!("{key} = {whole}\n"));
+                    im.mapped.push(format!("zero_optimization.{key} {whole} elements"));
+                }
+                _ => {
+                    return Err(err(
+                        &format!("zero_optimization.{key}"),
+                        format!("must be a number of elements from 0 to 2^40, or \"auto\", got {x}"),
+                    ))
+                }
+            },
+        }
+    }
     for key in ["contiguous_gradients", "overlap_comm"] {
         match zero.get(key) {
             _ if key == "contiguous_gradients" && no_ipg => ds.push_str("contiguous_gradients = false\n"),
@@ -295,6 +324,10 @@ pub fn import(file: &str, config: &str, a: &DeepspeedArgs) -> Result<Import, Imp
         "reduce_bucket_size",
         "allgather_bucket_size",
         "sub_group_size",
+        "stage3_prefetch_bucket_size",
+        "stage3_max_live_parameters",
+        "stage3_max_reuse_distance",
+        "stage3_param_persistence_threshold",
         "contiguous_gradients",
         "overlap_comm",
         "offload_optimizer",

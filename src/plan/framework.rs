@@ -212,6 +212,16 @@ pub struct DeepspeedConfig {
     /// ZeRO-3: the optimizer steps its flat FP32 master in sub-groups of at most this many
     /// partition elements, and keeps an FP32 gradient buffer as large as the largest.
     pub sub_group_size: u64,
+    /// ZeRO-3's parameter fetching (`DeepSpeedZeroConfig`, runtime/zero/config.py; see
+    /// `schedule/zero3_fetch.rs`): elements prefetched ahead of the trace
+    /// (`stage3_prefetch_bucket_size`, default 5e7), the cap on gathered elements
+    /// (`stage3_max_live_parameters`, 1e9), how far ahead in the trace a parameter's next use
+    /// keeps it gathered (`stage3_max_reuse_distance`, 1e9 elements), and the size at or below
+    /// which a parameter is never partitioned (`stage3_param_persistence_threshold`, 1e5).
+    pub stage3_prefetch_bucket_size: u64,
+    pub stage3_max_live_parameters: u64,
+    pub stage3_max_reuse_distance: u64,
+    pub stage3_param_persistence_threshold: u64,
     /// The DeepSpeed release (major, minor, patch) whose initialisation is modelled
     /// ([`Self::empties_cache_after_moving_params`], [`Self::moments_at_init`]).
     #[serde(serialize_with = "version_string")]
@@ -235,6 +245,10 @@ impl Default for DeepspeedConfig {
             overlap_comm: false,
             sub_group_size: 1_000_000_000,
             version: DEEPSPEED_DEFAULT_VERSION,
+            stage3_prefetch_bucket_size: 50_000_000,
+            stage3_max_live_parameters: 1_000_000_000,
+            stage3_max_reuse_distance: 1_000_000_000,
+            stage3_param_persistence_threshold: 100_000,
         }
     }
 }

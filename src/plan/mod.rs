@@ -1204,6 +1204,17 @@ impl Plan {
         flat && self.training.precision.master.is_some() && self.units.iter().all(|u| u.frozen_bytes == 0)
     }
 
+    /// DeepSpeed ZeRO-3 fetches each module's parameters by its hooks (schedule/zero3_fetch.rs)
+    /// rather than a block at a time: not with offloaded parameters, experts, frozen (LoRA)
+    /// or FP8-gathered weights, or a pipeline, which keep the per-block model.
+    pub fn zero3_fetches_modules(&self) -> bool {
+        self.parallel.framework == Framework::Deepspeed
+            && self.parallel.sharding == Sharding::Zero3
+            && !self.params_offloaded()
+            && self.pipeline() == 1
+            && self.units.iter().all(|u| u.expert_params == 0 && u.frozen_bytes == 0 && u.fp8_gathered == 0)
+    }
+
     /// Which DeepSpeed optimizer wrapper owns the gradients and the step, if any (see
     /// [`DeepspeedOptimizer`]).
     pub fn deepspeed_optimizer(&self) -> Option<DeepspeedOptimizer> {

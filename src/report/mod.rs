@@ -619,6 +619,11 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
     let mut assumptions = assumptions;
     if let Some(line) = deepspeed_assumption(plan) {
         assumptions.push(line);
+    } else if plan.parallel.framework == crate::plan::Framework::Deepspeed
+        && plan.parallel.sharding == crate::plan::Sharding::Zero3
+    {
+        // Under offload no optimizer wrapper line is written; the fetching still applies.
+        assumptions.push(format!("DeepSpeed ZeRO-3: {}", zero3_fetch_clause(plan)));
     }
     if let Some(line) = megatron_assumption(plan) {
         assumptions.push(line);
@@ -1262,7 +1267,7 @@ fn deepspeed_assumption(plan: &crate::plan::Plan) -> Option<String> {
             kept,
         ),
         DeepspeedOptimizer::ZeroStage3 => format!(
-            "DeepSpeed {}: from initialisation, the gradient partitions {} (grad_partitions_flat_buffer, {}), the IPG bucket {} (reduce_bucket_size {:e} elements x {} B, contiguous_gradients={}; each gradient is copied into it as autograd produces it and freed) and the FP32 gradient of the largest optimizer sub-group {} (min(partition, sub_group_size {:e}) elements x 4 B, initialize_optimizer_states); parameters gathered per FSDP-like block unit (DeepSpeed fetches per submodule with stage3_prefetch_bucket_size prefetch: not modelled){}",
+            "DeepSpeed {}: from initialisation, the gradient partitions {} (grad_partitions_flat_buffer, {}), the IPG bucket {} (reduce_bucket_size {:e} elements x {} B, contiguous_gradients={}; each gradient is copied into it as autograd produces it and freed) and the FP32 gradient of the largest optimizer sub-group {} (min(partition, sub_group_size {:e}) elements x 4 B, initialize_optimizer_states); {}{}",
             which.name(),
             fmt_bytes(part * pr.grad.bytes()),
             pr.grad.name(),
@@ -1272,6 +1277,7 @@ fn deepspeed_assumption(plan: &crate::plan::Plan) -> Option<String> {
             ds.contiguous_gradients,
             fmt_bytes(ds.stage3_sub_group_elements(part) * 4),
             ds.sub_group_size as f64,
+            zero3_fetch_clause(plan),
             kept,
         ),
         DeepspeedOptimizer::Fp16Optimizer => {
@@ -1298,6 +1304,21 @@ fn deepspeed_assumption(plan: &crate::plan::Plan) -> Option<String> {
         ),
     };
     Some(format!("{line} (DeepSpeed {}, [deepspeed] version)", ds.version_name()))
+}
+
+/// How ZeRO-3 gathers parameters (src/schedule/zero3_fetch.rs).
+fn zero3_fetch_clause(plan: &crate::plan::Plan) -> String {
+    let ds = plan.parallel.deepspeed;
+    if !plan.zero3_fetches_modules() {
+        return "parameters gathered a block at a time, as FSDP does (DeepSpeed's module-by-module fetching is modelled without offloaded parameters, experts or LoRA only)".into();
+    }
+    format!(
+        "each module's parameters all-gathered by its forward and backward hooks (fetch_sub_module) and released after it; from the second micro-batch, with the recorded trace, prefetched along it up to stage3_prefetch_bucket_size {:e} elements a fetch while fewer than stage3_max_live_parameters {:e} are gathered, and kept when used again within stage3_max_reuse_distance {:e} elements; parameters of at most stage3_param_persistence_threshold {:e} elements whole on every rank",
+        ds.stage3_prefetch_bucket_size as f64,
+        ds.stage3_max_live_parameters as f64,
+        ds.stage3_max_reuse_distance as f64,
+        ds.stage3_param_persistence_threshold as f64
+    )
 }
 
 /// What DeepSpeed's wrapper does as it initialises, as the release in use does it

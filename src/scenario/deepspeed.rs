@@ -35,6 +35,39 @@ pub(super) fn validate_deepspeed(
     elements("deepspeed.reduce_bucket_size", d.reduce_bucket_size, &mut out.reduce_bucket_size)?;
     elements("deepspeed.allgather_bucket_size", d.allgather_bucket_size, &mut out.allgather_bucket_size)?;
     elements("deepspeed.sub_group_size", d.sub_group_size, &mut out.sub_group_size)?;
+    // ZeRO-3's fetch knobs: 0 is DeepSpeed's "none" (no prefetch, no reuse, nothing
+    // persistent, nothing live ahead).
+    let knobs = [
+        (
+            "deepspeed.stage3_prefetch_bucket_size",
+            d.stage3_prefetch_bucket_size,
+            &mut out.stage3_prefetch_bucket_size,
+            "5e7",
+        ),
+        (
+            "deepspeed.stage3_max_live_parameters",
+            d.stage3_max_live_parameters,
+            &mut out.stage3_max_live_parameters,
+            "1e9",
+        ),
+        ("deepspeed.stage3_max_reuse_distance", d.stage3_max_reuse_distance, &mut out.stage3_max_reuse_distance, "1e9"),
+        (
+            "deepspeed.stage3_param_persistence_threshold",
+            d.stage3_param_persistence_threshold,
+            &mut out.stage3_param_persistence_threshold,
+            "1e5",
+        ),
+    ];
+    for (field, x, into, default) in knobs {
+        let Some(x) = x else { continue };
+        if !((0.0..=MAX_BUCKET_ELEMENTS).contains(&x) && x.fract() == 0.0) {
+            return Err(v.err(
+                field,
+                format!("must be a whole number of elements from 0 to 2^40 (DeepSpeed's default: {default}), got {x}"),
+            ));
+        }
+        *into = x as u64;
+    }
     if let Some(c) = d.contiguous_gradients {
         out.contiguous_gradients = c;
     }

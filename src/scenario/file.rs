@@ -417,6 +417,11 @@ pub struct DeepspeedSection {
     pub sub_group_size: Option<f64>,
     /// The DeepSpeed release, "MAJOR.MINOR" or "MAJOR.MINOR.PATCH".
     pub version: Option<String>,
+    /// ZeRO-3's fetch knobs, in elements (DeepSpeed writes 5e7, 1e9, 1e9, 1e5).
+    pub stage3_prefetch_bucket_size: Option<f64>,
+    pub stage3_max_live_parameters: Option<f64>,
+    pub stage3_max_reuse_distance: Option<f64>,
+    pub stage3_param_persistence_threshold: Option<f64>,
 }
 
 /// `[megatron]`: Megatron-LM's communication-overlap flags, by their command-line names

@@ -115,6 +115,7 @@ impl Builder<'_> {
             // linear's input-gradient GEMM).
             alloc.extend(self.blas_workspace(op, 1));
             let n_input_grads = alloc.len();
+            let fetched = self.zero3_fetch(i, (step, mb, Phase::Backward), self.last_task(), &mut deps);
             if op.params + op.shared_params > 0 {
                 if plan.grads_sharded {
                     self.unsharded_grad(&mut st, op, i, u, &mut alloc);
@@ -140,6 +141,7 @@ impl Builder<'_> {
                 self.task(COMPUTE, secs, deps, alloc, label)
             };
             st.last_bwd_task = t;
+            self.zero3_release(i, fetched, t);
             let mut f = std::mem::take(&mut st.free_bwd[i]);
             for &o in &op.outputs {
                 if let Some(g) = st.grad_buf[o] {
@@ -165,6 +167,7 @@ impl Builder<'_> {
                 self.post_backward_unit(&mut st, op.region, u, t);
             }
         }
+        self.zero3_end_pass();
         self.finish_unit_grads(&mut st);
         if let Some(w) = self.fsdp2_release_reduce_scatter_input(step, mb, st.last_bwd_task) {
             self.step_comm.push(w);

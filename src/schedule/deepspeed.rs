@@ -125,6 +125,7 @@ impl Builder<'_> {
     pub(super) fn deepspeed_init(&mut self, constructed: Vec<u32>) {
         if self.ds_stage3() {
             self.deepspeed_stage3_init();
+            self.zero3_persistent_init();
             return;
         }
         if self.deepspeed_flattens() {

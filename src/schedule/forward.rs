@@ -54,6 +54,7 @@ impl Builder<'_> {
         let cb = self.pr().compute.bytes();
         let casts = !plan.params_sharded && self.pr().param != self.pr().compute;
         let (recv_after, first_deps) = self.take_prior_send();
+        self.zero3_start_pass();
         let mut st = FwdPass {
             step,
             mb,
@@ -113,6 +114,7 @@ impl Builder<'_> {
                 self.pre_forward_unit(&mut st, op.region, u, &mut deps);
             }
             self.megatron_pre_forward(&st, i, &mut deps);
+            let fetched = self.zero3_fetch(i, (step, mb, Phase::Forward), self.last_task(), &mut deps);
             prev_region = Some(op.region);
             for &t in &op.outputs {
                 let tp = self.tensors[t];
@@ -167,6 +169,7 @@ impl Builder<'_> {
                     .with_work(op.fwd_flops, self.cost.forward_bytes(op)),
             );
             st.last = t;
+            self.zero3_release(i, fetched, t);
             let mut f = std::mem::take(&mut st.free_fwd[i]);
             f.extend(frees_now);
             self.free_at(t, &f);

@@ -59,6 +59,7 @@ pub mod pipeline;
 mod recompute;
 mod sharding;
 mod tensor_parallel;
+mod zero3_fetch;
 
 pub const COMPUTE: u16 = 0;
 pub const NCCL: u16 = 1;
@@ -177,6 +178,9 @@ struct Builder<'a> {
     /// step (see `deepspeed`).
     ds_ipg: Option<u32>,
     ds_grad_partition: Option<u32>,
+    /// DeepSpeed ZeRO-3's submodule-by-submodule fetching (see `zero3_fetch`), where it
+    /// replaces the per-unit all-gathers.
+    zero3: Option<zero3_fetch::Zero3Fetch>,
     /// Megatron: the stage's gradient buckets, and each bucket's parameter all-gather of
     /// this step not yet waited for (`--overlap-param-gather`; see `megatron`).
     mg_buckets: megatron::Buckets,
@@ -345,6 +349,10 @@ impl<'a> Builder<'a> {
             megatron::Buckets { of_op: vec![None; dag.ops.len()], ..Default::default() }
         };
         let mg_param_ag = vec![None; mg_buckets.elements.len()];
+        let zero3 = match chunk_ops.as_slice() {
+            [only] => zero3_fetch::Zero3Fetch::new(dag, plan, *only, &recompute_ops),
+            _ => None,
+        };
         Builder {
             dag,
             plan,
@@ -374,6 +382,7 @@ impl<'a> Builder<'a> {
             last_task_of_prev_step: None,
             ds_ipg: None,
             ds_grad_partition: None,
+            zero3,
             mg_buckets,
             mg_param_ag,
             hw_flops: 0.0,
@@ -481,6 +490,11 @@ impl<'a> Builder<'a> {
 
     /// `task` frees `bufs` when it ends (after the frees given it before).
     #[inline]
+    /// The task created last (what the CPU has issued so far), if any.
+    fn last_task(&self) -> Option<u32> {
+        self.prog.tasks.len().checked_sub(1).map(|t| t as u32)
+    }
+
     fn free_at(&mut self, task: u32, bufs: &[u32]) {
         self.frees.extend(bufs.iter().map(|&b| (task, b)));
     }

@@ -82,7 +82,8 @@ impl Builder<'_> {
                 self.hw_flops += rop.fwd_flops;
                 let mut d = if k == 0 { deps.to_vec() } else { vec![] };
                 d.extend(rpending.take());
-                self.task(
+                let fetched = self.zero3_fetch(ri, (step, mb, Phase::Backward), self.last_task(), &mut d);
+                let t = self.task(
                     COMPUTE,
                     secs,
                     d,
@@ -97,7 +98,9 @@ impl Builder<'_> {
                     )
                     .with_region(rop.region)
                     .with_work(rop.fwd_flops, self.cost.forward_bytes(rop)),
-                )
+                );
+                self.zero3_release(ri, fetched, t);
+                t
             };
             // Pending transient frees: attach now to this task if their consumer is this
             // op, else remember them for the consumer's recompute task.

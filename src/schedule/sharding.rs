@@ -206,7 +206,7 @@ impl Builder<'_> {
     /// NO_SHARD without a low-precision `param_dtype`, which runs on the parameters as they are.
     #[inline]
     pub(super) fn gathers(&self) -> bool {
-        self.plan.params_sharded && !(self.no_shard() && self.pr().param == self.pr().compute)
+        self.plan.params_sharded && !(self.no_shard() && self.pr().param == self.pr().compute) && self.zero3.is_none()
     }
 
     /// FSDP2's `wait_for_unshard` for unit `u`, whose all-gather is task `t`: a copy kernel
