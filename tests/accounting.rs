@@ -225,24 +225,18 @@ fn model_state_matches_zero_table_1() {
             // beyond the paper's K = 12 (src/plan/framework.rs `DeepspeedOptimizer::ZeroStage3`):
             // compared apart, by its size.
             let prog = &sim.schedule().program;
-            let fp32_sub_group: u64 = prog
-                .buffers
-                .iter()
-                .filter(|b| prog.names[b.name as usize].starts_with("ZeRO-3 FP32 gradient of the largest"))
-                .map(|b| b.bytes.div_ceil(512) * 512)
-                .sum();
+            let named = |prefix: &str| -> u64 {
+                let named = prog.buffers.iter().filter(|b| prog.names[b.name as usize].starts_with(prefix));
+                named.map(|b| b.bytes.div_ceil(512) * 512).sum()
+            };
+            let fp32_sub_group = named("ZeRO-3 FP32 gradient of the largest");
             if sharding == "zero3" {
                 let part = sim.plan().local_total(true);
                 assert_eq!(fp32_sub_group.div_ceil(512), (part.min(1_000_000_000) * 4).div_ceil(512), "dp {dp}");
             }
             // So are ZeRO-3's persistent parameters (at most stage3_param_persistence_threshold
             // elements each: the norms here), whole on every rank (`ds_persist`).
-            let persistent: u64 = prog
-                .buffers
-                .iter()
-                .filter(|b| prog.names[b.name as usize].starts_with("ZeRO-3 persistent parameters"))
-                .map(|b| b.bytes.div_ceil(512) * 512)
-                .sum();
+            let persistent = named("ZeRO-3 persistent parameters");
             if sharding == "zero3" {
                 assert!(persistent > 0 && persistent < sim.plan().total_params() / 1000, "dp {dp}: {persistent}");
             }

@@ -26,13 +26,16 @@ fn scenario(gpus: u64, sharding: &str, precision: &str, extra: &str) -> Scenario
 
 /// Highest bytes of `cat` over the samples of `phase` (any step).
 fn most(sim: &stepsim::Simulation, cat: Category, phase: Phase) -> u64 {
+    most_where(sim, cat, |l| l.phase == phase)
+}
+
+/// Highest bytes of `cat` over the samples whose task's label passes `keep`.
+fn most_where(sim: &stepsim::Simulation, cat: Category, keep: impl Fn(&stepsim::schedule::TaskLabel) -> bool) -> u64 {
     let labels = &sim.schedule().labels;
     let tasks = &sim.schedule().program.tasks;
-    sim.trace()
-        .timeline
-        .samples
-        .iter()
-        .filter(|x| labels[tasks[x.task].label as usize].phase == phase)
+    let samples = sim.trace().timeline.samples.iter();
+    samples
+        .filter(|x| keep(&labels[tasks[x.task].label as usize]))
         .map(|x| x.by_category[cat.index()])
         .max()
         .unwrap_or(0)
@@ -335,19 +338,9 @@ fn the_pipeline_engine_keeps_stage_outputs_partitioned_over_tensor_parallelism()
 
 /// Highest GatheredParameters bytes of micro-batch `mb` of `step`.
 fn gathered_in(sim: &stepsim::Simulation, step: u32, mb: u32) -> u64 {
-    let labels = &sim.schedule().labels;
-    let tasks = &sim.schedule().program.tasks;
-    sim.trace()
-        .timeline
-        .samples
-        .iter()
-        .filter(|x| {
-            let l = &labels[tasks[x.task].label as usize];
-            l.step == step && l.micro_batch == mb && matches!(l.phase, Phase::Forward | Phase::Backward)
-        })
-        .map(|x| x.by_category[Category::GatheredParameters.index()])
-        .max()
-        .unwrap_or(0)
+    most_where(sim, Category::GatheredParameters, |l| {
+        l.step == step && l.micro_batch == mb && matches!(l.phase, Phase::Forward | Phase::Backward)
+    })
 }
 
 /// DeepSpeed ZeRO-3 fetches each module's parameters at its hooks

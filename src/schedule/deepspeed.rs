@@ -131,27 +131,24 @@ impl Builder<'_> {
         if self.deepspeed_flattens() {
             self.deepspeed_flat_init(constructed);
         } else if self.ds_optimizer() == Some(DeepspeedOptimizer::Bf16Optimizer) {
-            let b = self.bf16_fp32_grads_buffer();
-            self.task(
-                COMPUTE,
-                0.0,
-                vec![],
-                vec![b],
-                init_label(text!(self.names, "BF16_Optimizer FP32 gradient buffer")),
-            );
+            self.bf16_fp32_grads_init();
         }
     }
 
-    fn bf16_fp32_grads_buffer(&mut self) -> u32 {
+    /// BF16_Optimizer's FP32 gradient buffer of every local parameter, made at
+    /// initialisation and kept.
+    fn bf16_fp32_grads_init(&mut self) {
         let el = self.plan.local_total(false);
-        self.buffer(
+        let b = self.buffer(
             el * Dtype::Fp32.bytes(),
             Category::Gradients,
             text!(
                 self.names,
                 "BF16_Optimizer fp32_groups_gradients_flat (FP32 gradient accumulation, not partitioned)"
             ),
-        )
+        );
+        let what = text!(self.names, "BF16_Optimizer FP32 gradient buffer");
+        self.task(COMPUTE, 0.0, vec![], vec![b], init_label(what));
     }
 
     /// [`crate::plan::Plan::deepspeed_flattens`].
@@ -273,14 +270,7 @@ impl Builder<'_> {
         let t = self.task(COMPUTE, 0.0, vec![], vec![clone, m], init_label(text!(self.names, "FP32 master weights")));
         self.free_at(t, &[clone]);
         if kind == DeepspeedOptimizer::Bf16Optimizer {
-            let b = self.bf16_fp32_grads_buffer();
-            self.task(
-                COMPUTE,
-                0.0,
-                vec![],
-                vec![b],
-                init_label(text!(self.names, "BF16_Optimizer FP32 gradient buffer")),
-            );
+            self.bf16_fp32_grads_init();
         }
         let mut alloc = Vec::new();
         let mut frees = Vec::new();
