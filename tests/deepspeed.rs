@@ -399,3 +399,22 @@ fn zero3_keeps_small_parameters_whole() {
     assert_eq!(persistent(""), (2 * 24 + 1) * 2 * 2048 * 2);
     assert_eq!(persistent("[deepspeed]\nstage3_param_persistence_threshold = 0\n"), 0);
 }
+
+/// explain names ZeRO-3's gathered modules by the fetching rules and offers a smaller fetch
+/// window.
+#[test]
+fn explain_names_zero3_fetching_and_offers_fewer_live_parameters() {
+    use stepsim::explain;
+    let mut s = scenario(8, "zero3", "bf16-mixed-adam", "");
+    let need = stepsim::simulate(&s).unwrap().report.peak.unwrap().allocated.bytes;
+    s.cluster.memory_bytes = need + s.cluster.cuda_context_bytes - (64 << 20);
+    let sim = stepsim::simulate(&s).unwrap();
+    assert!(matches!(sim.report.verdict, stepsim::report::Verdict::Oom(_)));
+    let e = explain::explain(&s, &sim, explain::DEFAULT_MARGIN);
+    let gathered = e.live.iter().find(|l| l.reason.starts_with("parameters all-gathered")).expect("a gathered line");
+    assert!(gathered.reason.contains("module-by-module fetching"), "{}", gathered.reason);
+    let v = explain::counterfactual::variants(&s, 24).unwrap();
+    assert_eq!(v[0].1.parallel.deepspeed.stage3_max_live_parameters, 100_000_000);
+    assert!(v[0].0.contains("stage3_max_live_parameters 1e9 -> 1e8"), "{}", v[0].0);
+    assert!(explain::counterfactual::variants(&scenario(8, "zero1", "bf16-mixed-adam", ""), 24).is_err());
+}

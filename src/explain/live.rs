@@ -216,6 +216,23 @@ pub fn from_buffers(
                 let dtype = plan.unsharded_grad_dtype();
                 format!("unsharded {} gradients of {ls} awaiting their {what}", dtype.name())
             }
+            Category::GatheredParameters if plan.zero3_fetches_modules() => {
+                // schedule/zero3_fetch.rs names each module's buffer "... (ZeRO-3 fetch|prefetch, dtype)".
+                let n = names[c].len();
+                let prefetched = names[c].iter().filter(|x| x.contains("ZeRO-3 prefetch")).count();
+                let of = if layers[c].is_empty() {
+                    "the embedding and head".to_string()
+                } else {
+                    format!("layer(s) {}", ranges(&layers[c]))
+                };
+                let ds = &plan.parallel.deepspeed;
+                format!(
+                    "parameters all-gathered in {} by DeepSpeed ZeRO-3's module-by-module fetching: {n} module(s) of {of}, {prefetched} of them prefetched along the trace (up to stage3_max_live_parameters {:e} elements), the others fetched for their use or kept for a reuse within stage3_max_reuse_distance {:e} elements",
+                    pr.compute.name(),
+                    ds.stage3_max_live_parameters as f64,
+                    ds.stage3_max_reuse_distance as f64
+                )
+            }
             Category::GatheredParameters => {
                 let no_shard = plan.parallel.framework.fsdp1_no_shard(plan.parallel.sharding);
                 let mut parts: Vec<String> = names[c]
