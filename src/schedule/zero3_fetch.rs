@@ -134,7 +134,7 @@ impl Zero3Fetch {
             return true;
         }
         let mut traversed = 0;
-        for &q in &self.trace[p + 1..] {
+        for &q in self.trace.get(p + 1..).unwrap_or_default() {
             if traversed >= self.cfg.stage3_max_reuse_distance {
                 break;
             }
