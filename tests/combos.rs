@@ -44,7 +44,14 @@ fn scenario(rng: &mut ChaCha8Rng) -> String {
     let gpus = pick(rng, &["1", "4", "8", "16"]);
     let offload = if rng.random_bool(0.15) { "[offload]\nparameters = \"cpu\"\n" } else { "" };
     let deepspeed = if framework == "deepspeed" && rng.random_bool(0.4) {
-        "[deepspeed]\nreduce_bucket_size = 5e7\nsub_group_size = 1e7\noverlap_comm = true\n"
+        pick(
+            rng,
+            &[
+                "[deepspeed]\nreduce_bucket_size = 5e7\nsub_group_size = 1e7\noverlap_comm = true\n",
+                // An early release (init-time moments, cached blocks) and a tight ZeRO-3 fetch window.
+                "[deepspeed]\nversion = \"0.6\"\nstage3_prefetch_bucket_size = 1e6\nstage3_max_live_parameters = 3e6\nstage3_max_reuse_distance = 1e6\nstage3_param_persistence_threshold = 0\n",
+            ],
+        )
     } else {
         ""
     };
