@@ -121,6 +121,11 @@ enum ImportCommand {
         /// What the Trainer's --bf16 / --fp16 fill a bf16/fp16 "enabled": "auto" with.
         #[arg(long, value_parser = ["bf16", "fp16", "fp32"])]
         dtype: Option<String>,
+        /// The DeepSpeed release the job runs (e.g. 0.14.4; default 0.16.5, the one stepsim
+        /// follows): it decides what initialisation leaves in PyTorch's cache and when Adam's
+        /// moments are made.
+        #[arg(long)]
+        deepspeed_version: Option<String>,
         #[command(flatten)]
         target: ImportTarget,
     },
@@ -206,6 +211,7 @@ fn cli_main() -> ExitCode {
             grad_accum,
             checkpointing,
             dtype,
+            deepspeed_version,
             target: ImportTarget { gpu, gpus_per_node, out },
         }) => {
             let model = match model_arg(model) {
@@ -222,6 +228,7 @@ fn cli_main() -> ExitCode {
                 grad_accum,
                 checkpointing,
                 dtype,
+                version: deepspeed_version,
             };
             import(&config, out, |name, text| stepsim::import::deepspeed::import(name, text, &args), "deepspeed")
         }

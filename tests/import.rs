@@ -25,7 +25,26 @@ fn args(gpus: u64) -> DeepspeedArgs {
         grad_accum: None,
         checkpointing: "none".into(),
         dtype: None,
+        version: None,
     }
+}
+
+/// The job's DeepSpeed release goes to `[deepspeed] version`; without it the default is
+/// listed as an assumption. A release stepsim does not know is refused when the scenario is
+/// validated, with the field named.
+#[test]
+fn the_deepspeed_release_is_taken_from_the_command_line() {
+    let config =
+        r#"{"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true}, "zero_optimization": {"stage": 2}}"#;
+    let im = import("ds.json", config, &args(8)).unwrap();
+    assert!(im.assumed.iter().any(|a| a.starts_with("DeepSpeed 0.16.5")), "{:?}", im.assumed);
+    let old = DeepspeedArgs { version: Some("0.6.5".into()), ..args(8) };
+    let s = scenario(config, &old);
+    assert_eq!(s.parallel.deepspeed.version, (0, 6, 5));
+    let bad = DeepspeedArgs { version: Some("1.0".into()), ..args(8) };
+    let im = import("ds.json", config, &bad).unwrap();
+    let e = Scenario::from_toml(Path::new("imported.toml"), &im.render("deepspeed")).unwrap_err();
+    assert_eq!(e.field, "deepspeed.version", "{e}");
 }
 
 fn scenario(config: &str, a: &DeepspeedArgs) -> Scenario {

@@ -32,6 +32,8 @@ pub struct DeepspeedArgs {
     pub checkpointing: String,
     /// "bf16" | "fp16" | "fp32": what the Trainer's --bf16 / --fp16 fill an "auto" with.
     pub dtype: Option<String>,
+    /// The DeepSpeed release (`[deepspeed] version`); none: stepsim's default.
+    pub version: Option<String>,
 }
 
 /// Keys read and ignored because they change neither memory nor time, with why.
@@ -267,6 +269,16 @@ pub fn import(file: &str, config: &str, a: &DeepspeedArgs) -> Result<Import, Imp
                 }
             },
         }
+    }
+    match &a.version {
+        Some(v) => {
+            ds.push_str(&format!("version = {}\n", super::quote(v)));
+            im.mapped.push(format!("--deepspeed-version {v}: [deepspeed] version"));
+        }
+        None => im.assumed.push(format!(
+            "DeepSpeed {} (stepsim's default; --deepspeed-version gives the job's: before 0.8 initialisation leaves the parameters' blocks in PyTorch's cache, before 0.13.2 Adam's moments exist from initialisation)",
+            crate::plan::DeepspeedConfig::default().version_name()
+        )),
     }
     for key in ["contiguous_gradients", "overlap_comm"] {
         match zero.get(key) {
