@@ -418,3 +418,21 @@ fn explain_names_zero3_fetching_and_offers_fewer_live_parameters() {
     assert!(v[0].0.contains("stage3_max_live_parameters 1e9 -> 1e8"), "{}", v[0].0);
     assert!(explain::counterfactual::variants(&scenario(8, "zero1", "bf16-mixed-adam", ""), 24).is_err());
 }
+
+/// With FP32 parameters DeepSpeedZeroOptimizer still steps a flat FP32 copy of the
+/// partition (`partition.clone().float()`: the clone is the copy) and copies it back.
+#[test]
+fn zero2_in_fp32_keeps_an_fp32_copy_of_the_partition() {
+    let sim = job(8, "zero2", "fp32", "");
+    let plan = sim.plan();
+    assert_eq!(plan.training.precision.master, Some(stepsim::model::Dtype::Fp32));
+    let part = plan.local_total(true);
+    assert_eq!(plan.model_state().master_weights, 4 * part);
+    assert_eq!(most(&sim, Category::MasterWeights, Phase::Init), 4 * part);
+    // No 16-bit clone to cast from: nothing transient beside the zero FP32 gradient.
+    assert_eq!(most(&sim, Category::OptimizerTemp, Phase::Init), 4 * part);
+    // PyTorch's FSDP in FP32 has none.
+    let mut s = scenario(8, "zero2", "fp32", "");
+    s.parallel.framework = stepsim::plan::Framework::Fsdp;
+    assert_eq!(stepsim::simulate(&s).unwrap().plan().training.precision.master, None);
+}

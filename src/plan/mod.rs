@@ -852,6 +852,19 @@ impl Plan {
         gpus_per_node: u64,
     ) -> Plan {
         let sh = parallel.sharding;
+        // DeepSpeedZeroOptimizer steps a flat FP32 copy of the rank's partition even when the
+        // parameters are FP32 (`single_partition_of_fp32_groups = partition.clone().float()`,
+        // stage_1_and_2.py) and copies it back after the step: a master of their dtype.
+        let mut training = training;
+        let pr = &mut training.precision;
+        if parallel.framework == Framework::Deepspeed
+            && matches!(sh, Sharding::Zero1 | Sharding::Zero2)
+            && parallel.offload.is_none()
+            && pr.master.is_none()
+            && pr.param == Dtype::Fp32
+        {
+            pr.master = Some(Dtype::Fp32);
+        }
         let mp = &parallel.model_parallel;
         // Context-parallel ranks hold the same parameters: they reduce gradients (and shard a
         // distributed optimizer) with the data-parallel ones.

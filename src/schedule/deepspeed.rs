@@ -257,18 +257,19 @@ impl Builder<'_> {
                 self.free_at(t, &constructed);
             }
         }
-        let clone = self.buffer(
-            part * p16.bytes(),
-            Category::OptimizerTemp,
-            text!(self.names, "{} copy of the partition (partition.clone().float())", p16.name()),
-        );
         let m = self.buffer(
             part * master.bytes(),
             Category::MasterWeights,
             text!(self.names, "flat {} master partition", master.name()),
         );
-        let t = self.task(COMPUTE, 0.0, vec![], vec![clone, m], init_label(text!(self.names, "FP32 master weights")));
-        self.free_at(t, &[clone]);
+        // FP32 parameters: the clone is the master (`.float()` of an FP32 tensor is itself).
+        let clone = (p16 != master).then(|| {
+            let what = text!(self.names, "{} copy of the partition (partition.clone().float())", p16.name());
+            self.buffer(part * p16.bytes(), Category::OptimizerTemp, what)
+        });
+        let alloc = clone.into_iter().chain([m]).collect();
+        let t = self.task(COMPUTE, 0.0, vec![], alloc, init_label(text!(self.names, "FP32 master weights")));
+        self.free_at(t, &Vec::from_iter(clone));
         if kind == DeepspeedOptimizer::Bf16Optimizer {
             self.bf16_fp32_grads_init();
         }
