@@ -255,11 +255,7 @@ fn bf16_without_zero_points_to_its_equivalent() {
 
 /// Allocated and reserved bytes after the last change of initialisation.
 fn after_init(sim: &stepsim::Simulation) -> (u64, u64) {
-    let labels = &sim.schedule().labels;
-    let tasks = &sim.schedule().program.tasks;
-    let mut s =
-        sim.trace().timeline.samples.iter().filter(|x| labels[tasks[x.task].label as usize].phase == Phase::Init);
-    s.next_back().map(|x| (x.allocated, x.reserved)).unwrap()
+    sim.samples_in(0, Some(Phase::Init)).last().map(|x| (x.allocated, x.reserved)).unwrap()
 }
 
 #[test]

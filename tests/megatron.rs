@@ -143,16 +143,7 @@ fn the_gradient_buffer_exists_from_init_and_is_zeroed_not_freed() {
     let labels = &sim.schedule().labels;
     let tasks = &sim.schedule().program.tasks;
     let grads = |phase: Phase, step: u32| -> Vec<u64> {
-        sim.trace()
-            .timeline
-            .samples
-            .iter()
-            .filter(|x| {
-                let l = &labels[tasks[x.task].label as usize];
-                l.phase == phase && l.step == step
-            })
-            .map(|x| x.by_category[Category::Gradients.index()])
-            .collect()
+        sim.samples_in(step, Some(phase)).map(|x| x.by_category[Category::Gradients.index()]).collect()
     };
     // One FP32 main_grad buffer of every local parameter, from the model's wrapping on.
     assert_eq!(grads(Phase::Init, 0).into_iter().max(), Some(4 * n));

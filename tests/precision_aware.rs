@@ -32,19 +32,7 @@ fn refused(megatron: &str, precision: &str) -> String {
 
 /// Highest bytes of `cat` over the samples of `phase` in `step`.
 fn most(sim: &stepsim::Simulation, cat: Category, phase: Phase, step: u32) -> u64 {
-    let labels = &sim.schedule().labels;
-    let tasks = &sim.schedule().program.tasks;
-    sim.trace()
-        .timeline
-        .samples
-        .iter()
-        .filter(|x| {
-            let l = &labels[tasks[x.task].label as usize];
-            l.phase == phase && l.step == step
-        })
-        .map(|x| x.by_category[cat.index()])
-        .max()
-        .unwrap_or(0)
+    sim.samples_in(step, Some(phase)).map(|x| x.by_category[cat.index()]).max().unwrap_or(0)
 }
 
 #[test]

@@ -229,7 +229,12 @@ pub struct DeepspeedConfig {
 }
 
 fn version_string<S: serde::Serializer>(v: &(u16, u16, u16), s: S) -> Result<S::Ok, S::Error> {
-    s.collect_str(&format_args!("{}.{}.{}", v.0, v.1, v.2))
+    s.collect_str(&version_text(*v))
+}
+
+/// A release as DeepSpeed writes it, "0.16.5".
+fn version_text((a, b, c): (u16, u16, u16)) -> String {
+    format!("{a}.{b}.{c}")
 }
 
 /// The DeepSpeed release stepsim follows unless `[deepspeed] version` says otherwise
@@ -272,8 +277,7 @@ impl DeepspeedConfig {
 
     /// How the report writes the version.
     pub fn version_name(&self) -> String {
-        let (a, b, c) = self.version;
-        format!("{a}.{b}.{c}")
+        version_text(self.version)
     }
 
     /// The IPG buckets' bytes: `torch.empty(reduce_bucket_size, dtype=model dtype)`, two of

@@ -1203,6 +1203,18 @@ impl Plan {
         }
     }
 
+    /// The report's statement of when model state is created: the framework's, with
+    /// DeepSpeed's moments at the first step where its release makes them there.
+    pub fn state_creation(&self) -> String {
+        if self.parallel.framework == Framework::Deepspeed && !self.optimizer_state_at_init() {
+            return format!(
+                "state creation (DeepSpeed ZeRO): parameters and FP32 master partitions when the engine initialises, optimizer state at the first optimizer.step() (DeepSpeed {}: no optimizer step at initialisation since v0.13.2)",
+                self.parallel.deepspeed.version_name()
+            );
+        }
+        self.parallel.framework.state_creation().into()
+    }
+
     /// DeepSpeedZeroOptimizer (ZeRO-1/2), BF16_Optimizer and FP16_Optimizer take the model's
     /// parameters as it made them, one tensor each, and move them into one flat 16-bit
     /// buffer beside an FP32 master (mixed precision); the master and the moments are flat

@@ -605,14 +605,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
         allocator::capacity_assumption(s),
         allocator::nccl_assumption(s),
         allocator::assumption(s),
-        if plan.parallel.framework == crate::plan::Framework::Deepspeed && !plan.optimizer_state_at_init() {
-            format!(
-                "state creation (DeepSpeed ZeRO): parameters and FP32 master partitions when the engine initialises, optimizer state at the first optimizer.step() (DeepSpeed {}: no optimizer step at initialisation since v0.13.2)",
-                plan.parallel.deepspeed.version_name()
-            )
-        } else {
-            plan.parallel.framework.state_creation().into()
-        },
+        plan.state_creation(),
         "activations: per-op saved tensors of PyTorch autograd (Korthikanti et al. 2022 counting); gradient accumulation frees each micro-batch's activations in its backward".into(),
         "the CPU is assumed to run ahead of the GPU: collectives are issued as early as their dependencies (and limit_all_gathers) allow, in one NCCL queue per process group".into(),
     ];

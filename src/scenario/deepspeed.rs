@@ -21,49 +21,49 @@ pub(super) fn validate_deepspeed(
             "the [deepspeed] section sets DeepSpeed's zero_optimization buckets; it needs parallel.framework = \"deepspeed\"",
         ));
     }
-    let elements = |field: &str, x: Option<f64>, into: &mut u64| -> Result<(), ScenarioError> {
-        let Some(x) = x else { return Ok(()) };
-        if !((1.0..=MAX_BUCKET_ELEMENTS).contains(&x) && x.fract() == 0.0) {
-            return Err(v.err(
-                field,
-                format!("must be a whole number of elements from 1 to 2^40 (DeepSpeed's defaults: 5e8 for the buckets, 1e9 for sub_group_size), got {x}"),
-            ));
-        }
-        *into = x as u64;
-        Ok(())
-    };
-    elements("deepspeed.reduce_bucket_size", d.reduce_bucket_size, &mut out.reduce_bucket_size)?;
-    elements("deepspeed.allgather_bucket_size", d.allgather_bucket_size, &mut out.allgather_bucket_size)?;
-    elements("deepspeed.sub_group_size", d.sub_group_size, &mut out.sub_group_size)?;
-    // ZeRO-3's fetch knobs: 0 is DeepSpeed's "none" (no prefetch, no reuse, nothing
-    // persistent, nothing live ahead).
+    // Every knob is a whole number of elements up to 2^40, and at least `min`: ZeRO-3's fetch
+    // knobs take 0 as DeepSpeed's "none" (no prefetch, no reuse, nothing persistent).
     let knobs = [
+        ("deepspeed.reduce_bucket_size", d.reduce_bucket_size, &mut out.reduce_bucket_size, 1.0, "5e8"),
+        ("deepspeed.allgather_bucket_size", d.allgather_bucket_size, &mut out.allgather_bucket_size, 1.0, "5e8"),
+        ("deepspeed.sub_group_size", d.sub_group_size, &mut out.sub_group_size, 1.0, "1e9"),
         (
             "deepspeed.stage3_prefetch_bucket_size",
             d.stage3_prefetch_bucket_size,
             &mut out.stage3_prefetch_bucket_size,
+            0.0,
             "5e7",
         ),
         (
             "deepspeed.stage3_max_live_parameters",
             d.stage3_max_live_parameters,
             &mut out.stage3_max_live_parameters,
+            0.0,
             "1e9",
         ),
-        ("deepspeed.stage3_max_reuse_distance", d.stage3_max_reuse_distance, &mut out.stage3_max_reuse_distance, "1e9"),
+        (
+            "deepspeed.stage3_max_reuse_distance",
+            d.stage3_max_reuse_distance,
+            &mut out.stage3_max_reuse_distance,
+            0.0,
+            "1e9",
+        ),
         (
             "deepspeed.stage3_param_persistence_threshold",
             d.stage3_param_persistence_threshold,
             &mut out.stage3_param_persistence_threshold,
+            0.0,
             "1e5",
         ),
     ];
-    for (field, x, into, default) in knobs {
+    for (field, x, into, min, default) in knobs {
         let Some(x) = x else { continue };
-        if !((0.0..=MAX_BUCKET_ELEMENTS).contains(&x) && x.fract() == 0.0) {
+        if !((min..=MAX_BUCKET_ELEMENTS).contains(&x) && x.fract() == 0.0) {
             return Err(v.err(
                 field,
-                format!("must be a whole number of elements from 0 to 2^40 (DeepSpeed's default: {default}), got {x}"),
+                format!(
+                    "must be a whole number of elements from {min} to 2^40 (DeepSpeed's default: {default}), got {x}"
+                ),
             ));
         }
         *into = x as u64;

@@ -107,15 +107,8 @@ impl Builder<'_> {
                 ds.sub_group_size as f64
             ),
         ));
-        let label = TaskLabel::new(
-            0,
-            Phase::Init,
-            0,
-            text!(self.names, "DeepSpeedZeroOptimizer_Stage3 buffers"),
-            TaskKind::Init,
-            None,
-        );
-        self.task(COMPUTE, 0.0, vec![], bufs, label);
+        let what = text!(self.names, "DeepSpeedZeroOptimizer_Stage3 buffers");
+        self.task(COMPUTE, 0.0, vec![], bufs, init_label(what));
     }
 
     /// Initialisation: ZeRO-3's buffers ([`Self::deepspeed_stage3_init`]); the flat
@@ -128,7 +121,7 @@ impl Builder<'_> {
             self.zero3_persistent_init();
             return;
         }
-        if self.deepspeed_flattens() {
+        if self.plan.deepspeed_flattens() {
             self.deepspeed_flat_init(constructed);
         } else if self.ds_optimizer() == Some(DeepspeedOptimizer::Bf16Optimizer) {
             self.bf16_fp32_grads_init();
@@ -149,11 +142,6 @@ impl Builder<'_> {
         );
         let what = text!(self.names, "BF16_Optimizer FP32 gradient buffer");
         self.task(COMPUTE, 0.0, vec![], vec![b], init_label(what));
-    }
-
-    /// [`crate::plan::Plan::deepspeed_flattens`].
-    pub(super) fn deepspeed_flattens(&self) -> bool {
-        self.plan.deepspeed_flattens()
     }
 
     /// The model's parameters of unit `u` as the model constructs them on the GPU (Megatron's

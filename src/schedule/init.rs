@@ -15,7 +15,7 @@ impl Builder<'_> {
         let on_gpu = !plan.params_offloaded();
         // DeepSpeed's ZeRO-1/2, BF16_Optimizer and FP16_Optimizer move the parameters Megatron
         // (or the user) made, tensor by tensor, into one flat buffer ([`Self::deepspeed_flat_init`]).
-        let flat = self.deepspeed_flattens();
+        let flat = plan.deepspeed_flattens();
         let mut constructed = Vec::new();
         for u in 0..plan.units.len() {
             if flat {
@@ -90,7 +90,7 @@ impl Builder<'_> {
         }
         self.deepspeed_init(constructed);
         self.megatron_init();
-        self.last_task_of_prev_step = self.prog.tasks.len().checked_sub(1).map(|t| t as u32);
+        self.last_task_of_prev_step = self.last_task();
     }
 }
 

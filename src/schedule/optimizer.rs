@@ -43,7 +43,7 @@ impl Builder<'_> {
         let mut alloc = Vec::new();
         let lazy = !plan.optimizer_state_at_init() && step == 1;
         if lazy && tr.states_per_param() > 0 {
-            if self.deepspeed_flattens() {
+            if plan.deepspeed_flattens() {
                 alloc.extend(self.deepspeed_flat_moments());
             } else {
                 for u in 0..plan.units.len() {
