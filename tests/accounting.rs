@@ -51,6 +51,8 @@ fn dag_parameter_counts_match_closed_forms() {
         lora: None,
         routed: None,
         fused_swiglu: false,
+        kernels: Default::default(),
+        flash2: false,
         fp8: None,
         loss: Default::default(),
     };
@@ -102,6 +104,8 @@ fn activations_per_layer_follow_korthikanti() {
             lora: None,
             routed: None,
             fused_swiglu: false,
+            kernels: Default::default(),
+            flash2: false,
             fp8: None,
             loss: Default::default(),
         };

@@ -23,7 +23,7 @@ fn scenario(framework: &str, offload: &str) -> Scenario {
         "[model]\nfamily = \"llama\"\nn_layers = 8\nhidden = 1024\nn_heads = 8\nn_kv_heads = 2\nffn_hidden = 3584\nvocab = 32000\nmax_seq_len = {T}\n\
          [hardware]\ngpu = \"h100-sxm\"\ngpus = 1\n\
          [parallel]\nframework = \"{framework}\"\n\
-         [training]\nmicro_batch = 1\nseq_len = {T}\ngrad_accum = 1\nprecision = \"bf16-mixed-adam\"\nattention = \"flash\"\nloss = \"eager\"\nactivation_checkpointing = \"none\"\n{offload}"
+         [training]\nmicro_batch = 1\nseq_len = {T}\ngrad_accum = 1\nprecision = \"bf16-mixed-adam\"\nattention = \"flash\"\nkernels = \"fused\"\nloss = \"eager\"\nactivation_checkpointing = \"none\"\n{offload}"
     );
     Scenario::from_toml(Path::new("<activation offload>"), &toml).unwrap_or_else(|e| panic!("{e}\n{toml}"))
 }

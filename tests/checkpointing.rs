@@ -25,7 +25,7 @@ fn scenario(framework: &str, layers: u64, training: &str, parallel: &str) -> Sce
         "[model]\nfamily = \"llama\"\nn_layers = {layers}\nhidden = 1024\nn_heads = 8\nn_kv_heads = 2\nffn_hidden = 3584\nvocab = 32000\nmax_seq_len = {T}\n\
          [hardware]\ngpu = \"h100-sxm\"\ngpus = 8\n\
          [parallel]\nframework = \"{framework}\"\n{parallel}\n\
-         [training]\nmicro_batch = 1\nseq_len = {T}\ngrad_accum = 8\nprecision = \"bf16-mixed-adam\"\nattention = \"flash\"\n{training}"
+         [training]\nmicro_batch = 1\nseq_len = {T}\ngrad_accum = 8\nprecision = \"bf16-mixed-adam\"\nattention = \"flash\"\nkernels = \"fused\"\n{training}"
     );
     Scenario::from_toml(Path::new("<checkpointing>"), &toml).unwrap_or_else(|e| panic!("{e}\n{toml}"))
 }

@@ -123,7 +123,7 @@ fn fsdp_context_parallel_all_gathers_the_keys_and_values() {
             "[model]\nfamily = \"llama\"\nn_layers = {LAYERS}\nhidden = {H}\nn_heads = 8\nn_kv_heads = 2\nffn_hidden = {F}\nvocab = 32000\nmax_seq_len = 16384\n\
              [hardware]\ngpu = \"h100-sxm\"\ngpus = 8\n\
              [parallel]\nframework = \"fsdp\"\nsharding = \"full_shard\"\ncontext = 4\n{rotate}\n\
-             [training]\nmicro_batch = 1\nseq_len = 16384\ngrad_accum = 1\nprecision = \"bf16-mixed-adam\"\nattention = \"flash\"\n"
+             [training]\nmicro_batch = 1\nseq_len = 16384\ngrad_accum = 1\nprecision = \"bf16-mixed-adam\"\nattention = \"flash\"\nkernels = \"fused\"\n"
         );
         Scenario::from_toml(Path::new("<cp fsdp>"), &toml).unwrap_or_else(|e| panic!("{e}\n{toml}"))
     };

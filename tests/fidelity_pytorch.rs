@@ -41,9 +41,6 @@ fn fsdp1_sharding(strategy: &str) -> String {
 /// Cases stepsim does not model, and why.
 const NOT_COMPARED: &[(&str, &str)] = &[
     ("a_autocast", "CPU autocast (torch.autocast(\"cpu\", bf16)) keeps a different op-by-op dtype policy from CUDA autocast; stepsim models CUDA"),
-    ("a_atennorm", "RMSNorm decomposed into aten ops as on the CPU, keeping FP32 copies a fused CUDA kernel does not"),
-    ("b_atennorm", "RMSNorm decomposed into aten ops as on the CPU (see a_atennorm)"),
-    ("c_atennorm", "RMSNorm decomposed into aten ops as on the CPU (see a_atennorm)"),
     ("nopatch_c_fake", "uncorrected FakeTensorMode figures (ref.py README): a tracker artefact, not device memory"),
     ("nopatch_d", "uncorrected FakeTensorMode figures: the optimizer-step peak is the DTensor propagation artefact ref.py removes"),
     ("xcheck_a", "a CPU vs fake-CUDA cross-check of the reference itself (4 KiB apart), not a training step"),
@@ -80,9 +77,13 @@ fn scenario_for(name: &str, c: &Value) -> String {
          [hardware]\ngpu = \"h100-sxm\"\ngpus = {world}\n{link}\
          [parallel]\nframework = \"{framework}\"\nsharding = \"{sharding}\"\n{raf}{no_sync}\
          [training]\nmicro_batch = {mb}\nseq_len = {seq}\noptimizer = \"{opt}\"\noptimizer_impl = \"{impl_}\"\nprecision = \"{precision}\"\n\
-         activation_checkpointing = \"{ac}\"\nlogits_fp32 = {lf}\nsteps = {steps}\ngrad_accum = {accum}\n\
+         activation_checkpointing = \"{ac}\"\nlogits_fp32 = {lf}\nsteps = {steps}\ngrad_accum = {accum}\nkernels = \"{kernels}\"\n\
          [allocator]\ncublas_workspace = 0\n",
         arch = s("arch"),
+        // The reference's model: a fused-like RMSNorm (what CUDA's `_fused_rms_norm` keeps) and
+        // SDPA's enable_gqa, or with rmsnorm_impl = "aten" the decomposed norm eager PyTorch
+        // runs (FP32 copies saved).
+        kernels = if s("rmsnorm_impl") == "aten" { "eager" } else { "fused" },
         l = n("n_layers"),
         h = n("hidden"),
         a = n("n_heads"),

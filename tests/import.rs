@@ -313,7 +313,8 @@ fn torchtitan_degrees_batches_checkpointing_and_float8() {
     )
     .unwrap();
     assert!(im.toml.contains("[fp8]\nrecipe = \"tensorwise\"\nfsdp_all_gather = true"), "{}", im.toml);
-    assert!(im.not_expressed.iter().any(|n| n.starts_with("compile")), "{:?}", im.not_expressed);
+    assert!(im.mapped.iter().any(|n| n.starts_with("compile")), "{:?}", im.mapped);
+    assert!(im.toml.contains("kernels = \"compiled\""), "{}", im.toml);
     assert!(im.not_expressed.iter().any(|n| n.starts_with("[mystery]")), "{:?}", im.not_expressed);
     Scenario::from_toml(Path::new("imported.toml"), &im.render("torchtitan")).unwrap_or_else(|e| panic!("{e}"));
 }

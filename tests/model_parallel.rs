@@ -50,6 +50,8 @@ fn saved(cfg: &ModelConfig, s: u64, b: u64, t: u64, sp: bool) -> (u64, u64) {
         lora: None,
         routed: None,
         fused_swiglu: false,
+        kernels: Default::default(),
+        flash2: false,
         fp8: None,
         loss: Default::default(),
     };
@@ -96,6 +98,8 @@ fn tensor_parallel_ranks_hold_a_tth_of_the_split_weights() {
         lora: None,
         routed: None,
         fused_swiglu: false,
+        kernels: Default::default(),
+        flash2: false,
         fp8: None,
         loss: Default::default(),
     };

@@ -27,7 +27,11 @@ fn check(name: &str) {
             if let Some(f) = a["flops"].as_f64() {
                 *per_step.entry(a["step"].as_u64().unwrap()).or_default() += f;
                 if let Some(r) = a["tflops_per_s"].as_f64() {
-                    assert!(r * 1e12 <= peak * 1.001, "{name} class {k}: {e} runs above the GPU's peak");
+                    // Causal flash attention's FLOPs are the whole square's (the MFU
+                    // convention); FlashAttention-2 computes half of it, so its rate on that
+                    // count may read up to twice the peak.
+                    let bound = if e["name"].as_str().unwrap().ends_with("attention.core") { 2.0 } else { 1.0 };
+                    assert!(r * 1e12 <= bound * peak * 1.001, "{name} class {k}: {e} runs above the GPU's peak");
                 }
             }
             let cat = e["cat"].as_str().unwrap();

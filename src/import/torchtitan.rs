@@ -276,10 +276,13 @@ pub fn import(file: &str, config: &str, a: &TorchtitanArgs) -> Result<Import, Im
         None => true,
         Some(v) => v.as_float().or(v.as_integer().map(|i| i as f64)).is_some_and(|x| x > 0.0),
     };
-    if boolean(&training, "training", "compile")? || boolean(&compile, "compile", "enable")? {
-        im.not_expressed
-            .push("compile: torch.compile's fused element-wise kernels (stepsim times eager kernels)".into());
-    }
+    let kernels = if boolean(&training, "training", "compile")? || boolean(&compile, "compile", "enable")? {
+        im.mapped.push("compile: kernels = \"compiled\" (torch.compile's fused element-wise kernels)".into());
+        "compiled"
+    } else {
+        im.mapped.push("compile off: kernels = \"eager\" (eager PyTorch's element-wise kernels)".into());
+        "eager"
+    };
     // --- checkpointing
     let mode = string(&ac, "activation_checkpoint", "mode", "selective")?;
     let option = match ac.get("selective_ac_option") {
@@ -406,7 +409,7 @@ pub fn import(file: &str, config: &str, a: &TorchtitanArgs) -> Result<Import, Im
     }
     s.push_str(&format!("\n[parallel]\n{par_toml}"));
     s.push_str(&format!(
-        "\n[training]\nmicro_batch = {local}\nseq_len = {seq}\ngrad_accum = {accum}\nprecision = \"{preset}\"\noptimizer = \"{optimizer}\"\noptimizer_impl = \"{implementation}\"\nactivation_checkpointing = \"{checkpointing}\"\n{ac_toml}attention = \"flash\"\nclip_grad_norm = {clip}\n"
+        "\n[training]\nmicro_batch = {local}\nseq_len = {seq}\ngrad_accum = {accum}\nprecision = \"{preset}\"\noptimizer = \"{optimizer}\"\noptimizer_impl = \"{implementation}\"\nactivation_checkpointing = \"{checkpointing}\"\n{ac_toml}attention = \"flash\"\nkernels = \"{kernels}\"\nclip_grad_norm = {clip}\n"
     ));
     if !fp8.is_empty() {
         s.push_str(&format!("\n[fp8]\n{fp8}"));

@@ -699,12 +699,60 @@ pub struct Workload {
     /// which also save the SiLU output and the product's other factor.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub fused_swiglu: bool,
+    /// Which kernels run the memory-bound ops between the GEMMs ([`KernelStack`]).
+    #[serde(skip_serializing_if = "KernelStack::is_fused")]
+    pub kernels: KernelStack,
+    /// Flash attention runs PyTorch's SDPA flash kernel, FlashAttention-2 (every framework but
+    /// Megatron, whose Transformer Engine runs cuDNN's fused attention), timed at its measured
+    /// rates (`crate::schedule::flash_rates`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub flash2: bool,
     /// FP8 training of the block linears ([`super::fp8`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fp8: Option<super::fp8::Fp8Config>,
     /// How the loss is computed from the final hidden states.
     #[serde(skip_serializing_if = "LossKind::is_eager")]
     pub loss: LossKind,
+}
+
+/// Which kernels run the memory-bound ops between a block's GEMMs: what changes between an
+/// eager PyTorch run, the same run under `torch.compile`, and Megatron's fused kernels.
+/// Only the Llama family's ops differ (RMSNorm, rotary embeddings, grouped-query keys and
+/// values): GPT-style LayerNorm and GELU are single native kernels in eager PyTorch too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KernelStack {
+    /// Eager PyTorch running the model code as torchtitan (`torchtitan/models/norms.py`
+    /// `RMSNorm`, `llama/model.py` `apply_rotary_emb` and `repeat_kv`, 9dec370) and Hugging
+    /// Face transformers (`LlamaRMSNorm`, `apply_rotary_pos_emb`, `repeat_kv`) write it: RMSNorm
+    /// as eight kernels over an FP32 copy, rotary embeddings through FP32 (or half-rotations),
+    /// SiLU and the product as two kernels, grouped-query keys and values expanded to every
+    /// query head before attention ([`super::eager`]).
+    Eager,
+    /// `torch.compile` of the same code (torchtitan `compile = true`): Inductor fuses each
+    /// element-wise chain into one kernel (a norm, a rotary embedding, SiLU with the product,
+    /// whose partitioner saves the product's inputs only); `repeat_kv` still materialises the
+    /// expanded keys and values, which the attention kernel (an extern call) reads.
+    Compiled,
+    /// One kernel per norm and rotary embedding, and grouped-query attention read by the
+    /// attention kernel without copies: Megatron-Core / Transformer Engine (which also fuse
+    /// SwiGLU), and PyTorch model code on `nn.RMSNorm`'s fused CUDA kernel with SDPA's
+    /// `enable_gqa` (torchtitan since 2025; SiLU and the product stay two kernels there).
+    #[default]
+    Fused,
+}
+
+impl KernelStack {
+    pub fn is_fused(&self) -> bool {
+        *self == KernelStack::Fused
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelStack::Eager => "eager",
+            KernelStack::Compiled => "compiled",
+            KernelStack::Fused => "fused",
+        }
+    }
 }
 
 /// The cross-entropy implementation, which decides what the head keeps at the largest

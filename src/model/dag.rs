@@ -14,7 +14,8 @@ use petgraph::graph::{DiGraph, NodeIndex};
 use serde::Serialize;
 
 use super::config::{
-    Attention, ContextComm, Dtype, Family, MlaConfig, ModelConfig, MoeConfig, NormPlacement, RoutedCopies, Workload,
+    Attention, ContextComm, Dtype, Family, KernelStack, MlaConfig, ModelConfig, MoeConfig, NormPlacement, RoutedCopies,
+    Workload,
 };
 use crate::net::Collective;
 
@@ -169,6 +170,19 @@ pub struct Op {
     /// backward, with their gradients).
     #[serde(skip_serializing_if = "is_zero")]
     pub cp_kv_bytes: u64,
+    /// Kernels the op launches, forward and backward: one, or an eager chain's
+    /// ([`super::eager`]), each paying the launch overhead.
+    #[serde(skip_serializing_if = "one_launch")]
+    pub launches: [u32; 2],
+    /// An attention core PyTorch model code runs through FlashAttention-2: the keys each
+    /// query block meets and the head dimension, which decide the kernel's measured rate
+    /// (`crate::schedule::flash_rates`). None: Megatron's fused attention or math attention.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flash2: Option<[u64; 2]>,
+}
+
+fn one_launch(x: &[u32; 2]) -> bool {
+    *x == [1, 1]
 }
 
 fn is_zero(x: &u64) -> bool {
@@ -226,6 +240,8 @@ impl Op {
             expert: false,
             fp8: None,
             cp_kv_bytes: 0,
+            launches: [1, 1],
+            flash2: None,
         }
     }
 
@@ -316,6 +332,8 @@ struct Builder {
     fused_swiglu: bool,
     /// The model's norms have no parameters (OLMo's).
     weightless_norms: bool,
+    /// The kernels of the memory-bound ops ([`Workload::kernels`]).
+    kernels: KernelStack,
 }
 
 impl Builder {
@@ -475,6 +493,7 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         f_out: None,
         fused_swiglu: w.fused_swiglu,
         weightless_norms: cfg.style.weightless_norms,
+        kernels: w.kernels,
     };
     // The norm of the hidden state: the family's, or OLMo's weightless LayerNorm.
     let nfam = if cfg.style.weightless_norms { Family::Gpt } else { cfg.family };
@@ -621,7 +640,7 @@ fn block(bd: &mut Builder, sh: &BlockShape, name: &str, spec: u64, x: TensorId) 
     // --- attention half
     let n1 = if pre_norm { norm_op(bd, nfam, &p("attention_norm"), x, rows, h, c) } else { x };
     let n1_in = bd.f_op(&p("attention"), n1, c);
-    let (q, k, vv);
+    let (q, mut k, mut vv);
     let first_qkv = bd.ops.len();
     match cfg.family {
         Family::Llama if cfg.mla.is_some() => {
@@ -670,6 +689,30 @@ fn block(bd: &mut Builder, sh: &BlockShape, name: &str, spec: u64, x: TensorId) 
             );
             // q*cos and rotate_half(q) live while the sum is formed.
             bd.ops[id].fwd_scratch = 2 * t * qt * c;
+            eager_rope(bd, id, t * (qt + kvd), t * qt, c);
+            // Grouped-query attention in PyTorch model code: `repeat_kv` expands the key and
+            // value heads to every query head (`expand` + `reshape`: a copy), and the
+            // attention kernel reads and saves the copies. Megatron / Transformer Engine pass
+            // the grouped heads to a kernel that reads them as they are.
+            if kvd < qt && bd.kernels != KernelStack::Fused {
+                let kr = bd.tensor(&p("attention.repeat_kv.k"), t * qt, c, TensorKind::Activation);
+                let vr = bd.tensor(&p("attention.repeat_kv.v"), t * qt, c, TensorKind::Activation);
+                // Backward sums each group's gradients back onto its key-value head: the same
+                // bytes the other way.
+                let id = bd.op(
+                    p("attention.repeat_kv"),
+                    OpKind::Elementwise,
+                    0,
+                    (0.0, 0.0),
+                    vec![k, vv],
+                    vec![kr, vr],
+                    vec![],
+                );
+                bd.ops[id].tp_sharded = bd.tp > 1;
+                bd.ops[id].bwd_bytes = Some(bd.ops[id].fwd_bytes);
+                bd.ops[id].launches = [2, 2];
+                (k, vv) = (kr, vr);
+            }
         }
         Family::Gpt => {
             let qkv = bd.tensor(&p("attn.c_attn.out"), t * 3 * h / tp, c, TensorKind::Activation);
@@ -705,6 +748,7 @@ fn block(bd: &mut Builder, sh: &BlockShape, name: &str, spec: u64, x: TensorId) 
                     );
                     // x*cos and rotate_half(x) of the turned part live while they are summed.
                     bd.ops[id].fwd_scratch = 2 * t * (turned / tp) * c;
+                    eager_rope(bd, id, t * turned / tp, t * turned / tp / 2, c);
                 }
             }
         }
@@ -767,6 +811,12 @@ fn block(bd: &mut Builder, sh: &BlockShape, name: &str, spec: u64, x: TensorId) 
     // gpt-oss's sinks: one logit per head of this rank.
     let sinks = if cfg.style.attention_sinks { a } else { 0 };
     let core = bd.op_tp(p("attention.core"), OpKind::AttentionCore, sinks, (att_f, bwd_f), inputs, outs, saves);
+    if w.attention == Attention::Flash && w.flash2 {
+        // Ulysses runs each head on the whole sequence; a ring step, or the all-gather's local
+        // queries, a block of this rank's tokens.
+        let keys = if cp > 1 && w.split.context_comm == ContextComm::AllToAll { s } else { sl };
+        bd.ops[core].flash2 = Some([keys, qk_w / cfg.n_heads]);
+    }
     if cp > 1 {
         let o_bytes = bd.tensors[o].bytes;
         let (moved, scratch) = match w.split.context_comm {
@@ -1402,6 +1452,9 @@ fn norm_op(bd: &mut Builder, family: Family, name: &str, x: TensorId, t: u64, h:
         Family::Gpt => (2 * h, 8),
     };
     let params = if bd.weightless_norms { 0 } else { params };
+    if family == Family::Llama && bd.kernels == KernelStack::Eager {
+        return eager_rmsnorm(bd, name, x, t, h, c, params > 0);
+    }
     let out = bd.tensor(&format!("{name}.out"), t * h, c, TensorKind::Activation);
     let stats = bd.tensor(&format!("{name}.stats"), t, stats_per_row, TensorKind::Stats);
     let tf = t as f64;
@@ -1414,6 +1467,57 @@ fn norm_op(bd: &mut Builder, family: Family, name: &str, x: TensorId, t: u64, h:
         vec![out, stats],
         vec![x, stats],
     );
+    out
+}
+
+/// Rotary embedding op `id` over `elems` elements of q and k, the larger of which has
+/// `largest`, as eager PyTorch runs it ([`super::eager::rope`]): its bytes and launches (per
+/// tensor), and the FP32 temporaries of the larger one.
+fn eager_rope(bd: &mut Builder, id: OpId, elems: u64, largest: u64, c: u64) {
+    if bd.kernels != KernelStack::Eager {
+        return;
+    }
+    let cost = super::eager::rope(c);
+    let op = &mut bd.ops[id];
+    op.fwd_bytes = cost.bytes[0] * elems as f64;
+    op.bwd_bytes = Some(cost.bytes[1] * elems as f64);
+    op.launches = [2 * cost.kernels[0], 2 * cost.kernels[1]];
+    op.fwd_scratch = op.fwd_scratch.max(super::eager::ROPE_SCRATCH * largest);
+}
+
+/// RMSNorm as eager PyTorch runs it ([`super::eager::rmsnorm`]): one op carrying the chain's
+/// bytes and launches, saving the FP32 copy of its input, the normalised output and the
+/// per-row rsqrt, with an FP32 temporary while it runs.
+fn eager_rmsnorm(bd: &mut Builder, name: &str, x: TensorId, t: u64, h: u64, c: u64, weight: bool) -> TensorId {
+    let cost = super::eager::rmsnorm(c, weight);
+    let (copy_b, normed_b) = super::eager::rmsnorm_saves(c, weight);
+    let n = t * h;
+    let out = bd.tensor(&format!("{name}.out"), n, c, TensorKind::Activation);
+    let stats = bd.tensor(&format!("{name}.stats"), t, 4, TensorKind::Stats);
+    let copy = bd.tensor(&format!("{name}.float"), n, copy_b, TensorKind::Activation);
+    let mut outputs = vec![out, stats, copy];
+    let mut saves = vec![copy, stats];
+    if normed_b > 0 {
+        let normed = bd.tensor(&format!("{name}.normed"), n, normed_b, TensorKind::Activation);
+        outputs.push(normed);
+        saves.push(normed);
+    }
+    let params = if weight { h } else { 0 };
+    let tf = t as f64;
+    let id = bd.op(
+        name.to_string(),
+        OpKind::Norm,
+        params,
+        (5.0 * tf * h as f64, 8.0 * tf * h as f64),
+        vec![x],
+        outputs,
+        saves,
+    );
+    let op = &mut bd.ops[id];
+    op.fwd_bytes = cost.bytes[0] * n as f64;
+    op.bwd_bytes = Some(cost.bytes[1] * n as f64);
+    op.launches = cost.kernels;
+    op.fwd_scratch = super::eager::RMSNORM_SCRATCH * n;
     out
 }
 

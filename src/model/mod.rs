@@ -4,14 +4,15 @@
 
 pub mod config;
 pub mod dag;
+pub mod eager;
 pub mod fp8;
 pub mod hf;
 pub mod lora;
 pub mod quant;
 
 pub use config::{
-    Attention, BlockStyle, ContextComm, Dtype, Family, LossKind, MlaConfig, ModelConfig, MoeConfig, MtpConfig,
-    NormPlacement, RoutedCopies, SlidingWindow, TensorSplit, WindowPattern, Workload,
+    Attention, BlockStyle, ContextComm, Dtype, Family, KernelStack, LossKind, MlaConfig, ModelConfig, MoeConfig,
+    MtpConfig, NormPlacement, RoutedCopies, SlidingWindow, TensorSplit, WindowPattern, Workload,
 };
 pub use dag::{build, CommGroup, Fp8Gemm, LayerDag, Op, OpId, OpKind, Region, Tensor, TensorId, TensorKind, TpComm};
 pub use fp8::{Fp8Config, Fp8Recipe};

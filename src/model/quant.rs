@@ -141,6 +141,8 @@ mod tests {
             lora: None,
             routed: None,
             fused_swiglu: false,
+            kernels: Default::default(),
+            flash2: false,
             fp8: None,
             loss: Default::default(),
         };

@@ -1005,7 +1005,7 @@ pub fn throughput_of(
                     _ => format!("peak {:.0} TFLOP/s dense {} ({})", peak_flops / 1e12, plan.training.precision.compute.name(), s.cluster.gpu.source),
                 },
                 format!(
-                    "matmuls at {:.0}% x {:.1}% (best achievable matmul) = {:.0}% of peak (the global fit of src/schedule/cost.rs), {}, flash attention at {:.0}%, memory-bound ops at {:.0}% of {:.2} TB/s HBM, {:.0} us per op",
+                    "matmuls at {:.0}% x {:.1}% (best achievable matmul) = {:.0}% of peak (the global fit of src/schedule/cost.rs), {}, {}, memory-bound ops at {:.0}% of {:.2} TB/s HBM, {:.0} us per op",
                     crate::schedule::cost::MATMUL_EFFICIENCY * 100.0,
                     s.cluster.gpu.max_matmul_fraction * 100.0,
                     crate::schedule::cost::MATMUL_EFFICIENCY * s.cluster.gpu.max_matmul_fraction * 100.0,
@@ -1017,11 +1017,12 @@ pub fn throughput_of(
                             crate::schedule::cost::GEMM_TILE.1,
                         ),
                     },
-                    crate::schedule::cost::ATTENTION_EFFICIENCY * s.cluster.gpu.max_matmul_fraction * 100.0,
+                    attention_rate_text(s),
                     crate::schedule::cost::HBM_EFFICIENCY * 100.0,
                     s.cluster.gpu.hbm_bytes_per_s / 1e12,
                     crate::schedule::cost::OP_OVERHEAD_S * 1e6
                 ),
+                kernel_stack_text(s.workload.kernels, s.model.family),
                 format!(
                     "optimizer step{}: memory-bound, {} B per local element at the same HBM rate: {}",
                     if plan.parallel.offload.is_some() { " (when not offloaded to the CPU)" } else { "" },
@@ -1350,6 +1351,44 @@ pub fn csv_field(s: &str) -> String {
         format!("\"{}\"", s.replace('"', "\"\""))
     } else {
         s.to_string()
+    }
+}
+
+/// The attention kernel's rate as the report states it: FlashAttention-2's measured rate where
+/// PyTorch model code runs it, the end-to-end fit for Megatron's fused attention.
+fn attention_rate_text(s: &crate::scenario::Scenario) -> String {
+    use crate::model::Attention;
+    let fit = crate::schedule::cost::ATTENTION_EFFICIENCY * s.cluster.gpu.max_matmul_fraction * 100.0;
+    match (s.workload.attention, s.workload.flash2) {
+        (Attention::Math, _) => format!("math attention's GEMMs and passes over the scores (flash attention would run at {fit:.0}%)"),
+        (Attention::Flash, false) => format!(
+            "fused flash attention (Transformer Engine / Megatron) at {fit:.0}% of peak on the whole causal square's FLOPs (an end-to-end fit, src/schedule/cost.rs ATTENTION_EFFICIENCY)"
+        ),
+        (Attention::Flash, true) => {
+            let seq = s.workload.seq_len / s.workload.split.context.max(1);
+            let hd = s.model.head_dim();
+            let f = crate::schedule::flash_rates::flash2_fraction(s.cluster.gpu.arch, seq, hd);
+            format!(
+                "attention by FlashAttention-2's measured rate (PyTorch SDPA's flash kernel; the FlashAttention-2 paper's causal forward + backward benchmark, src/schedule/flash_rates.rs): {:.0}% of peak at {seq} tokens and head dim {hd} on this generation, on the half of the causal square the kernel computes",
+                f * 100.0
+            )
+        }
+    }
+}
+
+/// The kernel stack's assumption line.
+fn kernel_stack_text(k: crate::model::KernelStack, family: crate::model::Family) -> String {
+    use crate::model::{Family, KernelStack};
+    if family == Family::Gpt {
+        return format!(
+            "kernels: {} (training.kernels); this family's LayerNorm, GELU and residual adds are single kernels in eager PyTorch too, so only the attention kernel's rate depends on it",
+            k.name()
+        );
+    }
+    match k {
+        KernelStack::Eager => "kernels: eager PyTorch (training.kernels = \"eager\", the default outside Megatron): RMSNorm as 8 kernels forward and 15 backward over an FP32 copy, which it saves with the normalised output (36 and 92 B per element in 16 bits); rotary embeddings through FP32 (20 B per element each way); SiLU and the product as two kernels; grouped-query keys and values copied to every query head (repeat_kv); 4 us per kernel (src/model/eager.rs)".to_string(),
+        KernelStack::Compiled => "kernels: torch.compile (training.kernels = \"compiled\"): one fused kernel per norm, rotary embedding and SiLU-product, which saves the product's inputs; grouped-query keys and values still copied to every query head (repeat_kv)".to_string(),
+        KernelStack::Fused => "kernels: fused (training.kernels = \"fused\", the default under Megatron): one kernel per norm and rotary embedding, grouped-query attention without copies; SwiGLU one kernel under Megatron (--bias-swiglu-fusion), SiLU and the product two kernels in PyTorch model code".to_string(),
     }
 }
 

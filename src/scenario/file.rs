@@ -506,6 +506,9 @@ pub struct TrainingSection {
     /// "eager" | "vocab-parallel" | "fused-linear" (default: Megatron's vocab-parallel
     /// cross-entropy under framework = "megatron", eager otherwise).
     pub loss: Option<String>,
+    /// "eager" | "compiled" | "fused": the kernels of the memory-bound ops (default: fused
+    /// under framework = "megatron", eager otherwise).
+    pub kernels: Option<String>,
     /// With activation_checkpointing = "full": checkpoint every n-th block only (torchtitan's
     /// `selective_ac_option = "n"`).
     pub checkpoint_every: Option<i64>,

@@ -42,7 +42,7 @@ use parallel::{validate_context, validate_model_parallel};
 
 use crate::hardware::{self, Cluster};
 use crate::memory::{AllocatorKind, AllocatorSettings, EmptyCacheAt};
-use crate::model::{Attention, Dtype, Family, ModelConfig, Workload};
+use crate::model::{Attention, Dtype, Family, KernelStack, ModelConfig, Workload};
 use crate::plan::{
     BackwardPrefetch, Checkpointing, Framework, ModelParallel, OptimizerImpl, OptimizerKind, ParallelConfig,
     PipelineSchedule, Precision, Sharding, TrainingConfig,
@@ -442,6 +442,19 @@ fn validate_recompute_modules(
 /// `training.loss`: the cross-entropy implementation. Megatron-Core's own is the default under
 /// framework = "megatron"; eager PyTorch's elsewhere. Liger's fused linear cross-entropy is
 /// not tensor-parallel (it needs the whole vocabulary on one GPU).
+/// `training.kernels`: Megatron runs its fused kernels; every other framework wraps PyTorch
+/// model code, eager unless the user compiles it.
+fn validate_kernels(v: &V, t: &TrainingSection, framework: Framework) -> Result<KernelStack, ScenarioError> {
+    let default = if framework == Framework::Megatron { "fused" } else { "eager" };
+    Ok(
+        match v.choice("training.kernels", t.kernels.as_deref().unwrap_or(default), &["eager", "compiled", "fused"])? {
+            "eager" => KernelStack::Eager,
+            "compiled" => KernelStack::Compiled,
+            _ => KernelStack::Fused,
+        },
+    )
+}
+
 fn validate_loss(
     v: &V,
     t: &TrainingSection,
@@ -1145,6 +1158,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         torch_version: validate_torch_version(&v, t.torch_version.as_deref())?,
     };
     let loss = validate_loss(&v, t, parallel.framework, &parallel.model_parallel, job)?;
+    let kernels = validate_kernels(&v, t, parallel.framework)?;
     let workload = Workload {
         loss,
         micro_batch,
@@ -1163,8 +1177,10 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         lora: None,
         routed: None,
         // Megatron-Core fuses SwiGLU by default (--bias-swiglu-fusion; `SwiGLUFunction` in
-        // megatron/core/fusions/fused_bias_swiglu.py).
-        fused_swiglu: parallel.framework == Framework::Megatron,
+        // megatron/core/fusions/fused_bias_swiglu.py); torch.compile fuses it too.
+        fused_swiglu: parallel.framework == Framework::Megatron || kernels == KernelStack::Compiled,
+        kernels,
+        flash2: parallel.framework != Framework::Megatron,
         fp8: validate_fp8(
             &v,
             f.fp8.as_ref(),

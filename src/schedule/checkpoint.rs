@@ -113,6 +113,24 @@ pub fn plan(dag: &LayerDag, plan: &Plan) -> Checkpoints {
             }
         }
     }
+    // A checkpoint region saves what it reads from outside (`torch.utils.checkpoint` saves
+    // the wrapped function's inputs), whether or not an op inside saves it: eager RMSNorm,
+    // for one, saves an FP32 copy of the block's input rather than the input. Its backward
+    // ends the input's life with the region's first reader's.
+    if matches!(ck, Checkpointing::Full | Checkpointing::SelectiveOp) {
+        for (i, op) in dag.ops.iter().enumerate() {
+            if !matches!(op.region, Region::Block(l) if region_blocks[l as usize]) {
+                continue;
+            }
+            for &t in &op.inputs {
+                let external = dag.tensors[t].producer.map(|p| dag.ops[p].region) != Some(op.region);
+                if external && tensors[t].needs_grad && !tensors[t].kept {
+                    tensors[t].kept = true;
+                    tensors[t].last_saver = Some(tensors[t].last_saver.map_or(i, |c| c.min(i)));
+                }
+            }
+        }
+    }
     // The per-op policy keeps what its saved ops write, whoever reads it.
     for (i, op) in dag.ops.iter().enumerate() {
         if sac_saved.get(i).copied().unwrap_or(false) {

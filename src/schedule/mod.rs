@@ -22,6 +22,7 @@
 //!   optimizer state lazily) and at engine initialisation under DeepSpeed.
 
 pub mod cost;
+pub mod flash_rates;
 pub mod jitter;
 pub mod label;
 pub mod routing;
