@@ -1381,7 +1381,7 @@ fn kernel_stack_text(k: crate::model::KernelStack, family: crate::model::Family)
     use crate::model::{Family, KernelStack};
     if family == Family::Gpt {
         return format!(
-            "kernels: {} (training.kernels); this family's LayerNorm, GELU and residual adds are single kernels in eager PyTorch too, so only the attention kernel's rate depends on it",
+            "kernels: {} (training.kernels); this family's LayerNorm, GELU and residual adds are single kernels in eager PyTorch too, so the setting changes nothing for this model (its attention kernel follows the framework)",
             k.name()
         );
     }

@@ -296,7 +296,7 @@ pub fn render(r: &Report, s: &Scenario) -> String {
     }
     let _ = writeln!(
         o,
-        "Training   micro-batch {} x seq {} x grad_accum {}, {:?} ({:?}), precision {}, checkpointing {}{}, {:?} attention{}",
+        "Training   micro-batch {} x seq {} x grad_accum {}, {:?} ({:?}), precision {}, checkpointing {}{}, {:?} attention, {} kernels{}",
         t.micro_batch,
         t.seq_len,
         t.grad_accum,
@@ -327,6 +327,7 @@ pub fn render(r: &Report, s: &Scenario) -> String {
             )
         },
         s.workload.attention,
+        s.workload.kernels.name(),
         if s.workload.loss.is_eager() { String::new() } else { format!(", loss {}", s.workload.loss.name()) }
     );
     if let Some(a) = &r.activation_offload {
