@@ -42,6 +42,7 @@ fn scenario(rng: &mut ChaCha8Rng) -> String {
     let ac = pick(rng, &["none", "full", "selective", "selective-op"]);
     let accum = pick(rng, &["1", "2", "4"]);
     let gpus = pick(rng, &["1", "4", "8", "16"]);
+    let kernels = pick(rng, &["eager", "compiled", "fused"]);
     let offload = if rng.random_bool(0.15) { "[offload]\nparameters = \"cpu\"\n" } else { "" };
     let deepspeed = if framework == "deepspeed" && rng.random_bool(0.4) {
         pick(
@@ -59,7 +60,7 @@ fn scenario(rng: &mut ChaCha8Rng) -> String {
         "[model]\nfamily = \"llama\"\nn_layers = 4\nhidden = 512\nn_heads = 8\nn_kv_heads = 4\nffn_hidden = 1536\nvocab = 8000\n\
          [hardware]\ngpu = \"h100-sxm\"\ngpus = {gpus}\n\
          [parallel]\n{parallel}{offload}{deepspeed}\
-         [training]\nmicro_batch = 1\nseq_len = 512\ngrad_accum = {accum}\nprecision = \"{precision}\"\nactivation_checkpointing = \"{ac}\"\nsteps = 2\n"
+         [training]\nmicro_batch = 1\nseq_len = 512\ngrad_accum = {accum}\nprecision = \"{precision}\"\nactivation_checkpointing = \"{ac}\"\nkernels = \"{kernels}\"\nsteps = 2\n"
     )
 }
 

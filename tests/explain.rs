@@ -303,3 +303,36 @@ fn a_megatron_mixture_of_experts_is_offered_recomputing_the_experts_activation()
     assert!(counterfactual::variants(v, which).is_err());
     assert!(counterfactual::variants(&shipped("gpt-1.3b-1gpu.toml"), which).is_err());
 }
+
+/// An eager Llama job that runs out of memory is offered torch.compile, re-simulated: the
+/// compiled kernels are faster (fewer passes over HBM) and keep less (no FP32 norm copies).
+/// A compiled job, and a GPT-style model whose eager kernels are already single ones, are not.
+#[test]
+fn an_eager_llama_job_is_offered_torch_compile() {
+    let toml = |kernels: &str, family: &str| {
+        format!(
+            "[model]\nfamily = \"{family}\"\nn_layers = 8\nhidden = 4096\nn_heads = 32\nvocab = 128256\nmax_seq_len = 8192\n\
+             [hardware]\ngpu = \"h100-sxm\"\ngpus = 1\n\
+             [training]\nmicro_batch = 4\nseq_len = 8192\nprecision = \"bf16-mixed-adam\"\nkernels = \"{kernels}\"\n"
+        )
+    };
+    let label =
+        |e: &explain::Explanation| e.counterfactuals.iter().find(|c| c.change.starts_with("torch.compile")).cloned();
+    let s = inline(&toml("eager", "llama"));
+    let sim = stepsim::simulate(&s).unwrap();
+    assert!(matches!(sim.report.verdict, stepsim::report::Verdict::Oom(_)), "the eager job should not fit");
+    // The eager job's own peak with memory unbounded, as the table times its rows.
+    let unbounded =
+        inline(&toml("eager", "llama").replace("gpus = 1\n", "gpus = 1\nmemory_capacity = 10000000000000\n"));
+    let base = stepsim::simulate(&unbounded).unwrap().report.peak.unwrap().allocated.bytes;
+    let e = explain::explain(&s, &sim, explain::DEFAULT_MARGIN);
+    let row = label(&e).expect("a torch.compile row");
+    assert!(row.tokens_per_s_change.is_some_and(|c| c > 0.0), "{row:?}");
+    assert!(row.peak.is_some_and(|p| p.bytes < base), "{row:?} vs {base}");
+    for (kernels, family) in [("compiled", "llama"), ("eager", "gpt")] {
+        let s = inline(&toml(kernels, family));
+        let sim = stepsim::simulate(&s).unwrap();
+        let e = explain::explain(&s, &sim, explain::DEFAULT_MARGIN);
+        assert!(label(&e).is_none_or(|c| c.fits.is_none()), "{kernels} {family}: {:?}", label(&e));
+    }
+}

@@ -1684,6 +1684,13 @@ fn cases() -> Vec<Case> {
             "parallel.reshard_after_forward",
             &["SHARD_GRAD_OP", "use sharding = \"full_shard\""],
         ),
+        // --- training.kernels
+        case(
+            "unknown kernel stack",
+            b().set("training", "kernels", "\"jit\""),
+            "training.kernels",
+            &["unknown value \"jit\"", "\"eager\"", "\"compiled\"", "\"fused\""],
+        ),
         // --- training.loss
         case(
             "unknown loss",

@@ -39,6 +39,7 @@ pub const COUNTERFACTUAL_NAMES: &[&str] = &[
     "recompute the experts' activation (Megatron --recompute-modules moe_act)",
     "Megatron --use-precision-aware-optimizer (FP32 master as int16 remainders)",
     "DeepSpeed ZeRO-3: fewer live parameters (stage3_max_live_parameters, stage3_max_reuse_distance / 10)",
+    "torch.compile (training.kernels = \"compiled\")",
 ];
 
 /// The index of the change that applies to mixtures of experts only (no row for a dense
@@ -77,6 +78,10 @@ const PRECISION_AWARE: usize = 23;
 /// parameters and a tenth of the reuse distance keeps fewer gathered (`zero3_fetch`): offered
 /// under DeepSpeed only.
 const FEWER_LIVE: usize = 24;
+/// torch.compile of eager PyTorch model code: fused element-wise chains (and what they save).
+/// Offered where the kernels are eager and the model's norms and rotary embeddings are the
+/// Llama family's (GPT-style LayerNorm and GELU are single kernels in eager PyTorch too).
+const COMPILE: usize = 25;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Counterfactual {
@@ -675,6 +680,20 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
                 v,
             )]
         }
+        COMPILE => {
+            if s.workload.kernels != crate::model::KernelStack::Eager {
+                return Err(format!("the kernels are {} already", s.workload.kernels.name()));
+            }
+            if s.model.family != crate::model::Family::Llama {
+                return Err("this model's LayerNorm and GELU are single kernels in eager PyTorch too".into());
+            }
+            v.workload.kernels = crate::model::KernelStack::Compiled;
+            v.workload.fused_swiglu = true;
+            vec![(
+                "torch.compile (kernels = \"compiled\"): fused norm, rotary and SiLU-product kernels, the FP32 norm copies no longer saved".into(),
+                v,
+            )]
+        }
         _ => return Err("no such change".into()),
     })
 }
@@ -792,6 +811,9 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
         }
         let megatron = s.parallel.framework == crate::plan::Framework::Megatron;
         if (which == MOE_ACT || which == PRECISION_AWARE) && !megatron {
+            continue;
+        }
+        if which == COMPILE && s.workload.kernels != crate::model::KernelStack::Eager {
             continue;
         }
         if ((which == FUSED_LOSS || which == SELECTIVE_OP) && megatron)
