@@ -702,6 +702,12 @@ pub struct Workload {
     /// Which kernels run the memory-bound ops between the GEMMs ([`KernelStack`]).
     #[serde(skip_serializing_if = "KernelStack::is_fused")]
     pub kernels: KernelStack,
+    /// Grouped-query keys and values are copied to every query head before attention
+    /// (`repeat_kv`): torchtitan's llama until ff0829c10 (2026-01-27, "GQA without kv
+    /// repeats") and Hugging Face's eager attention do; SDPA with `enable_gqa`, Hugging Face's
+    /// `flash_attention_2` and Transformer Engine read the grouped heads as they are.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub repeat_kv: bool,
     /// Flash attention runs PyTorch's SDPA flash kernel, FlashAttention-2 (every framework but
     /// Megatron, whose Transformer Engine runs cuDNN's fused attention), timed at its measured
     /// rates (`crate::schedule::flash_rates`).
@@ -723,16 +729,18 @@ pub struct Workload {
 #[serde(rename_all = "kebab-case")]
 pub enum KernelStack {
     /// Eager PyTorch running the model code as torchtitan (`torchtitan/models/norms.py`
-    /// `RMSNorm`, `llama/model.py` `apply_rotary_emb` and `repeat_kv`, 9dec370) and Hugging
-    /// Face transformers (`LlamaRMSNorm`, `apply_rotary_pos_emb`, `repeat_kv`) write it: RMSNorm
-    /// as eight kernels over an FP32 copy, rotary embeddings through FP32 (or half-rotations),
-    /// SiLU and the product as two kernels, grouped-query keys and values expanded to every
-    /// query head before attention ([`super::eager`]).
+    /// `RMSNorm`, `llama/model.py` `apply_rotary_emb`, 9dec370) and Hugging Face transformers
+    /// (`LlamaRMSNorm`, `apply_rotary_pos_emb`) write it: RMSNorm as eight kernels over an FP32
+    /// copy, rotary embeddings through FP32 (or half-rotations), SiLU and the product as two
+    /// kernels ([`super::eager`]). torchtitan moved to `nn.RMSNorm` on 2025-03-19 (3b39d7ab0),
+    /// which PyTorch runs as one fused CUDA kernel from pytorch#153666 (mid-2025): such a run is
+    /// `Fused` with SiLU and the product unfused.
     Eager,
     /// `torch.compile` of the same code (torchtitan `compile = true`): Inductor fuses each
     /// element-wise chain into one kernel (a norm, a rotary embedding, SiLU with the product,
-    /// whose partitioner saves the product's inputs only); `repeat_kv` still materialises the
-    /// expanded keys and values, which the attention kernel (an extern call) reads.
+    /// whose partitioner saves the product's inputs only); a `repeat_kv` in the model code
+    /// still materialises the expanded keys and values, which the attention kernel (an extern
+    /// call) reads.
     Compiled,
     /// One kernel per norm and rotary embedding, and grouped-query attention read by the
     /// attention kernel without copies: Megatron-Core / Transformer Engine (which also fuse

@@ -694,7 +694,7 @@ fn block(bd: &mut Builder, sh: &BlockShape, name: &str, spec: u64, x: TensorId) 
             // value heads to every query head (`expand` + `reshape`: a copy), and the
             // attention kernel reads and saves the copies. Megatron / Transformer Engine pass
             // the grouped heads to a kernel that reads them as they are.
-            if kvd < qt && bd.kernels != KernelStack::Fused {
+            if kvd < qt && w.repeat_kv {
                 let kr = bd.tensor(&p("attention.repeat_kv.k"), t * qt, c, TensorKind::Activation);
                 let vr = bd.tensor(&p("attention.repeat_kv.v"), t * qt, c, TensorKind::Activation);
                 // Backward sums each group's gradients back onto its key-value head: the same

@@ -142,6 +142,7 @@ mod tests {
             routed: None,
             fused_swiglu: false,
             kernels: Default::default(),
+            repeat_kv: false,
             flash2: false,
             fp8: None,
             loss: Default::default(),

@@ -1022,7 +1022,7 @@ pub fn throughput_of(
                     s.cluster.gpu.hbm_bytes_per_s / 1e12,
                     crate::schedule::cost::OP_OVERHEAD_S * 1e6
                 ),
-                kernel_stack_text(s.workload.kernels, s.model.family),
+                kernel_stack_text(&s.workload, s.model.family),
                 format!(
                     "optimizer step{}: memory-bound, {} B per local element at the same HBM rate: {}",
                     if plan.parallel.offload.is_some() { " (when not offloaded to the CPU)" } else { "" },
@@ -1377,19 +1377,26 @@ fn attention_rate_text(s: &crate::scenario::Scenario) -> String {
 }
 
 /// The kernel stack's assumption line.
-fn kernel_stack_text(k: crate::model::KernelStack, family: crate::model::Family) -> String {
+fn kernel_stack_text(w: &crate::model::Workload, family: crate::model::Family) -> String {
     use crate::model::{Family, KernelStack};
+    let k = w.kernels;
     if family == Family::Gpt {
         return format!(
             "kernels: {} (training.kernels); this family's LayerNorm, GELU and residual adds are single kernels in eager PyTorch too, so the setting changes nothing for this model (its attention kernel follows the framework)",
             k.name()
         );
     }
-    match k {
-        KernelStack::Eager => "kernels: eager PyTorch (training.kernels = \"eager\", the default outside Megatron): RMSNorm as 8 kernels forward and 15 backward over an FP32 copy, which it saves with the normalised output (36 and 92 B per element in 16 bits); rotary embeddings through FP32 (20 B per element each way); SiLU and the product as two kernels; grouped-query keys and values copied to every query head (repeat_kv); 4 us per kernel (src/model/eager.rs)".to_string(),
-        KernelStack::Compiled => "kernels: torch.compile (training.kernels = \"compiled\"): one fused kernel per norm, rotary embedding and SiLU-product, which saves the product's inputs; grouped-query keys and values still copied to every query head (repeat_kv)".to_string(),
+    let copies = if w.repeat_kv {
+        "; grouped-query keys and values copied to every query head (training.repeat_kv)"
+    } else {
+        ""
+    };
+    let text = match k {
+        KernelStack::Eager => "kernels: eager PyTorch (training.kernels = \"eager\", the default outside Megatron): RMSNorm as 8 kernels forward and 15 backward over an FP32 copy, which it saves with the normalised output (36 and 92 B per element in 16 bits); rotary embeddings through FP32 (20 B per element each way); SiLU and the product as two kernels; 4 us per kernel (src/model/eager.rs)".to_string(),
+        KernelStack::Compiled => "kernels: torch.compile (training.kernels = \"compiled\"): one fused kernel per norm, rotary embedding and SiLU-product, which saves the product's inputs".to_string(),
         KernelStack::Fused => "kernels: fused (training.kernels = \"fused\", the default under Megatron): one kernel per norm and rotary embedding, grouped-query attention without copies; SwiGLU one kernel under Megatron (--bias-swiglu-fusion), SiLU and the product two kernels in PyTorch model code".to_string(),
-    }
+    };
+    text + copies
 }
 
 #[cfg(test)]

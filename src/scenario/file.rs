@@ -509,6 +509,9 @@ pub struct TrainingSection {
     /// "eager" | "compiled" | "fused": the kernels of the memory-bound ops (default: fused
     /// under framework = "megatron", eager otherwise).
     pub kernels: Option<String>,
+    /// Grouped-query keys and values copied to every query head before attention (default:
+    /// with kernels "eager" and "compiled").
+    pub repeat_kv: Option<bool>,
     /// With activation_checkpointing = "full": checkpoint every n-th block only (torchtitan's
     /// `selective_ac_option = "n"`).
     pub checkpoint_every: Option<i64>,

@@ -1180,6 +1180,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         // megatron/core/fusions/fused_bias_swiglu.py); torch.compile fuses it too.
         fused_swiglu: parallel.framework == Framework::Megatron || kernels == KernelStack::Compiled,
         kernels,
+        repeat_kv: t.repeat_kv.unwrap_or(kernels != KernelStack::Fused),
         flash2: parallel.framework != Framework::Megatron,
         fp8: validate_fp8(
             &v,
