@@ -79,8 +79,8 @@ const PRECISION_AWARE: usize = 23;
 /// under DeepSpeed only.
 const FEWER_LIVE: usize = 24;
 /// torch.compile of eager PyTorch model code: fused element-wise chains (and what they save).
-/// Offered where the kernels are eager and the model's norms and rotary embeddings are the
-/// Llama family's (GPT-style LayerNorm and GELU are single kernels in eager PyTorch too).
+/// Offered where the kernels are eager and eager PyTorch runs some of the model's ops as
+/// chains ([`crate::model::eager::differs`]).
 const COMPILE: usize = 25;
 
 #[derive(Debug, Clone, Serialize)]
@@ -684,7 +684,7 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             if s.workload.kernels != crate::model::KernelStack::Eager {
                 return Err(format!("the kernels are {} already", s.workload.kernels.name()));
             }
-            if s.model.family != crate::model::Family::Llama {
+            if !crate::model::eager::differs(&s.model) {
                 return Err("this model's LayerNorm and GELU are single kernels in eager PyTorch too".into());
             }
             v.workload.kernels = crate::model::KernelStack::Compiled;

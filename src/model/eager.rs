@@ -8,6 +8,13 @@
 //! (16-bit: 2); FP32 intermediates are 4 bytes. Reductions write one value per row, which is
 //! left out (a row has thousands of elements).
 
+/// Whether eager PyTorch runs any of this model's ops as a chain where a fused stack runs one
+/// kernel: the Llama family's RMSNorm and rotary embeddings, GPT-NeoX's rotary embeddings.
+/// GPT-style LayerNorm, GELU and residual adds are single kernels in eager PyTorch too.
+pub fn differs(cfg: &super::ModelConfig) -> bool {
+    cfg.family == super::Family::Llama || cfg.style.rotary_dims.is_some()
+}
+
 /// HBM traffic and kernel launches of an eager op, forward and backward.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EagerCost {

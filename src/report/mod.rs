@@ -1022,7 +1022,7 @@ pub fn throughput_of(
                     s.cluster.gpu.hbm_bytes_per_s / 1e12,
                     crate::schedule::cost::OP_OVERHEAD_S * 1e6
                 ),
-                kernel_stack_text(&s.workload, s.model.family),
+                kernel_stack_text(&s.workload, &s.model),
                 format!(
                     "optimizer step{}: memory-bound, {} B per local element at the same HBM rate: {}",
                     if plan.parallel.offload.is_some() { " (when not offloaded to the CPU)" } else { "" },
@@ -1377,10 +1377,10 @@ fn attention_rate_text(s: &crate::scenario::Scenario) -> String {
 }
 
 /// The kernel stack's assumption line.
-fn kernel_stack_text(w: &crate::model::Workload, family: crate::model::Family) -> String {
-    use crate::model::{Family, KernelStack};
+fn kernel_stack_text(w: &crate::model::Workload, model: &crate::model::ModelConfig) -> String {
+    use crate::model::KernelStack;
     let k = w.kernels;
-    if family == Family::Gpt {
+    if !crate::model::eager::differs(model) {
         return format!(
             "kernels: {} (training.kernels); this family's LayerNorm, GELU and residual adds are single kernels in eager PyTorch too, so the setting changes nothing for this model (its attention kernel follows the framework)",
             k.name()
