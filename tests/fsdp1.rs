@@ -204,3 +204,91 @@ fn fsdp_on_a_pipeline_with_reshard_after_forward_runs() {
     let e = Scenario::from_toml(Path::new("<fsdp1>"), toml).unwrap_err().to_string();
     assert!(e.contains("parallel.sharding") && e.contains("NO_SHARD") && e.contains("pipeline"), "{e}");
 }
+
+/// LoRA (r = 8 on q_proj and v_proj) on the 6-layer Llama under FSDP1 in pure BF16, wrapped
+/// as PEFT's `fsdp_auto_wrap_policy` does (`"peft"`) or per block with `use_orig_params`.
+fn lora_scenario(wrap: &str) -> Scenario {
+    let orig = if wrap == "block" { "use_orig_params = true\n" } else { "" };
+    let toml = format!(
+        "[model]\nfamily = \"llama\"\nn_layers = 6\nhidden = 1024\nn_heads = 8\nffn_hidden = 4096\nvocab = 2048\n\
+         [hardware]\ngpu = \"h100-sxm\"\ngpus = 4\n\
+         [parallel]\nframework = \"fsdp1\"\nsharding = \"full_shard\"\nwrap = \"{wrap}\"\n{orig}\
+         [job]\nkind = \"finetune-lora\"\n[lora]\nrank = 8\ntarget_modules = [\"q_proj\", \"v_proj\"]\n\
+         [training]\nmicro_batch = 1\nseq_len = 256\noptimizer = \"adam\"\nprecision = \"bf16\"\nsteps = 2\n"
+    );
+    Scenario::from_toml(Path::new("<fsdp1-lora>"), &toml).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn lora_job(wrap: &str) -> stepsim::Simulation {
+    stepsim::simulate(&lora_scenario(wrap)).unwrap()
+}
+
+/// With a block's frozen base and its adapters in one FlatParameter (FSDP1,
+/// `use_orig_params=True`, block wrap), the FlatParameter requires grad: every block's
+/// gradient is the whole block's, reduce-scattered and kept, while the optimizer holds state
+/// for the adapters only (the FullyShardedDataParallel docstring: "equivalent to not
+/// freezing those parameters"). Counted by hand: a block is BLOCK_PARAMS + 2 adapters of
+/// 8 x (1024 + 1024); gradients and Adam's two moments in BF16, shards over 4 ranks.
+#[test]
+fn lora_in_one_flat_parameter_keeps_the_frozen_base_gradients() {
+    let adapters = 2 * 8 * (1024 + 1024);
+    let shard = (BLOCK_PARAMS + adapters) / 4;
+    assert_eq!((BLOCK_PARAMS + adapters) % 4, 0, "no padding to count");
+    let block = lora_job("block");
+    let peft = lora_job("peft");
+    let (b, p) = (&block.report.model_state_per_gpu, &peft.report.model_state_per_gpu);
+    println!(
+        "6-layer LoRA, FSDP1: gradients {} B (block, use_orig_params) vs {} B (PEFT wrap); optimizer state {} vs {} B",
+        b.gradients.bytes, p.gradients.bytes, b.optimizer_state.bytes, p.optimizer_state.bytes
+    );
+    assert_eq!(b.gradients.bytes, 6 * shard * 2, "every block's whole shard, BF16");
+    assert_eq!(p.gradients.bytes, 6 * adapters / 4 * 2, "the adapters' shards only");
+    assert_eq!(b.optimizer_state.bytes, 6 * adapters / 4 * 2 * 2, "Adam's moments for the adapters only");
+    assert_eq!(b.optimizer_state.bytes, p.optimizer_state.bytes);
+    // The timeline holds them: a sharded gradient per block in the block job.
+    let sharded = buffers(&block, Category::Gradients, "sharded grad");
+    assert!(sharded.iter().filter(|&&x| x == shard * 2).count() >= 6, "{sharded:?}");
+    // Each block's flat gradient is its whole FlatParameter in BF16.
+    let flat = buffers(&block, Category::UnshardedGradients, "flat gradient");
+    assert!(flat.contains(&(4 * shard * 2)), "{flat:?}");
+    // The frozen linears' weight-gradient GEMMs run (hardware FLOPs) but are not the model's
+    // work: MFU's FLOPs are the same under both wraps, and the difference is exactly the
+    // base GEMMs' forward FLOPs, 2 x tokens x their weights, per block.
+    let (bs, ps) = (block.schedule(), peft.schedule());
+    assert_eq!(bs.model_flops_per_step, ps.model_flops_per_step);
+    let linear_weights = (4 * 1024 * 1024 + 3 * 1024 * 4096) as f64;
+    let expect = 2.0 * 256.0 * linear_weights * 6.0;
+    let extra = bs.hardware_flops_per_step - ps.hardware_flops_per_step;
+    assert!((extra / expect - 1.0).abs() < 1e-9, "{extra} vs {expect}");
+    let time = |s: &stepsim::Simulation| s.report.throughput.as_ref().unwrap().step_time_s;
+    assert!(time(&block) > time(&peft));
+    // The frozen linears keep their inputs again: per block the FFN norm's output (read by
+    // w1 and w3) and the SwiGLU product (read by w2), t x (h + f) x 2 bytes.
+    let saved = |wrap: &str| {
+        let s = lora_scenario(wrap);
+        stepsim::model::build(&s.model, &s.workload).saved_bytes(stepsim::model::Region::Block(3), true)
+    };
+    assert_eq!(saved("block") - saved("peft"), 256 * (1024 + 4096) * 2);
+}
+
+/// FSDP1 refuses what the block wrap would flatten together with `use_orig_params=False`
+/// (uniform `requires_grad`) or with FP32 adapters over a BF16 base (uniform dtype); the
+/// errors name the field and the way out.
+#[test]
+fn lora_block_wrap_refusals_name_the_fix() {
+    let base = "[model]\nfamily = \"llama\"\nn_layers = 2\nhidden = 256\nn_heads = 4\nffn_hidden = 1024\nvocab = 512\n\
+                [hardware]\ngpu = \"h100-sxm\"\ngpus = 2\n[job]\nkind = \"finetune-lora\"\n[lora]\nrank = 4\n";
+    let cases = [
+        ("[parallel]\nframework = \"fsdp1\"\nsharding = \"full_shard\"\nwrap = \"block\"\n[training]\nmicro_batch = 1\nseq_len = 128\nprecision = \"bf16\"\n", "parallel.wrap", "use_orig_params"),
+        ("[parallel]\nframework = \"fsdp1\"\nsharding = \"full_shard\"\nwrap = \"block\"\nuse_orig_params = true\n[training]\nmicro_batch = 1\nseq_len = 128\n", "training.precision", "uniform dtype"),
+        ("[parallel]\nframework = \"fsdp2\"\nsharding = \"full_shard\"\nuse_orig_params = true\n[training]\nmicro_batch = 1\nseq_len = 128\n", "parallel.use_orig_params", "fsdp1"),
+    ];
+    for (extra, field, says) in cases {
+        let err = Scenario::from_toml(Path::new("<lora>"), &format!("{base}{extra}")).unwrap_err().to_string();
+        assert!(err.contains(field) && err.contains(says), "{err}");
+    }
+    let full = "[model]\nfamily = \"llama\"\nn_layers = 2\nhidden = 256\nn_heads = 4\nffn_hidden = 1024\nvocab = 512\n\
+                [hardware]\ngpu = \"h100-sxm\"\ngpus = 2\n[parallel]\nframework = \"fsdp1\"\nsharding = \"full_shard\"\nwrap = \"peft\"\n[training]\nmicro_batch = 1\nseq_len = 128\n";
+    let err = Scenario::from_toml(Path::new("<full>"), full).unwrap_err().to_string();
+    assert!(err.contains("parallel.wrap") && err.contains("[lora]"), "{err}");
+}

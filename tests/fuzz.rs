@@ -66,6 +66,8 @@ const FIELDS: &[(&str, &str)] = &[
     ("parallel", "context_comm"),
     ("parallel", "async_tp"),
     ("parallel", "expert_tensor"),
+    ("parallel", "wrap"),
+    ("parallel", "use_orig_params"),
     ("model.mtp", "layers"),
     ("model.mtp", "loss_scale"),
     ("offload", "parameters"),

@@ -1391,6 +1391,18 @@ fn cases() -> Vec<Case> {
             &["FSDP"],
         ),
         case(
+            "parallel.use_orig_params outside FSDP1",
+            b().set("parallel", "sharding", "\"full_shard\"").set("parallel", "use_orig_params", "true"),
+            "parallel.use_orig_params",
+            &["fsdp1"],
+        ),
+        case(
+            "parallel.wrap = \"peft\" without LoRA",
+            b().set("parallel", "sharding", "\"full_shard\"").set("parallel", "wrap", "\"peft\""),
+            "parallel.wrap",
+            &["[lora]", "\"block\""],
+        ),
+        case(
             "parallel.hsdp_shard_size without hybrid_shard",
             b().set("parallel", "sharding", "\"full_shard\"").set("parallel", "hsdp_shard_size", "2"),
             "parallel.hsdp_shard_size",

@@ -159,6 +159,12 @@ pub struct Op {
     /// state), and their bytes as stored; `params` are then the adapters' (see model::lora).
     pub frozen_params: u64,
     pub frozen_bytes: u64,
+    /// LoRA with a block's frozen base and its adapters in one FSDP1 FlatParameter
+    /// (`use_orig_params=True`, [`super::LoraConfig::shared_flat`]): of `params`, the frozen
+    /// base's elements. The FlatParameter requires grad, so autograd computes their
+    /// gradients (weight-gradient GEMMs, saved inputs) and FSDP1 reduces and keeps them like
+    /// any parameter's; only the optimizer, which never receives them, holds no state.
+    pub flat_frozen: u64,
     /// A routed expert's weights: sharded by expert parallelism, replicated over the
     /// expert-data-parallel group, and its gradients reduced there.
     pub expert: bool,
@@ -236,6 +242,7 @@ impl Op {
             column_parallel: false,
             comm: None,
             frozen_params: 0,
+            flat_frozen: 0,
             frozen_bytes: 0,
             expert: false,
             fp8: None,
@@ -250,6 +257,16 @@ impl Op {
     /// output gradient and writes the input gradients).
     pub fn backward_bytes(&self) -> f64 {
         self.bwd_bytes.unwrap_or(2.0 * self.fwd_bytes)
+    }
+
+    /// The weight-gradient GEMM of a frozen base weight that autograd differentiates only
+    /// because it shares a FlatParameter with trainable adapters ([`Op::flat_frozen`]): the
+    /// forward's FLOPs of the base GEMM.
+    pub fn wasted_wgrad_flops(&self) -> f64 {
+        match self.gemm {
+            Some([m, n, k]) if self.flat_frozen > 0 => 2.0 * (m * n * k) as f64,
+            _ => 0.0,
+        }
     }
 }
 

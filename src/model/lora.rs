@@ -34,6 +34,19 @@ pub struct LoraConfig {
     pub dropout: f64,
     /// Storage of the frozen block linears: `Half` (LoRA) or `Nf4` (QLoRA).
     pub base: WeightFormat,
+    /// Each block's frozen base and its adapters share one FSDP1 FlatParameter: FSDP1 with
+    /// `use_orig_params=True` and a block-level wrap policy (Accelerate's
+    /// `TRANSFORMER_BASED_WRAP`) rather than PEFT's `fsdp_auto_wrap_policy`, which wraps the
+    /// adapters apart. The FlatParameter then requires grad, and the block is trained as if
+    /// nothing were frozen except by the optimizer: PyTorch's `FullyShardedDataParallel`
+    /// docstring warns that "the gradient memory usage will be higher than expected (namely,
+    /// equivalent to not freezing those parameters)" (pytorch#104967, after #98221 allowed
+    /// the mix). In `_flat_param.py` (`_use_unsharded_views`, `as_params=False`) every
+    /// original parameter is a view of the flat parameter during forward, so autograd
+    /// differentiates the frozen weights too: their weight-gradient GEMMs run and the
+    /// linears keep their inputs; `_use_sharded_grad_views` hands no gradient to a frozen
+    /// parameter, so the optimizer holds state for the adapters only ([`super::Op::flat_frozen`]).
+    pub shared_flat: bool,
 }
 
 /// PEFT's default `target_modules` per model type (`TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING`).
@@ -81,10 +94,13 @@ pub fn apply(dag: &mut LayerDag, cfg: &LoraConfig, c: u64) {
     let qlora = matches!(cfg.base, WeightFormat::Nf4 { .. });
     // prepare_model_for_kbit_training: what is not 4-bit is held in FP32.
     let other_bytes = if qlora { 4 } else { 2 };
-    let r = cfg.rank;
     let mut new_tensors: Vec<Tensor> = Vec::new();
     let first_new = dag.tensors.len();
     for (i, op) in dag.ops.iter_mut().enumerate() {
+        if cfg.shared_flat && matches!(op.region, Region::Block(_)) {
+            share_flat(op, cfg, family, i, first_new, &mut new_tensors, c);
+            continue;
+        }
         // The tied head reads the (frozen) embedding: no gradient to route there any more.
         if op.shared_params > 0 {
             op.fwd_bytes += (op.shared_params * c) as f64;
@@ -114,24 +130,7 @@ pub fn apply(dag: &mut LayerDag, cfg: &LoraConfig, c: u64) {
                 // Only the input gradient of the frozen weight.
                 op.bwd_flops = op.fwd_flops;
                 if block_linear && cfg.targets_op(family, &op.name) {
-                    let adapter = r * (k + n);
-                    op.params = adapter;
-                    let f = 2.0 * (t * adapter) as f64;
-                    op.fwd_flops += f;
-                    op.bwd_flops += 2.0 * f;
-                    let mut add = |name: String, bytes: u64, kind: TensorKind| {
-                        new_tensors.push(Tensor { name, bytes, kind, producer: Some(i) });
-                        first_new + new_tensors.len() - 1
-                    };
-                    let xa = add(format!("{}.lora_A.out", op.name), t * r * c, TensorKind::Activation);
-                    op.outputs.push(xa);
-                    op.saves.push(xa);
-                    if cfg.dropout > 0.0 {
-                        let d = add(format!("{}.lora_dropout.out", op.name), t * k * c, TensorKind::Activation);
-                        let m = add(format!("{}.lora_dropout.mask", op.name), t * k, TensorKind::Mask);
-                        op.outputs.extend([d, m]);
-                        op.saves.extend([d, m]);
-                    }
+                    add_adapter(op, cfg, [t, n, k], i, first_new, &mut new_tensors, c);
                 } else {
                     // A frozen linear keeps nothing for backward.
                     let x = op.inputs.first().copied();
@@ -145,12 +144,64 @@ pub fn apply(dag: &mut LayerDag, cfg: &LoraConfig, c: u64) {
     dag.lora = Some(cfg.clone());
 }
 
+/// A targeted linear's adapters: lora_A (r x in) and lora_B (out x r) as `params`, their
+/// FLOPs, and what they save (x A; with `lora_dropout` its own dropout copy of x and mask).
+fn add_adapter(
+    op: &mut super::dag::Op,
+    cfg: &LoraConfig,
+    [t, n, k]: [u64; 3],
+    i: usize,
+    first_new: usize,
+    new_tensors: &mut Vec<Tensor>,
+    c: u64,
+) {
+    let r = cfg.rank;
+    let adapter = r * (k + n);
+    op.params += adapter;
+    let f = 2.0 * (t * adapter) as f64;
+    op.fwd_flops += f;
+    op.bwd_flops += 2.0 * f;
+    let mut add = |name: String, bytes: u64, kind: TensorKind| {
+        new_tensors.push(Tensor { name, bytes, kind, producer: Some(i) });
+        first_new + new_tensors.len() - 1
+    };
+    let xa = add(format!("{}.lora_A.out", op.name), t * r * c, TensorKind::Activation);
+    op.outputs.push(xa);
+    op.saves.push(xa);
+    if cfg.dropout > 0.0 {
+        let d = add(format!("{}.lora_dropout.out", op.name), t * k * c, TensorKind::Activation);
+        let m = add(format!("{}.lora_dropout.mask", op.name), t * k, TensorKind::Mask);
+        op.outputs.extend([d, m]);
+        op.saves.extend([d, m]);
+    }
+}
+
+/// A block op whose frozen weights share the block's FlatParameter with the adapters
+/// ([`LoraConfig::shared_flat`]): trained as in full training (gradient, weight-gradient
+/// GEMM, saved input), its base counted in `flat_frozen`, adapters added where targeted.
+fn share_flat(
+    op: &mut super::dag::Op,
+    cfg: &LoraConfig,
+    family: Family,
+    i: usize,
+    first_new: usize,
+    new_tensors: &mut Vec<Tensor>,
+    c: u64,
+) {
+    op.flat_frozen = op.params;
+    if let (OpKind::Linear, Some(gemm)) = (op.kind, op.gemm) {
+        if cfg.targets_op(family, &op.name) {
+            add_adapter(op, cfg, gemm, i, first_new, new_tensors, c);
+        }
+    }
+}
+
 impl LayerDag {
     /// Trainable elements (all parameters, unless LoRA froze the base).
     pub fn trainable_params(&self) -> u64 {
-        self.ops.iter().map(|o| o.params).sum()
+        self.ops.iter().map(|o| o.params - o.flat_frozen).sum()
     }
     pub fn frozen_params(&self) -> u64 {
-        self.ops.iter().map(|o| o.frozen_params).sum()
+        self.ops.iter().map(|o| o.frozen_params + o.flat_frozen).sum()
     }
 }

@@ -104,6 +104,12 @@ pub struct ParallelConfig {
     /// `--tp-comm-overlap` pairs them.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub async_tp: bool,
+    /// FSDP1 `use_orig_params=True`: the module's parameters are the original tensors,
+    /// exposed as views into the FlatParameter; the same bytes, except where a FlatParameter
+    /// mixes frozen and trainable parameters (LoRA under `wrap = "block"`,
+    /// [`crate::model::LoraConfig::shared_flat`]).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub use_orig_params: bool,
 }
 
 impl ParallelConfig {
@@ -731,6 +737,10 @@ pub struct Unit {
     /// LoRA: bytes of the frozen base weights as stored (BF16 or NF4), whole and per shard.
     pub frozen_bytes: u64,
     pub frozen_shard_bytes: u64,
+    /// Of `params`, the frozen base's elements in a FlatParameter shared with LoRA's
+    /// adapters ([`crate::model::Op::flat_frozen`]): gradients, no optimizer state.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub flat_frozen: u64,
     /// Of `params`, this rank's routed experts' weights (its 1/expert_tensor slice of its
     /// experts): replicated over the expert-data-parallel group, so their optimizer shard
     /// is 1/[`Plan::edp`] of them.
@@ -903,6 +913,7 @@ impl Plan {
         let blocks = dag.blocks() as usize;
         let mut per_unit = vec![0u64; blocks + 1];
         let mut frozen = vec![0u64; blocks + 1];
+        let mut flat_frozen = vec![0u64; blocks + 1];
         let mut expert = vec![0u64; blocks + 1];
         let mut fp8_gathered = vec![0u64; blocks + 1];
         let fp8_all_gather = dag.workload.fp8.is_some_and(|f| f.fsdp_all_gather);
@@ -913,6 +924,7 @@ impl Plan {
             };
             per_unit[u] += op.params;
             frozen[u] += op.frozen_bytes;
+            flat_frozen[u] += op.flat_frozen;
             if op.expert {
                 expert[u] += op.params;
             }
@@ -928,6 +940,7 @@ impl Plan {
             shard_params: shard(rp, expert[0]),
             frozen_bytes: frozen[0],
             frozen_shard_bytes: frozen[0].div_ceil(shard_group),
+            flat_frozen: flat_frozen[0],
             expert_params: expert[0],
             fp8_gathered: fp8_gathered[0],
         });
@@ -942,6 +955,7 @@ impl Plan {
                 shard_params: shard(p, expert[l as usize + 1]),
                 frozen_bytes: f,
                 frozen_shard_bytes: f.div_ceil(shard_group),
+                flat_frozen: flat_frozen[l as usize + 1],
                 expert_params: expert[l as usize + 1],
                 fp8_gathered: fp8_gathered[l as usize + 1],
             });
@@ -1056,6 +1070,7 @@ impl Plan {
             // Pipelining is not combined with LoRA (validation refuses it).
             frozen_bytes: 0,
             frozen_shard_bytes: 0,
+            flat_frozen: 0,
             expert_params: 0,
             // The LM head stays in 16 bits.
             fp8_gathered: 0,
@@ -1078,6 +1093,21 @@ impl Plan {
         } else {
             u.params
         }
+    }
+
+    /// Elements of a unit this rank keeps optimizer state (and a master) for: [`Self::local`]
+    /// less the frozen base in a FlatParameter shared with LoRA's adapters, which the
+    /// optimizer never receives ([`Unit::flat_frozen`]; sharded, its share of this rank's
+    /// shard).
+    pub fn optimized(&self, unit: usize, sharded: bool) -> u64 {
+        let u = &self.units[unit];
+        let frozen = if sharded { u.flat_frozen / self.shard_group } else { u.flat_frozen };
+        self.local(unit, sharded) - frozen.min(self.local(unit, sharded))
+    }
+
+    /// [`Self::optimized`] over all units.
+    pub fn optimized_total(&self, sharded: bool) -> u64 {
+        (0..self.units.len()).map(|i| self.optimized(i, sharded)).sum()
     }
 
     /// Offload: where this rank's offloaded bytes live; zero without offload.
@@ -1322,7 +1352,7 @@ impl Plan {
     /// end of backward): the ZeRO paper's Table 1 quantity.
     pub fn model_state(&self) -> ModelState {
         let pr = &self.training.precision;
-        let opt_el = self.local_total(self.optimizer_sharded);
+        let opt_el = self.optimized_total(self.optimizer_sharded);
         if self.parallel.offload.is_some() {
             // Master, moments and the gradient partition are on the host (or NVMe); so are
             // the parameters when they are offloaded too.

@@ -160,6 +160,11 @@ pub fn summary(s: &Scenario) -> String {
     if p.async_tp {
         extra.push("async TP".into());
     }
+    if s.workload.lora.as_ref().is_some_and(|l| l.shared_flat) {
+        extra.push("use_orig_params=True, frozen base and adapters in one FlatParameter per block".into());
+    } else if p.use_orig_params {
+        extra.push("use_orig_params=True".into());
+    }
     if let Some(n) = p.hsdp_shard {
         extra.push(format!("hsdp_shard_size = {n}"));
     }

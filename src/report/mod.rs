@@ -490,10 +490,14 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
         pr.param.bytes() + pr.grad.bytes() + pr.master_bytes() + pr.state_bytes(plan.training.states_per_param())
     };
     // LoRA: the full per-parameter policy applies to the adapters only; the frozen base
-    // counts as stored.
+    // counts as stored, with its gradients where it shares a FlatParameter with them.
     let naive = match &dag.lora {
         Some(_) => {
-            (dag.ops.iter().map(|o| o.frozen_bytes).sum::<u64>() + dag.trainable_params() * per_param)
+            let pr = &plan.training.precision;
+            let flat_frozen: u64 = dag.ops.iter().map(|o| o.flat_frozen).sum();
+            (dag.ops.iter().map(|o| o.frozen_bytes).sum::<u64>()
+                + flat_frozen * (pr.param.bytes() + pr.grad.bytes())
+                + dag.trainable_params() * per_param)
                 / plan.gpus.max(1)
         }
         None => params * per_param / plan.gpus.max(1),
@@ -1179,8 +1183,13 @@ fn fsdp1_assumption(plan: &crate::plan::Plan) -> Option<String> {
     } else {
         ""
     };
+    let orig = match plan.units.iter().any(|u| u.flat_frozen > 0) {
+        true => "use_orig_params=True, each block's frozen base and its LoRA adapters in one FlatParameter (wrap = \"block\"): the FlatParameter requires grad, so autograd computes the frozen weights' gradients (their weight-gradient GEMMs, the inputs they save) and FSDP1 reduces and keeps them with the adapters', as if nothing were frozen (the FullyShardedDataParallel docstring's warning, pytorch#104967); only the optimizer, which never receives them, holds no state for them",
+        false if plan.parallel.use_orig_params => "use_orig_params=True: the original parameters are views into the FlatParameter, the same bytes",
+        false => "use_orig_params=False",
+    };
     Some(format!(
-        "FSDP1 buffers (PyTorch 2.15 FullyShardedDataParallel, use_orig_params=False): {mp_shard}autograd computes the unit's gradients in {c} (views of the unsharded FlatParameter) and concatenates them into one flat {c} gradient of the whole unit when the last one exists (SplitWithSizesBackward); the post-backward hook then reshards the unit{cast}{accumulate}; no limit on reductions in flight, so a comm-bound backward holds several units' flat gradients"
+        "FSDP1 buffers (PyTorch 2.15 FullyShardedDataParallel, {orig}): {mp_shard}autograd computes the unit's gradients in {c} (views of the unsharded FlatParameter) and concatenates them into one flat {c} gradient of the whole unit when the last one exists (SplitWithSizesBackward); the post-backward hook then reshards the unit{cast}{accumulate}; no limit on reductions in flight, so a comm-bound backward holds several units' flat gradients"
     ))
 }
 

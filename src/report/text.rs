@@ -177,9 +177,10 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         let mp = if p.framework == crate::plan::Framework::Fsdp1 {
             let pr = &s.training.precision;
             format!(
-                ", MixedPrecision(param_dtype={}, reduce_dtype={}), use_orig_params=False",
+                ", MixedPrecision(param_dtype={}, reduce_dtype={}), use_orig_params={}",
                 pr.compute.name(),
-                pr.grad.name()
+                pr.grad.name(),
+                if p.use_orig_params { "True" } else { "False" }
             )
         } else {
             String::new()
@@ -397,6 +398,7 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         );
     }
     let ms = &r.model_state_per_gpu;
+    let shared_flat = s.workload.lora.as_ref().is_some_and(|l| l.shared_flat);
     let _ = writeln!(o, "\nModel state per GPU at rest (steady state, after backward)");
     for (name, b) in [
         ("parameters", &ms.parameters),
@@ -415,7 +417,12 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         fmt_bytes(ms.total.bytes),
         ms.bytes_per_param_per_gpu,
         ms.bytes_per_param,
-        if r.trainable_params < r.param_count {
+        if r.trainable_params < r.param_count && shared_flat {
+            format!(
+                " for the {} trainable ones, the frozen base as stored with its gradients (one FlatParameter per block with the adapters)",
+                sep(r.trainable_params)
+            )
+        } else if r.trainable_params < r.param_count {
             format!(" for the {} trainable ones, the frozen base as stored", sep(r.trainable_params))
         } else {
             String::new()

@@ -359,7 +359,10 @@ impl<'de> Deserialize<'de> for BoolOrInt {
 pub struct ParallelSection {
     pub sharding: Option<String>,
     pub framework: Option<String>,
+    /// "block" | "peft" (LoRA: PEFT's `fsdp_auto_wrap_policy`, each adapter its own unit).
     pub wrap: Option<String>,
+    /// FSDP1 `FullyShardedDataParallel(use_orig_params=...)`.
+    pub use_orig_params: Option<bool>,
     pub reshard_after_forward: Option<BoolOrInt>,
     pub backward_prefetch: Option<String>,
     pub forward_prefetch: Option<bool>,

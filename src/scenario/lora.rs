@@ -7,6 +7,8 @@ pub(super) fn validate_lora(
     l: &LoraSection,
     model: &ModelConfig,
     parallel: &ParallelConfig,
+    wrap: Option<&str>,
+    precision: &crate::plan::Precision,
 ) -> Result<crate::model::LoraConfig, ScenarioError> {
     use crate::model::lora::{default_targets, module_names};
     use crate::model::WeightFormat;
@@ -55,5 +57,34 @@ pub(super) fn validate_lora(
             WeightFormat::Half
         }
     };
-    Ok(crate::model::LoraConfig { rank, alpha, targets, dropout, base })
+    let shared_flat = shares_flat_parameter(v, wrap, parallel, precision, &base)?;
+    Ok(crate::model::LoraConfig { rank, alpha, targets, dropout, base, shared_flat })
+}
+
+/// Whether a block's frozen base and its adapters share one FSDP1 FlatParameter
+/// ([`crate::model::LoraConfig::shared_flat`]): FSDP1 with the block wrap policy. PEFT's
+/// policy (`wrap = "peft"`, the default for LoRA: Hugging Face's Trainer sets
+/// `fsdp_auto_wrap_policy(model)` for a PEFT model, `_fsdp_qlora_plugin_updates`) wraps the
+/// adapters apart. FSDP1 flattens one dtype per FlatParameter and, with
+/// `use_orig_params=False`, one `requires_grad`.
+fn shares_flat_parameter(
+    v: &V,
+    wrap: Option<&str>,
+    parallel: &ParallelConfig,
+    precision: &crate::plan::Precision,
+    base: &crate::model::WeightFormat,
+) -> Result<bool, ScenarioError> {
+    if wrap != Some("block") || parallel.framework != crate::plan::Framework::Fsdp1 {
+        return Ok(false);
+    }
+    if !parallel.use_orig_params {
+        return Err(v.err("parallel.wrap", "\"block\" puts each block's frozen base and its LoRA adapters in one FSDP1 FlatParameter, which use_orig_params=False refuses (ValueError: `FlatParameter` requires uniform `requires_grad`); set parallel.wrap = \"peft\" (PEFT's fsdp_auto_wrap_policy, the adapters in units of their own: what Hugging Face's Trainer sets for a LoRA model) or parallel.use_orig_params = true"));
+    }
+    if *base != crate::model::WeightFormat::Half {
+        return Err(v.err("lora.base_weights", "a 4-bit base in one FSDP1 FlatParameter with the adapters (FSDP-QLoRA's bnb_4bit_quant_storage) is not simulated yet; use parallel.wrap = \"peft\""));
+    }
+    if precision.param != precision.compute {
+        return Err(v.err("training.precision", format!("FSDP1 flattens a unit's parameters into one tensor of one dtype: with wrap = \"block\" the frozen base ({}) and the adapters ({}; PEFT's autocast_adapter_dtype upcasts them) would share one, and FSDP1 refuses (\"Must flatten tensors with uniform dtype\"); set training.precision = \"bf16\" (the adapters in the base's dtype: autocast_adapter_dtype=False) or parallel.wrap = \"peft\"", precision.compute.name(), precision.param.name())));
+    }
+    Ok(true)
 }

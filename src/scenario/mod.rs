@@ -842,7 +842,13 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
             "FSDP1 has no optimizer-only sharding: use sharding = \"none\" (NO_SHARD), \"shard_grad_op\", \"full_shard\" or \"hybrid_shard\"; ZeroRedundancyOptimizer is parallel.framework = \"fsdp\"",
         ));
     }
-    v.choice("parallel.wrap", p.wrap.as_deref().unwrap_or("block"), &["block"])?;
+    if p.wrap.as_deref() == Some("peft") && f.lora.is_none() {
+        return Err(v.err("parallel.wrap", "\"peft\" is PEFT's fsdp_auto_wrap_policy, which wraps LoRA adapters in units of their own: it needs a [lora] section (job.kind = \"finetune-lora\"); use \"block\""));
+    }
+    v.choice("parallel.wrap", p.wrap.as_deref().unwrap_or("block"), &["block", "peft"])?;
+    if p.use_orig_params.is_some() && framework != Framework::Fsdp1 {
+        return Err(v.err("parallel.use_orig_params", "is FSDP1's FullyShardedDataParallel argument: set parallel.framework = \"fsdp1\" (FSDP2's fully_shard always keeps the original parameters, as DTensors)"));
+    }
     use file::BoolOrInt;
     let (reshard, post_forward_shard) = match p.reshard_after_forward {
         None => (None, None),
@@ -913,6 +919,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         no_sync: p.no_sync.unwrap_or(false),
         hsdp_shard: None,
         async_tp: p.async_tp.unwrap_or(false),
+        use_orig_params: p.use_orig_params.unwrap_or(false),
     };
     let mut parallel = parallel;
     if parallel.model_parallel.pipeline > 1 {
@@ -1223,7 +1230,11 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
             // runs under BF16 autocast: FP32 adapters, gradients and Adam moments.
             precision.preset = "peft-lora (fp32 adapters, bf16 autocast)".into();
         }
-        workload.lora = Some(validate_lora(&v, l, &model, &parallel)?);
+        let wrap = f.parallel.wrap.as_deref();
+        if parallel.offload.is_some() && wrap == Some("block") && parallel.framework == Framework::Fsdp1 {
+            return Err(v.err("offload", "offload with LoRA's frozen base and adapters in one FSDP1 FlatParameter (wrap = \"block\") is not simulated yet; use parallel.wrap = \"peft\""));
+        }
+        workload.lora = Some(validate_lora(&v, l, &model, &parallel, wrap, &precision)?);
     }
     let allocator = validate_allocator(&v, &f.allocator, &cluster)?;
     let training =

@@ -43,7 +43,7 @@ impl Builder<'_> {
         let aware = self.pr().aware.is_some();
         if let Some(m) = self.pr().master.filter(|_| !offload && !aware && !flat) {
             for u in 0..plan.units.len() {
-                let el = plan.local(u, plan.optimizer_sharded);
+                let el = plan.optimized(u, plan.optimizer_sharded);
                 let b = self.buffer(
                     el * m.bytes(),
                     Category::MasterWeights,

@@ -257,8 +257,10 @@ pub fn build_with(dag: &LayerDag, plan: &Plan, cluster: &Cluster, names: bool, s
     }
     let tp = plan.parallel.model_parallel.tensor as f64;
     let per_mb = match dag.lora {
-        // LoRA: what a frozen base really costs (no weight-gradient GEMMs), not 3 x forward.
-        Some(_) => dag.ops.iter().map(|o| o.fwd_flops + o.bwd_flops).sum::<f64>(),
+        // LoRA: what a frozen base really costs (no weight-gradient GEMMs), not 3 x forward;
+        // where the base shares a FlatParameter with the adapters its weight-gradient GEMMs
+        // run but are not the model's work ([`crate::model::Op::flat_frozen`]).
+        Some(_) => dag.ops.iter().map(|o| o.fwd_flops + o.bwd_flops - o.wasted_wgrad_flops()).sum::<f64>(),
         None => 3.0 * dag.model_forward_flops() / tp,
     };
     let model_flops = per_mb * plan.training.grad_accum as f64;

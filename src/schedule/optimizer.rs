@@ -9,7 +9,7 @@ use super::{Builder, Category, Collective, OptimizerImpl, Phase, TaskKind, TaskL
 impl Builder<'_> {
     pub(super) fn optimizer_state_buffer(&mut self, u: usize) -> u32 {
         let plan = self.plan;
-        let el = plan.local(u, plan.optimizer_sharded);
+        let el = plan.optimized(u, plan.optimizer_sharded);
         let tr = &plan.training;
         let bytes = el * tr.precision.state_bytes(tr.states_per_param());
         let name = match tr.precision.aware {
@@ -35,7 +35,7 @@ impl Builder<'_> {
         let plan = self.plan;
         let tr = &plan.training;
         let pr = &tr.precision;
-        let el = plan.local_total(plan.optimizer_sharded);
+        let el = plan.optimized_total(plan.optimizer_sharded);
         if let Some(off) = plan.parallel.offload.clone() {
             self.offloaded_optimizer(step, el, &off);
             return;
@@ -54,7 +54,7 @@ impl Builder<'_> {
         // FusedAdam's `initialize_state` makes the master with the moments at the first step.
         if let Some(pa) = pr.aware.filter(|_| step == 1) {
             for u in 0..plan.units.len() {
-                let el = plan.local(u, plan.optimizer_sharded);
+                let el = plan.optimized(u, plan.optimizer_sharded);
                 let what = if pa.remainders(pr.param) {
                     text!(self.names, "{} master weights (int16 remainders of the BF16 parameters)", plan.units[u].name)
                 } else {
@@ -71,7 +71,7 @@ impl Builder<'_> {
             _ if pr.aware.is_some() => el * pr.aware.map_or(0, |pa| pa.step_temp_bytes()),
             OptimizerImpl::Foreach if tr.states_per_param() == 2 => intermediates * el * sb,
             OptimizerImpl::ForLoop if tr.states_per_param() == 2 => {
-                let largest = self.dag.ops.iter().map(|o| o.params).max().unwrap_or(0);
+                let largest = self.dag.ops.iter().map(|o| o.params - o.flat_frozen).max().unwrap_or(0);
                 let largest = if plan.optimizer_sharded { largest.div_ceil(plan.shard_group) } else { largest };
                 2 * largest * sb
             }
