@@ -51,8 +51,9 @@
 //! The third measured OOM, 206B (h 14336, 82 layers) at TP4 PP12 DP8 micro-batch 2, is
 //! contradicted by the same table's 203B row (h 13312, 94 layers, the same topology, heads and
 //! micro-batch), measured at 67 GB: with `type:transformer|embedding` their stage 0 holds 4.60B
-//! and 4.56B parameters (6 x 12 x 14336^2 / 4 + 250880 x 14336 / 4 against 7 x 12 x 13312^2 / 4
-//! + 250880 x 13312 / 4), stages 1-10 4.32B and 4.25B, and stage 0's checkpointed block inputs
+//! and 4.56B parameters (6 x 12 x 14336^2 / 4 + 250880 x 14336 / 4 against
+//! 7 x 12 x 13312^2 / 4 + 250880 x 13312 / 4), stages 1-10 4.32B and 4.25B, and stage 0's
+//! checkpointed block inputs
 //! over its 12 micro-batches in flight 8.5 and 9.2 GB. No per-GPU mechanism separates them by
 //! the 13 GB between 67 GB and the 80 GB card (the source states no cause). The test checks
 //! instead that stepsim keeps them together: every pipeline stage of the 206B row within 3% of
