@@ -211,7 +211,7 @@ fn tensor_and_data_parallel_collectives_share_nvlink() {
     let prog = &s.schedule().program;
     let link = |name: &str| prog.stream_links[prog.streams.iter().position(|x| x == name).unwrap()];
     use stepsim::engine::links::{NET_RX, NET_TX, NVLINK};
-    assert_eq!((link("compute"), link("nccl"), link("tp")), (0, NVLINK, NVLINK));
+    assert_eq!((link("compute"), link("nccl"), link("tp")), (stepsim::engine::links::SMS, NVLINK, NVLINK));
     let mut alone = prog.clone();
     alone.stream_links.clear();
     let big = || stepsim::memory::ExactAllocator::new(u64::MAX / 4);
@@ -270,4 +270,37 @@ fn with_jitter_every_rank_is_simulated_and_collectives_wait_for_all() {
     // The straggler (rank 0) computes ~30% longer than the others.
     let busy = |r: usize| traces[r].stream_busy_ns[0] as f64;
     assert!(busy(0) > 1.2 * busy(1) && busy(0) > 1.2 * busy(3), "{} {} {}", busy(0), busy(1), busy(3));
+}
+
+/// NCCL's thread blocks take SMs from compute (src/engine/links.rs): FSDP's all-gathers and
+/// reduce-scatters inside one H100 node hold 24 ring channels' blocks of the 132 SMs while
+/// they run, so every compute kernel they overlap runs at 108/132 of its solo rate. Replayed
+/// without the compute stream's SMS bit, the same program runs its compute at solo speed:
+/// the report's contention is what the step loses, bounded by what 24 of 132 SMs can cost
+/// over the time collectives run.
+#[test]
+fn collectives_thread_blocks_slow_the_compute_they_overlap() {
+    let s = sim("sharding = \"full_shard\"", "", 8);
+    let prog = &s.schedule().program;
+    assert_eq!((prog.stream_links[0], prog.sms), (stepsim::engine::links::SMS, 132));
+    let collectives: Vec<u16> = prog.tasks.iter().filter(|t| t.stream == 1 && t.ctas > 0).map(|t| t.ctas).collect();
+    assert!(!collectives.is_empty() && collectives.iter().all(|&c| c == 24), "{collectives:?}");
+    let mut solo = prog.clone();
+    solo.stream_links[0] = 0;
+    let big = || stepsim::memory::ExactAllocator::new(u64::MAX / 4);
+    let (with, without) =
+        (stepsim::engine::run(prog, &mut big()).unwrap(), stepsim::engine::run(&solo, &mut big()).unwrap());
+    let st = s.report.steps.last().unwrap();
+    println!(
+        "step end {:.3} ms with SM sharing vs {:.3} ms without; contention {:.3} ms in step 2, communication busy {:.3} ms",
+        with.end_time_ns as f64 / 1e6,
+        without.end_time_ns as f64 / 1e6,
+        st.sm_contention_s * 1e3,
+        st.comm_busy_s * 1e3
+    );
+    assert!(with.end_time_ns > without.end_time_ns);
+    assert!(st.sm_contention_s > 0.0);
+    // While collectives run, compute does 24/132 less: over the communication-busy time at most
+    // that share is lost, stretched by the slower rate.
+    assert!(st.sm_contention_s <= st.comm_busy_s * (24.0 / 108.0) + 1e-9);
 }

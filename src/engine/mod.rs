@@ -47,6 +47,9 @@ pub const TASK_STREAM: u16 = u16::MAX;
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Task {
     pub stream: u16,
+    /// Thread blocks the task's kernel holds on SMs while it runs (an NCCL collective's
+    /// channels), which compute beside it cannot use ([`links`]); 0 for most tasks.
+    pub ctas: u16,
     pub duration_ns: u64,
     /// Index into the scheduler's label table.
     pub label: u32,
@@ -133,6 +136,9 @@ pub struct Program {
     /// Per stream: the links its tasks occupy ([`links`] bits; empty or 0: none). Tasks on
     /// a common link of one device share it while they overlap.
     pub stream_links: Vec<u8>,
+    /// The GPU's streaming multiprocessors, which collectives' thread blocks take from
+    /// compute ([`Task::ctas`], [`links::SMS`]); 0: not modelled.
+    pub sms: u32,
     /// Tasks after which the framework itself calls `torch.cuda.empty_cache()` (beside the
     /// points `[allocator] empty_cache` names).
     pub empty_cache_after: Vec<u32>,
@@ -328,10 +334,17 @@ pub fn run_parts(
             link_of[num.stream[k] + j] = m;
         }
     }
-    let mut shared = links::SharedLinks::new(nd);
+    let mut sms = vec![0u32; nd];
+    for (k, p) in parts.iter().enumerate() {
+        for j in 0..p.streams.len() {
+            let d = dev_of[num.stream[k] + j];
+            sms[d] = sms[d].max(p.sms);
+        }
+    }
+    let mut shared = links::SharedLinks::new(&sms);
     let mut moved: Vec<(u32, u64)> = Vec::new();
     let flat = Flat::of(&num, ns);
-    let Flat { stream: task_stream, duration, queues } = &flat;
+    let Flat { stream: task_stream, duration, ctas, queues } = &flat;
     let (dependents, mut remaining) = Dependents::of(&num, links);
     let mut head = vec![0usize; ns];
     let mut busy = vec![false; ns];
@@ -426,9 +439,9 @@ pub fn run_parts(
                 started.push(ti);
             } else {
                 // On shared links: this task's end, and those of the tasks it slows down.
-                shared.start(now, dv, link_of[s], ti, duration[ti as usize], &mut moved);
+                shared.start(now, dv, link_of[s], u32::from(ctas[ti as usize]), ti, duration[ti as usize], &mut moved);
                 for &(t, end) in &moved {
-                    shared.set_seq(t, started.len() as u64);
+                    shared.set_seq(dv, t, started.len() as u64);
                     heap.push(Reverse(u128::from(end) << 64 | started.len() as u128));
                     started.push(t);
                 }
@@ -439,15 +452,15 @@ pub fn run_parts(
         let ti = started[key as u64 as usize];
         let stream = task_stream[ti as usize] as usize;
         let shares = link_of[stream] != 0;
-        if shares && !shared.is_current(ti, key as u64) {
+        if shares && !shared.is_current(dev_of[stream], ti, key as u64) {
             // Superseded: the task's end moved when another transfer joined or left its links.
             continue;
         }
         now = (key >> 64) as u64;
         if shares {
-            shared.finish(now, ti, &mut moved);
+            shared.finish(now, dev_of[stream], ti, &mut moved);
             for &(t, end) in &moved {
-                shared.set_seq(t, started.len() as u64);
+                shared.set_seq(dev_of[stream], t, started.len() as u64);
                 heap.push(Reverse(u128::from(end) << 64 | started.len() as u128));
                 started.push(t);
             }
@@ -597,6 +610,7 @@ struct Flat {
     /// The task's stream in the run's numbering.
     stream: Vec<u32>,
     duration: Vec<u64>,
+    ctas: Vec<u16>,
     /// Each stream's tasks, in program order.
     queues: Vec<Vec<u32>>,
 }
@@ -604,14 +618,19 @@ struct Flat {
 impl Flat {
     fn of(num: &Numbering, streams: usize) -> Flat {
         let n = num.tasks();
-        let mut f =
-            Flat { stream: Vec::with_capacity(n), duration: Vec::with_capacity(n), queues: vec![Vec::new(); streams] };
+        let mut f = Flat {
+            stream: Vec::with_capacity(n),
+            duration: Vec::with_capacity(n),
+            ctas: Vec::with_capacity(n),
+            queues: vec![Vec::new(); streams],
+        };
         for (k, p) in num.parts.iter().enumerate() {
             for t in &p.tasks {
                 let s = num.stream[k] + t.stream as usize;
                 f.queues[s].push(f.stream.len() as u32);
                 f.stream.push(s as u32);
                 f.duration.push(t.duration_ns);
+                f.ctas.push(t.ctas);
             }
         }
         f
@@ -703,7 +722,7 @@ mod tests {
     fn program(streams: usize, tasks: &[T], buffers: Vec<BufferSpec>) -> Program {
         let mut p = Program { streams: vec!["compute".into(); streams], buffers, ..Default::default() };
         for &(stream, duration_ns, deps, alloc, free) in tasks {
-            p.push_task(Task { stream, duration_ns, label: 0 }, deps, alloc, free);
+            p.push_task(Task { stream, duration_ns, ..Default::default() }, deps, alloc, free);
         }
         p
     }

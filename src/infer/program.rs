@@ -178,7 +178,7 @@ impl B<'_> {
         let mut label = TaskLabel::new(step, phase, 0, what, kind, None);
         label.region = region;
         self.labels.push(label);
-        let task = Task { stream, duration_ns: ns(seconds), label: (self.labels.len() - 1) as u32 };
+        let task = Task { stream, ctas: 0, duration_ns: ns(seconds), label: (self.labels.len() - 1) as u32 };
         self.prog.push_task(task, &deps, &alloc, &free)
     }
 

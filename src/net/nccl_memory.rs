@@ -79,6 +79,16 @@ impl NcclConfig {
     }
 }
 
+/// Ring channels NCCL's topology search gives (see the module doc), inside a node and for a
+/// communicator across nodes: 24 and 16 on NVSwitch nodes, 8 elsewhere (an assumption).
+pub fn ring_channels(nvswitch: bool) -> (u64, u64) {
+    if nvswitch {
+        (24, 16)
+    } else {
+        (8, 8)
+    }
+}
+
 /// The GPU fabric a communicator's channels run over.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Fabric {

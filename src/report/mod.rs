@@ -139,6 +139,9 @@ pub struct StepTiming {
     pub compute_idle_s: f64,
     /// Compute time spent recomputing forward ops under activation checkpointing.
     pub recompute_s: f64,
+    /// How much longer compute ran than it would alone, on the SMs collectives' thread
+    /// blocks left it ([`crate::engine::links`]); part of `compute_busy_s`.
+    pub sm_contention_s: f64,
     /// Communication time not hidden behind compute: the compute stream idle while a
     /// collective or pipeline transfer runs.
     pub exposed_comm_s: f64,
@@ -523,6 +526,8 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
             end: u64,
             /// Busy nanoseconds of the compute stream (communication is measured as a union below).
             busy: u64,
+            /// What the compute stream's tasks would have taken alone.
+            solo: u64,
             recompute: u64,
             /// Intervals of the compute, the communication and the host streams.
             intervals: [Vec<(u64, u64)>; 3],
@@ -543,7 +548,8 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
                 StreamClass::Host => 2,
             };
             if st == 0 {
-                a.busy += t.duration_ns;
+                a.busy += trace.end_ns[i] - trace.start_ns[i];
+                a.solo += t.duration_ns;
             }
             if t.duration_ns > 0 {
                 a.intervals[st].push((trace.start_ns[i], trace.end_ns[i]));
@@ -558,7 +564,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
         // to its own last task's end; the first step from its first task.
         let mut prev_end: Option<u64> = None;
         for (k, a) in (1..).zip(&mut acc) {
-            let (end, busy, recompute) = (a.end, a.busy, a.recompute);
+            let (end, busy, recompute, solo) = (a.end, a.busy, a.recompute, a.solo);
             if a.start == u64::MAX {
                 continue;
             }
@@ -587,6 +593,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
                 host_busy_s: host_busy as f64 / 1e9,
                 compute_idle_s: dur.saturating_sub(busy) as f64 / 1e9,
                 recompute_s: recompute as f64 / 1e9,
+                sm_contention_s: busy.saturating_sub(solo) as f64 / 1e9,
                 exposed_comm_s: exposed as f64 / 1e9,
                 exposed_host_s: exposed_host as f64 / 1e9,
                 idle_s: dur.saturating_sub(busy).saturating_sub(exposed).saturating_sub(exposed_host) as f64 / 1e9,
@@ -1046,6 +1053,14 @@ pub fn throughput_of(
                     crate::net::ALPHA_INTRA_S * 1e6,
                     crate::net::ALPHA_INTER_S * 1e6
                 ),
+                {
+                    let (intra, inter) = crate::schedule::cost::collective_ctas(&s.cluster);
+                    format!(
+                        "collectives beside compute: an NCCL kernel holds a thread block per ring channel on the SMs while it runs ({intra} channels inside a node, {inter} across nodes: NCCL's topology search, a ring per NIC doubled), and compute it overlaps runs on the SMs left, e.g. {:.0}% of its rate beside one collective inside a node ({} SMs; measured on H100: an all-gather's 24 blocks beside a GEMM, NVIDIA developer forum thread 337991); collectives' blocks add up to at most half the SMs; pipelined sequence-parallel transfers and point-to-point sends hold none",
+                        100.0 * (1.0 - intra as f64 / f64::from(s.cluster.gpu.sms)),
+                        s.cluster.gpu.sms
+                    )
+                },
                 if s.workload.lora.is_some() {
                     "MFU counts the FLOPs a LoRA step needs: forward (base + adapters) plus backward without the frozen weights' gradient GEMMs (input gradients and the adapters' own); HFU adds recomputation".into()
                 } else {
@@ -1423,6 +1438,7 @@ mod tests {
             host_busy_s: 0.0,
             compute_idle_s: exposed + idle,
             recompute_s: 0.0,
+            sm_contention_s: 0.0,
             exposed_comm_s: exposed,
             exposed_host_s: 0.0,
             idle_s: idle,

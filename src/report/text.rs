@@ -694,8 +694,17 @@ fn time(r: &Report, s: &Scenario, o: &mut String) {
                     pct(st.comm_busy_s)
                 );
             }
+            if st.sm_contention_s > 0.0 {
+                let alone = st.compute_busy_s - st.sm_contention_s;
+                let _ = writeln!(
+                    o,
+                    "          compute beside collectives ran {:.3} s longer than alone (+{:.1}%): their thread blocks held SMs",
+                    st.sm_contention_s,
+                    100.0 * st.sm_contention_s / alone.max(1e-12)
+                );
+            }
             if st.recompute_s > 0.0 {
-                let base = st.compute_busy_s - st.recompute_s;
+                let base = st.compute_busy_s - st.recompute_s - st.sm_contention_s;
                 let _ = writeln!(o, "          activation checkpointing recomputes for {:.3} s: +{:.1}% compute over the same step without it", st.recompute_s, 100.0 * st.recompute_s / base.max(1e-12));
             }
         }

@@ -42,7 +42,7 @@ pub struct NcclEstimate {
 /// 16 across nodes; 8 on nodes without NVSwitch (an assumption).
 fn fabric(cluster: &Cluster) -> Fabric {
     let nvswitch = crate::hardware::node(&cluster.node).is_some_and(|n| n.nvswitch);
-    let (intra, inter) = if nvswitch { (24, 16) } else { (8, 8) };
+    let (intra, inter) = crate::net::nccl_memory::ring_channels(nvswitch);
     Fabric {
         ring_channels_intra: intra,
         ring_channels_inter: inter,

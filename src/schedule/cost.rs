@@ -35,13 +35,35 @@
 //! torchtitan A100 median 2.2% (8B rows -2.2% / -4.5%, where they were -10.2% / -9.7%), and
 //! torchtitan's eager and compiled H100 runs within 5% (tests/fidelity_kernels.rs, where one
 //! fit for every stack gave +33% for the eager run); the Megatron suites are unchanged.
+//!
+//! Refitted when compute beside a collective came to run on the SMs the collective's thread
+//! blocks leave ([`crate::engine::links`]: a ring channel each, [`Cost::ring_channels`]):
+//! Megatron's input-gradient all-reduce beside the weight-gradient GEMM and FSDP's
+//! all-gathers and reduce-scatters beside every block now slow the compute they overlap. The
+//! same five summaries, with torchtitan's kernel stack and FlashAttention-2 rates in place:
+//!
+//! | value | Table 4 | Table 5 | Narayanan 1 | Narayanan 2 | torchtitan | sum  |
+//! |-------|---------|---------|-------------|-------------|------------|------|
+//! | 0.79  | 3.6     | 5.0     | 2.1         | 1.2         | 5.4        | 17.3 |
+//! | 0.80  | 2.9     | 4.2     | 2.2         | 2.2         | 4.5        | 16.0 |
+//! | 0.81  | 2.2     | 3.4     | 3.3         | 3.3         | 3.6        | 15.8 |
+//! | 0.82  | 1.9     | 2.6     | 4.3         | 4.3         | 2.8        | 15.9 |
+//! | 0.83  | 2.7     | 2.1     | 4.5         | 5.4         | 1.9        | 16.6 |
+//!
+//! 0.81 is the minimum (0.80 and below miss Table 5's 4%). Without the contention, at 0.80,
+//! the sum was 14.7 (3.0, 3.6, 2.8, 3.1, 2.2): the A100 suites, where little overlaps, fit
+//! about as well either way, while the Megatron-Core H100 table, whose overlap flags put
+//! collectives beside compute, moves from a median |error| of 8.3% to 6.4% (its four
+//! unpipelined rows from +5.9..+10.6% to +1.6..+9.1%; tests/fidelity_h100.rs), and the
+//! torchtitan A100 rows all come out 0.5-7% slow where they straddled zero (the 70B
+//! per-op row stays at -13.4%).
 
 use crate::hardware::Cluster;
 use crate::model::{Dtype, Op, OpKind};
 use crate::net::{Collective, Group, ALPHA_INTER_S, ALPHA_INTRA_S, LINK_EFFICIENCY, NETWORK_EFFICIENCY};
 use crate::plan::Plan;
 
-pub const MATMUL_EFFICIENCY: f64 = 0.80;
+pub const MATMUL_EFFICIENCY: f64 = 0.81;
 /// Output tile of a GEMM kernel (rows x columns): cuBLAS/CUTLASS pick 128 x 128 or 256 x 128
 /// tiles for large BF16 GEMMs; one tile per SM per wave.
 pub const GEMM_TILE: (u64, u64) = (128, 128);
@@ -49,7 +71,8 @@ pub const GEMM_TILE: (u64, u64) = (128, 128);
 /// attention), fitted end to end with [`MATMUL_EFFICIENCY`], not measured. PyTorch model
 /// code's flash attention is FlashAttention-2 at its measured rates instead
 /// ([`super::flash_rates`]); this fit stays for Megatron until the costs it absorbs there
-/// (NCCL's SM contention under overlapped collectives, GEMM efficiency by shape) are modelled. The DAG counts causal attention's FLOPs as the full
+/// (GEMM efficiency by shape) are modelled; NCCL's SM contention, which it also absorbed, is
+/// modelled since ([`crate::engine::links`]), and the value was kept. The DAG counts causal attention's FLOPs as the full
 /// s x s (Megatron's MFU convention), while FlashAttention's own benchmarks count half: by the
 /// FA3 paper's H100 figures (seq 8k, head dim 128: FA2 333 / 318 TFLOP/s forward / backward,
 /// cuDNN 529 / 518, FA3 602 / 559) the kernels run at 55-67% of the peak on this count, where
@@ -71,6 +94,12 @@ pub struct Cost {
     /// Best achievable matmul fraction of the peak (the GPU's measured ceiling).
     pub matmul_ceiling: f64,
     pub sms: u64,
+    /// NCCL's ring channels inside a node and across nodes: the thread blocks a collective's
+    /// kernel holds on SMs ([`crate::engine::links`]). Inside an NVSwitch node 24 (NCCL's
+    /// topology search, [`crate::net::nccl_memory`]); across nodes the search builds a ring
+    /// per NIC and doubles the channels (`ncclTopoPostset`): 16 on 8-NIC DGX H100 nodes
+    /// (nccl#1453), 2 per NIC on nodes with fewer, never more than inside the node.
+    pub ring_channels: (u64, u64),
     /// The GPU's architecture, which picks FlashAttention-2's measured rates.
     pub arch: crate::hardware::Arch,
     pub hbm: f64,
@@ -110,6 +139,14 @@ pub struct Cost {
     pub cp_group: Group,
     pub cp_bytes_per_s: f64,
     pub cp_latency_s: f64,
+}
+
+/// The thread blocks an NCCL collective's kernel holds on SMs inside a node and across nodes
+/// ([`Cost::ring_channels`]).
+pub fn collective_ctas(cluster: &Cluster) -> (u64, u64) {
+    let nvswitch = crate::hardware::node(&cluster.node).is_some_and(|n| n.nvswitch);
+    let (intra, inter) = crate::net::nccl_memory::ring_channels(nvswitch);
+    (intra, inter.min(2 * u64::from(cluster.nics_per_node)))
 }
 
 /// The launch overhead of an op's kernels beyond the first (an eager chain's,
@@ -153,6 +190,7 @@ impl Cost {
             fp8_peak_flops: g.fp8_flops.unwrap_or(0.0),
             matmul_ceiling: g.max_matmul_fraction,
             sms: u64::from(g.sms),
+            ring_channels: collective_ctas(cluster),
             arch: g.arch,
             hbm: g.hbm_bytes_per_s,
             compute_bytes: compute.bytes(),
@@ -240,6 +278,20 @@ impl Cost {
             c.p2p_inter_node = true;
         }
         c
+    }
+
+    /// Thread blocks a collective on a stream with `links` holds: a ring channel each, the
+    /// channels across nodes where it crosses them (NCCL launches one block per channel).
+    pub fn stream_ctas(&self, links: u8) -> u16 {
+        use crate::engine::links::{NET_RX, NET_TX, NVLINK};
+        let n = if links & (NET_TX | NET_RX) != 0 {
+            self.ring_channels.1
+        } else if links & NVLINK != 0 {
+            self.ring_channels.0
+        } else {
+            0
+        };
+        n as u16
     }
 
     /// The links the NCCL queue's collectives occupy (bits of [`crate::engine::links`]):
@@ -483,7 +535,7 @@ mod tests {
     #[test]
     fn matmuls_run_at_the_calibrated_share_of_the_best_achievable() {
         let a = cost("a100-80gb");
-        assert!((a.eff(OpKind::Linear) - 0.80 * 0.869).abs() < 1e-12);
+        assert!((a.eff(OpKind::Linear) - 0.81 * 0.869).abs() < 1e-12);
         assert_eq!(a.eff(OpKind::Elementwise), 1.0);
     }
 

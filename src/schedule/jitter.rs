@@ -93,7 +93,7 @@ pub fn barriers(
         if !waits(task, labels[task.label as usize].kind) {
             continue;
         }
-        let b = barrier.push_task(Task { stream: 0, duration_ns: 0, label: task.label }, &[], &[], &[]);
+        let b = barrier.push_task(Task { stream: 0, ctas: 0, duration_ns: 0, label: task.label }, &[], &[], &[]);
         for r in 0..n {
             for &d in prog.deps.of(i) {
                 links.push(PartLink { part: n, task: b, dep_part: r, dep: d });

@@ -55,6 +55,11 @@ pub enum TaskKind {
 }
 
 impl TaskKind {
+    /// An NCCL collective (not a point-to-point transfer).
+    pub fn is_collective(self) -> bool {
+        matches!(self, TaskKind::AllGather | TaskKind::ReduceScatter | TaskKind::AllReduce | TaskKind::AllToAll)
+    }
+
     pub fn is_comm(self) -> bool {
         matches!(
             self,

@@ -199,6 +199,8 @@ struct Builder<'a> {
     chunk_out: Vec<Option<usize>>,
     chunk_vs: Vec<u64>,
     tp_stream: u16,
+    /// Per stream: the thread blocks its collectives hold on SMs ([`Task::ctas`]).
+    stream_ctas: Vec<u16>,
     /// MoE all-to-alls (dispatch and combine) over the expert-parallel group.
     ep_stream: u16,
     /// Offload: host-to-device and device-to-host copies (separate copy engines, so the two
@@ -280,9 +282,12 @@ impl<'a> Builder<'a> {
         let nu = plan.units.len();
         // Each stream with the links its transfers occupy (engine::links): offload copies use
         // one PCIe direction each; compute, NVMe and the CPU none.
+        // Compute kernels run on the SMs that collectives' thread blocks leave (SMS).
+        use crate::engine::links::SMS;
         let mut prog = Program {
             streams: vec!["compute".into(), "nccl".into()],
-            stream_links: vec![0, cost.nccl_links()],
+            stream_links: vec![SMS, cost.nccl_links()],
+            sms: cost.sms as u32,
             ..Default::default()
         };
         let mp = &plan.parallel.model_parallel;
@@ -300,7 +305,7 @@ impl<'a> Builder<'a> {
         // with the experts, as Megatron-Core's dispatcher issues them).
         let tp_stream = stream("tp", mp.tensor > 1 || mp.expert_tensor > 1, cost.tp_links());
         let ag_copy_in_stream =
-            stream("all-gather copy-in", plan.parallel.framework.fsdp2_buffers() && plan.params_sharded, 0);
+            stream("all-gather copy-in", plan.parallel.framework.fsdp2_buffers() && plan.params_sharded, SMS);
         let ep_stream = stream("ep", mp.expert > 1, cost.ep_links());
         let off = plan.parallel.offload.as_ref();
         let offload = off.is_some();
@@ -314,6 +319,16 @@ impl<'a> Builder<'a> {
         let cpu_stream = stream("cpu", offload, 0);
         let send_stream = stream("p2p send", mp.pipeline > 1, cost.p2p_links(true));
         let recv_stream = stream("p2p recv", mp.pipeline > 1, cost.p2p_links(false));
+        // The thread blocks each stream's collectives hold. Sequence-parallel collectives
+        // pipelined with their GEMMs (Transformer Engine's userbuffers, torchtitan's async
+        // TP over symmetric memory) are not NCCL kernels: their cost is the pipelined GEMM's
+        // ([`Builder::tp_overlap_gemm_s`]).
+        let tp_pipelined = (plan.parallel.framework == crate::plan::Framework::Megatron
+            && plan.parallel.megatron.tp_comm_overlap)
+            || plan.parallel.async_tp;
+        let stream_ctas = (0..prog.stream_links.len())
+            .map(|s| if s as u16 == tp_stream && tp_pipelined { 0 } else { cost.stream_ctas(prog.stream_links[s]) })
+            .collect();
         let mut chunk_ops = Vec::new();
         let (mut chunk_in, mut chunk_out, mut chunk_vs) = (Vec::new(), Vec::new(), Vec::new());
         let mut p2p_bytes = 0;
@@ -401,6 +416,7 @@ impl<'a> Builder<'a> {
             chunk_out,
             chunk_vs,
             tp_stream,
+            stream_ctas,
             ag_copy_in_stream,
             blas_workspaces: [false; 2],
             ep_stream,
@@ -469,8 +485,9 @@ impl<'a> Builder<'a> {
 
     #[inline]
     fn task(&mut self, stream: u16, seconds: f64, deps: Vec<u32>, alloc: Vec<u32>, label: TaskLabel) -> u32 {
+        let ctas = if label.kind.is_collective() { self.stream_ctas[stream as usize] } else { 0 };
         self.labels.push(label);
-        let task = Task { stream, duration_ns: cost::ns(seconds), label: (self.labels.len() - 1) as u32 };
+        let task = Task { stream, ctas, duration_ns: cost::ns(seconds), label: (self.labels.len() - 1) as u32 };
         self.prog.tasks.push(task);
         self.prog.deps.push(&deps);
         self.prog.alloc.push(&alloc);
