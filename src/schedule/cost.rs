@@ -72,11 +72,11 @@ pub const GEMM_TILE: (u64, u64) = (128, 128);
 /// code's flash attention is FlashAttention-2 at its measured rates instead
 /// ([`super::flash_rates`]); this fit stays for Megatron until the costs it absorbs there
 /// (GEMM efficiency by shape) are modelled; NCCL's SM contention, which it also absorbed, is
-/// modelled since ([`crate::engine::links`]), and the value was kept. The DAG counts causal attention's FLOPs as the full
-/// s x s (Megatron's MFU convention), while FlashAttention's own benchmarks count half: by the
-/// FA3 paper's H100 figures (seq 8k, head dim 128: FA2 333 / 318 TFLOP/s forward / backward,
-/// cuDNN 529 / 518, FA3 602 / 559) the kernels run at 55-67% of the peak on this count, where
-/// 0.6 x 80.3% gives 48%. Raising it alone to the kernels' rate sends every end-to-end suite
+/// modelled since ([`crate::engine::links`]), and the value was kept. The DAG counts causal
+/// attention's FLOPs as the full s x s (Megatron's MFU convention), while FlashAttention's
+/// own benchmarks count half: by the FA3 paper's H100 figures (seq 8k, head dim 128: FA2
+/// 333 / 318 TFLOP/s forward / backward, cuDNN 529 / 518, FA3 602 / 559) the kernels run at
+/// 55-67% of the peak on this count, where 0.6 x 80.3% gives 48%. Raising it alone to the kernels' rate sends every end-to-end suite
 /// fast (torchtitan A100 median 3.5% -> 8.3%, three Megatron H100 rows past +15%): the fit
 /// absorbed costs not modelled then (eager PyTorch's unfused kernels, now
 /// [`crate::model::eager`]; NCCL's SM contention; GEMM efficiency by shape).
