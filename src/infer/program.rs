@@ -120,6 +120,7 @@ pub fn build_with(
         ranks_per_node: tp,
         nvlink_bytes_per_s: cluster.gpu.nvlink_bytes_per_s,
         network_bytes_per_s: cluster.network_bytes_per_s(),
+        network_efficiency: cluster.nic_efficiency(),
     };
     let prog =
         Program { streams: vec!["compute".into(), "tp".into()], names: vec![String::new()], ..Default::default() };

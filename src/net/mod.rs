@@ -37,13 +37,18 @@ pub struct Group {
     pub nvlink_bytes_per_s: f64,
     /// Each GPU's share of its node's NICs, one direction, bytes/s.
     pub network_bytes_per_s: f64,
+    /// The share of that rate large collectives reach (the node's fabric:
+    /// [`crate::hardware::NodeSpec::nic_efficiency`]).
+    pub network_efficiency: f64,
 }
 
 /// Fraction of NVLink's unidirectional spec a large ring collective reaches inside a node:
 /// 8 x A100 all-reduce busbw 234.9 GB/s of 300 (78%), 8 x H200 ring 367.6 of 450 (82%)
 /// (nccl-tests figures in stas00 ml-engineering `network/README.md`).
 pub const LINK_EFFICIENCY: f64 = 0.8;
-/// Fraction of the NIC rate a large collective reaches across nodes: 74% (see module doc).
+/// Fraction of the NIC rate a large collective reaches across nodes on EFA: 74% (see module
+/// doc); the default for every fabric without its own measurement
+/// ([`crate::hardware::NodeSpec::nic_efficiency`]: InfiniBand NDR has one).
 pub const NETWORK_EFFICIENCY: f64 = 0.74;
 /// Per-step latency of a ring collective, seconds: a few us per NVLink hop, more when the
 /// ring crosses the network (NCCL Simple protocol; nccl-tests small-message times).
@@ -87,7 +92,7 @@ impl Group {
             0.0
         };
         let inter = if k > 1 {
-            passes * s * (k - 1) as f64 / n as f64 / (self.network_bytes_per_s * NETWORK_EFFICIENCY)
+            passes * s * (k - 1) as f64 / n as f64 / (self.network_bytes_per_s * self.network_efficiency)
         } else {
             0.0
         };
@@ -115,7 +120,7 @@ impl Group {
         let g = self.ranks_per_node.clamp(1, self.ranks) as f64;
         let s = bytes as f64;
         let intra = s * (g - 1.0) / n / (self.nvlink_bytes_per_s * LINK_EFFICIENCY);
-        let inter = s * (n - g) / n / (self.network_bytes_per_s * NETWORK_EFFICIENCY);
+        let inter = s * (n - g) / n / (self.network_bytes_per_s * self.network_efficiency);
         let alpha = if self.nodes() > 1 { ALPHA_INTER_S } else { ALPHA_INTRA_S };
         alpha + (n - 1.0) * LL_HOP_S + intra.max(inter)
     }
@@ -136,7 +141,13 @@ mod tests {
     use super::*;
 
     fn group(n: u64, per_node: u64, nvlink: f64, net: f64) -> Group {
-        Group { ranks: n, ranks_per_node: per_node, nvlink_bytes_per_s: nvlink, network_bytes_per_s: net }
+        Group {
+            ranks: n,
+            ranks_per_node: per_node,
+            nvlink_bytes_per_s: nvlink,
+            network_bytes_per_s: net,
+            network_efficiency: NETWORK_EFFICIENCY,
+        }
     }
 
     #[test]

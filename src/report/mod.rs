@@ -1045,10 +1045,10 @@ pub fn throughput_of(
                         .join(", ")
                 ),
                 format!(
-                    "collectives: NCCL rings, {:.0}% of {:.0} GB/s NVLink inside a node; across nodes {:.0}% of the node's NICs ({:.1} GB/s per GPU) on per-rail rings (efficiencies from nccl-tests busbw); latency {:.0} us per ring step inside a node, {:.0} us across nodes (assumed, NCCL Simple protocol order of magnitude)",
+                    "collectives: NCCL rings, {:.0}% of {:.0} GB/s NVLink inside a node; across nodes {:.0}% of the node's NICs ({:.1} GB/s per GPU) on per-rail rings (efficiencies from nccl-tests busbw; across nodes by the node's fabric: InfiniBand NDR 94%, NCCL's maintainer in nccl-tests#290; EFA's measured 74% elsewhere); latency {:.0} us per ring step inside a node, {:.0} us across nodes (assumed, NCCL Simple protocol order of magnitude)",
                     crate::net::LINK_EFFICIENCY * 100.0,
                     s.cluster.gpu.nvlink_bytes_per_s / 1e9,
-                    crate::net::NETWORK_EFFICIENCY * 100.0,
+                    s.cluster.nic_efficiency() * 100.0,
                     s.cluster.network_bytes_per_s() / 1e9,
                     crate::net::ALPHA_INTRA_S * 1e6,
                     crate::net::ALPHA_INTER_S * 1e6
