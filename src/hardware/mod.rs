@@ -677,16 +677,24 @@ pub struct NodeSpec {
     /// The GPUs connect through NVSwitch (all-to-all NVLink): NCCL's channel count inside
     /// the node, and NVLS on Hopper and later ([`crate::net::nccl_memory`]).
     pub nvswitch: bool,
-    /// The share of a NIC's rate NCCL's collectives reach across nodes: InfiniBand NDR's
-    /// [`IB_NDR_EFFICIENCY`]; elsewhere [`crate::net::NETWORK_EFFICIENCY`], measured on EFA
-    /// and assumed for fabrics without a measurement (HDR and EDR InfiniBand, RoCE, Slingshot).
-    pub nic_efficiency: f64,
+    /// The network the NICs are on, which sets the share of their rate collectives reach
+    /// (`crate::schedule::cost::nic_efficiency`).
+    pub fabric: Fabric,
     pub source: &'static str,
 }
 
-/// InfiniBand NDR (400 Gb/s ConnectX-7): "For NDR @ 400Gbps you should see 46-48GB/s per
-/// NIC" (NCCL's maintainer, nvidia/nccl-tests#290, 2025-03): 47 of 50 GB/s.
-pub const IB_NDR_EFFICIENCY: f64 = 0.94;
+/// A node's inter-node network, as far as a measured NIC efficiency tells fabrics apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fabric {
+    /// InfiniBand NDR, 400 Gb/s ConnectX-7.
+    InfinibandNdr,
+    /// AWS Elastic Fabric Adapter.
+    Efa,
+    /// Everything without its own measurement: HDR and EDR InfiniBand, RoCE, Slingshot,
+    /// Ethernet.
+    Other,
+}
 
 /// Named node presets; a scenario may override each field.
 pub const NODES: &[NodeSpec] = &[
@@ -697,7 +705,7 @@ pub const NODES: &[NodeSpec] = &[
         nics_per_node: 4,
         nic_bytes_per_s: 12.5e9,
         nvswitch: false,
-        nic_efficiency: crate::net::NETWORK_EFFICIENCY,
+        fabric: Fabric::Other,
         source: "NVIDIA DGX-1 datasheet (4x EDR IB)",
     },
     // DGX A100: 8 x HDR 200 Gb/s (ConnectX-6) for the compute fabric.
@@ -707,7 +715,7 @@ pub const NODES: &[NodeSpec] = &[
         nics_per_node: 8,
         nic_bytes_per_s: 25e9,
         nvswitch: true,
-        nic_efficiency: crate::net::NETWORK_EFFICIENCY,
+        fabric: Fabric::Other,
         source: "NVIDIA DGX A100 datasheet (8x HDR200)",
     },
     // DGX H100: 8 x NDR 400 Gb/s (ConnectX-7) = 3.2 Tb/s per node.
@@ -717,7 +725,7 @@ pub const NODES: &[NodeSpec] = &[
         nics_per_node: 8,
         nic_bytes_per_s: 50e9,
         nvswitch: true,
-        nic_efficiency: IB_NDR_EFFICIENCY,
+        fabric: Fabric::InfinibandNdr,
         source: "NVIDIA DGX H100 datasheet (8x NDR400)",
     },
     NodeSpec {
@@ -726,7 +734,7 @@ pub const NODES: &[NodeSpec] = &[
         nics_per_node: 8,
         nic_bytes_per_s: 50e9,
         nvswitch: true,
-        nic_efficiency: IB_NDR_EFFICIENCY,
+        fabric: Fabric::InfinibandNdr,
         source: "HGX H200 reference design (8x NDR400)",
     },
     // DGX B200: 8 x 400 Gb/s (ConnectX-7).
@@ -736,7 +744,7 @@ pub const NODES: &[NodeSpec] = &[
         nics_per_node: 8,
         nic_bytes_per_s: 50e9,
         nvswitch: true,
-        nic_efficiency: IB_NDR_EFFICIENCY,
+        fabric: Fabric::InfinibandNdr,
         source: "NVIDIA DGX B200 datasheet (8x 400 Gb/s)",
     },
     // AWS p4d.24xlarge: 8 x A100 40GB, EFA v1 4 x 100 Gb/s = 400 Gb/s per node.
@@ -746,7 +754,7 @@ pub const NODES: &[NodeSpec] = &[
         nics_per_node: 4,
         nic_bytes_per_s: 12.5e9,
         nvswitch: true,
-        nic_efficiency: crate::net::NETWORK_EFFICIENCY,
+        fabric: Fabric::Efa,
         source: "AWS p4d (EFA 4x100 Gb/s), stas00 network/README.md",
     },
     // AWS p4de.24xlarge: 8 x A100 80GB, the same EFA v1 4 x 100 Gb/s.
@@ -756,7 +764,7 @@ pub const NODES: &[NodeSpec] = &[
         nics_per_node: 4,
         nic_bytes_per_s: 12.5e9,
         nvswitch: true,
-        nic_efficiency: crate::net::NETWORK_EFFICIENCY,
+        fabric: Fabric::Efa,
         source: "AWS p4de (EFA 4x100 Gb/s)",
     },
     // AWS p5.48xlarge: 8 x H100, EFA v2 32 x 100 Gb/s = 3.2 Tb/s per node.
@@ -766,7 +774,7 @@ pub const NODES: &[NodeSpec] = &[
         nics_per_node: 32,
         nic_bytes_per_s: 12.5e9,
         nvswitch: true,
-        nic_efficiency: crate::net::NETWORK_EFFICIENCY,
+        fabric: Fabric::Efa,
         source: "AWS p5 (EFA v2 32x100 Gb/s), stas00 network/README.md",
     },
     // A generic 8-GPU PCIe server with one NDR 400 Gb/s NIC per two GPUs.
@@ -776,7 +784,7 @@ pub const NODES: &[NodeSpec] = &[
         nics_per_node: 4,
         nic_bytes_per_s: 50e9,
         nvswitch: false,
-        nic_efficiency: IB_NDR_EFFICIENCY,
+        fabric: Fabric::InfinibandNdr,
         source: "generic PCIe server (4x NDR400), an assumption",
     },
     // 8 x MI300X platform with 8 x 400 Gb/s NICs (RoCE / IB).
@@ -786,7 +794,7 @@ pub const NODES: &[NodeSpec] = &[
         nics_per_node: 8,
         nic_bytes_per_s: 50e9,
         nvswitch: false,
-        nic_efficiency: crate::net::NETWORK_EFFICIENCY,
+        fabric: Fabric::Other,
         source: "AMD MI300X platform reference (8x 400 Gb/s)",
     },
     // 8 x MI325X on the same universal baseboard (xGMI), one 400 Gb/s NIC per GPU.
@@ -796,7 +804,7 @@ pub const NODES: &[NodeSpec] = &[
         nics_per_node: 8,
         nic_bytes_per_s: 50e9,
         nvswitch: false,
-        nic_efficiency: crate::net::NETWORK_EFFICIENCY,
+        fabric: Fabric::Other,
         source: "AMD MI325X platform (8x 400 Gb/s, as the MI300X platform)",
     },
     // A PCIe workstation of up to 4 GPUs (consumer cards ship in desktops of 1 to 4) with one
@@ -807,7 +815,7 @@ pub const NODES: &[NodeSpec] = &[
         nics_per_node: 1,
         nic_bytes_per_s: 12.5e9,
         nvswitch: false,
-        nic_efficiency: crate::net::NETWORK_EFFICIENCY,
+        fabric: Fabric::Other,
         source: "generic 4-GPU PCIe workstation (1x 100 GbE), an assumption",
     },
     // AWS g5.48xlarge: 8 x A10G on PCIe, 100 Gb/s networking.
@@ -817,7 +825,7 @@ pub const NODES: &[NodeSpec] = &[
         nics_per_node: 1,
         nic_bytes_per_s: 12.5e9,
         nvswitch: false,
-        nic_efficiency: crate::net::NETWORK_EFFICIENCY,
+        fabric: Fabric::Other,
         source: "AWS g5.48xlarge (8x A10G, 100 Gb/s)",
     },
     // AWS g6.48xlarge: 8 x L4 on PCIe, 100 Gb/s networking.
@@ -827,7 +835,7 @@ pub const NODES: &[NodeSpec] = &[
         nics_per_node: 1,
         nic_bytes_per_s: 12.5e9,
         nvswitch: false,
-        nic_efficiency: crate::net::NETWORK_EFFICIENCY,
+        fabric: Fabric::Other,
         source: "AWS g6.48xlarge (8x L4, 100 Gb/s)",
     },
     // AWS g6e.48xlarge: 8 x L40S on PCIe, 400 Gb/s EFA networking.
@@ -837,7 +845,7 @@ pub const NODES: &[NodeSpec] = &[
         nics_per_node: 1,
         nic_bytes_per_s: 50e9,
         nvswitch: false,
-        nic_efficiency: crate::net::NETWORK_EFFICIENCY,
+        fabric: Fabric::Efa,
         source: "AWS g6e.48xlarge (8x L40S, 400 Gb/s EFA)",
     },
     // HGX H20: the HGX 8-GPU NVSwitch board; NICs assumed as HGX H100/H200 (8 x 400 Gb/s).
@@ -847,7 +855,7 @@ pub const NODES: &[NodeSpec] = &[
         nics_per_node: 8,
         nic_bytes_per_s: 50e9,
         nvswitch: true,
-        nic_efficiency: IB_NDR_EFFICIENCY,
+        fabric: Fabric::InfinibandNdr,
         source: "HGX H800 8-GPU board; 8x 400 Gb/s InfiniBand a node as DeepSeek-V3's cluster (arXiv 2412.19437, Section 3.1)",
     },
     NodeSpec {
@@ -856,7 +864,7 @@ pub const NODES: &[NodeSpec] = &[
         nics_per_node: 8,
         nic_bytes_per_s: 50e9,
         nvswitch: true,
-        nic_efficiency: IB_NDR_EFFICIENCY,
+        fabric: Fabric::InfinibandNdr,
         source: "HGX H20 8-GPU board; NICs as the HGX H100 reference (8x 400 Gb/s), an assumption",
     },
     // Four GH200 superchips a node, NVLink all-to-all (no NVSwitch), one 200 Gb/s NIC each:
@@ -867,7 +875,7 @@ pub const NODES: &[NodeSpec] = &[
         nics_per_node: 4,
         nic_bytes_per_s: 25e9,
         nvswitch: false,
-        nic_efficiency: crate::net::NETWORK_EFFICIENCY,
+        fabric: Fabric::Other,
         source: "HPE Cray EX254n / JUPITER node: 4x GH200, 4x 200 Gb/s",
     },
     // GB200 NVL72: 72 GPUs in one NVLink 5 NVSwitch domain; each 4-GPU compute tray has four
@@ -879,7 +887,7 @@ pub const NODES: &[NodeSpec] = &[
         nics_per_node: 72,
         nic_bytes_per_s: 50e9,
         nvswitch: true,
-        nic_efficiency: IB_NDR_EFFICIENCY,
+        fabric: Fabric::InfinibandNdr,
         source: "NVIDIA GB200 NVL72 (72 GPUs per NVLink domain, 1x 400 Gb/s per GPU)",
     },
 ];
@@ -944,10 +952,9 @@ impl Cluster {
     pub fn nodes(&self) -> u32 {
         self.gpus.div_ceil(self.gpus_per_node)
     }
-    /// The share of the NICs' rate collectives reach across nodes: the node preset's fabric
-    /// ([`NodeSpec::nic_efficiency`]).
-    pub fn nic_efficiency(&self) -> f64 {
-        node(&self.node).map_or(crate::net::NETWORK_EFFICIENCY, |n| n.nic_efficiency)
+    /// The node preset's network ([`NodeSpec::fabric`]).
+    pub fn fabric(&self) -> Fabric {
+        node(&self.node).map_or(Fabric::Other, |n| n.fabric)
     }
     /// Each GPU's share of its node's network, one direction, bytes/s.
     pub fn network_bytes_per_s(&self) -> f64 {

@@ -23,7 +23,7 @@ use crate::engine::{BufferSpec, Program, Task};
 use crate::hardware::Cluster;
 use crate::memory::Category;
 use crate::model::{LayerDag, Op, OpKind, Region, TensorKind, WeightFormat};
-use crate::net::{Collective, Group};
+use crate::net::Collective;
 use crate::schedule::cost::{ns, Cost, ATTENTION_EFFICIENCY, HBM_EFFICIENCY, MATMUL_EFFICIENCY, OP_OVERHEAD_S};
 use crate::schedule::{Phase, Schedule, TaskKind, TaskLabel};
 
@@ -115,13 +115,7 @@ pub fn build_with(
     probe: bool,
 ) -> (Schedule, Traffic) {
     let mut cost = Cost::new(cluster, cfg.compute_dtype, 1);
-    cost.tp_group = Group {
-        ranks: tp,
-        ranks_per_node: tp,
-        nvlink_bytes_per_s: cluster.gpu.nvlink_bytes_per_s,
-        network_bytes_per_s: cluster.network_bytes_per_s(),
-        network_efficiency: cluster.nic_efficiency(),
-    };
+    cost.tp_group = crate::schedule::cost::group_on(cluster, tp, tp);
     let prog =
         Program { streams: vec!["compute".into(), "tp".into()], names: vec![String::new()], ..Default::default() };
     let c = cfg.compute_dtype.bytes();

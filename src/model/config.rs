@@ -721,6 +721,21 @@ pub struct Workload {
     pub loss: LossKind,
 }
 
+impl Workload {
+    /// The keys each of FlashAttention's query blocks meets on this rank, which set the
+    /// kernel's measured rate ([`crate::schedule::flash_rates`]): under Ulysses (`a2a`) every
+    /// head runs on the whole sequence, else a ring step (or the all-gather's local queries)
+    /// covers this rank's share of it.
+    pub fn flash_keys(&self) -> u64 {
+        let cp = self.split.context.max(1);
+        if cp > 1 && self.split.context_comm == ContextComm::AllToAll {
+            self.seq_len
+        } else {
+            self.seq_len / cp
+        }
+    }
+}
+
 /// Which kernels run the memory-bound ops between a block's GEMMs: what changes between an
 /// eager PyTorch run, the same run under `torch.compile`, and Megatron's fused kernels.
 /// Only the Llama family's ops differ (RMSNorm, rotary embeddings, grouped-query keys and

@@ -829,10 +829,7 @@ fn block(bd: &mut Builder, sh: &BlockShape, name: &str, spec: u64, x: TensorId) 
     let sinks = if cfg.style.attention_sinks { a } else { 0 };
     let core = bd.op_tp(p("attention.core"), OpKind::AttentionCore, sinks, (att_f, bwd_f), inputs, outs, saves);
     if w.attention == Attention::Flash && w.flash2 {
-        // Ulysses runs each head on the whole sequence; a ring step, or the all-gather's local
-        // queries, a block of this rank's tokens.
-        let keys = if cp > 1 && w.split.context_comm == ContextComm::AllToAll { s } else { sl };
-        bd.ops[core].flash2 = Some([keys, qk_w / cfg.n_heads]);
+        bd.ops[core].flash2 = Some([w.flash_keys(), qk_w / cfg.n_heads]);
     }
     if cp > 1 {
         let o_bytes = bd.tensors[o].bytes;

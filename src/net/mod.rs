@@ -37,8 +37,8 @@ pub struct Group {
     pub nvlink_bytes_per_s: f64,
     /// Each GPU's share of its node's NICs, one direction, bytes/s.
     pub network_bytes_per_s: f64,
-    /// The share of that rate large collectives reach (the node's fabric:
-    /// [`crate::hardware::NodeSpec::nic_efficiency`]).
+    /// The share of that rate large collectives reach, by the node's fabric
+    /// ([`NETWORK_EFFICIENCY`], [`IB_NDR_EFFICIENCY`]).
     pub network_efficiency: f64,
 }
 
@@ -47,9 +47,11 @@ pub struct Group {
 /// (nccl-tests figures in stas00 ml-engineering `network/README.md`).
 pub const LINK_EFFICIENCY: f64 = 0.8;
 /// Fraction of the NIC rate a large collective reaches across nodes on EFA: 74% (see module
-/// doc); the default for every fabric without its own measurement
-/// ([`crate::hardware::NodeSpec::nic_efficiency`]: InfiniBand NDR has one).
+/// doc); taken for every fabric without its own measurement.
 pub const NETWORK_EFFICIENCY: f64 = 0.74;
+/// The same on InfiniBand NDR (400 Gb/s ConnectX-7): "For NDR @ 400Gbps you should see
+/// 46-48GB/s per NIC" (NCCL's maintainer, nvidia/nccl-tests#290, 2025-03): 47 of 50 GB/s.
+pub const IB_NDR_EFFICIENCY: f64 = 0.94;
 /// Per-step latency of a ring collective, seconds: a few us per NVLink hop, more when the
 /// ring crosses the network (NCCL Simple protocol; nccl-tests small-message times).
 pub const ALPHA_INTRA_S: f64 = 5e-6;

@@ -1102,7 +1102,7 @@ impl Plan {
     pub fn optimized(&self, unit: usize, sharded: bool) -> u64 {
         let u = &self.units[unit];
         let frozen = if sharded { u.flat_frozen / self.shard_group } else { u.flat_frozen };
-        self.local(unit, sharded) - frozen.min(self.local(unit, sharded))
+        self.local(unit, sharded).saturating_sub(frozen)
     }
 
     /// [`Self::optimized`] over all units.

@@ -1045,11 +1045,13 @@ pub fn throughput_of(
                         .join(", ")
                 ),
                 format!(
-                    "collectives: NCCL rings, {:.0}% of {:.0} GB/s NVLink inside a node; across nodes {:.0}% of the node's NICs ({:.1} GB/s per GPU) on per-rail rings (efficiencies from nccl-tests busbw; across nodes by the node's fabric: InfiniBand NDR 94%, NCCL's maintainer in nccl-tests#290; EFA's measured 74% elsewhere); latency {:.0} us per ring step inside a node, {:.0} us across nodes (assumed, NCCL Simple protocol order of magnitude)",
+                    "collectives: NCCL rings, {:.0}% of {:.0} GB/s NVLink inside a node; across nodes {:.0}% of the node's NICs ({:.1} GB/s per GPU) on per-rail rings (efficiencies from nccl-tests busbw; across nodes by the node's fabric: InfiniBand NDR {:.0}%, NCCL's maintainer in nccl-tests#290; EFA's measured {:.0}% elsewhere); latency {:.0} us per ring step inside a node, {:.0} us across nodes (assumed, NCCL Simple protocol order of magnitude)",
                     crate::net::LINK_EFFICIENCY * 100.0,
                     s.cluster.gpu.nvlink_bytes_per_s / 1e9,
-                    s.cluster.nic_efficiency() * 100.0,
+                    crate::schedule::cost::nic_efficiency(&s.cluster) * 100.0,
                     s.cluster.network_bytes_per_s() / 1e9,
+                    crate::net::IB_NDR_EFFICIENCY * 100.0,
+                    crate::net::NETWORK_EFFICIENCY * 100.0,
                     crate::net::ALPHA_INTRA_S * 1e6,
                     crate::net::ALPHA_INTER_S * 1e6
                 ),
@@ -1389,7 +1391,7 @@ fn attention_rate_text(s: &crate::scenario::Scenario) -> String {
             "fused flash attention (Transformer Engine / Megatron) at {fit:.0}% of peak on the whole causal square's FLOPs (an end-to-end fit, src/schedule/cost.rs ATTENTION_EFFICIENCY)"
         ),
         (Attention::Flash, true) => {
-            let seq = s.workload.seq_len / s.workload.split.context.max(1);
+            let seq = s.workload.flash_keys();
             let hd = s.model.head_dim();
             let f = crate::schedule::flash_rates::flash2_fraction(s.cluster.gpu.arch, seq, hd);
             format!(
@@ -1416,7 +1418,22 @@ fn kernel_stack_text(w: &crate::model::Workload, model: &crate::model::ModelConf
         ""
     };
     let text = match k {
-        KernelStack::Eager => "kernels: eager PyTorch (training.kernels = \"eager\", the default outside Megatron): RMSNorm as 8 kernels forward and 15 backward over an FP32 copy, which it saves with the normalised output (36 and 92 B per element in 16 bits); rotary embeddings through FP32 (20 B per element each way); SiLU and the product as two kernels; 4 us per kernel (src/model/eager.rs)".to_string(),
+        KernelStack::Eager => {
+            let c = w.compute_dtype.bytes();
+            let weight = !model.style.weightless_norms;
+            let (norm, rope) = (crate::model::eager::rmsnorm(c, weight), crate::model::eager::rope(c));
+            format!(
+                "kernels: eager PyTorch (training.kernels = \"eager\", the default outside Megatron): RMSNorm as {} kernels forward and {} backward over an FP32 copy, which it saves{} ({:.0} and {:.0} B per element in {} bits); rotary embeddings through FP32 ({:.0} B per element each way); SiLU and the product as two kernels; {:.0} us per kernel (src/model/eager.rs)",
+                norm.kernels[0],
+                norm.kernels[1],
+                if weight { " with the normalised output" } else { "" },
+                norm.bytes[0],
+                norm.bytes[1],
+                8 * c,
+                rope.bytes[0],
+                crate::schedule::cost::OP_OVERHEAD_S * 1e6
+            )
+        }
         KernelStack::Compiled => "kernels: torch.compile (training.kernels = \"compiled\"): one fused kernel per norm, rotary embedding and SiLU-product, which saves the product's inputs".to_string(),
         KernelStack::Fused => "kernels: fused (training.kernels = \"fused\", the default under Megatron): one kernel per norm and rotary embedding, grouped-query attention without copies; SwiGLU one kernel under Megatron (--bias-swiglu-fusion), SiLU and the product two kernels in PyTorch model code".to_string(),
     };

@@ -77,6 +77,9 @@ fn shares_flat_parameter(
     if wrap != Some("block") || parallel.framework != crate::plan::Framework::Fsdp1 {
         return Ok(false);
     }
+    if parallel.offload.is_some() {
+        return Err(v.err("offload", "offload with LoRA's frozen base and adapters in one FSDP1 FlatParameter (wrap = \"block\") is not simulated yet; use parallel.wrap = \"peft\""));
+    }
     if !parallel.use_orig_params {
         return Err(v.err("parallel.wrap", "\"block\" puts each block's frozen base and its LoRA adapters in one FSDP1 FlatParameter, which use_orig_params=False refuses (ValueError: `FlatParameter` requires uniform `requires_grad`); set parallel.wrap = \"peft\" (PEFT's fsdp_auto_wrap_policy, the adapters in units of their own: what Hugging Face's Trainer sets for a LoRA model) or parallel.use_orig_params = true"));
     }

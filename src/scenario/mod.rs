@@ -1231,9 +1231,6 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
             precision.preset = "peft-lora (fp32 adapters, bf16 autocast)".into();
         }
         let wrap = f.parallel.wrap.as_deref();
-        if parallel.offload.is_some() && wrap == Some("block") && parallel.framework == Framework::Fsdp1 {
-            return Err(v.err("offload", "offload with LoRA's frozen base and adapters in one FSDP1 FlatParameter (wrap = \"block\") is not simulated yet; use parallel.wrap = \"peft\""));
-        }
         workload.lora = Some(validate_lora(&v, l, &model, &parallel, wrap, &precision)?);
     }
     let allocator = validate_allocator(&v, &f.allocator, &cluster)?;

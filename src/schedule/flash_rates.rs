@@ -11,7 +11,7 @@
 //! square: the kernel skips the masked blocks) and 2.5 times that backward, so a rate in
 //! its count is the rate of the work the kernel really does. stepsim's attention FLOPs count
 //! the whole square (Megatron's MFU convention), so a kernel's time is half of those FLOPs
-//! over the rate ([`flash2_s`]).
+//! over the rate (`Cost::op_eff`: twice the fraction, against the whole square).
 //!
 //! The figures are combined forward + backward; forward and backward are taken to run at the
 //! same rate (the FlashAttention-3 paper's separate H100 figures at 8k, head dim 128: 333 and
@@ -55,12 +55,6 @@ pub fn flash2_fraction(arch: Arch, seq: u64, head_dim: u64) -> f64 {
     (lo + f * (hi - lo)) / peak
 }
 
-/// Seconds of a FlashAttention-2 kernel doing `flops` of stepsim's count (the whole causal
-/// square, or the window's share of it) at `peak` FLOP/s.
-pub fn flash2_s(flops: f64, peak: f64, arch: Arch, seq: u64, head_dim: u64) -> f64 {
-    0.5 * flops / (peak * flash2_fraction(arch, seq, head_dim))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -75,13 +69,5 @@ mod tests {
         // Clamped outside the measured range.
         assert_eq!(flash2_fraction(Arch::Hopper, 100, 32), flash2_fraction(Arch::Hopper, 512, 64));
         assert_eq!(flash2_fraction(Arch::Hopper, 1 << 20, 256), flash2_fraction(Arch::Hopper, 16384, 128));
-    }
-
-    #[test]
-    fn a_kernel_does_half_the_whole_square() {
-        // 1e15 FLOPs of the whole square at 8k, head dim 128, on an A100: half of them at
-        // 182 TFLOP/s.
-        let s = flash2_s(1e15, 312e12, Arch::Ampere, 8192, 128);
-        assert!((s - 0.5e15 / 182e12).abs() < 1e-9);
     }
 }

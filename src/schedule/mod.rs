@@ -523,6 +523,11 @@ impl<'a> Builder<'a> {
     fn finish(&mut self) -> Program {
         let mut prog = std::mem::take(&mut self.prog);
         prog.free = crate::engine::TaskLists::from_pairs(prog.tasks.len(), &self.frees);
+        // Without a collective holding thread blocks nothing slows compute: its tasks need not
+        // pass through the engine's shared-resource bookkeeping.
+        if !prog.tasks.iter().any(|t| t.ctas > 0) {
+            prog.stream_links.iter_mut().for_each(|l| *l &= !crate::engine::links::SMS);
+        }
         prog
     }
 
