@@ -56,16 +56,39 @@ pub(super) struct Bwd {
     /// This backward reduces the gradients (FSDP's `requires_gradient_sync`): every
     /// micro-batch's without a pipeline, a stage's last of the step with one.
     pub sync_grads: bool,
+    /// The chunk this pass runs.
+    pub chunk: usize,
+    /// The step's last micro-batch (gradients are reduced in or after it).
+    pub last_mb: bool,
+    /// The micro-batch's input buffers, freed by the chunk's first op's backward.
+    pub inputs: Vec<u32>,
+    /// The region of the op before (in backward order).
+    pub prev_region: Option<Region>,
 }
 
 impl Builder<'_> {
     pub(super) fn backward(&mut self, step: u32, mb: u32, c: usize, fwd: Fwd, last_mb: bool, sync_grads: bool) {
-        let dag = self.dag;
-        let plan = self.plan;
+        let mut st = self.backward_begin(step, mb, c, fwd, last_mb, sync_grads);
         let (lo, hi) = self.chunk_ops[c];
-        let nunits = plan.units.len();
+        for i in (lo..hi).rev() {
+            self.backward_op(&mut st, i);
+        }
+        self.backward_end(st);
+    }
+
+    /// The gradient's receive: what comes before the chunk's last op's backward.
+    pub(super) fn backward_begin(
+        &mut self,
+        step: u32,
+        mb: u32,
+        c: usize,
+        fwd: Fwd,
+        last_mb: bool,
+        sync_grads: bool,
+    ) -> Bwd {
+        let dag = self.dag;
+        let nunits = self.plan.units.len();
         let Fwd { free_fwd, free_bwd, offload, offload_count, loss_task, inputs } = fwd;
-        let vs = self.chunk_vs[c];
         let (recv_after, first_deps) = self.take_prior_send();
         let mut st = Bwd {
             step,
@@ -85,88 +108,105 @@ impl Builder<'_> {
             regather: None,
             last_bwd_task: loss_task,
             sync_grads,
+            chunk: c,
+            last_mb,
+            inputs,
+            prev_region: None,
         };
         self.deepspeed_backward_start(step, mb);
         self.recv_gradient(&mut st, c, recv_after);
         self.bf16_clear_lp_grads(step, mb);
-        let mut prev_region: Option<Region> = None;
-        for i in (lo..hi).rev() {
-            let op = &dag.ops[i];
-            let u = plan.unit_of(op.region);
-            if let Some(comm) = op.comm {
-                self.tp_backward(&mut st, op, i, comm);
-                continue;
-            }
-            let mut deps = Vec::new();
-            deps.extend(st.pending.take());
-            deps.append(&mut st.first_deps);
-            if prev_region != Some(op.region) {
-                if let Region::Block(l) = op.region {
-                    self.pre_backward_block(&mut st, l as usize, u, &mut deps);
-                    self.reload_block(&mut st, l as usize, &mut deps);
-                    self.recompute_block(&mut st, l as usize, u, &deps);
-                }
-            }
-            prev_region = Some(op.region);
-            self.root_pre_backward(&mut st, op, &mut deps);
-            self.recompute_scores(&mut st, op, i, u, &mut deps);
-            let mut alloc = self.input_grads(op, mb, &mut st.grad_buf);
-            // The thread's cuBLAS workspace goes with the first kernel (a column-parallel
-            // linear's input-gradient GEMM).
-            alloc.extend(self.blas_workspace(op, 1));
-            let n_input_grads = alloc.len();
-            let fetched = self.zero3_fetch(i, (step, mb, Phase::Backward), self.last_task(), &mut deps);
-            if op.params + op.shared_params > 0 {
-                if plan.grads_sharded {
-                    self.unsharded_grad(&mut st, op, i, u, &mut alloc);
-                } else {
-                    self.replicated_grad(op, i, &mut alloc);
-                }
-            }
-            let t = if op.column_parallel {
-                self.column_parallel_backward(&mut st, op, u, deps, alloc, n_input_grads)
-            } else {
-                let secs = self.cost.backward_split(op).0;
-                self.hw_flops += op.bwd_flops;
-                let label = TaskLabel::new(
-                    step,
-                    Phase::Backward,
-                    mb,
-                    text!(self.names, "{}", op.name),
-                    TaskKind::Backward,
-                    Some(u),
-                )
-                .with_region(op.region)
-                .with_work(op.bwd_flops, self.cost.backward_bytes(op));
-                self.task(COMPUTE, secs, deps, alloc, label)
-            };
-            st.last_bwd_task = t;
-            self.zero3_release(i, fetched, t);
-            let mut f = std::mem::take(&mut st.free_bwd[i]);
-            for &o in &op.outputs {
-                if let Some(g) = st.grad_buf[o] {
-                    f.push(g);
-                }
-            }
-            if i == lo {
-                f.extend_from_slice(&inputs);
-            }
-            self.free_at(t, &f);
-            if self.is_megatron() {
-                self.megatron_bucket_after(&st, i, t, last_mb);
-            } else {
-                self.ddp_bucket_after(&mut st, op, i, lo, u, t, last_mb);
-            }
-            let region_starts = i == lo || dag.ops[i - 1].region != op.region;
-            let unit_done = match op.region {
-                Region::Block(_) => region_starts,
-                Region::Embed => i == 0,
-                Region::Head => false,
-            };
-            if unit_done {
-                self.post_backward_unit(&mut st, op.region, u, t);
+        st
+    }
+
+    /// Op `i`'s backward (ops are taken in reverse order).
+    pub(super) fn backward_op(&mut self, st: &mut Bwd, i: usize) {
+        let dag = self.dag;
+        let plan = self.plan;
+        let (step, mb) = (st.step, st.mb);
+        let (lo, _) = self.chunk_ops[st.chunk];
+        let op = &dag.ops[i];
+        let u = plan.unit_of(op.region);
+        if let Some(comm) = op.comm {
+            self.tp_backward(st, op, i, comm);
+            return;
+        }
+        let mut deps = Vec::new();
+        deps.extend(st.pending.take());
+        deps.append(&mut st.first_deps);
+        if st.prev_region != Some(op.region) {
+            if let Region::Block(l) = op.region {
+                self.pre_backward_block(st, l as usize, u, &mut deps);
+                self.reload_block(st, l as usize, &mut deps);
+                self.recompute_block(st, l as usize, u, &deps);
             }
         }
+        st.prev_region = Some(op.region);
+        self.root_pre_backward(st, op, &mut deps);
+        self.recompute_scores(st, op, i, u, &mut deps);
+        let mut alloc = self.input_grads(op, mb, &mut st.grad_buf);
+        // The thread's cuBLAS workspace goes with the first kernel (a column-parallel
+        // linear's input-gradient GEMM).
+        alloc.extend(self.blas_workspace(op, 1));
+        let n_input_grads = alloc.len();
+        let fetched = self.zero3_fetch(i, (step, mb, Phase::Backward), self.last_task(), &mut deps);
+        if op.params + op.shared_params > 0 {
+            if plan.grads_sharded {
+                self.unsharded_grad(st, op, i, u, &mut alloc);
+            } else {
+                self.replicated_grad(op, i, &mut alloc);
+            }
+        }
+        let t = if op.column_parallel {
+            self.column_parallel_backward(st, op, u, deps, alloc, n_input_grads)
+        } else {
+            let secs = self.cost.backward_split(op).0;
+            self.hw_flops += op.bwd_flops;
+            let label = TaskLabel::new(
+                step,
+                Phase::Backward,
+                mb,
+                text!(self.names, "{}", op.name),
+                TaskKind::Backward,
+                Some(u),
+            )
+            .with_region(op.region)
+            .with_work(op.bwd_flops, self.cost.backward_bytes(op));
+            self.task(COMPUTE, secs, deps, alloc, label)
+        };
+        st.last_bwd_task = t;
+        self.zero3_release(i, fetched, t);
+        let mut f = std::mem::take(&mut st.free_bwd[i]);
+        for &o in &op.outputs {
+            if let Some(g) = st.grad_buf[o] {
+                f.push(g);
+            }
+        }
+        if i == lo {
+            f.extend_from_slice(&st.inputs);
+        }
+        self.free_at(t, &f);
+        if self.is_megatron() {
+            self.megatron_bucket_after(st, i, t, st.last_mb);
+        } else {
+            self.ddp_bucket_after(st, op, i, lo, u, t, st.last_mb);
+        }
+        let region_starts = i == lo || dag.ops[i - 1].region != op.region;
+        let unit_done = match op.region {
+            Region::Block(_) => region_starts,
+            Region::Embed => i == 0,
+            Region::Head => false,
+        };
+        if unit_done {
+            self.post_backward_unit(st, op.region, u, t);
+        }
+    }
+
+    /// After the chunk's first op's backward: the input's gradient to the previous stage and
+    /// what ends a micro-batch's backward.
+    pub(super) fn backward_end(&mut self, mut st: Bwd) {
+        let (step, mb, c) = (st.step, st.mb, st.chunk);
+        let vs = self.chunk_vs[c];
         self.zero3_end_pass();
         self.finish_unit_grads(&mut st);
         if let Some(w) = self.fsdp2_release_reduce_scatter_input(step, mb, st.last_bwd_task) {
@@ -177,7 +217,7 @@ impl Builder<'_> {
         }
         self.send_gradient(&mut st, c);
         self.ready.insert(Port { step, mb, virtual_stage: vs, forward: false }, st.last_bwd_task);
-        if last_mb && !self.is_megatron() && !self.deepspeed_boundary_reduce(step, vec![st.last_bwd_task]) {
+        if st.last_mb && !self.is_megatron() && !self.deepspeed_boundary_reduce(step, vec![st.last_bwd_task]) {
             self.zero1_reduce_scatter(&st);
         }
         self.step_comm.push(st.last_bwd_task);

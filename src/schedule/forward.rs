@@ -42,22 +42,37 @@ pub(super) struct FwdPass {
     pub offload_count: usize,
     /// The unit of the chunk's last block (the last one a forward gathers).
     pub last_block_unit: Option<usize>,
+    /// The chunk this pass runs.
+    pub chunk: usize,
+    /// The micro-batch's input buffers (token ids), allocated by the chunk's first op.
+    pub inputs: Vec<u32>,
+    /// The region of the op before (a unit's pre-forward runs where the region changes).
+    pub prev_region: Option<Region>,
 }
 
 impl Builder<'_> {
     pub(super) fn forward(&mut self, step: u32, mb: u32, c: usize) -> Fwd {
+        let mut st = self.forward_begin(step, mb, c);
+        let (lo, hi) = self.chunk_ops[c];
+        for i in lo..hi {
+            self.forward_op(&mut st, i);
+        }
+        self.forward_end(st)
+    }
+
+    /// The chunk's inputs and its receive: what comes before its first op.
+    pub(super) fn forward_begin(&mut self, step: u32, mb: u32, c: usize) -> FwdPass {
         let dag = self.dag;
         let plan = self.plan;
         let (lo, hi) = self.chunk_ops[c];
         let nops = dag.ops.len();
         let nunits = plan.units.len();
-        let cb = self.pr().compute.bytes();
-        let casts = !plan.params_sharded && self.pr().param != self.pr().compute;
         let (recv_after, first_deps) = self.take_prior_send();
         self.zero3_start_pass();
         let mut st = FwdPass {
             step,
             mb,
+            chunk: c,
             step_dep: self.last_task_of_prev_step,
             free_fwd: vec![Vec::new(); nops],
             free_bwd: vec![Vec::new(); nops],
@@ -78,10 +93,12 @@ impl Builder<'_> {
                 .rev()
                 .find(|o| matches!(o.region, Region::Block(_)))
                 .map(|o| plan.unit_of(o.region)),
+            inputs: Vec::new(),
+            prev_region: None,
         };
         let wanted: Vec<usize> =
             dag.inputs.iter().copied().filter(|&t| dag.ops[lo..hi].iter().any(|o| o.inputs.contains(&t))).collect();
-        let inputs: Vec<u32> = wanted
+        st.inputs = wanted
             .iter()
             .map(|&t| {
                 self.buffer(
@@ -92,106 +109,116 @@ impl Builder<'_> {
             })
             .collect();
         self.recv_activation(&mut st, c, recv_after);
-        let mut prev_region: Option<Region> = None;
-        for i in lo..hi {
-            let op = &dag.ops[i];
-            let u = plan.unit_of(op.region);
-            if let Some(comm) = op.comm {
-                self.tp_forward(&mut st, op, i, comm);
-                continue;
-            }
-            let mut deps = Vec::new();
-            let mut alloc = Vec::new();
-            deps.extend(st.pending.take());
-            deps.append(&mut st.first_deps);
-            if i == lo {
-                alloc.extend_from_slice(&inputs);
-                if let Some(d) = st.step_dep {
-                    deps.push(d);
-                }
-            }
-            if prev_region != Some(op.region) {
-                self.pre_forward_unit(&mut st, op.region, u, &mut deps);
-            }
-            self.megatron_pre_forward(&st, i, &mut deps);
-            let fetched = self.zero3_fetch(i, (step, mb, Phase::Forward), self.last_task(), &mut deps);
-            prev_region = Some(op.region);
-            for &t in &op.outputs {
-                let tp = self.tensors[t];
-                let cat = if tp.kept { Category::Activations } else { Category::Transient };
-                let b = self.buffer(
-                    dag.tensors[t].bytes,
-                    cat,
-                    text!(self.names, "{} (micro-batch {mb})", dag.tensors[t].name),
-                );
-                alloc.push(b);
-                if self.chunk_out[c] == Some(t) {
-                    // Sent to the next stage, then freed (Megatron deallocates pipeline outputs).
-                    st.out_buf = Some(b);
-                } else if tp.kept {
-                    self.keep_for_backward(&mut st, t, b, i);
-                } else {
-                    st.free_fwd[tp.last_consumer.unwrap_or(i).max(i)].push(b);
-                }
-            }
-            alloc.extend(self.blas_workspace(op, 0));
-            let mut frees_now = Vec::new();
-            if op.fwd_scratch > 0 {
-                let b = self.buffer(op.fwd_scratch, Category::Transient, text!(self.names, "{} scratch", op.name));
-                alloc.push(b);
-                frees_now.push(b);
-            }
-            if casts && op.kind == OpKind::Linear {
-                // Autocast casts the weight for the matmul, which saves the cast copy.
-                let b = self.buffer(
-                    (op.params + op.shared_params) * cb,
-                    Category::GatheredParameters,
-                    text!(self.names, "{} weight cast ({})", op.name, self.pr().compute.name()),
-                );
-                alloc.push(b);
-                // A checkpointed block's casts are recomputed with it (full), or as the
-                // per-op policy's unsaved `_to_copy`s (only the rerun linears' are counted).
-                if matches!(op.region, Region::Block(l) if self.checkpointed[l as usize]) {
-                    frees_now.push(b);
-                } else {
-                    st.free_bwd[i].push(b);
-                }
-            }
-            let secs = self.cost.forward_s(op);
-            self.hw_flops += op.fwd_flops;
-            let t = self.task(
-                COMPUTE,
-                secs,
-                deps,
-                alloc,
-                TaskLabel::new(step, Phase::Forward, mb, text!(self.names, "{}", op.name), TaskKind::Forward, Some(u))
-                    .with_region(op.region)
-                    .with_work(op.fwd_flops, self.cost.forward_bytes(op)),
-            );
-            st.last = t;
-            self.zero3_release(i, fetched, t);
-            let mut f = std::mem::take(&mut st.free_fwd[i]);
-            f.extend(frees_now);
-            self.free_at(t, &f);
-            st.unit_last_fwd[u] = Some(t);
-            if i + 1 == hi || dag.ops[i + 1].region != op.region {
-                self.post_forward_unit(step, mb, op.region, u, t);
-                if let Region::Block(l) = op.region {
-                    self.offload_block(&mut st, l as usize, t);
-                }
+        st
+    }
+
+    /// Op `i`'s forward (ops are taken in order).
+    pub(super) fn forward_op(&mut self, st: &mut FwdPass, i: usize) {
+        let dag = self.dag;
+        let plan = self.plan;
+        let (step, mb, c) = (st.step, st.mb, st.chunk);
+        let (lo, hi) = self.chunk_ops[c];
+        let cb = self.pr().compute.bytes();
+        let casts = !plan.params_sharded && self.pr().param != self.pr().compute;
+        let op = &dag.ops[i];
+        let u = plan.unit_of(op.region);
+        if let Some(comm) = op.comm {
+            self.tp_forward(st, op, i, comm);
+            return;
+        }
+        let mut deps = Vec::new();
+        let mut alloc = Vec::new();
+        deps.extend(st.pending.take());
+        deps.append(&mut st.first_deps);
+        if i == lo {
+            alloc.extend_from_slice(&st.inputs);
+            if let Some(d) = st.step_dep {
+                deps.push(d);
             }
         }
+        if st.prev_region != Some(op.region) {
+            self.pre_forward_unit(st, op.region, u, &mut deps);
+        }
+        self.megatron_pre_forward(st, i, &mut deps);
+        let fetched = self.zero3_fetch(i, (step, mb, Phase::Forward), self.last_task(), &mut deps);
+        st.prev_region = Some(op.region);
+        for &t in &op.outputs {
+            let tp = self.tensors[t];
+            let cat = if tp.kept { Category::Activations } else { Category::Transient };
+            let b =
+                self.buffer(dag.tensors[t].bytes, cat, text!(self.names, "{} (micro-batch {mb})", dag.tensors[t].name));
+            alloc.push(b);
+            if self.chunk_out[c] == Some(t) {
+                // Sent to the next stage, then freed (Megatron deallocates pipeline outputs).
+                st.out_buf = Some(b);
+            } else if tp.kept {
+                self.keep_for_backward(st, t, b, i);
+            } else {
+                st.free_fwd[tp.last_consumer.unwrap_or(i).max(i)].push(b);
+            }
+        }
+        alloc.extend(self.blas_workspace(op, 0));
+        let mut frees_now = Vec::new();
+        if op.fwd_scratch > 0 {
+            let b = self.buffer(op.fwd_scratch, Category::Transient, text!(self.names, "{} scratch", op.name));
+            alloc.push(b);
+            frees_now.push(b);
+        }
+        if casts && op.kind == OpKind::Linear {
+            // Autocast casts the weight for the matmul, which saves the cast copy.
+            let b = self.buffer(
+                (op.params + op.shared_params) * cb,
+                Category::GatheredParameters,
+                text!(self.names, "{} weight cast ({})", op.name, self.pr().compute.name()),
+            );
+            alloc.push(b);
+            // A checkpointed block's casts are recomputed with it (full), or as the
+            // per-op policy's unsaved `_to_copy`s (only the rerun linears' are counted).
+            if matches!(op.region, Region::Block(l) if self.checkpointed[l as usize]) {
+                frees_now.push(b);
+            } else {
+                st.free_bwd[i].push(b);
+            }
+        }
+        let secs = self.cost.forward_s(op);
+        self.hw_flops += op.fwd_flops;
+        let t = self.task(
+            COMPUTE,
+            secs,
+            deps,
+            alloc,
+            TaskLabel::new(step, Phase::Forward, mb, text!(self.names, "{}", op.name), TaskKind::Forward, Some(u))
+                .with_region(op.region)
+                .with_work(op.fwd_flops, self.cost.forward_bytes(op)),
+        );
+        st.last = t;
+        self.zero3_release(i, fetched, t);
+        let mut f = std::mem::take(&mut st.free_fwd[i]);
+        f.extend(frees_now);
+        self.free_at(t, &f);
+        st.unit_last_fwd[u] = Some(t);
+        if i + 1 == hi || dag.ops[i + 1].region != op.region {
+            self.post_forward_unit(step, mb, op.region, u, t);
+            if let Region::Block(l) = op.region {
+                self.offload_block(st, l as usize, t);
+            }
+        }
+    }
+
+    /// After the chunk's last op: its output to the next stage.
+    pub(super) fn forward_end(&mut self, mut st: FwdPass) -> Fwd {
+        let c = st.chunk;
         self.fsdp2_end_forward(st.last);
         self.send_activation(&mut st, c);
         let vs = self.chunk_vs[c];
-        self.ready.insert(Port { step, mb, virtual_stage: vs, forward: true }, st.last);
+        self.ready.insert(Port { step: st.step, mb: st.mb, virtual_stage: vs, forward: true }, st.last);
         Fwd {
             free_fwd: st.free_fwd,
             free_bwd: st.free_bwd,
             offload: st.offload,
             offload_count: st.offload_count,
             loss_task: st.last,
-            inputs,
+            inputs: st.inputs,
         }
     }
 }
