@@ -392,7 +392,7 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
         if zero1 { ", distributed optimizer (ZeRO-1)" } else { "" }
     ));
     let mut mg = String::new();
-    for k in ["overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap"] {
+    for k in ["overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "overlap_moe_expert_parallel_comm"] {
         if flag(get(k)) {
             mg.push_str(&format!("{k} = true\n"));
             im.mapped.push(format!("--{}", k.replace('_', "-")));

@@ -177,6 +177,11 @@ pub struct MegatronConfig {
     /// `--tp-comm-overlap`: Transformer Engine's userbuffers split each sequence-parallel
     /// all-gather / reduce-scatter into chunks pipelined with the GEMM beside it.
     pub tp_comm_overlap: bool,
+    /// `--overlap-moe-expert-parallel-comm`: Megatron-Core's combined 1F1B schedule
+    /// (`pipeline_parallel/combined_1f1b.py`, `TransformerLayerSchedulePlan.run`): each
+    /// steady-state forward runs layer by layer beside another micro-batch's backward, so one
+    /// pass's all-to-alls overlap the other's compute.
+    pub overlap_moe_expert_parallel_comm: bool,
     /// `--ddp-bucket-size` in elements (None: Megatron's default, see [`Self::bucket_elements`]).
     pub bucket_size: Option<u64>,
 }

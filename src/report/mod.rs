@@ -1239,7 +1239,16 @@ fn megatron_assumption(plan: &crate::plan::Plan) -> Option<String> {
     } else {
         String::new()
     };
-    Some(format!("Megatron-LM (Megatron-Core 0.8 DistributedDataParallel): {grads}{params}{tp}"))
+    let ep = if mg.overlap_moe_expert_parallel_comm {
+        format!(
+            "; --overlap-moe-expert-parallel-comm: combined 1F1B (Megatron-Core combined_1f1b.py, TransformerLayerSchedulePlan.run): each steady-state forward runs beside {} backward, forward layer i with backward layer n - 1 - i of the chunk, so one pass's token all-to-alls run while the other computes (comm: combine bwd | dispatch fwd, dispatch bwd | combine fwd; compute: attention fwd | experts bwd, experts fwd | attention bwd){}",
+            if plan.pipeline() > 1 { "the backward after it in the interleaved order" } else { "the previous micro-batch's" },
+            if plan.pipeline() > 1 { ", with one warm-up forward more" } else { "; the first forward and the last backward run alone" }
+        )
+    } else {
+        String::new()
+    };
+    Some(format!("Megatron-LM (Megatron-Core 0.8 DistributedDataParallel): {grads}{params}{tp}{ep}"))
 }
 
 /// The assumption line naming DeepSpeed's own buffers and their sizes, when its optimizer

@@ -149,8 +149,11 @@ pub fn render(r: &Report, s: &Scenario) -> String {
     } else if p.framework == crate::plan::Framework::Megatron {
         let m = &p.megatron;
         format!(
-            "overlap_grad_reduce={}, overlap_param_gather={}, tp_comm_overlap={}",
-            m.overlap_grad_reduce, m.overlap_param_gather, m.tp_comm_overlap
+            "overlap_grad_reduce={}, overlap_param_gather={}, tp_comm_overlap={}{}",
+            m.overlap_grad_reduce,
+            m.overlap_param_gather,
+            m.tp_comm_overlap,
+            if m.overlap_moe_expert_parallel_comm { ", overlap_moe_expert_parallel_comm=true" } else { "" }
         )
     } else if matches!(p.sharding, crate::plan::Sharding::None | crate::plan::Sharding::Zero1)
         && p.framework != crate::plan::Framework::Fsdp1

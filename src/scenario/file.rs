@@ -435,6 +435,8 @@ pub struct MegatronSection {
     pub overlap_grad_reduce: Option<bool>,
     pub overlap_param_gather: Option<bool>,
     pub tp_comm_overlap: Option<bool>,
+    /// `--overlap-moe-expert-parallel-comm`: the combined 1F1B schedule.
+    pub overlap_moe_expert_parallel_comm: Option<bool>,
     /// `--ddp-bucket-size`, elements.
     pub ddp_bucket_size: Option<f64>,
     /// `--use-precision-aware-optimizer` (Transformer Engine's FusedAdam keeps the master and

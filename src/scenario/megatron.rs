@@ -3,7 +3,10 @@
 //! (`megatron/training/arguments.py`, `validate_args`).
 
 use super::*;
-use crate::plan::{MegatronConfig, OptimizerKind, Precision, PrecisionAware, StateDtype};
+use crate::plan::{
+    Checkpointing, MegatronConfig, OptimizerKind, ParallelConfig, PipelineSchedule, Precision, PrecisionAware,
+    RecomputeModule, StateDtype, TrainingConfig,
+};
 
 /// A bucket of more elements than this is refused (2^40 elements of FP32 is 4 TB).
 const MAX_BUCKET_ELEMENTS: f64 = (1u64 << 40) as f64;
@@ -26,6 +29,7 @@ pub(super) fn validate_megatron(
     out.overlap_grad_reduce = m.overlap_grad_reduce.unwrap_or(false);
     out.overlap_param_gather = m.overlap_param_gather.unwrap_or(false);
     out.tp_comm_overlap = m.tp_comm_overlap.unwrap_or(false);
+    out.overlap_moe_expert_parallel_comm = m.overlap_moe_expert_parallel_comm.unwrap_or(false);
     if out.overlap_param_gather && sharding != Sharding::Zero1 {
         return Err(v.err(
             "megatron.overlap_param_gather",
@@ -60,6 +64,46 @@ pub(super) fn validate_megatron(
         out.bucket_size = Some(x as u64);
     }
     Ok(out)
+}
+
+/// `--overlap-moe-expert-parallel-comm` against the rest of the job, as Megatron-Core's
+/// `TransformerConfig.__post_init__` checks it (NVIDIA/Megatron-LM d98e8a6,
+/// megatron/core/transformer/transformer_config.py).
+pub(super) fn check_ep_overlap(
+    v: &V,
+    model: &ModelConfig,
+    parallel: &ParallelConfig,
+    training: &TrainingConfig,
+) -> Result<(), ScenarioError> {
+    if !parallel.megatron.overlap_moe_expert_parallel_comm {
+        return Ok(());
+    }
+    let field = "megatron.overlap_moe_expert_parallel_comm";
+    let mp = &parallel.model_parallel;
+    let why = if mp.expert < 2 {
+        Some("overlap_moe_expert_parallel_comm is only supported with expert model parallelism (set parallel.expert > 1 on a mixture-of-experts model)".to_string())
+    } else if mp.pipeline > 1 && mp.schedule != PipelineSchedule::Interleaved {
+        Some("virtual_pipeline_model_parallel_size must be specified when pipeline_model_parallel_size > 1 (set parallel.schedule = \"interleaved-1f1b\" with parallel.virtual_stages)".to_string())
+    } else if training.checkpointing == Checkpointing::Full {
+        Some("disable full recomputation when enabling overlap_moe_expert_parallel_comm (training.activation_checkpointing = \"none\" or \"selective\")".to_string())
+    } else if training.checkpointing == Checkpointing::Selective
+        && training.recompute_modules.contains(&RecomputeModule::Moe)
+    {
+        Some("disable moe in recompute_modules when enabling overlap_moe_expert_parallel_comm (drop \"moe\" from training.recompute_modules)".to_string())
+    } else if !matches!(training.precision.compute, Dtype::Bf16 | Dtype::Fp16) {
+        Some(format!("overlap_moe_expert_parallel_comm is only supported with bf16 or fp16 model; training.precision \"{}\" computes in {}", training.precision.preset, training.precision.compute.name()))
+    } else if model.mtp.as_ref().is_some_and(|m| m.layers > 1) {
+        Some(
+            "MTP supports at most one layer when enabling overlap_moe_expert_parallel_comm ([model.mtp] layers = 1)"
+                .to_string(),
+        )
+    } else {
+        None
+    };
+    match why {
+        Some(w) => Err(v.err(field, w)),
+        None => Ok(()),
+    }
 }
 
 /// `[megatron] use_precision_aware_optimizer` and its dtypes, applied to the precision policy,

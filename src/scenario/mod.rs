@@ -33,7 +33,7 @@ pub use file::*;
 use fp8::{validate_fp8, Fp8Context};
 use inference::{inference_lengths, inference_standin, job_kind, validate_inference};
 use lora::validate_lora;
-use megatron::validate_megatron;
+use megatron::{check_ep_overlap, validate_megatron};
 use moe::{validate_expert_parallel, validate_mla, validate_moe};
 use mtp::{check_mtp, validate_mtp};
 use offload::validate_offload;
@@ -1209,6 +1209,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
     };
     let mut workload = workload;
     check_mtp(&v, &model, &parallel, &workload, &training, job)?;
+    check_ep_overlap(&v, &model, &parallel, &training)?;
     let mp = &parallel.model_parallel;
     if model.style.qk_norm_full_width && mp.tensor > 1 {
         return Err(v.err("parallel.tensor", format!("{}: this model's query and key norms span every head (OLMo 2's), which tensor parallelism would split (an all-reduce per norm, not modelled); use parallel.tensor = 1, or FSDP", mp.tensor)));

@@ -50,6 +50,7 @@ pub mod activation_offload;
 mod backward;
 pub mod checkpoint;
 mod deepspeed;
+mod ep_overlap;
 mod forward;
 mod grad_reduction;
 mod init;
@@ -551,8 +552,20 @@ impl<'a> Builder<'a> {
     fn step(&mut self, step: u32) {
         self.begin_step();
         self.megatron_step_start(step);
-        for mb in 0..self.plan.training.grad_accum {
-            self.micro_batch(step, mb as u32, mb + 1 == self.plan.training.grad_accum);
+        let m = self.plan.training.grad_accum;
+        if self.plan.parallel.megatron.overlap_moe_expert_parallel_comm && m > 1 {
+            // Megatron's combined 1F1B without a pipeline: the first forward alone, then each
+            // forward beside the previous micro-batch's backward, then the last backward.
+            let mut f = self.forward(step, 0, 0);
+            for mb in 1..m as u32 {
+                let b = ep_overlap::PairedBackward { mb: mb - 1, chunk: 0, fwd: f, last_mb: false, sync_grads: true };
+                f = self.forward_backward(step, mb, 0, b);
+            }
+            self.backward(step, m as u32 - 1, 0, f, true, true);
+        } else {
+            for mb in 0..m {
+                self.micro_batch(step, mb as u32, mb + 1 == m);
+            }
         }
         self.optimizer(step);
     }

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 
 use super::backward::Bwd;
 use super::forward::FwdPass;
-use super::{Builder, Category, Cost, Phase, Port, Schedule, TaskKind, TaskLabel};
+use super::{ep_overlap, Builder, Category, Cost, Phase, Port, Schedule, TaskKind, TaskLabel};
 use crate::engine::PartLink;
 use crate::hardware::Cluster;
 use crate::model::LayerDag;
@@ -37,6 +37,13 @@ pub struct Pipeline {
 
 /// (forward?, micro-batch, chunk) in the order stage `k` of `p` runs them.
 pub fn order(kind: PipelineSchedule, p: u64, k: u64, m: u64, v: u64) -> Vec<(bool, u32, usize)> {
+    order_with(kind, p, k, m, v, false)
+}
+
+/// [`order`]; under `--overlap-moe-expert-parallel-comm` (`ep_overlap`) the interleaved
+/// schedule warms up one forward more, so each steady-state forward and the backward
+/// beside it are independent (`get_pp_rank_microbatches`, schedules.py).
+pub fn order_with(kind: PipelineSchedule, p: u64, k: u64, m: u64, v: u64, ep_overlap: bool) -> Vec<(bool, u32, usize)> {
     let mut out = Vec::new();
     match kind {
         PipelineSchedule::Gpipe => {
@@ -46,7 +53,11 @@ pub fn order(kind: PipelineSchedule, p: u64, k: u64, m: u64, v: u64) -> Vec<(boo
         PipelineSchedule::OneFOneB | PipelineSchedule::Interleaved => {
             let v = if kind == PipelineSchedule::OneFOneB { 1 } else { v };
             let total = m * v;
-            let warm = if v == 1 { (p - k - 1).min(m) } else { ((p - k - 1) * 2 + (v - 1) * p).min(total) };
+            let warm = if v == 1 {
+                (p - k - 1).min(m)
+            } else {
+                ((p - k - 1) * 2 + (v - 1) * p + u64::from(ep_overlap)).min(total)
+            };
             let id = |i: u64, fwd: bool| {
                 let group = p * v;
                 let c = (i % group) / p;
@@ -232,17 +243,37 @@ impl Builder<'_> {
         let mp = &self.plan.parallel.model_parallel;
         let m = self.plan.training.grad_accum;
         let mut pending = HashMap::new();
-        let order = order(mp.schedule, mp.pipeline, self.plan.stage, m, mp.virtual_stages);
+        let overlap = self.plan.parallel.megatron.overlap_moe_expert_parallel_comm;
+        let order = order_with(mp.schedule, mp.pipeline, self.plan.stage, m, mp.virtual_stages, overlap);
         // Each chunk's last backward of the step: where FSDP reduces its gradients.
         let last_bwd: Vec<Option<usize>> =
             (0..self.chunk_ops.len()).map(|c| order.iter().rposition(|&(f, _, ch)| !f && ch == c)).collect();
-        for (k, &(fwd, mb, c)) in order.iter().enumerate() {
+        let mut k = 0;
+        while k < order.len() {
+            let (fwd, mb, c) = order[k];
+            // A steady-state forward and the backward after it run as one combined step.
+            let paired =
+                order.get(k + 1).filter(|&&(f, bmb, bc)| overlap && fwd && !f && pending.contains_key(&(bmb, bc)));
+            if let Some(&(_, bmb, bc)) = paired {
+                let b = ep_overlap::PairedBackward {
+                    mb: bmb,
+                    chunk: bc,
+                    fwd: pending.remove(&(bmb, bc)).expect("checked above"),
+                    last_mb: false,
+                    sync_grads: last_bwd[bc] == Some(k + 1),
+                };
+                let f = self.forward_backward(step, mb, c, b);
+                pending.insert((mb, c), f);
+                k += 2;
+                continue;
+            }
             if fwd {
                 let f = self.forward(step, mb, c);
                 pending.insert((mb, c), f);
             } else if let Some(f) = pending.remove(&(mb, c)) {
                 self.backward(step, mb, c, f, false, last_bwd[c] == Some(k));
             }
+            k += 1;
         }
         // The schedule returns once its last send has completed.
         self.step_comm.extend(self.pending_send.take().map(|p| p.0));
