@@ -92,6 +92,7 @@ const FIELDS: &[(&str, &str)] = &[
     ("megatron", "overlap_grad_reduce"),
     ("megatron", "overlap_param_gather"),
     ("megatron", "tp_comm_overlap"),
+    ("megatron", "overlap_moe_expert_parallel_comm"),
     ("megatron", "ddp_bucket_size"),
     ("megatron", "use_precision_aware_optimizer"),
     ("megatron", "main_grads_dtype"),

@@ -453,6 +453,9 @@ fn megatron_moe_layer_frequency_shared_experts_and_capacity_import() {
         load("--moe-expert-capacity-factor 1.25 --moe-pad-expert-input-to-capacity --expert-model-parallel-size 2");
     assert!(s.capacity.is_some());
     assert!(im.toml.contains("[moe]\ncapacity_factor = 1.25\npad_to_capacity = true"), "{}", im.toml);
+    let (im, s) = load("--expert-model-parallel-size 8 --overlap-moe-expert-parallel-comm");
+    assert!(s.parallel.megatron.overlap_moe_expert_parallel_comm);
+    assert!(im.mapped.iter().any(|m| m == "--overlap-moe-expert-parallel-comm"), "{:?}", im.mapped);
     for bad in ["--moe-layer-freq [1,0]", "--moe-layer-freq [0]*4", "--moe-layer-freq [2]*4", "--moe-layer-freq 0"] {
         let e = megatron::import("cmd", &format!("{base} {bad}"), &megatron_args(Some(8), Some(32000))).unwrap_err();
         assert_eq!(e.key, "moe_layer_freq", "{bad}: {e}");

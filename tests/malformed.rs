@@ -590,6 +590,16 @@ fn cases() -> Vec<Case> {
             &["sequence_parallel = true", "parallel.tensor > 1"],
         ),
         case(
+            "megatron.overlap_moe_expert_parallel_comm on a dense model",
+            b().set("parallel", "framework", "\"megatron\"").set(
+                "megatron",
+                "overlap_moe_expert_parallel_comm",
+                "true",
+            ),
+            "megatron.overlap_moe_expert_parallel_comm",
+            &["expert model parallelism", "parallel.expert > 1"],
+        ),
+        case(
             "megatron.ddp_bucket_size zero",
             b().set("parallel", "framework", "\"megatron\"").set("megatron", "overlap_grad_reduce", "true").set(
                 "megatron",
