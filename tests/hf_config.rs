@@ -323,3 +323,25 @@ fn stepsim_models_lists_the_zoo_with_counts_and_sources() {
         assert!(line.contains(&with_commas(active)), "{line}");
     }
 }
+
+/// DeepSeek's group-limited routing: V3's router always takes a token's experts from its
+/// best `topk_group` of `n_group` groups (transformers' defaults 8 and 4, the released
+/// config's values); V2's only with `topk_method = "group_limited_greedy"`; groups that do
+/// not split the experts are refused naming the keys.
+#[test]
+fn deepseek_group_limited_routing_is_read() {
+    let s = Scenario::from_toml(Path::new("<zoo>"), &scenario("name = \"deepseek-v3\"", "", 1024)).unwrap();
+    let m = s.model.moe.as_ref().unwrap();
+    assert_eq!((m.router_groups, m.router_group_topk), (8, 4));
+    let base = r#""hidden_size": 2048, "num_attention_heads": 16, "num_hidden_layers": 4,
+        "intermediate_size": 5632, "vocab_size": 1000, "kv_lora_rank": 512, "num_experts_per_tok": 6"#;
+    let v2 = |extra: &str| stepsim::model::hf::parse(&format!(r#"{{"model_type": "deepseek_v2", {base}{extra}}}"#));
+    let groups = |extra: &str| v2(extra).map(|h| h.moe.map(|m| (m.router_groups, m.router_group_topk)));
+    assert_eq!(groups(r#", "n_group": 8, "topk_group": 3"#).unwrap(), Some((1, 1)));
+    assert_eq!(
+        groups(r#", "topk_method": "group_limited_greedy", "n_group": 8, "topk_group": 3"#).unwrap(),
+        Some((8, 3))
+    );
+    let e = v2(r#", "topk_method": "group_limited_greedy", "n_group": 7, "topk_group": 3"#).unwrap_err();
+    assert!(e.contains("n_group") && e.contains("topk_group"), "{e}");
+}

@@ -453,6 +453,18 @@ fn megatron_moe_layer_frequency_shared_experts_and_capacity_import() {
         load("--moe-expert-capacity-factor 1.25 --moe-pad-expert-input-to-capacity --expert-model-parallel-size 2");
     assert!(s.capacity.is_some());
     assert!(im.toml.contains("[moe]\ncapacity_factor = 1.25\npad_to_capacity = true"), "{}", im.toml);
+    let (im, s) = load(
+        "--expert-model-parallel-size 8 --moe-router-num-groups 4 --moe-router-group-topk 2 \
+         --moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep --moe-flex-dispatcher-num-sms 24",
+    );
+    let moe = s.model.moe.as_ref().unwrap();
+    assert_eq!((moe.router_groups, moe.router_group_topk), (4, 2));
+    assert_eq!(s.parallel.deepep.map(|d| (d.groups, d.group_topk, d.sms)), Some((4, 2, 24)));
+    assert!(im.mapped.iter().any(|m| m.contains("flex on DeepEP")), "{:?}", im.mapped);
+    let (im, s) =
+        load("--expert-model-parallel-size 8 --moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep");
+    assert!(s.parallel.deepep.is_none());
+    assert!(im.not_expressed.iter().any(|n| n.contains("hybridep")), "{:?}", im.not_expressed);
     let (im, s) = load("--expert-model-parallel-size 8 --overlap-moe-expert-parallel-comm");
     assert!(s.parallel.megatron.overlap_moe_expert_parallel_comm);
     assert!(im.mapped.iter().any(|m| m == "--overlap-moe-expert-parallel-comm"), "{:?}", im.mapped);

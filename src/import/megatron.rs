@@ -282,6 +282,32 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
                 im.mapped.push(format!("MoE layer pattern {freq}"));
             }
         }
+        let groups = num("moe_router_num_groups", get("moe_router_num_groups"))?;
+        let group_topk = num("moe_router_group_topk", get("moe_router_group_topk"))?;
+        if let Some(g) = groups {
+            model.push_str(&format!("router_groups = {g}\n"));
+            if let Some(gk) = group_topk {
+                model.push_str(&format!("router_group_topk = {gk}\n"));
+            }
+            im.mapped.push(format!("group-limited routing: {} of {g} groups", group_topk.unwrap_or(g)));
+        }
+        // The flex dispatcher on DeepEP (`--moe-flex-dispatcher-backend deepep`, or the older
+        // `--moe-enable-deepep`).
+        let flex = get("moe_token_dispatcher_type").as_deref() == Some("flex");
+        let backend = get("moe_flex_dispatcher_backend");
+        if flex && (backend.as_deref() == Some("deepep") || flag(get("moe_enable_deepep"))) {
+            routing.push_str("dispatcher = \"deepep\"\n");
+            let sms = get("moe_flex_dispatcher_num_sms").or_else(|| get("moe_deepep_num_sms"));
+            if let Some(n) = num("moe_flex_dispatcher_num_sms", sms)? {
+                routing.push_str(&format!("deepep_sms = {n}\n"));
+            }
+            im.mapped.push("--moe-token-dispatcher-type flex on DeepEP".into());
+        } else if flex {
+            im.not_expressed.push(format!(
+                "--moe-token-dispatcher-type flex on {}: simulated as the all-to-all dispatcher (DeepEP is the flex backend stepsim models)",
+                backend.as_deref().unwrap_or("its default backend")
+            ));
+        }
         if let Some(c) = get("moe_expert_capacity_factor") {
             let c: f64 =
                 c.parse().ok().filter(|x: &f64| x.is_finite() && *x > 0.0).ok_or_else(|| {

@@ -353,6 +353,16 @@ pub struct MoeConfig {
     /// `GptOssTopKRouter.bias`, `gate_up_proj_bias`, `down_proj_bias`).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub biases: bool,
+    /// Group-limited routing: the experts in `router_groups` groups of consecutive experts,
+    /// of which a token's `top_k` come from its best `router_group_topk` (DeepSeek's
+    /// `n_group` / `topk_group`, node-limited routing with a group per node; Megatron's
+    /// `--moe-router-num-groups` / `--moe-router-group-topk`). 1 / 1: not limited. It changes
+    /// which ranks and nodes a token reaches, so only a dispatcher that sends a token once
+    /// per rank or node (DeepEP) moves fewer bytes for it.
+    #[serde(skip_serializing_if = "is_one")]
+    pub router_groups: u64,
+    #[serde(skip_serializing_if = "is_one")]
+    pub router_group_topk: u64,
 }
 
 fn is_zero(x: &u64) -> bool {
@@ -924,6 +934,8 @@ mod tests {
             offset: 0,
             dense_layers: vec![],
             biases: false,
+            router_groups: 1,
+            router_group_topk: 1,
         };
         assert_eq!(m.pattern_words(8), "every block");
         let d = MoeConfig { first_dense_layers: 3, ..m.clone() };

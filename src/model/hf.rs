@@ -31,9 +31,11 @@
 //!
 //! Defaults in parentheses are transformers' where the key is absent. `norm_topk_prob`,
 //! `router_aux_loss_coef`, `router_jitter_noise` and `output_router_logits` change neither
-//! parameters nor FLOPs and are not read; nor are DeepSeek's routing settings (`n_group`,
-//! `topk_group`, `topk_method`, `scoring_func`, `routed_scaling_factor`, `aux_loss_alpha`,
-//! `seq_aux`) or its YaRN `rope_scaling` (no parameters).
+//! parameters nor FLOPs and are not read; nor are DeepSeek's scoring settings
+//! (`scoring_func`, `routed_scaling_factor`, `aux_loss_alpha`, `seq_aux`) or its YaRN
+//! `rope_scaling` (no parameters). Its group-limited routing is read (`n_group`,
+//! `topk_group`: V3 always, V2 with `topk_method = "group_limited_greedy"`): it decides which
+//! nodes a token's copies reach ([`super::MoeConfig::router_groups`]).
 //!
 //! DeepSeek counts: the count is of transformers' `DeepseekV3ForCausalLM` (and V2's), which
 //! builds no multi-token-prediction module for `num_nextn_predict_layers`, so the count
@@ -710,6 +712,8 @@ fn moe_config(o: &Map<String, Value>, model_type: &str, n_layers: u64) -> Result
         offset: every - 1,
         dense_layers,
         biases: model_type == "gpt_oss",
+        router_groups: 1,
+        router_group_topk: 1,
     };
     if !(0..n_layers).any(|l| moe.is_moe_layer(l)) {
         return Err(format!(
@@ -779,6 +783,22 @@ fn deepseek_moe(o: &Map<String, Value>, model_type: &str, n_layers: u64) -> Resu
     // is sparse when l >= first_k_dense_replace and l % moe_layer_freq == 0. (transformers'
     // DeepseekV3 classes read no such key; every released DeepSeek config says 1.)
     let every = opt_count(o, "moe_layer_freq")?.unwrap_or(1);
+    // Group-limited routing: V3's router always picks its experts from the best `topk_group`
+    // of `n_group` groups (DeepseekV3TopkRouter: defaults 8 and 4); V2's only with
+    // `topk_method = "group_limited_greedy"` (its default "greedy" ignores the groups).
+    let limited = v3 || o.get("topk_method").and_then(Value::as_str) == Some("group_limited_greedy");
+    let (router_groups, router_group_topk) = if limited {
+        let g = opt_count(o, "n_group")?.unwrap_or(if v3 { 8 } else { 1 });
+        let gk = opt_count(o, "topk_group")?.unwrap_or(if v3 { 4 } else { 1 });
+        if num_experts % g != 0 || gk > g || top_k > gk * (num_experts / g) {
+            return Err(format!(
+                "keys `n_group` ({g}) and `topk_group` ({gk}): the {num_experts} experts must split into n_group groups and num_experts_per_tok ({top_k}) fit in topk_group of them"
+            ));
+        }
+        (g, gk)
+    } else {
+        (1, 1)
+    };
     let moe = super::MoeConfig {
         num_experts,
         top_k,
@@ -790,6 +810,8 @@ fn deepseek_moe(o: &Map<String, Value>, model_type: &str, n_layers: u64) -> Resu
         offset: 0,
         dense_layers: Vec::new(),
         biases: false,
+        router_groups,
+        router_group_topk,
     };
     if !(0..n_layers).any(|l| moe.is_moe_layer(l)) {
         return Err(format!(

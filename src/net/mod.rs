@@ -15,6 +15,7 @@
 
 use serde::Serialize;
 
+pub mod deepep;
 pub mod nccl_memory;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

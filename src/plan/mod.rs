@@ -110,6 +110,10 @@ pub struct ParallelConfig {
     /// [`crate::model::LoraConfig::shared_flat`]).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub use_orig_params: bool,
+    /// Megatron-Core's flex token dispatcher on DeepEP (`[moe] dispatcher = "deepep"`): the
+    /// MoE dispatch and combine as DeepEP's kernels move tokens; None: NCCL's all-to-all.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deepep: Option<crate::net::deepep::DeepEp>,
 }
 
 impl ParallelConfig {

@@ -20,6 +20,9 @@ use crate::schedule::Schedule;
 pub struct Outside {
     pub cuda_context: Bytes,
     pub nccl_buffers: Bytes,
+    /// DeepEP's NVLink and RDMA buffers (`[moe] dispatcher = "deepep"`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deepep_buffers: Option<Bytes>,
     pub total: Bytes,
 }
 
@@ -144,7 +147,7 @@ pub fn build(s: &Scenario, sched: &Schedule, trace: &Trace) -> AllocatorReport {
     let st = &trace.allocator;
     let a = &s.allocator;
     let capacity = s.allocator_capacity();
-    let outside_total = s.cluster.cuda_context_bytes + s.nccl_bytes();
+    let outside_total = s.outside_bytes();
     let at_sample = |smp: Option<&Sample>| smp.map(|smp| instant(sched, smp.task, smp.time_ns));
     let oom = trace.oom.as_ref().filter(|_| a.kind == AllocatorKind::Caching).map(|o| {
         let e = &o.error;
@@ -208,6 +211,7 @@ pub fn build(s: &Scenario, sched: &Schedule, trace: &Trace) -> AllocatorReport {
         outside: Outside {
             cuda_context: Bytes::new(s.cluster.cuda_context_bytes),
             nccl_buffers: Bytes::new(s.nccl_bytes()),
+            deepep_buffers: (s.deepep_bytes() > 0).then(|| Bytes::new(s.deepep_bytes())),
             total: Bytes::new(outside_total),
         },
         max_memory_allocated: Bytes::new(st.peak_allocated_blocks),
@@ -272,8 +276,18 @@ pub fn capacity_assumption(s: &Scenario) -> String {
     } else {
         "two, by the forward's first matmul (main thread) and the backward's (autograd's device thread)"
     };
+    let deepep = match s.deepep_bytes() {
+        0 => String::new(),
+        b => format!(
+            ", DeepEP buffers {b} (its NVLink buffer by cudaMalloc and, across nodes, its RDMA buffer in NVSHMEM: the larger of its dispatch and combine configurations' size hints for {} ranks, {} SMs, tokens of {} B; csrc/legacy/config.hpp)",
+            s.parallel.model_parallel.expert,
+            s.parallel.deepep.map_or(0, |d| d.sms),
+            s.model.hidden * s.training.precision.compute.bytes().max(2),
+            b = fmt_bytes(b)
+        ),
+    };
     format!(
-        "capacity = device memory {} less CUDA context {} (hardware.cuda_context) and NCCL buffers {} (allocator.nccl_buffers); cuBLAS workspaces of {} each (allocator.cublas_workspace; PyTorch's CUBLAS_WORKSPACE_CONFIG default on {}, CublasHandlePool.cpp) come from the caching allocator, one per (cuBLAS handle, stream): {threads}",
+        "capacity = device memory {} less CUDA context {} (hardware.cuda_context) and NCCL buffers {} (allocator.nccl_buffers){deepep}; cuBLAS workspaces of {} each (allocator.cublas_workspace; PyTorch's CUBLAS_WORKSPACE_CONFIG default on {}, CublasHandlePool.cpp) come from the caching allocator, one per (cuBLAS handle, stream): {threads}",
         fmt_bytes(s.cluster.memory_bytes),
         fmt_bytes(s.cluster.cuda_context_bytes),
         fmt_bytes(s.nccl_bytes()),

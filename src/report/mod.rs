@@ -715,14 +715,56 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
     if let Some(moe) = &dag.config.moe {
         let copies = dag.tokens() / if mp.sequence_parallel { mp.tensor } else { 1 } * moe.top_k;
         let bytes = copies * dag.config.hidden * dag.workload.compute_dtype.bytes();
+        let (dispatcher, moved) = match (&plan.parallel.deepep, mp.expert > 1) {
+            (Some(d), true) => {
+                let cost = crate::schedule::Cost::for_plan(&s.cluster, plan);
+                let g = &cost.ep_group;
+                let f = d.fanout(mp.expert, g.ranks_per_node);
+                let token = bytes / moe.top_k.max(1);
+                let across = if g.nodes() > 1 {
+                    format!(
+                        "; across nodes it goes once per node it reaches ({:.2} of {} on average, {:.2} of them other nodes: {} per GPU over RDMA at {:.0}% of the NIC, DeepEP's EP 64 benchmark, docs/legacy.md) to the GPU of the same local index, which forwards it over NVLink at {:.0}%; the slower of the two sets the time",
+                        f.nodes,
+                        g.nodes(),
+                        f.nodes - f.own_node,
+                        fmt_bytes(((f.nodes - f.own_node) * token as f64) as u64),
+                        crate::net::deepep::DEEPEP_RDMA_EFFICIENCY * 100.0,
+                        crate::net::LINK_EFFICIENCY * 100.0
+                    )
+                } else {
+                    format!(" over NVLink at {:.0}%", crate::net::LINK_EFFICIENCY * 100.0)
+                };
+                (
+                    "DeepEP through the flex token dispatcher (deepseek-ai/DeepEP's normal kernels)".to_string(),
+                    format!(
+                        "each dispatch or combine sends a token once per rank it reaches ({:.2} of {} on average under uniform{} routing, a token of {}){across}; the kernels hold {} SMs while they run",
+                        f.ranks,
+                        mp.expert,
+                        if moe.router_groups > 1 {
+                            format!(", group-limited (best {} of {} groups)", moe.router_group_topk, moe.router_groups)
+                        } else {
+                            String::new()
+                        },
+                        fmt_bytes(token),
+                        d.sms
+                    ),
+                )
+            }
+            _ => (
+                "all-to-all token dispatcher".to_string(),
+                format!("each of {} per GPU ({}/{} of it leaves the GPU)", fmt_bytes(bytes), mp.expert - 1, mp.expert),
+            ),
+        };
         assumptions.push(format!(
-            "mixture of experts (Megatron-Core MoELayer, all-to-all token dispatcher, dropless): routing is uniform, every expert receives tokens x top_k / experts copies, so every expert-parallel rank computes {copies} token copies per micro-batch and MoE block in the grouped GEMMs of its {} of {} experts (each GEMM's rows = copies per local expert); per MoE block and micro-batch {} all-to-alls forward (dispatch, combine) and as many backward, each of {} per GPU ({}/{} of it leaves the GPU), on their own stream in series with the compute; the router's FP32 scores and the permuted copies are saved, the auxiliary load-balancing loss is not counted (small); expert gradients are reduced over the expert-data-parallel group after the dense ones, one after the other on the NCCL queue",
+            "mixture of experts (Megatron-Core MoELayer, {dispatcher}, dropless): routing is uniform, every expert receives tokens x top_k / experts copies, so every expert-parallel rank computes {copies} token copies per micro-batch and MoE block in the grouped GEMMs of its {} of {} experts (each GEMM's rows = copies per local expert); per MoE block and micro-batch {} all-to-alls forward (dispatch, combine) and as many backward, {moved}, on their own stream {}; the router's FP32 scores and the permuted copies are saved, the auxiliary load-balancing loss is not counted (small); expert gradients are reduced over the expert-data-parallel group after the dense ones, one after the other on the NCCL queue",
             moe.num_experts / mp.expert,
             moe.num_experts,
             if mp.expert > 1 { "two" } else { "no" },
-            fmt_bytes(bytes),
-            mp.expert - 1,
-            mp.expert
+            if plan.parallel.megatron.overlap_moe_expert_parallel_comm {
+                "beside the other micro-batch's compute (--overlap-moe-expert-parallel-comm)"
+            } else {
+                "in series with the compute"
+            }
         ));
         if mp.expert_tensor > 1 {
             let etp = mp.expert_tensor;

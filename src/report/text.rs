@@ -55,8 +55,20 @@ pub fn render(r: &Report, s: &Scenario) -> String {
     if let Some(moe) = &m.moe {
         let blocks = moe.pattern_words(m.n_layers);
         let mut line = format!(
-            "mixture of experts in {blocks}: {} experts of ffn {}, top-{} routing",
-            moe.num_experts, moe.expert_ffn_hidden, moe.top_k
+            "mixture of experts in {blocks}: {} experts of ffn {}, top-{} routing{}",
+            moe.num_experts,
+            moe.expert_ffn_hidden,
+            moe.top_k,
+            if moe.router_groups > 1 {
+                format!(
+                    " from the best {} of {} groups of {} experts (group-limited)",
+                    moe.router_group_topk,
+                    moe.router_groups,
+                    moe.num_experts / moe.router_groups
+                )
+            } else {
+                String::new()
+            }
         );
         if moe.shared_expert_ffn_hidden > 0 {
             line.push_str(&format!(
@@ -112,6 +124,9 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         match s.nccl_bytes() {
             0 => String::new(),
             n => format!(" - NCCL buffers {}", fmt_bytes(n)),
+        } + &match s.deepep_bytes() {
+            0 => String::new(),
+            n => format!(" - DeepEP buffers {}", fmt_bytes(n)),
         }
     );
     if c.nodes() > 1 {
@@ -295,7 +310,11 @@ pub fn render(r: &Report, s: &Scenario) -> String {
             } else {
                 "no expert gradient reduction"
             },
-            if ep > 1 { "; tokens reach them by all-to-all (dispatch and combine) over the expert-parallel group" } else { "" }
+            match (ep > 1, s.parallel.deepep.is_some()) {
+                (false, _) => "",
+                (true, false) => "; tokens reach them by all-to-all (dispatch and combine) over the expert-parallel group",
+                (true, true) => "; tokens reach them by DeepEP's dispatch and combine over the expert-parallel group (once per rank, and across nodes once per node, a token reaches)",
+            }
         );
     }
     let _ = writeln!(

@@ -78,6 +78,11 @@ pub struct RoutingSection {
     pub capacity_factor: Option<f64>,
     /// `--moe-pad-expert-input-to-capacity`: every expert computes exactly its capacity.
     pub pad_to_capacity: Option<bool>,
+    /// "alltoall" (default: `--moe-token-dispatcher-type alltoall`) | "deepep" (`flex` with
+    /// `--moe-flex-dispatcher-backend deepep`).
+    pub dispatcher: Option<String>,
+    /// `--moe-flex-dispatcher-num-sms` (default 20): the SMs DeepEP's kernels hold.
+    pub deepep_sms: Option<i64>,
 }
 
 /// `[job]`: what the GPUs do.
@@ -261,6 +266,10 @@ pub struct MoeSection {
     pub offset: Option<i64>,
     /// Blocks with a dense MLP whatever the pattern (Qwen-MoE `mlp_only_layers`).
     pub dense_layers: Option<Vec<i64>>,
+    /// Group-limited routing: `--moe-router-num-groups` / `--moe-router-group-topk`
+    /// (DeepSeek `n_group` / `topk_group`).
+    pub router_groups: Option<i64>,
+    pub router_group_topk: Option<i64>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -155,10 +155,24 @@ impl Scenario {
         self.allocator.nccl_buffers.unwrap_or_else(|| self.nccl_estimate().per_gpu)
     }
 
-    /// Bytes the allocator may reserve: device memory less the CUDA context and NCCL's
-    /// buffers.
+    /// Bytes DeepEP's buffers hold on each GPU outside the allocator (0 without DeepEP):
+    /// Megatron's `get_buffer` sizes them for tokens of hidden x max(element size, 2) bytes.
+    pub fn deepep_bytes(&self) -> u64 {
+        let Some(d) = self.parallel.deepep else { return 0 };
+        let hidden_bytes = self.model.hidden * self.training.precision.compute.bytes().max(2);
+        d.buffer_bytes(self.parallel.model_parallel.expert, hidden_bytes).unwrap_or(0)
+    }
+
+    /// Bytes held on each GPU outside the allocator: the CUDA context, NCCL's buffers and
+    /// DeepEP's.
+    pub fn outside_bytes(&self) -> u64 {
+        self.cluster.cuda_context_bytes + self.nccl_bytes() + self.deepep_bytes()
+    }
+
+    /// Bytes the allocator may reserve: device memory less the CUDA context, NCCL's buffers
+    /// and DeepEP's.
     pub fn allocator_capacity(&self) -> u64 {
-        self.cluster.capacity_bytes().saturating_sub(self.nccl_bytes())
+        self.cluster.capacity_bytes().saturating_sub(self.nccl_bytes()).saturating_sub(self.deepep_bytes())
     }
 
     /// Data-parallel replicas: gpus / (tensor x pipeline).
@@ -920,6 +934,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         hsdp_shard: None,
         async_tp: p.async_tp.unwrap_or(false),
         use_orig_params: p.use_orig_params.unwrap_or(false),
+        deepep: None,
     };
     let mut parallel = parallel;
     if parallel.model_parallel.pipeline > 1 {
@@ -1297,6 +1312,15 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         }
     };
     let (routing, capacity) = moe::validate_routing(&v, f.moe.as_ref(), &model, &parallel)?;
+    parallel.deepep = moe::validate_dispatcher(
+        &v,
+        f.moe.as_ref(),
+        &model,
+        &parallel,
+        &routing,
+        capacity.is_some(),
+        u64::from(cluster.gpu.sms),
+    )?;
     limits::check_tensors(&v, &model, &workload, inf.map(|(_, ctx)| ctx))?;
     if inf.is_none() {
         // [jitter] simulates every data-parallel replica of the model (its stages included);

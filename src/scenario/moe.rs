@@ -122,6 +122,39 @@ pub(super) fn validate_moe(
             base.as_ref().map_or_else(Vec::new, |b| b.dense_layers.iter().copied().filter(|&l| l < n_layers).collect())
         }
     };
+    let groups = match sec.router_groups {
+        Some(x) => v.positive("model.moe.router_groups", x)?,
+        None => base.as_ref().map_or(1, |b| b.router_groups),
+    };
+    let group_topk = match sec.router_group_topk {
+        Some(x) => v.positive("model.moe.router_group_topk", x)?,
+        None if sec.router_groups.is_some() => groups,
+        None => base.as_ref().map_or(1, |b| b.router_group_topk).min(groups),
+    };
+    if group_topk > groups {
+        return Err(v.err(
+            "model.moe.router_group_topk",
+            format!("picks groups among model.moe.router_groups ({groups}): at most {groups}, got {group_topk}"),
+        ));
+    }
+    if num_experts % groups != 0 {
+        return Err(v.err(
+            "model.moe.router_groups",
+            format!(
+                "must divide model.moe.num_experts ({num_experts}) into groups of consecutive experts, got {groups}"
+            ),
+        ));
+    }
+    if top_k > group_topk * (num_experts / groups) {
+        return Err(v.err(
+            "model.moe.router_group_topk",
+            format!(
+                "a token's top_k ({top_k}) experts come from router_group_topk of the {groups} groups of {} experts: at least {} groups, got {group_topk}",
+                num_experts / groups,
+                top_k.div_ceil(num_experts / groups)
+            ),
+        ));
+    }
     let moe = MoeConfig {
         num_experts,
         top_k,
@@ -133,6 +166,8 @@ pub(super) fn validate_moe(
         offset,
         dense_layers,
         biases: base.as_ref().is_some_and(|b| b.biases),
+        router_groups: groups,
+        router_group_topk: group_topk,
     };
     if !(0..n_layers).any(|l| moe.is_moe_layer(l)) {
         return Err(v.err(
@@ -297,6 +332,68 @@ fn validate_fsdp2_expert_parallel(v: &V, etp: u64, etp_field: &str) -> Result<()
         ));
     }
     Ok(())
+}
+
+/// `[moe] dispatcher`: how token copies reach their experts' ranks, with the checks DeepEP
+/// and Megatron's flex dispatcher make (`Buffer.get_dispatch_config`: its EP sizes; an even
+/// SM count across nodes, `Config::get_nvl_buffer_size_hint`).
+pub(super) fn validate_dispatcher(
+    v: &V,
+    sec: Option<&RoutingSection>,
+    model: &ModelConfig,
+    parallel: &ParallelConfig,
+    routing: &Routing,
+    capacity: bool,
+    gpu_sms: u64,
+) -> Result<Option<crate::net::deepep::DeepEp>, ScenarioError> {
+    let Some(sec) = sec else { return Ok(None) };
+    let field = "moe.dispatcher";
+    let kind = v.choice(field, sec.dispatcher.as_deref().unwrap_or("alltoall"), &["alltoall", "deepep"])?;
+    if kind != "deepep" {
+        if sec.deepep_sms.is_some() {
+            return Err(v.err("moe.deepep_sms", "sets DeepEP's SMs: applies to moe.dispatcher = \"deepep\" only"));
+        }
+        return Ok(None);
+    }
+    let Some(moe) = &model.moe else { return Ok(None) };
+    let mp = &parallel.model_parallel;
+    let why = if parallel.framework != Framework::Megatron {
+        Some("is Megatron-Core's flex token dispatcher (--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep): set parallel.framework = \"megatron\"".to_string())
+    } else if mp.expert < 2 {
+        Some("moves tokens between expert-parallel ranks: set parallel.expert > 1".to_string())
+    } else if !crate::net::deepep::supported_ranks().contains(&mp.expert) {
+        Some(format!(
+            "DeepEP has a configuration for expert-parallel groups of {} ranks only (Buffer.get_dispatch_config: \"Unsupported number of EP ranks\"), got parallel.expert = {}",
+            crate::net::deepep::supported_ranks().iter().map(u64::to_string).collect::<Vec<_>>().join(", "),
+            mp.expert
+        ))
+    } else if mp.expert_tensor > 1 {
+        Some("with expert tensor parallelism (DeepEP over the expert-tensor x expert group) is not simulated yet; set parallel.expert_tensor = 1".to_string())
+    } else if !routing.is_uniform() || capacity {
+        Some("with uneven routing or a capacity factor is not simulated yet (which ranks and nodes a token reaches is derived for uniform routing); use moe.routing = \"uniform\" without moe.capacity_factor".to_string())
+    } else {
+        None
+    };
+    if let Some(w) = why {
+        return Err(v.err(field, w));
+    }
+    let sms = match sec.deepep_sms {
+        Some(x) => v.positive("moe.deepep_sms", x)?,
+        None => 20,
+    };
+    if sms % 2 != 0 || sms > gpu_sms / 2 {
+        return Err(v.err(
+            "moe.deepep_sms",
+            format!("DeepEP runs two SMs per channel: an even count up to half the GPU's {gpu_sms} SMs (compute keeps the rest), got {sms}"),
+        ));
+    }
+    Ok(Some(crate::net::deepep::DeepEp {
+        experts: moe.num_experts,
+        top_k: moe.top_k,
+        groups: moe.router_groups,
+        group_topk: moe.router_group_topk,
+        sms,
+    }))
 }
 
 /// `[moe]`: the router's spread of tokens over the experts.

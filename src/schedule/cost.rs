@@ -142,6 +142,9 @@ pub struct Cost {
     pub cp_group: Group,
     pub cp_bytes_per_s: f64,
     pub cp_latency_s: f64,
+    /// DeepEP's dispatch and combine in place of NCCL's all-to-all, with where a token goes
+    /// over [`Cost::ep_group`].
+    pub deepep: Option<(crate::net::deepep::DeepEp, crate::net::deepep::Fanout)>,
 }
 
 /// The share of a NIC's rate collectives reach across nodes on `cluster`'s fabric.
@@ -226,6 +229,7 @@ impl Cost {
             cp_group: group(1, 1),
             cp_bytes_per_s: g.nvlink_bytes_per_s * LINK_EFFICIENCY,
             cp_latency_s: ALPHA_INTRA_S,
+            deepep: None,
         }
     }
 
@@ -267,6 +271,7 @@ impl Cost {
         let stage_per_node = (tp * plan.dp).min(plan.gpus_per_node).max(1);
         c.etp_group = group(etp, etp.min(stage_per_node));
         c.ep_group = group(ep, (stage_per_node / etp).clamp(1, ep));
+        c.deepep = plan.parallel.deepep.map(|d| (d, d.fanout(ep, c.ep_group.ranks_per_node)));
         c.edp_group = if plan.expert_params() > 0 {
             group(plan.edp, (stage_per_node / (etp * ep)).max(1))
         } else {
@@ -311,6 +316,15 @@ impl Cost {
             | group_links(&self.dp_group)
             | group_links(&self.replica_group)
             | group_links(&self.edp_group)
+    }
+
+    /// Seconds for one MoE dispatch or combine whose per-copy all-to-all moves `bytes` per
+    /// rank: DeepEP's kernels where the job uses them, else NCCL's all-to-all.
+    pub fn ep_a2a_s(&self, bytes: u64) -> f64 {
+        match &self.deepep {
+            Some((d, f)) => d.time_s(f, &self.ep_group, bytes),
+            None => self.collective_s(&self.ep_group, Collective::AllToAll, bytes),
+        }
     }
 
     /// The links MoE all-to-alls occupy.

@@ -327,8 +327,13 @@ impl<'a> Builder<'a> {
         let tp_pipelined = (plan.parallel.framework == crate::plan::Framework::Megatron
             && plan.parallel.megatron.tp_comm_overlap)
             || plan.parallel.async_tp;
+        // DeepEP's kernels run on the SMs they are given (`Buffer.num_sms`).
         let stream_ctas = (0..prog.stream_links.len())
-            .map(|s| if s as u16 == tp_stream && tp_pipelined { 0 } else { cost.stream_ctas(prog.stream_links[s]) })
+            .map(|s| match &cost.deepep {
+                Some((d, _)) if s as u16 == ep_stream => d.sms as u16,
+                _ if s as u16 == tp_stream && tp_pipelined => 0,
+                _ => cost.stream_ctas(prog.stream_links[s]),
+            })
             .collect();
         let mut chunk_ops = Vec::new();
         let (mut chunk_in, mut chunk_out, mut chunk_vs) = (Vec::new(), Vec::new(), Vec::new());

@@ -34,7 +34,10 @@ impl Builder<'_> {
             Some(CommGroup::ExpertTensor) => (&self.cost.etp_group, self.tp_stream),
             _ => (&self.cost.tp_group, self.tp_stream),
         };
-        let mut secs = self.cost.collective_s(group, coll, bytes);
+        let mut secs = match op.comm.map(|c| c.group) {
+            Some(CommGroup::Expert) if coll == Collective::AllToAll => self.cost.ep_a2a_s(bytes),
+            _ => self.cost.collective_s(group, coll, bytes),
+        };
         if let Some(gemm) = self.tp_overlap_gemm_s(i, forward) {
             secs = self.tp_overlapped_s(secs, gemm);
         }
