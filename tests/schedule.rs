@@ -304,3 +304,37 @@ fn collectives_thread_blocks_slow_the_compute_they_overlap() {
     // that share is lost, stretched by the slower rate.
     assert!(st.sm_contention_s <= st.comm_busy_s * (24.0 / 108.0) + 1e-9);
 }
+
+/// An uneven split per virtual stage (Megatron's `--pipeline-model-parallel-layout`, counted
+/// in decoder layers): virtual stage j (chunk j / p of stage j % p) holds its entry's blocks
+/// in model order, and a last entry of 0 is a chunk of the final norm, head and loss alone
+/// (the layout's "L"). The same job split evenly runs the same FLOPs.
+#[test]
+fn stage_layers_split_virtual_stages_and_the_last_may_hold_only_the_head() {
+    let par = |split: &str| {
+        format!("framework = \"megatron\"\npipeline = 2\nschedule = \"interleaved-1f1b\"\nvirtual_stages = 2\n{split}")
+    };
+    let s = sim(&par("stage_layers = [3, 2, 3, 0]"), "grad_accum = 4", 2);
+    let stages: Vec<(String, bool, bool)> = s
+        .report
+        .rank_classes
+        .iter()
+        .map(|c| c.stage.as_ref().unwrap())
+        .map(|st| (st.layers.clone(), st.embedding, st.head))
+        .collect();
+    assert_eq!(stages, [("0-2,5-7".to_string(), true, false), ("3-4".to_string(), false, true)]);
+    let even = sim(&par(""), "grad_accum = 4", 2);
+    // MFU x step time is the model FLOPs per step (over the peak): the same work.
+    let work = |s: &Simulation| s.report.throughput.as_ref().map(|t| t.mfu * t.step_time_s).unwrap();
+    assert!((work(&s) / work(&even) - 1.0).abs() < 1e-3, "{} {}", work(&s), work(&even));
+    // A zero anywhere but last, or one entry per stage under interleaving, is refused.
+    for (split, says) in [("[3, 0, 3, 2]", "at least one layer"), ("[4, 4]", "one entry per virtual stage")] {
+        let toml = format!(
+            "[model]\nfamily = \"llama\"\nn_layers = 8\nhidden = 2048\nn_heads = 16\nvocab = 32000\n\
+             [hardware]\ngpu = \"h100-sxm\"\ngpus = 2\n[parallel]\n{}\n[training]\nmicro_batch = 2\nseq_len = 1024\ngrad_accum = 4\n",
+            par(&format!("stage_layers = {split}"))
+        );
+        let e = Scenario::from_toml(Path::new("<split>"), &toml).err().unwrap().to_string();
+        assert!(e.contains("parallel.stage_layers") && e.contains(says), "{split}: {e}");
+    }
+}

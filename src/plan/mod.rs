@@ -342,9 +342,9 @@ impl ModelParallel {
     }
 
     /// Blocks held by each virtual stage (chunk), in model order: virtual stage j = chunk
-    /// j / p of pipeline stage j % p. An explicit `stage_layers` split applies to stages
-    /// (one chunk each); otherwise layers are spread evenly, earlier stages taking the
-    /// remainder.
+    /// j / p of pipeline stage j % p. An explicit `stage_layers` split gives them, one entry
+    /// per virtual stage (the last may be 0: the head and loss alone); otherwise layers are
+    /// spread evenly, earlier stages taking the remainder.
     pub fn virtual_stage_layers(&self, n_layers: u64) -> Vec<u64> {
         if !self.stage_layers.is_empty() {
             return self.stage_layers.clone();

@@ -31,16 +31,22 @@ fn layers_of(plan: &Plan) -> String {
     plan.chunks
         .iter()
         .map(|c| {
-            let blocks = if c.end_block > c.first_block + 1 {
-                format!("{}-{}", c.first_block, c.end_block - 1)
-            } else {
-                format!("{}", c.first_block)
+            let blocks = match c.end_block - c.first_block {
+                0 => String::new(),
+                1 => format!("{}", c.first_block),
+                _ => format!("{}-{}", c.first_block, c.end_block - 1),
             };
-            match c.mtp {
-                0 => blocks,
-                d => format!("{blocks} + {d} MTP module{}", if d == 1 { "" } else { "s" }),
+            let mtp = match c.mtp {
+                0 => String::new(),
+                d => format!("{d} MTP module{}", if d == 1 { "" } else { "s" }),
+            };
+            match (blocks.is_empty(), mtp.is_empty()) {
+                (_, true) => blocks,
+                (true, false) => mtp,
+                (false, false) => format!("{blocks} + {mtp}"),
             }
         })
+        .filter(|x| !x.is_empty())
         .collect::<Vec<_>>()
         .join(",")
 }
@@ -173,14 +179,17 @@ fn class_row(c: &RankClass, f: &ClassFigures, any_oom: bool) -> super::RankClass
     let peaks =
         format!("peak allocated {}, reserved {}", fmt_bytes(f.peak_allocated.bytes), fmt_bytes(f.peak_reserved.bytes));
     let holds = |st: &StageSummary| {
-        let mut extra = String::new();
+        let mut parts = Vec::new();
+        if !st.layers.is_empty() {
+            parts.push(format!("layers {}", st.layers));
+        }
         if st.embedding {
-            extra.push_str(" + embedding");
+            parts.push("embedding".to_string());
         }
         if st.head {
-            extra.push_str(" + LM head and loss");
+            parts.push("LM head and loss".to_string());
         }
-        format!("layers {}{extra}", st.layers)
+        parts.join(" + ")
     };
     let (note, rank) = match (c.role, &stage) {
         (Role::Stage { stage: k }, Some(st)) => {

@@ -395,7 +395,8 @@ pub struct ParallelSection {
     pub virtual_stages: Option<i64>,
     /// "gpipe" | "1f1b" | "interleaved-1f1b".
     pub schedule: Option<String>,
-    /// Transformer blocks per pipeline stage, first to last (uneven splits).
+    /// Transformer blocks per pipeline stage (per virtual stage with virtual_stages), first to
+    /// last (uneven splits); the last may be 0 (a stage of the head and loss alone).
     pub stage_layers: Option<Vec<i64>>,
     /// Megatron-Core `--overlap-p2p-communication`: pipeline sends and receives run beside
     /// compute instead of blocking it.

@@ -98,24 +98,27 @@ pub(super) fn validate_model_parallel(
     let stage_layers = match &p.stage_layers {
         None => Vec::new(),
         Some(list) => {
-            if virtual_stages > 1 {
-                return Err(v.err(
-                    "parallel.stage_layers",
-                    "an explicit split is per stage; it cannot be combined with virtual_stages",
-                ));
-            }
-            if list.len() as u64 != pipeline {
-                return Err(v.err(
-                    "parallel.stage_layers",
-                    format!("needs one entry per pipeline stage ({pipeline}), got {}", list.len()),
-                ));
+            // One entry per virtual stage, in model order (Megatron's
+            // --pipeline-model-parallel-layout with its stages' decoder layers counted): the
+            // last may be 0, a stage of the final norm, the head and the loss alone (the
+            // layout's "L").
+            let chunks = pipeline * virtual_stages;
+            if list.len() as u64 != chunks {
+                let what = if virtual_stages > 1 {
+                    format!("one entry per virtual stage (pipeline x virtual_stages = {chunks}), in model order")
+                } else {
+                    format!("one entry per pipeline stage ({pipeline})")
+                };
+                return Err(v.err("parallel.stage_layers", format!("needs {what}, got {}", list.len())));
             }
             let mut out = Vec::new();
-            for &x in list {
-                if x < 1 {
-                    return Err(
-                        v.err("parallel.stage_layers", format!("every stage needs at least one layer, got {x}"))
-                    );
+            for (j, &x) in list.iter().enumerate() {
+                let last = j + 1 == list.len();
+                if x < 0 || (x == 0 && !last) || (x == 0 && pipeline < 2) {
+                    return Err(v.err(
+                        "parallel.stage_layers",
+                        format!("every stage needs at least one layer, but the last, which may hold only the head and the loss (0), got {x} at entry {j}"),
+                    ));
                 }
                 out.push(x as u64);
             }
