@@ -307,8 +307,9 @@ fn collectives_thread_blocks_slow_the_compute_they_overlap() {
 
 /// An uneven split per virtual stage (Megatron's `--pipeline-model-parallel-layout`, counted
 /// in decoder layers): virtual stage j (chunk j / p of stage j % p) holds its entry's blocks
-/// in model order, and a last entry of 0 is a chunk of the final norm, head and loss alone
-/// (the layout's "L"). The same job split evenly runs the same FLOPs.
+/// in model order; a first entry of 0 is a chunk of the embedding alone (the layout's "E|"),
+/// a last one of the final norm, head and loss ("|L"). The same job split evenly runs the
+/// same FLOPs.
 #[test]
 fn stage_layers_split_virtual_stages_and_the_last_may_hold_only_the_head() {
     let par = |split: &str| {
@@ -323,6 +324,10 @@ fn stage_layers_split_virtual_stages_and_the_last_may_hold_only_the_head() {
         .map(|st| (st.layers.clone(), st.embedding, st.head))
         .collect();
     assert_eq!(stages, [("0-2,5-7".to_string(), true, false), ("3-4".to_string(), false, true)]);
+    // A first entry of 0: the embedding alone (the layout's "E|").
+    let e = sim(&par("stage_layers = [0, 4, 4, 0]"), "grad_accum = 4", 2);
+    let st = e.report.rank_classes[0].stage.as_ref().unwrap();
+    assert_eq!((st.layers.as_str(), st.embedding), ("4-7", true));
     let even = sim(&par(""), "grad_accum = 4", 2);
     // MFU x step time is the model FLOPs per step (over the peak): the same work.
     let work = |s: &Simulation| s.report.throughput.as_ref().map(|t| t.mfu * t.step_time_s).unwrap();

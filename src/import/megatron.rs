@@ -100,6 +100,10 @@ const WATCH: &[(&str, &str)] = &[
     ("fp8_param_gather", "FP8 parameters gathered by the distributed optimizer"),
     ("enable_cuda_graph", "CUDA graphs"),
     ("defer_embedding_wgrad_compute", "the embedding's weight gradient deferred"),
+    (
+        "pipeline_model_parallel_layout",
+        "a custom pipeline layout: give its decoder layers per virtual stage as parallel.stage_layers (E and L stages alone may be 0 at the ends)",
+    ),
     ("decoder_first_pipeline_num_layers", "an uneven first pipeline stage"),
     ("decoder_last_pipeline_num_layers", "an uneven last pipeline stage"),
     ("account_for_embedding_in_pipeline_split", "the embedding counted as a layer in the pipeline split"),

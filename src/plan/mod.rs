@@ -343,7 +343,8 @@ impl ModelParallel {
 
     /// Blocks held by each virtual stage (chunk), in model order: virtual stage j = chunk
     /// j / p of pipeline stage j % p. An explicit `stage_layers` split gives them, one entry
-    /// per virtual stage (the last may be 0: the head and loss alone); otherwise layers are
+    /// per virtual stage (the first may be 0: the embedding alone; the last: the head and loss
+    /// alone); otherwise layers are
     /// spread evenly, earlier stages taking the remainder.
     pub fn virtual_stage_layers(&self, n_layers: u64) -> Vec<u64> {
         if !self.stage_layers.is_empty() {

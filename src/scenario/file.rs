@@ -396,7 +396,8 @@ pub struct ParallelSection {
     /// "gpipe" | "1f1b" | "interleaved-1f1b".
     pub schedule: Option<String>,
     /// Transformer blocks per pipeline stage (per virtual stage with virtual_stages), first to
-    /// last (uneven splits); the last may be 0 (a stage of the head and loss alone).
+    /// last (uneven splits); the first may be 0 (the embedding alone), the last too (the head
+    /// and loss alone).
     pub stage_layers: Option<Vec<i64>>,
     /// Megatron-Core `--overlap-p2p-communication`: pipeline sends and receives run beside
     /// compute instead of blocking it.

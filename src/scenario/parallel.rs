@@ -100,8 +100,8 @@ pub(super) fn validate_model_parallel(
         Some(list) => {
             // One entry per virtual stage, in model order (Megatron's
             // --pipeline-model-parallel-layout with its stages' decoder layers counted): the
-            // last may be 0, a stage of the final norm, the head and the loss alone (the
-            // layout's "L").
+            // first may be 0, a stage of the embedding alone (the layout's "E|"), and the last,
+            // a stage of the final norm, the head and the loss alone ("|L").
             let chunks = pipeline * virtual_stages;
             if list.len() as u64 != chunks {
                 let what = if virtual_stages > 1 {
@@ -114,10 +114,10 @@ pub(super) fn validate_model_parallel(
             let mut out = Vec::new();
             for (j, &x) in list.iter().enumerate() {
                 let last = j + 1 == list.len();
-                if x < 0 || (x == 0 && !last) || (x == 0 && pipeline < 2) {
+                if x < 0 || (x == 0 && !last && j != 0) || (x == 0 && pipeline < 2) {
                     return Err(v.err(
                         "parallel.stage_layers",
-                        format!("every stage needs at least one layer, but the last, which may hold only the head and the loss (0), got {x} at entry {j}"),
+                        format!("every stage needs at least one layer, but the first, which may hold only the embedding (0), and the last, which may hold only the head and the loss (0); got {x} at entry {j}"),
                     ));
                 }
                 out.push(x as u64);
