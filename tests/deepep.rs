@@ -109,3 +109,22 @@ fn deepep_sends_less_and_holds_its_buffers_outside_the_allocator() {
     assert!(text.contains("DeepEP buffers") && text.contains("once per node it reaches"), "{text}");
     assert!(text.contains("top-4 routing from the best 1 of 2 groups"), "{text}");
 }
+
+/// `explain` offers DeepEP and the all-to-all overlap for a mixture of experts under Megatron
+/// with expert parallelism, each re-simulated: here (two nodes, NCCL's all-to-all, no
+/// recompute) both apply and both are faster; a run explained as near capacity (margin 1.0)
+/// lists them.
+#[test]
+fn explain_offers_deepep_and_the_all_to_all_overlap() {
+    let s = Scenario::from_toml(Path::new("<deepep>"), &toml("", "")).unwrap();
+    let sim = stepsim::simulate(&s).unwrap();
+    let e = stepsim::explain::explain(&s, &sim, 1.0);
+    for (row, label) in [("DeepEP", "moe.dispatcher = \"deepep\""), ("overlap", "overlap_moe_expert_parallel_comm")] {
+        let c =
+            e.counterfactuals.iter().find(|c| c.change.starts_with(label)).unwrap_or_else(|| {
+                panic!("{row}: {:?}", e.counterfactuals.iter().map(|c| &c.change).collect::<Vec<_>>())
+            });
+        assert_eq!(c.fits, Some(true), "{row}");
+        assert!(c.tokens_per_s_change.unwrap() > 0.0, "{row}: {:?}", c.tokens_per_s_change);
+    }
+}

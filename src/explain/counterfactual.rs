@@ -40,6 +40,8 @@ pub const COUNTERFACTUAL_NAMES: &[&str] = &[
     "Megatron --use-precision-aware-optimizer (FP32 master as int16 remainders)",
     "DeepSpeed ZeRO-3: fewer live parameters (stage3_max_live_parameters, stage3_max_reuse_distance / 10)",
     "torch.compile (training.kernels = \"compiled\")",
+    "DeepEP token dispatch (Megatron --moe-token-dispatcher-type flex)",
+    "overlap the token all-to-alls (Megatron --overlap-moe-expert-parallel-comm)",
 ];
 
 /// The index of the change that applies to mixtures of experts only (no row for a dense
@@ -82,6 +84,11 @@ const FEWER_LIVE: usize = 24;
 /// Offered where the kernels are eager and eager PyTorch runs some of the model's ops as
 /// chains ([`crate::model::eager::differs`]).
 const COMPILE: usize = 25;
+/// DeepEP in place of NCCL's all-to-all for a mixture of experts under Megatron with expert
+/// parallelism: fewer bytes across nodes, its buffers off the capacity.
+const DEEPEP: usize = 26;
+/// Megatron's combined 1F1B: a mixture of experts under Megatron with expert parallelism.
+const EP_OVERLAP: usize = 27;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Counterfactual {
@@ -694,6 +701,69 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
                 v,
             )]
         }
+        DEEPEP => {
+            let mp = &s.parallel.model_parallel;
+            let Some(moe) = &s.model.moe else { return Err("not a mixture of experts".into()) };
+            if s.parallel.deepep.is_some() {
+                return Err("already on".into());
+            }
+            if mp.expert < 2 {
+                return Err("moves tokens between expert-parallel ranks: needs parallel.expert > 1".into());
+            }
+            if !crate::net::deepep::supported_ranks().contains(&mp.expert) {
+                return Err(format!("DeepEP has no configuration for {} expert-parallel ranks", mp.expert));
+            }
+            if mp.expert_tensor > 1 {
+                return Err("DeepEP with expert tensor parallelism is not simulated yet".into());
+            }
+            if !s.routing.is_uniform() || s.capacity.is_some() {
+                return Err("DeepEP with uneven routing or a capacity factor is not simulated yet".into());
+            }
+            v.parallel.deepep = Some(crate::net::deepep::DeepEp {
+                experts: moe.num_experts,
+                top_k: moe.top_k,
+                groups: moe.router_groups,
+                group_topk: moe.router_group_topk,
+                sms: 20,
+            });
+            vec![(
+                "moe.dispatcher = \"deepep\": a token sent once per rank, and across nodes once per node, it reaches; DeepEP's buffers off the capacity, 20 SMs while it runs".into(),
+                v,
+            )]
+        }
+        EP_OVERLAP => {
+            use crate::plan::{PipelineSchedule, RecomputeModule};
+            let mp = &s.parallel.model_parallel;
+            if s.model.moe.is_none() {
+                return Err("not a mixture of experts".into());
+            }
+            if s.parallel.megatron.overlap_moe_expert_parallel_comm {
+                return Err("already on".into());
+            }
+            if mp.expert < 2 {
+                return Err("needs expert parallelism (parallel.expert > 1)".into());
+            }
+            if mp.pipeline > 1 && mp.schedule != PipelineSchedule::Interleaved {
+                return Err("with a pipeline Megatron needs the interleaved schedule for it".into());
+            }
+            if t.checkpointing == Checkpointing::Full {
+                return Err("Megatron refuses it with full recomputation".into());
+            }
+            if t.checkpointing == Checkpointing::Selective && t.recompute_modules.contains(&RecomputeModule::Moe) {
+                return Err("Megatron refuses it with moe in recompute_modules".into());
+            }
+            if !matches!(t.precision.compute, crate::model::Dtype::Bf16 | crate::model::Dtype::Fp16) {
+                return Err("Megatron runs it in bf16 or fp16 only".into());
+            }
+            if s.model.mtp.as_ref().is_some_and(|m| m.layers > 1) {
+                return Err("Megatron runs it with one MTP layer at most".into());
+            }
+            v.parallel.megatron.overlap_moe_expert_parallel_comm = true;
+            vec![(
+                "overlap_moe_expert_parallel_comm: each forward layer by layer beside another micro-batch's backward, one's all-to-alls under the other's compute".into(),
+                v,
+            )]
+        }
         _ => return Err("no such change".into()),
     })
 }
@@ -806,11 +876,12 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
     let mut jobs: Vec<(usize, String, Scenario)> = Vec::new();
     let mut skips: Vec<(usize, Counterfactual)> = Vec::new();
     for (which, name) in COUNTERFACTUAL_NAMES.iter().enumerate() {
-        if (which == EXPERT_PARALLEL || which == CAPACITY || which == MOE_ACT) && s.model.moe.is_none() {
+        let moe_only = [EXPERT_PARALLEL, CAPACITY, MOE_ACT, DEEPEP, EP_OVERLAP];
+        if moe_only.contains(&which) && s.model.moe.is_none() {
             continue;
         }
         let megatron = s.parallel.framework == crate::plan::Framework::Megatron;
-        if (which == MOE_ACT || which == PRECISION_AWARE) && !megatron {
+        if [MOE_ACT, PRECISION_AWARE, DEEPEP, EP_OVERLAP].contains(&which) && !megatron {
             continue;
         }
         if which == COMPILE && s.workload.kernels != crate::model::KernelStack::Eager {
