@@ -14,14 +14,18 @@ const SEQ: u64 = 2048;
 const LAYERS: u64 = 4;
 
 fn scenario(framework: &str, fp8: &str, extra: &str) -> Scenario {
+    scenario_on("h100-sxm", framework, fp8, extra).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn scenario_on(gpu: &str, framework: &str, fp8: &str, extra: &str) -> Result<Scenario, String> {
     let toml = format!(
         "[model]\nfamily = \"llama\"\nn_layers = {LAYERS}\nhidden = {H}\nn_heads = 8\nffn_hidden = {F}\nvocab = 32000\nmax_seq_len = {SEQ}\n{extra}\
-         [hardware]\ngpu = \"h100-sxm\"\ngpus = 1\n\
+         [hardware]\ngpu = \"{gpu}\"\ngpus = 1\n\
          [parallel]\nframework = \"{framework}\"\n\
          [training]\nmicro_batch = 1\nseq_len = {SEQ}\ngrad_accum = 4\nprecision = \"bf16-mixed-adam\"\nattention = \"flash\"\nactivation_checkpointing = \"none\"\n\
          [allocator]\nkind = \"exact\"\n{fp8}"
     );
-    Scenario::from_toml(Path::new("<fp8>"), &toml).unwrap_or_else(|e| panic!("{e}\n{toml}"))
+    Scenario::from_toml(Path::new("<fp8>"), &toml).map_err(|e| format!("{e}\n{toml}"))
 }
 
 const DELAYED: &str = "[fp8]\nrecipe = \"delayed\"\namax_history_len = 1024\n";
@@ -191,4 +195,59 @@ fn float8_tensor_parallel_and_fp8_all_gather_move_fp8() {
     let wk = dag.ops.iter().find(|o| o.name == "layers.0.attention.wk").unwrap();
     assert_eq!(wk.chain_bytes[0], 8.0 * t * h + 10.0 * w);
     assert!(dag.ops.iter().filter_map(|o| o.comm).all(|c| c.forward_bytes.is_none()));
+}
+
+/// Transformer Engine 2.x's block scaling (`--fp8-recipe blockwise`, `mxfp8`): the saved input
+/// is the columnwise FP8 copy with its scales, 1 + 1/32 B per element (an FP32 per 128, an
+/// E8M0 per 32), so per block and token the saving of delayed scaling less the scales of the
+/// four FP8 copies (3h + ffn elements); the input is quantized both ways forward (4 B read and
+/// written plus 2/32 B of scales), nothing is transposed backward, the output gradient costs
+/// as much; the weight copies, rowwise and columnwise, persist with their scales (MXFP8: 2 +
+/// 2/32 B per parameter) and no amax history is kept.
+#[test]
+fn block_scaling_saves_columnwise_fp8_with_scales_and_keeps_no_history() {
+    let t = SEQ;
+    let saved = |s: &Scenario| model::build(&s.model, &s.workload).saved_bytes(Region::Block(0), true);
+    let bf16 = saved(&scenario("megatron", "", ""));
+    let mx = scenario_on("b200", "megatron", "[fp8]\nrecipe = \"mxfp8\"\n", "").unwrap();
+    let bw = scenario("megatron", "[fp8]\nrecipe = \"blockwise\"\n", "");
+    for s in [&mx, &bw] {
+        assert_eq!(bf16 - saved(s), t * (H + F) - t * (3 * H + F) / 32);
+    }
+    let op = |s: &Scenario, name: &str| {
+        let dag = model::build(&s.model, &s.workload);
+        dag.ops.iter().find(|o| o.name == name).unwrap().chain_bytes
+    };
+    let (tf, h, w) = (t as f64, H as f64, (H * H) as f64);
+    let refresh = 4.0 * w / 4.0 / 2.0;
+    let q = 4.0 + 2.0 / 32.0;
+    assert_eq!(op(&bw, "layers.0.attention.wq"), [q * tf * h + refresh, q * tf * h + refresh]);
+    // Persistent state: 4 blocks of 4h^2 + 3h ffn FP8 parameters, each unit's workspace a
+    // multiple of 512 B already; no amax histories.
+    let p = 4 * H * H + 3 * H * F;
+    let init = |s: &Scenario| {
+        let r = stepsim::simulate(s).unwrap().report;
+        (r.phase_peaks.iter().find(|x| x.step == 0).unwrap().allocated.bytes, r.fp8.map(|f| f.weight_workspaces.bytes))
+    };
+    let (plain, _) = init(&scenario_on("b200", "megatron", "", "").unwrap());
+    let (with, ws) = init(&mx);
+    assert_eq!(ws, Some(LAYERS * (2 * p + 2 * p / 32)));
+    assert_eq!(with - plain, LAYERS * (2 * p + 2 * p / 32));
+}
+
+/// Where Transformer Engine runs the block recipes (quantization.py: block scaling on
+/// compute capability 9.0+, MXFP8 on 10.x) and only under Megatron; no amax history for them.
+#[test]
+fn block_recipes_are_refused_where_transformer_engine_does_not_run_them() {
+    for (gpu, framework, fp8, field, says) in [
+        ("h100-sxm", "megatron", "recipe = \"mxfp8\"", "fp8.recipe", "compute capability 10.x"),
+        ("l40s", "megatron", "recipe = \"blockwise\"", "fp8.recipe", "compute capability 9.0"),
+        ("h100-sxm", "fsdp", "recipe = \"blockwise\"", "fp8.recipe", "Transformer Engine recipe"),
+        ("h100-sxm", "megatron", "recipe = \"blockwise\"\namax_history_len = 16", "fp8.amax_history_len", "delayed"),
+    ] {
+        let e = scenario_on(gpu, framework, &format!("[fp8]\n{fp8}\n"), "").err().unwrap();
+        assert!(e.contains(field) && e.contains(says), "{gpu} {fp8}: {e}");
+    }
+    // wgrad applies to every Transformer Engine recipe.
+    scenario("megatron", "[fp8]\nrecipe = \"blockwise\"\nwgrad = false\n", "");
 }

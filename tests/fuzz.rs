@@ -161,6 +161,8 @@ const VALUES: &[&str] = &[
     "\"delayed\"",
     "\"tensorwise\"",
     "\"rowwise\"",
+    "\"blockwise\"",
+    "\"mxfp8\"",
     "\"selective-op\"",
     "\"full\"",
     "\"block\"",

@@ -465,6 +465,12 @@ fn megatron_moe_layer_frequency_shared_experts_and_capacity_import() {
         load("--expert-model-parallel-size 8 --moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep");
     assert!(s.parallel.deepep.is_none());
     assert!(im.not_expressed.iter().any(|n| n.contains("hybridep")), "{:?}", im.not_expressed);
+    let (im, s) = load("--fp8-format hybrid --fp8-recipe blockwise");
+    assert_eq!(s.workload.fp8.map(|f| f.recipe.name()), Some("blockwise"));
+    assert!(im.mapped.iter().any(|m| m.contains("Float8BlockScaling")), "{:?}", im.mapped);
+    let (im, s) = load("--fp8-format hybrid --fp8-recipe tensorwise");
+    assert_eq!(s.workload.fp8.map(|f| f.recipe.name()), Some("delayed"));
+    assert!(im.not_expressed.iter().any(|n| n.contains("current scaling")), "{:?}", im.not_expressed);
     let (im, s) = load("--expert-model-parallel-size 8 --overlap-moe-expert-parallel-comm");
     assert!(s.parallel.megatron.overlap_moe_expert_parallel_comm);
     assert!(im.mapped.iter().any(|m| m == "--overlap-moe-expert-parallel-comm"), "{:?}", im.mapped);

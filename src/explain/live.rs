@@ -329,10 +329,17 @@ pub fn from_buffers(
                 format!("communication buffers: {}", names[c].first().cloned().unwrap_or_default())
             }
             Category::Buffers => {
-                let fp8 = sim.dag.workload.fp8.is_some_and(|f| f.recipe == crate::model::Fp8Recipe::Delayed);
-                match (fp8, sim.dag.buffer_bytes > 0) {
-                    (true, true) => "module buffers: Transformer Engine's FP8 weight and transpose workspaces (2 B per FP8 parameter) and amax histories, rotary tables".to_string(),
-                    (true, false) => "module buffers: Transformer Engine's FP8 weight and transpose workspaces (2 B per FP8 parameter) and amax histories".to_string(),
+                let recipe = sim.dag.workload.fp8.map(|f| f.recipe).filter(|r| r.is_te());
+                let te = match recipe {
+                    Some(crate::model::Fp8Recipe::Delayed) => {
+                        Some("Transformer Engine's FP8 weight and transpose workspaces (2 B per FP8 parameter) and amax histories")
+                    }
+                    Some(_) => Some("Transformer Engine's FP8 weight copies, rowwise and columnwise, with their block scales"),
+                    None => None,
+                };
+                match (te, sim.dag.buffer_bytes > 0) {
+                    (Some(t), true) => format!("module buffers: {t}, rotary tables"),
+                    (Some(t), false) => format!("module buffers: {t}"),
                     _ => "module buffers (rotary tables)".to_string(),
                 }
             }

@@ -548,14 +548,37 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
     let mut fp8 = String::new();
     if let Some(f) = get("fp8_format").or_else(|| get("fp8")) {
         if f != "false" && f != "False" {
-            fp8.push_str("recipe = \"delayed\"\n");
-            if let Some(h) = num("fp8_amax_history_len", get("fp8_amax_history_len"))? {
-                fp8.push_str(&format!("amax_history_len = {h}\n"));
+            // --fp8-recipe (Megatron's default "delayed"); its "tensorwise" is Transformer
+            // Engine's per-tensor current scaling, simulated as delayed scaling's GEMMs and
+            // saves without the history.
+            let recipe = get("fp8_recipe").unwrap_or_else(|| "delayed".into());
+            let (name, what) = match recipe.as_str() {
+                "delayed" => ("delayed", "delayed scaling"),
+                "blockwise" => ("blockwise", "block scaling (Float8BlockScaling)"),
+                "mxfp8" => ("mxfp8", "MXFP8 (MXFP8BlockScaling)"),
+                "tensorwise" => {
+                    im.not_expressed.push(
+                        "--fp8-recipe tensorwise (Transformer Engine's per-tensor current scaling): simulated as delayed scaling".into(),
+                    );
+                    ("delayed", "per-tensor current scaling, as delayed scaling")
+                }
+                other => {
+                    return Err(err(
+                        "fp8_recipe",
+                        format!("must be delayed, tensorwise, blockwise or mxfp8 (a custom recipe is not simulated), got \"{other}\""),
+                    ))
+                }
+            };
+            fp8.push_str(&format!("recipe = \"{name}\"\n"));
+            if name == "delayed" {
+                if let Some(h) = num("fp8_amax_history_len", get("fp8_amax_history_len"))? {
+                    fp8.push_str(&format!("amax_history_len = {h}\n"));
+                }
             }
             if flag(get("no_fp8_wgrad")) {
                 fp8.push_str("wgrad = false\n");
             }
-            im.mapped.push(format!("FP8 ({f}): Transformer Engine delayed scaling"));
+            im.mapped.push(format!("FP8 ({f}): Transformer Engine {what}"));
         }
     }
     // --- what is left

@@ -19,6 +19,20 @@
 //!   `get_fp8_workspace`), refreshed once per step (2 B read, 2 B written per parameter).
 //!   Scaling state per GEMM: FP32 amax histories of `amax_history_len` rows for input,
 //!   weight and output gradient, and their scales.
+//! - **`blockwise`** / **`mxfp8`**: Transformer Engine 2.x's `Float8BlockScaling` (Megatron
+//!   `--fp8-recipe blockwise`: 1 x 128 blocks for activations and gradients, 128 x 128 for
+//!   weights, FP32 scales; compute capability 9.0+, the DeepSeek-V3 recipe) and
+//!   `MXFP8BlockScaling` (`--fp8-recipe mxfp8`: 1 x 32 blocks, E8M0 scales; compute
+//!   capability 10.x). Scaling is current: each block's scale comes from its own amax as it
+//!   is quantized, so no amax history is kept. The same linears and GEMMs as `delayed` run in
+//!   FP8. TE 2.x's `Linear` (`module/linear.py`, d0067d0) quantizes its input rowwise and
+//!   columnwise in one pass (2 B read, 1 + 1 B written) and keeps only the columnwise data for
+//!   the weight gradient (`update_usage(rowwise_usage=False, columnwise_usage=True)`): 1
+//!   B/element plus its scales (1/32 B: an FP32 per 128, an E8M0 per 32), nothing transposed in
+//!   backward; the output gradient is quantized both ways (2 B read, 2 B written). The
+//!   weight's FP8 copies, rowwise for the forward and columnwise for the input-gradient GEMM,
+//!   persist across the step's micro-batches as delayed scaling's do (2 B per parameter, plus
+//!   1/16 B of E8M0 scales for MXFP8; 128 x 128 blocks' FP32 scales are negligible).
 //! - **`tensorwise`** / **`rowwise`**: torchao's `Float8Linear` with dynamic scaling, as
 //!   torchtitan converts every linear but the LM head (`filter_fqns = ["output"]`). All
 //!   three GEMMs are FP8 in both recipes (`Float8LinearConfig.from_recipe_name`). The input
@@ -44,6 +58,10 @@ pub enum Fp8Recipe {
     Tensorwise,
     /// torchao float8, rowwise (axiswise) dynamic scaling.
     Rowwise,
+    /// Transformer Engine 2.x `Float8BlockScaling` (1 x 128 / 128 x 128 blocks).
+    Blockwise,
+    /// Transformer Engine 2.x `MXFP8BlockScaling` (1 x 32 blocks, E8M0 scales).
+    Mxfp8,
 }
 
 impl Fp8Recipe {
@@ -52,6 +70,36 @@ impl Fp8Recipe {
             Fp8Recipe::Delayed => "delayed",
             Fp8Recipe::Tensorwise => "tensorwise",
             Fp8Recipe::Rowwise => "rowwise",
+            Fp8Recipe::Blockwise => "blockwise",
+            Fp8Recipe::Mxfp8 => "mxfp8",
+        }
+    }
+
+    /// A Transformer Engine recipe (run by Megatron-Core), which keeps FP8 copies of the saved
+    /// inputs and persistent FP8 weight workspaces; torchao's keep neither.
+    pub fn is_te(self) -> bool {
+        matches!(self, Fp8Recipe::Delayed | Fp8Recipe::Blockwise | Fp8Recipe::Mxfp8)
+    }
+
+    /// Bytes of block scales per FP8 element of an activation or gradient (an FP32 per 128,
+    /// an E8M0 per 32); 0 under per-tensor scaling.
+    pub fn activation_scale_bytes(self) -> f64 {
+        match self {
+            Fp8Recipe::Blockwise => 4.0 / 128.0,
+            Fp8Recipe::Mxfp8 => 1.0 / 32.0,
+            _ => 0.0,
+        }
+    }
+
+    /// Bytes of a linear's persistent FP8 weight copies (rowwise and columnwise) with their
+    /// scales, for `params` parameters; 0 for torchao's recipes.
+    pub fn workspace_bytes(self, params: u64) -> u64 {
+        match self {
+            Fp8Recipe::Delayed => 2 * params,
+            // Two copies of an FP32 scale per 128 x 128 block.
+            Fp8Recipe::Blockwise => 2 * params + 2 * 4 * params.div_ceil(128 * 128),
+            Fp8Recipe::Mxfp8 => 2 * params + 2 * params.div_ceil(32),
+            Fp8Recipe::Tensorwise | Fp8Recipe::Rowwise => 0,
         }
     }
 }
@@ -103,6 +151,12 @@ fn cast_traffic(recipe: Fp8Recipe, norm_fused: bool, micro_batches: u64) -> (f64
         // casts it for each of the two); the weight forward and backward.
         Fp8Recipe::Tensorwise => (6.0, 6.0, 12.0, 16.0),
         Fp8Recipe::Rowwise => (8.0, 8.0, 16.0, 20.0),
+        // Quantized both ways at once, scales written beside; the saved columnwise copy needs
+        // no transpose in backward.
+        Fp8Recipe::Blockwise | Fp8Recipe::Mxfp8 => {
+            let scales = 2.0 * recipe.activation_scale_bytes();
+            (4.0 + scales, 0.0, 4.0 + scales, 4.0 / micro_batches.max(1) as f64)
+        }
     }
 }
 
@@ -166,11 +220,12 @@ pub fn apply(dag: &mut LayerDag, cfg: &Fp8Config, c: u64) {
         op.fp8 = Some(Fp8Gemm { wgrad: cfg.wgrad });
         op.chain_bytes[0] += fwd_cast + w_fwd;
         op.chain_bytes[1] += bwd_in * in_elems + bwd_out * out_elems + w_bwd;
-        if cfg.recipe != Fp8Recipe::Delayed {
+        if !cfg.recipe.is_te() {
             continue;
         }
         // The saved input becomes its FP8 copy (one per 16-bit tensor, shared by the
-        // linears reading it, as one fused QKV LayerNormLinear keeps one).
+        // linears reading it, as one fused QKV LayerNormLinear keeps one), with its block
+        // scales.
         let saves = dag.ops[id].saves.clone();
         for (i, &t) in saves.iter().enumerate() {
             if dag.tensors[t].kind != TensorKind::Activation || dag.tensors[t].bytes % c != 0 {
@@ -179,9 +234,10 @@ pub fn apply(dag: &mut LayerDag, cfg: &Fp8Config, c: u64) {
             let copy = match fp8_copy[t] {
                 Some(x) => x,
                 None => {
+                    let elems = dag.tensors[t].bytes / c;
                     dag.tensors.push(Tensor {
                         name: format!("{}.fp8", dag.tensors[t].name),
-                        bytes: dag.tensors[t].bytes / c,
+                        bytes: elems + (elems as f64 * cfg.recipe.activation_scale_bytes()).ceil() as u64,
                         kind: TensorKind::Activation,
                         producer: Some(id),
                     });

@@ -340,6 +340,21 @@ fn fp8_assumption(f: &crate::model::Fp8Config) -> String {
             f.micro_batches,
             f.amax_history_len
         ),
+        Fp8Recipe::Blockwise | Fp8Recipe::Mxfp8 => format!(
+            "FP8 {} (Transformer Engine 2.x {} under Megatron-Core, --fp8-recipe {}): the blocks' linear GEMMs in FP8 as with delayed scaling (weight gradients {}), scaled per block as they are quantized ({}), no amax history; each input is quantized rowwise and columnwise in one pass (4 B/element and the scales) and only the columnwise FP8 copy is saved for the weight gradient (1 B/element plus {:.3} B of scales; module/linear.py update_usage), the output gradient quantized both ways (4 B/element); FP8 weight copies, rowwise and columnwise, persist ({} B per FP8 parameter with scales, refreshed once per step: 4 B/parameter over {} micro-batches); FP8 GEMMs reach the same fractions of the FP8 peak as the per-tensor ones (no block-scaled GEMM measurement at hand)",
+            f.recipe.name(),
+            if f.recipe == Fp8Recipe::Blockwise { "Float8BlockScaling" } else { "MXFP8BlockScaling" },
+            f.recipe.name(),
+            if f.wgrad { "in FP8" } else { "in 16 bits (--no-fp8-wgrad)" },
+            if f.recipe == Fp8Recipe::Blockwise {
+                "1 x 128 blocks of activations and gradients, 128 x 128 of weights, FP32 scales"
+            } else {
+                "1 x 32 blocks, E8M0 scales"
+            },
+            f.recipe.activation_scale_bytes(),
+            if f.recipe == Fp8Recipe::Mxfp8 { "2.0625" } else { "2" },
+            f.micro_batches
+        ),
         Fp8Recipe::Tensorwise | Fp8Recipe::Rowwise => format!(
             "FP8 {} (torchao Float8Linear, dynamic scaling, as torchtitan converts every linear but the LM head): all three GEMMs of the blocks' linears in FP8; the input is saved in 16 bits; casts are an amax pass and a cast, per element {} (torchao/testing/float8/roofline_utils.py); {}; with tensor and sequence parallelism, tensorwise runs torchao's float8 tensor parallelism (float8_tensor_parallel.py): each sequence-parallel input is cast once on this rank's shard and all-gathered in FP8, its gradient reduce-scattered in 16 bits; FP8 GEMMs reach the same fractions of the FP8 peak as 16-bit GEMMs of theirs",
             f.recipe.name(),
@@ -434,7 +449,7 @@ pub fn fp8_report(s: &Scenario, dag: &LayerDag) -> Option<Fp8Report> {
         fp8_flops_share: round4(flops / dag.forward_flops().max(1.0)),
         wgrad_fp8: f.wgrad,
         fp8_peak_flops: s.cluster.gpu.fp8_flops.unwrap_or(0.0),
-        weight_workspaces: Bytes::new(if delayed { 2 * fp8_params } else { 0 }),
+        weight_workspaces: Bytes::new(f.recipe.workspace_bytes(fp8_params)),
         amax_history_len: delayed.then_some(f.amax_history_len),
         float8_tensor_parallel: f.float8_tensor_parallel(&dag.workload.split),
         fsdp_all_gather: f.fsdp_all_gather,

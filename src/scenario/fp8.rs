@@ -24,11 +24,13 @@ pub(super) fn validate_fp8(v: &V, f: Option<&Fp8Section>, cx: &Fp8Context) -> Re
     let Some(name) = f.recipe.as_deref() else {
         return Err(v.err(
             "fp8.recipe",
-            "is required: \"delayed\" (Transformer Engine under Megatron-Core / NeMo), \"tensorwise\" or \"rowwise\" (torchao float8 under FSDP, torchtitan)",
+            "is required: \"delayed\", \"blockwise\" or \"mxfp8\" (Transformer Engine under Megatron-Core / NeMo), \"tensorwise\" or \"rowwise\" (torchao float8 under FSDP, torchtitan)",
         ));
     };
-    let recipe = match v.choice("fp8.recipe", name, &["delayed", "tensorwise", "rowwise"])? {
+    let recipe = match v.choice("fp8.recipe", name, &["delayed", "blockwise", "mxfp8", "tensorwise", "rowwise"])? {
         "delayed" => Fp8Recipe::Delayed,
+        "blockwise" => Fp8Recipe::Blockwise,
+        "mxfp8" => Fp8Recipe::Mxfp8,
         "tensorwise" => Fp8Recipe::Tensorwise,
         _ => Fp8Recipe::Rowwise,
     };
@@ -50,12 +52,35 @@ pub(super) fn validate_fp8(v: &V, f: Option<&Fp8Section>, cx: &Fp8Context) -> Re
             "FP8 training casts a 16-bit model's GEMM inputs; set training.precision to a bf16 or fp16 preset",
         ));
     }
+    // Transformer Engine's support checks (transformer_engine/pytorch/quantization.py):
+    // block scaling needs compute capability 9.0+, MXFP8 10.x.
+    use crate::hardware::Arch;
+    let arch = cx.cluster.gpu.arch;
+    let supported = match recipe {
+        Fp8Recipe::Blockwise => matches!(arch, Arch::Hopper | Arch::Blackwell | Arch::Gb20x),
+        Fp8Recipe::Mxfp8 => arch == Arch::Blackwell,
+        _ => true,
+    };
+    if !supported {
+        return Err(v.err(
+            "fp8.recipe",
+            format!(
+                "\"{name}\" is not supported on {} (Transformer Engine: {}); use \"delayed\"",
+                cx.cluster.gpu.name,
+                if recipe == Fp8Recipe::Mxfp8 {
+                    "MXFP8 needs compute capability 10.x, a B200 or GB200"
+                } else {
+                    "FP8 block scaled GEMM requires compute capability 9.0 or higher"
+                }
+            ),
+        ));
+    }
     match (recipe, cx.framework) {
-        (Fp8Recipe::Delayed, Framework::Megatron) => {}
-        (Fp8Recipe::Delayed, _) => {
+        (r, Framework::Megatron) if r.is_te() => {}
+        (r, _) if r.is_te() => {
             return Err(v.err(
                 "fp8.recipe",
-                "\"delayed\" is Transformer Engine's delayed scaling as Megatron-Core runs it (parallel.framework = \"megatron\"); under FSDP use torchao's \"tensorwise\" or \"rowwise\"",
+                format!("\"{name}\" is a Transformer Engine recipe as Megatron-Core runs it (parallel.framework = \"megatron\"); under FSDP use torchao's \"tensorwise\" or \"rowwise\""),
             ))
         }
         (_, Framework::Fsdp | Framework::Fsdp1 | Framework::Fsdp2) => {}
@@ -63,20 +88,22 @@ pub(super) fn validate_fp8(v: &V, f: Option<&Fp8Section>, cx: &Fp8Context) -> Re
             return Err(v.err(
                 "fp8.recipe",
                 format!(
-                    "\"{name}\" is torchao's float8 training as torchtitan runs it under FSDP (parallel.framework = \"fsdp\"); with Megatron-Core use \"delayed\""
+                    "\"{name}\" is torchao's float8 training as torchtitan runs it under FSDP (parallel.framework = \"fsdp\"); with Megatron-Core use \"delayed\", \"blockwise\" or \"mxfp8\""
                 ),
             ))
         }
     }
-    if recipe != Fp8Recipe::Delayed {
-        for (field, set) in [("fp8.wgrad", f.wgrad.is_some()), ("fp8.amax_history_len", f.amax_history_len.is_some())] {
-            if set {
-                return Err(v.err(
-                    field,
-                    "applies to recipe = \"delayed\" only (torchao's dynamic recipes keep no amax history and run every GEMM in FP8)",
-                ));
-            }
-        }
+    if !recipe.is_te() && f.wgrad.is_some() {
+        return Err(v.err(
+            "fp8.wgrad",
+            "applies to Transformer Engine's recipes (\"delayed\", \"blockwise\", \"mxfp8\"); torchao's run every GEMM in FP8",
+        ));
+    }
+    if recipe != Fp8Recipe::Delayed && f.amax_history_len.is_some() {
+        return Err(v.err(
+            "fp8.amax_history_len",
+            "applies to recipe = \"delayed\" only (block scaling and torchao's dynamic recipes scale as they quantize and keep no amax history)",
+        ));
     }
     let amax_history_len = match f.amax_history_len {
         None => 1,

@@ -95,12 +95,12 @@ impl Builder<'_> {
 }
 
 impl Builder<'_> {
-    /// Transformer Engine's persistent FP8 state under delayed scaling (see
-    /// [`crate::model::fp8`]): each unit's FP8 weight-and-transpose workspaces (2 B per
-    /// parameter of its FP8 linears, kept across steps because Megatron passes
-    /// `is_first_microbatch`), and every FP8 linear's amax histories and scales.
+    /// Transformer Engine's persistent FP8 state (see [`crate::model::fp8`]): each unit's FP8
+    /// weight copies (rowwise and columnwise: 2 B per parameter of its FP8 linears, plus block
+    /// scales; kept across steps because Megatron passes `is_first_microbatch`), and under
+    /// delayed scaling every FP8 linear's amax histories and scales.
     fn fp8_init(&mut self) {
-        let Some(cfg) = self.dag.workload.fp8.filter(|f| f.recipe == crate::model::Fp8Recipe::Delayed) else {
+        let Some(cfg) = self.dag.workload.fp8.filter(|f| f.recipe.is_te()) else {
             return;
         };
         let lbl = |what: String, unit: Option<usize>| TaskLabel::new(0, Phase::Init, 0, what, TaskKind::Init, unit);
@@ -114,7 +114,7 @@ impl Builder<'_> {
                 continue;
             }
             let b = self.buffer(
-                2 * params,
+                cfg.recipe.workspace_bytes(params),
                 Category::Buffers,
                 text!(
                     self.names,
@@ -130,7 +130,8 @@ impl Builder<'_> {
                 lbl(text!(self.names, "FP8 workspaces of {}", self.plan.units[u].name), Some(u)),
             );
         }
-        if linears > 0 {
+        // Block scaling is current: no amax history.
+        if linears > 0 && cfg.recipe == crate::model::Fp8Recipe::Delayed {
             let bytes = linears * crate::model::fp8::scaling_state_bytes(cfg.amax_history_len);
             let b = self.buffer(
                 bytes,
