@@ -53,6 +53,7 @@ const EXPECTED: &[(&str, Expect)] = &[
     ("megatron-70b-h100-overlap", Expect::Fits),
     ("mixtral-8x7b-h100-ep8", Expect::Fits),
     ("mixtral-8x7b-h100-ep8-hot-expert", Expect::Oom { step: 1, phase: "forward" }),
+    ("qwen3-30b-a3b-h100-ep16-deepep", Expect::Fits),
 ];
 
 fn scenarios_dir() -> PathBuf {
