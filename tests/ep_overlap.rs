@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use stepsim::scenario::Scenario;
-use stepsim::schedule::{Phase, TaskKind};
+use stepsim::schedule::Phase;
 
 const LAYERS: u64 = 4;
 
@@ -71,20 +71,23 @@ fn a_forward_runs_layer_by_layer_beside_the_previous_micro_batchs_backward() {
     let sim = stepsim::simulate(&scenario(8, "expert = 8", ON, PLAIN)).unwrap();
     let sched = sim.schedule();
     let prog = &sched.program;
-    let on = |name: &str| prog.streams.iter().position(|s| s == name).unwrap() as u16;
-    let (ep, compute) = (on("ep"), on("compute"));
-    let a2a: Vec<String> = prog
-        .tasks
-        .iter()
-        .filter(|t| t.stream == ep)
-        .map(|t| &sched.labels[t.label as usize])
-        .filter(|l| {
-            l.step == 1
-                && l.kind == TaskKind::AllToAll
-                && (l.micro_batch == 1 && l.phase == Phase::Forward || l.micro_batch == 0 && l.phase == Phase::Backward)
-        })
-        .map(|l| format!("{}{} {}", if l.phase == Phase::Forward { "F" } else { "B" }, l.micro_batch, l.what))
-        .collect();
+    // Step 1's tasks of micro-batch 1's forward and micro-batch 0's backward on a stream, in
+    // program order, as "F1 name" / "B0 name".
+    let passes = |stream: &str| -> Vec<String> {
+        let on = prog.streams.iter().position(|s| s == stream).unwrap() as u16;
+        prog.tasks
+            .iter()
+            .filter(|t| t.stream == on)
+            .map(|t| &sched.labels[t.label as usize])
+            .filter(|l| {
+                l.step == 1
+                    && (l.micro_batch == 1 && l.phase == Phase::Forward
+                        || l.micro_batch == 0 && l.phase == Phase::Backward)
+            })
+            .map(|l| format!("{}{} {}", if l.phase == Phase::Forward { "F" } else { "B" }, l.micro_batch, l.what))
+            .collect()
+    };
+    let a2a = passes("ep");
     let mut want = Vec::new();
     for i in 0..LAYERS {
         let j = LAYERS - 1 - i;
@@ -96,17 +99,7 @@ fn a_forward_runs_layer_by_layer_beside_the_previous_micro_batchs_backward() {
     assert_eq!(a2a, want);
     // Compute: micro-batch 1's first attention kernel comes after micro-batch 0's last
     // block's post-combine backward and before its experts' backward.
-    let order: Vec<String> = prog
-        .tasks
-        .iter()
-        .filter(|t| t.stream == compute)
-        .map(|t| &sched.labels[t.label as usize])
-        .filter(|l| {
-            l.step == 1
-                && (l.micro_batch == 1 && l.phase == Phase::Forward || l.micro_batch == 0 && l.phase == Phase::Backward)
-        })
-        .map(|l| format!("{}{} {}", if l.phase == Phase::Forward { "F" } else { "B" }, l.micro_batch, l.what))
-        .collect();
+    let order = passes("compute");
     let at = |s: &str| order.iter().position(|x| x.starts_with(s)).unwrap_or_else(|| panic!("{s} not in {order:?}"));
     let last = LAYERS - 1;
     assert!(at(&format!("B0 layers.{last}.feed_forward.unpermute")) < at("F1 layers.0.attention"));
