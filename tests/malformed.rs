@@ -1896,9 +1896,15 @@ fn cases() -> Vec<Case> {
         ),
         case(
             "[fp8] unknown recipe",
+            h100().set("fp8", "recipe", "\"nvfp4\""),
+            "fp8.recipe",
+            &["unknown value \"nvfp4\"", "\"blockwise\"", "\"mxfp8\""],
+        ),
+        case(
+            "[fp8] mxfp8 on Hopper",
             h100().set("fp8", "recipe", "\"mxfp8\""),
             "fp8.recipe",
-            &["unknown value \"mxfp8\""],
+            &["not supported on h100-sxm", "compute capability 10.x"],
         ),
         case(
             "[fp8] delayed under FSDP",
@@ -1916,7 +1922,7 @@ fn cases() -> Vec<Case> {
             "[fp8] wgrad with a torchao recipe",
             h100().set("fp8", "recipe", "\"rowwise\"").set("fp8", "wgrad", "false"),
             "fp8.wgrad",
-            &["recipe = \"delayed\" only"],
+            &["Transformer Engine's recipes", "torchao's run every GEMM in FP8"],
         ),
         case(
             "[fp8] FP8 all-gather with rowwise scaling",

@@ -592,6 +592,76 @@ fn multi_head_latent_attention_counts_and_saves_as_derived() {
     ));
 }
 
+/// Multi-head latent attention with tensor parallelism, as Megatron-Core's MLASelfAttention
+/// splits it: the down projections (h x 256 and h x (128 + 32)) whole on every rank, run on
+/// its rows (the sequence shard with sequence parallelism), the up projections and the output
+/// split over the heads; before the up projections the latents (256 and 128 wide) and the
+/// rope key (32) are all-gathered from the shards instead of the hidden state (1024 wide);
+/// the model's FLOPs are unchanged.
+#[test]
+fn latent_attention_splits_its_up_projections_and_gathers_latents() {
+    let toml = |tensor: u64, sp: bool| {
+        // Megatron requires sequence parallelism for experts under tensor parallelism: the
+        // case without it is dense.
+        let moe = if sp || tensor == 1 {
+            format!("[model.moe]\nnum_experts = {E}\ntop_k = {K}\nexpert_ffn_hidden = 512\n")
+        } else {
+            String::new()
+        };
+        let ep = if moe.is_empty() { "" } else { "expert = 4\nexpert_tensor = 1\n" };
+        format!(
+            "[model]\nfamily = \"llama\"\nn_layers = {LAYERS}\nhidden = {H}\nn_heads = 8\nffn_hidden = {FE}\nvocab = {VOCAB}\nmax_seq_len = {SEQ}\n\
+             [model.mla]\nq_lora_rank = 256\nkv_lora_rank = 128\nqk_nope_head_dim = 64\nqk_rope_head_dim = 32\nv_head_dim = 64\n\
+             {moe}\
+             [hardware]\ngpu = \"h100-sxm\"\ngpus = 8\n\
+             [parallel]\nframework = \"megatron\"\ntensor = {tensor}\nsequence_parallel = {sp}\n{ep}\
+             [training]\nmicro_batch = 1\nseq_len = {SEQ}\nprecision = \"bf16-mixed-adam\"\nattention = \"flash\"\n"
+        )
+    };
+    let load = |tensor: u64, sp: bool| Scenario::from_toml(Path::new("<mla-tp>"), &toml(tensor, sp)).unwrap();
+    let dag = |s: &Scenario| model::build(&s.model, &s.workload);
+    let one = dag(&load(1, false));
+    let sp = dag(&load(2, true));
+    let params = |d: &model::LayerDag, n: &str| {
+        d.ops.iter().find(|o| o.name == format!("layers.0.attention.{n}")).unwrap().params
+    };
+    for (n, split) in [("wq_a", false), ("wkv_a", false), ("wq_b", true), ("wkv_b", true), ("wo", true)] {
+        assert_eq!(params(&sp, n) * if split { 2 } else { 1 }, params(&one, n), "{n}");
+    }
+    // Forward collectives of the attention half: three latent all-gathers, no hidden one.
+    let gathers: Vec<(String, u64)> = sp
+        .ops
+        .iter()
+        .filter(|o| {
+            o.name.starts_with("layers.0.attention.")
+                && o.comm.is_some_and(|c| c.forward == Some(stepsim::net::Collective::AllGather))
+        })
+        .map(|o| (o.name.clone(), o.comm.unwrap().bytes))
+        .collect();
+    assert_eq!(
+        gathers,
+        [
+            ("layers.0.attention.wq_b.sp_all_gather".to_string(), SEQ * 256 * 2),
+            ("layers.0.attention.wkv_b.sp_all_gather".to_string(), SEQ * 128 * 2),
+            ("layers.0.attention.k_pos_emb.sp_all_gather".to_string(), SEQ * 32 * 2),
+        ]
+    );
+    // The down projections run on this rank's half of the tokens and save that half.
+    let wq_a = sp.ops.iter().find(|o| o.name == "layers.0.attention.wq_a").unwrap();
+    assert_eq!(sp.tensors[wq_a.saves[0]].bytes, SEQ / 2 * H * 2);
+    assert!((sp.model_forward_flops() / one.model_forward_flops() - 1.0).abs() < 1e-3);
+    // Without sequence parallelism the latents are read whole and the job runs either way.
+    let plain = load(2, false);
+    assert!(dag(&plain).ops.iter().any(|o| o.name == "layers.0.attention.wkv_b.tp_copy"));
+    for s in [plain, load(2, true)] {
+        let r = stepsim::simulate(&s).unwrap().report;
+        assert!(r
+            .assumptions
+            .iter()
+            .any(|a| a.contains("multi-head latent attention (Megatron-Core MLASelfAttention")));
+    }
+}
+
 /// `explain` offers token dropping for a mixture of experts with expert parallelism, ranked
 /// apart from the changes that keep the training problem.
 #[test]

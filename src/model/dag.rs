@@ -421,11 +421,16 @@ impl Builder {
     }
 
     fn tp_comm(&self, forward: Option<Collective>, backward: Option<Collective>) -> TpComm {
+        self.tp_comm_of(self.full, forward, backward)
+    }
+
+    /// A tensor-parallel collective of a tensor whose whole (unsharded) size is `full` bytes.
+    fn tp_comm_of(&self, full: u64, forward: Option<Collective>, backward: Option<Collective>) -> TpComm {
         TpComm {
             group: CommGroup::Tensor,
             forward,
             backward,
-            bytes: self.full,
+            bytes: full,
             forward_bytes: None,
             backward_buffer: 0,
             backward_buffer_until: None,
@@ -435,28 +440,39 @@ impl Builder {
     /// Megatron's `f` before a column-parallel linear; returns the tensor the linear reads
     /// (`x` itself, or with sequence parallelism the all-gathered sequence).
     fn f_op(&mut self, name: &str, x: TensorId, c: u64) -> TensorId {
+        self.f_op_of(name, x, self.full, c)
+    }
+
+    /// [`Self::f_op`] for a tensor of `full` bytes whole (MLA's latents, narrower than the
+    /// hidden state).
+    fn f_op_of(&mut self, name: &str, x: TensorId, full: u64, c: u64) -> TensorId {
         if self.tp == 1 {
             return x;
         }
         if !self.sp {
-            let comm = self.tp_comm(None, Some(Collective::AllReduce));
+            let comm = self.tp_comm_of(full, None, Some(Collective::AllReduce));
             self.comm_op(format!("{name}.tp_copy"), vec![x], vec![], comm);
             self.f_out = Some(x);
             return x;
         }
-        let full = self.tensor(&format!("{name}.sp_all_gather.out"), self.full / c, c, TensorKind::Activation);
-        let comm = self.tp_comm(Some(Collective::AllGather), Some(Collective::ReduceScatter));
-        self.comm_op(format!("{name}.sp_all_gather"), vec![x], vec![full], comm);
-        self.f_out = Some(full);
-        full
+        let out = self.tensor(&format!("{name}.sp_all_gather.out"), full / c, c, TensorKind::Activation);
+        let comm = self.tp_comm_of(full, Some(Collective::AllGather), Some(Collective::ReduceScatter));
+        self.comm_op(format!("{name}.sp_all_gather"), vec![x], vec![out], comm);
+        self.f_out = Some(out);
+        out
     }
 
     /// Sequence parallelism: the column-parallel linears from op `first` on kept only their
     /// input's shard, so backward all-gathers it again for their weight gradients.
     fn regather_op(&mut self, name: &str, first: OpId) {
+        self.regather_op_of(name, first, self.full)
+    }
+
+    /// [`Self::regather_op`] for an input of `full` bytes whole.
+    fn regather_op_of(&mut self, name: &str, first: OpId, full: u64) {
         if self.tp > 1 && self.sp {
-            let mut comm = self.tp_comm(None, Some(Collective::AllGather));
-            comm.backward_buffer = self.full;
+            let mut comm = self.tp_comm_of(full, None, Some(Collective::AllGather));
+            comm.backward_buffer = full;
             comm.backward_buffer_until = Some(first);
             self.comm_op(format!("{name}.sp_regather"), vec![], vec![], comm);
         }
@@ -656,13 +672,14 @@ fn block(bd: &mut Builder, sh: &BlockShape, name: &str, spec: u64, x: TensorId) 
     let p = |n: &str| format!("{name}.{n}");
     // --- attention half
     let n1 = if pre_norm { norm_op(bd, nfam, &p("attention_norm"), x, rows, h, c) } else { x };
-    let n1_in = bd.f_op(&p("attention"), n1, c);
+    // MLA's down projections read this rank's rows as they are; its latents are gathered.
+    let n1_in = if cfg.mla.is_some() { n1 } else { bd.f_op(&p("attention"), n1, c) };
     let (q, mut k, mut vv);
     let first_qkv = bd.ops.len();
     match cfg.family {
         Family::Llama if cfg.mla.is_some() => {
             let mla = cfg.mla.as_ref().expect("matched");
-            (q, k, vv) = mla_qkv(bd, &p("attention"), mla, n1, MlaShape { t, h, heads: a, c });
+            (q, k, vv) = mla_qkv(bd, &p("attention"), mla, n1, MlaShape { t, rows, h, heads: a, c });
         }
         Family::Llama => {
             // Biases add their elements to the (column-parallel, so split) projections.
@@ -1128,9 +1145,11 @@ fn fused_linear_cross_entropy(bd: &mut Builder, cfg: &ModelConfig, x: TensorId, 
     op.bwd_bytes = Some(2.0 * ((t * h + v * h) * c) as f64);
 }
 
-/// One rank's share of a multi-head latent attention block: tokens, hidden, heads, bytes.
+/// One rank's share of a multi-head latent attention block: tokens, the rows of them this
+/// rank holds (t / tp under sequence parallelism), hidden, heads, bytes.
 struct MlaShape {
     t: u64,
+    rows: u64,
     h: u64,
     heads: u64,
     c: u64,
@@ -1146,38 +1165,75 @@ struct MlaShape {
 /// the shared rope key (a materialised copy, as `torch.cat` makes it), the value split off
 /// contiguous. Each linear saves its input; the assembled q, k and v are what the attention
 /// core saves. Returns (q, k, v).
+///
+/// Under tensor parallelism, as Megatron-Core's `MLASelfAttention` builds it with Transformer
+/// Engine (`multi_latent_attention.py`, NVIDIA/Megatron-LM d98e8a6): the down projections
+/// are `TELinear(parallel_mode="duplicated")`, whole on every rank and run on the rows it
+/// holds (its sequence shard under sequence parallelism), as are the latents' norms; the up
+/// projections are column-parallel over the heads, their latent input all-gathered from the
+/// sequence shards (and the rope key `k_pos_emb` gathered beside it,
+/// `gather_from_sequence_parallel_region`), or, without sequence parallelism, read whole
+/// with Megatron's `f` (an all-reduce of its gradient). Each rank then has its heads' q, k
+/// and v; the core and the output projection are the dense attention's.
 fn mla_qkv(bd: &mut Builder, name: &str, m: &MlaConfig, x: TensorId, sh: MlaShape) -> (TensorId, TensorId, TensorId) {
-    let MlaShape { t, h, heads, c } = sh;
+    let MlaShape { t, rows, h, heads, c } = sh;
     let p = |n: &str| format!("{name}.{n}");
     let tf = t as f64;
+    let tp = bd.tp;
     let lin = |i: u64, o: u64| (2.0 * tf * i as f64 * o as f64, 4.0 * tf * i as f64 * o as f64);
+    // The duplicated down projections on this rank's rows: under sequence parallelism each
+    // rank does its share of the work (counted as split for model FLOPs).
+    let rf = rows as f64;
+    let lin_rows = |i: u64, o: u64| (2.0 * rf * i as f64 * o as f64, 4.0 * rf * i as f64 * o as f64);
+    let on_shard = rows < t;
     let (dn, dr, dv, kvr) = (m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank);
     let hq = heads * (dn + dr);
     let q0 = if m.q_lora_rank > 0 {
         let r = m.q_lora_rank;
-        let qa = bd.tensor(&p("wq_a.out"), t * r, c, TensorKind::Activation);
-        bd.op(p("wq_a"), OpKind::Linear, h * r, lin(h, r), vec![x], vec![qa], vec![x]);
-        let qn = norm_op(bd, Family::Llama, &p("q_a_norm"), qa, t, r, c);
+        let qa = bd.tensor(&p("wq_a.out"), rows * r, c, TensorKind::Activation);
+        let id = bd.op(p("wq_a"), OpKind::Linear, h * r, lin_rows(h, r), vec![x], vec![qa], vec![x]);
+        bd.ops[id].tp_sharded = on_shard;
+        let qn = norm_op(bd, Family::Llama, &p("q_a_norm"), qa, rows, r, c);
+        let qn_in = bd.f_op_of(&p("wq_b"), qn, t * r * c, c);
+        let first = bd.ops.len();
         let q0 = bd.tensor(&p("wq_b.out"), t * hq, c, TensorKind::Activation);
-        bd.op(p("wq_b"), OpKind::Linear, r * hq, lin(r, hq), vec![qn], vec![q0], vec![qn]);
+        bd.op_tp(p("wq_b"), OpKind::Linear, r * hq, lin(r, hq * tp), vec![qn_in], vec![q0], vec![qn]);
+        bd.regather_op_of(&p("wq_b"), first, t * r * c);
         q0
     } else {
+        let x_in = bd.f_op(&p("wq"), x, c);
+        let first = bd.ops.len();
         let q0 = bd.tensor(&p("wq.out"), t * hq, c, TensorKind::Activation);
-        bd.op(p("wq"), OpKind::Linear, h * hq, lin(h, hq), vec![x], vec![q0], vec![x]);
+        bd.op_tp(p("wq"), OpKind::Linear, h * hq, lin(h, hq * tp), vec![x_in], vec![q0], vec![x]);
+        bd.regather_op(&p("wq"), first);
         q0
     };
-    let kva = bd.tensor(&p("wkv_a.out"), t * (kvr + dr), c, TensorKind::Activation);
-    bd.op(p("wkv_a"), OpKind::Linear, h * (kvr + dr), lin(h, kvr + dr), vec![x], vec![kva], vec![x]);
+    let kva = bd.tensor(&p("wkv_a.out"), rows * (kvr + dr), c, TensorKind::Activation);
+    let id = bd.op(p("wkv_a"), OpKind::Linear, h * (kvr + dr), lin_rows(h, kvr + dr), vec![x], vec![kva], vec![x]);
+    bd.ops[id].tp_sharded = on_shard;
     // The latent's RMSNorm reads the first kv_lora_rank columns of wkv_a's output.
-    let kvn = norm_op(bd, Family::Llama, &p("kv_a_norm"), kva, t, kvr, c);
+    let kvn = norm_op(bd, Family::Llama, &p("kv_a_norm"), kva, rows, kvr, c);
+    let kv_in = bd.f_op_of(&p("wkv_b"), kvn, t * kvr * c, c);
+    let first = bd.ops.len();
     let up = heads * (dn + dv);
     let kvb = bd.tensor(&p("wkv_b.out"), t * up, c, TensorKind::Activation);
-    bd.op(p("wkv_b"), OpKind::Linear, kvr * up, lin(kvr, up), vec![kvn], vec![kvb], vec![kvn]);
+    bd.op_tp(p("wkv_b"), OpKind::Linear, kvr * up, lin(kvr, up * tp), vec![kv_in], vec![kvb], vec![kvn]);
+    bd.regather_op_of(&p("wkv_b"), first, t * kvr * c);
+    // The rope key: this rank's rows of wkv_a's output, gathered under sequence parallelism.
+    let kpos = if on_shard {
+        let g = bd.tensor(&p("k_pos_emb.sp_all_gather.out"), t * dr, c, TensorKind::Activation);
+        let comm = bd.tp_comm_of(t * dr * c, Some(Collective::AllGather), Some(Collective::ReduceScatter));
+        bd.comm_op(p("k_pos_emb.sp_all_gather"), vec![kva], vec![g], comm);
+        g
+    } else {
+        kva
+    };
     let q = bd.tensor(&p("rope.q"), t * hq, c, TensorKind::Activation);
     let k = bd.tensor(&p("rope.k"), t * hq, c, TensorKind::Activation);
     let v = bd.tensor(&p("v"), t * heads * dv, c, TensorKind::Activation);
     let rope_f = 6.0 * tf * (heads * dr + dr) as f64;
-    let id = bd.op(p("rope"), OpKind::Rope, 0, (rope_f, rope_f), vec![q0, kva, kvb], vec![q, k, v], vec![]);
+    let id = bd.op(p("rope"), OpKind::Rope, 0, (rope_f, rope_f), vec![q0, kpos, kvb], vec![q, k, v], vec![]);
+    bd.ops[id].tp_sharded = tp > 1;
     // The rope parts' cos/sin products live while the sums are formed.
     bd.ops[id].fwd_scratch = 2 * t * heads * dr * c;
     (q, k, v)

@@ -721,8 +721,25 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
     }
     let mp = &plan.parallel.model_parallel;
     if mp.tensor > 1 {
+        let mla = dag.config.mla.as_ref().map_or(String::new(), |m| {
+            let down = dag.config.hidden * (m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim);
+            let grads = if mp.sequence_parallel {
+                format!(
+                    "; their weight gradients, partial over the sequence shards, are all-reduced over the group once per step (finalize_model_grads), which is not simulated ({} for the model's {} blocks)",
+                    fmt_bytes(down * dag.config.n_layers * plan.training.precision.grad.bytes()),
+                    dag.config.n_layers
+                )
+            } else {
+                String::new()
+            };
+            format!(
+                "; multi-head latent attention (Megatron-Core MLASelfAttention with Transformer Engine): the query and key-value down projections ({} parameters a block) duplicated on every rank and run on the rows it holds, the latents {} for the column-parallel up projections over the heads{grads}",
+                down,
+                if mp.sequence_parallel { "and the rope key all-gathered from the sequence shards" } else { "read whole (their gradient all-reduced)" }
+            )
+        });
         assumptions.push(format!(
-            "tensor parallel {} (Megatron-LM): column/row-parallel attention and MLP, vocabulary-parallel embedding and head; per layer and direction two {} on the TP group inside a node; a column-parallel linear's input-gradient collective overlaps its weight-gradient GEMM (each GEMM timed with its own output shape); norm and bias gradients are not all-reduced here (small)",
+            "tensor parallel {} (Megatron-LM): column/row-parallel attention and MLP, vocabulary-parallel embedding and head; per layer and direction two {} on the TP group inside a node; a column-parallel linear's input-gradient collective overlaps its weight-gradient GEMM (each GEMM timed with its own output shape); norm and bias gradients are not all-reduced here (small){mla}",
             mp.tensor,
             if mp.sequence_parallel { "all-gathers / reduce-scatters (sequence parallel)" } else { "all-reduces" }
         ));

@@ -209,10 +209,10 @@ pub(super) fn validate_expert_parallel(
         Some(x) => Some(v.positive("parallel.expert_tensor", x)?),
         None => None,
     };
-    if model.mla.is_some() && tensor > 1 {
+    if model.mla.is_some() && tensor > 1 && framework != Framework::Megatron {
         return Err(v.err(
             "parallel.tensor",
-            "tensor parallelism with multi-head latent attention is not simulated yet (which of its projections Megatron-Core splits); use parallel.tensor = 1 with expert and pipeline parallelism, as DeepSeek-V3 trains",
+            "tensor parallelism with multi-head latent attention is simulated as Megatron-Core splits it (parallel.framework = \"megatron\"); use parallel.tensor = 1 here",
         ));
     }
     let Some(moe) = &model.moe else {
