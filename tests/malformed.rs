@@ -1850,11 +1850,11 @@ fn cases() -> Vec<Case> {
             &["mixture of experts", "framework = \"megatron\"", "DeepSpeed"],
         ),
         case(
-            "context with multi-head latent attention",
+            "context with multi-head latent attention outside Megatron",
             mla()
                 .set("hardware", "gpu", "\"h100-sxm\"")
                 .set("hardware", "gpus", "2")
-                .set("parallel", "framework", "\"megatron\"")
+                .set("parallel", "framework", "\"fsdp\"")
                 .set("parallel", "context", "2"),
             "parallel.context",
             &["multi-head latent attention", "parallel.context = 1"],

@@ -662,6 +662,34 @@ fn latent_attention_splits_its_up_projections_and_gathers_latents() {
     }
 }
 
+/// Latent attention with context parallelism under Megatron: Transformer Engine's ring sends
+/// each step's keys and values flattened side by side, so MLA's 96-wide keys and 64-wide
+/// values (per head, 8 heads) ride as they are: per ring step this rank's 1024 tokens x 8 x
+/// (96 + 64) x 2 B, with two such receive buffers; every other op runs on half the tokens.
+#[test]
+fn latent_attention_runs_around_the_context_parallel_ring() {
+    let toml = |cp: u64| {
+        format!(
+            "[model]\nfamily = \"llama\"\nn_layers = {LAYERS}\nhidden = {H}\nn_heads = 8\nffn_hidden = {FE}\nvocab = {VOCAB}\nmax_seq_len = {SEQ}\n\
+             [model.mla]\nq_lora_rank = 256\nkv_lora_rank = 128\nqk_nope_head_dim = 64\nqk_rope_head_dim = 32\nv_head_dim = 64\n\
+             [hardware]\ngpu = \"h100-sxm\"\ngpus = 2\n\
+             [parallel]\nframework = \"megatron\"\ncontext = {cp}\n\
+             [training]\nmicro_batch = 1\nseq_len = {SEQ}\nprecision = \"bf16-mixed-adam\"\nattention = \"flash\"\n"
+        )
+    };
+    let s = Scenario::from_toml(Path::new("<mla-cp>"), &toml(2)).unwrap();
+    let dag = model::build(&s.model, &s.workload);
+    let core = dag.ops.iter().find(|o| o.name == "layers.0.attention.core").unwrap();
+    let kv = SEQ / 2 * 8 * (96 + 64) * 2;
+    assert_eq!(core.cp_kv_bytes, kv);
+    let whole = Scenario::from_toml(Path::new("<mla-cp>"), &toml(1)).unwrap();
+    let whole_dag = model::build(&whole.model, &whole.workload);
+    let wq_a = |d: &model::LayerDag| d.ops.iter().find(|o| o.name == "layers.0.attention.wq_a").unwrap().fwd_flops;
+    assert_eq!(wq_a(&whole_dag), 2.0 * wq_a(&dag));
+    let r = stepsim::simulate(&s).unwrap().report;
+    assert!(r.throughput.is_some());
+}
+
 /// `explain` offers token dropping for a mixture of experts with expert parallelism, ranked
 /// apart from the changes that keep the training problem.
 #[test]

@@ -260,13 +260,16 @@ pub(super) fn validate_context(
     if attention != Attention::Flash {
         return refuse("context parallelism runs flash (fused) attention blocks around the ring; set training.attention = \"flash\"".into());
     }
-    if model.mla.is_some() {
+    if model.mla.is_some() && framework != Framework::Megatron {
         // Megatron-Core runs it (`multi_latent_attention.py` `MLASelfAttention`: the latent
         // up-projected into per-head keys and values before Transformer Engine's attention,
-        // the rotary key's position offsets taken per context-parallel rank), but what the
-        // ring then carries for MLA's unequal key and value widths is not modelled here.
+        // the rotary key's position offsets taken per context-parallel rank); Transformer
+        // Engine's ring sends the keys and values flattened side by side
+        // (`context_parallel.py`: `torch.cat((k.view(-1), v.view(-1)))`), so MLA's unequal
+        // key and value widths ride as they are. PyTorch's context parallelism around SDPA
+        // is not simulated for them.
         return refuse(
-            "context parallelism with multi-head latent attention is not simulated yet (the keys and values Transformer Engine's ring passes for MLA's per-head widths are not modelled); use parallel.context = 1".into(),
+            "context parallelism with multi-head latent attention is simulated as Megatron-Core runs it (parallel.framework = \"megatron\"); use parallel.context = 1 here".into(),
         );
     }
     if model.moe.is_some() && framework != Framework::Megatron {
