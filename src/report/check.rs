@@ -56,10 +56,15 @@ pub fn summary(s: &Scenario) -> String {
             );
             let _ = writeln!(
                 o,
-                "  experts    {} of ffn {} per MoE block, top-{}{}; expert parallel {}{}",
+                "  experts    {} of ffn {} per MoE block, top-{}{}{}; expert parallel {}{}{}",
                 moe.num_experts,
                 moe.expert_ffn_hidden,
                 moe.top_k,
+                if moe.router_groups > 1 {
+                    format!(" from the best {} of {} groups", moe.router_group_topk, moe.router_groups)
+                } else {
+                    String::new()
+                },
                 if moe.shared_expert_ffn_hidden > 0 {
                     format!(", shared experts of ffn {}", moe.shared_expert_ffn_hidden)
                 } else {
@@ -69,6 +74,10 @@ pub fn summary(s: &Scenario) -> String {
                 match s.parallel.model_parallel.expert_tensor {
                     1 => String::new(),
                     etp => format!(", expert tensor parallel {etp}"),
+                },
+                match s.parallel.deepep {
+                    Some(d) => format!(", tokens moved by DeepEP ({} SMs)", d.sms),
+                    None => String::new(),
                 }
             );
         }
