@@ -597,7 +597,8 @@ fn multi_head_latent_attention_counts_and_saves_as_derived() {
 /// its rows (the sequence shard with sequence parallelism), the up projections and the output
 /// split over the heads; before the up projections the latents (256 and 128 wide) and the
 /// rope key (32) are all-gathered from the shards instead of the hidden state (1024 wide);
-/// the model's FLOPs are unchanged.
+/// the model's FLOPs are unchanged; the duplicated projections' gradients are all-reduced
+/// over the group once per step.
 #[test]
 fn latent_attention_splits_its_up_projections_and_gathers_latents() {
     let toml = |tensor: u64, sp: bool| {
@@ -650,8 +651,26 @@ fn latent_attention_splits_its_up_projections_and_gathers_latents() {
     let wq_a = sp.ops.iter().find(|o| o.name == "layers.0.attention.wq_a").unwrap();
     assert_eq!(sp.tensors[wq_a.saves[0]].bytes, SEQ / 2 * H * 2);
     assert!((sp.model_forward_flops() / one.model_forward_flops() - 1.0).abs() < 1e-3);
+    // Their gradients, partial over the sequence shards, are all-reduced over the
+    // tensor-parallel group once per step (finalize_model_grads): h x (256 + 128 + 32)
+    // elements a block, in the gradients' dtype (bf16 here).
+    let sim = stepsim::simulate(&load(2, true)).unwrap();
+    let sched = sim.schedule();
+    let ar: Vec<u64> = sched
+        .labels
+        .iter()
+        .filter(|l| l.step == 1 && l.what.starts_with("all-reduce duplicated weights' gradients"))
+        .map(|l| l.bytes)
+        .collect();
+    assert_eq!(ar, [LAYERS * H * (256 + 128 + 32) * 2]);
     // Without sequence parallelism the latents are read whole and the job runs either way.
     let plain = load(2, false);
+    assert!(!stepsim::simulate(&plain)
+        .unwrap()
+        .schedule()
+        .labels
+        .iter()
+        .any(|l| l.what.starts_with("all-reduce duplicated weights' gradients")));
     assert!(dag(&plain).ops.iter().any(|o| o.name == "layers.0.attention.wkv_b.tp_copy"));
     for s in [plain, load(2, true)] {
         let r = stepsim::simulate(&s).unwrap().report;

@@ -151,6 +151,10 @@ pub struct Op {
     pub gemm: Option<[u64; 3]>,
     /// Split across tensor-parallel ranks (its FLOPs are 1/t of the model's).
     pub tp_sharded: bool,
+    /// A weight duplicated over the tensor-parallel group and run on each rank's sequence
+    /// shard (MLA's down projections under sequence parallelism): its gradient is partial,
+    /// and Megatron all-reduces it over the group once per step.
+    pub tp_partial_grad: bool,
     /// A column-parallel linear reading the output of an `f` collective (its backward
     /// overlaps that collective with its weight-gradient GEMM).
     pub column_parallel: bool,
@@ -239,6 +243,7 @@ impl Op {
             fwd_scratch: 0,
             gemm: None,
             tp_sharded: false,
+            tp_partial_grad: false,
             column_parallel: false,
             comm: None,
             frozen_params: 0,
@@ -1193,6 +1198,7 @@ fn mla_qkv(bd: &mut Builder, name: &str, m: &MlaConfig, x: TensorId, sh: MlaShap
         let qa = bd.tensor(&p("wq_a.out"), rows * r, c, TensorKind::Activation);
         let id = bd.op(p("wq_a"), OpKind::Linear, h * r, lin_rows(h, r), vec![x], vec![qa], vec![x]);
         bd.ops[id].tp_sharded = on_shard;
+        bd.ops[id].tp_partial_grad = on_shard;
         let qn = norm_op(bd, Family::Llama, &p("q_a_norm"), qa, rows, r, c);
         let qn_in = bd.f_op_of(&p("wq_b"), qn, t * r * c, c);
         let first = bd.ops.len();
@@ -1211,6 +1217,7 @@ fn mla_qkv(bd: &mut Builder, name: &str, m: &MlaConfig, x: TensorId, sh: MlaShap
     let kva = bd.tensor(&p("wkv_a.out"), rows * (kvr + dr), c, TensorKind::Activation);
     let id = bd.op(p("wkv_a"), OpKind::Linear, h * (kvr + dr), lin_rows(h, kvr + dr), vec![x], vec![kva], vec![x]);
     bd.ops[id].tp_sharded = on_shard;
+    bd.ops[id].tp_partial_grad = on_shard;
     // The latent's RMSNorm reads the first kv_lora_rank columns of wkv_a's output.
     let kvn = norm_op(bd, Family::Llama, &p("kv_a_norm"), kva, rows, kvr, c);
     let kv_in = bd.f_op_of(&p("wkv_b"), kvn, t * kvr * c, c);

@@ -725,7 +725,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
             let down = dag.config.hidden * (m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim);
             let grads = if mp.sequence_parallel {
                 format!(
-                    "; their weight gradients, partial over the sequence shards, are all-reduced over the group once per step (finalize_model_grads), which is not simulated ({} for the model's {} blocks)",
+                    "; their weight gradients, partial over the sequence shards, are all-reduced over the group once per step before the optimizer (finalize_model_grads; {} for the model's {} blocks)",
                     fmt_bytes(down * dag.config.n_layers * plan.training.precision.grad.bytes()),
                     dag.config.n_layers
                 )

@@ -85,6 +85,41 @@ impl Buckets {
 }
 
 impl Builder<'_> {
+    /// Megatron's `finalize_model_grads` all-reduces, over the tensor-parallel group, the
+    /// gradients of weights duplicated there and run on sequence shards (Transformer Engine's
+    /// `TELinear(parallel_mode="duplicated")` sets `sequence_parallel` on them: MLA's down
+    /// projections, [`crate::model::Op::tp_partial_grad`]) after the data-parallel reduction
+    /// and before the optimizer step. The norms' weights, which it reduces with them, are not
+    /// counted (small).
+    pub(super) fn megatron_partial_grads_all_reduce(&mut self, step: u32) {
+        if !self.is_megatron() {
+            return;
+        }
+        let plan = self.plan;
+        let on_stage = |r: crate::model::Region| match r {
+            crate::model::Region::Block(l) => plan.block_unit.get(l as usize).is_some_and(|&u| u != usize::MAX),
+            _ => false,
+        };
+        let params: u64 =
+            self.dag.ops.iter().filter(|o| o.tp_partial_grad && on_stage(o.region)).map(|o| o.params).sum();
+        if params == 0 {
+            return;
+        }
+        let bytes = params * self.pr().grad.bytes();
+        let secs = self.cost.collective_s(&self.cost.tp_group, Collective::AllReduce, bytes);
+        let label = TaskLabel::new(
+            step,
+            Phase::Backward,
+            0,
+            text!(self.names, "all-reduce duplicated weights' gradients over tensor parallelism (MLA down projections, finalize_model_grads)"),
+            TaskKind::AllReduce,
+            None,
+        );
+        let deps = self.step_comm.last().copied().into_iter().collect();
+        let t = self.task(NCCL, secs, deps, vec![], label.with_work(0.0, bytes));
+        self.step_comm.push(t);
+    }
+
     pub(super) fn is_megatron(&self) -> bool {
         self.plan.parallel.framework == Framework::Megatron
     }

@@ -572,6 +572,7 @@ impl<'a> Builder<'a> {
                 self.micro_batch(step, mb as u32, mb + 1 == m);
             }
         }
+        self.megatron_partial_grads_all_reduce(step);
         self.optimizer(step);
     }
 

@@ -298,6 +298,7 @@ impl Builder<'_> {
             let t = self.task(super::NCCL, secs, last, vec![], label.with_work(0.0, bytes));
             self.step_comm.push(t);
         }
+        self.megatron_partial_grads_all_reduce(step);
         self.tied_embedding_all_reduce(step);
         self.optimizer(step);
     }
