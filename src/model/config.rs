@@ -370,6 +370,18 @@ fn is_zero(x: &u64) -> bool {
 }
 
 impl MoeConfig {
+    /// Group-limited routing in words ("the best 4 of 8 groups of 32 experts"); None without.
+    pub fn group_limit_words(&self) -> Option<String> {
+        (self.router_groups > 1).then(|| {
+            format!(
+                "the best {} of {} groups of {} experts",
+                self.router_group_topk,
+                self.router_groups,
+                self.num_experts / self.router_groups
+            )
+        })
+    }
+
     /// Whether block `l`'s MLP is this mixture of experts.
     pub fn is_moe_layer(&self, l: u64) -> bool {
         l >= self.first_dense_layers && l % self.every.max(1) == self.offset && !self.dense_layers.contains(&l)

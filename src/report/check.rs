@@ -60,11 +60,7 @@ pub fn summary(s: &Scenario) -> String {
                 moe.num_experts,
                 moe.expert_ffn_hidden,
                 moe.top_k,
-                if moe.router_groups > 1 {
-                    format!(" from the best {} of {} groups", moe.router_group_topk, moe.router_groups)
-                } else {
-                    String::new()
-                },
+                moe.group_limit_words().map_or(String::new(), |w| format!(" from {w}")),
                 if moe.shared_expert_ffn_hidden > 0 {
                     format!(", shared experts of ffn {}", moe.shared_expert_ffn_hidden)
                 } else {

@@ -772,11 +772,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
                         "each dispatch or combine sends a token once per rank it reaches ({:.2} of {} on average under uniform{} routing, a token of {}){across}; the kernels hold {} SMs while they run",
                         f.ranks,
                         mp.expert,
-                        if moe.router_groups > 1 {
-                            format!(", group-limited (best {} of {} groups)", moe.router_group_topk, moe.router_groups)
-                        } else {
-                            String::new()
-                        },
+                        moe.group_limit_words().map_or(String::new(), |w| format!(", group-limited ({w})")),
                         fmt_bytes(token),
                         d.sms
                     ),

@@ -59,16 +59,7 @@ pub fn render(r: &Report, s: &Scenario) -> String {
             moe.num_experts,
             moe.expert_ffn_hidden,
             moe.top_k,
-            if moe.router_groups > 1 {
-                format!(
-                    " from the best {} of {} groups of {} experts (group-limited)",
-                    moe.router_group_topk,
-                    moe.router_groups,
-                    moe.num_experts / moe.router_groups
-                )
-            } else {
-                String::new()
-            }
+            moe.group_limit_words().map_or(String::new(), |w| format!(" from {w} (group-limited)"))
         );
         if moe.shared_expert_ffn_hidden > 0 {
             line.push_str(&format!(
