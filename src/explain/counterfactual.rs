@@ -702,61 +702,29 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             )]
         }
         DEEPEP => {
-            let mp = &s.parallel.model_parallel;
             let Some(moe) = &s.model.moe else { return Err("not a mixture of experts".into()) };
             if s.parallel.deepep.is_some() {
                 return Err("already on".into());
             }
-            if mp.expert < 2 {
-                return Err("moves tokens between expert-parallel ranks: needs parallel.expert > 1".into());
+            if let Some(why) = crate::scenario::deepep_refusal(&s.parallel, &s.routing, s.capacity.is_some()) {
+                return Err(why);
             }
-            if !crate::net::deepep::supported_ranks().contains(&mp.expert) {
-                return Err(format!("DeepEP has no configuration for {} expert-parallel ranks", mp.expert));
-            }
-            if mp.expert_tensor > 1 {
-                return Err("DeepEP with expert tensor parallelism is not simulated yet".into());
-            }
-            if !s.routing.is_uniform() || s.capacity.is_some() {
-                return Err("DeepEP with uneven routing or a capacity factor is not simulated yet".into());
-            }
-            v.parallel.deepep = Some(crate::net::deepep::DeepEp {
-                experts: moe.num_experts,
-                top_k: moe.top_k,
-                groups: moe.router_groups,
-                group_topk: moe.router_group_topk,
-                sms: 20,
-            });
+            // Megatron's default --moe-flex-dispatcher-num-sms.
+            v.parallel.deepep = Some(crate::scenario::deepep_for(moe, 20));
             vec![(
                 "moe.dispatcher = \"deepep\": a token sent once per rank, and across nodes once per node, it reaches; DeepEP's buffers off the capacity, 20 SMs while it runs".into(),
                 v,
             )]
         }
         EP_OVERLAP => {
-            use crate::plan::{PipelineSchedule, RecomputeModule};
-            let mp = &s.parallel.model_parallel;
             if s.model.moe.is_none() {
                 return Err("not a mixture of experts".into());
             }
             if s.parallel.megatron.overlap_moe_expert_parallel_comm {
                 return Err("already on".into());
             }
-            if mp.expert < 2 {
-                return Err("needs expert parallelism (parallel.expert > 1)".into());
-            }
-            if mp.pipeline > 1 && mp.schedule != PipelineSchedule::Interleaved {
-                return Err("with a pipeline Megatron needs the interleaved schedule for it".into());
-            }
-            if t.checkpointing == Checkpointing::Full {
-                return Err("Megatron refuses it with full recomputation".into());
-            }
-            if t.checkpointing == Checkpointing::Selective && t.recompute_modules.contains(&RecomputeModule::Moe) {
-                return Err("Megatron refuses it with moe in recompute_modules".into());
-            }
-            if !matches!(t.precision.compute, crate::model::Dtype::Bf16 | crate::model::Dtype::Fp16) {
-                return Err("Megatron runs it in bf16 or fp16 only".into());
-            }
-            if s.model.mtp.as_ref().is_some_and(|m| m.layers > 1) {
-                return Err("Megatron runs it with one MTP layer at most".into());
+            if let Some(why) = crate::scenario::ep_overlap_refusal(&s.model, &s.parallel, t) {
+                return Err(why);
             }
             v.parallel.megatron.overlap_moe_expert_parallel_comm = true;
             vec![(

@@ -72,14 +72,13 @@ pub struct DeepEp {
 }
 
 /// Where one token goes, on average, under uniform routing over an expert-parallel group:
-/// how many ranks and nodes it reaches, and the chance that its own rank (node) is among
-/// them.
+/// how many ranks and nodes it reaches, and of those nodes how many are not its own (by
+/// symmetry its own node is among them with the chance any one node is).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Fanout {
     pub ranks: f64,
     pub nodes: f64,
-    pub own_rank: f64,
-    pub own_node: f64,
+    pub remote_nodes: f64,
 }
 
 /// ln C(n, r).
@@ -144,7 +143,7 @@ impl DeepEp {
         let (er, en) = (self.experts / ep, self.experts * per_node / ep);
         let ranks: f64 = (0..ep).map(|r| self.hit_probability(r * er, (r + 1) * er)).sum();
         let node_hits: f64 = (0..nodes).map(|n| self.hit_probability(n * en, ((n + 1) * en).min(self.experts))).sum();
-        Fanout { ranks, nodes: node_hits, own_rank: ranks / ep as f64, own_node: node_hits / nodes as f64 }
+        Fanout { ranks, nodes: node_hits, remote_nodes: node_hits * (1.0 - 1.0 / nodes as f64) }
     }
 
     /// Seconds for one dispatch (or combine) over `g` of a rank's tokens whose per-copy
@@ -166,7 +165,7 @@ impl DeepEp {
         if g.nodes() <= 1 {
             return ALPHA_INTRA_S + nvl;
         }
-        let rdma = token_bytes * (f.nodes - f.own_node) / (g.network_bytes_per_s * DEEPEP_RDMA_EFFICIENCY);
+        let rdma = token_bytes * f.remote_nodes / (g.network_bytes_per_s * DEEPEP_RDMA_EFFICIENCY);
         ALPHA_INTER_S + rdma.max(nvl)
     }
 

@@ -341,7 +341,7 @@ fn fp8_assumption(f: &crate::model::Fp8Config) -> String {
             f.amax_history_len
         ),
         Fp8Recipe::Blockwise | Fp8Recipe::Mxfp8 => format!(
-            "FP8 {} (Transformer Engine 2.x {} under Megatron-Core, --fp8-recipe {}): the blocks' linear GEMMs in FP8 as with delayed scaling (weight gradients {}), scaled per block as they are quantized ({}), no amax history; each input is quantized rowwise and columnwise in one pass (4 B/element and the scales) and only the columnwise FP8 copy is saved for the weight gradient (1 B/element plus {:.3} B of scales; module/linear.py update_usage), the output gradient quantized both ways (4 B/element); FP8 weight copies, rowwise and columnwise, persist ({} B per FP8 parameter with scales, refreshed once per step: 4 B/parameter over {} micro-batches); FP8 GEMMs reach the same fractions of the FP8 peak as the per-tensor ones (no block-scaled GEMM measurement at hand)",
+            "FP8 {} (Transformer Engine 2.x {} under Megatron-Core, --fp8-recipe {}): the blocks' linear GEMMs in FP8 as with delayed scaling (weight gradients {}), scaled per block as they are quantized ({}), no amax history; each input is quantized rowwise and columnwise in one pass (4 B/element and the scales) and only the columnwise FP8 copy is saved for the weight gradient (1 B/element plus {:.3} B of scales; module/linear.py update_usage), the output gradient quantized both ways (4 B/element); FP8 weight copies, rowwise and columnwise, persist ({:.4} B per FP8 parameter with scales, refreshed once per step: 4 B/parameter over {} micro-batches); FP8 GEMMs reach the same fractions of the FP8 peak as the per-tensor ones (no block-scaled GEMM measurement at hand)",
             f.recipe.name(),
             if f.recipe == Fp8Recipe::Blockwise { "Float8BlockScaling" } else { "MXFP8BlockScaling" },
             f.recipe.name(),
@@ -352,7 +352,7 @@ fn fp8_assumption(f: &crate::model::Fp8Config) -> String {
                 "1 x 32 blocks, E8M0 scales"
             },
             f.recipe.activation_scale_bytes(),
-            if f.recipe == Fp8Recipe::Mxfp8 { "2.0625" } else { "2" },
+            f.recipe.workspace_bytes(1 << 20) as f64 / f64::from(1u32 << 20),
             f.micro_batches
         ),
         Fp8Recipe::Tensorwise | Fp8Recipe::Rowwise => format!(
@@ -725,9 +725,8 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
             let down = dag.config.hidden * (m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim);
             let grads = if mp.sequence_parallel {
                 format!(
-                    "; their weight gradients, partial over the sequence shards, are all-reduced over the group once per step before the optimizer (finalize_model_grads; {} for the model's {} blocks)",
-                    fmt_bytes(down * dag.config.n_layers * plan.training.precision.grad.bytes()),
-                    dag.config.n_layers
+                    "; their weight gradients, partial over the sequence shards, are all-reduced over the group once per step before the optimizer (finalize_model_grads; {} on this GPU)",
+                    fmt_bytes(crate::schedule::partial_grad_params(dag, plan) * plan.training.precision.grad.bytes())
                 )
             } else {
                 String::new()
@@ -747,19 +746,19 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
     if let Some(moe) = &dag.config.moe {
         let copies = dag.tokens() / if mp.sequence_parallel { mp.tensor } else { 1 } * moe.top_k;
         let bytes = copies * dag.config.hidden * dag.workload.compute_dtype.bytes();
-        let (dispatcher, moved) = match (&plan.parallel.deepep, mp.expert > 1) {
-            (Some(d), true) => {
-                let cost = crate::schedule::Cost::for_plan(&s.cluster, plan);
-                let g = &cost.ep_group;
-                let f = d.fanout(mp.expert, g.ranks_per_node);
+        // The expert-parallel group and DeepEP's fan-out over it, as the schedule costed them.
+        let cost = (plan.parallel.deepep.is_some() && mp.expert > 1)
+            .then(|| crate::schedule::Cost::for_plan(&s.cluster, plan));
+        let (dispatcher, moved) = match cost.as_ref().and_then(|c| c.deepep.map(|(d, f)| (&c.ep_group, d, f))) {
+            Some((g, d, f)) => {
                 let token = bytes / moe.top_k.max(1);
                 let across = if g.nodes() > 1 {
                     format!(
                         "; across nodes it goes once per node it reaches ({:.2} of {} on average, {:.2} of them other nodes: {} per GPU over RDMA at {:.0}% of the NIC, DeepEP's EP 64 benchmark, docs/legacy.md) to the GPU of the same local index, which forwards it over NVLink at {:.0}%; the slower of the two sets the time",
                         f.nodes,
                         g.nodes(),
-                        f.nodes - f.own_node,
-                        fmt_bytes(((f.nodes - f.own_node) * token as f64) as u64),
+                        f.remote_nodes,
+                        fmt_bytes(((f.remote_nodes) * token as f64) as u64),
                         crate::net::deepep::DEEPEP_RDMA_EFFICIENCY * 100.0,
                         crate::net::LINK_EFFICIENCY * 100.0
                     )
@@ -769,7 +768,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
                 (
                     "DeepEP through the flex token dispatcher (deepseek-ai/DeepEP's normal kernels)".to_string(),
                     format!(
-                        "each dispatch or combine sends a token once per rank it reaches ({:.2} of {} on average under uniform{} routing, a token of {}){across}; the kernels hold {} SMs while they run",
+                        "each dispatch or combine sends a token once per rank it reaches ({:.2} of {} on average under uniform{} routing, a token of {}){across}; the kernels hold {} SMs while they run (moe.deepep_sms; Megatron's --moe-flex-dispatcher-num-sms defaults to 20)",
                         f.ranks,
                         mp.expert,
                         moe.group_limit_words().map_or(String::new(), |w| format!(", group-limited ({w})")),
@@ -778,7 +777,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
                     ),
                 )
             }
-            _ => (
+            None => (
                 "all-to-all token dispatcher".to_string(),
                 format!("each of {} per GPU ({}/{} of it leaves the GPU)", fmt_bytes(bytes), mp.expert - 1, mp.expert),
             ),

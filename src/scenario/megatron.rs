@@ -78,9 +78,18 @@ pub(super) fn check_ep_overlap(
     if !parallel.megatron.overlap_moe_expert_parallel_comm {
         return Ok(());
     }
-    let field = "megatron.overlap_moe_expert_parallel_comm";
+    match ep_overlap_refusal(model, parallel, training) {
+        Some(w) => Err(v.err("megatron.overlap_moe_expert_parallel_comm", w)),
+        None => Ok(()),
+    }
+}
+
+/// Why Megatron refuses `--overlap-moe-expert-parallel-comm` for this job (None: it runs
+/// it), in Megatron's words with the field to change. The rule `[megatron]` and `explain`
+/// share.
+pub fn ep_overlap_refusal(model: &ModelConfig, parallel: &ParallelConfig, training: &TrainingConfig) -> Option<String> {
     let mp = &parallel.model_parallel;
-    let why = if mp.expert < 2 {
+    if mp.expert < 2 {
         Some("overlap_moe_expert_parallel_comm is only supported with expert model parallelism (set parallel.expert > 1 on a mixture-of-experts model)".to_string())
     } else if mp.pipeline > 1 && mp.schedule != PipelineSchedule::Interleaved {
         Some("virtual_pipeline_model_parallel_size must be specified when pipeline_model_parallel_size > 1 (set parallel.schedule = \"interleaved-1f1b\" with parallel.virtual_stages)".to_string())
@@ -99,10 +108,6 @@ pub(super) fn check_ep_overlap(
         )
     } else {
         None
-    };
-    match why {
-        Some(w) => Err(v.err(field, w)),
-        None => Ok(()),
     }
 }
 

@@ -356,25 +356,7 @@ pub(super) fn validate_dispatcher(
         return Ok(None);
     }
     let Some(moe) = &model.moe else { return Ok(None) };
-    let mp = &parallel.model_parallel;
-    let why = if parallel.framework != Framework::Megatron {
-        Some("is Megatron-Core's flex token dispatcher (--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep): set parallel.framework = \"megatron\"".to_string())
-    } else if mp.expert < 2 {
-        Some("moves tokens between expert-parallel ranks: set parallel.expert > 1".to_string())
-    } else if !crate::net::deepep::supported_ranks().contains(&mp.expert) {
-        Some(format!(
-            "DeepEP has a configuration for expert-parallel groups of {} ranks only (Buffer.get_dispatch_config: \"Unsupported number of EP ranks\"), got parallel.expert = {}",
-            crate::net::deepep::supported_ranks().iter().map(u64::to_string).collect::<Vec<_>>().join(", "),
-            mp.expert
-        ))
-    } else if mp.expert_tensor > 1 {
-        Some("with expert tensor parallelism (DeepEP over the expert-tensor x expert group) is not simulated yet; set parallel.expert_tensor = 1".to_string())
-    } else if !routing.is_uniform() || capacity {
-        Some("with uneven routing or a capacity factor is not simulated yet (which ranks and nodes a token reaches is derived for uniform routing); use moe.routing = \"uniform\" without moe.capacity_factor".to_string())
-    } else {
-        None
-    };
-    if let Some(w) = why {
+    if let Some(w) = deepep_refusal(parallel, routing, capacity) {
         return Err(v.err(field, w));
     }
     let sms = match sec.deepep_sms {
@@ -387,13 +369,43 @@ pub(super) fn validate_dispatcher(
             format!("DeepEP runs two SMs per channel: an even count up to half the GPU's {gpu_sms} SMs (compute keeps the rest), got {sms}"),
         ));
     }
-    Ok(Some(crate::net::deepep::DeepEp {
+    Ok(Some(deepep_for(moe, sms)))
+}
+
+/// Why DeepEP cannot carry this mixture of experts' tokens (None: it can): Megatron's flex
+/// dispatcher only, DeepEP's EP sizes, and what stepsim does not simulate with it. The rule
+/// `[moe] dispatcher` and `explain` share.
+pub fn deepep_refusal(parallel: &ParallelConfig, routing: &Routing, capacity: bool) -> Option<String> {
+    let mp = &parallel.model_parallel;
+    let ranks = crate::net::deepep::supported_ranks();
+    if parallel.framework != Framework::Megatron {
+        Some("DeepEP is Megatron-Core's flex token dispatcher (--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep): set parallel.framework = \"megatron\"".to_string())
+    } else if mp.expert < 2 {
+        Some("DeepEP moves tokens between expert-parallel ranks: set parallel.expert > 1".to_string())
+    } else if !ranks.contains(&mp.expert) {
+        Some(format!(
+            "DeepEP has a configuration for expert-parallel groups of {} ranks only (Buffer.get_dispatch_config: \"Unsupported number of EP ranks\"), got parallel.expert = {}",
+            ranks.iter().map(u64::to_string).collect::<Vec<_>>().join(", "),
+            mp.expert
+        ))
+    } else if mp.expert_tensor > 1 {
+        Some("DeepEP with expert tensor parallelism (over the expert-tensor x expert group) is not simulated yet; set parallel.expert_tensor = 1".to_string())
+    } else if !routing.is_uniform() || capacity {
+        Some("DeepEP with uneven routing or a capacity factor is not simulated yet (which ranks and nodes a token reaches is derived for uniform routing); use moe.routing = \"uniform\" without moe.capacity_factor".to_string())
+    } else {
+        None
+    }
+}
+
+/// DeepEP over `moe`'s experts and routing, its kernels on `sms` SMs.
+pub fn deepep_for(moe: &MoeConfig, sms: u64) -> crate::net::deepep::DeepEp {
+    crate::net::deepep::DeepEp {
         experts: moe.num_experts,
         top_k: moe.top_k,
         groups: moe.router_groups,
         group_topk: moe.router_group_topk,
         sms,
-    }))
+    }
 }
 
 /// `[moe]`: the router's spread of tokens over the experts.

@@ -87,10 +87,12 @@ impl Builder<'_> {
     /// The forward of (`mb`, `chunk`) and backward `b` as one combined 1F1B step; returns the
     /// forward's state for its own backward later.
     pub(super) fn forward_backward(&mut self, step: u32, mb: u32, chunk: usize, b: PairedBackward) -> Fwd {
-        let dag = self.dag;
-        let (flo, fhi) = self.chunk_ops[chunk];
-        let (blo, bhi) = self.chunk_ops[b.chunk];
-        let (f_ops, b_ops) = (ChunkOps::of(dag, flo, fhi), ChunkOps::of(dag, blo, bhi));
+        if self.chunk_layers.is_empty() {
+            // The chunks' layer cuts, once per program.
+            self.chunk_layers = self.chunk_ops.iter().map(|&(lo, hi)| ChunkOps::of(self.dag, lo, hi)).collect();
+        }
+        let layers = std::mem::take(&mut self.chunk_layers);
+        let (f_ops, b_ops) = (&layers[chunk], &layers[b.chunk]);
         // The forward's receive and pre-process, then the backward's receive and
         // post-process (loss and head), as `TransformerModelChunkSchedulePlan.run` orders them.
         let mut fs = self.forward_begin(step, mb, chunk);
@@ -114,35 +116,26 @@ impl Builder<'_> {
             }
         };
         for k in 0..pairs {
-            let f = f_ops.layers[k];
-            let g = b_ops.layers[nb - 1 - k];
-            // Each layer cut at its all-to-alls: [lo, d) d (d, c) c (c, hi).
-            let (fd, fc) = f.a2a.unwrap_or((f.hi, f.hi));
-            let (gd, gc) = g.a2a.unwrap_or((g.hi, g.hi));
-            let (f_moe, g_moe) = (f.a2a.is_some(), g.a2a.is_some());
+            let (f, g) = (f_ops.layers[k], b_ops.layers[nb - 1 - k]);
+            // Each layer cut at its all-to-alls, [lo, d) d (d, c) c (c, hi); a dense layer's
+            // cuts both sit at its end (`n` = 0), which empties every range but [lo, hi).
+            let ((fd, fc), nf) = (f.a2a.unwrap_or((f.hi, f.hi)), usize::from(f.a2a.is_some()));
+            let ((gd, gc), ng) = (g.a2a.unwrap_or((g.hi, g.hi)), usize::from(g.a2a.is_some()));
             // comm: the backward's combine; compute: the rest of its layer after it.
-            bwd(self, &mut bs, if g_moe { gc..g.hi } else { g.hi..g.hi });
+            bwd(self, &mut bs, gc..g.hi);
             // compute: the forward up to its dispatch (attention, router, permute).
             fwd(self, &mut fs, f.lo..fd);
             // compute: the backward's experts.
-            bwd(self, &mut bs, if g_moe { gd + 1..gc } else { g.hi..g.hi });
+            bwd(self, &mut bs, gd + ng..gc);
             // comm: the forward's dispatch, then the backward's.
-            if f_moe {
-                fwd(self, &mut fs, fd..fd + 1);
-            }
-            if g_moe {
-                bwd(self, &mut bs, gd..gd + 1);
-            }
+            fwd(self, &mut fs, fd..fd + nf);
+            bwd(self, &mut bs, gd..gd + ng);
             // compute: the forward's experts; comm: its combine.
-            if f_moe {
-                fwd(self, &mut fs, fd + 1..fc + 1);
-            }
+            fwd(self, &mut fs, fd + nf..fc + nf);
             // compute: the backward's attention (a dense layer's whole backward).
             bwd(self, &mut bs, g.lo..gd);
             // compute: the forward's unpermute, shared experts and residual.
-            if f_moe {
-                fwd(self, &mut fs, fc + 1..f.hi);
-            }
+            fwd(self, &mut fs, fc + nf..f.hi);
         }
         for g in b_ops.layers[..nb - pairs].iter().rev() {
             bwd(self, &mut bs, g.lo..g.hi);
@@ -154,6 +147,7 @@ impl Builder<'_> {
         let out = self.forward_end(fs);
         bwd(self, &mut bs, b_ops.head.0..b_ops.head.1);
         self.backward_end(bs);
+        self.chunk_layers = layers;
         out
     }
 }

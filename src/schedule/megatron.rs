@@ -84,6 +84,12 @@ impl Buckets {
     }
 }
 
+/// Parameters of `plan`'s stage whose gradients are partial over the tensor-parallel group
+/// ([`crate::model::Op::tp_partial_grad`]): what `finalize_model_grads` all-reduces there.
+pub fn partial_grad_params(dag: &crate::model::LayerDag, plan: &crate::plan::Plan) -> u64 {
+    dag.ops.iter().filter(|o| o.tp_partial_grad && plan.unit_of(o.region) != usize::MAX).map(|o| o.params).sum()
+}
+
 impl Builder<'_> {
     /// Megatron's `finalize_model_grads` all-reduces, over the tensor-parallel group, the
     /// gradients of weights duplicated there and run on sequence shards (Transformer Engine's
@@ -92,17 +98,8 @@ impl Builder<'_> {
     /// and before the optimizer step. The norms' weights, which it reduces with them, are not
     /// counted (small).
     pub(super) fn megatron_partial_grads_all_reduce(&mut self, step: u32) {
-        if !self.is_megatron() {
-            return;
-        }
-        let plan = self.plan;
-        let on_stage = |r: crate::model::Region| match r {
-            crate::model::Region::Block(l) => plan.block_unit.get(l as usize).is_some_and(|&u| u != usize::MAX),
-            _ => false,
-        };
-        let params: u64 =
-            self.dag.ops.iter().filter(|o| o.tp_partial_grad && on_stage(o.region)).map(|o| o.params).sum();
-        if params == 0 {
+        let params = partial_grad_params(self.dag, self.plan);
+        if !self.is_megatron() || params == 0 {
             return;
         }
         let bytes = params * self.pr().grad.bytes();

@@ -37,6 +37,7 @@ use crate::plan::{Checkpointing, OptimizerImpl, Plan};
 use checkpoint::TensorPlan;
 pub use cost::Cost;
 pub use label::{Phase, TaskKind, TaskLabel};
+pub use megatron::partial_grad_params;
 
 /// A label or buffer name: formatted when the schedule keeps names, empty (no allocation)
 /// for [`build_lean`].
@@ -193,6 +194,9 @@ struct Builder<'a> {
     /// Per model chunk this stage runs: its op range, the tensor it receives from the
     /// previous stage and the one it sends on, and its virtual stage index.
     chunk_ops: Vec<(usize, usize)>,
+    /// Each chunk's layers cut at their all-to-alls, for Megatron's combined 1F1B
+    /// ([`ep_overlap::ChunkOps`]; empty until its first combined step).
+    chunk_layers: Vec<ep_overlap::ChunkOps>,
     /// Elements of this rank's largest parameter tensor (a tied head's counted as its own):
     /// the size of per-parameter temporaries such as BF16_Optimizer's FP32 `.grad` copy.
     largest_local_param: u64,
@@ -418,6 +422,7 @@ impl<'a> Builder<'a> {
                 .max()
                 .unwrap_or(0),
             chunk_ops,
+            chunk_layers: Vec::new(),
             chunk_in,
             chunk_out,
             chunk_vs,

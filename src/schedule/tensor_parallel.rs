@@ -29,14 +29,14 @@ impl Builder<'_> {
         let op = &self.dag.ops[i];
         let forward = recompute || phase != Phase::Backward;
         let bytes = op.comm.map_or(0, |c| if forward { c.forward_bytes.unwrap_or(c.bytes) } else { c.bytes });
-        let (group, stream) = match op.comm.map(|c| c.group) {
-            Some(CommGroup::Expert) => (&self.cost.ep_group, self.ep_stream),
-            Some(CommGroup::ExpertTensor) => (&self.cost.etp_group, self.tp_stream),
-            _ => (&self.cost.tp_group, self.tp_stream),
-        };
-        let mut secs = match op.comm.map(|c| c.group) {
-            Some(CommGroup::Expert) if coll == Collective::AllToAll => self.cost.ep_a2a_s(bytes),
-            _ => self.cost.collective_s(group, coll, bytes),
+        let (mut secs, stream) = match op.comm.map(|c| c.group) {
+            // The token dispatcher's all-to-alls: NCCL's, or DeepEP's kernels.
+            Some(CommGroup::Expert) if coll == Collective::AllToAll => (self.cost.ep_a2a_s(bytes), self.ep_stream),
+            Some(CommGroup::Expert) => (self.cost.collective_s(&self.cost.ep_group, coll, bytes), self.ep_stream),
+            Some(CommGroup::ExpertTensor) => {
+                (self.cost.collective_s(&self.cost.etp_group, coll, bytes), self.tp_stream)
+            }
+            _ => (self.cost.collective_s(&self.cost.tp_group, coll, bytes), self.tp_stream),
         };
         if let Some(gemm) = self.tp_overlap_gemm_s(i, forward) {
             secs = self.tp_overlapped_s(secs, gemm);
