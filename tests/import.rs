@@ -408,7 +408,12 @@ fn a_megatron_log_block_imports_and_runs() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("cpu_offloading = True"), "{}", text(&out.stdout));
     let file = std::fs::read_to_string(d.path().join("s.toml")).unwrap();
-    assert!(!file.contains("ckpt_format"), "a default-valued log argument is not listed:\n{file}");
+    // A log argument at its default is not named as unexpressed (ckpt_format has no effect
+    // and is listed with the ignored ones).
+    assert!(
+        !file.contains("ckpt_format =") && !file.contains("--ckpt-format"),
+        "a default-valued log argument is not listed:\n{file}"
+    );
     let s = Scenario::load(&d.path().join("s.toml")).unwrap();
     assert_eq!(s.cluster.gpus, 16);
     assert_eq!((s.workload.micro_batch, s.training.grad_accum), (2, 4));
@@ -567,4 +572,54 @@ fn megatron_bf16_command_lines_accumulate_in_fp32() {
     assert_eq!(preset(base), "bf16-mixed-adam-fp32-grads");
     assert_eq!(preset(&format!("{base} --grad-reduce-in-bf16")), "bf16-mixed-adam");
     assert_eq!(preset(&format!("{base} --accumulate-allreduce-grads-in-fp32")), "bf16-mixed-adam-fp32-grads");
+}
+
+/// Two of Megatron-LM's own functional tests (tests/fixtures/megatron_functional) as their
+/// MODEL_ARGS give them: `--vocab-size` padded as `vocab_size_with_padding` pads it (131073
+/// to a multiple of 128 x tensor), GPT-style blocks with grouped-query attention, both ways
+/// of naming model chunks, multi-head latent attention, `--attention-backend unfused` (math
+/// attention), and logging / checkpointing flags listed as ignored rather than unexpressed.
+#[test]
+fn megatron_functional_test_arguments_import_as_megatron_reads_them() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/megatron_functional");
+    let read = |n: &str| std::fs::read_to_string(dir.join(format!("{n}.args"))).unwrap();
+    let load = |im: &stepsim::import::Import| {
+        Scenario::from_toml(Path::new("imported.toml"), &im.render("megatron")).unwrap_or_else(|e| panic!("{e}"))
+    };
+    // GPT 7B, TP 1 x PP 4 with one layer per virtual stage (8 chunks per stage).
+    let im = megatron::import("a", &read("gpt3_7b_tp1_pp4_memory_speed"), &megatron_args(Some(8), None)).unwrap();
+    let s = load(&im);
+    assert_eq!((s.model.vocab, s.model.n_heads, s.model.n_kv_heads), (131200, 32, 8));
+    assert!(im.mapped.iter().any(|m| m.contains("131073 padded to 131200")), "{:?}", im.mapped);
+    assert_eq!(s.parallel.model_parallel.virtual_stages, 8);
+    // Term by term: a block's fused QKV (h + 1) x (h + 2 x 1024), its projection h^2 + h, two
+    // LayerNorms 4h, the MLP 2 x 4h^2 + 4h + h; 32 blocks, two 131,200 x h embeddings, 8,192
+    // learned positions, the final LayerNorm.
+    let h = 4096u64;
+    let block = (h + 1) * (h + 2048) + h * h + h + 4 * h + 2 * h * 4 * h + 4 * h + h;
+    assert_eq!(s.model.param_count(), 32 * block + 2 * 131200 * h + 8192 * h + 2 * h);
+    assert_eq!(s.model.param_count(), 6_747_004_928);
+    for quiet in ["log_params_norm", "mock_data", "ckpt_format", "async_save"] {
+        assert!(im.ignored.iter().any(|i| i == quiet), "{quiet}: {:?}", im.ignored);
+    }
+    // With tensor parallelism 4 the multiple is 512.
+    let im = megatron::import("b", &read("gpt3_7b_tp4_pp1_memory_speed"), &megatron_args(Some(8), None)).unwrap();
+    assert_eq!(load(&im).model.vocab, 131584);
+    // The MoE test: MLA, unfused attention, --num-virtual-stages-per-pipeline-rank.
+    let im = megatron::import(
+        "c",
+        &read("gpt3_mcore_te_tp2_pp2_ep4_etp1_memory_speed"),
+        &megatron_args(Some(8), Some(50432)),
+    )
+    .unwrap();
+    let s = load(&im);
+    let mla = s.model.mla.as_ref().expect("MLA");
+    assert_eq!(
+        (mla.q_lora_rank, mla.kv_lora_rank, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim),
+        (1536, 512, 128, 64, 128)
+    );
+    assert_eq!(s.workload.attention, stepsim::model::Attention::Math);
+    assert_eq!(s.parallel.model_parallel.virtual_stages, 4);
+    assert_eq!(s.model.mtp.as_ref().map(|m| m.layers), Some(1));
+    assert_eq!(im.not_expressed.len(), 2, "{:?}", im.not_expressed);
 }

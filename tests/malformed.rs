@@ -957,10 +957,10 @@ fn cases() -> Vec<Case> {
             &["must divide model.n_heads (16)", "3 does not"],
         ),
         case(
-            "gpt: n_kv_heads != n_heads",
-            b().set("model", "n_kv_heads", "4"),
+            "gpt-neox partial rotary: n_kv_heads != n_heads",
+            b().remove_section("model").set("model", "name", "\"pythia-6.9b\"").set("model", "n_kv_heads", "4"),
             "model.n_kv_heads",
-            &["multi-head attention", "must equal n_heads (16)"],
+            &["partial rotary", "multi-head attention", "must equal n_heads (32)"],
         ),
         case(
             "llama: odd head dimension",

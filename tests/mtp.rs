@@ -168,6 +168,50 @@ fn one_module_adds_its_flops_and_saved_bytes_as_derived_by_hand() {
     assert_eq!(all.bytes, 3 * t * h * c);
 }
 
+/// Under tensor and sequence parallelism (Megatron-Core's `_concat_embeddings`): the module's
+/// embedding is vocabulary-parallel and reduce-scattered to this rank's tokens as the main
+/// one is; enorm, hnorm and their concatenation run on the t / tp tokens; `eh_proj` is
+/// column-parallel (its 2h-wide input all-gathered, h / tp of its columns on this rank, 2h x
+/// h / tp parameters) and its output columns are all-gathered (`gather_from_tensor_model_
+/// parallel_region`, t x h bytes whole) and split back to the t / tp tokens for the layer
+/// (`scatter_to_sequence_parallel_region`, whose backward all-gathers); the module's head
+/// gathers its chunk of the hidden states as the main head does. Without sequence
+/// parallelism nothing is split back and the module's input is the whole sequence.
+#[test]
+fn with_tensor_and_sequence_parallelism_eh_proj_gathers_its_columns_and_splits_the_tokens() {
+    use stepsim::net::Collective;
+    let sp = scenario(2, Some("layers = 1"), "tensor = 2\nsequence_parallel = true", "");
+    let d = model::build(&sp.model, &sp.workload);
+    let (t, h, c) = (SEQ, H, 2);
+    let op = |n: &str| d.ops.iter().find(|o| o.name == n).unwrap_or_else(|| panic!("{n}"));
+    let bytes = |n: &str| d.tensors.iter().find(|x| x.name == n).unwrap_or_else(|| panic!("{n}")).bytes;
+    assert_eq!(bytes("mtp.0.embedding.sp_reduce_scatter.out"), t / 2 * h * c);
+    assert_eq!(bytes("mtp.0.concat.out"), t / 2 * 2 * h * c);
+    assert_eq!(bytes("mtp.0.eh_proj.sp_all_gather.out"), t * 2 * h * c);
+    assert_eq!(bytes("mtp.0.eh_proj.out"), t * h / 2 * c);
+    assert_eq!(op("mtp.0.eh_proj").params, 2 * h * h / 2);
+    // Its saved input is the shard, gathered again for the weight gradient.
+    assert_eq!(op("mtp.0.eh_proj").saves, vec![op("mtp.0.concat").outputs[0]]);
+    assert!(d.ops.iter().any(|o| o.name == "mtp.0.eh_proj.sp_regather"));
+    let gather = op("mtp.0.eh_proj.tp_all_gather").comm.unwrap();
+    assert_eq!((gather.forward, gather.backward, gather.bytes), (Some(Collective::AllGather), None, t * h * c));
+    let split = op("mtp.0.eh_proj.sp_scatter").comm.unwrap();
+    assert_eq!((split.forward, split.backward), (None, Some(Collective::AllGather)));
+    assert_eq!(bytes("mtp.0.eh_proj.sp_scatter.out"), t / 2 * h * c);
+    assert!(d.ops.iter().any(|o| o.name == "mtp.0.output.sp_all_gather"));
+    // The whole step runs and fits.
+    let r = stepsim::simulate(&sp).unwrap().report;
+    assert!(matches!(r.verdict, stepsim::report::Verdict::Fits { .. }));
+    // Without sequence parallelism: the gathered columns are the layer's input.
+    let tp = scenario(2, Some("layers = 1"), "tensor = 2", "");
+    let d = model::build(&tp.model, &tp.workload);
+    assert!(!d.ops.iter().any(|o| o.name == "mtp.0.eh_proj.sp_scatter"));
+    let gathered = d.ops.iter().find(|o| o.name == "mtp.0.eh_proj.tp_all_gather").unwrap().outputs[0];
+    let hnorm_in = d.ops.iter().find(|o| o.name == "mtp.0.layer.attention_norm").unwrap().inputs[0];
+    assert_eq!(gathered, hnorm_in);
+    assert_eq!(d.tensors[gathered].bytes, t * h * c);
+}
+
 /// Megatron's full recompute wraps each module under `--recompute-method uniform`
 /// (`_checkpointed_forward`) and skips it under `block` (a warning, "not supported for MTP
 /// yet"); the module's embedding is computed outside the checkpoint and kept.
@@ -244,7 +288,6 @@ fn malformed_and_unmodelled_mtp_is_refused_naming_the_field() {
         (base("layers = 1\nloss_scale = -0.1", mg, "", ""), "model.mtp.loss_scale", "positive"),
         (base("layers = 1\nloss_scale = nan", mg, "", ""), "model.mtp.loss_scale", "positive"),
         (base("layers = 1\ndepth = 2", mg, "", ""), "model.mtp.depth", "unknown field"),
-        (base("layers = 1", &format!("{mg}\ntensor = 2"), "", ""), "parallel.tensor", "tensor parallelism"),
         (base("layers = 1", &format!("{mg}\ncontext = 2"), "", ""), "parallel.context", "roll_tensor"),
         (base("layers = 1", mg, "loss = \"fused-linear\"", ""), "training.loss", "fused-linear"),
         (base("layers = 1", mg, "activation_offload = \"overlapped\"", ""), "training.activation_offload", ""),

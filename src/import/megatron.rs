@@ -7,11 +7,16 @@
 //!   with `--swiglu` 4 x hidden x 2/3 rounded up to a multiple of 64),
 //!   `num_attention_heads`, `group_query_attention` with `num_query_groups`, `kv_channels`,
 //!   `max_position_embeddings`, the vocabulary (`padded_vocab_size` from the log, or
-//!   `--vocab-size`); GPT-style (LayerNorm, GELU, learned positions, biases) or Llama-style
+//!   `--vocab-size` padded to a multiple of `make_vocab_size_divisible_by` x the tensor size);
+//!   GPT-style (LayerNorm, GELU, learned positions, biases) or Llama-style
 //!   (`--normalization RMSNorm --swiglu --position-embedding-type rope
 //!   --disable-bias-linear`), anything in between refused with the key that breaks it;
+//!   `multi_latent_attention` with `q_lora_rank`, `kv_lora_rank`, `qk_head_dim`,
+//!   `qk_pos_emb_head_dim`, `v_head_dim`; `qk_layernorm`; `attention_backend` (unfused and
+//!   local: math attention); `cross_entropy_loss_fusion`;
 //! - the layout: `tensor_model_parallel_size`, `pipeline_model_parallel_size`,
-//!   `num_layers_per_virtual_pipeline_stage`, `sequence_parallel`, `context_parallel_size`,
+//!   `num_virtual_stages_per_pipeline_rank` or `num_layers_per_virtual_pipeline_stage`,
+//!   `sequence_parallel`, `context_parallel_size`,
 //!   `expert_model_parallel_size`, `expert_tensor_parallel_size` (default: the tensor size),
 //!   `use_distributed_optimizer` (ZeRO-1), the overlap flags; the data-parallel size is the
 //!   world size over the model-parallel size;
@@ -84,13 +89,42 @@ const NO_EFFECT: &[&str] = &[
     "rank",
     "local_rank",
     "data_parallel_size",
-    "attention_backend",
     "master_addr",
     "master_port",
     "node_rank",
     "rdzv_backend",
     "rdzv_endpoint",
     "rdzv_id",
+    "log_memory_to_tensorboard",
+    "log_num_zeros_in_grad",
+    "log_params_norm",
+    "log_validation_ppl_to_tensorboard",
+    "log_world_size_to_tensorboard",
+    "logging_level",
+    "mock_data",
+    "data_cache_path",
+    "async_save",
+    "use_persistent_ckpt_worker",
+    "ckpt_format",
+    "dist_ckpt_strictness",
+    "exit_duration_in_mins",
+    "distributed_timeout_minutes",
+    "no_check_for_nan_in_loss_and_grad",
+    "null_tokenizer_eod_id",
+    "mscale",
+    "mscale_all_dim",
+    "rotary_scaling_factor",
+    "moe_router_score_function",
+    "moe_router_pre_softmax",
+    "moe_router_topk_scaling_factor",
+    "moe_router_enable_expert_bias",
+    "moe_router_bias_update_rate",
+    "moe_aux_loss_coeff",
+    "moe_z_loss_coeff",
+    "mtp_loss_scaling_factor",
+    "moe_router_load_balancing_type",
+    "manual_gc",
+    "manual_gc_interval",
 ];
 
 /// Arguments that change memory or time and that stepsim does not read, with what they do:
@@ -109,11 +143,9 @@ const WATCH: &[(&str, &str)] = &[
     ("account_for_embedding_in_pipeline_split", "the embedding counted as a layer in the pipeline split"),
     ("account_for_loss_in_pipeline_split", "the loss counted as a layer in the pipeline split"),
     ("distribute_saved_activations", "checkpointed activations split over the tensor-parallel group"),
-    ("multi_latent_attention", "multi-head latent attention"),
     ("use_torch_fsdp2", "PyTorch FSDP2 in place of Megatron's DDP"),
     ("use_custom_fsdp", "Megatron's FSDP"),
     ("fp16_lm_cross_entropy", "the loss in 16 bits"),
-    ("cross_entropy_loss_fusion", "the fused cross-entropy"),
     ("apply_residual_connection_post_layernorm", "a post-norm residual"),
     ("rampup_batch_size", "the batch-size ramp-up (the full global batch is simulated)"),
 ];
@@ -153,7 +185,7 @@ pub fn parse_args(text: &str) -> Result<BTreeMap<String, String>, String> {
             continue; // the launcher and script before the first flag
         };
         let (name, inline) = match name.split_once('=') {
-            Some((n, v)) => (n, Some(v.to_string())),
+            Some((n, v)) => (n, Some(unquote(v).to_string())),
             None => (name, None),
         };
         let key = name.replace('-', "_");
@@ -164,7 +196,7 @@ pub fn parse_args(text: &str) -> Result<BTreeMap<String, String>, String> {
                 let mut vals = Vec::new();
                 while i + 1 < words.len() && is_value(words[i + 1]) {
                     i += 1;
-                    vals.push(words[i]);
+                    vals.push(unquote(words[i]));
                 }
                 if vals.is_empty() {
                     "true".to_string()
@@ -179,6 +211,12 @@ pub fn parse_args(text: &str) -> Result<BTreeMap<String, String>, String> {
         i += 1;
     }
     Ok(m)
+}
+
+/// A word without the shell's quotes around it (`'([0]*1+[1]*15)'`, or a quoted value's
+/// first and last words).
+fn unquote(w: &str) -> &str {
+    w.trim_matches(|c| c == '\'' || c == '"')
 }
 
 pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, ImportError> {
@@ -243,22 +281,50 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
     } else {
         heads
     };
-    let head_dim = num("kv_channels", get("kv_channels"))?.filter(|&d| d as u128 * heads as u128 != hidden as u128);
-    let vocab =
-        match (a.vocab, num("padded_vocab_size", get("padded_vocab_size"))?, num("vocab_size", get("vocab_size"))?) {
-            (Some(v), _, _) | (None, Some(v), _) | (None, None, Some(v)) => v,
-            (None, None, None) => {
-                return Err(err(
-                    "padded_vocab_size",
-                    "the vocabulary comes from the tokenizer: give --vocab (the padded size Megatron prints)".into(),
-                ))
+    // MLA's head widths are its own flags (--qk-head-dim, --v-head-dim).
+    let head_dim = num("kv_channels", get("kv_channels"))?
+        .filter(|&d| d as u128 * heads as u128 != hidden as u128 && !flag(m.get("multi_latent_attention").cloned()));
+    // `--vocab-size` is the tokenizer's (NullTokenizer's, TikTokenizer's); Megatron pads it to
+    // a multiple of --make-vocab-size-divisible-by x the tensor-parallel size
+    // (`vocab_size_with_padding`, megatron/core/tokenizers/utils/build_tokenizer.py).
+    let tp = num("tensor_model_parallel_size", get("tensor_model_parallel_size"))?.unwrap_or(1);
+    let divisible = num("make_vocab_size_divisible_by", get("make_vocab_size_divisible_by"))?.unwrap_or(128);
+    let vocab = match (
+        a.vocab,
+        num("padded_vocab_size", get("padded_vocab_size"))?,
+        num("vocab_size", get("vocab_size"))?,
+    ) {
+        (Some(v), _, _) | (None, Some(v), _) => v,
+        (None, None, Some(v)) => {
+            let multiple = divisible.saturating_mul(tp);
+            let padded = v.div_ceil(multiple).saturating_mul(multiple);
+            if padded != v {
+                im.mapped.push(format!(
+                        "vocabulary: --vocab-size {v} padded to {padded}, a multiple of {divisible} x tensor {tp} (Megatron's vocab_size_with_padding)"
+                    ));
             }
-        };
+            padded
+        }
+        (None, None, None) => {
+            return Err(err(
+                "padded_vocab_size",
+                "the vocabulary comes from the tokenizer: give --vocab (the padded size Megatron prints)".into(),
+            ))
+        }
+    };
     let seq = req("seq_length", num("seq_length", get("seq_length"))?)?;
     let max_pos = num("max_position_embeddings", get("max_position_embeddings"))?.unwrap_or(seq);
     let dropout = get("hidden_dropout").and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.1);
+    // One dropout rate serves both; attention's matters only where the scores are
+    // materialised (--attention-backend unfused).
+    let attention_dropout = get("attention_dropout").and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.1);
+    if attention_dropout != dropout {
+        im.not_expressed.push(format!(
+            "--attention-dropout {attention_dropout}: simulated at --hidden-dropout's {dropout} (one rate for both)"
+        ));
+    }
     let mut model = format!("family = \"{family}\"\nn_layers = {layers}\nhidden = {hidden}\nn_heads = {heads}\nffn_hidden = {ffn}\nvocab = {vocab}\nmax_seq_len = {max_pos}\ntie_embeddings = {}\ndropout = {dropout}\n", !untie);
-    if llama && kv != heads {
+    if kv != heads {
         model.push_str(&format!("n_kv_heads = {kv}\n"));
     }
     if let Some(d) = head_dim {
@@ -267,7 +333,33 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
     if flag(get("add_qkv_bias")) {
         model.push_str("qkv_bias = true\n");
     }
+    let qk_layernorm = flag(get("qk_layernorm"));
+    // Multi-head latent attention, at arguments.py's defaults where a flag is absent
+    // (--q-lora-rank None: a direct query projection; --kv-lora-rank 32).
+    let mut mla = String::new();
+    if flag(get("multi_latent_attention")) {
+        if !llama {
+            return Err(err("multi_latent_attention", "multi-head latent attention is simulated in Llama-style blocks (RMSNorm, --swiglu, rope, --disable-bias-linear)".into()));
+        }
+        let q = num("q_lora_rank", get("q_lora_rank"))?.unwrap_or(0);
+        let kv = num("kv_lora_rank", get("kv_lora_rank"))?.unwrap_or(32);
+        let nope = num("qk_head_dim", get("qk_head_dim"))?.unwrap_or(128);
+        let rope = num("qk_pos_emb_head_dim", get("qk_pos_emb_head_dim"))?.unwrap_or(64);
+        let v = num("v_head_dim", get("v_head_dim"))?.unwrap_or(128);
+        mla = format!("\n[model.mla]\nq_lora_rank = {q}\nkv_lora_rank = {kv}\nqk_nope_head_dim = {nope}\nqk_rope_head_dim = {rope}\nv_head_dim = {v}\n");
+        im.mapped.push(format!(
+            "multi-head latent attention: query rank {}, key-value rank {kv}, head dims {nope} + {rope} rotary, values {v}",
+            if q == 0 { "none (a direct projection)".to_string() } else { q.to_string() }
+        ));
+        if !qk_layernorm {
+            im.not_expressed.push("multi-head latent attention without --qk-layernorm: simulated with the latents' RMSNorms (DeepSeek's q_a_layernorm / kv_a_layernorm)".into());
+        }
+    } else if qk_layernorm {
+        model.push_str("qk_norm = true\n");
+        im.mapped.push("--qk-layernorm: query and key heads normalised".into());
+    }
     im.mapped.push(format!("model: {layers} layers, hidden {hidden}, {heads} heads ({kv} query groups), ffn {ffn}, vocab {vocab}, positions {max_pos}, dropout {dropout}"));
+    model.push_str(&mla);
     let mut routing = String::new();
     if let Some(e) = num("num_experts", get("num_experts"))? {
         let k = num("moe_router_topk", get("moe_router_topk"))?.unwrap_or(2);
@@ -277,6 +369,21 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
         if let Some(sh) = num("moe_shared_expert_intermediate_size", get("moe_shared_expert_intermediate_size"))? {
             model.push_str(&format!("shared_expert_ffn_hidden = {sh}\n"));
             im.mapped.push(format!("shared experts of ffn {sh}"));
+        }
+        // What stepsim's experts are: grouped GEMMs (TEGroupedMLP) and an FP32 router.
+        if flag(get("moe_grouped_gemm")) {
+            im.mapped.push("--moe-grouped-gemm: the experts' GEMMs grouped (as simulated)".into());
+        } else {
+            im.not_expressed.push(
+                "the experts as Megatron's SequentialMLP (no --moe-grouped-gemm): simulated as grouped GEMMs".into(),
+            );
+        }
+        if let Some(d) = get("moe_router_dtype") {
+            if d == "fp32" {
+                im.mapped.push("--moe-router-dtype fp32: the router's scores in FP32 (as simulated)".into());
+            } else {
+                im.not_expressed.push(format!("--moe-router-dtype {d}: the router simulated in FP32"));
+            }
         }
         if let Some(freq) = get("moe_layer_freq") {
             let pattern = moe_layer_pattern(&freq, layers).map_err(|e| err("moe_layer_freq", e))?;
@@ -344,7 +451,6 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
         im.mapped.push(format!("multi-token prediction: {d} module(s), loss scale {scale}"));
     }
     // --- the layout
-    let tp = num("tensor_model_parallel_size", get("tensor_model_parallel_size"))?.unwrap_or(1);
     let pp = num("pipeline_model_parallel_size", get("pipeline_model_parallel_size"))?.unwrap_or(1);
     let cp = num("context_parallel_size", get("context_parallel_size"))?.unwrap_or(1);
     let ep = num("expert_model_parallel_size", get("expert_model_parallel_size"))?.unwrap_or(1);
@@ -386,10 +492,16 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
         par.push_str("sequence_parallel = true\n");
     }
     if pp > 1 {
-        match num("num_layers_per_virtual_pipeline_stage", get("num_layers_per_virtual_pipeline_stage"))? {
-            Some(v) => {
-                let chunks = layers / pp / v;
-                par.push_str(&format!("pipeline = {pp}\nschedule = \"interleaved-1f1b\"\nvirtual_stages = {chunks}\n"));
+        // Model chunks per pipeline rank: --num-virtual-stages-per-pipeline-rank, or the
+        // older --num-layers-per-virtual-pipeline-stage (layers / pp / it).
+        let per_stage = num("num_layers_per_virtual_pipeline_stage", get("num_layers_per_virtual_pipeline_stage"))?;
+        let chunks = match num("num_virtual_stages_per_pipeline_rank", get("num_virtual_stages_per_pipeline_rank"))? {
+            Some(v) => Some(v),
+            None => per_stage.map(|v| layers / pp / v),
+        };
+        match chunks.filter(|&c| c > 1) {
+            Some(chunks) => {
+                par.push_str(&format!("pipeline = {pp}\nschedule = \"interleaved-1f1b\"\nvirtual_stages = {chunks}\n"))
             }
             None => par.push_str(&format!("pipeline = {pp}\nschedule = \"1f1b\"\n")),
         }
@@ -581,6 +693,35 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
             im.mapped.push(format!("FP8 ({f}): Transformer Engine {what}"));
         }
     }
+    // --cross-entropy-loss-fusion: fused_vocab_parallel_cross_entropy saves the same FP32
+    // exponentiated logits as the unfused vocab_parallel_cross_entropy (fusions/
+    // fused_cross_entropy.py), which is the loss a Megatron scenario simulates.
+    if flag(get("cross_entropy_loss_fusion")) {
+        match get("cross_entropy_fusion_impl").as_deref() {
+            None | Some("native") => im.mapped.push("--cross-entropy-loss-fusion: Megatron-Core's fused vocab-parallel cross-entropy (the FP32 exponentiated logits saved, as unfused)".into()),
+            Some(x) => im.not_expressed.push(format!("--cross-entropy-fusion-impl {x}: simulated as Megatron-Core's native fused vocab-parallel cross-entropy")),
+        }
+    }
+    // --attention-backend (AttnBackend): unfused and local are Megatron's own
+    // DotProductAttention, which materialises and saves the softmax of the scores.
+    let attention = match get("attention_backend").as_deref() {
+        None => {
+            im.assumed.push("attention: flash (Megatron-Core's fused attention, --attention-backend auto)".into());
+            "flash"
+        }
+        Some("auto" | "flash" | "fused" | "AttnBackend.auto" | "AttnBackend.flash" | "AttnBackend.fused") => {
+            im.mapped.push("--attention-backend: a fused (flash) attention kernel".into());
+            "flash"
+        }
+        Some("unfused" | "local" | "AttnBackend.unfused" | "AttnBackend.local") => {
+            im.mapped
+                .push("--attention-backend unfused: Megatron's DotProductAttention, its scores' softmax saved".into());
+            "math"
+        }
+        Some(x) => {
+            return Err(err("attention_backend", format!("must be auto, flash, fused, unfused or local, got \"{x}\"")))
+        }
+    };
     // --- what is left
     for (k, v) in &m {
         if used.contains(&k.as_str()) || NO_EFFECT.contains(&k.as_str()) {
@@ -600,7 +741,6 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
             None => {}
         }
     }
-    im.assumed.push("attention: flash (Megatron-Core's fused attention)".into());
     let mut s = format!(
         "description = {}\n\n[model]\n{model}\n[hardware]\ngpu = {}\ngpus = {gpus}\n",
         super::quote(&format!("Megatron-LM job imported from {file}")),
@@ -609,7 +749,7 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
     if let Some(n) = a.gpus_per_node {
         s.push_str(&format!("gpus_per_node = {n}\n"));
     }
-    s.push_str(&format!("\n[parallel]\n{par}\n[training]\n{training}attention = \"flash\"\n"));
+    s.push_str(&format!("\n[parallel]\n{par}\n[training]\n{training}attention = \"{attention}\"\n"));
     if !mg.is_empty() {
         s.push_str(&format!("\n[megatron]\n{mg}"));
     }

@@ -486,8 +486,9 @@ impl ModelConfig {
                 let sinks = if self.style.attention_sinks { self.n_heads } else { 0 };
                 2 * h * q + 2 * h * kv + self.block_norm_params() + bias + o_bias + qk_norm + sinks
             }
-            // qkv 3h*h + 3h bias, proj h*h + h, two LayerNorms 2*2h.
-            Family::Gpt => 4 * h * h + 3 * h + h + self.block_norm_params(),
+            // qkv h*(h + 2kv) + its bias, proj h*h + h, two LayerNorms 2*2h (kv = h without
+            // grouped-query attention).
+            Family::Gpt => (h + 1) * (h + 2 * kv) + h * h + h + self.block_norm_params(),
         }
     }
 

@@ -680,6 +680,7 @@ fn block(bd: &mut Builder, sh: &BlockShape, name: &str, spec: u64, x: TensorId) 
     // MLA's down projections read this rank's rows as they are; its latents are gathered.
     let n1_in = if cfg.mla.is_some() { n1 } else { bd.f_op(&p("attention"), n1, c) };
     let (q, mut k, mut vv);
+    let mut fused_qkv = None;
     let first_qkv = bd.ops.len();
     match cfg.family {
         Family::Llama if cfg.mla.is_some() => {
@@ -729,42 +730,26 @@ fn block(bd: &mut Builder, sh: &BlockShape, name: &str, spec: u64, x: TensorId) 
             // q*cos and rotate_half(q) live while the sum is formed.
             bd.ops[id].fwd_scratch = 2 * t * qt * c;
             eager_rope(bd, id, t * (qt + kvd), t * qt, c);
-            // Grouped-query attention in PyTorch model code: `repeat_kv` expands the key and
-            // value heads to every query head (`expand` + `reshape`: a copy), and the
-            // attention kernel reads and saves the copies. Megatron / Transformer Engine pass
-            // the grouped heads to a kernel that reads them as they are.
             if kvd < qt && w.repeat_kv {
-                let kr = bd.tensor(&p("attention.repeat_kv.k"), t * qt, c, TensorKind::Activation);
-                let vr = bd.tensor(&p("attention.repeat_kv.v"), t * qt, c, TensorKind::Activation);
-                // Backward sums each group's gradients back onto its key-value head: the same
-                // bytes the other way.
-                let id = bd.op(
-                    p("attention.repeat_kv"),
-                    OpKind::Elementwise,
-                    0,
-                    (0.0, 0.0),
-                    vec![k, vv],
-                    vec![kr, vr],
-                    vec![],
-                );
-                bd.ops[id].tp_sharded = bd.tp > 1;
-                bd.ops[id].bwd_bytes = Some(bd.ops[id].fwd_bytes);
-                bd.ops[id].launches = [2, 2];
-                (k, vv) = (kr, vr);
+                (k, vv) = repeat_kv(bd, &p("attention"), [k, vv], [t * kvd, t * qt], c);
             }
         }
         Family::Gpt => {
-            let qkv = bd.tensor(&p("attn.c_attn.out"), t * 3 * h / tp, c, TensorKind::Activation);
+            // One fused projection: this rank's query heads, then its key and value heads
+            // (fewer under grouped-query attention, Megatron's --group-query-attention).
+            let width = qt + 2 * kvd;
+            let qkv = bd.tensor(&p("attn.c_attn.out"), t * width, c, TensorKind::Activation);
             bd.op_tp(
                 p("attn.c_attn"),
                 OpKind::Linear,
-                (3 * h * h + 3 * h) / tp,
-                lin(h, 3 * h),
+                (h + 1) * width,
+                lin(h, width * tp),
                 vec![n1_in],
                 vec![qkv],
                 vec![n1],
             );
             bd.regather_op(&p("attn"), first_qkv);
+            fused_qkv = Some(qkv);
             vv = qkv;
             match cfg.style.rotary_dims {
                 // q, k, v are views of the fused projection's output.
@@ -789,6 +774,9 @@ fn block(bd: &mut Builder, sh: &BlockShape, name: &str, spec: u64, x: TensorId) 
                     bd.ops[id].fwd_scratch = 2 * t * (turned / tp) * c;
                     eager_rope(bd, id, t * turned / tp, t * turned / tp / 2, c);
                 }
+            }
+            if kvd < qt && w.repeat_kv {
+                (k, vv) = repeat_kv(bd, &p("attention"), [qkv, qkv], [t * kvd, t * qt], c);
             }
         }
     }
@@ -836,10 +824,13 @@ fn block(bd: &mut Builder, sh: &BlockShape, name: &str, spec: u64, x: TensorId) 
         }
     }
     let inputs: Vec<TensorId> = saves.iter().copied().filter(|&x| x == q || x == k || x == vv).collect();
-    // The gpt family's v is a third of the fused projection's output (GPT-2's q and k too).
-    let v_bytes = if cfg.family == Family::Gpt { bd.tensors[vv].bytes / 3 } else { bd.tensors[vv].bytes };
-    let k_bytes = if k == vv { v_bytes } else { bd.tensors[k].bytes };
-    let q_bytes = if q == vv { v_bytes } else { bd.tensors[q].bytes };
+    // The gpt family's q, k and v are views of the fused projection's output: each reads
+    // its heads' share of it.
+    let share = |x: TensorId, width: u64| match fused_qkv {
+        Some(f) if f == x => bd.tensors[f].bytes / (qt + 2 * kvd) * width,
+        _ => bd.tensors[x].bytes,
+    };
+    let (q_bytes, k_bytes, v_bytes) = (share(q, qt), share(k, kvd), share(vv, kvd));
     let qkvo = (q_bytes + k_bytes + v_bytes + bd.tensors[o].bytes) as f64;
     // Flash backward recomputes the scores: 2.5x the forward's matmul work.
     let bwd_f = match w.attention {
@@ -951,6 +942,24 @@ fn block(bd: &mut Builder, sh: &BlockShape, name: &str, spec: u64, x: TensorId) 
     residual_op(bd, &p("residual2"), h1, mlp_out, rows * h, c, fused)
 }
 
+/// Grouped-query attention in PyTorch model code: `repeat_kv` expands the key and value heads
+/// to every query head (`expand` + `reshape`: a copy), and the attention kernel reads and
+/// saves the copies. Megatron / Transformer Engine pass the grouped heads to a kernel that
+/// reads them as they are. `[k, v]` are the keys and values (views of one fused projection
+/// in the gpt family), `[kv, q]` the elements of one of them and of one copy.
+fn repeat_kv(bd: &mut Builder, prefix: &str, [k, v]: [TensorId; 2], [kv, q]: [u64; 2], c: u64) -> (TensorId, TensorId) {
+    let kr = bd.tensor(&format!("{prefix}.repeat_kv.k"), q, c, TensorKind::Activation);
+    let vr = bd.tensor(&format!("{prefix}.repeat_kv.v"), q, c, TensorKind::Activation);
+    let inputs = if k == v { vec![k] } else { vec![k, v] };
+    // Backward sums each group's gradients back onto its key-value head: the same bytes the
+    // other way.
+    let id = bd.op(format!("{prefix}.repeat_kv"), OpKind::Elementwise, 0, (0.0, 0.0), inputs, vec![kr, vr], vec![]);
+    bd.ops[id].tp_sharded = bd.tp > 1;
+    bd.ops[id].fwd_bytes = (2 * (kv + q) * c) as f64;
+    bd.ops[id].bwd_bytes = Some(bd.ops[id].fwd_bytes);
+    bd.ops[id].launches = [2, 2];
+    (kr, vr)
+}
 /// The LM head and the loss over this rank's tokens: the output linear reading `x[0]` and
 /// saving `x[1]` (the same tensor, or under sequence parallelism its shard), Gemma 2's
 /// soft-capping, and the cross-entropy `w.loss` names. `prefix` starts every op's name (""
@@ -974,7 +983,7 @@ fn lm_head_loss(
     let id = bd.op_tp(n("output"), OpKind::Linear, weights.0, lin, vec![x[0]], vec![logits], vec![x[1]]);
     bd.ops[id].shared_params = weights.1;
     let chunk = t * h * c;
-    if bd.tensors[x[0]].bytes > chunk && bd.tp == 1 {
+    if bd.tensors[x[0]].bytes > chunk {
         bd.ops[id].fwd_bytes = (chunk + t * vt * c) as f64;
         bd.ops[id].gemm = Some([t, vt, h]);
     }
@@ -1056,7 +1065,6 @@ fn mtp_modules(bd: &mut Builder, sh: &BlockShape, depth: u64, nf: TensorId, io: 
     let BlockShape { cfg, t, h, c, tp, rows, nfam, .. } = *sh;
     let [tokens, targets] = io;
     let vt = cfg.vocab / tp;
-    let tf = t as f64;
     let mut outs = vec![nf];
     let mut prev = nf;
     for d in 0..depth {
@@ -1065,18 +1073,18 @@ fn mtp_modules(bd: &mut Builder, sh: &BlockShape, depth: u64, nf: TensorId, io: 
         let e = bd.tensor(&p("embedding.out"), t * h, c, TensorKind::Activation);
         let id = bd.op(p("embedding"), OpKind::Embedding, 0, (0.0, 0.0), vec![tokens], vec![e], vec![tokens]);
         // The main model's word embedding (a copy on the last pipeline stage, see
-        // `LayerDag::embedding_copy_params`).
+        // `LayerDag::embedding_copy_params`): vocabulary-parallel, its partial sums met as
+        // the main embedding's are.
         bd.ops[id].shared_params = vt * h;
         bd.ops[id].tp_sharded = tp > 1;
+        let e = bd.g_op(&p("embedding"), e, c);
         bd.region = Region::Block(cfg.n_layers + d);
         let en = norm_op(bd, nfam, &p("enorm"), e, rows, h, c);
         let hn = norm_op(bd, nfam, &p("hnorm"), prev, rows, h, c);
         let cat = bd.tensor(&p("concat.out"), rows * 2 * h, c, TensorKind::Activation);
         let id = bd.op(p("concat"), OpKind::Elementwise, 0, (0.0, 0.0), vec![en, hn], vec![cat], vec![]);
         bd.ops[id].bwd_bytes = Some(0.0);
-        let y = bd.tensor(&p("eh_proj.out"), rows * h, c, TensorKind::Activation);
-        let lin = (2.0 * tf * (2 * h) as f64 * h as f64, 4.0 * tf * (2 * h) as f64 * h as f64);
-        bd.op(p("eh_proj"), OpKind::Linear, 2 * h * h, lin, vec![cat], vec![y], vec![cat]);
+        let y = eh_proj(bd, sh, &p("eh_proj"), cat);
         let y = block(bd, sh, &p("layer"), cfg.mtp_spec_layer(), y);
         prev = norm_op(bd, nfam, &p("final_layernorm"), y, rows, h, c);
         outs.push(prev);
@@ -1087,7 +1095,10 @@ fn mtp_modules(bd: &mut Builder, sh: &BlockShape, depth: u64, nf: TensorId, io: 
     bd.ops[id].bwd_bytes = Some(0.0);
     for d in 0..depth {
         let prefix = format!("mtp.{d}.");
-        lm_head_loss(bd, sh, &prefix, [all, all], targets, (0, vt * h));
+        // The column-parallel output layer gathers its chunk's sequence under sequence
+        // parallelism, as the main head does.
+        let x = bd.f_op_of(&format!("{prefix}output"), all, t * h * c, c);
+        lm_head_loss(bd, sh, &prefix, [x, all], targets, (0, vt * h));
         // The head's logits, the tensor the loss read, are the last logits tensor written.
         let logits = bd.ops.iter().rev().find(|o| o.name == format!("{prefix}output")).map(|o| o.outputs[0]);
         let logits = logits.expect("the head was just built");
@@ -1107,6 +1118,35 @@ fn mtp_modules(bd: &mut Builder, sh: &BlockShape, depth: u64, nf: TensorId, io: 
     all
 }
 
+/// An MTP module's `eh_proj` (2h -> h, no bias) as Megatron-Core builds it
+/// (`MultiTokenPredictionLayer._concat_embeddings`): a column-parallel linear with
+/// `gather_output=False`, whose h / tp output columns are all-gathered over the
+/// tensor-parallel group (`gather_from_tensor_model_parallel_region`; backward keeps this
+/// rank's columns) and, under sequence parallelism, split back to this rank's sequence shard
+/// (`scatter_to_sequence_parallel_region`; backward all-gathers it) for the transformer layer.
+fn eh_proj(bd: &mut Builder, sh: &BlockShape, name: &str, cat: TensorId) -> TensorId {
+    let BlockShape { t, h, c, tp, rows, .. } = *sh;
+    let tf = t as f64;
+    let first = bd.ops.len();
+    let x = bd.f_op_of(name, cat, t * 2 * h * c, c);
+    let y = bd.tensor(&format!("{name}.out"), t * h / tp, c, TensorKind::Activation);
+    let lin = (2.0 * tf * (2 * h) as f64 * h as f64, 4.0 * tf * (2 * h) as f64 * h as f64);
+    bd.op_tp(name.to_string(), OpKind::Linear, 2 * h * h / tp, lin, vec![x], vec![y], vec![cat]);
+    bd.regather_op_of(name, first, t * 2 * h * c);
+    if tp == 1 {
+        return y;
+    }
+    let full = bd.tensor(&format!("{name}.tp_all_gather.out"), t * h, c, TensorKind::Activation);
+    let comm = bd.tp_comm_of(t * h * c, Some(Collective::AllGather), None);
+    bd.comm_op(format!("{name}.tp_all_gather"), vec![y], vec![full], comm);
+    if rows == t {
+        return full;
+    }
+    let shard = bd.tensor(&format!("{name}.sp_scatter.out"), rows * h, c, TensorKind::Activation);
+    let comm = bd.tp_comm_of(t * h * c, None, Some(Collective::AllGather));
+    bd.comm_op(format!("{name}.sp_scatter"), vec![full], vec![shard], comm);
+    shard
+}
 /// The head's shape: tokens, hidden, vocabulary, activation bytes, the head's own parameters.
 struct HeadShape {
     t: u64,

@@ -615,8 +615,9 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         None => n_heads,
         Some(k) => {
             let k = v.positive("model.n_kv_heads", k)?;
-            if family == Family::Gpt && k != n_heads {
-                return Err(v.err("model.n_kv_heads", format!("the gpt family has multi-head attention: n_kv_heads must equal n_heads ({n_heads}) or be left out")));
+            // GPT-NeoX's partial rotary turns whole query and key heads of one fused width.
+            if family == Family::Gpt && k != n_heads && hf.as_ref().is_some_and(|h| h.style.rotary_dims.is_some()) {
+                return Err(v.err("model.n_kv_heads", format!("this model's partial rotary embedding (GPT-NeoX style) is simulated with multi-head attention: n_kv_heads must equal n_heads ({n_heads}) or be left out")));
             }
             if n_heads % k != 0 {
                 return Err(v.err("model.n_kv_heads", format!("must divide model.n_heads ({n_heads}); {k} does not")));

@@ -64,12 +64,6 @@ pub(super) fn check_mtp(
         ));
     }
     let mp = &parallel.model_parallel;
-    if mp.tensor > 1 {
-        return Err(v.err(
-            "parallel.tensor",
-            format!("{}: multi-token prediction with tensor parallelism is not simulated yet (eh_proj's output all-gather and the sequence-parallel scatter around it); use parallel.tensor = 1", mp.tensor),
-        ));
-    }
     if mp.context > 1 {
         return Err(v.err(
             "parallel.context",
