@@ -90,3 +90,70 @@ fn check_names_the_offload() {
     let plain = stepsim::report::check::summary(&scenario("fsdp", ""));
     assert!(!plain.contains("activation_offload"), "{plain}");
 }
+
+/// Megatron-Core's fine-grained offloading of `core_attn` and `attn_proj` (each layer's two
+/// groups): flash attention saves q (x-sized), k and v (kv-sized), its output and the
+/// log-sum-exp; the output is also `linear_proj`'s saved input, so it goes with the later
+/// group, attn_proj; the log-sum-exp (8 heads x 4,096 FP32 = 32,768 elements) is under
+/// --min-offloaded-tensor-size (1,048,576 elements) and stays. k and v are exactly 1,048,576
+/// elements and go. Per layer 2 x + 2 kv; the last layer keeps both groups (its backward
+/// comes first, right after the forward: `should_bulk_offload`), so 7 layers' worth go to
+/// the host. The peak (the loss, before any reload) is lower by exactly that, and the step
+/// is as long: the copies run on their own streams while compute covers them. With
+/// `core_attn` alone the output stays (linear_proj still holds it).
+#[test]
+fn fine_grained_offload_takes_each_modules_saved_tensors_by_hand() {
+    let fine = |modules: &str| scenario("megatron", &format!("[megatron]\noffload_modules = [{modules}]\n"));
+    let (p0, t0, _) = run(&scenario("megatron", ""));
+    let (p1, t1, h1) = run(&fine("\"core_attn\", \"attn_proj\""));
+    let host = 7 * (2 * X + 2 * KV);
+    assert_eq!(h1, Some(host));
+    assert_eq!(p0 - p1, host);
+    assert!((t1 / t0 - 1.0).abs() < 0.01, "{t0} -> {t1}");
+    let (_, _, h2) = run(&fine("\"core_attn\""));
+    assert_eq!(h2, Some(7 * (X + 2 * KV)));
+    // A smaller threshold takes the log-sum-exp too.
+    let s = scenario(
+        "megatron",
+        "[megatron]\noffload_modules = [\"core_attn\", \"attn_proj\"]\nmin_offloaded_tensor_size = 1024\n",
+    );
+    assert_eq!(run(&s).2, Some(host + 7 * T * 8 * 4));
+}
+
+/// What Megatron's TransformerConfig refuses, and what stepsim does not simulate, each
+/// naming the field.
+#[test]
+fn fine_grained_offload_refusals_name_the_field() {
+    let bad = |extra: &str, field: &str, words: &str| {
+        let toml = format!(
+            "[model]\nfamily = \"llama\"\nn_layers = 2\nhidden = 256\nn_heads = 4\nvocab = 1000\n\
+             [hardware]\ngpu = \"h100-sxm\"\ngpus = 1\n[parallel]\nframework = \"megatron\"\n\
+             [training]\nmicro_batch = 1\nseq_len = 256\n{extra}"
+        );
+        let e = Scenario::from_toml(Path::new("bad.toml"), &toml)
+            .err()
+            .unwrap_or_else(|| panic!("accepted: {extra}"))
+            .to_string();
+        assert!(e.contains(&format!("`{field}`")) && e.contains(words), "{field}: {e}");
+    };
+    bad("[megatron]\noffload_modules = [\"attn_proj\"]\n", "megatron.offload_modules", "core_attn");
+    bad("[megatron]\noffload_modules = [\"mlp\"]\n", "megatron.offload_modules", "attn_norm");
+    bad("[megatron]\noffload_modules = []\n", "megatron.offload_modules", "at least one");
+    bad("[megatron]\noffload_modules = [\"fused_group_mlp\"]\n", "megatron.offload_modules", "not simulated");
+    bad(
+        "activation_offload = \"overlapped\"\n[megatron]\noffload_modules = [\"core_attn\"]\n",
+        "megatron.offload_modules",
+        "cpu-offloading",
+    );
+    bad(
+        "activation_checkpointing = \"full\"\n[megatron]\noffload_modules = [\"core_attn\"]\n",
+        "megatron.offload_modules",
+        "full recomputation",
+    );
+    bad("[megatron]\nmin_offloaded_tensor_size = 1024\n", "megatron.min_offloaded_tensor_size", "offload_modules");
+    bad(
+        "[megatron]\noffload_modules = [\"core_attn\"]\nmin_offloaded_tensor_size = 0\n",
+        "megatron.min_offloaded_tensor_size",
+        "",
+    );
+}

@@ -623,3 +623,30 @@ fn megatron_functional_test_arguments_import_as_megatron_reads_them() {
     assert_eq!(s.model.mtp.as_ref().map(|m| m.layers), Some(1));
     assert_eq!(im.not_expressed.len(), 2, "{:?}", im.not_expressed);
 }
+
+/// Megatron-LM's fine-grained offloading test (tests/fixtures/megatron_functional): its
+/// `--pipeline-model-parallel-layout Et*3|(tt|)*6mL` is 8 virtual stages over pipeline 2 (4
+/// chunks each) of 3, 2 x 6 and 0 decoder layers, the MTP layer with the loss;
+/// `--fine-grained-activation-offloading --offload-modules [...]` maps to [megatron]
+/// offload_modules.
+#[test]
+fn megatron_layout_and_fine_grained_offloading_import() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/megatron_functional");
+    let text =
+        std::fs::read_to_string(dir.join("gpt3_moe_mcore_te_tp2_pp2_ep4_etp1_fine_grained_offloading.args")).unwrap();
+    let im = megatron::import("f", &text, &megatron_args(Some(8), Some(50432))).unwrap();
+    let s = Scenario::from_toml(Path::new("imported.toml"), &im.render("megatron")).unwrap_or_else(|e| panic!("{e}"));
+    let mp = &s.parallel.model_parallel;
+    assert_eq!((mp.pipeline, mp.virtual_stages), (2, 4));
+    assert_eq!(mp.stage_layers, vec![3, 2, 2, 2, 2, 2, 2, 0]);
+    let a = s.training.activation_offload.expect("fine-grained offload");
+    assert_eq!((a.method.name(), a.modules.0, a.min_elements), ("fine-grained", 127, 1 << 20));
+    // The parser: Megatron's own example, and what it refuses.
+    use stepsim::import::megatron::pipeline_layout;
+    assert!(pipeline_layout("Ettt|(tt|)*29,m|L", 16, 61, 0).unwrap_err().contains("MTP"));
+    assert_eq!(pipeline_layout("Ettt|(tt|)*28,ttmL", 2, 61, 1).unwrap(), [vec![3], vec![2; 29]].concat());
+    assert!(pipeline_layout("tE|L", 1, 1, 0).unwrap_err().contains("embedding"));
+    assert!(pipeline_layout("Et|tL", 2, 3, 0).unwrap_err().contains("2 decoder layers"));
+    assert!(pipeline_layout("Et|t|L", 2, 2, 0).unwrap_err().contains("not a multiple"));
+    assert!(pipeline_layout("Ex|L", 2, 0, 0).unwrap_err().contains("`x`"));
+}

@@ -536,7 +536,9 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             }
             let label = match method {
                 ActivationOffloadMethod::Overlapped => format!("--cpu-offloading --cpu-offloading-num-layers {blocks}"),
-                ActivationOffloadMethod::Synchronous => "offload_wrapper on every block (PyTorch save_on_cpu)".into(),
+                ActivationOffloadMethod::Synchronous | ActivationOffloadMethod::FineGrained => {
+                    "offload_wrapper on every block (PyTorch save_on_cpu)".into()
+                }
             };
             v.training.activation_offload = Some(crate::scenario::activation_offload(&s.cluster, method, blocks));
             vec![(format!("activation offload: {label}"), v)]

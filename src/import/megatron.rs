@@ -134,10 +134,6 @@ const WATCH: &[(&str, &str)] = &[
     ("fp8_param_gather", "FP8 parameters gathered by the distributed optimizer"),
     ("enable_cuda_graph", "CUDA graphs"),
     ("defer_embedding_wgrad_compute", "the embedding's weight gradient deferred"),
-    (
-        "pipeline_model_parallel_layout",
-        "a custom pipeline layout: give its decoder layers per virtual stage as parallel.stage_layers (E and L stages alone may be 0 at the ends)",
-    ),
     ("decoder_first_pipeline_num_layers", "an uneven first pipeline stage"),
     ("decoder_last_pipeline_num_layers", "an uneven last pipeline stage"),
     ("account_for_embedding_in_pipeline_split", "the embedding counted as a layer in the pipeline split"),
@@ -491,20 +487,37 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
     if flag(get("sequence_parallel")) {
         par.push_str("sequence_parallel = true\n");
     }
+    let layout = get("pipeline_model_parallel_layout");
     if pp > 1 {
         // Model chunks per pipeline rank: --num-virtual-stages-per-pipeline-rank, or the
-        // older --num-layers-per-virtual-pipeline-stage (layers / pp / it).
+        // older --num-layers-per-virtual-pipeline-stage (layers / pp / it), or the layout's.
         let per_stage = num("num_layers_per_virtual_pipeline_stage", get("num_layers_per_virtual_pipeline_stage"))?;
-        let chunks = match num("num_virtual_stages_per_pipeline_rank", get("num_virtual_stages_per_pipeline_rank"))? {
+        let mut chunks = match num("num_virtual_stages_per_pipeline_rank", get("num_virtual_stages_per_pipeline_rank"))?
+        {
             Some(v) => Some(v),
             None => per_stage.map(|v| layers / pp / v),
         };
+        let mut stage_layers = String::new();
+        if let Some(l) = &layout {
+            let mtp = m.get("mtp_num_layers").and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            let split = pipeline_layout(l, pp, layers, mtp).map_err(|e| err("pipeline_model_parallel_layout", e))?;
+            chunks = Some(split.len() as u64 / pp);
+            let list: Vec<String> = split.iter().map(u64::to_string).collect();
+            stage_layers = format!("stage_layers = [{}]\n", list.join(", "));
+            im.mapped.push(format!(
+                "--pipeline-model-parallel-layout {l}: decoder layers per virtual stage {}",
+                list.join(", ")
+            ));
+        }
         match chunks.filter(|&c| c > 1) {
             Some(chunks) => {
                 par.push_str(&format!("pipeline = {pp}\nschedule = \"interleaved-1f1b\"\nvirtual_stages = {chunks}\n"))
             }
             None => par.push_str(&format!("pipeline = {pp}\nschedule = \"1f1b\"\n")),
         }
+        par.push_str(&stage_layers);
+    } else if let Some(l) = &layout {
+        im.ignored.push(format!("pipeline_model_parallel_layout {l} (no pipeline)"));
     }
     if cp > 1 {
         par.push_str(&format!("context = {cp}\n"));
@@ -538,6 +551,46 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
         if flag(get(k)) {
             mg.push_str(&format!("{k} = true\n"));
             im.mapped.push(format!("--{}", k.replace('_', "-")));
+        }
+    }
+    // --fine-grained-activation-offloading with --offload-modules (a list, or a log's Python
+    // list) and --min-offloaded-tensor-size.
+    if flag(get("fine_grained_activation_offloading")) {
+        let mods = get("offload_modules").unwrap_or_default();
+        let list: Vec<String> = mods
+            .trim_matches(|c| c == '[' || c == ']')
+            .split([' ', ','])
+            .map(|s| s.trim_matches('\'').trim_matches('"'))
+            .filter(|s| !s.is_empty())
+            .map(|s| format!("\"{s}\""))
+            .collect();
+        mg.push_str(&format!("offload_modules = [{}]\n", list.join(", ")));
+        im.mapped.push(format!(
+            "--fine-grained-activation-offloading --offload-modules {}",
+            list.join(" ").replace('"', "")
+        ));
+        if let Some(n) = num("min_offloaded_tensor_size", get("min_offloaded_tensor_size"))? {
+            mg.push_str(&format!("min_offloaded_tensor_size = {n}\n"));
+        }
+        if let Some(f) = get("activation_offload_fraction").filter(|f| f.parse::<f64>().ok() != Some(1.0)) {
+            im.not_expressed
+                .push(format!("--activation-offload-fraction {f}: every eligible group simulated as offloaded"));
+        }
+        if let Some(d) = get("delta_offload_bytes_across_pp_ranks").filter(|d| d != "0") {
+            im.not_expressed.push(format!(
+                "--delta-offload-bytes-across-pp-ranks {d}: every pipeline rank simulated as offloading alike"
+            ));
+        }
+    } else {
+        for k in [
+            "offload_modules",
+            "min_offloaded_tensor_size",
+            "activation_offload_fraction",
+            "delta_offload_bytes_across_pp_ranks",
+        ] {
+            if get(k).is_some() {
+                im.ignored.push(format!("{k} (without --fine-grained-activation-offloading)"));
+            }
         }
     }
     // --use-precision-aware-optimizer and its dtypes ("bf16" on the command line,
@@ -761,6 +814,62 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
     }
     im.toml = s;
     Ok(im)
+}
+
+/// `--pipeline-model-parallel-layout` as Megatron-Core parses it (`PipelineParallelLayerLayout.
+/// parse_str_to_list` and `validate_layer_layout`, megatron/core/transformer/
+/// pipeline_parallel_layer_layout.py): commas dropped, `(...)*n` then `x*n` unrolled, `|`
+/// between virtual stages in model order, `E` embedding, `t` a decoder layer, `m` an MTP
+/// layer, `L` the loss. Returns the decoder layers per virtual stage; the embedding must open
+/// the first and the loss close the last, and the MTP layers must sit with the loss (where
+/// stepsim runs them).
+pub fn pipeline_layout(layout: &str, pp: u64, layers: u64, mtp: u64) -> Result<Vec<u64>, String> {
+    let mut s: String = layout.chars().filter(|&c| c != ',' && !c.is_whitespace()).collect();
+    // `(...)*n`: each group to the first `)` after its `(`.
+    while let Some(open) = s.find('(') {
+        let close = s[open..].find(')').map(|c| open + c).ok_or_else(|| format!("`(` without `)` in {layout}"))?;
+        let rest = &s[close + 1..];
+        let digits: String =
+            rest.strip_prefix('*').map(|r| r.chars().take_while(char::is_ascii_digit).collect()).unwrap_or_default();
+        let n: usize = digits.parse().map_err(|_| format!("`(...)` must be followed by `*n` in {layout}"))?;
+        let body = s[open + 1..close].to_string();
+        s = format!("{}{}{}", &s[..open], body.repeat(n), &rest[1 + digits.len()..]);
+    }
+    // `x*n`.
+    let mut out = String::new();
+    let chars: Vec<char> = s.chars().collect();
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        if chars.get(i + 1) == Some(&'*') {
+            let digits: String = chars[i + 2..].iter().take_while(|d| d.is_ascii_digit()).collect();
+            let n: usize = digits.parse().map_err(|_| format!("`{c}*` must be followed by a count in {layout}"))?;
+            out.extend(std::iter::repeat_n(c, n));
+            i += 2 + digits.len();
+        } else {
+            out.push(c);
+            i += 1;
+        }
+    }
+    let stages: Vec<&str> = out.split('|').collect();
+    if let Some(bad) = out.chars().find(|c| !"ELtm|".contains(*c)) {
+        return Err(format!("`{bad}` is not a layer (E, t, m, L) in {layout}"));
+    }
+    if stages.len() as u64 % pp != 0 {
+        return Err(format!("{} stages in {layout}, not a multiple of pipeline {pp}", stages.len()));
+    }
+    let count = |c: char| out.chars().filter(|&x| x == c).count() as u64;
+    if !out.starts_with('E') || count('E') != 1 || !out.ends_with('L') || count('L') != 1 {
+        return Err(format!("the embedding must open the layout and the loss close it, once each: {layout}"));
+    }
+    if count('t') != layers {
+        return Err(format!("{} decoder layers in {layout}, --num-layers {layers}", count('t')));
+    }
+    let last = stages[stages.len() - 1];
+    if count('m') != mtp || last.chars().filter(|&c| c == 'm').count() as u64 != mtp {
+        return Err(format!("{layout} places {} MTP layers ({mtp} in --mtp-num-layers); stepsim runs them in the last stage, with the loss", count('m')));
+    }
+    Ok(stages.iter().map(|st| st.chars().filter(|&c| c == 't').count() as u64).collect())
 }
 
 /// `--moe-layer-freq` as Megatron-Core reads it (`moe_layer_freq` in

@@ -452,6 +452,12 @@ pub struct ActivationOffload {
     pub method: ActivationOffloadMethod,
     /// The first `blocks` blocks offload (Megatron `--cpu-offloading-num-layers`).
     pub blocks: u64,
+    /// Fine-grained: the modules whose saved inputs go to the host
+    /// ([`OffloadModules`]; empty for the other methods).
+    pub modules: OffloadModules,
+    /// Fine-grained: tensors of fewer elements stay on the GPU (Megatron
+    /// `--min-offloaded-tensor-size`, default 1,048,576).
+    pub min_elements: u64,
     /// Pinned copy bandwidth per GPU, bytes/s.
     pub h2d_bytes_per_s: f64,
     pub d2h_bytes_per_s: f64,
@@ -469,6 +475,39 @@ pub enum ActivationOffloadMethod {
     /// the pack hook copies each saved tensor on the compute stream, the unpack hook copies
     /// it back when backward needs it; nothing overlaps.
     Synchronous,
+    /// Megatron-Core's fine-grained activation offloading (`--fine-grained-activation-
+    /// offloading --offload-modules ...`, megatron/core/pipeline_parallel/
+    /// fine_grained_activation_offload.py): one group per listed module of each layer, its
+    /// saved tensors copied to the host when the module's forward commits and reloaded for
+    /// its backward; pipelines and selective recomputation allowed.
+    FineGrained,
+}
+
+/// The modules Megatron's `--offload-modules` names, as bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct OffloadModules(pub u8);
+
+impl OffloadModules {
+    /// Megatron's names, in a layer's forward order: each module offloads the tensors saved
+    /// inside it (its input among them; `TransformerConfig.offload_modules`).
+    pub const ALL: [(&'static str, u8); 7] = [
+        ("attn_norm", 1),
+        ("qkv_linear", 2),
+        ("core_attn", 4),
+        ("attn_proj", 8),
+        ("mlp_norm", 16),
+        ("expert_fc1", 32),
+        ("moe_act", 64),
+    ];
+
+    pub fn has(self, bit: u8) -> bool {
+        self.0 & bit != 0
+    }
+
+    /// The names set, in forward order.
+    pub fn names(self) -> Vec<&'static str> {
+        Self::ALL.iter().filter(|(_, b)| self.has(*b)).map(|(n, _)| *n).collect()
+    }
 }
 
 impl ActivationOffloadMethod {
@@ -478,7 +517,7 @@ impl ActivationOffloadMethod {
     pub fn most_blocks(self, n_layers: u64) -> u64 {
         match self {
             ActivationOffloadMethod::Overlapped => n_layers.saturating_sub(1),
-            ActivationOffloadMethod::Synchronous => n_layers,
+            ActivationOffloadMethod::Synchronous | ActivationOffloadMethod::FineGrained => n_layers,
         }
     }
 
@@ -486,6 +525,7 @@ impl ActivationOffloadMethod {
         match self {
             ActivationOffloadMethod::Overlapped => "overlapped",
             ActivationOffloadMethod::Synchronous => "synchronous",
+            ActivationOffloadMethod::FineGrained => "fine-grained",
         }
     }
 }

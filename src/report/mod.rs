@@ -373,6 +373,9 @@ fn fp8_assumption(f: &crate::model::Fp8Config) -> String {
 pub struct ActivationOffloadReport {
     pub method: &'static str,
     pub blocks: u64,
+    /// Fine-grained offloading: Megatron's module names offloaded.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub modules: Vec<&'static str>,
     /// Per micro-batch: the tensors the schedule offloads (pinned host memory per GPU;
     /// nothing else is in flight without a pipeline).
     pub host_bytes_per_gpu: Bytes,
@@ -385,6 +388,7 @@ pub fn activation_offload_report(dag: &LayerDag, plan: &crate::plan::Plan) -> Op
     Some(ActivationOffloadReport {
         method: a.method.name(),
         blocks: a.blocks,
+        modules: a.modules.names(),
         host_bytes_per_gpu: Bytes::new(crate::schedule::activation_offload::host_bytes(dag, plan)),
         d2h_bytes_per_s: a.d2h_bytes_per_s,
         h2d_bytes_per_s: a.h2d_bytes_per_s,
@@ -402,6 +406,11 @@ fn activation_offload_assumption(a: &crate::plan::ActivationOffload, layers: u64
         ActivationOffloadMethod::Overlapped => format!(
             "activation offload: Megatron-Core --cpu-offloading --cpu-offloading-num-layers {} of {layers} (Transformer Engine's AsyncDoubleBufferGroupOffloadHandler, cpu_offload_v1.py, one group per layer): each offloaded layer's saved tensors are copied to the host on their own stream; a window map spreads the groups over the layers, and at each window the forward waits for the group's copy and frees it on the GPU, then starts the next group's; backward reloads one group per window into new buffers, waiting for the previous reload first, and layer 0 waits for all; {rates}",
             a.blocks
+        ),
+        ActivationOffloadMethod::FineGrained => format!(
+            "activation offload: Megatron-Core --fine-grained-activation-offloading --offload-modules {} (fine_grained_activation_offload.py): in each of the {layers} layers every listed module's saved tensors of at least {} elements (--min-offloaded-tensor-size) that no other module also saves go to pinned host memory when the module's forward commits (the norms after the residual add that reads their input), copied on their own stream while compute goes on and freed on the GPU when the copy ends; backward reloads a layer's groups into new buffers one layer ahead of the backward that waits for them (Megatron: one group ahead); the pipeline's last chunk keeps each module's last group on the GPU; --activation-offload-fraction 1 and no --delta-offload-bytes-across-pp-ranks assumed; {rates}",
+            a.modules.names().join(" "),
+            a.min_elements
         ),
         ActivationOffloadMethod::Synchronous => format!(
             "activation offload: PyTorch offload_wrapper / torch.autograd.graph.save_on_cpu(pin_memory=True) on the first {} of {layers} blocks: the pack hook copies each saved tensor to pinned host memory and the unpack hook copies it back when backward needs it, both on the compute stream, so neither overlaps compute (modelled as one copy per block after its forward and one before its backward); {rates}",

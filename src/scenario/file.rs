@@ -463,6 +463,11 @@ pub struct MegatronSection {
     pub exp_avg_sq_dtype: Option<String>,
     /// `OptimizerConfig.store_param_remainders` (default true; false before TE 2.1).
     pub store_param_remainders: Option<bool>,
+    /// `--fine-grained-activation-offloading --offload-modules ...`: "attn_norm",
+    /// "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act".
+    pub offload_modules: Option<Vec<String>>,
+    /// `--min-offloaded-tensor-size`, elements (default 1,048,576).
+    pub min_offloaded_tensor_size: Option<i64>,
 }
 
 /// `[allocator]`: the allocator model, its `PYTORCH_CUDA_ALLOC_CONF` options, where the

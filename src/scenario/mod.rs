@@ -400,6 +400,68 @@ fn validate_activation_offload(
     Ok(Some(activation_offload(cluster, method, blocks)))
 }
 
+/// `[megatron] offload_modules`: Megatron-Core's fine-grained activation offloading, with the
+/// checks `TransformerConfig.__post_init__` makes (known modules, `attn_proj` only with
+/// `core_attn`, not with `--cpu-offloading`) and what stepsim does not simulate (full
+/// recomputation, whose layers save nothing inside the listed modules).
+fn fine_grained_offload(
+    v: &V,
+    mg: Option<&file::MegatronSection>,
+    t: &TrainingSection,
+    ck: Checkpointing,
+    model: &ModelConfig,
+    cluster: &Cluster,
+) -> Result<Option<crate::plan::ActivationOffload>, ScenarioError> {
+    use crate::plan::{ActivationOffloadMethod, OffloadModules};
+    let Some(mg) = mg else { return Ok(None) };
+    let field = "megatron.offload_modules";
+    let Some(names) = &mg.offload_modules else {
+        if mg.min_offloaded_tensor_size.is_some() {
+            return Err(v.err(
+                "megatron.min_offloaded_tensor_size",
+                "needs megatron.offload_modules (--fine-grained-activation-offloading --offload-modules)",
+            ));
+        }
+        return Ok(None);
+    };
+    if names.is_empty() {
+        return Err(v.err(field, "lists at least one module (Megatron asserts a non-empty --offload-modules)"));
+    }
+    let choices: Vec<&str> = OffloadModules::ALL.iter().map(|(n, _)| *n).collect();
+    let mut bits = 0u8;
+    for n in names {
+        if n == "fused_group_mlp" || n == "gdp_qkv" {
+            return Err(v.err(
+                field,
+                format!(
+                    "\"{n}\" is not simulated (Transformer Engine's op fuser / gated delta attention); choose from {}",
+                    choices.join(", ")
+                ),
+            ));
+        }
+        let name = v.choice(field, n, &choices)?;
+        bits |= OffloadModules::ALL.iter().find(|(x, _)| *x == name).map_or(0, |(_, b)| *b);
+    }
+    let modules = OffloadModules(bits);
+    if modules.has(8) && !modules.has(4) {
+        return Err(v.err(field, "\"attn_proj\" needs \"core_attn\" too (Megatron: attn_proj cannot be set to offload_modules alone without core_attn)"));
+    }
+    if t.activation_offload.as_deref().is_some_and(|m| m != "none") {
+        return Err(v.err(field, "fine-grained activation offloading cannot run with --cpu-offloading (training.activation_offload); keep one"));
+    }
+    if ck == Checkpointing::Full {
+        return Err(v.err(field, "fine-grained activation offloading with full recomputation is not simulated (a recomputed layer saves nothing inside its modules); use training.activation_checkpointing = \"selective\" with training.recompute_modules, or \"none\""));
+    }
+    let min_elements = match mg.min_offloaded_tensor_size {
+        Some(x) => v.positive("megatron.min_offloaded_tensor_size", x)?,
+        None => 1 << 20,
+    };
+    let mut a = activation_offload(cluster, ActivationOffloadMethod::FineGrained, model.n_layers);
+    a.modules = modules;
+    a.min_elements = min_elements;
+    Ok(Some(a))
+}
+
 /// Activation offload of the first `blocks` blocks, with pinned copies at the GPU's PCIe
 /// generation's measured rates ([`pcie_bytes_per_s`]).
 pub fn activation_offload(
@@ -408,7 +470,14 @@ pub fn activation_offload(
     blocks: u64,
 ) -> crate::plan::ActivationOffload {
     let (h2d, d2h) = pcie_bytes_per_s(cluster.gpu.pcie_gen);
-    crate::plan::ActivationOffload { method, blocks, h2d_bytes_per_s: h2d, d2h_bytes_per_s: d2h }
+    crate::plan::ActivationOffload {
+        method,
+        blocks,
+        modules: Default::default(),
+        min_elements: 0,
+        h2d_bytes_per_s: h2d,
+        d2h_bytes_per_s: d2h,
+    }
 }
 
 /// `training.recompute_modules`: Megatron-Core's `--recompute-modules`, with selective
@@ -1176,7 +1245,10 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         precision: precision.clone(),
         checkpointing,
         checkpoint_blocks,
-        activation_offload: validate_activation_offload(&v, t, checkpointing, &parallel, model.n_layers, &cluster)?,
+        activation_offload: match fine_grained_offload(&v, f.megatron.as_ref(), t, checkpointing, &model, &cluster)? {
+            Some(a) => Some(a),
+            None => validate_activation_offload(&v, t, checkpointing, &parallel, model.n_layers, &cluster)?,
+        },
         recompute_modules: validate_recompute_modules(&v, t, checkpointing, parallel.framework, &model)?,
         clip_grad_norm: t.clip_grad_norm.unwrap_or(true),
         blas_workspace: 0,

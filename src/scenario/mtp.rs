@@ -76,7 +76,7 @@ pub(super) fn check_mtp(
             "\"fused-linear\" is Liger-Kernel's, which Megatron's multi-token prediction does not use (process_mtp_loss computes the logits); use \"vocab-parallel\"",
         ));
     }
-    if training.activation_offload.is_some() {
+    if training.activation_offload.is_some_and(|a| a.method != crate::plan::ActivationOffloadMethod::FineGrained) {
         return Err(v.err(
             "training.activation_offload",
             "activation offload with multi-token prediction is not simulated yet; use \"none\"",

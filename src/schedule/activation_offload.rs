@@ -42,6 +42,10 @@ pub(crate) struct BlockOffload {
 /// `blocks` blocks and that no forward op after that block reads. Empty without offload.
 pub fn offload_targets(dag: &LayerDag, plan: &Plan, tensors: &[TensorPlan]) -> Vec<Option<u64>> {
     let Some(a) = plan.training.activation_offload else { return Vec::new() };
+    if a.method == ActivationOffloadMethod::FineGrained {
+        // Fine-grained: per tensor its group ([`super::fine_grained_offload`]).
+        return super::fine_grained_offload::targets(dag, plan, tensors).0;
+    }
     tensors
         .iter()
         .map(|tp| {
@@ -55,10 +59,14 @@ pub fn offload_targets(dag: &LayerDag, plan: &Plan, tensors: &[TensorPlan]) -> V
 }
 
 /// Bytes one micro-batch keeps in pinned host memory per GPU (what the report prints).
+/// Only the tensors of this rank's model chunks count.
 pub fn host_bytes(dag: &LayerDag, plan: &Plan) -> u64 {
     let tensors = super::checkpoint::plan(dag, plan).tensors;
     let targets = offload_targets(dag, plan, &tensors);
-    targets.iter().zip(&dag.tensors).filter(|(l, _)| l.is_some()).map(|(_, t)| t.bytes).sum()
+    let here = |t: &crate::model::Tensor| {
+        t.producer.is_none_or(|p| plan.chunks.is_empty() || plan.chunks.iter().any(|c| c.holds(dag.ops[p].region)))
+    };
+    targets.iter().zip(&dag.tensors).filter(|(l, t)| l.is_some() && here(t)).map(|(_, t)| t.bytes).sum()
 }
 
 impl Builder<'_> {
@@ -88,6 +96,7 @@ impl Builder<'_> {
                     self.free_at(t, &bufs);
                 }
             }
+            ActivationOffloadMethod::FineGrained => {}
             ActivationOffloadMethod::Overlapped => {
                 if l == 0 {
                     self.offload_copy(st, 0, self.d2h_stream, after);
@@ -170,6 +179,7 @@ impl Builder<'_> {
                     deps.push(t);
                 }
             }
+            ActivationOffloadMethod::FineGrained => self.reload_groups(st, l, deps),
             ActivationOffloadMethod::Overlapped => {
                 let k = st.offload_count;
                 if k >= 1 && self.offload_window[k - 1] == l as u64 {
@@ -191,6 +201,94 @@ impl Builder<'_> {
                 }
             }
         }
+    }
+}
+
+impl Builder<'_> {
+    /// Fine-grained offloading after op `i`'s forward (task `after`): each group committing
+    /// there is copied to the host on the device-to-host stream, its GPU copies freed when
+    /// the copy ends.
+    pub(super) fn commit_groups(&mut self, st: &mut FwdPass, i: usize, after: u32) {
+        let Some(fine) = &self.fine else { return };
+        let commits = fine.at_op[i].clone();
+        for g in commits {
+            let g = g as usize;
+            if st.offload[g].tensors.is_empty() {
+                continue;
+            }
+            let (l, module) = (self.fine.as_ref().map_or(0, |f| f.block[g]), self.group_name(g));
+            let bytes = self.offloaded_bytes(&st.offload[g]);
+            let what = text!(self.names, "offload layers.{l} {module} saved activations to host ({bytes} B, D2H)");
+            let label = TaskLabel::new(st.step, Phase::Forward, st.mb, what, TaskKind::Send, None)
+                .with_region(Region::Block(l))
+                .with_work(0.0, bytes);
+            let rate = self.plan.training.activation_offload.map_or(1.0, |a| a.d2h_bytes_per_s);
+            let t = self.task(self.d2h_stream, bytes as f64 / rate, vec![after], vec![], label);
+            st.offload[g].copy = Some(t);
+            let bufs = std::mem::take(&mut st.offload[g].buffers);
+            self.free_at(t, &bufs);
+        }
+    }
+
+    fn group_name(&self, g: usize) -> &'static str {
+        let bit = self.fine.as_ref().map_or(0, |f| f.module[g]);
+        crate::plan::OffloadModules::ALL.iter().find(|(_, b)| *b == bit).map_or("", |(n, _)| *n)
+    }
+
+    /// Fine-grained offloading at the start of block `l`'s backward: its groups' reload (if
+    /// the layer after it did not start it), which the block's first kernel waits for, then
+    /// the reload of the layer before it in this chunk.
+    fn reload_groups(&mut self, st: &mut Bwd, l: usize, deps: &mut Vec<u32>) {
+        let after = st.last_bwd_task;
+        if let Some(t) = self.reload_layer(st, l, after) {
+            deps.push(t);
+        }
+        if l > 0 {
+            self.reload_layer(st, l - 1, after);
+        }
+    }
+
+    /// Layer `l`'s offloaded groups back into new buffers (freed where the originals would
+    /// have been) in one host-to-device copy after task `after` and the groups' own copies;
+    /// None when it holds nothing on the host. Issued once.
+    fn reload_layer(&mut self, st: &mut Bwd, l: usize, after: u32) -> Option<u32> {
+        let groups: Vec<usize> = self
+            .fine
+            .as_ref()
+            .and_then(|f| f.of_block.get(l))
+            .map(|g| g.iter().map(|&g| g as usize).filter(|&g| !st.offload[g].tensors.is_empty()).collect())
+            .unwrap_or_default();
+        let first = *groups.first()?;
+        if let Some(t) = st.offload[first].reload {
+            return Some(t);
+        }
+        let mb = st.mb;
+        let mut alloc = Vec::new();
+        let mut deps = vec![after];
+        let mut bytes = 0;
+        for &g in &groups {
+            deps.extend(st.offload[g].copy);
+            bytes += self.offloaded_bytes(&st.offload[g]);
+            for t in st.offload[g].tensors.clone() {
+                let b = self.buffer(
+                    self.dag.tensors[t].bytes,
+                    Category::Activations,
+                    text!(self.names, "{} (micro-batch {mb}, reloaded from host)", self.dag.tensors[t].name),
+                );
+                alloc.push(b);
+                st.free_bwd[self.tensors[t].last_saver.unwrap_or(0)].push(b);
+            }
+        }
+        let what = text!(self.names, "reload layers.{l} saved activations from host ({bytes} B, H2D)");
+        let label = TaskLabel::new(st.step, Phase::Backward, mb, what, TaskKind::Recv, None)
+            .with_region(Region::Block(l as u64))
+            .with_work(0.0, bytes);
+        let rate = self.plan.training.activation_offload.map_or(1.0, |a| a.h2d_bytes_per_s);
+        let t = self.task(self.h2d_stream, bytes as f64 / rate, deps, alloc, label);
+        for &g in &groups {
+            st.offload[g].reload = Some(t);
+        }
+        Some(t)
     }
 }
 

@@ -85,7 +85,8 @@ impl Builder<'_> {
             offload: if self.offload_of.is_empty() {
                 Vec::new()
             } else {
-                vec![Default::default(); dag.blocks() as usize]
+                // Per block, or per group under fine-grained offloading.
+                vec![Default::default(); self.fine.as_ref().map_or(dag.blocks() as usize, |f| f.block.len())]
             },
             offload_count: 0,
             last_block_unit: dag.ops[lo..hi]
@@ -196,6 +197,7 @@ impl Builder<'_> {
         let mut f = std::mem::take(&mut st.free_fwd[i]);
         f.extend(frees_now);
         self.free_at(t, &f);
+        self.commit_groups(st, i, t);
         st.unit_last_fwd[u] = Some(t);
         if i + 1 == hi || dag.ops[i + 1].region != op.region {
             self.post_forward_unit(step, mb, op.region, u, t);

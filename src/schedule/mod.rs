@@ -52,6 +52,7 @@ mod backward;
 pub mod checkpoint;
 mod deepspeed;
 mod ep_overlap;
+pub mod fine_grained_offload;
 mod forward;
 mod grad_reduction;
 mod init;
@@ -147,6 +148,8 @@ struct Builder<'a> {
     /// Per tensor: the block whose activation offload takes it to the host
     /// ([`activation_offload::offload_targets`]; empty without offload).
     offload_of: Vec<Option<u64>>,
+    /// Fine-grained activation offloading's groups (None for the other methods).
+    fine: Option<fine_grained_offload::FineGroups>,
     /// Transformer Engine's window map for overlapped activation offload.
     offload_window: Vec<u64>,
     /// Each unit's gathered parameters, while gathered (FSDP / ZeRO-3). Without a pipeline
@@ -283,7 +286,13 @@ pub fn build_with(dag: &LayerDag, plan: &Plan, cluster: &Cluster, names: bool, s
 impl<'a> Builder<'a> {
     fn new(dag: &'a LayerDag, plan: &'a Plan, cost: &'a Cost, names: bool) -> Self {
         let checkpoint::Checkpoints { tensors, recompute_ops, checkpointed } = checkpoint::plan(dag, plan);
-        let offload_of = activation_offload::offload_targets(dag, plan, &tensors);
+        let (offload_of, fine) = match plan.training.activation_offload {
+            Some(a) if a.method == crate::plan::ActivationOffloadMethod::FineGrained => {
+                let (of, groups) = fine_grained_offload::targets(dag, plan, &tensors);
+                (of, Some(groups))
+            }
+            _ => (activation_offload::offload_targets(dag, plan, &tensors), None),
+        };
         let nu = plan.units.len();
         // Each stream with the links its transfers occupy (engine::links): offload copies use
         // one PCIe direction each; compute, NVMe and the CPU none.
@@ -317,7 +326,7 @@ impl<'a> Builder<'a> {
         let act_overlapped = plan
             .training
             .activation_offload
-            .is_some_and(|a| a.method == crate::plan::ActivationOffloadMethod::Overlapped);
+            .is_some_and(|a| a.method != crate::plan::ActivationOffloadMethod::Synchronous);
         let h2d_stream = stream("h2d", offload || act_overlapped, PCIE_H2D);
         let d2h_stream = stream("d2h", offload || act_overlapped, PCIE_D2H);
         let nvme_stream = stream("nvme", off.is_some_and(|o| o.uses_nvme()), 0);
@@ -392,6 +401,7 @@ impl<'a> Builder<'a> {
             recompute_ops,
             checkpointed,
             offload_of,
+            fine,
             offload_window: match plan.training.activation_offload {
                 Some(a) => activation_offload::offload_window(a.blocks, dag.config.n_layers),
                 None => Vec::new(),
