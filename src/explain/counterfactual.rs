@@ -520,11 +520,34 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             if t.activation_offload.is_some() {
                 return Err("already offloading activations".into());
             }
+            // Under Megatron, where --cpu-offloading is refused (a pipeline, selective
+            // recompute), its fine-grained offloading of every applicable module.
+            let pipeline = s.parallel.model_parallel.pipeline > 1;
+            if s.parallel.framework == Framework::Megatron && (pipeline || t.checkpointing == Checkpointing::Selective)
+            {
+                let mut modules = crate::plan::OffloadModules(1 | 2 | 4 | 8 | 16);
+                if s.model.moe.is_some() {
+                    modules.0 |= 32 | 64;
+                }
+                let mut a = crate::scenario::activation_offload(
+                    &s.cluster,
+                    ActivationOffloadMethod::FineGrained,
+                    s.model.n_layers,
+                );
+                a.modules = modules;
+                a.min_elements = 1 << 20;
+                v.training.activation_offload = Some(a);
+                let label = format!(
+                    "activation offload: --fine-grained-activation-offloading --offload-modules {}",
+                    modules.names().join(" ")
+                );
+                return Ok(vec![(label, v)]);
+            }
             if t.checkpointing != Checkpointing::None {
                 return Err("offload replaces checkpointing (Megatron refuses both at once; PyTorch wraps a block with one or the other)".into());
             }
-            if s.parallel.model_parallel.pipeline > 1 {
-                return Err("activation offload with pipeline parallelism is not simulated".into());
+            if pipeline {
+                return Err("activation offload with pipeline parallelism is not simulated outside Megatron".into());
             }
             let method = match s.parallel.framework {
                 Framework::Megatron => ActivationOffloadMethod::Overlapped,
