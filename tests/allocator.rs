@@ -336,3 +336,48 @@ proptest! {
         }
     }
 }
+
+/// Under Megatron-Core the blocks' GEMMs run in Transformer Engine, which takes its own
+/// cuBLAS workspace from the caching allocator at its first GEMM (`get_cublas_workspace`,
+/// lru-cached per device): 32 MiB + 1 KiB from compute capability 9.0, 4 MiB before; its
+/// grouped GEMMs (the experts') take one more per compute stream, four, at the first expert
+/// GEMM. None is freed. The LM head (Megatron's own ColumnParallelLinear) and PyTorch's two
+/// stay as they are.
+#[test]
+fn transformer_engine_takes_its_own_workspaces_under_megatron() {
+    use stepsim::memory::Category;
+    let te = |text: &str| {
+        let s = Scenario::from_toml(Path::new("x.toml"), text).unwrap_or_else(|e| panic!("{e}"));
+        let sim = stepsim::simulate(&s).unwrap();
+        let sched = sim.schedule();
+        let prog = &sched.program;
+        let mut ws: Vec<(u64, String)> = (0..prog.buffers.len())
+            .filter(|&b| prog.buffers[b].category == Category::BlasWorkspaces)
+            .map(|b| (prog.buffers[b].bytes, prog.names[prog.buffers[b].name as usize].clone()))
+            .collect();
+        ws.sort();
+        ws
+    };
+    let dense = |gpu: &str| {
+        format!(
+            "[model]\nfamily = \"llama\"\nn_layers = 2\nhidden = 1024\nn_heads = 8\nvocab = 32000\n\
+             [hardware]\ngpu = \"{gpu}\"\ngpus = 1\n[parallel]\nframework = \"megatron\"\n\
+             [training]\nmicro_batch = 1\nseq_len = 1024\n"
+        )
+    };
+    let h100 = te(&dense("h100-sxm"));
+    let te_h100: Vec<&(u64, String)> = h100.iter().filter(|(_, n)| n.contains("Transformer Engine")).collect();
+    assert_eq!(te_h100.len(), 1, "{h100:?}");
+    assert_eq!(te_h100[0].0, (32 << 20) + 1024);
+    assert_eq!(h100.len(), 3, "{h100:?}");
+    let a100 = te(&dense("a100-80gb"));
+    assert!(a100.iter().any(|(b, n)| *b == 4 << 20 && n.contains("Transformer Engine")), "{a100:?}");
+    // A mixture of experts: four grouped-GEMM workspaces more.
+    let moe = dense("h100-sxm")
+        .replace("[hardware]", "[model.moe]\nnum_experts = 4\ntop_k = 2\nexpert_ffn_hidden = 512\n[hardware]");
+    let m = te(&moe);
+    assert_eq!(m.iter().filter(|(_, n)| n.contains("grouped-GEMM")).count(), 4, "{m:?}");
+    // Outside Megatron there is none.
+    let fsdp = te(&dense("h100-sxm").replace("\"megatron\"", "\"fsdp\""));
+    assert!(fsdp.iter().all(|(_, n)| !n.contains("Transformer Engine")), "{fsdp:?}");
+}

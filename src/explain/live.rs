@@ -353,9 +353,16 @@ pub fn from_buffers(
                 names[c].len()
             ),
             Category::BlasWorkspaces => format!(
-                "cuBLAS workspaces PyTorch takes from the caching allocator, {} per (cuBLAS handle, stream) (CUBLAS_WORKSPACE_CONFIG; {} default): {}",
+                "cuBLAS workspaces PyTorch takes from the caching allocator, {} per (cuBLAS handle, stream) (CUBLAS_WORKSPACE_CONFIG; {} default){}: {}",
                 crate::report::fmt_bytes(plan.training.blas_workspace),
                 s.cluster.gpu.name,
+                match plan.training.te_workspace {
+                    0 => String::new(),
+                    b => format!(
+                        ", and Transformer Engine's, {} each (one for its GEMMs, four for its grouped GEMMs; get_cublas_workspace_size_bytes)",
+                        crate::report::fmt_bytes(b)
+                    ),
+                },
                 names[c].join(", ")
             ),
             Category::AllGatherBuffers => format!(

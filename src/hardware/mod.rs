@@ -139,7 +139,23 @@ impl GpuSpec {
             Arch::Cdna3 => 128 * MIB,
         }
     }
+
+    /// Bytes of Transformer Engine's own cuBLAS workspace (`get_cublas_workspace_size_bytes`,
+    /// transformer_engine/pytorch/cpp_extensions/gemm.py, NVIDIA/TransformerEngine d0067d0):
+    /// 32 MiB + 1 KiB (NVFP4 GEMMs' scales) from compute capability 9.0, 4 MiB before. One
+    /// per device for its GEMMs and one per compute stream (four,
+    /// common/util/multi_stream.cpp) for its grouped GEMMs, each cached for the process.
+    pub fn te_workspace_bytes(&self) -> u64 {
+        match self.arch {
+            Arch::Hopper | Arch::Blackwell | Arch::Gb20x => 32 * MIB + 1024,
+            _ => 4 * MIB,
+        }
+    }
 }
+
+/// Transformer Engine's compute streams for grouped GEMMs (`num_compute_streams`,
+/// transformer_engine/common/util/multi_stream.cpp): each has its own cuBLAS workspace.
+pub const TE_GROUPED_GEMM_STREAMS: u64 = 4;
 
 /// NVIDIA H100 SXM5 80GB (also the base of the H800 entry).
 const H100_SXM: GpuSpec = GpuSpec {

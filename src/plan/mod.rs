@@ -670,6 +670,11 @@ pub struct TrainingConfig {
     /// handle (`getCurrentCUDABlasHandle`, a thread-local pool window), and the backward's
     /// matmuls run on autograd's device thread, the forward's on the main thread.
     pub blas_workspace: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    /// Transformer Engine's cuBLAS workspace under Megatron-Core (0 elsewhere,
+    /// [`crate::hardware::GpuSpec::te_workspace_bytes`]): one at its first GEMM, four more at
+    /// its first grouped GEMM (the experts'), kept for the process.
+    pub te_workspace: u64,
     /// The PyTorch release (major, minor) whose optimizer code applies: before 2.1 the
     /// foreach Adam / AdamW step kept two intermediates (`torch._foreach_sqrt` and an
     /// out-of-place `torch._foreach_add` for the denominator), from 2.1 one (pytorch#104780,
@@ -1444,6 +1449,7 @@ mod tests {
             recompute_modules: vec![RecomputeModule::CoreAttn],
             clip_grad_norm: clip,
             blas_workspace: 0,
+            te_workspace: 0,
             torch_version: (2, 15),
         }
     }

@@ -286,8 +286,15 @@ pub fn capacity_assumption(s: &Scenario) -> String {
             b = fmt_bytes(b)
         ),
     };
+    let te = match s.training.te_workspace {
+        0 => String::new(),
+        b => format!(
+            "; Transformer Engine's GEMMs (Megatron-Core's blocks) take one more workspace of {} at their first GEMM and four more at the first grouped GEMM of a mixture of experts, one per compute stream (transformer_engine/pytorch/cpp_extensions/gemm.py get_cublas_workspace_size_bytes, common/util/multi_stream.cpp), cached for the process",
+            fmt_bytes(b)
+        ),
+    };
     format!(
-        "capacity = device memory {} less CUDA context {} (hardware.cuda_context) and NCCL buffers {} (allocator.nccl_buffers){deepep}; cuBLAS workspaces of {} each (allocator.cublas_workspace; PyTorch's CUBLAS_WORKSPACE_CONFIG default on {}, CublasHandlePool.cpp) come from the caching allocator, one per (cuBLAS handle, stream): {threads}",
+        "capacity = device memory {} less CUDA context {} (hardware.cuda_context) and NCCL buffers {} (allocator.nccl_buffers){deepep}; cuBLAS workspaces of {} each (allocator.cublas_workspace; PyTorch's CUBLAS_WORKSPACE_CONFIG default on {}, CublasHandlePool.cpp) come from the caching allocator, one per (cuBLAS handle, stream): {threads}{te}",
         fmt_bytes(s.cluster.memory_bytes),
         fmt_bytes(s.cluster.cuda_context_bytes),
         fmt_bytes(s.nccl_bytes()),

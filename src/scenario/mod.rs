@@ -1252,6 +1252,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         recompute_modules: validate_recompute_modules(&v, t, checkpointing, parallel.framework, &model)?,
         clip_grad_norm: t.clip_grad_norm.unwrap_or(true),
         blas_workspace: 0,
+        te_workspace: 0,
         torch_version: validate_torch_version(&v, t.torch_version.as_deref())?,
     };
     let loss = validate_loss(&v, t, parallel.framework, &parallel.model_parallel, job)?;
@@ -1325,8 +1326,15 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         workload.lora = Some(validate_lora(&v, l, &model, &parallel, wrap, &precision)?);
     }
     let allocator = validate_allocator(&v, &f.allocator, &cluster)?;
-    let training =
-        TrainingConfig { precision: precision.clone(), blas_workspace: allocator.cublas_workspace, ..training };
+    // Megatron-Core runs its blocks on Transformer Engine (--transformer-impl
+    // transformer_engine, the default), whose GEMMs take their own workspace.
+    let te_workspace = if parallel.framework == Framework::Megatron { cluster.gpu.te_workspace_bytes() } else { 0 };
+    let training = TrainingConfig {
+        precision: precision.clone(),
+        blas_workspace: allocator.cublas_workspace,
+        te_workspace,
+        ..training
+    };
     let jitter = match &f.jitter {
         None => None,
         Some(j) => {

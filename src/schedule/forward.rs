@@ -159,6 +159,7 @@ impl Builder<'_> {
             }
         }
         alloc.extend(self.blas_workspace(op, 0));
+        alloc.extend(self.te_workspaces(op));
         let mut frees_now = Vec::new();
         if op.fwd_scratch > 0 {
             let b = self.buffer(op.fwd_scratch, Category::Transient, text!(self.names, "{} scratch", op.name));

@@ -173,6 +173,8 @@ struct Builder<'a> {
     ag_copy_in_stream: u16,
     /// Whether the main thread's (forward) and autograd's (backward) cuBLAS workspaces exist.
     blas_workspaces: [bool; 2],
+    /// Transformer Engine's workspaces taken: its GEMMs', its grouped GEMMs'.
+    te_workspaces: [bool; 2],
     /// Sharded gradient buffers of the current step, per unit (created by the first reduce).
     grad_bufs: Vec<Option<u32>>,
     /// Persistent full gradients of the current step, per op (DDP / ZeRO-1 / ZeRO-2 replicated).
@@ -440,6 +442,7 @@ impl<'a> Builder<'a> {
             stream_ctas,
             ag_copy_in_stream,
             blas_workspaces: [false; 2],
+            te_workspaces: [false; 2],
             ep_stream,
             h2d_stream,
             d2h_stream,
@@ -519,6 +522,34 @@ impl<'a> Builder<'a> {
     /// autograd's device thread, backward and recomputation), allocated by the thread's first
     /// matmul and never freed ([`crate::plan::TrainingConfig::blas_workspace`]); None when it
     /// exists already, or `op` is no matmul.
+    /// Transformer Engine's workspaces a block's linear `op` takes first (Megatron-Core):
+    /// one for its GEMMs, and at the first expert GEMM one per compute stream for the grouped
+    /// GEMMs; cached for the process, never freed.
+    fn te_workspaces(&mut self, op: &crate::model::Op) -> Vec<u32> {
+        let ws = self.plan.training.te_workspace;
+        let block = matches!(op.region, crate::model::Region::Block(_));
+        if ws == 0 || op.kind != crate::model::OpKind::Linear || !block {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        if !self.te_workspaces[0] {
+            self.te_workspaces[0] = true;
+            out.push(self.buffer(
+                ws,
+                Category::BlasWorkspaces,
+                text!(self.names, "Transformer Engine cuBLAS workspace"),
+            ));
+        }
+        if op.expert && !self.te_workspaces[1] {
+            self.te_workspaces[1] = true;
+            for i in 0..crate::hardware::TE_GROUPED_GEMM_STREAMS {
+                let what = text!(self.names, "Transformer Engine grouped-GEMM workspace (stream {i})");
+                out.push(self.buffer(ws, Category::BlasWorkspaces, what));
+            }
+        }
+        out
+    }
+
     fn blas_workspace(&mut self, op: &crate::model::Op, thread: usize) -> Option<u32> {
         let ws = self.plan.training.blas_workspace;
         if self.blas_workspaces[thread] || op.kind != crate::model::OpKind::Linear || ws == 0 {
