@@ -118,6 +118,14 @@ fn fine_grained_offload_takes_each_modules_saved_tensors_by_hand() {
         "[megatron]\noffload_modules = [\"core_attn\", \"attn_proj\"]\nmin_offloaded_tensor_size = 1024\n",
     );
     assert_eq!(run(&s).2, Some(host + 7 * T * 8 * 4));
+    // --activation-offload-fraction 0.5: of the 14 eligible groups (layers 0-6, core_attn
+    // then attn_proj), the last int(14 x 0.5) = 7 stay: layers 0-2 whole and layer 3's
+    // core_attn (q, k, v) go.
+    let s = scenario(
+        "megatron",
+        "[megatron]\noffload_modules = [\"core_attn\", \"attn_proj\"]\nactivation_offload_fraction = 0.5\n",
+    );
+    assert_eq!(run(&s).2, Some(3 * (2 * X + 2 * KV) + X + 2 * KV));
 }
 
 /// What Megatron's TransformerConfig refuses, and what stepsim does not simulate, each
@@ -151,6 +159,12 @@ fn fine_grained_offload_refusals_name_the_field() {
         "full recomputation",
     );
     bad("[megatron]\nmin_offloaded_tensor_size = 1024\n", "megatron.min_offloaded_tensor_size", "offload_modules");
+    bad("[megatron]\nactivation_offload_fraction = 0.5\n", "megatron.activation_offload_fraction", "offload_modules");
+    bad(
+        "[megatron]\noffload_modules = [\"core_attn\"]\nactivation_offload_fraction = 1.5\n",
+        "megatron.activation_offload_fraction",
+        "from 0 to 1",
+    );
     bad(
         "[megatron]\noffload_modules = [\"core_attn\"]\nmin_offloaded_tensor_size = 0\n",
         "megatron.min_offloaded_tensor_size",

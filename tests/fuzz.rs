@@ -106,6 +106,7 @@ const FIELDS: &[(&str, &str)] = &[
     ("megatron", "exp_avg_sq_dtype"),
     ("megatron", "offload_modules"),
     ("megatron", "min_offloaded_tensor_size"),
+    ("megatron", "activation_offload_fraction"),
     ("megatron", "store_param_remainders"),
     ("deepspeed", "reduce_bucket_size"),
     ("deepspeed", "sub_group_size"),

@@ -573,8 +573,11 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
             mg.push_str(&format!("min_offloaded_tensor_size = {n}\n"));
         }
         if let Some(f) = get("activation_offload_fraction").filter(|f| f.parse::<f64>().ok() != Some(1.0)) {
-            im.not_expressed
-                .push(format!("--activation-offload-fraction {f}: every eligible group simulated as offloaded"));
+            let x: f64 = f.parse().map_err(|_| {
+                err("activation_offload_fraction", format!("must be a number from 0 to 1, got \"{f}\""))
+            })?;
+            mg.push_str(&format!("activation_offload_fraction = {x}\n"));
+            im.mapped.push(format!("--activation-offload-fraction {x}"));
         }
         if let Some(d) = get("delta_offload_bytes_across_pp_ranks").filter(|d| d != "0") {
             im.not_expressed.push(format!(

@@ -458,6 +458,9 @@ pub struct ActivationOffload {
     /// Fine-grained: tensors of fewer elements stay on the GPU (Megatron
     /// `--min-offloaded-tensor-size`, default 1,048,576).
     pub min_elements: u64,
+    /// Fine-grained: the share of each model chunk's eligible groups offloaded, the first
+    /// in forward order (`--activation-offload-fraction`, default 1).
+    pub fraction: f64,
     /// Pinned copy bandwidth per GPU, bytes/s.
     pub h2d_bytes_per_s: f64,
     pub d2h_bytes_per_s: f64,

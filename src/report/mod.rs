@@ -408,9 +408,11 @@ fn activation_offload_assumption(a: &crate::plan::ActivationOffload, layers: u64
             a.blocks
         ),
         ActivationOffloadMethod::FineGrained => format!(
-            "activation offload: Megatron-Core --fine-grained-activation-offloading --offload-modules {} (fine_grained_activation_offload.py): in each of the {layers} layers every listed module's saved tensors of at least {} elements (--min-offloaded-tensor-size) that no other module also saves go to pinned host memory when the module's forward commits (the norms after the residual add that reads their input), copied on their own stream while compute goes on and freed on the GPU when the copy ends; backward reloads a layer's groups into new buffers one layer ahead of the backward that waits for them (Megatron: one group ahead); the pipeline's last chunk keeps each module's last group on the GPU; --activation-offload-fraction 1 and no --delta-offload-bytes-across-pp-ranks assumed; {rates}",
+            "activation offload: Megatron-Core --fine-grained-activation-offloading --offload-modules {} (fine_grained_activation_offload.py): in each of the {layers} layers every listed module's saved tensors of at least {} elements (--min-offloaded-tensor-size) that no other module also saves go to pinned host memory when the module's forward commits (the norms after the residual add that reads their input), copied on their own stream while compute goes on and freed on the GPU when the copy ends; backward reloads a layer's groups into new buffers one layer ahead of the backward that waits for them (Megatron: one group ahead); the pipeline's last chunk keeps each module's last group on the GPU; of each model chunk's other groups the first {} in forward order go (--activation-offload-fraction {}); no --delta-offload-bytes-across-pp-ranks assumed; {rates}",
             a.modules.names().join(" "),
-            a.min_elements
+            a.min_elements,
+            if a.fraction >= 1.0 { "all".to_string() } else { format!("{:.0}%", a.fraction * 100.0) },
+            a.fraction
         ),
         ActivationOffloadMethod::Synchronous => format!(
             "activation offload: PyTorch offload_wrapper / torch.autograd.graph.save_on_cpu(pin_memory=True) on the first {} of {layers} blocks: the pack hook copies each saved tensor to pinned host memory and the unpack hook copies it back when backward needs it, both on the compute stream, so neither overlaps compute (modelled as one copy per block after its forward and one before its backward); {rates}",

@@ -468,6 +468,8 @@ pub struct MegatronSection {
     pub offload_modules: Option<Vec<String>>,
     /// `--min-offloaded-tensor-size`, elements (default 1,048,576).
     pub min_offloaded_tensor_size: Option<i64>,
+    /// `--activation-offload-fraction`, 0 to 1 (default 1).
+    pub activation_offload_fraction: Option<f64>,
 }
 
 /// `[allocator]`: the allocator model, its `PYTORCH_CUDA_ALLOC_CONF` options, where the

@@ -416,11 +416,16 @@ fn fine_grained_offload(
     let Some(mg) = mg else { return Ok(None) };
     let field = "megatron.offload_modules";
     let Some(names) = &mg.offload_modules else {
-        if mg.min_offloaded_tensor_size.is_some() {
-            return Err(v.err(
-                "megatron.min_offloaded_tensor_size",
-                "needs megatron.offload_modules (--fine-grained-activation-offloading --offload-modules)",
-            ));
+        for (field, set) in [
+            ("megatron.min_offloaded_tensor_size", mg.min_offloaded_tensor_size.is_some()),
+            ("megatron.activation_offload_fraction", mg.activation_offload_fraction.is_some()),
+        ] {
+            if set {
+                return Err(v.err(
+                    field,
+                    "needs megatron.offload_modules (--fine-grained-activation-offloading --offload-modules)",
+                ));
+            }
         }
         return Ok(None);
     };
@@ -456,9 +461,20 @@ fn fine_grained_offload(
         Some(x) => v.positive("megatron.min_offloaded_tensor_size", x)?,
         None => 1 << 20,
     };
+    let fraction = match mg.activation_offload_fraction {
+        Some(f) if f.is_finite() && (0.0..=1.0).contains(&f) => f,
+        Some(f) => {
+            return Err(v.err(
+                "megatron.activation_offload_fraction",
+                format!("must be from 0 to 1 (the share of each chunk's eligible groups offloaded), got {f}"),
+            ))
+        }
+        None => 1.0,
+    };
     let mut a = activation_offload(cluster, ActivationOffloadMethod::FineGrained, model.n_layers);
     a.modules = modules;
     a.min_elements = min_elements;
+    a.fraction = fraction;
     Ok(Some(a))
 }
 
@@ -475,6 +491,7 @@ pub fn activation_offload(
         blocks,
         modules: Default::default(),
         min_elements: 0,
+        fraction: 1.0,
         h2d_bytes_per_s: h2d,
         d2h_bytes_per_s: d2h,
     }

@@ -24,9 +24,13 @@
 //!   to be used at once (`should_bulk_offload`: "don't offload the last group with the same
 //!   name if it's about to be used immediately").
 //!
-//! Not modelled: `--activation-offload-fraction` below 1, `--delta-offload-bytes-across-
-//! pp-ranks`, the warm-up iteration's bookkeeping (`post_warmup_callback`'s margin), CUDA-graph
-//! scopes, and the duplicate copies of a tensor two groups save.
+//! - **`--activation-offload-fraction`**: of each model chunk's eligible groups, in forward
+//!   order, the last `int(n x (1 - fraction))` stay on the GPU (`post_warmup_callback`).
+//!
+//! Not modelled: `--delta-offload-bytes-across-pp-ranks` (it disables groups of the warm-up's
+//! first micro-batches only, which one program per rank cannot express), the warm-up
+//! iteration's bookkeeping (`post_warmup_callback`'s margin), CUDA-graph scopes, and the
+//! duplicate copies of a tensor two groups save.
 
 use super::checkpoint::TensorPlan;
 use crate::model::{LayerDag, Region, TensorKind};
@@ -134,6 +138,19 @@ pub fn targets(dag: &LayerDag, plan: &Plan, tensors: &[TensorPlan]) -> (Vec<Opti
                 .filter(|&g| groups.module[g] == bit && ch.holds(Region::Block(groups.block[g])))
                 .max_by_key(|&g| groups.block[g]);
             if let Some(g) = last {
+                kept[g] = true;
+            }
+        }
+    }
+    // --activation-offload-fraction: of each model chunk's eligible groups, in forward order,
+    // the last int(n x (1 - fraction)) stay (`post_warmup_callback`).
+    if a.fraction < 1.0 {
+        for ch in &plan.chunks {
+            let mut eligible: Vec<usize> =
+                (0..groups.block.len()).filter(|&g| !kept[g] && ch.holds(Region::Block(groups.block[g]))).collect();
+            eligible.sort_by_key(|&g| groups.commit[g]);
+            let disabled = (eligible.len() as f64 * (1.0 - a.fraction)) as usize;
+            for &g in eligible.iter().rev().take(disabled) {
                 kept[g] = true;
             }
         }
