@@ -144,30 +144,28 @@ fn fine_grained_offload_refusals_name_the_field() {
             .to_string();
         assert!(e.contains(&format!("`{field}`")) && e.contains(words), "{field}: {e}");
     };
-    bad("[megatron]\noffload_modules = [\"attn_proj\"]\n", "megatron.offload_modules", "core_attn");
-    bad("[megatron]\noffload_modules = [\"mlp\"]\n", "megatron.offload_modules", "attn_norm");
-    bad("[megatron]\noffload_modules = []\n", "megatron.offload_modules", "at least one");
-    bad("[megatron]\noffload_modules = [\"fused_group_mlp\"]\n", "megatron.offload_modules", "not simulated");
-    bad(
-        "activation_offload = \"overlapped\"\n[megatron]\noffload_modules = [\"core_attn\"]\n",
-        "megatron.offload_modules",
-        "cpu-offloading",
-    );
-    bad(
-        "activation_checkpointing = \"full\"\n[megatron]\noffload_modules = [\"core_attn\"]\n",
-        "megatron.offload_modules",
-        "full recomputation",
-    );
-    bad("[megatron]\nmin_offloaded_tensor_size = 1024\n", "megatron.min_offloaded_tensor_size", "offload_modules");
-    bad("[megatron]\nactivation_offload_fraction = 0.5\n", "megatron.activation_offload_fraction", "offload_modules");
-    bad(
-        "[megatron]\noffload_modules = [\"core_attn\"]\nactivation_offload_fraction = 1.5\n",
-        "megatron.activation_offload_fraction",
-        "from 0 to 1",
-    );
-    bad(
-        "[megatron]\noffload_modules = [\"core_attn\"]\nmin_offloaded_tensor_size = 0\n",
-        "megatron.min_offloaded_tensor_size",
-        "",
-    );
+    let oc = "[megatron]\noffload_modules = [\"core_attn\"]\n";
+    let cases = [
+        ("[megatron]\noffload_modules = [\"attn_proj\"]\n".to_string(), "megatron.offload_modules", "core_attn"),
+        ("[megatron]\noffload_modules = [\"mlp\"]\n".into(), "megatron.offload_modules", "attn_norm"),
+        ("[megatron]\noffload_modules = []\n".into(), "megatron.offload_modules", "at least one"),
+        ("[megatron]\noffload_modules = [\"fused_group_mlp\"]\n".into(), "megatron.offload_modules", "not simulated"),
+        (format!("activation_offload = \"overlapped\"\n{oc}"), "megatron.offload_modules", "cpu-offloading"),
+        (format!("activation_checkpointing = \"full\"\n{oc}"), "megatron.offload_modules", "full recomputation"),
+        (
+            "[megatron]\nmin_offloaded_tensor_size = 1024\n".into(),
+            "megatron.min_offloaded_tensor_size",
+            "offload_modules",
+        ),
+        (
+            "[megatron]\nactivation_offload_fraction = 0.5\n".into(),
+            "megatron.activation_offload_fraction",
+            "offload_modules",
+        ),
+        (format!("{oc}activation_offload_fraction = 1.5\n"), "megatron.activation_offload_fraction", "from 0 to 1"),
+        (format!("{oc}min_offloaded_tensor_size = 0\n"), "megatron.min_offloaded_tensor_size", ""),
+    ];
+    for (extra, field, words) in cases {
+        bad(&extra, field, words);
+    }
 }

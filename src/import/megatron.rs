@@ -209,6 +209,17 @@ pub fn parse_args(text: &str) -> Result<BTreeMap<String, String>, String> {
     Ok(m)
 }
 
+/// A list flag's names (`core_attn mlp`, or a log's Python list `['core_attn', 'mlp']`) as
+/// TOML strings.
+fn toml_names(list: &str) -> Vec<String> {
+    list.trim_matches(|c| c == '[' || c == ']')
+        .split([' ', ','])
+        .map(|s| s.trim_matches('\'').trim_matches('"'))
+        .filter(|s| !s.is_empty())
+        .map(|s| format!("\"{s}\""))
+        .collect()
+}
+
 /// A word without the shell's quotes around it (`'([0]*1+[1]*15)'`, or a quoted value's
 /// first and last words).
 fn unquote(w: &str) -> &str {
@@ -556,14 +567,7 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
     // --fine-grained-activation-offloading with --offload-modules (a list, or a log's Python
     // list) and --min-offloaded-tensor-size.
     if flag(get("fine_grained_activation_offloading")) {
-        let mods = get("offload_modules").unwrap_or_default();
-        let list: Vec<String> = mods
-            .trim_matches(|c| c == '[' || c == ']')
-            .split([' ', ','])
-            .map(|s| s.trim_matches('\'').trim_matches('"'))
-            .filter(|s| !s.is_empty())
-            .map(|s| format!("\"{s}\""))
-            .collect();
+        let list = toml_names(&get("offload_modules").unwrap_or_default());
         mg.push_str(&format!("offload_modules = [{}]\n", list.join(", ")));
         im.mapped.push(format!(
             "--fine-grained-activation-offloading --offload-modules {}",
@@ -693,13 +697,7 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
         Some("selective") => {
             training.push_str("activation_checkpointing = \"selective\"\n");
             if let Some(mods) = get("recompute_modules") {
-                let list: Vec<String> = mods
-                    .trim_matches(|c| c == '[' || c == ']')
-                    .split([' ', ','])
-                    .map(|s| s.trim_matches('\'').trim_matches('"'))
-                    .filter(|s| !s.is_empty())
-                    .map(|s| format!("\"{s}\""))
-                    .collect();
+                let list = toml_names(&mods);
                 training.push_str(&format!("recompute_modules = [{}]\n", list.join(", ")));
             }
             im.mapped.push("--recompute-granularity selective".into());

@@ -140,16 +140,7 @@ impl Builder<'_> {
         let cfg = self.plan.training.activation_offload.expect("activation offload");
         let tensors = st.offload[l].tensors.clone();
         let mb = st.mb;
-        let mut alloc = Vec::new();
-        for &t in &tensors {
-            let b = self.buffer(
-                self.dag.tensors[t].bytes,
-                Category::Activations,
-                text!(self.names, "{} (micro-batch {mb}, reloaded from host)", self.dag.tensors[t].name),
-            );
-            alloc.push(b);
-            st.free_bwd[self.tensors[t].last_saver.unwrap_or(0)].push(b);
-        }
+        let alloc = self.reload_buffers(st, &tensors);
         let bytes = self.offloaded_bytes(&st.offload[l]);
         let what = text!(self.names, "reload layers.{l} saved activations from host ({bytes} B, H2D)");
         let label = TaskLabel::new(st.step, Phase::Backward, mb, what, TaskKind::Recv, None)
@@ -159,6 +150,23 @@ impl Builder<'_> {
         let t = self.task(stream, bytes as f64 / cfg.h2d_bytes_per_s, deps, alloc, label);
         st.offload[l].reload = Some(t);
         t
+    }
+
+    /// New buffers for `tensors` coming back from the host, freed where the originals would
+    /// have been (after their last saver's backward).
+    fn reload_buffers(&mut self, st: &mut Bwd, tensors: &[usize]) -> Vec<u32> {
+        let mb = st.mb;
+        let mut alloc = Vec::with_capacity(tensors.len());
+        for &t in tensors {
+            let b = self.buffer(
+                self.dag.tensors[t].bytes,
+                Category::Activations,
+                text!(self.names, "{} (micro-batch {mb}, reloaded from host)", self.dag.tensors[t].name),
+            );
+            alloc.push(b);
+            st.free_bwd[self.tensors[t].last_saver.unwrap_or(0)].push(b);
+        }
+        alloc
     }
 
     fn offloaded_bytes(&self, o: &BlockOffload) -> u64 {
@@ -269,15 +277,8 @@ impl Builder<'_> {
         for &g in &groups {
             deps.extend(st.offload[g].copy);
             bytes += self.offloaded_bytes(&st.offload[g]);
-            for t in st.offload[g].tensors.clone() {
-                let b = self.buffer(
-                    self.dag.tensors[t].bytes,
-                    Category::Activations,
-                    text!(self.names, "{} (micro-batch {mb}, reloaded from host)", self.dag.tensors[t].name),
-                );
-                alloc.push(b);
-                st.free_bwd[self.tensors[t].last_saver.unwrap_or(0)].push(b);
-            }
+            let tensors = st.offload[g].tensors.clone();
+            alloc.extend(self.reload_buffers(st, &tensors));
         }
         let what = text!(self.names, "reload layers.{l} saved activations from host ({bytes} B, H2D)");
         let label = TaskLabel::new(st.step, Phase::Backward, mb, what, TaskKind::Recv, None)
