@@ -169,3 +169,49 @@ fn fine_grained_offload_refusals_name_the_field() {
         bad(&extra, field, words);
     }
 }
+
+/// Under an interleaved pipeline a chunk's backward comes long after its forward: its first
+/// layer is reloaded when the backward is reached (Megatron's `pre_reload_last_layer`), not
+/// when the forward ends, and each later layer one layer ahead. So at no instant do more
+/// than three layers' reloaded groups wait on the GPU (the layer in backward, the one
+/// prefetched, and the next chunk's first), whatever the micro-batches in flight.
+#[test]
+fn fine_grained_reloads_wait_for_the_backward_under_a_pipeline() {
+    let toml = format!(
+        "[model]\nfamily = \"llama\"\nn_layers = 8\nhidden = 1024\nn_heads = 8\nn_kv_heads = 2\nffn_hidden = 3584\nvocab = 32000\nmax_seq_len = {T}\n\
+         [hardware]\ngpu = \"h100-sxm\"\ngpus = 2\n\
+         [parallel]\nframework = \"megatron\"\npipeline = 2\nschedule = \"interleaved-1f1b\"\nvirtual_stages = 2\n\
+         [training]\nmicro_batch = 1\nseq_len = {T}\ngrad_accum = 8\nattention = \"flash\"\nactivation_checkpointing = \"none\"\n\
+         [megatron]\noffload_modules = [\"core_attn\", \"attn_proj\"]\n"
+    );
+    let s = Scenario::from_toml(Path::new("<pipelined offload>"), &toml).unwrap_or_else(|e| panic!("{e}"));
+    let sim = stepsim::simulate_with(&s, stepsim::SimOptions { history: true }).unwrap();
+    for (c, class) in sim.job.classes.iter().enumerate() {
+        let prog = &class.schedule.program;
+        let h = sim.run.traces[c].history.as_ref().unwrap();
+        let mut live = std::collections::HashSet::new();
+        let mut most = 0;
+        let mut reloads = 0;
+        for e in &h.events {
+            let name = || &prog.names[prog.buffers[e.tensor as usize].name as usize];
+            match e.action {
+                stepsim::memory::history::Action::Alloc if name().contains("reloaded from host") => {
+                    reloads += 1;
+                    // "layers.L.<tensor> (micro-batch m, ...)": one entry per (layer, micro-batch).
+                    let n = name();
+                    let layer = n.split('.').nth(1).unwrap_or("").to_string();
+                    let mb = n.split("micro-batch ").nth(1).and_then(|r| r.split(',').next()).unwrap_or("").to_string();
+                    live.insert((e.tensor, layer, mb));
+                }
+                stepsim::memory::history::Action::FreeRequested => {
+                    live.retain(|x| x.0 != e.tensor);
+                }
+                _ => {}
+            }
+            let pairs: std::collections::HashSet<_> = live.iter().map(|x| (&x.1, &x.2)).collect();
+            most = most.max(pairs.len());
+        }
+        assert!(reloads > 0, "class {c} reloads nothing");
+        assert!(most <= 3, "class {c}: {most} layers' reloads wait at once");
+    }
+}

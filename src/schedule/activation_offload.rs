@@ -238,6 +238,22 @@ impl Builder<'_> {
         }
     }
 
+    /// Fine-grained offloading at the end of a chunk's forward: a group none of whose commit
+    /// points ran (none should) keeps its tensors on the GPU, freed as if never offloaded.
+    pub(super) fn keep_uncommitted(&mut self, st: &mut FwdPass) {
+        if self.fine.is_none() {
+            return;
+        }
+        for g in 0..st.offload.len() {
+            if st.offload[g].copy.is_none() && !st.offload[g].buffers.is_empty() {
+                let o = std::mem::take(&mut st.offload[g]);
+                for (t, b) in o.tensors.into_iter().zip(o.buffers) {
+                    st.free_bwd[self.tensors[t].last_saver.unwrap_or(0)].push(b);
+                }
+            }
+        }
+    }
+
     fn group_name(&self, g: usize) -> &'static str {
         let bit = self.fine.as_ref().map_or(0, |f| f.module[g]);
         crate::plan::OffloadModules::ALL.iter().find(|(_, b)| *b == bit).map_or("", |(n, _)| *n)
@@ -247,12 +263,16 @@ impl Builder<'_> {
     /// the layer after it did not start it), which the block's first kernel waits for, then
     /// the reload of the layer before it in this chunk.
     fn reload_groups(&mut self, st: &mut Bwd, l: usize, deps: &mut Vec<u32>) {
-        let after = st.last_bwd_task;
-        if let Some(t) = self.reload_layer(st, l, after) {
+        // The chunk's first layer in backward is reloaded when its backward is reached: after
+        // the task the program issued last (the pass's own last task is its forward's, long
+        // before under a pipeline). Megatron starts it as the chunk before finishes
+        // (`pre_reload_last_layer`).
+        let reached = self.last_task().map_or(st.last_bwd_task, |t| t.max(st.last_bwd_task));
+        if let Some(t) = self.reload_layer(st, l, reached) {
             deps.push(t);
         }
         if l > 0 {
-            self.reload_layer(st, l - 1, after);
+            self.reload_layer(st, l - 1, st.last_bwd_task.max(reached));
         }
     }
 

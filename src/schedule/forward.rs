@@ -125,6 +125,9 @@ impl Builder<'_> {
         let u = plan.unit_of(op.region);
         if let Some(comm) = op.comm {
             self.tp_forward(st, op, i, comm);
+            // A group whose last reader is a collective commits after it.
+            let after = st.pending.unwrap_or(st.last);
+            self.commit_groups(st, i, after);
             return;
         }
         let mut deps = Vec::new();
@@ -211,6 +214,7 @@ impl Builder<'_> {
     /// After the chunk's last op: its output to the next stage.
     pub(super) fn forward_end(&mut self, mut st: FwdPass) -> Fwd {
         let c = st.chunk;
+        self.keep_uncommitted(&mut st);
         self.fsdp2_end_forward(st.last);
         self.send_activation(&mut st, c);
         let vs = self.chunk_vs[c];
