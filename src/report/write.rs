@@ -250,7 +250,7 @@ fn host_note(r: &Report) -> Option<String> {
     }
     r.activation_offload.as_ref().map(|a| {
         format!(
-            "in host memory, not on the GPU: {} per GPU of offloaded activations ({})",
+            "in host memory, not on the GPU: {} per GPU and micro-batch of offloaded activations ({})",
             fmt_bytes(a.host_bytes_per_gpu.bytes),
             a.method
         )
