@@ -212,6 +212,31 @@ fn with_tensor_and_sequence_parallelism_eh_proj_gathers_its_columns_and_splits_t
     assert_eq!(d.tensors[gathered].bytes, t * h * c);
 }
 
+/// Under context parallelism (`roll_tensor` with a CP group) each module runs on this rank's
+/// share of the tokens: its embedding, enorm, hnorm, concatenation and eh_proj on s / cp
+/// tokens, its layer's attention as the decoder's under context parallelism, its head and
+/// loss on the rank's tokens; the boundary exchange of the rolled ids, labels and mask (one
+/// element per sequence chunk) is not charged, and the report says so.
+#[test]
+fn with_context_parallelism_each_module_runs_on_the_ranks_tokens() {
+    let (h, c) = (H, 2);
+    let one = scenario(1, Some("layers = 1"), "", "");
+    let cp = scenario(2, Some("layers = 1"), "context = 2", "");
+    let (d1, d2) = (model::build(&one.model, &one.workload), model::build(&cp.model, &cp.workload));
+    let bytes =
+        |d: &model::LayerDag, n: &str| d.tensors.iter().find(|x| x.name == n).unwrap_or_else(|| panic!("{n}")).bytes;
+    assert_eq!(bytes(&d1, "mtp.0.embedding.out"), SEQ * h * c);
+    assert_eq!(bytes(&d2, "mtp.0.embedding.out"), SEQ / 2 * h * c);
+    assert_eq!(bytes(&d2, "mtp.0.concat.out"), SEQ / 2 * 2 * h * c);
+    assert_eq!(bytes(&d2, "mtp.0.loss.softmax"), bytes(&d1, "mtp.0.loss.softmax") / 2);
+    // The module's layer attends as the decoder's layers do under context parallelism.
+    let core = |d: &model::LayerDag, n: &str| d.ops.iter().find(|o| o.name == n).map(|o| o.fwd_flops).unwrap();
+    assert_eq!(core(&d2, "mtp.0.layer.attention.core"), core(&d2, &format!("layers.{}.attention.core", LAYERS - 1)));
+    let r = stepsim::simulate(&cp).unwrap().report;
+    assert!(matches!(r.verdict, stepsim::report::Verdict::Fits { .. }));
+    assert!(r.assumptions.iter().any(|a| a.contains("roll_tensor") && a.contains("context parallelism (2 ranks)")));
+}
+
 /// Megatron's full recompute wraps each module under `--recompute-method uniform`
 /// (`_checkpointed_forward`) and skips it under `block` (a warning, "not supported for MTP
 /// yet"); the module's embedding is computed outside the checkpoint and kept.
@@ -288,7 +313,6 @@ fn malformed_and_unmodelled_mtp_is_refused_naming_the_field() {
         (base("layers = 1\nloss_scale = -0.1", mg, "", ""), "model.mtp.loss_scale", "positive"),
         (base("layers = 1\nloss_scale = nan", mg, "", ""), "model.mtp.loss_scale", "positive"),
         (base("layers = 1\ndepth = 2", mg, "", ""), "model.mtp.depth", "unknown field"),
-        (base("layers = 1", &format!("{mg}\ncontext = 2"), "", ""), "parallel.context", "roll_tensor"),
         (base("layers = 1", mg, "loss = \"fused-linear\"", ""), "training.loss", "fused-linear"),
         (base("layers = 1", mg, "activation_offload = \"overlapped\"", ""), "training.activation_offload", ""),
         (base("layers = 1", mg, "", "").replace("family = \"llama\"", "family = \"gpt\""), "model.mtp", "llama family"),

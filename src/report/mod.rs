@@ -1045,9 +1045,17 @@ pub fn memory_side(cap: u64, sched: &Schedule, trace: &Trace) -> (Verdict, Optio
 fn mtp_assumption(dag: &LayerDag, m: &crate::model::MtpConfig) -> String {
     let cfg = &dag.config;
     let tokens = dag.tokens();
-    let logits = tokens * cfg.vocab * dag.workload.compute_dtype.bytes();
+    let logits = tokens * (cfg.vocab / dag.workload.split.tensor.max(1)) * dag.workload.compute_dtype.bytes();
+    // roll_tensor under context parallelism: each rank's two sequence chunks swap their
+    // boundary token with the neighbouring ranks (multi_token_prediction.py).
+    let cp = match dag.workload.split.context.max(1) {
+        1 => String::new(),
+        c => format!(
+            "; under context parallelism ({c} ranks) each module runs on this rank's share of the tokens, and roll_tensor's point-to-point exchange of the sequence chunks' boundary ids, labels and mask (one element per chunk) is not charged"
+        ),
+    };
     format!(
-        "multi-token prediction (Megatron-Core MultiTokenPredictionBlock, DeepSeek-V3 Sec. 2.2): {d} module{s} after the decoder's final norm on the last pipeline stage (its last virtual stage), each the shared embedding of the tokens rolled k places, enorm and hnorm, eh_proj (2h -> h) over their concatenation, a transformer layer of the last block's kind and a final norm; the D + 1 hidden states concatenated (torch.cat) for the heads, then per depth the shared output head ({logits} of 16-bit logits a micro-batch), the loss ({loss}) and the acceptance argmax, before the main head; it checkpoints with the decoder's layers under Megatron's uniform full recompute and not under block recompute, as MultiTokenPredictionLayer does; with a pipeline the last stage keeps a copy of the word embedding ({emb} elements) whose gradient is all-reduced with the first stage's; the rolled label and mask copies (tokens x 8 bytes) are not charged and the loss scale ({scale}) changes no memory or time; MFU counts its FLOPs from the DAG, as num_floating_point_operations counts its layers, eh_proj and logits",
+        "multi-token prediction (Megatron-Core MultiTokenPredictionBlock, DeepSeek-V3 Sec. 2.2): {d} module{s} after the decoder's final norm on the last pipeline stage (its last virtual stage), each the shared embedding of the tokens rolled k places, enorm and hnorm, eh_proj (2h -> h) over their concatenation, a transformer layer of the last block's kind and a final norm; the D + 1 hidden states concatenated (torch.cat) for the heads, then per depth the shared output head ({logits} of 16-bit logits a micro-batch), the loss ({loss}) and the acceptance argmax, before the main head; it checkpoints with the decoder's layers under Megatron's uniform full recompute and not under block recompute, as MultiTokenPredictionLayer does; with a pipeline the last stage keeps a copy of the word embedding ({emb} elements) whose gradient is all-reduced with the first stage's; the rolled label and mask copies (tokens x 8 bytes) are not charged and the loss scale ({scale}) changes no memory or time; MFU counts its FLOPs from the DAG, as num_floating_point_operations counts its layers, eh_proj and logits{cp}",
         d = m.layers,
         s = if m.layers == 1 { "" } else { "s" },
         logits = fmt_bytes(logits),

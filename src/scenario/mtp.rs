@@ -63,13 +63,6 @@ pub(super) fn check_mtp(
             "multi-token prediction is trained by Megatron-Core (--mtp-num-layers); torchtitan's DeepSeek-V3 has no MTP module and transformers does not train one: set parallel.framework = \"megatron\"",
         ));
     }
-    let mp = &parallel.model_parallel;
-    if mp.context > 1 {
-        return Err(v.err(
-            "parallel.context",
-            format!("{}: multi-token prediction with context parallelism is not simulated yet (roll_tensor's exchange of the boundary tokens between context-parallel ranks); use parallel.context = 1", mp.context),
-        ));
-    }
     if workload.loss == crate::model::LossKind::FusedLinear {
         return Err(v.err(
             "training.loss",
