@@ -89,6 +89,15 @@ fn check_names_the_offload() {
     assert!(text.contains("activation_offload = \"overlapped\" (first 3 blocks)"), "{text}");
     let plain = stepsim::report::check::summary(&scenario("fsdp", ""));
     assert!(!plain.contains("activation_offload"), "{plain}");
+    let fine = scenario(
+        "megatron",
+        "[megatron]\noffload_modules = [\"attn_proj\", \"core_attn\"]\nactivation_offload_fraction = 0.5\n",
+    );
+    let text = stepsim::report::check::summary(&fine);
+    assert!(
+        text.contains("fine-grained activation offloading of core_attn, attn_proj in every layer (tensors of 1048576+ elements, the first 50% of each chunk's groups)"),
+        "{text}"
+    );
 }
 
 /// Megatron-Core's fine-grained offloading of `core_attn` and `attn_proj` (each layer's two

@@ -153,7 +153,19 @@ pub fn summary(s: &Scenario) -> String {
         extra.push(format!("recompute_modules = {names:?}"));
     }
     if let Some(a) = &t.activation_offload {
-        extra.push(format!("activation_offload = \"{}\" (first {} blocks)", a.method.name(), a.blocks));
+        extra.push(match a.method {
+            crate::plan::ActivationOffloadMethod::FineGrained => format!(
+                "fine-grained activation offloading of {} in every layer (tensors of {}+ elements{})",
+                a.modules.names().join(", "),
+                a.min_elements,
+                if a.fraction < 1.0 {
+                    format!(", the first {:.0}% of each chunk's groups", a.fraction * 100.0)
+                } else {
+                    String::new()
+                }
+            ),
+            _ => format!("activation_offload = \"{}\" (first {} blocks)", a.method.name(), a.blocks),
+        });
     }
     if !s.workload.loss.is_eager() {
         extra.push(format!("loss = \"{}\"", s.workload.loss.name()));
