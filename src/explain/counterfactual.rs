@@ -525,17 +525,12 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             let pipeline = s.parallel.model_parallel.pipeline > 1;
             if s.parallel.framework == Framework::Megatron && (pipeline || t.checkpointing == Checkpointing::Selective)
             {
-                let mut modules = crate::plan::OffloadModules(1 | 2 | 4 | 8 | 16);
+                use crate::plan::OffloadModules as M;
+                let mut modules = M(M::ATTN_NORM | M::QKV_LINEAR | M::CORE_ATTN | M::ATTN_PROJ | M::MLP_NORM);
                 if s.model.moe.is_some() {
-                    modules.0 |= 32 | 64;
+                    modules.0 |= M::EXPERT_FC1 | M::MOE_ACT;
                 }
-                let mut a = crate::scenario::activation_offload(
-                    &s.cluster,
-                    ActivationOffloadMethod::FineGrained,
-                    s.model.n_layers,
-                );
-                a.modules = modules;
-                a.min_elements = 1 << 20;
+                let a = crate::scenario::fine_grained(&s.cluster, s.model.n_layers, modules, M::MIN_ELEMENTS, 1.0);
                 v.training.activation_offload = Some(a);
                 let label = format!(
                     "activation offload: --fine-grained-activation-offloading --offload-modules {}",

@@ -491,20 +491,34 @@ pub enum ActivationOffloadMethod {
 pub struct OffloadModules(pub u8);
 
 impl OffloadModules {
+    pub const ATTN_NORM: u8 = 1;
+    pub const QKV_LINEAR: u8 = 2;
+    pub const CORE_ATTN: u8 = 4;
+    pub const ATTN_PROJ: u8 = 8;
+    pub const MLP_NORM: u8 = 16;
+    pub const EXPERT_FC1: u8 = 32;
+    pub const MOE_ACT: u8 = 64;
     /// Megatron's names, in a layer's forward order: each module offloads the tensors saved
     /// inside it (its input among them; `TransformerConfig.offload_modules`).
     pub const ALL: [(&'static str, u8); 7] = [
-        ("attn_norm", 1),
-        ("qkv_linear", 2),
-        ("core_attn", 4),
-        ("attn_proj", 8),
-        ("mlp_norm", 16),
-        ("expert_fc1", 32),
-        ("moe_act", 64),
+        ("attn_norm", Self::ATTN_NORM),
+        ("qkv_linear", Self::QKV_LINEAR),
+        ("core_attn", Self::CORE_ATTN),
+        ("attn_proj", Self::ATTN_PROJ),
+        ("mlp_norm", Self::MLP_NORM),
+        ("expert_fc1", Self::EXPERT_FC1),
+        ("moe_act", Self::MOE_ACT),
     ];
+    /// Megatron's `--min-offloaded-tensor-size` default, elements (arguments.py).
+    pub const MIN_ELEMENTS: u64 = 1 << 20;
 
     pub fn has(self, bit: u8) -> bool {
         self.0 & bit != 0
+    }
+
+    /// Megatron's name of one module bit.
+    pub fn name(bit: u8) -> &'static str {
+        Self::ALL.iter().find(|(_, b)| *b == bit).map_or("", |(n, _)| *n)
     }
 
     /// The names set, in forward order.

@@ -344,27 +344,23 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         s.workload.kernels.name(),
         if s.workload.loss.is_eager() { String::new() } else { format!(", loss {}", s.workload.loss.name()) }
     );
-    if let Some(a) = r.activation_offload.as_ref().filter(|a| !a.modules.is_empty()) {
+    if let Some(a) = &r.activation_offload {
+        let what = if !a.modules.is_empty() {
+            format!("activations saved in the modules {} of every layer to pinned host memory (Megatron-Core fine-grained activation offloading)", a.modules.join(", "))
+        } else {
+            format!(
+                "activations of the first {} blocks to pinned host memory ({})",
+                a.blocks,
+                if a.method == "overlapped" {
+                    "overlapped: Megatron-Core --cpu-offloading, Transformer Engine's offload handler"
+                } else {
+                    "synchronous: PyTorch offload_wrapper, copies on the compute stream"
+                }
+            )
+        };
         let _ = writeln!(
             o,
-            "Offload    activations saved in the modules {} of every layer to pinned host memory (Megatron-Core fine-grained activation offloading): {} per GPU per micro-batch ({} for a node of {}); copies at {:.0} GB/s D2H, {:.0} GB/s H2D",
-            a.modules.join(", "),
-            fmt_bytes(a.host_bytes_per_gpu.bytes),
-            fmt_bytes(a.host_bytes_per_gpu.bytes.saturating_mul(u64::from(s.cluster.gpus_per_node))),
-            s.cluster.gpus_per_node,
-            a.d2h_bytes_per_s / 1e9,
-            a.h2d_bytes_per_s / 1e9
-        );
-    } else if let Some(a) = &r.activation_offload {
-        let _ = writeln!(
-            o,
-            "Offload    activations of the first {} blocks to pinned host memory ({}): {} per GPU per micro-batch ({} for a node of {}); copies at {:.0} GB/s D2H, {:.0} GB/s H2D",
-            a.blocks,
-            if a.method == "overlapped" {
-                "overlapped: Megatron-Core --cpu-offloading, Transformer Engine's offload handler"
-            } else {
-                "synchronous: PyTorch offload_wrapper, copies on the compute stream"
-            },
+            "Offload    {what}: {} per GPU per micro-batch ({} for a node of {}); copies at {:.0} GB/s D2H, {:.0} GB/s H2D",
             fmt_bytes(a.host_bytes_per_gpu.bytes),
             fmt_bytes(a.host_bytes_per_gpu.bytes.saturating_mul(u64::from(s.cluster.gpus_per_node))),
             s.cluster.gpus_per_node,

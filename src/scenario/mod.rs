@@ -412,7 +412,7 @@ fn fine_grained_offload(
     model: &ModelConfig,
     cluster: &Cluster,
 ) -> Result<Option<crate::plan::ActivationOffload>, ScenarioError> {
-    use crate::plan::{ActivationOffloadMethod, OffloadModules};
+    use crate::plan::OffloadModules;
     let Some(mg) = mg else { return Ok(None) };
     let field = "megatron.offload_modules";
     let Some(names) = &mg.offload_modules else {
@@ -448,7 +448,7 @@ fn fine_grained_offload(
         bits |= OffloadModules::ALL.iter().find(|(x, _)| *x == name).map_or(0, |(_, b)| *b);
     }
     let modules = OffloadModules(bits);
-    if modules.has(8) && !modules.has(4) {
+    if modules.has(OffloadModules::ATTN_PROJ) && !modules.has(OffloadModules::CORE_ATTN) {
         return Err(v.err(field, "\"attn_proj\" needs \"core_attn\" too (Megatron: attn_proj cannot be set to offload_modules alone without core_attn)"));
     }
     if t.activation_offload.as_deref().is_some_and(|m| m != "none") {
@@ -459,7 +459,7 @@ fn fine_grained_offload(
     }
     let min_elements = match mg.min_offloaded_tensor_size {
         Some(x) => v.positive("megatron.min_offloaded_tensor_size", x)?,
-        None => 1 << 20,
+        None => OffloadModules::MIN_ELEMENTS,
     };
     let fraction = match mg.activation_offload_fraction {
         Some(f) if f.is_finite() && (0.0..=1.0).contains(&f) => f,
@@ -471,11 +471,23 @@ fn fine_grained_offload(
         }
         None => 1.0,
     };
-    let mut a = activation_offload(cluster, ActivationOffloadMethod::FineGrained, model.n_layers);
+    Ok(Some(fine_grained(cluster, model.n_layers, modules, min_elements, fraction)))
+}
+
+/// Megatron's fine-grained offloading of `modules` in every one of `n_layers` layers, at the
+/// GPU's PCIe rates.
+pub fn fine_grained(
+    cluster: &Cluster,
+    n_layers: u64,
+    modules: crate::plan::OffloadModules,
+    min_elements: u64,
+    fraction: f64,
+) -> crate::plan::ActivationOffload {
+    let mut a = activation_offload(cluster, crate::plan::ActivationOffloadMethod::FineGrained, n_layers);
     a.modules = modules;
     a.min_elements = min_elements;
     a.fraction = fraction;
-    Ok(Some(a))
+    a
 }
 
 /// Activation offload of the first `blocks` blocks, with pinned copies at the GPU's PCIe

@@ -218,13 +218,16 @@ impl Builder<'_> {
     /// the copy ends.
     pub(super) fn commit_groups(&mut self, st: &mut FwdPass, i: usize, after: u32) {
         let Some(fine) = &self.fine else { return };
-        let commits = fine.at_op[i].clone();
-        for g in commits {
+        if fine.at_op[i].is_empty() {
+            return;
+        }
+        for g in fine.at_op[i].clone() {
             let g = g as usize;
             if st.offload[g].tensors.is_empty() {
                 continue;
             }
-            let (l, module) = (self.fine.as_ref().map_or(0, |f| f.block[g]), self.group_name(g));
+            let fine = self.fine.as_ref().expect("fine-grained");
+            let (l, module) = (fine.block[g], crate::plan::OffloadModules::name(fine.module[g]));
             let bytes = self.offloaded_bytes(&st.offload[g]);
             let what = text!(self.names, "offload layers.{l} {module} saved activations to host ({bytes} B, D2H)");
             let label = TaskLabel::new(st.step, Phase::Forward, st.mb, what, TaskKind::Send, None)
@@ -252,11 +255,6 @@ impl Builder<'_> {
                 }
             }
         }
-    }
-
-    fn group_name(&self, g: usize) -> &'static str {
-        let bit = self.fine.as_ref().map_or(0, |f| f.module[g]);
-        crate::plan::OffloadModules::ALL.iter().find(|(_, b)| *b == bit).map_or("", |(n, _)| *n)
     }
 
     /// Fine-grained offloading at the start of block `l`'s backward: its groups' reload (if

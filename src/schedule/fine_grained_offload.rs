@@ -53,21 +53,21 @@ pub struct FineGroups {
 pub fn module_of(name: &str) -> u8 {
     let last = |s: &str| name.ends_with(s);
     if last(".attention_norm") {
-        1
+        OffloadModules::ATTN_NORM
     } else if last(".attention.core") {
-        4
+        OffloadModules::CORE_ATTN
     } else if last(".attention.wo") {
-        8
+        OffloadModules::ATTN_PROJ
     } else if last(".ffn_norm") {
-        16
+        OffloadModules::MLP_NORM
     } else if last(".experts.w1") || last(".experts.w3") {
-        32
+        OffloadModules::EXPERT_FC1
     } else if last(".experts.swiglu") || last(".experts.silu") || last(".experts.mul") {
-        64
+        OffloadModules::MOE_ACT
     } else if name.contains(".attention.") && !name.contains(".attention.dropout") || last(".attn.c_attn") {
         // The projections to queries, keys and values and what runs on them before the
         // core attention (head norms, rotary, MLA's down and up projections and norms).
-        2
+        OffloadModules::QKV_LINEAR
     } else {
         0
     }
