@@ -62,6 +62,10 @@ pub struct SimOptions {
     /// Each rank class's allocator history, for a PyTorch memory snapshot
     /// ([`report::snapshot`]): every allocation, free and segment with its address.
     pub history: bool,
+    /// Simulate every period of a repeating schedule instead of extrapolating it
+    /// ([`engine::RunOptions::every_period`]), in the job's run and the follow-up runs:
+    /// the same figures, slower. What the test of the extrapolation compares with.
+    pub every_period: bool,
 }
 
 /// Simulates a validated scenario. Fails only on an internal scheduling error.
@@ -76,13 +80,14 @@ pub fn simulate_with(s: &scenario::Scenario, opts: SimOptions) -> Result<Simulat
     if let Some(cfg) = &s.inference {
         return simulate_inference(s, cfg, record);
     }
-    let mut sim = simulate_job(s, s.allocator_capacity(), record)?;
+    let every = opts.every_period;
+    let mut sim = simulate_job(s, s.allocator_capacity(), record, every)?;
     // A fragmentation OOM: would perfect packing (no allocator overhead at all) fit?
     let fragmented = sim.report.allocator.oom.as_ref().is_some_and(|d| d.cause == memory::OomCause::Fragmentation);
     if fragmented {
         let mut alt = s.clone();
         alt.allocator.kind = memory::AllocatorKind::Exact;
-        let r = simulate_job(&alt, s.allocator_capacity(), job::run::Record::Peaks)?.report;
+        let r = simulate_job(&alt, s.allocator_capacity(), job::run::Record::Peaks, every)?.report;
         let w = report::allocator::WithoutFragmentation {
             fits: matches!(r.verdict, report::Verdict::Fits { .. }),
             oom_at: match r.verdict {
@@ -95,13 +100,13 @@ pub fn simulate_with(s: &scenario::Scenario, opts: SimOptions) -> Result<Simulat
         }
     }
     if s.training.checkpointing != plan::Checkpointing::None {
-        sim.report.checkpointing_cost = checkpointing_cost(s, &sim.report)?;
+        sim.report.checkpointing_cost = checkpointing_cost(s, &sim.report, every)?;
     }
     if let Some(loads) = s.expert_loads() {
-        sim.report.routing = Some(routing_report(s, &loads, &sim.report)?);
+        sim.report.routing = Some(routing_report(s, &loads, &sim.report, every)?);
     }
     if let Some(off) = &s.parallel.offload {
-        sim.report.offload = Some(offload_report(s, off, &sim)?);
+        sim.report.offload = Some(offload_report(s, off, &sim, every)?);
         if sim.job.classes.len() > 1 {
             sim.report.assumptions.push("offload on a pipeline: a node's host memory and NVMe are those of the stage that offloads the most, on every GPU of the node (an upper bound when a node holds several stages)".into());
         }
@@ -127,6 +132,7 @@ fn offload_report(
     s: &scenario::Scenario,
     off: &plan::OffloadConfig,
     sim: &Simulation,
+    every: bool,
 ) -> Result<report::OffloadReport, engine::Deadlock> {
     use plan::OffloadDevice;
     let p = sim.plan();
@@ -166,7 +172,7 @@ fn offload_report(
     let mut alt = s.clone();
     alt.parallel.offload = None;
     let without = plan_of(&alt, &sim.dag).model_state().total();
-    let r = simulate_job(&alt, u64::MAX / 4, job::run::Record::Peaks)?.report;
+    let r = simulate_job(&alt, u64::MAX / 4, job::run::Record::Peaks, every)?.report;
     let fsdp = s.parallel.framework.is_pytorch();
     let mode = match (fsdp, off.parameters) {
         (true, _) if s.parallel.framework.fsdp2_buffers() => "FSDP2 CPUOffloadPolicy(pin_memory=True)".to_string(),
@@ -303,6 +309,7 @@ fn simulate_job(
     s: &scenario::Scenario,
     capacity: u64,
     record: job::run::Record,
+    every_period: bool,
 ) -> Result<Simulation, engine::Deadlock> {
     let curve = record != job::run::Record::Peaks;
     let dag = model::build(&s.model, &s.workload);
@@ -310,7 +317,7 @@ fn simulate_job(
     let steps = plan.training.steps;
     let loads = s.expert_loads();
     let job = job::compile(&dag, &plan, &s.cluster, s.jitter.as_ref(), loads.as_deref(), true, steps);
-    let run = job::run::run(&job, &s.allocator, capacity, s.cluster.memory_bytes, steps, record)?;
+    let run = job::run::run_with(&job, &s.allocator, capacity, s.cluster.memory_bytes, steps, record, every_period)?;
     let jr = report::job::build(s, &dag, &job, &run, curve);
     Ok(Simulation { dag, job, run, report: jr.report, headline: jr.headline, class_reports: jr.classes })
 }
@@ -364,11 +371,12 @@ pub fn simulate_lean(
 fn checkpointing_cost(
     s: &scenario::Scenario,
     with: &report::Report,
+    every: bool,
 ) -> Result<Option<report::CheckpointingCost>, engine::Deadlock> {
     let Some(tp) = &with.throughput else { return Ok(None) };
     let mut alt = s.clone();
     alt.training.checkpointing = plan::Checkpointing::None;
-    let r = simulate_job(&alt, u64::MAX / 4, job::run::Record::Peaks)?.report;
+    let r = simulate_job(&alt, u64::MAX / 4, job::run::Record::Peaks, every)?.report;
     Ok(r.throughput.map(|t| report::CheckpointingCost {
         step_time_without_s: t.step_time_s,
         step_time_with_s: tp.step_time_s,
@@ -384,6 +392,7 @@ fn routing_report(
     s: &scenario::Scenario,
     loads: &[u64],
     with: &report::Report,
+    every: bool,
 ) -> Result<report::RoutingReport, engine::Deadlock> {
     let (mut hot, mut cold) = (0, 0);
     for (r, &c) in loads.iter().enumerate() {
@@ -395,11 +404,12 @@ fn routing_report(
         }
     }
     let ran_out = matches!(with.verdict, report::Verdict::Oom(_));
-    let needed = if ran_out { simulate_job(s, u64::MAX / 4, job::run::Record::Peaks)?.report } else { with.clone() };
+    let needed =
+        if ran_out { simulate_job(s, u64::MAX / 4, job::run::Record::Peaks, every)?.report } else { with.clone() };
     let mut uniform = s.clone();
     uniform.routing = schedule::routing::Routing::Uniform;
     uniform.capacity = None;
-    let u = simulate_job(&uniform, s.allocator_capacity(), job::run::Record::Peaks)?.report;
+    let u = simulate_job(&uniform, s.allocator_capacity(), job::run::Record::Peaks, every)?.report;
     let describe = match &s.routing {
         schedule::routing::Routing::Uniform => "uniform".to_string(),
         schedule::routing::Routing::Zipf { exponent, seed } => format!("zipf (exponent {exponent}, seed {seed})"),

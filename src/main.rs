@@ -47,6 +47,13 @@ enum Command {
         /// pytorch.org/memory_viz like a `torch.cuda.memory._dump_snapshot()` of a real run.
         #[arg(long)]
         snapshot: bool,
+        /// Simulate every micro-batch of a repeating schedule through the event loop. By
+        /// default, once a pipeline's steady state (or a run of accumulated micro-batches)
+        /// schedules exactly as a few micro-batches before, the later ones are played
+        /// straight into the allocators: the same output, faster. This flag is for checking
+        /// that.
+        #[arg(long = "every-period")]
+        every_period: bool,
     },
     /// Validate a scenario and print what stepsim derived from it, without simulating.
     Check {
@@ -189,12 +196,12 @@ fn cli_main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Run { scenario, out, json, trace, memory_csv, snapshot } => {
+        Command::Run { scenario, out, json, trace, memory_csv, snapshot, every_period } => {
             let output = stepsim::report::write::OutputDetail {
                 full_trace: trace.is_some(),
                 full_memory_csv: memory_csv.is_some(),
             };
-            run(&scenario, out, json, output, snapshot)
+            run(&scenario, out, json, output, stepsim::SimOptions { history: snapshot, every_period })
         }
         Command::Sweep(args) => stepsim::sweep::cli::main(args),
         Command::Explain { scenario, out, margin } => explain(&scenario, out, margin),
@@ -279,8 +286,9 @@ fn run(
     out: Option<PathBuf>,
     json: bool,
     output: stepsim::report::write::OutputDetail,
-    snapshot: bool,
+    opts: stepsim::SimOptions,
 ) -> ExitCode {
+    let snapshot = opts.history;
     let s = match Scenario::load(path) {
         Ok(s) => s,
         Err(e) => {
@@ -299,7 +307,7 @@ fn run(
         );
         return ExitCode::from(2);
     }
-    let sim = match stepsim::simulate_with(&s, stepsim::SimOptions { history: snapshot }) {
+    let sim = match stepsim::simulate_with(&s, opts) {
         Ok(sim) => sim,
         Err(e) => {
             eprintln!("error: {e}");

@@ -194,7 +194,7 @@ fn fine_grained_reloads_wait_for_the_backward_under_a_pipeline() {
          [megatron]\noffload_modules = [\"core_attn\", \"attn_proj\"]\n"
     );
     let s = Scenario::from_toml(Path::new("<pipelined offload>"), &toml).unwrap_or_else(|e| panic!("{e}"));
-    let sim = stepsim::simulate_with(&s, stepsim::SimOptions { history: true }).unwrap();
+    let sim = stepsim::simulate_with(&s, stepsim::SimOptions { history: true, ..Default::default() }).unwrap();
     for (c, class) in sim.job.classes.iter().enumerate() {
         let prog = &class.schedule.program;
         let h = sim.run.traces[c].history.as_ref().unwrap();

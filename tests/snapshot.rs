@@ -88,7 +88,7 @@ fn replay_matches_curve(s: &Scenario, h: &History, samples: &[stepsim::memory::S
 }
 
 fn check(s: &Scenario) {
-    let sim = stepsim::simulate_with(s, stepsim::SimOptions { history: true }).unwrap();
+    let sim = stepsim::simulate_with(s, stepsim::SimOptions { history: true, ..Default::default() }).unwrap();
     let plain = stepsim::simulate(s).unwrap();
     assert_eq!(
         stepsim::report::write::report_json(&sim.report),
@@ -123,7 +123,7 @@ fn the_history_replays_through_fragmentation_empty_cache_and_oom() {
 fn the_history_replays_with_expandable_segments() {
     let mut s = load("fragmentation-oom");
     s.allocator.expandable_segments = true;
-    let sim = stepsim::simulate_with(&s, stepsim::SimOptions { history: true }).unwrap();
+    let sim = stepsim::simulate_with(&s, stepsim::SimOptions { history: true, ..Default::default() }).unwrap();
     let h = sim.run.traces[0].history.as_ref().unwrap();
     assert!(h.events.iter().any(|e| e.action == Action::SegmentMap), "pages are mapped, not cudaMalloc'd");
     assert!(!h.events.iter().any(|e| e.action == Action::SegmentAlloc));

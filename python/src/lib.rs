@@ -295,7 +295,7 @@ fn simulate(py: Python<'_>, kind: String, payload: String, snapshot: bool) -> Py
                     "a snapshot holds the caching allocator's segments and addresses; the exact model (\"exact\") has none: use \"caching\" (the default) or leave snapshot off",
                 )));
             }
-            let sim = stepsim::simulate_with(&s, stepsim::SimOptions { history: snapshot })
+            let sim = stepsim::simulate_with(&s, stepsim::SimOptions { history: snapshot, ..Default::default() })
                 .map_err(|e| Failure::Internal(e.to_string()))?;
             sim.check_invariants().map_err(Failure::Internal)?;
             let mut out = Simulation::new(sim);

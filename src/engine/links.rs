@@ -163,6 +163,48 @@ impl SharedLinks {
         }
     }
 
+    /// What the rates to come depend on, per device: its tasks in flight in task order, each
+    /// as `task` numbers it, with its links, thread blocks, work left, rate, and time and
+    /// sequence number relative to `now` and `seq0`.
+    pub fn period_state(&self, now: u64, seq0: u64, task: &dyn Fn(u32) -> [i64; 2], out: &mut Vec<i64>) {
+        for d in &self.devices {
+            let mut active: Vec<&Active> = d.active.iter().collect();
+            active.sort_unstable_by_key(|a| a.task);
+            out.push(active.len() as i64);
+            for a in active {
+                out.extend(task(a.task));
+                out.extend([
+                    i64::from(a.mask),
+                    i64::from(a.ctas),
+                    a.work.to_bits() as i64,
+                    a.since as i64 - now as i64,
+                    a.rate.to_bits() as i64,
+                    a.seq as i64 - seq0 as i64,
+                ]);
+            }
+        }
+    }
+
+    /// Whether renumbering every task in flight by `shift` keeps their order on each device
+    /// (the order rates are handed out in).
+    pub fn keeps_order(&self, shift: &dyn Fn(u32) -> u32) -> bool {
+        self.devices.iter().all(|d| {
+            let mut ids: Vec<u32> = d.active.iter().map(|a| a.task).collect();
+            ids.sort_unstable();
+            ids.windows(2).all(|w| shift(w[0]) < shift(w[1]))
+        })
+    }
+
+    /// Moves every task in flight `dt` later, renumbered by `shift`, its end event's sequence
+    /// number `dseq` on.
+    pub fn advance(&mut self, dt: u64, dseq: u64, shift: &dyn Fn(u32) -> u32) {
+        for a in self.devices.iter_mut().flat_map(|d| d.active.iter_mut()) {
+            a.task = shift(a.task);
+            a.since += dt;
+            a.seq += dseq;
+        }
+    }
+
     /// Whether an end event of `task` with sequence number `seq` is its newest one.
     pub fn is_current(&self, device: usize, task: u32, seq: u64) -> bool {
         self.devices[device].active.iter().any(|a| a.task == task && a.seq == seq)

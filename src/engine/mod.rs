@@ -18,6 +18,7 @@
 //! [`Allocator::empty_cache`].
 
 pub mod links;
+mod period;
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -142,6 +143,10 @@ pub struct Program {
     /// Tasks after which the framework itself calls `torch.cuda.empty_cache()` (beside the
     /// points `[allocator] empty_cache` names).
     pub empty_cache_after: Vec<u32>,
+    /// Where the scheduler began each slot of its micro-batch schedule (a micro-batch's
+    /// forward or backward, in program order): a hint of where the program repeats itself,
+    /// which the engine verifies task by task before it extrapolates ([`period`]).
+    pub period_marks: Vec<u32>,
 }
 
 impl Program {
@@ -156,7 +161,7 @@ impl Program {
 }
 
 /// The allocation that did not fit.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct OomEvent {
     /// The device that ran out of memory.
     pub device: u16,
@@ -169,7 +174,7 @@ pub struct OomEvent {
 }
 
 /// What happened when the program ran.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Trace {
     pub timeline: Timeline,
     /// Start and end of each task, ns (u64::MAX: never ran).
@@ -196,6 +201,10 @@ pub struct RunOptions {
     pub peaks_only: bool,
     /// Have every allocator record its history ([`Allocator::start_history`]).
     pub history: bool,
+    /// Simulate every period of a repeating stretch instead of extrapolating it
+    /// ([`period`]): the same figures, slower; what the test of the extrapolation compares
+    /// with. A run that records allocator histories always does.
+    pub every_period: bool,
 }
 
 fn totals(alloc: &dyn Allocator) -> Totals {
@@ -218,7 +227,7 @@ impl std::fmt::Display for Deadlock {
 
 /// What happened when a program spanning several devices ran: one timeline and one set of
 /// allocator counters per device; task times are global.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct DeviceTrace {
     pub timelines: Vec<Timeline>,
     pub start_ns: Vec<u64>,
@@ -228,6 +237,8 @@ pub struct DeviceTrace {
     pub stream_busy_ns: Vec<u64>,
     pub allocators: Vec<AllocatorStats>,
     pub histories: Vec<Option<History>>,
+    /// Periods of repeating schedule played without the event loop ([`period`]).
+    pub periods_jumped: u64,
 }
 
 /// Runs `program` to completion or to the first allocation that does not fit.
@@ -321,7 +332,6 @@ pub fn run_parts(
         local[s] = count[dev_of[s]];
         count[dev_of[s]] += 1;
     }
-    let mut buf_dev = vec![0u16; num.buffers()];
     let mut empty_cache = vec![false; n];
     for &t in &opts.empty_cache_after {
         if let Some(f) = empty_cache.get_mut(t as usize) {
@@ -348,30 +358,35 @@ pub fn run_parts(
     let (dependents, mut remaining) = Dependents::of(&num, links);
     let mut head = vec![0usize; ns];
     let mut busy = vec![false; ns];
-    let mut live = vec![false; num.buffers()];
     // Events keyed by (end time, sequence number) packed into one integer (time in the high
     // half), the cheapest key to compare; the sequence number is the start's position in
     // `started`, which says which task it was.
     let mut heap: BinaryHeap<Reverse<u128>> = BinaryHeap::new();
     let mut started: Vec<u32> = Vec::with_capacity(n);
-    let mut trace = DeviceTrace {
-        timelines: vec![if opts.peaks_only { Timeline::peaks_only() } else { Timeline::default() }; nd],
-        start_ns: vec![u64::MAX; n],
-        end_ns: vec![u64::MAX; n],
-        oom: None,
-        end_time_ns: 0,
-        stream_busy_ns: vec![0; ns],
-        allocators: Vec::new(),
-        histories: Vec::new(),
-    };
+    let mut timelines = vec![if opts.peaks_only { Timeline::peaks_only() } else { Timeline::default() }; nd];
+    for (tl, n) in timelines.iter_mut().zip(sample_bound(&num, &flat, &dev_of, nd, &opts.empty_cache_after)) {
+        tl.reserve(n);
+    }
     if opts.history {
         for a in allocs.iter_mut() {
             a.start_history();
         }
     }
-    for (tl, n) in trace.timelines.iter_mut().zip(sample_bound(&num, &flat, &dev_of, nd, &opts.empty_cache_after)) {
-        tl.reserve(n);
-    }
+    let mut mem = Memory {
+        num: &num,
+        dev_of: &dev_of,
+        local: &local,
+        empty_cache: &empty_cache,
+        allocs,
+        live: vec![false; num.buffers()],
+        buf_dev: vec![0u16; num.buffers()],
+        timelines,
+        start_ns: vec![u64::MAX; n],
+        end_ns: vec![u64::MAX; n],
+        stream_busy_ns: vec![0; ns],
+        periods_jumped: 0,
+    };
+    let mut per = if opts.every_period || opts.history { None } else { period::Periodic::new(&num, links) };
     let mut now = 0u64;
     let mut done = 0usize;
     // Streams that may be able to start a task: at first all of them; after an event, the
@@ -392,46 +407,12 @@ pub fn run_parts(
             if remaining[ti as usize] > 0 {
                 continue;
             }
-            let k = num.part_of(ti as usize);
-            let (prog, bo) = (parts[k], num.buffer[k]);
-            let dv = dev_of[s];
-            for &lb in prog.alloc.of(ti as usize - num.task[k]) {
-                let spec = &prog.buffers[lb as usize];
-                let b = bo + lb as usize;
-                let alloc = &mut *allocs[dv];
-                let pool = match spec.pool {
-                    TASK_STREAM => s,
-                    p => Some(num.stream[k] + p as usize).filter(|&g| dev_of[g] == dv).unwrap_or(s),
-                };
-                if let Err(error) = alloc.malloc_at(b, spec.bytes, local[pool], now) {
-                    let live_now = live
-                        .iter()
-                        .enumerate()
-                        .filter(|(i, l)| **l && buf_dev[*i] as usize == dv)
-                        .map(|(i, _)| i as u32)
-                        .collect();
-                    trace.oom = Some(OomEvent {
-                        device: dv as u16,
-                        task: ti,
-                        buffer: b as u32,
-                        time_ns: now,
-                        error,
-                        live: live_now,
-                    });
-                    trace.start_ns[ti as usize] = now;
-                    trace.end_time_ns = now;
-                    // The failed allocation released the cache before giving up.
-                    trace.timelines[dv].record_totals(now, totals(alloc), ti as usize);
-                    trace.allocators = allocs.iter().map(|a| a.stats()).collect();
-                    trace.histories = allocs.iter_mut().map(|a| a.take_history()).collect();
-                    return Ok(trace);
-                }
-                live[b] = true;
-                buf_dev[b] = dv as u16;
-                let delta = alloc.rounded(spec.bytes) as i64;
-                trace.timelines[dv].record(now, spec.category, delta, totals(alloc), ti as usize);
+            if let Err(oom) = mem.start(ti, s, now) {
+                return Ok(mem.out_of_memory(oom, now));
             }
-            trace.start_ns[ti as usize] = now;
+            if let Some(p) = per.as_mut() {
+                p.on_start(ti, now);
+            }
             busy[s] = true;
             head[s] += 1;
             if link_of[s] == 0 {
@@ -439,6 +420,7 @@ pub fn run_parts(
                 started.push(ti);
             } else {
                 // On shared links: this task's end, and those of the tasks it slows down.
+                let dv = dev_of[s];
                 shared.start(now, dv, link_of[s], u32::from(ctas[ti as usize]), ti, duration[ti as usize], &mut moved);
                 for &(t, end) in &moved {
                     shared.set_seq(dv, t, started.len() as u64);
@@ -449,7 +431,7 @@ pub fn run_parts(
         }
         candidates.clear();
         let Some(Reverse(key)) = heap.pop() else { break };
-        let ti = started[key as u64 as usize];
+        let mut ti = started[key as u64 as usize];
         let stream = task_stream[ti as usize] as usize;
         let shares = link_of[stream] != 0;
         if shares && !shared.is_current(dev_of[stream], ti, key as u64) {
@@ -457,6 +439,27 @@ pub fn run_parts(
             continue;
         }
         now = (key >> 64) as u64;
+        if let Some(p) = per.as_mut() {
+            if let Some(i) = p.anchor_index(ti) {
+                let mut st = period::State {
+                    now: &mut now,
+                    heap: &mut heap,
+                    started: &mut started,
+                    head: &mut head,
+                    busy: &busy,
+                    remaining: &mut remaining,
+                    done: &mut done,
+                    shared: &mut shared,
+                    mem: &mut mem,
+                };
+                if let Err(oom) = p.cut(i, &mut ti, &mut st, queues, task_stream, &dependents) {
+                    let at = oom.3;
+                    mem.periods_jumped = p.jumped;
+                    return Ok(mem.out_of_memory(oom, at));
+                }
+            }
+            p.on_finish(ti, now);
+        }
         if shares {
             shared.finish(now, dev_of[stream], ti, &mut moved);
             for &(t, end) in &moved {
@@ -465,49 +468,139 @@ pub fn run_parts(
                 started.push(t);
             }
         }
-        let k = num.part_of(ti as usize);
-        let (prog, bo) = (parts[k], num.buffer[k]);
-        let dv = dev_of[stream];
-        for &lb in prog.free.of(ti as usize - num.task[k]) {
-            let b = bo + lb as usize;
-            if live[b] {
-                let spec = &prog.buffers[lb as usize];
-                let bd = buf_dev[b] as usize;
-                let alloc = &mut *allocs[bd];
-                let delta = -(alloc.rounded(spec.bytes) as i64);
-                // A buffer freed by another device's task (a pipeline send's source) is
-                // released as if by its own device's first stream.
-                let on = if bd == dv { local[stream] } else { 0 };
-                alloc.free_on(b, on, now);
-                live[b] = false;
-                trace.timelines[bd].record(now, spec.category, delta, totals(alloc), ti as usize);
-            }
-        }
-        let alloc = &mut *allocs[dv];
-        alloc.stream_synced(local[stream], now);
-        if empty_cache[ti as usize] {
-            alloc.empty_cache();
-            trace.timelines[dv].record_totals(now, totals(alloc), ti as usize);
-        }
-        trace.end_ns[ti as usize] = now;
-        trace.stream_busy_ns[stream] += now - trace.start_ns[ti as usize];
+        mem.end(ti, stream, now);
         busy[stream] = false;
         done += 1;
         candidates.push(stream);
         for &d in dependents.of_task(ti) {
             remaining[d as usize] -= 1;
+            if let Some(p) = per.as_mut() {
+                p.on_unblock(ti, d);
+            }
             if remaining[d as usize] == 0 {
                 candidates.push(task_stream[d as usize] as usize);
             }
         }
     }
-    trace.end_time_ns = now;
-    trace.allocators = allocs.iter().map(|a| a.stats()).collect();
-    trace.histories = allocs.iter_mut().map(|a| a.take_history()).collect();
     if done < n {
         return Err(Deadlock { waiting: n - done });
     }
-    Ok(trace)
+    mem.periods_jumped = per.map_or(0, |p| p.jumped);
+    Ok(mem.finish(now, None))
+}
+
+/// A task's allocation that did not fit: (device, task, buffer, time, error).
+type Oom = (usize, u32, usize, u64, AllocError);
+
+/// What tasks do to memory as they start and end (every part's buffers on its device's
+/// allocator and timeline), and the times they did it: the part of a run that
+/// [`period`]'s extrapolation replays period by period.
+pub(crate) struct Memory<'p, 'a, 'b> {
+    num: &'p Numbering<'p>,
+    dev_of: &'p [usize],
+    local: &'p [usize],
+    empty_cache: &'p [bool],
+    allocs: &'a mut [&'b mut dyn Allocator],
+    live: Vec<bool>,
+    buf_dev: Vec<u16>,
+    timelines: Vec<Timeline>,
+    start_ns: Vec<u64>,
+    end_ns: Vec<u64>,
+    stream_busy_ns: Vec<u64>,
+    periods_jumped: u64,
+}
+
+impl Memory<'_, '_, '_> {
+    /// Task `ti` starts on stream `s` at `now`: its buffers are allocated, in order.
+    #[inline]
+    fn start(&mut self, ti: u32, s: usize, now: u64) -> Result<(), Oom> {
+        let num = self.num;
+        let k = num.part_of(ti as usize);
+        let (prog, bo) = (num.parts[k], num.buffer[k]);
+        let dv = self.dev_of[s];
+        for &lb in prog.alloc.of(ti as usize - num.task[k]) {
+            let spec = &prog.buffers[lb as usize];
+            let b = bo + lb as usize;
+            let alloc = &mut *self.allocs[dv];
+            let pool = match spec.pool {
+                TASK_STREAM => s,
+                p => Some(num.stream[k] + p as usize).filter(|&g| self.dev_of[g] == dv).unwrap_or(s),
+            };
+            if let Err(error) = alloc.malloc_at(b, spec.bytes, self.local[pool], now) {
+                return Err((dv, ti, b, now, error));
+            }
+            self.live[b] = true;
+            self.buf_dev[b] = dv as u16;
+            let delta = alloc.rounded(spec.bytes) as i64;
+            self.timelines[dv].record(now, spec.category, delta, totals(alloc), ti as usize);
+        }
+        self.start_ns[ti as usize] = now;
+        Ok(())
+    }
+
+    /// Task `ti` of `stream` ends at `now`: its frees, then its stream's sync, then the
+    /// `empty_cache()` the program calls after it.
+    #[inline]
+    fn end(&mut self, ti: u32, stream: usize, now: u64) {
+        let num = self.num;
+        let k = num.part_of(ti as usize);
+        let (prog, bo) = (num.parts[k], num.buffer[k]);
+        let dv = self.dev_of[stream];
+        for &lb in prog.free.of(ti as usize - num.task[k]) {
+            let b = bo + lb as usize;
+            if self.live[b] {
+                let spec = &prog.buffers[lb as usize];
+                let bd = self.buf_dev[b] as usize;
+                let alloc = &mut *self.allocs[bd];
+                let delta = -(alloc.rounded(spec.bytes) as i64);
+                // A buffer freed by another device's task (a pipeline send's source) is
+                // released as if by its own device's first stream.
+                let on = if bd == dv { self.local[stream] } else { 0 };
+                alloc.free_on(b, on, now);
+                self.live[b] = false;
+                self.timelines[bd].record(now, spec.category, delta, totals(alloc), ti as usize);
+            }
+        }
+        let alloc = &mut *self.allocs[dv];
+        alloc.stream_synced(self.local[stream], now);
+        if self.empty_cache[ti as usize] {
+            alloc.empty_cache();
+            self.timelines[dv].record_totals(now, totals(alloc), ti as usize);
+        }
+        self.end_ns[ti as usize] = now;
+        self.stream_busy_ns[stream] += now - self.start_ns[ti as usize];
+    }
+
+    /// The run's trace as it stands at `now`.
+    fn finish(self, now: u64, oom: Option<OomEvent>) -> DeviceTrace {
+        DeviceTrace {
+            timelines: self.timelines,
+            start_ns: self.start_ns,
+            end_ns: self.end_ns,
+            oom,
+            end_time_ns: now,
+            stream_busy_ns: self.stream_busy_ns,
+            allocators: self.allocs.iter().map(|a| a.stats()).collect(),
+            histories: self.allocs.iter_mut().map(|a| a.take_history()).collect(),
+            periods_jumped: self.periods_jumped,
+        }
+    }
+
+    /// The run stops at the allocation that did not fit, with what was live on its device.
+    fn out_of_memory(mut self, (dv, ti, b, _, error): Oom, now: u64) -> DeviceTrace {
+        let live = self
+            .live
+            .iter()
+            .enumerate()
+            .filter(|(i, l)| **l && self.buf_dev[*i] as usize == dv)
+            .map(|(i, _)| i as u32)
+            .collect();
+        self.start_ns[ti as usize] = now;
+        // The failed allocation released the cache before giving up.
+        self.timelines[dv].record_totals(now, totals(&*self.allocs[dv]), ti as usize);
+        let oom = OomEvent { device: dv as u16, task: ti, buffer: b as u32, time_ns: now, error, live };
+        self.finish(now, Some(oom))
+    }
 }
 
 /// Each of the first `devices` parts' view of a [`run_parts`] run whose part k runs on
@@ -515,7 +608,9 @@ pub fn run_parts(
 /// busy time and the OOM if it happened there, all in the part's own indices.
 pub fn part_traces(parts: &[&Program], devices: usize, t: DeviceTrace) -> Vec<Trace> {
     let num = Numbering::of(parts);
-    let DeviceTrace { timelines, start_ns, end_ns, oom, end_time_ns, stream_busy_ns, allocators, mut histories } = t;
+    let DeviceTrace {
+        timelines, start_ns, end_ns, oom, end_time_ns, stream_busy_ns, allocators, mut histories, ..
+    } = t;
     histories.resize(timelines.len(), None);
     timelines
         .into_iter()
@@ -725,6 +820,53 @@ mod tests {
             p.push_task(Task { stream, duration_ns, ..Default::default() }, deps, alloc, free);
         }
         p
+    }
+
+    /// `periods` micro-batches of a compute task (its activation held two periods, and
+    /// `leak` bytes never freed) and a collective after it, each period marked as a
+    /// scheduler marks it.
+    fn periodic(periods: u32, leak: u64) -> Program {
+        let mut p = Program { streams: vec!["compute".into(), "nccl".into()], ..Default::default() };
+        for i in 0..periods {
+            p.period_marks.push(p.tasks.len() as u32);
+            let (act, kept) = (p.buffers.len() as u32, p.buffers.len() as u32 + 1);
+            p.buffers.extend([buf(1 << 20), buf(leak)]);
+            let prev: Vec<u32> = if i > 0 { vec![p.tasks.len() as u32 - 2] } else { vec![] };
+            // The activation of two periods back is freed by this period's compute.
+            let free: Vec<u32> = if i >= 2 { vec![act - 4] } else { vec![] };
+            let c = p.push_task(Task { stream: 0, duration_ns: 100, ..Default::default() }, &prev, &[act, kept], &free);
+            p.push_task(Task { stream: 1, duration_ns: 30, ..Default::default() }, &[c], &[], &[]);
+        }
+        p
+    }
+
+    #[test]
+    fn a_repeating_schedule_is_jumped_to_the_same_trace() {
+        let p = periodic(50, 1024);
+        let run = |every_period| {
+            let opts = RunOptions { every_period, ..Default::default() };
+            run_devices(&p, &mut [&mut ExactAllocator::new(1 << 30)], &opts).unwrap()
+        };
+        let (fast, full) = (run(false), run(true));
+        assert!(fast.periods_jumped >= 40, "jumped {}", fast.periods_jumped);
+        assert_eq!(full.periods_jumped, 0);
+        assert_eq!(DeviceTrace { periods_jumped: 0, ..fast }, full);
+    }
+
+    #[test]
+    fn running_out_of_memory_inside_the_periods_jumped_stops_where_the_full_run_does() {
+        // 3 MiB of activations in flight plus 64 KiB leaked a period: out of memory in the
+        // 33rd period, well inside the stretch jumped from the first repeats.
+        let p = periodic(50, 64 << 10);
+        let run = |every_period| {
+            let opts = RunOptions { every_period, ..Default::default() };
+            run_devices(&p, &mut [&mut ExactAllocator::new((3 << 20) + (32 << 16) + 1000)], &opts).unwrap()
+        };
+        let (fast, full) = (run(false), run(true));
+        let oom = full.oom.as_ref().expect("the full run runs out");
+        assert_eq!(oom.task, 64, "the 33rd period's compute");
+        assert!(fast.periods_jumped > 0);
+        assert_eq!(DeviceTrace { periods_jumped: 0, ..fast }, full);
     }
 
     #[test]

@@ -10,12 +10,15 @@ use crate::schedule::{TaskKind, TaskLabel};
 /// What a job's run produced: each class's view of it (its tasks' times, its device's
 /// timeline and allocator, the OOM if it happened there), and each step's span across
 /// every class.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct JobRun {
     pub traces: Vec<Trace>,
     /// Each step's (first start, last end) over every class's tasks, ns; (u64::MAX, 0) for
     /// a step that did not run.
     pub spans: Vec<(u64, u64)>,
+    /// Periods of repeating schedule the engine played without its event loop
+    /// ([`crate::engine::RunOptions::every_period`]).
+    pub periods_jumped: u64,
 }
 
 /// What a run keeps of each device's memory.
@@ -41,6 +44,20 @@ pub fn run(
     steps: u32,
     record: Record,
 ) -> Result<JobRun, Deadlock> {
+    run_with(job, settings, capacity, device_total, steps, record, false)
+}
+
+/// [`run`], simulating every period of a repeating schedule where `every_period` (the
+/// same figures, slower: what the test of the extrapolation compares with).
+pub fn run_with(
+    job: &Job,
+    settings: &AllocatorSettings,
+    capacity: u64,
+    device_total: u64,
+    steps: u32,
+    record: Record,
+    every_period: bool,
+) -> Result<JobRun, Deadlock> {
     let mut empty_cache_after = Vec::new();
     let mut offset = 0;
     for c in &job.classes {
@@ -52,16 +69,21 @@ pub fn run(
         empty_cache_after.extend(own.into_iter().map(|t| t + offset));
         offset += prog.tasks.len() as u32;
     }
-    let opts =
-        RunOptions { empty_cache_after, peaks_only: record == Record::Peaks, history: record == Record::History };
+    let opts = RunOptions {
+        empty_cache_after,
+        peaks_only: record == Record::Peaks,
+        history: record == Record::History,
+        every_period,
+    };
     let mut allocs: Vec<Box<dyn Allocator>> =
         job.classes.iter().map(|_| settings.build(capacity, device_total)).collect();
     let mut refs: Vec<&mut dyn Allocator> = allocs.iter_mut().map(|a| &mut **a as &mut dyn Allocator).collect();
     let parts = job.parts();
     let dt = engine::run_parts(&parts, &job.links, &mut refs, &opts)?;
     let spans = step_spans(job, &dt, steps);
+    let periods_jumped = dt.periods_jumped;
     let traces = engine::part_traces(&parts, job.classes.len(), dt);
-    Ok(JobRun { traces, spans })
+    Ok(JobRun { traces, spans, periods_jumped })
 }
 
 /// Each step's span across all classes (their tasks numbered one class after the other).

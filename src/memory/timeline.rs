@@ -40,7 +40,7 @@ pub struct Mark {
 /// With the curve (`Timeline::default()`) every [`Sample`] is kept, for memory.csv, the
 /// plots and explain. Without it ([`Timeline::peaks_only`]) only what a report reads is kept:
 /// a [`Mark`] per run of samples of one task and the two peak samples.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Timeline {
     /// Every sample; empty without the curve.
     pub samples: Vec<Sample>,

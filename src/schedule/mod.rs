@@ -571,6 +571,11 @@ impl<'a> Builder<'a> {
         self.frees.extend(bufs.iter().map(|&b| (task, b)));
     }
 
+    /// The next task begins a slot of the micro-batch schedule ([`Program::period_marks`]).
+    fn mark_period(&mut self) {
+        self.prog.period_marks.push(self.prog.tasks.len() as u32);
+    }
+
     /// The finished program, its frees filed under their tasks.
     fn finish(&mut self) -> Program {
         let mut prog = std::mem::take(&mut self.prog);
@@ -607,14 +612,17 @@ impl<'a> Builder<'a> {
         if self.plan.parallel.megatron.overlap_moe_expert_parallel_comm && m > 1 {
             // Megatron's combined 1F1B without a pipeline: the first forward alone, then each
             // forward beside the previous micro-batch's backward, then the last backward.
+            self.mark_period();
             let mut f = self.forward(step, 0, 0);
             for mb in 1..m as u32 {
+                self.mark_period();
                 let b = ep_overlap::PairedBackward { mb: mb - 1, chunk: 0, fwd: f, last_mb: false, sync_grads: true };
                 f = self.forward_backward(step, mb, 0, b);
             }
             self.backward(step, m as u32 - 1, 0, f, true, true);
         } else {
             for mb in 0..m {
+                self.mark_period();
                 self.micro_batch(step, mb as u32, mb + 1 == m);
             }
         }

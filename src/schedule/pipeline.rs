@@ -251,6 +251,7 @@ impl Builder<'_> {
         let mut k = 0;
         while k < order.len() {
             let (fwd, mb, c) = order[k];
+            self.mark_period();
             // A steady-state forward and the backward after it run as one combined step.
             let paired =
                 order.get(k + 1).filter(|&&(f, bmb, bc)| overlap && fwd && !f && pending.contains_key(&(bmb, bc)));

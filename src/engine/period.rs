@@ -1,0 +1,524 @@
+//! Periodic extrapolation of the schedule, exact: a pipeline's steady state (and a run of
+//! micro-batches of gradient accumulation) repeats the same work, micro-batch after
+//! micro-batch. Where the scheduling state at the start of one period equals the state a
+//! few periods earlier, shifted in time and in task numbers, every later period until the
+//! repeating stretch of the program ends is scheduled identically; the engine then plays
+//! those periods' task starts and ends straight into the allocators and timelines, in the
+//! order and at the instants the event loop would have produced them, without the loop's
+//! bookkeeping (the event queue, dependency counts, stream polling, link sharing), and
+//! picks the loop up after the last of them.
+//!
+//! Why memory is replayed rather than extrapolated: when a task starts or ends does not
+//! depend on memory (an allocation either fits or ends the run), so the schedule can repeat
+//! while the caching allocator's layout drifts from one micro-batch to the next, as it does
+//! in a 1F1B steady state where a buffer's block moves between segments. Playing each
+//! allocation and free through the allocator keeps every reserved byte, peak, OOM instant
+//! and memory sample exactly the full simulation's. `tests/periodic.rs` checks every
+//! shipped scenario's outputs against the full run ([`super::RunOptions::every_period`]).
+//!
+//! Three steps, each conservative:
+//! - **The program repeats** ([`stretches`]): the scheduler marks where each slot of its
+//!   micro-batch schedule begins ([`super::Program::period_marks`]); runs of equal spacing
+//!   are candidate periods of `dt` tasks, and every task of a run is checked against the one
+//!   `dt` later: same stream, duration and thread blocks, dependencies shifted by the period
+//!   (or the same, where they lie before the candidate). The dependencies between parts (a
+//!   pipeline's sends and receives) are checked likewise.
+//! - **The schedule repeats** ([`Periodic::cut`]): each time the first task of a period
+//!   ends, the scheduling state is written down with every task of a stretch numbered
+//!   relative to the period and every time relative to now: the events pending and their
+//!   order, what each stream runs next and whether it is busy, the tasks part-way through
+//!   their dependencies, and the transfers in flight on shared links. Equal to a state up to
+//!   [`MAX_CUT_LAG`] periods back, with nothing outside the stretches started or finished
+//!   since: the schedule repeats with that lag.
+//! - **The jump** (`Periodic::skip`): as many repeats as keep every task the last repeat
+//!   touched inside its stretch; none if a task outside the stretches would become ready
+//!   meanwhile. Each jumped repeat's starts and ends are replayed, shifted, through memory;
+//!   the scheduling state is renumbered to the last repeat's end, where the loop goes on.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+
+use super::{Dependents, Link, Memory, Numbering, Oom, Program};
+
+const NONE: u32 = u32::MAX;
+/// Fewest periods a stretch must hold to be worth the bookkeeping.
+const MIN_PERIODS: u32 = 3;
+/// The spacings of schedule slots tried: a pipeline stage alternates forwards and
+/// backwards, so its period spans two slots (an interleaved one more).
+const MAX_LAG: usize = 32;
+/// The most periods a repeat of the schedule may span.
+const MAX_CUT_LAG: usize = 4;
+
+/// A stretch of one part's program, in its own numbering, in which every task is the one
+/// `dt` tasks earlier shifted by a period: tasks `start..end`; dependencies from `base` on
+/// shift with the period, earlier ones are the same for every period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Stretch {
+    pub base: u32,
+    pub start: u32,
+    pub end: u32,
+    pub dt: u32,
+}
+
+/// The repeating stretches of `p`, verified task by task, in program order.
+pub(super) fn stretches(p: &Program) -> Vec<Stretch> {
+    let marks = &p.period_marks;
+    let mut candidates: Vec<(u32, u32, u32)> = Vec::new();
+    for lag in 1..=MAX_LAG.min(marks.len().saturating_sub(1)) {
+        let diffs: Vec<u32> = (0..marks.len() - lag).map(|i| marks[i + lag].saturating_sub(marks[i])).collect();
+        let mut i = 0;
+        while i < diffs.len() {
+            let mut j = i;
+            while j + 1 < diffs.len() && diffs[j + 1] == diffs[i] {
+                j += 1;
+            }
+            let (d, a, b) = (diffs[i], marks[i], marks[j + lag]);
+            if d > 0 && (b - a) / d >= MIN_PERIODS {
+                candidates.push((a, b, d));
+            }
+            i = j + 1;
+        }
+    }
+    // The widest candidates first, each kept where it overlaps none kept before.
+    candidates.sort_by_key(|&(a, b, d)| (Reverse(b - a), d, a));
+    let mut kept: Vec<(u32, u32, u32)> = Vec::new();
+    for c in candidates {
+        if kept.iter().all(|k| c.1 <= k.0 || c.0 >= k.1) {
+            kept.push(c);
+        }
+    }
+    let mut out: Vec<Stretch> = kept.into_iter().filter_map(|(a, b, dt)| verify(p, a, b, dt)).collect();
+    out.sort_by_key(|s| s.start);
+    out
+}
+
+/// The longest run of tasks t of `a..b` with t ~ t + dt, as a stretch.
+fn verify(p: &Program, a: u32, b: u32, dt: u32) -> Option<Stretch> {
+    let mut found: Option<Stretch> = None;
+    let close = |s: u32, e: u32, found: &mut Option<Stretch>| {
+        let l = Stretch { base: a, start: s, end: e + dt, dt };
+        if e > s && (l.end - l.start) / dt >= MIN_PERIODS && found.is_none_or(|f| l.end - l.start > f.end - f.start) {
+            *found = Some(l);
+        }
+    };
+    let (mut s, mut t) = (a, a);
+    while t + dt < b {
+        if same(p, t, dt, a) {
+            t += 1;
+        } else {
+            close(s, t, &mut found);
+            t += 1;
+            s = t;
+        }
+    }
+    close(s, t, &mut found);
+    found
+}
+
+/// Whether task `t + dt` is scheduled as task `t` one period on: the same stream, duration
+/// and thread blocks, its dependencies from task `base` on shifted by the period. What
+/// the tasks allocate and free does not matter here: memory is replayed.
+fn same(p: &Program, t: u32, dt: u32, base: u32) -> bool {
+    let (ti, ui) = (t as usize, (t + dt) as usize);
+    let (x, y) = (&p.tasks[ti], &p.tasks[ui]);
+    if x.stream != y.stream || x.duration_ns != y.duration_ns || x.ctas != y.ctas {
+        return false;
+    }
+    let (dx, dy) = (p.deps.of(ti), p.deps.of(ui));
+    dx.len() == dy.len() && dx.iter().zip(dy).all(|(&d, &e)| e == if d >= base { d + dt } else { d })
+}
+
+/// The engine's state that [`Periodic`] reads and, at a jump, rewrites.
+pub(super) struct State<'s, 'p, 'a, 'b> {
+    pub now: &'s mut u64,
+    pub heap: &'s mut BinaryHeap<Reverse<u128>>,
+    pub started: &'s mut Vec<u32>,
+    pub head: &'s mut [usize],
+    pub busy: &'s [bool],
+    pub remaining: &'s mut [u32],
+    pub done: &'s mut usize,
+    pub shared: &'s mut super::links::SharedLinks,
+    pub mem: &'s mut Memory<'p, 'a, 'b>,
+}
+
+/// What the engine wrote down when a period began.
+struct Cut {
+    /// The anchor's stretch and the period's index in it.
+    stretch: u16,
+    index: u32,
+    now: u64,
+    seq: usize,
+    done: usize,
+    heads: Vec<usize>,
+    /// Where the events after the cut begin in `Periodic::events` (absolute).
+    events: usize,
+    /// Of the period that ended at this cut: a task outside the stretches ran, and the
+    /// highest task of each stretch touched.
+    foreign: bool,
+    hi: Vec<u32>,
+    state: Vec<i64>,
+}
+
+/// The periodic extrapolation of one run: the parts' stretches and what the engine tells it.
+pub(super) struct Periodic {
+    /// Every part's stretches, in the run's numbering.
+    stretches: Vec<Stretch>,
+    /// Per task of the run: 1 + the stretch it lies in, 0 for none.
+    within: Vec<u16>,
+    /// Per task of the run: 1 + the stretch whose candidate it lies in (from its `base`),
+    /// 0 for none.
+    zone: Vec<u16>,
+    /// The stretches whose periods' first tasks mark the cuts (one part's).
+    anchors: Vec<u16>,
+    /// Tasks of a stretch whose dependencies a task of a candidate has started to satisfy
+    /// (some may have started since).
+    frontier: Vec<u32>,
+    /// Since the oldest cut kept, in order: each task start (task << 1) and end
+    /// (task << 1 | 1) with its time; `events_base` is the absolute position of the first.
+    events: Vec<(u64, u32)>,
+    events_base: usize,
+    /// Per stretch: the highest task touched since the last cut.
+    hi: Vec<u32>,
+    /// A task outside every stretch started or finished since the last cut.
+    foreign: bool,
+    /// The last cuts, oldest first.
+    cuts: VecDeque<Cut>,
+    /// Periods jumped so far.
+    pub jumped: u64,
+}
+
+impl Periodic {
+    /// The stretches of a run's parts, or None where none repeats (or the dependencies
+    /// between parts do not repeat with them).
+    pub fn new(num: &Numbering, links: &[Link]) -> Option<Periodic> {
+        let mut all = Vec::new();
+        let mut parts = Vec::new();
+        for (k, p) in num.parts.iter().enumerate() {
+            let o = num.task[k] as u32;
+            for s in stretches(p) {
+                all.push(Stretch { base: s.base + o, start: s.start + o, end: s.end + o, dt: s.dt });
+                parts.push(k);
+            }
+        }
+        if all.is_empty() || all.len() >= u16::MAX as usize {
+            return None;
+        }
+        let anchor_part = parts[0];
+        let anchors = (0..all.len()).filter(|&r| parts[r] == anchor_part).map(|r| r as u16 + 1).collect();
+        let mut within = vec![0u16; num.tasks()];
+        let mut zone = vec![0u16; num.tasks()];
+        for (r, s) in all.iter().enumerate() {
+            zone[s.base as usize..s.end as usize].fill(r as u16 + 1);
+            within[s.start as usize..s.end as usize].fill(r as u16 + 1);
+        }
+        let per = Periodic {
+            hi: vec![NONE; all.len()],
+            stretches: all,
+            within,
+            zone,
+            anchors,
+            frontier: Vec::new(),
+            events: Vec::new(),
+            events_base: 0,
+            foreign: false,
+            cuts: VecDeque::new(),
+            jumped: 0,
+        };
+        // A dependency between parts inside the stretches repeats with them.
+        let set: HashSet<(u32, u32)> = links.iter().map(|l| (l.task, l.dep)).collect();
+        let mut count: HashMap<u32, u32> = HashMap::new();
+        for l in links {
+            *count.entry(l.task).or_default() += 1;
+        }
+        for l in links {
+            let next = per.shift(l.task, 1);
+            let r = per.within[l.task as usize];
+            if r != 0 && per.within.get(next as usize) == Some(&r) {
+                let dep = match per.zone[l.dep as usize] {
+                    0 => l.dep,
+                    z => l.dep + per.stretches[z as usize - 1].dt,
+                };
+                if !set.contains(&(next, dep)) || count.get(&next) != count.get(&l.task) {
+                    return None;
+                }
+            }
+        }
+        Some(per)
+    }
+
+    /// Task `t` `m` periods of its stretch on; itself outside the stretches.
+    fn shift(&self, t: u32, m: u64) -> u32 {
+        match self.within[t as usize] {
+            0 => t,
+            r => t + (m * u64::from(self.stretches[r as usize - 1].dt)) as u32,
+        }
+    }
+
+    /// Task `t` as cut `i` numbers it: (1 + its stretch, number less i periods), or
+    /// (0, number) outside the stretches.
+    fn enc(&self, t: u32, i: u32) -> [i64; 2] {
+        match self.within[t as usize] {
+            0 => [0, i64::from(t)],
+            r => [i64::from(r), i64::from(t) - i64::from(i) * i64::from(self.stretches[r as usize - 1].dt)],
+        }
+    }
+
+    fn touch(&mut self, t: u32) {
+        match self.within[t as usize] {
+            0 => self.foreign = true,
+            r => {
+                let h = &mut self.hi[r as usize - 1];
+                if *h == NONE || t > *h {
+                    *h = t;
+                }
+            }
+        }
+    }
+
+    #[inline]
+    pub fn on_start(&mut self, t: u32, now: u64) {
+        self.touch(t);
+        self.events.push((now, t << 1));
+    }
+
+    /// Task `t` finished at `now` (after any cut).
+    #[inline]
+    pub fn on_finish(&mut self, t: u32, now: u64) {
+        self.touch(t);
+        self.events.push((now, t << 1 | 1));
+    }
+
+    /// Finished task `t` took one dependency off task `d`.
+    #[inline]
+    pub fn on_unblock(&mut self, t: u32, d: u32) {
+        if self.zone[t as usize] != 0 && self.within[d as usize] != 0 {
+            self.frontier.push(d);
+        }
+    }
+
+    /// Where task `t`, whose end event is being handled, begins a period of an anchor
+    /// stretch: (stretch, period index).
+    #[inline]
+    pub fn anchor_index(&self, t: u32) -> Option<(u16, u32)> {
+        let r = self.within[t as usize];
+        if r == 0 || !self.anchors.contains(&r) {
+            return None;
+        }
+        let s = &self.stretches[r as usize - 1];
+        let off = t - s.start;
+        (off % s.dt == 0).then_some((r, off / s.dt))
+    }
+
+    /// The first task of period `i` of stretch `r` has just ended (`ti`; its end not yet
+    /// handled): writes the schedule down and, where it repeats an earlier cut's, jumps as
+    /// many repeats as the stretches allow, moving `ti` and the clock with it. An allocation
+    /// that does not fit in the periods jumped ends the run there, as it would have.
+    pub fn cut(
+        &mut self,
+        (r, i): (u16, u32),
+        ti: &mut u32,
+        st: &mut State,
+        queues: &[Vec<u32>],
+        task_stream: &[u32],
+        dependents: &Dependents,
+    ) -> Result<(), Oom> {
+        let cur = Cut {
+            stretch: r,
+            index: i,
+            now: *st.now,
+            seq: st.started.len(),
+            done: *st.done,
+            heads: st.head.to_vec(),
+            events: self.events_base + self.events.len(),
+            foreign: self.foreign,
+            hi: self.hi.clone(),
+            state: self.state(i, st, queues),
+        };
+        // The nearest earlier cut whose schedule this one repeats, with nothing outside the
+        // stretches run since.
+        let mut lag = None;
+        let mut foreign = cur.foreign;
+        for (back, prev) in self.cuts.iter().rev().enumerate() {
+            if foreign || prev.stretch != r || prev.index + back as u32 + 1 != i {
+                break;
+            }
+            if prev.state == cur.state {
+                lag = Some(back + 1);
+                break;
+            }
+            foreign |= prev.foreign;
+        }
+        let jumped = match lag {
+            Some(l) => self.skip(l, &cur, ti, st, queues, task_stream, dependents)?,
+            None => false,
+        };
+        if jumped {
+            self.cuts.clear();
+            self.events.clear();
+            self.events_base = 0;
+        } else {
+            self.cuts.push_back(cur);
+            if self.cuts.len() > MAX_CUT_LAG {
+                self.cuts.pop_front();
+            }
+            let from = self.cuts[0].events;
+            self.events.drain(..from - self.events_base);
+            self.events_base = from;
+        }
+        self.hi.iter_mut().for_each(|h| *h = NONE);
+        self.foreign = false;
+        Ok(())
+    }
+
+    /// The schedule at cut `i`, in period-relative numbers.
+    fn state(&mut self, i: u32, st: &State, queues: &[Vec<u32>]) -> Vec<i64> {
+        let now = *st.now;
+        let seq0 = st.started.len() as u64;
+        let mut out = Vec::new();
+        let mut keys: Vec<u128> = st.heap.iter().map(|r| r.0).collect();
+        keys.sort_unstable();
+        out.push(keys.len() as i64);
+        for k in keys {
+            let (end, seq) = ((k >> 64) as u64, k as u64);
+            out.extend([end as i64 - now as i64, seq as i64 - seq0 as i64]);
+            out.extend(self.enc(st.started[seq as usize], i));
+        }
+        for (s, q) in queues.iter().enumerate() {
+            out.push(i64::from(st.busy[s]));
+            out.extend(q.get(st.head[s]).map_or([-2, -2], |&t| self.enc(t, i)));
+        }
+        let (start_ns, remaining) = (&st.mem.start_ns, &*st.remaining);
+        self.frontier.retain(|&t| start_ns[t as usize] == u64::MAX);
+        self.frontier.sort_unstable();
+        self.frontier.dedup();
+        out.push(self.frontier.len() as i64);
+        for &t in &self.frontier {
+            out.extend(self.enc(t, i));
+            out.push(i64::from(remaining[t as usize]));
+        }
+        st.shared.period_state(now, seq0, &|t: u32| self.enc(t, i), &mut out);
+        out
+    }
+
+    /// Jumps from cut `cur`, whose schedule repeats the one `lag` cuts back, as many repeats
+    /// as the stretches allow; false, changing nothing, where none can be.
+    #[allow(clippy::too_many_arguments)]
+    fn skip(
+        &mut self,
+        lag: usize,
+        cur: &Cut,
+        ti: &mut u32,
+        st: &mut State,
+        queues: &[Vec<u32>],
+        task_stream: &[u32],
+        dependents: &Dependents,
+    ) -> Result<bool, Oom> {
+        let prev = &self.cuts[self.cuts.len() - lag];
+        let lag = lag as u64;
+        let dt = cur.now - prev.now;
+        let dseq = (cur.seq - prev.seq) as u64;
+        let window = &self.events[prev.events - self.events_base..];
+        // Every task the repeat touched, or the state names, stays inside its stretch.
+        let mut hi = self.hi.clone();
+        for c in self.cuts.iter().skip(self.cuts.len() - lag as usize + 1) {
+            for (h, &x) in hi.iter_mut().zip(&c.hi) {
+                if x != NONE && (*h == NONE || x > *h) {
+                    *h = x;
+                }
+            }
+        }
+        let mut named: Vec<u32> = st.heap.iter().map(|r| st.started[r.0 as u64 as usize]).collect();
+        named.extend(queues.iter().zip(st.head.iter()).filter_map(|(q, &h)| q.get(h).copied()));
+        named.extend(self.frontier.iter().copied());
+        for t in named {
+            if let r @ 1.. = self.within[t as usize] {
+                let h = &mut hi[r as usize - 1];
+                if *h == NONE || t > *h {
+                    *h = t;
+                }
+            }
+        }
+        let mut repeats = u64::MAX;
+        for (s, &h) in self.stretches.iter().zip(&hi) {
+            if h != NONE {
+                repeats = repeats.min(u64::from((s.end - 1 - h) / s.dt) / lag);
+            }
+        }
+        if repeats == 0 || repeats == u64::MAX {
+            return Ok(false);
+        }
+        let k = repeats;
+        let kl = k * lag;
+        // No task outside the stretches may become ready in the repeats jumped.
+        let mut dec: HashMap<u32, u32> = HashMap::new();
+        for m in 1..=k {
+            for &(_, e) in window.iter().filter(|e| e.1 & 1 == 1) {
+                for &d in dependents.of_task(self.shift(e >> 1, m * lag)) {
+                    if self.within[d as usize] == 0 {
+                        *dec.entry(d).or_default() += 1;
+                    }
+                }
+            }
+        }
+        if dec.iter().any(|(&d, &c)| st.remaining[d as usize] <= c) {
+            return Ok(false);
+        }
+        // Each stream moves on by its repeat's tasks, every one of them of a stretch.
+        let mut heads = Vec::with_capacity(queues.len());
+        for (s, q) in queues.iter().enumerate() {
+            let step = (cur.heads[s] - prev.heads[s]) as u64;
+            let to = st.head[s] + (k * step) as usize;
+            let ok = q[st.head[s]..to.min(q.len())].iter().all(|&t| self.within[t as usize] != 0)
+                && match q.get(st.head[s]) {
+                    Some(&h) if self.within[h as usize] != 0 => q.get(to) == Some(&self.shift(h, kl)),
+                    _ => step == 0,
+                };
+            if !ok {
+                return Ok(false);
+            }
+            heads.push(to);
+        }
+        if !st.shared.keeps_order(&|t: u32| self.shift(t, kl)) {
+            return Ok(false);
+        }
+        // The jump: each repeat's starts and ends through memory, shifted, in order.
+        self.jumped += kl;
+        for m in 1..=k {
+            for &(when, e) in window {
+                let t = self.shift(e >> 1, m * lag);
+                let (s, at) = (task_stream[t as usize] as usize, when + m * dt);
+                if e & 1 == 0 {
+                    st.mem.start(t, s, at)?;
+                } else {
+                    st.mem.end(t, s, at);
+                }
+            }
+        }
+        // The schedule, renumbered to the last repeat's end.
+        for (&d, &c) in &dec {
+            st.remaining[d as usize] -= c;
+        }
+        let mut frontier = Vec::with_capacity(self.frontier.len());
+        for &t in &self.frontier {
+            let u = self.shift(t, kl);
+            st.remaining[u as usize] = st.remaining[t as usize];
+            frontier.push(u);
+        }
+        self.frontier = frontier;
+        let keys: Vec<u128> = st.heap.drain().map(|r| r.0).collect();
+        st.started.resize(st.started.len() + (k * dseq) as usize, NONE);
+        for key in keys {
+            let (end, seq) = ((key >> 64) as u64, key as u64);
+            let u = self.shift(st.started[seq as usize], kl);
+            let s2 = seq + k * dseq;
+            st.started[s2 as usize] = u;
+            st.heap.push(Reverse(u128::from(end + k * dt) << 64 | u128::from(s2)));
+        }
+        st.shared.advance(k * dt, k * dseq, &|t: u32| self.shift(t, kl));
+        st.head.copy_from_slice(&heads);
+        *st.done += (k as usize) * (cur.done - prev.done);
+        *st.now += k * dt;
+        *ti = self.shift(*ti, kl);
+        Ok(true)
+    }
+}

@@ -1,0 +1,152 @@
+//! The periodic extrapolation of the schedule (src/engine/period.rs) is exact: every shipped
+//! scenario, and a seeded set of random pipelines and accumulation runs (some run out of
+//! memory inside the periods played without the event loop), give the same task times,
+//! memory samples, allocator counters, OOM and report as simulating every period.
+//! `cargo test --release --test periodic -- --nocapture` prints the periods each case jumped.
+
+use std::path::Path;
+
+use stepsim::scenario::Scenario;
+use stepsim::{SimOptions, Simulation};
+
+fn both(s: &Scenario) -> (Simulation, Simulation) {
+    let fast = stepsim::simulate(s).unwrap_or_else(|e| panic!("{e}"));
+    let full = stepsim::simulate_with(s, SimOptions { every_period: true, ..Default::default() })
+        .unwrap_or_else(|e| panic!("{e}"));
+    (fast, full)
+}
+
+/// Asserts the two simulations agree in everything they recorded; returns the periods the
+/// extrapolating one jumped.
+fn assert_same(name: &str, fast: &Simulation, full: &Simulation) -> u64 {
+    assert_eq!(full.run.periods_jumped, 0, "{name}: the full run jumped");
+    assert_eq!(fast.run.spans, full.run.spans, "{name}: step spans");
+    assert_eq!(fast.run.traces.len(), full.run.traces.len());
+    for (c, (a, b)) in fast.run.traces.iter().zip(&full.run.traces).enumerate() {
+        assert!(a.start_ns == b.start_ns, "{name}: class {c}: task start times differ");
+        assert!(a.end_ns == b.end_ns, "{name}: class {c}: task end times differ");
+        assert!(a.timeline == b.timeline, "{name}: class {c}: memory timelines differ");
+        assert_eq!(a.allocator, b.allocator, "{name}: class {c}: allocator counters");
+        assert_eq!(a.oom, b.oom, "{name}: class {c}: OOM");
+        assert_eq!(a.stream_busy_ns, b.stream_busy_ns, "{name}: class {c}: stream busy time");
+        assert_eq!(a.end_time_ns, b.end_time_ns, "{name}: class {c}: end time");
+    }
+    let json = |s: &Simulation| serde_json::to_string(&s.report).expect("the report serializes");
+    assert!(json(fast) == json(full), "{name}: reports differ");
+    for (a, b) in fast.class_reports.iter().zip(&full.class_reports) {
+        assert!(serde_json::to_string(a).unwrap() == serde_json::to_string(b).unwrap(), "{name}: class reports differ");
+    }
+    fast.run.periods_jumped
+}
+
+#[test]
+fn every_shipped_scenario_matches_the_full_simulation() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+    let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    files.retain(|p| p.extension().is_some_and(|e| e == "toml"));
+    files.sort();
+    let mut jumped = Vec::new();
+    for f in &files {
+        let s = Scenario::load(f).unwrap_or_else(|e| panic!("{e}"));
+        let name = f.file_stem().unwrap().to_string_lossy().into_owned();
+        let (fast, full) = both(&s);
+        let j = assert_same(&name, &fast, &full);
+        println!("{name:45} {j:>5} periods jumped");
+        jumped.push((name, j));
+    }
+    // The flagship pipeline's steady state is played without the event loop in both steps
+    // (96 micro-batches a step, 8 stages: 86 of each step's periods).
+    let gpt3 = jumped.iter().find(|(n, _)| n == "gpt3-175b").map(|j| j.1);
+    assert!(gpt3.is_some_and(|j| j >= 150), "gpt3-175b jumped {gpt3:?} periods");
+}
+
+/// A small, deterministic generator (SplitMix64).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn pick<'a>(&mut self, xs: &[&'a str]) -> &'a str {
+        xs[(self.next() % xs.len() as u64) as usize]
+    }
+
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo + 1)
+    }
+}
+
+/// A random small GPT: pipelined (1F1B, interleaved, GPipe) or not, with gradient
+/// accumulation, tensor parallelism, checkpointing and a framework drawn at random.
+fn random_scenario(rng: &mut Rng) -> String {
+    let pipeline = [1u64, 2, 4][(rng.next() % 3) as usize];
+    let tensor = [1u64, 2][(rng.next() % 2) as usize];
+    let schedule = if pipeline > 1 { rng.pick(&["1f1b", "interleaved-1f1b", "gpipe"]) } else { "1f1b" };
+    let virtual_stages = if schedule == "interleaved-1f1b" { 2 } else { 1 };
+    let layers = pipeline * virtual_stages * rng.range(1, 3);
+    let grad_accum = rng.range(6, 24) * if schedule == "interleaved-1f1b" { pipeline } else { 1 };
+    let framework =
+        if pipeline > 1 { rng.pick(&["megatron", "fsdp"]) } else { rng.pick(&["megatron", "fsdp", "deepspeed"]) };
+    let sharding = match framework {
+        "megatron" => rng.pick(&["none", "zero1"]),
+        "deepspeed" => rng.pick(&["none", "zero1", "zero2"]),
+        _ if pipeline > 1 => "none",
+        _ => rng.pick(&["none", "full_shard", "shard_grad_op"]),
+    };
+    let checkpointing = rng.pick(&["none", "full", "selective"]);
+    let gpus = pipeline * tensor * rng.range(1, 2);
+    let vs = if virtual_stages > 1 { format!("virtual_stages = {virtual_stages}\n") } else { String::new() };
+    let sched = if pipeline > 1 { format!("schedule = \"{schedule}\"\n{vs}") } else { String::new() };
+    format!(
+        "[model]\nfamily = \"gpt\"\nn_layers = {layers}\nhidden = {hidden}\nn_heads = 8\nvocab = 8192\nmax_seq_len = 1024\n\
+         [hardware]\ngpu = \"h100-sxm\"\ngpus = {gpus}\ngpus_per_node = 8\n\
+         [parallel]\ntensor = {tensor}\npipeline = {pipeline}\n{sched}framework = \"{framework}\"\nsharding = \"{sharding}\"\n\
+         [training]\nmicro_batch = {mb}\nseq_len = 1024\ngrad_accum = {grad_accum}\nsteps = {steps}\n\
+         activation_checkpointing = \"{checkpointing}\"\nattention = \"flash\"\n",
+        hidden = [512u64, 1024][(rng.next() % 2) as usize],
+        mb = rng.range(1, 4),
+        steps = rng.range(1, 3),
+    )
+}
+
+#[test]
+fn random_pipelines_and_accumulation_runs_match_the_full_simulation() {
+    let mut rng = Rng(0x005E_ED0F_5EED);
+    let (mut cases, mut jumped_cases, mut ooms, mut jumped_ooms) = (0, 0, [0, 0], 0);
+    while cases < 40 {
+        let toml = random_scenario(&mut rng);
+        let Ok(mut s) = Scenario::from_toml(Path::new("<random>"), &toml) else { continue };
+        cases += 1;
+        let (fast, full) = both(&s);
+        let j = assert_same(&format!("case {cases}:\n{toml}"), &fast, &full);
+        jumped_cases += usize::from(j > 0);
+        // Again on smaller devices: one a byte short of the run's highest reservation (the
+        // allocator frees its cache and retries, and may still run out, inside the periods
+        // jumped or not), one a byte short of its highest live bytes (it runs out).
+        let peak = |f: &dyn Fn(&stepsim::memory::AllocatorStats) -> u64| {
+            fast.run.traces.iter().map(|t| f(&t.allocator)).max().unwrap_or(0)
+        };
+        let (reserved, allocated) = (peak(&|a| a.peak_reserved), peak(&|a| a.peak_allocated));
+        for (what, bytes) in [("reservation", reserved), ("live bytes", allocated)] {
+            s.cluster.memory_bytes = s.cluster.cuda_context_bytes + s.nccl_bytes() + s.deepep_bytes() + bytes - 1;
+            let (fast, full) = both(&s);
+            let jo = assert_same(&format!("case {cases}, a byte short of its {what}:\n{toml}"), &fast, &full);
+            let oom = fast.run.traces.iter().any(|t| t.oom.is_some());
+            ooms[usize::from(what == "live bytes")] += usize::from(oom);
+            jumped_ooms += usize::from(oom && jo > 0);
+            println!(
+                "case {cases:2}: {j:>3} periods jumped; {jo:>3} a byte short of its {what} (out of memory: {oom})"
+            );
+        }
+    }
+    // The set exercises what it checks: most cases repeat, and the smaller devices run out.
+    println!("{jumped_cases} of {cases} cases jumped; out of memory a byte short of the reservation {}, of the live bytes {}; {jumped_ooms} after jumping", ooms[0], ooms[1]);
+    assert!(jumped_cases >= cases / 2, "only {jumped_cases} of {cases} cases jumped a period");
+    assert_eq!(ooms[1], cases, "every device a byte short of the live bytes runs out");
+    assert!(jumped_ooms > 0, "no run ran out of memory after a jump");
+}
