@@ -475,10 +475,10 @@ impl Simulation {
 
     /// The memory samples recorded by the headline class's tasks of one step (0 =
     /// initialisation), optionally of one phase only.
-    pub fn samples_in(&self, step: u32, phase: Option<schedule::Phase>) -> impl Iterator<Item = &memory::Sample> {
+    pub fn samples_in(&self, step: u32, phase: Option<schedule::Phase>) -> impl Iterator<Item = memory::Sample> + '_ {
         let labels = &self.schedule().labels;
         let tasks = &self.schedule().program.tasks;
-        self.trace().timeline.samples.iter().filter(move |s| {
+        self.trace().timeline.samples().filter(move |s| {
             let l = &labels[tasks[s.task].label as usize];
             l.step == step && phase.is_none_or(|p| l.phase == p)
         })
@@ -491,12 +491,13 @@ impl Simulation {
     }
 
     /// The highest `allocated` sample of one step (first one if tied), with its phase.
-    pub fn step_peak(&self, step: u32) -> Option<(&memory::Sample, schedule::Phase)> {
-        let best = self.samples_in(step, None).fold(None, |best: Option<&memory::Sample>, s| match best {
+    pub fn step_peak(&self, step: u32) -> Option<(memory::Sample, schedule::Phase)> {
+        let best = self.samples_in(step, None).fold(None, |best: Option<memory::Sample>, s| match best {
             Some(b) if b.allocated >= s.allocated => Some(b),
             _ => Some(s),
         })?;
-        Some((best, self.phase_of(best)))
+        let phase = self.phase_of(&best);
+        Some((best, phase))
     }
 
     /// The highest `allocated` bytes of one phase of one step.

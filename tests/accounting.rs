@@ -148,8 +148,9 @@ fn selective_checkpointing_keeps_all_but_the_scores_and_the_schedule_frees_what_
         let last_fwd = sim
             .trace()
             .timeline
-            .samples
-            .iter()
+            .samples()
+            .collect::<Vec<_>>()
+            .into_iter()
             .rev()
             .find(|x| labels[tasks[x.task].label as usize].phase == Phase::Forward)
             .unwrap();
@@ -218,7 +219,7 @@ fn model_state_matches_zero_table_1() {
             // for the rank's partition.
             let labels = &sim.schedule().labels;
             let tasks = &sim.schedule().program.tasks;
-            let last = sim.trace().timeline.samples.iter().rev().find(|x| {
+            let last = sim.trace().timeline.samples().collect::<Vec<_>>().into_iter().rev().find(|x| {
                 let l = &labels[tasks[x.task].label as usize];
                 l.step == 2 && l.phase == Phase::Backward && l.kind == TaskKind::Backward
             });

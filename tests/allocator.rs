@@ -140,16 +140,16 @@ fn caching_reports_the_same_allocated_bytes_as_the_exact_model() {
         let c = stepsim::simulate(&load(name)).unwrap();
         let x = stepsim::simulate(&with_allocator(name, "kind = \"exact\"")).unwrap();
         let a: Vec<(u64, u64, usize)> =
-            c.trace().timeline.samples.iter().map(|s| (s.time_ns, s.allocated, s.task)).collect();
+            c.trace().timeline.samples().map(|s| (s.time_ns, s.allocated, s.task)).collect();
         let b: Vec<(u64, u64, usize)> =
-            x.trace().timeline.samples.iter().map(|s| (s.time_ns, s.allocated, s.task)).collect();
+            x.trace().timeline.samples().map(|s| (s.time_ns, s.allocated, s.task)).collect();
         assert_eq!(a.len(), b.len(), "{name}");
         assert!(a == b, "{name}: allocated timelines differ");
         let (pc, px) = (c.report.peak.clone().unwrap(), x.report.peak.clone().unwrap());
         assert_eq!(pc.allocated.bytes, px.allocated.bytes, "{name}");
         assert!(pc.reserved.bytes >= pc.allocated.bytes, "{name}: caching reserves at least what is live");
         assert_eq!(px.reserved.bytes, px.allocated.bytes, "{name}: the exact model reserves what is live");
-        assert!(c.trace().timeline.samples.iter().all(|s| s.allocated <= s.reserved && s.allocated <= s.active));
+        assert!(c.trace().timeline.samples().all(|s| s.allocated <= s.reserved && s.allocated <= s.active));
     }
 }
 

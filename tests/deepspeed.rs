@@ -33,7 +33,7 @@ fn most(sim: &stepsim::Simulation, cat: Category, phase: Phase) -> u64 {
 fn most_where(sim: &stepsim::Simulation, cat: Category, keep: impl Fn(&stepsim::schedule::TaskLabel) -> bool) -> u64 {
     let labels = &sim.schedule().labels;
     let tasks = &sim.schedule().program.tasks;
-    let samples = sim.trace().timeline.samples.iter();
+    let samples = sim.trace().timeline.samples();
     samples
         .filter(|x| keep(&labels[tasks[x.task].label as usize]))
         .map(|x| x.by_category[cat.index()])
@@ -97,8 +97,7 @@ fn bf16_optimizer_keeps_fp32_and_16_bit_gradients_of_every_local_parameter() {
     let cleared: Vec<u64> = sim
         .trace()
         .timeline
-        .samples
-        .iter()
+        .samples()
         .filter(|x| labels[tasks[x.task].label as usize].kind == stepsim::schedule::TaskKind::ZeroGrad)
         .filter(|x| labels[tasks[x.task].label as usize].phase == Phase::Backward)
         .map(|x| x.by_category[Category::Gradients.index()])
@@ -303,8 +302,7 @@ fn fp16_optimizer_flattens_clones_and_still_steps_at_initialisation() {
     let init_peak = sim
         .trace()
         .timeline
-        .samples
-        .iter()
+        .samples()
         .filter(|x| labels[tasks[x.task].label as usize].phase == Phase::Init)
         .map(|x| x.allocated)
         .max()

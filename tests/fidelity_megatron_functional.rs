@@ -69,7 +69,7 @@ fn simulate(case: &str, g: &Value) -> Row {
     let class = last_stage(&sim);
     let r = &sim.class_reports[class];
     // What stays allocated after the last step (its optimizer step done): the last sample.
-    let samples = &sim.run.traces[class].timeline.samples;
+    let samples: Vec<_> = sim.run.traces[class].timeline.samples().collect();
     let after = samples.last().map_or(0, |x| x.allocated) as f64;
     let f = |k: &str| g[k].as_f64().unwrap();
     Row {

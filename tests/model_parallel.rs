@@ -130,7 +130,7 @@ fn stage_activation_peaks(s: &Scenario) -> Vec<u64> {
     let sim = stepsim::simulate(s).unwrap();
     assert_eq!(sim.job.classes.len(), 4);
     let act = stepsim::memory::Category::Activations.index();
-    sim.classes().map(|st| st.trace.timeline.samples.iter().map(|x| x.by_category[act]).max().unwrap_or(0)).collect()
+    sim.classes().map(|st| st.trace.timeline.samples().map(|x| x.by_category[act]).max().unwrap_or(0)).collect()
 }
 
 #[test]
@@ -273,7 +273,7 @@ fn per_stage_activation_memory_against_korthikanti_figure9() {
         Category::Inputs,
     ];
     let peak = |k: usize| {
-        let samples = &sim.run.traces[k].timeline.samples;
+        let samples: Vec<_> = sim.run.traces[k].timeline.samples().collect();
         samples.iter().map(|x| cats.iter().map(|c| x.by_category[c.index()]).sum::<u64>()).max().unwrap() as f64 / 1e9
     };
     let (first, last) = (peak(0), peak(34));

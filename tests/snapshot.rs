@@ -99,7 +99,7 @@ fn check(s: &Scenario) {
     for tr in &sim.run.traces {
         let h = tr.history.as_ref().expect("the caching allocator keeps a history");
         assert!(h.events.iter().any(|e| e.action == Action::Alloc));
-        let n = replay_matches_curve(s, h, &tr.timeline.samples);
+        let n = replay_matches_curve(s, h, &tr.timeline.samples().collect::<Vec<_>>());
         assert!(n > 10, "{}: only {n} instants compared", s.name);
         let oom = h.events.iter().filter(|e| e.action == Action::Oom).count();
         assert_eq!(oom, usize::from(tr.oom.is_some()), "{}: one oom entry where the class ran out", s.name);

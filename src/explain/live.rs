@@ -25,7 +25,7 @@ pub struct LiveLine {
 /// the same program replayed against an exact allocator one byte short of the peak stops at
 /// exactly that allocation and reports what was live.
 pub fn live_at_sample(sim: &Simulation, index: usize) -> Vec<u32> {
-    let Some(sample) = sim.trace().timeline.samples.get(index) else { return Vec::new() };
+    let Some(sample) = sim.trace().timeline.sample(index) else { return Vec::new() };
     let cap = sample.allocated.saturating_sub(1);
     match engine::run(&sim.schedule().program, &mut ExactAllocator::new(cap)) {
         Ok(t) => match t.oom {

@@ -14,7 +14,7 @@ pub struct Totals {
 }
 
 /// The state after one allocation or free (or a change of the allocator's own holdings).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Sample {
     /// Simulated time, nanoseconds.
     pub time_ns: u64,
@@ -35,15 +35,38 @@ pub struct Mark {
     pub allocated: u64,
 }
 
+/// One sample as kept: the change of one category (or none) and the totals after it. A
+/// [`Sample`] carries every category's live bytes, eight times the size; a large run
+/// records millions of samples, and writing them whole cost a quarter of its time and
+/// most of its memory. [`Timeline::samples`] rebuilds them in order.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Change {
+    time_ns: u64,
+    delta: i64,
+    allocated: u64,
+    reserved: u64,
+    active: u64,
+    task: u32,
+    /// The category changed; [`NO_CATEGORY`] for a change of the totals alone.
+    category: u8,
+}
+
+const NO_CATEGORY: u8 = u8::MAX;
+/// Every this many changes, the live bytes by category before the next one, so that one
+/// sample is rebuilt from at most this many changes ([`Timeline::sample`]).
+const CHECKPOINT: usize = 1024;
+
 /// Every change of a GPU's memory, in order, plus the running peaks.
 ///
-/// With the curve (`Timeline::default()`) every [`Sample`] is kept, for memory.csv, the
-/// plots and explain. Without it ([`Timeline::peaks_only`]) only what a report reads is kept:
-/// a [`Mark`] per run of samples of one task and the two peak samples.
+/// With the curve (`Timeline::default()`) every sample is kept ([`Timeline::samples`]), for
+/// memory.csv, the plots and explain. Without it ([`Timeline::peaks_only`]) only what a
+/// report reads is kept: a [`Mark`] per run of samples of one task and the two peak samples.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Timeline {
-    /// Every sample; empty without the curve.
-    pub samples: Vec<Sample>,
+    /// Every sample, as the change it made; empty without the curve.
+    changes: Vec<Change>,
+    /// The live bytes by category before changes 0, CHECKPOINT, 2 CHECKPOINT, ...
+    checkpoints: Vec<[u64; Category::COUNT]>,
     marks: Vec<Mark>,
     peaks_only: bool,
     current: [u64; Category::COUNT],
@@ -73,9 +96,27 @@ impl Timeline {
     /// Room for `n` samples, so that a large program's timeline is not copied as it grows.
     pub fn reserve(&mut self, n: usize) {
         if !self.peaks_only {
-            self.samples.reserve_exact(n);
+            self.changes.reserve_exact(n);
         }
         self.marks.reserve_exact(n);
+    }
+
+    /// How many samples the curve holds (0 without it).
+    pub fn sample_count(&self) -> usize {
+        self.changes.len()
+    }
+
+    /// Every sample of the curve, in order (none without it).
+    pub fn samples(&self) -> Samples<'_> {
+        Samples { changes: &self.changes, next: 0, current: [0; Category::COUNT] }
+    }
+
+    /// Sample `i` of the curve.
+    pub fn sample(&self, i: usize) -> Option<Sample> {
+        self.changes.get(i)?;
+        let from = i / CHECKPOINT * CHECKPOINT;
+        let mut it = Samples { changes: &self.changes, next: from, current: self.checkpoints[i / CHECKPOINT] };
+        it.nth(i - from)
     }
 
     pub fn current(&self) -> &[u64; Category::COUNT] {
@@ -84,16 +125,38 @@ impl Timeline {
 
     /// Records a change of `delta` bytes (positive: allocation) in `cat`.
     pub fn record(&mut self, time_ns: u64, cat: Category, delta: i64, totals: Totals, task: usize) {
+        self.keep(time_ns, cat.index() as u8, delta, totals, task);
         let c = &mut self.current[cat.index()];
-        *c = (*c as i64 + delta).max(0) as u64;
+        *c = apply(*c, delta);
         self.push(time_ns, totals, task);
     }
 
     /// Records a change of the totals alone (`empty_cache`, a released cache), if any.
     pub fn record_totals(&mut self, time_ns: u64, totals: Totals, task: usize) {
         if totals != self.last {
+            self.keep(time_ns, NO_CATEGORY, 0, totals, task);
             self.push(time_ns, totals, task);
         }
+    }
+
+    /// Keeps the change for the curve (before it changes `current`).
+    #[inline]
+    fn keep(&mut self, time_ns: u64, category: u8, delta: i64, t: Totals, task: usize) {
+        if self.peaks_only {
+            return;
+        }
+        if self.changes.len() % CHECKPOINT == 0 {
+            self.checkpoints.push(self.current);
+        }
+        self.changes.push(Change {
+            time_ns,
+            delta,
+            allocated: t.allocated,
+            reserved: t.reserved,
+            active: t.active,
+            task: task as u32,
+            category,
+        });
     }
 
     fn push(&mut self, time_ns: u64, t: Totals, task: usize) {
@@ -113,9 +176,6 @@ impl Timeline {
         if self.peak_reserved.as_ref().is_none_or(|p| t.reserved > p.reserved) {
             self.peak_reserved_index = Some(i);
             self.peak_reserved = Some(sample(&self.current));
-        }
-        if !self.peaks_only {
-            self.samples.push(sample(&self.current));
         }
         // What a report reads of the marks is the first highest of each (step, phase), and
         // one task's samples share its step and phase: of a run of samples of one task, the
@@ -138,7 +198,7 @@ impl Timeline {
     /// stretch's highest allocated and reserved bytes, and its last sample. The peaks of
     /// allocated and reserved bytes are kept exactly, and every stretch ends in its true state.
     pub fn summary_samples(&self, buckets: u64) -> Vec<bool> {
-        let samples = &self.samples;
+        let samples = &self.changes;
         let mut keep = vec![false; samples.len()];
         let (Some(first), Some(last)) = (samples.first(), samples.last()) else { return keep };
         let span = (last.time_ns - first.time_ns).max(1);
@@ -184,11 +244,55 @@ impl Timeline {
     /// Renumbers the tasks of every sample by `task - offset`: a stage's view of a run of
     /// several stages' programs.
     pub fn shift_tasks(&mut self, offset: usize) {
-        for s in self.samples.iter_mut().chain(self.peak.iter_mut()).chain(self.peak_reserved.iter_mut()) {
+        for s in self.peak.iter_mut().chain(self.peak_reserved.iter_mut()) {
             s.task -= offset;
+        }
+        for c in &mut self.changes {
+            c.task -= offset as u32;
         }
         for m in &mut self.marks {
             m.task -= offset as u32;
         }
     }
 }
+
+/// A category's live bytes after a change of `delta`.
+#[inline]
+fn apply(c: u64, delta: i64) -> u64 {
+    (c as i64 + delta).max(0) as u64
+}
+
+/// The samples of a curve, rebuilt in order ([`Timeline::samples`]).
+pub struct Samples<'a> {
+    changes: &'a [Change],
+    next: usize,
+    current: [u64; Category::COUNT],
+}
+
+impl Iterator for Samples<'_> {
+    type Item = Sample;
+
+    fn next(&mut self) -> Option<Sample> {
+        let c = self.changes.get(self.next)?;
+        self.next += 1;
+        if c.category != NO_CATEGORY {
+            let x = &mut self.current[c.category as usize];
+            *x = apply(*x, c.delta);
+        }
+        Some(Sample {
+            time_ns: c.time_ns,
+            by_category: self.current,
+            allocated: c.allocated,
+            reserved: c.reserved,
+            active: c.active,
+            task: c.task as usize,
+        })
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = self.changes.len() - self.next;
+        (n, Some(n))
+    }
+}
+
+impl ExactSizeIterator for Samples<'_> {}

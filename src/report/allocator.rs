@@ -410,7 +410,7 @@ pub fn reserved_series(r: &AllocatorReport, trace: &Trace, n: usize) -> Option<V
     }
     let mut v = Vec::with_capacity(n);
     v.push(0);
-    v.extend(trace.timeline.samples.iter().map(|s| s.reserved));
+    v.extend(trace.timeline.samples().map(|s| s.reserved));
     let last = *v.last().unwrap_or(&0);
     v.resize(n.max(1), last);
     v.truncate(n);

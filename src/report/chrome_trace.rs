@@ -134,7 +134,7 @@ pub fn full_events(trace: &Trace) -> usize {
     let tasks = trace.start_ns.iter().zip(&trace.end_ns).filter(|(s, e)| **s != u64::MAX && **e != u64::MAX).count();
     let mut last = (u64::MAX, u64::MAX);
     let mut counters = 0;
-    for s in &trace.timeline.samples {
+    for s in trace.timeline.samples() {
         if (s.allocated, s.reserved) != last {
             last = (s.allocated, s.reserved);
             counters += 2;
@@ -221,15 +221,15 @@ pub fn render_detail(sched: &Schedule, trace: &Trace, pid: u32, rank_label: &str
     let present: Vec<Category> = Category::ALL
         .iter()
         .copied()
-        .filter(|c| trace.timeline.samples.iter().any(|s| s.by_category[c.index()] > 0))
+        .filter(|c| trace.timeline.samples().any(|s| s.by_category[c.index()] > 0))
         .collect();
     let kept = match detail {
-        Detail::Full => vec![true; trace.timeline.samples.len()],
+        Detail::Full => vec![true; trace.timeline.sample_count()],
         Detail::Summary => trace.timeline.summary_samples(COUNTER_BUCKETS),
         Detail::Slices => trace.timeline.summary_samples(SLICED_COUNTER_BUCKETS),
     };
     let mut last = (u64::MAX, u64::MAX);
-    for (s, _) in trace.timeline.samples.iter().zip(&kept).filter(|(_, k)| **k) {
+    for (s, _) in trace.timeline.samples().zip(&kept).filter(|(_, k)| **k) {
         if (s.allocated, s.reserved) == last {
             continue;
         }

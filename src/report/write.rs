@@ -126,7 +126,7 @@ pub struct OutputDetail {
 fn memory_csv_of(trace: &Trace, rank_class: &str, outside: u64, keep: Option<&[bool]>) -> String {
     // A class's name may hold a comma ("stage 0, expert rank 3 (ranks 3)"): quoted (RFC 4180).
     let rank_class = &super::csv_field(rank_class);
-    let rows = keep.map_or(trace.timeline.samples.len(), |k| k.iter().filter(|&&x| x).count());
+    let rows = keep.map_or(trace.timeline.sample_count(), |k| k.iter().filter(|&&x| x).count());
     let mut o = String::with_capacity(rows * 48);
     o.push_str("time_s,rank_class,category,bytes\n");
     use std::fmt::Write as _;
@@ -146,7 +146,7 @@ fn for_each_row(trace: &Trace, outside: u64, keep: Option<&[bool]>, mut emit: im
     let mut prev_alloc = u64::MAX;
     let mut prev_res = u64::MAX;
     let mut prev_active = u64::MAX;
-    for (i, s) in trace.timeline.samples.iter().enumerate() {
+    for (i, s) in trace.timeline.samples().enumerate() {
         if keep.is_some_and(|k| !k[i]) {
             continue;
         }
@@ -176,13 +176,13 @@ fn for_each_row(trace: &Trace, outside: u64, keep: Option<&[bool]>, mut emit: im
 
 pub fn memory_plot(r: &Report, sched: &Schedule, trace: &Trace, rank_label: &str) -> MemoryPlot {
     let cats: Vec<Category> = Category::ALL.to_vec();
-    let mut times = Vec::with_capacity(trace.timeline.samples.len() + 1);
+    let mut times = Vec::with_capacity(trace.timeline.sample_count() + 1);
     let mut bytes: Vec<Vec<u64>> = vec![Vec::with_capacity(times.capacity()); cats.len()];
     times.push(0.0);
     for b in bytes.iter_mut() {
         b.push(0);
     }
-    for s in &trace.timeline.samples {
+    for s in trace.timeline.samples() {
         times.push(s.time_ns as f64 / 1e9);
         for (i, c) in cats.iter().enumerate() {
             bytes[i].push(s.by_category[c.index()]);

@@ -43,8 +43,27 @@ pub use megatron::partial_grad_params;
 /// for [`build_lean`].
 macro_rules! text {
     ($names:expr, $($arg:tt)*) => {
-        if $names { format!($($arg)*) } else { String::new() }
+        if $names { $crate::schedule::text_of(format_args!($($arg)*)) } else { String::new() }
     };
+}
+
+/// `format!` into one allocation of the text's exact size: a large program names a million
+/// tasks and buffers, and `format!` grows each name's string piece by piece (a reallocation
+/// or two per name, a tenth of a named build's time).
+pub(crate) fn text_of(args: std::fmt::Arguments) -> String {
+    use std::fmt::Write;
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+    }
+    if let Some(s) = args.as_str() {
+        return s.to_string();
+    }
+    SCRATCH.with(|b| {
+        let mut b = b.borrow_mut();
+        b.clear();
+        b.write_fmt(args).expect("formatting into a String cannot fail");
+        String::from(b.as_str())
+    })
 }
 
 pub mod activation_offload;
