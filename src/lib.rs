@@ -298,7 +298,7 @@ fn inference_run_with(
     let job = job::Job { classes: vec![class], extra: Vec::new(), links: Vec::new() };
     // generate() calls no torch.cuda.empty_cache(): the training points do not apply.
     let settings = memory::AllocatorSettings { empty_cache: Vec::new(), ..s.allocator.clone() };
-    let run = job::run::run(&job, &settings, s.allocator_capacity(), s.cluster.memory_bytes, 0, record)?;
+    let run = job::run::run(&job, &settings, s.allocator_capacity(), s.cluster.memory_bytes, 0, record, false)?;
     Ok(InferenceRun { dag: c.dag, job, run, traffic: c.traffic })
 }
 
@@ -317,7 +317,7 @@ fn simulate_job(
     let steps = plan.training.steps;
     let loads = s.expert_loads();
     let job = job::compile(&dag, &plan, &s.cluster, s.jitter.as_ref(), loads.as_deref(), true, steps);
-    let run = job::run::run_with(&job, &s.allocator, capacity, s.cluster.memory_bytes, steps, record, every_period)?;
+    let run = job::run::run(&job, &s.allocator, capacity, s.cluster.memory_bytes, steps, record, every_period)?;
     let jr = report::job::build(s, &dag, &job, &run, curve);
     Ok(Simulation { dag, job, run, report: jr.report, headline: jr.headline, class_reports: jr.classes })
 }
@@ -353,7 +353,8 @@ pub fn simulate_lean(
     let loads = s.expert_loads();
     let run_steps = |steps: u32| -> Result<_, engine::Deadlock> {
         let job = job::compile(dag, &plan, &s.cluster, s.jitter.as_ref(), loads.as_deref(), false, steps);
-        let run = job::run::run(&job, &s.allocator, capacity, s.cluster.memory_bytes, all, job::run::Record::Peaks)?;
+        let run =
+            job::run::run(&job, &s.allocator, capacity, s.cluster.memory_bytes, all, job::run::Record::Peaks, false)?;
         Ok((job, run))
     };
     for steps in early.iter().copied().filter(|&k| k < all) {

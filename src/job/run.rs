@@ -35,21 +35,10 @@ pub enum Record {
 /// Plays `job` with the allocator of `settings` capped at `capacity` on each class's
 /// device (`device_total`: the GPU's whole memory, for the allocator's own accounting),
 /// keeping what `record` says. `steps` is the number of steps the job's programs were
-/// compiled for at most.
+/// compiled for at most. `every_period`: simulate every period of a repeating schedule
+/// instead of replaying it ([`crate::engine::RunOptions::every_period`]; the same figures,
+/// slower).
 pub fn run(
-    job: &Job,
-    settings: &AllocatorSettings,
-    capacity: u64,
-    device_total: u64,
-    steps: u32,
-    record: Record,
-) -> Result<JobRun, Deadlock> {
-    run_with(job, settings, capacity, device_total, steps, record, false)
-}
-
-/// [`run`], simulating every period of a repeating schedule where `every_period` (the
-/// same figures, slower: what the test of the extrapolation compares with).
-pub fn run_with(
     job: &Job,
     settings: &AllocatorSettings,
     capacity: u64,
