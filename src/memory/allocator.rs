@@ -155,13 +155,14 @@ pub trait Allocator {
 #[derive(Debug, Clone)]
 pub struct ExactAllocator {
     capacity: u64,
-    live: Vec<u64>,
+    /// Each live tensor's rounded bytes (0: none).
+    live: super::handles::HandleTable<u64>,
     stats: AllocatorStats,
 }
 
 impl ExactAllocator {
     pub fn new(capacity: u64) -> Self {
-        ExactAllocator { capacity, live: Vec::new(), stats: AllocatorStats::default() }
+        ExactAllocator { capacity, live: super::handles::HandleTable::new(0), stats: AllocatorStats::default() }
     }
 
     fn set(&mut self, allocated: u64) {
@@ -199,10 +200,7 @@ impl Allocator for ExactAllocator {
                 cause: OomCause::LiveTensors,
             });
         }
-        if self.live.len() <= id {
-            self.live.resize(id + 1, 0);
-        }
-        let old = std::mem::replace(&mut self.live[id], r);
+        let old = std::mem::replace(self.live.slot_mut(id), r);
         self.set(allocated - old + r);
         Ok(())
     }

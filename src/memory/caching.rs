@@ -62,6 +62,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use super::allocator::{AllocError, Allocator, AllocatorStats, OomCause, Snapshot};
+use super::handles::HandleTable;
 use super::history::{self, Action, BlockState, Event, History, NO_TENSOR};
 use super::Totals;
 
@@ -374,46 +375,6 @@ pub struct SegmentInfo {
     pub blocks: Vec<(u64, bool)>,
 }
 
-/// Tensor id -> its block (NIL: not live), for the ids from the lowest seen on up. A device
-/// of a run of several sees the ids of its own part of the run's numbering only (a pipeline
-/// stage's buffers follow the earlier stages'): a table from id 0 would hold, and fill, an
-/// entry for every buffer of every earlier stage.
-#[derive(Debug, Clone, Default)]
-struct LiveTable {
-    /// The id of `blocks[0]`.
-    base: usize,
-    blocks: Vec<u32>,
-}
-
-impl LiveTable {
-    fn get(&self, id: usize) -> Option<u32> {
-        self.blocks.get(id.checked_sub(self.base)?).copied()
-    }
-
-    fn get_mut(&mut self, id: usize) -> Option<&mut u32> {
-        self.blocks.get_mut(id.checked_sub(self.base)?)
-    }
-
-    /// The entry of `id`, made if needed.
-    fn slot_mut(&mut self, id: usize) -> &mut u32 {
-        if self.blocks.is_empty() {
-            self.base = id;
-        } else if id < self.base {
-            self.blocks.splice(0..0, std::iter::repeat_n(NIL, self.base - id));
-            self.base = id;
-        }
-        let i = id - self.base;
-        if self.blocks.len() <= i {
-            self.blocks.resize(i + 1, NIL);
-        }
-        &mut self.blocks[i]
-    }
-
-    fn slot(&mut self, id: usize) -> u32 {
-        *self.slot_mut(id)
-    }
-}
-
 /// What [`CachingAllocator::start_history`] records: the trace so far, the time of the call
 /// being served, and per block index the request and tensor of the block while it serves one.
 #[derive(Debug, Clone, Default)]
@@ -436,7 +397,7 @@ pub struct CachingAllocator {
     /// Index: stream * 2 + (small pool as usize).
     pools: Vec<Pool>,
     /// Tensor id -> its block (NIL: not live).
-    live: LiveTable,
+    live: HandleTable<u32>,
     /// Per stream: (time the event was recorded, block), in recording order.
     events: Vec<VecDeque<(u64, u32)>>,
     /// Per stream: all work enqueued up to this time has completed.
@@ -456,7 +417,7 @@ impl CachingAllocator {
             spare: Vec::new(),
             segments: Vec::new(),
             pools: Vec::new(),
-            live: LiveTable::default(),
+            live: HandleTable::new(NIL),
             events: Vec::new(),
             synced: Vec::new(),
             pending_events: 0,

@@ -5,6 +5,7 @@
 pub mod allocator;
 pub mod caching;
 pub mod category;
+mod handles;
 pub mod history;
 pub mod settings;
 pub mod timeline;
