@@ -1,7 +1,9 @@
 //! A fuzzer of scenario files (issue 22): shipped scenarios with one or two fields mutated
 //! to extreme values, wrong types and control characters, each run through the real binary
 //! (`run`, or `explain`), checking the exit-code contract (0 or 2, never a panic's 101),
-//! a time bound, and on exit 0 the report's own invariants.
+//! a time bound, and on exit 0 the report's own invariants and the same files, byte for
+//! byte, from `run --every-period` (the periodic extrapolation, src/engine/period.rs, is
+//! exact).
 //!
 //! A second test does the same for sweep files (extreme axis values, 10^9-configuration
 //! products, deep and overflowing filters, bad flags) and for `sweep merge` of damaged shards
@@ -313,6 +315,9 @@ fn run_bounded(args: &[&str], limit: Duration) -> Outcome {
     }
 }
 
+/// What `run` writes.
+const OUTPUTS: &[&str] = &["report.json", "memory.csv", "trace.json", "memory.png", "timeline.png"];
+
 fn run_case(file: &Path, out: &Path, explain: bool, limit: Duration) -> Outcome {
     let cmd = if explain { "explain" } else { "run" };
     let mut o = run_bounded(&[cmd, file.to_str().unwrap(), "--out", out.to_str().unwrap()], limit);
@@ -361,7 +366,7 @@ fn mutated_scenarios_keep_the_exit_code_contract() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = tempfile::tempdir().unwrap();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let (mut ok, mut refused, mut slowest) = (0, 0, 0.0f64);
+    let (mut ok, mut refused, mut slowest, mut checked_periods) = (0, 0, 0.0f64, 0);
     let mut slowest_case = String::new();
     let mut largest = (0u64, String::new());
     let mut problems = Vec::new();
@@ -405,11 +410,28 @@ fn mutated_scenarios_keep_the_exit_code_contract() {
         }
         if let Some(p) = o.problem {
             problems.push(format!("{base_name} [{}]{}: {p}", what.join(", "), if explain { " (explain)" } else { "" }));
+        } else if o.code == Some(0) && !explain {
+            // A run again with every period simulated: the same files, byte for
+            // byte (src/engine/period.rs is exact).
+            let full = dir.path().join(format!("full{i}"));
+            let args = ["run", file.to_str().unwrap(), "--out", full.to_str().unwrap(), "--every-period"];
+            let f = run_bounded(&args, limit * 4);
+            checked_periods += 1;
+            let differs = OUTPUTS.iter().find(|n| std::fs::read(out.join(n)).ok() != std::fs::read(full.join(n)).ok());
+            if f.code != Some(0) || differs.is_some() {
+                problems.push(format!(
+                    "{}: with --every-period: exit {:?}, {} differs",
+                    case(),
+                    f.code,
+                    differs.unwrap_or(&"nothing")
+                ));
+            }
+            let _ = std::fs::remove_dir_all(&full);
         }
         let _ = std::fs::remove_dir_all(&out);
     }
     println!(
-        "fuzz: seed {seed}, {cases} cases: {ok} ran (exit 0), {refused} refused (exit 2), {} problems; slowest {slowest:.1} s: {slowest_case}; most memory {:.2} GB: {}",
+        "fuzz: seed {seed}, {cases} cases: {ok} ran (exit 0, {checked_periods} of them again with --every-period), {refused} refused (exit 2), {} problems; slowest {slowest:.1} s: {slowest_case}; most memory {:.2} GB: {}",
         problems.len(),
         largest.0 as f64 / 1e9,
         largest.1
