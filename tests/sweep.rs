@@ -658,7 +658,7 @@ fn lean_schedules_and_their_prefixes_are_the_same_program() {
             assert_eq!(task(f, t), task(l, t), "{}", s.name);
         }
         assert_eq!(f.buffers.len(), l.buffers.len());
-        for (a, b) in f.buffers.iter().zip(&l.buffers) {
+        for (a, b) in f.buffers.iter().zip(l.buffers.iter()) {
             assert_eq!((a.bytes, a.category), (b.bytes, b.category), "{}", s.name);
         }
         for (a, b) in full.labels.iter().zip(lean.labels.iter()) {

@@ -22,6 +22,7 @@ mod period;
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::sync::Arc;
 
 use crate::memory::history::NO_TENSOR;
 use crate::memory::{AllocError, Allocator, AllocatorStats, Category, History, Timeline, Totals};
@@ -126,14 +127,17 @@ pub struct Program {
     /// the task that allocates them; each device has its own allocator.
     pub stream_device: Vec<u16>,
     pub tasks: Vec<Task>,
-    /// Per task: the tasks that must finish before it starts.
-    pub deps: TaskLists,
+    /// Per task: the tasks that must finish before it starts. This and the other lists and
+    /// tables are shared between copies of a program that differ only in their tasks'
+    /// durations (`[jitter]`'s ranks): 256 ranks held 256 copies, and the engine, visiting
+    /// each rank in turn, found none of them in cache.
+    pub deps: Arc<TaskLists>,
     /// Per task: the buffers allocated when it starts, in order.
-    pub alloc: TaskLists,
+    pub alloc: Arc<TaskLists>,
     /// Per task: the buffers freed when it ends.
-    pub free: TaskLists,
-    pub buffers: Vec<BufferSpec>,
-    pub names: Vec<String>,
+    pub free: Arc<TaskLists>,
+    pub buffers: Arc<Vec<BufferSpec>>,
+    pub names: Arc<Vec<String>>,
     /// Per stream: the links its tasks occupy ([`links`] bits; empty or 0: none). Tasks on
     /// a common link of one device share it while they overlap.
     pub stream_links: Vec<u8>,
@@ -153,9 +157,9 @@ impl Program {
     /// Appends a task with its dependencies, allocations and frees; returns its index.
     pub fn push_task(&mut self, task: Task, deps: &[u32], alloc: &[u32], free: &[u32]) -> u32 {
         self.tasks.push(task);
-        self.deps.push(deps);
-        self.alloc.push(alloc);
-        self.free.push(free);
+        Arc::make_mut(&mut self.deps).push(deps);
+        Arc::make_mut(&mut self.alloc).push(alloc);
+        Arc::make_mut(&mut self.free).push(free);
         (self.tasks.len() - 1) as u32
     }
 }
@@ -815,7 +819,7 @@ mod tests {
 
     /// A program of `streams` streams running `tasks`, with `buffers`.
     fn program(streams: usize, tasks: &[T], buffers: Vec<BufferSpec>) -> Program {
-        let mut p = Program { streams: vec!["compute".into(); streams], buffers, ..Default::default() };
+        let mut p = Program { streams: vec!["compute".into(); streams], buffers: buffers.into(), ..Default::default() };
         for &(stream, duration_ns, deps, alloc, free) in tasks {
             p.push_task(Task { stream, duration_ns, ..Default::default() }, deps, alloc, free);
         }
@@ -830,7 +834,7 @@ mod tests {
         for i in 0..periods {
             p.period_marks.push(p.tasks.len() as u32);
             let (act, kept) = (p.buffers.len() as u32, p.buffers.len() as u32 + 1);
-            p.buffers.extend([buf(1 << 20), buf(leak)]);
+            std::sync::Arc::make_mut(&mut p.buffers).extend([buf(1 << 20), buf(leak)]);
             let prev: Vec<u32> = if i > 0 { vec![p.tasks.len() as u32 - 2] } else { vec![] };
             // The activation of two periods back is freed by this period's compute.
             let free: Vec<u32> = if i >= 2 { vec![act - 4] } else { vec![] };

@@ -116,8 +116,11 @@ pub fn build_with(
 ) -> (Schedule, Traffic) {
     let mut cost = Cost::new(cluster, cfg.compute_dtype, 1);
     cost.tp_group = crate::schedule::cost::group_on(cluster, tp, tp);
-    let prog =
-        Program { streams: vec!["compute".into(), "tp".into()], names: vec![String::new()], ..Default::default() };
+    let prog = Program {
+        streams: vec!["compute".into(), "tp".into()],
+        names: vec![String::new()].into(),
+        ..Default::default()
+    };
     let c = cfg.compute_dtype.bytes();
     let mut b = B { dag, cfg, cost, tp, prog, labels: Vec::new(), names, probe, traffic: Traffic::default(), c };
     let mut keep = b.init();
@@ -147,13 +150,18 @@ impl B<'_> {
         if !self.names {
             return 0;
         }
-        self.prog.names.push(f());
+        std::sync::Arc::make_mut(&mut self.prog.names).push(f());
         (self.prog.names.len() - 1) as u32
     }
 
     fn buffer(&mut self, bytes: u64, category: Category, f: impl FnOnce() -> String) -> u32 {
         let name = self.name(f);
-        self.prog.buffers.push(BufferSpec { bytes, category, name, pool: crate::engine::TASK_STREAM });
+        std::sync::Arc::make_mut(&mut self.prog.buffers).push(BufferSpec {
+            bytes,
+            category,
+            name,
+            pool: crate::engine::TASK_STREAM,
+        });
         (self.prog.buffers.len() - 1) as u32
     }
 

@@ -391,7 +391,7 @@ impl<'a> Builder<'a> {
             chunk_vs.push(ch.virtual_stage);
         }
         if !names {
-            prog.names.push(String::new());
+            std::sync::Arc::make_mut(&mut prog.names).push(String::new());
         }
         let mg_buckets = if plan.parallel.framework == crate::plan::Framework::Megatron {
             let mg = &plan.parallel.megatron;
@@ -493,22 +493,27 @@ impl<'a> Builder<'a> {
         self.prog.tasks.reserve(tasks);
         self.labels.reserve(tasks);
         let buffers = 4 * nu + 8 + mbs * (3 * nops + 2 * nu);
-        self.prog.deps.reserve(tasks, 2 * tasks);
-        self.prog.alloc.reserve(tasks, buffers);
+        std::sync::Arc::make_mut(&mut self.prog.deps).reserve(tasks, 2 * tasks);
+        std::sync::Arc::make_mut(&mut self.prog.alloc).reserve(tasks, buffers);
         self.frees.reserve(buffers);
-        self.prog.buffers.reserve(buffers);
+        std::sync::Arc::make_mut(&mut self.prog.buffers).reserve(buffers);
         if self.names {
-            self.prog.names.reserve(buffers);
+            std::sync::Arc::make_mut(&mut self.prog.names).reserve(buffers);
         }
     }
 
     #[inline]
     fn buffer(&mut self, bytes: u64, category: Category, name: String) -> u32 {
         if self.names {
-            self.prog.names.push(name);
+            std::sync::Arc::make_mut(&mut self.prog.names).push(name);
         }
         let name = (self.prog.names.len() - 1) as u32;
-        self.prog.buffers.push(BufferSpec { bytes, category, name, pool: crate::engine::TASK_STREAM });
+        std::sync::Arc::make_mut(&mut self.prog.buffers).push(BufferSpec {
+            bytes,
+            category,
+            name,
+            pool: crate::engine::TASK_STREAM,
+        });
         (self.prog.buffers.len() - 1) as u32
     }
 
@@ -522,7 +527,7 @@ impl<'a> Builder<'a> {
     #[inline]
     fn use_compute_pool(&mut self, bufs: &[u32]) {
         for &b in bufs {
-            self.prog.buffers[b as usize].pool = COMPUTE;
+            std::sync::Arc::make_mut(&mut self.prog.buffers)[b as usize].pool = COMPUTE;
         }
     }
 
@@ -532,8 +537,8 @@ impl<'a> Builder<'a> {
         self.labels.push(label);
         let task = Task { stream, ctas, duration_ns: cost::ns(seconds), label: (self.labels.len() - 1) as u32 };
         self.prog.tasks.push(task);
-        self.prog.deps.push(&deps);
-        self.prog.alloc.push(&alloc);
+        std::sync::Arc::make_mut(&mut self.prog.deps).push(&deps);
+        std::sync::Arc::make_mut(&mut self.prog.alloc).push(&alloc);
         (self.prog.tasks.len() - 1) as u32
     }
 
@@ -598,7 +603,7 @@ impl<'a> Builder<'a> {
     /// The finished program, its frees filed under their tasks.
     fn finish(&mut self) -> Program {
         let mut prog = std::mem::take(&mut self.prog);
-        prog.free = crate::engine::TaskLists::from_pairs(prog.tasks.len(), &self.frees);
+        prog.free = crate::engine::TaskLists::from_pairs(prog.tasks.len(), &self.frees).into();
         // Without a collective holding thread blocks nothing slows compute: its tasks need not
         // pass through the engine's shared-resource bookkeeping.
         if !prog.tasks.iter().any(|t| t.ctas > 0) {
