@@ -191,12 +191,25 @@ impl Periodic {
     /// The stretches of a run's parts, or None where none repeats (or the dependencies
     /// between parts do not repeat with them).
     pub fn new(num: &Numbering, links: &[Link]) -> Option<Periodic> {
+        // Each stretch's period in schedule slots (the scheduler's marks): a stage whose
+        // chunks look alike repeats every slot pair where its neighbours repeat every few
+        // micro-batches (an interleaved schedule's first and last stages), so every stretch is
+        // stretched to the slots of the longest period, which the others divide.
+        let mut found = Vec::new();
+        for (k, p) in num.parts.iter().enumerate() {
+            for s in stretches(p) {
+                let slots = p.period_marks.iter().filter(|&&m| m >= s.start && m < s.start + s.dt).count().max(1);
+                found.push((k, s, slots));
+            }
+        }
+        let slots = found.iter().map(|f| f.2).max()?;
         let mut all = Vec::new();
         let mut parts = Vec::new();
-        for (k, p) in num.parts.iter().enumerate() {
-            let o = num.task[k] as u32;
-            for s in stretches(p) {
-                all.push(Stretch { base: s.base + o, start: s.start + o, end: s.end + o, dt: s.dt });
+        for (k, s, n) in found {
+            let dt = s.dt * (slots / n) as u32;
+            if slots % n == 0 && (s.end - s.start) / dt >= MIN_PERIODS {
+                let o = num.task[k] as u32;
+                all.push(Stretch { base: s.base + o, start: s.start + o, end: s.end + o, dt });
                 parts.push(k);
             }
         }
@@ -211,7 +224,7 @@ impl Periodic {
             zone[s.base as usize..s.end as usize].fill(r as u16 + 1);
             within[s.start as usize..s.end as usize].fill(r as u16 + 1);
         }
-        let per = Periodic {
+        let mut per = Periodic {
             hi: vec![NONE; all.len()],
             stretches: all,
             within,
@@ -224,26 +237,62 @@ impl Periodic {
             cuts: VecDeque::new(),
             jumped: 0,
         };
-        // A dependency between parts inside the stretches repeats with them.
+        // A dependency between parts inside the stretches repeats with them. Where one does
+        // not (near a stretch's ends, a stage's dependency on another stage's warm-up or
+        // cool-down), the stretch is cut short of it, from the nearer end.
         let set: HashSet<(u32, u32)> = links.iter().map(|l| (l.task, l.dep)).collect();
         let mut count: HashMap<u32, u32> = HashMap::new();
         for l in links {
             *count.entry(l.task).or_default() += 1;
         }
-        for l in links {
-            let next = per.shift(l.task, 1);
-            let r = per.within[l.task as usize];
-            if r != 0 && per.within.get(next as usize) == Some(&r) {
-                let dep = match per.zone[l.dep as usize] {
-                    0 => l.dep,
-                    z => l.dep + per.stretches[z as usize - 1].dt,
-                };
-                if !set.contains(&(next, dep)) || count.get(&next) != count.get(&l.task) {
-                    return None;
+        loop {
+            let mut failing: HashMap<u16, (u32, u32)> = HashMap::new();
+            for l in links {
+                let next = per.shift(l.task, 1);
+                let r = per.within[l.task as usize];
+                if r != 0 && per.within.get(next as usize) == Some(&r) {
+                    let dep = match per.zone[l.dep as usize] {
+                        0 => l.dep,
+                        z => l.dep + per.stretches[z as usize - 1].dt,
+                    };
+                    if !set.contains(&(next, dep)) || count.get(&next) != count.get(&l.task) {
+                        let f = failing.entry(r).or_insert((u32::MAX, 0));
+                        *f = (f.0.min(l.task), f.1.max(l.task));
+                    }
                 }
             }
+            if failing.is_empty() {
+                break;
+            }
+            let mut failing: Vec<_> = failing.into_iter().collect();
+            failing.sort_unstable();
+            for (r, (lo, hi)) in failing {
+                per.shorten(r, lo, hi);
+            }
         }
-        Some(per)
+        per.stretches.iter().any(|s| s.start < s.end).then_some(per)
+    }
+
+    /// Stretch `r` without its tasks `lo..=hi` (and those beyond them on the side nearer
+    /// its end); dropped when fewer than [`MIN_PERIODS`] periods remain.
+    fn shorten(&mut self, r: u16, lo: u32, hi: u32) {
+        let s = self.stretches[r as usize - 1];
+        let mid = s.start + (s.end - s.start) / 2;
+        let (mut start, mut end) = if hi < mid {
+            (hi + 1, s.end)
+        } else if lo >= mid {
+            (s.start, lo + s.dt)
+        } else {
+            (s.end, s.end)
+        };
+        if end <= start || (end - start) / s.dt < MIN_PERIODS {
+            (start, end) = (s.end, s.end);
+        }
+        for t in (s.start..start).chain(end..s.end) {
+            self.within[t as usize] = 0;
+        }
+        let st = &mut self.stretches[r as usize - 1];
+        (st.start, st.end) = (start, end);
     }
 
     /// Task `t` `m` periods of its stretch on; itself outside the stretches.
