@@ -21,8 +21,11 @@
 //!   micro-batch schedule begins ([`super::Program::period_marks`]); runs of equal spacing
 //!   are candidate periods of `dt` tasks, and every task of a run is checked against the one
 //!   `dt` later: same stream, duration and thread blocks, dependencies shifted by the period
-//!   (or the same, where they lie before the candidate). The dependencies between parts (a
-//!   pipeline's sends and receives) are checked likewise.
+//!   (or the same, where they lie before the candidate). Every stretch is then stretched to
+//!   the schedule slots of the longest period found (an interleaved pipeline's middle stage
+//!   repeats every forward-backward pair, its first and last every few micro-batches), and
+//!   the dependencies between parts (a pipeline's sends and receives) are checked likewise;
+//!   one that does not repeat cuts its stretch short.
 //! - **The schedule repeats** ([`Periodic::cut`]): each time the first task of a period
 //!   ends, the scheduling state is written down with every task of a stretch numbered
 //!   relative to the period and every time relative to now: the events pending and their
