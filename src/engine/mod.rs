@@ -388,7 +388,6 @@ pub fn run_parts(
         start_ns: vec![u64::MAX; n],
         end_ns: vec![u64::MAX; n],
         stream_busy_ns: vec![0; ns],
-        periods_jumped: 0,
     };
     let mut per = if opts.every_period || opts.history { None } else { period::Periodic::new(&num, links) };
     let mut now = 0u64;
@@ -412,7 +411,7 @@ pub fn run_parts(
                 continue;
             }
             if let Err(oom) = mem.start(ti, s, now) {
-                return Ok(mem.out_of_memory(oom, now));
+                return Ok(mem.out_of_memory(oom, per.as_ref().map_or(0, |p| p.jumped)));
             }
             if let Some(p) = per.as_mut() {
                 p.on_start(ti, now);
@@ -457,9 +456,7 @@ pub fn run_parts(
                     mem: &mut mem,
                 };
                 if let Err(oom) = p.cut(i, &mut ti, &mut st, queues, task_stream, &dependents) {
-                    let at = oom.3;
-                    mem.periods_jumped = p.jumped;
-                    return Ok(mem.out_of_memory(oom, at));
+                    return Ok(mem.out_of_memory(oom, p.jumped));
                 }
             }
             p.on_finish(ti, now);
@@ -489,12 +486,8 @@ pub fn run_parts(
     if done < n {
         return Err(Deadlock { waiting: n - done });
     }
-    mem.periods_jumped = per.map_or(0, |p| p.jumped);
-    Ok(mem.finish(now, None))
+    Ok(mem.finish(now, None, per.map_or(0, |p| p.jumped)))
 }
-
-/// A task's allocation that did not fit: (device, task, buffer, time, error).
-type Oom = (usize, u32, usize, u64, AllocError);
 
 /// What tasks do to memory as they start and end (every part's buffers on its device's
 /// allocator and timeline), and the times they did it: the part of a run that
@@ -511,13 +504,14 @@ pub(crate) struct Memory<'p, 'a, 'b> {
     start_ns: Vec<u64>,
     end_ns: Vec<u64>,
     stream_busy_ns: Vec<u64>,
-    periods_jumped: u64,
 }
 
 impl Memory<'_, '_, '_> {
-    /// Task `ti` starts on stream `s` at `now`: its buffers are allocated, in order.
+    /// Task `ti` starts on stream `s` at `now`: its buffers are allocated, in order. The
+    /// allocation that does not fit comes back without what was live
+    /// ([`Memory::out_of_memory`] adds it).
     #[inline]
-    fn start(&mut self, ti: u32, s: usize, now: u64) -> Result<(), Oom> {
+    fn start(&mut self, ti: u32, s: usize, now: u64) -> Result<(), OomEvent> {
         let num = self.num;
         let k = num.part_of(ti as usize);
         let (prog, bo) = (num.parts[k], num.buffer[k]);
@@ -531,7 +525,14 @@ impl Memory<'_, '_, '_> {
                 p => Some(num.stream[k] + p as usize).filter(|&g| self.dev_of[g] == dv).unwrap_or(s),
             };
             if let Err(error) = alloc.malloc_at(b, spec.bytes, self.local[pool], now) {
-                return Err((dv, ti, b, now, error));
+                return Err(OomEvent {
+                    device: dv as u16,
+                    task: ti,
+                    buffer: b as u32,
+                    time_ns: now,
+                    error,
+                    live: Vec::new(),
+                });
             }
             self.live[b] = true;
             self.buf_dev[b] = dv as u16;
@@ -575,8 +576,8 @@ impl Memory<'_, '_, '_> {
         self.stream_busy_ns[stream] += now - self.start_ns[ti as usize];
     }
 
-    /// The run's trace as it stands at `now`.
-    fn finish(self, now: u64, oom: Option<OomEvent>) -> DeviceTrace {
+    /// The run's trace as it stands at `now`, `periods_jumped` periods of it replayed.
+    fn finish(self, now: u64, oom: Option<OomEvent>, periods_jumped: u64) -> DeviceTrace {
         DeviceTrace {
             timelines: self.timelines,
             start_ns: self.start_ns,
@@ -586,24 +587,24 @@ impl Memory<'_, '_, '_> {
             stream_busy_ns: self.stream_busy_ns,
             allocators: self.allocs.iter().map(|a| a.stats()).collect(),
             histories: self.allocs.iter_mut().map(|a| a.take_history()).collect(),
-            periods_jumped: self.periods_jumped,
+            periods_jumped,
         }
     }
 
     /// The run stops at the allocation that did not fit, with what was live on its device.
-    fn out_of_memory(mut self, (dv, ti, b, _, error): Oom, now: u64) -> DeviceTrace {
-        let live = self
+    fn out_of_memory(mut self, mut oom: OomEvent, periods_jumped: u64) -> DeviceTrace {
+        let (dv, ti, now) = (oom.device as usize, oom.task as usize, oom.time_ns);
+        oom.live = self
             .live
             .iter()
             .enumerate()
             .filter(|(i, l)| **l && self.buf_dev[*i] as usize == dv)
             .map(|(i, _)| i as u32)
             .collect();
-        self.start_ns[ti as usize] = now;
+        self.start_ns[ti] = now;
         // The failed allocation released the cache before giving up.
-        self.timelines[dv].record_totals(now, totals(&*self.allocs[dv]), ti as usize);
-        let oom = OomEvent { device: dv as u16, task: ti, buffer: b as u32, time_ns: now, error, live };
-        self.finish(now, Some(oom))
+        self.timelines[dv].record_totals(now, totals(&*self.allocs[dv]), ti);
+        self.finish(now, Some(oom), periods_jumped)
     }
 }
 

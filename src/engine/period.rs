@@ -41,13 +41,14 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 
-use super::{Dependents, Link, Memory, Numbering, Oom, Program};
+use super::{Dependents, Link, Memory, Numbering, OomEvent, Program};
 
 const NONE: u32 = u32::MAX;
 /// Fewest periods a stretch must hold to be worth the bookkeeping.
 const MIN_PERIODS: u32 = 3;
-/// The spacings of schedule slots tried: a pipeline stage alternates forwards and
-/// backwards, so its period spans two slots (an interleaved one more).
+/// The spacings of schedule slots tried: a 1F1B stage alternates forwards and backwards,
+/// so its period spans two slots; an interleaved stage's, 2 x chunks x its micro-batch
+/// group (16 for 2 chunks and groups of 4).
 const MAX_LAG: usize = 32;
 /// The most periods a repeat of the schedule may span.
 const MAX_CUT_LAG: usize = 4;
@@ -129,6 +130,13 @@ fn same(p: &Program, t: u32, dt: u32, base: u32) -> bool {
     }
     let (dx, dy) = (p.deps.of(ti), p.deps.of(ui));
     dx.len() == dy.len() && dx.iter().zip(dy).all(|(&d, &e)| e == if d >= base { d + dt } else { d })
+}
+
+/// `h` (a highest task so far, NONE for none) raised to `t`.
+fn raise(h: &mut u32, t: u32) {
+    if *h == NONE || t > *h {
+        *h = t;
+    }
 }
 
 /// The engine's state that [`Periodic`] reads and, at a jump, rewrites.
@@ -318,12 +326,7 @@ impl Periodic {
     fn touch(&mut self, t: u32) {
         match self.within[t as usize] {
             0 => self.foreign = true,
-            r => {
-                let h = &mut self.hi[r as usize - 1];
-                if *h == NONE || t > *h {
-                    *h = t;
-                }
-            }
+            r => raise(&mut self.hi[r as usize - 1], t),
         }
     }
 
@@ -373,7 +376,7 @@ impl Periodic {
         queues: &[Vec<u32>],
         task_stream: &[u32],
         dependents: &Dependents,
-    ) -> Result<(), Oom> {
+    ) -> Result<(), OomEvent> {
         let cur = Cut {
             stretch: r,
             index: i,
@@ -464,7 +467,7 @@ impl Periodic {
         queues: &[Vec<u32>],
         task_stream: &[u32],
         dependents: &Dependents,
-    ) -> Result<bool, Oom> {
+    ) -> Result<bool, OomEvent> {
         let prev = &self.cuts[self.cuts.len() - lag];
         let lag = lag as u64;
         let dt = cur.now - prev.now;
@@ -474,8 +477,8 @@ impl Periodic {
         let mut hi = self.hi.clone();
         for c in self.cuts.iter().skip(self.cuts.len() - lag as usize + 1) {
             for (h, &x) in hi.iter_mut().zip(&c.hi) {
-                if x != NONE && (*h == NONE || x > *h) {
-                    *h = x;
+                if x != NONE {
+                    raise(h, x);
                 }
             }
         }
@@ -484,10 +487,7 @@ impl Periodic {
         named.extend(self.frontier.iter().copied());
         for t in named {
             if let r @ 1.. = self.within[t as usize] {
-                let h = &mut hi[r as usize - 1];
-                if *h == NONE || t > *h {
-                    *h = t;
-                }
+                raise(&mut hi[r as usize - 1], t);
             }
         }
         let mut repeats = u64::MAX;
