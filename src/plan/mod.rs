@@ -242,6 +242,14 @@ pub enum PipelineSchedule {
     /// Megatron's interleaved 1F1B: each stage holds `virtual_stages` model chunks.
     #[serde(rename = "interleaved-1f1b")]
     Interleaved,
+    /// DeepSeek's DualPipe (deepseek-ai/DualPipe `dualpipe.py`, DeepSeek-V3 technical
+    /// report Sec. 3.2.1): micro-batches enter from both ends of the pipeline, so stage `k`
+    /// holds model stages `k` and `p - 1 - k` (two copies of every stage's parameters), and
+    /// in the steady state each forward chunk runs beside the other direction's backward
+    /// chunk with their communication under each other's compute ([`crate::schedule`]'s
+    /// `dualpipe`).
+    #[serde(rename = "dualpipe")]
+    DualPipe,
 }
 
 impl PipelineSchedule {
@@ -250,6 +258,7 @@ impl PipelineSchedule {
             PipelineSchedule::Gpipe => "gpipe",
             PipelineSchedule::OneFOneB => "1f1b",
             PipelineSchedule::Interleaved => "interleaved-1f1b",
+            PipelineSchedule::DualPipe => "dualpipe",
         }
     }
 }
@@ -339,6 +348,29 @@ impl ModelParallel {
     pub fn expert_data_parallel(&self, gpus: u64) -> u64 {
         let stage = self.tensor * self.context.max(1) * self.data_parallel(gpus);
         (stage / (self.expert_tensor.max(1) * self.expert.max(1))).max(1)
+    }
+
+    /// Pipeline ranks holding each model stage: two under DualPipe (stage `k` and stage
+    /// `p - 1 - k` on the same rank, one copy per direction), else one. Their gradients are
+    /// reduced, and a distributed optimizer shards, over both copies' data-parallel ranks.
+    pub fn stage_copies(&self) -> u64 {
+        if self.schedule == PipelineSchedule::DualPipe {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// The pipeline rank that runs virtual stage `vs`: chunk `vs / p` of stage `vs % p`, or,
+    /// under DualPipe, stage `vs` of the forward direction on rank `vs` and stage `vs - p` of
+    /// the reverse direction on rank `2p - 1 - vs`.
+    pub fn rank_of_virtual_stage(&self, vs: u64) -> u64 {
+        let p = self.pipeline;
+        if self.schedule == PipelineSchedule::DualPipe && vs >= p {
+            2 * p - 1 - vs
+        } else {
+            vs % p
+        }
     }
 
     /// Blocks held by each virtual stage (chunk), in model order: virtual stage j = chunk
@@ -916,7 +948,7 @@ pub fn shard_group(p: &ParallelConfig, gpus: u64, gpus_per_node: u64) -> u64 {
     match p.sharding {
         Sharding::None => 1,
         Sharding::HybridShard => p.hsdp_shard.unwrap_or(gpus_per_node.min(gpus)),
-        _ => mp.data_parallel(gpus) * mp.context.max(1),
+        _ => mp.data_parallel(gpus) * mp.context.max(1) * mp.stage_copies(),
     }
 }
 
@@ -949,7 +981,8 @@ impl Plan {
         let dp_per_node = (gpus_per_node / mp.tensor).clamp(1, dp);
         let shard_group = shard_group(&parallel, gpus, gpus_per_node);
         let ep = mp.expert.max(1);
-        let edp = mp.expert_data_parallel(gpus);
+        // DualPipe's two copies of a stage reduce their gradients together.
+        let edp = mp.expert_data_parallel(gpus) * mp.stage_copies();
         // Expert state is split over the expert-data-parallel group where other state is
         // split over the shard group; they are one group without expert, expert-tensor or
         // tensor parallelism (validation allows those with ZeRO-1 and DDP, and with
@@ -1097,6 +1130,23 @@ impl Plan {
         let (p, v) = (mp.pipeline, mp.virtual_stages);
         let sizes = mp.virtual_stage_layers(n_layers);
         let mut out = vec![Vec::new(); p as usize];
+        if mp.schedule == PipelineSchedule::DualPipe {
+            // Rank k: model stage k of the forward direction (virtual stage k), then model
+            // stage p - 1 - k of the reverse direction (virtual stage p + p - 1 - k).
+            let starts: Vec<u64> = sizes.iter().scan(0, |a, &n| Some(std::mem::replace(a, *a + n))).collect();
+            let stage = |s: u64, vs: u64| Chunk {
+                virtual_stage: vs,
+                first_block: starts[s as usize],
+                end_block: starts[s as usize] + sizes[s as usize],
+                embed: s == 0,
+                head: s + 1 == p,
+                mtp: if s + 1 == p { mtp } else { 0 },
+            };
+            for k in 0..p {
+                out[k as usize] = vec![stage(k, k), stage(p - 1 - k, 2 * p - 1 - k)];
+            }
+            return out;
+        }
         let mut first = 0;
         for (j, &n) in sizes.iter().enumerate() {
             let j = j as u64;
@@ -1126,7 +1176,9 @@ impl Plan {
                 root += op.params;
             }
         }
-        if self.pipeline() > 1 && chunks.iter().any(|c| c.head) {
+        // A rank holding the head and not the embedding keeps its own copy (DualPipe's end
+        // ranks hold both and share one).
+        if self.pipeline() > 1 && chunks.iter().any(|c| c.head) && !chunks.iter().any(|c| c.embed) {
             root += dag.embedding_copy_params();
         }
         let mut units = vec![Unit {
@@ -1391,7 +1443,7 @@ impl Plan {
     }
 
     pub fn grads_reduced(&self) -> bool {
-        self.dp > 1 || (self.edp > 1 && self.expert_params() > 0)
+        self.dp * self.parallel.model_parallel.stage_copies() > 1 || (self.edp > 1 && self.expert_params() > 0)
     }
 
     /// This rank's routed-expert parameters (all units).

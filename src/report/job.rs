@@ -263,11 +263,18 @@ fn finish(r: &mut Report, s: &Scenario, job: &Job, figures: &[ClassFigures], spa
     r.throughput = steps.last().map(|st| {
         let mut tp = throughput_of(s, plan, model_flops, hw_flops, st, &steps);
         if plan.pipeline() > 1 {
+            let dualpipe = plan.parallel.model_parallel.schedule == crate::plan::PipelineSchedule::DualPipe;
             tp.assumptions.push(format!(
-                "pipeline: {} stages, schedule {}, {} micro-batches per step; the bubble is the compute stream's idle time (Megatron-LM order of forwards and backwards, p2p transfers at {})",
+                "pipeline: {} stages, schedule {}, {} micro-batches per step{}; the bubble is the compute stream's idle time ({}, p2p transfers at {})",
                 plan.pipeline(),
                 plan.parallel.model_parallel.schedule.name(),
                 plan.training.grad_accum,
+                if dualpipe { ", half entering at each end" } else { "" },
+                if dualpipe {
+                    "DualPipe's order of forwards, backwards, overlapped forward-backward pairs and deferred weight-gradient passes, deepseek-ai/DualPipe dualpipe.py"
+                } else {
+                    "Megatron-LM order of forwards and backwards"
+                },
                 if plan.parallel.model_parallel.tensor * plan.dp >= plan.gpus_per_node { "each GPU's NIC rail share" } else { "NVLink" }
             ));
         }

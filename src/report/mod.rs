@@ -677,7 +677,8 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
         assumptions.push(activation_offload_assumption(a, dag.config.n_layers));
     }
     if let Some(m) = &dag.config.mtp {
-        assumptions.push(mtp_assumption(dag, m));
+        let dualpipe = plan.parallel.model_parallel.schedule == crate::plan::PipelineSchedule::DualPipe;
+        assumptions.push(mtp_assumption(dag, m, dualpipe));
     }
     match dag.workload.loss {
         crate::model::LossKind::Eager => {}
@@ -843,7 +844,11 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
         } else {
             "a send is posted with the next receive and the stage waits for both before computing on (Megatron-LM's batch_isend_irecv + wait; overlap_p2p_communication = false)"
         };
-        assumptions.push(format!("pipeline: stages are Megatron-LM's (embedding on the first, LM head and loss on the last, a copy of tied word embeddings there); each stage's output activation is freed once sent (deallocate_pipeline_outputs); {p2p}; tied word-embedding gradients are all-reduced between the first and last stage before the optimizer step"));
+        if mp.schedule == crate::plan::PipelineSchedule::DualPipe {
+            assumptions.push(format!("pipeline: DualPipe (deepseek-ai/DualPipe dualpipe.py, DeepSeek-V3 Sec. 3.2.1): half of each step's micro-batches enter at the first rank, half at the last, so rank k holds model stages k and {} - k (the shallowest and deepest layers, the embedding and the output head, share the end ranks, which need no copy of the word embedding); every stage's parameters exist twice in the pipeline, and their gradients are reduced (and ZeRO-1 shards) over the data-parallel ranks of both copies; in the steady state a forward runs beside the other direction's backward layer by layer, each pass's all-to-alls under the other's compute; zero-bubble backwards run their input-gradient GEMMs first and queue the weight-gradient GEMMs (keeping what they read) for the W passes; each stage's output activation is freed once sent; {p2p}", mp.pipeline - 1));
+        } else {
+            assumptions.push(format!("pipeline: stages are Megatron-LM's (embedding on the first, LM head and loss on the last, a copy of tied word embeddings there); each stage's output activation is freed once sent (deallocate_pipeline_outputs); {p2p}; tied word-embedding gradients are all-reduced between the first and last stage before the optimizer step"));
+        }
     }
     if mp.pipeline > 1 && plan.grads_sharded {
         assumptions.push(format!(
@@ -1042,7 +1047,7 @@ pub fn memory_side(cap: u64, sched: &Schedule, trace: &Trace) -> (Verdict, Optio
 }
 
 /// Multi-token prediction as simulated (`model::dag` `mtp_modules`).
-fn mtp_assumption(dag: &LayerDag, m: &crate::model::MtpConfig) -> String {
+fn mtp_assumption(dag: &LayerDag, m: &crate::model::MtpConfig, dualpipe: bool) -> String {
     let cfg = &dag.config;
     let tokens = dag.tokens();
     let logits = tokens * (cfg.vocab / dag.workload.split.tensor.max(1)) * dag.workload.compute_dtype.bytes();
@@ -1055,12 +1060,19 @@ fn mtp_assumption(dag: &LayerDag, m: &crate::model::MtpConfig) -> String {
         ),
     };
     format!(
-        "multi-token prediction (Megatron-Core MultiTokenPredictionBlock, DeepSeek-V3 Sec. 2.2): {d} module{s} after the decoder's final norm on the last pipeline stage (its last virtual stage), each the shared embedding of the tokens rolled k places, enorm and hnorm, eh_proj (2h -> h) over their concatenation, a transformer layer of the last block's kind and a final norm; the D + 1 hidden states concatenated (torch.cat) for the heads, then per depth the shared output head ({logits} of 16-bit logits a micro-batch), the loss ({loss}) and the acceptance argmax, before the main head; it checkpoints with the decoder's layers under Megatron's uniform full recompute and not under block recompute, as MultiTokenPredictionLayer does; with a pipeline the last stage keeps a copy of the word embedding ({emb} elements) whose gradient is all-reduced with the first stage's; the rolled label and mask copies (tokens x 8 bytes) are not charged and the loss scale ({scale}) changes no memory or time; MFU counts its FLOPs from the DAG, as num_floating_point_operations counts its layers, eh_proj and logits{cp}",
+        "multi-token prediction (Megatron-Core MultiTokenPredictionBlock, DeepSeek-V3 Sec. 2.2): {d} module{s} after the decoder's final norm on the last pipeline stage (its last virtual stage), each the shared embedding of the tokens rolled k places, enorm and hnorm, eh_proj (2h -> h) over their concatenation, a transformer layer of the last block's kind and a final norm; the D + 1 hidden states concatenated (torch.cat) for the heads, then per depth the shared output head ({logits} of 16-bit logits a micro-batch), the loss ({loss}) and the acceptance argmax, before the main head; it checkpoints with the decoder's layers under Megatron's uniform full recompute and not under block recompute, as MultiTokenPredictionLayer does; {copy}; the rolled label and mask copies (tokens x 8 bytes) are not charged and the loss scale ({scale}) changes no memory or time; MFU counts its FLOPs from the DAG, as num_floating_point_operations counts its layers, eh_proj and logits{cp}",
         d = m.layers,
         s = if m.layers == 1 { "" } else { "s" },
         logits = fmt_bytes(logits),
         loss = dag.workload.loss.name(),
-        emb = text::sep(dag.embedding_copy_params()),
+        copy = if dualpipe {
+            "under DualPipe the ranks holding the head hold the embedding too and share it (DeepSeek-V3 Sec. 3.2.3)".to_string()
+        } else {
+            format!(
+                "with a pipeline the last stage keeps a copy of the word embedding ({} elements) whose gradient is all-reduced with the first stage's",
+                text::sep(dag.embedding_copy_params())
+            )
+        },
         scale = m.loss_scale,
     )
 }

@@ -641,6 +641,31 @@ impl V<'_> {
     }
 }
 
+/// What DualPipe (deepseek-ai/DualPipe `DualPipe.step`) needs, and what stepsim does not
+/// model with it yet.
+fn dualpipe_rules(v: &V, parallel: &ParallelConfig, grad_accum: u64) -> Result<(), ScenarioError> {
+    let p = parallel.model_parallel.pipeline;
+    if grad_accum % 2 != 0 || grad_accum < 2 * p {
+        return Err(v.err(
+            "training.grad_accum",
+            format!("DualPipe splits the micro-batches between its two directions and needs an even number of at least 2 x parallel.pipeline ({}) per step (`num_chunks % 2 == 0 and num_chunks >= num_ranks * 2`), got {grad_accum}", 2 * p),
+        ));
+    }
+    if parallel.framework != Framework::Megatron {
+        return Err(v.err(
+            "parallel.schedule",
+            "DualPipe is simulated on Megatron-style ranks (parallel.framework = \"megatron\", sharding \"none\" or \"zero1\"), as DeepSeek-V3 trained with it",
+        ));
+    }
+    if parallel.megatron.overlap_grad_reduce {
+        return Err(v.err(
+            "megatron.overlap_grad_reduce",
+            "is not simulated with DualPipe yet: its deferred weight-gradient passes end the step, and gradients are reduced after them; leave it unset",
+        ));
+    }
+    Ok(())
+}
+
 fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, ScenarioError> {
     let v = V { path };
     if f.extends.is_some() {
@@ -1262,6 +1287,9 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
                 mp.pipeline
             ),
         ));
+    }
+    if mp.schedule == PipelineSchedule::DualPipe {
+        dualpipe_rules(&v, &parallel, grad_accum)?;
     }
     let training = TrainingConfig {
         micro_batch,

@@ -88,6 +88,7 @@ fn communicators(s: &Scenario, stage: u64) -> Vec<Communicator> {
     let gpn = u64::from(s.cluster.gpus_per_node).max(1);
     let (tp, pp, cp, ep) = (mp.tensor, mp.pipeline, mp.context, mp.expert);
     let dp = gpus / (tp * pp).max(1);
+    let copies = mp.stage_copies();
     let spans = |stride: u64, size: u64| stride * size > gpn;
     let megatron_like = matches!(p.framework, Framework::Megatron | Framework::Deepspeed);
     let mut out = Vec::new();
@@ -117,6 +118,14 @@ fn communicators(s: &Scenario, stage: u64) -> Vec<Communicator> {
                 Traffic::Collectives { all_reduce: true },
             );
         }
+        // DualPipe reduces each stage's gradients over both of its copies' data-parallel
+        // ranks, on pipeline ranks k and p - 1 - k.
+        _ if copies > 1 => add(
+            format!("data parallel, both DualPipe copies of the stage ({} ranks)", dp * copies),
+            dp * copies,
+            spans(tp, dp) || spans(tp * dp, pp),
+            Traffic::Collectives { all_reduce: true },
+        ),
         _ => add(
             format!("data parallel ({dp} ranks)"),
             dp,
@@ -154,11 +163,11 @@ fn communicators(s: &Scenario, stage: u64) -> Vec<Communicator> {
         );
     }
     if (ep > 1 || etp > 1) && p.framework == Framework::Megatron {
-        let edp = mp.expert_data_parallel(gpus);
+        let edp = mp.expert_data_parallel(gpus) * copies;
         add(
             format!("expert data parallel ({edp} ranks)"),
             edp,
-            spans(etp * ep, edp),
+            spans(etp * ep, edp / copies) || (copies > 1 && spans(tp * dp, pp)),
             Traffic::Collectives { all_reduce: true },
         );
     }
@@ -186,7 +195,7 @@ fn communicators(s: &Scenario, stage: u64) -> Vec<Communicator> {
         // The embedding group all-reduces the word embedding's gradient when the last stage
         // holds a copy: a tied head's, or multi-token prediction's lookups.
         let copy = s.model.tie_embeddings || s.model.mtp.is_some();
-        if megatron_like && copy && (stage == 0 || stage + 1 == pp) {
+        if megatron_like && copy && (stage == 0 || stage + 1 == pp) && copies == 1 {
             add(
                 "embedding group (first and last stage)".into(),
                 2,
@@ -199,7 +208,7 @@ fn communicators(s: &Scenario, stage: u64) -> Vec<Communicator> {
         add(
             format!("model parallel ({} ranks, gradient norm)", tp * pp),
             tp * pp,
-            spans(1, tp * pp) || (pp > 1 && spans(tp * cp * dp, pp)),
+            spans(1, tp * pp) || (pp > 1 && spans(tp * dp, pp)),
             Traffic::Collectives { all_reduce: true },
         );
     }

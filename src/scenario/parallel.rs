@@ -75,12 +75,19 @@ pub(super) fn validate_model_parallel(
     let schedule = match v.choice(
         "parallel.schedule",
         p.schedule.as_deref().unwrap_or(if p.virtual_stages.unwrap_or(1) > 1 { "interleaved-1f1b" } else { "1f1b" }),
-        &["gpipe", "1f1b", "interleaved-1f1b"],
+        &["gpipe", "1f1b", "interleaved-1f1b", "dualpipe"],
     )? {
         "gpipe" => PipelineSchedule::Gpipe,
         "1f1b" => PipelineSchedule::OneFOneB,
+        "dualpipe" => PipelineSchedule::DualPipe,
         _ => PipelineSchedule::Interleaved,
     };
+    if schedule == PipelineSchedule::DualPipe && (pipeline < 2 || pipeline % 2 != 0) {
+        return Err(v.err(
+            "parallel.pipeline",
+            format!("DualPipe feeds micro-batches from both ends of the pipeline and needs an even number of stages (at least 2), got {pipeline}"),
+        ));
+    }
     let virtual_stages = match p.virtual_stages {
         Some(x) => v.positive("parallel.virtual_stages", x)?,
         None => 1,

@@ -157,8 +157,30 @@ impl Builder<'_> {
                 self.replicated_grad(op, i, &mut alloc);
             }
         }
+        let defer = self.defers_wgrad(op);
         let t = if op.column_parallel {
             self.column_parallel_backward(st, op, u, deps, alloc, n_input_grads)
+        } else if defer {
+            let (secs, share) = self.cost.backward_split(op);
+            self.hw_flops += op.bwd_flops;
+            let (bytes, dgrad_flops) = (self.cost.backward_bytes(op) as f64, op.fwd_flops.min(op.bwd_flops));
+            let label = |what: String, flops: f64, share: f64| {
+                TaskLabel::new(step, Phase::Backward, mb, what, TaskKind::Backward, Some(u))
+                    .with_region(op.region)
+                    .with_work(flops, (bytes * share) as u64)
+            };
+            let wgrad_alloc = alloc.split_off(n_input_grads);
+            let what = text!(self.names, "{} (input grad)", op.name);
+            let d = self.task(COMPUTE, secs * share, deps, alloc, label(what, dgrad_flops, share));
+            let what = text!(self.names, "{} (weight grad, deferred)", op.name);
+            self.wgrad.cache.push(super::dualpipe::DeferredWgrad {
+                seconds: secs * (1.0 - share),
+                deps: Vec::new(),
+                alloc: wgrad_alloc,
+                frees: Vec::new(),
+                label: label(what, op.bwd_flops - dgrad_flops, 1.0 - share),
+            });
+            d
         } else {
             let secs = self.cost.backward_split(op).0;
             self.hw_flops += op.bwd_flops;
@@ -185,7 +207,11 @@ impl Builder<'_> {
         if i == lo {
             f.extend_from_slice(&st.inputs);
         }
-        self.free_at(t, &f);
+        match self.wgrad.cache.last_mut() {
+            // The deferred weight gradient reads the saved input and the output's gradient.
+            Some(w) if defer => w.frees = f,
+            _ => self.free_at(t, &f),
+        }
         if self.is_megatron() {
             self.megatron_bucket_after(st, i, t, st.last_mb);
         } else {
@@ -222,6 +248,12 @@ impl Builder<'_> {
         }
         self.step_comm.push(st.last_bwd_task);
         self.deepspeed_micro_batch_epilogue(step, mb);
+    }
+
+    /// DualPipe's zero-bubble backward defers this op's weight-gradient GEMM to a later `W`
+    /// pass ([`super::dualpipe`]): a GEMM with trainable weights, in a backward that defers.
+    pub(super) fn defers_wgrad(&self, op: &Op) -> bool {
+        self.wgrad.enabled && op.gemm.is_some() && op.params > 0 && op.frozen_params == 0
     }
 
     /// Gradient buffers for the inputs of `op` that need one and have none yet: autograd

@@ -242,8 +242,14 @@ impl Cost {
         let network = cluster.network_bytes_per_s();
         let group = |ranks: u64, per_node: u64| group_on(cluster, ranks, per_node);
         let tp = plan.parallel.model_parallel.tensor;
-        c.shard_group = group(plan.shard_group, plan.dp_per_node);
-        c.dp_group = group(plan.dp, plan.dp_per_node);
+        // DualPipe's gradients are reduced over both copies of the stage: the data-parallel
+        // ranks of pipeline ranks k and p - 1 - k, on other nodes unless the whole pipeline
+        // fits in one.
+        let copies = plan.parallel.model_parallel.stage_copies();
+        let pipeline_in_node = tp * plan.dp * plan.pipeline() <= plan.gpus_per_node;
+        let copies_per_node = if pipeline_in_node { copies } else { 1 };
+        c.shard_group = group(plan.shard_group, plan.dp_per_node * copies_per_node);
+        c.dp_group = group(plan.dp * copies, plan.dp_per_node * copies_per_node);
         // HYBRID_SHARD's replicas: one per shard group, those of a node's shard groups
         // sharing it (a shard group of a node or more: one replica per node).
         c.replica_group = if plan.parallel.sharding == crate::plan::Sharding::HybridShard {
@@ -273,7 +279,7 @@ impl Cost {
         c.ep_group = group(ep, (stage_per_node / etp).clamp(1, ep));
         c.deepep = plan.parallel.deepep.map(|d| (d, d.fanout(ep, c.ep_group.ranks_per_node)));
         c.edp_group = if plan.expert_params() > 0 {
-            group(plan.edp, (stage_per_node / (etp * ep)).max(1))
+            group(plan.edp, (stage_per_node / (etp * ep)).max(1) * copies_per_node)
         } else {
             c.dp_group.clone()
         };

@@ -70,6 +70,7 @@ pub mod activation_offload;
 mod backward;
 pub mod checkpoint;
 mod deepspeed;
+pub mod dualpipe;
 mod ep_overlap;
 pub mod fine_grained_offload;
 mod forward;
@@ -192,6 +193,8 @@ struct Builder<'a> {
     ag_copy_in_stream: u16,
     /// Whether the main thread's (forward) and autograd's (backward) cuBLAS workspaces exist.
     blas_workspaces: [bool; 2],
+    /// DualPipe's deferred weight gradients (`WeightGradStore`).
+    wgrad: dualpipe::WeightGradStore,
     /// Transformer Engine's workspaces taken: its GEMMs', its grouped GEMMs'.
     te_workspaces: [bool; 2],
     /// Sharded gradient buffers of the current step, per unit (created by the first reduce).
@@ -461,6 +464,7 @@ impl<'a> Builder<'a> {
             stream_ctas,
             ag_copy_in_stream,
             blas_workspaces: [false; 2],
+            wgrad: dualpipe::WeightGradStore::default(),
             te_workspaces: [false; 2],
             ep_stream,
             h2d_stream,

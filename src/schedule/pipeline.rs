@@ -50,6 +50,19 @@ pub fn order_with(kind: PipelineSchedule, p: u64, k: u64, m: u64, v: u64, ep_ove
             out.extend((0..m).map(|i| (true, i as u32, 0)));
             out.extend((0..m).map(|i| (false, i as u32, 0)));
         }
+        PipelineSchedule::DualPipe => {
+            // Its forwards and backwards in order (an overlapped pair forward first), without
+            // the deferred weight-gradient passes.
+            use super::dualpipe::Slot;
+            for s in super::dualpipe::order(p, k, m) {
+                match s {
+                    Slot::F(c, mb) => out.push((true, mb, c)),
+                    Slot::B(c, mb, _) => out.push((false, mb, c)),
+                    Slot::FB((fc, fmb), (bc, bmb)) => out.extend([(true, fmb, fc), (false, bmb, bc)]),
+                    Slot::W => {}
+                }
+            }
+        }
         PipelineSchedule::OneFOneB | PipelineSchedule::Interleaved => {
             let v = if kind == PipelineSchedule::OneFOneB { 1 } else { v };
             let total = m * v;
@@ -240,6 +253,17 @@ impl Builder<'_> {
     fn pipeline_step(&mut self, step: u32) {
         self.begin_step();
         self.megatron_step_start(step);
+        if self.plan.parallel.model_parallel.schedule == PipelineSchedule::DualPipe {
+            self.dualpipe_passes(step);
+        } else {
+            self.scheduled_passes(step);
+        }
+        self.step_end(step);
+    }
+
+    /// One step's forwards and backwards in the order of a GPipe, 1F1B or interleaved
+    /// schedule.
+    fn scheduled_passes(&mut self, step: u32) {
         let mp = &self.plan.parallel.model_parallel;
         let m = self.plan.training.grad_accum;
         let mut pending = HashMap::new();
@@ -276,6 +300,11 @@ impl Builder<'_> {
             }
             k += 1;
         }
+    }
+
+    /// After a step's passes: the data-parallel gradient reduction (Megatron reduces after
+    /// the last backward), the optimizer and `zero_grad`.
+    fn step_end(&mut self, step: u32) {
         // The schedule returns once its last send has completed.
         self.step_comm.extend(self.pending_send.take().map(|p| p.0));
         let plan = self.plan;
@@ -313,7 +342,10 @@ impl Builder<'_> {
         let p = self.plan.pipeline();
         let k = self.plan.stage;
         let tied = self.dag.embedding_copy_params();
-        if p < 2 || tied == 0 || (k != 0 && k != p - 1) {
+        // DualPipe's end ranks hold the embedding and the head themselves; the two copies
+        // of each are reduced with the rest of their stage's gradients.
+        let dualpipe = self.plan.parallel.model_parallel.schedule == crate::plan::PipelineSchedule::DualPipe;
+        if p < 2 || tied == 0 || (k != 0 && k != p - 1) || dualpipe {
             return;
         }
         let other = if k == 0 { p - 1 } else { 0 };
@@ -379,7 +411,7 @@ pub fn build(dag: &LayerDag, plan: &Plan, cluster: &Cluster, names: bool, steps:
     let mut links = Vec::new();
     for (k, (_, _, ext)) in built.iter().enumerate() {
         for &(t, port) in ext {
-            let target = (port.virtual_stage % p) as usize;
+            let target = plan.parallel.model_parallel.rank_of_virtual_stage(port.virtual_stage) as usize;
             if let Some(&r) = built[target].1.get(&port) {
                 links.push(PartLink { part: k, task: t, dep_part: target, dep: r });
             }

@@ -124,6 +124,17 @@ impl Builder<'_> {
         );
         st.dgrad = Some(d);
         let wdeps = st.regather.take().into_iter().collect();
+        if self.defers_wgrad(op) {
+            let what = text!(self.names, "{} (weight grad, deferred)", op.name);
+            self.wgrad.cache.push(super::dualpipe::DeferredWgrad {
+                seconds: secs * (1.0 - dgrad_share),
+                deps: wdeps,
+                alloc: wgrad_alloc,
+                frees: Vec::new(),
+                label: label(what, 1.0 - dgrad_share),
+            });
+            return d;
+        }
         self.task(
             COMPUTE,
             secs * (1.0 - dgrad_share),
