@@ -106,13 +106,15 @@ pub fn order(p: u64, k: u64, m: u64) -> Vec<Slot> {
         out.push(bwd(b(1), false));
         out.push(Slot::FB(f(1), b(0)));
     }
+    // `step_6 // 2` with step_6 = h + 1.
+    let mid = h.div_ceil(2);
     let mut zb = false;
     for i in 0..h + 1 {
-        if i == (h + 1) / 2 && h % 2 == 1 {
+        if i == mid && h % 2 == 1 {
             zb = true;
         }
         out.push(bwd(b(1), zb));
-        if i == (h + 1) / 2 && h % 2 == 0 {
+        if i == mid && h % 2 == 0 {
             zb = true;
         }
         out.push(bwd(b(0), zb));
