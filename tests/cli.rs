@@ -54,6 +54,7 @@ const EXPECTED: &[(&str, Expect)] = &[
     ("mixtral-8x7b-h100-ep8", Expect::Fits),
     ("mixtral-8x7b-h100-ep8-hot-expert", Expect::Oom { step: 1, phase: "forward" }),
     ("qwen3-30b-a3b-h100-ep16-deepep", Expect::Fits),
+    ("qwen3-30b-a3b-h100-pp4-dualpipe", Expect::Fits),
 ];
 
 fn scenarios_dir() -> PathBuf {

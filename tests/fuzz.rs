@@ -35,6 +35,7 @@ const BASES: &[&str] = &[
     "mixtral-8x7b-h100-ep8-hot-expert.toml",
     "llama2-7b-h100-fp8.toml",
     "qwen3-30b-a3b-h100-ep16-deepep.toml",
+    "qwen3-30b-a3b-h100-pp4-dualpipe.toml",
 ];
 
 /// Numeric and enum fields a user sets, by section.
