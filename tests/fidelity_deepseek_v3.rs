@@ -1,0 +1,88 @@
+//! Fidelity of the DualPipe, DeepEP and FP8 time model against DeepSeek-V3's pre-training:
+//! 180K H800 GPU hours per trillion tokens on 2048 H800 (tests/fixtures/deepseek_v3_training.json,
+//! DeepSeek-V3 Technical Report), about 1,543 tokens/s per GPU. Tolerance (issue 20): within
+//! 15%. The configuration is the report's (PP 16 under DualPipe, EP 64 over 8 nodes, ZeRO-1,
+//! no tensor parallelism, FP8 with 1 x 128 / 128 x 128 block scaling, recomputation of the
+//! norms and MLA up-projections, MTP depth 1, 4K sequences, 15,360 of them a step); the layer
+//! split is not published (the fixture says which is used). No constant is set for this row.
+//!
+//! Memory is not part of this check. The report gives no per-GPU figure, and stepsim's peaks
+//! for this layout exceed the H800's 80 GB (printed below; docs/fidelity.md says what is not
+//! modelled): the scenario gives the allocator 300 GB so the step runs to its end. A step's
+//! time does not depend on the capacity unless a run stops.
+
+use std::path::Path;
+
+use serde_json::Value;
+use stepsim::scenario::Scenario;
+
+const SCENARIO: &str = r#"
+[model]
+name = "deepseek-v3"
+max_seq_len = 4096
+[model.mtp]
+layers = 1
+[hardware]
+gpu = "h800"
+gpus = 2048
+memory_capacity = "300GB"
+[parallel]
+framework = "megatron"
+pipeline = 16
+expert = 64
+sharding = "zero1"
+stage_layers = [4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 1]
+[moe]
+dispatcher = "deepep"
+[fp8]
+recipe = "blockwise"
+[training]
+micro_batch = 1
+seq_len = 4096
+grad_accum = 120
+precision = "bf16-mixed-adam-fp32-grads"
+activation_checkpointing = "selective"
+recompute_modules = ["layernorm", "mla_up_proj"]
+attention = "flash"
+optimizer_impl = "fused"
+steps = 1
+"#;
+
+#[test]
+fn deepseek_v3_pretraining_throughput_under_dualpipe() {
+    let fx: Value =
+        serde_json::from_str(&std::fs::read_to_string("tests/fixtures/deepseek_v3_training.json").unwrap()).unwrap();
+    let published = fx["tokens_per_s_per_gpu"].as_f64().unwrap();
+    assert!((1e12 / (fx["gpu_hours_per_trillion_tokens"].as_f64().unwrap() * 3600.0) - published).abs() < 0.1);
+    let run = |schedule: &str| {
+        let text = SCENARIO.replace("[parallel]\n", &format!("[parallel]\n{schedule}\n"));
+        let s = Scenario::from_toml(Path::new("<deepseek-v3>"), &text).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(s.dp_degree() * s.training.grad_accum, 15360);
+        let sim = stepsim::simulate(&s).unwrap();
+        assert!(
+            matches!(sim.report.verdict, stepsim::report::Verdict::Fits { .. }),
+            "{schedule}: the step runs to its end"
+        );
+        let t = sim.report.throughput.as_ref().unwrap();
+        let peaks: Vec<f64> =
+            sim.class_reports.iter().map(|r| r.peak.as_ref().map_or(0.0, |p| p.allocated.bytes as f64 / 1e9)).collect();
+        (t.tokens_per_s / 2048.0, t.mfu, peaks)
+    };
+    println!("DeepSeek-V3 on 2048 H800, published {published:.0} tokens/s/GPU (180K GPU hours per trillion tokens)");
+    println!("{:<28} {:>14} {:>8} {:>7}   peaks by stage, GB", "schedule", "tokens/s/GPU", "error", "MFU");
+    let mut dual = 0.0;
+    for (name, sched) in [("1F1B", "schedule = \"1f1b\""), ("DualPipe", "schedule = \"dualpipe\"")] {
+        let (tps, mfu, peaks) = run(sched);
+        let p: Vec<String> = peaks.iter().map(|x| format!("{x:.0}")).collect();
+        println!(
+            "{name:<28} {tps:>14.0} {:>+7.1}% {:>6.1}%   {}",
+            (tps / published - 1.0) * 100.0,
+            mfu * 100.0,
+            p.join(" ")
+        );
+        if name == "DualPipe" {
+            dual = tps;
+        }
+    }
+    assert!((dual / published - 1.0).abs() < 0.15, "DualPipe {dual:.0} vs published {published:.0}");
+}
