@@ -92,7 +92,7 @@ pub fn order(p: u64, k: u64, m: u64) -> Vec<Slot> {
         let (c, mb) = f(1);
         out.push(Slot::F(c, mb));
     }
-    for i in 0..u64::from(n) + h + 1 - p {
+    for i in 0..(u64::from(n) + h + 1).saturating_sub(p) {
         let (fw, bw) = (f(0), b(1));
         if i == 0 && middle {
             out.push(Slot::F(fw.0, fw.1));

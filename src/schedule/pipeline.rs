@@ -157,7 +157,7 @@ impl Builder<'_> {
             let lo = self.chunk_ops[c].0;
             st.free_bwd[lo].push(full);
         }
-        let what = text!(self.names, "recv gradient from virtual stage {} (micro-batch {mb})", vs + 1);
+        let what = text!(self.names, "recv gradient from {} (micro-batch {mb})", self.peer(vs + 1));
         let deps = recv_after.into_iter().collect();
         let t = self.p2p_task(self.recv_stream, step, Phase::Backward, mb, deps, alloc, what);
         self.ext_deps.push((t, Port { step, mb, virtual_stage: vs + 1, forward: false }));
@@ -170,7 +170,7 @@ impl Builder<'_> {
         let Some(x) = self.chunk_in[c] else { return };
         let (step, mb) = (st.step, st.mb);
         let vs = self.chunk_vs[c];
-        let what = text!(self.names, "send gradient to virtual stage {} (micro-batch {mb})", vs - 1);
+        let what = text!(self.names, "send gradient to {} (micro-batch {mb})", self.peer(vs - 1));
         let t = self.p2p_task(self.send_stream, step, Phase::Backward, mb, vec![st.last_bwd_task], vec![], what);
         if let Some(g) = st.grad_buf[x] {
             self.free_at(t, &[g]);
@@ -197,7 +197,7 @@ impl Builder<'_> {
         } else {
             st.free_fwd[tp.last_consumer.unwrap_or(lo)].push(b);
         }
-        let what = text!(self.names, "recv activation from virtual stage {} (micro-batch {mb})", vs - 1);
+        let what = text!(self.names, "recv activation from {} (micro-batch {mb})", self.peer(vs - 1));
         let deps: Vec<u32> = st.step_dep.into_iter().chain(recv_after).collect();
         let t = self.p2p_task(self.recv_stream, step, Phase::Forward, mb, deps, vec![b], what);
         self.ext_deps.push((t, Port { step, mb, virtual_stage: vs - 1, forward: true }));
@@ -228,7 +228,7 @@ impl Builder<'_> {
             self.free_at(last, &[b]);
             b = part;
         }
-        let what = text!(self.names, "send activation to virtual stage {} (micro-batch {mb})", vs + 1);
+        let what = text!(self.names, "send activation to {} (micro-batch {mb})", self.peer(vs + 1));
         let t = self.p2p_task(self.send_stream, st.step, Phase::Forward, mb, vec![last], vec![], what);
         if self.plan.parallel.framework.keeps_pipeline_outputs() {
             // Held until this micro-batch's backward of the chunk is done.
@@ -238,6 +238,12 @@ impl Builder<'_> {
             self.free_at(t, &[b]);
         }
         self.block_on_send(t, last);
+    }
+
+    /// The other end of a transfer, as a task name says it.
+    fn peer(&self, vs: u64) -> Peer {
+        let mp = &self.plan.parallel.model_parallel;
+        Peer { vs, pipeline: mp.pipeline, dualpipe: mp.schedule == PipelineSchedule::DualPipe }
     }
 
     /// DeepSpeed's pipeline engine with tensor parallelism partitions each stage output it
@@ -372,6 +378,27 @@ impl Builder<'_> {
         let t = self.task(super::NCCL, secs, mine.into_iter().collect(), vec![], label.with_work(0.0, bytes));
         self.ext_deps.push((t, port(other)));
         self.step_comm.push(t);
+    }
+}
+
+/// A pipeline transfer's peer: "virtual stage 5", or under DualPipe the rank and which
+/// direction's stage it runs ("pipeline rank 2 (stage 1, reverse direction)").
+struct Peer {
+    vs: u64,
+    pipeline: u64,
+    dualpipe: bool,
+}
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let p = self.pipeline;
+        match (self.dualpipe, self.vs >= p) {
+            (false, _) => write!(f, "virtual stage {}", self.vs),
+            (true, false) => write!(f, "pipeline rank {} (stage {}, forward direction)", self.vs, self.vs),
+            (true, true) => {
+                write!(f, "pipeline rank {} (stage {}, reverse direction)", 2 * p - 1 - self.vs, self.vs - p)
+            }
+        }
     }
 }
 
