@@ -29,7 +29,7 @@ fn deepeps_benchmark_table_within_15_percent() {
     println!("| EP | kind | measured GB/s | stepsim GB/s | error |");
     for (ep, dispatch, combine) in TABLE {
         let nodes = ep.div_ceil(8);
-        let d = DeepEp { experts: 256, top_k: 8, groups: nodes, group_topk: nodes.min(4), sms: 20 };
+        let d = DeepEp { experts: 256, top_k: 8, groups: nodes, group_topk: nodes.min(4), sms: 20, shares: None };
         let g = Group {
             ranks: ep,
             ranks_per_node: ep.min(8),
@@ -66,7 +66,7 @@ fn toml(moe: &str, parallel: &str) -> String {
 #[test]
 fn deepep_is_refused_where_it_does_not_run_or_is_not_simulated() {
     for (moe, field, says) in [
-        ("dispatcher = \"deepep\"\nrouting = \"zipf\"", "moe.dispatcher", "uneven routing"),
+        ("dispatcher = \"deepep\"\ncapacity_factor = 1.0", "moe.dispatcher", "capacity factor"),
         ("dispatcher = \"deepep\"\ndeepep_sms = 21", "moe.deepep_sms", "even count"),
         ("deepep_sms = 24", "moe.deepep_sms", "applies to moe.dispatcher = \"deepep\""),
         ("dispatcher = \"nccl\"", "moe.dispatcher", "\"alltoall\", \"deepep\""),
@@ -108,6 +108,52 @@ fn deepep_sends_less_and_holds_its_buffers_outside_the_allocator() {
     let text = stepsim::report::text::render(&stepsim::simulate(&dep).unwrap().report, &dep);
     assert!(text.contains("DeepEP buffers") && text.contains("once per node it reaches"), "{text}");
     assert!(text.contains("top-4 routing from the best 1 of 2 groups"), "{text}");
+}
+
+/// Under uneven routing DeepEP's dispatch lasts until the busiest receiver has its tokens.
+/// Inside one node (EP 8, NVLink only; 8 experts, top-2, no groups) with measured shares
+/// 3:1:..:1, expert 0's rank holds 2.4x its uniform share: a token reaches it with
+/// probability 1 - (1 - 1/4)^2.4 (uniform: 1 - C(7,2)/C(8,2) = 1/4), so it receives 8 ranks'
+/// tokens at that rate, where every rank receives 8 x 1/4 of a rank's tokens uniformly.
+/// Equal measured shares are uniform routing again, to the nanosecond.
+#[test]
+fn deepep_under_uneven_routing_waits_for_the_busiest_receiver() {
+    let one_node = |moe: &str| {
+        let t = toml(moe, "")
+            .replace("num_experts = 16\ntop_k = 4", "num_experts = 8\ntop_k = 2")
+            .replace("router_groups = 2\nrouter_group_topk = 1\n", "")
+            .replace("gpus = 16", "gpus = 8")
+            .replace("expert = 16", "expert = 8");
+        Scenario::from_toml(Path::new("<deepep>"), &t).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let dispatch_ns = |s: &Scenario| -> u64 {
+        let sim = stepsim::simulate(s).unwrap();
+        let sched = sim.schedule();
+        let i = sched
+            .program
+            .tasks
+            .iter()
+            .position(|t| sched.labels[t.label as usize].what.ends_with("layers.0.feed_forward.dispatch"))
+            .unwrap();
+        sched.program.tasks[i].duration_ns
+    };
+    let uniform = one_node("dispatcher = \"deepep\"");
+    let equal =
+        one_node("dispatcher = \"deepep\"\nrouting = \"measured\"\ntokens_per_expert = [5, 5, 5, 5, 5, 5, 5, 5]");
+    let hot = one_node("dispatcher = \"deepep\"\nrouting = \"measured\"\ntokens_per_expert = [3, 1, 1, 1, 1, 1, 1, 1]");
+    let (u, e, h) = (dispatch_ns(&uniform), dispatch_ns(&equal), dispatch_ns(&hot));
+    assert_eq!(u, e, "equal shares are uniform routing");
+    // Hand-derived: the latency is common, the NVLink part scales with the receive.
+    let p_hot = 1.0 - 0.75f64.powf(2.4);
+    let alpha = stepsim::net::ALPHA_INTRA_S * 1e9;
+    let ratio = (h as f64 - alpha) / (u as f64 - alpha);
+    println!("dispatch: uniform {u} ns, hot expert {h} ns; NVLink part x{ratio:.4}, expected x{:.4}", p_hot / 0.25);
+    assert!((ratio / (p_hot / 0.25) - 1.0).abs() < 1e-3, "{ratio} vs {}", p_hot / 0.25);
+    // Less than NCCL's all-to-all of every copy to the same hot rank, which grows with the
+    // copies themselves (2.4x), not with the tokens reached.
+    assert!(p_hot / 0.25 < 2.4);
+    let text = stepsim::report::text::render(&stepsim::simulate(&hot).unwrap().report, &hot);
+    assert!(text.contains("the busiest receiver sets its length"), "{text}");
 }
 
 /// `explain` offers DeepEP and the all-to-all overlap for a mixture of experts under Megatron

@@ -726,11 +726,11 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             if s.parallel.deepep.is_some() {
                 return Err("already on".into());
             }
-            if let Some(why) = crate::scenario::deepep_refusal(&s.parallel, &s.routing, s.capacity.is_some()) {
+            if let Some(why) = crate::scenario::deepep_refusal(&s.parallel, s.capacity.is_some()) {
                 return Err(why);
             }
             // Megatron's default --moe-flex-dispatcher-num-sms.
-            v.parallel.deepep = Some(crate::scenario::deepep_for(moe, 20));
+            v.parallel.deepep = Some(crate::scenario::deepep_for(moe, 20, &s.routing));
             vec![(
                 "moe.dispatcher = \"deepep\": a token sent once per rank, and across nodes once per node, it reaches; DeepEP's buffers off the capacity, 20 SMs while it runs".into(),
                 v,

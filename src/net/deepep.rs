@@ -58,7 +58,7 @@ pub fn supported_ranks() -> Vec<u64> {
 
 /// DeepEP dispatch and combine over one expert-parallel group: the routing that decides
 /// where a token goes, and the SMs the kernels run on.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct DeepEp {
     pub experts: u64,
     pub top_k: u64,
@@ -69,6 +69,10 @@ pub struct DeepEp {
     pub group_topk: u64,
     /// SMs the kernels hold (Megatron `--moe-flex-dispatcher-num-sms`, default 20).
     pub sms: u64,
+    /// Under uneven routing, each expert's share of the token copies
+    /// ([`crate::schedule::routing::Routing::expert_shares`]); None under uniform routing.
+    #[serde(skip)]
+    pub shares: Option<std::sync::Arc<[f64]>>,
 }
 
 /// Where one token goes, on average, under uniform routing over an expert-parallel group:
@@ -134,15 +138,66 @@ impl DeepEp {
         (1.0 - miss).clamp(0.0, 1.0)
     }
 
+    /// [`Self::hit_probability`] under uneven routing: experts `lo..hi` hold `w` times their
+    /// uniform share of the copies, and a token misses them as it would miss `w` independent
+    /// sets of uniform share each, `(1 - p)^w`. Exact at `w = 1`, `w` times the uniform
+    /// chance while hits are rare, and never past 1: a token that picks several of a hot
+    /// rank's experts still reaches the rank once. (The routing model gives each expert's
+    /// share of the copies, not which experts a token picks together; this is the stated
+    /// assumption that joins them.)
+    pub fn skewed_hit_probability(&self, lo: u64, hi: u64, shares: &[f64]) -> f64 {
+        let uniform = self.hit_probability(lo, hi);
+        let share: f64 = shares[lo as usize..hi as usize].iter().sum();
+        let w = share * self.experts as f64 / (hi - lo).max(1) as f64;
+        1.0 - (1.0 - uniform).powf(w)
+    }
+
+    /// Under uneven routing: the chance a token reaches the busiest rank and the busiest
+    /// node, and the busiest rank's copies over a rank's own (`ep` x its experts' share).
+    pub fn busiest(&self, ep: u64, per_node: u64) -> Option<(f64, f64, f64)> {
+        let shares = self.shares.as_deref()?;
+        let ep = ep.max(1);
+        let per_node = per_node.clamp(1, ep);
+        let (er, en) = (self.experts / ep, self.experts * per_node / ep);
+        let rank_hit = (0..ep).map(|r| self.skewed_hit_probability(r * er, (r + 1) * er, shares)).fold(0.0, f64::max);
+        let node_hit = (0..ep.div_ceil(per_node))
+            .map(|n| self.skewed_hit_probability(n * en, ((n + 1) * en).min(self.experts), shares))
+            .fold(0.0, f64::max);
+        let busiest_share =
+            (0..ep).map(|r| shares[(r * er) as usize..((r + 1) * er) as usize].iter().sum::<f64>()).fold(0.0, f64::max);
+        Some((rank_hit, node_hit, (ep as f64 * busiest_share).max(1e-12)))
+    }
+
     /// The fan-out over `ep` ranks, `per_node` of them to a node, each holding its
     /// consecutive experts (Megatron's expert placement).
+    ///
+    /// Under uneven routing ([`Self::shares`]) it is the busiest receiver's: every rank sends
+    /// its own tokens, the rank (and the node) whose experts draw the most tokens receives
+    /// the most, and the dispatch lasts until it has. The schedule costs an uneven
+    /// all-to-all with the busiest rank's copies ([`crate::schedule::routing`]), `ep` x the
+    /// busiest rank's share of a rank's own, so the fan-out is divided by that: with it,
+    /// [`Self::time_s`] moves a rank's own tokens to the busiest receiver's reach.
     pub fn fanout(&self, ep: u64, per_node: u64) -> Fanout {
         let ep = ep.max(1);
         let per_node = per_node.clamp(1, ep);
         let nodes = ep.div_ceil(per_node);
         let (er, en) = (self.experts / ep, self.experts * per_node / ep);
+        let node_range = |n: u64| (n * en, ((n + 1) * en).min(self.experts));
+        if let Some((rank_hit, node_hit, load)) = self.busiest(ep, per_node) {
+            let node_hits = nodes as f64 * node_hit / load;
+            return Fanout {
+                ranks: ep as f64 * rank_hit / load,
+                nodes: node_hits,
+                remote_nodes: node_hits * (1.0 - 1.0 / nodes as f64),
+            };
+        }
         let ranks: f64 = (0..ep).map(|r| self.hit_probability(r * er, (r + 1) * er)).sum();
-        let node_hits: f64 = (0..nodes).map(|n| self.hit_probability(n * en, ((n + 1) * en).min(self.experts))).sum();
+        let node_hits: f64 = (0..nodes)
+            .map(|n| {
+                let (lo, hi) = node_range(n);
+                self.hit_probability(lo, hi)
+            })
+            .sum();
         Fanout { ranks, nodes: node_hits, remote_nodes: node_hits * (1.0 - 1.0 / nodes as f64) }
     }
 
@@ -207,7 +262,7 @@ mod tests {
     use super::*;
 
     fn v3(groups: u64, group_topk: u64) -> DeepEp {
-        DeepEp { experts: 256, top_k: 8, groups, group_topk, sms: 20 }
+        DeepEp { experts: 256, top_k: 8, groups, group_topk, sms: 20, shares: None }
     }
 
     #[test]

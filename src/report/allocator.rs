@@ -281,7 +281,7 @@ pub fn capacity_assumption(s: &Scenario) -> String {
         b => format!(
             ", DeepEP buffers {b} (its NVLink buffer by cudaMalloc and, across nodes, its RDMA buffer in NVSHMEM: the larger of its dispatch and combine configurations' size hints for {} ranks, {} SMs, tokens of {} B; csrc/legacy/config.hpp)",
             s.parallel.model_parallel.expert,
-            s.parallel.deepep.map_or(0, |d| d.sms),
+            s.parallel.deepep.as_ref().map_or(0, |d| d.sms),
             s.model.hidden * s.training.precision.compute.bytes().max(2),
             b = fmt_bytes(b)
         ),

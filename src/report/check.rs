@@ -71,7 +71,7 @@ pub fn summary(s: &Scenario) -> String {
                     1 => String::new(),
                     etp => format!(", expert tensor parallel {etp}"),
                 },
-                match s.parallel.deepep {
+                match &s.parallel.deepep {
                     Some(d) => format!(", tokens moved by DeepEP ({} SMs)", d.sms),
                     None => String::new(),
                 }

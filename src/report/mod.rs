@@ -761,30 +761,56 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
         // The expert-parallel group and DeepEP's fan-out over it, as the schedule costed them.
         let cost = (plan.parallel.deepep.is_some() && mp.expert > 1)
             .then(|| crate::schedule::Cost::for_plan(&s.cluster, plan));
-        let (dispatcher, moved) = match cost.as_ref().and_then(|c| c.deepep.map(|(d, f)| (&c.ep_group, d, f))) {
+        let (dispatcher, moved) = match cost.as_ref().and_then(|c| c.deepep.as_ref().map(|(d, f)| (&c.ep_group, d, *f)))
+        {
             Some((g, d, f)) => {
                 let token = bytes / moe.top_k.max(1);
+                // Under uneven routing the fan-out is the busiest receiver's, in units of the
+                // busiest rank's copies ([`crate::net::deepep::DeepEp::fanout`]): back to a
+                // rank's own tokens.
+                let (load, per) = match d.busiest(mp.expert, g.ranks_per_node) {
+                    Some((_, _, load)) => (load, "as the busiest node receives"),
+                    None => (1.0, "on average"),
+                };
                 let across = if g.nodes() > 1 {
                     format!(
-                        "; across nodes it goes once per node it reaches ({:.2} of {} on average, {:.2} of them other nodes: {} per GPU over RDMA at {:.0}% of the NIC, DeepEP's EP 64 benchmark, docs/legacy.md) to the GPU of the same local index, which forwards it over NVLink at {:.0}%; the slower of the two sets the time",
-                        f.nodes,
+                        "; across nodes it goes once per node it reaches ({:.2} of {} {per}, {:.2} of them other nodes: {} per GPU over RDMA at {:.0}% of the NIC, DeepEP's EP 64 benchmark, docs/legacy.md) to the GPU of the same local index, which forwards it over NVLink at {:.0}%; the slower of the two sets the time",
+                        f.nodes * load,
                         g.nodes(),
-                        f.remote_nodes,
-                        fmt_bytes(((f.remote_nodes) * token as f64) as u64),
+                        f.remote_nodes * load,
+                        fmt_bytes((f.remote_nodes * load * token as f64) as u64),
                         crate::net::deepep::DEEPEP_RDMA_EFFICIENCY * 100.0,
                         crate::net::LINK_EFFICIENCY * 100.0
                     )
                 } else {
                     format!(" over NVLink at {:.0}%", crate::net::LINK_EFFICIENCY * 100.0)
                 };
+                let groups = moe.group_limit_words().map_or(String::new(), |w| format!(", group-limited ({w})"));
+                let reach = match d.busiest(mp.expert, g.ranks_per_node) {
+                    Some((rank_hit, node_hit, load)) => {
+                        let uniform = crate::net::deepep::DeepEp { shares: None, ..d.clone() };
+                        let u = uniform.fanout(mp.expert, g.ranks_per_node);
+                        format!(
+                            "under the uneven routing the busiest receiver sets its length: a token reaches the rank whose experts draw the most ({:.2}x a rank's own copies) with probability {:.3} and the busiest node with {:.3}, where uniform{groups} routing gives {:.3} and {:.3} (a rank or node holding w x its uniform share of the copies is reached with probability 1 - (1 - p)^w, p the uniform chance: the routing model gives each expert's share, not which experts a token picks together); a token of {}",
+                            load,
+                            rank_hit,
+                            node_hit,
+                            u.ranks / mp.expert as f64,
+                            u.nodes / g.nodes() as f64,
+                            fmt_bytes(token)
+                        )
+                    }
+                    None => format!(
+                        "{:.2} of {} on average under uniform{groups} routing, a token of {}",
+                        f.ranks,
+                        mp.expert,
+                        fmt_bytes(token)
+                    ),
+                };
                 (
                     "DeepEP through the flex token dispatcher (deepseek-ai/DeepEP's normal kernels)".to_string(),
                     format!(
-                        "each dispatch or combine sends a token once per rank it reaches ({:.2} of {} on average under uniform{} routing, a token of {}){across}; the kernels hold {} SMs while they run (moe.deepep_sms; Megatron's --moe-flex-dispatcher-num-sms defaults to 20)",
-                        f.ranks,
-                        mp.expert,
-                        moe.group_limit_words().map_or(String::new(), |w| format!(", group-limited ({w})")),
-                        fmt_bytes(token),
+                        "each dispatch or combine sends a token once per rank it reaches ({reach}){across}; the kernels hold {} SMs while they run (moe.deepep_sms; Megatron's --moe-flex-dispatcher-num-sms defaults to 20)",
                         d.sms
                     ),
                 )
@@ -794,8 +820,13 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
                 format!("each of {} per GPU ({}/{} of it leaves the GPU)", fmt_bytes(bytes), mp.expert - 1, mp.expert),
             ),
         };
+        let routing = if s.routing.is_uniform() {
+            format!("routing is uniform, every expert receives tokens x top_k / experts copies, so every expert-parallel rank computes {copies} token copies per micro-batch and MoE block")
+        } else {
+            format!("routing is uneven (the Routing line; each expert-parallel rank is its own rank class, and every all-to-all lasts as long as the busiest rank's), so each expert-parallel rank computes the copies its experts receive (not the uniform {copies}) per micro-batch and MoE block")
+        };
         assumptions.push(format!(
-            "mixture of experts (Megatron-Core MoELayer, {dispatcher}, dropless): routing is uniform, every expert receives tokens x top_k / experts copies, so every expert-parallel rank computes {copies} token copies per micro-batch and MoE block in the grouped GEMMs of its {} of {} experts (each GEMM's rows = copies per local expert); per MoE block and micro-batch {} all-to-alls forward (dispatch, combine) and as many backward, {moved}, on their own stream {}; the router's FP32 scores and the permuted copies are saved, the auxiliary load-balancing loss is not counted (small); expert gradients are reduced over the expert-data-parallel group after the dense ones, one after the other on the NCCL queue",
+            "mixture of experts (Megatron-Core MoELayer, {dispatcher}, dropless): {routing} in the grouped GEMMs of its {} of {} experts (each GEMM's rows = copies per local expert); per MoE block and micro-batch {} all-to-alls forward (dispatch, combine) and as many backward, {moved}, on their own stream {}; the router's FP32 scores and the permuted copies are saved, the auxiliary load-balancing loss is not counted (small); expert gradients are reduced over the expert-data-parallel group after the dense ones, one after the other on the NCCL queue",
             moe.num_experts / mp.expert,
             moe.num_experts,
             if mp.expert > 1 { "two" } else { "no" },

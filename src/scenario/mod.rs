@@ -160,7 +160,7 @@ impl Scenario {
     /// Bytes DeepEP's buffers hold on each GPU outside the allocator (0 without DeepEP):
     /// Megatron's `get_buffer` sizes them for tokens of hidden x max(element size, 2) bytes.
     pub fn deepep_bytes(&self) -> u64 {
-        let Some(d) = self.parallel.deepep else { return 0 };
+        let Some(d) = &self.parallel.deepep else { return 0 };
         let hidden_bytes = self.model.hidden * self.training.precision.compute.bytes().max(2);
         d.buffer_bytes(self.parallel.model_parallel.expert, hidden_bytes).unwrap_or(0)
     }

@@ -356,7 +356,7 @@ pub(super) fn validate_dispatcher(
         return Ok(None);
     }
     let Some(moe) = &model.moe else { return Ok(None) };
-    if let Some(w) = deepep_refusal(parallel, routing, capacity) {
+    if let Some(w) = deepep_refusal(parallel, capacity) {
         return Err(v.err(field, w));
     }
     let sms = match sec.deepep_sms {
@@ -369,13 +369,13 @@ pub(super) fn validate_dispatcher(
             format!("DeepEP runs two SMs per channel: an even count up to half the GPU's {gpu_sms} SMs (compute keeps the rest), got {sms}"),
         ));
     }
-    Ok(Some(deepep_for(moe, sms)))
+    Ok(Some(deepep_for(moe, sms, routing)))
 }
 
 /// Why DeepEP cannot carry this mixture of experts' tokens (None: it can): Megatron's flex
 /// dispatcher only, DeepEP's EP sizes, and what stepsim does not simulate with it. The rule
 /// `[moe] dispatcher` and `explain` share.
-pub fn deepep_refusal(parallel: &ParallelConfig, routing: &Routing, capacity: bool) -> Option<String> {
+pub fn deepep_refusal(parallel: &ParallelConfig, capacity: bool) -> Option<String> {
     let mp = &parallel.model_parallel;
     let ranks = crate::net::deepep::supported_ranks();
     if parallel.framework != Framework::Megatron {
@@ -390,21 +390,22 @@ pub fn deepep_refusal(parallel: &ParallelConfig, routing: &Routing, capacity: bo
         ))
     } else if mp.expert_tensor > 1 {
         Some("DeepEP with expert tensor parallelism (over the expert-tensor x expert group) is not simulated yet; set parallel.expert_tensor = 1".to_string())
-    } else if !routing.is_uniform() || capacity {
-        Some("DeepEP with uneven routing or a capacity factor is not simulated yet (which ranks and nodes a token reaches is derived for uniform routing); use moe.routing = \"uniform\" without moe.capacity_factor".to_string())
+    } else if capacity {
+        Some("DeepEP with a capacity factor is not simulated yet (Megatron's flex dispatcher is dropless); leave out moe.capacity_factor".to_string())
     } else {
         None
     }
 }
 
-/// DeepEP over `moe`'s experts and routing, its kernels on `sms` SMs.
-pub fn deepep_for(moe: &MoeConfig, sms: u64) -> crate::net::deepep::DeepEp {
+/// DeepEP over `moe`'s experts and `routing`, its kernels on `sms` SMs.
+pub fn deepep_for(moe: &MoeConfig, sms: u64, routing: &Routing) -> crate::net::deepep::DeepEp {
     crate::net::deepep::DeepEp {
         experts: moe.num_experts,
         top_k: moe.top_k,
         groups: moe.router_groups,
         group_topk: moe.router_group_topk,
         sms,
+        shares: (!routing.is_uniform()).then(|| routing.expert_shares(moe.num_experts).into()),
     }
 }
 

@@ -277,7 +277,10 @@ impl Cost {
         let stage_per_node = (tp * plan.dp).min(plan.gpus_per_node).max(1);
         c.etp_group = group(etp, etp.min(stage_per_node));
         c.ep_group = group(ep, (stage_per_node / etp).clamp(1, ep));
-        c.deepep = plan.parallel.deepep.map(|d| (d, d.fanout(ep, c.ep_group.ranks_per_node)));
+        c.deepep = plan.parallel.deepep.clone().map(|d| {
+            let f = d.fanout(ep, c.ep_group.ranks_per_node);
+            (d, f)
+        });
         c.edp_group = if plan.expert_params() > 0 {
             group(plan.edp, (stage_per_node / (etp * ep)).max(1) * copies_per_node)
         } else {
