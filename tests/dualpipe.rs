@@ -194,3 +194,38 @@ fn what_dualpipe_needs_is_refused_with_the_field_named() {
     .to_string();
     assert!(err.contains("megatron.overlap_grad_reduce"), "{err}");
 }
+
+/// `explain` offers the pipeline schedules a job could switch to, each re-simulated: for a
+/// Megatron 1F1B pipeline both interleaving and DualPipe (shorter bubbles, more memory); none
+/// for a job without a pipeline; under DeepSpeed's pipeline engine (no interleaving, no
+/// DualPipe here) the reasons.
+#[test]
+fn explain_offers_the_other_pipeline_schedules() {
+    let s = scenario(MEGATRON, "grad_accum = 16");
+    let sim = stepsim::simulate(&s).unwrap();
+    let e = stepsim::explain::explain(&s, &sim, 0.99);
+    let rows: Vec<_> = e.counterfactuals.iter().filter(|c| c.change.starts_with("schedule ")).collect();
+    assert_eq!(rows.len(), 2, "{:?}", e.counterfactuals.iter().map(|c| &c.change).collect::<Vec<_>>());
+    let base_peak = sim.report.peak.as_ref().unwrap().allocated.bytes;
+    for c in &rows {
+        assert_eq!(c.fits, Some(true), "{}", c.change);
+        assert!(c.tokens_per_s_change.unwrap() > 0.0, "{}: {:?}", c.change, c.tokens_per_s_change);
+        assert!(c.peak.as_ref().unwrap().bytes > base_peak, "{}", c.change);
+    }
+    assert!(rows.iter().any(|c| c.change.starts_with("schedule interleaved-1f1b")));
+    assert!(rows.iter().any(|c| c.change.starts_with("schedule dualpipe")));
+    // DeepSpeed: the reasons, no row re-simulated.
+    let ds = scenario("framework = \"deepspeed\"\npipeline = 4\nsharding = \"zero1\"", "grad_accum = 16");
+    let e = stepsim::explain::explain(&ds, &stepsim::simulate(&ds).unwrap(), 0.99);
+    let c = e.counterfactuals.iter().find(|c| c.change.starts_with("pipeline schedule")).unwrap();
+    assert_eq!(c.fits, None);
+    let note = c.note.as_deref().unwrap();
+    assert!(
+        note.contains("no interleaved schedule") && note.contains("DualPipe is simulated under Megatron only"),
+        "{note}"
+    );
+    // No pipeline, no row.
+    let flat = scenario("framework = \"megatron\"\npipeline = 1", "grad_accum = 16");
+    let e = stepsim::explain::explain(&flat, &stepsim::simulate(&flat).unwrap(), 0.99);
+    assert!(e.counterfactuals.iter().all(|c| !c.change.contains("schedule")));
+}

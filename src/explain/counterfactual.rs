@@ -42,6 +42,7 @@ pub const COUNTERFACTUAL_NAMES: &[&str] = &[
     "torch.compile (training.kernels = \"compiled\")",
     "DeepEP token dispatch (Megatron --moe-token-dispatcher-type flex)",
     "overlap the token all-to-alls (Megatron --overlap-moe-expert-parallel-comm)",
+    "pipeline schedule (1F1B, interleaved 1F1B, DualPipe)",
 ];
 
 /// The index of the change that applies to mixtures of experts only (no row for a dense
@@ -89,6 +90,9 @@ const COMPILE: usize = 25;
 const DEEPEP: usize = 26;
 /// Megatron's combined 1F1B: a mixture of experts under Megatron with expert parallelism.
 const EP_OVERLAP: usize = 27;
+/// Another pipeline schedule: 1F1B for GPipe, interleaving (2 chunks per stage) where the
+/// framework has it, DualPipe under Megatron. Pipelines only.
+const SCHEDULE: usize = 28;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Counterfactual {
@@ -752,8 +756,88 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
                 v,
             )]
         }
+        SCHEDULE => schedule_variants(s)?,
         _ => return Err("no such change".into()),
     })
+}
+
+/// The pipeline schedules a job could switch to, each as its framework and stepsim's
+/// validation take it; Err with the reasons where none can.
+fn schedule_variants(s: &Scenario) -> Result<Vec<(String, Scenario)>, String> {
+    use crate::plan::{Framework, PipelineSchedule as P};
+    let mp = &s.parallel.model_parallel;
+    let (p, m, layers) = (mp.pipeline, s.training.grad_accum, s.model.n_layers);
+    let with = |schedule: P, chunks: u64| {
+        let mut v = s.clone();
+        let vm = &mut v.parallel.model_parallel;
+        vm.schedule = schedule;
+        vm.virtual_stages = chunks;
+        if chunks != mp.virtual_stages {
+            vm.stage_layers.clear();
+        }
+        v
+    };
+    let mut out = Vec::new();
+    let mut why = Vec::new();
+    if mp.schedule == P::Gpipe {
+        out.push((
+            "schedule 1f1b: stage k holds p - k micro-batches' activations, not all of them".to_string(),
+            with(P::OneFOneB, 1),
+        ));
+    }
+    if matches!(mp.schedule, P::Gpipe | P::OneFOneB) {
+        if s.parallel.framework == Framework::Deepspeed {
+            why.push("DeepSpeed's pipeline engine has no interleaved schedule".to_string());
+        } else if !mp.stage_layers.is_empty() {
+            why.push(
+                "interleaving would need a split per virtual stage (parallel.stage_layers is per stage)".to_string(),
+            );
+        } else if layers % (2 * p) != 0 {
+            why.push(format!("interleaving 2 chunks per stage needs model.n_layers ({layers}) divisible by {}", 2 * p));
+        } else if m % p != 0 {
+            why.push(format!("interleaving needs grad_accum ({m}) a multiple of the pipeline ({p})"));
+        } else {
+            out.push((
+                "schedule interleaved-1f1b, 2 model chunks per stage: half the bubble, more activations in flight"
+                    .to_string(),
+                with(P::Interleaved, 2),
+            ));
+        }
+    }
+    if mp.schedule != P::DualPipe {
+        let dualpipe_refusal = if s.parallel.framework != Framework::Megatron {
+            Some("DualPipe is simulated under Megatron only".to_string())
+        } else if p % 2 != 0 {
+            Some(format!("DualPipe needs an even pipeline, got {p}"))
+        } else if m % 2 != 0 || m < 2 * p {
+            Some(format!("DualPipe needs an even grad_accum of at least {}, got {m}", 2 * p))
+        } else if s.parallel.megatron.overlap_grad_reduce {
+            Some("DualPipe is not simulated with --overlap-grad-reduce yet".to_string())
+        } else if mp.virtual_stages > 1 && !mp.stage_layers.is_empty() {
+            Some("DualPipe would need a split per stage (parallel.stage_layers is per virtual stage)".to_string())
+        } else {
+            None
+        };
+        match dualpipe_refusal {
+            Some(w) => why.push(w),
+            None => {
+                let mut v = with(P::DualPipe, 1);
+                v.parallel.megatron.overlap_moe_expert_parallel_comm = false;
+                out.push((
+                    "schedule dualpipe: micro-batches from both ends, each rank holding stages k and p - 1 - k (parameters twice), forwards beside the other direction's backwards".to_string(),
+                    v,
+                ));
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err(if why.is_empty() {
+            "already the shortest-bubble schedule stepsim simulates for this job".into()
+        } else {
+            why.join("; ")
+        });
+    }
+    Ok(out)
 }
 
 /// The DeepSpeed optimizer wrapper a scenario's plan would use (the plan's own rule).
@@ -873,6 +957,9 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
             continue;
         }
         if which == COMPILE && s.workload.kernels != crate::model::KernelStack::Eager {
+            continue;
+        }
+        if which == SCHEDULE && s.parallel.model_parallel.pipeline < 2 {
             continue;
         }
         if ((which == FUSED_LOSS || which == SELECTIVE_OP) && megatron)
