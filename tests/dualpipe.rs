@@ -196,7 +196,7 @@ fn what_dualpipe_needs_is_refused_with_the_field_named() {
 }
 
 /// `explain` offers the pipeline schedules a job could switch to, each re-simulated: for a
-/// Megatron 1F1B pipeline both interleaving and DualPipe (shorter bubbles, more memory); none
+/// Megatron 1F1B pipeline interleaving, DualPipe and DualPipeV (shorter bubbles, more memory); none
 /// for a job without a pipeline; under DeepSpeed's pipeline engine (no interleaving, no
 /// DualPipe here) the reasons.
 #[test]
@@ -205,7 +205,7 @@ fn explain_offers_the_other_pipeline_schedules() {
     let sim = stepsim::simulate(&s).unwrap();
     let e = stepsim::explain::explain(&s, &sim, 0.99);
     let rows: Vec<_> = e.counterfactuals.iter().filter(|c| c.change.starts_with("schedule ")).collect();
-    assert_eq!(rows.len(), 2, "{:?}", e.counterfactuals.iter().map(|c| &c.change).collect::<Vec<_>>());
+    assert_eq!(rows.len(), 3, "{:?}", e.counterfactuals.iter().map(|c| &c.change).collect::<Vec<_>>());
     let base_peak = sim.report.peak.as_ref().unwrap().allocated.bytes;
     for c in &rows {
         assert_eq!(c.fits, Some(true), "{}", c.change);
@@ -213,7 +213,8 @@ fn explain_offers_the_other_pipeline_schedules() {
         assert!(c.peak.as_ref().unwrap().bytes > base_peak, "{}", c.change);
     }
     assert!(rows.iter().any(|c| c.change.starts_with("schedule interleaved-1f1b")));
-    assert!(rows.iter().any(|c| c.change.starts_with("schedule dualpipe")));
+    assert!(rows.iter().any(|c| c.change.starts_with("schedule dualpipe:")));
+    assert!(rows.iter().any(|c| c.change.starts_with("schedule dualpipev:")));
     // DeepSpeed: the reasons, no row re-simulated.
     let ds = scenario("framework = \"deepspeed\"\npipeline = 4\nsharding = \"zero1\"", "grad_accum = 16");
     let e = stepsim::explain::explain(&ds, &stepsim::simulate(&ds).unwrap(), 0.99);
@@ -228,4 +229,83 @@ fn explain_offers_the_other_pipeline_schedules() {
     let flat = scenario("framework = \"megatron\"\npipeline = 1", "grad_accum = 16");
     let e = stepsim::explain::explain(&flat, &stepsim::simulate(&flat).unwrap(), 0.99);
     assert!(e.counterfactuals.iter().all(|c| !c.change.contains("schedule")));
+}
+
+const DUALPIPEV: &str = "framework = \"megatron\"\npipeline = 4\nschedule = \"dualpipev\"";
+
+/// DualPipeV (`dualpipev.py`): the model in 2p virtual stages, rank k holding virtual stages
+/// k and 2p - 1 - k, one copy of it in the pipeline (the ranks' parameters add up to the
+/// model's, as under 1F1B); rank 0 holds the embedding and the head.
+#[test]
+fn dualpipev_holds_one_copy_in_a_v() {
+    let v = stepsim::simulate(&scenario(DUALPIPEV, "grad_accum = 8")).unwrap();
+    let one = stepsim::simulate(&scenario(MEGATRON, "grad_accum = 8")).unwrap();
+    let blocks = |k: usize| -> Vec<(u64, u64)> {
+        v.job.classes[k].plan.chunks.iter().map(|c| (c.first_block, c.end_block)).collect()
+    };
+    assert_eq!(blocks(0), [(0, 2), (14, 16)]);
+    assert_eq!(blocks(3), [(6, 8), (8, 10)]);
+    let total = |s: &stepsim::Simulation| s.job.classes.iter().map(|c| c.plan.total_params()).sum::<u64>();
+    assert_eq!(total(&v), total(&one));
+    let plan0 = &v.job.classes[0].plan;
+    assert!(plan0.chunks[0].embed && plan0.chunks[1].head);
+    assert_eq!(plan0.shard_group, 1, "no sharding, one copy");
+}
+
+/// Every micro-batch goes down the ranks (chunk 0) and back up (chunk 1): its first forward
+/// starts on ranks 0, 1, 2, 3 in that order. At the turn, rank 3 hands its chunk 0 output to
+/// its chunk 1 with no transfer: it receives activations only from rank 2 and sends only to
+/// it (one each per micro-batch), gradients likewise. The output it keeps is freed with its
+/// chunk 0 backward: after 2 and after 3 steps the last rank holds the same bytes.
+#[test]
+fn dualpipev_turns_at_the_last_rank_without_a_transfer() {
+    let m = 8usize;
+    let sim = stepsim::simulate(&scenario(DUALPIPEV, &format!("grad_accum = {m}"))).unwrap();
+    let first_start = |k: usize, mb: u32| -> u64 {
+        let sched = &sim.job.classes[k].schedule;
+        (0..sched.program.tasks.len())
+            .filter(|&i| {
+                let l = &sched.labels[sched.program.tasks[i].label as usize];
+                l.step == 1 && l.micro_batch == mb && l.phase == Phase::Forward
+            })
+            .map(|i| sim.run.traces[k].start_ns[i])
+            .min()
+            .unwrap()
+    };
+    let starts: Vec<u64> = (0..4).map(|k| first_start(k, 0)).collect();
+    assert!(starts.windows(2).all(|w| w[0] < w[1]), "{starts:?}");
+    let sched = &sim.job.classes[3].schedule;
+    let step1 = |pre: &str| sched.labels.iter().filter(|l| l.step == 1 && l.what.starts_with(pre)).count();
+    for what in ["recv activation from pipeline rank 2", "send activation to pipeline rank 2"] {
+        assert_eq!(step1(what), m, "{what}");
+    }
+    for what in ["recv gradient from pipeline rank 2", "send gradient to pipeline rank 2"] {
+        assert_eq!(step1(what), m, "{what}");
+    }
+    assert_eq!(step1("recv activation from pipeline rank 3") + step1("send activation to pipeline rank 3"), 0);
+    let end = |steps: u32| {
+        let s = scenario(DUALPIPEV, &format!("grad_accum = {m}\nsteps = {steps}"));
+        let sim = stepsim::simulate(&s).unwrap();
+        sim.run.traces.iter().map(|t| t.timeline.samples().last().unwrap().allocated).collect::<Vec<_>>()
+    };
+    assert_eq!(end(2), end(3));
+}
+
+/// DualPipeV's rules: two chunks per rank, at least 2p micro-batches (any count, unlike
+/// DualPipe's even one).
+#[test]
+fn dualpipev_rules() {
+    for (parallel, training, field, says) in [
+        (
+            format!("{DUALPIPEV}\nvirtual_stages = 3"),
+            "grad_accum = 8",
+            "parallel.virtual_stages",
+            "two chunks per rank",
+        ),
+        (DUALPIPEV.to_string(), "grad_accum = 6", "training.grad_accum", "at least 2 x parallel.pipeline (8)"),
+    ] {
+        let err = Scenario::from_toml(Path::new("<dualpipe>"), &toml(&parallel, training)).err().unwrap().to_string();
+        assert!(err.contains(field) && err.contains(says), "{err}");
+    }
+    stepsim::simulate(&scenario(DUALPIPEV, "grad_accum = 9")).unwrap();
 }

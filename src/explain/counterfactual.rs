@@ -42,7 +42,7 @@ pub const COUNTERFACTUAL_NAMES: &[&str] = &[
     "torch.compile (training.kernels = \"compiled\")",
     "DeepEP token dispatch (Megatron --moe-token-dispatcher-type flex)",
     "overlap the token all-to-alls (Megatron --overlap-moe-expert-parallel-comm)",
-    "pipeline schedule (1F1B, interleaved 1F1B, DualPipe)",
+    "pipeline schedule (1F1B, interleaved 1F1B, DualPipe, DualPipeV)",
 ];
 
 /// The index of the change that applies to mixtures of experts only (no row for a dense
@@ -825,6 +825,32 @@ fn schedule_variants(s: &Scenario) -> Result<Vec<(String, Scenario)>, String> {
                 v.parallel.megatron.overlap_moe_expert_parallel_comm = false;
                 out.push((
                     "schedule dualpipe: micro-batches from both ends, each rank holding stages k and p - 1 - k (parameters twice), forwards beside the other direction's backwards".to_string(),
+                    v,
+                ));
+            }
+        }
+    }
+    if mp.schedule != P::DualPipeV {
+        let refusal = if s.parallel.framework != Framework::Megatron {
+            Some("DualPipeV is simulated under Megatron only".to_string())
+        } else if m < 2 * p {
+            Some(format!("DualPipeV needs a grad_accum of at least {}, got {m}", 2 * p))
+        } else if s.parallel.megatron.overlap_grad_reduce {
+            Some("DualPipeV is not simulated with --overlap-grad-reduce yet".to_string())
+        } else if !mp.stage_layers.is_empty() && mp.virtual_stages != 2 {
+            Some("DualPipeV would need a split per virtual stage (parallel.stage_layers)".to_string())
+        } else if layers < 2 * p {
+            Some(format!("DualPipeV needs at least {} layers for its {} virtual stages", 2 * p, 2 * p))
+        } else {
+            None
+        };
+        match refusal {
+            Some(w) => why.push(w),
+            None => {
+                let mut v = with(P::DualPipeV, 2);
+                v.parallel.megatron.overlap_moe_expert_parallel_comm = false;
+                out.push((
+                    "schedule dualpipev: each micro-batch down the ranks and back up, DualPipe's overlapped pairs and zero-bubble passes with one copy of the model".to_string(),
                     v,
                 ));
             }

@@ -221,6 +221,10 @@ pub fn import(file: &str, config: &str, a: &TorchtitanArgs) -> Result<Import, Im
             "1F1B" => "1f1b",
             "GPipe" => "gpipe",
             "Interleaved1F1B" => "interleaved-1f1b",
+            "DualPipeV" => {
+                im.not_expressed.push("pipeline_parallel_schedule \"DualPipeV\": stepsim simulates DualPipeV on Megatron-style ranks only (parallel.framework = \"megatron\", schedule = \"dualpipev\"), not with FSDP; 1F1B simulated instead".to_string());
+                "1f1b"
+            }
             x => {
                 im.not_expressed.push(format!("pipeline_parallel_schedule \"{x}\": 1F1B simulated instead"));
                 "1f1b"

@@ -250,6 +250,21 @@ pub enum PipelineSchedule {
     /// `dualpipe`).
     #[serde(rename = "dualpipe")]
     DualPipe,
+    /// DualPipeV (deepseek-ai/DualPipe `dualpipe/dualpipev.py`, Sea AI Lab's "cut-in-half"
+    /// of DualPipe): the model in `2p` virtual stages, rank `k` holding stages `k` and
+    /// `2p - 1 - k`, every micro-batch going down the ranks and back up (a V), with
+    /// DualPipe's eight phases, overlapped forward-backward pairs and zero-bubble passes; one
+    /// copy of the model.
+    #[serde(rename = "dualpipev")]
+    DualPipeV,
+}
+
+impl PipelineSchedule {
+    /// DualPipe or DualPipeV: each rank holds two chunks met by micro-batches from two
+    /// sides, in the order of `DualPipe.step` ([`crate::schedule::dualpipe`]).
+    pub fn is_dualpipe(self) -> bool {
+        matches!(self, PipelineSchedule::DualPipe | PipelineSchedule::DualPipeV)
+    }
 }
 
 impl PipelineSchedule {
@@ -259,6 +274,7 @@ impl PipelineSchedule {
             PipelineSchedule::OneFOneB => "1f1b",
             PipelineSchedule::Interleaved => "interleaved-1f1b",
             PipelineSchedule::DualPipe => "dualpipe",
+            PipelineSchedule::DualPipeV => "dualpipev",
         }
     }
 }
@@ -363,10 +379,11 @@ impl ModelParallel {
 
     /// The pipeline rank that runs virtual stage `vs`: chunk `vs / p` of stage `vs % p`, or,
     /// under DualPipe, stage `vs` of the forward direction on rank `vs` and stage `vs - p` of
-    /// the reverse direction on rank `2p - 1 - vs`.
+    /// the reverse direction on rank `2p - 1 - vs` (under DualPipeV, virtual stage `vs` of
+    /// the V on the same ranks).
     pub fn rank_of_virtual_stage(&self, vs: u64) -> u64 {
         let p = self.pipeline;
-        if self.schedule == PipelineSchedule::DualPipe && vs >= p {
+        if self.schedule.is_dualpipe() && vs >= p {
             2 * p - 1 - vs
         } else {
             vs % p
@@ -1130,6 +1147,23 @@ impl Plan {
         let (p, v) = (mp.pipeline, mp.virtual_stages);
         let sizes = mp.virtual_stage_layers(n_layers);
         let mut out = vec![Vec::new(); p as usize];
+        if mp.schedule == PipelineSchedule::DualPipeV {
+            // Rank k: virtual stages k (down the V) and 2p - 1 - k (back up).
+            let starts: Vec<u64> = sizes.iter().scan(0, |a, &n| Some(std::mem::replace(a, *a + n))).collect();
+            let last = 2 * p - 1;
+            let chunk = |vs: u64| Chunk {
+                virtual_stage: vs,
+                first_block: starts[vs as usize],
+                end_block: starts[vs as usize] + sizes[vs as usize],
+                embed: vs == 0,
+                head: vs == last,
+                mtp: if vs == last { mtp } else { 0 },
+            };
+            for k in 0..p {
+                out[k as usize] = vec![chunk(k), chunk(last - k)];
+            }
+            return out;
+        }
         if mp.schedule == PipelineSchedule::DualPipe {
             // Rank k: model stage k of the forward direction (virtual stage k), then model
             // stage p - 1 - k of the reverse direction (virtual stage p + p - 1 - k).

@@ -263,17 +263,21 @@ fn finish(r: &mut Report, s: &Scenario, job: &Job, figures: &[ClassFigures], spa
     r.throughput = steps.last().map(|st| {
         let mut tp = throughput_of(s, plan, model_flops, hw_flops, st, &steps);
         if plan.pipeline() > 1 {
-            let dualpipe = plan.parallel.model_parallel.schedule == crate::plan::PipelineSchedule::DualPipe;
+            let schedule = plan.parallel.model_parallel.schedule;
             tp.assumptions.push(format!(
                 "pipeline: {} stages, schedule {}, {} micro-batches per step{}; the bubble is the compute stream's idle time ({}, p2p transfers at {})",
                 plan.pipeline(),
-                plan.parallel.model_parallel.schedule.name(),
+                schedule.name(),
                 plan.training.grad_accum,
-                if dualpipe { ", half entering at each end" } else { "" },
-                if dualpipe {
-                    "DualPipe's order of forwards, backwards, overlapped forward-backward pairs and deferred weight-gradient passes, deepseek-ai/DualPipe dualpipe.py"
-                } else {
-                    "Megatron-LM order of forwards and backwards"
+                match schedule {
+                    crate::plan::PipelineSchedule::DualPipe => ", half entering at each end",
+                    crate::plan::PipelineSchedule::DualPipeV => ", each down the ranks and back up",
+                    _ => "",
+                },
+                match schedule {
+                    crate::plan::PipelineSchedule::DualPipe => "DualPipe's order of forwards, backwards, overlapped forward-backward pairs and deferred weight-gradient passes, deepseek-ai/DualPipe dualpipe.py",
+                    crate::plan::PipelineSchedule::DualPipeV => "DualPipeV's order of forwards, backwards, overlapped forward-backward pairs and deferred weight-gradient passes, deepseek-ai/DualPipe dualpipev.py",
+                    _ => "Megatron-LM order of forwards and backwards",
                 },
                 if plan.parallel.model_parallel.tensor * plan.dp >= plan.gpus_per_node { "each GPU's NIC rail share" } else { "NVLink" }
             ));

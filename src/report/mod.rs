@@ -677,7 +677,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
         assumptions.push(activation_offload_assumption(a, dag.config.n_layers));
     }
     if let Some(m) = &dag.config.mtp {
-        let dualpipe = plan.parallel.model_parallel.schedule == crate::plan::PipelineSchedule::DualPipe;
+        let dualpipe = plan.parallel.model_parallel.schedule.is_dualpipe();
         assumptions.push(mtp_assumption(dag, m, dualpipe));
     }
     match dag.workload.loss {
@@ -875,7 +875,9 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
         } else {
             "a send is posted with the next receive and the stage waits for both before computing on (Megatron-LM's batch_isend_irecv + wait; overlap_p2p_communication = false)"
         };
-        if mp.schedule == crate::plan::PipelineSchedule::DualPipe {
+        if mp.schedule == crate::plan::PipelineSchedule::DualPipeV {
+            assumptions.push(format!("pipeline: DualPipeV (deepseek-ai/DualPipe dualpipev.py, Sea AI Lab's cut-in-half DualPipe): the model in {} virtual stages, rank k holding virtual stages k and {} - k, so every micro-batch goes down the ranks and back up, the last rank passing its output (and later the gradient) from one chunk to the other with no transfer, and rank 0 holding the embedding and the head; one copy of the model; DualPipe's eight phases in the steady state run a forward beside a backward of the other chunk layer by layer, each pass's all-to-alls under the other's compute; zero-bubble backwards run their input-gradient GEMMs first and queue the weight-gradient GEMMs (keeping what they read) for the W passes; each chunk's output activation is freed once sent; {p2p}", 2 * mp.pipeline, 2 * mp.pipeline - 1));
+        } else if mp.schedule == crate::plan::PipelineSchedule::DualPipe {
             assumptions.push(format!("pipeline: DualPipe (deepseek-ai/DualPipe dualpipe.py, DeepSeek-V3 Sec. 3.2.1): half of each step's micro-batches enter at the first rank, half at the last, so rank k holds model stages k and {} - k (the shallowest and deepest layers, the embedding and the output head, share the end ranks, which need no copy of the word embedding); every stage's parameters exist twice in the pipeline, and their gradients are reduced (and ZeRO-1 shards) over the data-parallel ranks of both copies; in the steady state a forward runs beside the other direction's backward layer by layer, each pass's all-to-alls under the other's compute; zero-bubble backwards run their input-gradient GEMMs first and queue the weight-gradient GEMMs (keeping what they read) for the W passes; each stage's output activation is freed once sent; {p2p}", mp.pipeline - 1));
         } else {
             assumptions.push(format!("pipeline: stages are Megatron-LM's (embedding on the first, LM head and loss on the last, a copy of tied word embeddings there); each stage's output activation is freed once sent (deallocate_pipeline_outputs); {p2p}; tied word-embedding gradients are all-reduced between the first and last stage before the optimizer step"));

@@ -393,7 +393,7 @@ pub struct ParallelSection {
     pub pipeline: Option<i64>,
     /// Model chunks per pipeline stage (interleaved 1F1B).
     pub virtual_stages: Option<i64>,
-    /// "gpipe" | "1f1b" | "interleaved-1f1b" | "dualpipe".
+    /// "gpipe" | "1f1b" | "interleaved-1f1b" | "dualpipe" | "dualpipev".
     pub schedule: Option<String>,
     /// Transformer blocks per pipeline stage (per virtual stage with virtual_stages), first to
     /// last (uneven splits); the first may be 0 (the embedding alone), the last too (the head

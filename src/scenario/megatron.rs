@@ -91,8 +91,8 @@ pub fn ep_overlap_refusal(model: &ModelConfig, parallel: &ParallelConfig, traini
     let mp = &parallel.model_parallel;
     if mp.expert < 2 {
         Some("overlap_moe_expert_parallel_comm is only supported with expert model parallelism (set parallel.expert > 1 on a mixture-of-experts model)".to_string())
-    } else if mp.schedule == PipelineSchedule::DualPipe {
-        Some("DualPipe already runs each steady-state forward beside the other direction's backward with their all-to-alls under each other's compute; leave megatron.overlap_moe_expert_parallel_comm unset".to_string())
+    } else if mp.schedule.is_dualpipe() {
+        Some("DualPipe (and DualPipeV) already runs each steady-state forward beside the other direction's backward with their all-to-alls under each other's compute; leave megatron.overlap_moe_expert_parallel_comm unset".to_string())
     } else if mp.pipeline > 1 && mp.schedule != PipelineSchedule::Interleaved {
         Some("virtual_pipeline_model_parallel_size must be specified when pipeline_model_parallel_size > 1 (set parallel.schedule = \"interleaved-1f1b\" with parallel.virtual_stages)".to_string())
     } else if training.checkpointing == Checkpointing::Full {

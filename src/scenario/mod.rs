@@ -645,7 +645,14 @@ impl V<'_> {
 /// model with it yet.
 fn dualpipe_rules(v: &V, parallel: &ParallelConfig, grad_accum: u64) -> Result<(), ScenarioError> {
     let p = parallel.model_parallel.pipeline;
-    if grad_accum % 2 != 0 || grad_accum < 2 * p {
+    let v_shape = parallel.model_parallel.schedule == PipelineSchedule::DualPipeV;
+    if v_shape && grad_accum < 2 * p {
+        return Err(v.err(
+            "training.grad_accum",
+            format!("DualPipeV needs at least 2 x parallel.pipeline ({}) micro-batches per step (`num_chunks >= num_ranks * 2`), got {grad_accum}", 2 * p),
+        ));
+    }
+    if !v_shape && (grad_accum % 2 != 0 || grad_accum < 2 * p) {
         return Err(v.err(
             "training.grad_accum",
             format!("DualPipe splits the micro-batches between its two directions and needs an even number of at least 2 x parallel.pipeline ({}) per step (`num_chunks % 2 == 0 and num_chunks >= num_ranks * 2`), got {grad_accum}", 2 * p),
@@ -654,13 +661,13 @@ fn dualpipe_rules(v: &V, parallel: &ParallelConfig, grad_accum: u64) -> Result<(
     if parallel.framework != Framework::Megatron {
         return Err(v.err(
             "parallel.schedule",
-            "DualPipe is simulated on Megatron-style ranks (parallel.framework = \"megatron\", sharding \"none\" or \"zero1\"), as DeepSeek-V3 trained with it",
+            "DualPipe and DualPipeV are simulated on Megatron-style ranks (parallel.framework = \"megatron\", sharding \"none\" or \"zero1\"), as DeepSeek-V3 trained with DualPipe",
         ));
     }
     if parallel.megatron.overlap_grad_reduce {
         return Err(v.err(
             "megatron.overlap_grad_reduce",
-            "is not simulated with DualPipe yet: its deferred weight-gradient passes end the step, and gradients are reduced after them; leave it unset",
+            "is not simulated with DualPipe or DualPipeV yet: their deferred weight-gradient passes end the step, and gradients are reduced after them; leave it unset",
         ));
     }
     Ok(())
@@ -1288,7 +1295,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
             ),
         ));
     }
-    if mp.schedule == PipelineSchedule::DualPipe {
+    if mp.schedule.is_dualpipe() {
         dualpipe_rules(&v, &parallel, grad_accum)?;
     }
     let training = TrainingConfig {

@@ -195,7 +195,7 @@ fn communicators(s: &Scenario, stage: u64) -> Vec<Communicator> {
         // The embedding group all-reduces the word embedding's gradient when the last stage
         // holds a copy: a tied head's, or multi-token prediction's lookups.
         let copy = s.model.tie_embeddings || s.model.mtp.is_some();
-        if megatron_like && copy && (stage == 0 || stage + 1 == pp) && copies == 1 {
+        if megatron_like && copy && (stage == 0 || stage + 1 == pp) && !mp.schedule.is_dualpipe() {
             add(
                 "embedding group (first and last stage)".into(),
                 2,

@@ -75,13 +75,17 @@ pub(super) fn validate_model_parallel(
     let schedule = match v.choice(
         "parallel.schedule",
         p.schedule.as_deref().unwrap_or(if p.virtual_stages.unwrap_or(1) > 1 { "interleaved-1f1b" } else { "1f1b" }),
-        &["gpipe", "1f1b", "interleaved-1f1b", "dualpipe"],
+        &["gpipe", "1f1b", "interleaved-1f1b", "dualpipe", "dualpipev"],
     )? {
         "gpipe" => PipelineSchedule::Gpipe,
         "1f1b" => PipelineSchedule::OneFOneB,
         "dualpipe" => PipelineSchedule::DualPipe,
+        "dualpipev" => PipelineSchedule::DualPipeV,
         _ => PipelineSchedule::Interleaved,
     };
+    if schedule == PipelineSchedule::DualPipeV && pipeline < 2 {
+        return Err(v.err("parallel.pipeline", "DualPipeV needs at least 2 pipeline ranks"));
+    }
     if schedule == PipelineSchedule::DualPipe && (pipeline < 2 || pipeline % 2 != 0) {
         return Err(v.err(
             "parallel.pipeline",
@@ -90,9 +94,16 @@ pub(super) fn validate_model_parallel(
     }
     let virtual_stages = match p.virtual_stages {
         Some(x) => v.positive("parallel.virtual_stages", x)?,
+        None if schedule == PipelineSchedule::DualPipeV => 2,
         None => 1,
     };
-    if virtual_stages > 1 && schedule != PipelineSchedule::Interleaved {
+    if schedule == PipelineSchedule::DualPipeV && virtual_stages != 2 {
+        return Err(v.err(
+            "parallel.virtual_stages",
+            format!("DualPipeV holds two chunks per rank (the V's way down and back up): 2, or leave it unset; got {virtual_stages}"),
+        ));
+    }
+    if virtual_stages > 1 && !matches!(schedule, PipelineSchedule::Interleaved | PipelineSchedule::DualPipeV) {
         return Err(v.err("parallel.virtual_stages", "model chunks per stage need schedule = \"interleaved-1f1b\""));
     }
     if schedule == PipelineSchedule::Interleaved && (virtual_stages < 2 || pipeline < 2) {

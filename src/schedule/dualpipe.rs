@@ -56,25 +56,39 @@ pub enum Slot {
 /// direction's numbered `0..m/2`, the reverse's `m/2..m`) on `p` ranks, as `DualPipe.step`
 /// runs it.
 pub fn order(p: u64, k: u64, m: u64) -> Vec<Slot> {
-    let (half, n) = (p / 2, (m / 2) as u32);
-    let h = k.min(p - 1 - k);
     // Phase 0 is the forward direction on the first half of the ranks, the reverse on the
-    // second (`phase ^= self.is_in_second_half`).
+    // second (`phase ^= self.is_in_second_half`); the middle ranks are p/2 - 1 and p/2.
+    let (half, h) = (p / 2, k.min(p - 1 - k));
     let flip = usize::from(k >= half);
-    let middle = k + 1 == half || k == half;
+    let n = (m / 2) as u32;
+    phases(half, h, n, flip, k + 1 == half || k == half, |c, i| c as u32 * n + i)
+}
+
+/// Rank `k`'s order under DualPipeV (`DualPipeV.step`): DualPipe's phases with the ranks in
+/// place of the half ranks and every micro-batch through both chunks (chunk 0 down the V,
+/// chunk 1 back up), numbered `0..m`; the last rank, where the V turns, runs its first
+/// phase-4 pair apart.
+pub fn order_v(p: u64, k: u64, m: u64) -> Vec<Slot> {
+    phases(p, k, m as u32, 0, k + 1 == p, |_, i| i)
+}
+
+/// `DualPipe.step`'s eight phases over `half` ranks on rank `h` of them, `n` micro-batches
+/// per chunk; `flip` maps phases to chunks, `middle` marks the rank whose first phase-4
+/// pair runs apart, `mb(chunk, i)` numbers chunk's i-th micro-batch.
+fn phases(half: u64, h: u64, n: u32, flip: usize, middle: bool, mb: impl Fn(usize, u32) -> u32) -> Vec<Slot> {
     let mut next_f = [0u32; 2];
     let mut next_b = [0u32; 2];
     let mut f = |phase: usize| {
         let c = phase ^ flip;
         next_f[c] += 1;
-        (c, c as u32 * n + next_f[c] - 1)
+        (c, mb(c, next_f[c] - 1))
     };
     let mut b = |phase: usize| {
         let c = phase ^ flip;
         next_b[c] += 1;
-        (c, c as u32 * n + next_b[c] - 1)
+        (c, mb(c, next_b[c] - 1))
     };
-    let mut out = Vec::with_capacity(3 * m as usize);
+    let mut out = Vec::with_capacity(6 * n as usize);
     let bwd = |(c, mb): (usize, u32), zb: bool| Slot::B(c, mb, zb);
     for _ in 0..2 * (half - h - 1) {
         let (c, mb) = f(0);
@@ -92,7 +106,7 @@ pub fn order(p: u64, k: u64, m: u64) -> Vec<Slot> {
         let (c, mb) = f(1);
         out.push(Slot::F(c, mb));
     }
-    for i in 0..(u64::from(n) + h + 1).saturating_sub(p) {
+    for i in 0..(u64::from(n) + h + 1).saturating_sub(2 * half) {
         let (fw, bw) = (f(0), b(1));
         if i == 0 && middle {
             out.push(Slot::F(fw.0, fw.1));
@@ -151,7 +165,9 @@ impl Builder<'_> {
     /// One step's forwards and backwards in DualPipe's order.
     pub(super) fn dualpipe_passes(&mut self, step: u32) {
         let mp = &self.plan.parallel.model_parallel;
-        let order = order(mp.pipeline, self.plan.stage, self.plan.training.grad_accum);
+        let (p, k, m) = (mp.pipeline, self.plan.stage, self.plan.training.grad_accum);
+        let order =
+            if mp.schedule == crate::plan::PipelineSchedule::DualPipeV { order_v(p, k, m) } else { order(p, k, m) };
         let mut pending = HashMap::new();
         for slot in order {
             self.mark_period();
@@ -241,6 +257,36 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn dualpipev_runs_every_micro_batch_through_both_chunks_once() {
+        for p in [2, 3, 4, 8] {
+            for m in [2 * p, 2 * p + 1, 5 * p] {
+                for k in 0..p {
+                    let o = order_v(p, k, m);
+                    let (f, b, w, zb) = count(&o);
+                    let m = m as u32;
+                    assert_eq!((f, b), ([m, m], [m, m]), "p {p} rank {k}");
+                    assert_eq!(w, zb, "p {p} rank {k}");
+                    // Chunk 1 of a micro-batch never runs before its chunk 0 on this rank.
+                    let mut down = vec![false; m as usize];
+                    for s in &o {
+                        match *s {
+                            Slot::F(0, i) | Slot::FB((0, i), _) => down[i as usize] = true,
+                            _ => {}
+                        }
+                        if let Slot::F(1, i) | Slot::FB((1, i), _) = *s {
+                            assert!(down[i as usize], "p {p} rank {k}: mb {i} up before down");
+                        }
+                    }
+                }
+            }
+        }
+        // Rank 0 of 4: 2 (4 - 0 - 1) = 6 forwards down the V first, then one each way.
+        let o = order_v(4, 0, 8);
+        assert_eq!(o[..7], (0..7).map(|i| Slot::F(0, i)).collect::<Vec<_>>()[..]);
+        assert_eq!(o[7], Slot::F(1, 0));
     }
 
     #[test]

@@ -195,6 +195,9 @@ struct Builder<'a> {
     blas_workspaces: [bool; 2],
     /// DualPipe's deferred weight gradients (`WeightGradStore`).
     wgrad: dualpipe::WeightGradStore,
+    /// DualPipeV's turn at the last rank: a micro-batch's (forward?) activation or gradient
+    /// buffer passed from one chunk to the other on this rank.
+    handoff: std::collections::HashMap<(u32, bool), u32>,
     /// Transformer Engine's workspaces taken: its GEMMs', its grouped GEMMs'.
     te_workspaces: [bool; 2],
     /// Sharded gradient buffers of the current step, per unit (created by the first reduce).
@@ -465,6 +468,7 @@ impl<'a> Builder<'a> {
             ag_copy_in_stream,
             blas_workspaces: [false; 2],
             wgrad: dualpipe::WeightGradStore::default(),
+            handoff: std::collections::HashMap::new(),
             te_workspaces: [false; 2],
             ep_stream,
             h2d_stream,

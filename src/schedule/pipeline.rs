@@ -50,11 +50,16 @@ pub fn order_with(kind: PipelineSchedule, p: u64, k: u64, m: u64, v: u64, ep_ove
             out.extend((0..m).map(|i| (true, i as u32, 0)));
             out.extend((0..m).map(|i| (false, i as u32, 0)));
         }
-        PipelineSchedule::DualPipe => {
+        PipelineSchedule::DualPipe | PipelineSchedule::DualPipeV => {
             // Its forwards and backwards in order (an overlapped pair forward first), without
             // the deferred weight-gradient passes.
             use super::dualpipe::Slot;
-            for s in super::dualpipe::order(p, k, m) {
+            let slots = if kind == PipelineSchedule::DualPipe {
+                super::dualpipe::order(p, k, m)
+            } else {
+                super::dualpipe::order_v(p, k, m)
+            };
+            for s in slots {
                 match s {
                     Slot::F(c, mb) => out.push((true, mb, c)),
                     Slot::B(c, mb, _) => out.push((false, mb, c)),
@@ -137,6 +142,11 @@ impl Builder<'_> {
         let Some(y) = self.chunk_out[c] else { return };
         let (step, mb) = (st.step, st.mb);
         let vs = self.chunk_vs[c];
+        if self.local_peer(vs + 1) {
+            // DualPipeV's turn: the next chunk's input gradient, on this rank.
+            st.grad_buf[y] = self.handoff.remove(&(mb, false));
+            return;
+        }
         let dag = self.dag;
         let b = self.buffer(
             dag.tensors[y].bytes,
@@ -170,6 +180,13 @@ impl Builder<'_> {
         let Some(x) = self.chunk_in[c] else { return };
         let (step, mb) = (st.step, st.mb);
         let vs = self.chunk_vs[c];
+        if self.local_peer(vs - 1) {
+            // DualPipeV's turn: the gradient stays on this rank for the chunk before.
+            if let Some(g) = st.grad_buf[x] {
+                self.handoff.insert((mb, false), g);
+            }
+            return;
+        }
         let what = text!(self.names, "send gradient to {} (micro-batch {mb})", self.peer(vs - 1));
         let t = self.p2p_task(self.send_stream, step, Phase::Backward, mb, vec![st.last_bwd_task], vec![], what);
         if let Some(g) = st.grad_buf[x] {
@@ -185,6 +202,11 @@ impl Builder<'_> {
         let (step, mb) = (st.step, st.mb);
         let (lo, _) = self.chunk_ops[c];
         let vs = self.chunk_vs[c];
+        if self.local_peer(vs - 1) {
+            // DualPipeV's turn: the chunk before ran on this rank, and its output (kept until
+            // that chunk's backward, `send_activation`) is this one's input.
+            return;
+        }
         let dag = self.dag;
         let tp = self.tensors[x];
         let b = self.buffer(
@@ -209,6 +231,14 @@ impl Builder<'_> {
         let Some(b) = st.out_buf else { return };
         let mb = st.mb;
         let vs = self.chunk_vs[c];
+        if self.local_peer(vs + 1) {
+            // DualPipeV's turn (`input_chunks[1].append(output.detach().requires_grad_())`):
+            // the next chunk runs on this rank and reads the output where it is; the output
+            // lives until this chunk's backward.
+            let lo = self.chunk_ops[c].0;
+            st.free_bwd[lo].push(b);
+            return;
+        }
         let mut last = st.last;
         let mut b = b;
         if self.deepspeed_partitions_outputs() {
@@ -240,10 +270,18 @@ impl Builder<'_> {
         self.block_on_send(t, last);
     }
 
+    /// Virtual stage `vs` runs on this rank too: DualPipeV's turn at the last rank, where
+    /// chunk 0's output is chunk 1's input and chunk 1's input gradient chunk 0's output
+    /// gradient, with no transfer.
+    fn local_peer(&self, vs: u64) -> bool {
+        let mp = &self.plan.parallel.model_parallel;
+        mp.schedule == PipelineSchedule::DualPipeV && mp.rank_of_virtual_stage(vs) == self.plan.stage
+    }
+
     /// The other end of a transfer, as a task name says it.
     fn peer(&self, vs: u64) -> Peer {
         let mp = &self.plan.parallel.model_parallel;
-        Peer { vs, pipeline: mp.pipeline, dualpipe: mp.schedule == PipelineSchedule::DualPipe }
+        Peer { vs, pipeline: mp.pipeline, schedule: mp.schedule }
     }
 
     /// DeepSpeed's pipeline engine with tensor parallelism partitions each stage output it
@@ -259,7 +297,7 @@ impl Builder<'_> {
     fn pipeline_step(&mut self, step: u32) {
         self.begin_step();
         self.megatron_step_start(step);
-        if self.plan.parallel.model_parallel.schedule == PipelineSchedule::DualPipe {
+        if self.plan.parallel.model_parallel.schedule.is_dualpipe() {
             self.dualpipe_passes(step);
         } else {
             self.scheduled_passes(step);
@@ -350,7 +388,7 @@ impl Builder<'_> {
         let tied = self.dag.embedding_copy_params();
         // DualPipe's end ranks hold the embedding and the head themselves; the two copies
         // of each are reduced with the rest of their stage's gradients.
-        let dualpipe = self.plan.parallel.model_parallel.schedule == crate::plan::PipelineSchedule::DualPipe;
+        let dualpipe = self.plan.parallel.model_parallel.schedule.is_dualpipe();
         if p < 2 || tied == 0 || (k != 0 && k != p - 1) || dualpipe {
             return;
         }
@@ -386,18 +424,18 @@ impl Builder<'_> {
 struct Peer {
     vs: u64,
     pipeline: u64,
-    dualpipe: bool,
+    schedule: PipelineSchedule,
 }
 
 impl std::fmt::Display for Peer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let p = self.pipeline;
-        match (self.dualpipe, self.vs >= p) {
-            (false, _) => write!(f, "virtual stage {}", self.vs),
-            (true, false) => write!(f, "pipeline rank {} (stage {}, forward direction)", self.vs, self.vs),
-            (true, true) => {
-                write!(f, "pipeline rank {} (stage {}, reverse direction)", 2 * p - 1 - self.vs, self.vs - p)
-            }
+        let (p, vs) = (self.pipeline, self.vs);
+        let rank = if vs >= p { 2 * p - 1 - vs } else { vs };
+        match self.schedule {
+            PipelineSchedule::DualPipe if vs < p => write!(f, "pipeline rank {rank} (stage {vs}, forward direction)"),
+            PipelineSchedule::DualPipe => write!(f, "pipeline rank {rank} (stage {}, reverse direction)", vs - p),
+            PipelineSchedule::DualPipeV => write!(f, "pipeline rank {rank} (virtual stage {vs})"),
+            _ => write!(f, "virtual stage {vs}"),
         }
     }
 }
