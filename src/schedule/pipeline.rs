@@ -430,7 +430,8 @@ struct Peer {
 impl std::fmt::Display for Peer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let (p, vs) = (self.pipeline, self.vs);
-        let rank = if vs >= p { 2 * p - 1 - vs } else { vs };
+        // Under DualPipe and DualPipeV virtual stages run to 2p - 1.
+        let rank = if vs >= p { (2 * p - 1).saturating_sub(vs) } else { vs };
         match self.schedule {
             PipelineSchedule::DualPipe if vs < p => write!(f, "pipeline rank {rank} (stage {vs}, forward direction)"),
             PipelineSchedule::DualPipe => write!(f, "pipeline rank {rank} (stage {}, reverse direction)", vs - p),
