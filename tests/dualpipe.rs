@@ -26,6 +26,21 @@ fn scenario(parallel: &str, training: &str) -> Scenario {
 }
 
 const MEGATRON: &str = "framework = \"megatron\"\npipeline = 4";
+/// When rank `k`'s first forward kernel of micro-batch `mb` in step 1 starts, ns.
+fn first_forward(sim: &stepsim::Simulation, k: usize, mb: u32) -> u64 {
+    let sched = &sim.job.classes[k].schedule;
+    let tasks = &sched.program.tasks;
+    (0..tasks.len())
+        .filter(|&i| {
+            let l = &sched.labels[tasks[i].label as usize];
+            let compute = sched.program.streams[tasks[i].stream as usize] == "compute";
+            l.step == 1 && l.micro_batch == mb && l.phase == Phase::Forward && compute
+        })
+        .map(|i| sim.run.traces[k].start_ns[i])
+        .min()
+        .unwrap()
+}
+
 const DUALPIPE: &str = "framework = \"megatron\"\npipeline = 4\nschedule = \"dualpipe\"";
 
 /// Rank k holds model stages k and p - 1 - k: the end ranks the embedding, the head and
@@ -67,27 +82,8 @@ fn each_rank_holds_two_mirrored_stages_and_shards_over_both_copies() {
 fn both_directions_cross_the_pipeline() {
     let m = 8u32;
     let sim = stepsim::simulate(&scenario(DUALPIPE, &format!("grad_accum = {m}"))).unwrap();
-    let first_start = |k: usize, mb: u32| -> u64 {
-        let sched = &sim.job.classes[k].schedule;
-        let tr = &sim.run.traces[k];
-        sched
-            .program
-            .tasks
-            .iter()
-            .enumerate()
-            .filter(|(_, t)| {
-                let l = &sched.labels[t.label as usize];
-                l.step == 1
-                    && l.micro_batch == mb
-                    && l.phase == Phase::Forward
-                    && sched.program.streams[t.stream as usize] == "compute"
-            })
-            .map(|(i, _)| tr.start_ns[i])
-            .min()
-            .unwrap()
-    };
-    let fwd: Vec<u64> = (0..4).map(|k| first_start(k, 0)).collect();
-    let rev: Vec<u64> = (0..4).map(|k| first_start(k, m / 2)).collect();
+    let fwd: Vec<u64> = (0..4).map(|k| first_forward(&sim, k, 0)).collect();
+    let rev: Vec<u64> = (0..4).map(|k| first_forward(&sim, k, m / 2)).collect();
     assert!(fwd.windows(2).all(|w| w[0] < w[1]), "forward direction {fwd:?}");
     assert!(rev.windows(2).all(|w| w[0] > w[1]), "reverse direction {rev:?}");
     for k in 0..4 {
@@ -261,18 +257,7 @@ fn dualpipev_holds_one_copy_in_a_v() {
 fn dualpipev_turns_at_the_last_rank_without_a_transfer() {
     let m = 8usize;
     let sim = stepsim::simulate(&scenario(DUALPIPEV, &format!("grad_accum = {m}"))).unwrap();
-    let first_start = |k: usize, mb: u32| -> u64 {
-        let sched = &sim.job.classes[k].schedule;
-        (0..sched.program.tasks.len())
-            .filter(|&i| {
-                let l = &sched.labels[sched.program.tasks[i].label as usize];
-                l.step == 1 && l.micro_batch == mb && l.phase == Phase::Forward
-            })
-            .map(|i| sim.run.traces[k].start_ns[i])
-            .min()
-            .unwrap()
-    };
-    let starts: Vec<u64> = (0..4).map(|k| first_start(k, 0)).collect();
+    let starts: Vec<u64> = (0..4).map(|k| first_forward(&sim, k, 0)).collect();
     assert!(starts.windows(2).all(|w| w[0] < w[1]), "{starts:?}");
     let sched = &sim.job.classes[3].schedule;
     let step1 = |pre: &str| sched.labels.iter().filter(|l| l.step == 1 && l.what.starts_with(pre)).count();

@@ -761,6 +761,24 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
     })
 }
 
+/// A DualPipe schedule as a variant (its forward-backward pairs replace Megatron's all-to-all
+/// overlap, which it refuses beside them), or the reason it is not offered.
+fn offer_dualpipe(
+    out: &mut Vec<(String, Scenario)>,
+    why: &mut Vec<String>,
+    refusal: Option<String>,
+    mut v: Scenario,
+    label: &str,
+) {
+    match refusal {
+        Some(w) => why.push(w),
+        None => {
+            v.parallel.megatron.overlap_moe_expert_parallel_comm = false;
+            out.push((label.to_string(), v));
+        }
+    }
+}
+
 /// The pipeline schedules a job could switch to, each as its framework and stepsim's
 /// validation take it; Err with the reasons where none can.
 fn schedule_variants(s: &Scenario) -> Result<Vec<(String, Scenario)>, String> {
@@ -818,17 +836,7 @@ fn schedule_variants(s: &Scenario) -> Result<Vec<(String, Scenario)>, String> {
         } else {
             None
         };
-        match dualpipe_refusal {
-            Some(w) => why.push(w),
-            None => {
-                let mut v = with(P::DualPipe, 1);
-                v.parallel.megatron.overlap_moe_expert_parallel_comm = false;
-                out.push((
-                    "schedule dualpipe: micro-batches from both ends, each rank holding stages k and p - 1 - k (parameters twice), forwards beside the other direction's backwards".to_string(),
-                    v,
-                ));
-            }
-        }
+        offer_dualpipe(&mut out, &mut why, dualpipe_refusal, with(P::DualPipe, 1), "schedule dualpipe: micro-batches from both ends, each rank holding stages k and p - 1 - k (parameters twice), forwards beside the other direction's backwards");
     }
     if mp.schedule != P::DualPipeV {
         let refusal = if s.parallel.framework != Framework::Megatron {
@@ -844,17 +852,7 @@ fn schedule_variants(s: &Scenario) -> Result<Vec<(String, Scenario)>, String> {
         } else {
             None
         };
-        match refusal {
-            Some(w) => why.push(w),
-            None => {
-                let mut v = with(P::DualPipeV, 2);
-                v.parallel.megatron.overlap_moe_expert_parallel_comm = false;
-                out.push((
-                    "schedule dualpipev: each micro-batch down the ranks and back up, DualPipe's overlapped pairs and zero-bubble passes with one copy of the model".to_string(),
-                    v,
-                ));
-            }
-        }
+        offer_dualpipe(&mut out, &mut why, refusal, with(P::DualPipeV, 2), "schedule dualpipev: each micro-batch down the ranks and back up, DualPipe's overlapped pairs and zero-bubble passes with one copy of the model");
     }
     if out.is_empty() {
         return Err(if why.is_empty() {
