@@ -829,8 +829,6 @@ fn schedule_variants(s: &Scenario) -> Result<Vec<(String, Scenario)>, String> {
             Some(format!("DualPipe needs an even pipeline, got {p}"))
         } else if m % 2 != 0 || m < 2 * p {
             Some(format!("DualPipe needs an even grad_accum of at least {}, got {m}", 2 * p))
-        } else if s.parallel.megatron.overlap_grad_reduce {
-            Some("DualPipe is not simulated with --overlap-grad-reduce yet".to_string())
         } else if mp.virtual_stages > 1 && !mp.stage_layers.is_empty() {
             Some("DualPipe would need a split per stage (parallel.stage_layers is per virtual stage)".to_string())
         } else {
@@ -843,8 +841,6 @@ fn schedule_variants(s: &Scenario) -> Result<Vec<(String, Scenario)>, String> {
             Some("DualPipeV is simulated under Megatron only".to_string())
         } else if m < 2 * p {
             Some(format!("DualPipeV needs a grad_accum of at least {}, got {m}", 2 * p))
-        } else if s.parallel.megatron.overlap_grad_reduce {
-            Some("DualPipeV is not simulated with --overlap-grad-reduce yet".to_string())
         } else if !mp.stage_layers.is_empty() && mp.virtual_stages != 2 {
             Some("DualPipeV would need a split per virtual stage (parallel.stage_layers)".to_string())
         } else if layers < 2 * p {

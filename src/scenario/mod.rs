@@ -664,12 +664,6 @@ fn dualpipe_rules(v: &V, parallel: &ParallelConfig, grad_accum: u64) -> Result<(
             "DualPipe and DualPipeV are simulated on Megatron-style ranks (parallel.framework = \"megatron\", sharding \"none\" or \"zero1\"), as DeepSeek-V3 trained with DualPipe",
         ));
     }
-    if parallel.megatron.overlap_grad_reduce {
-        return Err(v.err(
-            "megatron.overlap_grad_reduce",
-            "is not simulated with DualPipe or DualPipeV yet: their deferred weight-gradient passes end the step, and gradients are reduced after them; leave it unset",
-        ));
-    }
     Ok(())
 }
 

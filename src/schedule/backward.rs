@@ -159,7 +159,7 @@ impl Builder<'_> {
         }
         let defer = self.defers_wgrad(op);
         let t = if op.column_parallel {
-            self.column_parallel_backward(st, op, u, deps, alloc, n_input_grads)
+            self.column_parallel_backward(st, (i, op), u, deps, alloc, n_input_grads)
         } else if defer {
             let (secs, share) = self.cost.backward_split(op);
             self.hw_flops += op.bwd_flops;
@@ -174,6 +174,8 @@ impl Builder<'_> {
             let d = self.task(COMPUTE, secs * share, deps, alloc, label(what, dgrad_flops, share));
             let what = text!(self.names, "{} (weight grad, deferred)", op.name);
             self.wgrad.cache.push(super::dualpipe::DeferredWgrad {
+                op: i,
+                bucket: None,
                 seconds: secs * (1.0 - share),
                 deps: Vec::new(),
                 alloc: wgrad_alloc,

@@ -145,6 +145,11 @@ fn phases(half: u64, h: u64, n: u32, flip: usize, middle: bool, mb: impl Fn(usiz
 /// issued, and the buffers it reads, freed when it ends.
 #[derive(Debug)]
 pub(super) struct DeferredWgrad {
+    /// The op whose weight gradient this is.
+    pub op: usize,
+    /// Megatron's gradient bucket the op closes, reduced once this GEMM has run:
+    /// (step, micro-batch).
+    pub bucket: Option<(u32, u32)>,
     pub seconds: f64,
     pub deps: Vec<u32>,
     pub alloc: Vec<u32>,
@@ -169,8 +174,17 @@ impl Builder<'_> {
         let order =
             if mp.schedule == crate::plan::PipelineSchedule::DualPipeV { order_v(p, k, m) } else { order(p, k, m) };
         let mut pending = HashMap::new();
-        for slot in order {
+        // Each chunk's last backward of the step: where Megatron's --overlap-grad-reduce
+        // reduces its buckets.
+        let backward_of = |s: &Slot| match *s {
+            Slot::B(c, _, _) | Slot::FB(_, (c, _)) => Some(c),
+            _ => None,
+        };
+        let last_bwd: Vec<Option<usize>> =
+            (0..2).map(|c| order.iter().rposition(|s| backward_of(s) == Some(c))).collect();
+        for (n, slot) in order.into_iter().enumerate() {
             self.mark_period();
+            let sync = |c: usize| last_bwd[c] == Some(n);
             match slot {
                 Slot::F(c, mb) => {
                     let f = self.forward(step, mb, c);
@@ -179,7 +193,7 @@ impl Builder<'_> {
                 Slot::B(c, mb, zb) => {
                     let f = pending.remove(&(mb, c)).expect("DualPipe runs a backward after its forward");
                     self.wgrad.enabled = zb;
-                    self.backward(step, mb, c, f, false, false);
+                    self.backward(step, mb, c, f, false, sync(c));
                     self.wgrad.enabled = false;
                     if zb {
                         let cache = std::mem::take(&mut self.wgrad.cache);
@@ -189,7 +203,7 @@ impl Builder<'_> {
                 Slot::W => self.deferred_weight_grads(),
                 Slot::FB((fc, fmb), (bc, bmb)) => {
                     let fwd = pending.remove(&(bmb, bc)).expect("DualPipe runs a backward after its forward");
-                    let b = PairedBackward { mb: bmb, chunk: bc, fwd, last_mb: false, sync_grads: false };
+                    let b = PairedBackward { mb: bmb, chunk: bc, fwd, last_mb: false, sync_grads: sync(bc) };
                     let f = self.forward_backward(step, fmb, fc, b);
                     pending.insert((fmb, fc), f);
                 }
@@ -205,6 +219,9 @@ impl Builder<'_> {
         for d in group {
             let t = self.task(COMPUTE, d.seconds, d.deps, d.alloc, d.label);
             self.free_at(t, &d.frees);
+            if let (Some((step, mb)), Some(k)) = (d.bucket, self.mg_buckets.of_op[d.op]) {
+                self.megatron_bucket_reduce(step, mb, k as usize, t);
+            }
             last = Some(t);
         }
         self.step_comm.extend(last);

@@ -159,10 +159,23 @@ impl Builder<'_> {
             return;
         }
         let Some(k) = self.mg_buckets.of_op[i] else { return };
-        let k = k as usize;
-        if self.mg_buckets.first_op[k] != i {
+        if self.mg_buckets.first_op[k as usize] != i {
             return;
         }
+        // A zero-bubble backward (DualPipe) deferred some of the bucket's weight gradients:
+        // the bucket is ready when the last of them, the lowest op's, has run in its W pass
+        // (as Megatron-Core's hooks fire after Transformer Engine's delayed wgrad).
+        let deferred = self.wgrad.cache.iter_mut().rev().find(|w| self.mg_buckets.of_op[w.op] == Some(k));
+        if let Some(w) = deferred {
+            w.bucket = Some((st.step, st.mb));
+            return;
+        }
+        self.megatron_bucket_reduce(st.step, st.mb, k as usize, t);
+    }
+
+    /// Bucket `k`'s reduction (micro-batch `mb` of `step`), once task `t` has made its
+    /// gradients ready.
+    pub(super) fn megatron_bucket_reduce(&mut self, step: u32, mb: u32, k: usize, t: u32) {
         let g = self.pr().grad.bytes();
         let (bytes, expert) = (self.mg_buckets.elements[k] * g, self.mg_buckets.expert_elements[k] * g);
         let (coll, kind, what) = match self.plan.parallel.sharding {
@@ -171,9 +184,9 @@ impl Builder<'_> {
         };
         let secs = self.cost.dp_collective_s(coll, bytes, expert);
         let label = TaskLabel::new(
-            st.step,
+            step,
             Phase::Backward,
-            st.mb,
+            mb,
             text!(self.names, "{what} gradient bucket {k} ({} elements, Megatron DDP)", self.mg_buckets.elements[k]),
             kind,
             None,

@@ -97,7 +97,7 @@ impl Builder<'_> {
     pub(super) fn column_parallel_backward(
         &mut self,
         st: &mut Bwd,
-        op: &Op,
+        (i, op): (usize, &Op),
         u: usize,
         deps: Vec<u32>,
         mut alloc: Vec<u32>,
@@ -127,6 +127,8 @@ impl Builder<'_> {
         if self.defers_wgrad(op) {
             let what = text!(self.names, "{} (weight grad, deferred)", op.name);
             self.wgrad.cache.push(super::dualpipe::DeferredWgrad {
+                op: i,
+                bucket: None,
                 seconds: secs * (1.0 - dgrad_share),
                 deps: wdeps,
                 alloc: wgrad_alloc,
