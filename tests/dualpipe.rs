@@ -181,14 +181,13 @@ fn what_dualpipe_needs_is_refused_with_the_field_named() {
         assert!(err.contains(field), "{err}");
         assert!(err.contains(says), "{err}");
     }
-    let err = Scenario::from_toml(
-        Path::new("<dualpipe>"),
-        &format!("{}[megatron]\noverlap_grad_reduce = true\n", toml(DUALPIPE, "grad_accum = 8")),
-    )
-    .err()
-    .unwrap()
-    .to_string();
-    assert!(err.contains("megatron.overlap_grad_reduce"), "{err}");
+    // DualPipe pairs its passes by itself: Megatron's all-to-all overlap is refused beside it.
+    let text = toml(&format!("{DUALPIPE}\nexpert = 2"), "grad_accum = 8")
+        .replace("family = \"gpt\"", "family = \"llama\"\nffn_hidden = 5632")
+        .replace("[hardware]", "[model.moe]\nnum_experts = 4\ntop_k = 2\nexpert_ffn_hidden = 2048\n[hardware]")
+        + "[megatron]\noverlap_moe_expert_parallel_comm = true\n";
+    let err = Scenario::from_toml(Path::new("<dualpipe>"), &text).err().unwrap().to_string();
+    assert!(err.contains("megatron.overlap_moe_expert_parallel_comm") && err.contains("DualPipe"), "{err}");
 }
 
 /// `explain` offers the pipeline schedules a job could switch to, each re-simulated: for a
