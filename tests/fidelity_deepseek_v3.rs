@@ -86,3 +86,30 @@ fn deepseek_v3_pretraining_throughput_under_dualpipe() {
     }
     assert!((dual / published - 1.0).abs() < 0.15, "DualPipe {dual:.0} vs published {published:.0}");
 }
+
+/// What `explain` says about the same job under full recomputation on the H800's own 80 GB: a
+/// middle rank runs out of memory in backward, and the largest things live are the activation
+/// gradients and recomputed activations of several micro-batches, which DualPipe's
+/// zero-bubble backwards keep for their W passes. The live list says so (the OOM's own live
+/// set, as `explain` reads it, without the counterfactual runs).
+#[test]
+fn explain_names_what_the_w_passes_hold() {
+    let text = SCENARIO
+        .replace("memory_capacity = \"300GB\"\n", "")
+        .replace("[fp8]\nrecipe = \"blockwise\"\n", "")
+        .replace(
+            "activation_checkpointing = \"selective\"\nrecompute_modules = [\"layernorm\", \"mla_up_proj\"]",
+            "activation_checkpointing = \"full\"",
+        )
+        .replace("[parallel]\n", "[parallel]\nschedule = \"dualpipe\"\n");
+    let s = Scenario::from_toml(Path::new("<deepseek-v3>"), &text).unwrap_or_else(|e| panic!("{e}"));
+    let sim = stepsim::simulate(&s).unwrap();
+    let stepsim::report::Verdict::Oom(o) = &sim.report.verdict else { panic!("fits") };
+    assert_eq!(o.at.phase, stepsim::schedule::Phase::Backward);
+    let live = sim.trace().oom.as_ref().unwrap().live.clone();
+    let lines = stepsim::explain::live::from_buffers(&s, &sim, &live, o.at.layer, o.at.phase);
+    for l in &lines[..2] {
+        println!("{:>10.2} GB  {}", l.size.bytes as f64 / 1e9, l.reason);
+        assert!(l.reason.contains("held until their W passes"), "{}", l.reason);
+    }
+}

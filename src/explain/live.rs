@@ -42,7 +42,15 @@ pub fn live_at_sample(sim: &Simulation, index: usize) -> Vec<u32> {
 
 /// The layer a buffer belongs to, from the names the scheduler gives ("layers.37...").
 fn layer_of(name: &str) -> Option<u64> {
+    // An activation's gradient is named after it ("grad of layers.3.mlp.out ...").
+    let name = name.strip_prefix("grad of ").unwrap_or(name);
     name.strip_prefix("layers.")?.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
+/// The micro-batches live buffers' names mention ("... (micro-batch 3)", "... (recomputed,
+/// micro-batch 3)").
+fn micro_batches(names: &[String]) -> BTreeSet<u64> {
+    names.iter().filter_map(|x| x.rsplit_once("micro-batch ")?.1.split(')').next()?.parse().ok()).collect()
 }
 
 fn ranges(set: &BTreeSet<u64>) -> String {
@@ -315,11 +323,27 @@ pub fn from_buffers(
                 }
             }
             Category::Recomputed => {
-                format!("activations recomputed for the backward of layer(s) {}", ranges(&layers[c]))
+                let mbs = micro_batches(&names[c]);
+                if plan.parallel.model_parallel.schedule.is_dualpipe() && mbs.len() > 1 {
+                    format!(
+                        "activations recomputed for the backward of layer(s) {} of {} micro-batches: those of zero-bubble backwards are held until their W passes (the deferred weight-gradient GEMMs read them)",
+                        ranges(&layers[c]),
+                        mbs.len()
+                    )
+                } else {
+                    format!("activations recomputed for the backward of layer(s) {}", ranges(&layers[c]))
+                }
             }
             Category::Transient => "forward intermediates not kept for backward, and kernel scratch".to_string(),
             Category::ActivationGradients => {
-                if layers[c].is_empty() {
+                let mbs = micro_batches(&names[c]);
+                if plan.parallel.model_parallel.schedule.is_dualpipe() && mbs.len() > 1 {
+                    format!(
+                        "gradients w.r.t. activations of layer(s) {} of {} micro-batches: those of zero-bubble backwards are held until their W passes (the deferred weight-gradient GEMMs read them)",
+                        ranges(&layers[c]),
+                        mbs.len()
+                    )
+                } else if layers[c].is_empty() {
                     "gradients w.r.t. activations: the loss's vocabulary-sized gradients and the head's".to_string()
                 } else {
                     format!("gradients w.r.t. activations of layer(s) {} being differentiated", ranges(&layers[c]))
@@ -396,6 +420,9 @@ mod tests {
         assert_eq!(layer_of("layers.37.mlp.c_fc.out (micro-batch 0)"), Some(37));
         assert_eq!(layer_of("layers.5 gathered for backward (bf16)"), Some(5));
         assert_eq!(layer_of("norm.out"), None);
+        assert_eq!(layer_of("grad of layers.12.attention.out (micro-batch 3)"), Some(12));
+        let names = ["grad of a (micro-batch 3)".to_string(), "x (recomputed, micro-batch 12)".into(), "y".into()];
+        assert_eq!(micro_batches(&names).into_iter().collect::<Vec<_>>(), [3, 12]);
         let s: BTreeSet<u64> = [0, 1, 2, 5, 7, 8].into_iter().collect();
         assert_eq!(ranges(&s), "0-2, 5, 7-8");
     }
