@@ -232,8 +232,24 @@ impl Builder<'_> {
 mod tests {
     use super::*;
 
+    /// Forwards, backwards per chunk, W passes and deferring backwards; panics if a backward
+    /// comes before its own forward (the builder's `expect` relies on it).
     fn count(o: &[Slot]) -> ([u32; 2], [u32; 2], usize, usize) {
         let (mut f, mut b, mut w, mut zb) = ([0; 2], [0; 2], 0, 0);
+        let mut done = std::collections::HashSet::new();
+        for s in o {
+            match *s {
+                Slot::F(c, mb) => {
+                    done.insert((c, mb));
+                }
+                Slot::B(c, mb, _) => assert!(done.contains(&(c, mb)), "{s:?} before its forward"),
+                Slot::FB(fw, bw) => {
+                    assert!(done.contains(&bw), "{s:?}: backward before its forward");
+                    done.insert(fw);
+                }
+                Slot::W => {}
+            }
+        }
         for s in o {
             match *s {
                 Slot::F(c, _) => f[c] += 1,
