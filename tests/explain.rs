@@ -113,6 +113,12 @@ fn a_run_near_capacity_is_explained_and_one_far_from_it_is_not() {
     let e = explain::explain(&s, &sim, 0.9);
     assert_eq!(e.status, "near_capacity");
     assert!(!e.live.is_empty() && !e.counterfactuals.is_empty());
+    // A job that fits is not searched for the fewest GPUs that fit: the first doubling is
+    // shown as such, never as the original count "not fitting".
+    let gpus: Vec<_> = e.counterfactuals.iter().filter(|c| c.change.starts_with("GPUs ")).collect();
+    assert_eq!(gpus.len(), 1);
+    let note = gpus[0].note.as_deref().unwrap();
+    assert!(note.contains("fits on its 1 GPU already") && !note.contains("do not"), "{note}");
 }
 
 #[test]

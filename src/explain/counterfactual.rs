@@ -921,14 +921,15 @@ fn unbounded(s: &Scenario) -> Option<crate::report::Report> {
 /// A change that leaves the run out of memory with the original's peak and step time is
 /// reported as having no effect; "more GPUs" is narrowed by bisection to the smallest count
 /// that fits; when no single change fits, pairs with full checkpointing are tried.
-pub fn run_all(s: &Scenario, _sim: &Simulation) -> Vec<Counterfactual> {
+pub fn run_all(s: &Scenario, sim: &Simulation) -> Vec<Counterfactual> {
+    let fits_now = matches!(sim.report.verdict, Verdict::Fits { .. });
     let base = unbounded(s);
     let base_tps = base.as_ref().and_then(|x| x.throughput.as_ref().map(|t| t.tokens_per_s_per_gpu));
     let base_peak = base.as_ref().and_then(|x| x.peak.as_ref().map(|p| p.allocated.bytes));
     let base_step = base.as_ref().and_then(|x| x.throughput.as_ref().map(|t| t.step_time_s));
     // Only these figures are read from here on; the simulation itself is large.
     drop(base);
-    let mut out = single_changes(s, base_tps);
+    let mut out = single_changes(s, base_tps, fits_now);
     for c in out.iter_mut() {
         let same = c.fits == Some(false)
             && c.capacity == s.allocator_capacity()
@@ -964,7 +965,7 @@ fn skipped(name: &str, gpus: u64, why: String) -> Counterfactual {
     }
 }
 
-fn single_changes(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
+fn single_changes(s: &Scenario, base_tps: Option<f64>, fits_now: bool) -> Vec<Counterfactual> {
     let mut jobs: Vec<(usize, String, Scenario)> = Vec::new();
     let mut skips: Vec<(usize, Counterfactual)> = Vec::new();
     for (which, name) in COUNTERFACTUAL_NAMES.iter().enumerate() {
@@ -1000,7 +1001,16 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
     let mut out: Vec<(usize, Counterfactual)> = Vec::new();
     for which in 0..COUNTERFACTUAL_NAMES.len() {
         let mine: Vec<&Counterfactual> = done.iter().filter(|(w, _)| *w == which).map(|(_, c)| c).collect();
-        if which == 4 && !mine.is_empty() {
+        if which == 4 && !mine.is_empty() && fits_now {
+            // A job explained near its capacity already fits: the first doubling, for what
+            // it does to the peak and the speed; no search for a count that fits.
+            let mut c = mine[0].clone();
+            let n = s.cluster.gpus;
+            let gpus = if n == 1 { "GPU" } else { "GPUs" };
+            c.note =
+                Some(format!("the job fits on its {n} {gpus} already: the first doubling, for its peak and speed"));
+            out.push((which, c));
+        } else if which == 4 && !mine.is_empty() {
             out.push((which, fewest_gpus(s, &mine, base_tps)));
         } else if which == CONTEXT && !mine.is_empty() {
             // The smallest ring that fits, else the largest tried.
