@@ -47,6 +47,15 @@ fn layer_of(name: &str) -> Option<u64> {
     name.strip_prefix("layers.")?.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
 }
 
+/// Under DualPipe, buffers of several micro-batches: "of n micro-batches: ..." saying why
+/// (zero-bubble backwards keep what their deferred weight-gradient GEMMs read).
+fn held_for_w(plan: &crate::plan::Plan, names: &[String]) -> Option<String> {
+    let n = micro_batches(names).len();
+    (plan.parallel.model_parallel.schedule.is_dualpipe() && n > 1).then(|| {
+        format!("of {n} micro-batches: those of zero-bubble backwards are held until their W passes (the deferred weight-gradient GEMMs read them)")
+    })
+}
+
 /// The micro-batches live buffers' names mention ("... (micro-batch 3)", "... (recomputed,
 /// micro-batch 3)").
 fn micro_batches(names: &[String]) -> BTreeSet<u64> {
@@ -323,26 +332,13 @@ pub fn from_buffers(
                 }
             }
             Category::Recomputed => {
-                let mbs = micro_batches(&names[c]);
-                if plan.parallel.model_parallel.schedule.is_dualpipe() && mbs.len() > 1 {
-                    format!(
-                        "activations recomputed for the backward of layer(s) {} of {} micro-batches: those of zero-bubble backwards are held until their W passes (the deferred weight-gradient GEMMs read them)",
-                        ranges(&layers[c]),
-                        mbs.len()
-                    )
-                } else {
-                    format!("activations recomputed for the backward of layer(s) {}", ranges(&layers[c]))
-                }
+                let what = format!("activations recomputed for the backward of layer(s) {}", ranges(&layers[c]));
+                held_for_w(plan, &names[c]).map_or(what.clone(), |held| format!("{what} {held}"))
             }
             Category::Transient => "forward intermediates not kept for backward, and kernel scratch".to_string(),
             Category::ActivationGradients => {
-                let mbs = micro_batches(&names[c]);
-                if plan.parallel.model_parallel.schedule.is_dualpipe() && mbs.len() > 1 {
-                    format!(
-                        "gradients w.r.t. activations of layer(s) {} of {} micro-batches: those of zero-bubble backwards are held until their W passes (the deferred weight-gradient GEMMs read them)",
-                        ranges(&layers[c]),
-                        mbs.len()
-                    )
+                if let Some(held) = held_for_w(plan, &names[c]) {
+                    format!("gradients w.r.t. activations of layer(s) {} {held}", ranges(&layers[c]))
                 } else if layers[c].is_empty() {
                     "gradients w.r.t. activations: the loss's vocabulary-sized gradients and the head's".to_string()
                 } else {
