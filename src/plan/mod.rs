@@ -265,9 +265,7 @@ impl PipelineSchedule {
     pub fn is_dualpipe(self) -> bool {
         matches!(self, PipelineSchedule::DualPipe | PipelineSchedule::DualPipeV)
     }
-}
 
-impl PipelineSchedule {
     pub fn name(self) -> &'static str {
         match self {
             PipelineSchedule::Gpipe => "gpipe",
@@ -1147,37 +1145,24 @@ impl Plan {
         let (p, v) = (mp.pipeline, mp.virtual_stages);
         let sizes = mp.virtual_stage_layers(n_layers);
         let mut out = vec![Vec::new(); p as usize];
-        if mp.schedule == PipelineSchedule::DualPipeV {
-            // Rank k: virtual stages k (down the V) and 2p - 1 - k (back up).
+        if mp.schedule.is_dualpipe() {
+            // Rank k holds two chunks: under DualPipe model stage k of the forward direction
+            // (virtual stage k) and stage p - 1 - k of the reverse (virtual stage 2p - 1 - k);
+            // under DualPipeV virtual stages k (down the V) and 2p - 1 - k (back up).
             let starts: Vec<u64> = sizes.iter().scan(0, |a, &n| Some(std::mem::replace(a, *a + n))).collect();
-            let last = 2 * p - 1;
-            let chunk = |vs: u64| Chunk {
-                virtual_stage: vs,
-                first_block: starts[vs as usize],
-                end_block: starts[vs as usize] + sizes[vs as usize],
-                embed: vs == 0,
-                head: vs == last,
-                mtp: if vs == last { mtp } else { 0 },
-            };
-            for k in 0..p {
-                out[k as usize] = vec![chunk(k), chunk(last - k)];
-            }
-            return out;
-        }
-        if mp.schedule == PipelineSchedule::DualPipe {
-            // Rank k: model stage k of the forward direction (virtual stage k), then model
-            // stage p - 1 - k of the reverse direction (virtual stage p + p - 1 - k).
-            let starts: Vec<u64> = sizes.iter().scan(0, |a, &n| Some(std::mem::replace(a, *a + n))).collect();
-            let stage = |s: u64, vs: u64| Chunk {
+            let last = sizes.len() as u64 - 1;
+            let chunk = |s: u64, vs: u64| Chunk {
                 virtual_stage: vs,
                 first_block: starts[s as usize],
                 end_block: starts[s as usize] + sizes[s as usize],
                 embed: s == 0,
-                head: s + 1 == p,
-                mtp: if s + 1 == p { mtp } else { 0 },
+                head: s == last,
+                mtp: if s == last { mtp } else { 0 },
             };
             for k in 0..p {
-                out[k as usize] = vec![stage(k, k), stage(p - 1 - k, 2 * p - 1 - k)];
+                let back = 2 * p - 1 - k;
+                let second = if mp.schedule == PipelineSchedule::DualPipe { p - 1 - k } else { back };
+                out[k as usize] = vec![chunk(k, k), chunk(second, back)];
             }
             return out;
         }

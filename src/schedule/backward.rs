@@ -161,28 +161,7 @@ impl Builder<'_> {
         let t = if op.column_parallel {
             self.column_parallel_backward(st, (i, op), u, deps, alloc, n_input_grads)
         } else if defer {
-            let (secs, share) = self.cost.backward_split(op);
-            self.hw_flops += op.bwd_flops;
-            let (bytes, dgrad_flops) = (self.cost.backward_bytes(op) as f64, op.fwd_flops.min(op.bwd_flops));
-            let label = |what: String, flops: f64, share: f64| {
-                TaskLabel::new(step, Phase::Backward, mb, what, TaskKind::Backward, Some(u))
-                    .with_region(op.region)
-                    .with_work(flops, (bytes * share) as u64)
-            };
-            let wgrad_alloc = alloc.split_off(n_input_grads);
-            let what = text!(self.names, "{} (input grad)", op.name);
-            let d = self.task(COMPUTE, secs * share, deps, alloc, label(what, dgrad_flops, share));
-            let what = text!(self.names, "{} (weight grad, deferred)", op.name);
-            self.wgrad.cache.push(super::dualpipe::DeferredWgrad {
-                op: i,
-                bucket: None,
-                seconds: secs * (1.0 - share),
-                deps: Vec::new(),
-                alloc: wgrad_alloc,
-                frees: Vec::new(),
-                label: label(what, op.bwd_flops - dgrad_flops, 1.0 - share),
-            });
-            d
+            self.split_backward((step, mb), (i, op), u, deps, alloc, n_input_grads, Vec::new()).1
         } else {
             let secs = self.cost.backward_split(op).0;
             self.hw_flops += op.bwd_flops;
@@ -250,6 +229,54 @@ impl Builder<'_> {
         }
         self.step_comm.push(st.last_bwd_task);
         self.deepspeed_micro_batch_epilogue(step, mb);
+    }
+
+    /// A matmul's backward as its two GEMMs, the input gradient's (allocating the first
+    /// `n_input_grads` of `alloc`) after `deps`, then the weight gradient's (the rest) after
+    /// `wdeps`, or, in a zero-bubble backward, queued for a later `W` pass. Returns the
+    /// input-gradient task and the op's last (the weight gradient's, or the input
+    /// gradient's when deferred). Megatron's column-parallel linears run their input
+    /// gradient's collective between the two ([`Builder::column_parallel_backward`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn split_backward(
+        &mut self,
+        (step, mb): (u32, u32),
+        (i, op): (usize, &Op),
+        u: usize,
+        deps: Vec<u32>,
+        mut alloc: Vec<u32>,
+        n_input_grads: usize,
+        wdeps: Vec<u32>,
+    ) -> (u32, u32) {
+        let (secs, dgrad_share) = self.cost.backward_split(op);
+        self.hw_flops += op.bwd_flops;
+        let bytes = self.cost.backward_bytes(op);
+        // The two GEMMs do the same FLOPs (dX = dY W and dW = dY^T X); the HBM bytes split
+        // by time, as the roofline charged them.
+        let label = |what: String, share: f64| {
+            TaskLabel::new(step, Phase::Backward, mb, what, TaskKind::Backward, Some(u))
+                .with_region(op.region)
+                .with_work(op.bwd_flops / 2.0, (bytes as f64 * share) as u64)
+        };
+        let wgrad_alloc = alloc.split_off(n_input_grads);
+        let what = text!(self.names, "{} (input grad)", op.name);
+        let d = self.task(COMPUTE, secs * dgrad_share, deps, alloc, label(what, dgrad_share));
+        let w_secs = secs * (1.0 - dgrad_share);
+        if self.defers_wgrad(op) {
+            let what = text!(self.names, "{} (weight grad, deferred)", op.name);
+            self.wgrad.cache.push(super::dualpipe::DeferredWgrad {
+                op: i,
+                bucket: None,
+                seconds: w_secs,
+                deps: wdeps,
+                alloc: wgrad_alloc,
+                frees: Vec::new(),
+                label: label(what, 1.0 - dgrad_share),
+            });
+            return (d, d);
+        }
+        let what = text!(self.names, "{} (weight grad)", op.name);
+        (d, self.task(COMPUTE, w_secs, wdeps, wgrad_alloc, label(what, 1.0 - dgrad_share)))
     }
 
     /// DualPipe's zero-bubble backward defers this op's weight-gradient GEMM to a later `W`

@@ -195,9 +195,10 @@ struct Builder<'a> {
     blas_workspaces: [bool; 2],
     /// DualPipe's deferred weight gradients (`WeightGradStore`).
     wgrad: dualpipe::WeightGradStore,
-    /// DualPipeV's turn at the last rank: a micro-batch's (forward?) activation or gradient
-    /// buffer passed from one chunk to the other on this rank.
-    handoff: std::collections::HashMap<(u32, bool), u32>,
+    /// DualPipeV's turn at the last rank: each micro-batch's gradient buffer passed from
+    /// chunk 1's backward to chunk 0's on this rank (the activation needs no entry: chunk 1
+    /// reads chunk 0's output where it is).
+    handoff: std::collections::HashMap<u32, u32>,
     /// Transformer Engine's workspaces taken: its GEMMs', its grouped GEMMs'.
     te_workspaces: [bool; 2],
     /// Sharded gradient buffers of the current step, per unit (created by the first reduce).

@@ -144,7 +144,7 @@ impl Builder<'_> {
         let vs = self.chunk_vs[c];
         if self.local_peer(vs + 1) {
             // DualPipeV's turn: the next chunk's input gradient, on this rank.
-            st.grad_buf[y] = self.handoff.remove(&(mb, false));
+            st.grad_buf[y] = self.handoff.remove(&mb);
             return;
         }
         let dag = self.dag;
@@ -183,7 +183,7 @@ impl Builder<'_> {
         if self.local_peer(vs - 1) {
             // DualPipeV's turn: the gradient stays on this rank for the chunk before.
             if let Some(g) = st.grad_buf[x] {
-                self.handoff.insert((mb, false), g);
+                self.handoff.insert(mb, g);
             }
             return;
         }

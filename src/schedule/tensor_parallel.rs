@@ -7,7 +7,7 @@
 
 use super::backward::Bwd;
 use super::forward::FwdPass;
-use super::{Builder, Category, Collective, Phase, TaskKind, TaskLabel, COMPUTE};
+use super::{Builder, Category, Collective, Phase, TaskKind, TaskLabel};
 use crate::model::{CommGroup, Op, TpComm};
 
 impl Builder<'_> {
@@ -100,50 +100,13 @@ impl Builder<'_> {
         (i, op): (usize, &Op),
         u: usize,
         deps: Vec<u32>,
-        mut alloc: Vec<u32>,
+        alloc: Vec<u32>,
         n_input_grads: usize,
     ) -> u32 {
-        let (step, mb) = (st.step, st.mb);
-        let (secs, dgrad_share) = self.cost.backward_split(op);
-        self.hw_flops += op.bwd_flops;
-        let bytes = self.cost.backward_bytes(op);
-        // The two GEMMs do the same FLOPs (dX = dY W and dW = dY^T X); the HBM bytes split
-        // by time, as the roofline charged them.
-        let label = |what: String, share: f64| {
-            TaskLabel::new(step, Phase::Backward, mb, what, TaskKind::Backward, Some(u))
-                .with_region(op.region)
-                .with_work(op.bwd_flops / 2.0, (bytes as f64 * share) as u64)
-        };
-        let wgrad_alloc = alloc.split_off(n_input_grads);
-        let d = self.task(
-            COMPUTE,
-            secs * dgrad_share,
-            deps,
-            alloc,
-            label(text!(self.names, "{} (input grad)", op.name), dgrad_share),
-        );
-        st.dgrad = Some(d);
         let wdeps = st.regather.take().into_iter().collect();
-        if self.defers_wgrad(op) {
-            let what = text!(self.names, "{} (weight grad, deferred)", op.name);
-            self.wgrad.cache.push(super::dualpipe::DeferredWgrad {
-                op: i,
-                bucket: None,
-                seconds: secs * (1.0 - dgrad_share),
-                deps: wdeps,
-                alloc: wgrad_alloc,
-                frees: Vec::new(),
-                label: label(what, 1.0 - dgrad_share),
-            });
-            return d;
-        }
-        self.task(
-            COMPUTE,
-            secs * (1.0 - dgrad_share),
-            wdeps,
-            wgrad_alloc,
-            label(text!(self.names, "{} (weight grad)", op.name), 1.0 - dgrad_share),
-        )
+        let (d, t) = self.split_backward((st.step, st.mb), (i, op), u, deps, alloc, n_input_grads, wdeps);
+        st.dgrad = Some(d);
+        t
     }
 
     /// The forward of a tensor-parallel op: its collective on the TP stream, after the op
