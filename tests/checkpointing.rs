@@ -158,23 +158,43 @@ fn megatron_recompute_modules_drop_what_they_name() {
 /// it alone; "moe" checkpoints the whole layer and keeps less still.
 #[test]
 fn moe_recompute_modules_keep_less_in_order() {
-    let moe = "[model.moe]\nnum_experts = 4\ntop_k = 2\nexpert_ffn_hidden = 1024\n";
-    let kept = |modules: &str| {
-        let toml = format!(
-            "[model]\nfamily = \"llama\"\nn_layers = 2\nhidden = 1024\nn_heads = 8\nffn_hidden = 3584\nvocab = 32000\nmax_seq_len = {T}\n{moe}\
-             [hardware]\ngpu = \"h100-sxm\"\ngpus = 8\n[parallel]\nframework = \"megatron\"\n\
-             [training]\nmicro_batch = 1\nseq_len = {T}\ngrad_accum = 8\nprecision = \"bf16-mixed-adam\"\nactivation_checkpointing = \"selective\"\n{modules}"
-        );
-        let s = Scenario::from_toml(Path::new("<moe>"), &toml).unwrap_or_else(|e| panic!("{e}"));
-        let (dag, c) = checkpoints(&s);
-        let rerun: Vec<String> = c.recompute_ops[0].iter().map(|&i| dag.ops[i].name.clone()).collect();
-        (c.kept_block_bytes(&dag)[0], rerun)
-    };
-    let (base, _) = kept("");
-    let (act, rerun) = kept("recompute_modules = [\"moe_act\"]");
+    let (base, _) = moe_kept("", "");
+    let (act, rerun) = moe_kept("recompute_modules = [\"moe_act\"]", "");
     assert_eq!(rerun, ["layers.0.feed_forward.experts.swiglu"]);
     // Each token's two copies, 1024 wide, in BF16.
     assert_eq!(base - act, 2 * T * 1024 * 2);
-    let (whole, _) = kept("recompute_modules = [\"moe\"]");
+    let (whole, _) = moe_kept("recompute_modules = [\"moe\"]", "");
     assert!(whole < act, "{whole} {act}");
+}
+
+/// What a two-block Megatron MoE (4 experts of 1024, top 2) keeps of block 0 under selective
+/// recomputation of `modules`, with `megatron` lines, and what backward reruns.
+fn moe_kept(modules: &str, megatron: &str) -> (u64, Vec<String>) {
+    let moe = "[model.moe]\nnum_experts = 4\ntop_k = 2\nexpert_ffn_hidden = 1024\n";
+    let toml = format!(
+        "[model]\nfamily = \"llama\"\nn_layers = 2\nhidden = 1024\nn_heads = 8\nffn_hidden = 3584\nvocab = 32000\nmax_seq_len = {T}\n{moe}\
+         [hardware]\ngpu = \"h100-sxm\"\ngpus = 8\n[parallel]\nframework = \"megatron\"\n[megatron]\n{megatron}\n\
+         [training]\nmicro_batch = 1\nseq_len = {T}\ngrad_accum = 8\nprecision = \"bf16-mixed-adam\"\nactivation_checkpointing = \"selective\"\n{modules}"
+    );
+    let s = Scenario::from_toml(Path::new("<moe>"), &toml).unwrap_or_else(|e| panic!("{e}"));
+    let (dag, c) = checkpoints(&s);
+    let rerun: Vec<String> = c.recompute_ops[0].iter().map(|&i| dag.ops[i].name.clone()).collect();
+    (c.kept_block_bytes(&dag)[0], rerun)
+}
+
+/// `--activation-func-fp8-input-store`: the experts' SwiGLU keeps its gate and up outputs
+/// (each token's two copies, 2 x 1024 wide) as 1-byte casts instead of BF16. Under `moe_act`
+/// the activation runs inside `CheckpointWithoutOutput`, which keeps its 16-bit input
+/// itself, so the FP8 store saves nothing there and the rerun makes the cast again.
+#[test]
+fn fp8_input_store_halves_what_the_experts_activation_keeps() {
+    let store = "activation_func_fp8_input_store = true";
+    let (base, _) = moe_kept("", "");
+    let (fp8, rerun) = moe_kept("", store);
+    assert!(rerun.is_empty(), "{rerun:?}");
+    assert_eq!(base - fp8, 2 * T * 2 * 1024);
+    let (act, _) = moe_kept("recompute_modules = [\"moe_act\"]", "");
+    let (act_fp8, rerun) = moe_kept("recompute_modules = [\"moe_act\"]", store);
+    assert_eq!(act_fp8, act);
+    assert_eq!(rerun, ["layers.0.feed_forward.experts.swiglu"]);
 }

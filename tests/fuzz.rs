@@ -110,6 +110,7 @@ const FIELDS: &[(&str, &str)] = &[
     ("megatron", "offload_modules"),
     ("megatron", "min_offloaded_tensor_size"),
     ("megatron", "activation_offload_fraction"),
+    ("megatron", "activation_func_fp8_input_store"),
     ("megatron", "store_param_remainders"),
     ("deepspeed", "reduce_bucket_size"),
     ("deepspeed", "sub_group_size"),

@@ -600,6 +600,12 @@ fn cases() -> Vec<Case> {
             &["expert model parallelism", "parallel.expert > 1"],
         ),
         case(
+            "megatron.activation_func_fp8_input_store on a GELU model",
+            b().set("parallel", "framework", "\"megatron\"").set("megatron", "activation_func_fp8_input_store", "true"),
+            "megatron.activation_func_fp8_input_store",
+            &["supported only for SwiGLU", "GELU"],
+        ),
+        case(
             "megatron.ddp_bucket_size zero",
             b().set("parallel", "framework", "\"megatron\"").set("megatron", "overlap_grad_reduce", "true").set(
                 "megatron",

@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use stepsim::model::{self, OpKind, Region, TensorKind};
+use stepsim::model::{self, OpKind, Region, RoutingScale, TensorKind};
 use stepsim::scenario::Scenario;
 use stepsim::schedule::TaskKind;
 
@@ -296,30 +296,65 @@ fn all_to_all_bytes_and_count_per_moe_block() {
 /// What a MoE block saves per micro-batch, by hand: the attention half as a dense block
 /// saves it, then the MLP's input (the router's), the router's FP32 scores (rows x E x 4),
 /// the chosen experts' int64 indices and FP32 probabilities (rows x k each), the dispatched
-/// copies (read by w1 and w3), the experts' SwiGLU tensors, and the combined copies the
-/// unpermute scales. Megatron-Core fuses SwiGLU (`SwiGLUFunction` saves the gate and up
-/// outputs; the down projection saves the product): 3 x copies x width; eager PyTorch also
-/// keeps the SiLU output: 4 x copies x width.
+/// copies (read by w1 and w3) and the experts' SwiGLU tensors. Megatron-Core fuses SwiGLU
+/// (`SwiGLUFunction` saves the gate and up outputs; the down projection saves the product):
+/// 3 x copies x width; eager PyTorch also keeps the SiLU output: 4 x copies x width.
+///
+/// Where the probabilities scale the copies decides whether the copies are saved twice:
+/// Megatron-Core 0.13 on scales them inside the fused SwiGLU (`weighted_bias_swiglu_impl`,
+/// which saves the probabilities beside its input) and the unpermute only sums; before it,
+/// and in Hugging Face's eager code, the product after the combine saves the combined copies
+/// (copies x hidden more), and torchtitan's combine saves them upcast to FP32 (4 B each).
+/// With `--activation-func-fp8-input-store` the fused SwiGLU keeps its gate and up outputs
+/// as 1-byte E4M3 casts, in the dense MLP as in the experts.
 #[test]
 fn a_moe_block_saves_the_routed_copies() {
     let s = scenario(8, "expert = 8", "");
     assert!(s.workload.fused_swiglu, "Megatron fuses SwiGLU");
-    for fused in [true, false] {
+    assert_eq!(s.workload.routing_scale, RoutingScale::InActivation, "Megatron-Core scales in the experts");
+    assert!(!s.workload.swiglu_fp8_input_store);
+    let t = SEQ;
+    let c = 2;
+    let copies = t * K;
+    use RoutingScale::*;
+    for (fused, scale, fp8) in [
+        (true, InActivation, false),
+        (true, AfterCombine, false),
+        (false, AfterCombine, false),
+        (false, AfterCombineFp32, false),
+        (true, AfterCombineFp32, false),
+        (false, InActivation, false),
+        (true, InActivation, true),
+        (true, AfterCombine, true),
+    ] {
         let mut w = s.workload.clone();
         w.fused_swiglu = fused;
+        w.routing_scale = scale;
+        w.swiglu_fp8_input_store = fp8;
         let dag = model::build(&s.model, &w);
         // The dense twin: same attention, dense SwiGLU of the same width.
         let mut dense_cfg = s.model.clone();
         dense_cfg.moe = None;
         let dense = model::build(&dense_cfg, &w);
-        let t = SEQ;
-        let c = 2;
-        let swiglu = if fused { 3 } else { 4 };
-        let dense_mlp = t * H * c + swiglu * t * FE * c;
+        // Gate and up outputs' bytes per element as saved (an FP8 cast only where fused), and
+        // what else eager SwiGLU keeps (the SiLU output): the product is the down projection's.
+        let gate_up = if fused && fp8 { 2 } else { 2 * c };
+        let swiglu = |n: u64| gate_up * n + if fused { c * n } else { 2 * c * n };
+        let dense_mlp = t * H * c + swiglu(t * FE);
         let attention = dense.saved_bytes(Region::Block(1), true) - dense_mlp;
-        let copies = t * K;
-        let moe = t * H * c + t * E * 4 + copies * 8 + copies * 4 + 2 * copies * H * c + swiglu * copies * FE * c;
-        assert_eq!(dag.saved_bytes(Region::Block(1), true), attention + moe, "fused {fused}");
+        // Scaling in the activation needs the fused kernel; without it the DAG scales after
+        // the combine.
+        let combined = match scale {
+            InActivation if fused => 0,
+            AfterCombineFp32 => copies * H * 4,
+            _ => copies * H * c,
+        };
+        let moe = t * H * c + t * E * 4 + copies * 8 + copies * 4 + copies * H * c + combined + swiglu(copies * FE);
+        assert_eq!(
+            dag.saved_bytes(Region::Block(1), true),
+            attention + moe,
+            "fused {fused} {scale:?} fp8 input store {fp8}"
+        );
     }
     let dag = model::build(&s.model, &s.workload);
     let copies = SEQ * K;

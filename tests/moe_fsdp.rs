@@ -258,3 +258,21 @@ fn groups_follow_torchtitans_mesh_order_and_the_all_gather_runs_on_both() {
         assert!((ns as f64 - want * 1e9).abs() <= 2.0, "{ns} ns, want {:.0}", want * 1e9);
     }
 }
+
+/// torchtitan's combine scales each routed copy in FP32 (`routed_output.to(torch.float32) *
+/// topk_scores`, torchtitan/models/common/token_dispatcher.py): the product keeps the FP32
+/// copy for the scores' gradient, 4 B per element, where the copies themselves are BF16.
+#[test]
+fn the_combine_keeps_an_fp32_copy_of_the_routed_outputs() {
+    let s = scenario(8, "framework = \"fsdp2\"\nsharding = \"full_shard\"\nexpert = 8");
+    assert_eq!(s.workload.routing_scale, stepsim::model::RoutingScale::AfterCombineFp32);
+    let dag = stepsim::model::build(&s.model, &s.workload);
+    let copies = 2048 * 2;
+    let find = |name: &str| dag.tensors.iter().position(|t| t.name == name).unwrap_or_else(|| panic!("{name}"));
+    let up = find("layers.0.feed_forward.combine.out.float");
+    assert_eq!(dag.tensors[up].bytes, copies * H * 4);
+    assert_eq!(dag.tensors[find("layers.0.feed_forward.combine.out")].bytes, copies * H * 2);
+    let unpermute = dag.ops.iter().find(|o| o.name == "layers.0.feed_forward.unpermute").unwrap();
+    assert!(unpermute.saves.contains(&up));
+    assert!(!unpermute.saves.contains(&find("layers.0.feed_forward.combine.out")));
+}

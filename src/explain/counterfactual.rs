@@ -43,6 +43,7 @@ pub const COUNTERFACTUAL_NAMES: &[&str] = &[
     "DeepEP token dispatch (Megatron --moe-token-dispatcher-type flex)",
     "overlap the token all-to-alls (Megatron --overlap-moe-expert-parallel-comm)",
     "pipeline schedule (1F1B, interleaved 1F1B, DualPipe, DualPipeV)",
+    "SwiGLU inputs saved in FP8 (Megatron --activation-func-fp8-input-store)",
 ];
 
 /// The index of the change that applies to mixtures of experts only (no row for a dense
@@ -93,6 +94,9 @@ const EP_OVERLAP: usize = 27;
 /// Another pipeline schedule: 1F1B for GPipe, interleaving (2 chunks per stage) where the
 /// framework has it, DualPipe under Megatron. Pipelines only.
 const SCHEDULE: usize = 28;
+/// Megatron's `--activation-func-fp8-input-store`: every fused SwiGLU keeps its input as an
+/// FP8 cast. Megatron with a SwiGLU (llama-family) MLP only.
+const FP8_INPUT_STORE: usize = 29;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Counterfactual {
@@ -664,6 +668,17 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
                 v,
             )]
         }
+        FP8_INPUT_STORE => {
+            if s.workload.swiglu_fp8_input_store {
+                return Err("already on".into());
+            }
+            v.workload.swiglu_fp8_input_store = true;
+            vec![(
+                "activation_func_fp8_input_store: the SwiGLU inputs saved as FP8 casts (--activation-func-fp8-input-store)"
+                    .into(),
+                v,
+            )]
+        }
         PRECISION_AWARE => {
             let pr = &t.precision;
             if pr.aware.is_some() {
@@ -974,7 +989,10 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>, fits_now: bool) -> Vec<Co
             continue;
         }
         let megatron = s.parallel.framework == crate::plan::Framework::Megatron;
-        if [MOE_ACT, PRECISION_AWARE, DEEPEP, EP_OVERLAP].contains(&which) && !megatron {
+        if [MOE_ACT, PRECISION_AWARE, DEEPEP, EP_OVERLAP, FP8_INPUT_STORE].contains(&which) && !megatron {
+            continue;
+        }
+        if which == FP8_INPUT_STORE && s.model.family != crate::model::Family::Llama {
             continue;
         }
         if which == COMPILE && s.workload.kernels != crate::model::KernelStack::Eager {

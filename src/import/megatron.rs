@@ -385,6 +385,12 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
                 "the experts as Megatron's SequentialMLP (no --moe-grouped-gemm): simulated as grouped GEMMs".into(),
             );
         }
+        if flag(get("moe_permute_fusion")) {
+            im.mapped.push(
+                "--moe-permute-fusion: Transformer Engine's fused permutation, one pass over the copies that saves only its map (as simulated)"
+                    .into(),
+            );
+        }
         if let Some(d) = get("moe_router_dtype") {
             if d == "fp32" {
                 im.mapped.push("--moe-router-dtype fp32: the router's scores in FP32 (as simulated)".into());
@@ -606,6 +612,10 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
     if aware {
         mg.push_str("use_precision_aware_optimizer = true\n");
         im.mapped.push("--use-precision-aware-optimizer".into());
+    }
+    if flag(get("activation_func_fp8_input_store")) {
+        mg.push_str("activation_func_fp8_input_store = true\n");
+        im.mapped.push("--activation-func-fp8-input-store: each fused SwiGLU saves its input in FP8".into());
     }
     let mut main_grads_bf16 = false;
     for k in ["main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"] {

@@ -722,6 +722,14 @@ pub struct Workload {
     /// which also save the SiLU output and the product's other factor.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub fused_swiglu: bool,
+    /// Where a mixture of experts scales each token copy by its routing probability, which
+    /// decides what is saved for the probabilities' gradient ([`RoutingScale`]).
+    #[serde(skip_serializing_if = "RoutingScale::is_after_combine")]
+    pub routing_scale: RoutingScale,
+    /// The fused SwiGLU saves its input as an FP8 (E4M3) cast instead of in 16 bits
+    /// (Megatron-Core `--activation-func-fp8-input-store`, [`super::dag`]'s `fused_swiglu`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub swiglu_fp8_input_store: bool,
     /// Which kernels run the memory-bound ops between the GEMMs ([`KernelStack`]).
     #[serde(skip_serializing_if = "KernelStack::is_fused")]
     pub kernels: KernelStack,
@@ -756,6 +764,36 @@ impl Workload {
         } else {
             self.seq_len / cp
         }
+    }
+}
+
+/// Where a mixture of experts multiplies each routed copy by its routing probability. The
+/// product's backward needs the copies for the probabilities' gradient, so where it runs
+/// decides which copies are saved, and in what dtype.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RoutingScale {
+    /// After the combine, in the activations' dtype: the product saves the combined copies
+    /// (Megatron-Core 0.8-0.12's `unpermute(..., probs)`; Hugging Face's
+    /// `expert_layer(x) * routing_weights`, the weights cast to the hidden states' dtype).
+    #[default]
+    AfterCombine,
+    /// After the combine, upcast: torchtitan's token dispatchers' `combine`
+    /// (`routed_output.to(torch.float32) * topk_scores`, torchtitan/models/common/
+    /// token_dispatcher.py, b5bcd76) saves an FP32 copy of the combined copies, 4 B per element.
+    AfterCombineFp32,
+    /// Inside the experts' fused SwiGLU, which saves the probabilities beside its input; the
+    /// unpermutation only sums the copies home, saving nothing but its map: Megatron-Core 0.13
+    /// on ("Memory efficient token permutation", NVIDIA/Megatron-LM 2659630, 2025-04:
+    /// `weighted_bias_swiglu_impl` in `experts.py`, `unpermute` without probabilities in
+    /// `token_dispatcher.py`). Only with a fused SwiGLU ([`Workload::fused_swiglu`], which
+    /// Megatron always has here); without one the DAG scales after the combine.
+    InActivation,
+}
+
+impl RoutingScale {
+    pub fn is_after_combine(&self) -> bool {
+        *self == RoutingScale::AfterCombine
     }
 }
 

@@ -15,7 +15,7 @@ use serde::Serialize;
 
 use super::config::{
     Attention, ContextComm, Dtype, Family, KernelStack, MlaConfig, ModelConfig, MoeConfig, NormPlacement, RoutedCopies,
-    Workload,
+    RoutingScale, Workload,
 };
 use crate::net::Collective;
 
@@ -146,6 +146,9 @@ pub struct Op {
     pub saves: Vec<TensorId>,
     /// Scratch the forward kernel needs while it runs (freed when it ends).
     pub fwd_scratch: u64,
+    /// Scratch the backward kernels need while they run (freed when they end).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub bwd_scratch: u64,
     /// For matmuls: (M, N, K) of the forward GEMM (tokens, output features, input features),
     /// which decides how well it fills the GPU.
     pub gemm: Option<[u64; 3]>,
@@ -241,6 +244,7 @@ impl Op {
             outputs: vec![],
             saves: vec![],
             fwd_scratch: 0,
+            bwd_scratch: 0,
             gemm: None,
             tp_sharded: false,
             tp_partial_grad: false,
@@ -352,6 +356,11 @@ struct Builder {
     f_out: Option<TensorId>,
     /// SwiGLU as one fused kernel ([`Workload::fused_swiglu`]).
     fused_swiglu: bool,
+    /// Where the routing probabilities scale the copies ([`Workload::routing_scale`]), with
+    /// `InActivation` only where the SwiGLU is fused.
+    routing_scale: RoutingScale,
+    /// The fused SwiGLU saves an FP8 copy of its input ([`Workload::swiglu_fp8_input_store`]).
+    swiglu_fp8_input_store: bool,
     /// The model's norms have no parameters (OLMo's).
     weightless_norms: bool,
     /// The kernels of the memory-bound ops ([`Workload::kernels`]).
@@ -530,6 +539,11 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         full: t * h * c,
         f_out: None,
         fused_swiglu: w.fused_swiglu,
+        routing_scale: match w.routing_scale {
+            RoutingScale::InActivation if !w.fused_swiglu => RoutingScale::AfterCombine,
+            r => r,
+        },
+        swiglu_fp8_input_store: w.swiglu_fp8_input_store && w.fused_swiglu,
         weightless_norms: cfg.style.weightless_norms,
         kernels: w.kernels,
     };
@@ -1303,11 +1317,7 @@ fn swiglu_mlp(bd: &mut Builder, name: &str, x: TensorId, t: u64, h: u64, f: u64,
     bd.op_tp(p("w3"), OpKind::Linear, h * ft, lin(h, f), vec![n2_in], vec![u], vec![n2]);
     bd.regather_op(name, first);
     let m = if bd.fused_swiglu {
-        // One kernel: silu(g) * u, saving g and u; backward recomputes silu(g).
-        let m = bd.tensor(&p("swiglu.out"), t * ft, c, TensorKind::Activation);
-        let fl = (5.0 * tf * f as f64, 10.0 * tf * f as f64);
-        bd.op_tp(p("swiglu"), OpKind::Elementwise, 0, fl, vec![g, u], vec![m], vec![g, u]);
-        m
+        fused_swiglu(bd, &p("swiglu"), [g, u], None, [t * ft, t * f], c).1
     } else {
         let sg = bd.tensor(&p("silu.out"), t * ft, c, TensorKind::Activation);
         let fl = (4.0 * tf * f as f64, 8.0 * tf * f as f64);
@@ -1327,6 +1337,63 @@ fn swiglu_mlp(bd: &mut Builder, name: &str, x: TensorId, t: u64, h: u64, f: u64,
     let d = bd.tensor(&p("w2.out"), t * h, c, TensorKind::Activation);
     bd.op_tp(p("w2"), OpKind::Linear, ft * h, lin(f, h), vec![m], vec![d], vec![m]);
     bd.g_op(name, d, c)
+}
+
+/// SwiGLU as one kernel over `elems` elements of each half on this rank, of `whole` in the
+/// model (more under tensor parallelism, whose ranks each run a slice) (Megatron-Core's
+/// `SwiGLUFunction`, and `WeightedSwiGLUFunction` when `probs` scale each row, in
+/// megatron/core/fusions/fused_bias_swiglu.py; torch.compile fuses the same): silu(g) x u
+/// [x probs], saving its input (and the probabilities) and recomputing silu in backward.
+///
+/// With `--activation-func-fp8-input-store` the saved input is
+/// `input.to(torch.float8_e4m3fn)`: 1 B per element and no scale, written by a second kernel
+/// (2 B read, 1 B written per element in 16 bits) while the 16-bit input is freed as usual;
+/// backward casts it back (1 B read, 2 B written) into a 16-bit temporary that lives while
+/// the kernel runs. Returns the op and its output.
+fn fused_swiglu(
+    bd: &mut Builder,
+    name: &str,
+    [g, u]: [TensorId; 2],
+    probs: Option<TensorId>,
+    [elems, whole]: [u64; 2],
+    c: u64,
+) -> (OpId, TensorId) {
+    let m = bd.tensor(&format!("{name}.out"), elems, c, TensorKind::Activation);
+    let e = whole as f64;
+    let (mut fwd, mut bwd) = (5.0 * e, 10.0 * e);
+    if probs.is_some() {
+        fwd += e;
+        bwd += 2.0 * e;
+    }
+    let mut inputs = vec![g, u];
+    inputs.extend(probs);
+    let mut outputs = vec![m];
+    let mut saves = if bd.swiglu_fp8_input_store {
+        let q = bd.tensor(&format!("{name}.input_fp8"), 2 * elems, 1, TensorKind::Activation);
+        outputs.push(q);
+        vec![q]
+    } else {
+        vec![g, u]
+    };
+    saves.extend(probs);
+    let id = if whole == elems {
+        bd.op(name.to_string(), OpKind::Elementwise, 0, (fwd, bwd), inputs, outputs, saves)
+    } else {
+        bd.op_tp(name.to_string(), OpKind::Elementwise, 0, (fwd, bwd), inputs, outputs, saves)
+    };
+    if bd.swiglu_fp8_input_store {
+        let (cf, ef) = (c as f64, elems as f64);
+        let probs_bytes = probs.map_or(0.0, |p| bd.tensors[p].bytes as f64);
+        let op = &mut bd.ops[id];
+        // The cast's extra read of the input; its write is the saved copy among the outputs.
+        op.fwd_bytes += 2.0 * ef * cf;
+        // Cast back (1 B read, c written per input element), then the kernel: the input and
+        // the output's gradient read, the input's gradient written.
+        op.bwd_bytes = Some(2.0 * ef * (1.0 + cf) + 5.0 * ef * cf + 2.0 * probs_bytes);
+        op.bwd_scratch = 2 * elems * c;
+        op.launches = [2, 2];
+    }
+    (id, m)
 }
 
 /// One rank's share of a MoE block: `rows` tokens of the hidden state (the sequence shard
@@ -1480,10 +1547,10 @@ fn moe_mlp(bd: &mut Builder, name: &str, m: &MoeConfig, x: TensorId, s: MoeShape
     };
     let g = expert(bd, "w1", h, fe, recv);
     let u = expert(bd, "w3", h, fe, recv);
+    let weighted = bd.routing_scale == RoutingScale::InActivation;
     let mm = if bd.fused_swiglu {
-        let mm = bd.tensor(&p("experts.swiglu.out"), gathered * fe, c, TensorKind::Activation);
-        let fl = (5.0 * cf * ff, 10.0 * cf * ff);
-        let id = bd.op(p("experts.swiglu"), OpKind::Elementwise, 0, fl, vec![g, u], vec![mm], vec![g, u]);
+        let elems = gathered * fe;
+        let (id, mm) = fused_swiglu(bd, &p("experts.swiglu"), [g, u], weighted.then_some(probs), [elems, elems], c);
         bd.ops[id].expert = true;
         mm
     } else {
@@ -1515,15 +1582,35 @@ fn moe_mlp(bd: &mut Builder, name: &str, m: &MoeConfig, x: TensorId, s: MoeShape
         d
     };
     let y = bd.tensor(&p("unpermute.out"), rows * h, c, TensorKind::Activation);
-    bd.op(
-        p("unpermute"),
-        OpKind::Elementwise,
-        0,
-        (2.0 * home as f64 * hf, 4.0 * home as f64 * hf),
-        vec![back, probs, idx],
-        vec![y],
-        vec![back, probs],
-    );
+    if weighted {
+        // A sum of each token's copies; its backward hands every copy its token's gradient.
+        bd.op(p("unpermute"), OpKind::Elementwise, 0, (home as f64 * hf, 0.0), vec![back, idx], vec![y], vec![idx]);
+    } else if bd.routing_scale == RoutingScale::AfterCombineFp32 {
+        // The copies upcast (4 B each, saved for the probabilities' gradient), scaled, cast
+        // back and scatter-added: the upcast's write, the product's read and write and the
+        // cast's read come on top of the op's inputs and outputs.
+        let up = bd.tensor(&p("combine.out.float"), home * h, 4, TensorKind::Activation);
+        let id = bd.op(
+            p("unpermute"),
+            OpKind::Elementwise,
+            0,
+            (2.0 * home as f64 * hf, 4.0 * home as f64 * hf),
+            vec![back, probs, idx],
+            vec![y, up],
+            vec![up, probs],
+        );
+        bd.ops[id].fwd_bytes += 3.0 * (home * h * 4) as f64;
+    } else {
+        bd.op(
+            p("unpermute"),
+            OpKind::Elementwise,
+            0,
+            (2.0 * home as f64 * hf, 4.0 * home as f64 * hf),
+            vec![back, probs, idx],
+            vec![y],
+            vec![back, probs],
+        );
+    }
     if m.shared_expert_ffn_hidden == 0 {
         return y;
     }

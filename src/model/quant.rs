@@ -141,6 +141,8 @@ mod tests {
             lora: None,
             routed: None,
             fused_swiglu: false,
+            routing_scale: Default::default(),
+            swiglu_fp8_input_store: false,
             kernels: Default::default(),
             repeat_kv: false,
             flash2: false,

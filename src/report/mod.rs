@@ -755,6 +755,11 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
             if mp.sequence_parallel { "all-gathers / reduce-scatters (sequence parallel)" } else { "all-reduces" }
         ));
     }
+    if dag.workload.swiglu_fp8_input_store {
+        assumptions.push(
+            "--activation-func-fp8-input-store (Megatron-Core fused_bias_swiglu.py): each fused SwiGLU (dense, shared and routed experts) saves its input as input.to(torch.float8_e4m3fn), 1 B per element with no scale instead of 2, cast by a second kernel in forward (2 B read, 1 B written) and back in backward into a 16-bit temporary that lives while the kernel runs (1 B read, 2 B written); under --recompute-modules moe_act the experts' activation keeps its 16-bit input instead (CheckpointWithoutOutput saves it) and the rerun casts again".to_string(),
+        );
+    }
     if let Some(moe) = &dag.config.moe {
         let copies = dag.tokens() / if mp.sequence_parallel { mp.tensor } else { 1 } * moe.top_k;
         let bytes = copies * dag.config.hidden * dag.workload.compute_dtype.bytes();
@@ -825,8 +830,19 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
         } else {
             format!("routing is uneven (the Routing line; each expert-parallel rank is its own rank class, and every all-to-all lasts as long as the busiest rank's), so each expert-parallel rank computes the copies its experts receive (not the uniform {copies}) per micro-batch and MoE block")
         };
+        let saved = match dag.workload.routing_scale {
+            crate::model::RoutingScale::InActivation if dag.workload.fused_swiglu => {
+                "the router's FP32 scores, the dispatched copies (the experts' FC1 input) and their routing probabilities are saved: the probabilities scale each copy inside the experts' fused SwiGLU, which saves them beside its input, and the unpermute only sums the copies home (Megatron-Core 0.13 on, weighted_bias_swiglu_impl; before it the unpermute scaled the combined copies and kept them)"
+            }
+            crate::model::RoutingScale::AfterCombineFp32 => {
+                "the router's FP32 scores, the dispatched copies (the experts' FC1 input) and an FP32 copy of the combined copies are saved: the combine upcasts each copy before scaling it by its routing probability, and the product keeps the upcast copy for the probability's gradient (torchtitan's token dispatcher, routed_output.to(torch.float32) * topk_scores)"
+            }
+            _ => {
+                "the router's FP32 scores, the dispatched copies (the experts' FC1 input) and the combined copies are saved: the product that scales the combined copies by their routing probabilities after the experts keeps them (Megatron-Core's unpermute before 0.13, Hugging Face's expert_layer(x) * routing_weights)"
+            }
+        };
         assumptions.push(format!(
-            "mixture of experts (Megatron-Core MoELayer, {dispatcher}, dropless): {routing} in the grouped GEMMs of its {} of {} experts (each GEMM's rows = copies per local expert); per MoE block and micro-batch {} all-to-alls forward (dispatch, combine) and as many backward, {moved}, on their own stream {}; the router's FP32 scores and the permuted copies are saved, the auxiliary load-balancing loss is not counted (small); expert gradients are reduced over the expert-data-parallel group after the dense ones, one after the other on the NCCL queue",
+            "mixture of experts (Megatron-Core MoELayer, {dispatcher}, dropless): {routing} in the grouped GEMMs of its {} of {} experts (each GEMM's rows = copies per local expert); per MoE block and micro-batch {} all-to-alls forward (dispatch, combine) and as many backward, {moved}, on their own stream {}; {saved}, the auxiliary load-balancing loss is not counted (small); expert gradients are reduced over the expert-data-parallel group after the dense ones, one after the other on the NCCL queue",
             moe.num_experts / mp.expert,
             moe.num_experts,
             if mp.expert > 1 { "two" } else { "no" },

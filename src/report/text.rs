@@ -373,7 +373,12 @@ pub fn render(r: &Report, s: &Scenario) -> String {
             o,
             "FP8        {} ({}): {} of {} linears (the transformer blocks'; LM head{} and attention core in {}), {:.0}% of the forward FLOPs; forward, input-gradient and {} GEMMs at {:.0} TFLOP/s dense FP8{}",
             f.recipe,
-            if f.recipe == "delayed" { "Transformer Engine delayed scaling, Megatron-Core" } else { "torchao float8, dynamic scaling" },
+            match f.recipe {
+                "delayed" => "Transformer Engine delayed scaling, Megatron-Core",
+                "blockwise" => "Transformer Engine Float8BlockScaling, Megatron-Core",
+                "mxfp8" => "Transformer Engine MXFP8BlockScaling, Megatron-Core",
+                _ => "torchao float8, dynamic scaling",
+            },
             f.fp8_linears,
             f.linears,
             if r.active_param_count.is_some() { ", routers" } else { "" },
@@ -383,9 +388,12 @@ pub fn render(r: &Report, s: &Scenario) -> String {
             f.fp8_peak_flops / 1e12,
             if f.weight_workspaces.bytes > 0 {
                 format!(
-                    "; saved linear inputs in FP8; FP8 weight and transpose workspaces {}; amax history {} rows",
+                    "; saved linear inputs in FP8; FP8 weight and transpose workspaces {}; {}",
                     fmt_bytes(f.weight_workspaces.bytes),
-                    f.amax_history_len.unwrap_or(0)
+                    match f.amax_history_len {
+                        Some(n) if f.recipe == "delayed" => format!("amax history {n} rows"),
+                        _ => "scales from each block's own amax (no history)".to_string(),
+                    }
                 )
             } else {
                 format!(

@@ -470,6 +470,8 @@ pub struct MegatronSection {
     pub min_offloaded_tensor_size: Option<i64>,
     /// `--activation-offload-fraction`, 0 to 1 (default 1).
     pub activation_offload_fraction: Option<f64>,
+    /// `--activation-func-fp8-input-store`: the fused SwiGLU saves its input in FP8.
+    pub activation_func_fp8_input_store: Option<bool>,
 }
 
 /// `[allocator]`: the allocator model, its `PYTORCH_CUDA_ALLOC_CONF` options, where the

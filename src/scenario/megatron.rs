@@ -212,3 +212,17 @@ pub(super) fn apply_precision_aware(
     });
     Ok(())
 }
+
+/// `[megatron] activation_func_fp8_input_store` (`--activation-func-fp8-input-store`):
+/// Megatron-Core's `TransformerConfig.__post_init__` allows it for SwiGLU only ("Storing
+/// activation input in FP8 is supported only for SwiGLU.").
+pub(super) fn fp8_input_store(v: &V, m: Option<&MegatronSection>, model: &ModelConfig) -> Result<bool, ScenarioError> {
+    let on = m.and_then(|m| m.activation_func_fp8_input_store).unwrap_or(false);
+    if on && model.family != crate::model::Family::Llama {
+        return Err(v.err(
+            "megatron.activation_func_fp8_input_store",
+            "storing the activation's input in FP8 is supported only for SwiGLU (a llama-family MLP); this model's MLP is GELU",
+        ));
+    }
+    Ok(on)
+}

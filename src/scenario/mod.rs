@@ -1335,6 +1335,15 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         // Megatron-Core fuses SwiGLU by default (--bias-swiglu-fusion; `SwiGLUFunction` in
         // megatron/core/fusions/fused_bias_swiglu.py); torch.compile fuses it too.
         fused_swiglu: parallel.framework == Framework::Megatron || kernels == KernelStack::Compiled,
+        // Megatron-Core 0.13 on scales the copies in its fused SwiGLU; torchtitan (FSDP2)
+        // upcasts them to FP32 after the combine; Hugging Face model code scales them after it
+        // in 16 bits ([`crate::model::RoutingScale`]).
+        routing_scale: match parallel.framework {
+            Framework::Megatron => crate::model::RoutingScale::InActivation,
+            Framework::Fsdp2 => crate::model::RoutingScale::AfterCombineFp32,
+            _ => crate::model::RoutingScale::AfterCombine,
+        },
+        swiglu_fp8_input_store: megatron::fp8_input_store(&v, f.megatron.as_ref(), &model)?,
         kernels,
         repeat_kv: t.repeat_kv.unwrap_or(kernels != KernelStack::Fused),
         flash2: parallel.framework != Framework::Megatron,

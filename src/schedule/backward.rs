@@ -149,6 +149,10 @@ impl Builder<'_> {
         // linear's input-gradient GEMM).
         alloc.extend(self.blas_workspace(op, 1));
         let n_input_grads = alloc.len();
+        let scratch = (op.bwd_scratch > 0).then(|| {
+            self.buffer(op.bwd_scratch, Category::Transient, text!(self.names, "{} backward scratch", op.name))
+        });
+        alloc.extend(scratch);
         let fetched = self.zero3_fetch(i, (step, mb, Phase::Backward), self.last_task(), &mut deps);
         if op.params + op.shared_params > 0 {
             if plan.grads_sharded {
@@ -179,6 +183,9 @@ impl Builder<'_> {
         };
         st.last_bwd_task = t;
         self.zero3_release(i, fetched, t);
+        if let Some(b) = scratch {
+            self.free_at(t, &[b]);
+        }
         let mut f = std::mem::take(&mut st.free_bwd[i]);
         for &o in &op.outputs {
             if let Some(g) = st.grad_buf[o] {

@@ -113,6 +113,23 @@ pub fn plan(dag: &LayerDag, plan: &Plan) -> Checkpoints {
             }
         }
     }
+    // Megatron's `moe_act` reruns the experts' activation from inputs its
+    // `CheckpointWithoutOutput` saves: the 16-bit FC1 output even where the activation itself
+    // would have saved an FP8 copy (`--activation-func-fp8-input-store`), which is then made
+    // again by the rerun.
+    if ck == Checkpointing::Selective && plan.training.recompute_modules.contains(&RecomputeModule::MoeAct) {
+        for (i, op) in dag.ops.iter().enumerate() {
+            if !(op.expert && op.kind == OpKind::Elementwise && op.outputs.iter().any(|&t| tensors[t].recomputed)) {
+                continue;
+            }
+            for &t in &op.inputs {
+                if tensors[t].needs_grad && !tensors[t].kept {
+                    tensors[t].kept = true;
+                    tensors[t].last_saver = Some(tensors[t].last_saver.map_or(i, |c| c.min(i)));
+                }
+            }
+        }
+    }
     // A checkpoint region saves what it reads from outside (`torch.utils.checkpoint` saves
     // the wrapped function's inputs), whether or not an op inside saves it: eager RMSNorm,
     // for one, saves an FP32 copy of the block's input rather than the input. Its backward
