@@ -76,6 +76,24 @@ fn per_op_policy_keeps_attention_and_every_other_matmul() {
     assert!(c_n.recompute_ops.iter().all(Vec::is_empty));
 }
 
+/// The same policy inside `torch.compile`: AOTAutograd's partitioner saves a policy-saved
+/// output only where backward reads it, so the down projection's output (read by nothing in
+/// backward: it only joins the residual stream) is not kept, while the query projection's
+/// (read by the recomputed rope) and w1's (read by SwiGLU's backward) are.
+#[test]
+fn compiled_per_op_policy_keeps_only_what_backward_reads() {
+    let mut s = scenario("fsdp", 2, "activation_checkpointing = \"selective-op\"", "");
+    s.workload.kernels = stepsim::model::KernelStack::Compiled;
+    s.workload.fused_swiglu = true;
+    let (dag, c) = checkpoints(&s);
+    assert_eq!(c.kept_block_bytes(&dag), vec![X + X + KV + X + LSE + F; 2]);
+    let kept = |name: &str| c.tensors[dag.tensors.iter().position(|t| t.name == name).unwrap()].kept;
+    assert!(!kept("layers.1.feed_forward.w2.out"));
+    assert!(kept("layers.1.attention.wq.out") && kept("layers.1.feed_forward.w1.out"));
+    let rerun: Vec<&str> = c.recompute_ops[1].iter().map(|&i| dag.ops[i].name.as_str()).collect();
+    assert!(!rerun.contains(&"layers.1.feed_forward.w2"), "{rerun:?}");
+}
+
 /// torchtitan's `selective_ac_option = "2"` wraps blocks 2, 4, ...: block 1 (index 0) keeps
 /// everything, block 2 only its input, and so on; Megatron's `--recompute-method block
 /// --recompute-num-layers 1` with two pipeline stages wraps the first block of each stage.

@@ -17,9 +17,11 @@
 //! - tokens/s per GPU within 10% per row;
 //! - the eager run's throughput over the compiled run's within 5%: the clock and the peak
 //!   cancel to first order, so this is the kernel stack's own mechanism;
-//! - memory (max reserved) within 5% for eager. The compiled rows come out 5-7% high and are
-//!   held within 10%: Inductor's partitioner chooses what the compiled region saves
-//!   (min-cut), which stepsim does not model beyond the fused SwiGLU's inputs.
+//! - memory (max reserved) within 5%, eager and compiled. Compiled, AOTAutograd's partitioner
+//!   saves a policy-saved op's output only where the backward reads it, where eager
+//!   checkpointing caches every one (src/schedule/checkpoint.rs `compiled_saves`): each
+//!   block's down projection output, 16,384 x 4,096 x 2 B = 134 MB, is not kept. Before that
+//!   rule the compiled rows came out 5.6% and 7.1% high.
 //!
 //! Before the kernel stack (one end-to-end fit for every stack, on an H100 SXM) the eager
 //! 8-GPU row came out at 7,663 tokens/s, +33%.
@@ -85,8 +87,7 @@ fn eager_and_compiled_against_torchtitan_on_h100() {
                 failures
                     .push(format!("{gpus} GPUs {label}: {ours:.0} vs {published} tokens/s/GPU ({:+.1}%)", err * 100.0));
             }
-            let mem_tol = if kernels == "eager" { 0.05 } else { 0.10 };
-            if mem_err.abs() > mem_tol {
+            if mem_err.abs() > 0.05 {
                 failures.push(format!("{gpus} GPUs {label}: {our_gib:.1} vs {gib} GiB ({:+.1}%)", mem_err * 100.0));
             }
             tps.push((ours, published));

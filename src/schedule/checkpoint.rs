@@ -22,7 +22,7 @@
 //!   recomputed, and backward reruns only the ops that write it (and, transitively, what
 //!   they read that was not saved).
 
-use crate::model::{LayerDag, OpKind, Region, TensorKind};
+use crate::model::{KernelStack, LayerDag, OpKind, Region, TensorKind};
 use crate::net::Collective;
 use crate::plan::{CheckpointBlocks, Checkpointing, Plan, RecomputeModule};
 
@@ -167,11 +167,41 @@ pub fn plan(dag: &LayerDag, plan: &Plan) -> Checkpoints {
         Checkpointing::Full => full_recompute(dag, &tensors),
         _ => vec![Vec::new(); dag.blocks() as usize],
     };
+    if ck == Checkpointing::SelectiveOp && dag.workload.kernels == KernelStack::Compiled {
+        compiled_saves(dag, &sac_saved, &recompute_ops, &mut tensors);
+    }
     let checkpointed = match ck {
         Checkpointing::Full | Checkpointing::SelectiveOp => region_blocks,
         _ => vec![false; dag.blocks() as usize],
     };
     Checkpoints { tensors, recompute_ops, checkpointed }
+}
+
+/// The per-op policy inside a compiled block: AOTAutograd's partitioner
+/// (`min_cut_rematerialization_partition` in torch/_functorch/partitioners.py) takes the
+/// policy's `MUST_SAVE` tags as nodes that cannot be recomputed, and saves a forward node only
+/// where the backward graph needs it: as the input of a gradient formula, or of an op it
+/// recomputes. Eager checkpointing caches every `MUST_SAVE` output for the rerun of the whole
+/// region instead. So a saved op's output that no backward formula reads and no recomputed op
+/// reads is not kept when compiled: a block's last matmul (the MLP's down projection, whose
+/// output only joins the residual stream) is the one in a Llama block.
+fn compiled_saves(dag: &LayerDag, sac_saved: &[bool], recompute_ops: &[Vec<usize>], tensors: &mut [TensorPlan]) {
+    let mut read_by_rerun = vec![false; dag.tensors.len()];
+    for &i in recompute_ops.iter().flatten() {
+        for &t in &dag.ops[i].inputs {
+            read_by_rerun[t] = true;
+        }
+    }
+    for (i, op) in dag.ops.iter().enumerate() {
+        if !sac_saved[i] {
+            continue;
+        }
+        for &t in &op.outputs {
+            if tensors[t].last_saver.is_none() && !read_by_rerun[t] {
+                tensors[t].kept = false;
+            }
+        }
+    }
 }
 
 /// Megatron's selective recomputation: whether tensor `t`, saved by `saver`, is dropped
