@@ -842,7 +842,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
             }
         };
         assumptions.push(format!(
-            "mixture of experts (Megatron-Core MoELayer, {dispatcher}, dropless): {routing} in the grouped GEMMs of its {} of {} experts (each GEMM's rows = copies per local expert); per MoE block and micro-batch {} all-to-alls forward (dispatch, combine) and as many backward, {moved}, on their own stream {}; {saved}, the auxiliary load-balancing loss is not counted (small); expert gradients are reduced over the expert-data-parallel group after the dense ones, one after the other on the NCCL queue",
+            "mixture of experts (Megatron-Core MoELayer, {dispatcher}, dropless): {routing} in the grouped GEMMs of its {} of {} experts (each GEMM's rows = copies per local expert); per MoE block and micro-batch {} all-to-alls forward (dispatch, combine) and as many backward, {moved}, on their own stream {}; {saved}; the auxiliary load-balancing loss is not counted (its FP32 scores over every expert, which Megatron-Core's router computes and saves once more for it, would add {} per MoE block and micro-batch); expert gradients are reduced over the expert-data-parallel group after the dense ones, one after the other on the NCCL queue",
             moe.num_experts / mp.expert,
             moe.num_experts,
             if mp.expert > 1 { "two" } else { "no" },
@@ -850,7 +850,8 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
                 "beside the other micro-batch's compute (--overlap-moe-expert-parallel-comm)"
             } else {
                 "in series with the compute"
-            }
+            },
+            fmt_bytes(dag.tokens() / if mp.sequence_parallel { mp.tensor } else { 1 } * moe.num_experts * 4)
         ));
         if mp.expert_tensor > 1 {
             let etp = mp.expert_tensor;
