@@ -141,8 +141,11 @@ fn the_efsdp_mesh_is_fsdp_over_expert_parallelism() {
 fn what_stays_refused() {
     let e = refused(16, "framework = \"fsdp\"\nsharding = \"full_shard\"\nexpert = 4");
     assert!(e.contains("parallel.sharding"), "{e}");
-    let e = refused(16, "framework = \"fsdp2\"\nsharding = \"hybrid_shard\"\nexpert = 4");
-    assert!(e.contains("parallel.sharding"), "{e}");
+    // Under hybrid_shard the experts fold over each replica's shard group: ep must divide it.
+    let e = refused(16, "framework = \"fsdp2\"\nsharding = \"hybrid_shard\"\nhsdp_shard_size = 2\nexpert = 4");
+    assert!(e.contains("parallel.expert") && e.contains("shard group (2 ranks"), "{e}");
+    let e = refused(16, "framework = \"fsdp2\"\nsharding = \"hybrid_shard\"\ncontext = 2\nexpert = 4");
+    assert!(e.contains("parallel.context"), "{e}");
     let e = refused(16, "framework = \"fsdp2\"\nsharding = \"zero2\"\nexpert = 4");
     assert!(e.contains("parallel.sharding"), "{e}");
     let e = refused(16, "framework = \"fsdp2\"\nsharding = \"full_shard\"\nexpert = 4\nreshard_after_forward = 4");
@@ -275,4 +278,41 @@ fn the_combine_keeps_an_fp32_copy_of_the_routed_outputs() {
     let unpermute = dag.ops.iter().find(|o| o.name == "layers.0.feed_forward.unpermute").unwrap();
     assert!(unpermute.saves.contains(&up));
     assert!(!unpermute.saves.contains(&find("layers.0.feed_forward.combine.out")));
+}
+
+/// torchtitan's HSDP over expert parallelism: 32 H100s (four nodes), hybrid_shard with the
+/// shard group a node (8 ranks, 4 replicas), expert 4, so the efsdp mesh is 8 / 4 = 2 ranks
+/// inside each replica. Per block, by hand: non-expert 4,204,544 over 8 = 525,568 elements a
+/// rank; routed experts 2 x 3 x 1024 x 3584 = 22,020,096 on each EP rank, over 2 =
+/// 11,010,048; root 65,537,024 over 8 = 8,192,128. The block gathers what it gathered under
+/// full_shard (26,224,640 elements, BF16: 52,449,280 B), reduce-scatters it in FP32
+/// (104,898,560 B), then all-reduces its FP32 shard across the 4 replicas: (525,568 +
+/// 11,010,048) x 4 = 46,142,464 B. At rest a rank holds 4 x 11,535,616 + 8,192,128 =
+/// 54,334,592 elements: 217,338,368 B of FP32 parameters.
+#[test]
+fn hsdp_folds_expert_parallelism_into_each_replica() {
+    let s = scenario(32, "framework = \"fsdp2\"\nsharding = \"hybrid_shard\"\nexpert = 4");
+    let sim = stepsim::simulate(&s).unwrap();
+    let plan = sim.plan();
+    assert_eq!((plan.shard_group, plan.edp, plan.expert_shard_group), (8, 2, 2));
+    for u in 1..=LAYERS as usize {
+        assert_eq!(plan.expert_split(u), Some((525_568, 11_010_048)));
+    }
+    assert_eq!(plan.units[0].shard_params, 8_192_128);
+    assert_eq!(plan.model_state().parameters, 217_338_368);
+    let ag = collectives(&sim, TaskKind::AllGather, 1);
+    assert!(ag.iter().all(|(w, b)| w == "all-gather layers.0 (fsdp, efsdp meshes)" && *b == 52_449_280), "{ag:?}");
+    let rs = collectives(&sim, TaskKind::ReduceScatter, 1);
+    assert_eq!(rs, vec![("reduce-scatter layers.0 (fsdp, efsdp meshes)".to_string(), 104_898_560)]);
+    let ar = collectives(&sim, TaskKind::AllReduce, 1);
+    assert_eq!(ar, vec![("all-reduce layers.0 shard across nodes".to_string(), 46_142_464)]);
+    let text = stepsim::report::text::render(&sim.report, &s);
+    assert!(text.contains("each expert on 8 GPUs (4 replicas of torchtitan's efsdp mesh of 2 GPUs"), "{text}");
+    // NCCL: the shard and replica groups, and the efsdp mesh.
+    let names: Vec<(String, u64)> =
+        s.nccl_estimate().communicators.iter().map(|(c, _)| (c.name.clone(), c.ranks)).collect();
+    for (name, ranks) in [("HSDP shard group (8 ranks)", 8), ("HSDP replica group (4 ranks)", 4)] {
+        assert!(names.contains(&(name.to_string(), ranks)), "{names:?}");
+    }
+    assert!(names.iter().any(|(n, r)| n.starts_with("efsdp mesh (2 ranks") && *r == 2), "{names:?}");
 }

@@ -118,11 +118,14 @@ pub struct ParallelConfig {
 
 impl ParallelConfig {
     /// torchtitan's FSDP2 with expert parallelism (`framework = "fsdp2"`, `sharding =
-    /// "full_shard"`, `expert > 1`): each MoE block's routed experts are sharded over the
-    /// `efsdp` mesh, the rest over the `fsdp` (dp_shard x cp) mesh, and the block's
-    /// all-gather and reduce-scatter run once per mesh ([`Plan::expert_shard_group`]).
+    /// "full_shard"` or `"hybrid_shard"`, `expert > 1`): each MoE block's routed experts are
+    /// sharded over the `efsdp` mesh, the rest over the `fsdp` (dp_shard x cp) mesh, and the
+    /// block's all-gather and reduce-scatter run once per mesh ([`Plan::expert_shard_group`]);
+    /// under hybrid_shard both meshes lie inside each replica's shard group.
     pub fn fsdp_expert_split(&self) -> bool {
-        self.framework == Framework::Fsdp2 && self.sharding == Sharding::Zero3 && self.model_parallel.expert > 1
+        self.framework == Framework::Fsdp2
+            && matches!(self.sharding, Sharding::Zero3 | Sharding::HybridShard)
+            && self.model_parallel.expert > 1
     }
 
     /// The sharding as the framework's users name it: FSDP1's NO_SHARD is not DDP.
@@ -997,7 +1000,14 @@ impl Plan {
         let shard_group = shard_group(&parallel, gpus, gpus_per_node);
         let ep = mp.expert.max(1);
         // DualPipe's two copies of a stage reduce their gradients together.
-        let edp = mp.expert_data_parallel(gpus) * mp.stage_copies();
+        // Under torchtitan's HSDP the efsdp mesh lies inside each replica's shard group
+        // (efsdp = dp_shard // ep, tensor and context parallelism being 1 there); the replicas
+        // all-reduce its shards as they do the rest.
+        let edp = if parallel.fsdp_expert_split() && sh == Sharding::HybridShard {
+            (shard_group / ep).max(1)
+        } else {
+            mp.expert_data_parallel(gpus) * mp.stage_copies()
+        };
         // Expert state is split over the expert-data-parallel group where other state is
         // split over the shard group; they are one group without expert, expert-tensor or
         // tensor parallelism (validation allows those with ZeRO-1 and DDP, and with

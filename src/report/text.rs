@@ -276,6 +276,10 @@ pub fn render(r: &Report, s: &Scenario) -> String {
     if let Some(moe) = &s.model.moe {
         let (ep, etp) = (mp.expert, mp.expert_tensor);
         let edp = mp.expert_data_parallel(u64::from(c.gpus));
+        // Under torchtitan's HSDP each replica holds every expert, sharded over its own efsdp
+        // ranks (`Plan::edp`'s rule).
+        let hsdp_efsdp = (s.parallel.fsdp_expert_split() && s.parallel.sharding == crate::plan::Sharding::HybridShard)
+            .then(|| crate::plan::shard_group(&s.parallel, u64::from(c.gpus), u64::from(c.gpus_per_node)) / ep);
         // Expert tensor parallelism: each expert's width split over `etp` consecutive GPUs,
         // the received tokens all-gathered over them and the experts' output reduce-scattered.
         let split = if etp > 1 {
@@ -294,12 +298,18 @@ pub fn render(r: &Report, s: &Scenario) -> String {
             moe.num_experts,
             if etp > 1 { " slice" } else { "" },
             plural(edp, "GPU"),
-            if s.parallel.fsdp_expert_split() {
-                "torchtitan's efsdp mesh: FSDP2 shards the experts' parameters, gradients and optimizer state over it, all-gathers and reduce-scatters them there"
+            if let Some(e) = hsdp_efsdp {
+                format!(
+                    "{} replicas of torchtitan's efsdp mesh of {}: FSDP2 shards the experts' parameters, gradients and optimizer state over each, all-gathers and reduce-scatters them there, and the replicas all-reduce the gradient shards",
+                    edp / e.max(1),
+                    plural(e, "GPU")
+                )
+            } else if s.parallel.fsdp_expert_split() {
+                "torchtitan's efsdp mesh: FSDP2 shards the experts' parameters, gradients and optimizer state over it, all-gathers and reduce-scatters them there".to_string()
             } else if edp > 1 {
-                "its expert-data-parallel group: expert gradients are reduced there, and sharded optimizer state split over it"
+                "its expert-data-parallel group: expert gradients are reduced there, and sharded optimizer state split over it".to_string()
             } else {
-                "no expert gradient reduction"
+                "no expert gradient reduction".to_string()
             },
             match (ep > 1, s.parallel.deepep.is_some()) {
                 (false, _) => "",

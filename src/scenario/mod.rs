@@ -1137,6 +1137,11 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         }
         parallel.hsdp_shard = Some(n);
     }
+    if parallel.fsdp_expert_split() && sharding == Sharding::HybridShard {
+        let mp = &parallel.model_parallel;
+        let shard = crate::plan::shard_group(&parallel, gpus, u64::from(cluster.gpus_per_node));
+        moe::validate_hsdp_expert_parallel(&v, mp.expert, shard, mp.context)?;
+    }
     if parallel.no_sync {
         let why = if !framework.is_pytorch() {
             Some("is FSDP's (no_sync() / set_requires_gradient_sync(False)); DDP, DeepSpeed and Megatron are simulated with their own gradient accumulation")

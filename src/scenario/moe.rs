@@ -301,7 +301,7 @@ pub(super) fn validate_expert_parallel(
             "a mixture of experts with tensor parallelism needs sequence parallelism (Megatron-Core: \"When using expert parallelism and tensor parallelism, sequence parallelism must be used\"; each tensor-parallel rank routes its own sequence shard); set parallel.sequence_parallel = true",
         ));
     }
-    if framework == Framework::Fsdp2 && sharding == Sharding::Zero3 && ep > 1 {
+    if framework == Framework::Fsdp2 && matches!(sharding, Sharding::Zero3 | Sharding::HybridShard) && ep > 1 {
         validate_fsdp2_expert_parallel(v, etp, etp_field)?;
     } else if (ep > 1 || tensor > 1 || etp > 1) && !matches!(sharding, Sharding::None | Sharding::Zero1) {
         return Err(v.err(
@@ -322,13 +322,36 @@ pub(super) fn validate_expert_parallel(
 /// `Shard(0)` on EP): expert tensor parallelism 1, whose folding is Megatron-Core's with
 /// `expert_tensor = 1` ([`crate::plan::ModelParallel::expert_data_parallel`]). torchtitan's
 /// earlier ETP = TP (commit aeb3a4baf, removed since) is not simulated: its dispatch differs
-/// from Megatron's. Hybrid sharding (`dp_replicate`) is not accepted here: `sharding` must be
-/// "full_shard".
+/// from Megatron's. Hybrid sharding (`dp_replicate` > 1, `sharding = "hybrid_shard"`) folds
+/// expert parallelism over each replica's shard group instead ([`validate_hsdp_expert_parallel`]).
 fn validate_fsdp2_expert_parallel(v: &V, etp: u64, etp_field: &str) -> Result<(), ScenarioError> {
     if etp != 1 {
         return Err(v.err(
             etp_field,
             format!("torchtitan's expert parallelism keeps each routed expert whole (its sparse mesh is efsdp x ep, the experts Shard(0) over ep): set parallel.expert_tensor = 1 (it defaults to parallel.tensor), got {etp}"),
+        ));
+    }
+    Ok(())
+}
+
+/// torchtitan's HSDP with expert parallelism (`framework = "fsdp2"`, `sharding =
+/// "hybrid_shard"`, `expert > 1`): `build_mesh` unflattens the data-parallel ranks into
+/// `dp_replicate x dp_shard` and the sparse mesh into `dp_replicate x efsdp x ep` with `efsdp
+/// = dp_shard * cp * tp // ep`, so the expert-parallel ranks are borrowed from each replica's
+/// shard group (`ParallelDims._validate`: ep must divide `dp_shard * cp * tp`); each replica
+/// holds every expert, sharded over its efsdp ranks, and the replicas all-reduce the experts'
+/// gradient shards as they do the rest. `shard` is the resolved shard group.
+pub(super) fn validate_hsdp_expert_parallel(v: &V, ep: u64, shard: u64, context: u64) -> Result<(), ScenarioError> {
+    if context > 1 {
+        return Err(v.err(
+            "parallel.context",
+            "context parallelism with hybrid sharding over expert parallelism is not simulated; use parallel.sharding = \"full_shard\"",
+        ));
+    }
+    if shard % ep != 0 {
+        return Err(v.err(
+            "parallel.expert",
+            format!("under hybrid_shard expert parallelism is folded over each replica's shard group ({shard} ranks: parallel.hsdp_shard_size, or a node): it must divide it, got {ep}"),
         ));
     }
     Ok(())

@@ -103,8 +103,10 @@ fn communicators(s: &Scenario, stage: u64) -> Vec<Communicator> {
         spans(1, tp),
         Traffic::Collectives { all_reduce: !mp.sequence_parallel },
     );
-    match p.hsdp_shard {
-        Some(shard) if p.sharding == crate::plan::Sharding::HybridShard => {
+    // HYBRID_SHARD's shard group: parallel.hsdp_shard_size, or a node.
+    let hsdp_shard = (p.sharding == crate::plan::Sharding::HybridShard).then(|| crate::plan::shard_group(p, gpus, gpn));
+    match hsdp_shard {
+        Some(shard) => {
             add(
                 format!("HSDP shard group ({shard} ranks)"),
                 shard,
@@ -169,6 +171,23 @@ fn communicators(s: &Scenario, stage: u64) -> Vec<Communicator> {
             edp,
             spans(etp * ep, edp / copies) || (copies > 1 && spans(tp * dp, pp)),
             Traffic::Collectives { all_reduce: true },
+        );
+    }
+    // torchtitan's efsdp mesh (the sparse mesh's FSDP dimension, `ep` the innermost): FSDP2
+    // all-gathers and reduce-scatters the routed experts over it. Under HSDP it lies inside a
+    // replica's shard group; the replicas' all-reduce is taken to share the dense mesh's
+    // dp_replicate communicator (same ranks).
+    if p.fsdp_expert_split() {
+        let efsdp = if p.sharding == crate::plan::Sharding::HybridShard {
+            crate::plan::shard_group(p, gpus, gpn) / ep
+        } else {
+            mp.expert_data_parallel(gpus)
+        };
+        add(
+            format!("efsdp mesh ({efsdp} ranks, the routed experts' FSDP2 shards)"),
+            efsdp,
+            spans(ep, efsdp),
+            Traffic::Collectives { all_reduce: false },
         );
     }
     if pp > 1 {
