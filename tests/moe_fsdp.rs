@@ -146,6 +146,9 @@ fn what_stays_refused() {
     assert!(e.contains("parallel.expert") && e.contains("shard group (2 ranks"), "{e}");
     let e = refused(16, "framework = \"fsdp2\"\nsharding = \"hybrid_shard\"\ncontext = 2\nexpert = 4");
     assert!(e.contains("parallel.context"), "{e}");
+    // Context parallelism with a mixture of experts outside Megatron and torchtitan.
+    let e = refused(16, "framework = \"fsdp\"\nsharding = \"full_shard\"\ncontext = 2");
+    assert!(e.contains("parallel.context") && e.contains("FSDP1 / DDP"), "{e}");
     let e = refused(16, "framework = \"fsdp2\"\nsharding = \"zero2\"\nexpert = 4");
     assert!(e.contains("parallel.sharding"), "{e}");
     let e = refused(16, "framework = \"fsdp2\"\nsharding = \"full_shard\"\nexpert = 4\nreshard_after_forward = 4");
@@ -315,4 +318,33 @@ fn hsdp_folds_expert_parallelism_into_each_replica() {
         assert!(names.contains(&(name.to_string(), ranks)), "{names:?}");
     }
     assert!(names.iter().any(|(n, r)| n.starts_with("efsdp mesh (2 ranks") && *r == 2), "{names:?}");
+}
+
+/// torchtitan's context parallelism with expert parallelism: 16 H100s, FSDP2 full_shard,
+/// context 2, expert 4. The fsdp mesh is dp_shard x cp = 8 x 2 = 16 ranks and the efsdp mesh
+/// dp_shard x cp / ep = 4; each rank routes its own 1,024 of each sequence's 2,048 tokens, so
+/// a dispatch moves 1,024 x 2 copies x 1,024 x 2 B = 4 MiB.
+#[test]
+fn context_parallel_ranks_join_the_efsdp_mesh() {
+    let s = scenario(16, "framework = \"fsdp2\"\nsharding = \"full_shard\"\ncontext = 2\nexpert = 4");
+    let sim = stepsim::simulate(&s).unwrap();
+    assert!(matches!(sim.report.verdict, stepsim::report::Verdict::Fits { .. }));
+    let plan = sim.plan();
+    assert_eq!((plan.shard_group, plan.edp, plan.expert_shard_group), (16, 4, 4));
+    assert_eq!(plan.expert_split(1), Some((262_784, 5_505_024)));
+    let dag = stepsim::model::build(&s.model, &s.workload);
+    assert_eq!(dag.tokens(), 1024);
+    let a2a: Vec<u64> = dag
+        .ops
+        .iter()
+        .filter(|o| o.comm.is_some_and(|c| c.group == stepsim::model::CommGroup::Expert))
+        .map(|o| o.comm.unwrap().bytes)
+        .collect();
+    assert_eq!(a2a.len() as u64, 2 * LAYERS);
+    assert!(a2a.iter().all(|&b| b == 4 << 20), "{a2a:?}");
+    assert!(sim
+        .report
+        .assumptions
+        .iter()
+        .any(|a| a.starts_with("mixture of experts with context parallel 2 (torchtitan)")));
 }

@@ -443,13 +443,19 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             if s.model.mla.is_some() || s.jitter.is_some() {
                 return Err("context parallelism with latent attention or [jitter] is not simulated".into());
             }
-            // A mixture of experts under Megatron-Core: the ring's ranks come out of data
-            // parallelism, so a stage's tensor x context x data ranks, which the experts fold
-            // over, stay as they are (the expert layout is unchanged; the context ranks join
-            // the expert-data-parallel group the data ranks leave).
-            if s.model.moe.is_some() && s.parallel.framework != crate::plan::Framework::Megatron {
+            // A mixture of experts under Megatron-Core or torchtitan: the ring's ranks come out
+            // of data parallelism, so a stage's tensor x context x data ranks, which the
+            // experts fold over, stay as they are (the expert layout is unchanged; the context
+            // ranks join the expert-data-parallel group, or efsdp mesh, the data ranks leave).
+            // torchtitan's HSDP over experts is not simulated with a ring.
+            use crate::plan::Framework;
+            let framework = s.parallel.framework;
+            if s.model.moe.is_some()
+                && !(framework == Framework::Megatron
+                    || (framework == Framework::Fsdp2 && s.parallel.sharding != Sharding::HybridShard))
+            {
                 return Err(
-                    "context parallelism with a mixture of experts is simulated under Megatron-Core only".into()
+                    "context parallelism with a mixture of experts is simulated under Megatron-Core and torchtitan (FSDP2 full_shard) only".into()
                 );
             }
             let dp = s.dp_degree();

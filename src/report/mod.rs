@@ -871,18 +871,38 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
             // (router.py, reduce_group=tp_cp_group) only when --moe-aux-loss-coeff > 0 (its
             // default is 0).
             let cp = mp.context;
-            let edp = if plan.edp > 1 {
+            let torchtitan = plan.parallel.fsdp_expert_split();
+            let edp = if torchtitan {
+                format!("FSDP2 shards each expert over its efsdp mesh ({} GPUs, dp_shard x cp x tp / ep), context ranks included", plan.edp)
+            } else if plan.edp > 1 {
                 format!("each expert slice's expert-data-parallel group ({} GPUs, the ones holding it) spans context ranks too", plan.edp)
             } else {
                 "each expert slice lives on one GPU (no expert-data-parallel group)".into()
             };
+            let (who, fold, dense) = if torchtitan {
+                (
+                    "torchtitan",
+                    "torchtitan's sparse mesh unflattens dp_shard x cp x tp into efsdp x ep, ep innermost (parallel_dims.py build_mesh)",
+                    "the rest is sharded and reduced over dp_shard x cp",
+                )
+            } else {
+                (
+                    "Megatron-Core",
+                    "Megatron-Core's expert rank generator has no context axis",
+                    "dense gradients are reduced over data x context",
+                )
+            };
             assumptions.push(format!(
-                "mixture of experts with context parallel {cp} (Megatron-Core): each GPU's router and experts see only its own {} of the {} tokens of each sequence (routing is per token: the MoE layer is the same on fewer tokens); the experts are folded over a stage's tensor x context x data = {} GPUs (Megatron-Core's expert rank generator has no context axis), so {edp}, while dense gradients are reduced over data x context = {} ranks; the load-balancing loss's tokens-per-expert all-reduce over tensor x context ({} int64 counts per MoE block; it runs only with --moe-aux-loss-coeff > 0, whose default is 0) is not simulated",
+                "mixture of experts with context parallel {cp} ({who}): each GPU's router and experts see only its own {} of the {} tokens of each sequence (routing is per token: the MoE layer is the same on fewer tokens); the experts are folded over a stage's tensor x context x data = {} GPUs ({fold}), so {edp}, while {dense} = {} ranks{}",
                 s.training.seq_len / cp,
                 s.training.seq_len,
                 mp.tensor * plan.dp,
                 plan.dp,
-                moe.num_experts
+                if torchtitan {
+                    String::new()
+                } else {
+                    format!("; the load-balancing loss's tokens-per-expert all-reduce over tensor x context ({} int64 counts per MoE block; it runs only with --moe-aux-loss-coeff > 0, whose default is 0) is not simulated", moe.num_experts)
+                }
             ));
         }
     }

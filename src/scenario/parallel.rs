@@ -290,16 +290,19 @@ pub(super) fn validate_context(
             "context parallelism with multi-head latent attention is simulated as Megatron-Core runs it (parallel.framework = \"megatron\"); use parallel.context = 1 here".into(),
         );
     }
-    if model.moe.is_some() && framework != Framework::Megatron {
+    if model.moe.is_some() && !matches!(framework, Framework::Megatron | Framework::Fsdp2) {
         // Megatron-Core folds the context-parallel ranks into the expert layout (see
-        // `moe.rs` `validate_expert_parallel`); torchtitan's mesh (expert parallelism over
-        // dp_shard x cp, FSDP over the experts) and DeepSpeed-Ulysses with DeepSpeed-MoE
-        // are other layouts, not modelled.
+        // `moe.rs` `validate_expert_parallel`), and so does torchtitan (FSDP2): its sparse mesh
+        // unflattens dp_shard x cp x tp into efsdp x ep with ep innermost
+        // (`parallel_dims.py` `build_mesh`), the same consecutive expert-parallel groups and
+        // efsdp = dp_shard * cp * tp // ep, and each rank routes its own share of each
+        // sequence. FSDP1 / DDP model code and DeepSpeed-Ulysses with DeepSpeed-MoE are other
+        // layouts, not modelled.
         return refuse(format!(
-            "context parallelism with a mixture of experts is simulated as Megatron-Core runs it (parallel.framework = \"megatron\"); {}'s layout of experts over context-parallel ranks is not modelled",
+            "context parallelism with a mixture of experts is simulated as Megatron-Core or torchtitan run it (parallel.framework = \"megatron\" or \"fsdp2\"); {}'s layout of experts over context-parallel ranks is not modelled",
             match framework {
                 Framework::Deepspeed => "DeepSpeed",
-                _ => "torchtitan / PyTorch",
+                _ => "FSDP1 / DDP model code",
             }
         ));
     }
