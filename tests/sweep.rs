@@ -839,3 +839,25 @@ fn sweep_limits_are_checked_before_the_work() {
     assert_eq!(out.status.code(), Some(2));
     assert!(common::text(&out.stderr).contains("--jobs: at most"), "{}", common::text(&out.stderr));
 }
+
+/// The shipped MoE sweep (Mixtral 8x7B at micro-batch 2 on 32 and 64 H100s): the filter keeps
+/// the configurations of the same global batch, every expert-parallel degree but 1 fits with
+/// some recomputation, and one GPU per expert-parallel degree 1 never does: without expert
+/// parallelism every GPU holds all eight experts' state and routed activations.
+#[test]
+fn the_shipped_moe_sweep_varies_the_moe_knobs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sw = root().join("scenarios/sweeps/mixtral-moe-knobs.toml");
+    let out = tmp.path().join("out");
+    let (stdout, _) = sweep_ok(&[sw.to_str().unwrap(), "--out", out.to_str().unwrap()], tmp.path());
+    assert!(stdout.contains("48 configurations (48 of 96 kept by the filter)"), "{stdout}");
+    let spec = SweepSpec::load(&sw).unwrap();
+    let csv = read(&out.join("sweep.csv"));
+    let rows: Vec<_> = csv.lines().skip(1).map(|l| parse_row(l, spec.axes.len()).unwrap()).collect();
+    let expert = |r: &stepsim::sweep::output::Row| spec.axes[3].labels[spec.value_indices(r.index)[3]].clone();
+    for ep in ["2", "4", "8"] {
+        assert!(rows.iter().any(|r| r.fits && expert(r) == ep), "expert {ep}: nothing fits\n{stdout}");
+    }
+    assert!(rows.iter().all(|r| expert(r) != "1" || !r.fits), "{stdout}");
+    assert!(stdout.contains("parallel.expert = 1: 12 configurations; OOM in forward (step 1) 12"), "{stdout}");
+}
