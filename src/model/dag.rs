@@ -1444,9 +1444,12 @@ struct MoeShape {
 ///   sums are summed over the group and each rank keeps its own copies (the compute dtype,
 ///   as Megatron-Core 0.8-0.11 reduce-scatters); its backward all-gathers their gradients.
 /// - **Combine**: the reverse all-to-all brings each copy home.
-/// - **Unpermute**: each copy scaled by its routing probability and summed into its token;
-///   the product saves the copies and the probabilities (`unpermute(..., probs)` in
-///   Megatron-Core 0.8-0.11, and Hugging Face's `expert_layer(x) * routing_weights`).
+/// - **Unpermute**: each copy summed into its token. Where the routing probability scales it
+///   follows [`RoutingScale`]: inside the experts' fused SwiGLU (Megatron-Core 0.13 on, which
+///   saves the probabilities beside its input; the probabilities saved are this rank's own,
+///   as many as it receives under uniform routing), or in the unpermute, whose product saves
+///   the copies (in 16 bits: Megatron-Core 0.8-0.12's `unpermute(..., probs)`, Hugging
+///   Face's `expert_layer(x) * routing_weights`; upcast to FP32: torchtitan's combine).
 /// - **Shared experts** (if any) run beside, as a tensor-parallel SwiGLU MLP over every
 ///   token; Qwen2-MoE scales theirs by a sigmoid gate (h -> 1).
 fn moe_mlp(bd: &mut Builder, name: &str, m: &MoeConfig, x: TensorId, s: MoeShape) -> TensorId {
