@@ -118,6 +118,15 @@ fn transformer_engine_workspaces_are_resident_from_initialisation() {
     assert_eq!(none, None);
     assert_eq!(ws, Some(2 * block_linear_params));
     assert_eq!(fp8 - bf16, expected);
+    // Under a pipeline of 2 a GPU holds its stage's half of the blocks' workspaces.
+    let toml = format!(
+        "[model]\nfamily = \"llama\"\nn_layers = {LAYERS}\nhidden = {H}\nn_heads = 8\nffn_hidden = {F}\nvocab = 32000\nmax_seq_len = {SEQ}\n\
+         [hardware]\ngpu = \"h100-sxm\"\ngpus = 2\n[parallel]\nframework = \"megatron\"\npipeline = 2\n\
+         [training]\nmicro_batch = 1\nseq_len = {SEQ}\ngrad_accum = 4\nprecision = \"bf16-mixed-adam\"\nattention = \"flash\"\n{DELAYED}"
+    );
+    let s = Scenario::from_toml(Path::new("<fp8 pp2>"), &toml).unwrap_or_else(|e| panic!("{e}"));
+    let r = stepsim::simulate(&s).unwrap().report;
+    assert_eq!(r.fp8.map(|f| f.weight_workspaces.bytes), Some(block_linear_params));
 }
 
 /// FP8 halves the block GEMMs' compute time on H100 (1,979 vs 989 TFLOP/s): the step is

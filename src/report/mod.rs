@@ -433,7 +433,8 @@ pub struct Fp8Report {
     pub wgrad_fp8: bool,
     /// The FP8 tensor-core peak, FLOP/s.
     pub fp8_peak_flops: f64,
-    /// Transformer Engine's persistent FP8 weight and transpose workspaces (delayed).
+    /// Transformer Engine's persistent FP8 weight and transpose workspaces on one GPU (its
+    /// pipeline stage's; the stage that holds the most).
     pub weight_workspaces: Bytes,
     pub amax_history_len: Option<u64>,
     /// torchao float8 tensor parallelism: sequence-parallel inputs cast on the shard and
@@ -445,12 +446,26 @@ pub struct Fp8Report {
     pub fsdp_all_gather: bool,
 }
 
-pub fn fp8_report(s: &Scenario, dag: &LayerDag) -> Option<Fp8Report> {
+pub fn fp8_report(s: &Scenario, dag: &LayerDag, plan: &Plan) -> Option<Fp8Report> {
     let f = dag.workload.fp8?;
     let linears = dag.ops.iter().filter(|o| o.kind == crate::model::OpKind::Linear);
-    let (n, fp8, fp8_params) = linears.fold((0, 0, 0), |(n, k, p), o| {
-        (n + 1, k + u64::from(o.fp8.is_some()), p + if o.fp8.is_some() { o.params } else { 0 })
-    });
+    let (n, fp8) = linears.fold((0, 0), |(n, k), o| (n + 1, k + u64::from(o.fp8.is_some())));
+    // The weight workspaces a GPU holds: its pipeline stage's FP8 linears (every chunk of
+    // it), on the stage that holds the most.
+    let mtp = dag.config.mtp_layers();
+    let fp8_params = plan
+        .stage_chunks(dag.config.n_layers, mtp)
+        .iter()
+        .map(|chunks| {
+            let held = |l: u64| chunks.iter().any(|c| (c.first_block..c.end_block + c.mtp).contains(&l));
+            dag.ops
+                .iter()
+                .filter(|o| o.fp8.is_some() && matches!(o.region, crate::model::Region::Block(l) if held(l)))
+                .map(|o| o.params)
+                .sum::<u64>()
+        })
+        .max()
+        .unwrap_or(0);
     let flops: f64 = dag.ops.iter().filter(|o| o.fp8.is_some()).map(|o| o.fwd_flops).sum();
     let delayed = f.recipe == crate::model::Fp8Recipe::Delayed;
     Some(Fp8Report {
@@ -974,7 +989,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
         allocator: allocator::build(s, sched, trace),
         offload: None,
         routing: None,
-        fp8: fp8_report(s, dag),
+        fp8: fp8_report(s, dag, plan),
         activation_offload: activation_offload_report(dag, plan),
         offload_fits: {
             let (host, nvme) = plan.offload_fits(u64::from(s.cluster.gpus_per_node));
