@@ -1743,6 +1743,16 @@ fn cases() -> Vec<Case> {
             &["whole vocabulary", "\"vocab-parallel\""],
         ),
         case(
+            "compiled loss with tensor parallelism",
+            b().set("hardware", "gpus", "2").set("model", "vocab", "50304").set("parallel", "tensor", "2").set(
+                "training",
+                "loss",
+                "\"compiled\"",
+            ),
+            "training.loss",
+            &["torch.compile's fused cross-entropy", "parallel.tensor = 1"],
+        ),
+        case(
             "fused-linear loss with LoRA",
             lora().set("training", "loss", "\"fused-linear\""),
             "training.loss",

@@ -280,12 +280,36 @@ pub fn import(file: &str, config: &str, a: &TorchtitanArgs) -> Result<Import, Im
         None => true,
         Some(v) => v.as_float().or(v.as_integer().map(|i| i as f64)).is_some_and(|x| x > 0.0),
     };
-    let kernels = if boolean(&training, "training", "compile")? || boolean(&compile, "compile", "enable")? {
+    let compiled = boolean(&training, "training", "compile")? || boolean(&compile, "compile", "enable")?;
+    // `compile.components` (default ["model", "loss"]); before it, `training.compile` compiled
+    // both (the loss since bbb1b61, 2025-04).
+    let components: Vec<String> = match compile.get("components") {
+        None => vec!["model".into(), "loss".into()],
+        Some(Value::Array(v)) => v.iter().filter_map(|x| x.as_str().map(str::to_string)).collect(),
+        Some(x) => return Err(err("compile.components", format!("must be a list of strings, got {x}"))),
+    };
+    let kernels = if compiled && components.iter().any(|c| c == "model") {
         im.mapped.push("compile: kernels = \"compiled\" (torch.compile's fused element-wise kernels)".into());
         "compiled"
     } else {
         im.mapped.push("compile off: kernels = \"eager\" (eager PyTorch's element-wise kernels)".into());
         "eager"
+    };
+    let loss_toml = if compiled && components.iter().any(|c| c == "loss") {
+        if tp > 1 {
+            im.not_expressed.push(
+                "the compiled loss under tensor parallelism (loss_parallel): simulated as eager cross-entropy".into(),
+            );
+            ""
+        } else {
+            im.mapped.push(
+                "compile of the loss: loss = \"compiled\" (Inductor's fused cross-entropy: no FP32 copy of the logits)"
+                    .into(),
+            );
+            "loss = \"compiled\"\n"
+        }
+    } else {
+        ""
     };
     // --- checkpointing
     let mode = string(&ac, "activation_checkpoint", "mode", "selective")?;
@@ -413,7 +437,7 @@ pub fn import(file: &str, config: &str, a: &TorchtitanArgs) -> Result<Import, Im
     }
     s.push_str(&format!("\n[parallel]\n{par_toml}"));
     s.push_str(&format!(
-        "\n[training]\nmicro_batch = {local}\nseq_len = {seq}\ngrad_accum = {accum}\nprecision = \"{preset}\"\noptimizer = \"{optimizer}\"\noptimizer_impl = \"{implementation}\"\nactivation_checkpointing = \"{checkpointing}\"\n{ac_toml}attention = \"flash\"\nkernels = \"{kernels}\"\nclip_grad_norm = {clip}\n"
+        "\n[training]\nmicro_batch = {local}\nseq_len = {seq}\ngrad_accum = {accum}\nprecision = \"{preset}\"\noptimizer = \"{optimizer}\"\noptimizer_impl = \"{implementation}\"\nactivation_checkpointing = \"{checkpointing}\"\n{ac_toml}attention = \"flash\"\nkernels = \"{kernels}\"\n{loss_toml}clip_grad_norm = {clip}\n"
     ));
     if !fp8.is_empty() {
         s.push_str(&format!("\n[fp8]\n{fp8}"));

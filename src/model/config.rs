@@ -858,6 +858,12 @@ pub enum LossKind {
     /// weight gradients in forward; only one chunk's logits ever exist, and the gradients are
     /// what it saves.
     FusedLinear,
+    /// `F.cross_entropy(logits.float(), targets)` under `torch.compile` (torchtitan compiles
+    /// its loss with the model since bbb1b61, 2025-04-02, `components/loss.py`): Inductor fuses
+    /// the upcast, log-softmax and NLL into row reductions over the 16-bit logits, saves those
+    /// logits and each row's FP32 log-sum-exp, and its backward recomputes the softmax in one
+    /// kernel that writes the 16-bit logit gradient. No FP32 copy of the logits exists.
+    Compiled,
 }
 
 impl LossKind {
@@ -869,6 +875,7 @@ impl LossKind {
             LossKind::Eager => "eager",
             LossKind::VocabParallel => "vocab-parallel",
             LossKind::FusedLinear => "fused-linear",
+            LossKind::Compiled => "compiled",
         }
     }
 }

@@ -1004,7 +1004,25 @@ fn lm_head_loss(
     bd.regather_op(&n("output"), first);
     let logits =
         if cfg.style.final_logit_softcap { softcap_ops(bd, &n("output.softcap"), logits, t, v) } else { logits };
-    if w.loss == super::config::LossKind::VocabParallel {
+    if w.loss == super::config::LossKind::Compiled {
+        // Row reductions over the 16-bit logits: the max, then the sum of exponentials (2 x
+        // c read per element); backward reads them again with the log-sum-exp and writes the
+        // gradient (2 x c). What it saves is the logits themselves and t FP32 log-sum-exps.
+        let lse = bd.tensor(&n("loss.logsumexp"), t, 4, TensorKind::Stats);
+        let loss = bd.tensor(&n("loss"), 1, 4, TensorKind::Activation);
+        let id = bd.op_tp(
+            n("loss.cross_entropy"),
+            OpKind::Loss,
+            0,
+            (5.0 * tf * v as f64, 5.0 * tf * v as f64),
+            vec![logits, targets],
+            vec![lse, loss],
+            vec![logits, lse, targets],
+        );
+        let e = (t * vt * c) as f64;
+        bd.ops[id].fwd_bytes = 2.0 * e;
+        bd.ops[id].bwd_bytes = Some(2.0 * e);
+    } else if w.loss == super::config::LossKind::VocabParallel {
         // Megatron-Core's vocab_parallel_cross_entropy: the logits are upcast and
         // exponentiated in place into the FP32 softmax it saves (with the target mask);
         // the loss is log(sum exp) - the target's logit. Its backward writes the 16-bit

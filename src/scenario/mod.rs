@@ -581,12 +581,19 @@ fn validate_loss(
     let loss = match v.choice(
         "training.loss",
         t.loss.as_deref().unwrap_or(default),
-        &["eager", "vocab-parallel", "fused-linear"],
+        &["eager", "vocab-parallel", "fused-linear", "compiled"],
     )? {
         "eager" => LossKind::Eager,
         "vocab-parallel" => LossKind::VocabParallel,
+        "compiled" => LossKind::Compiled,
         _ => LossKind::FusedLinear,
     };
+    if loss == LossKind::Compiled && (mp.tensor > 1 || framework == Framework::Megatron) {
+        return Err(v.err(
+            "training.loss",
+            "\"compiled\" (torch.compile's fused cross-entropy, as torchtitan runs its loss) needs the whole vocabulary on each GPU and PyTorch model code: use parallel.tensor = 1, or \"vocab-parallel\" with tensor parallelism or under Megatron",
+        ));
+    }
     if loss != LossKind::Eager && t.logits_fp32.is_some() {
         return Err(v.err(
             "training.logits_fp32",
