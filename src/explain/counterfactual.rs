@@ -741,8 +741,17 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             }
             v.workload.kernels = crate::model::KernelStack::Compiled;
             v.workload.fused_swiglu = true;
+            // torchtitan compiles its loss with the model, and Hugging Face's loss is part of
+            // the compiled forward: Inductor's cross-entropy keeps no FP32 logits. Under
+            // tensor parallelism (loss_parallel) the loss stays as it is.
+            let loss = if s.workload.loss == crate::model::LossKind::Eager && s.parallel.model_parallel.tensor == 1 {
+                v.workload.loss = crate::model::LossKind::Compiled;
+                ", loss = \"compiled\": the cross-entropy fused, no FP32 copy of the logits"
+            } else {
+                ""
+            };
             vec![(
-                "torch.compile (kernels = \"compiled\"): fused norm, rotary and SiLU-product kernels, the FP32 norm copies no longer saved".into(),
+                format!("torch.compile (kernels = \"compiled\"{loss}): fused norm, rotary and SiLU-product kernels, the FP32 norm copies no longer saved"),
                 v,
             )]
         }
