@@ -1004,49 +1004,34 @@ fn lm_head_loss(
     bd.regather_op(&n("output"), first);
     let logits =
         if cfg.style.final_logit_softcap { softcap_ops(bd, &n("output.softcap"), logits, t, v) } else { logits };
+    let one_kernel = |bd: &mut Builder, name: &str, kept: TensorId, save_logits: bool, bytes: [f64; 2]| {
+        let loss = bd.tensor(&n("loss"), 1, 4, TensorKind::Activation);
+        let saves = if save_logits { vec![logits, kept, targets] } else { vec![kept, targets] };
+        let fl = 5.0 * tf * v as f64;
+        let id = bd.op_tp(n(name), OpKind::Loss, 0, (fl, fl), vec![logits, targets], vec![kept, loss], saves);
+        let e = (t * vt) as f64;
+        bd.ops[id].fwd_bytes = bytes[0] * e;
+        bd.ops[id].bwd_bytes = Some(bytes[1] * e);
+    };
     if w.loss == super::config::LossKind::Compiled {
         // Row reductions over the 16-bit logits: the max, then the sum of exponentials (2 x
         // c read per element); backward reads them again with the log-sum-exp and writes the
         // gradient (2 x c). What it saves is the logits themselves and t FP32 log-sum-exps.
         let lse = bd.tensor(&n("loss.logsumexp"), t, 4, TensorKind::Stats);
-        let loss = bd.tensor(&n("loss"), 1, 4, TensorKind::Activation);
-        let id = bd.op_tp(
-            n("loss.cross_entropy"),
-            OpKind::Loss,
-            0,
-            (5.0 * tf * v as f64, 5.0 * tf * v as f64),
-            vec![logits, targets],
-            vec![lse, loss],
-            vec![logits, lse, targets],
-        );
-        let e = (t * vt * c) as f64;
-        bd.ops[id].fwd_bytes = 2.0 * e;
-        bd.ops[id].bwd_bytes = Some(2.0 * e);
+        let cf = c as f64;
+        one_kernel(bd, "loss.cross_entropy", lse, true, [2.0 * cf, 2.0 * cf]);
     } else if w.loss == super::config::LossKind::VocabParallel {
         // Megatron-Core's vocab_parallel_cross_entropy: the logits are upcast and
         // exponentiated in place into the FP32 softmax it saves (with the target mask);
         // the loss is log(sum exp) - the target's logit. Its backward writes the 16-bit
-        // logit gradient.
+        // logit gradient. Its passes over the n = tokens x vocab / tp logits, bytes per
+        // element (`--cross-entropy-loss-fusion` off, Megatron-Core's default): forward the
+        // FP32 copy (2 read, 4 written), the max (4), subtracting it in place (4 + 4), exp in
+        // place (4 + 4), the sum (4) and the division in place (4 + 4): 38; backward scaling
+        // the saved softmax by the loss's gradient in place (4 + 4) and the cast of the logit
+        // gradient back to 16 bits (4 + 2): 14.
         let sm = bd.tensor(&n("loss.softmax"), t * vt, 4, TensorKind::Activation);
-        let loss = bd.tensor(&n("loss"), 1, 4, TensorKind::Activation);
-        let id = bd.op_tp(
-            n("loss.vocab_parallel_cross_entropy"),
-            OpKind::Loss,
-            0,
-            (5.0 * tf * v as f64, 5.0 * tf * v as f64),
-            vec![logits, targets],
-            vec![sm, loss],
-            vec![sm, targets],
-        );
-        // Its passes over the n = tokens x vocab / tp logits, bytes per element
-        // (`--cross-entropy-loss-fusion` off, Megatron-Core's default): forward the FP32
-        // copy (2 read, 4 written), the max (4), subtracting it in place (4 + 4), exp in
-        // place (4 + 4), the sum (4) and the division in place (4 + 4): 38; backward
-        // scaling the saved softmax by the loss's gradient in place (4 + 4) and the cast
-        // of the logit gradient back to 16 bits (4 + 2): 14.
-        let e = (t * vt) as f64;
-        bd.ops[id].fwd_bytes = 38.0 * e;
-        bd.ops[id].bwd_bytes = Some(14.0 * e);
+        one_kernel(bd, "loss.vocab_parallel_cross_entropy", sm, false, [38.0, 14.0]);
     } else {
         let mut logits = logits;
         let loss_dtype = if w.logits_fp32 { Dtype::Fp32 } else { w.compute_dtype };
