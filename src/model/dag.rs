@@ -1320,7 +1320,7 @@ fn swiglu_mlp(bd: &mut Builder, name: &str, x: TensorId, t: u64, h: u64, f: u64,
     bd.op_tp(p("w3"), OpKind::Linear, h * ft, lin(h, f), vec![n2_in], vec![u], vec![n2]);
     bd.regather_op(name, first);
     let m = if bd.fused_swiglu {
-        fused_swiglu(bd, &p("swiglu"), [g, u], None, [t * ft, t * f], c).1
+        fused_swiglu(bd, &p("swiglu"), [g, u], None, t * ft, c, true).1
     } else {
         let sg = bd.tensor(&p("silu.out"), t * ft, c, TensorKind::Activation);
         let fl = (4.0 * tf * f as f64, 8.0 * tf * f as f64);
@@ -1342,8 +1342,8 @@ fn swiglu_mlp(bd: &mut Builder, name: &str, x: TensorId, t: u64, h: u64, f: u64,
     bd.g_op(name, d, c)
 }
 
-/// SwiGLU as one kernel over `elems` elements of each half on this rank, of `whole` in the
-/// model (more under tensor parallelism, whose ranks each run a slice) (Megatron-Core's
+/// SwiGLU as one kernel over `elems` elements of each half on this rank, a tensor-parallel
+/// slice of the model's where `tp_split` (the dense MLP's; the experts' are not) (Megatron-Core's
 /// `SwiGLUFunction`, and `WeightedSwiGLUFunction` when `probs` scale each row, in
 /// megatron/core/fusions/fused_bias_swiglu.py; torch.compile fuses the same): silu(g) x u
 /// [x probs], saving its input (and the probabilities) and recomputing silu in backward.
@@ -1358,11 +1358,13 @@ fn fused_swiglu(
     name: &str,
     [g, u]: [TensorId; 2],
     probs: Option<TensorId>,
-    [elems, whole]: [u64; 2],
+    elems: u64,
     c: u64,
+    tp_split: bool,
 ) -> (OpId, TensorId) {
     let m = bd.tensor(&format!("{name}.out"), elems, c, TensorKind::Activation);
-    let e = whole as f64;
+    // FLOPs are the model's: `op_tp` charges this rank its 1/tp.
+    let e = (elems * if tp_split { bd.tp } else { 1 }) as f64;
     let (mut fwd, mut bwd) = (5.0 * e, 10.0 * e);
     if probs.is_some() {
         fwd += e;
@@ -1379,10 +1381,10 @@ fn fused_swiglu(
         vec![g, u]
     };
     saves.extend(probs);
-    let id = if whole == elems {
-        bd.op(name.to_string(), OpKind::Elementwise, 0, (fwd, bwd), inputs, outputs, saves)
-    } else {
+    let id = if tp_split {
         bd.op_tp(name.to_string(), OpKind::Elementwise, 0, (fwd, bwd), inputs, outputs, saves)
+    } else {
+        bd.op(name.to_string(), OpKind::Elementwise, 0, (fwd, bwd), inputs, outputs, saves)
     };
     if bd.swiglu_fp8_input_store {
         let (cf, ef) = (c as f64, elems as f64);
@@ -1555,8 +1557,8 @@ fn moe_mlp(bd: &mut Builder, name: &str, m: &MoeConfig, x: TensorId, s: MoeShape
     let u = expert(bd, "w3", h, fe, recv);
     let weighted = bd.routing_scale == RoutingScale::InActivation;
     let mm = if bd.fused_swiglu {
-        let elems = gathered * fe;
-        let (id, mm) = fused_swiglu(bd, &p("experts.swiglu"), [g, u], weighted.then_some(probs), [elems, elems], c);
+        let (id, mm) =
+            fused_swiglu(bd, &p("experts.swiglu"), [g, u], weighted.then_some(probs), gathered * fe, c, false);
         bd.ops[id].expert = true;
         mm
     } else {
@@ -1588,34 +1590,25 @@ fn moe_mlp(bd: &mut Builder, name: &str, m: &MoeConfig, x: TensorId, s: MoeShape
         d
     };
     let y = bd.tensor(&p("unpermute.out"), rows * h, c, TensorKind::Activation);
-    if weighted {
-        // A sum of each token's copies; its backward hands every copy its token's gradient.
-        bd.op(p("unpermute"), OpKind::Elementwise, 0, (home as f64 * hf, 0.0), vec![back, idx], vec![y], vec![idx]);
-    } else if bd.routing_scale == RoutingScale::AfterCombineFp32 {
+    // A sum of each token's copies, after scaling them where the probabilities were not
+    // applied in the experts: its backward hands every copy its token's gradient (and the
+    // probabilities theirs, from the copies the product keeps).
+    let scaled = (2.0 * home as f64 * hf, 4.0 * home as f64 * hf);
+    let (flops, inputs, outputs, saves) = match bd.routing_scale {
+        RoutingScale::InActivation => ((home as f64 * hf, 0.0), vec![back, idx], vec![y], vec![idx]),
+        RoutingScale::AfterCombine => (scaled, vec![back, probs, idx], vec![y], vec![back, probs]),
         // The copies upcast (4 B each, saved for the probabilities' gradient), scaled, cast
-        // back and scatter-added: the upcast's write, the product's read and write and the
-        // cast's read come on top of the op's inputs and outputs.
-        let up = bd.tensor(&p("combine.out.float"), home * h, 4, TensorKind::Activation);
-        let id = bd.op(
-            p("unpermute"),
-            OpKind::Elementwise,
-            0,
-            (2.0 * home as f64 * hf, 4.0 * home as f64 * hf),
-            vec![back, probs, idx],
-            vec![y, up],
-            vec![up, probs],
-        );
+        // back and scatter-added.
+        RoutingScale::AfterCombineFp32 => {
+            let up = bd.tensor(&p("combine.out.float"), home * h, 4, TensorKind::Activation);
+            (scaled, vec![back, probs, idx], vec![y, up], vec![up, probs])
+        }
+    };
+    let id = bd.op(p("unpermute"), OpKind::Elementwise, 0, flops, inputs, outputs, saves);
+    if bd.routing_scale == RoutingScale::AfterCombineFp32 {
+        // The product's read and write and the cast's read of the FP32 copies, on top of the
+        // op's inputs and outputs.
         bd.ops[id].fwd_bytes += 3.0 * (home * h * 4) as f64;
-    } else {
-        bd.op(
-            p("unpermute"),
-            OpKind::Elementwise,
-            0,
-            (2.0 * home as f64 * hf, 4.0 * home as f64 * hf),
-            vec![back, probs, idx],
-            vec![y],
-            vec![back, probs],
-        );
     }
     if m.shared_expert_ffn_hidden == 0 {
         return y;

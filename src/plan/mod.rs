@@ -959,6 +959,20 @@ impl ModelState {
     }
 }
 
+/// torchtitan's efsdp mesh under FSDP2 with expert parallelism: the ranks a routed expert's
+/// state is sharded over. The sparse mesh unflattens each replica's dp_shard x cp x tp ranks
+/// into efsdp x ep (`parallel_dims.py` `build_mesh`), so it is the stage's ranks over ep, or
+/// under HYBRID_SHARD (tensor and context parallelism 1 there) one replica's shard group
+/// over ep.
+pub fn efsdp(p: &ParallelConfig, gpus: u64, gpus_per_node: u64) -> u64 {
+    let mp = &p.model_parallel;
+    if p.sharding == Sharding::HybridShard {
+        (shard_group(p, gpus, gpus_per_node) / mp.expert.max(1)).max(1)
+    } else {
+        mp.expert_data_parallel(gpus)
+    }
+}
+
 /// The ranks a sharded piece of state is split over: all data-parallel (and context-
 /// parallel) ranks, a node's under HYBRID_SHARD, none without sharding.
 pub fn shard_group(p: &ParallelConfig, gpus: u64, gpus_per_node: u64) -> u64 {
@@ -1000,11 +1014,10 @@ impl Plan {
         let shard_group = shard_group(&parallel, gpus, gpus_per_node);
         let ep = mp.expert.max(1);
         // DualPipe's two copies of a stage reduce their gradients together.
-        // Under torchtitan's HSDP the efsdp mesh lies inside each replica's shard group
-        // (efsdp = dp_shard // ep, tensor and context parallelism being 1 there); the replicas
-        // all-reduce its shards as they do the rest.
-        let edp = if parallel.fsdp_expert_split() && sh == Sharding::HybridShard {
-            (shard_group / ep).max(1)
+        // torchtitan's efsdp mesh (inside each replica's shard group under HSDP, whose
+        // replicas all-reduce its shards as they do the rest).
+        let edp = if parallel.fsdp_expert_split() {
+            efsdp(&parallel, gpus, gpus_per_node)
         } else {
             mp.expert_data_parallel(gpus) * mp.stage_copies()
         };

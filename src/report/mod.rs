@@ -457,12 +457,8 @@ pub fn fp8_report(s: &Scenario, dag: &LayerDag, plan: &Plan) -> Option<Fp8Report
         .stage_chunks(dag.config.n_layers, mtp)
         .iter()
         .map(|chunks| {
-            let held = |l: u64| chunks.iter().any(|c| (c.first_block..c.end_block + c.mtp).contains(&l));
-            dag.ops
-                .iter()
-                .filter(|o| o.fp8.is_some() && matches!(o.region, crate::model::Region::Block(l) if held(l)))
-                .map(|o| o.params)
-                .sum::<u64>()
+            let held = |o: &&crate::model::Op| o.fp8.is_some() && chunks.iter().any(|c| c.holds(o.region));
+            dag.ops.iter().filter(held).map(|o| o.params).sum::<u64>()
         })
         .max()
         .unwrap_or(0);
@@ -777,7 +773,9 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
         );
     }
     if let Some(moe) = &dag.config.moe {
-        let copies = dag.tokens() / if mp.sequence_parallel { mp.tensor } else { 1 } * moe.top_k;
+        // The tokens this rank routes (its sequence shard under sequence parallelism).
+        let rows = dag.tokens() / if mp.sequence_parallel { mp.tensor } else { 1 };
+        let copies = rows * moe.top_k;
         let bytes = copies * dag.config.hidden * dag.workload.compute_dtype.bytes();
         // The expert-parallel group and DeepEP's fan-out over it, as the schedule costed them.
         let cost = (plan.parallel.deepep.is_some() && mp.expert > 1)
@@ -867,7 +865,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
             } else {
                 "in series with the compute"
             },
-            fmt_bytes(dag.tokens() / if mp.sequence_parallel { mp.tensor } else { 1 } * moe.num_experts * 4)
+            fmt_bytes(rows * moe.num_experts * 4)
         ));
         if mp.expert_tensor > 1 {
             let etp = mp.expert_tensor;

@@ -277,9 +277,9 @@ pub fn render(r: &Report, s: &Scenario) -> String {
         let (ep, etp) = (mp.expert, mp.expert_tensor);
         let edp = mp.expert_data_parallel(u64::from(c.gpus));
         // Under torchtitan's HSDP each replica holds every expert, sharded over its own efsdp
-        // ranks (`Plan::edp`'s rule).
+        // mesh.
         let hsdp_efsdp = (s.parallel.fsdp_expert_split() && s.parallel.sharding == crate::plan::Sharding::HybridShard)
-            .then(|| crate::plan::shard_group(&s.parallel, u64::from(c.gpus), u64::from(c.gpus_per_node)) / ep);
+            .then(|| crate::plan::efsdp(&s.parallel, u64::from(c.gpus), u64::from(c.gpus_per_node)));
         // Expert tensor parallelism: each expert's width split over `etp` consecutive GPUs,
         // the received tokens all-gathered over them and the experts' output reduce-scattered.
         let split = if etp > 1 {

@@ -178,11 +178,7 @@ fn communicators(s: &Scenario, stage: u64) -> Vec<Communicator> {
     // replica's shard group; the replicas' all-reduce is taken to share the dense mesh's
     // dp_replicate communicator (same ranks).
     if p.fsdp_expert_split() {
-        let efsdp = if p.sharding == crate::plan::Sharding::HybridShard {
-            crate::plan::shard_group(p, gpus, gpn) / ep
-        } else {
-            mp.expert_data_parallel(gpus)
-        };
+        let efsdp = crate::plan::efsdp(p, gpus, gpn);
         add(
             format!("efsdp mesh ({efsdp} ranks, the routed experts' FSDP2 shards)"),
             efsdp,

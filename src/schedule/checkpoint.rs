@@ -119,7 +119,7 @@ pub fn plan(dag: &LayerDag, plan: &Plan) -> Checkpoints {
     // again by the rerun.
     if ck == Checkpointing::Selective && plan.training.recompute_modules.contains(&RecomputeModule::MoeAct) {
         for (i, op) in dag.ops.iter().enumerate() {
-            if !(op.expert && op.kind == OpKind::Elementwise && op.outputs.iter().any(|&t| tensors[t].recomputed)) {
+            if !(experts_activation(op) && op.outputs.iter().any(|&t| tensors[t].recomputed)) {
                 continue;
             }
             for &t in &op.inputs {
@@ -233,7 +233,7 @@ fn selective_drop(
         }
         RecomputeModule::Mlp => in_mlp(p) && in_mlp(saver),
         RecomputeModule::Moe => moe_block(p) && moe_block(saver),
-        RecomputeModule::MoeAct => p.expert && p.kind == OpKind::Elementwise,
+        RecomputeModule::MoeAct => experts_activation(p),
         RecomputeModule::SharedExperts => {
             p.name.contains(".shared_experts.") && saver.name.contains(".shared_experts.")
         }
@@ -243,6 +243,11 @@ fn selective_drop(
                 || p.name.ends_with(".attention.rope")
         }
     })
+}
+
+/// The routed experts' activation, what Megatron's `moe_act` reruns.
+fn experts_activation(op: &crate::model::Op) -> bool {
+    op.expert && op.kind == OpKind::Elementwise
 }
 
 /// Per block: whether it holds a mixture-of-experts layer (a router).
