@@ -58,6 +58,7 @@ fn dag_parameter_counts_match_closed_forms() {
         flash2: false,
         fp8: None,
         loss: Default::default(),
+        aux_loss: Default::default(),
     };
     // 100B GPT of the shipped scenarios: 12h^2 + 13h per layer, tied V h, 2048 positions, final LN.
     let c = gpt(80, 10240, 80, 0.1);
@@ -114,6 +115,7 @@ fn activations_per_layer_follow_korthikanti() {
             flash2: false,
             fp8: None,
             loss: Default::default(),
+            aux_loss: Default::default(),
         };
         let (main, stats) = block_saved(&cfg, &math);
         assert_eq!(main, 34 * s * b * h + 5 * a * s * s * b, "math attention, s={s} b={b} h={h} a={a}");

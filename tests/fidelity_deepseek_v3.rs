@@ -38,6 +38,9 @@ sharding = "zero1"
 stage_layers = [4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 1]
 [moe]
 dispatcher = "deepep"
+# The report's complementary sequence-wise balance loss (alpha = 0.0001), beside its
+# auxiliary-loss-free bias: Megatron-Core's seq_aux_loss.
+aux_loss = "seq_aux_loss"
 [megatron]
 activation_func_fp8_input_store = true
 [fp8]

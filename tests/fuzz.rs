@@ -91,6 +91,7 @@ const FIELDS: &[(&str, &str)] = &[
     ("moe", "pad_to_capacity"),
     ("moe", "dispatcher"),
     ("moe", "deepep_sms"),
+    ("moe", "aux_loss"),
     ("model.moe", "router_groups"),
     ("model.moe", "router_group_topk"),
     ("fp8", "recipe"),

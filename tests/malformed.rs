@@ -493,6 +493,22 @@ fn cases() -> Vec<Case> {
             "moe.pad_to_capacity",
             &["moe.capacity_factor"],
         ),
+        case(
+            "moe.aux_loss of an unknown balancing type",
+            moe().set("moe", "aux_loss", "\"sinkhorn\""),
+            "moe.aux_loss",
+            &["\"sinkhorn\"", "\"seq_aux_loss\""],
+        ),
+        case(
+            "moe.aux_loss under torchtitan",
+            moe().set("parallel", "framework", "\"fsdp2\"").set("parallel", "sharding", "\"full_shard\"").set(
+                "moe",
+                "aux_loss",
+                "\"aux_loss\"",
+            ),
+            "moe.aux_loss",
+            &["load_balance_coeff", "\"none\""],
+        ),
         // --- FSDP2
         case(
             "FSDP2 without parameter sharding",

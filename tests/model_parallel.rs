@@ -57,6 +57,7 @@ fn saved(cfg: &ModelConfig, s: u64, b: u64, t: u64, sp: bool) -> (u64, u64) {
         flash2: false,
         fp8: None,
         loss: Default::default(),
+        aux_loss: Default::default(),
     };
     let dag = model::build(cfg, &w);
     let all = dag.saved_bytes(Region::Block(0), false);
@@ -108,6 +109,7 @@ fn tensor_parallel_ranks_hold_a_tth_of_the_split_weights() {
         flash2: false,
         fp8: None,
         loss: Default::default(),
+        aux_loss: Default::default(),
     };
     let one = model::build(&cfg, &w(1));
     let eight = model::build(&cfg, &w(8));

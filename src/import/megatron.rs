@@ -119,10 +119,8 @@ const NO_EFFECT: &[&str] = &[
     "moe_router_topk_scaling_factor",
     "moe_router_enable_expert_bias",
     "moe_router_bias_update_rate",
-    "moe_aux_loss_coeff",
     "moe_z_loss_coeff",
     "mtp_loss_scaling_factor",
-    "moe_router_load_balancing_type",
     "manual_gc",
     "manual_gc_interval",
 ];
@@ -212,12 +210,50 @@ pub fn parse_args(text: &str) -> Result<BTreeMap<String, String>, String> {
 /// A list flag's names (`core_attn mlp`, or a log's Python list `['core_attn', 'mlp']`) as
 /// TOML strings.
 fn toml_names(list: &str) -> Vec<String> {
+    names(list).into_iter().map(|s| format!("\"{s}\"")).collect()
+}
+
+/// A list flag's words, the log's Python list brackets, commas and quotes dropped.
+fn names(list: &str) -> Vec<&str> {
     list.trim_matches(|c| c == '[' || c == ']')
         .split([' ', ','])
         .map(|s| s.trim_matches('\'').trim_matches('"'))
         .filter(|s| !s.is_empty())
-        .map(|s| format!("\"{s}\""))
         .collect()
+}
+
+/// The auxiliary losses Megatron-Core's router computes (`router.py` `get_aux_loss_coeff`):
+/// each `--moe-router-load-balancing-type` (default aux_loss; a list pairs with a list of
+/// `--moe-aux-loss-coeff`, default 0) whose coefficient is above 0. Returns the losses and
+/// what the import says of them.
+fn aux_losses(types: Option<&str>, coeffs: Option<&str>) -> Result<(Vec<String>, String), (&'static str, String)> {
+    let types = types.map_or(vec!["aux_loss"], names);
+    let coeffs = coeffs.map_or(Ok(vec![0.0]), |c| {
+        names(c)
+            .into_iter()
+            .map(|x| x.parse::<f64>().ok().filter(|f| f.is_finite() && *f >= 0.0).ok_or(x))
+            .collect::<Result<Vec<f64>, &str>>()
+            .map_err(|x| ("moe_aux_loss_coeff", format!("must be numbers >= 0, got \"{x}\"")))
+    })?;
+    if types.len() != coeffs.len() {
+        return Err((
+            "moe_aux_loss_coeff",
+            format!(
+                "gives {} coefficients for {} load-balancing types ({}): one each",
+                coeffs.len(),
+                types.len(),
+                types.join(", ")
+            ),
+        ));
+    }
+    let losses: Vec<String> = types
+        .iter()
+        .zip(&coeffs)
+        .filter(|(t, c)| **c > 0.0 && ["aux_loss", "seq_aux_loss", "global_aux_loss"].contains(t))
+        .map(|(t, _)| t.to_string())
+        .collect();
+    let said = types.iter().zip(&coeffs).map(|(t, c)| format!("{t} {c}")).collect::<Vec<_>>().join(", ");
+    Ok((losses, said))
 }
 
 /// A word without the shell's quotes around it (`'([0]*1+[1]*15)'`, or a quoted value's
@@ -431,6 +467,16 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
                 "--moe-token-dispatcher-type flex on {}: simulated as the all-to-all dispatcher (DeepEP is the flex backend stepsim models)",
                 backend.as_deref().unwrap_or("its default backend")
             ));
+        }
+        let (losses, said) =
+            aux_losses(get("moe_router_load_balancing_type").as_deref(), get("moe_aux_loss_coeff").as_deref())
+                .map_err(|(k, m)| err(k, m))?;
+        if losses.is_empty() {
+            im.mapped.push(format!("load balancing {said}: no auxiliary loss computed"));
+        } else {
+            let list = losses.iter().map(|l| format!("\"{l}\"")).collect::<Vec<_>>().join(", ");
+            routing.push_str(&format!("aux_loss = [{list}]\n"));
+            im.mapped.push(format!("auxiliary load-balancing loss ({said}): its FP32 scores saved and its counts all-reduced per MoE block"));
         }
         if let Some(c) = get("moe_expert_capacity_factor") {
             let c: f64 =

@@ -750,6 +750,9 @@ pub struct Workload {
     /// How the loss is computed from the final hidden states.
     #[serde(skip_serializing_if = "LossKind::is_eager")]
     pub loss: LossKind,
+    /// The mixture of experts' auxiliary load-balancing loss ([`AuxLoss`]).
+    #[serde(skip_serializing_if = "AuxLoss::is_none")]
+    pub aux_loss: AuxLoss,
 }
 
 impl Workload {
@@ -794,6 +797,35 @@ pub enum RoutingScale {
 impl RoutingScale {
     pub fn is_after_combine(&self) -> bool {
         *self == RoutingScale::AfterCombine
+    }
+}
+
+/// The router's auxiliary load-balancing loss, as the framework's model code computes it
+/// during the forward. Its coefficient changes neither memory nor time, only whether it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuxLoss {
+    /// Not computed: Megatron-Core's `--moe-aux-loss-coeff` default 0, Hugging Face's
+    /// `output_router_logits = false` (its configs' default), torchtitan (which balances with
+    /// an expert bias, `load_balance_coeff`, and has no auxiliary loss).
+    #[default]
+    None,
+    /// Megatron-Core's router, in every MoE block (`router.py` `routing`: with a coefficient
+    /// above 0, `compute_routing_scores_for_aux_loss` scores the logits over every expert once
+    /// more in FP32 and keeps them for the softmax's backward; each loss counts the tokens per
+    /// expert and all-reduces the counts). `global` adds `global_aux_loss`, whose counts are
+    /// all-reduced over the stage's tensor x data x context ranks; `local` counts the
+    /// per-micro-batch losses (`aux_loss`, `seq_aux_loss`), whose counts are all-reduced over
+    /// tensor x context.
+    Megatron { local: u8, global: bool },
+    /// Hugging Face's `load_balancing_loss_func` after the language-model loss, over every MoE
+    /// block's router logits kept to the end of the forward (`output_router_logits = true`).
+    AllBlocks,
+}
+
+impl AuxLoss {
+    pub fn is_none(&self) -> bool {
+        *self == AuxLoss::None
     }
 }
 

@@ -14,8 +14,8 @@ use petgraph::graph::{DiGraph, NodeIndex};
 use serde::Serialize;
 
 use super::config::{
-    Attention, ContextComm, Dtype, Family, KernelStack, MlaConfig, ModelConfig, MoeConfig, NormPlacement, RoutedCopies,
-    RoutingScale, Workload,
+    Attention, AuxLoss, ContextComm, Dtype, Family, KernelStack, MlaConfig, ModelConfig, MoeConfig, NormPlacement,
+    RoutedCopies, RoutingScale, Workload,
 };
 use crate::net::Collective;
 
@@ -114,6 +114,12 @@ pub enum CommGroup {
     /// the token dispatcher's all-gather of the received tokens before the experts and
     /// reduce-scatter of their output after.
     ExpertTensor,
+    /// Tensor x context ranks (Megatron's `tp_cp_group`): the auxiliary losses' counts of
+    /// tokens per expert.
+    TensorContext,
+    /// Every rank of the pipeline stage, tensor x data x context (`tp_dp_cp_group`): the
+    /// global auxiliary loss's counts.
+    Stage,
 }
 
 /// One op of the forward pass.
@@ -350,6 +356,8 @@ struct Builder {
     /// Tensor-parallel degree and sequence parallelism.
     tp: u64,
     sp: bool,
+    /// Context-parallel degree.
+    cp: u64,
     /// Bytes of the whole hidden state of a micro-batch (what TP collectives move).
     full: u64,
     /// The tensor the last `f` collective handed to column-parallel linears.
@@ -365,6 +373,11 @@ struct Builder {
     weightless_norms: bool,
     /// The kernels of the memory-bound ops ([`Workload::kernels`]).
     kernels: KernelStack,
+    /// The auxiliary load-balancing loss ([`Workload::aux_loss`]).
+    aux_loss: AuxLoss,
+    /// Every MoE block's router logits, which Hugging Face's load-balancing loss reads at the
+    /// end of the forward ([`AuxLoss::AllBlocks`]).
+    router_logits: Vec<TensorId>,
 }
 
 impl Builder {
@@ -536,6 +549,7 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         region: Region::Embed,
         tp,
         sp,
+        cp,
         full: t * h * c,
         f_out: None,
         fused_swiglu: w.fused_swiglu,
@@ -546,6 +560,8 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         swiglu_fp8_input_store: w.swiglu_fp8_input_store && w.fused_swiglu,
         weightless_norms: cfg.style.weightless_norms,
         kernels: w.kernels,
+        aux_loss: if cfg.moe.is_some() { w.aux_loss } else { AuxLoss::None },
+        router_logits: Vec::new(),
     };
     // The norm of the hidden state: the family's, or OLMo's weightless LayerNorm.
     let nfam = if cfg.style.weightless_norms { Family::Gpt } else { cfg.family };
@@ -612,6 +628,9 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
     } else {
         let shared = if cfg.tie_embeddings { vt * h } else { 0 };
         lm_head_loss(&mut bd, &shape, "", [nf_in, head_in], targets, (head_params, shared));
+    }
+    if let Some(moe) = cfg.moe.as_ref().filter(|_| !bd.router_logits.is_empty()) {
+        load_balancing_loss(&mut bd, moe, rows, c);
     }
 
     // cos and sin tables, FP32, max_seq_len x the rotary dimensions each.
@@ -1498,6 +1517,11 @@ fn moe_mlp(bd: &mut Builder, name: &str, m: &MoeConfig, x: TensorId, s: MoeShape
         vec![scores, probs, idx],
         vec![scores, idx],
     );
+    match bd.aux_loss {
+        AuxLoss::Megatron { local, global } => megatron_aux_loss(bd, name, logits, [rows, e], c, (local, global)),
+        AuxLoss::AllBlocks => bd.router_logits.push(logits),
+        AuxLoss::None => {}
+    }
     // --- permute and dispatch
     let perm = bd.tensor(&p("permute.out"), copies * h, c, TensorKind::Activation);
     bd.op(p("permute"), OpKind::Elementwise, 0, (0.0, 0.0), vec![x, idx], vec![perm], vec![idx]);
@@ -1644,6 +1668,108 @@ fn moe_mlp(bd: &mut Builder, name: &str, m: &MoeConfig, x: TensorId, s: MoeShape
     let id = bd.op(p("add_shared"), OpKind::Elementwise, 0, (rf * hf, 0.0), vec![y, sh], vec![out], vec![]);
     bd.ops[id].bwd_bytes = Some(0.0);
     out
+}
+
+/// Megatron-Core's auxiliary load-balancing losses in one MoE block, with a coefficient above
+/// 0 (`router.py` `routing`, `moe_utils.py` `compute_routing_scores_for_aux_loss`,
+/// `get_tokens_per_expert_and_token_count`, `switch_load_balancing_loss_func`, NVIDIA/
+/// Megatron-LM d98e8a6). The router scores the logits over every expert once more in FP32
+/// (softmax, or a normalised sigmoid) and keeps them for that function's backward; a top-k
+/// over them builds the routing map (an int32 zero tensor scattered into, then cast to bool:
+/// scratch); each loss counts the tokens per expert, all-reduces the counts (int64) over
+/// tensor x context (`aux_loss`, `seq_aux_loss`, `local` of them) or the whole stage
+/// (`global_aux_loss`) on the compute stream's order, and sums the scores per expert. Every
+/// loss reads the same scores, so they are saved once. `MoEAuxLossAutoScaler` keeps only the
+/// scalar loss. Unfused (`--moe-router-fusion` off, the default): about 12 kernels forward
+/// (softmax, top-k, zeros, cast, scatter, cast, count, sum, product, sum, scale, the tracker's
+/// add) and 7 backward (the scaler's gradient, the product's, the expanded gradient made
+/// contiguous, the softmax's, its cast to the logits' dtype, the accumulation).
+fn megatron_aux_loss(bd: &mut Builder, name: &str, logits: TensorId, [rows, e]: [u64; 2], c: u64, n: (u8, bool)) {
+    let p = |s: &str| format!("{name}.{s}");
+    let (local, global) = n;
+    let scores = bd.tensor(&p("router.aux_scores"), rows * e, 4, TensorKind::Activation);
+    let counts = bd.tensor(&p("router.aux_tokens_per_expert"), e, 8, TensorKind::Index);
+    let ef = (rows * e) as f64;
+    let id = bd.op(
+        p("router.aux_loss"),
+        OpKind::Elementwise,
+        0,
+        (6.0 * ef, 6.0 * ef),
+        vec![logits],
+        vec![scores, counts],
+        vec![scores],
+    );
+    let op = &mut bd.ops[id];
+    // Forward: the logits read (c) and the scores written (4); top-k reads them (4); the
+    // zeros (4), their cast (4 + 4) and the scatter; the bool cast (4 + 1); the count (1);
+    // the scores' sum per expert (4).
+    op.fwd_bytes = ef * (c + 30) as f64;
+    // Backward: the expanded gradient made contiguous (4), the softmax's backward (4 + 4 +
+    // 4), the cast (4 + c) and the accumulation into the logits' gradient (3 c).
+    op.bwd_bytes = Some(ef * (20 + 4 * c) as f64);
+    op.fwd_scratch = rows * e * 5;
+    op.launches = [12, 7];
+    let all_reduce = |group: CommGroup| TpComm {
+        group,
+        forward: Some(Collective::AllReduce),
+        backward: None,
+        bytes: e * 8,
+        forward_bytes: None,
+        backward_buffer: 0,
+        backward_buffer_until: None,
+    };
+    let tp_cp = bd.tp * bd.cp;
+    for k in 0..local {
+        if tp_cp > 1 {
+            bd.comm_op(
+                p(&format!("router.aux_counts_all_reduce.{k}")),
+                vec![counts],
+                vec![],
+                all_reduce(CommGroup::TensorContext),
+            );
+        }
+    }
+    if global {
+        bd.comm_op(p("router.global_aux_counts_all_reduce"), vec![counts], vec![], all_reduce(CommGroup::Stage));
+    }
+}
+
+/// Hugging Face's load-balancing loss (`load_balancing_loss_func` in modeling_mixtral.py,
+/// qwen2_moe, qwen3_moe, gpt_oss), computed by `*ForCausalLM.forward` after the language
+/// model's loss when `output_router_logits` is set. It reads every MoE block's router logits
+/// (kept alive to here by the model's outputs), concatenates them (a copy), takes their
+/// softmax in the logits' dtype (saved for its backward), the top-k experts, and their one-hot
+/// mask: int64, [blocks x tokens, top_k, experts], then a float copy of it to average, both
+/// live at once with the concatenation (the attention mask's path, when one is passed, adds
+/// an int64 copy of the same shape; not counted). Its backward hands each block's router
+/// its share of the softmax's gradient at the start of the backward, held until that block's
+/// backward. About 16 kernels forward, 6 backward.
+fn load_balancing_loss(bd: &mut Builder, m: &MoeConfig, rows: u64, c: u64) {
+    bd.region = Region::Head;
+    let inputs = std::mem::take(&mut bd.router_logits);
+    let (l, e, k) = (inputs.len() as u64, m.num_experts, m.top_k);
+    let all = l * rows * e;
+    let mask = all * k;
+    let sm = bd.tensor("load_balancing_loss.softmax", all, c, TensorKind::Activation);
+    let loss = bd.tensor("load_balancing_loss.out", 1, 4, TensorKind::Activation);
+    let af = all as f64;
+    let id = bd.op(
+        "load_balancing_loss".into(),
+        OpKind::Loss,
+        0,
+        (5.0 * af + 2.0 * mask as f64, 5.0 * af),
+        inputs,
+        vec![sm, loss],
+        vec![sm],
+    );
+    let op = &mut bd.ops[id];
+    op.fwd_scratch = all * c + mask * (8 + 4);
+    // The concatenation (c read, c written), the softmax (c + c), top-k (c), the mean of the
+    // softmax (c); the one-hot mask (8 written), its float copy (8 + 4) and mean (4).
+    op.fwd_bytes = af * (6 * c) as f64 + (mask * 24) as f64;
+    // The softmax's backward (the expanded gradient and the output read, c + c; c written).
+    op.bwd_bytes = Some(af * (3 * c) as f64);
+    op.launches = [16, 6];
 }
 
 /// A LayerNorm (GPT: weight + bias, FP32 mean and rstd per row) or RMSNorm (Llama: weight,

@@ -30,8 +30,11 @@
 //! where it is given; Qwen2/3 with `use_sliding_window` are local from `max_window_layers` (28).
 //!
 //! Defaults in parentheses are transformers' where the key is absent. `norm_topk_prob`,
-//! `router_aux_loss_coef`, `router_jitter_noise` and `output_router_logits` change neither
-//! parameters nor FLOPs and are not read; nor are DeepSeek's scoring settings
+//! `router_aux_loss_coef` and `router_jitter_noise` change neither parameters nor FLOPs and
+//! are not read. `output_router_logits` (false) is read for mixtral, qwen2_moe, qwen3_moe and
+//! gpt_oss, whose `*ForCausalLM` then computes the load-balancing loss after the language
+//! model's: it is the default of `[moe] aux_loss` under Hugging Face model code
+//! (`HfModel::output_router_logits`). Not read are DeepSeek's scoring settings
 //! (`scoring_func`, `routed_scaling_factor`, `aux_loss_alpha`, `seq_aux`) or its YaRN
 //! `rope_scaling` (no parameters). Its group-limited routing is read (`n_group`,
 //! `topk_group`: V3 always, V2 with `topk_method = "group_limited_greedy"`): it decides which
@@ -83,6 +86,11 @@ pub struct HfModel {
     /// trained: transformers builds no module for it, and Megatron-Core trains them only under
     /// `--mtp-num-layers` (`[model.mtp] layers`).
     pub nextn_predict_layers: u64,
+    /// `output_router_logits` of the MoE types whose `*ForCausalLM` then adds the
+    /// load-balancing loss (`load_balancing_loss_func`: mixtral, qwen2_moe, qwen3_moe, gpt_oss;
+    /// their configs default to false): the training default of `[moe] aux_loss` for Hugging
+    /// Face model code ([`super::AuxLoss::AllBlocks`]). False for every other type.
+    pub output_router_logits: bool,
 }
 
 impl HfModel {
@@ -310,6 +318,10 @@ pub fn parse(text: &str) -> Result<HfModel, String> {
             },
             _ => 0,
         },
+        output_router_logits: match model_type.as_str() {
+            "mixtral" | "qwen2_moe" | "qwen3_moe" | "gpt_oss" => flag(&o, "output_router_logits")?.unwrap_or(false),
+            _ => false,
+        },
         model_type,
         dropout: 0.0,
     })
@@ -350,6 +362,7 @@ fn gpt2(o: &Map<String, Value>) -> Result<HfModel, String> {
         mla: None,
         dropout: pdrop,
         nextn_predict_layers: 0,
+        output_router_logits: false,
     })
 }
 
@@ -417,6 +430,7 @@ fn gpt_neox(o: &Map<String, Value>) -> Result<HfModel, String> {
         mla: None,
         dropout: hidden_dropout,
         nextn_predict_layers: 0,
+        output_router_logits: false,
     })
 }
 

@@ -11,8 +11,9 @@ pub mod lora;
 pub mod quant;
 
 pub use config::{
-    Attention, BlockStyle, ContextComm, Dtype, Family, KernelStack, LossKind, MlaConfig, ModelConfig, MoeConfig,
-    MtpConfig, NormPlacement, RoutedCopies, RoutingScale, SlidingWindow, TensorSplit, WindowPattern, Workload,
+    Attention, AuxLoss, BlockStyle, ContextComm, Dtype, Family, KernelStack, LossKind, MlaConfig, ModelConfig,
+    MoeConfig, MtpConfig, NormPlacement, RoutedCopies, RoutingScale, SlidingWindow, TensorSplit, WindowPattern,
+    Workload,
 };
 pub use dag::{build, CommGroup, Fp8Gemm, LayerDag, Op, OpId, OpKind, Region, Tensor, TensorId, TensorKind, TpComm};
 pub use fp8::{Fp8Config, Fp8Recipe};

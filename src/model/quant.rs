@@ -148,6 +148,7 @@ mod tests {
             flash2: false,
             fp8: None,
             loss: Default::default(),
+            aux_loss: Default::default(),
         };
         let dag = crate::model::build(&cfg, &w);
         let bytes: u64 = dag

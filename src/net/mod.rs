@@ -65,6 +65,19 @@ pub const ALPHA_INTER_S: f64 = 10e-6;
 pub const LL_BASE_S: f64 = 6.6e-6;
 pub const LL_HOP_S: f64 = 0.6e-6;
 pub const LL_BANDWIDTH_FRACTION: f64 = 0.5;
+/// NCCL's tree all-reduce on the LL protocol, which its tuner picks for small all-reduces
+/// across nodes: a chain inside each node and a double binary tree over the nodes, reduced up
+/// and broadcast down, so `baseLat` plus twice (the node's chain hops + log2(nodes) network
+/// hops) (`src/graph/tuning.cc`, NCCL 2.18+: `baseLat` Tree LL 6.8 us, `hwLat` NVLink Tree LL
+/// 0.6 us, NET Tree LL 5.0 us). Used for all-reduces of at most [`TREE_LL_MAX_BYTES`] across
+/// nodes, where stepsim's ring (one network latency per ring step) would charge every rank's
+/// step: a MoE router's counts of tokens per expert over a whole stage.
+pub const TREE_LL_BASE_S: f64 = 6.8e-6;
+pub const TREE_LL_NET_HOP_S: f64 = 5.0e-6;
+/// The size up to which the tree-LL estimate is taken: NCCL's LL protocol carries messages of
+/// a few tens of KiB at most (its tuner moves to LL128 / Simple beyond them); larger
+/// all-reduces keep the ring model the throughput suites were fitted with.
+pub const TREE_LL_MAX_BYTES: u64 = 64 << 10;
 
 impl Group {
     pub fn nodes(&self) -> u64 {
@@ -102,11 +115,26 @@ impl Group {
         let alpha = if k > 1 { ALPHA_INTER_S } else { ALPHA_INTRA_S };
         let simple = steps as f64 * alpha + intra.max(inter);
         if k > 1 {
+            if op == Collective::AllReduce && bytes <= TREE_LL_MAX_BYTES {
+                return simple.min(self.tree_ll_all_reduce_s(bytes));
+            }
             return simple;
         }
         // NCCL's tuner takes the faster protocol for the size.
         let ll = LL_BASE_S + steps as f64 * LL_HOP_S + intra / LL_BANDWIDTH_FRACTION;
         simple.min(ll)
+    }
+
+    /// A small all-reduce across nodes on NCCL's tree with the LL protocol ([`TREE_LL_BASE_S`]):
+    /// the latency of the chain and the tree, up and down, and each byte over the NIC twice at
+    /// LL's half rate.
+    fn tree_ll_all_reduce_s(&self, bytes: u64) -> f64 {
+        let g = self.ranks_per_node.clamp(1, self.ranks);
+        let k = self.nodes();
+        let tree_hops = u64::from(k.ilog2());
+        let latency = TREE_LL_BASE_S + 2.0 * ((g - 1) as f64 * LL_HOP_S + tree_hops as f64 * TREE_LL_NET_HOP_S);
+        let wire = 2.0 * bytes as f64 / (self.network_bytes_per_s * self.network_efficiency * LL_BANDWIDTH_FRACTION);
+        latency + wire
     }
 
     /// An all-to-all as NCCL runs it (`ncclSend`/`ncclRecv` to every peer inside one group
@@ -151,6 +179,22 @@ mod tests {
             network_bytes_per_s: net,
             network_efficiency: NETWORK_EFFICIENCY,
         }
+    }
+
+    /// 512 ranks on 64 nodes of 8: a 2 KiB all-reduce (a MoE router's 256 int64 counts) on
+    /// NCCL's tree-LL: 6.8 + 2 x (7 x 0.6 + 6 x 5.0) = 75.2 us plus the bytes, where the
+    /// ring's 1,022 steps would cost 10 ms; past 64 KiB the ring model stands.
+    #[test]
+    fn small_all_reduces_across_nodes_take_the_tree() {
+        let g = group(512, 8, 450e9, 50e9);
+        let wire = 2.0 * 2048.0 / (50e9 * NETWORK_EFFICIENCY * 0.5);
+        let t = g.time_s(Collective::AllReduce, 2048);
+        assert!((t - (75.2e-6 + wire)).abs() < 1e-9, "{t}");
+        let big = g.time_s(Collective::AllReduce, TREE_LL_MAX_BYTES + 1);
+        assert!(big > 1022.0 * ALPHA_INTER_S, "{big}");
+        // Inside a node the LL ring is unchanged.
+        let node = group(8, 8, 450e9, 50e9);
+        assert!(node.time_s(Collective::AllReduce, 2048) < 20e-6);
     }
 
     #[test]

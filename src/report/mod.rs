@@ -40,6 +40,57 @@ impl Bytes {
     }
 }
 
+/// The MoE assumption's clause on the auxiliary load-balancing loss ([`crate::model::AuxLoss`]):
+/// what the router keeps and sends for it, or why none runs.
+fn aux_loss_words(dag: &LayerDag, plan: &Plan, rows: u64) -> String {
+    use crate::model::AuxLoss;
+    let Some(moe) = &dag.config.moe else { return String::new() };
+    let mp = &plan.parallel.model_parallel;
+    let e = moe.num_experts;
+    let scores = fmt_bytes(rows * e * 4);
+    match dag.workload.aux_loss {
+        AuxLoss::None => match plan.parallel.framework {
+            crate::plan::Framework::Megatron => format!("no auxiliary load-balancing loss (--moe-aux-loss-coeff 0, Megatron-Core's default; [moe] aux_loss = \"aux_loss\" and the others simulate one: its FP32 scores over every expert, {scores} per MoE block and micro-batch, saved, and the counts of tokens per expert all-reduced)"),
+            crate::plan::Framework::Fsdp2 => "no auxiliary load-balancing loss (torchtitan balances the experts with a bias the optimizer updates, load_balance_coeff)".to_string(),
+            _ => "no auxiliary load-balancing loss (Hugging Face computes one only with output_router_logits = true: [moe] aux_loss = \"aux_loss\")".to_string(),
+        },
+        AuxLoss::Megatron { local, global } => {
+            let tp_cp = mp.tensor * mp.context.max(1);
+            let mut counts = Vec::new();
+            if local > 0 {
+                counts.push(if tp_cp > 1 {
+                    format!("all-reduced over tensor x context ({tp_cp} GPUs) for each of the {local} per-micro-batch loss{}", if local > 1 { "es" } else { "" })
+                } else {
+                    "kept on the GPU for the per-micro-batch loss (tensor x context is one GPU)".to_string()
+                });
+            }
+            if global {
+                let stage = mp.tensor * plan.dp;
+                let tree = if stage > plan.gpus_per_node { ", across nodes on NCCL's tree with the LL protocol" } else { "" };
+                counts.push(format!("all-reduced over the stage's tensor x data x context ranks ({stage} GPUs{tree}) for global_aux_loss"));
+            }
+            format!(
+                "the auxiliary load-balancing loss (Megatron-Core router.py with --moe-aux-loss-coeff > 0): the router scores the logits over all {e} experts once more in FP32 and keeps them for the backward ({scores} per MoE block and micro-batch), builds the routing map (int32, then bool: {} of scratch), and its {e} int64 counts of tokens per expert are {}{}; about 12 kernels forward and 7 backward (--moe-router-fusion off)",
+                fmt_bytes(rows * e * 5),
+                counts.join(" and "),
+                if tp_cp > 1 || global { ", each all-reduce blocking the next kernel" } else { "" }
+            )
+        }
+        AuxLoss::AllBlocks => {
+            let blocks = (0..dag.config.n_layers).filter(|&l| moe.is_moe_layer(l)).count() as u64;
+            let c = dag.workload.compute_dtype.bytes();
+            let all = blocks * rows * e;
+            format!(
+                "Hugging Face's load-balancing loss (load_balancing_loss_func, output_router_logits = true) after the language model's loss: every MoE block's router logits are kept to the end of the forward ({} for {blocks} blocks), concatenated (a copy) and softmaxed ({} each, the softmax saved for the backward), and the one-hot mask of each token's top {} experts is built in int64 with a float copy to average ({} together), all live at once; its backward hands each block's router its share of the gradient at the start of the backward",
+                fmt_bytes(all * c),
+                fmt_bytes(all * c),
+                moe.top_k,
+                fmt_bytes(all * moe.top_k * 12)
+            )
+        }
+    }
+}
+
 /// "50.62 GB (47.14 GiB)".
 pub fn fmt_bytes(b: u64) -> String {
     let gb = b as f64 / 1e9;
@@ -856,7 +907,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
             }
         };
         assumptions.push(format!(
-            "mixture of experts (Megatron-Core MoELayer, {dispatcher}, dropless): {routing} in the grouped GEMMs of its {} of {} experts (each GEMM's rows = copies per local expert); per MoE block and micro-batch {} all-to-alls forward (dispatch, combine) and as many backward, {moved}, on their own stream {}; {saved}; the auxiliary load-balancing loss is not counted (its FP32 scores over every expert, which Megatron-Core's router computes and saves once more for it, would add {} per MoE block and micro-batch); expert gradients are reduced over the expert-data-parallel group after the dense ones, one after the other on the NCCL queue",
+            "mixture of experts (Megatron-Core MoELayer, {dispatcher}, dropless): {routing} in the grouped GEMMs of its {} of {} experts (each GEMM's rows = copies per local expert); per MoE block and micro-batch {} all-to-alls forward (dispatch, combine) and as many backward, {moved}, on their own stream {}; {saved}; {}; expert gradients are reduced over the expert-data-parallel group after the dense ones, one after the other on the NCCL queue",
             moe.num_experts / mp.expert,
             moe.num_experts,
             if mp.expert > 1 { "two" } else { "no" },
@@ -865,7 +916,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
             } else {
                 "in series with the compute"
             },
-            fmt_bytes(rows * moe.num_experts * 4)
+            aux_loss_words(dag, plan, rows)
         ));
         if mp.expert_tensor > 1 {
             let etp = mp.expert_tensor;
@@ -912,10 +963,10 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
                 s.training.seq_len,
                 mp.tensor * plan.dp,
                 plan.dp,
-                if torchtitan {
+                if torchtitan || !dag.workload.aux_loss.is_none() {
                     String::new()
                 } else {
-                    format!("; the load-balancing loss's tokens-per-expert all-reduce over tensor x context ({} int64 counts per MoE block; it runs only with --moe-aux-loss-coeff > 0, whose default is 0) is not simulated", moe.num_experts)
+                    format!("; with an auxiliary loss ([moe] aux_loss) the router would all-reduce its {} int64 counts of tokens per expert over tensor x context", moe.num_experts)
                 }
             ));
         }

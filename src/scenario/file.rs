@@ -78,6 +78,11 @@ pub struct RoutingSection {
     pub capacity_factor: Option<f64>,
     /// `--moe-pad-expert-input-to-capacity`: every expert computes exactly its capacity.
     pub pad_to_capacity: Option<bool>,
+    /// The router's auxiliary load-balancing loss: "none", or Megatron-Core's
+    /// `--moe-router-load-balancing-type` with a coefficient above 0 ("aux_loss",
+    /// "seq_aux_loss", "global_aux_loss", one or a list), or under Hugging Face model code
+    /// "aux_loss" (`output_router_logits = true`).
+    pub aux_loss: Option<Names>,
     /// "alltoall" (default: `--moe-token-dispatcher-type alltoall`) | "deepep" (`flex` with
     /// `--moe-flex-dispatcher-backend deepep`).
     pub dispatcher: Option<String>,
@@ -357,6 +362,34 @@ impl<'de> Deserialize<'de> for BoolOrInt {
             }
             fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<BoolOrInt, E> {
                 i64::try_from(n).map(BoolOrInt::Int).map_err(|_| E::custom(format!("{n} is out of range")))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A setting that is one name or a list of them (Megatron's `nargs='+'` arguments).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(transparent)]
+pub struct Names(pub Vec<String>);
+
+impl<'de> Deserialize<'de> for Names {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Names;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string or a list of strings")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Names, E> {
+                Ok(Names(vec![s.to_string()]))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Names, A::Error> {
+                let mut v = Vec::new();
+                while let Some(s) = seq.next_element::<String>()? {
+                    v.push(s);
+                }
+                Ok(Names(v))
             }
         }
         d.deserialize_any(V)

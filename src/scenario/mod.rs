@@ -1329,6 +1329,8 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
     let kernels = validate_kernels(&v, t, parallel.framework)?;
     let workload = Workload {
         loss,
+        // Set from [moe] once the routing is validated.
+        aux_loss: Default::default(),
         micro_batch,
         seq_len,
         compute_dtype: precision.compute,
@@ -1474,6 +1476,10 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         }
     };
     let (routing, capacity) = moe::validate_routing(&v, f.moe.as_ref(), &model, &parallel)?;
+    if model.moe.is_some() {
+        workload.aux_loss =
+            moe::validate_aux_loss(&v, f.moe.as_ref(), &parallel, hf.as_ref().is_some_and(|h| h.output_router_logits))?;
+    }
     parallel.deepep = moe::validate_dispatcher(
         &v,
         f.moe.as_ref(),

@@ -584,3 +584,70 @@ pub(super) fn validate_mla(
         v_head_dim: num("model.mla.v_head_dim", sec.v_head_dim, base.as_ref().map(|b| b.v_head_dim))?,
     }))
 }
+
+/// `[moe] aux_loss`: which auxiliary load-balancing losses the framework's router computes.
+/// Megatron-Core runs any of its per-block losses (`--moe-router-load-balancing-type` with
+/// `--moe-aux-loss-coeff` above 0); Hugging Face model code one, over every block at the end
+/// of the forward, whenever the config's `output_router_logits` is set (which is the default
+/// here); torchtitan has none.
+pub(super) fn validate_aux_loss(
+    v: &V,
+    sec: Option<&RoutingSection>,
+    parallel: &ParallelConfig,
+    hf_router_logits: bool,
+) -> Result<crate::model::AuxLoss, ScenarioError> {
+    use crate::model::AuxLoss;
+    const FIELD: &str = "moe.aux_loss";
+    let fw = parallel.framework;
+    let names = match sec.and_then(|s| s.aux_loss.as_ref()) {
+        Some(n) => n.0.clone(),
+        None if hf_router_logits && fw != Framework::Megatron && fw != Framework::Fsdp2 => vec!["aux_loss".into()],
+        None => return Ok(AuxLoss::None),
+    };
+    if names.is_empty() {
+        return Err(v.err(FIELD, "names no loss: give \"none\" or the losses the router computes"));
+    }
+    let megatron = ["aux_loss", "seq_aux_loss", "global_aux_loss"];
+    for n in &names {
+        if n != "none" && !megatron.contains(&n.as_str()) {
+            return Err(v.err(
+                FIELD,
+                format!("unknown value \"{n}\"; allowed: \"none\", \"aux_loss\", \"seq_aux_loss\", \"global_aux_loss\" (one, or a list of the last three)"),
+            ));
+        }
+        if names.iter().filter(|m| *m == n).count() > 1 {
+            return Err(v.err(FIELD, format!("names \"{n}\" twice")));
+        }
+    }
+    if names.iter().any(|n| n == "none") {
+        if names.len() > 1 {
+            return Err(v.err(FIELD, "\"none\" goes alone, not in a list with losses"));
+        }
+        return Ok(AuxLoss::None);
+    }
+    match fw {
+        Framework::Megatron => {
+            let local = names.iter().filter(|n| *n != "global_aux_loss").count() as u8;
+            Ok(AuxLoss::Megatron { local, global: names.iter().any(|n| n == "global_aux_loss") })
+        }
+        Framework::Fsdp2 => Err(v.err(
+            FIELD,
+            "torchtitan's mixture of experts has no auxiliary loss (it balances the experts with a bias updated by the optimizer, load_balance_coeff, which costs nothing per token); use \"none\"",
+        )),
+        _ => {
+            if let Some(n) = names.iter().find(|n| *n != "aux_loss") {
+                return Err(v.err(
+                    FIELD,
+                    format!("\"{n}\" is Megatron-Core's (parallel.framework = \"megatron\"); Hugging Face model code computes one loss, \"aux_loss\" (load_balancing_loss_func, with output_router_logits = true)"),
+                ));
+            }
+            if parallel.model_parallel.pipeline > 1 {
+                return Err(v.err(
+                    FIELD,
+                    format!("Hugging Face's load-balancing loss reads every block's router logits at the end of the forward, which a pipeline of {} stages splits over GPUs (its model code is not a pipeline module); use \"none\", or parallel.pipeline = 1", parallel.model_parallel.pipeline),
+                ));
+            }
+            Ok(AuxLoss::AllBlocks)
+        }
+    }
+}

@@ -124,6 +124,12 @@ pub struct Cost {
     /// The expert-tensor-parallel group: `expert_tensor` consecutive ranks (the token
     /// dispatcher's all-gather and reduce-scatter around the experts).
     pub etp_group: Group,
+    /// Tensor x context ranks (Megatron's `tp_cp_group`, consecutive in its rank order): the
+    /// MoE auxiliary losses' all-reduce of tokens per expert.
+    pub tp_cp_group: Group,
+    /// Every rank of a pipeline stage, tensor x data x context (`tp_dp_cp_group`): the
+    /// global auxiliary loss's all-reduce.
+    pub stage_group: Group,
     /// The expert-data-parallel group: the ranks holding the same expert slices,
     /// `expert_tensor` x `expert` apart (expert gradients' reduction, expert parameters'
     /// all-gather).
@@ -220,6 +226,8 @@ impl Cost {
             tp_group: group(1, 1),
             ep_group: group(1, 1),
             etp_group: group(1, 1),
+            tp_cp_group: group(1, 1),
+            stage_group: group(gpus, per_node),
             edp_group: group(gpus, per_node),
             p2p_bytes_per_s: g.nvlink_bytes_per_s * LINK_EFFICIENCY,
             p2p_latency_s: ALPHA_INTRA_S,
@@ -292,6 +300,8 @@ impl Cost {
         c.cp_steps = cp;
         c.cp_comm = plan.parallel.model_parallel.context_comm;
         c.cp_group = group(cp, (plan.gpus_per_node / tp).clamp(1, cp));
+        c.tp_cp_group = group(tp * cp, (tp * cp).min(plan.gpus_per_node));
+        c.stage_group = group(tp * plan.dp, stage_per_node);
         if tp * cp > plan.gpus_per_node {
             c.cp_bytes_per_s = network * nic_efficiency(cluster);
             c.cp_latency_s = ALPHA_INTER_S;
@@ -345,6 +355,12 @@ impl Cost {
     /// inside a node), and the expert-tensor-parallel group's (which may span nodes).
     pub fn tp_links(&self) -> u8 {
         group_links(&self.tp_group) | group_links(&self.etp_group)
+    }
+
+    /// The links the MoE router's all-reduces of its counts occupy (on the tensor-parallel
+    /// stream): those of tensor x context and of the whole stage.
+    pub fn aux_count_links(&self) -> u8 {
+        group_links(&self.tp_cp_group) | group_links(&self.stage_group)
     }
 
     /// The links a pipeline send (or receive) occupies: one direction of the NICs when

@@ -235,6 +235,9 @@ struct Builder<'a> {
     chunk_out: Vec<Option<usize>>,
     chunk_vs: Vec<u64>,
     tp_stream: u16,
+    /// The MoE router's all-reduces of tokens per expert ([`crate::model::CommGroup::TensorContext`],
+    /// [`crate::model::CommGroup::Stage`]); `u16::MAX` without them.
+    aux_stream: u16,
     /// Per stream: the thread blocks its collectives hold on SMs ([`Task::ctas`]).
     stream_ctas: Vec<u16>,
     /// MoE all-to-alls (dispatch and combine) over the expert-parallel group.
@@ -346,6 +349,14 @@ impl<'a> Builder<'a> {
         // The expert-tensor-parallel collectives run on the tensor-parallel stream (in series
         // with the experts, as Megatron-Core's dispatcher issues them).
         let tp_stream = stream("tp", mp.tensor > 1 || mp.expert_tensor > 1, cost.tp_links());
+        // The MoE router's all-reduces of its counts for the auxiliary losses, on links of
+        // their own (the stage's may cross nodes), blocking the compute as the others.
+        let aux_counts = dag.ops.iter().any(|o| {
+            o.comm.is_some_and(|c| {
+                matches!(c.group, crate::model::CommGroup::TensorContext | crate::model::CommGroup::Stage)
+            })
+        });
+        let aux_stream = stream("router counts", aux_counts, cost.aux_count_links());
         let ag_copy_in_stream =
             stream("all-gather copy-in", plan.parallel.framework.fsdp2_buffers() && plan.params_sharded, SMS);
         let ep_stream = stream("ep", mp.expert > 1, cost.ep_links());
@@ -465,6 +476,7 @@ impl<'a> Builder<'a> {
             chunk_out,
             chunk_vs,
             tp_stream,
+            aux_stream,
             stream_ctas,
             ag_copy_in_stream,
             blas_workspaces: [false; 2],

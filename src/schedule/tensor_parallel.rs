@@ -36,6 +36,12 @@ impl Builder<'_> {
             Some(CommGroup::ExpertTensor) => {
                 (self.cost.collective_s(&self.cost.etp_group, coll, bytes), self.tp_stream)
             }
+            // The auxiliary losses' counts: a few hundred bytes, latency-bound, blocking the
+            // next kernel like the other collectives of the forward.
+            Some(CommGroup::TensorContext) => {
+                (self.cost.collective_s(&self.cost.tp_cp_group, coll, bytes), self.aux_stream)
+            }
+            Some(CommGroup::Stage) => (self.cost.collective_s(&self.cost.stage_group, coll, bytes), self.aux_stream),
             _ => (self.cost.collective_s(&self.cost.tp_group, coll, bytes), self.tp_stream),
         };
         if let Some(gemm) = self.tp_overlap_gemm_s(i, forward) {
