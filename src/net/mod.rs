@@ -53,8 +53,10 @@ pub const NETWORK_EFFICIENCY: f64 = 0.74;
 /// The same on InfiniBand NDR (400 Gb/s ConnectX-7): "For NDR @ 400Gbps you should see
 /// 46-48GB/s per NIC" (NCCL's maintainer, nvidia/nccl-tests#290, 2025-03): 47 of 50 GB/s.
 pub const IB_NDR_EFFICIENCY: f64 = 0.94;
-/// Per-step latency of a ring collective, seconds: a few us per NVLink hop, more when the
-/// ring crosses the network (NCCL Simple protocol; nccl-tests small-message times).
+/// Per-step latency of a ring collective, seconds: a few us per NVLink hop, more for a step
+/// that crosses the network (NCCL Simple protocol; nccl-tests small-message times). As NCCL's
+/// tuner counts them (`tuning.cc`: `nInterSteps`), only the steps between nodes (nodes - 1 per
+/// pass of the ring) pay the network's.
 pub const ALPHA_INTRA_S: f64 = 5e-6;
 pub const ALPHA_INTER_S: f64 = 10e-6;
 /// NCCL's low-latency (LL) protocol, which its tuner picks for small messages: a fixed
@@ -112,8 +114,12 @@ impl Group {
         } else {
             0.0
         };
-        let alpha = if k > 1 { ALPHA_INTER_S } else { ALPHA_INTRA_S };
-        let simple = steps as f64 * alpha + intra.max(inter);
+        // NCCL's ring latency (`tuning.cc`): of the ring's steps, those that cross a node
+        // boundary pay the network's latency, the others NVLink's (`nInterSteps`: nodes - 1
+        // per pass, twice for an all-reduce).
+        let inter_steps = if k > 1 { passes as u64 * (k - 1) } else { 0 };
+        let simple =
+            (steps - inter_steps) as f64 * ALPHA_INTRA_S + inter_steps as f64 * ALPHA_INTER_S + intra.max(inter);
         if k > 1 {
             if op == Collective::AllReduce && bytes <= TREE_LL_MAX_BYTES {
                 return simple.min(self.tree_ll_all_reduce_s(bytes));
@@ -183,15 +189,16 @@ mod tests {
 
     /// 512 ranks on 64 nodes of 8: a 2 KiB all-reduce (a MoE router's 256 int64 counts) on
     /// NCCL's tree-LL: 6.8 + 2 x (7 x 0.6 + 6 x 5.0) = 75.2 us plus the bytes, where the
-    /// ring's 1,022 steps would cost 10 ms; past 64 KiB the ring model stands.
+    /// ring's 1,022 steps would cost 5.7 ms; past 64 KiB the ring model stands.
     #[test]
     fn small_all_reduces_across_nodes_take_the_tree() {
         let g = group(512, 8, 450e9, 50e9);
         let wire = 2.0 * 2048.0 / (50e9 * NETWORK_EFFICIENCY * 0.5);
         let t = g.time_s(Collective::AllReduce, 2048);
         assert!((t - (75.2e-6 + wire)).abs() < 1e-9, "{t}");
+        // Past 64 KiB the ring: 2 x 63 steps cross nodes, the other 2 x 448 stay on NVLink.
         let big = g.time_s(Collective::AllReduce, TREE_LL_MAX_BYTES + 1);
-        assert!(big > 1022.0 * ALPHA_INTER_S, "{big}");
+        assert!(big > 126.0 * ALPHA_INTER_S + 896.0 * ALPHA_INTRA_S, "{big}");
         // Inside a node the LL ring is unchanged.
         let node = group(8, 8, 450e9, 50e9);
         assert!(node.time_s(Collective::AllReduce, 2048) < 20e-6);

@@ -1280,7 +1280,7 @@ pub fn throughput_of(
                         .join(", ")
                 ),
                 format!(
-                    "collectives: NCCL rings, {:.0}% of {:.0} GB/s NVLink inside a node; across nodes {:.0}% of the node's NICs ({:.1} GB/s per GPU) on per-rail rings (efficiencies from nccl-tests busbw; across nodes by the node's fabric: InfiniBand NDR {:.0}%, NCCL's maintainer in nccl-tests#290; EFA's measured {:.0}% elsewhere); latency {:.0} us per ring step inside a node, {:.0} us across nodes (assumed, NCCL Simple protocol order of magnitude)",
+                    "collectives: NCCL rings, {:.0}% of {:.0} GB/s NVLink inside a node; across nodes {:.0}% of the node's NICs ({:.1} GB/s per GPU) on per-rail rings (efficiencies from nccl-tests busbw; across nodes by the node's fabric: InfiniBand NDR {:.0}%, NCCL's maintainer in nccl-tests#290; EFA's measured {:.0}% elsewhere); latency {:.0} us per ring step inside a node, {:.0} us per step that crosses nodes (nodes - 1 of them per pass of the ring, as NCCL's tuner counts them; assumed, NCCL Simple protocol order of magnitude); all-reduces of at most 64 KiB across nodes on NCCL's tree with the LL protocol where it is faster (its tuning.cc latencies)",
                     crate::net::LINK_EFFICIENCY * 100.0,
                     s.cluster.gpu.nvlink_bytes_per_s / 1e9,
                     crate::schedule::cost::nic_efficiency(&s.cluster) * 100.0,
