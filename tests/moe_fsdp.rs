@@ -144,8 +144,6 @@ fn what_stays_refused() {
     // Under hybrid_shard the experts fold over each replica's shard group: ep must divide it.
     let e = refused(16, "framework = \"fsdp2\"\nsharding = \"hybrid_shard\"\nhsdp_shard_size = 2\nexpert = 4");
     assert!(e.contains("parallel.expert") && e.contains("shard group (2 ranks"), "{e}");
-    let e = refused(16, "framework = \"fsdp2\"\nsharding = \"hybrid_shard\"\ncontext = 2\nexpert = 4");
-    assert!(e.contains("parallel.context"), "{e}");
     // Context parallelism with a mixture of experts outside Megatron and torchtitan.
     let e = refused(16, "framework = \"fsdp\"\nsharding = \"full_shard\"\ncontext = 2");
     assert!(e.contains("parallel.context") && e.contains("FSDP1 / DDP"), "{e}");
@@ -347,4 +345,44 @@ fn context_parallel_ranks_join_the_efsdp_mesh() {
         .assumptions
         .iter()
         .any(|a| a.starts_with("mixture of experts with context parallel 2 (torchtitan)")));
+}
+
+/// torchtitan's HSDP with context parallelism over expert parallelism: 32 H100s (four nodes),
+/// hybrid_shard with the shard group a node, context 2, expert 4. torchtitan's mesh for it:
+/// dp_replicate 4 x dp_shard 4 x cp 2, the dense fsdp mesh dp_shard x cp = 8 (a node), the
+/// sparse mesh dp_replicate 4 x efsdp (4 x 2 / 4 = 2) x ep 4. So the state per rank is the HSDP
+/// job's (`hsdp_folds_expert_parallelism_into_each_replica`), the replicas' all-reduce the same,
+/// and each rank routes its own 1,024 of each sequence's 2,048 tokens: a dispatch moves 1,024 x
+/// 2 copies x 1,024 x 2 B = 4 MiB.
+#[test]
+fn hsdp_with_context_parallelism_folds_both_into_each_replica() {
+    let s = scenario(32, "framework = \"fsdp2\"\nsharding = \"hybrid_shard\"\ncontext = 2\nexpert = 4");
+    let sim = stepsim::simulate(&s).unwrap();
+    assert!(matches!(sim.report.verdict, stepsim::report::Verdict::Fits { .. }));
+    let plan = sim.plan();
+    assert_eq!((plan.shard_group, plan.edp, plan.expert_shard_group), (8, 2, 2));
+    for u in 1..=LAYERS as usize {
+        assert_eq!(plan.expert_split(u), Some((525_568, 11_010_048)));
+    }
+    assert_eq!(plan.model_state().parameters, 217_338_368);
+    let ar = collectives(&sim, TaskKind::AllReduce, 1);
+    assert_eq!(ar, vec![("all-reduce layers.0 shard across nodes".to_string(), 46_142_464)]);
+    let dag = stepsim::model::build(&s.model, &s.workload);
+    assert_eq!(dag.tokens(), 1024);
+    let a2a: Vec<u64> = dag
+        .ops
+        .iter()
+        .filter(|o| o.comm.is_some_and(|c| c.group == stepsim::model::CommGroup::Expert))
+        .map(|o| o.comm.unwrap().bytes)
+        .collect();
+    assert!(a2a.len() as u64 == 2 * LAYERS && a2a.iter().all(|&b| b == 4 << 20), "{a2a:?}");
+    let names: Vec<(String, u64)> =
+        s.nccl_estimate().communicators.iter().map(|(c, _)| (c.name.clone(), c.ranks)).collect();
+    for (name, ranks) in [("HSDP shard group (8 ranks)", 8), ("HSDP replica group (4 ranks)", 4)] {
+        assert!(names.contains(&(name.to_string(), ranks)), "{names:?}");
+    }
+    assert!(names.iter().any(|(n, r)| n.starts_with("efsdp mesh (2 ranks") && *r == 2), "{names:?}");
+    assert!(names.iter().any(|(n, r)| n.starts_with("context parallel") && *r == 2), "{names:?}");
+    let text = stepsim::report::text::render(&sim.report, &s);
+    assert!(text.contains("each expert on 8 GPUs (4 replicas of torchtitan's efsdp mesh of 2 GPUs"), "{text}");
 }

@@ -962,8 +962,8 @@ impl ModelState {
 /// torchtitan's efsdp mesh under FSDP2 with expert parallelism: the ranks a routed expert's
 /// state is sharded over. The sparse mesh unflattens each replica's dp_shard x cp x tp ranks
 /// into efsdp x ep (`parallel_dims.py` `build_mesh`), so it is the stage's ranks over ep, or
-/// under HYBRID_SHARD (tensor and context parallelism 1 there) one replica's shard group
-/// over ep.
+/// under HYBRID_SHARD (no tensor parallelism there) one replica's shard group over ep: its
+/// dp_shard x cp ranks, the context ranks inside it as in the dense job.
 pub fn efsdp(p: &ParallelConfig, gpus: u64, gpus_per_node: u64) -> u64 {
     let mp = &p.model_parallel;
     if p.sharding == Sharding::HybridShard {

@@ -1147,7 +1147,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
     if parallel.fsdp_expert_split() && sharding == Sharding::HybridShard {
         let mp = &parallel.model_parallel;
         let shard = crate::plan::shard_group(&parallel, gpus, u64::from(cluster.gpus_per_node));
-        moe::validate_hsdp_expert_parallel(&v, mp.expert, shard, mp.context)?;
+        moe::validate_hsdp_expert_parallel(&v, mp.expert, shard)?;
     }
     if parallel.no_sync {
         let why = if !framework.is_pytorch() {

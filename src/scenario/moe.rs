@@ -340,14 +340,10 @@ fn validate_fsdp2_expert_parallel(v: &V, etp: u64, etp_field: &str) -> Result<()
 /// = dp_shard * cp * tp // ep`, so the expert-parallel ranks are borrowed from each replica's
 /// shard group (`ParallelDims._validate`: ep must divide `dp_shard * cp * tp`); each replica
 /// holds every expert, sharded over its efsdp ranks, and the replicas all-reduce the experts'
-/// gradient shards as they do the rest. `shard` is the resolved shard group.
-pub(super) fn validate_hsdp_expert_parallel(v: &V, ep: u64, shard: u64, context: u64) -> Result<(), ScenarioError> {
-    if context > 1 {
-        return Err(v.err(
-            "parallel.context",
-            "context parallelism with hybrid sharding over expert parallelism is not simulated; use parallel.sharding = \"full_shard\"",
-        ));
-    }
+/// gradient shards as they do the rest. `shard` is the resolved shard group, which holds a
+/// replica's context ranks (torchtitan's fsdp mesh dp_shard x cp), so context parallelism
+/// folds into efsdp as under full_shard.
+pub(super) fn validate_hsdp_expert_parallel(v: &V, ep: u64, shard: u64) -> Result<(), ScenarioError> {
     if shard % ep != 0 {
         return Err(v.err(
             "parallel.expert",
