@@ -38,6 +38,22 @@ fn refused(gpus: u64, parallel: &str) -> String {
     }
 }
 
+/// The expert all-to-alls' bytes of a job whose ranks each route 1,024 tokens (checked).
+fn dispatches_of_a_1024_token_shard(s: &Scenario) -> Vec<u64> {
+    let dag = stepsim::model::build(&s.model, &s.workload);
+    assert_eq!(dag.tokens(), 1024);
+    dag.ops
+        .iter()
+        .filter(|o| o.comm.is_some_and(|c| c.group == stepsim::model::CommGroup::Expert))
+        .map(|o| o.comm.unwrap().bytes)
+        .collect()
+}
+
+/// (name, ranks) of each communicator NCCL's estimate holds.
+fn nccl_groups(s: &Scenario) -> Vec<(String, u64)> {
+    s.nccl_estimate().communicators.iter().map(|(c, _)| (c.name.clone(), c.ranks)).collect()
+}
+
 /// (what, payload bytes) of step 1's tasks of `kind` for unit `u`.
 fn collectives(sim: &stepsim::Simulation, kind: TaskKind, u: usize) -> Vec<(String, u64)> {
     let sched = sim.schedule();
@@ -310,8 +326,7 @@ fn hsdp_folds_expert_parallelism_into_each_replica() {
     let text = stepsim::report::text::render(&sim.report, &s);
     assert!(text.contains("each expert on 8 GPUs (4 replicas of torchtitan's efsdp mesh of 2 GPUs"), "{text}");
     // NCCL: the shard and replica groups, and the efsdp mesh.
-    let names: Vec<(String, u64)> =
-        s.nccl_estimate().communicators.iter().map(|(c, _)| (c.name.clone(), c.ranks)).collect();
+    let names = nccl_groups(&s);
     for (name, ranks) in [("HSDP shard group (8 ranks)", 8), ("HSDP replica group (4 ranks)", 4)] {
         assert!(names.contains(&(name.to_string(), ranks)), "{names:?}");
     }
@@ -330,14 +345,7 @@ fn context_parallel_ranks_join_the_efsdp_mesh() {
     let plan = sim.plan();
     assert_eq!((plan.shard_group, plan.edp, plan.expert_shard_group), (16, 4, 4));
     assert_eq!(plan.expert_split(1), Some((262_784, 5_505_024)));
-    let dag = stepsim::model::build(&s.model, &s.workload);
-    assert_eq!(dag.tokens(), 1024);
-    let a2a: Vec<u64> = dag
-        .ops
-        .iter()
-        .filter(|o| o.comm.is_some_and(|c| c.group == stepsim::model::CommGroup::Expert))
-        .map(|o| o.comm.unwrap().bytes)
-        .collect();
+    let a2a = dispatches_of_a_1024_token_shard(&s);
     assert_eq!(a2a.len() as u64, 2 * LAYERS);
     assert!(a2a.iter().all(|&b| b == 4 << 20), "{a2a:?}");
     assert!(sim
@@ -367,17 +375,10 @@ fn hsdp_with_context_parallelism_folds_both_into_each_replica() {
     assert_eq!(plan.model_state().parameters, 217_338_368);
     let ar = collectives(&sim, TaskKind::AllReduce, 1);
     assert_eq!(ar, vec![("all-reduce layers.0 shard across nodes".to_string(), 46_142_464)]);
-    let dag = stepsim::model::build(&s.model, &s.workload);
-    assert_eq!(dag.tokens(), 1024);
-    let a2a: Vec<u64> = dag
-        .ops
-        .iter()
-        .filter(|o| o.comm.is_some_and(|c| c.group == stepsim::model::CommGroup::Expert))
-        .map(|o| o.comm.unwrap().bytes)
-        .collect();
-    assert!(a2a.len() as u64 == 2 * LAYERS && a2a.iter().all(|&b| b == 4 << 20), "{a2a:?}");
-    let names: Vec<(String, u64)> =
-        s.nccl_estimate().communicators.iter().map(|(c, _)| (c.name.clone(), c.ranks)).collect();
+    let a2a = dispatches_of_a_1024_token_shard(&s);
+    assert_eq!(a2a.len() as u64, 2 * LAYERS);
+    assert!(a2a.iter().all(|&b| b == 4 << 20), "{a2a:?}");
+    let names = nccl_groups(&s);
     for (name, ranks) in [("HSDP shard group (8 ranks)", 8), ("HSDP replica group (4 ranks)", 4)] {
         assert!(names.contains(&(name.to_string(), ranks)), "{names:?}");
     }
