@@ -251,3 +251,60 @@ fn a_summary_of_many_rank_classes_slices_all_but_sixteen() {
     let points = sliced.iter().filter(|e| e["name"] == "memory (GB)").count() as u64;
     assert!(points <= 3 * chrome_trace::SLICED_COUNTER_BUCKETS + 1, "{points} memory points");
 }
+
+/// Issue 25: memory.csv's summary of such a job follows trace.json: the first 16 classes (the
+/// headline among them) at 2,000 stretches, the rest at 200, every class's peaks kept.
+#[test]
+fn a_memory_csv_summary_of_many_rank_classes_outlines_all_but_sixteen() {
+    use std::collections::BTreeMap;
+    use stepsim::report::write::{self, OutputDetail, OutputPlan};
+    let text = "[model]\nfamily = \"llama\"\nn_layers = 8\nhidden = 512\nn_heads = 8\nvocab = 1000\n\
+                [hardware]\ngpu = \"h100-sxm\"\ngpus = 24\n[parallel]\nsharding = \"full_shard\"\n\
+                [training]\nmicro_batch = 1\nseq_len = 512\ngrad_accum = 4\n[jitter]\nseed = 3\ncompute_cv = 0.05\n";
+    let s = Scenario::from_toml(Path::new("<jitter>"), text).unwrap();
+    let sim = stepsim::simulate(&s).unwrap();
+    let views: Vec<_> = (0..sim.job.classes.len())
+        .map(|k| (&sim.job.classes[k].schedule, &sim.run.traces[k], &sim.class_reports[k]))
+        .collect();
+    let traces: Vec<_> = views.iter().map(|v| v.1).collect();
+    let csv = |plan: &OutputPlan| {
+        let dir = tempfile::tempdir().unwrap();
+        write::write_job(dir.path(), &sim.report, &views, &sim.job.links, sim.headline, plan).unwrap();
+        std::fs::read_to_string(dir.path().join("memory.csv")).unwrap()
+    };
+    let full = csv(&OutputPlan::of(&sim.report, &traces, OutputDetail { full_memory_csv: true, ..Default::default() }));
+    let plan = OutputPlan::with_row_budget(&sim.report, &traces, OutputDetail::default(), 1_000);
+    assert!(plan.notes().iter().any(|n| n.contains("16 of the 24 classes") && n.contains("200 in the rest")));
+    let summary = csv(&plan);
+    // Per class, in the file's order (the classes' order): the instants it has rows at, and
+    // its highest allocated and reserved.
+    let per_class = |text: &str| {
+        let mut order: Vec<String> = Vec::new();
+        let mut m: BTreeMap<String, (std::collections::BTreeSet<String>, u64, u64)> = BTreeMap::new();
+        for l in text.lines().skip(1) {
+            let f: Vec<&str> = l.rsplitn(3, ',').collect();
+            let (head, cat, bytes) = (f[2], f[1], f[0].parse::<u64>().unwrap());
+            let (t, class) = head.split_once(',').unwrap();
+            if !m.contains_key(class) {
+                order.push(class.to_string());
+            }
+            let e = m.entry(class.to_string()).or_default();
+            e.0.insert(t.to_string());
+            match cat {
+                "allocated" => e.1 = e.1.max(bytes),
+                "reserved" => e.2 = e.2.max(bytes),
+                _ => {}
+            }
+        }
+        order.into_iter().map(|c| m[&c].clone()).collect::<Vec<_>>()
+    };
+    let (full, summary) = (per_class(&full), per_class(&summary));
+    assert_eq!((full.len(), summary.len()), (24, 24));
+    let outline = 3 * stepsim::report::chrome_trace::SLICED_COUNTER_BUCKETS as usize + 1;
+    for (k, (f, s)) in full.iter().zip(&summary).enumerate() {
+        assert_eq!((f.1, f.2), (s.1, s.2), "class {k}: peaks kept");
+        assert!(f.0.len() > outline, "class {k}: {} instants, too few to tell", f.0.len());
+        let outlined = stepsim::report::chrome_trace::outlined_class(k, 24, sim.headline);
+        assert_eq!(s.0.len() <= outline, outlined, "class {k}: {} of {} instants kept", s.0.len(), f.0.len());
+    }
+}

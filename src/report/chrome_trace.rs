@@ -95,10 +95,17 @@ pub const DETAILED_CLASSES: usize = 16;
 /// Memory counter points of a [`Detail::Slices`] class (its peaks kept all the same).
 pub const SLICED_COUNTER_BUCKETS: u64 = 200;
 
+/// Whether a summary shows class `k` of `classes` only in outline (trace.json's slices, its
+/// memory at [`SLICED_COUNTER_BUCKETS`] points, in trace.json and memory.csv alike): past the
+/// first [`DETAILED_CLASSES`], the headline excepted.
+pub fn outlined_class(k: usize, classes: usize, headline: usize) -> bool {
+    classes > DETAILED_CLASSES && k >= DETAILED_CLASSES && k != headline
+}
+
 impl Detail {
     /// The detail of class `k` of `classes` in a job whose trace is at `self`.
     pub fn of_class(self, k: usize, classes: usize, headline: usize) -> Detail {
-        if self == Detail::Summary && classes > DETAILED_CLASSES && k >= DETAILED_CLASSES && k != headline {
+        if self == Detail::Summary && outlined_class(k, classes, headline) {
             Detail::Slices
         } else {
             self

@@ -626,8 +626,13 @@ impl OutputPlan {
                 for_each_row(tr, outside, None, |_, _, _| csv_rows += 1);
             }
         }
+        // Classes past the first 16 (a [jitter] job's ranks) at trace.json's outline points.
+        use super::chrome_trace::{outlined_class, COUNTER_BUCKETS, SLICED_COUNTER_BUCKETS};
+        let n = traces.len();
+        let buckets =
+            |k: usize| if outlined_class(k, n, r.headline_class) { SLICED_COUNTER_BUCKETS } else { COUNTER_BUCKETS };
         let keep = (csv_rows > rows)
-            .then(|| traces.iter().map(|t| t.timeline.summary_samples(super::chrome_trace::COUNTER_BUCKETS)).collect());
+            .then(|| traces.iter().enumerate().map(|(k, t)| t.timeline.summary_samples(buckets(k))).collect());
         OutputPlan { trace, keep, trace_events, csv_rows, row_budget: rows, classes: traces.len() }
     }
 
@@ -654,11 +659,21 @@ impl OutputPlan {
             ));
         }
         if self.keep.is_some() {
+            use super::chrome_trace::{COUNTER_BUCKETS, DETAILED_CLASSES, SLICED_COUNTER_BUCKETS};
+            let stretches = if self.classes > DETAILED_CLASSES {
+                format!(
+                    "in each stretch of a rank class ({} per class in {DETAILED_CLASSES} of the {} classes, the headline among them; {} in the rest)",
+                    super::text::sep(COUNTER_BUCKETS),
+                    self.classes,
+                    SLICED_COUNTER_BUCKETS
+                )
+            } else {
+                format!("in each of {} stretches per rank class", super::text::sep(COUNTER_BUCKETS))
+            };
             notes.push(format!(
-                "memory.csv is a summary ({} rows in full, past {}): in each of {} stretches per rank class, the samples of the highest allocated and reserved bytes and the last; `stepsim run --memory-csv full` writes every change",
+                "memory.csv is a summary ({} rows in full, past {}): {stretches}, the samples of the highest allocated and reserved bytes and the last; `stepsim run --memory-csv full` writes every change",
                 super::text::sep(self.csv_rows as u64),
                 super::text::sep(self.row_budget as u64),
-                super::text::sep(super::chrome_trace::COUNTER_BUCKETS)
             ));
         }
         notes
