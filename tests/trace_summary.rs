@@ -14,6 +14,24 @@ fn events(json: &str) -> Vec<Value> {
     v["traceEvents"].as_array().unwrap().clone()
 }
 
+/// The job's memory.csv as `run` writes it with `detail` and a budget of `rows` rows, and
+/// what the run's text says of its files.
+fn memory_csv(
+    sim: &stepsim::Simulation,
+    detail: stepsim::report::write::OutputDetail,
+    rows: usize,
+) -> (Vec<String>, String) {
+    use stepsim::report::write::{self, OutputPlan};
+    let views: Vec<_> = (0..sim.job.classes.len())
+        .map(|k| (&sim.job.classes[k].schedule, &sim.run.traces[k], &sim.class_reports[k]))
+        .collect();
+    let traces: Vec<_> = views.iter().map(|v| v.1).collect();
+    let plan = OutputPlan::with_row_budget(&sim.report, &traces, detail, rows);
+    let dir = tempfile::tempdir().unwrap();
+    write::write_job(dir.path(), &sim.report, &views, &sim.job.links, sim.headline, &plan).unwrap();
+    (plan.notes(), std::fs::read_to_string(dir.path().join("memory.csv")).unwrap())
+}
+
 #[test]
 fn a_summary_accounts_for_every_task_and_keeps_the_peaks() {
     let s = Scenario::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/gpt-13b-pp4-1f1b.toml")).unwrap();
@@ -137,27 +155,16 @@ fn a_pipeline_trace_links_each_receive_to_its_sender() {
 #[test]
 fn a_memory_csv_summary_keeps_exact_values_and_every_peak() {
     use std::collections::BTreeMap;
-    use stepsim::report::write::{self, OutputDetail, OutputPlan};
+    use stepsim::report::write::{self, OutputDetail};
     let s = Scenario::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/gpt-13b-pp4-1f1b.toml")).unwrap();
     let sim = stepsim::simulate(&s).unwrap();
-    let views: Vec<_> = (0..sim.job.classes.len())
-        .map(|k| (&sim.job.classes[k].schedule, &sim.run.traces[k], &sim.class_reports[k]))
-        .collect();
-    let traces: Vec<_> = views.iter().map(|v| v.1).collect();
-    let csv = |plan: &OutputPlan| {
-        let dir = tempfile::tempdir().unwrap();
-        write::write_job(dir.path(), &sim.report, &views, &sim.job.links, sim.headline, plan).unwrap();
-        std::fs::read_to_string(dir.path().join("memory.csv")).unwrap()
-    };
-    let full_plan = OutputPlan::of(&sim.report, &traces, OutputDetail::default());
-    assert!(full_plan.notes().iter().all(|n| !n.contains("memory.csv")), "a small job's memory.csv is whole");
-    let full = csv(&full_plan);
-    let plan = OutputPlan::with_row_budget(&sim.report, &traces, OutputDetail::default(), 1_000);
-    assert!(plan.notes().iter().any(|n| n.contains("memory.csv is a summary") && n.contains("--memory-csv full")));
-    let summary = csv(&plan);
+    let (notes, full) = memory_csv(&sim, OutputDetail::default(), write::MEMORY_CSV_ROW_BUDGET);
+    assert!(notes.iter().all(|n| !n.contains("memory.csv")), "a small job's memory.csv is whole");
+    let (notes, summary) = memory_csv(&sim, OutputDetail::default(), 1_000);
+    assert!(notes.iter().any(|n| n.contains("memory.csv is a summary") && n.contains("--memory-csv full")));
     // --memory-csv full overrides the budget.
     let asked = OutputDetail { full_memory_csv: true, ..Default::default() };
-    assert_eq!(csv(&OutputPlan::with_row_budget(&sim.report, &traces, asked, 1_000)), full);
+    assert_eq!(memory_csv(&sim, asked, 1_000).1, full);
 
     type Row = (u64, String, String, u64);
     let rows = |text: &str| -> Vec<Row> {
@@ -257,25 +264,16 @@ fn a_summary_of_many_rank_classes_slices_all_but_sixteen() {
 #[test]
 fn a_memory_csv_summary_of_many_rank_classes_outlines_all_but_sixteen() {
     use std::collections::BTreeMap;
-    use stepsim::report::write::{self, OutputDetail, OutputPlan};
+    use stepsim::report::write::{self, OutputDetail};
     let text = "[model]\nfamily = \"llama\"\nn_layers = 8\nhidden = 512\nn_heads = 8\nvocab = 1000\n\
                 [hardware]\ngpu = \"h100-sxm\"\ngpus = 24\n[parallel]\nsharding = \"full_shard\"\n\
                 [training]\nmicro_batch = 1\nseq_len = 512\ngrad_accum = 4\n[jitter]\nseed = 3\ncompute_cv = 0.05\n";
     let s = Scenario::from_toml(Path::new("<jitter>"), text).unwrap();
     let sim = stepsim::simulate(&s).unwrap();
-    let views: Vec<_> = (0..sim.job.classes.len())
-        .map(|k| (&sim.job.classes[k].schedule, &sim.run.traces[k], &sim.class_reports[k]))
-        .collect();
-    let traces: Vec<_> = views.iter().map(|v| v.1).collect();
-    let csv = |plan: &OutputPlan| {
-        let dir = tempfile::tempdir().unwrap();
-        write::write_job(dir.path(), &sim.report, &views, &sim.job.links, sim.headline, plan).unwrap();
-        std::fs::read_to_string(dir.path().join("memory.csv")).unwrap()
-    };
-    let full = csv(&OutputPlan::of(&sim.report, &traces, OutputDetail { full_memory_csv: true, ..Default::default() }));
-    let plan = OutputPlan::with_row_budget(&sim.report, &traces, OutputDetail::default(), 1_000);
-    assert!(plan.notes().iter().any(|n| n.contains("16 of the 24 classes") && n.contains("200 in the rest")));
-    let summary = csv(&plan);
+    let asked = OutputDetail { full_memory_csv: true, ..Default::default() };
+    let full = memory_csv(&sim, asked, write::MEMORY_CSV_ROW_BUDGET).1;
+    let (notes, summary) = memory_csv(&sim, OutputDetail::default(), 1_000);
+    assert!(notes.iter().any(|n| n.contains("16 of the 24 classes") && n.contains("200 in the rest")));
     // Per class, in the file's order (the classes' order): the instants it has rows at, and
     // its highest allocated and reserved.
     let per_class = |text: &str| {
