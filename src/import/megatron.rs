@@ -249,7 +249,7 @@ fn aux_losses(types: Option<&str>, coeffs: Option<&str>) -> Result<(Vec<String>,
     let losses: Vec<String> = types
         .iter()
         .zip(&coeffs)
-        .filter(|(t, c)| **c > 0.0 && ["aux_loss", "seq_aux_loss", "global_aux_loss"].contains(t))
+        .filter(|(t, c)| **c > 0.0 && crate::model::AuxLoss::MEGATRON_TYPES.contains(t))
         .map(|(t, _)| t.to_string())
         .collect();
     let said = types.iter().zip(&coeffs).map(|(t, c)| format!("{t} {c}")).collect::<Vec<_>>().join(", ");

@@ -824,6 +824,10 @@ pub enum AuxLoss {
 }
 
 impl AuxLoss {
+    /// Megatron-Core's auxiliary losses (`--moe-router-load-balancing-type` values that add
+    /// one; `sinkhorn` and `none` do not).
+    pub const MEGATRON_TYPES: [&str; 3] = ["aux_loss", "seq_aux_loss", "global_aux_loss"];
+
     pub fn is_none(&self) -> bool {
         *self == AuxLoss::None
     }

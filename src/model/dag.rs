@@ -560,7 +560,7 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         swiglu_fp8_input_store: w.swiglu_fp8_input_store && w.fused_swiglu,
         weightless_norms: cfg.style.weightless_norms,
         kernels: w.kernels,
-        aux_loss: if cfg.moe.is_some() { w.aux_loss } else { AuxLoss::None },
+        aux_loss: w.aux_loss,
         router_logits: Vec::new(),
     };
     // The norm of the hidden state: the family's, or OLMo's weightless LayerNorm.
@@ -1718,16 +1718,11 @@ fn megatron_aux_loss(bd: &mut Builder, name: &str, logits: TensorId, [rows, e]: 
         backward_buffer: 0,
         backward_buffer_until: None,
     };
-    let tp_cp = bd.tp * bd.cp;
+    // Over one GPU the counts are already whole: no collective.
+    let local = if bd.tp * bd.cp > 1 { local } else { 0 };
     for k in 0..local {
-        if tp_cp > 1 {
-            bd.comm_op(
-                p(&format!("router.aux_counts_all_reduce.{k}")),
-                vec![counts],
-                vec![],
-                all_reduce(CommGroup::TensorContext),
-            );
-        }
+        let name = p(&format!("router.aux_counts_all_reduce.{k}"));
+        bd.comm_op(name, vec![counts], vec![], all_reduce(CommGroup::TensorContext));
     }
     if global {
         bd.comm_op(p("router.global_aux_counts_all_reduce"), vec![counts], vec![], all_reduce(CommGroup::Stage));
@@ -1745,7 +1740,6 @@ fn megatron_aux_loss(bd: &mut Builder, name: &str, logits: TensorId, [rows, e]: 
 /// its share of the softmax's gradient at the start of the backward, held until that block's
 /// backward. About 16 kernels forward, 6 backward.
 fn load_balancing_loss(bd: &mut Builder, m: &MoeConfig, rows: u64, c: u64) {
-    bd.region = Region::Head;
     let inputs = std::mem::take(&mut bd.router_logits);
     let (l, e, k) = (inputs.len() as u64, m.num_experts, m.top_k);
     let all = l * rows * e;

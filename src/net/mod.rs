@@ -72,8 +72,8 @@ pub const LL_BANDWIDTH_FRACTION: f64 = 0.5;
 /// and broadcast down, so `baseLat` plus twice (the node's chain hops + log2(nodes) network
 /// hops) (`src/graph/tuning.cc`, NCCL 2.18+: `baseLat` Tree LL 6.8 us, `hwLat` NVLink Tree LL
 /// 0.6 us, NET Tree LL 5.0 us). Used for all-reduces of at most [`TREE_LL_MAX_BYTES`] across
-/// nodes, where stepsim's ring (one network latency per ring step) would charge every rank's
-/// step: a MoE router's counts of tokens per expert over a whole stage.
+/// nodes, where the ring's latency grows with every rank's step and the tree's with log2 of
+/// the nodes: a MoE router's counts of tokens per expert over a whole stage.
 pub const TREE_LL_BASE_S: f64 = 6.8e-6;
 pub const TREE_LL_NET_HOP_S: f64 = 5.0e-6;
 /// The size up to which the tree-LL estimate is taken: NCCL's LL protocol carries messages of

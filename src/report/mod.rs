@@ -41,20 +41,24 @@ impl Bytes {
 }
 
 /// The MoE assumption's clause on the auxiliary load-balancing loss ([`crate::model::AuxLoss`]):
-/// what the router keeps and sends for it, or why none runs.
+/// what the router keeps and sends for it, or why none runs. Its bytes and kernels are read
+/// from the loss's op in the DAG (the first MoE block's, under Megatron-Core), the figures the
+/// schedule allocated and timed.
 fn aux_loss_words(dag: &LayerDag, plan: &Plan, rows: u64) -> String {
     use crate::model::AuxLoss;
     let Some(moe) = &dag.config.moe else { return String::new() };
     let mp = &plan.parallel.model_parallel;
     let e = moe.num_experts;
-    let scores = fmt_bytes(rows * e * 4);
+    let saved = |op: &crate::model::Op| fmt_bytes(op.saves.iter().map(|&t| dag.tensors[t].bytes).sum());
+    let op_named = |f: &dyn Fn(&str) -> bool| dag.ops.iter().find(|o| f(&o.name));
     match dag.workload.aux_loss {
         AuxLoss::None => match plan.parallel.framework {
-            crate::plan::Framework::Megatron => format!("no auxiliary load-balancing loss (--moe-aux-loss-coeff 0, Megatron-Core's default; [moe] aux_loss = \"aux_loss\" and the others simulate one: its FP32 scores over every expert, {scores} per MoE block and micro-batch, saved, and the counts of tokens per expert all-reduced)"),
+            crate::plan::Framework::Megatron => format!("no auxiliary load-balancing loss (--moe-aux-loss-coeff 0, Megatron-Core's default; [moe] aux_loss = \"aux_loss\" and the others simulate one: its FP32 scores over every expert, {} per MoE block and micro-batch, saved, and the counts of tokens per expert all-reduced)", fmt_bytes(rows * e * 4)),
             crate::plan::Framework::Fsdp2 => "no auxiliary load-balancing loss (torchtitan balances the experts with a bias the optimizer updates, load_balance_coeff)".to_string(),
             _ => "no auxiliary load-balancing loss (Hugging Face computes one only with output_router_logits = true: [moe] aux_loss = \"aux_loss\")".to_string(),
         },
         AuxLoss::Megatron { local, global } => {
+            let Some(op) = op_named(&|n| n.ends_with("router.aux_loss")) else { return String::new() };
             let tp_cp = mp.tensor * mp.context.max(1);
             let mut counts = Vec::new();
             if local > 0 {
@@ -70,22 +74,25 @@ fn aux_loss_words(dag: &LayerDag, plan: &Plan, rows: u64) -> String {
                 counts.push(format!("all-reduced over the stage's tensor x data x context ranks ({stage} GPUs{tree}) for global_aux_loss"));
             }
             format!(
-                "the auxiliary load-balancing loss (Megatron-Core router.py with --moe-aux-loss-coeff > 0): the router scores the logits over all {e} experts once more in FP32 and keeps them for the backward ({scores} per MoE block and micro-batch), builds the routing map (int32, then bool: {} of scratch), and its {e} int64 counts of tokens per expert are {}{}; about 12 kernels forward and 7 backward (--moe-router-fusion off)",
-                fmt_bytes(rows * e * 5),
+                "the auxiliary load-balancing loss (Megatron-Core router.py with --moe-aux-loss-coeff > 0): the router scores the logits over all {e} experts once more in FP32 and keeps them for the backward ({} per MoE block and micro-batch), builds the routing map (int32, then bool: {} of scratch), and its {e} int64 counts of tokens per expert are {}{}; about {} kernels forward and {} backward (--moe-router-fusion off)",
+                saved(op),
+                fmt_bytes(op.fwd_scratch),
                 counts.join(" and "),
-                if tp_cp > 1 || global { ", each all-reduce blocking the next kernel" } else { "" }
+                if tp_cp > 1 || global { ", each all-reduce blocking the next kernel" } else { "" },
+                op.launches[0],
+                op.launches[1]
             )
         }
         AuxLoss::AllBlocks => {
-            let blocks = (0..dag.config.n_layers).filter(|&l| moe.is_moe_layer(l)).count() as u64;
-            let c = dag.workload.compute_dtype.bytes();
-            let all = blocks * rows * e;
+            let Some(op) = op_named(&|n| n == "load_balancing_loss") else { return String::new() };
+            let kept: u64 = op.inputs.iter().map(|&t| dag.tensors[t].bytes).sum();
             format!(
-                "Hugging Face's load-balancing loss (load_balancing_loss_func, output_router_logits = true) after the language model's loss: every MoE block's router logits are kept to the end of the forward ({} for {blocks} blocks), concatenated (a copy) and softmaxed ({} each, the softmax saved for the backward), and the one-hot mask of each token's top {} experts is built in int64 with a float copy to average ({} together), all live at once; its backward hands each block's router its share of the gradient at the start of the backward",
-                fmt_bytes(all * c),
-                fmt_bytes(all * c),
+                "Hugging Face's load-balancing loss (load_balancing_loss_func, output_router_logits = true) after the language model's loss: every MoE block's router logits are kept to the end of the forward ({} for {} blocks), concatenated and softmaxed (the softmax, {}, saved for the backward), and the one-hot mask of each token's top {} experts is built in int64 with a float copy to average (with the concatenation {}), all live at once; its backward hands each block's router its share of the gradient at the start of the backward",
+                fmt_bytes(kept),
+                op.inputs.len(),
+                saved(op),
                 moe.top_k,
-                fmt_bytes(all * moe.top_k * 12)
+                fmt_bytes(op.fwd_scratch)
             )
         }
     }

@@ -603,9 +603,8 @@ pub(super) fn validate_aux_loss(
     if names.is_empty() {
         return Err(v.err(FIELD, "names no loss: give \"none\" or the losses the router computes"));
     }
-    let megatron = ["aux_loss", "seq_aux_loss", "global_aux_loss"];
     for n in &names {
-        if n != "none" && !megatron.contains(&n.as_str()) {
+        if n != "none" && !AuxLoss::MEGATRON_TYPES.contains(&n.as_str()) {
             return Err(v.err(
                 FIELD,
                 format!("unknown value \"{n}\"; allowed: \"none\", \"aux_loss\", \"seq_aux_loss\", \"global_aux_loss\" (one, or a list of the last three)"),
