@@ -111,7 +111,7 @@ fn a_custom_gpu_with_the_catalog_figures_simulates_the_same_step() {
 }
 
 /// The optional fields' defaults: name "custom", FP16 = BF16, no TF32 / FP8, PCIe 4, no SM
-/// count (no wave quantization, said so), a matmul ceiling of 0.8, Hopper's library defaults,
+/// count (no waves or split-K, said so), a matmul ceiling of 0.8, Hopper's library defaults,
 /// the generic PCIe server for a node.
 #[test]
 fn a_minimal_custom_gpu_takes_the_stated_defaults() {
@@ -130,11 +130,7 @@ fn a_minimal_custom_gpu_takes_the_stated_defaults() {
     assert_eq!(g.blas_workspace_bytes(), 32 << 20);
     let sim = stepsim::simulate(&s).unwrap();
     let t = sim.report.throughput.as_ref().unwrap();
-    assert!(
-        t.assumptions[1].contains("no wave quantization (the GPU's SM count is not given)"),
-        "{}",
-        t.assumptions[1]
-    );
+    assert!(t.assumptions[1].contains("no waves or split-K (the GPU's SM count is not given)"), "{}", t.assumptions[1]);
     // A custom GPU without FP8 refuses FP8 training like a catalog part without it.
     let e = Scenario::from_toml(Path::new("gpus.toml"), &format!("{toml}\n[fp8]\nrecipe = \"tensorwise\"\n"));
     assert!(e.is_err());

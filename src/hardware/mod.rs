@@ -54,8 +54,8 @@ pub struct GpuSpec {
     /// "Maximum achievable matmul FLOPS": A100 86.9%, H100 80.3%, B200 77.6%, MI300X 51.4%).
     pub max_matmul_fraction: f64,
     /// Streaming multiprocessors (NVIDIA) / compute units (AMD): how many GEMM output tiles
-    /// run at once, for wave quantization (0: not known, for a user-defined GPU without
-    /// `sms`: no wave quantization).
+    /// run at once, for the GEMM model's waves and split-K (0: not known, for a user-defined
+    /// GPU without `sms`: neither).
     pub sms: u32,
     /// The architecture: what the libraries key their defaults on ([`GpuSpec::blas_workspace_bytes`],
     /// NCCL's P2P read and NVLS in `crate::scenario::nccl`).

@@ -330,7 +330,7 @@ pub struct CustomGpuSection {
     pub nvlink_gb_per_s: f64,
     /// PCIe generation of the host link (default 4).
     pub pcie_gen: Option<i64>,
-    /// Streaming multiprocessors / compute units (absent: no wave quantization).
+    /// Streaming multiprocessors / compute units (absent: no waves or split-K in the GEMM model).
     pub sms: Option<i64>,
     /// Best measured dense matmul throughput as a fraction of the BF16/FP16 peak (default 0.8).
     pub max_matmul_fraction: Option<f64>,
