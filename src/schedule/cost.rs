@@ -493,6 +493,13 @@ impl Cost {
         let tiles = m.div_ceil(GEMM_TILE.0) * n.div_ceil(GEMM_TILE.1) * b;
         // Seconds per K element of one wave: every SM runs one tile.
         let per_k = 2.0 * (GEMM_TILE.0 * GEMM_TILE.1 * self.sms) as f64 / rate;
+        let unsplit = tiles.div_ceil(self.sms) * (k + GEMM_TILE_K_OVERHEAD);
+        // Splitting in s does at least tiles x (k + s x overhead) / SMs tile-K steps, which
+        // grows with s: when two splits cannot beat one, none can (the common case, full
+        // waves), and the loop below is skipped.
+        if tiles * (k + 2 * GEMM_TILE_K_OVERHEAD) >= unsplit * self.sms {
+            return GEMM_KERNEL_FIXED_S + unsplit as f64 * per_k;
+        }
         (1..=GEMM_SPLIT_K_MAX)
             .take_while(|&s| s == 1 || k / s >= GEMM_TILE.1)
             .map(|s| {
