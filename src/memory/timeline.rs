@@ -111,6 +111,17 @@ impl Timeline {
         Samples { changes: &self.changes, next: 0, current: [0; Category::COUNT] }
     }
 
+    /// Whether each category ever holds bytes on the curve: one held at some sample had a
+    /// positive change before it (every category starts at zero). One pass over the changes,
+    /// where asking each category of the samples rebuilt every sample once per category.
+    pub fn categories_held(&self) -> [bool; Category::COUNT] {
+        let mut held = [false; Category::COUNT];
+        for c in self.changes.iter().filter(|c| c.delta > 0 && c.category != NO_CATEGORY) {
+            held[usize::from(c.category)] = true;
+        }
+        held
+    }
+
     /// Sample `i` of the curve.
     pub fn sample(&self, i: usize) -> Option<Sample> {
         self.changes.get(i)?;
@@ -296,3 +307,25 @@ impl Iterator for Samples<'_> {
 }
 
 impl ExactSizeIterator for Samples<'_> {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A category held is one some sample shows above zero, as rebuilding every sample says;
+    /// a category only freed (from nothing) or a change of the totals alone holds none.
+    #[test]
+    fn categories_held_are_those_some_sample_shows() {
+        let mut t = Timeline::default();
+        let tot = |a: u64| Totals { allocated: a, reserved: 2 * a, active: a };
+        t.record(0, Category::ALL[0], 100, tot(100), 0);
+        t.record(1, Category::ALL[1], -5, tot(100), 1);
+        t.record_totals(2, tot(50), 2);
+        t.record(3, Category::ALL[0], -100, tot(0), 3);
+        let held = t.categories_held();
+        let by_samples: Vec<bool> =
+            Category::ALL.iter().map(|c| t.samples().any(|s| s.by_category[c.index()] > 0)).collect();
+        assert_eq!(held.to_vec(), by_samples);
+        assert_eq!((held[Category::ALL[0].index()], held[Category::ALL[1].index()]), (true, false));
+    }
+}

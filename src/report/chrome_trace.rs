@@ -225,11 +225,8 @@ pub fn render_detail(sched: &Schedule, trace: &Trace, pid: u32, rank_label: &str
     }
     // Memory counters at each change: allocated and reserved on one track, every category
     // the run ever holds (by the plot's names) on another.
-    let present: Vec<Category> = Category::ALL
-        .iter()
-        .copied()
-        .filter(|c| trace.timeline.samples().any(|s| s.by_category[c.index()] > 0))
-        .collect();
+    let held = trace.timeline.categories_held();
+    let present: Vec<Category> = Category::ALL.iter().copied().filter(|c| held[c.index()]).collect();
     let kept = match detail {
         Detail::Full => vec![true; trace.timeline.sample_count()],
         Detail::Summary => trace.timeline.summary_samples(COUNTER_BUCKETS),

@@ -232,8 +232,11 @@ pub fn write_memory_png(path: &Path, plot: &MemoryPlot) -> Result<(), String> {
         return Err(format!("memory plot has {} panels; at most {MAX_PANELS} fit in one PNG", plot.panels.len()));
     }
     let colors = category_colors(&plot.panels);
-    let mut panels =
-        plot.panels.iter().enumerate().map(|(i, p)| prepare_panel(i, p, &colors)).collect::<Result<Vec<_>, _>>()?;
+    // Panels are prepared on every core (a pipeline's stages each hold millions of samples).
+    let mut panels = {
+        use rayon::prelude::*;
+        plot.panels.par_iter().enumerate().map(|(i, p)| prepare_panel(i, p, &colors)).collect::<Result<Vec<_>, _>>()?
+    };
     // One scale for every panel, so stages and ranks compare by eye.
     let y_max = panels.iter().map(|p| p.y_max_gb).fold(0.0, f64::max);
     for p in panels.iter_mut() {

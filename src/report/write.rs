@@ -175,7 +175,10 @@ fn for_each_row(trace: &Trace, outside: u64, keep: Option<&[bool]>, mut emit: im
 }
 
 pub fn memory_plot(r: &Report, sched: &Schedule, trace: &Trace, rank_label: &str) -> MemoryPlot {
-    let cats: Vec<Category> = Category::ALL.to_vec();
+    // Only the categories the run ever holds: the plot draws no empty layer and colours each
+    // category by its own name, and a large run's series are copied once per category.
+    let held = trace.timeline.categories_held();
+    let cats: Vec<Category> = Category::ALL.iter().copied().filter(|c| held[c.index()]).collect();
     let mut times = Vec::with_capacity(trace.timeline.sample_count() + 1);
     let mut bytes: Vec<Vec<u64>> = vec![Vec::with_capacity(times.capacity()); cats.len()];
     times.push(0.0);
@@ -425,9 +428,17 @@ pub fn write_job(
         let peaks: Vec<u64> = classes.iter().map(|c| c.2.peak.as_ref().map_or(0, |p| p.allocated.bytes)).collect();
         let shown = class_panels(classes.len(), headline, &peaks);
         let mut plot: Option<MemoryPlot> = None;
-        for &k in &shown {
-            let (sc, tr, rk) = classes[k];
-            let p = memory_plot(rk, sc, tr, &panel_caption(r, k));
+        let plots: Vec<MemoryPlot> = {
+            use rayon::prelude::*;
+            shown
+                .par_iter()
+                .map(|&k| {
+                    let (sc, tr, rk) = classes[k];
+                    memory_plot(rk, sc, tr, &panel_caption(r, k))
+                })
+                .collect()
+        };
+        for p in plots {
             match plot.as_mut() {
                 None => plot = Some(p),
                 Some(m) => m.panels.extend(p.panels),
