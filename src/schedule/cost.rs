@@ -45,6 +45,36 @@
 //! full waves and a long K runs at about 0.77 x 87.5% = 67% of peak, against the wave-only
 //! model's 0.81 x 80.3% = 65%, and small or short-K GEMMs run slower than they did.
 //!
+//! ## Every constant of the time model, by where it comes from
+//!
+//! | constant | value | kind | source |
+//! |---|---|---|---|
+//! | `GpuSpec` peaks, HBM and link bandwidths, SMs | per GPU | datasheet | `src/hardware` (vendor datasheets via stas00 ml-engineering) |
+//! | `GpuSpec::max_matmul_fraction` | per GPU (A100 86.9%, H100 80.3%) | kernel measurement | stas00's mamf-finder (maximum achievable matmul FLOPS) |
+//! | [`GEMM_STEADY_OVER_CEILING`] | 0.875 / 0.803 | kernel measurement, H100 | OpenXLA's H100 matmul table (tests/fixtures/xla_gemm_h100.csv) |
+//! | [`GEMM_TILE_K_OVERHEAD`] | 144 K elements | kernel measurement, H100 | the same table |
+//! | [`GEMM_KERNEL_FIXED_S`] | 5.75 us | kernel measurement, H100 | the same table |
+//! | [`GEMM_SPLIT_K_MAX`], [`GEMM_SPLIT_K_STEP_S`] | 8, 0.1 us | kernel measurement, H100 | the same table's grids under one wave |
+//! | [`GEMM_TILE`] | 128 x 128 | assumption | cuBLAS/CUTLASS tile shapes for large BF16 GEMMs |
+//! | FlashAttention-2 rates ([`super::flash_rates`]) | by GPU, head dim, length | kernel measurement | the FlashAttention-2 paper's benchmarks (A100, H100) |
+//! | [`MATMUL_EFFICIENCY`] | 0.77 | end-to-end fit | the five A100 suites (table above) |
+//! | [`ATTENTION_EFFICIENCY`] | 0.6 | end-to-end fit | Megatron's fused attention, fitted with the matmul share |
+//! | [`HBM_EFFICIENCY`] | 0.8 | assumption | not measured here |
+//! | [`OP_OVERHEAD_S`] | 4 us per kernel | assumption | launch and dispatcher overhead |
+//! | `net::LINK_EFFICIENCY` | 0.8 of NVLink | collective measurement | nccl-tests bus bandwidth, 8 x A100 and 8 x H200 |
+//! | `net::IB_NDR_EFFICIENCY` | 0.94 of the NIC | collective measurement | nccl-tests#290 (NCCL's maintainer) |
+//! | `net::NETWORK_EFFICIENCY` | 0.74 of the NIC | collective measurement | EFA nccl-tests (`src/net` module doc) |
+//! | `net::ALPHA_INTRA_S`, `net::ALPHA_INTER_S` | 5 / 10 us per ring step | assumption | Simple-protocol small-message times; steps counted as NCCL's `tuning.cc` |
+//! | `net::LL_BASE_S`, `net::LL_HOP_S`, `net::TREE_LL_*` | 6.6 / 0.6 us, tree 6.8 us | NCCL source | `src/graph/tuning.cc` baseLat / hwLat |
+//! | ring channels ([`Cost::ring_channels`]) | 24 in a node, 2 per NIC across | NCCL source | topology search, `ncclTopoPostset`; nccl#1453 |
+//! | SMs a collective holds (`engine::links`) | a block per channel | kernel measurement, H100 | NVIDIA developer forum thread 337991 |
+//!
+//! What each end-to-end suite gives with these: the table of [`MATMUL_EFFICIENCY`] above
+//! (A100 suites fitted; Megatron H100 and Trainy H200 as validation), docs/fidelity.md for
+//! the rest. Two end-to-end fits remain, [`MATMUL_EFFICIENCY`] and [`ATTENTION_EFFICIENCY`]:
+//! what a step adds to the isolated kernels (clocks under sustained load, caches, the gaps
+//! between kernels) is not modelled yet.
+//!
 //! The fits before the kernel model, kept for the record: each the value that minimised the
 //! same sum with the wave-only shape model (wave quantization of 128 x 128 tiles, nothing
 //! else) at `MATMUL_EFFICIENCY` x the measured ceiling.
@@ -149,6 +179,7 @@ pub const GEMM_SPLIT_K_STEP_S: f64 = 0.1e-6;
 /// [`Cost::gemm_kernel_s`]). Kept at 0.6 when the GEMM kernel model came in: the refit of
 /// [`MATMUL_EFFICIENCY`] held every suite's bound with it.
 pub const ATTENTION_EFFICIENCY: f64 = 0.6;
+/// Memory-bound kernels' share of HBM bandwidth: an assumption, not measured here.
 pub const HBM_EFFICIENCY: f64 = 0.8;
 /// Launch and framework overhead per op, seconds: an assumption (CUDA kernel launches cost a
 /// few microseconds each, and PyTorch's dispatcher adds more); printed with every report.
