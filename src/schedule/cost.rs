@@ -758,6 +758,24 @@ mod tests {
         }
     }
 
+    /// A grouped GEMM's experts run in one launch: an op whose FLOPs hold 4 experts' GEMMs of
+    /// [rows per expert, out, in] is one kernel of batch 4; a LoRA-style remainder of FLOPs
+    /// beyond whole GEMMs runs at the same rate.
+    #[test]
+    fn grouped_experts_share_one_launch() {
+        let h = cost("h100-sxm");
+        let r = h.peak_flops * h.eff(OpKind::Linear);
+        let mut op = linear(512, 1408, 2048);
+        op.fwd_flops *= 4.0;
+        let want = h.gemm_kernel_s(r, 512, 1408, 2048, 4);
+        assert!((h.forward_s(&op) - OP_OVERHEAD_S - want).abs() < 1e-12);
+        assert!(want < 4.0 * h.gemm_kernel_s(r, 512, 1408, 2048, 1));
+        let mut adapted = linear(4096, 4096, 4096);
+        adapted.fwd_flops *= 1.01;
+        let base = h.gemm_kernel_s(r, 4096, 4096, 4096, 1);
+        assert!((h.forward_s(&adapted) - OP_OVERHEAD_S - 1.01 * base).abs() < 1e-12);
+    }
+
     #[test]
     fn backward_gemms_run_with_their_own_shapes() {
         let a = cost("a100-80gb");
