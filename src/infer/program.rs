@@ -24,9 +24,7 @@ use crate::hardware::Cluster;
 use crate::memory::Category;
 use crate::model::{LayerDag, Op, OpKind, Region, TensorKind, WeightFormat};
 use crate::net::Collective;
-use crate::schedule::cost::{
-    ns, Cost, ATTENTION_EFFICIENCY, GEMM_STEADY_OVER_CEILING, HBM_EFFICIENCY, MATMUL_EFFICIENCY, OP_OVERHEAD_S,
-};
+use crate::schedule::cost::{ns, Cost, HBM_EFFICIENCY, OP_OVERHEAD_S};
 use crate::schedule::{Phase, Schedule, TaskKind, TaskLabel};
 
 pub const COMPUTE: u16 = 0;
@@ -247,8 +245,8 @@ impl B<'_> {
     fn roofline(&self, lin_flops: f64, att_flops: f64, bytes: f64) -> f64 {
         let c = &self.cost;
         // Training's steady GEMM rate; the per-shape kernel model is not applied here.
-        let lin = lin_flops / (c.peak_flops * MATMUL_EFFICIENCY * c.matmul_ceiling * GEMM_STEADY_OVER_CEILING);
-        let att = att_flops / (c.peak_flops * ATTENTION_EFFICIENCY * c.matmul_ceiling);
+        let lin = lin_flops / (c.peak_flops * c.eff(OpKind::Linear));
+        let att = att_flops / (c.peak_flops * c.eff(OpKind::AttentionCore));
         (lin + att).max(bytes / (c.hbm * HBM_EFFICIENCY))
     }
 

@@ -482,8 +482,13 @@ impl Cost {
     /// The roofline at a given tensor-core peak (an FP8 GEMM's is the FP8 peak).
     fn roofline_at(&self, peak: f64, flops: f64, bytes: f64, eff: f64) -> f64 {
         let t_compute = if eff > 0.0 { flops / (peak * eff) } else { 0.0 };
-        let t_mem = bytes / (self.hbm * HBM_EFFICIENCY);
-        OP_OVERHEAD_S + t_compute.max(t_mem)
+        self.roofline_of(t_compute, bytes)
+    }
+
+    /// An op's kernel time: its compute or its HBM traffic, whichever is longer, plus the
+    /// launch overhead.
+    fn roofline_of(&self, t_compute: f64, bytes: f64) -> f64 {
+        OP_OVERHEAD_S + t_compute.max(self.hbm_s(bytes))
     }
 
     /// The peak an op's forward and input-gradient GEMMs run at.
@@ -494,7 +499,9 @@ impl Cost {
         }
     }
 
-    fn eff(&self, kind: OpKind) -> f64 {
+    /// The share of the peak an op's kernels run at: a matmul's the GEMM kernel's steady rate
+    /// less what a training step adds ([`MATMUL_EFFICIENCY`]), attention's the end-to-end fit.
+    pub(crate) fn eff(&self, kind: OpKind) -> f64 {
         match kind {
             OpKind::Linear => MATMUL_EFFICIENCY * self.matmul_ceiling * GEMM_STEADY_OVER_CEILING,
             OpKind::AttentionCore => ATTENTION_EFFICIENCY * self.matmul_ceiling,
@@ -517,9 +524,8 @@ impl Cost {
         if flops == 0.0 {
             return 0.0;
         }
-        let overhead = (k + GEMM_TILE_K_OVERHEAD) as f64 / k as f64;
         if self.sms == 0 {
-            return GEMM_KERNEL_FIXED_S + flops / rate * overhead;
+            return GEMM_KERNEL_FIXED_S + flops / rate * ((k + GEMM_TILE_K_OVERHEAD) as f64 / k as f64);
         }
         let tiles = m.div_ceil(GEMM_TILE.0) * n.div_ceil(GEMM_TILE.1) * b;
         // Seconds per K element of one wave: every SM runs one tile.
@@ -567,8 +573,9 @@ impl Cost {
         ((op.params + op.shared_params) * self.compute_bytes + op.frozen_bytes) as f64
     }
 
-    /// Memory-bound kernels run in sequence with an op's matmuls ([`Op::chain_bytes`]).
-    fn chain_s(&self, bytes: f64) -> f64 {
+    /// Moving `bytes` through HBM: an op's roofline traffic, and the memory-bound kernels that
+    /// run in sequence with its matmuls ([`Op::chain_bytes`]).
+    fn hbm_s(&self, bytes: f64) -> f64 {
         bytes / (self.hbm * HBM_EFFICIENCY)
     }
 
@@ -585,14 +592,11 @@ impl Cost {
 
     pub fn forward_s(&self, op: &Op) -> f64 {
         let bytes = op.fwd_bytes + self.weight_bytes(op);
-        let t = match op.gemm.filter(|_| op.kind == OpKind::Linear) {
-            Some(gemm) => {
-                let t_mem = bytes / (self.hbm * HBM_EFFICIENCY);
-                OP_OVERHEAD_S + self.linear_s(self.gemm_peak(op), gemm, op.fwd_flops).max(t_mem)
-            }
+        let t = match op.gemm {
+            Some(gemm) => self.roofline_of(self.linear_s(self.gemm_peak(op), gemm, op.fwd_flops), bytes),
             None => self.roofline_at(self.gemm_peak(op), op.fwd_flops, bytes, self.op_eff(op)),
         };
-        self.ring_s(op, t, 1) + self.chain_s(op.chain_bytes[0]) + launches_s(op, 0)
+        self.ring_s(op, t, 1) + self.hbm_s(op.chain_bytes[0]) + launches_s(op, 0)
     }
 
     /// Context-parallel attention of kernel time `t` (`factor` 2 in backward, where key-value
@@ -634,8 +638,8 @@ impl Cost {
     /// runs at the FP8 peak, the weight gradient too unless the recipe keeps it in 16 bits.
     pub fn backward_split(&self, op: &Op) -> (f64, f64) {
         let bytes = op.backward_bytes() + 2.0 * self.weight_bytes(op);
-        let chain = self.chain_s(op.chain_bytes[1]);
-        let Some([m, n, k]) = op.gemm.filter(|_| op.kind == OpKind::Linear) else {
+        let chain = self.hbm_s(op.chain_bytes[1]);
+        let Some([m, n, k]) = op.gemm else {
             let t = self.ring_s(op, self.roofline(op.bwd_flops, bytes, self.op_eff(op)), 2);
             return (t + chain + launches_s(op, 1), 0.5);
         };
@@ -654,8 +658,7 @@ impl Cost {
             self.linear_s(p_w, [n, k, m], wgrad)
         };
         let share = if d + w > 0.0 { d / (d + w) } else { 0.5 };
-        let t_mem = bytes / (self.hbm * HBM_EFFICIENCY);
-        (OP_OVERHEAD_S + (d + w).max(t_mem) + chain, share)
+        (self.roofline_of(d + w, bytes) + chain, share)
     }
 
     /// The optimizer step is memory-bound: `bytes_per_element` are the HBM bytes of its passes
