@@ -31,6 +31,14 @@ fn scenario(gpus: u64, parallel: &str) -> Scenario {
     Scenario::from_toml(Path::new("<moe_fsdp>"), &toml(gpus, parallel)).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// The job simulated, checked to fit.
+fn fitting(gpus: u64, parallel: &str) -> (Scenario, stepsim::Simulation) {
+    let s = scenario(gpus, parallel);
+    let sim = stepsim::simulate(&s).unwrap();
+    assert!(matches!(sim.report.verdict, stepsim::report::Verdict::Fits { .. }), "{:?}", sim.report.verdict);
+    (s, sim)
+}
+
 fn refused(gpus: u64, parallel: &str) -> String {
     match Scenario::from_toml(Path::new("<moe_fsdp>"), &toml(gpus, parallel)) {
         Ok(_) => panic!("accepted: {parallel}"),
@@ -339,9 +347,7 @@ fn hsdp_folds_expert_parallelism_into_each_replica() {
 /// a dispatch moves 1,024 x 2 copies x 1,024 x 2 B = 4 MiB.
 #[test]
 fn context_parallel_ranks_join_the_efsdp_mesh() {
-    let s = scenario(16, "framework = \"fsdp2\"\nsharding = \"full_shard\"\ncontext = 2\nexpert = 4");
-    let sim = stepsim::simulate(&s).unwrap();
-    assert!(matches!(sim.report.verdict, stepsim::report::Verdict::Fits { .. }));
+    let (s, sim) = fitting(16, "framework = \"fsdp2\"\nsharding = \"full_shard\"\ncontext = 2\nexpert = 4");
     let plan = sim.plan();
     assert_eq!((plan.shard_group, plan.edp, plan.expert_shard_group), (16, 4, 4));
     assert_eq!(plan.expert_split(1), Some((262_784, 5_505_024)));
@@ -364,9 +370,7 @@ fn context_parallel_ranks_join_the_efsdp_mesh() {
 /// 2 copies x 1,024 x 2 B = 4 MiB.
 #[test]
 fn hsdp_with_context_parallelism_folds_both_into_each_replica() {
-    let s = scenario(32, "framework = \"fsdp2\"\nsharding = \"hybrid_shard\"\ncontext = 2\nexpert = 4");
-    let sim = stepsim::simulate(&s).unwrap();
-    assert!(matches!(sim.report.verdict, stepsim::report::Verdict::Fits { .. }));
+    let (s, sim) = fitting(32, "framework = \"fsdp2\"\nsharding = \"hybrid_shard\"\ncontext = 2\nexpert = 4");
     let plan = sim.plan();
     assert_eq!((plan.shard_group, plan.edp, plan.expert_shard_group), (8, 2, 2));
     for u in 1..=LAYERS as usize {
