@@ -128,3 +128,27 @@ fn short_k_loops_and_small_grids_cost_what_the_kernel_data_shows() {
         / 1e12;
     assert!(small > 1.5 * unsplit, "{small} vs {unsplit}");
 }
+
+/// The report says where the GEMM kernel's steady rate comes from: measured on the H100,
+/// carried to other GPUs as an assumption.
+#[test]
+fn the_report_says_which_gpu_the_kernel_table_measured() {
+    let line = |file: &str| {
+        let s = stepsim::scenario::Scenario::load(std::path::Path::new(&format!(
+            "{}/scenarios/{file}",
+            env!("CARGO_MANIFEST_DIR")
+        )))
+        .unwrap();
+        let sim = stepsim::simulate(&s).unwrap();
+        let t = sim.report.throughput.unwrap();
+        t.assumptions.into_iter().find(|a| a.starts_with("matmuls at")).unwrap()
+    };
+    let h100 = line("llama3-8b-fsdp2-h100.toml");
+    assert!(
+        h100.contains("87.5% of peak (80.3% best achievable matmul x 1.090, OpenXLA's measured H100 table"),
+        "{h100}"
+    );
+    let a100 = line("gpt-1.3b-1gpu.toml");
+    assert!(a100.contains("94.7% of peak (86.9% best achievable matmul x 1.090, the ratio"), "{a100}");
+    assert!(a100.contains("carried to this GPU: an assumption, no table for it"), "{a100}");
+}

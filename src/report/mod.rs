@@ -1258,11 +1258,16 @@ pub fn throughput_of(
                     _ => format!("peak {:.0} TFLOP/s dense {} ({})", peak_flops / 1e12, plan.training.precision.compute.name(), s.cluster.gpu.source),
                 },
                 format!(
-                    "matmuls at {:.0}% (the global fit of src/schedule/cost.rs) of the GEMM kernel's steady rate, {:.1}% of peak ({:.1}% best achievable matmul x {:.3}, OpenXLA's measured H100 table over the H100's ceiling) = {:.0}% of peak, {}, {}, memory-bound ops at {:.0}% of {:.2} TB/s HBM, {:.0} us per op",
+                    "matmuls at {:.0}% (the global fit of src/schedule/cost.rs) of the GEMM kernel's steady rate, {:.1}% of peak ({:.1}% best achievable matmul x {:.3}, {}) = {:.0}% of peak, {}, {}, memory-bound ops at {:.0}% of {:.2} TB/s HBM, {:.0} us per op",
                     crate::schedule::cost::MATMUL_EFFICIENCY * 100.0,
                     s.cluster.gpu.max_matmul_fraction * crate::schedule::cost::GEMM_STEADY_OVER_CEILING * 100.0,
                     s.cluster.gpu.max_matmul_fraction * 100.0,
                     crate::schedule::cost::GEMM_STEADY_OVER_CEILING,
+                    if s.cluster.gpu.name == "h100-sxm" {
+                        "OpenXLA's measured H100 table over the H100's ceiling"
+                    } else {
+                        "the ratio OpenXLA's measured H100 table gives over the H100's ceiling, carried to this GPU: an assumption, no table for it"
+                    },
                     crate::schedule::cost::MATMUL_EFFICIENCY
                         * s.cluster.gpu.max_matmul_fraction
                         * crate::schedule::cost::GEMM_STEADY_OVER_CEILING
@@ -1274,7 +1279,7 @@ pub fn throughput_of(
                             crate::schedule::cost::GEMM_TILE_K_OVERHEAD
                         ),
                         sms => format!(
-                            "each GEMM kernel by its shape, fitted on that table: {}x{} output tiles in waves over {sms} SMs, {} more K per tile, {:.2} us fixed, split-K up to {} for grids short of the SMs (a matmul's input- and weight-gradient GEMMs by their own shapes)",
+                            "each GEMM kernel by its shape, fitted on the H100 table: {}x{} output tiles in waves over {sms} SMs, {} more K per tile, {:.2} us fixed, split-K up to {} for grids short of the SMs (a matmul's input- and weight-gradient GEMMs by their own shapes)",
                             crate::schedule::cost::GEMM_TILE.0,
                             crate::schedule::cost::GEMM_TILE.1,
                             crate::schedule::cost::GEMM_TILE_K_OVERHEAD,
