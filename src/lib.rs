@@ -81,13 +81,38 @@ pub fn simulate_with(s: &scenario::Scenario, opts: SimOptions) -> Result<Simulat
         return simulate_inference(s, cfg, record);
     }
     let every = opts.every_period;
-    let mut sim = simulate_job(s, s.allocator_capacity(), record, every)?;
+    // What checkpointing costs is the same job simulated without it: that run does not
+    // depend on this one, so it runs beside it, and stops early if this one runs out of
+    // memory (then there is no step time to compare).
+    let cancel = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let without_checkpointing = (s.training.checkpointing != plan::Checkpointing::None).then(|| {
+        let mut alt = s.clone();
+        alt.training.checkpointing = plan::Checkpointing::None;
+        alt
+    });
+    let (sim, without_checkpointing) = rayon::join(
+        || {
+            let sim = simulate_job(s, s.allocator_capacity(), record, job::run::Mode::every_period(every), true);
+            if !matches!(&sim, Ok(x) if x.report.throughput.is_some()) {
+                cancel.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            sim
+        },
+        || {
+            without_checkpointing.map(|alt| {
+                let mode = job::run::Mode { every_period: every, cancel: Some(cancel.clone()) };
+                simulate_job(&alt, u64::MAX / 4, job::run::Record::Peaks, mode, false)
+            })
+        },
+    );
+    let mut sim = sim?;
     // A fragmentation OOM: would perfect packing (no allocator overhead at all) fit?
     let fragmented = sim.report.allocator.oom.as_ref().is_some_and(|d| d.cause == memory::OomCause::Fragmentation);
     if fragmented {
         let mut alt = s.clone();
         alt.allocator.kind = memory::AllocatorKind::Exact;
-        let r = simulate_job(&alt, s.allocator_capacity(), job::run::Record::Peaks, every)?.report;
+        let mode = job::run::Mode::every_period(every);
+        let r = simulate_job(&alt, s.allocator_capacity(), job::run::Record::Peaks, mode, true)?.report;
         let w = report::allocator::WithoutFragmentation {
             fits: matches!(r.verdict, report::Verdict::Fits { .. }),
             oom_at: match r.verdict {
@@ -99,8 +124,9 @@ pub fn simulate_with(s: &scenario::Scenario, opts: SimOptions) -> Result<Simulat
             d.without_fragmentation = Some(w);
         }
     }
-    if s.training.checkpointing != plan::Checkpointing::None {
-        sim.report.checkpointing_cost = checkpointing_cost(s, &sim.report, every)?;
+    if let (Some(without), Some(with)) = (without_checkpointing, &sim.report.throughput) {
+        // Not cancelled: this job ran to its step time.
+        sim.report.checkpointing_cost = checkpointing_cost(with, &without?.report);
     }
     if let Some(loads) = s.expert_loads() {
         sim.report.routing = Some(routing_report(s, &loads, &sim.report, every)?);
@@ -172,7 +198,8 @@ fn offload_report(
     let mut alt = s.clone();
     alt.parallel.offload = None;
     let without = plan_of(&alt, &sim.dag).model_state().total();
-    let r = simulate_job(&alt, u64::MAX / 4, job::run::Record::Peaks, every)?.report;
+    let r =
+        simulate_job(&alt, u64::MAX / 4, job::run::Record::Peaks, job::run::Mode::every_period(every), true)?.report;
     let fsdp = s.parallel.framework.is_pytorch();
     let mode = match (fsdp, off.parameters) {
         (true, _) if s.parallel.framework.fsdp2_buffers() => "FSDP2 CPUOffloadPolicy(pin_memory=True)".to_string(),
@@ -298,26 +325,30 @@ fn inference_run_with(
     let job = job::Job { classes: vec![class], extra: Vec::new(), links: Vec::new() };
     // generate() calls no torch.cuda.empty_cache(): the training points do not apply.
     let settings = memory::AllocatorSettings { empty_cache: Vec::new(), ..s.allocator.clone() };
-    let run = job::run::run(&job, &settings, s.allocator_capacity(), s.cluster.memory_bytes, 0, record, false)?;
+    let run =
+        job::run::run(&job, &settings, s.allocator_capacity(), s.cluster.memory_bytes, 0, record, Default::default())?;
     Ok(InferenceRun { dag: c.dag, job, run, traffic: c.traffic })
 }
 
 /// Scenario -> DAG -> plan -> rank classes -> one run -> report, with the allocator capped at
 /// `capacity`. Without `curve` the traces keep the peaks but not every sample, and no
 /// class gets a report of its own (a counterfactual run whose report alone is read).
+/// Without `names` the programs' tasks and buffers carry no text ([`schedule::build_lean`]):
+/// for a caller that reads figures only.
 fn simulate_job(
     s: &scenario::Scenario,
     capacity: u64,
     record: job::run::Record,
-    every_period: bool,
+    mode: job::run::Mode,
+    names: bool,
 ) -> Result<Simulation, engine::Deadlock> {
     let curve = record != job::run::Record::Peaks;
     let dag = model::build(&s.model, &s.workload);
     let plan = plan_of(s, &dag);
     let steps = plan.training.steps;
     let loads = s.expert_loads();
-    let job = job::compile(&dag, &plan, &s.cluster, s.jitter.as_ref(), loads.as_deref(), true, steps);
-    let run = job::run::run(&job, &s.allocator, capacity, s.cluster.memory_bytes, steps, record, every_period)?;
+    let job = job::compile(&dag, &plan, &s.cluster, s.jitter.as_ref(), loads.as_deref(), names, steps);
+    let run = job::run::run(&job, &s.allocator, capacity, s.cluster.memory_bytes, steps, record, mode)?;
     let jr = report::job::build(s, &dag, &job, &run, curve);
     Ok(Simulation { dag, job, run, report: jr.report, headline: jr.headline, class_reports: jr.classes })
 }
@@ -353,8 +384,15 @@ pub fn simulate_lean(
     let loads = s.expert_loads();
     let run_steps = |steps: u32| -> Result<_, engine::Deadlock> {
         let job = job::compile(dag, &plan, &s.cluster, s.jitter.as_ref(), loads.as_deref(), false, steps);
-        let run =
-            job::run::run(&job, &s.allocator, capacity, s.cluster.memory_bytes, all, job::run::Record::Peaks, false)?;
+        let run = job::run::run(
+            &job,
+            &s.allocator,
+            capacity,
+            s.cluster.memory_bytes,
+            all,
+            job::run::Record::Peaks,
+            Default::default(),
+        )?;
         Ok((job, run))
     };
     for steps in early.iter().copied().filter(|&k| k < all) {
@@ -367,23 +405,15 @@ pub fn simulate_lean(
     Ok(report::job::build(s, dag, &job, &run, false).report)
 }
 
-/// What activation checkpointing costs in time: the same scenario without it, simulated
-/// with unbounded memory (it may not fit: only its timing and peak are used).
-fn checkpointing_cost(
-    s: &scenario::Scenario,
-    with: &report::Report,
-    every: bool,
-) -> Result<Option<report::CheckpointingCost>, engine::Deadlock> {
-    let Some(tp) = &with.throughput else { return Ok(None) };
-    let mut alt = s.clone();
-    alt.training.checkpointing = plan::Checkpointing::None;
-    let r = simulate_job(&alt, u64::MAX / 4, job::run::Record::Peaks, every)?.report;
-    Ok(r.throughput.map(|t| report::CheckpointingCost {
+/// What activation checkpointing costs in time: `without` is the same scenario without it,
+/// simulated with unbounded memory (it may not fit: only its timing and peak are used).
+fn checkpointing_cost(with: &report::Throughput, without: &report::Report) -> Option<report::CheckpointingCost> {
+    without.throughput.as_ref().map(|t| report::CheckpointingCost {
         step_time_without_s: t.step_time_s,
-        step_time_with_s: tp.step_time_s,
-        slowdown: tp.step_time_s / t.step_time_s - 1.0,
-        peak_without: r.peak.map(|p| p.allocated).unwrap_or(report::Bytes::new(0)),
-    }))
+        step_time_with_s: with.step_time_s,
+        slowdown: with.step_time_s / t.step_time_s - 1.0,
+        peak_without: without.peak.as_ref().map(|p| p.allocated).unwrap_or(report::Bytes::new(0)),
+    })
 }
 
 /// Uneven MoE routing: the hottest and coolest expert-parallel ranks, what the job needs and
@@ -395,6 +425,7 @@ fn routing_report(
     with: &report::Report,
     every: bool,
 ) -> Result<report::RoutingReport, engine::Deadlock> {
+    let mode = job::run::Mode::every_period(every);
     let (mut hot, mut cold) = (0, 0);
     for (r, &c) in loads.iter().enumerate() {
         if c > loads[hot] {
@@ -405,12 +436,15 @@ fn routing_report(
         }
     }
     let ran_out = matches!(with.verdict, report::Verdict::Oom(_));
-    let needed =
-        if ran_out { simulate_job(s, u64::MAX / 4, job::run::Record::Peaks, every)?.report } else { with.clone() };
+    let needed = if ran_out {
+        simulate_job(s, u64::MAX / 4, job::run::Record::Peaks, mode.clone(), true)?.report
+    } else {
+        with.clone()
+    };
     let mut uniform = s.clone();
     uniform.routing = schedule::routing::Routing::Uniform;
     uniform.capacity = None;
-    let u = simulate_job(&uniform, s.allocator_capacity(), job::run::Record::Peaks, every)?.report;
+    let u = simulate_job(&uniform, s.allocator_capacity(), job::run::Record::Peaks, mode, true)?.report;
     let describe = match &s.routing {
         schedule::routing::Routing::Uniform => "uniform".to_string(),
         schedule::routing::Routing::Zipf { exponent, seed } => format!("zipf (exponent {exponent}, seed {seed})"),

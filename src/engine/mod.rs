@@ -209,7 +209,16 @@ pub struct RunOptions {
     /// ([`period`]): the same figures, slower; what the test of the extrapolation compares
     /// with. A run that records allocator histories always does.
     pub every_period: bool,
+    /// Raised by another thread when this run's result is no longer wanted (a counterfactual
+    /// run speculatively beside the job it qualifies, which ran out of memory): the event
+    /// loop looks every [`CANCEL_POLL_EVENTS`] events and, raised, stops with the tasks not
+    /// yet run as a [`Deadlock`], which the caller that raised it discards.
+    pub cancel: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
+
+/// How many events the loop handles between looks at [`RunOptions::cancel`]: a few
+/// hundred microseconds of work.
+const CANCEL_POLL_EVENTS: usize = 1024;
 
 fn totals(alloc: &dyn Allocator) -> Totals {
     alloc.totals()
@@ -433,6 +442,11 @@ pub fn run_parts(
             }
         }
         candidates.clear();
+        if let Some(c) = opts.cancel.as_ref().filter(|_| done % CANCEL_POLL_EVENTS == 0) {
+            if c.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(Deadlock { waiting: n - done });
+            }
+        }
         let Some(Reverse(key)) = heap.pop() else { break };
         let mut ti = started[key as u64 as usize];
         let stream = task_stream[ti as usize] as usize;
@@ -843,6 +857,18 @@ mod tests {
             p.push_task(Task { stream: 1, duration_ns: 30, ..Default::default() }, &[c], &[], &[]);
         }
         p
+    }
+
+    #[test]
+    fn a_raised_cancel_flag_stops_the_run_and_a_lowered_one_does_not() {
+        let p = periodic(2_000, 0);
+        let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let opts = RunOptions { every_period: true, cancel: Some(flag.clone()), ..Default::default() };
+        let full = run_devices(&p, &mut [&mut ExactAllocator::new(1 << 30)], &opts).unwrap();
+        assert_eq!(full.end_ns.iter().filter(|&&e| e == u64::MAX).count(), 0);
+        flag.store(true, std::sync::atomic::Ordering::Relaxed);
+        let err = run_devices(&p, &mut [&mut ExactAllocator::new(1 << 30)], &opts).unwrap_err();
+        assert_eq!(err, Deadlock { waiting: p.tasks.len() });
     }
 
     #[test]

@@ -32,12 +32,26 @@ pub enum Record {
     History,
 }
 
+/// How the engine plays a job, beside what it keeps.
+#[derive(Debug, Clone, Default)]
+pub struct Mode {
+    /// Simulate every period of a repeating schedule instead of replaying it
+    /// ([`crate::engine::RunOptions::every_period`]; the same figures, slower).
+    pub every_period: bool,
+    /// Stop when raised ([`crate::engine::RunOptions::cancel`]).
+    pub cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+}
+
+impl Mode {
+    pub fn every_period(every_period: bool) -> Mode {
+        Mode { every_period, cancel: None }
+    }
+}
+
 /// Plays `job` with the allocator of `settings` capped at `capacity` on each class's
 /// device (`device_total`: the GPU's whole memory, for the allocator's own accounting),
 /// keeping what `record` says. `steps` is the number of steps the job's programs were
-/// compiled for at most. `every_period`: simulate every period of a repeating schedule
-/// instead of replaying it ([`crate::engine::RunOptions::every_period`]; the same figures,
-/// slower).
+/// compiled for at most.
 pub fn run(
     job: &Job,
     settings: &AllocatorSettings,
@@ -45,7 +59,7 @@ pub fn run(
     device_total: u64,
     steps: u32,
     record: Record,
-    every_period: bool,
+    mode: Mode,
 ) -> Result<JobRun, Deadlock> {
     let mut empty_cache_after = Vec::new();
     let mut offset = 0;
@@ -62,7 +76,8 @@ pub fn run(
         empty_cache_after,
         peaks_only: record == Record::Peaks,
         history: record == Record::History,
-        every_period,
+        every_period: mode.every_period,
+        cancel: mode.cancel,
     };
     let mut allocs: Vec<Box<dyn Allocator>> =
         job.classes.iter().map(|_| settings.build(capacity, device_total)).collect();

@@ -399,7 +399,8 @@ pub fn write_job(
     let (sched, trace, _) = classes[headline];
     let traces: Vec<&Trace> = classes.iter().map(|c| c.1).collect();
     let detail = plan.trace;
-    let csv = job_memory_csv_at(r, &traces, plan.keep.as_deref());
+    // Built on whichever core writes it, beside trace.json and memory.png.
+    let csv = || job_memory_csv_at(r, &traces, plan.keep.as_deref());
     if classes.len() == 1 {
         return write_files(dir, r, (sched, trace), (&[], 0), (Some(detail), true), csv);
     }
@@ -593,14 +594,9 @@ pub fn write_all(
     output: OutputDetail,
 ) -> Result<Vec<PathBuf>, WriteError> {
     let plan = OutputPlan::of(r, &[trace], output);
-    write_files(
-        dir,
-        r,
-        (sched, trace),
-        (&[], 0),
-        (Some(plan.trace), true),
-        job_memory_csv_at(r, &[trace], plan.keep.as_deref()),
-    )
+    write_files(dir, r, (sched, trace), (&[], 0), (Some(plan.trace), true), || {
+        job_memory_csv_at(r, &[trace], plan.keep.as_deref())
+    })
 }
 
 /// What a job's output files hold, decided once from the run's size and what was asked for:
@@ -628,22 +624,24 @@ impl OutputPlan {
     /// [`MEMORY_CSV_ROW_BUDGET`] (tests show a summary on a small job).
     pub fn with_row_budget(r: &Report, traces: &[&Trace], output: OutputDetail, rows: usize) -> OutputPlan {
         use super::chrome_trace::{full_events, Detail};
-        let trace_events: usize = if output.full_trace { 0 } else { traces.iter().map(|t| full_events(t)).sum() };
+        use rayon::prelude::*;
+        // Each class's count is a pass over its samples: one class per core.
+        let trace_events: usize = if output.full_trace { 0 } else { traces.par_iter().map(|t| full_events(t)).sum() };
         let trace = Detail::of(trace_events, output.full_trace);
-        let mut csv_rows = 0usize;
-        if !output.full_memory_csv {
-            let outside = r.allocator.outside.total.bytes;
-            for tr in traces {
-                for_each_row(tr, outside, None, |_, _, _| csv_rows += 1);
-            }
-        }
+        let outside = r.allocator.outside.total.bytes;
+        let count = |tr: &&Trace| {
+            let mut n = 0usize;
+            for_each_row(tr, outside, None, |_, _, _| n += 1);
+            n
+        };
+        let csv_rows: usize = if output.full_memory_csv { 0 } else { traces.par_iter().map(count).sum() };
         // Classes past the first 16 (a [jitter] job's ranks) at trace.json's outline points.
         use super::chrome_trace::{outlined_class, COUNTER_BUCKETS, SLICED_COUNTER_BUCKETS};
         let n = traces.len();
         let buckets =
             |k: usize| if outlined_class(k, n, r.headline_class) { SLICED_COUNTER_BUCKETS } else { COUNTER_BUCKETS };
         let keep = (csv_rows > rows)
-            .then(|| traces.iter().enumerate().map(|(k, t)| t.timeline.summary_samples(buckets(k))).collect());
+            .then(|| traces.par_iter().enumerate().map(|(k, t)| t.timeline.summary_samples(buckets(k))).collect());
         OutputPlan { trace, keep, trace_events, csv_rows, row_budget: rows, classes: traces.len() }
     }
 
@@ -728,7 +726,7 @@ fn write_files(
     (sched, trace): (&Schedule, &Trace),
     (classes, headline): (&[ClassView], usize),
     (detail, memory_png): (Option<super::chrome_trace::Detail>, bool),
-    memory_csv_rows: String,
+    memory_csv_rows: impl FnOnce() -> String + Send,
 ) -> Result<Vec<PathBuf>, WriteError> {
     std::fs::create_dir_all(dir).map_err(|e| WriteError {
         path: dir.to_path_buf(),
@@ -743,7 +741,7 @@ fn write_files(
     let gpus = r.rank_classes.get(r.headline_class).map_or(1, |c| c.count);
     let text_files = || -> Result<(), WriteError> {
         atomic_write(&json, report_json(r).as_bytes())?;
-        atomic_write(&csv, memory_csv_rows.as_bytes())?;
+        atomic_write(&csv, memory_csv_rows().as_bytes())?;
         if let Some(detail) = detail {
             atomic_write(&chrome, super::chrome_trace::render_detail(sched, trace, 0, &rank, detail).as_bytes())?;
         }
