@@ -206,3 +206,37 @@ fn inference_reports_are_deterministic() {
     let b = stepsim::report::write::report_json(&stepsim::simulate(&s).unwrap().report);
     assert_eq!(a, b);
 }
+
+/// Prefill's matmuls run as training's do, each GEMM kernel by its shape (the prompt's tokens
+/// as rows); a decode pass's single-row GEMMs lie below the measured shapes (256 and up) and
+/// take the steady rate against their weight reads. Llama-2-7B on one A100, a 2048-token
+/// prompt: the MLP's gate projection w1 (2048 rows, 4096 in, 11008 out) is compute-bound, and
+/// its prefill kernel takes the kernel model's time plus the launch overhead.
+#[test]
+fn prefill_gemms_take_their_kernel_time_by_shape() {
+    use stepsim::model::OpKind;
+    use stepsim::schedule::cost::{self, Cost};
+    use stepsim::schedule::Phase;
+    let s = job(LLAMA2_7B, 1, 1, "batch = 1\nprompt_len = 2048\ngen_len = 4\n");
+    let sim = stepsim::simulate(&s).unwrap();
+    let op = sim.dag.ops.iter().find(|o| o.kind == OpKind::Linear && o.name.ends_with("feed_forward.w1")).unwrap();
+    let [m, n, k] = op.gemm.unwrap();
+    assert_eq!(m, 2048);
+    let c = Cost::new(&s.cluster, s.training.precision.compute, 1);
+    let rate =
+        c.peak_flops * cost::MATMUL_EFFICIENCY * s.cluster.gpu.max_matmul_fraction * cost::GEMM_STEADY_OVER_CEILING;
+    let kernel = c.gemm_kernel_s(rate, m, n, k, 1);
+    let steady = op.fwd_flops / rate;
+    assert!(kernel > steady * 1.01, "the shape costs something: {kernel} vs {steady}");
+    let sched = &sim.job.classes[0].schedule;
+    let prefill = sched
+        .program
+        .tasks
+        .iter()
+        .find(|t| {
+            let l = &sched.labels[t.label as usize];
+            l.phase == Phase::Prefill && l.what == op.name
+        })
+        .unwrap();
+    assert_eq!(prefill.duration_ns, cost::ns(cost::OP_OVERHEAD_S + kernel));
+}

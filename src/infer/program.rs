@@ -24,7 +24,7 @@ use crate::hardware::Cluster;
 use crate::memory::Category;
 use crate::model::{LayerDag, Op, OpKind, Region, TensorKind, WeightFormat};
 use crate::net::Collective;
-use crate::schedule::cost::{ns, Cost, HBM_EFFICIENCY, OP_OVERHEAD_S};
+use crate::schedule::cost::{ns, Cost, GEMM_TABLE_MIN_DIM, HBM_EFFICIENCY, OP_OVERHEAD_S};
 use crate::schedule::{Phase, Schedule, TaskKind, TaskLabel};
 
 pub const COMPUTE: u16 = 0;
@@ -69,6 +69,10 @@ struct Half {
     weight_bytes: u64,
     /// Linear (weight) FLOPs per sequence.
     lin_flops: f64,
+    /// Each linear's GEMM: its output and inner dimensions (n, k; none where the op has no
+    /// GEMM shape) and its FLOPs per sequence, run as [sequences, n] x [n, k] kernels in a
+    /// decode pass.
+    gemms: Vec<(Option<[u64; 2]>, f64)>,
     /// Activation bytes read and written per sequence (non-linear ops, linear inputs/outputs).
     act_bytes: f64,
     /// Live activations per sequence while the half runs.
@@ -242,12 +246,24 @@ impl B<'_> {
         Kept { kv }
     }
 
-    fn roofline(&self, lin_flops: f64, att_flops: f64, bytes: f64) -> f64 {
+    /// A kernel's time: its matmuls (`lin_s`, each GEMM by its shape) and attention FLOPs
+    /// against the HBM traffic of `bytes`, whichever is longer.
+    fn roofline(&self, lin_s: f64, att_flops: f64, bytes: f64) -> f64 {
         let c = &self.cost;
-        // Training's steady GEMM rate; the per-shape kernel model is not applied here.
-        let lin = lin_flops / (c.peak_flops * c.eff(OpKind::Linear));
         let att = att_flops / (c.peak_flops * c.eff(OpKind::AttentionCore));
-        (lin + att).max(bytes / (c.hbm * HBM_EFFICIENCY))
+        (lin_s + att).max(bytes / (c.hbm * HBM_EFFICIENCY))
+    }
+
+    /// A matmul of `flops` with output [m, n] and inner dimension k, each GEMM kernel by its
+    /// shape as in training; at the steady rate where the op has no GEMM shape or fewer rows
+    /// than the measured shapes ([`GEMM_TABLE_MIN_DIM`]: a decode pass's weight-streaming
+    /// kernels, bound by their HBM traffic).
+    fn gemm_s(&self, gemm: Option<[u64; 3]>, flops: f64) -> f64 {
+        let c = &self.cost;
+        match gemm {
+            Some(g) if g[0] >= GEMM_TABLE_MIN_DIM => c.gemm_s(g, flops),
+            _ => flops / (c.peak_flops * c.eff(OpKind::Linear)),
+        }
     }
 
     fn tp_s(&self, op: Collective, bytes: u64) -> f64 {
@@ -341,7 +357,7 @@ impl B<'_> {
                 }
                 _ => {}
             }
-            let dur = OP_OVERHEAD_S + self.roofline(lin, att, bytes);
+            let dur = OP_OVERHEAD_S + self.roofline(self.gemm_s(op.gemm, lin), att, bytes);
             self.traffic.prefill_flops += lin + att;
             free.append(&mut frees[i]);
             let deps = std::mem::take(&mut wait);
@@ -375,17 +391,18 @@ impl B<'_> {
         let vt = v / self.tp;
         let h = self.dag.config.hidden;
         let bsz = cfg.batch;
-        let (weight, flops, name) = match head {
+        let (weight, flops, gemm, name) = match head {
             Some(op) => {
                 let per_row = op.fwd_flops / self.dag.tokens() as f64;
-                ((op.params + op.shared_params) * c, per_row * bsz as f64, op.name.clone())
+                let gemm = op.gemm.map(|[_, n, k]| [bsz, n, k]);
+                ((op.params + op.shared_params) * c, per_row * bsz as f64, gemm, op.name.clone())
             }
-            None => (vt * h * c, 2.0 * (bsz * h * vt) as f64, "output".to_string()),
+            None => (vt * h * c, 2.0 * (bsz * h * vt) as f64, Some([bsz, vt, h]), "output".to_string()),
         };
         let logits = self.buffer(bsz * vt * c, Category::Transient, || format!("{name}.logits (last position)"));
         let bytes = extra_bytes + weight as f64 + (bsz * (h + vt) * c) as f64;
         let per_kernel = self.per_kernel();
-        let dur = self.roofline(flops, 0.0, bytes) + per_kernel;
+        let dur = self.roofline(self.gemm_s(gemm, flops), 0.0, bytes) + per_kernel;
         if phase == Phase::Decode {
             self.traffic.decode_flops += flops;
             self.traffic.decode_bytes += bytes;
@@ -456,6 +473,7 @@ impl B<'_> {
             h.weight_bytes += weight_bytes(op, self.cfg.weights, c);
             if op.kind == OpKind::Linear {
                 h.lin_flops += op.fwd_flops / rows;
+                h.gemms.push((op.gemm.map(|[_, n, k]| [n, k]), op.fwd_flops / rows));
                 if let Some([_, n, k]) = op.gemm {
                     h.largest_linear = h.largest_linear.max(n * k);
                     h.linear_elems += n * k;
@@ -557,7 +575,9 @@ impl B<'_> {
                         bytes += 2.0 * (half.linear_elems * c) as f64;
                     }
                     let lin = half.lin_flops * bsz as f64;
-                    let dur = self.roofline(lin, att, bytes) + kernels as f64 * per_kernel;
+                    let lin_s =
+                        half.gemms.iter().map(|&(g, f)| self.gemm_s(g.map(|[n, k]| [bsz, n, k]), f * bsz as f64)).sum();
+                    let dur = self.roofline(lin_s, att, bytes) + kernels as f64 * per_kernel;
                     self.traffic.decode_bytes += bytes;
                     self.traffic.decode_flops += lin + att;
                     self.traffic.decode_kernels += kernels;

@@ -114,11 +114,21 @@ pub fn build(
                 KvCacheKind::Dynamic => "dynamic (HF DynamicCache, generate()'s default): prefill keeps the prompt's keys and values, each decode pass torch.cat's one token onto every layer (the longer tensor is allocated before the shorter is freed)".into(),
             }
         ),
-        "prefill: the layer DAG's forward ops without autograd (outputs freed after their last consumer, no saved tensors), causal flash attention at half the full-attention FLOPs, the LM head on the last position only (logits_to_keep = 1), logits copied to FP32 for sampling".into(),
         format!(
-            "decode: per layer an attention half and an MLP half, each the roofline of its bytes (weights as stored + KV cache + activations) at {:.0}% of {:.2} TB/s HBM against its FLOPs, plus {} per kernel{}",
+            "prefill: the layer DAG's forward ops without autograd (outputs freed after their last consumer, no saved tensors), each matmul's GEMM kernel by its shape as in training (the batch's prompt tokens as rows; under {}, below the measured shapes, at the steady GEMM rate), causal flash attention at half the full-attention FLOPs, the LM head on the last position only (logits_to_keep = 1), logits copied to FP32 for sampling",
+            crate::schedule::cost::GEMM_TABLE_MIN_DIM
+        ),
+        format!(
+            "decode: per layer an attention half and an MLP half, each the roofline of its bytes (weights as stored + KV cache + activations) at {:.0}% of {:.2} TB/s HBM against its FLOPs (GEMMs of {} row{}{}), plus {} per kernel{}",
             crate::schedule::cost::HBM_EFFICIENCY * 100.0,
             s.cluster.gpu.hbm_bytes_per_s / 1e12,
+            cfg.batch,
+            if cfg.batch == 1 { "" } else { "s" },
+            if cfg.batch < crate::schedule::cost::GEMM_TABLE_MIN_DIM {
+                format!(", under the {} of the measured GEMM shapes: weight-streaming kernels at the steady GEMM rate", crate::schedule::cost::GEMM_TABLE_MIN_DIM)
+            } else {
+                ": each kernel by its shape as in training".to_string()
+            },
             if cfg.cuda_graphs { format!("{:.0} us (inside a CUDA graph, assumed)", crate::infer::GRAPH_KERNEL_S * 1e6) } else { format!("{:.0} us launch overhead (eager)", crate::schedule::cost::OP_OVERHEAD_S * 1e6) },
             if tp > 1 { "; under tensor parallelism two all-reduces of the batch's hidden state per layer (NCCL LL protocol inside a node: 6.6 us + 0.6 us per ring step)" } else { "" }
         ),

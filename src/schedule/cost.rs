@@ -56,6 +56,7 @@
 //! | [`GEMM_KERNEL_FIXED_S`] | 5.75 us | kernel measurement, H100 | the same table |
 //! | [`GEMM_SPLIT_K_MAX`], [`GEMM_SPLIT_K_STEP_S`] | 8, 0.1 us | kernel measurement, H100 | the same table's grids under one wave |
 //! | [`GEMM_TILE`] | 128 x 128 | assumption | cuBLAS/CUTLASS tile shapes for large BF16 GEMMs |
+//! | [`GEMM_TABLE_MIN_DIM`] | 256 rows | kernel measurement, H100 | the table's smallest dimension; inference's fewer-row GEMMs take the steady rate |
 //! | FlashAttention-2 rates ([`super::flash_rates`]) | by GPU, head dim, length | kernel measurement | the FlashAttention-2 paper's benchmarks (A100, H100) |
 //! | [`MATMUL_EFFICIENCY`] | 0.77 | end-to-end fit | the five A100 suites (table above) |
 //! | [`ATTENTION_EFFICIENCY`] | 0.6 | end-to-end fit | Megatron's fused attention, fitted with the matmul share |
@@ -163,6 +164,12 @@ pub const GEMM_KERNEL_FIXED_S: f64 = 5.75e-6;
 /// [`GEMM_SPLIT_K_STEP_S`] of reduction; fitted on the H100 table's small grids.
 pub const GEMM_SPLIT_K_MAX: u64 = 8;
 pub const GEMM_SPLIT_K_STEP_S: f64 = 0.1e-6;
+/// The smallest GEMM dimension the H100 table measured (m, n and k from 256 up). Inference's
+/// skinny GEMMs, fewer rows than this (a decode pass of a few sequences), lie outside it:
+/// cuBLAS runs them as GEMV-like kernels that stream the weight, which the tile model (a
+/// 128-row tile's tensor-core work for a single row) does not describe; they take the
+/// steady rate against their HBM traffic instead.
+pub const GEMM_TABLE_MIN_DIM: u64 = 256;
 /// Flash attention's share of the matmul ceiling under Megatron (Transformer Engine's fused
 /// attention), fitted end to end with [`MATMUL_EFFICIENCY`], not measured. PyTorch model
 /// code's flash attention is FlashAttention-2 at its measured rates instead
@@ -559,6 +566,13 @@ impl Cost {
         }
         let b = ((flops / one).round() as u64).max(1);
         self.gemm_kernel_s(peak * self.eff(OpKind::Linear), m, n, k, b) * flops / (one * b as f64)
+    }
+
+    /// Seconds of a 16-bit matmul of `flops` with output [m, n] and inner dimension k, each
+    /// GEMM kernel by its shape ([`Cost::gemm_kernel_s`]), as a training step runs it: for
+    /// inference's prefill and decode passes.
+    pub(crate) fn gemm_s(&self, gemm: [u64; 3], flops: f64) -> f64 {
+        self.linear_s(self.peak_flops, gemm, flops)
     }
 
     fn op_eff(&self, op: &Op) -> f64 {
