@@ -167,7 +167,7 @@ impl Builder<'_> {
         } else if defer {
             self.split_backward((step, mb), (i, op), u, deps, alloc, n_input_grads, Vec::new()).1
         } else {
-            let secs = self.cost.backward_split(op).0;
+            let secs = self.backward_secs(i).0;
             self.hw_flops += op.bwd_flops;
             let label = TaskLabel::new(
                 step,
@@ -255,7 +255,7 @@ impl Builder<'_> {
         n_input_grads: usize,
         wdeps: Vec<u32>,
     ) -> (u32, u32) {
-        let (secs, dgrad_share) = self.cost.backward_split(op);
+        let (secs, dgrad_share) = self.backward_secs(i);
         self.hw_flops += op.bwd_flops;
         let bytes = self.cost.backward_bytes(op);
         // The two GEMMs do the same FLOPs (dX = dY W and dW = dY^T X); the HBM bytes split

@@ -185,7 +185,7 @@ impl Builder<'_> {
                 st.free_bwd[i].push(b);
             }
         }
-        let secs = self.cost.forward_s(op);
+        let secs = self.forward_secs(i);
         self.hw_flops += op.fwd_flops;
         let t = self.task(
             COMPUTE,

@@ -220,6 +220,10 @@ struct Builder<'a> {
     mg_buckets: megatron::Buckets,
     mg_param_ag: Vec<Option<u32>>,
     hw_flops: f64,
+    /// Each op's forward seconds and backward (seconds, input-gradient share), computed at
+    /// the op's first use (NaN before): every micro-batch, step and recomputation runs the
+    /// same op at the same cost, and a GEMM's kernel model searches its split-K each time.
+    op_secs: Vec<(f64, (f64, f64))>,
     /// Whether tasks and buffers get their names (false: [`build_lean`]).
     names: bool,
     /// Per model chunk this stage runs: its op range, the tensor it receives from the
@@ -315,6 +319,24 @@ pub fn build_with(dag: &LayerDag, plan: &Plan, cluster: &Cluster, names: bool, s
 }
 
 impl<'a> Builder<'a> {
+    /// [`Cost::forward_s`] of the DAG's op `i`, computed once.
+    fn forward_secs(&mut self, i: usize) -> f64 {
+        let s = &mut self.op_secs[i].0;
+        if s.is_nan() {
+            *s = self.cost.forward_s(&self.dag.ops[i]);
+        }
+        *s
+    }
+
+    /// [`Cost::backward_split`] of the DAG's op `i`, computed once.
+    fn backward_secs(&mut self, i: usize) -> (f64, f64) {
+        let s = &mut self.op_secs[i].1;
+        if s.0.is_nan() {
+            *s = self.cost.backward_split(&self.dag.ops[i]);
+        }
+        *s
+    }
+
     fn new(dag: &'a LayerDag, plan: &'a Plan, cost: &'a Cost, names: bool) -> Self {
         let checkpoint::Checkpoints { tensors, recompute_ops, checkpointed } = checkpoint::plan(dag, plan);
         let (offload_of, fine) = match plan.training.activation_offload {
@@ -463,6 +485,7 @@ impl<'a> Builder<'a> {
             mg_buckets,
             mg_param_ag,
             hw_flops: 0.0,
+            op_secs: vec![(f64::NAN, (f64::NAN, f64::NAN)); dag.ops.len()],
             names,
             largest_local_param: chunk_ops
                 .iter()

@@ -78,7 +78,7 @@ impl Builder<'_> {
                 rpending = Some(t);
                 t
             } else {
-                let secs = self.cost.forward_s(rop);
+                let secs = self.forward_secs(ri);
                 self.hw_flops += rop.fwd_flops;
                 let mut d = if k == 0 { deps.to_vec() } else { vec![] };
                 d.extend(rpending.take());
@@ -153,7 +153,7 @@ impl Builder<'_> {
             }
         }
         if !alloc.is_empty() {
-            let secs = self.cost.forward_s(op);
+            let secs = self.forward_secs(i);
             self.hw_flops += op.fwd_flops;
             self.task(
                 COMPUTE,
