@@ -540,26 +540,51 @@ fn peak_mark(p: &Prepared, peak_time: Option<f64>) -> Option<(f64, f64)> {
 /// between columns exact. `times` must be ascending.
 fn decimate(times: &[f64], values: &[f64], t0: f64, t1: f64, columns: usize) -> Vec<usize> {
     let n = times.len().min(values.len());
+    match column_runs(&times[..n], t0, t1, columns) {
+        None => (0..n).collect(),
+        Some(runs) => decimate_runs(values, &runs),
+    }
+}
+
+/// Where each pixel column's run of samples ends (samples in time order), or None where
+/// every sample is kept (few enough, or an empty time range). The same for every series
+/// over `times`: a panel's layers share it, where each computed it sample by sample.
+fn column_runs(times: &[f64], t0: f64, t1: f64, columns: usize) -> Option<Vec<usize>> {
+    let n = times.len();
     let columns = columns.max(1);
     if n <= columns.saturating_mul(SAMPLES_PER_COLUMN) || t1.partial_cmp(&t0) != Some(std::cmp::Ordering::Greater) {
-        return (0..n).collect();
+        return None;
     }
     let scale = columns as f64 / (t1 - t0);
     let column_of = |t: f64| (((t - t0) * scale).floor().max(0.0) as usize).min(columns - 1);
-    let mut out = Vec::with_capacity(columns * SAMPLES_PER_COLUMN);
+    let mut ends = Vec::with_capacity(columns);
     let mut start = 0;
     while start < n {
         let col = column_of(times[start]);
         let mut end = start + 1;
-        let (mut lo, mut hi) = (start, start);
         while end < n && column_of(times[end]) == col {
-            if values[end] < values[lo] {
-                lo = end;
-            }
-            if values[end] > values[hi] {
-                hi = end;
-            }
             end += 1;
+        }
+        ends.push(end);
+        start = end;
+    }
+    Some(ends)
+}
+
+/// The samples a series keeps over [`column_runs`]' runs: each run's first, lowest, highest
+/// and last, in order, once each.
+fn decimate_runs(values: &[f64], ends: &[usize]) -> Vec<usize> {
+    let mut out = Vec::with_capacity(ends.len() * SAMPLES_PER_COLUMN);
+    let mut start = 0;
+    for &end in ends {
+        let (mut lo, mut hi) = (start, start);
+        for (i, &v) in values.iter().enumerate().take(end).skip(start + 1) {
+            if v < values[lo] {
+                lo = i;
+            }
+            if v > values[hi] {
+                hi = i;
+            }
         }
         let mut picks = [start, lo, hi, end - 1];
         picks.sort_unstable();
@@ -1292,11 +1317,15 @@ fn render_panel<DB: DrawingBackend>(
     // first, so lower layers overdraw the part of the upper fill that belongs to them. Each
     // curve is decimated on its own, which keeps every layer boundary's peaks. No outline:
     // strokes between thousands of small steps would paint whole bands their colour.
+    let runs = column_runs(&p.times, x0, x1, columns);
     let layer_paths: Vec<Vec<(f64, f64)>> = p
         .layers
         .iter()
         .map(|l| {
-            let keep = decimate(&p.times, &l.top_gb, x0, x1, columns);
+            let keep = match &runs {
+                Some(r) if l.top_gb.len() == p.times.len() => decimate_runs(&l.top_gb, r),
+                _ => decimate(&p.times, &l.top_gb, x0, x1, columns),
+            };
             step_points(&p.times, &l.top_gb, &keep, p.step_end)
         })
         .collect();

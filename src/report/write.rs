@@ -179,8 +179,10 @@ pub fn memory_plot(r: &Report, sched: &Schedule, trace: &Trace, rank_label: &str
     // category by its own name, and a large run's series are copied once per category.
     let held = trace.timeline.categories_held();
     let cats: Vec<Category> = Category::ALL.iter().copied().filter(|c| held[c.index()]).collect();
-    let mut times = Vec::with_capacity(trace.timeline.sample_count() + 1);
-    let mut bytes: Vec<Vec<u64>> = vec![Vec::with_capacity(times.capacity()); cats.len()];
+    let room = trace.timeline.sample_count() + 2;
+    let mut times = Vec::with_capacity(room);
+    // One allocation per series (`vec![v; n]` would clone `v` without its capacity).
+    let mut bytes: Vec<Vec<u64>> = (0..cats.len()).map(|_| Vec::with_capacity(room)).collect();
     times.push(0.0);
     for b in bytes.iter_mut() {
         b.push(0);
