@@ -221,7 +221,7 @@ fn with_routing(dag: &LayerDag, plan: &Plan, cluster: &Cluster, loads: &[u64], n
     let mut classes = Vec::with_capacity(n * ep);
     let mut barriers = Vec::with_capacity(n);
     let mut part_links = Vec::new();
-    let mut stage_classes: Vec<Vec<RankClass>> = vec![Vec::with_capacity(ep); n];
+    let mut stage_classes: Vec<Vec<RankClass>> = (0..n).map(|_| Vec::with_capacity(ep)).collect();
     for (r, (cls, links)) in per_rank.into_iter().enumerate() {
         for l in links {
             part_links.push(PartLink {
