@@ -53,10 +53,11 @@ pub const NETWORK_EFFICIENCY: f64 = 0.74;
 /// The same on InfiniBand NDR (400 Gb/s ConnectX-7): "For NDR @ 400Gbps you should see
 /// 46-48GB/s per NIC" (NCCL's maintainer, nvidia/nccl-tests#290, 2025-03): 47 of 50 GB/s.
 pub const IB_NDR_EFFICIENCY: f64 = 0.94;
-/// Per-step latency of a ring collective, seconds: a few us per NVLink hop, more for a step
-/// that crosses the network (NCCL Simple protocol; nccl-tests small-message times). As NCCL's
-/// tuner counts them (`tuning.cc`: `nInterSteps`), only the steps between nodes (nodes - 1 per
-/// pass of the ring) pay the network's.
+/// Per-step latency of a ring collective across nodes, seconds: a few us per NVLink hop, more
+/// for a step that crosses the network (NCCL Simple protocol; nccl-tests small-message times).
+/// As NCCL's tuner counts them (`tuning.cc`: `nInterSteps`), only the steps between nodes
+/// (nodes - 1 per pass of the ring) pay the network's. Rings inside one node take NCCL's own
+/// tuner latencies instead ([`SIMPLE_BASE_S`], [`LL128_BASE_S`], [`LL_BASE_S`]).
 pub const ALPHA_INTRA_S: f64 = 5e-6;
 pub const ALPHA_INTER_S: f64 = 10e-6;
 /// NCCL's low-latency (LL) protocol, which its tuner picks for small messages: a fixed
@@ -67,6 +68,18 @@ pub const ALPHA_INTER_S: f64 = 10e-6;
 pub const LL_BASE_S: f64 = 6.6e-6;
 pub const LL_HOP_S: f64 = 0.6e-6;
 pub const LL_BANDWIDTH_FRACTION: f64 = 0.5;
+/// NCCL's LL128 protocol on a ring over NVLink, which its tuner picks for mid-sized messages
+/// inside a node (tens of KiB to tens of MiB): `baseLat` 14 us and `hwLat` 1.9 us per step,
+/// at 0.92 of the link (120 of every 128 bytes carry data) (`src/graph/tuning.cc`,
+/// `ncclTopoTuneModel`, NCCL 2.18 to 2.27).
+pub const LL128_BASE_S: f64 = 14e-6;
+pub const LL128_HOP_S: f64 = 1.9e-6;
+pub const LL128_BANDWIDTH_FRACTION: f64 = 0.92;
+/// NCCL's Simple protocol on a ring inside a node, as its tuner times it: `baseLat` 8.4 us
+/// and `hwLat` 3.4 us per step over NVLink (`src/graph/tuning.cc`). Rings across nodes keep
+/// [`ALPHA_INTRA_S`] and [`ALPHA_INTER_S`] per step.
+pub const SIMPLE_BASE_S: f64 = 8.4e-6;
+pub const SIMPLE_NVLINK_HOP_S: f64 = 3.4e-6;
 /// NCCL's tree all-reduce on the LL protocol, which its tuner picks for small all-reduces
 /// across nodes: a chain inside each node and a double binary tree over the nodes, reduced up
 /// and broadcast down, so `baseLat` plus twice (the node's chain hops + log2(nodes) network
@@ -126,9 +139,14 @@ impl Group {
             }
             return simple;
         }
-        // NCCL's tuner takes the faster protocol for the size.
-        let ll = LL_BASE_S + steps as f64 * LL_HOP_S + intra / LL_BANDWIDTH_FRACTION;
-        simple.min(ll)
+        // Inside a node NCCL's tuner times each ring protocol, its latency and its share of
+        // the link (`tuning.cc`), and runs the fastest for the size: LL for small messages,
+        // LL128 for mid-sized ones, Simple for large ones.
+        let steps = steps as f64;
+        let simple = SIMPLE_BASE_S + steps * SIMPLE_NVLINK_HOP_S + intra;
+        let ll = LL_BASE_S + steps * LL_HOP_S + intra / LL_BANDWIDTH_FRACTION;
+        let ll128 = LL128_BASE_S + steps * LL128_HOP_S + intra / LL128_BANDWIDTH_FRACTION;
+        simple.min(ll).min(ll128)
     }
 
     /// A small all-reduce across nodes on NCCL's tree with the LL protocol ([`TREE_LL_BASE_S`]):
@@ -208,8 +226,8 @@ mod tests {
     fn all_reduce_costs_twice_an_all_gather_in_bandwidth() {
         let g = group(8, 8, 450e9, 50e9);
         let b = 8u64 << 30;
-        let ag = g.time_s(Collective::AllGather, b) - 7.0 * ALPHA_INTRA_S;
-        let ar = g.time_s(Collective::AllReduce, b) - 14.0 * ALPHA_INTRA_S;
+        let ag = g.time_s(Collective::AllGather, b) - (SIMPLE_BASE_S + 7.0 * SIMPLE_NVLINK_HOP_S);
+        let ar = g.time_s(Collective::AllReduce, b) - (SIMPLE_BASE_S + 14.0 * SIMPLE_NVLINK_HOP_S);
         assert!((ar / ag - 2.0).abs() < 1e-9);
         // 8 GiB * 7/8 over 360 GB/s.
         assert!((ag - (b as f64 * 0.875 / 360e9)).abs() < 1e-12);
@@ -239,13 +257,18 @@ mod tests {
     #[test]
     fn small_messages_inside_a_node_take_the_low_latency_protocol() {
         let g = group(8, 8, 300e9, 25e9);
+        let wire = |b: u64, share: f64| 2.0 * b as f64 * 7.0 / 8.0 / (300e9 * LINK_EFFICIENCY * share);
         let b = 8192 * 2;
-        let bytes_s = 2.0 * b as f64 * 7.0 / 8.0 / (300e9 * LINK_EFFICIENCY * LL_BANDWIDTH_FRACTION);
         let t = g.time_s(Collective::AllReduce, b);
-        assert!((t - (6.6e-6 + 14.0 * 0.6e-6 + bytes_s)).abs() < 1e-12, "{t}");
-        assert!(t < 14.0 * ALPHA_INTRA_S);
+        assert!((t - (6.6e-6 + 14.0 * 0.6e-6 + wire(b, LL_BANDWIDTH_FRACTION))).abs() < 1e-12, "{t}");
+        // 8 MiB: LL128, 107 us, its latency under Simple's (117 us) and most of the link where
+        // LL has half of it (137 us).
+        let mid = 8u64 << 20;
+        let ll128 = 14e-6 + 14.0 * 1.9e-6 + wire(mid, 0.92);
+        assert!((g.time_s(Collective::AllReduce, mid) - ll128).abs() < 1e-12);
+        // 1 GiB: Simple, its 8.4 us and 3.4 us per step against the whole link share.
         let big = 1u64 << 30;
-        let simple = 14.0 * ALPHA_INTRA_S + 2.0 * big as f64 * 7.0 / 8.0 / (300e9 * LINK_EFFICIENCY);
+        let simple = 8.4e-6 + 14.0 * 3.4e-6 + wire(big, 1.0);
         assert!((g.time_s(Collective::AllReduce, big) - simple).abs() < 1e-12);
     }
 
