@@ -13,7 +13,7 @@
 
 use stepsim::hardware::Cluster;
 use stepsim::model::Dtype;
-use stepsim::schedule::cost::{Cost, GEMM_STEADY_OVER_CEILING, GEMM_TILE};
+use stepsim::schedule::cost::{gemm_steady_share, Cost, GEMM_TILE};
 
 struct Row {
     b: u64,
@@ -51,7 +51,7 @@ fn gemm_kernel_time_by_shape_matches_xla_h100_table() {
     let rows = table();
     assert_eq!(rows.len(), 375, "the table's 3 x 5 x 5 x 5 grid");
     let cost = Cost::new(&Cluster::of("h100-sxm", 8).unwrap(), Dtype::Bf16, 8);
-    let rate = cost.peak_flops * cost.matmul_ceiling * GEMM_STEADY_OVER_CEILING;
+    let rate = cost.peak_flops * gemm_steady_share(cost.matmul_ceiling);
     let mut full = Vec::new();
     let mut partial = Vec::new();
     // Per K and regime: (errors, measured TFLOP/s, predicted TFLOP/s) for the printed table.
@@ -113,7 +113,7 @@ fn gemm_kernel_time_by_shape_matches_xla_h100_table() {
 #[test]
 fn short_k_loops_and_small_grids_cost_what_the_kernel_data_shows() {
     let cost = Cost::new(&Cluster::of("h100-sxm", 8).unwrap(), Dtype::Bf16, 8);
-    let rate = cost.peak_flops * cost.matmul_ceiling * GEMM_STEADY_OVER_CEILING;
+    let rate = cost.peak_flops * gemm_steady_share(cost.matmul_ceiling);
     let tflops = |m: u64, n: u64, k: u64| 2.0 * (m * n * k) as f64 / cost.gemm_kernel_s(rate, m, n, k, 1) / 1e12;
     let (short, long) = (tflops(4096, 4096, 256), tflops(4096, 4096, 4096));
     assert!((short / 392.0 - 1.0).abs() < 0.1, "{short}");

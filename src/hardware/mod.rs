@@ -968,6 +968,15 @@ impl Cluster {
     pub fn nodes(&self) -> u32 {
         self.gpus.div_ceil(self.gpus_per_node)
     }
+    /// Whether the node preset's GPUs meet on NVSwitch (a node not in the catalog: no).
+    pub fn nvswitch(&self) -> bool {
+        node(&self.node).is_some_and(|n| n.nvswitch)
+    }
+    /// Whether NCCL can run NVLink SHARP (NVLS, NVSwitch multicast) inside a node: NVLink
+    /// SHARP GPUs (data-center Hopper or Blackwell) on an NVSwitch fabric.
+    pub fn nvls_capable(&self) -> bool {
+        self.nvswitch() && self.gpu.arch.nvlink_sharp()
+    }
     /// The node preset's network ([`NodeSpec::fabric`]).
     pub fn fabric(&self) -> Fabric {
         node(&self.node).map_or(Fabric::Other, |n| n.fabric)

@@ -69,10 +69,9 @@ struct Half {
     weight_bytes: u64,
     /// Linear (weight) FLOPs per sequence.
     lin_flops: f64,
-    /// Each linear's GEMM: its output and inner dimensions (n, k; none where the op has no
-    /// GEMM shape) and its FLOPs per sequence, run as [sequences, n] x [n, k] kernels in a
-    /// decode pass.
-    gemms: Vec<(Option<[u64; 2]>, f64)>,
+    /// Seconds of the half's linears in one decode pass over the batch: each a [sequences, n]
+    /// x [n, k] GEMM, the same in every layer and pass (computed once).
+    lin_s: f64,
     /// Activation bytes read and written per sequence (non-linear ops, linear inputs/outputs).
     act_bytes: f64,
     /// Live activations per sequence while the half runs.
@@ -473,7 +472,8 @@ impl B<'_> {
             h.weight_bytes += weight_bytes(op, self.cfg.weights, c);
             if op.kind == OpKind::Linear {
                 h.lin_flops += op.fwd_flops / rows;
-                h.gemms.push((op.gemm.map(|[_, n, k]| [n, k]), op.fwd_flops / rows));
+                let bsz = self.cfg.batch;
+                h.lin_s += self.gemm_s(op.gemm.map(|[_, n, k]| [bsz, n, k]), op.fwd_flops / rows * bsz as f64);
                 if let Some([_, n, k]) = op.gemm {
                     h.largest_linear = h.largest_linear.max(n * k);
                     h.linear_elems += n * k;
@@ -575,9 +575,7 @@ impl B<'_> {
                         bytes += 2.0 * (half.linear_elems * c) as f64;
                     }
                     let lin = half.lin_flops * bsz as f64;
-                    let lin_s =
-                        half.gemms.iter().map(|&(g, f)| self.gemm_s(g.map(|[n, k]| [bsz, n, k]), f * bsz as f64)).sum();
-                    let dur = self.roofline(lin_s, att, bytes) + kernels as f64 * per_kernel;
+                    let dur = self.roofline(half.lin_s, att, bytes) + kernels as f64 * per_kernel;
                     self.traffic.decode_bytes += bytes;
                     self.traffic.decode_flops += lin + att;
                     self.traffic.decode_kernels += kernels;

@@ -1260,17 +1260,16 @@ pub fn throughput_of(
                 format!(
                     "matmuls at {:.0}% (the global fit of src/schedule/cost.rs) of the GEMM kernel's steady rate, {:.1}% of peak ({:.1}% best achievable matmul x {:.3}, {}) = {:.0}% of peak, {}, {}, memory-bound ops at {:.0}% of {:.2} TB/s HBM, {:.0} us per op",
                     crate::schedule::cost::MATMUL_EFFICIENCY * 100.0,
-                    s.cluster.gpu.max_matmul_fraction * crate::schedule::cost::GEMM_STEADY_OVER_CEILING * 100.0,
+                    crate::schedule::cost::gemm_steady_share(s.cluster.gpu.max_matmul_fraction) * 100.0,
                     s.cluster.gpu.max_matmul_fraction * 100.0,
                     crate::schedule::cost::GEMM_STEADY_OVER_CEILING,
-                    if s.cluster.gpu.name == "h100-sxm" {
+                    if s.cluster.gpu.name == crate::schedule::cost::GEMM_TABLE_GPU {
                         "OpenXLA's measured H100 table over the H100's ceiling"
                     } else {
                         "the ratio OpenXLA's measured H100 table gives over the H100's ceiling, carried to this GPU: an assumption, no table for it"
                     },
                     crate::schedule::cost::MATMUL_EFFICIENCY
-                        * s.cluster.gpu.max_matmul_fraction
-                        * crate::schedule::cost::GEMM_STEADY_OVER_CEILING
+                        * crate::schedule::cost::gemm_steady_share(s.cluster.gpu.max_matmul_fraction)
                         * 100.0,
                     match s.cluster.gpu.sms {
                         0 => format!(
@@ -1318,9 +1317,7 @@ pub fn throughput_of(
                     crate::net::LL128_BANDWIDTH_FRACTION * 100.0,
                     crate::net::SIMPLE_BASE_S * 1e6,
                     crate::net::SIMPLE_NVLINK_HOP_S * 1e6,
-                    if s.cluster.gpu.arch.nvlink_sharp()
-                        && crate::hardware::node(&s.cluster.node).is_some_and(|n| n.nvswitch)
-                    {
+                    if s.cluster.nvls_capable() {
                         "; NVLink SHARP (NCCL's NVLS) not modelled: nccl-tests measures 8 H100s' largest all-reduces 24-34% faster than these rings"
                     } else {
                         ""

@@ -41,16 +41,13 @@ pub struct NcclEstimate {
 /// The fabric of the cluster's nodes: 24 ring channels inside an 8-GPU NVSwitch node and
 /// 16 across nodes; 8 on nodes without NVSwitch (an assumption).
 fn fabric(cluster: &Cluster) -> Fabric {
-    let nvswitch = crate::hardware::node(&cluster.node).is_some_and(|n| n.nvswitch);
-    let (intra, inter) = crate::net::nccl_memory::ring_channels(nvswitch);
+    let (intra, inter) = crate::net::nccl_memory::ring_channels(cluster.nvswitch());
     Fabric {
         ring_channels_intra: intra,
         ring_channels_inter: inter,
         // Two A100s (sm80) over NVLink use P2P read (`ncclTopoCheckP2p`).
         p2p_read: cluster.gpu.arch == Arch::Ampere,
-        // NVSwitch multicast needs NVLink SHARP (data-center Hopper or Blackwell) on an
-        // NVSwitch fabric.
-        nvls_capable: nvswitch && cluster.gpu.arch.nvlink_sharp(),
+        nvls_capable: cluster.nvls_capable(),
         gpus_per_node: u64::from(cluster.gpus_per_node),
     }
 }

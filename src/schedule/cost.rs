@@ -154,6 +154,15 @@ pub const GEMM_TILE: (u64, u64) = (128, 128);
 /// (tests/fixtures/xla_gemm_h100.csv) over its 80.3%. Other GPUs carry the same ratio over
 /// their own measured ceiling: an assumption, as no such table exists for them.
 pub const GEMM_STEADY_OVER_CEILING: f64 = 0.875 / 0.803;
+/// The catalog GPU the GEMM table was measured on ("NVIDIA H100 80GB HBM3", `sm_90`): the
+/// one whose steady rate and overheads are measured rather than carried over.
+pub const GEMM_TABLE_GPU: &str = "h100-sxm";
+
+/// A GEMM kernel's steady rate as a share of the peak, on a GPU whose best achievable
+/// matmul is `ceiling` of it ([`GEMM_STEADY_OVER_CEILING`]).
+pub fn gemm_steady_share(ceiling: f64) -> f64 {
+    ceiling * GEMM_STEADY_OVER_CEILING
+}
 /// What each output tile pays beyond its K loop (filling the load pipeline, the epilogue's
 /// store), in K elements of that loop: fitted with the two constants below on the H100 table.
 pub const GEMM_TILE_K_OVERHEAD: u64 = 144;
@@ -279,8 +288,7 @@ pub fn group_on(cluster: &Cluster, ranks: u64, per_node: u64) -> Group {
 /// The thread blocks an NCCL collective's kernel holds on SMs inside a node and across nodes
 /// ([`Cost::ring_channels`]).
 pub fn collective_ctas(cluster: &Cluster) -> (u64, u64) {
-    let nvswitch = crate::hardware::node(&cluster.node).is_some_and(|n| n.nvswitch);
-    let (intra, inter) = crate::net::nccl_memory::ring_channels(nvswitch);
+    let (intra, inter) = crate::net::nccl_memory::ring_channels(cluster.nvswitch());
     (intra, inter.min(2 * u64::from(cluster.nics_per_node)))
 }
 
@@ -511,7 +519,7 @@ impl Cost {
     /// less what a training step adds ([`MATMUL_EFFICIENCY`]), attention's the end-to-end fit.
     pub(crate) fn eff(&self, kind: OpKind) -> f64 {
         match kind {
-            OpKind::Linear => MATMUL_EFFICIENCY * self.matmul_ceiling * GEMM_STEADY_OVER_CEILING,
+            OpKind::Linear => MATMUL_EFFICIENCY * gemm_steady_share(self.matmul_ceiling),
             OpKind::AttentionCore => ATTENTION_EFFICIENCY * self.matmul_ceiling,
             // Element-wise ops and norms are memory-bound: their FLOPs never dominate.
             _ => 1.0,
