@@ -28,15 +28,15 @@ pub(super) struct Bwd {
     pub step: u32,
     pub mb: u32,
     /// Buffers freed at the end of an op's forward (recompute) or backward, by op index.
-    pub free_fwd: Vec<Vec<u32>>,
-    pub free_bwd: Vec<Vec<u32>>,
+    pub free_fwd: super::span::Span<Vec<u32>>,
+    pub free_bwd: super::span::Span<Vec<u32>>,
     /// Per block, what activation offload took to the host and its reload.
     pub offload: Vec<super::activation_offload::BlockOffload>,
     pub offload_count: usize,
     /// The last reload issued (overlapped activation offload).
     pub last_reload: Option<u32>,
     /// Each activation's gradient buffer, once its first consumer's backward created it.
-    pub grad_buf: Vec<Option<u32>>,
+    pub grad_buf: super::span::Span<Option<u32>>,
     /// Each unit's backward all-gather, once issued.
     pub ag_bwd_task: Vec<Option<u32>>,
     /// Bytes of DDP's bucket being filled.
@@ -86,7 +86,6 @@ impl Builder<'_> {
         last_mb: bool,
         sync_grads: bool,
     ) -> Bwd {
-        let dag = self.dag;
         let nunits = self.plan.units.len();
         let Fwd { free_fwd, free_bwd, offload, offload_count, loss_task, inputs } = fwd;
         let (recv_after, first_deps) = self.take_prior_send();
@@ -98,7 +97,7 @@ impl Builder<'_> {
             offload,
             offload_count,
             last_reload: None,
-            grad_buf: vec![None; dag.tensors.len()],
+            grad_buf: super::span::Span::new(self.chunk_tensors[c].0, self.chunk_tensors[c].1),
             ag_bwd_task: vec![None; nunits],
             ddp_bucket: (0, 0),
             tied_grad_done: false,
@@ -295,7 +294,7 @@ impl Builder<'_> {
     /// Gradient buffers for the inputs of `op` that need one and have none yet: autograd
     /// creates an activation's gradient at the backward of its first consumer (in backward
     /// order), whether that is a kernel or a tensor-parallel collective.
-    pub(super) fn input_grads(&mut self, op: &Op, mb: u32, grad_buf: &mut [Option<u32>]) -> Vec<u32> {
+    pub(super) fn input_grads(&mut self, op: &Op, mb: u32, grad_buf: &mut super::span::Span<Option<u32>>) -> Vec<u32> {
         let mut alloc = Vec::new();
         for &t in &op.inputs {
             if self.tensors[t].needs_grad && grad_buf[t].is_none() {

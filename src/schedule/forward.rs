@@ -23,8 +23,8 @@ pub(super) struct FwdPass {
     pub mb: u32,
     /// The task that ends the previous step (the next step's work waits for it).
     pub step_dep: Option<u32>,
-    pub free_fwd: Vec<Vec<u32>>,
-    pub free_bwd: Vec<Vec<u32>>,
+    pub free_fwd: super::span::Span<Vec<u32>>,
+    pub free_bwd: super::span::Span<Vec<u32>>,
     /// Each unit's all-gather in this pass.
     pub ag_fwd_task: Vec<Option<u32>>,
     /// Each unit's last forward kernel so far.
@@ -65,7 +65,6 @@ impl Builder<'_> {
         let dag = self.dag;
         let plan = self.plan;
         let (lo, hi) = self.chunk_ops[c];
-        let nops = dag.ops.len();
         let nunits = plan.units.len();
         let (recv_after, first_deps) = self.take_prior_send();
         self.zero3_start_pass();
@@ -74,8 +73,8 @@ impl Builder<'_> {
             mb,
             chunk: c,
             step_dep: self.last_task_of_prev_step,
-            free_fwd: vec![Vec::new(); nops],
-            free_bwd: vec![Vec::new(); nops],
+            free_fwd: super::span::Span::new(lo, hi),
+            free_bwd: super::span::Span::new(lo, hi),
             ag_fwd_task: vec![None; nunits],
             unit_last_fwd: vec![None; nunits],
             pending: None,

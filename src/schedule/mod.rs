@@ -82,6 +82,7 @@ mod optimizer;
 pub mod pipeline;
 mod recompute;
 mod sharding;
+mod span;
 mod tensor_parallel;
 mod zero3_fetch;
 
@@ -100,8 +101,8 @@ pub struct Port {
 
 /// What one micro-batch's forward of one chunk leaves for its backward.
 pub(super) struct Fwd {
-    free_fwd: Vec<Vec<u32>>,
-    free_bwd: Vec<Vec<u32>>,
+    free_fwd: span::Span<Vec<u32>>,
+    free_bwd: span::Span<Vec<u32>>,
     /// Per block, what activation offload took to the host (empty without it).
     offload: Vec<activation_offload::BlockOffload>,
     /// Offload groups whose GPU copies are freed (Transformer Engine's count).
@@ -229,6 +230,9 @@ struct Builder<'a> {
     /// Per model chunk this stage runs: its op range, the tensor it receives from the
     /// previous stage and the one it sends on, and its virtual stage index.
     chunk_ops: Vec<(usize, usize)>,
+    /// Per chunk: the range of tensor numbers its ops read and write (and it receives and
+    /// sends), where a backward's gradient buffers live ([`span::Span`]).
+    chunk_tensors: Vec<(usize, usize)>,
     /// Each chunk's layers cut at their all-to-alls, for Megatron's combined 1F1B
     /// ([`ep_overlap::ChunkOps`]; empty until its first combined step).
     chunk_layers: Vec<ep_overlap::ChunkOps>,
@@ -493,6 +497,16 @@ impl<'a> Builder<'a> {
                 .map(|o| o.params.max(o.shared_params))
                 .max()
                 .unwrap_or(0),
+            chunk_tensors: chunk_ops
+                .iter()
+                .zip(chunk_in.iter().zip(&chunk_out))
+                .map(|(&(lo, hi), (x_in, x_out))| {
+                    let ts = dag.ops[lo..hi].iter().flat_map(|o| o.inputs.iter().chain(&o.outputs).chain(&o.saves));
+                    let ts = ts.copied().chain(x_in.iter().copied()).chain(x_out.iter().copied());
+                    ts.fold((usize::MAX, 0), |(a, b), t| (a.min(t), b.max(t + 1)))
+                })
+                .map(|(a, b)| if a > b { (0, 0) } else { (a, b) })
+                .collect(),
             chunk_ops,
             chunk_layers: Vec::new(),
             chunk_in,
