@@ -1,7 +1,8 @@
 //! Collective time by message size against nccl-tests: an all-reduce over the 8 H100s of one
 //! node, 8 B to 16 GiB (tests/fixtures/nccl_tests_h100_allreduce.csv, with its source). The
 //! model is NCCL's own tuner (`src/net`: ring LL, LL128 and Simple protocols at the latencies
-//! and bandwidth shares of NCCL's `src/graph/tuning.cc`, the fastest for the size), over
+//! and bandwidth shares of NCCL's `src/graph/tuning.cc`, LL's bus bandwidth capped at the
+//! tuner's `llMaxBws` for Hopper, 141 GB/s, the fastest for the size), over
 //! NVLink at the efficiency measured on large rings; NVLink SHARP (NVLS), which this node
 //! ran its largest all-reduces with, is not modelled.
 //!

@@ -119,6 +119,21 @@ impl Arch {
         matches!(self, Arch::Hopper | Arch::Blackwell)
     }
 
+    /// The CUDA compute capability (major x 10 + minor) of the generation's parts, as NCCL's
+    /// tuner groups them; None for the ROCm part.
+    pub fn compute_capability(self) -> Option<u32> {
+        match self {
+            Arch::Volta => Some(70),
+            Arch::Ampere => Some(80),
+            Arch::Ga10x => Some(86),
+            Arch::Ada => Some(89),
+            Arch::Hopper => Some(90),
+            Arch::Blackwell => Some(100),
+            Arch::Gb20x => Some(120),
+            Arch::Cdna3 => None,
+        }
+    }
+
     /// Tensor cores with FP8 (E4M3 / E5M2) inputs: sm89 and later.
     pub fn has_fp8(self) -> bool {
         matches!(self, Arch::Ada | Arch::Hopper | Arch::Blackwell | Arch::Gb20x | Arch::Cdna3)

@@ -41,6 +41,25 @@ pub struct Group {
     /// The share of that rate large collectives reach, by the node's fabric
     /// ([`NETWORK_EFFICIENCY`], [`IB_NDR_EFFICIENCY`]).
     pub network_efficiency: f64,
+    /// The most bus bandwidth NCCL's tuner gives a ring on the LL protocol inside one node,
+    /// bytes/s, by GPU generation ([`ll_max_bus_bytes_per_s`]); infinite where unknown.
+    pub ll_max_bytes_per_s: f64,
+}
+
+/// NCCL's cap on a single-node ring's LL bus bandwidth (`llMaxBws` in `src/graph/tuning.cc`,
+/// `busBw = std::min(llMaxBw, busBw * .5)`): 87.7 GB/s from compute capability 8.0 (Ampere,
+/// and the 8.6 and 8.9 parts), 141 from 9.0 (Hopper), 282 from 10.0 (Blackwell), 39 below
+/// (Volta). Below its half-link rate on every NVSwitch part (A100: 120 GB/s, H100: 180), so
+/// NCCL's LL carries less than half the link and hands over to LL128 at smaller sizes.
+/// `compute_capability` as major x 10 + minor; None (an AMD part, which RCCL tunes): no cap.
+pub fn ll_max_bus_bytes_per_s(compute_capability: Option<u32>) -> f64 {
+    match compute_capability {
+        Some(c) if c >= 100 => 282e9,
+        Some(c) if c >= 90 => 141e9,
+        Some(c) if c >= 80 => 87.7e9,
+        Some(_) => 39e9,
+        None => f64::INFINITY,
+    }
 }
 
 /// Fraction of NVLink's unidirectional spec a large ring collective reaches inside a node:
@@ -144,7 +163,9 @@ impl Group {
         // LL128 for mid-sized ones, Simple for large ones.
         let steps = steps as f64;
         let simple = SIMPLE_BASE_S + steps * SIMPLE_NVLINK_HOP_S + intra;
-        let ll = LL_BASE_S + steps * LL_HOP_S + intra / LL_BANDWIDTH_FRACTION;
+        let link = self.nvlink_bytes_per_s * LINK_EFFICIENCY;
+        let ll =
+            LL_BASE_S + steps * LL_HOP_S + intra * link / (link * LL_BANDWIDTH_FRACTION).min(self.ll_max_bytes_per_s);
         let ll128 = LL128_BASE_S + steps * LL128_HOP_S + intra / LL128_BANDWIDTH_FRACTION;
         simple.min(ll).min(ll128)
     }
@@ -202,6 +223,7 @@ mod tests {
             nvlink_bytes_per_s: nvlink,
             network_bytes_per_s: net,
             network_efficiency: NETWORK_EFFICIENCY,
+            ll_max_bytes_per_s: f64::INFINITY,
         }
     }
 
@@ -270,6 +292,26 @@ mod tests {
         let big = 1u64 << 30;
         let simple = 8.4e-6 + 14.0 * 3.4e-6 + wire(big, 1.0);
         assert!((g.time_s(Collective::AllReduce, big) - simple).abs() < 1e-12);
+    }
+
+    /// NCCL caps a ring's LL bus bandwidth by generation (`llMaxBws`): on 8 H100s LL carries
+    /// 141 GB/s, not half of the 360 GB/s the link gives rings, so a 128 KiB all-reduce,
+    /// which LL still wins, takes its bytes at 141 GB/s; an A100 node's cap is 87.7 GB/s,
+    /// and a part NCCL does not tune (the ROCm one) has none.
+    #[test]
+    fn ll_bandwidth_is_capped_by_generation() {
+        let g = Group { ll_max_bytes_per_s: ll_max_bus_bytes_per_s(Some(90)), ..group(8, 8, 450e9, 50e9) };
+        let b = 128u64 << 10;
+        let bus = 2.0 * b as f64 * 7.0 / 8.0;
+        let ll = 6.6e-6 + 14.0 * 0.6e-6 + bus / 141e9;
+        let ll128 = 14e-6 + 14.0 * 1.9e-6 + bus / (450e9 * LINK_EFFICIENCY * 0.92);
+        assert!(ll < ll128, "LL still wins at 128 KiB");
+        assert!((g.time_s(Collective::AllReduce, b) - ll).abs() < 1e-12);
+        let uncapped = group(8, 8, 450e9, 50e9).time_s(Collective::AllReduce, b);
+        assert!(uncapped < ll);
+        assert_eq!(ll_max_bus_bytes_per_s(Some(80)), 87.7e9);
+        assert_eq!(ll_max_bus_bytes_per_s(Some(100)), 282e9);
+        assert_eq!(ll_max_bus_bytes_per_s(None), f64::INFINITY);
     }
 
     /// An 8-rank all-to-all inside a node moves 7/8 of each buffer over NVLink; across 8

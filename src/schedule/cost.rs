@@ -67,6 +67,7 @@
 //! | `net::NETWORK_EFFICIENCY` | 0.74 of the NIC | collective measurement | EFA nccl-tests (`src/net` module doc) |
 //! | `net::ALPHA_INTRA_S`, `net::ALPHA_INTER_S` | 5 / 10 us per ring step | assumption | rings across nodes: Simple-protocol small-message times; steps counted as NCCL's `tuning.cc` |
 //! | `net::LL_BASE_S`, `net::LL_HOP_S`, `net::TREE_LL_*` | 6.6 / 0.6 us, tree 6.8 us | NCCL source | `src/graph/tuning.cc` baseLat / hwLat |
+//! | `net::ll_max_bus_bytes_per_s` | 87.7 / 141 / 282 GB/s (Ampere / Hopper / Blackwell) | NCCL source | the same tuner's `llMaxBws`: a single-node ring's LL bus bandwidth cap |
 //! | `net::LL128_*`, `net::SIMPLE_BASE_S`, `net::SIMPLE_NVLINK_HOP_S` | 14 + 1.9 us/step at 0.92; 8.4 + 3.4 us/step | NCCL source | the same tuner, rings inside a node; against nccl-tests on 8 H100 (`tests/fidelity_collectives.rs`) |
 //! | ring channels ([`Cost::ring_channels`]) | 24 in a node, 2 per NIC across | NCCL source | topology search, `ncclTopoPostset`; nccl#1453 |
 //! | SMs a collective holds (`engine::links`) | a block per channel | kernel measurement, H100 | NVIDIA developer forum thread 337991 |
@@ -282,6 +283,7 @@ pub fn group_on(cluster: &Cluster, ranks: u64, per_node: u64) -> Group {
         nvlink_bytes_per_s: cluster.gpu.nvlink_bytes_per_s,
         network_bytes_per_s: cluster.network_bytes_per_s(),
         network_efficiency: nic_efficiency(cluster),
+        ll_max_bytes_per_s: crate::net::ll_max_bus_bytes_per_s(cluster.gpu.arch.compute_capability()),
     }
 }
 
