@@ -136,11 +136,9 @@ impl Group {
         };
         let s = bytes as f64;
         let g = self.ranks_per_node.min(n);
-        let intra = if g > 1 {
-            passes * s * (n - 1) as f64 / n as f64 / (self.nvlink_bytes_per_s * LINK_EFFICIENCY)
-        } else {
-            0.0
-        };
+        // What each rank moves over NVLink, and its time at the ring's share of the link.
+        let intra_bytes = if g > 1 { passes * s * (n - 1) as f64 / n as f64 } else { 0.0 };
+        let intra = intra_bytes / (self.nvlink_bytes_per_s * LINK_EFFICIENCY);
         let inter = if k > 1 {
             passes * s * (k - 1) as f64 / n as f64 / (self.network_bytes_per_s * self.network_efficiency)
         } else {
@@ -163,11 +161,25 @@ impl Group {
         // LL128 for mid-sized ones, Simple for large ones.
         let steps = steps as f64;
         let simple = SIMPLE_BASE_S + steps * SIMPLE_NVLINK_HOP_S + intra;
-        let link = self.nvlink_bytes_per_s * LINK_EFFICIENCY;
-        let ll =
-            LL_BASE_S + steps * LL_HOP_S + intra * link / (link * LL_BANDWIDTH_FRACTION).min(self.ll_max_bytes_per_s);
+        let ll = LL_BASE_S + steps * LL_HOP_S + intra_bytes / self.ll_bus_bytes_per_s();
         let ll128 = LL128_BASE_S + steps * LL128_HOP_S + intra / LL128_BANDWIDTH_FRACTION;
         simple.min(ll).min(ll128)
+    }
+
+    /// LL's share of the ring's rate inside a node: half (each 8-byte line carries 4 bytes).
+    fn ll_link_share(&self) -> f64 {
+        self.nvlink_bytes_per_s * LINK_EFFICIENCY * LL_BANDWIDTH_FRACTION
+    }
+
+    /// The bus bandwidth of a ring on the LL protocol inside a node: half the link's ring
+    /// rate, at most NCCL's cap for the generation ([`ll_max_bus_bytes_per_s`]).
+    pub fn ll_bus_bytes_per_s(&self) -> f64 {
+        self.ll_link_share().min(self.ll_max_bytes_per_s)
+    }
+
+    /// Whether NCCL's LL cap, not half the link, sets the LL rate inside a node.
+    pub fn ll_cap_binds(&self) -> bool {
+        self.ll_max_bytes_per_s < self.ll_link_share()
     }
 
     /// A small all-reduce across nodes on NCCL's tree with the LL protocol ([`TREE_LL_BASE_S`]):

@@ -1313,10 +1313,12 @@ pub fn throughput_of(
                     crate::net::LL_BASE_S * 1e6,
                     crate::net::LL_HOP_S * 1e6,
                     {
-                        let cap = crate::net::ll_max_bus_bytes_per_s(s.cluster.gpu.arch.compute_capability());
-                        let half = s.cluster.gpu.nvlink_bytes_per_s * crate::net::LINK_EFFICIENCY / 2.0;
-                        if cap < half {
-                            format!(" and at most {:.1} GB/s of bus bandwidth (its llMaxBws for this generation)", cap / 1e9)
+                        let node = crate::schedule::cost::group_on(&s.cluster, 2, 2);
+                        if node.ll_cap_binds() {
+                            format!(
+                                " and at most {:.1} GB/s of bus bandwidth (its llMaxBws for this generation)",
+                                node.ll_max_bytes_per_s / 1e9
+                            )
                         } else {
                             String::new()
                         }

@@ -8,7 +8,7 @@
 
 use std::ops::{Index, IndexMut};
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug)]
 pub(super) struct Span<T> {
     base: usize,
     values: Vec<T>,
