@@ -1476,7 +1476,19 @@ fn cases() -> Vec<Case> {
             "unknown training.attention",
             b().set("training", "attention", "\"sdpa\""),
             "training.attention",
-            &["unknown value \"sdpa\"", "\"flash\"", "\"math\""],
+            &["unknown value \"sdpa\"", "\"flash\"", "\"math\"", "\"flash_attention_3\"", "\"cudnn\""],
+        ),
+        case(
+            "FlashAttention-3 off Hopper",
+            b().set("training", "attention", "\"flash_attention_3\""),
+            "training.attention",
+            &["Hopper GPUs only", "this GPU is ampere", "\"flash_attention_2\""],
+        ),
+        case(
+            "cuDNN attention without a measurement for the GPU",
+            b().set("training", "attention", "\"cudnn\""),
+            "training.attention",
+            &["cuDNN attention's measured rates for Hopper", "this GPU is ampere"],
         ),
         case(
             "unknown training.param_dtype",

@@ -113,6 +113,11 @@ impl Arch {
         ("cdna3", Arch::Cdna3),
     ];
 
+    /// The name `[hardware.custom] arch` takes.
+    pub fn name(self) -> &'static str {
+        Arch::ALL.iter().find(|(_, a)| *a == self).map_or("", |(n, _)| n)
+    }
+
     /// NVLink SHARP (NVSwitch multicast, NCCL's NVLS): data-center Hopper and Blackwell; the
     /// GB20x parts have compute capability 12.0 but no NVLink.
     pub fn nvlink_sharp(self) -> bool {

@@ -699,6 +699,33 @@ pub enum Attention {
     Math,
 }
 
+/// A fused attention kernel named by the user (`training.attention`), timed at its measured
+/// rates ([`crate::schedule::flash_rates`]) in place of the framework's default kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FlashKernel {
+    /// FlashAttention-2 (the flash-attn package; PyTorch SDPA's flash backend; Hugging Face's
+    /// `flash_attention_2`).
+    FlashAttention2,
+    /// FlashAttention-3 (flash-attn's `hopper` build; Hugging Face's `flash_attention_3`):
+    /// Hopper only.
+    FlashAttention3,
+    /// cuDNN's fused attention (PyTorch SDPA's cuDNN backend; Transformer Engine's
+    /// `FusedAttention`).
+    Cudnn,
+}
+
+impl FlashKernel {
+    /// The name `training.attention` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            FlashKernel::FlashAttention2 => "flash_attention_2",
+            FlashKernel::FlashAttention3 => "flash_attention_3",
+            FlashKernel::Cudnn => "cudnn",
+        }
+    }
+}
+
 /// The per-micro-batch workload the graph is built for.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Workload {
@@ -744,6 +771,10 @@ pub struct Workload {
     /// rates (`crate::schedule::flash_rates`).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub flash2: bool,
+    /// The fused attention kernel `training.attention` named, in place of the framework's
+    /// default (FlashAttention-2 where `flash2`, else Megatron's end-to-end fit).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flash_kernel: Option<FlashKernel>,
     /// FP8 training of the block linears ([`super::fp8`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fp8: Option<super::fp8::Fp8Config>,
@@ -756,6 +787,25 @@ pub struct Workload {
 }
 
 impl Workload {
+    /// How attention is named in the reports: "Flash" or "Math", with the kernel
+    /// `training.attention` named.
+    pub fn attention_label(&self) -> String {
+        match (self.attention, self.flash_kernel) {
+            (Attention::Flash, Some(k)) => format!("Flash ({})", k.name()),
+            (a, _) => format!("{a:?}"),
+        }
+    }
+
+    /// The fused attention kernel timed at its measured rates: the one `training.attention`
+    /// named, else FlashAttention-2 where the framework runs it (`flash2`); None for math
+    /// attention and for Megatron's default fused attention (the end-to-end fit).
+    pub fn timed_flash_kernel(&self) -> Option<FlashKernel> {
+        match self.attention {
+            Attention::Math => None,
+            Attention::Flash => self.flash_kernel.or(self.flash2.then_some(FlashKernel::FlashAttention2)),
+        }
+    }
+
     /// The keys each of FlashAttention's query blocks meets on this rank, which set the
     /// kernel's measured rate ([`crate::schedule::flash_rates`]): under Ulysses (`a2a`) every
     /// head runs on the whole sequence, else a ring step (or the all-gather's local queries)

@@ -193,11 +193,20 @@ pub struct Op {
     /// ([`super::eager`]), each paying the launch overhead.
     #[serde(skip_serializing_if = "one_launch")]
     pub launches: [u32; 2],
-    /// An attention core PyTorch model code runs through FlashAttention-2: the keys each
-    /// query block meets and the head dimension, which decide the kernel's measured rate
-    /// (`crate::schedule::flash_rates`). None: Megatron's fused attention or math attention.
+    /// An attention core run by a fused kernel timed at its measured rates
+    /// (`crate::schedule::flash_rates`). None: Megatron's default fused attention (the
+    /// end-to-end fit) or math attention.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub flash2: Option<[u64; 2]>,
+    pub flash: Option<FlashOp>,
+}
+
+/// What sets a fused attention kernel's measured rate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct FlashOp {
+    pub kernel: super::FlashKernel,
+    /// The keys each query block meets.
+    pub keys: u64,
+    pub head_dim: u64,
 }
 
 fn one_launch(x: &[u32; 2]) -> bool {
@@ -263,7 +272,7 @@ impl Op {
             fp8: None,
             cp_kv_bytes: 0,
             launches: [1, 1],
-            flash2: None,
+            flash: None,
         }
     }
 
@@ -874,8 +883,8 @@ fn block(bd: &mut Builder, sh: &BlockShape, name: &str, spec: u64, x: TensorId) 
     // gpt-oss's sinks: one logit per head of this rank.
     let sinks = if cfg.style.attention_sinks { a } else { 0 };
     let core = bd.op_tp(p("attention.core"), OpKind::AttentionCore, sinks, (att_f, bwd_f), inputs, outs, saves);
-    if w.attention == Attention::Flash && w.flash2 {
-        bd.ops[core].flash2 = Some([w.flash_keys(), qk_w / cfg.n_heads]);
+    if let Some(kernel) = w.timed_flash_kernel() {
+        bd.ops[core].flash = Some(FlashOp { kernel, keys: w.flash_keys(), head_dim: qk_w / cfg.n_heads });
     }
     if cp > 1 {
         let o_bytes = bd.tensors[o].bytes;

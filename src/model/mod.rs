@@ -11,11 +11,13 @@ pub mod lora;
 pub mod quant;
 
 pub use config::{
-    Attention, AuxLoss, BlockStyle, ContextComm, Dtype, Family, KernelStack, LossKind, MlaConfig, ModelConfig,
-    MoeConfig, MtpConfig, NormPlacement, RoutedCopies, RoutingScale, SlidingWindow, TensorSplit, WindowPattern,
-    Workload,
+    Attention, AuxLoss, BlockStyle, ContextComm, Dtype, Family, FlashKernel, KernelStack, LossKind, MlaConfig,
+    ModelConfig, MoeConfig, MtpConfig, NormPlacement, RoutedCopies, RoutingScale, SlidingWindow, TensorSplit,
+    WindowPattern, Workload,
 };
-pub use dag::{build, CommGroup, Fp8Gemm, LayerDag, Op, OpId, OpKind, Region, Tensor, TensorId, TensorKind, TpComm};
+pub use dag::{
+    build, CommGroup, FlashOp, Fp8Gemm, LayerDag, Op, OpId, OpKind, Region, Tensor, TensorId, TensorKind, TpComm,
+};
 pub use fp8::{Fp8Config, Fp8Recipe};
 pub use lora::LoraConfig;
 pub use quant::{kv_bytes_per_token, KvDtype, WeightFormat};

@@ -146,6 +146,7 @@ mod tests {
             kernels: Default::default(),
             repeat_kv: false,
             flash2: false,
+            flash_kernel: None,
             fp8: None,
             loss: Default::default(),
             aux_loss: Default::default(),

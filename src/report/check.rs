@@ -127,7 +127,7 @@ pub fn summary(s: &Scenario) -> String {
     );
     let _ = writeln!(
             o,
-            "             precision \"{}\" (parameters {}, compute {}, gradients {}, {}); {:?} ({:?}); checkpointing {}; {:?} attention",
+            "             precision \"{}\" (parameters {}, compute {}, gradients {}, {}); {:?} ({:?}); checkpointing {}; {} attention",
             pr.preset,
             pr.param.name(),
             pr.compute.name(),
@@ -136,7 +136,7 @@ pub fn summary(s: &Scenario) -> String {
             t.optimizer,
             t.optimizer_impl,
             t.checkpointing.name(),
-            s.workload.attention
+            s.workload.attention_label()
         );
     // The memory savers and gradient-sync options set beyond the defaults, in the scenario's
     // own words.

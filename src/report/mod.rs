@@ -1670,23 +1670,37 @@ pub fn csv_field(s: &str) -> String {
     }
 }
 
-/// The attention kernel's rate as the report states it: FlashAttention-2's measured rate where
-/// PyTorch model code runs it, the end-to-end fit for Megatron's fused attention.
+/// The attention kernel's rate as the report states it: a fused kernel's measured rates
+/// (FlashAttention-2 where PyTorch model code runs it, or the kernel `training.attention`
+/// named), the end-to-end fit for Megatron's default fused attention.
 fn attention_rate_text(s: &crate::scenario::Scenario) -> String {
-    use crate::model::Attention;
+    use crate::model::{Attention, FlashKernel};
+    use crate::schedule::flash_rates;
     let fit = crate::schedule::cost::ATTENTION_EFFICIENCY * s.cluster.gpu.max_matmul_fraction * 100.0;
-    match (s.workload.attention, s.workload.flash2) {
+    let w = &s.workload;
+    let (seq, hd, arch) = (w.flash_keys(), s.model.head_dim(), s.cluster.gpu.arch);
+    match (w.attention, w.timed_flash_kernel()) {
         (Attention::Math, _) => format!("math attention's GEMMs and passes over the scores (flash attention would run at {fit:.0}%)"),
-        (Attention::Flash, false) => format!(
+        (Attention::Flash, None) => format!(
             "fused flash attention (Transformer Engine / Megatron) at {fit:.0}% of peak on the whole causal square's FLOPs (an end-to-end fit, src/schedule/cost.rs ATTENTION_EFFICIENCY)"
         ),
-        (Attention::Flash, true) => {
-            let seq = s.workload.flash_keys();
-            let hd = s.model.head_dim();
-            let f = crate::schedule::flash_rates::flash2_fraction(s.cluster.gpu.arch, seq, hd);
+        (Attention::Flash, Some(FlashKernel::FlashAttention2)) => {
+            let f = flash_rates::flash2_fraction(arch, seq, hd);
+            let by = if w.flash_kernel.is_some() { "training.attention = \"flash_attention_2\"" } else { "PyTorch SDPA's flash kernel" };
             format!(
-                "attention by FlashAttention-2's measured rate (PyTorch SDPA's flash kernel; the FlashAttention-2 paper's causal forward + backward benchmark, src/schedule/flash_rates.rs): {:.0}% of peak at {seq} tokens and head dim {hd} on this generation, on the half of the causal square the kernel computes",
+                "attention by FlashAttention-2's measured rate ({by}; the FlashAttention-2 paper's causal forward + backward benchmark, src/schedule/flash_rates.rs): {:.0}% of peak at {seq} tokens and head dim {hd} on this generation, on the half of the causal square the kernel computes",
                 f * 100.0
+            )
+        }
+        (Attention::Flash, Some(k)) => {
+            let (fwd, bwd) = (flash_rates::fraction(k, arch, seq, hd, false), flash_rates::fraction(k, arch, seq, hd, true));
+            let name = if k == FlashKernel::Cudnn { "cuDNN's fused attention" } else { "FlashAttention-3" };
+            let carried = if arch == crate::hardware::Arch::Hopper { "" } else { ", carried to this generation as shares of its peak (an assumption)" };
+            format!(
+                "attention by {name}'s measured rates (training.attention = \"{}\"; the FlashAttention-3 paper's H100 benchmarks, forward with the causal mask, backward without it scaled by the forward's causal share, src/schedule/flash_rates.rs{carried}): forward {:.0}% and backward {:.0}% of peak at {seq} tokens and head dim {hd}, on the half of the causal square the kernel computes",
+                k.name(),
+                fwd * 100.0,
+                bwd * 100.0
             )
         }
     }

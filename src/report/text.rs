@@ -320,7 +320,7 @@ pub fn render(r: &Report, s: &Scenario) -> String {
     }
     let _ = writeln!(
         o,
-        "Training   micro-batch {} x seq {} x grad_accum {}, {:?} ({:?}), precision {}, checkpointing {}{}, {:?} attention, {} kernels{}",
+        "Training   micro-batch {} x seq {} x grad_accum {}, {:?} ({:?}), precision {}, checkpointing {}{}, {} attention, {} kernels{}",
         t.micro_batch,
         t.seq_len,
         t.grad_accum,
@@ -350,7 +350,7 @@ pub fn render(r: &Report, s: &Scenario) -> String {
                 t.recompute_modules.iter().map(|m| m.name()).collect::<Vec<_>>().join(" ")
             )
         },
-        s.workload.attention,
+        s.workload.attention_label(),
         s.workload.kernels.name(),
         if s.workload.loss.is_eager() { String::new() } else { format!(", loss {}", s.workload.loss.name()) }
     );

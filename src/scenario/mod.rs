@@ -44,7 +44,7 @@ use parallel::{validate_context, validate_model_parallel};
 
 use crate::hardware::{self, Cluster};
 use crate::memory::{AllocatorKind, AllocatorSettings, EmptyCacheAt};
-use crate::model::{Attention, Dtype, Family, KernelStack, ModelConfig, Workload};
+use crate::model::{Attention, Dtype, Family, FlashKernel, KernelStack, ModelConfig, Workload};
 use crate::plan::{
     BackwardPrefetch, Checkpointing, Framework, ModelParallel, OptimizerImpl, OptimizerKind, ParallelConfig,
     PipelineSchedule, Precision, Sharding, TrainingConfig,
@@ -1278,11 +1278,20 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         ));
     }
     let checkpoint_blocks = validate_checkpoint_blocks(&v, t, checkpointing, parallel.framework)?;
-    let attention =
-        match v.choice("training.attention", t.attention.as_deref().unwrap_or("flash"), &["flash", "math"])? {
-            "flash" => Attention::Flash,
-            _ => Attention::Math,
-        };
+    let (attention, flash_kernel) = match v.choice(
+        "training.attention",
+        t.attention.as_deref().unwrap_or("flash"),
+        &["flash", "math", "flash_attention_2", "flash_attention_3", "cudnn"],
+    )? {
+        "flash" => (Attention::Flash, None),
+        "math" => (Attention::Math, None),
+        "flash_attention_2" => (Attention::Flash, Some(FlashKernel::FlashAttention2)),
+        "flash_attention_3" => (Attention::Flash, Some(FlashKernel::FlashAttention3)),
+        _ => (Attention::Flash, Some(FlashKernel::Cudnn)),
+    };
+    if let Some(why) = flash_kernel.and_then(|k| crate::schedule::flash_rates::unsupported(k, cluster.gpu.arch)) {
+        return Err(v.err("training.attention", why));
+    }
     parallel.model_parallel.context_comm =
         validate_context(&v, p, &parallel.model_parallel, &model, parallel.framework, attention, seq_len, job)?;
     let mp = &parallel.model_parallel;
@@ -1361,6 +1370,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         kernels,
         repeat_kv: t.repeat_kv.unwrap_or(kernels != KernelStack::Fused),
         flash2: parallel.framework != Framework::Megatron,
+        flash_kernel,
         fp8: validate_fp8(
             &v,
             f.fp8.as_ref(),

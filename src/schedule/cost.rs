@@ -58,6 +58,7 @@
 //! | [`GEMM_TILE`] | 128 x 128 | assumption | cuBLAS/CUTLASS tile shapes for large BF16 GEMMs |
 //! | [`GEMM_TABLE_MIN_DIM`] | 256 rows | kernel measurement, H100 | the table's smallest dimension; inference's fewer-row GEMMs take the steady rate |
 //! | FlashAttention-2 rates ([`super::flash_rates`]) | by GPU, head dim, length | kernel measurement | the FlashAttention-2 paper's benchmarks (A100, H100) |
+//! | FlashAttention-3 and cuDNN attention rates ([`super::flash_rates::paper`]) | by head dim, length, forward / backward | kernel measurement | the FlashAttention-3 paper's H100 benchmarks (tests/fixtures/flash3_h100_attention.csv); used where `training.attention` names the kernel |
 //! | [`MATMUL_EFFICIENCY`] | 0.77 | end-to-end fit | the five A100 suites (table above) |
 //! | [`ATTENTION_EFFICIENCY`] | 0.6 | end-to-end fit | Megatron's fused attention, fitted with the matmul share |
 //! | [`HBM_EFFICIENCY`] | 0.8 | assumption | not measured here |
@@ -586,10 +587,11 @@ impl Cost {
         self.linear_s(self.peak_flops, gemm, flops)
     }
 
-    fn op_eff(&self, op: &Op) -> f64 {
-        if let Some([keys, head_dim]) = op.flash2 {
-            // Half of the whole square's FLOPs at the kernel's measured rate.
-            return 2.0 * super::flash_rates::flash2_fraction(self.arch, keys, head_dim);
+    /// The share of the peak an op runs at, forward or `backward`: a fused attention kernel
+    /// does half of the whole causal square stepsim counts, at its measured rate.
+    fn op_eff(&self, op: &Op, backward: bool) -> f64 {
+        if let Some(f) = op.flash {
+            return 2.0 * super::flash_rates::fraction(f.kernel, self.arch, f.keys, f.head_dim, backward);
         }
         self.eff(op.kind)
     }
@@ -619,7 +621,7 @@ impl Cost {
         let bytes = op.fwd_bytes + self.weight_bytes(op);
         let t = match op.gemm {
             Some(gemm) => self.roofline_of(self.linear_s(self.gemm_peak(op), gemm, op.fwd_flops), bytes),
-            None => self.roofline_at(self.gemm_peak(op), op.fwd_flops, bytes, self.op_eff(op)),
+            None => self.roofline_at(self.gemm_peak(op), op.fwd_flops, bytes, self.op_eff(op, false)),
         };
         self.ring_s(op, t, 1) + self.hbm_s(op.chain_bytes[0]) + launches_s(op, 0)
     }
@@ -665,7 +667,7 @@ impl Cost {
         let bytes = op.backward_bytes() + 2.0 * self.weight_bytes(op);
         let chain = self.hbm_s(op.chain_bytes[1]);
         let Some([m, n, k]) = op.gemm else {
-            let t = self.ring_s(op, self.roofline(op.bwd_flops, bytes, self.op_eff(op)), 2);
+            let t = self.ring_s(op, self.roofline(op.bwd_flops, bytes, self.op_eff(op, true)), 2);
             return (t + chain + launches_s(op, 1), 0.5);
         };
         let dgrad = op.fwd_flops.min(op.bwd_flops);
@@ -737,7 +739,11 @@ mod tests {
         let a = cost("a100-80gb");
         let mut op = Op::new(String::new(), OpKind::AttentionCore, crate::model::Region::Block(0), 0);
         op.fwd_flops = 1e15;
-        op.flash2 = Some([8192, 128]);
+        op.flash = Some(crate::model::FlashOp {
+            kernel: crate::model::FlashKernel::FlashAttention2,
+            keys: 8192,
+            head_dim: 128,
+        });
         let t = a.forward_s(&op) - OP_OVERHEAD_S;
         assert!((t - 0.5e15 / 182e12).abs() < 1e-9, "{t}");
     }
