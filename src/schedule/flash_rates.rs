@@ -65,7 +65,7 @@ fn along_seq(row: &[f64; 6], seq: u64) -> f64 {
 }
 
 /// The FlashAttention-3 paper's H100 tables of one kernel (TFLOP/s in the benchmark's count,
-/// sequence lengths [`SEQ`]).
+/// sequence lengths [`SEQ_LENS`]).
 pub struct PaperKernel {
     /// Forward with the causal mask, head dim 64, 128, 256.
     pub fwd_causal: [[f64; 6]; 3],
