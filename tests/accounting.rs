@@ -134,7 +134,59 @@ fn activations_per_layer_follow_korthikanti() {
         let nod = gpt(2, h, a, 0.0);
         assert_eq!(block_saved(&nod, &flash).0, 32 * s * b * h);
         assert_eq!(block_saved(&nod, &math).0, 32 * s * b * h + 2 * a * s * s * b);
+        // Hugging Face's eager attention saves the FP32 softmax (4 bytes a score) beside its
+        // 16-bit copy: 4 a s^2 b more than the fused chain, with dropout or without.
+        let eager = Workload { attention: Attention::Eager, ..math.clone() };
+        assert_eq!(block_saved(&cfg, &eager).0, 34 * s * b * h + 9 * a * s * s * b);
+        assert_eq!(block_saved(&nod, &eager).0, 32 * s * b * h + 6 * a * s * s * b);
+        // In FP32 compute the casts are no-ops: the softmax is saved once.
+        let fp32 = Workload { compute_dtype: Dtype::Fp32, ..eager.clone() };
+        let fp32_math = Workload { compute_dtype: Dtype::Fp32, ..math.clone() };
+        assert_eq!(block_saved(&nod, &fp32).0, block_saved(&nod, &fp32_math).0);
     }
+}
+
+/// Eager attention's passes and transients against math attention's on one op: the chain's
+/// bytes per score (bf16: 30 forward and 28 backward against 2 and 3), the FP32 softmax's
+/// scratch and the kernels it launches.
+#[test]
+fn eager_attention_runs_hugging_faces_chain() {
+    let (s, b, h, a) = (1024u64, 2u64, 1024u64, 16u64);
+    let cfg = gpt(2, h, a, 0.0);
+    let base = Workload {
+        micro_batch: b,
+        seq_len: s,
+        compute_dtype: Dtype::Bf16,
+        attention: Attention::Math,
+        logits_fp32: true,
+        split: Default::default(),
+        lora: None,
+        routed: None,
+        fused_swiglu: false,
+        routing_scale: Default::default(),
+        swiglu_fp8_input_store: false,
+        kernels: Default::default(),
+        repeat_kv: false,
+        flash2: false,
+        flash_kernel: None,
+        fp8: None,
+        loss: Default::default(),
+        aux_loss: Default::default(),
+    };
+    let core = |w: &Workload| {
+        let dag = model::build(&cfg, w);
+        dag.ops.iter().find(|o| o.name == "layers.0.attention.core").unwrap().clone()
+    };
+    let n = (a * s * s * b) as f64;
+    let math = core(&base);
+    let eager = core(&Workload { attention: Attention::Eager, ..base.clone() });
+    assert_eq!(math.chain_bytes, [2.0 * 2.0 * n, 3.0 * 2.0 * n]);
+    assert_eq!(eager.chain_bytes, [30.0 * n, 28.0 * n]);
+    // The GEMMs' traffic and FLOPs are the same kernels'.
+    assert_eq!((eager.fwd_bytes, eager.bwd_bytes, eager.fwd_flops), (math.fwd_bytes, math.bwd_bytes, math.fwd_flops));
+    assert_eq!(eager.fwd_scratch, 6 * a * s * s * b);
+    assert_eq!(eager.bwd_scratch, 8 * a * s * s * b);
+    assert_eq!(eager.launches, [7, 8]);
 }
 
 #[test]

@@ -349,3 +349,37 @@ fn an_eager_llama_job_is_offered_torch_compile() {
         assert!(label(&e).is_none_or(|c| c.fits.is_none()), "{kernels} {family}: {:?}", label(&e));
     }
 }
+
+/// Mistral 7B fine-tuned with Hugging Face's eager attention (FSDP, 8 A100, 4k tokens, no
+/// checkpointing): its FP32 softmax and 16-bit copy (6 bytes a score) run out of memory in the
+/// forward where the fused chain's 2 bytes a score would fit, and the answer is flash
+/// attention. A flash job is offered no such row.
+#[test]
+fn an_eager_attention_oom_is_answered_with_flash_attention() {
+    let toml = |attention: &str| {
+        format!(
+            "[model]\nname = \"mistral-7b-v0.1\"\n[hardware]\ngpu = \"a100-80gb\"\ngpus = 8\n\
+             [parallel]\nframework = \"fsdp1\"\nsharding = \"full_shard\"\n\
+             [training]\nmicro_batch = 1\nseq_len = 4096\nsteps = 2\nprecision = \"fsdp-bf16-mixed\"\n\
+             activation_checkpointing = \"none\"\nattention = \"{attention}\"\n"
+        )
+    };
+    let verdict = |attention: &str| {
+        let s = inline(&toml(attention));
+        let sim = stepsim::simulate(&s).unwrap();
+        (s, sim)
+    };
+    let (_, math) = verdict("math");
+    assert!(matches!(math.report.verdict, stepsim::report::Verdict::Fits { .. }));
+    let (s, sim) = verdict("eager");
+    let stepsim::report::Verdict::Oom(oom) = &sim.report.verdict else { panic!("eager attention should not fit") };
+    assert_eq!(oom.at.phase.name(), "forward");
+    let e = explain::explain(&s, &sim, explain::DEFAULT_MARGIN);
+    let row = e.counterfactuals.iter().find(|c| c.change.starts_with("flash attention")).expect("a flash row");
+    assert_eq!(row.fits, Some(true), "{row:?}");
+    assert!(row.tokens_per_s_change.is_some_and(|c| c > 0.0), "{row:?}");
+    assert!(e.answer.contains("flash attention"), "{}", e.answer);
+    let (s, sim) = verdict("flash");
+    let e = explain::explain(&s, &sim, 0.5);
+    assert!(e.counterfactuals.iter().all(|c| !c.change.starts_with("flash attention")));
+}

@@ -196,6 +196,7 @@ const VALUES: &[&str] = &[
     "\"bf16\"",
     "\"cpu\"",
     "\"cudnn\"",
+    "\"eager\"",
     "\"flash_attention_3\"",
     "[1, 2, 3, 4, 5, 6, 7, 8]",
     "[\"layernorm\", \"moe_act\"]",

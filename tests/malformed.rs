@@ -1476,7 +1476,13 @@ fn cases() -> Vec<Case> {
             "unknown training.attention",
             b().set("training", "attention", "\"sdpa\""),
             "training.attention",
-            &["unknown value \"sdpa\"", "\"flash\"", "\"math\"", "\"flash_attention_3\"", "\"cudnn\""],
+            &["unknown value \"sdpa\"", "\"flash\"", "\"math\"", "\"eager\"", "\"flash_attention_3\"", "\"cudnn\""],
+        ),
+        case(
+            "Hugging Face's eager attention under Megatron",
+            b().set("parallel", "framework", "\"megatron\"").set("training", "attention", "\"eager\""),
+            "training.attention",
+            &["eager_attention_forward", "CoreAttention", "\"math\""],
         ),
         case(
             "FlashAttention-3 off Hopper",

@@ -44,6 +44,7 @@ pub const COUNTERFACTUAL_NAMES: &[&str] = &[
     "overlap the token all-to-alls (Megatron --overlap-moe-expert-parallel-comm)",
     "pipeline schedule (1F1B, interleaved 1F1B, DualPipe, DualPipeV)",
     "SwiGLU inputs saved in FP8 (Megatron --activation-func-fp8-input-store)",
+    "flash attention (no s x s scores stored)",
 ];
 
 /// The index of the change that applies to mixtures of experts only (no row for a dense
@@ -97,6 +98,9 @@ const SCHEDULE: usize = 28;
 /// Megatron's `--activation-func-fp8-input-store`: every fused SwiGLU keeps its input as an
 /// FP8 cast. Megatron with a SwiGLU (llama-family) MLP only.
 const FP8_INPUT_STORE: usize = 29;
+/// Flash attention in place of materialised (math or eager) attention: the framework's fused
+/// kernel. Offered where the scores are materialised.
+const FLASH: usize = 30;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Counterfactual {
@@ -755,6 +759,19 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
                 v,
             )]
         }
+        FLASH => {
+            if !s.workload.attention.materialised() {
+                return Err("the attention is flash already".into());
+            }
+            v.workload.attention = crate::model::Attention::Flash;
+            v.workload.flash_kernel = None;
+            let how = if s.parallel.framework == crate::plan::Framework::Megatron {
+                "Transformer Engine's fused attention"
+            } else {
+                "Hugging Face attn_implementation sdpa or flash_attention_2: FlashAttention-2"
+            };
+            vec![(format!("flash attention ({how}): no s x s scores stored"), v)]
+        }
         DEEPEP => {
             let Some(moe) = &s.model.moe else { return Err("not a mixture of experts".into()) };
             if s.parallel.deepep.is_some() {
@@ -1014,6 +1031,9 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>, fits_now: bool) -> Vec<Co
             continue;
         }
         if which == SCHEDULE && s.parallel.model_parallel.pipeline < 2 {
+            continue;
+        }
+        if which == FLASH && !s.workload.attention.materialised() {
             continue;
         }
         if ((which == FUSED_LOSS || which == SELECTIVE_OP) && megatron)

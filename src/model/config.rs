@@ -697,6 +697,17 @@ pub enum Attention {
     Flash,
     /// Materialised scores: saves the softmax output (and dropout mask and output).
     Math,
+    /// Materialised scores as Hugging Face's `eager_attention_forward` computes them: the
+    /// scaling and the mask as their own kernels, the softmax in FP32 (`dtype=torch.float32`)
+    /// and cast back (`.to(query.dtype)`); saves the FP32 softmax and its 16-bit copy.
+    Eager,
+}
+
+impl Attention {
+    /// Whether the s x s scores are materialised (math or eager attention).
+    pub fn materialised(self) -> bool {
+        matches!(self, Attention::Math | Attention::Eager)
+    }
 }
 
 /// A fused attention kernel named by the user (`training.attention`), timed at its measured
@@ -801,7 +812,7 @@ impl Workload {
     /// attention and for Megatron's default fused attention (the end-to-end fit).
     pub fn timed_flash_kernel(&self) -> Option<FlashKernel> {
         match self.attention {
-            Attention::Math => None,
+            Attention::Math | Attention::Eager => None,
             Attention::Flash => self.flash_kernel.or(self.flash2.then_some(FlashKernel::FlashAttention2)),
         }
     }

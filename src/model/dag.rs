@@ -851,7 +851,14 @@ fn block(bd: &mut Builder, sh: &BlockShape, name: &str, spec: u64, x: TensorId) 
             saves.push(o);
             saves.push(lse);
         }
-        Attention::Math => {
+        Attention::Math | Attention::Eager => {
+            if w.attention == Attention::Eager && c != 4 {
+                // softmax(..., dtype=torch.float32) saves its FP32 output for its backward;
+                // `.to(query.dtype)` makes the 16-bit copy the next matmul saves.
+                let p32 = bd.tensor(&p("attention.core.softmax_fp32"), b * a * s * s, 4, TensorKind::AttentionScores);
+                outs.push(p32);
+                saves.push(p32);
+            }
             let probs = bd.tensor(&p("attention.core.softmax"), b * a * s * s, c, TensorKind::AttentionScores);
             outs.push(probs);
             saves.push(probs);
@@ -877,7 +884,7 @@ fn block(bd: &mut Builder, sh: &BlockShape, name: &str, spec: u64, x: TensorId) 
     // Flash backward recomputes the scores: 2.5x the forward's matmul work.
     let bwd_f = match w.attention {
         Attention::Flash => 2.5 * att_f,
-        Attention::Math => 2.0 * att_f,
+        Attention::Math | Attention::Eager => 2.0 * att_f,
     };
     let kv_bytes = k_bytes + v_bytes;
     // gpt-oss's sinks: one logit per head of this rank.
@@ -902,7 +909,7 @@ fn block(bd: &mut Builder, sh: &BlockShape, name: &str, spec: u64, x: TensorId) 
         bd.ops[core].cp_kv_bytes = moved;
         bd.ops[core].fwd_scratch += scratch;
     }
-    if w.attention == Attention::Math {
+    if w.attention.materialised() {
         // The raw scores exist while softmax runs.
         bd.ops[core].fwd_scratch = b * a * s * s * c;
         // Math attention is a chain of kernels over the n = b a s^2 scores of this rank's
@@ -930,7 +937,10 @@ fn block(bd: &mut Builder, sh: &BlockShape, name: &str, spec: u64, x: TensorId) 
             op.chain_bytes[1] += 7.0 * n * cf;
         }
     }
-    if cfg.style.attn_logit_softcap && w.attention == Attention::Math {
+    if w.attention == Attention::Eager {
+        eager_scores(&mut bd.ops[core], (b * a * s * s) as f64, c, dropout, cfg.style.attn_logit_softcap);
+    }
+    if cfg.style.attn_logit_softcap && w.attention.materialised() {
         let capped = bd.tensor(&p("attention.core.softcap"), b * a * s * s, c, TensorKind::AttentionScores);
         bd.ops[core].outputs.push(capped);
         bd.ops[core].saves.push(capped);
@@ -1867,6 +1877,45 @@ fn softcap_ops(bd: &mut Builder, name: &str, x: TensorId, t: u64, v: u64) -> Ten
         y = out;
     }
     y
+}
+
+/// Hugging Face's `eager_attention_forward` over the `n` = b a s^2 scores of this rank's
+/// heads, in `c`-byte compute (transformers `modeling_llama.py`, every model that copies
+/// it): `matmul(q, k^T) * scaling`, `+ attention_mask`, `softmax(dim=-1,
+/// dtype=torch.float32).to(query.dtype)`, dropout, `matmul(probs, v)`. Replaces the fused
+/// chain's passes of math attention ([`Attention::Math`], Megatron-LM's CoreAttention), bytes
+/// per score:
+/// - forward: the scaling reads and writes the scores (2c); the mask add reads them and the
+///   mask (one [s, s] plane per sequence, broadcast over the heads: read again for each,
+///   counted in full) and writes (3c); the softmax's dtype argument is a cast of its own
+///   (ATen fuses it into the softmax for FP16 input only; c read, 4 written), the FP32
+///   softmax reads and writes (8), and `.to` casts back (4 read, c written); dropout as the
+///   fused chain's (2c + 1);
+/// - backward: `.to`'s cast of the gradient to FP32 (c + 4), the softmax's backward (reads
+///   y and dy, writes dx: 12), the cast back (4 + c), the scaling's (2c); the mask add
+///   passes its gradient through;
+/// - memory: the FP32 softmax (saved) and its cast input, beside the masked 16-bit scores,
+///   while the softmax runs (scratch (c + 4) n); in backward the FP32 gradients of the
+///   softmax's output and input are alive together (scratch 8 n);
+/// - kernels: 7 forward (two GEMMs, scale, add, cast, softmax, cast) and 8 backward (four
+///   GEMMs, cast, softmax backward, cast, scale), one more each with dropout, three more
+///   each with Gemma 2's soft cap.
+///
+/// In FP32 compute the casts are no-ops (`toType` to its own dtype returns the tensor).
+fn eager_scores(op: &mut Op, n: f64, c: u64, dropout: bool, softcap: bool) {
+    let cf = c as f64;
+    let casts = if c == 4 { [0.0, 0.0] } else { [2.0 * cf + 8.0, 2.0 * cf + 8.0] };
+    let drop = if dropout { [2.0 * cf + 1.0, 2.0 * cf + 1.0] } else { [0.0, 0.0] };
+    let cap = if softcap { [6.0 * cf, 7.0 * cf] } else { [0.0, 0.0] };
+    op.chain_bytes = [
+        n * (2.0 * cf + 3.0 * cf + casts[0] + 8.0 + drop[0] + cap[0]),
+        n * (casts[1] + 12.0 + 2.0 * cf + drop[1] + cap[1]),
+    ];
+    op.fwd_scratch = if c == 4 { (n * cf) as u64 } else { (n * (cf + 4.0)) as u64 };
+    op.bwd_scratch = (n * 8.0) as u64;
+    let (extra_f, extra_b) = (u32::from(dropout) + 3 * u32::from(softcap), u32::from(dropout) + 3 * u32::from(softcap));
+    let casts_n = if c == 4 { 0 } else { 2 };
+    op.launches = [5 + casts_n + extra_f, 6 + casts_n + extra_b];
 }
 
 /// Dropout over `elems` elements: saves its 1-byte mask. Backward reads the output gradient

@@ -4,7 +4,7 @@
 //! the scenario format reference; an error names the field and what to reduce.
 
 use super::{ScenarioError, V};
-use crate::model::{Attention, ModelConfig, Workload};
+use crate::model::{ModelConfig, Workload};
 
 /// Transformer blocks: 1024 (published models have up to about 130; `explain` simulates a
 /// dozen variants of a job, which must stay within seconds).
@@ -104,7 +104,7 @@ pub(super) fn check_tensors(v: &V, m: &ModelConfig, w: &Workload, context: Optio
             ));
         }
     }
-    if w.attention == Attention::Math {
+    if w.attention.materialised() {
         let scores = b * u128::from(m.n_heads) * s * s * 4;
         if too_big(scores) {
             return Err(v.err(

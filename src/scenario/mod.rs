@@ -1281,14 +1281,21 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
     let (attention, flash_kernel) = match v.choice(
         "training.attention",
         t.attention.as_deref().unwrap_or("flash"),
-        &["flash", "math", "flash_attention_2", "flash_attention_3", "cudnn"],
+        &["flash", "math", "eager", "flash_attention_2", "flash_attention_3", "cudnn"],
     )? {
         "flash" => (Attention::Flash, None),
         "math" => (Attention::Math, None),
+        "eager" => (Attention::Eager, None),
         "flash_attention_2" => (Attention::Flash, Some(FlashKernel::FlashAttention2)),
         "flash_attention_3" => (Attention::Flash, Some(FlashKernel::FlashAttention3)),
         _ => (Attention::Flash, Some(FlashKernel::Cudnn)),
     };
+    if attention == Attention::Eager && parallel.framework == Framework::Megatron {
+        return Err(v.err(
+            "training.attention",
+            "\"eager\" is Hugging Face's eager_attention_forward; Megatron-LM's own materialised attention is its CoreAttention: use \"math\"",
+        ));
+    }
     if let Some(why) = flash_kernel.and_then(|k| crate::schedule::flash_rates::unsupported(k, cluster.gpu.arch)) {
         return Err(v.err("training.attention", why));
     }
