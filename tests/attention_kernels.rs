@@ -204,3 +204,112 @@ fn kernels_without_a_measurement_are_refused() {
     let e = h100_llama("flash_attention_4", "h100-sxm", "fsdp2").unwrap_err();
     assert!(e.contains("\"flash_attention_3\"") && e.contains("\"cudnn\""), "{e}");
 }
+
+/// (gpu, causal, head dim, seq) -> TFLOP/s of standard attention, forward + backward.
+fn standard_attention() -> HashMap<(String, bool, u64, u64), f64> {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/standard_attention_h100_a100.csv"
+    ))
+    .unwrap();
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.starts_with("gpu,"))
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            ((f[0].into(), f[1] == "1", f[2].parse().unwrap(), f[3].parse().unwrap()), f[4].parse().unwrap())
+        })
+        .collect()
+}
+
+/// The FlashAttention benchmark's set-up as a scenario (hidden 2048, 16k tokens, no
+/// dropout, math attention) and its attention core's cost.
+fn benchmark_core(gpu: &str, head_dim: u64, seq: u64) -> (stepsim::schedule::cost::Cost, stepsim::model::Op) {
+    let toml = format!(
+        "[model]\nfamily = \"gpt\"\nn_layers = 1\nhidden = 2048\nn_heads = {}\nvocab = 32000\nmax_seq_len = {seq}\n\
+         [hardware]\ngpu = \"{gpu}\"\ngpus = 1\n\
+         [training]\nmicro_batch = {}\nseq_len = {seq}\nprecision = \"bf16-mixed-adam\"\nattention = \"math\"\n",
+        2048 / head_dim,
+        16384 / seq
+    );
+    let s = Scenario::from_toml(Path::new("benchmark.toml"), &toml).unwrap_or_else(|e| panic!("{e}"));
+    let dag = stepsim::model::build(&s.model, &s.workload);
+    let plan = stepsim::plan::Plan::new(&dag, s.parallel.clone(), s.training.clone(), 1, 1);
+    let cost = stepsim::schedule::cost::Cost::for_plan(&s.cluster, &plan);
+    let mut op = dag.ops.iter().find(|o| o.kind == OpKind::AttentionCore).unwrap().clone();
+    // The benchmark's chain is math attention's (a GEMM with the scale, a softmax, a GEMM)
+    // run by PyTorch's own kernels: timed per GEMM at their measured share, as eager
+    // attention is.
+    let heads = 2048 / head_dim;
+    op.scores = Some(stepsim::model::ScoresShape {
+        batch: 16384 / seq * heads,
+        queries: seq,
+        keys: seq,
+        qk: head_dim,
+        v: head_dim,
+        bytes: 2,
+    });
+    (cost, op)
+}
+
+/// What the benchmark's `attention_pytorch` moves besides attention itself, which Megatron's
+/// CoreAttention (strided batched GEMMs over its [s, b, heads, d] layout) and stepsim's
+/// attention core do not: the rearranges of q and k out of the packed qkv into (b h) t d
+/// and (b h) d s (a copy each), the einsum's of v into (b h) s d and of the output gradient
+/// back (a copy each), the stack of the q, k and v gradients into the packed gradient (three
+/// copies), and baddbmm's backward scaling its q and k gradients by alpha (two more passes):
+/// 9 passes reading and writing the 16k x 2048 x 2 bytes of one of q, k, v, each a kernel.
+fn benchmark_copies_s(cost: &stepsim::schedule::cost::Cost) -> f64 {
+    let pass = 2.0 * (16384 * 2048 * 2) as f64;
+    9.0 * (pass / (cost.hbm * stepsim::schedule::cost::HBM_EFFICIENCY) + stepsim::schedule::cost::OP_OVERHEAD_S)
+}
+
+/// stepsim's standard attention (forward + backward) against the FlashAttention-2 paper's
+/// "Pytorch" bars, without the causal mask: relative errors of the ten points of `gpu` with
+/// the scores passes at `eff` of HBM bandwidth.
+fn standard_errors(gpu: &str, key: &str, eff: f64, measured: &HashMap<(String, bool, u64, u64), f64>) -> Vec<f64> {
+    let mut errors = Vec::new();
+    for d in [64u64, 128] {
+        for s in [512u64, 1024, 2048, 4096, 8192] {
+            let (mut cost, op) = benchmark_core(gpu, d, s);
+            // Isolated kernels: no share of a training step.
+            (cost.scores_eff, cost.scores_gemm_eff) = (eff, 1.0);
+            let t = cost.forward_s(&op) + cost.backward_split(&op).0 + benchmark_copies_s(&cost);
+            let flops = 3.5 * 4.0 * ((16384 / s) * s * s * 2048) as f64;
+            errors.push(flops / t / 1e12 / measured[&(key.to_string(), false, d, s)] - 1.0);
+        }
+    }
+    errors
+}
+
+#[test]
+fn standard_attention_against_the_flashattention2_paper() {
+    let measured = standard_attention();
+    for (gpu, key, share) in [
+        ("a100-80gb", "a100", stepsim::schedule::scores_rates::AMPERE),
+        ("h100-sxm", "h100", stepsim::schedule::scores_rates::HOPPER),
+    ] {
+        let mae = |e: &[f64]| e.iter().map(|x| x.abs()).sum::<f64>() / e.len() as f64;
+        // The share is the one that minimises the mean |error| on a 0.01 grid.
+        let best = (30..=90)
+            .map(|p| (p, mae(&standard_errors(gpu, key, f64::from(p) / 100.0, &measured))))
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .unwrap();
+        assert_eq!(f64::from(best.0) / 100.0, share, "{gpu}: the fit is {}", best.0);
+        let errors = standard_errors(gpu, key, share, &measured);
+        let at_generic = standard_errors(gpu, key, stepsim::schedule::cost::HBM_EFFICIENCY, &measured);
+        println!("standard attention on {gpu}, forward + backward, scores passes at {share} of HBM");
+        println!("{:>4} {:>6} {:>10} {:>10} {:>10}", "hd", "seq", "measured", "error", "at 0.80");
+        for (i, (e, g)) in errors.iter().zip(&at_generic).enumerate() {
+            let (d, s) = ([64, 128][i / 5], [512, 1024, 2048, 4096, 8192][i % 5]);
+            println!(
+                "{d:>4} {s:>6} {:>10.0} {:>+9.1}% {:>+9.1}%",
+                measured[&(key.to_string(), false, d, s)],
+                e * 100.0,
+                g * 100.0
+            );
+        }
+        println!("mean |error| {:.1}% (at 0.80 of HBM: {:.1}%)", mae(&errors) * 100.0, mae(&at_generic) * 100.0);
+        assert!(mae(&errors) < 0.07, "{gpu}");
+        assert!(errors.iter().all(|e| e.abs() < 0.20), "{gpu}: {errors:?}");
+    }
+}

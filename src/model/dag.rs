@@ -146,6 +146,12 @@ pub struct Op {
     /// and backward (math attention's scale-mask-softmax and dropout passes over the b a s^2
     /// scores): their time adds to the roofline of the matmuls instead of hiding under it.
     pub chain_bytes: [f64; 2],
+    /// Hugging Face's eager attention: the shape of its batched GEMMs over the scores, each
+    /// timed by the GEMM kernel model or its traffic over the scores at the measured bandwidth
+    /// of PyTorch's kernels there (`crate::schedule::scores_rates`), as are `chain_bytes`.
+    /// None for Megatron's CoreAttention (math attention), timed as one roofline.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scores: Option<ScoresShape>,
     pub inputs: Vec<TensorId>,
     pub outputs: Vec<TensorId>,
     /// Tensors autograd keeps alive for this op's backward.
@@ -198,6 +204,19 @@ pub struct Op {
     /// end-to-end fit) or math attention.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub flash: Option<FlashOp>,
+}
+
+/// Materialised attention's batched GEMMs: `batch` = micro-batch x this rank's query heads
+/// matrices of `queries` x `keys` scores, heads `qk` wide for the scores and `v` wide for
+/// the values, in `bytes`-byte elements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ScoresShape {
+    pub batch: u64,
+    pub queries: u64,
+    pub keys: u64,
+    pub qk: u64,
+    pub v: u64,
+    pub bytes: u64,
 }
 
 /// What sets a fused attention kernel's measured rate.
@@ -255,6 +274,7 @@ impl Op {
             fwd_bytes: 0.0,
             bwd_bytes: None,
             chain_bytes: [0.0, 0.0],
+            scores: None,
             inputs: vec![],
             outputs: vec![],
             saves: vec![],
@@ -927,6 +947,17 @@ fn block(bd: &mut Builder, sh: &BlockShape, name: &str, spec: u64, x: TensorId) 
         let op = &mut bd.ops[core];
         op.fwd_bytes = qkvo + 2.0 * n * cf;
         op.bwd_bytes = Some(2.0 * qkvo + 4.0 * n * cf);
+        if w.attention == Attention::Eager {
+            // PyTorch's own kernels over the scores: timed per GEMM at their measured share.
+            op.scores = Some(ScoresShape {
+                batch: b * a,
+                queries: s,
+                keys: s,
+                qk: qk_w / cfg.n_heads,
+                v: v_w / cfg.n_heads,
+                bytes: c,
+            });
+        }
         op.chain_bytes = if dropout { [4.0 * n * cf + n, 5.0 * n * cf + n] } else { [2.0 * n * cf, 3.0 * n * cf] };
         if cfg.style.attn_logit_softcap {
             // Gemma 2's eager attention caps the scores before softmax: a division, tanh

@@ -16,7 +16,8 @@ pub use config::{
     WindowPattern, Workload,
 };
 pub use dag::{
-    build, CommGroup, FlashOp, Fp8Gemm, LayerDag, Op, OpId, OpKind, Region, Tensor, TensorId, TensorKind, TpComm,
+    build, CommGroup, FlashOp, Fp8Gemm, LayerDag, Op, OpId, OpKind, Region, ScoresShape, Tensor, TensorId, TensorKind,
+    TpComm,
 };
 pub use fp8::{Fp8Config, Fp8Recipe};
 pub use lora::LoraConfig;

@@ -1681,7 +1681,10 @@ fn attention_rate_text(s: &crate::scenario::Scenario) -> String {
     let (seq, hd, arch) = (w.flash_keys(), s.model.head_dim(), s.cluster.gpu.arch);
     match (w.attention, w.timed_flash_kernel()) {
         (Attention::Math, _) => format!("math attention's GEMMs and passes over the scores (flash attention would run at {fit:.0}%)"),
-        (Attention::Eager, _) => "Hugging Face's eager attention: its GEMMs and unfused passes over the scores (scale, mask add, FP32 softmax between two casts; src/model/dag.rs eager_scores) at the memory-bound rate".to_string(),
+        (Attention::Eager, _) => format!(
+            "Hugging Face's eager attention: its batched GEMMs (each by the GEMM kernel model or its traffic) and unfused passes over the scores (scale, mask add, FP32 softmax between two casts; src/model/dag.rs eager_scores), the scores moved at {:.0}% of HBM bandwidth (PyTorch's standard attention on this generation, measured: the FlashAttention-2 paper's benchmark, src/schedule/scores_rates.rs)",
+            crate::schedule::scores_rates::scores_hbm_efficiency(s.cluster.gpu.arch) * 100.0
+        ),
         (Attention::Flash, None) => format!(
             "fused flash attention (Transformer Engine / Megatron) at {fit:.0}% of peak on the whole causal square's FLOPs (an end-to-end fit, src/schedule/cost.rs ATTENTION_EFFICIENCY)"
         ),

@@ -62,6 +62,7 @@
 //! | [`MATMUL_EFFICIENCY`] | 0.77 | end-to-end fit | the five A100 suites (table above) |
 //! | [`ATTENTION_EFFICIENCY`] | 0.6 | end-to-end fit | Megatron's fused attention, fitted with the matmul share |
 //! | [`HBM_EFFICIENCY`] | 0.8 | assumption | not measured here |
+//! | [`super::scores_rates`] | A100 0.53, H100 0.63 of HBM | kernel measurement | PyTorch's standard attention in the FlashAttention-2 paper's benchmark (tests/fixtures/standard_attention_h100_a100.csv); Hugging Face's eager attention's passes over the scores |
 //! | [`OP_OVERHEAD_S`] | 4 us per kernel | assumption | launch and dispatcher overhead |
 //! | `net::LINK_EFFICIENCY` | 0.8 of NVLink | collective measurement | nccl-tests bus bandwidth, 8 x A100 and 8 x H200 |
 //! | `net::IB_NDR_EFFICIENCY` | 0.94 of the NIC | collective measurement | nccl-tests#290 (NCCL's maintainer) |
@@ -221,6 +222,13 @@ pub struct Cost {
     /// The GPU's architecture, which picks FlashAttention-2's measured rates.
     pub arch: crate::hardware::Arch,
     pub hbm: f64,
+    /// The share of `hbm` materialised attention's passes over its scores reach
+    /// ([`super::scores_rates`]).
+    pub scores_eff: f64,
+    /// The share of the GEMM kernel's steady rate materialised attention's batched GEMMs run
+    /// at: [`MATMUL_EFFICIENCY`] in a training step, as every matmul (1 for the isolated
+    /// kernels of a benchmark).
+    pub scores_gemm_eff: f64,
     pub compute_bytes: u64,
     /// The data-parallel (or shard) group collectives of model state run over.
     pub shard_group: Group,
@@ -333,6 +341,8 @@ impl Cost {
             ring_channels: collective_ctas(cluster),
             arch: g.arch,
             hbm: g.hbm_bytes_per_s,
+            scores_eff: super::scores_rates::scores_hbm_efficiency(g.arch),
+            scores_gemm_eff: MATMUL_EFFICIENCY,
             compute_bytes: compute.bytes(),
             shard_group: group(shard_group, per_node),
             dp_group: group(gpus, per_node),
@@ -606,6 +616,41 @@ impl Cost {
         bytes / (self.hbm * HBM_EFFICIENCY)
     }
 
+    /// An op's chained memory-bound kernels ([`Op::chain_bytes`]), forward (`dir` 0) or
+    /// backward: over the scores, at their measured bandwidth, where the op materialises them.
+    fn chain_s(&self, op: &Op, dir: usize) -> f64 {
+        match op.scores {
+            Some(_) => op.chain_bytes[dir] / (self.hbm * self.scores_eff),
+            None => self.hbm_s(op.chain_bytes[dir]),
+        }
+    }
+
+    /// Materialised attention's batched GEMMs, forward (two) or `backward` (four): each the
+    /// slower of its kernel (the GEMM kernel model, [`Cost::gemm_kernel_s`], at the matmul
+    /// rate) and its traffic: the scores it writes or reads at their measured bandwidth
+    /// ([`super::scores_rates`]), its narrow operands at the generic one.
+    fn scores_gemms_s(&self, sh: &crate::model::ScoresShape, backward: bool) -> f64 {
+        let rate = self.peak_flops * self.scores_gemm_eff * gemm_steady_share(self.matmul_ceiling);
+        let (b, c) = (sh.batch as f64, sh.bytes as f64);
+        let scores = b * (sh.queries * sh.keys) as f64 * c / (self.hbm * self.scores_eff);
+        // A [rows, width] operand of every matrix.
+        let operand = |rows: u64, width: u64| b * (rows * width) as f64 * c;
+        let gemm = |m: u64, n: u64, k: u64, narrow: f64| {
+            self.gemm_kernel_s(rate, m, n, k, sh.batch).max(scores + self.hbm_s(narrow))
+        };
+        let (q, k, dq, dv) = (sh.queries, sh.keys, sh.qk, sh.v);
+        if backward {
+            // dP = dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T Q.
+            gemm(q, k, dv, operand(q, dv) + operand(k, dv))
+                + gemm(k, dv, q, operand(q, dv) + operand(k, dv))
+                + gemm(q, dq, k, operand(k, dq) + operand(q, dq))
+                + gemm(k, dq, q, operand(q, dq) + operand(k, dq))
+        } else {
+            // S = Q K^T, O = P V.
+            gemm(q, k, dq, operand(q, dq) + operand(k, dq)) + gemm(q, dv, k, operand(k, dv) + operand(q, dv))
+        }
+    }
+
     /// The HBM bytes of an op's forward roofline (activations, weights, chained
     /// memory-bound kernels).
     pub fn forward_bytes(&self, op: &Op) -> u64 {
@@ -619,11 +664,12 @@ impl Cost {
 
     pub fn forward_s(&self, op: &Op) -> f64 {
         let bytes = op.fwd_bytes + self.weight_bytes(op);
-        let t = match op.gemm {
-            Some(gemm) => self.roofline_of(self.linear_s(self.gemm_peak(op), gemm, op.fwd_flops), bytes),
-            None => self.roofline_at(self.gemm_peak(op), op.fwd_flops, bytes, self.op_eff(op, false)),
+        let t = match (op.gemm, op.scores) {
+            (Some(gemm), _) => self.roofline_of(self.linear_s(self.gemm_peak(op), gemm, op.fwd_flops), bytes),
+            (None, Some(sh)) => OP_OVERHEAD_S + self.scores_gemms_s(&sh, false),
+            (None, None) => self.roofline_at(self.gemm_peak(op), op.fwd_flops, bytes, self.op_eff(op, false)),
         };
-        self.ring_s(op, t, 1) + self.hbm_s(op.chain_bytes[0]) + launches_s(op, 0)
+        self.ring_s(op, t, 1) + self.chain_s(op, 0) + launches_s(op, 0)
     }
 
     /// Context-parallel attention of kernel time `t` (`factor` 2 in backward, where key-value
@@ -665,9 +711,13 @@ impl Cost {
     /// runs at the FP8 peak, the weight gradient too unless the recipe keeps it in 16 bits.
     pub fn backward_split(&self, op: &Op) -> (f64, f64) {
         let bytes = op.backward_bytes() + 2.0 * self.weight_bytes(op);
-        let chain = self.hbm_s(op.chain_bytes[1]);
+        let chain = self.chain_s(op, 1);
         let Some([m, n, k]) = op.gemm else {
-            let t = self.ring_s(op, self.roofline(op.bwd_flops, bytes, self.op_eff(op, true)), 2);
+            let t = match op.scores {
+                Some(sh) => OP_OVERHEAD_S + self.scores_gemms_s(&sh, true),
+                None => self.roofline(op.bwd_flops, bytes, self.op_eff(op, true)),
+            };
+            let t = self.ring_s(op, t, 2);
             return (t + chain + launches_s(op, 1), 0.5);
         };
         let dgrad = op.fwd_flops.min(op.bwd_flops);

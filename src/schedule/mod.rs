@@ -26,6 +26,7 @@ pub mod flash_rates;
 pub mod jitter;
 pub mod label;
 pub mod routing;
+pub mod scores_rates;
 
 use crate::engine::{BufferSpec, Program, Task};
 use crate::hardware::Cluster;
