@@ -1474,15 +1474,29 @@ fn cases() -> Vec<Case> {
         ),
         case(
             "unknown training.attention",
-            b().set("training", "attention", "\"sdpa\""),
+            b().set("training", "attention", "\"xformers\""),
             "training.attention",
-            &["unknown value \"sdpa\"", "\"flash\"", "\"math\"", "\"eager\"", "\"flash_attention_3\"", "\"cudnn\""],
+            &[
+                "unknown value \"xformers\"",
+                "\"flash\"",
+                "\"math\"",
+                "\"eager\"",
+                "\"sdpa\"",
+                "\"flash_attention_3\"",
+                "\"cudnn\"",
+            ],
         ),
         case(
             "Hugging Face's eager attention under Megatron",
             b().set("parallel", "framework", "\"megatron\"").set("training", "attention", "\"eager\""),
             "training.attention",
             &["eager_attention_forward", "CoreAttention", "\"math\""],
+        ),
+        case(
+            "PyTorch's SDPA under Megatron",
+            b().set("parallel", "framework", "\"megatron\"").set("training", "attention", "\"sdpa\""),
+            "training.attention",
+            &["scaled_dot_product_attention", "\"flash\""],
         ),
         case(
             "FlashAttention-3 off Hopper",

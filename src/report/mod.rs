@@ -1690,7 +1690,7 @@ fn attention_rate_text(s: &crate::scenario::Scenario) -> String {
         ),
         (Attention::Flash, Some(FlashKernel::FlashAttention2)) => {
             let f = flash_rates::flash2_fraction(arch, seq, hd);
-            let by = if w.flash_kernel.is_some() { "training.attention = \"flash_attention_2\"" } else { "PyTorch SDPA's flash kernel" };
+            let by = if w.flash_kernel.is_some() { "the kernel training.attention names" } else { "PyTorch SDPA's flash kernel" };
             format!(
                 "attention by FlashAttention-2's measured rate ({by}; the FlashAttention-2 paper's causal forward + backward benchmark, src/schedule/flash_rates.rs): {:.0}% of peak at {seq} tokens and head dim {hd} on this generation, on the half of the causal square the kernel computes",
                 f * 100.0

@@ -1281,20 +1281,27 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
     let (attention, flash_kernel) = match v.choice(
         "training.attention",
         t.attention.as_deref().unwrap_or("flash"),
-        &["flash", "math", "eager", "flash_attention_2", "flash_attention_3", "cudnn"],
+        &["flash", "math", "eager", "sdpa", "flash_attention_2", "flash_attention_3", "cudnn"],
     )? {
         "flash" => (Attention::Flash, None),
+        // Hugging Face's default: PyTorch's scaled_dot_product_attention, which a training
+        // batch without padding (is_causal) sends to its flash backend, FlashAttention-2.
+        "sdpa" => (Attention::Flash, Some(FlashKernel::FlashAttention2)),
         "math" => (Attention::Math, None),
         "eager" => (Attention::Eager, None),
         "flash_attention_2" => (Attention::Flash, Some(FlashKernel::FlashAttention2)),
         "flash_attention_3" => (Attention::Flash, Some(FlashKernel::FlashAttention3)),
         _ => (Attention::Flash, Some(FlashKernel::Cudnn)),
     };
-    if attention == Attention::Eager && parallel.framework == Framework::Megatron {
-        return Err(v.err(
-            "training.attention",
-            "\"eager\" is Hugging Face's eager_attention_forward; Megatron-LM's own materialised attention is its CoreAttention: use \"math\"",
-        ));
+    if parallel.framework == Framework::Megatron {
+        let why = match t.attention.as_deref() {
+            Some("eager") => Some("\"eager\" is Hugging Face's eager_attention_forward; Megatron-LM's own materialised attention is its CoreAttention: use \"math\""),
+            Some("sdpa") => Some("\"sdpa\" is PyTorch's scaled_dot_product_attention, which Megatron-LM does not call: use \"flash\" (Transformer Engine's fused attention) or name the kernel"),
+            _ => None,
+        };
+        if let Some(why) = why {
+            return Err(v.err("training.attention", why));
+        }
     }
     if let Some(why) = flash_kernel.and_then(|k| crate::schedule::flash_rates::unsupported(k, cluster.gpu.arch)) {
         return Err(v.err("training.attention", why));
