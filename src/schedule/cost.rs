@@ -222,12 +222,12 @@ pub struct Cost {
     /// The GPU's architecture, which picks FlashAttention-2's measured rates.
     pub arch: crate::hardware::Arch,
     pub hbm: f64,
-    /// The share of `hbm` materialised attention's passes over its scores reach
-    /// ([`super::scores_rates`]).
+    /// The share of `hbm` PyTorch's kernels over materialised scores reach (Hugging Face's
+    /// eager attention, [`Op::scores`]; [`super::scores_rates`]).
     pub scores_eff: f64,
-    /// The share of the GEMM kernel's steady rate materialised attention's batched GEMMs run
-    /// at: [`MATMUL_EFFICIENCY`] in a training step, as every matmul (1 for the isolated
-    /// kernels of a benchmark).
+    /// The share of the GEMM kernel's steady rate eager attention's batched GEMMs run at:
+    /// [`MATMUL_EFFICIENCY`] in a training step, as every matmul (1 for the isolated kernels
+    /// of a benchmark).
     pub scores_gemm_eff: f64,
     pub compute_bytes: u64,
     /// The data-parallel (or shard) group collectives of model state run over.
@@ -617,7 +617,7 @@ impl Cost {
     }
 
     /// An op's chained memory-bound kernels ([`Op::chain_bytes`]), forward (`dir` 0) or
-    /// backward: over the scores, at their measured bandwidth, where the op materialises them.
+    /// backward: over the scores, at their measured bandwidth, for eager attention.
     fn chain_s(&self, op: &Op, dir: usize) -> f64 {
         match op.scores {
             Some(_) => op.chain_bytes[dir] / (self.hbm * self.scores_eff),
@@ -625,7 +625,7 @@ impl Cost {
         }
     }
 
-    /// Materialised attention's batched GEMMs, forward (two) or `backward` (four): each the
+    /// Eager attention's batched GEMMs, forward (two) or `backward` (four): each the
     /// slower of its kernel (the GEMM kernel model, [`Cost::gemm_kernel_s`], at the matmul
     /// rate) and its traffic: the scores it writes or reads at their measured bandwidth
     /// ([`super::scores_rates`]), its narrow operands at the generic one.
