@@ -26,7 +26,7 @@
 //!
 //! Megatron-LM's CoreAttention (math attention: its own fused scale-mask-softmax kernel) keeps
 //! the generic share: Korthikanti et al.'s Table 4 layer times (A100, math attention) hold at
-//! it within 2.7%, and with its passes at Ampere's share below the 22B layer's forward comes
+//! it within 2.4%, and with its passes at Ampere's share below the 22B layer's forward comes
 //! out 9.8% slow and Table 5's mean |error| 5.4% (both outside their bounds). Ampere's share
 //! serves Volta, Ampere, the GA10x parts and Ada; Hopper's, Hopper, Blackwell and the ROCm part
 //! (no measurement there): assumptions.
