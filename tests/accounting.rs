@@ -41,7 +41,7 @@ fn gpt(l: u64, h: u64, a: u64, dropout: f64) -> ModelConfig {
 
 #[test]
 fn dag_parameter_counts_match_closed_forms() {
-    let w = Workload { attention: Attention::Flash, ..math_workload(1, 128) };
+    let w = Workload::plain(1, 128, Attention::Flash);
     // 100B GPT of the shipped scenarios: 12h^2 + 13h per layer, tied V h, 2048 positions, final LN.
     let c = gpt(80, 10240, 80, 0.1);
     let h = 10240u64;
@@ -76,35 +76,11 @@ fn block_saved(cfg: &ModelConfig, w: &Workload) -> (u64, u64) {
     (main, all - main)
 }
 
-/// Math attention in bf16 over micro-batch `b` x `s` tokens, nothing else on.
-fn math_workload(b: u64, s: u64) -> Workload {
-    Workload {
-        micro_batch: b,
-        seq_len: s,
-        compute_dtype: Dtype::Bf16,
-        attention: Attention::Math,
-        logits_fp32: true,
-        split: Default::default(),
-        lora: None,
-        routed: None,
-        fused_swiglu: false,
-        routing_scale: Default::default(),
-        swiglu_fp8_input_store: false,
-        kernels: Default::default(),
-        repeat_kv: false,
-        flash2: false,
-        flash_kernel: None,
-        fp8: None,
-        loss: Default::default(),
-        aux_loss: Default::default(),
-    }
-}
-
 #[test]
 fn activations_per_layer_follow_korthikanti() {
     for (s, b, h, a) in [(2048u64, 1u64, 4096u64, 32u64), (1024, 4, 1024, 16), (4096, 2, 12288, 96)] {
         let cfg = gpt(2, h, a, 0.1);
-        let math = math_workload(b, s);
+        let math = Workload::plain(b, s, Attention::Math);
         let (main, stats) = block_saved(&cfg, &math);
         assert_eq!(main, 34 * s * b * h + 5 * a * s * s * b, "math attention, s={s} b={b} h={h} a={a}");
         // Two LayerNorms keep FP32 mean and rstd per row.
@@ -139,7 +115,7 @@ fn activations_per_layer_follow_korthikanti() {
 fn eager_attention_runs_hugging_faces_chain() {
     let (s, b, h, a) = (1024u64, 2u64, 1024u64, 16u64);
     let cfg = gpt(2, h, a, 0.0);
-    let base = math_workload(b, s);
+    let base = Workload::plain(b, s, Attention::Math);
     let core = |w: &Workload| {
         let dag = model::build(&cfg, w);
         dag.ops.iter().find(|o| o.name == "layers.0.attention.core").unwrap().clone()

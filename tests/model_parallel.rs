@@ -11,7 +11,7 @@
 use std::path::Path;
 
 use serde_json::Value;
-use stepsim::model::{self, Attention, Dtype, Family, ModelConfig, Region, TensorKind, TensorSplit, Workload};
+use stepsim::model::{self, Attention, Family, ModelConfig, Region, TensorKind, TensorSplit, Workload};
 use stepsim::scenario::Scenario;
 
 fn gpt(h: u64, a: u64) -> ModelConfig {
@@ -41,24 +41,8 @@ fn gpt(h: u64, a: u64) -> ModelConfig {
 /// Saved bytes of block 0 without per-row statistics, and without the s x s scores too.
 fn saved(cfg: &ModelConfig, s: u64, b: u64, t: u64, sp: bool) -> (u64, u64) {
     let w = Workload {
-        micro_batch: b,
-        seq_len: s,
-        compute_dtype: Dtype::Bf16,
-        attention: Attention::Math,
-        logits_fp32: true,
         split: TensorSplit { tensor: t, sequence_parallel: sp, ..Default::default() },
-        lora: None,
-        routed: None,
-        fused_swiglu: false,
-        routing_scale: Default::default(),
-        swiglu_fp8_input_store: false,
-        kernels: Default::default(),
-        repeat_kv: false,
-        flash2: false,
-        flash_kernel: None,
-        fp8: None,
-        loss: Default::default(),
-        aux_loss: Default::default(),
+        ..Workload::plain(b, s, Attention::Math)
     };
     let dag = model::build(cfg, &w);
     let all = dag.saved_bytes(Region::Block(0), false);
@@ -94,24 +78,8 @@ fn tensor_parallel_activations_follow_korthikanti_table2_exactly() {
 fn tensor_parallel_ranks_hold_a_tth_of_the_split_weights() {
     let cfg = gpt(4096, 32);
     let w = |t| Workload {
-        micro_batch: 1,
-        seq_len: 2048,
-        compute_dtype: Dtype::Bf16,
-        attention: Attention::Flash,
-        logits_fp32: true,
         split: TensorSplit { tensor: t, sequence_parallel: false, ..Default::default() },
-        lora: None,
-        routed: None,
-        fused_swiglu: false,
-        routing_scale: Default::default(),
-        swiglu_fp8_input_store: false,
-        kernels: Default::default(),
-        repeat_kv: false,
-        flash2: false,
-        flash_kernel: None,
-        fp8: None,
-        loss: Default::default(),
-        aux_loss: Default::default(),
+        ..Workload::plain(1, 2048, Attention::Flash)
     };
     let one = model::build(&cfg, &w(1));
     let eight = model::build(&cfg, &w(8));

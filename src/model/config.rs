@@ -798,6 +798,32 @@ pub struct Workload {
 }
 
 impl Workload {
+    /// `micro_batch` x `seq_len` tokens in BF16 with FP32 logits, `attention`, one rank,
+    /// nothing else on (no LoRA, FP8, routing or fused kernels): what tests and closed-form
+    /// checks build DAGs from, one place to name each field.
+    pub fn plain(micro_batch: u64, seq_len: u64, attention: Attention) -> Workload {
+        Workload {
+            micro_batch,
+            seq_len,
+            compute_dtype: Dtype::Bf16,
+            attention,
+            logits_fp32: true,
+            split: Default::default(),
+            lora: None,
+            routed: None,
+            fused_swiglu: false,
+            routing_scale: Default::default(),
+            swiglu_fp8_input_store: false,
+            kernels: Default::default(),
+            repeat_kv: false,
+            flash2: false,
+            flash_kernel: None,
+            fp8: None,
+            loss: Default::default(),
+            aux_loss: Default::default(),
+        }
+    }
+
     /// How attention is named in the reports: "Flash" or "Math", with the kernel
     /// `training.attention` named.
     pub fn attention_label(&self) -> String {

@@ -89,7 +89,7 @@ pub fn kv_bytes_per_token(cfg: &ModelConfig, tensor: u64, dtype: KvDtype) -> u64
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Attention, Dtype, OpKind, Region, Workload};
+    use crate::model::{Attention, OpKind, Region, Workload};
 
     fn llama2_70b() -> ModelConfig {
         ModelConfig::llama2_70b()
@@ -131,26 +131,7 @@ mod tests {
         // INT8 plus the BF16 embedding and head must come to that within 2%.
         // The block linears' shapes come from the layer DAG (gemm = [tokens, out, in]).
         let cfg = llama2_70b();
-        let w = Workload {
-            micro_batch: 1,
-            seq_len: 1,
-            compute_dtype: Dtype::Bf16,
-            attention: Attention::Flash,
-            logits_fp32: false,
-            split: Default::default(),
-            lora: None,
-            routed: None,
-            fused_swiglu: false,
-            routing_scale: Default::default(),
-            swiglu_fp8_input_store: false,
-            kernels: Default::default(),
-            repeat_kv: false,
-            flash2: false,
-            flash_kernel: None,
-            fp8: None,
-            loss: Default::default(),
-            aux_loss: Default::default(),
-        };
+        let w = Workload { logits_fp32: false, ..Workload::plain(1, 1, Attention::Flash) };
         let dag = crate::model::build(&cfg, &w);
         let bytes: u64 = dag
             .ops
