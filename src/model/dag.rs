@@ -930,46 +930,45 @@ fn block(bd: &mut Builder, sh: &BlockShape, name: &str, spec: u64, x: TensorId) 
         bd.ops[core].fwd_scratch += scratch;
     }
     if w.attention.materialised() {
-        // The raw scores exist while softmax runs.
-        bd.ops[core].fwd_scratch = b * a * s * s * c;
         // Math attention is a chain of kernels over the n = b a s^2 scores of this rank's
-        // heads (Megatron-LM's CoreAttention; PyTorch's eager attention alike): a batched
-        // GEMM writes the scores (n c bytes), a fused scale-mask-softmax reads and writes
-        // them (2 n c), dropout reads them and writes the dropped probabilities and a 1-byte
-        // mask (2 n c + n), and a second batched GEMM reads them (n c). Backward: the two
-        // GEMMs of attention-over-V write dP and read P (2 n c), dropout's backward reads
-        // dP and the mask and writes its gradient (2 n c + n), softmax's reads y and dy and
-        // writes dx (3 n c), and the two GEMMs of QK^T read dS (2 n c). The GEMMs' head
-        // dimension is small, so they are memory-bound on the s^2 tensor; the softmax and
-        // dropout passes run after them, not under them: their time adds.
+        // heads (Megatron-LM's CoreAttention): a batched GEMM writes the scores (n c bytes),
+        // a fused scale-mask-softmax reads and writes them (2 n c), dropout reads them and
+        // writes the dropped probabilities and a 1-byte mask (2 n c + n), and a second
+        // batched GEMM reads them (n c). Backward: the two GEMMs of attention-over-V write dP
+        // and read P (2 n c), dropout's backward reads dP and the mask and writes its
+        // gradient (2 n c + n), softmax's reads y and dy and writes dx (3 n c), and the two
+        // GEMMs of QK^T read dS (2 n c). The GEMMs' head dimension is small, so they are
+        // memory-bound on the s^2 tensor; the softmax and dropout passes run after them, not
+        // under them: their time adds. Hugging Face's eager attention runs the same GEMMs
+        // with its own passes between them ([`eager_scores`]).
         let n = (b * a * s * s) as f64;
         let cf = c as f64;
         let op = &mut bd.ops[core];
         op.fwd_bytes = qkvo + 2.0 * n * cf;
         op.bwd_bytes = Some(2.0 * qkvo + 4.0 * n * cf);
         if w.attention == Attention::Eager {
-            // PyTorch's own kernels over the scores: timed per GEMM at their measured share.
-            op.scores = Some(ScoresShape {
+            let shape = ScoresShape {
                 batch: b * a,
                 queries: s,
                 keys: s,
                 qk: qk_w / cfg.n_heads,
                 v: v_w / cfg.n_heads,
                 bytes: c,
-            });
+            };
+            eager_scores(op, shape, dropout, cfg.style.attn_logit_softcap);
+        } else {
+            // The raw scores exist while softmax runs.
+            op.fwd_scratch = b * a * s * s * c;
+            op.chain_bytes = if dropout { [4.0 * n * cf + n, 5.0 * n * cf + n] } else { [2.0 * n * cf, 3.0 * n * cf] };
+            if cfg.style.attn_logit_softcap {
+                // Gemma 2's eager attention caps the scores before softmax: a division, tanh
+                // (which saves its output) and a multiplication, each reading and writing the
+                // scores; backward: the multiplication's (2 n c), tanh's reads y and dy and
+                // writes dx (3 n c), the division's (2 n c).
+                op.chain_bytes[0] += 6.0 * n * cf;
+                op.chain_bytes[1] += 7.0 * n * cf;
+            }
         }
-        op.chain_bytes = if dropout { [4.0 * n * cf + n, 5.0 * n * cf + n] } else { [2.0 * n * cf, 3.0 * n * cf] };
-        if cfg.style.attn_logit_softcap {
-            // Gemma 2's eager attention caps the scores before softmax: a division, tanh
-            // (which saves its output) and a multiplication, each reading and writing the
-            // scores; backward: the multiplication's (2 n c), tanh's reads y and dy and
-            // writes dx (3 n c), the division's (2 n c).
-            op.chain_bytes[0] += 6.0 * n * cf;
-            op.chain_bytes[1] += 7.0 * n * cf;
-        }
-    }
-    if w.attention == Attention::Eager {
-        eager_scores(&mut bd.ops[core], (b * a * s * s) as f64, c, dropout, cfg.style.attn_logit_softcap);
     }
     if cfg.style.attn_logit_softcap && w.attention.materialised() {
         let capped = bd.tensor(&p("attention.core.softcap"), b * a * s * s, c, TensorKind::AttentionScores);
@@ -1932,21 +1931,24 @@ fn softcap_ops(bd: &mut Builder, name: &str, x: TensorId, t: u64, v: u64) -> Ten
 ///   GEMMs, cast, softmax backward, cast, scale), one more each with dropout, three more
 ///   each with Gemma 2's soft cap.
 ///
-/// In FP32 compute the casts are no-ops (`toType` to its own dtype returns the tensor).
-fn eager_scores(op: &mut Op, n: f64, c: u64, dropout: bool, softcap: bool) {
+/// In FP32 compute the casts are no-ops (`toType` to its own dtype returns the tensor). The
+/// op's `scores` get `shape`: its GEMMs are timed one by one, at the bandwidth PyTorch's
+/// kernels reach over the scores (`crate::schedule::scores_rates`).
+fn eager_scores(op: &mut Op, shape: ScoresShape, dropout: bool, softcap: bool) {
+    let n = (shape.batch * shape.queries * shape.keys) as f64;
+    let c = shape.bytes;
     let cf = c as f64;
-    let casts = if c == 4 { [0.0, 0.0] } else { [2.0 * cf + 8.0, 2.0 * cf + 8.0] };
-    let drop = if dropout { [2.0 * cf + 1.0, 2.0 * cf + 1.0] } else { [0.0, 0.0] };
+    let casts = if c == 4 { 0.0 } else { 2.0 * cf + 8.0 };
+    let drop = if dropout { 2.0 * cf + 1.0 } else { 0.0 };
     let cap = if softcap { [6.0 * cf, 7.0 * cf] } else { [0.0, 0.0] };
-    op.chain_bytes = [
-        n * (2.0 * cf + 3.0 * cf + casts[0] + 8.0 + drop[0] + cap[0]),
-        n * (casts[1] + 12.0 + 2.0 * cf + drop[1] + cap[1]),
-    ];
+    op.chain_bytes =
+        [n * (2.0 * cf + 3.0 * cf + casts + 8.0 + drop + cap[0]), n * (casts + 12.0 + 2.0 * cf + drop + cap[1])];
     op.fwd_scratch = if c == 4 { (n * cf) as u64 } else { (n * (cf + 4.0)) as u64 };
     op.bwd_scratch = (n * 8.0) as u64;
-    let (extra_f, extra_b) = (u32::from(dropout) + 3 * u32::from(softcap), u32::from(dropout) + 3 * u32::from(softcap));
+    let extra = u32::from(dropout) + 3 * u32::from(softcap);
     let casts_n = if c == 4 { 0 } else { 2 };
-    op.launches = [5 + casts_n + extra_f, 6 + casts_n + extra_b];
+    op.launches = [5 + casts_n + extra, 6 + casts_n + extra];
+    op.scores = Some(shape);
 }
 
 /// Dropout over `elems` elements: saves its 1-byte mask. Backward reads the output gradient

@@ -21,7 +21,7 @@
 //! taken to run alike), Hopper's for Hopper and Blackwell (FlashAttention-2 has no
 //! Blackwell-specific kernel). Outside 512-16k tokens the nearest measured length is used;
 //! head dimensions between 64 and 128 interpolate, others take the nearer.
-
+//!
 //! FlashAttention-3 and cuDNN, named by `training.attention`, take the FlashAttention-3
 //! paper's separate forward and backward benchmarks instead (Shah et al. 2024,
 //! arXiv:2407.08608; H100 80GB SXM5, BF16, the same set-up and FLOP count; copied with its
@@ -46,7 +46,8 @@
 use crate::hardware::Arch;
 use crate::model::FlashKernel;
 
-const SEQ: [f64; 6] = [512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0];
+/// The sequence lengths of every table.
+pub const SEQ_LENS: [u64; 6] = [512, 1024, 2048, 4096, 8192, 16384];
 
 /// TFLOP/s (the benchmark's count), head dimension 64 and 128, A100 80GB SXM4.
 const A100: [[f64; 6]; 2] = [[88.0, 119.0, 140.0, 156.0, 165.0, 171.0], [99.0, 133.0, 155.0, 173.0, 182.0, 189.0]];
@@ -58,9 +59,10 @@ const H100_PEAK: f64 = 989.0;
 
 /// Linear interpolation in log2 of the sequence length, clamped to the measured lengths.
 fn along_seq(row: &[f64; 6], seq: u64) -> f64 {
-    let x = (seq.max(1) as f64).log2().clamp(SEQ[0].log2(), SEQ[5].log2());
-    let i = ((x - SEQ[0].log2()).floor() as usize).min(4);
-    let f = x - SEQ[i].log2();
+    let log = |i: usize| (SEQ_LENS[i] as f64).log2();
+    let x = (seq.max(1) as f64).log2().clamp(log(0), log(5));
+    let i = ((x - log(0)).floor() as usize).min(4);
+    let f = x - log(i);
     row[i] + f * (row[i + 1] - row[i])
 }
 
@@ -111,8 +113,6 @@ const PAPER_FA3: PaperKernel = PaperKernel {
 
 /// The head dimensions of the paper's causal forward tables.
 pub const HEAD_DIMS: [f64; 3] = [64.0, 128.0, 256.0];
-/// The sequence lengths of every table.
-pub const SEQ_LENS: [u64; 6] = [512, 1024, 2048, 4096, 8192, 16384];
 
 /// A kernel's tables in the FlashAttention-3 paper.
 pub fn paper(kernel: FlashKernel) -> &'static PaperKernel {
