@@ -1680,7 +1680,13 @@ fn attention_rate_text(s: &crate::scenario::Scenario) -> String {
     let w = &s.workload;
     let (seq, hd, arch) = (w.flash_keys(), s.model.head_dim(), s.cluster.gpu.arch);
     match (w.attention, w.timed_flash_kernel()) {
-        (Attention::Math, _) => format!("math attention's GEMMs and passes over the scores (flash attention would run at {fit:.0}%)"),
+        (Attention::Math, _) if w.flash2 => format!(
+            "math attention's GEMMs and passes over the scores (flash attention would run at FlashAttention-2's measured {:.0}% of peak at {seq} tokens and head dim {hd}, on the half of the causal square it computes, src/schedule/flash_rates.rs)",
+            flash_rates::flash2_fraction(arch, seq, hd) * 100.0
+        ),
+        (Attention::Math, _) => format!(
+            "math attention's GEMMs and passes over the scores (Megatron's fused flash attention would run at {fit:.0}%, the end-to-end fit ATTENTION_EFFICIENCY)"
+        ),
         (Attention::Eager, _) => format!(
             "Hugging Face's eager attention: its batched GEMMs (each by the GEMM kernel model or its traffic) and unfused passes over the scores (scale, mask add, FP32 softmax between two casts; src/model/dag.rs eager_scores), the scores moved at {:.0}% of HBM bandwidth (PyTorch's standard attention on this generation, measured: the FlashAttention-2 paper's benchmark, src/schedule/scores_rates.rs)",
             crate::schedule::scores_rates::scores_hbm_efficiency(s.cluster.gpu.arch) * 100.0
