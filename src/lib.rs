@@ -148,7 +148,7 @@ pub fn simulate_with(s: &scenario::Scenario, opts: SimOptions) -> Result<Simulat
 /// memory sample: explain of a 1024-layer job reached 7.8 GB.
 pub fn simulate_job_only(s: &scenario::Scenario) -> Result<report::Report, engine::Deadlock> {
     let dag = model::build(&s.model, &s.workload);
-    simulate_lean(s, &dag, &[0])
+    simulate_lean(s, &dag, &[schedule::Stage::Steps(0)])
 }
 
 /// Offload's figures: where the bytes live, from the plan; the traffic of the last step,
@@ -364,13 +364,16 @@ fn plan_of(s: &scenario::Scenario, dag: &model::LayerDag) -> plan::Plan {
 /// runs (`checkpointing_cost`, the fragmentation check). The verdict, the OOM's step, phase
 /// and layer, the peaks and the throughput are [`simulate`]'s; op and tensor names are empty.
 ///
-/// `early` lists step counts (0 = initialisation only) whose program prefixes are tried
-/// first, in order ([`schedule::build_lean_prefix`]): the first that runs out of memory is
-/// the answer, at a fraction of the cost of building and running every step.
+/// `early` lists program prefixes tried first, in build order ([`schedule::Stage`]): the
+/// first that runs out of memory where the whole program would is the answer, at a fraction
+/// of the cost of building and running every step. An unpipelined job of one program builds
+/// it once, running each prefix as the builder reaches it ([`schedule::build_lean_staged`]);
+/// a pipeline, `[jitter]` or uneven routing builds each prefix of whole steps apart
+/// ([`schedule::build_lean_prefix`]) and skips the first forward's.
 pub fn simulate_lean(
     s: &scenario::Scenario,
     dag: &model::LayerDag,
-    early: &[u32],
+    early: &[schedule::Stage],
 ) -> Result<report::Report, engine::Deadlock> {
     if let Some(cfg) = &s.inference {
         // Sweeps refuse inference bases; this keeps the API total.
@@ -382,23 +385,52 @@ pub fn simulate_lean(
     let capacity = s.allocator_capacity();
     let all = plan.training.steps;
     let loads = s.expert_loads();
-    let run_steps = |steps: u32| -> Result<_, engine::Deadlock> {
-        let job = job::compile(dag, &plan, &s.cluster, s.jitter.as_ref(), loads.as_deref(), false, steps);
-        let run = job::run::run(
-            &job,
+    let run_job = |job: &job::Job| {
+        job::run::run(
+            job,
             &s.allocator,
             capacity,
             s.cluster.memory_bytes,
             all,
             job::run::Record::Peaks,
             Default::default(),
-        )?;
+        )
+    };
+    if plan.pipeline() == 1 && s.jitter.is_none() && loads.as_ref().is_none_or(|l| l.len() <= 1) {
+        let staged = schedule::build_lean_staged(dag, &plan, &s.cluster, early, |prefix| {
+            let job = job::of_replicas(&plan, prefix.schedule);
+            let run = match run_job(&job) {
+                Ok(run) => run,
+                Err(deadlock) => return Some(Err(deadlock)),
+            };
+            // Every later task waits for the gate: an OOM before it ends is the whole
+            // program's (at its end, a later task on an earlier stream may allocate first).
+            let t = &run.traces[0];
+            let before_gate = |at: u64| prefix.gate.is_none_or(|g| at < t.end_ns[g as usize]);
+            let answered = t.oom.as_ref().is_some_and(|o| before_gate(o.time_ns));
+            answered.then(|| Ok(report::job::build(s, dag, &job, &run, false).report))
+        });
+        return match staged {
+            schedule::Staged::Answered(report) => report,
+            schedule::Staged::Whole(schedule) => {
+                let job = job::of_replicas(&plan, *schedule);
+                let run = run_job(&job)?;
+                Ok(report::job::build(s, dag, &job, &run, false).report)
+            }
+        };
+    }
+    let run_steps = |steps: u32| -> Result<_, engine::Deadlock> {
+        let job = job::compile(dag, &plan, &s.cluster, s.jitter.as_ref(), loads.as_deref(), false, steps);
+        let run = run_job(&job)?;
         Ok((job, run))
     };
-    for steps in early.iter().copied().filter(|&k| k < all) {
-        let (job, run) = run_steps(steps)?;
-        if run.traces.iter().any(|t| t.oom.is_some()) {
-            return Ok(report::job::build(s, dag, &job, &run, false).report);
+    for &stage in early {
+        let schedule::Stage::Steps(steps) = stage else { continue };
+        if steps < all {
+            let (job, run) = run_steps(steps)?;
+            if run.traces.iter().any(|t| t.oom.is_some()) {
+                return Ok(report::job::build(s, dag, &job, &run, false).report);
+            }
         }
     }
     let (job, run) = run_steps(all)?;

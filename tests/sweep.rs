@@ -636,7 +636,7 @@ fn schedule_cases() -> Vec<Scenario> {
 
 #[test]
 fn lean_schedules_and_their_prefixes_are_the_same_program() {
-    use stepsim::schedule::{build, build_lean, build_lean_prefix, TaskKind};
+    use stepsim::schedule::{build, build_lean, build_lean_prefix, build_lean_staged, Stage, TaskKind};
     for s in schedule_cases() {
         let dag = stepsim::model::build(&s.model, &s.workload);
         let plan = stepsim::plan::Plan::new(
@@ -703,11 +703,89 @@ fn lean_schedules_and_their_prefixes_are_the_same_program() {
                 assert_eq!(task(&p.program, t), task(l, t), "{}: prefix {k}", s.name);
             }
         }
+        if plan.pipeline() > 1 {
+            continue;
+        }
+
+        // One builder handing out its prefixes as it grows: each is the program a builder
+        // stopped there builds (a step prefix: `build_lean_prefix`'s, labels and FLOPs too),
+        // and the whole program it carries on to is `build_lean`'s.
+        let mut stages = vec![Stage::Steps(0), Stage::FirstForward];
+        stages.extend((1..s.training.steps).map(Stage::Steps));
+        let mut seen = Vec::new();
+        let staged = build_lean_staged(&dag, &plan, &s.cluster, &stages, |p| {
+            let n = p.schedule.program.tasks.len();
+            for t in 0..n {
+                assert_eq!(task(&p.schedule.program, t), task(l, t), "{}: {:?}", s.name, p.stage);
+            }
+            if let Stage::Steps(k) = p.stage {
+                let q = build_lean_prefix(&dag, &plan, &s.cluster, k);
+                assert_eq!(n, q.program.tasks.len(), "{}: {:?}", s.name, p.stage);
+                assert_eq!(p.schedule.program.free, q.program.free, "{}: {:?}", s.name, p.stage);
+                assert_eq!(p.schedule.program.stream_links, q.program.stream_links, "{}: {:?}", s.name, p.stage);
+                assert_eq!(p.schedule.labels.len(), q.labels.len());
+                assert_eq!(p.schedule.hardware_flops_per_step, q.hardware_flops_per_step, "{}", s.name);
+                assert_eq!(p.schedule.model_flops_per_step, q.model_flops_per_step, "{}", s.name);
+                assert!(p.gate.is_none());
+            }
+            seen.push((p.stage, n, p.gate));
+            None::<()>
+        });
+        let stepsim::schedule::Staged::Whole(whole) = staged else { panic!("{}: a probe that never answers", s.name) };
+        assert_eq!(whole.program.tasks.len(), l.tasks.len(), "{}", s.name);
+        assert_eq!(whole.program.free, l.free, "{}", s.name);
+        assert_eq!(whole.program.deps, l.deps, "{}", s.name);
+        assert_eq!(whole.program.alloc, l.alloc, "{}", s.name);
+        assert_eq!(whole.program.stream_links, l.stream_links, "{}", s.name);
+        assert_eq!(whole.hardware_flops_per_step, lean.hardware_flops_per_step, "{}", s.name);
+        let offered: Vec<Stage> = seen.iter().map(|x| x.0).collect();
+        let combined = plan.parallel.megatron.overlap_moe_expert_parallel_comm && plan.training.grad_accum > 1;
+        let mut want = vec![Stage::Steps(0)];
+        if s.training.steps >= 1 && !combined {
+            want.push(Stage::FirstForward);
+        }
+        want.extend((1..s.training.steps).map(Stage::Steps));
+        assert_eq!(offered, want, "{}", s.name);
+
+        // The first forward's prefix ends where step 1's backward begins, and every later task
+        // waits for its loss (a dependency path, or a stream predecessor that has one).
+        if let Some(&(_, n, Some(loss))) = seen.iter().find(|x| x.0 == Stage::FirstForward) {
+            assert!(n < l.tasks.len() && (loss as usize) < n, "{}", s.name);
+            assert_eq!(label(n).phase, stepsim::schedule::Phase::Backward, "{}: the prefix ends mid-forward", s.name);
+            let mut after = vec![false; l.tasks.len()];
+            after[loss as usize] = true;
+            let mut last_on_stream: Vec<Option<usize>> = vec![None; l.streams.len()];
+            for (t, task) in l.tasks.iter().enumerate() {
+                let mut w = after[t] || last_on_stream[task.stream as usize].is_some_and(|p| after[p]);
+                w |= l.deps.of(t).iter().any(|&d| after[d as usize]);
+                after[t] = w;
+                if t >= n {
+                    assert!(w, "{}: task {t} ({:?}) may start before the first forward's loss ends", s.name, label(t));
+                }
+                last_on_stream[task.stream as usize] = Some(t);
+            }
+        }
+
+        // An answer ends the build there.
+        let mut probes = 0;
+        let first = build_lean_staged(&dag, &plan, &s.cluster, &stages, |p| {
+            probes += 1;
+            (p.stage == Stage::FirstForward).then_some(p.schedule.program.tasks.len())
+        });
+        match (first, combined) {
+            (stepsim::schedule::Staged::Answered(n), false) => {
+                assert_eq!(Some(n), seen.iter().find(|x| x.0 == Stage::FirstForward).map(|x| x.1));
+                assert_eq!(probes, 2, "{}", s.name);
+            }
+            (stepsim::schedule::Staged::Whole(_), true) => {}
+            _ => panic!("{}: the first forward's answer was not the result", s.name),
+        }
     }
 }
 
 #[test]
 fn trying_program_prefixes_first_changes_no_outcome() {
+    use stepsim::schedule::Stage;
     // Every fourth configuration of the shipped sweep (init, forward, backward, optimizer and
     // step-2 OOMs, and fits), plus a DeepSpeed variant whose optimizer state exists at init.
     let spec = SweepSpec::load(&root().join("scenarios/sweeps/100b-capacity.toml")).unwrap();
@@ -716,9 +794,15 @@ fn trying_program_prefixes_first_changes_no_outcome() {
         let s = spec.point(i).unwrap().unwrap();
         let whole = summary::simulate_whole(&s).unwrap();
         assert_eq!(summary::simulate(&s).unwrap(), whole, "configuration {i}: {}", spec.describe(i));
+        // Every prefix tried, whatever the thread's statistics would choose.
+        let dag = stepsim::model::build(&s.model, &s.workload);
+        let all = [Stage::Steps(0), Stage::FirstForward, Stage::Steps(1)];
+        let every = Outcome::from_report(&stepsim::simulate_lean(&s, &dag, &all).unwrap(), &s);
+        assert_eq!(every, whole, "configuration {i} with every prefix: {}", spec.describe(i));
         phases.insert(whole.oom.map(|o| (o.step, o.phase.name())));
     }
     assert!(phases.len() >= 4, "the sample covers too few outcomes: {phases:?}");
+    assert!(phases.contains(&Some((1, "forward"))), "no first-forward OOM in the sample: {phases:?}");
 }
 
 // ---------------------------------------------------------------- the shipped sweep

@@ -305,6 +305,116 @@ pub fn build_with(dag: &LayerDag, plan: &Plan, cluster: &Cluster, names: bool, s
     for step in 1..=steps {
         b.step(step);
     }
+    let hw = b.hw_flops / steps.max(1) as f64;
+    Schedule {
+        program: b.finish(),
+        labels: b.labels.into(),
+        model_flops_per_step: model_flops_per_step(dag, plan),
+        hardware_flops_per_step: hw,
+    }
+}
+
+/// A point of an unpipelined rank's lean program where everything after it waits for one
+/// task's end, so that the program built so far runs exactly as the whole program does until
+/// then: an out-of-memory before that end is the whole program's ([`build_lean_staged`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// The first `k` steps (0: initialisation only), as [`build_lean_prefix`] builds them:
+    /// every task of step k + 1 waits, directly or through its stream, for step k's
+    /// `zero_grad()`, the prefix's last task.
+    Steps(u32),
+    /// Initialisation and step 1's first forward: every later task waits for that forward's
+    /// loss. Where one micro-batch's activations do not fit, the backward is never built.
+    /// Not offered by Megatron's combined 1F1B, whose second forward runs beside the first
+    /// backward.
+    FirstForward,
+}
+
+/// The program so far, handed out at a [`Stage`], and the task whose end bounds what it
+/// answers (the forward's loss at [`Stage::FirstForward`]; None at [`Stage::Steps`], whose
+/// prefix ends with the task everything later waits for).
+pub struct Prefix {
+    pub stage: Stage,
+    pub schedule: Schedule,
+    pub gate: Option<u32>,
+}
+
+/// What [`build_lean_staged`] ends with.
+pub enum Staged<R> {
+    /// A prefix answered the question.
+    Answered(R),
+    /// No prefix did: the whole program, [`build_lean`]'s.
+    Whole(Box<Schedule>),
+}
+
+/// [`build_lean`]'s program for an unpipelined rank, built once and handed to `probe` as it
+/// grows, at each of `stages` the program reaches (in build order); the first answer ends the
+/// build. A sweep that tries prefixes first (a configuration that runs out of memory in
+/// initialisation or in step 1's first forward) pays for what it builds only once: where no
+/// prefix answers, the whole program is the same builder carried on, not a second build.
+/// Each prefix is the program [`build_lean_prefix`] (or, at the first forward, a builder
+/// stopped there) would build: the same tasks, dependencies, allocations, frees and labels.
+pub fn build_lean_staged<R>(
+    dag: &LayerDag,
+    plan: &Plan,
+    cluster: &Cluster,
+    stages: &[Stage],
+    mut probe: impl FnMut(Prefix) -> Option<R>,
+) -> Staged<R> {
+    debug_assert!(plan.pipeline() == 1, "a pipeline stage's program is built by schedule::pipeline");
+    let steps = plan.training.steps;
+    let cost = Cost::for_plan(cluster, plan);
+    let mut b = Builder::new(dag, plan, &cost, false);
+    b.reserve(steps);
+    b.init();
+    let model_flops = model_flops_per_step(dag, plan);
+    let snapshot = |b: &Builder, k: u32| Schedule {
+        program: b.program_so_far(),
+        labels: std::sync::Arc::new(b.labels.clone()),
+        model_flops_per_step: model_flops,
+        hardware_flops_per_step: b.hw_flops / k.max(1) as f64,
+    };
+    let tried = |k: u32| k < steps && stages.contains(&Stage::Steps(k));
+    let mut answer = None;
+    if tried(0) {
+        answer = probe(Prefix { stage: Stage::Steps(0), schedule: snapshot(&b, 0), gate: None });
+    }
+    for step in 1..=steps {
+        if answer.is_some() {
+            break;
+        }
+        if step == 1 && stages.contains(&Stage::FirstForward) {
+            b.step_until(step, &mut |b, loss| {
+                answer = probe(Prefix { stage: Stage::FirstForward, schedule: snapshot(b, 1), gate: Some(loss) });
+                answer.is_none()
+            });
+            if answer.is_some() {
+                break;
+            }
+        } else {
+            b.step(step);
+        }
+        if tried(step) {
+            answer = probe(Prefix { stage: Stage::Steps(step), schedule: snapshot(&b, step), gate: None });
+        }
+    }
+    match answer {
+        Some(r) => Staged::Answered(r),
+        None => {
+            let hw = b.hw_flops / steps.max(1) as f64;
+            Staged::Whole(Box::new(Schedule {
+                program: b.finish(),
+                labels: b.labels.into(),
+                model_flops_per_step: model_flops,
+                hardware_flops_per_step: hw,
+            }))
+        }
+    }
+}
+
+/// Model FLOPs of one step of a rank's program (forward + backward, no recomputation), for
+/// MFU.
+fn model_flops_per_step(dag: &LayerDag, plan: &Plan) -> f64 {
     let tp = plan.parallel.model_parallel.tensor as f64;
     let per_mb = match dag.lora {
         // LoRA: what a frozen base really costs (no weight-gradient GEMMs), not 3 x forward;
@@ -313,14 +423,7 @@ pub fn build_with(dag: &LayerDag, plan: &Plan, cluster: &Cluster, names: bool, s
         Some(_) => dag.ops.iter().map(|o| o.fwd_flops + o.bwd_flops - o.wasted_wgrad_flops()).sum::<f64>(),
         None => 3.0 * dag.model_forward_flops() / tp,
     };
-    let model_flops = per_mb * plan.training.grad_accum as f64;
-    let hw = b.hw_flops / steps.max(1) as f64;
-    Schedule {
-        program: b.finish(),
-        labels: b.labels.into(),
-        model_flops_per_step: model_flops,
-        hardware_flops_per_step: hw,
-    }
+    per_mb * plan.training.grad_accum as f64
 }
 
 impl<'a> Builder<'a> {
@@ -661,7 +764,19 @@ impl<'a> Builder<'a> {
 
     /// The finished program, its frees filed under their tasks.
     fn finish(&mut self) -> Program {
-        let mut prog = std::mem::take(&mut self.prog);
+        let prog = std::mem::take(&mut self.prog);
+        self.filed(prog)
+    }
+
+    /// The program built so far, as [`Builder::finish`] would hand it over, with the builder
+    /// left to carry on. Its lists are shared with the builder's until either changes them:
+    /// drop it before building on, or the builder's next task copies them.
+    fn program_so_far(&self) -> Program {
+        self.filed(self.prog.clone())
+    }
+
+    /// `prog` with its tasks' frees filed under them.
+    fn filed(&self, mut prog: Program) -> Program {
         prog.free = crate::engine::TaskLists::from_pairs(prog.tasks.len(), &self.frees).into();
         // Without a collective holding thread blocks nothing slows compute: its tasks need not
         // pass through the engine's shared-resource bookkeeping.
@@ -689,6 +804,13 @@ impl<'a> Builder<'a> {
     }
 
     fn step(&mut self, step: u32) {
+        self.step_until(step, &mut |_, _| true);
+    }
+
+    /// [`Builder::step`], handing the builder and the first micro-batch's loss task to
+    /// `after_first_forward` once that forward is built (except in Megatron's combined 1F1B,
+    /// see [`Stage::FirstForward`]); where it returns false the step stops there.
+    fn step_until(&mut self, step: u32, after_first_forward: &mut dyn FnMut(&Self, u32) -> bool) {
         self.begin_step();
         self.megatron_step_start(step);
         let m = self.plan.training.grad_accum;
@@ -704,19 +826,19 @@ impl<'a> Builder<'a> {
             }
             self.backward(step, m as u32 - 1, 0, f, true, true);
         } else {
-            for mb in 0..m {
+            for mb in 0..m as u32 {
                 self.mark_period();
-                self.micro_batch(step, mb as u32, mb + 1 == m);
+                let f = self.forward(step, mb, 0);
+                if mb == 0 && !after_first_forward(self, f.loss_task) {
+                    return;
+                }
+                // FSDP's no_sync: only the last micro-batch's backward reduces gradients.
+                let last_mb = mb + 1 == m as u32;
+                let sync = !self.plan.parallel.no_sync || last_mb;
+                self.backward(step, mb, 0, f, last_mb, sync);
             }
         }
         self.megatron_partial_grads_all_reduce(step);
         self.optimizer(step);
-    }
-
-    fn micro_batch(&mut self, step: u32, mb: u32, last_mb: bool) {
-        let f = self.forward(step, mb, 0);
-        // FSDP's no_sync: only the last micro-batch's backward reduces gradients.
-        let sync = !self.plan.parallel.no_sync || last_mb;
-        self.backward(step, mb, 0, f, last_mb, sync);
     }
 }

@@ -119,30 +119,42 @@ fn dag_for(s: &Scenario) -> Rc<LayerDag> {
 }
 
 thread_local! {
-    /// (configurations that ran out of memory in step 1 after initialisation, those that
-    /// got past step 1), on this thread: whether trying the one-step prefix first pays.
-    static STEP1: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+    /// On this thread, configurations that ran out of memory in step 1's first forward, in
+    /// the rest of step 1, and those that got past step 1: which prefixes pay.
+    static STEP1: std::cell::Cell<(u64, u64, u64)> = const { std::cell::Cell::new((0, 0, 0)) };
 }
 
 /// Simulates one configuration for a sweep.
 ///
 /// The program prefixes tried first (see [`crate::simulate_lean`]): initialisation alone
-/// (cheap, and where DDP and ZeRO-1 runs of large models stop), then one step while, on this
-/// thread, more configurations have run out of memory in step 1 than got past it (a prefix
-/// that fits costs about half a run; one that does not saves about half). Either way the
-/// outcome is the full program's; only the time differs.
+/// (cheap, and where DDP and ZeRO-1 runs of large models stop); step 1's first forward while,
+/// on this thread, configurations have run out of memory there at least as often as later
+/// (where one micro-batch's activations do not fit, the backward is never built); then one
+/// step while more configurations have run out of memory in step 1 than got past it. An
+/// unpipelined program is built once whatever is tried, so a prefix that does not answer
+/// costs only its run; a pipeline's prefixes are built apart (a prefix that fits costs about
+/// half a run; one that does not saves about half). Either way the outcome is the full
+/// program's; only the time differs.
 pub fn simulate(s: &Scenario) -> Result<Outcome, Deadlock> {
+    use crate::schedule::Stage::{FirstForward, Steps};
     let dag = dag_for(s);
-    let (early_oom, past) = STEP1.with(|c| c.get());
-    let early: &[u32] = if early_oom >= past { &[0, 1] } else { &[0] };
-    let report = crate::simulate_lean(s, &dag, early)?;
+    let (forward, rest, past) = STEP1.with(|c| c.get());
+    let mut early = vec![Steps(0)];
+    if forward >= rest + past {
+        early.push(FirstForward);
+    }
+    if forward + rest >= past {
+        early.push(Steps(1));
+    }
+    let report = crate::simulate_lean(s, &dag, &early)?;
     let o = Outcome::from_report(&report, s);
     STEP1.with(|c| {
-        let (a, b) = c.get();
+        let (f, r, p) = c.get();
         match o.oom {
             Some(at) if at.step == 0 => {}
-            Some(at) if at.step == 1 => c.set((a + 1, b)),
-            _ => c.set((a, b + 1)),
+            Some(at) if at.step == 1 && at.phase == Phase::Forward => c.set((f + 1, r, p)),
+            Some(at) if at.step == 1 => c.set((f, r + 1, p)),
+            _ => c.set((f, r, p + 1)),
         }
     });
     Ok(o)
