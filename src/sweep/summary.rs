@@ -126,24 +126,33 @@ thread_local! {
 
 /// Simulates one configuration for a sweep.
 ///
-/// The program prefixes tried first (see [`crate::simulate_lean`]): initialisation alone
-/// (cheap, and where DDP and ZeRO-1 runs of large models stop); step 1's first forward while,
-/// on this thread, configurations have run out of memory there at least as often as later
-/// (where one micro-batch's activations do not fit, the backward is never built); then one
-/// step while more configurations have run out of memory in step 1 than got past it. An
-/// unpipelined program is built once whatever is tried, so a prefix that does not answer
-/// costs only its run; a pipeline's prefixes are built apart (a prefix that fits costs about
-/// half a run; one that does not saves about half). Either way the outcome is the full
-/// program's; only the time differs.
+/// The program prefixes tried first (see [`crate::simulate_lean`]), by what they cost and
+/// save on an unpipelined program, which is built once whatever is tried (a prefix that does
+/// not answer costs only its run):
+/// - initialisation alone, always: cheap, and where DDP and ZeRO-1 runs of large models stop;
+/// - step 1's first forward while, on this thread, at least a quarter as many configurations
+///   have run out of memory there as later: its run is about a sixth of a two-step run, and
+///   an answer saves building and running the rest;
+/// - step 1 while at least half as many configurations have run out of memory in its
+///   backward or optimizer as got past it: its run is half of a two-step run, and an answer
+///   saves the second step's build and run.
+///
+/// Either way the outcome is the full program's; only the time differs. A pipeline's (and
+/// `[jitter]`'s) prefixes are built apart and have no first forward's: step 1 is tried while
+/// more configurations have run out of memory in it than got past it (a prefix that fits
+/// costs about half a run; one that does not saves about half).
 pub fn simulate(s: &Scenario) -> Result<Outcome, Deadlock> {
     use crate::schedule::Stage::{FirstForward, Steps};
     let dag = dag_for(s);
     let (forward, rest, past) = STEP1.with(|c| c.get());
     let mut early = vec![Steps(0)];
-    if forward >= rest + past {
+    if 4 * forward >= rest + past {
         early.push(FirstForward);
     }
-    if forward + rest >= past {
+    // Unpipelined, the first forward's prefix catches the forward's OOMs first.
+    let built_once = s.parallel.model_parallel.pipeline == 1 && s.jitter.is_none();
+    let step1_ooms = if built_once { 2 * rest } else { forward + rest };
+    if step1_ooms >= past {
         early.push(Steps(1));
     }
     let report = crate::simulate_lean(s, &dag, &early)?;
