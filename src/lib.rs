@@ -381,7 +381,7 @@ pub fn simulate_lean(
         let sched = &r.job.classes[0].schedule;
         return Ok(report::inference::build(s, cfg, &r.dag, sched, &r.run.traces[0], &r.traffic));
     }
-    let plan = plan_of(s, dag);
+    let plan = std::sync::Arc::new(plan_of(s, dag));
     let capacity = s.allocator_capacity();
     let all = plan.training.steps;
     let loads = s.expert_loads();
@@ -398,7 +398,7 @@ pub fn simulate_lean(
     };
     if plan.pipeline() == 1 && s.jitter.is_none() && loads.as_ref().is_none_or(|l| l.len() <= 1) {
         let staged = schedule::build_lean_staged(dag, &plan, &s.cluster, early, |prefix| {
-            let job = job::of_replicas(&plan, prefix.schedule);
+            let job = job::of_replicas(plan.clone(), prefix.schedule);
             let run = match run_job(&job) {
                 Ok(run) => run,
                 Err(deadlock) => return Some(Err(deadlock)),
@@ -413,7 +413,7 @@ pub fn simulate_lean(
         return match staged {
             schedule::Staged::Answered(report) => report,
             schedule::Staged::Whole(schedule) => {
-                let job = job::of_replicas(&plan, *schedule);
+                let job = job::of_replicas(plan.clone(), *schedule);
                 let run = run_job(&job)?;
                 Ok(report::job::build(s, dag, &job, &run, false).report)
             }

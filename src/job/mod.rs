@@ -138,25 +138,17 @@ fn base_classes(
         return pipeline_classes(dag, plan, cluster, names, steps);
     }
     let schedule = schedule::build_with(dag, plan, cluster, names, steps);
-    (vec![replicas(plan, schedule)], Vec::new())
+    (vec![replicas(Arc::new(plan.clone()), schedule)], Vec::new())
 }
 
 /// The class of a job whose GPUs all run one program.
-fn replicas(plan: &Plan, schedule: Schedule) -> RankClass {
-    RankClass {
-        role: Role::Replicas,
-        count: plan.gpus,
-        first_rank: 0,
-        stride: 1,
-        run: 1,
-        plan: Arc::new(plan.clone()),
-        schedule,
-    }
+fn replicas(plan: Arc<Plan>, schedule: Schedule) -> RankClass {
+    RankClass { role: Role::Replicas, count: plan.gpus, first_rank: 0, stride: 1, run: 1, plan, schedule }
 }
 
 /// The job [`compile`] makes of one program that every GPU runs: an unpipelined plan without
 /// `[jitter]` or uneven routing, whose program the caller built ([`schedule::build_lean_staged`]).
-pub fn of_replicas(plan: &Plan, schedule: Schedule) -> Job {
+pub fn of_replicas(plan: Arc<Plan>, schedule: Schedule) -> Job {
     Job { classes: vec![replicas(plan, schedule)], extra: Vec::new(), links: Vec::new() }
 }
 

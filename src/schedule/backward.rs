@@ -130,7 +130,7 @@ impl Builder<'_> {
             self.tp_backward(st, op, i, comm);
             return;
         }
-        let mut deps = Vec::new();
+        let mut deps = self.spare();
         deps.extend(st.pending.take());
         deps.append(&mut st.first_deps);
         if st.prev_region != Some(op.region) {
@@ -143,7 +143,8 @@ impl Builder<'_> {
         st.prev_region = Some(op.region);
         self.root_pre_backward(st, op, &mut deps);
         self.recompute_scores(st, op, i, u, &mut deps);
-        let mut alloc = self.input_grads(op, mb, &mut st.grad_buf);
+        let mut alloc = self.spare();
+        self.input_grads_into(op, mb, &mut st.grad_buf, &mut alloc);
         // The thread's cuBLAS workspace goes with the first kernel (a column-parallel
         // linear's input-gradient GEMM).
         alloc.extend(self.blas_workspace(op, 1));
@@ -178,7 +179,10 @@ impl Builder<'_> {
             )
             .with_region(op.region)
             .with_work(op.bwd_flops, self.cost.backward_bytes(op));
-            self.task(COMPUTE, secs, deps, alloc, label)
+            let t = self.task_of(COMPUTE, secs, &deps, &alloc, label);
+            self.give_back(deps);
+            self.give_back(alloc);
+            t
         };
         st.last_bwd_task = t;
         self.zero3_release(i, fetched, t);
@@ -197,7 +201,10 @@ impl Builder<'_> {
         match self.wgrad.cache.last_mut() {
             // The deferred weight gradient reads the saved input and the output's gradient.
             Some(w) if defer => w.frees = f,
-            _ => self.free_at(t, &f),
+            _ => {
+                self.free_at(t, &f);
+                self.give_back(f);
+            }
         }
         if self.is_megatron() {
             self.megatron_bucket_after(st, i, t, st.last_mb);
@@ -296,6 +303,18 @@ impl Builder<'_> {
     /// order), whether that is a kernel or a tensor-parallel collective.
     pub(super) fn input_grads(&mut self, op: &Op, mb: u32, grad_buf: &mut super::span::Span<Option<u32>>) -> Vec<u32> {
         let mut alloc = Vec::new();
+        self.input_grads_into(op, mb, grad_buf, &mut alloc);
+        alloc
+    }
+
+    /// [`Builder::input_grads`], appended to `alloc`.
+    fn input_grads_into(
+        &mut self,
+        op: &Op,
+        mb: u32,
+        grad_buf: &mut super::span::Span<Option<u32>>,
+        alloc: &mut Vec<u32>,
+    ) {
         for &t in &op.inputs {
             if self.tensors[t].needs_grad && grad_buf[t].is_none() {
                 let b = self.buffer(
@@ -307,6 +326,5 @@ impl Builder<'_> {
                 alloc.push(b);
             }
         }
-        alloc
     }
 }

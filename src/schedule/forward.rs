@@ -129,8 +129,8 @@ impl Builder<'_> {
             self.commit_groups(st, i, after);
             return;
         }
-        let mut deps = Vec::new();
-        let mut alloc = Vec::new();
+        let mut deps = self.spare();
+        let mut alloc = self.spare();
         deps.extend(st.pending.take());
         deps.append(&mut st.first_deps);
         if i == lo {
@@ -162,7 +162,7 @@ impl Builder<'_> {
         }
         alloc.extend(self.blas_workspace(op, 0));
         alloc.extend(self.te_workspaces(op));
-        let mut frees_now = Vec::new();
+        let mut frees_now = self.spare();
         if op.fwd_scratch > 0 {
             let b = self.buffer(op.fwd_scratch, Category::Transient, text!(self.names, "{} scratch", op.name));
             alloc.push(b);
@@ -186,20 +186,24 @@ impl Builder<'_> {
         }
         let secs = self.forward_secs(i);
         self.hw_flops += op.fwd_flops;
-        let t = self.task(
+        let t = self.task_of(
             COMPUTE,
             secs,
-            deps,
-            alloc,
+            &deps,
+            &alloc,
             TaskLabel::new(step, Phase::Forward, mb, text!(self.names, "{}", op.name), TaskKind::Forward, Some(u))
                 .with_region(op.region)
                 .with_work(op.fwd_flops, self.cost.forward_bytes(op)),
         );
+        self.give_back(deps);
+        self.give_back(alloc);
         st.last = t;
         self.zero3_release(i, fetched, t);
-        let mut f = std::mem::take(&mut st.free_fwd[i]);
-        f.extend(frees_now);
+        let f = std::mem::take(&mut st.free_fwd[i]);
         self.free_at(t, &f);
+        self.free_at(t, &frees_now);
+        self.give_back(f);
+        self.give_back(frees_now);
         self.commit_groups(st, i, t);
         st.unit_last_fwd[u] = Some(t);
         if i + 1 == hi || dag.ops[i + 1].region != op.region {

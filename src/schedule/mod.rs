@@ -158,6 +158,8 @@ struct Builder<'a> {
     cost: &'a Cost,
     /// The program so far; its tasks' frees are in `frees` until [`Builder::finish`].
     prog: Program,
+    /// Empty lists for reuse ([`Builder::spare`]).
+    spares: Vec<Vec<u32>>,
     /// (task, buffer) for every free, in the order the builder decided them: a task's frees
     /// are often known only after later tasks are written.
     frees: Vec<(u32, u32)>,
@@ -565,6 +567,7 @@ impl<'a> Builder<'a> {
             cost,
             prog,
             frees: Vec::new(),
+            spares: Vec::new(),
             labels: Vec::new(),
             tensors,
             recompute_ops,
@@ -695,13 +698,31 @@ impl<'a> Builder<'a> {
 
     #[inline]
     fn task(&mut self, stream: u16, seconds: f64, deps: Vec<u32>, alloc: Vec<u32>, label: TaskLabel) -> u32 {
+        self.task_of(stream, seconds, &deps, &alloc, label)
+    }
+
+    /// [`Builder::task`] from borrowed lists.
+    fn task_of(&mut self, stream: u16, seconds: f64, deps: &[u32], alloc: &[u32], label: TaskLabel) -> u32 {
         let ctas = if label.kind.is_collective() { self.stream_ctas[stream as usize] } else { 0 };
         self.labels.push(label);
         let task = Task { stream, ctas, duration_ns: cost::ns(seconds), label: (self.labels.len() - 1) as u32 };
         self.prog.tasks.push(task);
-        std::sync::Arc::make_mut(&mut self.prog.deps).push(&deps);
-        std::sync::Arc::make_mut(&mut self.prog.alloc).push(&alloc);
+        std::sync::Arc::make_mut(&mut self.prog.deps).push(deps);
+        std::sync::Arc::make_mut(&mut self.prog.alloc).push(alloc);
         (self.prog.tasks.len() - 1) as u32
+    }
+
+    /// An empty list from the builder's spares: a pass's per-op lists (dependencies,
+    /// allocations, frees) are written into the program and dropped at once, so one per op
+    /// and list would be a heap allocation and a free per task.
+    fn spare(&mut self) -> Vec<u32> {
+        self.spares.pop().unwrap_or_default()
+    }
+
+    /// Returns a list taken with [`Builder::spare`] (or any other) for reuse.
+    fn give_back(&mut self, mut v: Vec<u32>) {
+        v.clear();
+        self.spares.push(v);
     }
 
     /// The cuBLAS workspace of the thread running `op` (0: the main thread's forward, 1:
