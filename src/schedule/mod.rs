@@ -112,6 +112,9 @@ pub(super) struct Fwd {
     inputs: Vec<u32>,
 }
 
+/// The most empty lists a builder keeps for reuse ([`Builder::give_back`]).
+const MAX_SPARES: usize = 8;
+
 /// A rank's program with the labels its tasks point to.
 #[derive(Debug, Clone)]
 pub struct Schedule {
@@ -719,10 +722,14 @@ impl<'a> Builder<'a> {
         self.spares.pop().unwrap_or_default()
     }
 
-    /// Returns a list taken with [`Builder::spare`] (or any other) for reuse.
+    /// Returns a list taken with [`Builder::spare`] (or any other) for reuse. A few are
+    /// kept: a pass needs at most four at once, and lists given back without having been
+    /// taken (a pass's free lists) would otherwise pile up, one per op.
     fn give_back(&mut self, mut v: Vec<u32>) {
-        v.clear();
-        self.spares.push(v);
+        if self.spares.len() < MAX_SPARES {
+            v.clear();
+            self.spares.push(v);
+        }
     }
 
     /// The cuBLAS workspace of the thread running `op` (0: the main thread's forward, 1:
