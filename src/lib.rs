@@ -396,7 +396,7 @@ pub fn simulate_lean(
             Default::default(),
         )
     };
-    if plan.pipeline() == 1 && s.jitter.is_none() && loads.as_ref().is_none_or(|l| l.len() <= 1) {
+    if job::one_program(plan.pipeline(), s.jitter.is_some(), loads.as_deref()) {
         let staged = schedule::build_lean_staged(dag, &plan, &s.cluster, early, |prefix| {
             let job = job::of_replicas(plan.clone(), prefix.schedule);
             let run = match run_job(&job) {

@@ -111,7 +111,7 @@ pub fn compile(
     names: bool,
     steps: u32,
 ) -> Job {
-    if let Some(loads) = expert_loads.filter(|l| l.len() > 1) {
+    if let Some(loads) = expert_loads.filter(|l| uneven(Some(l))) {
         return with_routing(dag, plan, cluster, loads, names, steps);
     }
     let (classes, links) = base_classes(dag, plan, cluster, names, steps);
@@ -141,13 +141,25 @@ fn base_classes(
     (vec![replicas(Arc::new(plan.clone()), schedule)], Vec::new())
 }
 
+/// Whether expert-parallel ranks receive different token counts, so that each is a class
+/// ([`with_routing`]).
+fn uneven(expert_loads: Option<&[u64]>) -> bool {
+    expert_loads.is_some_and(|l| l.len() > 1)
+}
+
+/// Whether every GPU of a job runs one program, so that [`compile`] makes one class of
+/// replicas ([`of_replicas`]): no pipeline, no `[jitter]`, no uneven routing.
+pub fn one_program(pipeline: u64, jitter: bool, expert_loads: Option<&[u64]>) -> bool {
+    pipeline <= 1 && !jitter && !uneven(expert_loads)
+}
+
 /// The class of a job whose GPUs all run one program.
 fn replicas(plan: Arc<Plan>, schedule: Schedule) -> RankClass {
     RankClass { role: Role::Replicas, count: plan.gpus, first_rank: 0, stride: 1, run: 1, plan, schedule }
 }
 
-/// The job [`compile`] makes of one program that every GPU runs: an unpipelined plan without
-/// `[jitter]` or uneven routing, whose program the caller built ([`schedule::build_lean_staged`]).
+/// The job [`compile`] makes where [`one_program`] holds, from a program the caller built
+/// ([`schedule::build_lean_staged`]).
 pub fn of_replicas(plan: Arc<Plan>, schedule: Schedule) -> Job {
     Job { classes: vec![replicas(plan, schedule)], extra: Vec::new(), links: Vec::new() }
 }

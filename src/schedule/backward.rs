@@ -144,7 +144,7 @@ impl Builder<'_> {
         self.root_pre_backward(st, op, &mut deps);
         self.recompute_scores(st, op, i, u, &mut deps);
         let mut alloc = self.spare();
-        self.input_grads_into(op, mb, &mut st.grad_buf, &mut alloc);
+        self.input_grads(op, mb, &mut st.grad_buf, &mut alloc);
         // The thread's cuBLAS workspace goes with the first kernel (a column-parallel
         // linear's input-gradient GEMM).
         alloc.extend(self.blas_workspace(op, 1));
@@ -300,15 +300,8 @@ impl Builder<'_> {
 
     /// Gradient buffers for the inputs of `op` that need one and have none yet: autograd
     /// creates an activation's gradient at the backward of its first consumer (in backward
-    /// order), whether that is a kernel or a tensor-parallel collective.
-    pub(super) fn input_grads(&mut self, op: &Op, mb: u32, grad_buf: &mut super::span::Span<Option<u32>>) -> Vec<u32> {
-        let mut alloc = Vec::new();
-        self.input_grads_into(op, mb, grad_buf, &mut alloc);
-        alloc
-    }
-
-    /// [`Builder::input_grads`], appended to `alloc`.
-    fn input_grads_into(
+    /// order), whether that is a kernel or a tensor-parallel collective. Appended to `alloc`.
+    pub(super) fn input_grads(
         &mut self,
         op: &Op,
         mb: u32,

@@ -310,13 +310,7 @@ pub fn build_with(dag: &LayerDag, plan: &Plan, cluster: &Cluster, names: bool, s
     for step in 1..=steps {
         b.step(step);
     }
-    let hw = b.hw_flops / steps.max(1) as f64;
-    Schedule {
-        program: b.finish(),
-        labels: b.labels.into(),
-        model_flops_per_step: model_flops_per_step(dag, plan),
-        hardware_flops_per_step: hw,
-    }
+    b.into_schedule(model_flops_per_step(dag, plan), steps)
 }
 
 /// A point of an unpipelined rank's lean program where everything after it waits for one
@@ -405,15 +399,7 @@ pub fn build_lean_staged<R>(
     }
     match answer {
         Some(r) => Staged::Answered(r),
-        None => {
-            let hw = b.hw_flops / steps.max(1) as f64;
-            Staged::Whole(Box::new(Schedule {
-                program: b.finish(),
-                labels: b.labels.into(),
-                model_flops_per_step: model_flops,
-                hardware_flops_per_step: hw,
-            }))
-        }
+        None => Staged::Whole(Box::new(b.into_schedule(model_flops, steps))),
     }
 }
 
@@ -794,6 +780,18 @@ impl<'a> Builder<'a> {
     fn finish(&mut self) -> Program {
         let prog = std::mem::take(&mut self.prog);
         self.filed(prog)
+    }
+
+    /// The finished program of `steps` steps with its labels, model FLOPs and the hardware
+    /// FLOPs the builder counted per step.
+    fn into_schedule(mut self, model_flops_per_step: f64, steps: u32) -> Schedule {
+        let hardware_flops_per_step = self.hw_flops / steps.max(1) as f64;
+        Schedule {
+            program: self.finish(),
+            labels: std::mem::take(&mut self.labels).into(),
+            model_flops_per_step,
+            hardware_flops_per_step,
+        }
     }
 
     /// The program built so far, as [`Builder::finish`] would hand it over, with the builder

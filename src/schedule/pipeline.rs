@@ -462,15 +462,10 @@ pub fn build(dag: &LayerDag, plan: &Plan, cluster: &Cluster, names: bool, steps:
             for step in 1..=steps {
                 b.pipeline_step(step);
             }
-            let schedule = Schedule {
-                model_flops_per_step: 3.0 * dag.model_forward_flops() * sp.training.grad_accum as f64
-                    / (p * sp.parallel.model_parallel.tensor) as f64,
-                hardware_flops_per_step: b.hw_flops / steps.max(1) as f64,
-                program: b.finish(),
-                labels: std::mem::take(&mut b.labels).into(),
-            };
             let (ready, ext) = (std::mem::take(&mut b.ready), std::mem::take(&mut b.ext_deps));
-            drop(b);
+            let model_flops = 3.0 * dag.model_forward_flops() * sp.training.grad_accum as f64
+                / (p * sp.parallel.model_parallel.tensor) as f64;
+            let schedule = b.into_schedule(model_flops, steps);
             (Stage { plan: sp, schedule }, ready, ext)
         })
         .collect();

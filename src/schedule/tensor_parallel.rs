@@ -70,7 +70,8 @@ impl Builder<'_> {
     pub(super) fn tp_backward(&mut self, st: &mut Bwd, op: &Op, i: usize, comm: TpComm) {
         let Some(coll) = comm.backward else { return };
         let (step, mb) = (st.step, st.mb);
-        let mut alloc = self.input_grads(op, mb, &mut st.grad_buf);
+        let mut alloc = Vec::new();
+        self.input_grads(op, mb, &mut st.grad_buf, &mut alloc);
         if comm.backward_buffer > 0 {
             let b = self.buffer(
                 comm.backward_buffer,

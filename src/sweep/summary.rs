@@ -138,7 +138,7 @@ thread_local! {
 ///   saves the second step's build and run.
 ///
 /// Either way the outcome is the full program's; only the time differs. A pipeline's (and
-/// `[jitter]`'s) prefixes are built apart and have no first forward's: step 1 is tried while
+/// `[jitter]`'s, and uneven routing's) prefixes are built apart and have no first forward's: step 1 is tried while
 /// at least three times as many configurations have run out of memory in it as got past it.
 /// The whole program's run stops at its OOM too, so a step-1 prefix that answers saves only
 /// the second step's build (about a sixth of such a configuration's cost), where one that
@@ -153,8 +153,10 @@ pub fn simulate(s: &Scenario) -> Result<Outcome, Deadlock> {
     if 4 * forward >= rest + past {
         early.push(FirstForward);
     }
-    // Unpipelined, the first forward's prefix catches the forward's OOMs first.
-    let built_once = s.parallel.model_parallel.pipeline == 1 && s.jitter.is_none();
+    // Where the program is built once, the first forward's prefix catches the forward's OOMs
+    // first.
+    let loads = s.expert_loads();
+    let built_once = crate::job::one_program(s.parallel.model_parallel.pipeline, s.jitter.is_some(), loads.as_deref());
     let tried = if built_once { 2 * rest >= past } else { forward + rest >= 3 * past };
     if tried {
         early.push(Steps(1));
