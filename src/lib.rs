@@ -66,6 +66,10 @@ pub struct SimOptions {
     /// ([`engine::RunOptions::every_period`]), in the job's run and the follow-up runs:
     /// the same figures, slower. What the test of the extrapolation compares with.
     pub every_period: bool,
+    /// Play every rank of a `[jitter]` job in one event loop instead of one rank at a time
+    /// between barriers ([`job::run::Mode::one_loop`]): the same figures, slower. What the
+    /// test of the rank-by-rank runner compares with.
+    pub one_loop: bool,
 }
 
 /// Simulates a validated scenario. Fails only on an internal scheduling error.
@@ -80,7 +84,7 @@ pub fn simulate_with(s: &scenario::Scenario, opts: SimOptions) -> Result<Simulat
     if let Some(cfg) = &s.inference {
         return simulate_inference(s, cfg, record);
     }
-    let every = opts.every_period;
+    let every = job::run::Mode { every_period: opts.every_period, one_loop: opts.one_loop, cancel: None };
     // What checkpointing costs is the same job simulated without it: that run does not
     // depend on this one, so it runs beside it, and stops early if this one runs out of
     // memory (then there is no step time to compare).
@@ -92,7 +96,7 @@ pub fn simulate_with(s: &scenario::Scenario, opts: SimOptions) -> Result<Simulat
     });
     let (sim, without_checkpointing) = rayon::join(
         || {
-            let sim = simulate_job(s, s.allocator_capacity(), record, job::run::Mode::every_period(every), true);
+            let sim = simulate_job(s, s.allocator_capacity(), record, every.clone(), true);
             if !matches!(&sim, Ok(x) if x.report.throughput.is_some()) {
                 cancel.store(true, std::sync::atomic::Ordering::Relaxed);
             }
@@ -100,7 +104,7 @@ pub fn simulate_with(s: &scenario::Scenario, opts: SimOptions) -> Result<Simulat
         },
         || {
             without_checkpointing.map(|alt| {
-                let mode = job::run::Mode { every_period: every, cancel: Some(cancel.clone()) };
+                let mode = job::run::Mode { cancel: Some(cancel.clone()), ..every.clone() };
                 simulate_job(&alt, u64::MAX / 4, job::run::Record::Peaks, mode, false)
             })
         },
@@ -111,7 +115,7 @@ pub fn simulate_with(s: &scenario::Scenario, opts: SimOptions) -> Result<Simulat
     if fragmented {
         let mut alt = s.clone();
         alt.allocator.kind = memory::AllocatorKind::Exact;
-        let mode = job::run::Mode::every_period(every);
+        let mode = every.clone();
         let r = simulate_job(&alt, s.allocator_capacity(), job::run::Record::Peaks, mode, true)?.report;
         let w = report::allocator::WithoutFragmentation {
             fits: matches!(r.verdict, report::Verdict::Fits { .. }),
@@ -129,10 +133,10 @@ pub fn simulate_with(s: &scenario::Scenario, opts: SimOptions) -> Result<Simulat
         sim.report.checkpointing_cost = checkpointing_cost(with, &without?.report);
     }
     if let Some(loads) = s.expert_loads() {
-        sim.report.routing = Some(routing_report(s, &loads, &sim.report, every)?);
+        sim.report.routing = Some(routing_report(s, &loads, &sim.report, &every)?);
     }
     if let Some(off) = &s.parallel.offload {
-        sim.report.offload = Some(offload_report(s, off, &sim, every)?);
+        sim.report.offload = Some(offload_report(s, off, &sim, &every)?);
         if sim.job.classes.len() > 1 {
             sim.report.assumptions.push("offload on a pipeline: a node's host memory and NVMe are those of the stage that offloads the most, on every GPU of the node (an upper bound when a node holds several stages)".into());
         }
@@ -158,7 +162,7 @@ fn offload_report(
     s: &scenario::Scenario,
     off: &plan::OffloadConfig,
     sim: &Simulation,
-    every: bool,
+    every: &job::run::Mode,
 ) -> Result<report::OffloadReport, engine::Deadlock> {
     use plan::OffloadDevice;
     let p = sim.plan();
@@ -198,8 +202,7 @@ fn offload_report(
     let mut alt = s.clone();
     alt.parallel.offload = None;
     let without = plan_of(&alt, &sim.dag).model_state().total();
-    let r =
-        simulate_job(&alt, u64::MAX / 4, job::run::Record::Peaks, job::run::Mode::every_period(every), true)?.report;
+    let r = simulate_job(&alt, u64::MAX / 4, job::run::Record::Peaks, every.clone(), true)?.report;
     let fsdp = s.parallel.framework.is_pytorch();
     let mode = match (fsdp, off.parameters) {
         (true, _) if s.parallel.framework.fsdp2_buffers() => "FSDP2 CPUOffloadPolicy(pin_memory=True)".to_string(),
@@ -455,9 +458,9 @@ fn routing_report(
     s: &scenario::Scenario,
     loads: &[u64],
     with: &report::Report,
-    every: bool,
+    every: &job::run::Mode,
 ) -> Result<report::RoutingReport, engine::Deadlock> {
-    let mode = job::run::Mode::every_period(every);
+    let mode = every.clone();
     let (mut hot, mut cold) = (0, 0);
     for (r, &c) in loads.iter().enumerate() {
         if c > loads[hot] {

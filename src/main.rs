@@ -54,6 +54,12 @@ enum Command {
         /// that.
         #[arg(long = "every-period")]
         every_period: bool,
+        /// Play every rank of a `[jitter]` job in one event loop. By default the ranks, which
+        /// meet only at the barriers before data-parallel collectives, are played one at a
+        /// time from barrier to barrier: the same output, faster. This flag is for checking
+        /// that.
+        #[arg(long = "one-loop")]
+        one_loop: bool,
     },
     /// Validate a scenario and print what stepsim derived from it, without simulating.
     Check {
@@ -196,12 +202,12 @@ fn cli_main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Run { scenario, out, json, trace, memory_csv, snapshot, every_period } => {
+        Command::Run { scenario, out, json, trace, memory_csv, snapshot, every_period, one_loop } => {
             let output = stepsim::report::write::OutputDetail {
                 full_trace: trace.is_some(),
                 full_memory_csv: memory_csv.is_some(),
             };
-            run(&scenario, out, json, output, stepsim::SimOptions { history: snapshot, every_period })
+            run(&scenario, out, json, output, stepsim::SimOptions { history: snapshot, every_period, one_loop })
         }
         Command::Sweep(args) => stepsim::sweep::cli::main(args),
         Command::Explain { scenario, out, margin } => explain(&scenario, out, margin),

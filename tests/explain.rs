@@ -196,22 +196,22 @@ fn explain_with_pipeline_parallelism_counts_micro_batches_in_flight() {
 }
 
 /// "More GPUs" stays a valid scenario: with `[jitter]`, which simulates every data-parallel
-/// rank up to 256, only the multiples within that limit are offered (each, written as
+/// rank up to 1,024, only the multiples within that limit are offered (each, written as
 /// TOML, is a valid scenario).
 #[test]
 fn more_gpus_under_jitter_stays_within_the_simulated_ranks() {
-    let t = shipped_text("100b-32gpu-fsdp.toml").replace("gpus = 32", "gpus = 64")
+    let t = shipped_text("100b-32gpu-fsdp.toml").replace("gpus = 32", "gpus = 256")
         + "\n[jitter]\nseed = 7\ncompute_cv = 0.03\n";
     let s = inline(&t);
     let v = counterfactual::variants(&s, 4).unwrap();
     let gpus: Vec<u32> = v.iter().map(|(_, x)| x.cluster.gpus).collect();
-    assert_eq!(gpus, vec![128, 256]);
+    assert_eq!(gpus, vec![512, 1024]);
     for g in gpus {
-        inline(&t.replace("gpus = 64", &format!("gpus = {g}")));
+        inline(&t.replace("gpus = 256", &format!("gpus = {g}")));
     }
-    let at_limit = inline(&t.replace("gpus = 64", "gpus = 256"));
+    let at_limit = inline(&t.replace("gpus = 256", "gpus = 1024"));
     let e = counterfactual::variants(&at_limit, 4).unwrap_err();
-    assert!(e.contains("256"), "{e}");
+    assert!(e.contains("1024"), "{e}");
     // Without jitter all six doublings are offered.
     assert_eq!(counterfactual::variants(&inline(&shipped_text("100b-32gpu-fsdp.toml")), 4).unwrap().len(), 6);
 }

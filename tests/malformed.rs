@@ -1024,9 +1024,9 @@ fn cases() -> Vec<Case> {
         ),
         case(
             "jitter over too many ranks",
-            b().set("hardware", "gpus", "512").set("jitter", "seed", "1"),
+            b().set("hardware", "gpus", "2048").set("jitter", "seed", "1"),
             "jitter",
-            &["every data-parallel rank", "at most 256", "512"],
+            &["every data-parallel rank", "at most 1024", "2048"],
         ),
         case(
             "stragglers without slowdown",

@@ -17,6 +17,7 @@
 //! ([`Allocator::stream_synced`]); then, if [`RunOptions::empty_cache_after`] names the task,
 //! [`Allocator::empty_cache`].
 
+pub mod by_rank;
 pub mod links;
 mod period;
 

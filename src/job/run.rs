@@ -19,6 +19,9 @@ pub struct JobRun {
     /// Periods of repeating schedule the engine played without its event loop
     /// ([`crate::engine::RunOptions::every_period`]).
     pub periods_jumped: u64,
+    /// Whether the ranks were played one at a time between barriers
+    /// ([`crate::engine::by_rank`]) rather than in one event loop.
+    pub by_rank: bool,
 }
 
 /// What a run keeps of each device's memory.
@@ -40,11 +43,15 @@ pub struct Mode {
     pub every_period: bool,
     /// Stop when raised ([`crate::engine::RunOptions::cancel`]).
     pub cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// Play every rank in one event loop, even where they meet only at barriers and could
+    /// be played one by one ([`crate::engine::by_rank`]; the same figures, slower): what
+    /// the test of the rank-by-rank runner compares with.
+    pub one_loop: bool,
 }
 
 impl Mode {
     pub fn every_period(every_period: bool) -> Mode {
-        Mode { every_period, cancel: None }
+        Mode { every_period, ..Default::default() }
     }
 }
 
@@ -79,15 +86,28 @@ pub fn run(
         every_period: mode.every_period,
         cancel: mode.cancel,
     };
-    let mut allocs: Vec<Box<dyn Allocator>> =
-        job.classes.iter().map(|_| settings.build(capacity, device_total)).collect();
-    let mut refs: Vec<&mut dyn Allocator> = allocs.iter_mut().map(|a| &mut **a as &mut dyn Allocator).collect();
+    let build =
+        || -> Vec<Box<dyn Allocator>> { job.classes.iter().map(|_| settings.build(capacity, device_total)).collect() };
     let parts = job.parts();
-    let dt = engine::run_parts(&parts, &job.links, &mut refs, &opts)?;
+    let mut apart = None;
+    if !mode.one_loop && engine::by_rank::applies(&parts, &job.links, job.classes.len(), &opts) {
+        let mut allocs = build();
+        let mut refs: Vec<&mut dyn Allocator> = allocs.iter_mut().map(|a| &mut **a as &mut dyn Allocator).collect();
+        apart = engine::by_rank::run(&parts, &job.links, &mut refs, &opts);
+    }
+    let by_rank = apart.is_some();
+    let dt = match apart {
+        Some(dt) => dt,
+        None => {
+            let mut allocs = build();
+            let mut refs: Vec<&mut dyn Allocator> = allocs.iter_mut().map(|a| &mut **a as &mut dyn Allocator).collect();
+            engine::run_parts(&parts, &job.links, &mut refs, &opts)?
+        }
+    };
     let spans = step_spans(job, &dt, steps);
     let periods_jumped = dt.periods_jumped;
     let traces = engine::part_traces(&parts, job.classes.len(), dt);
-    Ok(JobRun { traces, spans, periods_jumped })
+    Ok(JobRun { traces, spans, periods_jumped, by_rank })
 }
 
 /// Each step's span across all classes (their tasks numbered one class after the other).

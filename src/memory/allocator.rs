@@ -97,8 +97,10 @@ pub struct AllocatorStats {
     pub at_peak_reserved: Snapshot,
 }
 
-/// A model of a device allocator, one per simulated GPU.
-pub trait Allocator {
+/// A model of a device allocator, one per simulated GPU. `Send`: a `[jitter]` run plays its
+/// ranks, each with its own allocator, on several threads between barriers
+/// ([`crate::engine::by_rank`]).
+pub trait Allocator: Send {
     /// Allocates `bytes` for the tensor with handle `id` (unique while it lives) on `stream`.
     fn malloc(&mut self, id: usize, bytes: u64, stream: usize) -> Result<(), AllocError>;
     /// [`Allocator::malloc`] at `now_ns` of the run: what a model that keeps a history

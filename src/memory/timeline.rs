@@ -255,14 +255,21 @@ impl Timeline {
     /// Renumbers the tasks of every sample by `task - offset`: a stage's view of a run of
     /// several stages' programs.
     pub fn shift_tasks(&mut self, offset: usize) {
+        self.offset_tasks(-(offset as i64));
+    }
+
+    /// Renumbers the tasks of every sample by `task + by`: a rank played on its own
+    /// ([`crate::engine::by_rank`]) numbers its tasks from 0, the run from its first task.
+    pub fn offset_tasks(&mut self, by: i64) {
+        let at = |t: u32| (i64::from(t) + by) as u32;
         for s in self.peak.iter_mut().chain(self.peak_reserved.iter_mut()) {
-            s.task -= offset;
+            s.task = at(s.task as u32) as usize;
         }
         for c in &mut self.changes {
-            c.task -= offset as u32;
+            c.task = at(c.task);
         }
         for m in &mut self.marks {
-            m.task -= offset as u32;
+            m.task = at(m.task);
         }
     }
 }

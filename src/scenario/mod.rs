@@ -62,7 +62,7 @@ pub const DEFAULT_CUDA_CONTEXT: u64 = 512 << 20;
 pub const EAGER_CUDA_CONTEXT: u64 = 1573 << 20;
 
 /// The most ranks `[jitter]` simulates one by one (data-parallel ranks x pipeline stages).
-pub const MAX_JITTER_RANKS: u64 = 256;
+pub const MAX_JITTER_RANKS: u64 = 1024;
 
 // ---------------------------------------------------------------- validated scenario
 
