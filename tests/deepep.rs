@@ -37,6 +37,9 @@ fn deepeps_benchmark_table_within_15_percent() {
             network_bytes_per_s: node.nic_bytes_per_s * f64::from(node.nics_per_node) / f64::from(node.gpus_per_node),
             network_efficiency: 0.94,
             ll_max_bytes_per_s: stepsim::net::ll_max_bus_bytes_per_s(Some(90)),
+            nvls_channels: 0,
+            nvls_rate_scale: 1.0,
+            nvls_min_ranks: 5,
         };
         let f = d.fanout(ep, ep.min(8));
         for (kind, measured, elem) in [("dispatch", dispatch, 1.0 + 4.0 / 128.0), ("combine", combine, 2.0)] {

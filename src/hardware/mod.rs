@@ -961,6 +961,11 @@ pub struct Cluster {
     pub memory_bytes: u64,
     /// Memory the CUDA context and libraries hold outside PyTorch's allocator.
     pub cuda_context_bytes: u64,
+    /// `[nccl] nvls = false` (`NCCL_NVLS_ENABLE=0`): all-reduces inside a node run on rings
+    /// even where the node has NVLS ([`Cluster::nvls`]). In the report as the scenario's
+    /// NCCL settings, not here.
+    #[serde(skip)]
+    pub nvls_off: bool,
 }
 
 impl Cluster {
@@ -978,6 +983,7 @@ impl Cluster {
             nic_bytes_per_s: n.nic_bytes_per_s,
             memory_bytes: g.memory_bytes,
             cuda_context_bytes: 0,
+            nvls_off: false,
         })
     }
 
@@ -996,6 +1002,11 @@ impl Cluster {
     /// SHARP GPUs (data-center Hopper or Blackwell) on an NVSwitch fabric.
     pub fn nvls_capable(&self) -> bool {
         self.nvswitch() && self.gpu.arch.nvlink_sharp()
+    }
+    /// Whether NCCL runs all-reduces inside a node with NVLS ([`crate::net::NVLS_LATENCY_S`]):
+    /// where the node has it, unless `[nccl] nvls = false`.
+    pub fn nvls(&self) -> bool {
+        self.nvls_capable() && !self.nvls_off
     }
     /// The node preset's network ([`NodeSpec::fabric`]).
     pub fn fabric(&self) -> Fabric {

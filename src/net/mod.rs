@@ -44,6 +44,85 @@ pub struct Group {
     /// The most bus bandwidth NCCL's tuner gives a ring on the LL protocol inside one node,
     /// bytes/s, by GPU generation ([`ll_max_bus_bytes_per_s`]); infinite where unknown.
     pub ll_max_bytes_per_s: f64,
+    /// NVLS channels where NCCL may run an all-reduce of this group with NVLink SHARP
+    /// ([`nvls_channels`]; the node has NVSwitch multicast and `[nccl] nvls` is on); 0: it
+    /// cannot.
+    pub nvls_channels: u64,
+    /// The NVLS rates of [`NVLS_BY_CHUNK`] (measured on H100) scaled to this GPU
+    /// ([`nvls_rate_scale`]).
+    pub nvls_rate_scale: f64,
+    /// The fewest ranks whose all-reduce runs on NVLS ([`nvls_min_ranks`]).
+    pub nvls_min_ranks: u64,
+}
+
+/// NCCL's NVLS (NVLink SHARP) all-reduce inside one NVSwitch node: each GPU reduces its share
+/// of the buffer with multimem loads through the switch and broadcasts the result with
+/// multimem stores, so NVLink carries each byte about once each way where a ring carries it
+/// 2(n-1)/n times. NCCL's tuner (`src/graph/tuning.cc`) prices it at a 25 us latency
+/// (`hwLat` NVLINK NVLS Simple) and picks it over the rings from about 1 MB on 8 x H100.
+/// Its achieved rate depends on the chunk NCCL cuts the buffer into (`src/enqueue.cc`,
+/// NCCL 2.18 to 2.30: 128 KiB, `NCCL_NVLS_CHUNKSIZE`; 64 KiB below 64 chunks per concurrent
+/// operation, 32 KiB below 8 of those, 16 KiB below 2 of those, where the concurrent
+/// operations are the NVLS channels x the node's GPUs): small chunks pay a fixed cost per
+/// chunk. What each chunk size reaches is measured, not derived: see [`NVLS_BY_CHUNK`].
+pub const NVLS_LATENCY_S: f64 = 25e-6;
+
+/// NVLS all-reduce on 8 x H100 by NCCL's chunk size: (chunk bytes, latency beyond
+/// [`NVLS_LATENCY_S`] in s, bus bandwidth in bytes/s), each the minimax fit of nccl-tests'
+/// all_reduce_perf times on one p5.48xlarge node (tests/fixtures/nccl_tests_h100_allreduce.csv)
+/// over the sizes NCCL runs at that chunk, from 2 MiB (below it the LL ring is faster): 16 KiB
+/// over 2-4 MiB, 32 KiB over 8-32 MiB, 64 KiB over 64-512 MiB, 128 KiB over 1-16 GiB; each
+/// within 2.2% of its sizes. The bus bandwidth grows with the chunk (307 to 478 GB/s: the
+/// per-chunk synchronisation amortised over more bytes); 128 KiB chunks start about 0.4 ms
+/// later than the rate alone gives (the 1 and 2 GiB rows run at 442 GB/s, from 4 GiB 476).
+pub const NVLS_BY_CHUNK: [(u64, f64, f64); 4] =
+    [(16 << 10, 6.5e-6, 307e9), (32 << 10, 21e-6, 381e9), (64 << 10, 39e-6, 446e9), (128 << 10, 390e-6, 478e9)];
+
+/// The NVLS channels NCCL opens inside one node (`src/transport/nvls.cc`): 16 on Hopper
+/// (`NVLS_NCHANNELS_SM90`), 24 on a Blackwell NVSwitch node (`NVLS_NCHANNELS_SM100_NVL`);
+/// `compute_capability` as major x 10 + minor.
+pub fn nvls_channels(compute_capability: Option<u32>) -> u64 {
+    match compute_capability {
+        Some(c) if c >= 100 => 24,
+        _ => 16,
+    }
+}
+
+/// The fewest GPUs of a node whose all-reduce NCCL runs on NVLS: measured, nccl-tests bus
+/// bandwidth rises above the rings' only from 5 GPUs on H200 and from 6 on B200 (stas00
+/// ml-engineering `network/README.md`, as quoted in shared/reference/SEMANTICS.md 5.3).
+pub fn nvls_min_ranks(compute_capability: Option<u32>) -> u64 {
+    match compute_capability {
+        Some(c) if c >= 100 => 6,
+        _ => 5,
+    }
+}
+
+/// [`NVLS_BY_CHUNK`]'s rates on another GPU: in proportion to its NVLink bandwidth and to
+/// NCCL's NVLS efficiency for its generation (`nvlsEfficiency` in `src/graph/tuning.cc`:
+/// 0.85 Hopper, 0.74 Blackwell). An assumption: only the H100's are measured.
+pub fn nvls_rate_scale(nvlink_bytes_per_s: f64, compute_capability: Option<u32>) -> f64 {
+    let efficiency = match compute_capability {
+        Some(c) if c >= 100 => 0.74,
+        _ => 0.85,
+    };
+    nvlink_bytes_per_s / 450e9 * efficiency / 0.85
+}
+
+/// The chunk NCCL cuts an NVLS all-reduce of `bytes` into, `concurrent` = NVLS channels x
+/// the node's GPUs (`src/enqueue.cc`).
+pub fn nvls_chunk_bytes(bytes: u64, concurrent: u64) -> u64 {
+    let mut chunk: u64 = 128 << 10;
+    if bytes < 64 * concurrent * chunk {
+        chunk = 64 << 10;
+    }
+    if bytes < 8 * concurrent * chunk {
+        chunk = 32 << 10;
+    }
+    if bytes < 2 * concurrent * chunk {
+        chunk = 16 << 10;
+    }
+    chunk
 }
 
 /// NCCL's cap on a single-node ring's LL bus bandwidth (`llMaxBws` in `src/graph/tuning.cc`,
@@ -163,7 +242,24 @@ impl Group {
         let simple = SIMPLE_BASE_S + steps * SIMPLE_NVLINK_HOP_S + intra;
         let ll = LL_BASE_S + steps * LL_HOP_S + intra_bytes / self.ll_bus_bytes_per_s();
         let ll128 = LL128_BASE_S + steps * LL128_HOP_S + intra / LL128_BANDWIDTH_FRACTION;
-        simple.min(ll).min(ll128)
+        let rings = simple.min(ll).min(ll128);
+        match self.nvls_all_reduce_s(op, bytes) {
+            Some(nvls) => rings.min(nvls),
+            None => rings,
+        }
+    }
+
+    /// An all-reduce inside one node on NVLS ([`NVLS_LATENCY_S`]), where NCCL runs one: on
+    /// NVSwitch multicast, from [`nvls_min_ranks`] GPUs.
+    fn nvls_all_reduce_s(&self, op: Collective, bytes: u64) -> Option<f64> {
+        let n = self.ranks;
+        if op != Collective::AllReduce || self.nvls_channels == 0 || n < self.nvls_min_ranks || self.nodes() > 1 {
+            return None;
+        }
+        let chunk = nvls_chunk_bytes(bytes, self.nvls_channels * n);
+        let &(_, fill, bus) = NVLS_BY_CHUNK.iter().find(|c| c.0 == chunk)?;
+        let bus_bytes = bytes as f64 * 2.0 * (n - 1) as f64 / n as f64;
+        Some(NVLS_LATENCY_S + fill + bus_bytes / (bus * self.nvls_rate_scale))
     }
 
     /// LL's share of the ring's rate inside a node: half (each 8-byte line carries 4 bytes).
@@ -236,6 +332,9 @@ mod tests {
             network_bytes_per_s: net,
             network_efficiency: NETWORK_EFFICIENCY,
             ll_max_bytes_per_s: f64::INFINITY,
+            nvls_channels: 0,
+            nvls_rate_scale: 1.0,
+            nvls_min_ranks: 5,
         }
     }
 
@@ -324,6 +423,45 @@ mod tests {
         assert_eq!(ll_max_bus_bytes_per_s(Some(80)), 87.7e9);
         assert_eq!(ll_max_bus_bytes_per_s(Some(100)), 282e9);
         assert_eq!(ll_max_bus_bytes_per_s(None), f64::INFINITY);
+    }
+
+    /// NCCL's chunk rule on 8 H100 (16 channels x 8 GPUs concurrent): 128 KiB from 1 GiB,
+    /// 64 KiB from 64 MiB, 32 KiB from 8 MiB, 16 KiB below. NVLS times only all-reduces of 5
+    /// or more GPUs inside one node, and only where faster than the rings: a 1 GiB all-reduce
+    /// at 128 KiB chunks, a 64 KiB one on the LL ring.
+    #[test]
+    fn nvls_takes_large_all_reduces_of_a_node_at_its_chunk_rate() {
+        const MIB: u64 = 1 << 20;
+        let ops = 16 * 8;
+        assert_eq!(nvls_chunk_bytes(1024 * MIB, ops), 128 << 10);
+        assert_eq!(nvls_chunk_bytes(1024 * MIB - 1, ops), 64 << 10);
+        assert_eq!(nvls_chunk_bytes(64 * MIB, ops), 64 << 10);
+        assert_eq!(nvls_chunk_bytes(64 * MIB - 1, ops), 32 << 10);
+        assert_eq!(nvls_chunk_bytes(8 * MIB, ops), 32 << 10);
+        assert_eq!(nvls_chunk_bytes(8 * MIB - 1, ops), 16 << 10);
+        let nvls = |n: u64, per_node: u64| Group {
+            nvls_channels: 16,
+            ll_max_bytes_per_s: ll_max_bus_bytes_per_s(Some(90)),
+            ..group(n, per_node, 450e9, 50e9)
+        };
+        let rings = |n: u64, per_node: u64| Group { nvls_channels: 0, ..nvls(n, per_node) };
+        let b = 1024 * MIB;
+        let expect = NVLS_LATENCY_S + 390e-6 + b as f64 * 2.0 * 7.0 / 8.0 / 478e9;
+        assert!((nvls(8, 8).time_s(Collective::AllReduce, b) - expect).abs() < 1e-12);
+        assert!(nvls(8, 8).time_s(Collective::AllReduce, b) < rings(8, 8).time_s(Collective::AllReduce, b));
+        for (n, per_node, op) in [
+            (4, 4, Collective::AllReduce),
+            (16, 8, Collective::AllReduce),
+            (8, 8, Collective::AllGather),
+            (8, 8, Collective::ReduceScatter),
+        ] {
+            assert_eq!(nvls(n, per_node).time_s(op, b), rings(n, per_node).time_s(op, b), "{n} {per_node} {op:?}");
+        }
+        let small = 64 << 10;
+        assert_eq!(nvls(8, 8).time_s(Collective::AllReduce, small), rings(8, 8).time_s(Collective::AllReduce, small));
+        assert_eq!((nvls_channels(Some(90)), nvls_channels(Some(100))), (16, 24));
+        assert_eq!((nvls_min_ranks(Some(90)), nvls_min_ranks(Some(100))), (5, 6));
+        assert!((nvls_rate_scale(900e9, Some(100)) - 2.0 * 0.74 / 0.85).abs() < 1e-12);
     }
 
     /// An 8-rank all-to-all inside a node moves 7/8 of each buffer over NVLink; across 8

@@ -1328,10 +1328,29 @@ pub fn throughput_of(
                     crate::net::LL128_BANDWIDTH_FRACTION * 100.0,
                     crate::net::SIMPLE_BASE_S * 1e6,
                     crate::net::SIMPLE_NVLINK_HOP_S * 1e6,
-                    if s.cluster.nvls_capable() {
-                        "; NVLink SHARP (NCCL's NVLS) not modelled: nccl-tests measures 8 H100s' largest all-reduces 24-34% faster than these rings"
+                    if s.cluster.nvls() {
+                        let cc = s.cluster.gpu.arch.compute_capability();
+                        let scale = crate::net::nvls_rate_scale(s.cluster.gpu.nvlink_bytes_per_s, cc);
+                        let rates: Vec<String> = crate::net::NVLS_BY_CHUNK
+                            .iter()
+                            .map(|&(c, _, bus)| format!("{} KiB {:.0}", c >> 10, bus * scale / 1e9))
+                            .collect();
+                        format!(
+                            "; all-reduces of {} or more GPUs of a node on NVLink SHARP (NCCL's NVLS) where faster: {:.0} us (tuning.cc) plus a latency and a bus bandwidth by the chunk NCCL cuts the buffer into (enqueue.cc; {} channels) as measured by nccl-tests on 8 H100 ({} GB/s){}",
+                            crate::net::nvls_min_ranks(cc),
+                            crate::net::NVLS_LATENCY_S * 1e6,
+                            crate::net::nvls_channels(cc),
+                            rates.join(", "),
+                            if (scale - 1.0).abs() > 1e-9 {
+                                format!(", here scaled by {scale:.2} for this GPU's NVLink and NCCL's NVLS efficiency (an assumption)")
+                            } else {
+                                String::new()
+                            }
+                        )
+                    } else if s.cluster.nvls_capable() {
+                        "; NVLink SHARP (NCCL's NVLS) off ([nccl] nvls = false): every all-reduce on rings".to_string()
                     } else {
-                        ""
+                        String::new()
                     },
                     crate::net::ALPHA_INTRA_S * 1e6,
                     crate::net::ALPHA_INTER_S * 1e6

@@ -940,6 +940,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         nic_bytes_per_s,
         memory_bytes,
         cuda_context_bytes,
+        nvls_off: false,
     };
 
     // --- parallel
@@ -1568,6 +1569,8 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         );
     }
     let nccl_config = nccl::validate_nccl(&v, f.nccl.as_ref(), &cluster)?;
+    let mut cluster = cluster;
+    cluster.nvls_off = !nccl_config.nvls;
     let s = Scenario {
         name,
         description: f.description.clone().unwrap_or_default(),

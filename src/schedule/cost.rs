@@ -72,6 +72,9 @@
 //! | `net::ll_max_bus_bytes_per_s` | 87.7 / 141 / 282 GB/s (Ampere / Hopper / Blackwell) | NCCL source | the same tuner's `llMaxBws`: a single-node ring's LL bus bandwidth cap |
 //! | `net::LL128_*`, `net::SIMPLE_BASE_S`, `net::SIMPLE_NVLINK_HOP_S` | 14 + 1.9 us/step at 0.92; 8.4 + 3.4 us/step | NCCL source | the same tuner, rings inside a node; against nccl-tests on 8 H100 (`tests/fidelity_collectives.rs`) |
 //! | ring channels ([`Cost::ring_channels`]) | 24 in a node, 2 per NIC across | NCCL source | topology search, `ncclTopoPostset`; nccl#1453 |
+//! | `net::NVLS_LATENCY_S`, `net::nvls_channels`, `net::nvls_chunk_bytes` | 25 us; 16 (Hopper) / 24 (Blackwell) channels; 128 KiB chunks cut to 64 / 32 / 16 KiB | NCCL source | `tuning.cc` NVLS hwLat, `nvls.cc` channels, `enqueue.cc` chunk rule |
+//! | `net::NVLS_BY_CHUNK` | 307 / 381 / 446 / 478 GB/s bus bandwidth by chunk, plus 6.5 / 21 / 39 / 390 us | collective measurement, H100 | nccl-tests all_reduce_perf on 8 H100 (tests/fixtures/nccl_tests_h100_allreduce.csv, `tests/fidelity_collectives.rs`) |
+//! | `net::nvls_rate_scale`, `net::nvls_min_ranks` | NVLink x NVLS efficiency (0.85 / 0.74); from 5 GPUs (Hopper), 6 (Blackwell) | NCCL source; collective measurement | `tuning.cc` `nvlsEfficiency`; ml-engineering's H200 / B200 nccl-tests (validated in `tests/fidelity_collectives.rs`) |
 //! | SMs a collective holds (`engine::links`) | a block per channel | kernel measurement, H100 | NVIDIA developer forum thread 337991 |
 //!
 //! What each end-to-end suite gives with these: the table of [`MATMUL_EFFICIENCY`] above
@@ -293,6 +296,16 @@ pub fn group_on(cluster: &Cluster, ranks: u64, per_node: u64) -> Group {
         network_bytes_per_s: cluster.network_bytes_per_s(),
         network_efficiency: nic_efficiency(cluster),
         ll_max_bytes_per_s: crate::net::ll_max_bus_bytes_per_s(cluster.gpu.arch.compute_capability()),
+        nvls_channels: if cluster.nvls() {
+            crate::net::nvls_channels(cluster.gpu.arch.compute_capability())
+        } else {
+            0
+        },
+        nvls_rate_scale: crate::net::nvls_rate_scale(
+            cluster.gpu.nvlink_bytes_per_s,
+            cluster.gpu.arch.compute_capability(),
+        ),
+        nvls_min_ranks: crate::net::nvls_min_ranks(cluster.gpu.arch.compute_capability()),
     }
 }
 
