@@ -591,11 +591,19 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
                 return Err("NCCL's memory is given (allocator.nccl_buffers)".into());
             }
             v.nccl.nvls = false;
+            // The time model's view of the same setting: all-reduces inside a node on rings.
+            v.cluster.nvls_off = true;
             let saved = s.nccl_bytes().saturating_sub(v.nccl_bytes());
             if saved == 0 {
                 return Err("no communicator all-reduces through NVLS".into());
             }
-            vec![(format!("NCCL_NVLS_ENABLE=0 (NVLS buffers off: {} less NCCL memory per GPU)", fmt_bytes(saved)), v)]
+            vec![(
+                format!(
+                    "NCCL_NVLS_ENABLE=0 (NVLS buffers off: {} less NCCL memory per GPU; all-reduces inside a node on rings)",
+                    fmt_bytes(saved)
+                ),
+                v,
+            )]
         }
         SMALLER_IPG => {
             let plan_opt = deepspeed_optimizer(s);
