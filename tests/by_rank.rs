@@ -11,6 +11,9 @@ use std::path::Path;
 use stepsim::scenario::Scenario;
 use stepsim::{SimOptions, Simulation};
 
+mod same_run;
+use same_run::{assert_same_figures, Rng};
+
 fn both(s: &Scenario) -> (Simulation, Simulation) {
     let apart = stepsim::simulate(s).unwrap_or_else(|e| panic!("{e}"));
     let one = stepsim::simulate_with(s, SimOptions { one_loop: true, ..Default::default() })
@@ -22,44 +25,8 @@ fn both(s: &Scenario) -> (Simulation, Simulation) {
 /// first played its ranks apart.
 fn assert_same(name: &str, apart: &Simulation, one: &Simulation) -> bool {
     assert!(!one.run.by_rank, "{name}: the single loop was asked for");
-    assert_eq!(apart.run.spans, one.run.spans, "{name}: step spans");
-    assert_eq!(apart.run.traces.len(), one.run.traces.len());
-    for (c, (a, b)) in apart.run.traces.iter().zip(&one.run.traces).enumerate() {
-        assert!(a.start_ns == b.start_ns, "{name}: rank {c}: task start times differ");
-        assert!(a.end_ns == b.end_ns, "{name}: rank {c}: task end times differ");
-        assert!(a.timeline == b.timeline, "{name}: rank {c}: memory timelines differ");
-        assert_eq!(a.allocator, b.allocator, "{name}: rank {c}: allocator counters");
-        assert_eq!(a.oom, b.oom, "{name}: rank {c}: OOM");
-        assert_eq!(a.stream_busy_ns, b.stream_busy_ns, "{name}: rank {c}: stream busy time");
-        assert_eq!(a.end_time_ns, b.end_time_ns, "{name}: rank {c}: end time");
-    }
-    let json = |s: &Simulation| serde_json::to_string(&s.report).expect("the report serializes");
-    assert!(json(apart) == json(one), "{name}: reports differ");
-    for (a, b) in apart.class_reports.iter().zip(&one.class_reports) {
-        assert!(serde_json::to_string(a).unwrap() == serde_json::to_string(b).unwrap(), "{name}: rank reports differ");
-    }
+    assert_same_figures(name, apart, one);
     apart.run.by_rank
-}
-
-/// A small, deterministic generator (SplitMix64).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn pick<'a>(&mut self, xs: &[&'a str]) -> &'a str {
-        xs[(self.next() % xs.len() as u64) as usize]
-    }
-
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
 }
 
 /// A random small GPT with `[jitter]`: data-parallel ranks 2 to 6 under a framework and

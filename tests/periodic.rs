@@ -9,6 +9,9 @@ use std::path::Path;
 use stepsim::scenario::Scenario;
 use stepsim::{SimOptions, Simulation};
 
+mod same_run;
+use same_run::{assert_same_figures, Rng};
+
 fn both(s: &Scenario) -> (Simulation, Simulation) {
     let fast = stepsim::simulate(s).unwrap_or_else(|e| panic!("{e}"));
     let full = stepsim::simulate_with(s, SimOptions { every_period: true, ..Default::default() })
@@ -20,22 +23,7 @@ fn both(s: &Scenario) -> (Simulation, Simulation) {
 /// extrapolating one jumped.
 fn assert_same(name: &str, fast: &Simulation, full: &Simulation) -> u64 {
     assert_eq!(full.run.periods_jumped, 0, "{name}: the full run jumped");
-    assert_eq!(fast.run.spans, full.run.spans, "{name}: step spans");
-    assert_eq!(fast.run.traces.len(), full.run.traces.len());
-    for (c, (a, b)) in fast.run.traces.iter().zip(&full.run.traces).enumerate() {
-        assert!(a.start_ns == b.start_ns, "{name}: class {c}: task start times differ");
-        assert!(a.end_ns == b.end_ns, "{name}: class {c}: task end times differ");
-        assert!(a.timeline == b.timeline, "{name}: class {c}: memory timelines differ");
-        assert_eq!(a.allocator, b.allocator, "{name}: class {c}: allocator counters");
-        assert_eq!(a.oom, b.oom, "{name}: class {c}: OOM");
-        assert_eq!(a.stream_busy_ns, b.stream_busy_ns, "{name}: class {c}: stream busy time");
-        assert_eq!(a.end_time_ns, b.end_time_ns, "{name}: class {c}: end time");
-    }
-    let json = |s: &Simulation| serde_json::to_string(&s.report).expect("the report serializes");
-    assert!(json(fast) == json(full), "{name}: reports differ");
-    for (a, b) in fast.class_reports.iter().zip(&full.class_reports) {
-        assert!(serde_json::to_string(a).unwrap() == serde_json::to_string(b).unwrap(), "{name}: class reports differ");
-    }
+    assert_same_figures(name, fast, full);
     fast.run.periods_jumped
 }
 
@@ -58,27 +46,6 @@ fn every_shipped_scenario_matches_the_full_simulation() {
     // (96 micro-batches a step, 8 stages: 86 of each step's periods).
     let gpt3 = jumped.iter().find(|(n, _)| n == "gpt3-175b").map(|j| j.1);
     assert!(gpt3.is_some_and(|j| j >= 150), "gpt3-175b jumped {gpt3:?} periods");
-}
-
-/// A small, deterministic generator (SplitMix64).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn pick<'a>(&mut self, xs: &[&'a str]) -> &'a str {
-        xs[(self.next() % xs.len() as u64) as usize]
-    }
-
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
 }
 
 /// A random small GPT: pipelined (1F1B, interleaved, GPipe) or not, with gradient
