@@ -276,6 +276,30 @@ enum Trigger {
     Release { after: usize },
 }
 
+/// What a task's [`Key`] needs of the poll that started it, kept for every task (the
+/// trigger itself only for zero-time tasks: a quarter of the memory): the release poll
+/// (`u32::MAX`: an event's), and at instant 0 the generation from the first poll
+/// (`u32::MAX`: none).
+#[derive(Clone, Copy)]
+struct Origin {
+    release: u32,
+    generation: u32,
+}
+
+impl Origin {
+    const NONE: Origin = Origin { release: u32::MAX, generation: u32::MAX };
+
+    /// The origin of a task started by `trigger`'s poll; `at_zero`: at instant 0, every rank
+    /// alike.
+    fn of(trigger: Trigger, at_zero: bool) -> Origin {
+        let (release, generation) = match trigger {
+            Trigger::Release { after } => (after as u32, if after == 0 { 0 } else { u32::MAX }),
+            Trigger::Event(k) => (u32::MAX, k.generation.map_or(u32::MAX, |g| g + 1)),
+        };
+        Origin { release, generation: if at_zero { generation } else { u32::MAX } }
+    }
+}
+
 /// Where a task's end falls among the ends at the same instant on other ranks, as far as a
 /// rank knows it. The single loop orders those by when each end was scheduled (its heap
 /// sequence number): a task's end is scheduled when it starts, and again whenever a task
@@ -406,8 +430,14 @@ struct Rank<'p, 'a, 'b> {
     now: u64,
     done: usize,
     polls: u64,
-    /// Per task: the poll that started it and what triggered that poll.
-    started_by: Vec<(u64, Trigger)>,
+    /// Per task: the release poll that started it and its generation at instant 0
+    /// ([`Origin`]).
+    origin: Vec<Origin>,
+    /// Per zero-time task (`zero_slot`): the poll that started it and what triggered that
+    /// poll, which orders its end against a barrier at the same instant.
+    zero_by: Vec<(u64, Trigger)>,
+    /// Per task: its index in `zero_by` if it takes no time (else `u32::MAX`).
+    zero_slot: Vec<u32>,
     /// Per task: when its end was last scheduled, and whether by its own start ([`Key`]).
     pushed: Vec<(u64, bool)>,
     /// Per barrier: its dependencies here not yet ended, and when the last one did.
@@ -464,6 +494,18 @@ impl<'p, 'a, 'b> Rank<'p, 'a, 'b> {
             end_ns: vec![u64::MAX; n],
             stream_busy_ns: vec![0; ns],
         };
+        let mut zero_count = 0usize;
+        let zero_slot: Vec<u32> = flat
+            .duration
+            .iter()
+            .map(|&d| {
+                if d > 0 {
+                    return u32::MAX;
+                }
+                zero_count += 1;
+                (zero_count - 1) as u32
+            })
+            .collect();
         let pending = fixed.deps_of.clone();
         let last_dep = vec![None; pending.len()];
         Rank {
@@ -482,7 +524,9 @@ impl<'p, 'a, 'b> Rank<'p, 'a, 'b> {
             now: 0,
             done: 0,
             polls: 0,
-            started_by: vec![(0, Trigger::Release { after: 0 }); n],
+            origin: vec![Origin::NONE; n],
+            zero_by: vec![(0, Trigger::Release { after: 0 }); zero_count],
+            zero_slot,
             pushed: vec![(0, true); n],
             pending,
             last_dep,
@@ -513,7 +557,11 @@ impl<'p, 'a, 'b> Rank<'p, 'a, 'b> {
                 continue;
             }
             self.mem.start(ti, s, self.now).map_err(|_| Bail::OutOfMemory)?;
-            self.started_by[ti as usize] = (self.polls, trigger);
+            self.origin[ti as usize] = Origin::of(trigger, self.now == 0 && self.same_start);
+            let z = self.zero_slot[ti as usize];
+            if z != u32::MAX {
+                self.zero_by[z as usize] = (self.polls, trigger);
+            }
             self.busy[s] = true;
             self.head[s] += 1;
             let duration = self.flat.duration[ti as usize];
@@ -589,9 +637,10 @@ impl<'p, 'a, 'b> Rank<'p, 'a, 'b> {
         }
         let started = self.mem.start_ns[ti as usize];
         let (scheduled, own) = self.pushed[ti as usize];
-        let (_, by) = self.started_by[ti as usize];
         if started == self.now {
-            if let Trigger::Event(key) = by {
+            let z = self.zero_slot[ti as usize];
+            debug_assert_ne!(z, u32::MAX, "a task ending as it starts takes no time");
+            if let Some(&(_, Trigger::Event(key))) = self.zero_by.get(z as usize) {
                 if self.zeros_at != self.now {
                     self.zeros.clear();
                     self.zeros_at = self.now;
@@ -599,18 +648,15 @@ impl<'p, 'a, 'b> Rank<'p, 'a, 'b> {
                 self.zeros.push(key);
             }
         }
-        let release = match by {
-            Trigger::Release { after } => Some(after),
-            Trigger::Event(_) => None,
+        let o = self.origin[ti as usize];
+        let some = |x: u32| (x != u32::MAX && own).then_some(x);
+        let key = Key {
+            scheduled,
+            own,
+            release: some(o.release).map(|r| r as usize),
+            rank: self.rank,
+            generation: some(o.generation),
         };
-        let generation = match by {
-            _ if started > 0 || !self.same_start || !own => None,
-            Trigger::Release { after: 0 } => Some(0),
-            Trigger::Release { .. } => None,
-            Trigger::Event(k) => k.generation.map(|g| g + 1),
-        };
-        let release = release.filter(|_| own);
-        let key = Key { scheduled, own, release, rank: self.rank, generation };
         for &b in self.fixed.feeds.of(ti as usize) {
             let b = b as usize;
             self.pending[b] -= 1;
@@ -653,7 +699,7 @@ impl<'p, 'a, 'b> Rank<'p, 'a, 'b> {
     /// Whether task `ti`, which takes no time and started at the barrier's time, ends before
     /// the barrier in the single loop.
     fn before(&self, ti: usize, start: &BarrierStart) -> Result<bool, Bail> {
-        let (poll, trigger) = self.started_by[ti];
+        let (poll, trigger) = self.zero_by[self.zero_slot[ti] as usize];
         match *start {
             // Started in the poll after barrier j-1's end or before it: before barrier j,
             // which that poll started last.
