@@ -9,22 +9,24 @@
 //! alone to the next barrier, many events on warm state, and the barrier's time is then the
 //! latest of its dependencies' ends.
 //!
-//! What makes it the same trace, event for event (the single loop's order is (time,
-//! sequence of the start)): a barrier takes no time and runs on one stream in program order,
-//! so barrier j starts, and ends, at T_j, the later of its last dependency's end and barrier
-//! j-1's end. Every event of a rank at a time below T_j comes before the barrier's end, every
-//! event after T_j after it. At T_j itself, an event whose task started before T_j has a
-//! smaller sequence number than the barrier, which started at T_j, so it comes before too.
-//! Only a task that takes no time and starts at T_j itself (a "wait for" marker) can fall on
-//! either side: it comes before the barrier if the poll that started it came before the one
-//! that started the barrier. That poll follows either the event that completed the barrier's
-//! last dependency (E*), or barrier j-1's end. Within E*'s rank the order of polls is the
-//! rank's own; in another rank, a poll comes before E*'s if its triggering event comes
-//! before E* in the single loop's heap: an end scheduled at an earlier instant, or one of the
-//! few orders known among ends scheduled at the same instant ([`Key`]). Where that does not
-//! decide, the runner gives up and the caller runs the single loop; as it does on running
-//! out of memory (the single loop stops at the first OOM across all ranks, and the others
-//! must not have run past it), on a cancelled run and on a deadlock.
+//! What makes it the same trace, event for event (the single loop's order is (time, the
+//! sequence number given when the end was scheduled)): a barrier takes no time and runs on
+//! one stream in program order, so barrier j starts, and ends, at T_j, the later of its last
+//! dependency's end and barrier j-1's end. Every event of a rank at a time below T_j comes
+//! before the barrier's end, every event after T_j after it. At T_j itself, an end scheduled
+//! before T_j has a smaller sequence number than the barrier's, scheduled at T_j, so it comes
+//! before too. Only an end scheduled at T_j to happen at T_j (a zero-time "wait for" task
+//! started then, or a task whose end a neighbour's start or end on its links rescheduled to
+//! that instant) can fall on either side: it comes before the barrier if it was scheduled
+//! before the poll that started the barrier. That poll follows either the event that
+//! completed the barrier's last dependency (E*), or barrier j-1's end. Within E*'s rank the
+//! order is the rank's own; in another rank, scheduling after (or while handling) an event
+//! comes before E*'s poll if that event comes before E* in the single loop's heap: an end
+//! scheduled at an earlier instant, or one of the few orders known among ends scheduled at
+//! the same instant ([`Key`]). Where that does not decide, the runner gives up and the caller
+//! runs the single loop; as it does on running out of memory (the single loop stops at the
+//! first OOM across all ranks, and the others must not have run past it), on a cancelled run
+//! and on a deadlock.
 //!
 //! The barriers' own effects on memory are none, apart from the single loop telling device
 //! 0's allocator that the barrier stream finished its work (which the runner does too, at
@@ -175,6 +177,24 @@ fn play(
     out.end_ns.extend_from_slice(&times);
     out.stream_busy_ns.push(0);
     Ok(out)
+}
+
+/// Keeps where the end of task `t`, just scheduled at `end` (position `pos`, `context`), was
+/// scheduled, if that is `now` ([`Rank::instant`]).
+fn note(
+    instant: &mut Vec<(u32, u64, Trigger)>,
+    at: &mut u64,
+    now: u64,
+    (t, end, pos, context): (u32, u64, u64, Trigger),
+) {
+    if end != now {
+        return;
+    }
+    if *at != now {
+        instant.clear();
+        *at = now;
+    }
+    instant.push((t, pos, context));
 }
 
 /// Runs `f` on every rank, in parallel: between two barriers the ranks share nothing.
@@ -433,11 +453,13 @@ struct Rank<'p, 'a, 'b> {
     /// Per task: the release poll that started it and its generation at instant 0
     /// ([`Origin`]).
     origin: Vec<Origin>,
-    /// Per zero-time task (`zero_slot`): the poll that started it and what triggered that
-    /// poll, which orders its end against a barrier at the same instant.
-    zero_by: Vec<(u64, Trigger)>,
-    /// Per task: its index in `zero_by` if it takes no time (else `u32::MAX`).
-    zero_slot: Vec<u32>,
+    /// The ends scheduled at `instant_at` to happen at that very instant (a zero-time task's,
+    /// or one a neighbour's start or end rescheduled to now), each with where the scheduling
+    /// happened: (task, position, context). The position counts 2 per poll: 2p in poll p,
+    /// 2p + 1 while handling the event after poll p; the context is the poll's trigger, or
+    /// the event being handled. It orders such an end against a barrier at this instant.
+    instant: Vec<(u32, u64, Trigger)>,
+    instant_at: u64,
     /// Per task: when its end was last scheduled, and whether by its own start ([`Key`]).
     pushed: Vec<(u64, bool)>,
     /// Per barrier: its dependencies here not yet ended, and when the last one did.
@@ -450,9 +472,9 @@ struct Rank<'p, 'a, 'b> {
     rank: usize,
     /// Every rank takes no time on the same tasks, so all do the same at instant 0.
     same_start: bool,
-    /// Zero-time tasks ended at `zeros_at` since the last release, started by polls after
-    /// events: those events' keys.
-    zeros: Vec<Key>,
+    /// Ends handled at `zeros_at` since the last release that were scheduled at that instant
+    /// after an event, or while handling one: that event's key (None: not known).
+    zeros: Vec<Option<Key>>,
     zeros_at: u64,
     cancel_countdown: usize,
     cancel: Option<&'p std::sync::atomic::AtomicBool>,
@@ -494,18 +516,6 @@ impl<'p, 'a, 'b> Rank<'p, 'a, 'b> {
             end_ns: vec![u64::MAX; n],
             stream_busy_ns: vec![0; ns],
         };
-        let mut zero_count = 0usize;
-        let zero_slot: Vec<u32> = flat
-            .duration
-            .iter()
-            .map(|&d| {
-                if d > 0 {
-                    return u32::MAX;
-                }
-                zero_count += 1;
-                (zero_count - 1) as u32
-            })
-            .collect();
         let pending = fixed.deps_of.clone();
         let last_dep = vec![None; pending.len()];
         Rank {
@@ -525,8 +535,8 @@ impl<'p, 'a, 'b> Rank<'p, 'a, 'b> {
             done: 0,
             polls: 0,
             origin: vec![Origin::NONE; n],
-            zero_by: vec![(0, Trigger::Release { after: 0 }); zero_count],
-            zero_slot,
+            instant: Vec::new(),
+            instant_at: 0,
             pushed: vec![(0, true); n],
             pending,
             last_dep,
@@ -558,31 +568,39 @@ impl<'p, 'a, 'b> Rank<'p, 'a, 'b> {
             }
             self.mem.start(ti, s, self.now).map_err(|_| Bail::OutOfMemory)?;
             self.origin[ti as usize] = Origin::of(trigger, self.now == 0 && self.same_start);
-            let z = self.zero_slot[ti as usize];
-            if z != u32::MAX {
-                self.zero_by[z as usize] = (self.polls, trigger);
-            }
             self.busy[s] = true;
             self.head[s] += 1;
             let duration = self.flat.duration[ti as usize];
             let link = program.stream_links.get(s).copied().unwrap_or(0);
+            let pos = 2 * self.polls;
             if link == 0 {
                 self.heap.push(Reverse(u128::from(self.now + duration) << 64 | self.started.len() as u128));
                 self.started.push(ti);
                 self.pushed[ti as usize] = (self.now, true);
+                note(&mut self.instant, &mut self.instant_at, self.now, (ti, self.now + duration, pos, trigger));
             } else {
                 let ctas = u32::from(self.flat.ctas[ti as usize]);
                 self.shared.start(self.now, 0, link, ctas, ti, duration, &mut self.moved);
-                for &(t, end) in &self.moved {
+                for i in 0..self.moved.len() {
+                    let (t, end) = self.moved[i];
                     self.shared.set_seq(0, t, self.started.len() as u64);
                     self.heap.push(Reverse(u128::from(end) << 64 | self.started.len() as u128));
                     self.started.push(t);
                     self.pushed[t as usize] = (self.now, t == ti);
+                    note(&mut self.instant, &mut self.instant_at, self.now, (t, end, pos, trigger));
                 }
             }
         }
         self.candidates.clear();
         Ok(())
+    }
+
+    /// Where the end of `t`, scheduled now to happen now, was scheduled.
+    fn scheduled_now(&self, t: u32) -> Option<(u64, Trigger)> {
+        if self.instant_at != self.now {
+            return None;
+        }
+        self.instant.iter().rev().find(|e| e.0 == t).map(|e| (e.1, e.2))
     }
 
     /// The next event's time, dropping superseded ones; None when none is left.
@@ -615,14 +633,41 @@ impl<'p, 'a, 'b> Rank<'p, 'a, 'b> {
         let ti = self.started[key as u64 as usize];
         let stream = self.flat.stream[ti as usize] as usize;
         self.now = (key >> 64) as u64;
+        // This end's place among the ends at this instant on other ranks.
+        let (scheduled, own) = self.pushed[ti as usize];
+        let o = self.origin[ti as usize];
+        let some = |x: u32| (x != u32::MAX && own).then_some(x);
+        let key = Key {
+            scheduled,
+            own,
+            release: some(o.release).map(|r| r as usize),
+            rank: self.rank,
+            generation: some(o.generation),
+        };
+        if scheduled == self.now {
+            // Scheduled at this instant: where, for a barrier at this instant to be ordered
+            // against ([`Rank::check_zeros`]).
+            if self.zeros_at != self.now {
+                self.zeros.clear();
+                self.zeros_at = self.now;
+            }
+            match self.scheduled_now(ti) {
+                Some((_, Trigger::Event(k))) => self.zeros.push(Some(k)),
+                Some((_, Trigger::Release { .. })) => {}
+                None => self.zeros.push(None),
+            }
+        }
         let program = self.mem.num.parts[0];
         if program.stream_links.get(stream).copied().unwrap_or(0) != 0 {
             self.shared.finish(self.now, 0, ti, &mut self.moved);
-            for &(t, end) in &self.moved {
+            let pos = 2 * self.polls + 1;
+            for i in 0..self.moved.len() {
+                let (t, end) = self.moved[i];
                 self.shared.set_seq(0, t, self.started.len() as u64);
                 self.heap.push(Reverse(u128::from(end) << 64 | self.started.len() as u128));
                 self.started.push(t);
                 self.pushed[t as usize] = (self.now, false);
+                note(&mut self.instant, &mut self.instant_at, self.now, (t, end, pos, Trigger::Event(key)));
             }
         }
         self.mem.end(ti, stream, self.now);
@@ -635,28 +680,6 @@ impl<'p, 'a, 'b> Rank<'p, 'a, 'b> {
                 self.candidates.push(self.flat.stream[d as usize] as usize);
             }
         }
-        let started = self.mem.start_ns[ti as usize];
-        let (scheduled, own) = self.pushed[ti as usize];
-        if started == self.now {
-            let z = self.zero_slot[ti as usize];
-            debug_assert_ne!(z, u32::MAX, "a task ending as it starts takes no time");
-            if let Some(&(_, Trigger::Event(key))) = self.zero_by.get(z as usize) {
-                if self.zeros_at != self.now {
-                    self.zeros.clear();
-                    self.zeros_at = self.now;
-                }
-                self.zeros.push(key);
-            }
-        }
-        let o = self.origin[ti as usize];
-        let some = |x: u32| (x != u32::MAX && own).then_some(x);
-        let key = Key {
-            scheduled,
-            own,
-            release: some(o.release).map(|r| r as usize),
-            rank: self.rank,
-            generation: some(o.generation),
-        };
         for &b in self.fixed.feeds.of(ti as usize) {
             let b = b as usize;
             self.pending[b] -= 1;
@@ -686,8 +709,8 @@ impl<'p, 'a, 'b> Rank<'p, 'a, 'b> {
             }
             if time == t {
                 let Reverse(key) = *self.heap.peek().ok_or(Bail::Deadlock)?;
-                let ti = self.started[key as u64 as usize] as usize;
-                if self.mem.start_ns[ti] == t && !self.before(ti, start)? {
+                let ti = self.started[key as u64 as usize];
+                if self.pushed[ti as usize].0 == t && !self.before(ti, start)? {
                     break;
                 }
             }
@@ -696,15 +719,15 @@ impl<'p, 'a, 'b> Rank<'p, 'a, 'b> {
         Ok(())
     }
 
-    /// Whether task `ti`, which takes no time and started at the barrier's time, ends before
-    /// the barrier in the single loop.
-    fn before(&self, ti: usize, start: &BarrierStart) -> Result<bool, Bail> {
-        let (poll, trigger) = self.zero_by[self.zero_slot[ti] as usize];
+    /// Whether the end of task `ti`, scheduled at the barrier's instant to happen then,
+    /// comes before the barrier's end in the single loop.
+    fn before(&self, ti: u32, start: &BarrierStart) -> Result<bool, Bail> {
+        let (pos, trigger) = self.scheduled_now(ti).ok_or(Bail::Tie)?;
         match *start {
-            // Started in the poll after barrier j-1's end or before it: before barrier j,
+            // Scheduled in the poll after barrier j-1's end or before it: before barrier j,
             // which that poll started last.
-            BarrierStart::AfterPrevious => Ok(poll <= self.release_poll),
-            BarrierStart::After { key, poll: p, .. } if key.rank == self.rank => Ok(poll <= p),
+            BarrierStart::AfterPrevious => Ok(pos <= 2 * self.release_poll),
+            BarrierStart::After { key, poll: p, .. } if key.rank == self.rank => Ok(pos <= 2 * p),
             // Another rank's E*: a poll after a barrier's end came before it (E* ended
             // after barrier j-1 did); a poll after an event came before E*'s if the event
             // did.
@@ -727,7 +750,11 @@ impl<'p, 'a, 'b> Rank<'p, 'a, 'b> {
         }
         match *start {
             BarrierStart::After { key, .. } if key.rank == self.rank => Ok(()),
-            BarrierStart::After { key, .. } if self.zeros.iter().all(|z| z.before(&key) == Some(true)) => Ok(()),
+            BarrierStart::After { key, .. }
+                if self.zeros.iter().all(|z| z.is_some_and(|z| z.before(&key) == Some(true))) =>
+            {
+                Ok(())
+            }
             _ => Err(Bail::Tie),
         }
     }
