@@ -133,7 +133,6 @@ fn play(
             BarrierStart::After { time, .. } | BarrierStart::Tied { time, .. } => time,
         };
         each(&mut ranks, |k, r| {
-            r.check_zeros(t, &start)?;
             r.through(t, &start)?;
             r.release(j, t, k == 0)?;
             if j + 1 < nb {
@@ -472,10 +471,6 @@ struct Rank<'p, 'a, 'b> {
     rank: usize,
     /// Every rank takes no time on the same tasks, so all do the same at instant 0.
     same_start: bool,
-    /// Ends handled at `zeros_at` since the last release that were scheduled at that instant
-    /// after an event, or while handling one: that event's key (None: not known).
-    zeros: Vec<Option<Key>>,
-    zeros_at: u64,
     cancel_countdown: usize,
     cancel: Option<&'p std::sync::atomic::AtomicBool>,
 }
@@ -544,8 +539,6 @@ impl<'p, 'a, 'b> Rank<'p, 'a, 'b> {
             release_poll: 0,
             rank,
             same_start,
-            zeros: Vec::new(),
-            zeros_at: 0,
             cancel_countdown: super::CANCEL_POLL_EVENTS,
             cancel: opts.cancel.as_deref(),
         }
@@ -644,19 +637,6 @@ impl<'p, 'a, 'b> Rank<'p, 'a, 'b> {
             rank: self.rank,
             generation: some(o.generation),
         };
-        if scheduled == self.now {
-            // Scheduled at this instant: where, for a barrier at this instant to be ordered
-            // against ([`Rank::check_zeros`]).
-            if self.zeros_at != self.now {
-                self.zeros.clear();
-                self.zeros_at = self.now;
-            }
-            match self.scheduled_now(ti) {
-                Some((_, Trigger::Event(k))) => self.zeros.push(Some(k)),
-                Some((_, Trigger::Release { .. })) => {}
-                None => self.zeros.push(None),
-            }
-        }
         let program = self.mem.num.parts[0];
         if program.stream_links.get(stream).copied().unwrap_or(0) != 0 {
             self.shared.finish(self.now, 0, ti, &mut self.moved);
@@ -691,7 +671,9 @@ impl<'p, 'a, 'b> Rank<'p, 'a, 'b> {
         self.poll(Trigger::Event(key))
     }
 
-    /// Runs until every dependency of barrier `j` here has ended.
+    /// Runs until every dependency of barrier `j` here has ended. Every event it handles
+    /// comes before the barrier's end in the single loop, whatever that barrier's time: it
+    /// comes before this rank's last dependency's end, which is E* or comes before E*.
     fn until_deps_of(&mut self, j: usize) -> Result<(), Bail> {
         while self.pending[j] > 0 {
             self.next_time().ok_or(Bail::Deadlock)?;
@@ -742,23 +724,6 @@ impl<'p, 'a, 'b> Rank<'p, 'a, 'b> {
         }
     }
 
-    /// The zero-time tasks this rank ran at `t` while reaching its own dependencies of the
-    /// barrier (before learning where the barrier started) must all come before it.
-    fn check_zeros(&self, t: u64, start: &BarrierStart) -> Result<(), Bail> {
-        if self.zeros_at != t || self.zeros.is_empty() {
-            return Ok(());
-        }
-        match *start {
-            BarrierStart::After { key, .. } if key.rank == self.rank => Ok(()),
-            BarrierStart::After { key, .. }
-                if self.zeros.iter().all(|z| z.is_some_and(|z| z.before(&key) == Some(true))) =>
-            {
-                Ok(())
-            }
-            _ => Err(Bail::Tie),
-        }
-    }
-
     /// Barrier `j` ends at `t`: the tasks waiting for it here may start.
     fn release(&mut self, j: usize, t: u64, device0: bool) -> Result<(), Bail> {
         self.now = t;
@@ -772,7 +737,6 @@ impl<'p, 'a, 'b> Rank<'p, 'a, 'b> {
             }
         }
         self.releases += 1;
-        self.zeros.clear();
         self.poll(Trigger::Release { after: self.releases - 1 })?;
         self.release_poll = self.polls;
         Ok(())
