@@ -105,12 +105,20 @@ fn play(
     let zero = |p: &Program| p.tasks.iter().map(|t| t.duration_ns == 0).collect::<Vec<bool>>();
     let first = zero(ranks[0]);
     let same_start = ranks.iter().all(|p| p.tasks.len() == ranks[0].tasks.len() && zero(p) == first);
+    let tables: Vec<Tables> = if ranks.iter().all(|p| Tables::shared(ranks[0], p)) {
+        vec![Tables::of(&nums[0])]
+    } else {
+        nums.iter().map(Tables::of).collect()
+    };
     let mut ranks: Vec<Rank> = allocs
         .chunks_mut(1)
         .zip(&nums)
         .zip(&fixed)
         .enumerate()
-        .map(|(k, ((a, num), f))| Rank::new(k, same_start, num, f, a, opts))
+        .map(|(k, ((a, num), f))| {
+            let t = &tables[k.min(tables.len() - 1)];
+            Rank::new(k, same_start, num, f, t, a, opts)
+        })
         .collect();
     // Barrier j's time, and how each rank orders its own zero-time tasks at that time
     // against it.
@@ -203,6 +211,33 @@ where
 {
     use rayon::prelude::*;
     ranks.par_iter_mut().enumerate().try_for_each(|(k, r)| f(k, r))
+}
+
+/// A rank program's event-loop tables ([`super::run_parts`]' `Flat` and `Dependents`, and
+/// each task's count of dependencies): the same for ranks whose programs differ only in
+/// their tasks' durations (`[jitter]`'s: their lists are one `Arc`), so built once for them.
+struct Tables {
+    flat: Flat,
+    dependents: Dependents,
+    remaining: Vec<u32>,
+}
+
+impl Tables {
+    fn of(num: &Numbering) -> Tables {
+        let flat = Flat::of(num, num.streams().max(1));
+        let (dependents, remaining) = Dependents::of(num, &[]);
+        Tables { flat, dependents, remaining }
+    }
+
+    /// Whether `p`'s tables are `first`'s: the same dependency lists, streams, links and
+    /// thread blocks, durations aside.
+    fn shared(first: &Program, p: &Program) -> bool {
+        std::sync::Arc::ptr_eq(&first.deps, &p.deps)
+            && first.streams.len() == p.streams.len()
+            && first.stream_links == p.stream_links
+            && first.tasks.len() == p.tasks.len()
+            && first.tasks.iter().zip(&p.tasks).all(|(a, b)| a.stream == b.stream && a.ctas == b.ctas)
+    }
 }
 
 /// A rank's tables that do not change as it runs.
@@ -436,8 +471,12 @@ enum Bail {
 struct Rank<'p, 'a, 'b> {
     fixed: &'p Fixed,
     mem: Memory<'p, 'a, 'b>,
-    flat: Flat,
-    dependents: Dependents,
+    /// The rank's program's streams, queues and dependents: one copy for all ranks whose
+    /// programs differ only in durations ([`Tables`]).
+    flat: &'p Flat,
+    dependents: &'p Dependents,
+    /// Each task's duration: the rank's own (`flat`'s are the first rank's).
+    duration: Vec<u64>,
     remaining: Vec<u32>,
     head: Vec<usize>,
     busy: Vec<bool>,
@@ -476,25 +515,28 @@ struct Rank<'p, 'a, 'b> {
 }
 
 impl<'p, 'a, 'b> Rank<'p, 'a, 'b> {
+    #[allow(clippy::too_many_arguments)]
     fn new(
         rank: usize,
         same_start: bool,
         num: &'p Numbering<'p>,
         fixed: &'p Fixed,
+        tables: &'p Tables,
         allocs: &'a mut [&'b mut dyn Allocator],
         opts: &'p RunOptions,
     ) -> Rank<'p, 'a, 'b> {
         let n = num.tasks();
         let ns = num.streams().max(1);
-        let flat = Flat::of(num, ns);
-        let (dependents, mut remaining) = Dependents::of(num, &[]);
+        let (flat, dependents) = (&tables.flat, &tables.dependents);
+        let mut remaining = tables.remaining.clone();
+        let duration = num.parts[0].tasks.iter().map(|t| t.duration_ns).collect();
         for (b, _) in fixed.deps_of.iter().enumerate() {
             for &t in fixed.waits.of(b) {
                 remaining[t as usize] += 1;
             }
         }
         let mut timeline = if opts.peaks_only { Timeline::peaks_only() } else { Timeline::default() };
-        if let Some(&s) = sample_bound(num, &flat, &fixed.dev_of, 1, &[]).first() {
+        if let Some(&s) = sample_bound(num, flat, &fixed.dev_of, 1, &[]).first() {
             let own = fixed.empty_cache.iter().filter(|&&e| e).count();
             timeline.reserve(s + own);
         }
@@ -518,6 +560,7 @@ impl<'p, 'a, 'b> Rank<'p, 'a, 'b> {
             mem,
             flat,
             dependents,
+            duration,
             remaining,
             head: vec![0; ns],
             busy: vec![false; ns],
@@ -563,7 +606,7 @@ impl<'p, 'a, 'b> Rank<'p, 'a, 'b> {
             self.origin[ti as usize] = Origin::of(trigger, self.now == 0 && self.same_start);
             self.busy[s] = true;
             self.head[s] += 1;
-            let duration = self.flat.duration[ti as usize];
+            let duration = self.duration[ti as usize];
             let link = program.stream_links.get(s).copied().unwrap_or(0);
             let pos = 2 * self.polls;
             if link == 0 {
