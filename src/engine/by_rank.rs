@@ -89,18 +89,21 @@ fn play(
     let first_barrier = all.task[m];
     // Each rank's view: its own numbering, and its ties to the barriers.
     let nums: Vec<Numbering> = (0..m).map(|k| Numbering::of(&parts[k..=k])).collect();
-    let mut fixed: Vec<Fixed> = (0..m).map(|k| Fixed::of(&all, k, &nums[k], opts)).collect();
+    // Per rank: (barrier, task) for each task waiting for a barrier, (task, barrier) for each
+    // task a barrier waits for.
+    let mut waits = vec![Vec::new(); m];
+    let mut feeds = vec![Vec::new(); m];
     for l in links {
         let (t, d) = (l.task as usize, l.dep as usize);
         if d >= first_barrier {
             let k = all.part_of(t);
-            fixed[k].waits.push((d - first_barrier) as u32, (t - all.task[k]) as u32);
+            waits[k].push(((d - first_barrier) as u32, (t - all.task[k]) as u32));
         } else {
             let k = all.part_of(d);
-            fixed[k].feeds.push((d - all.task[k]) as u32, (t - first_barrier) as u32);
+            feeds[k].push(((d - all.task[k]) as u32, (t - first_barrier) as u32));
         }
     }
-    let fixed: Vec<Fixed> = fixed.into_iter().map(|f| f.finish(nb)).collect();
+    let fixed: Vec<Fixed> = (0..m).map(|k| Fixed::of(&all, k, &nums[k], opts, nb, &waits[k], &feeds[k])).collect();
     // Whether every rank takes no time on the same tasks (and so runs instant 0 alike).
     let zero = |p: &Program| p.tasks.iter().map(|t| t.duration_ns == 0).collect::<Vec<bool>>();
     let first = zero(ranks[0]);
@@ -245,11 +248,10 @@ struct Fixed {
     dev_of: Vec<usize>,
     local: Vec<usize>,
     empty_cache: Vec<bool>,
-    /// Pairs (barrier, task) before [`Fixed::finish`]: the rank's tasks that wait for each
-    /// barrier.
-    waits: Pairs,
-    /// Pairs (task, barrier): the barriers each of the rank's tasks is a dependency of.
-    feeds: Pairs,
+    /// Per barrier: the rank's tasks that wait for it.
+    waits: TaskLists,
+    /// Per task: the barriers it is a dependency of.
+    feeds: TaskLists,
     /// Per barrier: how many of the rank's tasks it waits for.
     deps_of: Vec<u32>,
     /// The rank's streams (the barrier stream's index on device 0 is this).
@@ -257,38 +259,24 @@ struct Fixed {
     sms: u32,
 }
 
-/// (key, value) pairs gathered in any order, then grouped by key.
-enum Pairs {
-    Open(Vec<(u32, u32)>),
-    Done(TaskLists),
-}
-
-impl Pairs {
-    fn push(&mut self, key: u32, value: u32) {
-        if let Pairs::Open(v) = self {
-            v.push((key, value));
-        }
-    }
-
-    fn close(self, keys: usize) -> Pairs {
-        match self {
-            Pairs::Open(v) => Pairs::Done(TaskLists::from_pairs(keys, &v)),
-            done => done,
-        }
-    }
-
-    fn of(&self, key: usize) -> &[u32] {
-        match self {
-            Pairs::Done(l) if key < l.len() => l.of(key),
-            _ => &[],
-        }
-    }
-}
-
 impl Fixed {
-    fn of(all: &Numbering, k: usize, num: &Numbering, opts: &RunOptions) -> Fixed {
+    /// Rank `k`'s tables; `waits` and `feeds` are its (barrier, task) and (task, barrier)
+    /// pairs of `barriers` barriers.
+    fn of(
+        all: &Numbering,
+        k: usize,
+        num: &Numbering,
+        opts: &RunOptions,
+        barriers: usize,
+        waits: &[(u32, u32)],
+        feeds: &[(u32, u32)],
+    ) -> Fixed {
         let p = num.parts[0];
         let n = p.tasks.len();
+        let mut deps_of = vec![0; barriers];
+        for &(_, b) in feeds {
+            deps_of[b as usize] += 1;
+        }
         let mut empty_cache = vec![false; n];
         let to = all.task[k];
         for &t in &opts.empty_cache_after {
@@ -300,25 +288,12 @@ impl Fixed {
             dev_of: vec![0; p.streams.len().max(1)],
             local: (0..p.streams.len().max(1)).collect(),
             empty_cache,
-            waits: Pairs::Open(Vec::new()),
-            feeds: Pairs::Open(Vec::new()),
-            deps_of: Vec::new(),
+            waits: TaskLists::from_pairs(barriers, waits),
+            feeds: TaskLists::from_pairs(n, feeds),
+            deps_of,
             streams: p.streams.len(),
             sms: p.sms,
         }
-    }
-
-    fn finish(mut self, barriers: usize) -> Fixed {
-        let n = self.empty_cache.len();
-        self.waits = self.waits.close(barriers);
-        self.feeds = self.feeds.close(n);
-        self.deps_of = vec![0; barriers];
-        for t in 0..n {
-            for &b in self.feeds.of(t) {
-                self.deps_of[b as usize] += 1;
-            }
-        }
-        self
     }
 }
 
@@ -530,7 +505,7 @@ impl<'p, 'a, 'b> Rank<'p, 'a, 'b> {
         let (flat, dependents) = (&tables.flat, &tables.dependents);
         let mut remaining = tables.remaining.clone();
         let duration = num.parts[0].tasks.iter().map(|t| t.duration_ns).collect();
-        for (b, _) in fixed.deps_of.iter().enumerate() {
+        for b in 0..fixed.waits.len() {
             for &t in fixed.waits.of(b) {
                 remaining[t as usize] += 1;
             }
