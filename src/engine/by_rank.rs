@@ -527,6 +527,7 @@ impl<'p, 'a, 'b> Rank<'p, 'a, 'b> {
             start_ns: vec![u64::MAX; n],
             end_ns: vec![u64::MAX; n],
             stream_busy_ns: vec![0; ns],
+            part_of_stream: num.part_of_streams(),
         };
         let pending = fixed.deps_of.clone();
         let last_dep = vec![None; pending.len()];
