@@ -554,16 +554,26 @@ impl Periodic {
         if !st.shared.keeps_order(&|t: u32| self.shift(t, kl)) {
             return Ok(false);
         }
-        // The jump: each repeat's starts and ends through memory, shifted, in order.
+        // The jump: each repeat's starts and ends through memory, shifted, in order. Each
+        // event's stream (the same a period on: [`stretches`] checks it) and the tasks one
+        // repeat moves it by are looked up once, not per repeat.
         self.jumped += kl;
+        let events: Vec<(u64, u32, u32, u32)> = window
+            .iter()
+            .map(|&(when, e)| {
+                let t = e >> 1;
+                let step = self.shift(t, lag) - t;
+                (when, e, step, task_stream[t as usize])
+            })
+            .collect();
         for m in 1..=k {
-            for &(when, e) in window {
-                let t = self.shift(e >> 1, m * lag);
-                let (s, at) = (task_stream[t as usize] as usize, when + m * dt);
+            for &(when, e, step, s) in &events {
+                let t = (e >> 1) + m as u32 * step;
+                let at = when + m * dt;
                 if e & 1 == 0 {
-                    st.mem.start(t, s, at)?;
+                    st.mem.start(t, s as usize, at)?;
                 } else {
-                    st.mem.end(t, s, at);
+                    st.mem.end(t, s as usize, at);
                 }
             }
         }
