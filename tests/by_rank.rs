@@ -12,13 +12,11 @@ use stepsim::scenario::Scenario;
 use stepsim::{SimOptions, Simulation};
 
 mod same_run;
-use same_run::{assert_same_figures, Rng};
+use same_run::{assert_same_figures, both, Rng};
 
-fn both(s: &Scenario) -> (Simulation, Simulation) {
-    let apart = stepsim::simulate(s).unwrap_or_else(|e| panic!("{e}"));
-    let one = stepsim::simulate_with(s, SimOptions { one_loop: true, ..Default::default() })
-        .unwrap_or_else(|e| panic!("{e}"));
-    (apart, one)
+/// What the default run is checked against: every rank in one event loop.
+fn plain() -> SimOptions {
+    SimOptions { one_loop: true, ..Default::default() }
 }
 
 /// Asserts the two simulations agree in everything they recorded; returns whether the
@@ -81,7 +79,7 @@ fn random_jitter_jobs_match_the_single_loop() {
         // drawn again.
         let Ok(mut s) = Scenario::from_toml(Path::new("<random>"), &toml) else { continue };
         cases += 1;
-        let (a, one) = both(&s);
+        let (a, one) = both(&s, plain());
         let played = assert_same(&format!("case {cases}:\n{toml}"), &a, &one);
         apart += usize::from(played);
         unpipelined += usize::from(toml.contains("pipeline = 1\n"));
@@ -90,7 +88,7 @@ fn random_jitter_jobs_match_the_single_loop() {
         // memory, and the runner hands the job to the single loop.
         let allocated = a.run.traces.iter().map(|t| t.allocator.peak_allocated).max().unwrap_or(0);
         s.cluster.memory_bytes = s.cluster.cuda_context_bytes + s.nccl_bytes() + s.deepep_bytes() + allocated - 1;
-        let (a, one) = both(&s);
+        let (a, one) = both(&s, plain());
         assert_same(&format!("case {cases}, a byte short:\n{toml}"), &a, &one);
         let oom = a.run.traces.iter().any(|t| t.oom.is_some());
         ooms += usize::from(oom);
@@ -125,7 +123,7 @@ fn uneven_moe_routing_on_one_stage_matches_the_single_loop() {
                 [training]\nmicro_batch = 1\nseq_len = 4096\ngrad_accum = 4\nsteps = 2\n\
                 precision = \"bf16-mixed-adam-fp32-grads\"\nactivation_checkpointing = \"full\"\nattention = \"flash\"\n";
     let s = Scenario::from_toml(Path::new("<moe>"), toml).unwrap_or_else(|e| panic!("{e}"));
-    let (a, one) = both(&s);
+    let (a, one) = both(&s, plain());
     assert!(a.run.traces.iter().all(|t| t.oom.is_none()), "the MoE job fits");
     assert!(assert_same("uneven routing", &a, &one), "uneven routing on one stage plays by rank");
 }

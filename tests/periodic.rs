@@ -10,13 +10,11 @@ use stepsim::scenario::Scenario;
 use stepsim::{SimOptions, Simulation};
 
 mod same_run;
-use same_run::{assert_same_figures, Rng};
+use same_run::{assert_same_figures, both, Rng};
 
-fn both(s: &Scenario) -> (Simulation, Simulation) {
-    let fast = stepsim::simulate(s).unwrap_or_else(|e| panic!("{e}"));
-    let full = stepsim::simulate_with(s, SimOptions { every_period: true, ..Default::default() })
-        .unwrap_or_else(|e| panic!("{e}"));
-    (fast, full)
+/// What the default run is checked against: every period simulated.
+fn plain() -> SimOptions {
+    SimOptions { every_period: true, ..Default::default() }
 }
 
 /// Asserts the two simulations agree in everything they recorded; returns the periods the
@@ -37,7 +35,7 @@ fn every_shipped_scenario_matches_the_full_simulation() {
     for f in &files {
         let s = Scenario::load(f).unwrap_or_else(|e| panic!("{e}"));
         let name = f.file_stem().unwrap().to_string_lossy().into_owned();
-        let (fast, full) = both(&s);
+        let (fast, full) = both(&s, plain());
         let j = assert_same(&name, &fast, &full);
         println!("{name:45} {j:>5} periods jumped");
         jumped.push((name, j));
@@ -89,7 +87,7 @@ fn random_pipelines_and_accumulation_runs_match_the_full_simulation() {
         let toml = random_scenario(&mut rng);
         let Ok(mut s) = Scenario::from_toml(Path::new("<random>"), &toml) else { continue };
         cases += 1;
-        let (fast, full) = both(&s);
+        let (fast, full) = both(&s, plain());
         let j = assert_same(&format!("case {cases}:\n{toml}"), &fast, &full);
         jumped_cases += usize::from(j > 0);
         // Again on smaller devices: one a byte short of the run's highest reservation (the
@@ -101,7 +99,7 @@ fn random_pipelines_and_accumulation_runs_match_the_full_simulation() {
         let (reserved, allocated) = (peak(&|a| a.peak_reserved), peak(&|a| a.peak_allocated));
         for (what, bytes) in [("reservation", reserved), ("live bytes", allocated)] {
             s.cluster.memory_bytes = s.cluster.cuda_context_bytes + s.nccl_bytes() + s.deepep_bytes() + bytes - 1;
-            let (fast, full) = both(&s);
+            let (fast, full) = both(&s, plain());
             let jo = assert_same(&format!("case {cases}, a byte short of its {what}:\n{toml}"), &fast, &full);
             let oom = fast.run.traces.iter().any(|t| t.oom.is_some());
             ooms[usize::from(what == "live bytes")] += usize::from(oom);

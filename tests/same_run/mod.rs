@@ -2,7 +2,15 @@
 //! (tests/periodic.rs, tests/by_rank.rs): a seeded generator of random scenarios, and the
 //! comparison of two simulations in everything they recorded.
 
-use stepsim::Simulation;
+use stepsim::scenario::Scenario;
+use stepsim::{SimOptions, Simulation};
+
+/// `s` simulated the default way and with `plain` (the slower way it is checked against).
+pub fn both(s: &Scenario, plain: SimOptions) -> (Simulation, Simulation) {
+    let fast = stepsim::simulate(s).unwrap_or_else(|e| panic!("{e}"));
+    let slow = stepsim::simulate_with(s, plain).unwrap_or_else(|e| panic!("{e}"));
+    (fast, slow)
+}
 
 /// Asserts the two simulations agree in everything they recorded: step spans, each class's
 /// task times, memory timeline, allocator counters, OOM, stream busy time and end time, and
