@@ -99,7 +99,7 @@ fn explain_offers_turning_nvls_off() {
     let mut s = scenario("h100-sxm", 8, "sharding = \"full_shard\"", "");
     let need = stepsim::simulate(&s).unwrap().report.peak.unwrap().reserved.bytes;
     let mut off = s.clone();
-    off.nccl.nvls = false;
+    off.set_nvls(false);
     let saved = s.nccl_bytes() - off.nccl_bytes();
     assert_eq!(saved, (34 + 256) << 20);
     // A device just too small with NVLS's buffers and large enough without them.

@@ -590,9 +590,7 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             if s.allocator.nccl_buffers.is_some() {
                 return Err("NCCL's memory is given (allocator.nccl_buffers)".into());
             }
-            v.nccl.nvls = false;
-            // The time model's view of the same setting: all-reduces inside a node on rings.
-            v.cluster.nvls_off = true;
+            v.set_nvls(false);
             let saved = s.nccl_bytes().saturating_sub(v.nccl_bytes());
             if saved == 0 {
                 return Err("no communicator all-reduces through NVLS".into());

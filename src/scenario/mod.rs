@@ -151,6 +151,14 @@ impl Scenario {
         nccl::estimate(self, self.nccl)
     }
 
+    /// `[nccl] nvls` (`NCCL_NVLS_ENABLE`): NCCL's NVLS buffers in its memory, and where the
+    /// node has NVLS the time model's all-reduces inside a node on it
+    /// ([`crate::hardware::Cluster::nvls`]); the one place that sets both.
+    pub fn set_nvls(&mut self, on: bool) {
+        self.nccl.nvls = on;
+        self.cluster.nvls_off = !on;
+    }
+
     /// Bytes NCCL holds on each GPU outside the allocator: `allocator.nccl_buffers` as
     /// given, else [`Scenario::nccl_estimate`].
     pub fn nccl_bytes(&self) -> u64 {
@@ -1569,9 +1577,8 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         );
     }
     let nccl_config = nccl::validate_nccl(&v, f.nccl.as_ref(), &cluster)?;
-    let mut cluster = cluster;
-    cluster.nvls_off = !nccl_config.nvls;
-    let s = Scenario {
+    let nvls = nccl_config.nvls;
+    let mut s = Scenario {
         name,
         description: f.description.clone().unwrap_or_default(),
         source: path.to_path_buf(),
@@ -1589,6 +1596,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         inference,
         nccl: nccl_config,
     };
+    s.set_nvls(nvls);
     let held = s.nccl_bytes();
     if held >= s.cluster.capacity_bytes() {
         return Err(v.err(
