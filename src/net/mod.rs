@@ -98,15 +98,25 @@ pub fn nvls_min_ranks(compute_capability: Option<u32>) -> u64 {
     }
 }
 
-/// [`NVLS_BY_CHUNK`]'s rates on another GPU: in proportion to its NVLink bandwidth and to
-/// NCCL's NVLS efficiency for its generation (`nvlsEfficiency` in `src/graph/tuning.cc`:
-/// 0.85 Hopper, 0.74 Blackwell). An assumption: only the H100's are measured.
-pub fn nvls_rate_scale(nvlink_bytes_per_s: f64, compute_capability: Option<u32>) -> f64 {
-    let efficiency = match compute_capability {
+/// The NVLink bandwidth (bytes/s per direction) of the GPU [`NVLS_BY_CHUNK`] was measured
+/// on: the H100 SXM's 450 GB/s (`src/hardware`, NVIDIA's datasheet).
+pub const NVLS_MEASURED_NVLINK_BYTES_PER_S: f64 = 450e9;
+
+/// NCCL's NVLS efficiency by generation (`nvlsEfficiency` in `src/graph/tuning.cc`): 0.85
+/// on Hopper, 0.74 on Blackwell.
+fn nvls_efficiency(compute_capability: Option<u32>) -> f64 {
+    match compute_capability {
         Some(c) if c >= 100 => 0.74,
         _ => 0.85,
-    };
-    nvlink_bytes_per_s / 450e9 * efficiency / 0.85
+    }
+}
+
+/// [`NVLS_BY_CHUNK`]'s rates on another GPU: in proportion to its NVLink bandwidth and to
+/// NCCL's NVLS efficiency for its generation ([`nvls_efficiency`]). An assumption: only the
+/// H100's are measured.
+pub fn nvls_rate_scale(nvlink_bytes_per_s: f64, compute_capability: Option<u32>) -> f64 {
+    nvlink_bytes_per_s / NVLS_MEASURED_NVLINK_BYTES_PER_S * nvls_efficiency(compute_capability)
+        / nvls_efficiency(Some(90))
 }
 
 /// The chunk NCCL cuts an NVLS all-reduce of `bytes` into, `concurrent` = NVLS channels x
