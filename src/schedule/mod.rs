@@ -159,8 +159,15 @@ struct Builder<'a> {
     dag: &'a LayerDag,
     plan: &'a Plan,
     cost: &'a Cost,
-    /// The program so far; its tasks' frees are in `frees` until [`Builder::finish`].
+    /// The program so far; its tasks' frees are in `frees` until [`Builder::finish`], its
+    /// dependency and allocation lists, buffers and names in the builder's own tables below
+    /// (the program's are shared, and `Arc::make_mut` on every push was a tenth of building
+    /// a pipeline stage's program: two atomic operations a task).
     prog: Program,
+    deps: crate::engine::TaskLists,
+    alloc: crate::engine::TaskLists,
+    buffers: Vec<BufferSpec>,
+    buffer_names: Vec<String>,
     /// Empty lists for reuse ([`Builder::spare`]).
     spares: Vec<Vec<u32>>,
     /// (task, buffer) for every free, in the order the builder decided them: a task's frees
@@ -529,9 +536,8 @@ impl<'a> Builder<'a> {
             chunk_out.push(x_out);
             chunk_vs.push(ch.virtual_stage);
         }
-        if !names {
-            std::sync::Arc::make_mut(&mut prog.names).push(String::new());
-        }
+        // Without names every buffer points at one empty name.
+        let buffer_names = if names { Vec::new() } else { vec![String::new()] };
         let mg_buckets = if plan.parallel.framework == crate::plan::Framework::Megatron {
             let mg = &plan.parallel.megatron;
             // Only the first model chunk of the first stage is cut into buckets.
@@ -555,6 +561,10 @@ impl<'a> Builder<'a> {
             plan,
             cost,
             prog,
+            deps: Default::default(),
+            alloc: Default::default(),
+            buffers: Vec::new(),
+            buffer_names,
             frees: Vec::new(),
             spares: Vec::new(),
             labels: Vec::new(),
@@ -647,28 +657,23 @@ impl<'a> Builder<'a> {
         self.prog.tasks.reserve(tasks);
         self.labels.reserve(tasks);
         let buffers = 4 * nu + 8 + mbs * (3 * nops + 2 * nu);
-        std::sync::Arc::make_mut(&mut self.prog.deps).reserve(tasks, 2 * tasks);
-        std::sync::Arc::make_mut(&mut self.prog.alloc).reserve(tasks, buffers);
+        self.deps.reserve(tasks, 2 * tasks);
+        self.alloc.reserve(tasks, buffers);
         self.frees.reserve(buffers);
-        std::sync::Arc::make_mut(&mut self.prog.buffers).reserve(buffers);
+        self.buffers.reserve(buffers);
         if self.names {
-            std::sync::Arc::make_mut(&mut self.prog.names).reserve(buffers);
+            self.buffer_names.reserve(buffers);
         }
     }
 
     #[inline]
     fn buffer(&mut self, bytes: u64, category: Category, name: String) -> u32 {
         if self.names {
-            std::sync::Arc::make_mut(&mut self.prog.names).push(name);
+            self.buffer_names.push(name);
         }
-        let name = (self.prog.names.len() - 1) as u32;
-        std::sync::Arc::make_mut(&mut self.prog.buffers).push(BufferSpec {
-            bytes,
-            category,
-            name,
-            pool: crate::engine::TASK_STREAM,
-        });
-        (self.prog.buffers.len() - 1) as u32
+        let name = (self.buffer_names.len() - 1) as u32;
+        self.buffers.push(BufferSpec { bytes, category, name, pool: crate::engine::TASK_STREAM });
+        (self.buffers.len() - 1) as u32
     }
 
     /// Buffers the framework allocates on the compute stream (the CPU's current stream) for
@@ -681,7 +686,7 @@ impl<'a> Builder<'a> {
     #[inline]
     fn use_compute_pool(&mut self, bufs: &[u32]) {
         for &b in bufs {
-            std::sync::Arc::make_mut(&mut self.prog.buffers)[b as usize].pool = COMPUTE;
+            self.buffers[b as usize].pool = COMPUTE;
         }
     }
 
@@ -696,8 +701,8 @@ impl<'a> Builder<'a> {
         self.labels.push(label);
         let task = Task { stream, ctas, duration_ns: cost::ns(seconds), label: (self.labels.len() - 1) as u32 };
         self.prog.tasks.push(task);
-        std::sync::Arc::make_mut(&mut self.prog.deps).push(deps);
-        std::sync::Arc::make_mut(&mut self.prog.alloc).push(alloc);
+        self.deps.push(deps);
+        self.alloc.push(alloc);
         (self.prog.tasks.len() - 1) as u32
     }
 
@@ -778,7 +783,11 @@ impl<'a> Builder<'a> {
 
     /// The finished program, its frees filed under their tasks.
     fn finish(&mut self) -> Program {
-        let prog = std::mem::take(&mut self.prog);
+        let mut prog = std::mem::take(&mut self.prog);
+        prog.deps = std::mem::take(&mut self.deps).into();
+        prog.alloc = std::mem::take(&mut self.alloc).into();
+        prog.buffers = std::mem::take(&mut self.buffers).into();
+        prog.names = std::mem::take(&mut self.buffer_names).into();
         self.filed(prog)
     }
 
@@ -795,10 +804,14 @@ impl<'a> Builder<'a> {
     }
 
     /// The program built so far, as [`Builder::finish`] would hand it over, with the builder
-    /// left to carry on. Its lists are shared with the builder's until either changes them:
-    /// drop it before building on, or the builder's next task copies them.
+    /// left to carry on: a copy of its lists.
     fn program_so_far(&self) -> Program {
-        self.filed(self.prog.clone())
+        let mut prog = self.prog.clone();
+        prog.deps = self.deps.clone().into();
+        prog.alloc = self.alloc.clone().into();
+        prog.buffers = self.buffers.clone().into();
+        prog.names = self.buffer_names.clone().into();
+        self.filed(prog)
     }
 
     /// `prog` with its tasks' frees filed under them.
