@@ -67,6 +67,49 @@ fn the_32_gpu_story_leaves_activations_out_of_the_naive_average() {
     assert!(e.naive_leaves_out.iter().any(|x| x.contains("activations saved by 80 of 80 layers")));
     assert!(e.naive_leaves_out.iter().any(|x| x.contains("all-gathered") && x.contains("prefetched")));
     assert!(e.naive_note.contains("does not exist yet"), "{}", e.naive_note);
+    // FULL_SHARD divides every part of the model state by the GPUs.
+    assert!(e.naive_beyond.is_empty(), "{:?}", e.naive_beyond);
+}
+
+/// Where the naive average breaks, it says which state the layout keeps whole: DDP keeps all
+/// four parts on every GPU; ZeRO-1 with tensor parallelism divides the parameters and
+/// gradients only by the tensor-parallel ranks, and shards the rest.
+#[test]
+fn state_the_layout_does_not_divide_is_named_against_its_naive_share() {
+    let s = shipped("100b-8gpu-ddp.toml");
+    let sim = stepsim::simulate(&s).unwrap();
+    let e = explain::explain(&s, &sim, explain::DEFAULT_MARGIN);
+    assert_eq!(e.naive_beyond.len(), 4, "{:?}", e.naive_beyond);
+    for (line, part) in e.naive_beyond.iter().zip(["parameters", "gradients", "master weights", "optimizer state"]) {
+        assert!(
+            line.starts_with(part) && line.contains("8.0x") && line.contains("a whole copy on every GPU"),
+            "{line}"
+        );
+    }
+    // The OOM comes while the parameters load: what is live then is said beside the figure.
+    assert!(e.naive_beyond[0].contains("of it live at this instant"), "{}", e.naive_beyond[0]);
+
+    let s = inline(
+        "[model]\nfamily = \"gpt\"\nn_layers = 8\nhidden = 2048\nn_heads = 16\nvocab = 50304\nmax_seq_len = 2048\n\
+         [hardware]\ngpu = \"a100-80gb\"\ngpus = 16\n[parallel]\nframework = \"megatron\"\nsharding = \"zero1\"\ntensor = 2\n\
+         [training]\nmicro_batch = 1\nseq_len = 2048\nprecision = \"bf16-mixed-adam\"\n",
+    );
+    let sim = stepsim::simulate(&s).unwrap();
+    let e = explain::explain(&s, &sim, explain::DEFAULT_MARGIN);
+    assert_eq!(e.status, "fits");
+    let parts: Vec<&str> = e.naive_beyond.iter().map(|l| l.split(' ').next().unwrap()).collect();
+    assert_eq!(parts, ["parameters", "gradients"], "{:?}", e.naive_beyond);
+    for line in &e.naive_beyond {
+        assert!(
+            line.contains("divided only by the 2 model-parallel ranks") && line.contains("8 data-parallel replicas"),
+            "{line}"
+        );
+    }
+    let text = explain::render(&e, &s);
+    assert!(
+        text.contains("of model state is live here") && text.contains("does not divide all of it by the 16 GPUs"),
+        "{text}"
+    );
 }
 
 #[test]

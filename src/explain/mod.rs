@@ -76,11 +76,80 @@ pub struct Explanation {
     pub naive_average: Bytes,
     pub naive_leaves_out: Vec<String>,
     pub naive_note: String,
+    /// Model state live beyond its naive share, by category, and why (empty when the live
+    /// state is within half again of it).
+    pub naive_beyond: Vec<String>,
     /// Whether `torch.cuda.empty_cache()` would help, and why.
     pub empty_cache: String,
     pub counterfactuals: Vec<Counterfactual>,
     /// The first line of the answer: the cheapest change that fits, if any.
     pub answer: String,
+}
+
+/// Each model-state category this GPU holds at rest ([`crate::report::ModelStateReport`]) at
+/// more than half again its share of the naive average (the precision policy's bytes per
+/// parameter of that category over the GPU count), with what the layout does that the
+/// spreadsheet figure ignores: the sharding mode leaves it whole on every GPU, or only model
+/// parallelism divides it. "Divide by the GPUs" is the first figure a planner checks; this
+/// says where it breaks. The bytes live at the instant are given beside it where they differ
+/// (an OOM while the state is still being created).
+fn beyond_naive(s: &Scenario, sim: &Simulation, live: &[LiveLine], naive: u64) -> Vec<String> {
+    let plan = &sim.job.classes[sim.headline].plan;
+    let ms = &sim.report.model_state_per_gpu;
+    if sim.dag.lora.is_some() || naive == 0 || ms.bytes_per_param <= 0.0 {
+        return Vec::new();
+    }
+    let pr = &plan.training.precision;
+    let by_category = [
+        ("parameters", pr.param.bytes(), ms.parameters.bytes),
+        ("gradients", pr.grad.bytes(), ms.gradients.bytes),
+        ("master_weights", pr.master_bytes(), ms.master_weights.bytes),
+        ("optimizer_state", pr.state_bytes(plan.training.states_per_param()), ms.optimizer_state.bytes),
+    ];
+    let gpus = plan.gpus.max(1);
+    let dp = plan.dp.max(1);
+    let model_parallel = gpus / dp;
+    let sharding = s.parallel.sharding_display();
+    let ep = plan.parallel.model_parallel.expert;
+    let mut out = Vec::new();
+    for (key, bytes_per_param, at_rest) in by_category {
+        let share = naive as f64 * bytes_per_param as f64 / ms.bytes_per_param;
+        if share <= 0.0 || (at_rest as f64) <= 1.5 * share {
+            continue;
+        }
+        let times = at_rest as f64 / share;
+        let why = if (times / gpus as f64 - 1.0).abs() < 0.1 {
+            format!("a whole copy on every GPU under {sharding}")
+        } else if dp > 1 && model_parallel > 1 && (times / dp as f64 - 1.0).abs() < 0.15 {
+            format!(
+                "divided only by the {model_parallel} model-parallel ranks: each of the {dp} data-parallel replicas holds it whole under {sharding}"
+            )
+        } else if ep > 1 {
+            let dense = if model_parallel > 1 {
+                format!("divided only by the {model_parallel} model-parallel ranks")
+            } else {
+                "whole".to_string()
+            };
+            format!(
+                "the experts are divided over the {ep} expert-parallel ranks, the dense layers {dense} on each of the {dp} data-parallel replicas, under {sharding}"
+            )
+        } else {
+            format!("under {sharding}, over {dp} data-parallel replicas of {model_parallel} model-parallel ranks each")
+        };
+        let live_now: u64 = live.iter().filter(|l| l.category == key).map(|l| l.size.bytes).sum();
+        let now = if live_now == at_rest {
+            String::new()
+        } else {
+            format!(" ({} of it live at this instant)", fmt_bytes(live_now))
+        };
+        out.push(format!(
+            "{} {} per GPU at rest{now}, {times:.1}x their naive share of {}: {why}",
+            key.replace('_', " "),
+            fmt_bytes(at_rest),
+            fmt_bytes(share.round() as u64)
+        ));
+    }
+    out
 }
 
 pub fn phase_meaning(p: Phase) -> &'static str {
@@ -172,9 +241,17 @@ pub fn explain(s: &Scenario, sim: &Simulation, margin: f64) -> Explanation {
             fmt_bytes(live_state),
             "gradients exist only from backward until zero_grad(set_to_none=True), and PyTorch creates Adam's moments at the first optimizer.step()"
         )
+    } else if live_state as f64 >= 1.5 * naive.bytes as f64 {
+        format!(
+            "{} of model state is live here, {:.1}x the naive average",
+            fmt_bytes(live_state),
+            live_state as f64 / naive.bytes.max(1) as f64
+        )
     } else {
         format!("all {} of the naive average is live here", fmt_bytes(naive.bytes))
     };
+
+    let naive_beyond = beyond_naive(s, sim, &live, naive.bytes);
 
     let counterfactuals = if status == "fits" { Vec::new() } else { counterfactual::run_all(s, sim) };
     let answer = counterfactual::answer(&counterfactuals, status);
@@ -229,6 +306,7 @@ pub fn explain(s: &Scenario, sim: &Simulation, margin: f64) -> Explanation {
         naive_average: naive,
         naive_leaves_out,
         naive_note,
+        naive_beyond,
         empty_cache,
         counterfactuals,
         answer,
@@ -272,6 +350,12 @@ pub fn render(e: &Explanation, s: &Scenario) -> String {
     let _ =
         writeln!(o, "\nThe naive per-GPU average (total model state / GPUs) is {}.", fmt_bytes(e.naive_average.bytes));
     let _ = writeln!(o, "  {}.", e.naive_note);
+    if !e.naive_beyond.is_empty() {
+        let _ = writeln!(o, "  The layout does not divide all of it by the {} GPUs:", s.cluster.gpus);
+        for x in &e.naive_beyond {
+            let _ = writeln!(o, "    - {x}");
+        }
+    }
     if !e.naive_leaves_out.is_empty() {
         let _ = writeln!(o, "  It leaves out:");
         for x in &e.naive_leaves_out {
