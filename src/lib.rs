@@ -384,6 +384,18 @@ pub fn simulate_lean(
         let sched = &r.job.classes[0].schedule;
         return Ok(report::inference::build(s, cfg, &r.dag, sched, &r.run.traces[0], &r.traffic));
     }
+    simulate_lean_with(s, dag, early, |job, run| report::job::build(s, dag, job, run, false).report)
+}
+
+/// [`simulate_lean`] answering with `finish` of the run that answers (a prefix's or the whole
+/// program's) instead of its report: a sweep keeps a few figures of each configuration and
+/// need not write the report's text. Training only (sweeps refuse inference bases).
+pub fn simulate_lean_with<R>(
+    s: &scenario::Scenario,
+    dag: &model::LayerDag,
+    early: &[schedule::Stage],
+    finish: impl Fn(&job::Job, &job::run::JobRun) -> R,
+) -> Result<R, engine::Deadlock> {
     let plan = std::sync::Arc::new(plan_of(s, dag));
     let capacity = s.allocator_capacity();
     let all = plan.training.steps;
@@ -411,14 +423,14 @@ pub fn simulate_lean(
             let t = &run.traces[0];
             let before_gate = |at: u64| prefix.gate.is_none_or(|g| at < t.end_ns[g as usize]);
             let answered = t.oom.as_ref().is_some_and(|o| before_gate(o.time_ns));
-            answered.then(|| Ok(report::job::build(s, dag, &job, &run, false).report))
+            answered.then(|| Ok(finish(&job, &run)))
         });
         return match staged {
-            schedule::Staged::Answered(report) => report,
+            schedule::Staged::Answered(answer) => answer,
             schedule::Staged::Whole(schedule) => {
                 let job = job::of_replicas(plan.clone(), *schedule);
                 let run = run_job(&job)?;
-                Ok(report::job::build(s, dag, &job, &run, false).report)
+                Ok(finish(&job, &run))
             }
         };
     }
@@ -432,12 +444,12 @@ pub fn simulate_lean(
         if steps < all {
             let (job, run) = run_steps(steps)?;
             if run.traces.iter().any(|t| t.oom.is_some()) {
-                return Ok(report::job::build(s, dag, &job, &run, false).report);
+                return Ok(finish(&job, &run));
             }
         }
     }
     let (job, run) = run_steps(all)?;
-    Ok(report::job::build(s, dag, &job, &run, false).report)
+    Ok(finish(&job, &run))
 }
 
 /// What activation checkpointing costs in time: `without` is the same scenario without it,

@@ -617,8 +617,6 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
     if trace.oom.is_none() {
         #[derive(Default)]
         struct Acc {
-            start: u64,
-            end: u64,
             /// Busy nanoseconds of the compute stream (communication is measured as a union below).
             busy: u64,
             /// What the compute stream's tasks would have taken alone.
@@ -628,15 +626,14 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
             intervals: [Vec<(u64, u64)>; 3],
         }
         let n = plan.training.steps as usize;
-        let mut acc: Vec<Acc> = (0..n).map(|_| Acc { start: u64::MAX, ..Default::default() }).collect();
+        let spans = step_spans(plan, sched, trace);
+        let mut acc: Vec<Acc> = (0..n).map(|_| Acc::default()).collect();
         for (i, t) in prog.tasks.iter().enumerate() {
             let l = &sched.labels[t.label as usize];
             if l.step == 0 || trace.end_ns[i] == u64::MAX {
                 continue;
             }
             let Some(a) = acc.get_mut(l.step as usize - 1) else { continue };
-            a.start = a.start.min(trace.start_ns[i]);
-            a.end = a.end.max(trace.end_ns[i]);
             let st = match sched.stream_class(t.stream) {
                 StreamClass::Compute => 0,
                 StreamClass::Comm => 1,
@@ -653,18 +650,9 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
                 a.recompute += t.duration_ns;
             }
         }
-        // A step lasts from the end of the one before (the training loop's period: the next
-        // step's early work, e.g. a pipeline stage that finished first, or a parameter
-        // all-gather left to the next forward, may start before every rank has finished)
-        // to its own last task's end; the first step from its first task.
-        let mut prev_end: Option<u64> = None;
-        for (k, a) in (1..).zip(&mut acc) {
-            let (end, busy, recompute, solo) = (a.end, a.busy, a.recompute, a.solo);
-            if a.start == u64::MAX {
-                continue;
-            }
-            let start = prev_end.unwrap_or(a.start);
-            prev_end = Some(end);
+        for ((k, a), span) in (1..).zip(&mut acc).zip(spans) {
+            let (busy, recompute, solo) = (a.busy, a.recompute, a.solo);
+            let Some((start, end)) = span else { continue };
             let [compute, comm, host] = &mut a.intervals;
             // Exposure within the period: work begun before it is clipped to its start.
             for v in [&mut *compute, &mut *comm, &mut *host] {
@@ -1186,6 +1174,36 @@ pub fn memory_side(cap: u64, sched: &Schedule, trace: &Trace) -> (Verdict, Optio
         })
         .collect();
     (verdict, peak, phase_peaks)
+}
+
+/// Each step's span on the clock, by step (None for a step none of whose tasks ran): a step
+/// lasts from the end of the one before (the training loop's period: the next step's early
+/// work, e.g. a pipeline stage that finished first, or a parameter all-gather left to the
+/// next forward, may start before every rank has finished) to its own last task's end; the
+/// first step from its first task.
+pub(crate) fn step_spans(plan: &Plan, sched: &Schedule, trace: &Trace) -> Vec<Option<(u64, u64)>> {
+    let mut first_last = vec![(u64::MAX, 0u64); plan.training.steps as usize];
+    for (i, t) in sched.program.tasks.iter().enumerate() {
+        let step = sched.labels[t.label as usize].step;
+        if step == 0 || trace.end_ns[i] == u64::MAX {
+            continue;
+        }
+        let Some(a) = first_last.get_mut(step as usize - 1) else { continue };
+        a.0 = a.0.min(trace.start_ns[i]);
+        a.1 = a.1.max(trace.end_ns[i]);
+    }
+    let mut prev_end: Option<u64> = None;
+    first_last
+        .into_iter()
+        .map(|(first, last)| {
+            if first == u64::MAX {
+                return None;
+            }
+            let start = prev_end.unwrap_or(first);
+            prev_end = Some(last);
+            Some((start, last))
+        })
+        .collect()
 }
 
 /// Multi-token prediction as simulated (`model::dag` `mtp_modules`).

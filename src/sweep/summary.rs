@@ -6,6 +6,8 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use crate::engine::Deadlock;
+use crate::job::run::JobRun;
+use crate::job::Job;
 use crate::model::{LayerDag, ModelConfig, Workload};
 use crate::report::{Report, Verdict};
 use crate::scenario::Scenario;
@@ -67,6 +69,51 @@ impl Outcome {
 }
 
 impl Outcome {
+    /// The same figures as [`Outcome::from_report`] of the run's report, without building
+    /// the report where the job is one program (its text, assumptions, breakdowns and
+    /// largest tensors were a tenth of a 100B sweep's time). A job of several programs (a
+    /// pipeline's stages, `[jitter]`'s ranks) takes its report's headline: which class
+    /// speaks for the job is the report's choice.
+    pub fn of_run(s: &Scenario, dag: &LayerDag, job: &Job, run: &JobRun) -> Outcome {
+        let [class] = job.classes.as_slice() else {
+            return Outcome::from_report(&crate::report::job::build(s, dag, job, run, false).report, s);
+        };
+        let (plan, sched, trace) = (&class.plan, &class.schedule, &run.traces[0]);
+        let (host, nvme) = plan.offload_fits(u64::from(s.cluster.gpus_per_node));
+        let oom = match &trace.oom {
+            Some(o) => {
+                let l = &sched.labels[sched.program.tasks[o.task as usize].label as usize];
+                Some(OomAt { step: l.step, phase: l.phase, layer: l.layer() })
+            }
+            // Offloaded state the node cannot hold fails at initialisation.
+            None if !(host && nvme) => Some(OomAt { step: 0, phase: Phase::Init, layer: None }),
+            None => None,
+        };
+        let peak = trace.timeline.peak();
+        let tokens = s.tokens_per_step();
+        let throughput = match oom {
+            Some(_) => None,
+            None => crate::report::step_spans(plan, sched, trace).into_iter().flatten().last().map(|(start, end)| {
+                let step_time_s = (end - start) as f64 / 1e9;
+                let peak_flops = s.cluster.peak_flops(plan.training.precision.compute);
+                Rate {
+                    step_time_s,
+                    tokens_per_s: tokens as f64 / step_time_s,
+                    mfu: crate::report::round4(sched.model_flops_per_step / (step_time_s * peak_flops)),
+                }
+            }),
+        };
+        Outcome {
+            oom,
+            gpus: u64::from(s.cluster.gpus),
+            tokens_per_step: tokens,
+            peak_allocated: peak.map_or(0, |p| p.allocated),
+            peak_reserved: peak.map_or(0, |p| trace.timeline.peak_reserved().map_or(p.reserved, |r| r.reserved)),
+            capacity: s.allocator_capacity(),
+            throughput,
+        }
+    }
+
     /// What a sweep row must satisfy before it is written (the figures it prints; see
     /// [`crate::report::invariants`] for a whole report's).
     pub fn check(&self) -> Result<(), String> {
@@ -163,8 +210,11 @@ pub fn simulate(s: &Scenario) -> Result<Outcome, Deadlock> {
     if tried {
         early.push(Steps(1));
     }
-    let report = crate::simulate_lean(s, &dag, &early)?;
-    let o = Outcome::from_report(&report, s);
+    // Sweeps refuse inference bases; this keeps the function total.
+    let o = match s.inference {
+        Some(_) => Outcome::from_report(&crate::simulate_lean(s, &dag, &early)?, s),
+        None => crate::simulate_lean_with(s, &dag, &early, |job, run| Outcome::of_run(s, &dag, job, run))?,
+    };
     STEP1.with(|c| {
         let (f, r, p) = c.get();
         match o.oom {
