@@ -31,7 +31,7 @@ fn scenario(framework: &str, layers: u64, training: &str, parallel: &str) -> Sce
 }
 
 /// The checkpointing decisions for the whole model (stage 0 of one).
-fn checkpoints(s: &Scenario) -> (stepsim::model::LayerDag, checkpoint::Checkpoints) {
+fn checkpoints(s: &Scenario) -> (stepsim::model::LayerDag, std::sync::Arc<checkpoint::Checkpoints>) {
     let dag = stepsim::model::build(&s.model, &s.workload);
     let plan = Plan::new(&dag, s.parallel.clone(), s.training.clone(), 8, 8);
     let c = checkpoint::plan(&dag, &plan);

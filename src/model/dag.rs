@@ -243,6 +243,8 @@ pub struct Fp8Gemm {
     pub wgrad: bool,
 }
 
+static NEXT_DAG_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// The model as a petgraph DAG of ops (edges carry the tensor flowing between them).
 #[derive(Debug, Clone)]
 pub struct LayerDag {
@@ -257,6 +259,10 @@ pub struct LayerDag {
     pub workload: Workload,
     /// Set by [`super::lora::apply`]: a frozen base with adapters.
     pub lora: Option<super::lora::LoraConfig>,
+    /// Unique to each [`build`] (a clone keeps it): tables derived from the DAG are cached by
+    /// it across the configurations of a sweep that share the DAG
+    /// ([`crate::schedule::checkpoint::plan`]). A DAG is not changed after it is built.
+    pub id: u64,
 }
 
 impl Op {
@@ -691,6 +697,7 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         config: cfg.clone(),
         workload: w.clone(),
         lora: None,
+        id: NEXT_DAG_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
     };
     if let Some(l) = &w.lora {
         super::lora::apply(&mut dag, l, c);

@@ -61,8 +61,9 @@ pub fn offload_targets(dag: &LayerDag, plan: &Plan, tensors: &[TensorPlan]) -> V
 /// Bytes one micro-batch keeps in pinned host memory per GPU (what the report prints).
 /// Only the tensors of this rank's model chunks count.
 pub fn host_bytes(dag: &LayerDag, plan: &Plan) -> u64 {
-    let tensors = super::checkpoint::plan(dag, plan).tensors;
-    let targets = offload_targets(dag, plan, &tensors);
+    let ck = super::checkpoint::plan(dag, plan);
+    let tensors = &ck.tensors;
+    let targets = offload_targets(dag, plan, tensors);
     let here = |t: &crate::model::Tensor| {
         t.producer.is_none_or(|p| plan.chunks.is_empty() || plan.chunks.iter().any(|c| c.holds(dag.ops[p].region)))
     };
@@ -79,7 +80,7 @@ impl Builder<'_> {
                 o.tensors.push(t);
                 o.buffers.push(b);
             }
-            None => st.free_bwd[self.tensors[t].last_saver.unwrap_or(i)].push(b),
+            None => st.free_bwd[self.ck.tensors[t].last_saver.unwrap_or(i)].push(b),
         }
     }
 
@@ -164,7 +165,7 @@ impl Builder<'_> {
                 text!(self.names, "{} (micro-batch {mb}, reloaded from host)", self.dag.tensors[t].name),
             );
             alloc.push(b);
-            st.free_bwd[self.tensors[t].last_saver.unwrap_or(0)].push(b);
+            st.free_bwd[self.ck.tensors[t].last_saver.unwrap_or(0)].push(b);
         }
         alloc
     }
@@ -251,7 +252,7 @@ impl Builder<'_> {
             if st.offload[g].copy.is_none() && !st.offload[g].buffers.is_empty() {
                 let o = std::mem::take(&mut st.offload[g]);
                 for (t, b) in o.tensors.into_iter().zip(o.buffers) {
-                    st.free_bwd[self.tensors[t].last_saver.unwrap_or(0)].push(b);
+                    st.free_bwd[self.ck.tensors[t].last_saver.unwrap_or(0)].push(b);
                 }
             }
         }

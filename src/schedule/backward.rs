@@ -309,7 +309,7 @@ impl Builder<'_> {
         alloc: &mut Vec<u32>,
     ) {
         for &t in &op.inputs {
-            if self.tensors[t].needs_grad && grad_buf[t].is_none() {
+            if self.ck.tensors[t].needs_grad && grad_buf[t].is_none() {
                 let b = self.buffer(
                     self.dag.tensors[t].bytes,
                     Category::ActivationGradients,

@@ -68,9 +68,59 @@ impl Checkpoints {
     }
 }
 
+/// What [`plan`] reads of a plan: configurations that agree on it (a sweep's, differing in
+/// GPUs, sharding or micro-batches per step) share the answer for one DAG.
+#[derive(Clone, PartialEq)]
+struct Key {
+    dag: u64,
+    checkpointing: Checkpointing,
+    modules: Vec<RecomputeModule>,
+    blocks: CheckpointBlocks,
+    chunk_layers: Vec<u64>,
+}
+
+/// The answers last computed on this thread, most recent last.
+const CACHED: usize = 8;
+
+thread_local! {
+    static ANSWERS: std::cell::RefCell<Vec<(Key, std::sync::Arc<Checkpoints>)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Decides, for `plan`'s checkpointing policy, what each tensor of `dag` does between
-/// forward and backward.
-pub fn plan(dag: &LayerDag, plan: &Plan) -> Checkpoints {
+/// forward and backward. Computed once per DAG and policy on a thread: the pass over every
+/// op and tensor was a twentieth of a 100B capacity sweep, recomputed for each GPU count.
+pub fn plan(dag: &LayerDag, plan: &Plan) -> std::sync::Arc<Checkpoints> {
+    let key = Key {
+        dag: dag.id,
+        checkpointing: plan.training.checkpointing,
+        modules: plan.training.recompute_modules.clone(),
+        blocks: plan.training.checkpoint_blocks,
+        chunk_layers: match plan.training.checkpoint_blocks {
+            CheckpointBlocks::FirstPerChunk(_) => {
+                plan.parallel.model_parallel.virtual_stage_layers(dag.config.n_layers)
+            }
+            _ => Vec::new(),
+        },
+    };
+    ANSWERS.with(|c| {
+        let mut c = c.borrow_mut();
+        if let Some(i) = c.iter().position(|(k, _)| *k == key) {
+            let hit = c.remove(i);
+            let answer = hit.1.clone();
+            c.push(hit);
+            return answer;
+        }
+        let answer = std::sync::Arc::new(decide(dag, plan));
+        if c.len() == CACHED {
+            c.remove(0);
+        }
+        c.push((key, answer.clone()));
+        answer
+    })
+}
+
+/// [`plan`] itself.
+fn decide(dag: &LayerDag, plan: &Plan) -> Checkpoints {
     let ck = plan.training.checkpointing;
     let mut tensors: Vec<TensorPlan> = (0..dag.tensors.len())
         .map(|t| TensorPlan {

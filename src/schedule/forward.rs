@@ -146,7 +146,7 @@ impl Builder<'_> {
         let fetched = self.zero3_fetch(i, (step, mb, Phase::Forward), self.last_task(), &mut deps);
         st.prev_region = Some(op.region);
         for &t in &op.outputs {
-            let tp = self.tensors[t];
+            let tp = self.ck.tensors[t];
             let cat = if tp.kept { Category::Activations } else { Category::Transient };
             let b =
                 self.buffer(dag.tensors[t].bytes, cat, text!(self.names, "{} (micro-batch {mb})", dag.tensors[t].name));
@@ -178,7 +178,7 @@ impl Builder<'_> {
             alloc.push(b);
             // A checkpointed block's casts are recomputed with it (full), or as the
             // per-op policy's unsaved `_to_copy`s (only the rerun linears' are counted).
-            if matches!(op.region, Region::Block(l) if self.checkpointed[l as usize]) {
+            if matches!(op.region, Region::Block(l) if self.ck.checkpointed[l as usize]) {
                 frees_now.push(b);
             } else {
                 st.free_bwd[i].push(b);

@@ -35,7 +35,6 @@ use crate::model::LayerDag;
 use crate::net::Collective;
 use crate::plan::{Checkpointing, OptimizerImpl, Plan};
 
-use checkpoint::TensorPlan;
 pub use cost::Cost;
 pub use label::{Phase, TaskKind, TaskLabel};
 pub use megatron::partial_grad_params;
@@ -174,11 +173,10 @@ struct Builder<'a> {
     /// are often known only after later tasks are written.
     frees: Vec<(u32, u32)>,
     labels: Vec<TaskLabel>,
-    tensors: Vec<TensorPlan>,
-    /// For full checkpointing: per block, the ops (forward order) recomputed in backward.
-    recompute_ops: Vec<Vec<usize>>,
-    /// Per block: a checkpoint region of a full or per-op policy.
-    checkpointed: Vec<bool>,
+    /// The checkpointing decisions for this DAG and policy: per tensor, per block the ops
+    /// recomputed in backward, and per block whether it is a checkpoint region (shared by the
+    /// configurations that agree on them, [`checkpoint::plan`]).
+    ck: std::sync::Arc<checkpoint::Checkpoints>,
     /// Per tensor: the block whose activation offload takes it to the host
     /// ([`activation_offload::offload_targets`]; empty without offload).
     offload_of: Vec<Option<u64>>,
@@ -444,13 +442,14 @@ impl<'a> Builder<'a> {
     }
 
     fn new(dag: &'a LayerDag, plan: &'a Plan, cost: &'a Cost, names: bool) -> Self {
-        let checkpoint::Checkpoints { tensors, recompute_ops, checkpointed } = checkpoint::plan(dag, plan);
+        let ck = checkpoint::plan(dag, plan);
+        let (tensors, recompute_ops) = (&ck.tensors, &ck.recompute_ops);
         let (offload_of, fine) = match plan.training.activation_offload {
             Some(a) if a.method == crate::plan::ActivationOffloadMethod::FineGrained => {
-                let (of, groups) = fine_grained_offload::targets(dag, plan, &tensors);
+                let (of, groups) = fine_grained_offload::targets(dag, plan, tensors);
                 (of, Some(groups))
             }
-            _ => (activation_offload::offload_targets(dag, plan, &tensors), None),
+            _ => (activation_offload::offload_targets(dag, plan, tensors), None),
         };
         let nu = plan.units.len();
         // Each stream with the links its transfers occupy (engine::links): offload copies use
@@ -553,7 +552,7 @@ impl<'a> Builder<'a> {
         };
         let mg_param_ag = vec![None; mg_buckets.elements.len()];
         let zero3 = match chunk_ops.as_slice() {
-            [only] => zero3_fetch::Zero3Fetch::new(dag, plan, *only, &recompute_ops),
+            [only] => zero3_fetch::Zero3Fetch::new(dag, plan, *only, recompute_ops),
             _ => None,
         };
         Builder {
@@ -568,9 +567,7 @@ impl<'a> Builder<'a> {
             frees: Vec::new(),
             spares: Vec::new(),
             labels: Vec::new(),
-            tensors,
-            recompute_ops,
-            checkpointed,
+            ck: ck.clone(),
             offload_of,
             fine,
             offload_window: match plan.training.activation_offload {

@@ -208,7 +208,7 @@ impl Builder<'_> {
             return;
         }
         let dag = self.dag;
-        let tp = self.tensors[x];
+        let tp = self.ck.tensors[x];
         let b = self.buffer(
             dag.tensors[x].bytes,
             Category::Activations,

@@ -19,7 +19,8 @@ impl Builder<'_> {
         let (step, mb) = (st.step, st.mb);
         let cb = self.pr().compute.bytes();
         let casts = !self.plan.params_sharded && self.pr().param != self.pr().compute;
-        let rops = self.recompute_ops[l].clone();
+        let ck = self.ck.clone();
+        let rops = &ck.recompute_ops[l];
         let mut rpending: Option<u32> = None;
         for (k, &ri) in rops.iter().enumerate() {
             let rop = &dag.ops[ri];
@@ -29,7 +30,7 @@ impl Builder<'_> {
             let mut alloc = Vec::new();
             let mut frees = Vec::new();
             for &t in &rop.outputs {
-                let tp = self.tensors[t];
+                let tp = self.ck.tensors[t];
                 if tp.recomputed {
                     let b = self.buffer(
                         dag.tensors[t].bytes,
@@ -120,7 +121,7 @@ impl Builder<'_> {
         // need no visit.
         if !rops.is_empty() {
             let lt = (self.prog.tasks.len() - 1) as u32;
-            for &x in &rops {
+            for &x in rops {
                 let pend = std::mem::take(&mut st.free_fwd[x]);
                 if !pend.is_empty() {
                     self.free_at(lt, &pend);
@@ -142,7 +143,7 @@ impl Builder<'_> {
         let mb = st.mb;
         let mut alloc = Vec::new();
         for &t in &op.outputs {
-            if self.tensors[t].recomputed {
+            if self.ck.tensors[t].recomputed {
                 let b = self.buffer(
                     dag.tensors[t].bytes,
                     Category::Recomputed,

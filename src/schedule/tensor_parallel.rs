@@ -124,7 +124,7 @@ impl Builder<'_> {
         let mb = st.mb;
         let mut alloc = Vec::new();
         for &t in &op.outputs {
-            let tp = self.tensors[t];
+            let tp = self.ck.tensors[t];
             let b = self.buffer(
                 dag.tensors[t].bytes,
                 Category::Transient,
