@@ -64,12 +64,16 @@ pub struct ClassFigures {
 }
 
 impl ClassFigures {
-    fn of(cap: u64, c: &crate::job::RankClass, trace: &Trace) -> ClassFigures {
-        let (verdict, peak, _) = super::memory_side(cap, &c.schedule, trace);
+    /// A class's figures from its trace alone: the verdict and peaks [`super::memory_side`]
+    /// reports, without the phase peaks and the largest live tensors it also gathers.
+    pub fn of(c: &crate::job::RankClass, trace: &Trace) -> ClassFigures {
+        let peak = trace.timeline.peak();
         ClassFigures {
-            oom: matches!(verdict, Verdict::Oom(_)),
-            peak_allocated: peak.as_ref().map_or(Bytes::new(0), |p| p.allocated),
-            peak_reserved: peak.as_ref().map_or(Bytes::new(0), |p| p.reserved),
+            oom: trace.oom.is_some(),
+            peak_allocated: Bytes::new(peak.map_or(0, |p| p.allocated)),
+            peak_reserved: Bytes::new(
+                peak.map_or(0, |p| trace.timeline.peak_reserved().map_or(p.reserved, |r| r.reserved)),
+            ),
             model_state: Bytes::new(c.plan.model_state().total()),
             end_ns: last_end(trace),
         }
@@ -135,11 +139,10 @@ pub fn build(s: &Scenario, dag: &LayerDag, job: &Job, run: &JobRun, per_class: b
         return JobReport { report, headline: 0, classes };
     }
     let classes: Vec<Report> = if per_class { (0..n).map(one).collect() } else { Vec::new() };
-    let cap = s.allocator_capacity();
     let figures: Vec<ClassFigures> = (0..n)
         .map(|k| match classes.get(k) {
             Some(r) => ClassFigures::of_report(r, &run.traces[k]),
-            None => ClassFigures::of(cap, &job.classes[k], &run.traces[k]),
+            None => ClassFigures::of(&job.classes[k], &run.traces[k]),
         })
         .collect();
     let h = headline(&figures);

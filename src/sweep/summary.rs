@@ -70,36 +70,52 @@ impl Outcome {
 
 impl Outcome {
     /// The same figures as [`Outcome::from_report`] of the run's report, without building
-    /// the report where the job is one program (its text, assumptions, breakdowns and
-    /// largest tensors were a tenth of a 100B sweep's time). A job of several programs (a
-    /// pipeline's stages, `[jitter]`'s ranks) takes its report's headline: which class
-    /// speaks for the job is the report's choice.
-    pub fn of_run(s: &Scenario, dag: &LayerDag, job: &Job, run: &JobRun) -> Outcome {
-        let [class] = job.classes.as_slice() else {
-            return Outcome::from_report(&crate::report::job::build(s, dag, job, run, false).report, s);
+    /// the report (its text, assumptions, breakdowns and largest tensors were a tenth of a
+    /// 100B sweep's time): the headline class by the report's rule
+    /// ([`crate::report::job::headline`]), its verdict and peaks, and the step time as the
+    /// report takes it (a job of several classes: the last step the headline ran, timed over
+    /// every class's tasks, from the end of the step before).
+    pub fn of_run(s: &Scenario, job: &Job, run: &JobRun) -> Outcome {
+        use crate::report::job::{headline, ClassFigures};
+        let h = match job.classes.len() {
+            1 => 0,
+            _ => {
+                headline(&job.classes.iter().zip(&run.traces).map(|(c, t)| ClassFigures::of(c, t)).collect::<Vec<_>>())
+            }
         };
-        let (plan, sched, trace) = (&class.plan, &class.schedule, &run.traces[0]);
-        let (host, nvme) = plan.offload_fits(u64::from(s.cluster.gpus_per_node));
+        let (class, trace) = (&job.classes[h], &run.traces[h]);
+        let node = u64::from(s.cluster.gpus_per_node);
+        let offload_fits = job.classes.iter().all(|c| c.plan.offload_fits(node) == (true, true));
         let oom = match &trace.oom {
             Some(o) => {
-                let l = &sched.labels[sched.program.tasks[o.task as usize].label as usize];
+                let l = &class.schedule.labels[class.schedule.program.tasks[o.task as usize].label as usize];
                 Some(OomAt { step: l.step, phase: l.phase, layer: l.layer() })
             }
             // Offloaded state the node cannot hold fails at initialisation.
-            None if !(host && nvme) => Some(OomAt { step: 0, phase: Phase::Init, layer: None }),
+            None if !offload_fits => Some(OomAt { step: 0, phase: Phase::Init, layer: None }),
             None => None,
         };
         let peak = trace.timeline.peak();
         let tokens = s.tokens_per_step();
+        let spans = crate::report::step_spans(&class.plan, &class.schedule, trace);
+        // The last step the headline class ran, as the report times it.
+        let last = spans.iter().rposition(Option::is_some).and_then(|k| match job.classes.len() {
+            1 => spans[k],
+            _ => {
+                let &(first, end) = run.spans.get(k)?;
+                let start = k.checked_sub(1).and_then(|j| run.spans.get(j)).map_or(first, |&(_, prev)| prev);
+                Some((start, end))
+            }
+        });
         let throughput = match oom {
             Some(_) => None,
-            None => crate::report::step_spans(plan, sched, trace).into_iter().flatten().last().map(|(start, end)| {
-                let step_time_s = (end - start) as f64 / 1e9;
-                let peak_flops = s.cluster.peak_flops(plan.training.precision.compute);
+            None => last.map(|(start, end)| {
+                let step_time_s = end.saturating_sub(start) as f64 / 1e9;
+                let peak_flops = s.cluster.peak_flops(job.classes[0].plan.training.precision.compute);
                 Rate {
                     step_time_s,
                     tokens_per_s: tokens as f64 / step_time_s,
-                    mfu: crate::report::round4(sched.model_flops_per_step / (step_time_s * peak_flops)),
+                    mfu: crate::report::round4(class.schedule.model_flops_per_step / (step_time_s * peak_flops)),
                 }
             }),
         };
@@ -213,7 +229,7 @@ pub fn simulate(s: &Scenario) -> Result<Outcome, Deadlock> {
     // Sweeps refuse inference bases; this keeps the function total.
     let o = match s.inference {
         Some(_) => Outcome::from_report(&crate::simulate_lean(s, &dag, &early)?, s),
-        None => crate::simulate_lean_with(s, &dag, &early, |job, run| Outcome::of_run(s, &dag, job, run))?,
+        None => crate::simulate_lean_with(s, &dag, &early, |job, run| Outcome::of_run(s, job, run))?,
     };
     STEP1.with(|c| {
         let (f, r, p) = c.get();
