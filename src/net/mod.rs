@@ -53,6 +53,8 @@ pub struct Group {
     pub nvls_rate_scale: f64,
     /// The fewest ranks whose all-reduce runs on NVLS ([`nvls_min_ranks`]).
     pub nvls_min_ranks: u64,
+    /// The factor on a multi-node ring all-reduce's latency ([`ring_plateau`]).
+    pub ring_plateau: f64,
 }
 
 /// NCCL's NVLS (NVLink SHARP) all-reduce inside one NVSwitch node: each GPU reduces its share
@@ -161,11 +163,12 @@ pub const NETWORK_EFFICIENCY: f64 = 0.74;
 /// The same on InfiniBand NDR (400 Gb/s ConnectX-7): "For NDR @ 400Gbps you should see
 /// 46-48GB/s per NIC" (NCCL's maintainer, nvidia/nccl-tests#290, 2025-03): 47 of 50 GB/s.
 pub const IB_NDR_EFFICIENCY: f64 = 0.94;
-/// Per-step latency of a ring collective across nodes, seconds: a few us per NVLink hop, more
-/// for a step that crosses the network (NCCL Simple protocol; nccl-tests small-message times).
-/// As NCCL's tuner counts them (`tuning.cc`: `nInterSteps`), only the steps between nodes
-/// (nodes - 1 per pass of the ring) pay the network's. Rings inside one node take NCCL's own
-/// tuner latencies instead ([`SIMPLE_BASE_S`], [`LL128_BASE_S`], [`LL_BASE_S`]).
+/// Per-step latency, seconds, of what NCCL's tuner does not time here: point-to-point
+/// transfers, context parallelism's ring steps, all-to-alls and DeepEP's kernels (a few us
+/// on NVLink, more across the network; an assumption of the Simple protocol's order of
+/// magnitude). Ring collectives take the tuner's own latencies: [`SIMPLE_BASE_S`],
+/// [`LL128_BASE_S`], [`LL_BASE_S`] inside a node, [`SIMPLE_NET_HOP_S`] and
+/// [`RING_PLATEAU`] across nodes.
 pub const ALPHA_INTRA_S: f64 = 5e-6;
 pub const ALPHA_INTER_S: f64 = 10e-6;
 /// NCCL's low-latency (LL) protocol, which its tuner picks for small messages: a fixed
@@ -183,11 +186,27 @@ pub const LL_BANDWIDTH_FRACTION: f64 = 0.5;
 pub const LL128_BASE_S: f64 = 14e-6;
 pub const LL128_HOP_S: f64 = 1.9e-6;
 pub const LL128_BANDWIDTH_FRACTION: f64 = 0.92;
-/// NCCL's Simple protocol on a ring inside a node, as its tuner times it: `baseLat` 8.4 us
-/// and `hwLat` 3.4 us per step over NVLink (`src/graph/tuning.cc`). Rings across nodes keep
-/// [`ALPHA_INTRA_S`] and [`ALPHA_INTER_S`] per step.
+/// NCCL's Simple protocol on a ring, as its tuner times it: `baseLat` 8.4 us and `hwLat`
+/// 3.4 us per step over NVLink (`src/graph/tuning.cc`), inside a node and for a ring's steps
+/// that stay inside one across nodes (there the tuner takes the larger of it and 3 x the
+/// host's network overhead, 1 us on Intel hosts: NVLink's 3.4 us; 6 us on AMD hosts, not
+/// modelled).
 pub const SIMPLE_BASE_S: f64 = 8.4e-6;
 pub const SIMPLE_NVLINK_HOP_S: f64 = 3.4e-6;
+/// The tuner's latency for a Simple ring step that crosses the network: `hwLat` NET Ring
+/// Simple 14 us (`tuning.cc`; plus the network plugin's reported latency, which NCCL's
+/// InfiniBand transport gives as 0). A ring has `nInterSteps` of them: nodes - 1 per pass.
+pub const SIMPLE_NET_HOP_S: f64 = 14e-6;
+/// The tuner's "plateau effect of ring": an all-reduce ring across nodes on the Simple
+/// protocol takes 1.4 times its latency from compute capability 8.0 (1.9 before)
+/// (`ncclTopoGetAlgoTime` in `tuning.cc`, for every size of at least 64 bytes per channel and
+/// rank; smaller all-reduces take the tree's LL protocol here, [`TREE_LL_BASE_S`]).
+pub fn ring_plateau(compute_capability: Option<u32>) -> f64 {
+    match compute_capability {
+        Some(c) if c < 80 => 1.9,
+        _ => 1.4,
+    }
+}
 /// NCCL's tree all-reduce on the LL protocol, which its tuner picks for small all-reduces
 /// across nodes: a chain inside each node and a double binary tree over the nodes, reduced up
 /// and broadcast down, so `baseLat` plus twice (the node's chain hops + log2(nodes) network
@@ -233,13 +252,16 @@ impl Group {
         } else {
             0.0
         };
-        // NCCL's ring latency (`tuning.cc`): of the ring's steps, those that cross a node
-        // boundary pay the network's latency, the others NVLink's (`nInterSteps`: nodes - 1
-        // per pass, twice for an all-reduce).
-        let inter_steps = if k > 1 { passes as u64 * (k - 1) } else { 0 };
-        let simple =
-            (steps - inter_steps) as f64 * ALPHA_INTRA_S + inter_steps as f64 * ALPHA_INTER_S + intra.max(inter);
         if k > 1 {
+            // NCCL's ring latency (`tuning.cc`): of the ring's steps, those that cross a node
+            // boundary pay the network's latency, the others NVLink's (`nInterSteps`: nodes - 1
+            // per pass, twice for an all-reduce), an all-reduce's times its plateau factor.
+            let inter_steps = passes as u64 * (k - 1);
+            let latency = SIMPLE_BASE_S
+                + (steps - inter_steps) as f64 * SIMPLE_NVLINK_HOP_S
+                + inter_steps as f64 * SIMPLE_NET_HOP_S;
+            let plateau = if op == Collective::AllReduce { self.ring_plateau } else { 1.0 };
+            let simple = latency * plateau + intra.max(inter);
             if op == Collective::AllReduce && bytes <= TREE_LL_MAX_BYTES {
                 return simple.min(self.tree_ll_all_reduce_s(bytes));
             }
@@ -345,6 +367,7 @@ mod tests {
             nvls_channels: 0,
             nvls_rate_scale: 1.0,
             nvls_min_ranks: 5,
+            ring_plateau: 1.4,
         }
     }
 
@@ -357,9 +380,11 @@ mod tests {
         let wire = 2.0 * 2048.0 / (50e9 * NETWORK_EFFICIENCY * 0.5);
         let t = g.time_s(Collective::AllReduce, 2048);
         assert!((t - (75.2e-6 + wire)).abs() < 1e-9, "{t}");
-        // Past 64 KiB the ring: 2 x 63 steps cross nodes, the other 2 x 448 stay on NVLink.
+        // Past 64 KiB the ring: 2 x 63 steps cross nodes, the other 2 x 448 stay on NVLink,
+        // at NCCL's tuner latencies times its plateau factor.
         let big = g.time_s(Collective::AllReduce, TREE_LL_MAX_BYTES + 1);
-        assert!(big > 126.0 * ALPHA_INTER_S + 896.0 * ALPHA_INTRA_S, "{big}");
+        let latency = (SIMPLE_BASE_S + 126.0 * SIMPLE_NET_HOP_S + 896.0 * SIMPLE_NVLINK_HOP_S) * 1.4;
+        assert!(big > latency && big < latency + 20e-6, "{big}");
         // Inside a node the LL ring is unchanged.
         let node = group(8, 8, 450e9, 50e9);
         assert!(node.time_s(Collective::AllReduce, 2048) < 20e-6);
@@ -501,6 +526,7 @@ mod tests {
         assert!(two > one && two < 2.5 * one, "{one} {two}");
         // One GPU per node (the replica group of hybrid sharding): every byte crosses a NIC.
         let rep = group(4, 1, 450e9, 50e9).time_s(Collective::AllReduce, b);
-        assert!((rep - (6.0 * ALPHA_INTER_S + 2.0 * 0.75 * b as f64 / 37e9)).abs() < 1e-6);
+        let latency = (SIMPLE_BASE_S + 6.0 * SIMPLE_NET_HOP_S) * 1.4;
+        assert!((rep - (latency + 2.0 * 0.75 * b as f64 / 37e9)).abs() < 1e-6);
     }
 }

@@ -1321,7 +1321,7 @@ pub fn throughput_of(
                         .join(", ")
                 ),
                 format!(
-                    "collectives: NCCL rings, {:.0}% of {:.0} GB/s NVLink inside a node; across nodes {:.0}% of the node's NICs ({:.1} GB/s per GPU) on per-rail rings (efficiencies from nccl-tests busbw; across nodes by the node's fabric: InfiniBand NDR {:.0}%, NCCL's maintainer in nccl-tests#290; EFA's measured {:.0}% elsewhere); inside one node the fastest of NCCL's ring protocols for the size, at its tuner's latencies and link shares (tuning.cc: LL {:.1} + {:.1} us per step at half the link{}, LL128 {:.0} + {:.1} us per step at {:.0}%, Simple {:.1} + {:.1} us per step{}); rings across nodes {:.0} us per ring step on NVLink, {:.0} us per step that crosses nodes (nodes - 1 of them per pass of the ring, as NCCL's tuner counts them; assumed, NCCL Simple protocol order of magnitude); all-reduces of at most 64 KiB across nodes on NCCL's tree with the LL protocol where it is faster (its tuning.cc latencies)",
+                    "collectives: NCCL rings, {:.0}% of {:.0} GB/s NVLink inside a node; across nodes {:.0}% of the node's NICs ({:.1} GB/s per GPU) on per-rail rings (efficiencies from nccl-tests busbw; across nodes by the node's fabric: InfiniBand NDR {:.0}%, NCCL's maintainer in nccl-tests#290; EFA's measured {:.0}% elsewhere); inside one node the fastest of NCCL's ring protocols for the size, at its tuner's latencies and link shares (tuning.cc: LL {:.1} + {:.1} us per step at half the link{}, LL128 {:.0} + {:.1} us per step at {:.0}%, Simple {:.1} + {:.1} us per step{}); rings across nodes on the Simple protocol at its tuner's latencies: {:.1} us plus {:.1} us per step on NVLink and {:.0} us per step that crosses nodes (nodes - 1 of them per pass of the ring), an all-reduce's times {:.1} (tuning.cc's \"plateau effect of ring\"); all-reduces of at most 64 KiB across nodes on NCCL's tree with the LL protocol where it is faster (its tuning.cc latencies)",
                     crate::net::LINK_EFFICIENCY * 100.0,
                     s.cluster.gpu.nvlink_bytes_per_s / 1e9,
                     crate::schedule::cost::nic_efficiency(&s.cluster) * 100.0,
@@ -1370,8 +1370,10 @@ pub fn throughput_of(
                     } else {
                         String::new()
                     },
-                    crate::net::ALPHA_INTRA_S * 1e6,
-                    crate::net::ALPHA_INTER_S * 1e6
+                    crate::net::SIMPLE_BASE_S * 1e6,
+                    crate::net::SIMPLE_NVLINK_HOP_S * 1e6,
+                    crate::net::SIMPLE_NET_HOP_S * 1e6,
+                    crate::net::ring_plateau(s.cluster.gpu.arch.compute_capability())
                 ),
                 {
                     let (intra, inter) = crate::schedule::cost::collective_ctas(&s.cluster);

@@ -67,7 +67,8 @@
 //! | `net::LINK_EFFICIENCY` | 0.8 of NVLink | collective measurement | nccl-tests bus bandwidth, 8 x A100 and 8 x H200 |
 //! | `net::IB_NDR_EFFICIENCY` | 0.94 of the NIC | collective measurement | nccl-tests#290 (NCCL's maintainer) |
 //! | `net::NETWORK_EFFICIENCY` | 0.74 of the NIC | collective measurement | EFA nccl-tests (`src/net` module doc) |
-//! | `net::ALPHA_INTRA_S`, `net::ALPHA_INTER_S` | 5 / 10 us per ring step | assumption | rings across nodes: Simple-protocol small-message times; steps counted as NCCL's `tuning.cc` |
+//! | `net::SIMPLE_BASE_S`, `net::SIMPLE_NVLINK_HOP_S`, `net::SIMPLE_NET_HOP_S`, `net::ring_plateau` | 8.4 us + 3.4 us per step inside a node, 14 us per step that crosses nodes; x 1.4 for an all-reduce across nodes | NCCL source | rings across nodes: `tuning.cc` baseLat / hwLat NET Ring Simple, `nInterSteps`, the "plateau effect of ring"; against nccl-tests on 4 x 8 B200 over EFA (`tests/fidelity_collectives.rs`) |
+//! | `net::ALPHA_INTRA_S`, `net::ALPHA_INTER_S` | 5 / 10 us per step | assumption | point-to-point sends, context parallelism's ring steps, all-to-alls, DeepEP: Simple-protocol small-message order of magnitude |
 //! | `net::LL_BASE_S`, `net::LL_HOP_S`, `net::TREE_LL_*` | 6.6 / 0.6 us, tree 6.8 us | NCCL source | `src/graph/tuning.cc` baseLat / hwLat |
 //! | `net::ll_max_bus_bytes_per_s` | 87.7 / 141 / 282 GB/s (Ampere / Hopper / Blackwell) | NCCL source | the same tuner's `llMaxBws`: a single-node ring's LL bus bandwidth cap |
 //! | `net::LL128_*`, `net::SIMPLE_BASE_S`, `net::SIMPLE_NVLINK_HOP_S` | 14 + 1.9 us/step at 0.92; 8.4 + 3.4 us/step | NCCL source | the same tuner, rings inside a node; against nccl-tests on 8 H100 (`tests/fidelity_collectives.rs`) |
@@ -306,6 +307,7 @@ pub fn group_on(cluster: &Cluster, ranks: u64, per_node: u64) -> Group {
             cluster.gpu.arch.compute_capability(),
         ),
         nvls_min_ranks: crate::net::nvls_min_ranks(cluster.gpu.arch.compute_capability()),
+        ring_plateau: crate::net::ring_plateau(cluster.gpu.arch.compute_capability()),
     }
 }
 
