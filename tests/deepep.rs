@@ -40,6 +40,7 @@ fn deepeps_benchmark_table_within_15_percent() {
             nvls_channels: 0,
             nvls_rate_scale: 1.0,
             nvls_min_ranks: 5,
+            ring_plateau: stepsim::net::ring_plateau(Some(90)),
         };
         let f = d.fanout(ep, ep.min(8));
         for (kind, measured, elem) in [("dispatch", dispatch, 1.0 + 4.0 / 128.0), ("combine", combine, 2.0)] {
