@@ -78,8 +78,8 @@ fn offload_traffic_per_step_matches_the_bytes_moved() {
     assert!(close(d2h, 4.0 * 4.0 * shard) && close(d2h, off.d2h_bytes_per_step.bytes as f64), "{d2h}");
     assert!(close(h2d, 2.0 * shard) && close(h2d, off.h2d_bytes_per_step.bytes as f64), "{h2d}");
     assert!(close(cpu, shard / 1e9) && close(cpu, off.cpu_adam_s), "{cpu}");
-    // H100 PCIe Gen5 pinned copies: 53 GB/s to the host, 35 GB/s back.
-    assert_eq!((cfg.d2h_bytes_per_s, cfg.h2d_bytes_per_s), (53e9, 35e9));
+    // H100 PCIe Gen5 pinned copies (copy engines): 53 GB/s to the host, 55.4 GB/s back.
+    assert_eq!((cfg.d2h_bytes_per_s, cfg.h2d_bytes_per_s), (53e9, 55.4e9));
     let (with, without) = (off.step_time_with_s.unwrap(), off.step_time_without_s.unwrap());
     // The CPU step and the copy back cannot overlap the step's compute.
     assert!(with > without + cpu, "{with} vs {without} + {cpu}");

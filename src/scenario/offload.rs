@@ -18,14 +18,21 @@ pub const DEFAULT_NVME_CAPACITY: u64 = 30_720_000_000_000;
 pub const DEFAULT_NVME_READ_BYTES_PER_S: f64 = 10e9;
 pub const DEFAULT_NVME_WRITE_BYTES_PER_S: f64 = 5e9;
 
-/// Measured pinned-memory copy rates per GPU (nvbandwidth / bandwidthTest figures in
-/// docs/research/issue8-sources.md): PCIe Gen4 ~25 GB/s each way (A100), Gen5 ~35 GB/s
-/// host-to-device and ~53 GB/s device-to-host (H100); Gen3 taken as half of Gen4.
+/// Measured pinned-memory copy rates per GPU, (host-to-device, device-to-host), by PCIe
+/// generation (docs/research/issue8-sources.md): Gen4 about 25 GB/s each way (A100,
+/// nvbandwidth's copy-engine tests); Gen5 55.4 GB/s host-to-device (H200, stas00
+/// ml-engineering's PCIe 5 figure, 88% of the link, as quoted in shared/reference/SEMANTICS.md
+/// 5.3; nvbandwidth's `host_to_device_memcpy_ce` example gives 55.6) and 53 GB/s back (H100,
+/// nvidia/nvbandwidth#24); Gen3 taken as half of Gen4. The copies are copy-engine copies:
+/// PyTorch's `copy_` / `.to(non_blocking=True)` between pinned host memory and the GPU is a
+/// `cudaMemcpyAsync`, which the DMA engines run. The 35 GB/s host-to-device once used here
+/// was nvbandwidth#24's `host_to_device_memcpy_sm`, a copy kernel on the SMs, which PyTorch's
+/// copies do not use.
 pub fn pcie_bytes_per_s(gen: u8) -> (f64, f64) {
     match gen {
         0..=3 => (12.5e9, 12.5e9),
         4 => (25e9, 25e9),
-        _ => (35e9, 53e9),
+        _ => (55.4e9, 53e9),
     }
 }
 
