@@ -246,6 +246,14 @@ impl Timeline {
         self.peak_reserved.as_ref()
     }
 
+    /// The peaks a report states, (`max_memory_allocated`, `max_memory_reserved`): the highest
+    /// allocated bytes, and the highest reserved (the allocated peak's own where no reserved
+    /// peak was recorded); None before any sample.
+    pub fn peak_bytes(&self) -> Option<(u64, u64)> {
+        let p = self.peak()?;
+        Some((p.allocated, self.peak_reserved().map_or(p.reserved, |r| r.reserved)))
+    }
+
     /// The samples' tasks and live bytes, in order (with or without the curve): of each run of
     /// consecutive samples of one task, the first with the most live bytes.
     pub fn marks(&self) -> &[Mark] {

@@ -67,13 +67,11 @@ impl ClassFigures {
     /// A class's figures from its trace alone: the verdict and peaks [`super::memory_side`]
     /// reports, without the phase peaks and the largest live tensors it also gathers.
     pub fn of(c: &crate::job::RankClass, trace: &Trace) -> ClassFigures {
-        let peak = trace.timeline.peak();
+        let (allocated, reserved) = trace.timeline.peak_bytes().unwrap_or_default();
         ClassFigures {
             oom: trace.oom.is_some(),
-            peak_allocated: Bytes::new(peak.map_or(0, |p| p.allocated)),
-            peak_reserved: Bytes::new(
-                peak.map_or(0, |p| trace.timeline.peak_reserved().map_or(p.reserved, |r| r.reserved)),
-            ),
+            peak_allocated: Bytes::new(allocated),
+            peak_reserved: Bytes::new(reserved),
             model_state: Bytes::new(c.plan.model_state().total()),
             end_ns: last_end(trace),
         }
@@ -233,6 +231,16 @@ fn class_row(c: &RankClass, f: &ClassFigures, any_oom: bool) -> super::RankClass
 /// Turns the headline class's report into the job's: a row per class, the step time from
 /// the end of the step before (the first step: its first task) on any class to the last
 /// task of the step on any class, and throughput from it.
+/// Step `k`'s span (0-based) over every class's tasks, from [`JobRun::spans`]: the training
+/// loop's period, from the end of the step before on every class (a class that finished
+/// early may start the next step's work before the last one ends); the first step from its
+/// first task.
+pub fn job_step_span(spans: &[(u64, u64)], k: usize) -> Option<(u64, u64)> {
+    let &(first, end) = spans.get(k)?;
+    let start = k.checked_sub(1).and_then(|j| spans.get(j)).map_or(first, |&(_, prev_end)| prev_end);
+    Some((start, end))
+}
+
 fn finish(r: &mut Report, s: &Scenario, job: &Job, figures: &[ClassFigures], spans: &[(u64, u64)], h: usize) {
     let oom = figures.iter().any(|f| f.oom);
     r.rank_classes = job.classes.iter().zip(figures).map(|(c, f)| class_row(c, f, oom)).collect();
@@ -243,14 +251,7 @@ fn finish(r: &mut Report, s: &Scenario, job: &Job, figures: &[ClassFigures], spa
     }
     let mut steps: Vec<StepTiming> = Vec::new();
     for st in &r.steps {
-        let k = st.step as usize - 1;
-        let Some(&(a, b)) = spans.get(k) else { continue };
-        // The training loop's period: from the end of the step before on every class (a
-        // class that finished early may start the next step's work before the last one ends).
-        let a = match k.checked_sub(1).and_then(|j| spans.get(j)) {
-            Some(&(_, prev_end)) => prev_end,
-            None => a,
-        };
+        let Some((a, b)) = job_step_span(spans, st.step as usize - 1) else { continue };
         let dur = b.saturating_sub(a) as f64 / 1e9;
         let mut t = st.clone();
         t.start_s = a as f64 / 1e9;

@@ -1145,10 +1145,10 @@ pub fn memory_side(cap: u64, sched: &Schedule, trace: &Trace) -> (Verdict, Optio
             }))
         }
     };
-    let peak = trace.timeline.peak().map(|p| Peak {
+    let peak = trace.timeline.peak().zip(trace.timeline.peak_bytes()).map(|(p, (allocated, reserved))| Peak {
         at: instant(sched, p.task, p.time_ns),
-        allocated: Bytes::new(p.allocated),
-        reserved: Bytes::new(trace.timeline.peak_reserved().map_or(p.reserved, |r| r.reserved)),
+        allocated: Bytes::new(allocated),
+        reserved: Bytes::new(reserved),
         breakdown: breakdown(&p.by_category),
     });
     // Peak of each (step, phase): (step, phase, allocated, label of the first task at it),

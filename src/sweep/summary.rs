@@ -95,17 +95,13 @@ impl Outcome {
             None if !offload_fits => Some(OomAt { step: 0, phase: Phase::Init, layer: None }),
             None => None,
         };
-        let peak = trace.timeline.peak();
+        let (peak_allocated, peak_reserved) = trace.timeline.peak_bytes().unwrap_or_default();
         let tokens = s.tokens_per_step();
         let spans = crate::report::step_spans(&class.plan, &class.schedule, trace);
         // The last step the headline class ran, as the report times it.
         let last = spans.iter().rposition(Option::is_some).and_then(|k| match job.classes.len() {
             1 => spans[k],
-            _ => {
-                let &(first, end) = run.spans.get(k)?;
-                let start = k.checked_sub(1).and_then(|j| run.spans.get(j)).map_or(first, |&(_, prev)| prev);
-                Some((start, end))
-            }
+            _ => crate::report::job::job_step_span(&run.spans, k),
         });
         let throughput = match oom {
             Some(_) => None,
@@ -123,8 +119,8 @@ impl Outcome {
             oom,
             gpus: u64::from(s.cluster.gpus),
             tokens_per_step: tokens,
-            peak_allocated: peak.map_or(0, |p| p.allocated),
-            peak_reserved: peak.map_or(0, |p| trace.timeline.peak_reserved().map_or(p.reserved, |r| r.reserved)),
+            peak_allocated,
+            peak_reserved,
             capacity: s.allocator_capacity(),
             throughput,
         }
