@@ -24,6 +24,7 @@ pub mod memory;
 pub mod model;
 pub mod net;
 pub mod plan;
+pub mod recent;
 pub mod report;
 pub mod scenario;
 pub mod schedule;

@@ -103,19 +103,8 @@ pub fn plan(dag: &LayerDag, plan: &Plan) -> std::sync::Arc<Checkpoints> {
         },
     };
     ANSWERS.with(|c| {
-        let mut c = c.borrow_mut();
-        if let Some(i) = c.iter().position(|(k, _)| *k == key) {
-            let hit = c.remove(i);
-            let answer = hit.1.clone();
-            c.push(hit);
-            return answer;
-        }
-        let answer = std::sync::Arc::new(decide(dag, plan));
-        if c.len() == CACHED {
-            c.remove(0);
-        }
-        c.push((key, answer.clone()));
-        answer
+        let make = || (key.clone(), std::sync::Arc::new(decide(dag, plan)));
+        crate::recent::recall(&mut c.borrow_mut(), CACHED, |k| *k == key, make)
     })
 }
 

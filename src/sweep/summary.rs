@@ -155,25 +155,17 @@ impl Outcome {
 /// and the micro-batch shape, and building the DAG is a tenth of a simulation.
 const DAG_CACHE: usize = 8;
 
+/// What a DAG is built from.
+type DagKey = (ModelConfig, Workload);
+
 thread_local! {
-    static DAGS: RefCell<Vec<(ModelConfig, Workload, Rc<LayerDag>)>> = const { RefCell::new(Vec::new()) };
+    static DAGS: RefCell<Vec<(DagKey, Rc<LayerDag>)>> = const { RefCell::new(Vec::new()) };
 }
 
 fn dag_for(s: &Scenario) -> Rc<LayerDag> {
     DAGS.with(|c| {
-        let mut c = c.borrow_mut();
-        if let Some(i) = c.iter().position(|(m, w, _)| *m == s.model && *w == s.workload) {
-            let hit = c.remove(i);
-            let dag = hit.2.clone();
-            c.push(hit);
-            return dag;
-        }
-        let dag = Rc::new(crate::model::build(&s.model, &s.workload));
-        if c.len() == DAG_CACHE {
-            c.remove(0);
-        }
-        c.push((s.model.clone(), s.workload.clone(), dag.clone()));
-        dag
+        let make = || ((s.model.clone(), s.workload.clone()), Rc::new(crate::model::build(&s.model, &s.workload)));
+        crate::recent::recall(&mut c.borrow_mut(), DAG_CACHE, |(m, w)| *m == s.model && *w == s.workload, make)
     })
 }
 
