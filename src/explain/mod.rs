@@ -99,12 +99,13 @@ fn beyond_naive(s: &Scenario, sim: &Simulation, live: &[LiveLine], naive: u64) -
     if sim.dag.lora.is_some() || naive == 0 || ms.bytes_per_param <= 0.0 {
         return Vec::new();
     }
-    let pr = &plan.training.precision;
+    let [param, grad, master, state] =
+        plan.training.precision.bytes_per_param_by_part(plan.training.states_per_param());
     let by_category = [
-        ("parameters", pr.param.bytes(), ms.parameters.bytes),
-        ("gradients", pr.grad.bytes(), ms.gradients.bytes),
-        ("master_weights", pr.master_bytes(), ms.master_weights.bytes),
-        ("optimizer_state", pr.state_bytes(plan.training.states_per_param()), ms.optimizer_state.bytes),
+        ("parameters", param, ms.parameters.bytes),
+        ("gradients", grad, ms.gradients.bytes),
+        ("master_weights", master, ms.master_weights.bytes),
+        ("optimizer_state", state, ms.optimizer_state.bytes),
     ];
     let gpus = plan.gpus.max(1);
     let dp = plan.dp.max(1);

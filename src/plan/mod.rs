@@ -702,6 +702,14 @@ impl Precision {
         }
     }
 
+    /// Bytes per parameter of each part of the model state under the policy, before any
+    /// sharding: (parameters, gradients, master weights, optimizer state) with `states`
+    /// optimizer state tensors per parameter. Their sum is the policy's bytes per parameter
+    /// (16 for mixed-precision Adam).
+    pub fn bytes_per_param_by_part(&self, states: u64) -> [u64; 4] {
+        [self.param.bytes(), self.grad.bytes(), self.master_bytes(), self.state_bytes(states)]
+    }
+
     pub fn preset_names() -> &'static [&'static str] {
         &["bf16-mixed-adam", "bf16-mixed-adam-fp32-grads", "fsdp-bf16-mixed", "fp32", "bf16"]
     }

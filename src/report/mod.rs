@@ -583,10 +583,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
         dag.param_count()
     };
     let total_state = ms.total();
-    let per_param = {
-        let pr = &plan.training.precision;
-        pr.param.bytes() + pr.grad.bytes() + pr.master_bytes() + pr.state_bytes(plan.training.states_per_param())
-    };
+    let per_param: u64 = plan.training.precision.bytes_per_param_by_part(plan.training.states_per_param()).iter().sum();
     // LoRA: the full per-parameter policy applies to the adapters only; the frozen base
     // counts as stored, with its gradients where it shares a FlatParameter with them.
     let naive = match &dag.lora {
