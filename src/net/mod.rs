@@ -168,7 +168,7 @@ pub const IB_NDR_EFFICIENCY: f64 = 0.94;
 /// on NVLink, more across the network; an assumption of the Simple protocol's order of
 /// magnitude). Ring collectives take the tuner's own latencies: [`SIMPLE_BASE_S`],
 /// [`LL128_BASE_S`], [`LL_BASE_S`] inside a node, [`SIMPLE_NET_HOP_S`] and
-/// [`RING_PLATEAU`] across nodes.
+/// [`ring_plateau`] across nodes.
 pub const ALPHA_INTRA_S: f64 = 5e-6;
 pub const ALPHA_INTER_S: f64 = 10e-6;
 /// NCCL's low-latency (LL) protocol, which its tuner picks for small messages: a fixed

@@ -225,7 +225,7 @@ impl Builder<'_> {
             DeepspeedOptimizer::Fp16Optimizer => {
                 let mut alloc = Vec::with_capacity(constructed.len() + 1);
                 for &b in &constructed {
-                    let bytes = self.buffers[b as usize].bytes;
+                    let bytes = self.tables.buffers[b as usize].bytes;
                     alloc.push(self.buffer(
                         bytes,
                         Category::OptimizerTemp,

@@ -154,19 +154,37 @@ impl Schedule {
     }
 }
 
+/// The program's dependency and allocation lists, buffers and buffer names while the builder
+/// writes them: the program holds them behind `Arc`s (shared by `[jitter]`'s per-rank
+/// copies), and `Arc::make_mut` on every push was a tenth of building a pipeline stage's
+/// program, two atomic operations a task.
+#[derive(Clone, Default)]
+struct Tables {
+    deps: crate::engine::TaskLists,
+    alloc: crate::engine::TaskLists,
+    buffers: Vec<BufferSpec>,
+    names: Vec<String>,
+}
+
+impl Tables {
+    /// `prog` holding these tables.
+    fn into_program(self, mut prog: Program) -> Program {
+        prog.deps = self.deps.into();
+        prog.alloc = self.alloc.into();
+        prog.buffers = self.buffers.into();
+        prog.names = self.names.into();
+        prog
+    }
+}
+
 struct Builder<'a> {
     dag: &'a LayerDag,
     plan: &'a Plan,
     cost: &'a Cost,
-    /// The program so far; its tasks' frees are in `frees` until [`Builder::finish`], its
-    /// dependency and allocation lists, buffers and names in the builder's own tables below
-    /// (the program's are shared, and `Arc::make_mut` on every push was a tenth of building
-    /// a pipeline stage's program: two atomic operations a task).
+    /// The program so far; its tasks' frees are in `frees` and its lists, buffers and names
+    /// in `tables` until [`Builder::finish`].
     prog: Program,
-    deps: crate::engine::TaskLists,
-    alloc: crate::engine::TaskLists,
-    buffers: Vec<BufferSpec>,
-    buffer_names: Vec<String>,
+    tables: Tables,
     /// Empty lists for reuse ([`Builder::spare`]).
     spares: Vec<Vec<u32>>,
     /// (task, buffer) for every free, in the order the builder decided them: a task's frees
@@ -536,7 +554,7 @@ impl<'a> Builder<'a> {
             chunk_vs.push(ch.virtual_stage);
         }
         // Without names every buffer points at one empty name.
-        let buffer_names = if names { Vec::new() } else { vec![String::new()] };
+        let tables = Tables { names: if names { Vec::new() } else { vec![String::new()] }, ..Default::default() };
         let mg_buckets = if plan.parallel.framework == crate::plan::Framework::Megatron {
             let mg = &plan.parallel.megatron;
             // Only the first model chunk of the first stage is cut into buckets.
@@ -560,10 +578,7 @@ impl<'a> Builder<'a> {
             plan,
             cost,
             prog,
-            deps: Default::default(),
-            alloc: Default::default(),
-            buffers: Vec::new(),
-            buffer_names,
+            tables,
             frees: Vec::new(),
             spares: Vec::new(),
             labels: Vec::new(),
@@ -654,23 +669,23 @@ impl<'a> Builder<'a> {
         self.prog.tasks.reserve(tasks);
         self.labels.reserve(tasks);
         let buffers = 4 * nu + 8 + mbs * (3 * nops + 2 * nu);
-        self.deps.reserve(tasks, 2 * tasks);
-        self.alloc.reserve(tasks, buffers);
+        self.tables.deps.reserve(tasks, 2 * tasks);
+        self.tables.alloc.reserve(tasks, buffers);
         self.frees.reserve(buffers);
-        self.buffers.reserve(buffers);
+        self.tables.buffers.reserve(buffers);
         if self.names {
-            self.buffer_names.reserve(buffers);
+            self.tables.names.reserve(buffers);
         }
     }
 
     #[inline]
     fn buffer(&mut self, bytes: u64, category: Category, name: String) -> u32 {
         if self.names {
-            self.buffer_names.push(name);
+            self.tables.names.push(name);
         }
-        let name = (self.buffer_names.len() - 1) as u32;
-        self.buffers.push(BufferSpec { bytes, category, name, pool: crate::engine::TASK_STREAM });
-        (self.buffers.len() - 1) as u32
+        let name = (self.tables.names.len() - 1) as u32;
+        self.tables.buffers.push(BufferSpec { bytes, category, name, pool: crate::engine::TASK_STREAM });
+        (self.tables.buffers.len() - 1) as u32
     }
 
     /// Buffers the framework allocates on the compute stream (the CPU's current stream) for
@@ -683,7 +698,7 @@ impl<'a> Builder<'a> {
     #[inline]
     fn use_compute_pool(&mut self, bufs: &[u32]) {
         for &b in bufs {
-            self.buffers[b as usize].pool = COMPUTE;
+            self.tables.buffers[b as usize].pool = COMPUTE;
         }
     }
 
@@ -698,8 +713,8 @@ impl<'a> Builder<'a> {
         self.labels.push(label);
         let task = Task { stream, ctas, duration_ns: cost::ns(seconds), label: (self.labels.len() - 1) as u32 };
         self.prog.tasks.push(task);
-        self.deps.push(deps);
-        self.alloc.push(alloc);
+        self.tables.deps.push(deps);
+        self.tables.alloc.push(alloc);
         (self.prog.tasks.len() - 1) as u32
     }
 
@@ -780,11 +795,7 @@ impl<'a> Builder<'a> {
 
     /// The finished program, its frees filed under their tasks.
     fn finish(&mut self) -> Program {
-        let mut prog = std::mem::take(&mut self.prog);
-        prog.deps = std::mem::take(&mut self.deps).into();
-        prog.alloc = std::mem::take(&mut self.alloc).into();
-        prog.buffers = std::mem::take(&mut self.buffers).into();
-        prog.names = std::mem::take(&mut self.buffer_names).into();
+        let prog = std::mem::take(&mut self.tables).into_program(std::mem::take(&mut self.prog));
         self.filed(prog)
     }
 
@@ -803,12 +814,7 @@ impl<'a> Builder<'a> {
     /// The program built so far, as [`Builder::finish`] would hand it over, with the builder
     /// left to carry on: a copy of its lists.
     fn program_so_far(&self) -> Program {
-        let mut prog = self.prog.clone();
-        prog.deps = self.deps.clone().into();
-        prog.alloc = self.alloc.clone().into();
-        prog.buffers = self.buffers.clone().into();
-        prog.names = self.buffer_names.clone().into();
-        self.filed(prog)
+        self.filed(self.tables.clone().into_program(self.prog.clone()))
     }
 
     /// `prog` with its tasks' frees filed under them.

@@ -246,7 +246,7 @@ impl Builder<'_> {
             // group (`PartitionedTensor`, a clone of this rank's 1/TP) and its full data freed
             // (`first_output.data = torch.zeros(1)`) before the send; the partition is what
             // `pipe_buffers['outputs']` keeps until the backward.
-            let bytes = self.buffers[b as usize].bytes.div_ceil(self.plan.parallel.model_parallel.tensor);
+            let bytes = self.tables.buffers[b as usize].bytes.div_ceil(self.plan.parallel.model_parallel.tensor);
             let part = self.buffer(
                 bytes,
                 Category::Activations,

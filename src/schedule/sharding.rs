@@ -151,7 +151,7 @@ impl Builder<'_> {
             Category::UnshardedGradients,
             text!(self.names, "{unit} flat gradient ({}, FlatParameter.grad)", c.name()),
         );
-        let grad_bytes: u64 = unsharded.iter().map(|&x| self.buffers[x as usize].bytes).sum();
+        let grad_bytes: u64 = unsharded.iter().map(|&x| self.tables.buffers[x as usize].bytes).sum();
         let what = text!(self.names, "concatenate {unit} gradients (SplitWithSizesBackward)");
         let cat = self.task(
             COMPUTE,
@@ -309,7 +309,7 @@ impl Builder<'_> {
                 Category::ReduceScatterBuffers,
                 text!(self.names, "{} reduce-scatter input ({}, flat)", plan.units[u].name, self.pr().grad.name()),
             );
-            let grad_bytes: u64 = unsharded.iter().map(|&g| self.buffers[g as usize].bytes).sum();
+            let grad_bytes: u64 = unsharded.iter().map(|&g| self.tables.buffers[g as usize].bytes).sum();
             let what = text!(self.names, "reduce-scatter copy-in {}", plan.units[u].name);
             let c = self.task(
                 COMPUTE,
