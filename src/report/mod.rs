@@ -1203,6 +1203,12 @@ pub(crate) fn step_spans(plan: &Plan, sched: &Schedule, trace: &Trace) -> Vec<Op
         .collect()
 }
 
+/// `flops` a GPU does per step over what its peak for the policy's compute dtype does in
+/// `step_time_s`: MFU with the model's FLOPs, HFU with the hardware's (unrounded).
+pub(crate) fn utilisation(s: &Scenario, plan: &Plan, flops: f64, step_time_s: f64) -> f64 {
+    flops / (step_time_s * s.cluster.peak_flops(plan.training.precision.compute))
+}
+
 /// Multi-token prediction as simulated (`model::dag` `mtp_modules`).
 fn mtp_assumption(dag: &LayerDag, m: &crate::model::MtpConfig, dualpipe: bool) -> String {
     let cfg = &dag.config;
@@ -1248,8 +1254,8 @@ pub fn throughput_of(
 
     let tokens = s.tokens_per_step();
     let gpus = plan.gpus as f64;
-    let mfu = model_flops / (st.time_s * peak_flops);
-    let hfu = hw_flops / (st.time_s * peak_flops);
+    let mfu = utilisation(s, plan, model_flops, st.time_s);
+    let hfu = utilisation(s, plan, hw_flops, st.time_s);
     Throughput {
             step_time_s: st.time_s,
             tokens_per_step: tokens,

@@ -107,11 +107,15 @@ impl Outcome {
             Some(_) => None,
             None => last.map(|(start, end)| {
                 let step_time_s = end.saturating_sub(start) as f64 / 1e9;
-                let peak_flops = s.cluster.peak_flops(job.classes[0].plan.training.precision.compute);
                 Rate {
                     step_time_s,
                     tokens_per_s: tokens as f64 / step_time_s,
-                    mfu: crate::report::round4(class.schedule.model_flops_per_step / (step_time_s * peak_flops)),
+                    mfu: crate::report::round4(crate::report::utilisation(
+                        s,
+                        &job.classes[0].plan,
+                        class.schedule.model_flops_per_step,
+                        step_time_s,
+                    )),
                 }
             }),
         };
