@@ -80,7 +80,7 @@ impl Builder<'_> {
                 o.tensors.push(t);
                 o.buffers.push(b);
             }
-            None => st.free_bwd[self.ck.tensors[t].last_saver.unwrap_or(i)].push(b),
+            None => st.free_bwd.push(self.ck.tensors[t].last_saver.unwrap_or(i), b),
         }
     }
 
@@ -165,7 +165,7 @@ impl Builder<'_> {
                 text!(self.names, "{} (micro-batch {mb}, reloaded from host)", self.dag.tensors[t].name),
             );
             alloc.push(b);
-            st.free_bwd[self.ck.tensors[t].last_saver.unwrap_or(0)].push(b);
+            st.free_bwd.push(self.ck.tensors[t].last_saver.unwrap_or(0), b);
         }
         alloc
     }
@@ -252,7 +252,7 @@ impl Builder<'_> {
             if st.offload[g].copy.is_none() && !st.offload[g].buffers.is_empty() {
                 let o = std::mem::take(&mut st.offload[g]);
                 for (t, b) in o.tensors.into_iter().zip(o.buffers) {
-                    st.free_bwd[self.ck.tensors[t].last_saver.unwrap_or(0)].push(b);
+                    st.free_bwd.push(self.ck.tensors[t].last_saver.unwrap_or(0), b);
                 }
             }
         }

@@ -28,8 +28,8 @@ pub(super) struct Bwd {
     pub step: u32,
     pub mb: u32,
     /// Buffers freed at the end of an op's forward (recompute) or backward, by op index.
-    pub free_fwd: super::span::Span<Vec<u32>>,
-    pub free_bwd: super::span::Span<Vec<u32>>,
+    pub free_fwd: super::free_lists::FreeLists,
+    pub free_bwd: super::free_lists::FreeLists,
     /// Per block, what activation offload took to the host and its reload.
     pub offload: Vec<super::activation_offload::BlockOffload>,
     pub offload_count: usize,
@@ -189,7 +189,8 @@ impl Builder<'_> {
         if let Some(b) = scratch {
             self.free_at(t, &[b]);
         }
-        let mut f = std::mem::take(&mut st.free_bwd[i]);
+        let mut f = self.spare();
+        st.free_bwd.take_into(i, &mut f);
         for &o in &op.outputs {
             if let Some(g) = st.grad_buf[o] {
                 f.push(g);

@@ -23,8 +23,8 @@ pub(super) struct FwdPass {
     pub mb: u32,
     /// The task that ends the previous step (the next step's work waits for it).
     pub step_dep: Option<u32>,
-    pub free_fwd: super::span::Span<Vec<u32>>,
-    pub free_bwd: super::span::Span<Vec<u32>>,
+    pub free_fwd: super::free_lists::FreeLists,
+    pub free_bwd: super::free_lists::FreeLists,
     /// Each unit's all-gather in this pass.
     pub ag_fwd_task: Vec<Option<u32>>,
     /// Each unit's last forward kernel so far.
@@ -73,8 +73,8 @@ impl Builder<'_> {
             mb,
             chunk: c,
             step_dep: self.last_task_of_prev_step,
-            free_fwd: super::span::Span::new(lo, hi),
-            free_bwd: super::span::Span::new(lo, hi),
+            free_fwd: super::free_lists::FreeLists::new(lo, hi),
+            free_bwd: super::free_lists::FreeLists::new(lo, hi),
             ag_fwd_task: vec![None; nunits],
             unit_last_fwd: vec![None; nunits],
             pending: None,
@@ -157,7 +157,7 @@ impl Builder<'_> {
             } else if tp.kept {
                 self.keep_for_backward(st, t, b, i);
             } else {
-                st.free_fwd[tp.last_consumer.unwrap_or(i).max(i)].push(b);
+                st.free_fwd.push(tp.last_consumer.unwrap_or(i).max(i), b);
             }
         }
         alloc.extend(self.blas_workspace(op, 0));
@@ -181,7 +181,7 @@ impl Builder<'_> {
             if matches!(op.region, Region::Block(l) if self.ck.checkpointed[l as usize]) {
                 frees_now.push(b);
             } else {
-                st.free_bwd[i].push(b);
+                st.free_bwd.push(i, b);
             }
         }
         let secs = self.forward_secs(i);
@@ -199,7 +199,8 @@ impl Builder<'_> {
         self.give_back(alloc);
         st.last = t;
         self.zero3_release(i, fetched, t);
-        let f = std::mem::take(&mut st.free_fwd[i]);
+        let mut f = self.spare();
+        st.free_fwd.take_into(i, &mut f);
         self.free_at(t, &f);
         self.free_at(t, &frees_now);
         self.give_back(f);

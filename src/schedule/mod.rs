@@ -74,6 +74,7 @@ pub mod dualpipe;
 mod ep_overlap;
 pub mod fine_grained_offload;
 mod forward;
+mod free_lists;
 mod grad_reduction;
 mod init;
 mod megatron;
@@ -101,8 +102,8 @@ pub struct Port {
 
 /// What one micro-batch's forward of one chunk leaves for its backward.
 pub(super) struct Fwd {
-    free_fwd: span::Span<Vec<u32>>,
-    free_bwd: span::Span<Vec<u32>>,
+    free_fwd: free_lists::FreeLists,
+    free_bwd: free_lists::FreeLists,
     /// Per block, what activation offload took to the host (empty without it).
     offload: Vec<activation_offload::BlockOffload>,
     /// Offload groups whose GPU copies are freed (Transformer Engine's count).

@@ -165,7 +165,7 @@ impl Builder<'_> {
             );
             alloc.push(full);
             let lo = self.chunk_ops[c].0;
-            st.free_bwd[lo].push(full);
+            st.free_bwd.push(lo, full);
         }
         let what = text!(self.names, "recv gradient from {} (micro-batch {mb})", self.peer(vs + 1));
         let deps = recv_after.into_iter().collect();
@@ -215,9 +215,9 @@ impl Builder<'_> {
             text!(self.names, "{} received (micro-batch {mb})", dag.tensors[x].name),
         );
         if tp.kept {
-            st.free_bwd[tp.last_saver.unwrap_or(lo)].push(b);
+            st.free_bwd.push(tp.last_saver.unwrap_or(lo), b);
         } else {
-            st.free_fwd[tp.last_consumer.unwrap_or(lo)].push(b);
+            st.free_fwd.push(tp.last_consumer.unwrap_or(lo), b);
         }
         let what = text!(self.names, "recv activation from {} (micro-batch {mb})", self.peer(vs - 1));
         let deps: Vec<u32> = st.step_dep.into_iter().chain(recv_after).collect();
@@ -236,7 +236,7 @@ impl Builder<'_> {
             // the next chunk runs on this rank and reads the output where it is; the output
             // lives until this chunk's backward.
             let lo = self.chunk_ops[c].0;
-            st.free_bwd[lo].push(b);
+            st.free_bwd.push(lo, b);
             return;
         }
         let mut last = st.last;
@@ -263,7 +263,7 @@ impl Builder<'_> {
         if self.plan.parallel.framework.keeps_pipeline_outputs() {
             // Held until this micro-batch's backward of the chunk is done.
             let lo = self.chunk_ops[c].0;
-            st.free_bwd[lo].push(b);
+            st.free_bwd.push(lo, b);
         } else {
             self.free_at(t, &[b]);
         }

@@ -38,7 +38,7 @@ impl Builder<'_> {
                         text!(self.names, "{} (recomputed, micro-batch {mb})", dag.tensors[t].name),
                     );
                     alloc.push(b);
-                    st.free_bwd[tp.last_saver.unwrap_or(ri)].push(b);
+                    st.free_bwd.push(tp.last_saver.unwrap_or(ri), b);
                 } else if !tp.kept {
                     // Needed only by later recomputed ops.
                     let b = self.buffer(
@@ -70,7 +70,7 @@ impl Builder<'_> {
                     text!(self.names, "{} weight cast (recompute)", rop.name),
                 );
                 alloc.push(b);
-                st.free_bwd[ri].push(b);
+                st.free_bwd.push(ri, b);
             }
             let t = if let Some(coll) = rop.comm.and_then(|c| c.forward) {
                 // Recomputing the forward repeats its tensor-parallel collectives.
@@ -109,11 +109,13 @@ impl Builder<'_> {
                 if at == ri {
                     self.free_at(t, &[b]);
                 } else {
-                    st.free_fwd[at].push(b);
+                    st.free_fwd.push(at, b);
                 }
             }
-            let pending = std::mem::take(&mut st.free_fwd[ri]);
+            let mut pending = self.spare();
+            st.free_fwd.take_into(ri, &mut pending);
             self.free_at(t, &pending);
+            self.give_back(pending);
         }
         // Anything still pending: free at the end of the recompute. Only ops of the
         // recompute set can hold pending frees here (the forward pass consumed all of its
@@ -121,12 +123,12 @@ impl Builder<'_> {
         // need no visit.
         if !rops.is_empty() {
             let lt = (self.prog.tasks.len() - 1) as u32;
+            let mut pend = self.spare();
             for &x in rops {
-                let pend = std::mem::take(&mut st.free_fwd[x]);
-                if !pend.is_empty() {
-                    self.free_at(lt, &pend);
-                }
+                st.free_fwd.take_into(x, &mut pend);
             }
+            self.free_at(lt, &pend);
+            self.give_back(pend);
         }
     }
 
@@ -150,7 +152,7 @@ impl Builder<'_> {
                     text!(self.names, "{} (recomputed, micro-batch {mb})", dag.tensors[t].name),
                 );
                 alloc.push(b);
-                st.free_bwd[i].push(b);
+                st.free_bwd.push(i, b);
             }
         }
         if !alloc.is_empty() {

@@ -546,7 +546,7 @@ impl Builder<'_> {
                 text!(self.names, "{} weight grad (micro-batch {}, {into})", op.name, st.mb),
             );
             alloc.push(b);
-            st.free_bwd[i].push(b);
+            st.free_bwd.push(i, b);
             st.tied_grad_done |= ds && op.shared_params > 0;
             return;
         }

@@ -79,16 +79,18 @@ impl Builder<'_> {
                 text!(self.names, "{} buffer (micro-batch {mb})", op.name),
             );
             alloc.push(b);
-            st.free_bwd[comm.backward_buffer_until.unwrap_or(i)].push(b);
+            st.free_bwd.push(comm.backward_buffer_until.unwrap_or(i), b);
         }
         let regathers = comm.backward_buffer > 0;
         // The input-gradient collective starts after the input-gradient GEMM.
         let after = if regathers { None } else { st.dgrad.take() };
         let after = after.or(st.pending.take()).unwrap_or(st.last_bwd_task);
         let t = self.tp_task(step, Phase::Backward, mb, i, coll, after, alloc, false);
-        let mut f = std::mem::take(&mut st.free_bwd[i]);
+        let mut f = self.spare();
+        st.free_bwd.take_into(i, &mut f);
         f.extend(op.outputs.iter().filter_map(|&o| st.grad_buf[o]));
         self.free_at(t, &f);
+        self.give_back(f);
         if regathers {
             // Only the weight-gradient GEMMs need the re-gathered input.
             st.regather = Some(t);
@@ -134,12 +136,14 @@ impl Builder<'_> {
             if tp.kept {
                 self.keep_for_backward(st, t, b, i);
             } else {
-                st.free_fwd[tp.last_consumer.unwrap_or(i).max(i)].push(b);
+                st.free_fwd.push(tp.last_consumer.unwrap_or(i).max(i), b);
             }
         }
         let t = self.tp_task(st.step, Phase::Forward, mb, i, coll, st.last, alloc, false);
-        let f = std::mem::take(&mut st.free_fwd[i]);
+        let mut f = self.spare();
+        st.free_fwd.take_into(i, &mut f);
         self.free_at(t, &f);
+        self.give_back(f);
         st.pending = Some(t);
     }
 }
