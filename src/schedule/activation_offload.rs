@@ -109,7 +109,7 @@ impl Builder<'_> {
                     let what = text!(self.names, "wait for layers.{k}'s offload, free it (Transformer Engine window)");
                     let label = TaskLabel::new(st.step, Phase::Forward, st.mb, what, TaskKind::Forward, None)
                         .with_region(Region::Block(l as u64));
-                    let sync = self.task(COMPUTE, 0.0, copy.into_iter().chain([after]).collect(), vec![], label);
+                    let sync = self.task(COMPUTE, 0.0, copy.into_iter().chain([after]).collect::<Vec<u32>>(), [], label);
                     let bufs = std::mem::take(&mut st.offload[k].buffers);
                     self.free_at(sync, &bufs);
                     st.last = sync;
@@ -130,7 +130,7 @@ impl Builder<'_> {
         let label = TaskLabel::new(st.step, Phase::Forward, st.mb, what, TaskKind::Send, None)
             .with_region(Region::Block(l as u64))
             .with_work(0.0, bytes);
-        let t = self.task(stream, bytes as f64 / cfg.d2h_bytes_per_s, vec![after], vec![], label);
+        let t = self.task(stream, bytes as f64 / cfg.d2h_bytes_per_s, [after], [], label);
         st.offload[l].copy = Some(t);
         t
     }
@@ -147,7 +147,7 @@ impl Builder<'_> {
         let label = TaskLabel::new(st.step, Phase::Backward, mb, what, TaskKind::Recv, None)
             .with_region(Region::Block(l as u64))
             .with_work(0.0, bytes);
-        let deps = st.offload[l].copy.into_iter().chain([after]).collect();
+        let deps: Vec<u32> = st.offload[l].copy.into_iter().chain([after]).collect();
         let t = self.task(stream, bytes as f64 / cfg.h2d_bytes_per_s, deps, alloc, label);
         st.offload[l].reload = Some(t);
         t
@@ -235,7 +235,7 @@ impl Builder<'_> {
                 .with_region(Region::Block(l))
                 .with_work(0.0, bytes);
             let rate = self.plan.training.activation_offload.map_or(1.0, |a| a.d2h_bytes_per_s);
-            let t = self.task(self.d2h_stream, bytes as f64 / rate, vec![after], vec![], label);
+            let t = self.task(self.d2h_stream, bytes as f64 / rate, [after], [], label);
             st.offload[g].copy = Some(t);
             let bufs = std::mem::take(&mut st.offload[g].buffers);
             self.free_at(t, &bufs);

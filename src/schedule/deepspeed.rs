@@ -108,7 +108,7 @@ impl Builder<'_> {
             ),
         ));
         let what = text!(self.names, "DeepSpeedZeroOptimizer_Stage3 buffers");
-        self.task(COMPUTE, 0.0, vec![], bufs, init_label(what));
+        self.task(COMPUTE, 0.0, [], bufs, init_label(what));
     }
 
     /// Initialisation: ZeRO-3's buffers ([`Self::deepspeed_stage3_init`]); the flat
@@ -141,7 +141,7 @@ impl Builder<'_> {
             ),
         );
         let what = text!(self.names, "BF16_Optimizer FP32 gradient buffer");
-        self.task(COMPUTE, 0.0, vec![], vec![b], init_label(what));
+        self.task(COMPUTE, 0.0, [], [b], init_label(what));
     }
 
     /// The model's parameters of unit `u` as the model constructs them on the GPU (Megatron's
@@ -167,7 +167,7 @@ impl Builder<'_> {
             bufs.push(self.buffer((unit.params - sum) * pb, Category::Parameters, what));
         }
         let what = text!(self.names, "construct {} on the GPU", unit.name);
-        self.task(COMPUTE, 0.0, vec![], bufs.clone(), TaskLabel::new(0, Phase::Init, 0, what, TaskKind::Init, Some(u)));
+        self.task(COMPUTE, 0.0, [], bufs.clone(), TaskLabel::new(0, Phase::Init, 0, what, TaskKind::Init, Some(u)));
         bufs
     }
 
@@ -211,16 +211,16 @@ impl Builder<'_> {
             DeepspeedOptimizer::ZeroStage12 => {
                 let t = if plan.parallel.deepspeed.empties_cache_after_moving_params() {
                     let what = text!(self.names, "move the parameters to the CPU, then empty_cache()");
-                    let t = self.task(COMPUTE, 0.0, vec![], vec![], init_label(what));
+                    let t = self.task(COMPUTE, 0.0, [], [], init_label(what));
                     self.prog.empty_cache_after.push(t);
                     t
                 } else {
                     let what = text!(self.names, "move the parameters to the CPU (move_to_cpu)");
-                    self.task(COMPUTE, 0.0, vec![], vec![], init_label(what))
+                    self.task(COMPUTE, 0.0, [], [], init_label(what))
                 };
                 self.free_at(t, &constructed);
                 let what = text!(self.names, "copy the parameters flattened on the CPU to the GPU ({flat_name})");
-                self.task(COMPUTE, 0.0, vec![], vec![flat], init_label(what));
+                self.task(COMPUTE, 0.0, [], [flat], init_label(what));
             }
             DeepspeedOptimizer::Fp16Optimizer => {
                 let mut alloc = Vec::with_capacity(constructed.len() + 1);
@@ -236,12 +236,12 @@ impl Builder<'_> {
                 frees.extend_from_slice(&constructed);
                 alloc.push(flat);
                 let what = text!(self.names, "flatten clones of the parameters ({flat_name}), then point them into it");
-                let t = self.task(COMPUTE, 0.0, vec![], alloc, init_label(what));
+                let t = self.task(COMPUTE, 0.0, [], alloc, init_label(what));
                 self.free_at(t, &frees);
             }
             _ => {
                 let what = text!(self.names, "flatten the parameters ({flat_name}), then point them into it");
-                let t = self.task(COMPUTE, 0.0, vec![], vec![flat], init_label(what));
+                let t = self.task(COMPUTE, 0.0, [], [flat], init_label(what));
                 self.free_at(t, &constructed);
             }
         }
@@ -255,8 +255,8 @@ impl Builder<'_> {
             let what = text!(self.names, "{} copy of the partition (partition.clone().float())", p16.name());
             self.buffer(part * p16.bytes(), Category::OptimizerTemp, what)
         });
-        let alloc = clone.into_iter().chain([m]).collect();
-        let t = self.task(COMPUTE, 0.0, vec![], alloc, init_label(text!(self.names, "FP32 master weights")));
+        let alloc: Vec<u32> = clone.into_iter().chain([m]).collect();
+        let t = self.task(COMPUTE, 0.0, [], alloc, init_label(text!(self.names, "FP32 master weights")));
         self.free_at(t, &Vec::from_iter(clone));
         if kind == DeepspeedOptimizer::Bf16Optimizer {
             self.bf16_fp32_grads_init();
@@ -284,7 +284,7 @@ impl Builder<'_> {
         } else {
             text!(self.names, "initialize_optimizer_states (the moments wait for the first step)")
         };
-        let t = self.task(COMPUTE, 0.0, vec![], alloc, init_label(what));
+        let t = self.task(COMPUTE, 0.0, [], alloc, init_label(what));
         self.free_at(t, &frees);
     }
 
@@ -330,7 +330,7 @@ impl Builder<'_> {
             TaskKind::ZeroGrad,
             None,
         );
-        let t = self.task(COMPUTE, 0.0, vec![], vec![], label);
+        let t = self.task(COMPUTE, 0.0, [], [], label);
         self.free_at(t, &grads);
     }
 
@@ -368,7 +368,7 @@ impl Builder<'_> {
             None,
         );
         let secs = self.cost.optimizer_s(local, per_element);
-        let t = self.task(COMPUTE, secs, vec![after], vec![copy], label.with_work(0.0, local * per_element));
+        let t = self.task(COMPUTE, secs, [after], [copy], label.with_work(0.0, local * per_element));
         self.free_at(t, &[copy]);
         Some(t)
     }
@@ -391,7 +391,7 @@ impl Builder<'_> {
                 TaskKind::Backward,
                 None,
             );
-            self.task(COMPUTE, 0.0, vec![], vec![b], label);
+            self.task(COMPUTE, 0.0, [], [b], label);
             self.ds_ipg = Some(b);
         }
     }
@@ -429,7 +429,7 @@ impl Builder<'_> {
             TaskKind::Backward,
             None,
         );
-        let t = self.task(COMPUTE, 0.0, self.step_comm.clone(), vec![], label);
+        let t = self.task(COMPUTE, 0.0, self.step_comm.clone(), [], label);
         self.free_at(t, &[b]);
     }
 
@@ -506,7 +506,7 @@ impl Builder<'_> {
         let secs = self.cost.dp_collective_s(Collective::AllReduce, bytes, expert);
         let label = TaskLabel::new(step, Phase::Backward, 0, what, TaskKind::AllReduce, None);
         self.use_compute_pool(&[bucket]);
-        let t = self.task(NCCL, secs, after, vec![bucket], label.with_work(0.0, bytes));
+        let t = self.task(NCCL, secs, after, [bucket], label.with_work(0.0, bytes));
         self.free_at(t, &[bucket]);
         self.step_comm.push(t);
         true
@@ -539,7 +539,7 @@ impl Builder<'_> {
             None,
         );
         let t =
-            self.task(COMPUTE, self.cost.optimizer_s(el, per), deps, vec![list, flat], label.with_work(0.0, el * per));
+            self.task(COMPUTE, self.cost.optimizer_s(el, per), deps, [list, flat], label.with_work(0.0, el * per));
         let mut frees = vec![list];
         frees.extend(self.op_grad_bufs.iter_mut().filter_map(Option::take));
         self.free_at(t, &frees);

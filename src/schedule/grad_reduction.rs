@@ -34,7 +34,7 @@ impl Builder<'_> {
             self.cost.dp_collective_s(Collective::AllReduce, bytes, expert)
         };
         let label = TaskLabel::new(step, Phase::Backward, mb, what, TaskKind::AllReduce, Some(u)).with_work(0.0, bytes);
-        let ar = self.task(NCCL, secs, vec![after], vec![], label);
+        let ar = self.task(NCCL, secs, [after], [], label);
         self.step_comm.push(ar);
     }
 
@@ -99,7 +99,7 @@ impl Builder<'_> {
         let t = self.task(
             NCCL,
             secs,
-            vec![st.last_bwd_task],
+            [st.last_bwd_task],
             vec![],
             TaskLabel::new(
                 st.step,

@@ -25,7 +25,7 @@ impl Builder<'_> {
             }
             let el = plan.local(u, plan.params_sharded);
             let name = text!(self.names, "{} parameters ({})", plan.units[u].name, self.pr().param.name());
-            let mut alloc = Vec::new();
+            let mut alloc = self.spare();
             if on_gpu {
                 alloc.push(self.buffer(el * pbytes, Category::Parameters, name.clone()));
             }
@@ -35,7 +35,8 @@ impl Builder<'_> {
                 let what = text!(self.names, "{} frozen base weights", un.name);
                 alloc.push(self.buffer(frozen, Category::Parameters, what));
             }
-            self.task(COMPUTE, 0.0, vec![], alloc, lbl(text!(self.names, "load {}", plan.units[u].name), Some(u)));
+            self.task(COMPUTE, 0.0, [], &alloc, lbl(text!(self.names, "load {}", plan.units[u].name), Some(u)));
+            self.give_back(alloc);
         }
         let offload = plan.parallel.offload.is_some();
         // Under the precision-aware optimizer the master is FusedAdam's state, made at the
@@ -53,7 +54,7 @@ impl Builder<'_> {
                     COMPUTE,
                     0.0,
                     vec![],
-                    vec![b],
+                    [b],
                     lbl(text!(self.names, "master weights of {}", plan.units[u].name), Some(u)),
                 );
             }
@@ -64,7 +65,7 @@ impl Builder<'_> {
                 Category::Buffers,
                 text!(self.names, "rotary cos/sin tables (fp32)"),
             );
-            self.task(COMPUTE, 0.0, vec![], vec![b], lbl(text!(self.names, "module buffers"), None));
+            self.task(COMPUTE, 0.0, [], [b], lbl(text!(self.names, "module buffers"), None));
         }
         self.fp8_init();
         if plan.ddp_reducer() && !plan.parallel.gradient_as_bucket_view && plan.pipeline() == 1 {
@@ -74,7 +75,7 @@ impl Builder<'_> {
                 Category::CommBuffers,
                 text!(self.names, "DDP gradient buckets (gradient_as_bucket_view=False)"),
             );
-            self.task(COMPUTE, 0.0, vec![], vec![b], lbl(text!(self.names, "DDP reducer buckets"), None));
+            self.task(COMPUTE, 0.0, [], [b], lbl(text!(self.names, "DDP reducer buckets"), None));
         }
         if plan.optimizer_state_at_init() && !offload && !flat {
             for u in 0..plan.units.len() {
@@ -83,7 +84,7 @@ impl Builder<'_> {
                     COMPUTE,
                     0.0,
                     vec![],
-                    vec![b],
+                    [b],
                     lbl(text!(self.names, "optimizer state of {}", plan.units[u].name), Some(u)),
                 );
             }
@@ -126,7 +127,7 @@ impl Builder<'_> {
                 COMPUTE,
                 0.0,
                 vec![],
-                vec![b],
+                [b],
                 lbl(text!(self.names, "FP8 workspaces of {}", self.plan.units[u].name), Some(u)),
             );
         }
@@ -138,7 +139,7 @@ impl Builder<'_> {
                 Category::Buffers,
                 text!(self.names, "FP8 amax histories ({} rows) and scales of {linears} linears", cfg.amax_history_len),
             );
-            self.task(COMPUTE, 0.0, vec![], vec![b], lbl(text!(self.names, "FP8 scaling state"), None));
+            self.task(COMPUTE, 0.0, [], [b], lbl(text!(self.names, "FP8 scaling state"), None));
         }
     }
 }

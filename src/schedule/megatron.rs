@@ -112,8 +112,8 @@ impl Builder<'_> {
             TaskKind::AllReduce,
             None,
         );
-        let deps = self.step_comm.last().copied().into_iter().collect();
-        let t = self.task(NCCL, secs, deps, vec![], label.with_work(0.0, bytes));
+        let deps: Vec<u32> = self.step_comm.last().copied().into_iter().collect();
+        let t = self.task(NCCL, secs, deps, [], label.with_work(0.0, bytes));
         self.step_comm.push(t);
     }
 
@@ -134,7 +134,7 @@ impl Builder<'_> {
         );
         let label =
             TaskLabel::new(0, Phase::Init, 0, text!(self.names, "Megatron DDP gradient buffer"), TaskKind::Init, None);
-        self.task(COMPUTE, 0.0, vec![], vec![b], label);
+        self.task(COMPUTE, 0.0, [], [b], label);
     }
 
     /// Megatron reduces this backward's gradients bucket by bucket as it goes: the last
@@ -191,7 +191,7 @@ impl Builder<'_> {
             kind,
             None,
         );
-        let r = self.task(NCCL, secs, vec![t], vec![], label.with_work(0.0, bytes));
+        let r = self.task(NCCL, secs, [t], [], label.with_work(0.0, bytes));
         self.step_comm.push(r);
     }
 
@@ -215,7 +215,7 @@ impl Builder<'_> {
             TaskKind::AllGather,
             None,
         );
-        self.task(NCCL, secs, deps, vec![], label.with_work(0.0, bytes))
+        self.task(NCCL, secs, deps, [], label.with_work(0.0, bytes))
     }
 
     /// At the start of a step after the first: `zero_grad` dispatches the first bucket's

@@ -704,8 +704,15 @@ impl<'a> Builder<'a> {
     }
 
     #[inline]
-    fn task(&mut self, stream: u16, seconds: f64, deps: Vec<u32>, alloc: Vec<u32>, label: TaskLabel) -> u32 {
-        self.task_of(stream, seconds, &deps, &alloc, label)
+    fn task(
+        &mut self,
+        stream: u16,
+        seconds: f64,
+        deps: impl AsRef<[u32]>,
+        alloc: impl AsRef<[u32]>,
+        label: TaskLabel,
+    ) -> u32 {
+        self.task_of(stream, seconds, deps.as_ref(), alloc.as_ref(), label)
     }
 
     /// [`Builder::task`] from borrowed lists.

@@ -79,7 +79,7 @@ impl Builder<'_> {
         label: TaskLabel,
     ) -> u32 {
         let rate = if read { off.nvme_read_bytes_per_s } else { off.nvme_write_bytes_per_s };
-        self.task(self.nvme_stream, bytes as f64 / rate, deps, vec![], label.with_work(0.0, bytes))
+        self.task(self.nvme_stream, bytes as f64 / rate, deps, [], label.with_work(0.0, bytes))
     }
 
     /// The offloaded step: the CPU optimizer on the host partition once every gradient
@@ -118,7 +118,7 @@ impl Builder<'_> {
                 last = self.task(
                     self.h2d_stream,
                     (el * pb) as f64 / off.h2d_bytes_per_s,
-                    vec![last],
+                    [last],
                     vec![],
                     lbl(what, TaskKind::Recv).with_work(0.0, el * pb),
                 );
@@ -127,7 +127,7 @@ impl Builder<'_> {
                     let secs = self.cost.dp_collective_s(Collective::AllGather, bytes, expert);
                     let what = text!(self.names, "all-gather updated parameters");
                     last =
-                        self.task(NCCL, secs, vec![last], vec![], lbl(what, TaskKind::AllGather).with_work(0.0, bytes));
+                        self.task(NCCL, secs, [last], [], lbl(what, TaskKind::AllGather).with_work(0.0, bytes));
                 }
             }
             Some(OffloadDevice::Cpu) => {}
@@ -137,7 +137,7 @@ impl Builder<'_> {
                 last = self.nvme(false, bytes, vec![last], off, lbl(what, TaskKind::Send));
             }
         }
-        let z = self.task(COMPUTE, 0.0, vec![last], vec![], lbl(text!(self.names, "zero_grad()"), TaskKind::ZeroGrad));
+        let z = self.task(COMPUTE, 0.0, [last], [], lbl(text!(self.names, "zero_grad()"), TaskKind::ZeroGrad));
         let grads: Vec<u32> = self.grad_bufs.iter().chain(self.op_grad_bufs.iter()).flatten().copied().collect();
         self.free_at(z, &grads);
         self.last_task_of_prev_step = Some(z);

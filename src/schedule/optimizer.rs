@@ -122,7 +122,7 @@ impl Builder<'_> {
             last = self.task(
                 NCCL,
                 secs,
-                vec![t],
+                [t],
                 vec![],
                 TaskLabel::new(
                     step,
@@ -142,7 +142,7 @@ impl Builder<'_> {
         let z = self.task(
             COMPUTE,
             0.0,
-            vec![last],
+            [last],
             vec![],
             TaskLabel::new(
                 step,

@@ -254,7 +254,7 @@ impl Builder<'_> {
             );
             let what = text!(self.names, "partition the stage output over tensor parallelism (micro-batch {mb})");
             let label = super::TaskLabel::new(st.step, Phase::Forward, mb, what, super::TaskKind::Forward, None);
-            last = self.task(super::COMPUTE, 0.0, vec![st.last], vec![part], label);
+            last = self.task(super::COMPUTE, 0.0, [st.last], [part], label);
             self.free_at(last, &[b]);
             b = part;
         }
@@ -369,7 +369,7 @@ impl Builder<'_> {
             };
             let secs = self.cost.dp_collective_s(coll, bytes, expert);
             let label = TaskLabel::new(step, super::Phase::Backward, 0, text!(self.names, "{what}"), kind, None);
-            let t = self.task(super::NCCL, secs, last, vec![], label.with_work(0.0, bytes));
+            let t = self.task(super::NCCL, secs, last, [], label.with_work(0.0, bytes));
             self.step_comm.push(t);
         }
         self.megatron_partial_grads_all_reduce(step);
@@ -413,7 +413,7 @@ impl Builder<'_> {
             super::TaskKind::AllReduce,
             None,
         );
-        let t = self.task(super::NCCL, secs, mine.into_iter().collect(), vec![], label.with_work(0.0, bytes));
+        let t = self.task(super::NCCL, secs, mine.as_slice(), [], label.with_work(0.0, bytes));
         self.ext_deps.push((t, port(other)));
         self.step_comm.push(t);
     }

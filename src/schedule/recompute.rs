@@ -22,13 +22,15 @@ impl Builder<'_> {
         let ck = self.ck.clone();
         let rops = &ck.recompute_ops[l];
         let mut rpending: Option<u32> = None;
+        // (op after which to free, buffer): the recompute transients of one op.
+        let mut frees: Vec<(usize, u32)> = Vec::new();
         for (k, &ri) in rops.iter().enumerate() {
             let rop = &dag.ops[ri];
             if rop.comm.is_some_and(|c| c.forward.is_none()) {
                 continue;
             }
-            let mut alloc = Vec::new();
-            let mut frees = Vec::new();
+            let mut alloc = self.spare();
+            frees.clear();
             for &t in &rop.outputs {
                 let tp = self.ck.tensors[t];
                 if tp.recomputed {
@@ -81,14 +83,17 @@ impl Builder<'_> {
             } else {
                 let secs = self.forward_secs(ri);
                 self.hw_flops += rop.fwd_flops;
-                let mut d = if k == 0 { deps.to_vec() } else { vec![] };
+                let mut d = self.spare();
+                if k == 0 {
+                    d.extend_from_slice(deps);
+                }
                 d.extend(rpending.take());
                 let fetched = self.zero3_fetch(ri, (step, mb, Phase::Backward), self.last_task(), &mut d);
                 let t = self.task(
                     COMPUTE,
                     secs,
-                    d,
-                    alloc,
+                    &d,
+                    &alloc,
                     TaskLabel::new(
                         step,
                         Phase::Backward,
@@ -100,12 +105,14 @@ impl Builder<'_> {
                     .with_region(rop.region)
                     .with_work(rop.fwd_flops, self.cost.forward_bytes(rop)),
                 );
+                self.give_back(d);
+                self.give_back(alloc);
                 self.zero3_release(ri, fetched, t);
                 t
             };
             // Pending transient frees: attach now to this task if their consumer is this
             // op, else remember them for the consumer's recompute task.
-            for (at, b) in frees {
+            for &(at, b) in &frees {
                 if at == ri {
                     self.free_at(t, &[b]);
                 } else {

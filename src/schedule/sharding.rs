@@ -105,13 +105,13 @@ impl Builder<'_> {
                 self.ag_copy_in_stream,
                 self.cost.copy_s(copy),
                 deps,
-                vec![b],
+                [b],
                 TaskLabel::new(step, phase, mb, what, kind, Some(u)).with_work(0.0, copy),
             );
             self.fsdp2_ag[u] = Some(b);
             // An offloaded shard's copies are freed once copied in (`del param_all_gather_inputs`).
             self.free_at(c, &staging);
-            self.task(NCCL, secs, vec![c], vec![], label)
+            self.task(NCCL, secs, [c], [], label)
         } else {
             let mut alloc = vec![b];
             alloc.extend(mp_shard);
@@ -156,8 +156,8 @@ impl Builder<'_> {
         let cat = self.task(
             COMPUTE,
             self.cost.copy_s(grad_bytes + full * c.bytes()),
-            vec![after],
-            vec![flat],
+            [after],
+            [flat],
             TaskLabel::new(step, Phase::Backward, mb, what, TaskKind::Backward, Some(u))
                 .with_work(0.0, grad_bytes + full * c.bytes()),
         );
@@ -186,8 +186,8 @@ impl Builder<'_> {
         let cast = self.task(
             NCCL,
             self.cost.copy_s(full * (c.bytes() + g.bytes())),
-            vec![after],
-            vec![input],
+            [after],
+            [input],
             TaskLabel::new(step, Phase::Backward, mb, what, TaskKind::Backward, Some(u))
                 .with_work(0.0, full * (c.bytes() + g.bytes())),
         );
@@ -234,8 +234,8 @@ impl Builder<'_> {
         let c = self.task(
             COMPUTE,
             self.cost.copy_s(2 * bytes),
-            vec![t],
-            vec![b],
+            [t],
+            [b],
             TaskLabel::new(step, phase, mb, what, kind, Some(u)).with_work(0.0, 2 * bytes),
         );
         if keep_to_end {
@@ -273,7 +273,7 @@ impl Builder<'_> {
         let w = self.task(
             COMPUTE,
             0.0,
-            vec![after, rs],
+            [after, rs],
             vec![],
             TaskLabel::new(step, Phase::Backward, mb, what, TaskKind::Backward, None),
         );
@@ -314,8 +314,8 @@ impl Builder<'_> {
             let c = self.task(
                 COMPUTE,
                 self.cost.copy_s(grad_bytes + full_bytes),
-                vec![after],
-                vec![input],
+                [after],
+                [input],
                 TaskLabel::new(step, Phase::Backward, mb, what, TaskKind::Backward, Some(u))
                     .with_work(0.0, grad_bytes + full_bytes),
             );
@@ -336,8 +336,8 @@ impl Builder<'_> {
             let t = self.task(
                 NCCL,
                 secs,
-                vec![after],
-                vec![b],
+                [after],
+                [b],
                 label(text!(self.names, "reduce-scatter {}", plan.units[u].name), TaskKind::ReduceScatter)
                     .with_work(0.0, full_bytes),
             );
@@ -355,7 +355,7 @@ impl Builder<'_> {
             let d = self.task(
                 stream,
                 secs,
-                vec![t],
+                [t],
                 vec![],
                 label(what, TaskKind::Send).with_work(0.0, el * crate::plan::OffloadConfig::GRAD_BYTES_PER_PARAM),
             );
@@ -424,7 +424,7 @@ impl Builder<'_> {
         let t = self.task(
             NCCL,
             secs,
-            vec![after],
+            [after],
             alloc,
             TaskLabel::new(step, Phase::Backward, mb, label.0, label.1, Some(u)).with_work(0.0, full_bytes),
         );
@@ -689,8 +689,8 @@ impl Builder<'_> {
         let c = self.task(
             COMPUTE,
             self.cost.copy_s(2 * bytes),
-            vec![t],
-            vec![b],
+            [t],
+            [b],
             TaskLabel::new(step, Phase::Forward, mb, what, TaskKind::Forward, Some(u)).with_work(0.0, 2 * bytes),
         );
         self.free_at(c, &[g]);

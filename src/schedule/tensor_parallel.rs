@@ -61,7 +61,9 @@ impl Builder<'_> {
         let u = self.plan.unit_of(op.region);
         let label = TaskLabel::new(step, phase, mb, what, kind, Some(u)).with_region(op.region).with_work(0.0, bytes);
         self.use_compute_pool(&alloc);
-        self.task(stream, secs, vec![after], alloc, label)
+        let t = self.task(stream, secs, [after], &alloc, label);
+        self.give_back(alloc);
+        t
     }
 
     /// The backward of a tensor-parallel op: its collective on the gradient, after the
@@ -70,7 +72,7 @@ impl Builder<'_> {
     pub(super) fn tp_backward(&mut self, st: &mut Bwd, op: &Op, i: usize, comm: TpComm) {
         let Some(coll) = comm.backward else { return };
         let (step, mb) = (st.step, st.mb);
-        let mut alloc = Vec::new();
+        let mut alloc = self.spare();
         self.input_grads(op, mb, &mut st.grad_buf, &mut alloc);
         if comm.backward_buffer > 0 {
             let b = self.buffer(

@@ -274,6 +274,6 @@ impl Builder<'_> {
         );
         let label =
             TaskLabel::new(0, Phase::Init, 0, text!(self.names, "ZeRO-3 persistent parameters"), TaskKind::Init, None);
-        self.task(COMPUTE, 0.0, vec![], vec![b], label);
+        self.task(COMPUTE, 0.0, [], [b], label);
     }
 }
