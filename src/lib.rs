@@ -346,7 +346,7 @@ fn simulate_job(
     mode: job::run::Mode,
     names: bool,
 ) -> Result<Simulation, engine::Deadlock> {
-    let curve = record != job::run::Record::Peaks;
+    let curve = matches!(record, job::run::Record::Curve | job::run::Record::History);
     let dag = model::build(&s.model, &s.workload);
     let plan = plan_of(s, &dag);
     let steps = plan.training.steps;
@@ -385,16 +385,21 @@ pub fn simulate_lean(
         let sched = &r.job.classes[0].schedule;
         return Ok(report::inference::build(s, cfg, &r.dag, sched, &r.run.traces[0], &r.traffic));
     }
-    simulate_lean_with(s, dag, early, |job, run| report::job::build(s, dag, job, run, false).report)
+    simulate_lean_with(s, dag, early, job::run::Record::Peaks, |job, run| {
+        report::job::build(s, dag, job, run, false).report
+    })
 }
 
 /// [`simulate_lean`] answering with `finish` of the run that answers (a prefix's or the whole
 /// program's) instead of its report: a sweep keeps a few figures of each configuration and
-/// need not write the report's text. Training only (sweeps refuse inference bases).
+/// need not write the report's text. Each device's memory is kept as `record` says
+/// ([`job::run::Record::Headline`] for a sweep row's peaks, `Peaks` for a report).
+/// Training only (sweeps refuse inference bases).
 pub fn simulate_lean_with<R>(
     s: &scenario::Scenario,
     dag: &model::LayerDag,
     early: &[schedule::Stage],
+    record: job::run::Record,
     finish: impl Fn(&job::Job, &job::run::JobRun) -> R,
 ) -> Result<R, engine::Deadlock> {
     let plan = std::sync::Arc::new(plan_of(s, dag));
@@ -402,15 +407,7 @@ pub fn simulate_lean_with<R>(
     let all = plan.training.steps;
     let loads = s.expert_loads();
     let run_job = |job: &job::Job| {
-        job::run::run(
-            job,
-            &s.allocator,
-            capacity,
-            s.cluster.memory_bytes,
-            all,
-            job::run::Record::Peaks,
-            Default::default(),
-        )
+        job::run::run(job, &s.allocator, capacity, s.cluster.memory_bytes, all, record, Default::default())
     };
     if job::one_program(plan.pipeline(), s.jitter.is_some(), loads.as_deref()) {
         let staged = schedule::build_lean_staged(dag, &plan, &s.cluster, early, |prefix| {

@@ -800,7 +800,9 @@ fn trying_program_prefixes_first_changes_no_outcome() {
         let every = Outcome::from_report(&stepsim::simulate_lean(&s, &dag, &all).unwrap(), &s);
         assert_eq!(every, whole, "configuration {i} with every prefix: {}", spec.describe(i));
         // The figures taken from the run itself, without its report, at every prefix too.
-        let lean = stepsim::simulate_lean_with(&s, &dag, &all, |job, run| Outcome::of_run(&s, job, run));
+        let lean = stepsim::simulate_lean_with(&s, &dag, &all, stepsim::job::run::Record::Headline, |job, run| {
+            Outcome::of_run(&s, job, run)
+        });
         assert_eq!(lean.unwrap(), whole, "configuration {i}, figures of the run: {}", spec.describe(i));
         phases.insert(whole.oom.map(|o| (o.step, o.phase.name())));
     }

@@ -37,7 +37,7 @@ use std::collections::BinaryHeap;
 
 use super::{
     links, sample_bound, Allocator, Dependents, DeviceTrace, Flat, Link, Memory, Numbering, Program, RunOptions,
-    TaskLists, Timeline,
+    TaskLists,
 };
 
 /// Whether [`run`] can play `parts` (the last a barrier program, the others independent
@@ -510,7 +510,7 @@ impl<'p, 'a, 'b> Rank<'p, 'a, 'b> {
                 remaining[t as usize] += 1;
             }
         }
-        let mut timeline = if opts.peaks_only { Timeline::peaks_only() } else { Timeline::default() };
+        let mut timeline = opts.timeline();
         if let Some(&s) = sample_bound(num, flat, &fixed.dev_of, 1, &[]).first() {
             let own = fixed.empty_cache.iter().filter(|&&e| e).count();
             timeline.reserve(s + own);

@@ -204,6 +204,9 @@ pub struct RunOptions {
     /// Record the peaks and what a report reads, not every sample
     /// ([`Timeline::peaks_only`]): a caller that draws no curve spares writing one.
     pub peaks_only: bool,
+    /// With `peaks_only`, the two peaks alone, without the marks a report's per-phase peaks
+    /// read ([`Timeline::headline`]): a sweep row reads none.
+    pub headline: bool,
     /// Have every allocator record its history ([`Allocator::start_history`]).
     pub history: bool,
     /// Simulate every period of a repeating stretch instead of extrapolating it
@@ -215,6 +218,17 @@ pub struct RunOptions {
     /// loop looks every [`CANCEL_POLL_EVENTS`] events and, raised, stops with the tasks not
     /// yet run as a [`Deadlock`], which the caller that raised it discards.
     pub cancel: Option<Arc<std::sync::atomic::AtomicBool>>,
+}
+
+impl RunOptions {
+    /// A device's timeline as these options keep it.
+    pub fn timeline(&self) -> Timeline {
+        match (self.peaks_only, self.headline) {
+            (false, _) => Timeline::default(),
+            (true, false) => Timeline::peaks_only(),
+            (true, true) => Timeline::headline(),
+        }
+    }
 }
 
 /// How many events the loop handles between looks at [`RunOptions::cancel`]: a few
@@ -377,7 +391,7 @@ pub fn run_parts(
     // `started`, which says which task it was.
     let mut heap: BinaryHeap<Reverse<u128>> = BinaryHeap::new();
     let mut started: Vec<u32> = Vec::with_capacity(n);
-    let mut timelines = vec![if opts.peaks_only { Timeline::peaks_only() } else { Timeline::default() }; nd];
+    let mut timelines = vec![opts.timeline(); nd];
     for (tl, n) in timelines.iter_mut().zip(sample_bound(&num, &flat, &dev_of, nd, &opts.empty_cache_after)) {
         tl.reserve(n);
     }

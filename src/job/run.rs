@@ -29,6 +29,8 @@ pub struct JobRun {
 pub enum Record {
     /// The peaks and what a report reads ([`crate::memory::Timeline::peaks_only`]).
     Peaks,
+    /// The peaks alone, what a sweep row reads ([`crate::memory::Timeline::headline`]).
+    Headline,
     /// Every memory sample.
     Curve,
     /// Every sample and the allocator's history (`--snapshot`).
@@ -81,7 +83,8 @@ pub fn run(
     }
     let opts = RunOptions {
         empty_cache_after,
-        peaks_only: record == Record::Peaks,
+        peaks_only: matches!(record, Record::Peaks | Record::Headline),
+        headline: record == Record::Headline,
         history: record == Record::History,
         every_period: mode.every_period,
         cancel: mode.cancel,

@@ -69,6 +69,8 @@ pub struct Timeline {
     checkpoints: Vec<[u64; Category::COUNT]>,
     marks: Vec<Mark>,
     peaks_only: bool,
+    /// Without the marks too ([`Timeline::headline`]).
+    no_marks: bool,
     current: [u64; Category::COUNT],
     /// Index (in recording order, = into `samples` with the curve) of the highest
     /// `allocated` (first one if tied).
@@ -88,6 +90,14 @@ impl Timeline {
         Timeline { peaks_only: true, ..Default::default() }
     }
 
+    /// A timeline that keeps the two peak samples alone: no curve and no marks. What a sweep
+    /// row reads of a run (its peaks); the marks, one per task, are written to memory that is
+    /// not otherwise touched, and on a pipeline's millions of samples that cost more than the
+    /// peaks.
+    pub fn headline() -> Self {
+        Timeline { peaks_only: true, no_marks: true, ..Default::default() }
+    }
+
     /// Whether the samples are kept.
     pub fn has_curve(&self) -> bool {
         !self.peaks_only
@@ -98,7 +108,9 @@ impl Timeline {
         if !self.peaks_only {
             self.changes.reserve_exact(n);
         }
-        self.marks.reserve_exact(n);
+        if !self.no_marks {
+            self.marks.reserve_exact(n);
+        }
     }
 
     /// How many samples the curve holds (0 without it).
@@ -191,14 +203,16 @@ impl Timeline {
         // What a report reads of the marks is the first highest of each (step, phase), and
         // one task's samples share its step and phase: of a run of samples of one task, the
         // first of the highest stands for them all.
-        let mark = Mark { task: task as u32, allocated: t.allocated };
-        match self.marks.last_mut() {
-            Some(m) if m.task == mark.task => {
-                if mark.allocated > m.allocated {
-                    *m = mark;
+        if !self.no_marks {
+            let mark = Mark { task: task as u32, allocated: t.allocated };
+            match self.marks.last_mut() {
+                Some(m) if m.task == mark.task => {
+                    if mark.allocated > m.allocated {
+                        *m = mark;
+                    }
                 }
+                _ => self.marks.push(mark),
             }
-            _ => self.marks.push(mark),
         }
         self.last = t;
         self.recorded += 1;

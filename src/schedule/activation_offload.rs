@@ -109,7 +109,8 @@ impl Builder<'_> {
                     let what = text!(self.names, "wait for layers.{k}'s offload, free it (Transformer Engine window)");
                     let label = TaskLabel::new(st.step, Phase::Forward, st.mb, what, TaskKind::Forward, None)
                         .with_region(Region::Block(l as u64));
-                    let sync = self.task(COMPUTE, 0.0, copy.into_iter().chain([after]).collect::<Vec<u32>>(), [], label);
+                    let sync =
+                        self.task(COMPUTE, 0.0, copy.into_iter().chain([after]).collect::<Vec<u32>>(), [], label);
                     let bufs = std::mem::take(&mut st.offload[k].buffers);
                     self.free_at(sync, &bufs);
                     st.last = sync;

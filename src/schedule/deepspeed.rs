@@ -538,8 +538,7 @@ impl Builder<'_> {
             TaskKind::Optimizer,
             None,
         );
-        let t =
-            self.task(COMPUTE, self.cost.optimizer_s(el, per), deps, [list, flat], label.with_work(0.0, el * per));
+        let t = self.task(COMPUTE, self.cost.optimizer_s(el, per), deps, [list, flat], label.with_work(0.0, el * per));
         let mut frees = vec![list];
         frees.extend(self.op_grad_bufs.iter_mut().filter_map(Option::take));
         self.free_at(t, &frees);

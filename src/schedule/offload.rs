@@ -126,8 +126,7 @@ impl Builder<'_> {
                     let (bytes, expert) = (plan.total_params() * pb, plan.expert_params() * pb);
                     let secs = self.cost.dp_collective_s(Collective::AllGather, bytes, expert);
                     let what = text!(self.names, "all-gather updated parameters");
-                    last =
-                        self.task(NCCL, secs, [last], [], lbl(what, TaskKind::AllGather).with_work(0.0, bytes));
+                    last = self.task(NCCL, secs, [last], [], lbl(what, TaskKind::AllGather).with_work(0.0, bytes));
                 }
             }
             Some(OffloadDevice::Cpu) => {}

@@ -221,7 +221,9 @@ pub fn simulate(s: &Scenario) -> Result<Outcome, Deadlock> {
     // Sweeps refuse inference bases; this keeps the function total.
     let o = match s.inference {
         Some(_) => Outcome::from_report(&crate::simulate_lean(s, &dag, &early)?, s),
-        None => crate::simulate_lean_with(s, &dag, &early, |job, run| Outcome::of_run(s, job, run))?,
+        None => crate::simulate_lean_with(s, &dag, &early, crate::job::run::Record::Headline, |job, run| {
+            Outcome::of_run(s, job, run)
+        })?,
     };
     STEP1.with(|c| {
         let (f, r, p) = c.get();
