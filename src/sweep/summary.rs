@@ -97,15 +97,22 @@ impl Outcome {
         };
         let (peak_allocated, peak_reserved) = trace.timeline.peak_bytes().unwrap_or_default();
         let tokens = s.tokens_per_step();
-        let spans = crate::report::step_spans(&class.plan, &class.schedule, trace);
-        // The last step the headline class ran, as the report times it.
-        let last = spans.iter().rposition(Option::is_some).and_then(|k| match job.classes.len() {
-            1 => spans[k],
-            _ => crate::report::job::job_step_span(&run.spans, k),
-        });
         let throughput = match oom {
             Some(_) => None,
-            None => last.map(|(start, end)| {
+            // The last step the headline class ran, as the report times it. A job of one
+            // class ran every step (nothing ran out of memory): the run's spans are its own,
+            // and each step after the first starts where the one before ended, as
+            // `report::step_spans` has it, without reading every task's label again.
+            None => {
+                let last = match job.classes.len() {
+                    1 => run.spans.iter().rposition(|s| s.0 != u64::MAX),
+                    _ => {
+                        crate::report::step_spans(&class.plan, &class.schedule, trace).iter().rposition(Option::is_some)
+                    }
+                };
+                last.and_then(|k| crate::report::job::job_step_span(&run.spans, k))
+            }
+            .map(|(start, end)| {
                 let step_time_s = end.saturating_sub(start) as f64 / 1e9;
                 Rate {
                     step_time_s,
