@@ -343,3 +343,34 @@ fn stage_layers_split_virtual_stages_and_the_last_may_hold_only_the_head() {
         assert!(e.contains("parallel.stage_layers") && e.contains(says), "{split}: {e}");
     }
 }
+
+/// A program whose steps follow one another says where each begins
+/// (`Program::step_starts`), and each step's range holds exactly the tasks labelled with
+/// it: the step spans a report and a sweep row time are read off those ranges.
+#[test]
+fn each_step_is_one_range_of_the_program_where_the_scheduler_says_so() {
+    let cases = [
+        ("sharding = \"full_shard\"", "grad_accum = 2"),
+        ("sharding = \"zero1\"", ""),
+        ("tensor = 2\npipeline = 2\nschedule = \"1f1b\"", "grad_accum = 4"),
+        ("pipeline = 2\nvirtual_stages = 2\nschedule = \"interleaved-1f1b\"", "grad_accum = 4\nactivation_checkpointing = \"full\""),
+    ];
+    for (parallel, training) in cases {
+        let s = sim(parallel, training, 8);
+        for c in s.classes() {
+            let sched = c.schedule;
+            let prog = &sched.program;
+            assert!(!prog.step_starts.is_empty(), "{parallel}: steps not recorded as ranges");
+            let mut seen = 0;
+            for step in 0..prog.step_starts.len() {
+                let r = prog.step_range(step).unwrap();
+                seen += r.len();
+                for t in r {
+                    let l = &sched.labels[prog.tasks[t].label as usize];
+                    assert_eq!(l.step as usize, step, "{parallel}: task {t} ({}) outside its step's range", l.what);
+                }
+            }
+            assert_eq!(seen, prog.tasks.len(), "{parallel}: the ranges do not cover the program");
+        }
+    }
+}

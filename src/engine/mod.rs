@@ -152,9 +152,25 @@ pub struct Program {
     /// forward or backward, in program order): a hint of where the program repeats itself,
     /// which the engine verifies task by task before it extrapolates ([`period`]).
     pub period_marks: Vec<u32>,
+    /// Entry s: the first task of step s or later, where the program's steps are in program
+    /// order (step 0 is initialisation); empty where the scheduler does not say so. A step's
+    /// tasks are then one range, so its span is read off the trace without every task's
+    /// label ([`Program::step_range`]).
+    pub step_starts: Vec<u32>,
 }
 
 impl Program {
+    /// The tasks of step `s`, where [`Program::step_starts`] holds the steps (None where it
+    /// is empty).
+    pub fn step_range(&self, s: usize) -> Option<std::ops::Range<usize>> {
+        let starts = &self.step_starts;
+        if starts.is_empty() {
+            return None;
+        }
+        let at = |k: usize| starts.get(k).map_or(self.tasks.len(), |&t| t as usize);
+        Some(at(s).min(self.tasks.len())..at(s + 1))
+    }
+
     /// Appends a task with its dependencies, allocations and frees; returns its index.
     pub fn push_task(&mut self, task: Task, deps: &[u32], alloc: &[u32], free: &[u32]) -> u32 {
         self.tasks.push(task);

@@ -116,21 +116,41 @@ pub fn run(
 /// Each step's span across all classes (their tasks numbered one class after the other).
 fn step_spans(job: &Job, dt: &engine::DeviceTrace, steps: u32) -> Vec<(u64, u64)> {
     let mut spans = vec![(u64::MAX, 0u64); steps as usize];
-    let mut i = 0;
+    let mut offset = 0;
     for c in &job.classes {
-        let labels = &c.schedule.labels;
-        for t in &c.schedule.program.tasks {
-            let l = &labels[t.label as usize];
-            if l.step >= 1 && dt.end_ns[i] != u64::MAX {
-                if let Some(sp) = spans.get_mut(l.step as usize - 1) {
-                    sp.0 = sp.0.min(dt.start_ns[i]);
-                    sp.1 = sp.1.max(dt.end_ns[i]);
-                }
-            }
-            i += 1;
-        }
+        let n = c.schedule.program.tasks.len();
+        let (start, end) = (&dt.start_ns[offset..offset + n], &dt.end_ns[offset..offset + n]);
+        step_extents(&c.schedule, start, end, &mut spans);
+        offset += n;
     }
     spans
+}
+
+/// Widens `spans[s - 1]` (step s's first start, last end) by the tasks of each step s >= 1
+/// of `sched` that ran (`start` and `end` are its tasks' times; an end of u64::MAX: not
+/// run). A program whose steps are ranges ([`crate::engine::Program::step_starts`]) is read
+/// range by range, the others task by task through their labels.
+pub(crate) fn step_extents(sched: &crate::schedule::Schedule, start: &[u64], end: &[u64], spans: &mut [(u64, u64)]) {
+    let mut widen = |step: usize, i: usize| {
+        if step >= 1 && end[i] != u64::MAX {
+            if let Some(sp) = spans.get_mut(step - 1) {
+                sp.0 = sp.0.min(start[i]);
+                sp.1 = sp.1.max(end[i]);
+            }
+        }
+    };
+    let prog = &sched.program;
+    if prog.step_starts.is_empty() {
+        for (i, t) in prog.tasks.iter().enumerate() {
+            widen(sched.labels[t.label as usize].step as usize, i);
+        }
+    } else {
+        for s in 1..prog.step_starts.len() {
+            for i in prog.step_range(s).unwrap_or_default() {
+                widen(s, i);
+            }
+        }
+    }
 }
 
 /// The tasks after which the program calls `torch.cuda.empty_cache()`: the last task of

@@ -1180,15 +1180,7 @@ pub fn memory_side(cap: u64, sched: &Schedule, trace: &Trace) -> (Verdict, Optio
 /// first step from its first task.
 pub(crate) fn step_spans(plan: &Plan, sched: &Schedule, trace: &Trace) -> Vec<Option<(u64, u64)>> {
     let mut first_last = vec![(u64::MAX, 0u64); plan.training.steps as usize];
-    for (i, t) in sched.program.tasks.iter().enumerate() {
-        let step = sched.labels[t.label as usize].step;
-        if step == 0 || trace.end_ns[i] == u64::MAX {
-            continue;
-        }
-        let Some(a) = first_last.get_mut(step as usize - 1) else { continue };
-        a.0 = a.0.min(trace.start_ns[i]);
-        a.1 = a.1.max(trace.end_ns[i]);
-    }
+    crate::job::run::step_extents(sched, &trace.start_ns, &trace.end_ns, &mut first_last);
     let mut prev_end: Option<u64> = None;
     first_last
         .into_iter()

@@ -188,6 +188,9 @@ struct Builder<'a> {
     tables: Tables,
     /// Empty lists for reuse ([`Builder::spare`]).
     spares: Vec<Vec<u32>>,
+    /// A task of an earlier step followed one of a later step: the program's steps are not
+    /// ranges ([`Program::step_starts`] is left empty).
+    steps_interleaved: bool,
     /// (task, buffer) for every free, in the order the builder decided them: a task's frees
     /// are often known only after later tasks are written.
     frees: Vec<(u32, u32)>,
@@ -582,6 +585,7 @@ impl<'a> Builder<'a> {
             tables,
             frees: Vec::new(),
             spares: Vec::new(),
+            steps_interleaved: false,
             labels: Vec::new(),
             ck: ck.clone(),
             offload_of,
@@ -718,12 +722,27 @@ impl<'a> Builder<'a> {
     /// [`Builder::task`] from borrowed lists.
     fn task_of(&mut self, stream: u16, seconds: f64, deps: &[u32], alloc: &[u32], label: TaskLabel) -> u32 {
         let ctas = if label.kind.is_collective() { self.stream_ctas[stream as usize] } else { 0 };
+        self.note_step(label.step);
         self.labels.push(label);
         let task = Task { stream, ctas, duration_ns: cost::ns(seconds), label: (self.labels.len() - 1) as u32 };
         self.prog.tasks.push(task);
         self.tables.deps.push(deps);
         self.tables.alloc.push(alloc);
         (self.prog.tasks.len() - 1) as u32
+    }
+
+    /// The next task is of step `s`: [`Program::step_starts`] gains the steps it begins, or
+    /// is given up (`steps_interleaved`) where a task of an earlier step follows a later's.
+    #[inline]
+    fn note_step(&mut self, s: u32) {
+        let starts = &mut self.prog.step_starts;
+        let s = s as usize;
+        if s >= starts.len() {
+            let t = self.prog.tasks.len() as u32;
+            starts.resize(s + 1, t);
+        } else if s + 1 < starts.len() {
+            self.steps_interleaved = true;
+        }
     }
 
     /// An empty list from the builder's spares: a pass's per-op lists (dependencies,
@@ -828,6 +847,9 @@ impl<'a> Builder<'a> {
     /// `prog` with its tasks' frees filed under them.
     fn filed(&self, mut prog: Program) -> Program {
         prog.free = crate::engine::TaskLists::from_pairs(prog.tasks.len(), &self.frees).into();
+        if self.steps_interleaved {
+            prog.step_starts.clear();
+        }
         // Without a collective holding thread blocks nothing slows compute: its tasks need not
         // pass through the engine's shared-resource bookkeeping.
         if !prog.tasks.iter().any(|t| t.ctas > 0) {
