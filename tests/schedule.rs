@@ -353,7 +353,10 @@ fn each_step_is_one_range_of_the_program_where_the_scheduler_says_so() {
         ("sharding = \"full_shard\"", "grad_accum = 2"),
         ("sharding = \"zero1\"", ""),
         ("tensor = 2\npipeline = 2\nschedule = \"1f1b\"", "grad_accum = 4"),
-        ("pipeline = 2\nvirtual_stages = 2\nschedule = \"interleaved-1f1b\"", "grad_accum = 4\nactivation_checkpointing = \"full\""),
+        (
+            "pipeline = 2\nvirtual_stages = 2\nschedule = \"interleaved-1f1b\"",
+            "grad_accum = 4\nactivation_checkpointing = \"full\"",
+        ),
     ];
     for (parallel, training) in cases {
         let s = sim(parallel, training, 8);

@@ -876,6 +876,61 @@ pub struct Unit {
     pub fp8_gathered: u64,
 }
 
+/// Per unit of a DAG (the root, then each block), the sums [`Plan::new`] builds its units
+/// from: parameter elements, frozen bytes, frozen elements in a shared FlatParameter,
+/// routed-expert elements and elements FSDP gathers in FP8. One pass over every op,
+/// computed once per DAG on a thread ([`crate::recent::recall`]): a sweep's configurations
+/// share the DAG and differ in what splits these sums.
+#[derive(Debug)]
+struct UnitSums {
+    per_unit: Vec<u64>,
+    frozen: Vec<u64>,
+    flat_frozen: Vec<u64>,
+    expert: Vec<u64>,
+    fp8_gathered: Vec<u64>,
+}
+
+impl UnitSums {
+    fn of(dag: &LayerDag) -> std::sync::Arc<UnitSums> {
+        thread_local! {
+            static SUMS: std::cell::RefCell<Vec<(u64, std::sync::Arc<UnitSums>)>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        SUMS.with(|c| {
+            let make = || (dag.id, std::sync::Arc::new(UnitSums::sum(dag)));
+            crate::recent::recall(&mut c.borrow_mut(), 4, |&k| k == dag.id, make)
+        })
+    }
+
+    fn sum(dag: &LayerDag) -> UnitSums {
+        // (A multi-token prediction module is a block after the model's, with its own unit.)
+        let n = dag.blocks() as usize + 1;
+        let mut s = UnitSums {
+            per_unit: vec![0; n],
+            frozen: vec![0; n],
+            flat_frozen: vec![0; n],
+            expert: vec![0; n],
+            fp8_gathered: vec![0; n],
+        };
+        let fp8_all_gather = dag.workload.fp8.is_some_and(|f| f.fsdp_all_gather);
+        for op in &dag.ops {
+            let u = match op.region {
+                Region::Embed | Region::Head => 0,
+                Region::Block(l) => l as usize + 1,
+            };
+            s.per_unit[u] += op.params;
+            s.frozen[u] += op.frozen_bytes;
+            s.flat_frozen[u] += op.flat_frozen;
+            if op.expert {
+                s.expert[u] += op.params;
+            }
+            if fp8_all_gather && op.fp8.is_some() {
+                s.fp8_gathered[u] += op.params;
+            }
+        }
+        s
+    }
+}
+
 /// A contiguous run of the model on one pipeline stage: a model chunk (virtual stage).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Chunk {
@@ -1054,30 +1109,8 @@ impl Plan {
         let reshard_after_forward = params_sharded && sh != Sharding::Zero2 && parallel.reshard_after_forward;
         let mut units = Vec::new();
         let root = [Region::Embed, Region::Head];
-        // One pass over the ops: parameters per unit (root first, then one per block).
-        // (A multi-token prediction module is a block after the model's, with its own unit.)
-        let blocks = dag.blocks() as usize;
-        let mut per_unit = vec![0u64; blocks + 1];
-        let mut frozen = vec![0u64; blocks + 1];
-        let mut flat_frozen = vec![0u64; blocks + 1];
-        let mut expert = vec![0u64; blocks + 1];
-        let mut fp8_gathered = vec![0u64; blocks + 1];
-        let fp8_all_gather = dag.workload.fp8.is_some_and(|f| f.fsdp_all_gather);
-        for op in &dag.ops {
-            let u = match op.region {
-                Region::Embed | Region::Head => 0,
-                Region::Block(l) => l as usize + 1,
-            };
-            per_unit[u] += op.params;
-            frozen[u] += op.frozen_bytes;
-            flat_frozen[u] += op.flat_frozen;
-            if op.expert {
-                expert[u] += op.params;
-            }
-            if fp8_all_gather && op.fp8.is_some() {
-                fp8_gathered[u] += op.params;
-            }
-        }
+        let sums = UnitSums::of(dag);
+        let UnitSums { per_unit, frozen, flat_frozen, expert, fp8_gathered } = &*sums;
         let rp = per_unit[0];
         units.push(Unit {
             name: "root (embeddings, final norm, head)".into(),
@@ -1118,7 +1151,7 @@ impl Plan {
             dp_per_node,
             stage: 0,
             chunks,
-            block_unit: (1..=blocks).collect(),
+            block_unit: (1..=dag.blocks() as usize).collect(),
             shard_group,
             edp,
             expert_shard_group,
