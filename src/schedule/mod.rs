@@ -191,6 +191,9 @@ struct Builder<'a> {
     /// A task of an earlier step followed one of a later step: the program's steps are not
     /// ranges ([`Program::step_starts`] is left empty).
     steps_interleaved: bool,
+    /// Model-parallel collectives' (time, stream) by (group, collective, bytes): every layer
+    /// and micro-batch repeats the same few ([`Builder::tp_task`]).
+    tp_times: Vec<((Option<crate::model::CommGroup>, crate::net::Collective, u64), (f64, u16))>,
     /// (task, buffer) for every free, in the order the builder decided them: a task's frees
     /// are often known only after later tasks are written.
     frees: Vec<(u32, u32)>,
@@ -586,6 +589,7 @@ impl<'a> Builder<'a> {
             frees: Vec::new(),
             spares: Vec::new(),
             steps_interleaved: false,
+            tp_times: Vec::new(),
             labels: Vec::new(),
             ck: ck.clone(),
             offload_of,

@@ -15,6 +15,25 @@ impl Builder<'_> {
     /// forward's, or with `phase` backward and not `recompute`, the backward's); under
     /// `--tp-comm-overlap` it costs what it adds beside the GEMM it is pipelined with.
     #[allow(clippy::too_many_arguments)]
+    /// A model-parallel collective's time and stream, by the group its op names.
+    fn tp_time(&self, group: Option<CommGroup>, coll: Collective, bytes: u64) -> (f64, u16) {
+        match group {
+            // The token dispatcher's all-to-alls: NCCL's, or DeepEP's kernels.
+            Some(CommGroup::Expert) if coll == Collective::AllToAll => (self.cost.ep_a2a_s(bytes), self.ep_stream),
+            Some(CommGroup::Expert) => (self.cost.collective_s(&self.cost.ep_group, coll, bytes), self.ep_stream),
+            Some(CommGroup::ExpertTensor) => {
+                (self.cost.collective_s(&self.cost.etp_group, coll, bytes), self.tp_stream)
+            }
+            // The auxiliary losses' counts: a few hundred bytes, latency-bound, blocking the
+            // next kernel like the other collectives of the forward.
+            Some(CommGroup::TensorContext) => {
+                (self.cost.collective_s(&self.cost.tp_cp_group, coll, bytes), self.aux_stream)
+            }
+            Some(CommGroup::Stage) => (self.cost.collective_s(&self.cost.stage_group, coll, bytes), self.aux_stream),
+            _ => (self.cost.collective_s(&self.cost.tp_group, coll, bytes), self.tp_stream),
+        }
+    }
+
     pub(super) fn tp_task(
         &mut self,
         step: u32,
@@ -29,20 +48,15 @@ impl Builder<'_> {
         let op = &self.dag.ops[i];
         let forward = recompute || phase != Phase::Backward;
         let bytes = op.comm.map_or(0, |c| if forward { c.forward_bytes.unwrap_or(c.bytes) } else { c.bytes });
-        let (mut secs, stream) = match op.comm.map(|c| c.group) {
-            // The token dispatcher's all-to-alls: NCCL's, or DeepEP's kernels.
-            Some(CommGroup::Expert) if coll == Collective::AllToAll => (self.cost.ep_a2a_s(bytes), self.ep_stream),
-            Some(CommGroup::Expert) => (self.cost.collective_s(&self.cost.ep_group, coll, bytes), self.ep_stream),
-            Some(CommGroup::ExpertTensor) => {
-                (self.cost.collective_s(&self.cost.etp_group, coll, bytes), self.tp_stream)
+        let group = op.comm.map(|c| c.group);
+        let key = (group, coll, bytes);
+        let (mut secs, stream) = match self.tp_times.iter().find(|(k, _)| *k == key) {
+            Some(&(_, hit)) => hit,
+            None => {
+                let t = self.tp_time(group, coll, bytes);
+                self.tp_times.push((key, t));
+                t
             }
-            // The auxiliary losses' counts: a few hundred bytes, latency-bound, blocking the
-            // next kernel like the other collectives of the forward.
-            Some(CommGroup::TensorContext) => {
-                (self.cost.collective_s(&self.cost.tp_cp_group, coll, bytes), self.aux_stream)
-            }
-            Some(CommGroup::Stage) => (self.cost.collective_s(&self.cost.stage_group, coll, bytes), self.aux_stream),
-            _ => (self.cost.collective_s(&self.cost.tp_group, coll, bytes), self.tp_stream),
         };
         if let Some(gemm) = self.tp_overlap_gemm_s(i, forward) {
             secs = self.tp_overlapped_s(secs, gemm);
