@@ -178,6 +178,9 @@ impl Tables {
     }
 }
 
+/// A model-parallel collective as its time depends on it: (group, collective, bytes).
+type TpKey = (Option<crate::model::CommGroup>, crate::net::Collective, u64);
+
 struct Builder<'a> {
     dag: &'a LayerDag,
     plan: &'a Plan,
@@ -193,7 +196,7 @@ struct Builder<'a> {
     steps_interleaved: bool,
     /// Model-parallel collectives' (time, stream) by (group, collective, bytes): every layer
     /// and micro-batch repeats the same few ([`Builder::tp_task`]).
-    tp_times: Vec<((Option<crate::model::CommGroup>, crate::net::Collective, u64), (f64, u16))>,
+    tp_times: Vec<(TpKey, (f64, u16))>,
     /// (task, buffer) for every free, in the order the builder decided them: a task's frees
     /// are often known only after later tasks are written.
     frees: Vec<(u32, u32)>,

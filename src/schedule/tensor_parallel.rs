@@ -11,10 +11,6 @@ use super::{Builder, Category, Collective, Phase, TaskKind, TaskLabel};
 use crate::model::{CommGroup, Op, TpComm};
 
 impl Builder<'_> {
-    /// A tensor-parallel collective of op `i` on the TP stream after task `after` (the
-    /// forward's, or with `phase` backward and not `recompute`, the backward's); under
-    /// `--tp-comm-overlap` it costs what it adds beside the GEMM it is pipelined with.
-    #[allow(clippy::too_many_arguments)]
     /// A model-parallel collective's time and stream, by the group its op names.
     fn tp_time(&self, group: Option<CommGroup>, coll: Collective, bytes: u64) -> (f64, u16) {
         match group {
@@ -34,6 +30,10 @@ impl Builder<'_> {
         }
     }
 
+    /// A tensor-parallel collective of op `i` on the TP stream after task `after` (the
+    /// forward's, or with `phase` backward and not `recompute`, the backward's); under
+    /// `--tp-comm-overlap` it costs what it adds beside the GEMM it is pipelined with.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn tp_task(
         &mut self,
         step: u32,
