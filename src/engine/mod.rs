@@ -160,15 +160,11 @@ pub struct Program {
 }
 
 impl Program {
-    /// The tasks of step `s`, where [`Program::step_starts`] holds the steps (None where it
-    /// is empty).
-    pub fn step_range(&self, s: usize) -> Option<std::ops::Range<usize>> {
-        let starts = &self.step_starts;
-        if starts.is_empty() {
-            return None;
-        }
-        let at = |k: usize| starts.get(k).map_or(self.tasks.len(), |&t| t as usize);
-        Some(at(s).min(self.tasks.len())..at(s + 1))
+    /// The tasks of step `s`, where [`Program::step_starts`] holds the steps (empty for a
+    /// step beyond them, and for every step where it is empty).
+    pub fn step_range(&self, s: usize) -> std::ops::Range<usize> {
+        let at = |k: usize| self.step_starts.get(k).map_or(self.tasks.len(), |&t| t as usize);
+        at(s)..at(s + 1)
     }
 
     /// Appends a task with its dependencies, allocations and frees; returns its index.

@@ -146,7 +146,7 @@ pub(crate) fn step_extents(sched: &crate::schedule::Schedule, start: &[u64], end
         }
     } else {
         for s in 1..prog.step_starts.len() {
-            for i in prog.step_range(s).unwrap_or_default() {
+            for i in prog.step_range(s) {
                 widen(s, i);
             }
         }

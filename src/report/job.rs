@@ -228,9 +228,6 @@ fn class_row(c: &RankClass, f: &ClassFigures, any_oom: bool) -> super::RankClass
     super::RankClass { ranks: c.ranks(), count: c.count, note, stage, rank, expert_rank }
 }
 
-/// Turns the headline class's report into the job's: a row per class, the step time from
-/// the end of the step before (the first step: its first task) on any class to the last
-/// task of the step on any class, and throughput from it.
 /// Step `k`'s span (0-based) over every class's tasks, from [`JobRun::spans`]: the training
 /// loop's period, from the end of the step before on every class (a class that finished
 /// early may start the next step's work before the last one ends); the first step from its
@@ -241,6 +238,9 @@ pub fn job_step_span(spans: &[(u64, u64)], k: usize) -> Option<(u64, u64)> {
     Some((start, end))
 }
 
+/// Turns the headline class's report into the job's: a row per class, the step time from
+/// the end of the step before (the first step: its first task) on any class to the last
+/// task of the step on any class, and throughput from it.
 fn finish(r: &mut Report, s: &Scenario, job: &Job, figures: &[ClassFigures], spans: &[(u64, u64)], h: usize) {
     let oom = figures.iter().any(|f| f.oom);
     r.rank_classes = job.classes.iter().zip(figures).map(|(c, f)| class_row(c, f, oom)).collect();

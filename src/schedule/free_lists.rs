@@ -6,59 +6,47 @@
 //! made and dropped once per micro-batch: a quarter of the sweep's calls to `malloc`. Here
 //! every list is a chain through one arena of nodes, appended at its tail so an op's
 //! buffers come back in the order they were filed (the order the program frees them in).
-//! Like [`super::span::Span`], the lists start at the chunk's op range and grow to any op
-//! outside it.
+//! The lists' ends are a [`super::span::Span`]: they start at the chunk's op range and grow
+//! to any op outside it.
 
-const NIL: u32 = u32::MAX;
+use super::span::Span;
 
 #[derive(Debug)]
 pub(super) struct FreeLists {
-    base: usize,
-    /// Per op from `base`: the (first, last) node of its list, NIL for an empty list.
-    ends: Vec<(u32, u32)>,
-    /// (buffer, next node).
-    nodes: Vec<(u32, u32)>,
+    /// Per op: the (first, last) node of its list, None for an empty list.
+    ends: Span<Option<(u32, u32)>>,
+    /// (buffer, next node; None for the last of its list).
+    nodes: Vec<(u32, Option<u32>)>,
 }
 
 impl FreeLists {
     /// Empty lists for ops `lo..hi`.
     pub fn new(lo: usize, hi: usize) -> Self {
-        let n = hi.saturating_sub(lo);
-        FreeLists { base: lo, ends: vec![(NIL, NIL); n], nodes: Vec::with_capacity(2 * n) }
-    }
-
-    /// The list of op `i`, the span grown to hold it.
-    fn ends_mut(&mut self, i: usize) -> &mut (u32, u32) {
-        if i < self.base {
-            let grow = self.base - i;
-            self.ends.splice(0..0, std::iter::repeat_n((NIL, NIL), grow));
-            self.base = i;
-        } else if i - self.base >= self.ends.len() {
-            self.ends.resize(i - self.base + 1, (NIL, NIL));
-        }
-        &mut self.ends[i - self.base]
+        FreeLists { ends: Span::new(lo, hi), nodes: Vec::with_capacity(2 * hi.saturating_sub(lo)) }
     }
 
     /// Files buffer `b` to be freed after op `i`, after those filed there before.
     pub fn push(&mut self, i: usize, b: u32) {
         let node = self.nodes.len() as u32;
-        self.nodes.push((b, NIL));
-        let (first, last) = *self.ends_mut(i);
-        if first == NIL {
-            self.ends[i - self.base] = (node, node);
-        } else {
-            self.nodes[last as usize].1 = node;
-            self.ends[i - self.base].1 = node;
+        self.nodes.push((b, None));
+        let end = &mut self.ends[i];
+        match end {
+            None => *end = Some((node, node)),
+            Some((_, last)) => {
+                self.nodes[*last as usize].1 = Some(node);
+                *last = node;
+            }
         }
     }
 
     /// Moves op `i`'s buffers onto the end of `out`, in the order they were filed, and
     /// empties its list.
     pub fn take_into(&mut self, i: usize, out: &mut Vec<u32>) {
-        let Some(e) = i.checked_sub(self.base).and_then(|k| self.ends.get_mut(k)) else { return };
-        let mut n = std::mem::replace(e, (NIL, NIL)).0;
-        while n != NIL {
-            let (b, next) = self.nodes[n as usize];
+        let Some((first, _)) = self.ends[i] else { return };
+        self.ends[i] = None;
+        let mut n = Some(first);
+        while let Some(k) = n {
+            let (b, next) = self.nodes[k as usize];
             out.push(b);
             n = next;
         }

@@ -100,7 +100,7 @@ impl Builder<'_> {
             NCCL,
             secs,
             [st.last_bwd_task],
-            vec![],
+            [],
             TaskLabel::new(
                 st.step,
                 Phase::Backward,

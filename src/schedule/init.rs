@@ -53,7 +53,7 @@ impl Builder<'_> {
                 self.task(
                     COMPUTE,
                     0.0,
-                    vec![],
+                    [],
                     [b],
                     lbl(text!(self.names, "master weights of {}", plan.units[u].name), Some(u)),
                 );
@@ -83,7 +83,7 @@ impl Builder<'_> {
                 self.task(
                     COMPUTE,
                     0.0,
-                    vec![],
+                    [],
                     [b],
                     lbl(text!(self.names, "optimizer state of {}", plan.units[u].name), Some(u)),
                 );
@@ -126,7 +126,7 @@ impl Builder<'_> {
             self.task(
                 COMPUTE,
                 0.0,
-                vec![],
+                [],
                 [b],
                 lbl(text!(self.names, "FP8 workspaces of {}", self.plan.units[u].name), Some(u)),
             );

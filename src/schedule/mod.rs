@@ -594,7 +594,7 @@ impl<'a> Builder<'a> {
             steps_interleaved: false,
             tp_times: Vec::new(),
             labels: Vec::new(),
-            ck: ck.clone(),
+            ck,
             offload_of,
             fine,
             offload_window: match plan.training.activation_offload {

@@ -101,13 +101,8 @@ impl Builder<'_> {
             deps = vec![self.nvme(true, state_bytes, deps, off, lbl(what, TaskKind::Recv))];
         }
         let what = text!(self.names, "{} ({el} parameters)", plan.parallel.framework.host_optimizer_step());
-        let mut last = self.task(
-            self.cpu_stream,
-            el as f64 / off.cpu_adam_params_per_s,
-            deps,
-            vec![],
-            lbl(what, TaskKind::Optimizer),
-        );
+        let mut last =
+            self.task(self.cpu_stream, el as f64 / off.cpu_adam_params_per_s, deps, [], lbl(what, TaskKind::Optimizer));
         if off.optimizer == OffloadDevice::Nvme {
             let what = text!(self.names, "write optimizer state to NVMe (swap out)");
             last = self.nvme(false, state_bytes, vec![last], off, lbl(what, TaskKind::Send));
@@ -119,7 +114,7 @@ impl Builder<'_> {
                     self.h2d_stream,
                     (el * pb) as f64 / off.h2d_bytes_per_s,
                     [last],
-                    vec![],
+                    [],
                     lbl(what, TaskKind::Recv).with_work(0.0, el * pb),
                 );
                 if !plan.params_sharded && plan.grads_reduced() {

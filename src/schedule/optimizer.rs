@@ -123,7 +123,7 @@ impl Builder<'_> {
                 NCCL,
                 secs,
                 [t],
-                vec![],
+                [],
                 TaskLabel::new(
                     step,
                     Phase::Optimizer,
@@ -143,7 +143,7 @@ impl Builder<'_> {
             COMPUTE,
             0.0,
             [last],
-            vec![],
+            [],
             TaskLabel::new(
                 step,
                 Phase::Optimizer,

@@ -274,7 +274,7 @@ impl Builder<'_> {
             COMPUTE,
             0.0,
             [after, rs],
-            vec![],
+            [],
             TaskLabel::new(step, Phase::Backward, mb, what, TaskKind::Backward, None),
         );
         self.free_at(w, &[input]);
@@ -356,7 +356,7 @@ impl Builder<'_> {
                 stream,
                 secs,
                 [t],
-                vec![],
+                [],
                 label(what, TaskKind::Send).with_work(0.0, el * crate::plan::OffloadConfig::GRAD_BYTES_PER_PARAM),
             );
             self.free_at(d, &[b]);

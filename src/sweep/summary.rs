@@ -99,32 +99,27 @@ impl Outcome {
         let tokens = s.tokens_per_step();
         let throughput = match oom {
             Some(_) => None,
-            // The last step the headline class ran, as the report times it. A job of one
-            // class ran every step (nothing ran out of memory): the run's spans are its own,
-            // and each step after the first starts where the one before ended, as
-            // `report::step_spans` has it, without reading every task's label again.
-            None => {
-                let last = match job.classes.len() {
-                    1 => run.spans.iter().rposition(|s| s.0 != u64::MAX),
-                    _ => {
-                        crate::report::step_spans(&class.plan, &class.schedule, trace).iter().rposition(Option::is_some)
-                    }
-                };
-                last.and_then(|k| crate::report::job::job_step_span(&run.spans, k))
-            }
-            .map(|(start, end)| {
-                let step_time_s = end.saturating_sub(start) as f64 / 1e9;
-                Rate {
-                    step_time_s,
-                    tokens_per_s: tokens as f64 / step_time_s,
-                    mfu: crate::report::round4(crate::report::utilisation(
-                        s,
-                        &job.classes[0].plan,
-                        class.schedule.model_flops_per_step,
+            // The last step, timed over every class from the end of the step before, as the
+            // report times it: with nothing out of memory every class ran every step, so the
+            // headline's last step is the run's.
+            None => run
+                .spans
+                .iter()
+                .rposition(|s| s.0 != u64::MAX)
+                .and_then(|k| crate::report::job::job_step_span(&run.spans, k))
+                .map(|(start, end)| {
+                    let step_time_s = end.saturating_sub(start) as f64 / 1e9;
+                    Rate {
                         step_time_s,
-                    )),
-                }
-            }),
+                        tokens_per_s: tokens as f64 / step_time_s,
+                        mfu: crate::report::round4(crate::report::utilisation(
+                            s,
+                            &job.classes[0].plan,
+                            class.schedule.model_flops_per_step,
+                            step_time_s,
+                        )),
+                    }
+                }),
         };
         Outcome {
             oom,
