@@ -85,7 +85,8 @@ pub fn simulate_with(s: &scenario::Scenario, opts: SimOptions) -> Result<Simulat
     if let Some(cfg) = &s.inference {
         return simulate_inference(s, cfg, record);
     }
-    let every = job::run::Mode { every_period: opts.every_period, one_loop: opts.one_loop, cancel: None };
+    let every =
+        job::run::Mode { every_period: opts.every_period, one_loop: opts.one_loop, cancel: None, held: Vec::new() };
     // What checkpointing costs is the same job simulated without it: that run does not
     // depend on this one, so it runs beside it, and stops early if this one runs out of
     // memory (then there is no step time to compare).
@@ -372,8 +373,10 @@ fn plan_of(s: &scenario::Scenario, dag: &model::LayerDag) -> plan::Plan {
 /// first that runs out of memory where the whole program would is the answer, at a fraction
 /// of the cost of building and running every step. An unpipelined job of one program builds
 /// it once, running each prefix as the builder reaches it ([`schedule::build_lean_staged`]);
-/// a pipeline, `[jitter]` or uneven routing builds each prefix of whole steps apart
-/// ([`schedule::build_lean_prefix`]) and skips the first forward's.
+/// so does a pipeline, every stage in lockstep, with a cut within step 1 in place of the
+/// first forward ([`schedule::pipeline::build_staged`], [`schedule::Stage::Slots`]);
+/// `[jitter]` or uneven routing builds each prefix of whole steps apart
+/// ([`schedule::build_lean_prefix`]) and skips the rest.
 pub fn simulate_lean(
     s: &scenario::Scenario,
     dag: &model::LayerDag,
@@ -427,6 +430,36 @@ pub fn simulate_lean_with<R>(
             schedule::Staged::Answered(answer) => answer,
             schedule::Staged::Whole(schedule) => {
                 let job = job::of_replicas(plan.clone(), *schedule);
+                let run = run_job(&job)?;
+                Ok(finish(&job, &run))
+            }
+        };
+    }
+    if plan.pipeline() > 1 && s.jitter.is_none() && !job::uneven(loads.as_deref()) {
+        let staged = schedule::pipeline::build_staged(dag, &plan, &s.cluster, early, |prefix| {
+            let job = job::of_pipeline(&plan, prefix.pipeline);
+            let offsets: Vec<u32> = job
+                .classes
+                .iter()
+                .scan(0u32, |at, c| {
+                    let o = *at;
+                    *at += c.schedule.program.tasks.len() as u32;
+                    Some(o)
+                })
+                .collect();
+            let held = prefix.held.iter().map(|&(k, t)| offsets[k] + t).collect();
+            let mode = job::run::Mode { held, ..Default::default() };
+            let run = job::run::run(&job, &s.allocator, capacity, s.cluster.memory_bytes, all, record, mode);
+            match run {
+                // An out-of-memory before a held task could start is the whole program's.
+                Ok(run) => run.traces.iter().any(|t| t.oom.is_some()).then(|| Ok(finish(&job, &run))),
+                Err(deadlock) => Some(Err(deadlock)),
+            }
+        });
+        return match staged {
+            schedule::Staged::Answered(answer) => answer,
+            schedule::Staged::Whole(pipe) => {
+                let job = job::of_pipeline(&plan, *pipe);
                 let run = run_job(&job)?;
                 Ok(finish(&job, &run))
             }

@@ -230,6 +230,13 @@ pub struct RunOptions {
     /// loop looks every [`CANCEL_POLL_EVENTS`] events and, raised, stops with the tasks not
     /// yet run as a [`Deadlock`], which the caller that raised it discards.
     pub cancel: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// Tasks that must not start (in the run's numbering): a program prefix's tasks that
+    /// wait for work it does not hold ([`crate::schedule::pipeline::Prefix::held`]). The run
+    /// stops, without an out-of-memory, as soon as one of them could start (its dependencies
+    /// ended, its stream idle and at it): what came before is what the whole program does,
+    /// what follows is not known. A run with held tasks simulates every period and ends
+    /// without a [`Deadlock`] when nothing else can start.
+    pub held: Vec<u32>,
 }
 
 impl RunOptions {
@@ -426,7 +433,13 @@ pub fn run_parts(
         stream_busy_ns: vec![0; ns],
         part_of_stream: num.part_of_streams(),
     };
-    let mut per = if opts.every_period || opts.history { None } else { period::Periodic::new(&num, links) };
+    let mut held = Vec::new();
+    if !opts.held.is_empty() {
+        held = vec![false; n];
+        opts.held.iter().for_each(|&t| held[t as usize] = true);
+    }
+    let mut per =
+        if opts.every_period || opts.history || !held.is_empty() { None } else { period::Periodic::new(&num, links) };
     let mut now = 0u64;
     let mut done = 0usize;
     // Streams that may be able to start a task: at first all of them; after an event, the
@@ -446,6 +459,9 @@ pub fn run_parts(
             let ti = queues[s][head[s]];
             if remaining[ti as usize] > 0 {
                 continue;
+            }
+            if !held.is_empty() && held[ti as usize] {
+                return Ok(mem.finish(now, None, 0));
             }
             if let Err(oom) = mem.start(ti, s, now) {
                 return Ok(mem.out_of_memory(oom, per.as_ref().map_or(0, |p| p.jumped)));
@@ -525,7 +541,7 @@ pub fn run_parts(
             }
         }
     }
-    if done < n {
+    if done < n && held.is_empty() {
         return Err(Deadlock { waiting: n - done });
     }
     Ok(mem.finish(now, None, per.map_or(0, |p| p.jumped)))
@@ -984,6 +1000,38 @@ mod tests {
         let oom = t.oom.expect("4096 > 3000");
         assert_eq!((oom.task, oom.buffer, oom.time_ns), (2, 2, 20));
         assert!(oom.live.is_empty());
+    }
+
+    #[test]
+    fn a_run_stops_where_a_held_task_could_start() {
+        // compute: a (10 ns) -> b (held); comm: c (20 ns, after a) -> d (allocates 4096).
+        let p = program(
+            2,
+            &[(0, 10, &[], &[0], &[]), (0, 10, &[0], &[], &[]), (1, 20, &[0], &[], &[]), (1, 10, &[2], &[1], &[])],
+            vec![buf(1024), buf(4096)],
+        );
+        let held = |h: Vec<u32>| RunOptions { held: h, ..Default::default() };
+        // b could start at 10, before d's allocation at 30 fails: the run stops there, with
+        // no out-of-memory, as nothing after that instant is the whole program's.
+        let t = run_with(&p, &mut ExactAllocator::new(3000), &held(vec![1])).unwrap();
+        assert!(t.oom.is_none());
+        assert_eq!((t.end_time_ns, t.start_ns[1], t.start_ns[3]), (10, u64::MAX, u64::MAX));
+        // A held task never allocates.
+        let t = run_with(&p, &mut ExactAllocator::new(3000), &held(vec![3])).unwrap();
+        assert!(t.oom.is_none() && t.end_time_ns == 30);
+        // With b waiting for d too, d's allocation fails before b could start: the whole
+        // program's out-of-memory.
+        let behind = program(
+            2,
+            &[(0, 10, &[], &[0], &[]), (0, 10, &[0, 3], &[], &[]), (1, 20, &[0], &[], &[]), (1, 10, &[2], &[1], &[])],
+            vec![buf(1024), buf(4096)],
+        );
+        let t = run_with(&behind, &mut ExactAllocator::new(3000), &held(vec![1])).unwrap();
+        let oom = t.oom.expect("d allocates 4096 > 3000 - 1024 before b can start");
+        assert_eq!((oom.task, oom.time_ns), (3, 30));
+        // Where every task left waits on a held one, the run ends without a deadlock.
+        let t = run_with(&behind, &mut ExactAllocator::new(1 << 20), &held(vec![1])).unwrap();
+        assert!(t.oom.is_none() && t.end_ns[1] == u64::MAX && t.end_ns[3] == 40);
     }
 
     #[test]

@@ -143,7 +143,7 @@ fn base_classes(
 
 /// Whether expert-parallel ranks receive different token counts, so that each is a class
 /// ([`with_routing`]).
-fn uneven(expert_loads: Option<&[u64]>) -> bool {
+pub fn uneven(expert_loads: Option<&[u64]>) -> bool {
     expert_loads.is_some_and(|l| l.len() > 1)
 }
 
@@ -172,7 +172,11 @@ fn pipeline_classes(
     names: bool,
     steps: u32,
 ) -> (Vec<RankClass>, Vec<PartLink>) {
-    let pipe = schedule::pipeline::build(dag, plan, cluster, names, steps);
+    stage_classes(plan, schedule::pipeline::build(dag, plan, cluster, names, steps))
+}
+
+/// A class per stage of `pipe`, each for its share of `plan`'s GPUs, and the stages' links.
+fn stage_classes(plan: &Plan, pipe: schedule::pipeline::Pipeline) -> (Vec<RankClass>, Vec<PartLink>) {
     let per = plan.gpus / plan.pipeline();
     let classes = pipe
         .stages
@@ -184,11 +188,20 @@ fn pipeline_classes(
             first_rank: k as u64 * per,
             stride: 1,
             run: 1,
-            plan: Arc::new(st.plan),
+            plan: st.plan,
             schedule: st.schedule,
         })
         .collect();
     (classes, pipe.links)
+}
+
+/// The job [`compile`] makes of a pipeline without `[jitter]` or uneven routing, from stages
+/// the caller built ([`schedule::pipeline::build_staged`]).
+pub fn of_pipeline(plan: &Plan, pipe: schedule::pipeline::Pipeline) -> Job {
+    let (classes, links) = stage_classes(plan, pipe);
+    let parts: Vec<&Program> = classes.iter().map(|c| &c.schedule.program).collect();
+    let links = link_parts(&parts, &links);
+    Job { classes, extra: Vec::new(), links }
 }
 
 /// Uneven MoE routing: every class (the replicas, or each pipeline stage) splits into its

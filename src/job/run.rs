@@ -49,6 +49,9 @@ pub struct Mode {
     /// be played one by one ([`crate::engine::by_rank`]; the same figures, slower): what
     /// the test of the rank-by-rank runner compares with.
     pub one_loop: bool,
+    /// Tasks that must not start, in the run's numbering (classes in order, then the extra
+    /// programs): [`crate::engine::RunOptions::held`]. The run is played in one loop.
+    pub held: Vec<u32>,
 }
 
 impl Mode {
@@ -88,12 +91,14 @@ pub fn run(
         history: record == Record::History,
         every_period: mode.every_period,
         cancel: mode.cancel,
+        held: mode.held,
     };
     let build =
         || -> Vec<Box<dyn Allocator>> { job.classes.iter().map(|_| settings.build(capacity, device_total)).collect() };
     let parts = job.parts();
     let mut apart = None;
-    if !mode.one_loop && engine::by_rank::applies(&parts, &job.links, job.classes.len(), &opts) {
+    if !mode.one_loop && opts.held.is_empty() && engine::by_rank::applies(&parts, &job.links, job.classes.len(), &opts)
+    {
         let mut allocs = build();
         let mut refs: Vec<&mut dyn Allocator> = allocs.iter_mut().map(|a| &mut **a as &mut dyn Allocator).collect();
         apart = engine::by_rank::run(&parts, &job.links, &mut refs, &opts);

@@ -360,6 +360,11 @@ pub enum Stage {
     /// Not offered by Megatron's combined 1F1B, whose second forward runs beside the first
     /// backward.
     FirstForward,
+    /// A pipeline's initialisation and the first `n` slots of step 1's schedule on every
+    /// stage (a slot: one forward or backward of one chunk), the slot after them built and
+    /// held ([`pipeline::build_staged`]). Its run stops when a held task could start; an
+    /// out-of-memory before then is the whole program's.
+    Slots(u32),
 }
 
 /// The program so far, handed out at a [`Stage`], and the task whose end bounds what it
@@ -371,12 +376,12 @@ pub struct Prefix {
     pub gate: Option<u32>,
 }
 
-/// What [`build_lean_staged`] ends with.
-pub enum Staged<R> {
+/// What [`build_lean_staged`] (and [`pipeline::build_staged`]) ends with.
+pub enum Staged<R, W = Schedule> {
     /// A prefix answered the question.
     Answered(R),
-    /// No prefix did: the whole program, [`build_lean`]'s.
-    Whole(Box<Schedule>),
+    /// No prefix did: the whole program, [`build_lean`]'s (or the whole pipeline).
+    Whole(Box<W>),
 }
 
 /// [`build_lean`]'s program for an unpipelined rank, built once and handed to `probe` as it

@@ -23,7 +23,7 @@ use crate::plan::{PipelineSchedule, Plan, Sharding};
 /// One stage's plan and program (task indices local to the stage).
 #[derive(Debug, Clone)]
 pub struct Stage {
-    pub plan: Plan,
+    pub plan: std::sync::Arc<Plan>,
     pub schedule: Schedule,
 }
 
@@ -33,6 +33,19 @@ pub struct Stage {
 pub struct Pipeline {
     pub stages: Vec<Stage>,
     pub links: Vec<PartLink>,
+}
+
+/// Where a stage's step stands in its schedule: the passes still to build
+/// ([`Builder::passes_until`]), so that every stage can be built up to the same slot and
+/// carried on later.
+struct Passes {
+    step: u32,
+    order: Vec<(bool, u32, usize)>,
+    last_bwd: Vec<Option<usize>>,
+    /// Forwards whose backward is not built yet.
+    pending: HashMap<(u32, usize), super::Fwd>,
+    /// The next slot of `order`.
+    next: usize,
 }
 
 /// (forward?, micro-batch, chunk) in the order stage `k` of `p` runs them.
@@ -295,54 +308,81 @@ impl Builder<'_> {
     /// data-parallel gradient reduction (Megatron reduces after the last backward), the
     /// optimizer and `zero_grad`.
     fn pipeline_step(&mut self, step: u32) {
-        self.begin_step();
-        self.megatron_step_start(step);
-        if self.plan.parallel.model_parallel.schedule.is_dualpipe() {
-            self.dualpipe_passes(step);
-        } else {
-            self.scheduled_passes(step);
-        }
-        self.step_end(step);
+        let mut passes = self.begin_pipeline_step(step);
+        self.end_pipeline_step(&mut passes);
     }
 
-    /// One step's forwards and backwards in the order of a GPipe, 1F1B or interleaved
-    /// schedule.
-    fn scheduled_passes(&mut self, step: u32) {
+    /// The rest of a step `passes` began: its remaining passes and its end.
+    fn end_pipeline_step(&mut self, passes: &mut Passes) {
+        self.passes_until(passes, usize::MAX);
+        self.step_end(passes.step);
+    }
+
+    /// A step's start: what comes before its first pass, and where its passes stand (none
+    /// built yet).
+    fn begin_pipeline_step(&mut self, step: u32) -> Passes {
+        self.begin_step();
+        self.megatron_step_start(step);
         let mp = &self.plan.parallel.model_parallel;
-        let m = self.plan.training.grad_accum;
-        let mut pending = HashMap::new();
         let overlap = self.plan.parallel.megatron.overlap_moe_expert_parallel_comm;
-        let order = order_with(mp.schedule, mp.pipeline, self.plan.stage, m, mp.virtual_stages, overlap);
+        let order = if mp.schedule.is_dualpipe() {
+            Vec::new()
+        } else {
+            order_with(
+                mp.schedule,
+                mp.pipeline,
+                self.plan.stage,
+                self.plan.training.grad_accum,
+                mp.virtual_stages,
+                overlap,
+            )
+        };
         // Each chunk's last backward of the step: where FSDP reduces its gradients.
         let last_bwd: Vec<Option<usize>> =
             (0..self.chunk_ops.len()).map(|c| order.iter().rposition(|&(f, _, ch)| !f && ch == c)).collect();
-        let mut k = 0;
-        while k < order.len() {
-            let (fwd, mb, c) = order[k];
+        Passes { step, order, last_bwd, pending: HashMap::new(), next: 0 }
+    }
+
+    /// The step's passes in the order of a GPipe, 1F1B or interleaved schedule, from where
+    /// `passes` stands up to slot `until` (a slot: one forward or backward of one chunk, or
+    /// a forward and the backward combined with it), or all of DualPipe's at once.
+    fn passes_until(&mut self, passes: &mut Passes, until: usize) {
+        let step = passes.step;
+        if self.plan.parallel.model_parallel.schedule.is_dualpipe() {
+            if passes.next == 0 {
+                self.dualpipe_passes(step);
+                passes.next = usize::MAX;
+            }
+            return;
+        }
+        let overlap = self.plan.parallel.megatron.overlap_moe_expert_parallel_comm;
+        let Passes { order, last_bwd, pending, next: k, .. } = passes;
+        while *k < order.len().min(until) {
+            let (fwd, mb, c) = order[*k];
             self.mark_period();
             // A steady-state forward and the backward after it run as one combined step.
             let paired =
-                order.get(k + 1).filter(|&&(f, bmb, bc)| overlap && fwd && !f && pending.contains_key(&(bmb, bc)));
+                order.get(*k + 1).filter(|&&(f, bmb, bc)| overlap && fwd && !f && pending.contains_key(&(bmb, bc)));
             if let Some(&(_, bmb, bc)) = paired {
                 let b = ep_overlap::PairedBackward {
                     mb: bmb,
                     chunk: bc,
                     fwd: pending.remove(&(bmb, bc)).expect("checked above"),
                     last_mb: false,
-                    sync_grads: last_bwd[bc] == Some(k + 1),
+                    sync_grads: last_bwd[bc] == Some(*k + 1),
                 };
                 let f = self.forward_backward(step, mb, c, b);
                 pending.insert((mb, c), f);
-                k += 2;
+                *k += 2;
                 continue;
             }
             if fwd {
                 let f = self.forward(step, mb, c);
                 pending.insert((mb, c), f);
             } else if let Some(f) = pending.remove(&(mb, c)) {
-                self.backward(step, mb, c, f, false, last_bwd[c] == Some(k));
+                self.backward(step, mb, c, f, false, last_bwd[c] == Some(*k));
             }
-            k += 1;
+            *k += 1;
         }
     }
 
@@ -447,37 +487,252 @@ const EMBEDDING_GROUP_MB: u32 = u32::MAX;
 /// Builds every stage's program, the first `steps` steps of it ([`super::build_lean_prefix`]
 /// says why a prefix runs as the whole does), and the links between them.
 pub fn build(dag: &LayerDag, plan: &Plan, cluster: &Cluster, names: bool, steps: u32) -> Pipeline {
+    let plans = stage_plans(dag, plan);
+    let costs = stage_costs(&plans, cluster);
+    let bs = builders(dag, &plans, &costs, names, steps);
+    whole(dag, &plans, bs, None, 1, steps)
+}
+
+/// A pipeline built so far, handed out at a [`super::Stage`]: every stage's program as far
+/// as it goes, with the tasks that must not start.
+pub struct Prefix {
+    pub stage: super::Stage,
+    pub pipeline: Pipeline,
+    /// (stage, task): tasks that run only once work not in the prefix has: the slot built
+    /// past a [`super::Stage::Slots`] cut, and transfers whose other side is not built yet.
+    /// A run of the prefix stops when one of them could start ([`crate::engine::RunOptions::held`]);
+    /// an allocation that fails before then fails in the whole program too.
+    pub held: Vec<(usize, u32)>,
+    /// Per stage: where the held slot begins (the whole program so far at a step's end).
+    pub cut: Vec<u32>,
+}
+
+/// The slots of step 1 a sweep's [`super::Stage::Slots`] prefix covers: the first stage's
+/// warm-up, its first backward and the slot after it. There the first stage holds the most
+/// micro-batches' activations it ever holds, beside the first gradients; most pipelines that
+/// run out of memory in step 1's passes do so by then.
+pub fn fill_slots(parallel: &crate::plan::ParallelConfig, micro_batches: u64) -> u32 {
+    let mp = &parallel.model_parallel;
+    let overlap = parallel.megatron.overlap_moe_expert_parallel_comm;
+    let order = order_with(mp.schedule, mp.pipeline, 0, micro_batches, mp.virtual_stages, overlap);
+    order.iter().position(|x| !x.0).map_or(order.len(), |b| b + 2) as u32
+}
+
+/// Every stage's program for all the plan's steps, built in lockstep and handed to `probe` at
+/// each of `stages` it reaches (in build order: [`super::Stage::Steps`]`(0)`,
+/// [`super::Stage::Slots`], `Steps(1)`, ...); the first answer ends the build, and where none
+/// answers the whole pipeline is the same builders carried on ([`super::build_lean_staged`]
+/// does the same for an unpipelined rank).
+///
+/// Why a prefix cut within a step answers for the whole program: every stage is cut after
+/// the same number of slots of step 1's schedule and the slot after that is built and held.
+/// A task built later depends (directly, across a link, or through its stream) on one built
+/// past the cut (tests/pipeline_prefix.rs checks this of every slot of the programs it builds),
+/// so no task outside the prefix starts before a held one could; until then, the prefix's
+/// run is the whole program's, event for event.
+pub fn build_staged<R>(
+    dag: &LayerDag,
+    plan: &Plan,
+    cluster: &Cluster,
+    stages: &[super::Stage],
+    mut probe: impl FnMut(Prefix) -> Option<R>,
+) -> super::Staged<R, Pipeline> {
+    use super::Stage;
+    let steps = plan.training.steps;
+    let plans = stage_plans(dag, plan);
+    let costs = stage_costs(&plans, cluster);
+    let mut bs = builders(dag, &plans, &costs, false, steps);
+    let tried = |k: u32| k < steps && stages.contains(&Stage::Steps(k));
+    let mut answer = None;
+    if tried(0) {
+        answer = probe(prefix(dag, &plans, &bs, Stage::Steps(0), None, 0));
+    }
+    // DualPipe's passes are built whole ([`Builder::passes_until`]): no slot to cut at.
+    let slots = stages.iter().find_map(|s| match s {
+        Stage::Slots(n) if steps > 0 && !plan.parallel.model_parallel.schedule.is_dualpipe() => Some(*n as usize),
+        _ => None,
+    });
+    // Step 1 begun on every stage, where a cut within it was tried.
+    let mut begun: Option<Vec<Passes>> = None;
+    if let (None, Some(n)) = (&answer, slots) {
+        use rayon::prelude::*;
+        let mut passes: Vec<Passes> = bs.iter_mut().map(|b| b.begin_pipeline_step(1)).collect();
+        let step_to = |bs: &mut [Builder], passes: &mut [Passes], until: &(dyn Fn(&Passes) -> usize + Sync)| {
+            bs.par_iter_mut().zip(passes.par_iter_mut()).for_each(|(b, ps)| {
+                let to = until(ps);
+                b.passes_until(ps, to)
+            });
+        };
+        step_to(&mut bs, &mut passes, &|_| n);
+        // The held slot must exist on every stage: a cut at the step's last slot would leave
+        // the step's end unbuilt behind nothing held.
+        if passes.iter().all(|ps| ps.next < ps.order.len()) {
+            let cut: Vec<u32> = bs.iter().map(|b| b.prog.tasks.len() as u32).collect();
+            step_to(&mut bs, &mut passes, &|ps| ps.next + 1);
+            answer = probe(prefix(dag, &plans, &bs, Stage::Slots(n as u32), Some(cut), 1));
+        }
+        begun = Some(passes);
+    }
+    // Steps up to the last whose prefix is tried are built in lockstep; the rest stage by
+    // stage.
+    let last = (1..steps).filter(|&k| tried(k)).max().unwrap_or(0);
+    let mut step = 1;
+    while answer.is_none() && step <= last {
+        match begun.take() {
+            Some(mut passes) => {
+                use rayon::prelude::*;
+                bs.par_iter_mut().zip(passes.par_iter_mut()).for_each(|(b, ps)| b.end_pipeline_step(ps));
+            }
+            None => each(&mut bs, |b| b.pipeline_step(step)),
+        }
+        if tried(step) {
+            answer = probe(prefix(dag, &plans, &bs, Stage::Steps(step), None, step));
+        }
+        step += 1;
+    }
+    match answer {
+        Some(r) => super::Staged::Answered(r),
+        None => super::Staged::Whole(Box::new(whole(dag, &plans, bs, begun, step, steps))),
+    }
+}
+
+/// Each stage's own plan ([`Plan::stage`]).
+fn stage_plans(dag: &LayerDag, plan: &Plan) -> Vec<std::sync::Arc<Plan>> {
     use rayon::prelude::*;
-    let p = plan.pipeline();
-    // Stages are built independently (in parallel: a large pipeline's stages are most of a
-    // run's set-up) and collected in stage order, so the result does not depend on threads.
-    let built: Vec<_> = (0..p)
-        .into_par_iter()
-        .map(|k| {
-            let sp = plan.stage(dag, k);
-            let cost = Cost::for_plan(cluster, &sp);
-            let mut b = Builder::new(dag, &sp, &cost, names);
+    (0..plan.pipeline()).into_par_iter().map(|k| std::sync::Arc::new(plan.stage(dag, k))).collect()
+}
+
+fn stage_costs(plans: &[std::sync::Arc<Plan>], cluster: &Cluster) -> Vec<Cost> {
+    plans.iter().map(|sp| Cost::for_plan(cluster, sp)).collect()
+}
+
+/// One builder per stage, its initialisation built. Stages are built independently (in
+/// parallel: a large pipeline's stages are most of a run's set-up), each by its own builder,
+/// so the result does not depend on threads.
+fn builders<'a>(
+    dag: &'a LayerDag,
+    plans: &'a [std::sync::Arc<Plan>],
+    costs: &'a [Cost],
+    names: bool,
+    steps: u32,
+) -> Vec<Builder<'a>> {
+    use rayon::prelude::*;
+    plans
+        .par_iter()
+        .zip(costs)
+        .map(|(sp, cost)| {
+            let mut b = Builder::new(dag, sp, cost, names);
             b.reserve(steps);
             b.init();
-            for step in 1..=steps {
-                b.pipeline_step(step);
-            }
-            let (ready, ext) = (std::mem::take(&mut b.ready), std::mem::take(&mut b.ext_deps));
-            let model_flops = 3.0 * dag.model_forward_flops() * sp.training.grad_accum as f64
-                / (p * sp.parallel.model_parallel.tensor) as f64;
-            let schedule = b.into_schedule(model_flops, steps);
-            (Stage { plan: sp, schedule }, ready, ext)
+            b
         })
-        .collect();
-    let mut links = Vec::new();
-    for (k, (_, _, ext)) in built.iter().enumerate() {
+        .collect()
+}
+
+/// `f` on every stage's builder, in parallel.
+fn each(bs: &mut [Builder], f: impl Fn(&mut Builder) + Send + Sync) {
+    use rayon::prelude::*;
+    bs.par_iter_mut().for_each(f);
+}
+
+/// Model FLOPs of one step of a stage's program.
+fn stage_model_flops(dag: &LayerDag, sp: &Plan) -> f64 {
+    3.0 * dag.model_forward_flops() * sp.training.grad_accum as f64
+        / (sp.pipeline() * sp.parallel.model_parallel.tensor) as f64
+}
+
+/// The links of each stage's transfers (`ext`: task and what it waits for) to the tasks the
+/// other side `ready`, and the transfers whose other side is not built.
+fn resolve<'b>(
+    plan: &Plan,
+    stages: impl Iterator<Item = (&'b HashMap<Port, u32>, &'b [(u32, Port)])> + Clone,
+    mut link: impl FnMut(PartLink),
+    mut missing: impl FnMut(usize, u32),
+) {
+    let ready: Vec<&HashMap<Port, u32>> = stages.clone().map(|s| s.0).collect();
+    for (k, (_, ext)) in stages.enumerate() {
         for &(t, port) in ext {
             let target = plan.parallel.model_parallel.rank_of_virtual_stage(port.virtual_stage) as usize;
-            if let Some(&r) = built[target].1.get(&port) {
-                links.push(PartLink { part: k, task: t, dep_part: target, dep: r });
+            match ready[target].get(&port) {
+                Some(&r) => link(PartLink { part: k, task: t, dep_part: target, dep: r }),
+                None => missing(k, t),
             }
         }
     }
+}
+
+/// The pipeline as the builders have it, `steps` steps of it begun: a copy of each program so
+/// far, the links between the tasks built, and what must be held ([`Prefix::held`]): the
+/// tasks from `cut` on, if given, and transfers whose other side is not built.
+fn prefix(
+    dag: &LayerDag,
+    plans: &[std::sync::Arc<Plan>],
+    bs: &[Builder],
+    stage: super::Stage,
+    cut: Option<Vec<u32>>,
+    steps: u32,
+) -> Prefix {
+    let cut = cut.unwrap_or_else(|| bs.iter().map(|b| b.prog.tasks.len() as u32).collect());
+    let mut held: Vec<(usize, u32)> = Vec::new();
+    for (k, b) in bs.iter().enumerate() {
+        held.extend((cut[k]..b.prog.tasks.len() as u32).map(|t| (k, t)));
+    }
+    let mut links = Vec::new();
+    let stages = bs.iter().map(|b| (&b.ready, b.ext_deps.as_slice()));
+    resolve(&plans[0], stages, |l| links.push(l), |k, t| held.push((k, t)));
+    held.sort_unstable();
+    held.dedup();
+    let stages = bs
+        .iter()
+        .zip(plans)
+        .map(|(b, sp)| Stage {
+            plan: sp.clone(),
+            schedule: Schedule {
+                program: b.program_so_far(),
+                labels: std::sync::Arc::new(b.labels.clone()),
+                model_flops_per_step: stage_model_flops(dag, sp),
+                hardware_flops_per_step: b.hw_flops / steps.max(1) as f64,
+            },
+        })
+        .collect();
+    Prefix { stage, pipeline: Pipeline { stages, links }, held, cut }
+}
+
+/// The finished pipeline of `steps` steps, each stage's builder carried on from step `from`
+/// (the step `begun` if given) in parallel, alone: what it no longer needs is freed before the
+/// next stage is built on its thread.
+fn whole(
+    dag: &LayerDag,
+    plans: &[std::sync::Arc<Plan>],
+    bs: Vec<Builder>,
+    begun: Option<Vec<Passes>>,
+    from: u32,
+    steps: u32,
+) -> Pipeline {
+    use rayon::prelude::*;
+    let n = bs.len();
+    let begun: Vec<Option<Passes>> = match begun {
+        Some(ps) => ps.into_iter().map(Some).collect(),
+        None => (0..n).map(|_| None).collect(),
+    };
+    let built: Vec<_> = bs
+        .into_par_iter()
+        .zip(begun)
+        .zip(plans)
+        .map(|((mut b, passes), sp)| {
+            let mut from = from;
+            if let Some(mut ps) = passes {
+                b.end_pipeline_step(&mut ps);
+                from = ps.step + 1;
+            }
+            (from..=steps).for_each(|step| b.pipeline_step(step));
+            let (ready, ext) = (std::mem::take(&mut b.ready), std::mem::take(&mut b.ext_deps));
+            let stage = Stage { plan: sp.clone(), schedule: b.into_schedule(stage_model_flops(dag, sp), steps) };
+            (stage, ready, ext)
+        })
+        .collect();
+    let mut links = Vec::new();
+    resolve(&plans[0], built.iter().map(|x| (&x.1, x.2.as_slice())), |l| links.push(l), |_, _| {});
     Pipeline { stages: built.into_iter().map(|x| x.0).collect(), links }
 }
 

@@ -194,27 +194,45 @@ thread_local! {
 ///   backward or optimizer as got past it: its run is half of a two-step run, and an answer
 ///   saves the second step's build and run.
 ///
-/// Either way the outcome is the full program's; only the time differs. A pipeline's (and
-/// `[jitter]`'s, and uneven routing's) prefixes are built apart and have no first forward's: step 1 is tried while
-/// more than three times as many configurations have run out of memory in it as got past it,
-/// so not before one has. The whole program's run stops at its OOM too, so a step-1 prefix
-/// that answers saves only the second step's build (about a sixth of such a configuration's
-/// cost), where one that does not costs the first step's build and run again (about half):
-/// measured on the GPT-3 3D sweep, where about as many configurations fail in step 1 as pass
-/// it, trying it there was 8% slower than not. With nothing seen yet a failure is no likelier
-/// than a pass, so the first configuration on a thread does not try it: a sweep of one
-/// `[jitter]` configuration at 256 ranks paid half again its whole run for the prefix.
+/// A pipeline (without `[jitter]` or uneven routing) is built once too, every stage in
+/// lockstep ([`crate::schedule::pipeline::build_staged`]). Instead of the first forward it
+/// tries step 1 cut after the first stage's warm-up, first backward and one slot more
+/// ([`crate::schedule::pipeline::fill_slots`]), while at least an eighth as many
+/// configurations have run out of memory in step 1 as got past it: on the GPT-3 3D sweep's
+/// shard 1/20 it answered every step-1 forward and backward OOM (58 of 131 configurations) in
+/// 6-20 ms where the whole program took 60-430 ms, and a configuration that fits paid about
+/// 5% more for the cut's run.
+///
+/// Either way the outcome is the full program's; only the time differs. The prefixes of a
+/// pipeline under `[jitter]` or uneven routing are built apart and have no cut within a step:
+/// step 1 is tried while more than three times as many configurations have run out of memory
+/// in it as got past it, so not before one has. The whole program's run stops at its OOM too,
+/// so a step-1 prefix that answers saves only the second step's build (about a sixth of such a
+/// configuration's cost), where one that does not costs the first step's build and run again
+/// (about half): measured on the GPT-3 3D sweep, where about as many configurations fail in
+/// step 1 as pass it, trying it there was 8% slower than not. With nothing seen yet a failure
+/// is no likelier than a pass, so the first configuration on a thread does not try it: a
+/// sweep of one `[jitter]` configuration at 256 ranks paid half again its whole run for the
+/// prefix. A plain pipeline tries step 1 by the same rule: built once, a step-1 prefix that
+/// does not answer costs it only the step's run, still more than the second step's build
+/// that one which answers saves.
 pub fn simulate(s: &Scenario) -> Result<Outcome, Deadlock> {
-    use crate::schedule::Stage::{FirstForward, Steps};
+    use crate::schedule::Stage::{FirstForward, Slots, Steps};
     let dag = dag_for(s);
     let (forward, rest, past) = STEP1.with(|c| c.get());
+    let loads = s.expert_loads();
+    let pipelined =
+        s.parallel.model_parallel.pipeline > 1 && s.jitter.is_none() && !crate::job::uneven(loads.as_deref());
     let mut early = vec![Steps(0)];
-    if 4 * forward >= rest + past {
+    if pipelined {
+        if 8 * (forward + rest) >= past {
+            early.push(Slots(crate::schedule::pipeline::fill_slots(&s.parallel, s.training.grad_accum)));
+        }
+    } else if 4 * forward >= rest + past {
         early.push(FirstForward);
     }
-    // Where the program is built once, the first forward's prefix catches the forward's OOMs
-    // first.
-    let loads = s.expert_loads();
+    // Where an unpipelined program is built once, the first forward's prefix catches the
+    // forward's OOMs first.
     let built_once = crate::job::one_program(s.parallel.model_parallel.pipeline, s.jitter.is_some(), loads.as_deref());
     let tried = if built_once { 2 * rest >= past } else { forward + rest > 3 * past };
     if tried {
