@@ -62,46 +62,25 @@ fn plan_of(s: &Scenario, dag: &stepsim::model::LayerDag) -> stepsim::plan::Plan 
     )
 }
 
-/// Every task a cut leaves out of a prefix (past the held slot) waits, directly, across a
-/// link or behind its stream, for a task at or past the cut: so no task outside the prefix
-/// starts before a held one could, which is what lets the prefix's run stop there.
+/// The prefix is the whole program's beginning, and every task a cut leaves out of it (past
+/// the held slot) waits, directly, across a link or behind its stream, for a task at or past
+/// the cut ([`pipeline::cut_is_closed`]): so no task outside the prefix starts before a held
+/// one could, which is what lets the prefix's run stop there.
 fn closed(whole: &Pipeline, prefix: &pipeline::Prefix, what: &str) -> Result<(), String> {
-    let mut links: std::collections::HashMap<(usize, u32), Vec<(usize, u32)>> = Default::default();
-    for l in &whole.links {
-        links.entry((l.part, l.task)).or_default().push((l.dep_part, l.dep));
-    }
     for (k, (w, p)) in whole.stages.iter().zip(&prefix.pipeline.stages).enumerate() {
         let (w, p) = (&w.schedule.program, &p.schedule.program);
-        let (cut, built) = (prefix.cut[k], p.tasks.len() as u32);
-        assert!(cut <= built, "{what}: stage {k} cut {cut} past its {built} tasks");
-        // The prefix is the whole program's beginning.
-        assert_eq!(&w.tasks[..built as usize], &p.tasks[..], "{what}: stage {k}'s prefix is not the whole's beginning");
-        for t in 0..built as usize {
+        assert!(prefix.cut[k] as usize <= p.tasks.len(), "{what}: stage {k}'s cut past its tasks");
+        assert_eq!(&w.tasks[..p.tasks.len()], &p.tasks[..], "{what}: stage {k}'s prefix is not the whole's beginning");
+        for t in 0..p.tasks.len() {
             assert_eq!(w.deps.of(t), p.deps.of(t), "{what}: stage {k} task {t}'s dependencies");
             assert_eq!(w.alloc.of(t), p.alloc.of(t), "{what}: stage {k} task {t}'s allocations");
         }
-        let mut last_on_stream = vec![None; w.streams.len()];
-        for t in 0..w.tasks.len() as u32 {
-            let stream = w.tasks[t as usize].stream as usize;
-            if t >= built {
-                let own = w.deps.of(t as usize).iter().any(|&d| d >= cut);
-                let behind = last_on_stream[stream].is_some_and(|s| s >= cut);
-                let across = links.get(&(k, t)).is_some_and(|ds| ds.iter().any(|&(j, d)| d >= prefix.cut[j]));
-                if !(own || behind || across) {
-                    return Err(format!(
-                        "{what}: stage {k} task {t} (of {}) could start before the held slot",
-                        w.tasks.len()
-                    ));
-                }
-            }
-            last_on_stream[stream] = Some(t);
-        }
     }
-    // Every link of the prefix is the whole's.
     for l in &prefix.pipeline.links {
         assert!(whole.links.contains(l), "{what}: link {l:?} is not the whole program's");
     }
-    Ok(())
+    let built: Vec<u32> = prefix.pipeline.stages.iter().map(|st| st.schedule.program.tasks.len() as u32).collect();
+    pipeline::cut_is_closed(whole, &prefix.cut, &built).map_err(|e| format!("{what}: {e}"))
 }
 
 #[test]

@@ -554,6 +554,9 @@ pub fn build_staged<R>(
     });
     // Step 1 begun on every stage, where a cut within it was tried.
     let mut begun: Option<Vec<Passes>> = None;
+    // The cut tried and what was built there, checked against the whole program in debug
+    // builds.
+    let mut checked: Option<(Vec<u32>, Vec<u32>)> = None;
     if let (None, Some(n)) = (&answer, slots) {
         use rayon::prelude::*;
         let mut passes: Vec<Passes> = bs.iter_mut().map(|b| b.begin_pipeline_step(1)).collect();
@@ -569,7 +572,9 @@ pub fn build_staged<R>(
         if passes.iter().all(|ps| ps.next < ps.order.len()) {
             let cut: Vec<u32> = bs.iter().map(|b| b.prog.tasks.len() as u32).collect();
             step_to(&mut bs, &mut passes, &|ps| ps.next + 1);
-            answer = probe(prefix(dag, &plans, &bs, Stage::Slots(n as u32), Some(cut), 1));
+            let built = bs.iter().map(|b| b.prog.tasks.len() as u32).collect();
+            answer = probe(prefix(dag, &plans, &bs, Stage::Slots(n as u32), Some(cut.clone()), 1));
+            checked = Some((cut, built));
         }
         begun = Some(passes);
     }
@@ -592,8 +597,42 @@ pub fn build_staged<R>(
     }
     match answer {
         Some(r) => super::Staged::Answered(r),
-        None => super::Staged::Whole(Box::new(whole(dag, &plans, bs, begun, step, steps))),
+        None => {
+            let pipe = whole(dag, &plans, bs, begun, step, steps);
+            if let Some((cut, built)) = checked.filter(|_| cfg!(debug_assertions)) {
+                cut_is_closed(&pipe, &cut, &built).unwrap_or_else(|e| panic!("a cut within step 1 does not hold: {e}"));
+            }
+            super::Staged::Whole(Box::new(pipe))
+        }
     }
+}
+
+/// Whether a cut of `whole` answers for it: every task past what was built (`built`, per
+/// stage) waits, directly, across a link or behind its stream, for a task at or past the cut
+/// (`cut`, per stage: where the held slot begins). Then no task outside the prefix starts
+/// before a held one could ([`build_staged`]). Err names the first task that could.
+pub fn cut_is_closed(whole: &Pipeline, cut: &[u32], built: &[u32]) -> Result<(), String> {
+    let mut links: HashMap<(usize, u32), Vec<(usize, u32)>> = HashMap::new();
+    for l in &whole.links {
+        links.entry((l.part, l.task)).or_default().push((l.dep_part, l.dep));
+    }
+    for (k, st) in whole.stages.iter().enumerate() {
+        let w = &st.schedule.program;
+        let mut last_on_stream = vec![None; w.streams.len()];
+        for t in 0..w.tasks.len() as u32 {
+            let stream = w.tasks[t as usize].stream as usize;
+            if t >= built[k] {
+                let own = w.deps.of(t as usize).iter().any(|&d| d >= cut[k]);
+                let behind = last_on_stream[stream].is_some_and(|s| s >= cut[k]);
+                let across = links.get(&(k, t)).is_some_and(|ds| ds.iter().any(|&(j, d)| d >= cut[j]));
+                if !(own || behind || across) {
+                    return Err(format!("stage {k} task {t} could start before the held slot (cut at {})", cut[k]));
+                }
+            }
+            last_on_stream[stream] = Some(t);
+        }
+    }
+    Ok(())
 }
 
 /// Each stage's own plan ([`Plan::stage`]).
