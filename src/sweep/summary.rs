@@ -198,10 +198,11 @@ thread_local! {
 /// lockstep ([`crate::schedule::pipeline::build_staged`]). Instead of the first forward it
 /// tries step 1 cut after the first stage's warm-up, first backward and one slot more
 /// ([`crate::schedule::pipeline::fill_slots`]), while at least an eighth as many
-/// configurations have run out of memory in step 1 as got past it: on the GPT-3 3D sweep's
-/// shard 1/20 it answered every step-1 forward and backward OOM (58 of 131 configurations) in
-/// 6-20 ms where the whole program took 60-430 ms, and a configuration that fits paid about
-/// 5% more for the cut's run.
+/// configurations have run out of memory in step 1 as got past it. On the GPT-3 3D sweep's
+/// shard 1/20 (one job) it answered every step-1 forward and backward OOM, 58 of 131
+/// configurations, in 6 and 20 ms on average where a fitting configuration takes 240 ms (two
+/// such configurations timed alone went from 60 to 10-15 ms and from 150-215 to 10 ms); a
+/// configuration that fits pays about 5% more for the cut's run.
 ///
 /// Either way the outcome is the full program's; only the time differs. The prefixes of a
 /// pipeline under `[jitter]` or uneven routing are built apart and have no cut within a step:
@@ -213,9 +214,9 @@ thread_local! {
 /// step 1 as pass it, trying it there was 8% slower than not. With nothing seen yet a failure
 /// is no likelier than a pass, so the first configuration on a thread does not try it: a
 /// sweep of one `[jitter]` configuration at 256 ranks paid half again its whole run for the
-/// prefix. A plain pipeline tries step 1 by the same rule: built once, a step-1 prefix that
-/// does not answer costs it only the step's run, still more than the second step's build
-/// that one which answers saves.
+/// prefix. A plain pipeline tries step 1 by the same rule: though it is built once, a step-1
+/// prefix that does not answer still costs the step's run, more than the second step's build
+/// that an answer saves.
 pub fn simulate(s: &Scenario) -> Result<Outcome, Deadlock> {
     use crate::schedule::Stage::{FirstForward, Slots, Steps};
     let dag = dag_for(s);
