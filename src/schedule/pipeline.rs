@@ -489,8 +489,7 @@ const EMBEDDING_GROUP_MB: u32 = u32::MAX;
 pub fn build(dag: &LayerDag, plan: &Plan, cluster: &Cluster, names: bool, steps: u32) -> Pipeline {
     let plans = stage_plans(dag, plan);
     let costs = stage_costs(&plans, cluster);
-    let bs = builders(dag, &plans, &costs, names, steps);
-    whole(dag, &plans, bs, None, 1, steps)
+    fresh(dag, &plans, &costs, names, steps)
 }
 
 /// A pipeline built so far, handed out at a [`super::Stage`]: every stage's program as far
@@ -541,17 +540,28 @@ pub fn build_staged<R>(
     let steps = plan.training.steps;
     let plans = stage_plans(dag, plan);
     let costs = stage_costs(&plans, cluster);
-    let mut bs = builders(dag, &plans, &costs, false, steps);
     let tried = |k: u32| k < steps && stages.contains(&Stage::Steps(k));
-    let mut answer = None;
-    if tried(0) {
-        answer = probe(prefix(dag, &plans, &bs, Stage::Steps(0), None, 0));
-    }
     // DualPipe's passes are built whole ([`Builder::passes_until`]): no slot to cut at.
     let slots = stages.iter().find_map(|s| match s {
         Stage::Slots(n) if steps > 0 && !plan.parallel.model_parallel.schedule.is_dualpipe() => Some(*n as usize),
         _ => None,
     });
+    if slots.is_none() && !(1..steps).any(tried) {
+        // Initialisation alone, if at all: it is cheap to build twice, and the whole program
+        // is built stage by stage.
+        if tried(0) {
+            let bs = builders(dag, &plans, &costs, false, 0);
+            if let Some(r) = probe(prefix(dag, &plans, &bs, Stage::Steps(0), None, 0)) {
+                return super::Staged::Answered(r);
+            }
+        }
+        return super::Staged::Whole(Box::new(fresh(dag, &plans, &costs, false, steps)));
+    }
+    let mut bs = builders(dag, &plans, &costs, false, steps);
+    let mut answer = None;
+    if tried(0) {
+        answer = probe(prefix(dag, &plans, &bs, Stage::Steps(0), None, 0));
+    }
     // Step 1 begun on every stage, where a cut within it was tried.
     let mut begun: Option<Vec<Passes>> = None;
     // The cut tried and what was built there, checked against the whole program in debug
@@ -735,6 +745,29 @@ fn prefix(
         })
         .collect();
     Prefix { stage, pipeline: Pipeline { stages, links }, held, cut }
+}
+
+/// Every stage's whole program of `steps` steps, each stage built from start to end on one
+/// task: its builder's working lists are freed before the next stage's builder on that
+/// thread needs its own.
+fn fresh(dag: &LayerDag, plans: &[std::sync::Arc<Plan>], costs: &[Cost], names: bool, steps: u32) -> Pipeline {
+    use rayon::prelude::*;
+    let built: Vec<_> = plans
+        .par_iter()
+        .zip(costs)
+        .map(|(sp, cost)| {
+            let mut b = Builder::new(dag, sp, cost, names);
+            b.reserve(steps);
+            b.init();
+            (1..=steps).for_each(|step| b.pipeline_step(step));
+            let (ready, ext) = (std::mem::take(&mut b.ready), std::mem::take(&mut b.ext_deps));
+            let stage = Stage { plan: sp.clone(), schedule: b.into_schedule(stage_model_flops(dag, sp), steps) };
+            (stage, ready, ext)
+        })
+        .collect();
+    let mut links = Vec::new();
+    resolve(&plans[0], built.iter().map(|x| (&x.1, x.2.as_slice())), |l| links.push(l), |_, _| {});
+    Pipeline { stages: built.into_iter().map(|x| x.0).collect(), links }
 }
 
 /// The finished pipeline of `steps` steps, each stage's builder carried on from step `from`
