@@ -201,8 +201,10 @@ thread_local! {
 /// configurations have run out of memory in step 1 as got past it. On the GPT-3 3D sweep's
 /// shard 1/20 (one job) it answered every step-1 forward and backward OOM, 58 of 131
 /// configurations, in 6 and 20 ms on average where a fitting configuration takes 240 ms (two
-/// such configurations timed alone went from 60 to 10-15 ms and from 150-215 to 10 ms); a
-/// configuration that fits pays about 5% more for the cut's run.
+/// such configurations timed alone went from 60 to 10-15 ms and from 150-215 to 10 ms). A
+/// configuration that tries the cut and fits pays for the cut's short run and for building
+/// its stages in lockstep rather than one by one (their builders alive at once); one that
+/// does not try it is built stage by stage.
 ///
 /// Either way the outcome is the full program's; only the time differs. The prefixes of a
 /// pipeline under `[jitter]` or uneven routing are built apart and have no cut within a step:
