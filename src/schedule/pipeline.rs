@@ -666,16 +666,15 @@ fn builders<'a>(
     steps: u32,
 ) -> Vec<Builder<'a>> {
     use rayon::prelude::*;
-    plans
-        .par_iter()
-        .zip(costs)
-        .map(|(sp, cost)| {
-            let mut b = Builder::new(dag, sp, cost, names);
-            b.reserve(steps);
-            b.init();
-            b
-        })
-        .collect()
+    plans.par_iter().zip(costs).map(|(sp, cost)| initialised(dag, sp, cost, names, steps)).collect()
+}
+
+/// A stage's builder with room for `steps` steps and its initialisation built.
+fn initialised<'a>(dag: &'a LayerDag, sp: &'a Plan, cost: &'a Cost, names: bool, steps: u32) -> Builder<'a> {
+    let mut b = Builder::new(dag, sp, cost, names);
+    b.reserve(steps);
+    b.init();
+    b
 }
 
 /// `f` on every stage's builder, in parallel.
@@ -752,22 +751,12 @@ fn prefix(
 /// thread needs its own.
 fn fresh(dag: &LayerDag, plans: &[std::sync::Arc<Plan>], costs: &[Cost], names: bool, steps: u32) -> Pipeline {
     use rayon::prelude::*;
-    let built: Vec<_> = plans
+    let built = plans
         .par_iter()
         .zip(costs)
-        .map(|(sp, cost)| {
-            let mut b = Builder::new(dag, sp, cost, names);
-            b.reserve(steps);
-            b.init();
-            (1..=steps).for_each(|step| b.pipeline_step(step));
-            let (ready, ext) = (std::mem::take(&mut b.ready), std::mem::take(&mut b.ext_deps));
-            let stage = Stage { plan: sp.clone(), schedule: b.into_schedule(stage_model_flops(dag, sp), steps) };
-            (stage, ready, ext)
-        })
+        .map(|(sp, cost)| finish_stage(dag, sp, initialised(dag, sp, cost, names, steps), None, 1, steps))
         .collect();
-    let mut links = Vec::new();
-    resolve(&plans[0], built.iter().map(|x| (&x.1, x.2.as_slice())), |l| links.push(l), |_, _| {});
-    Pipeline { stages: built.into_iter().map(|x| x.0).collect(), links }
+    assemble(plans, built)
 }
 
 /// The finished pipeline of `steps` steps, each stage's builder carried on from step `from`
@@ -787,22 +776,41 @@ fn whole(
         Some(ps) => ps.into_iter().map(Some).collect(),
         None => (0..n).map(|_| None).collect(),
     };
-    let built: Vec<_> = bs
+    let built = bs
         .into_par_iter()
         .zip(begun)
         .zip(plans)
-        .map(|((mut b, passes), sp)| {
-            let mut from = from;
-            if let Some(mut ps) = passes {
-                b.end_pipeline_step(&mut ps);
-                from = ps.step + 1;
-            }
-            (from..=steps).for_each(|step| b.pipeline_step(step));
-            let (ready, ext) = (std::mem::take(&mut b.ready), std::mem::take(&mut b.ext_deps));
-            let stage = Stage { plan: sp.clone(), schedule: b.into_schedule(stage_model_flops(dag, sp), steps) };
-            (stage, ready, ext)
-        })
+        .map(|((b, passes), sp)| finish_stage(dag, sp, b, passes, from, steps))
         .collect();
+    assemble(plans, built)
+}
+
+/// A finished stage, the ports its tasks offer the other stages and its transfers that wait
+/// for theirs.
+type Finished = (Stage, HashMap<Port, u32>, Vec<(u32, Port)>);
+
+/// A stage's program carried on to the end of step `steps`: the step `passes` began, if
+/// given, then steps `from` on; with what its transfers wait for and offer the other stages.
+fn finish_stage(
+    dag: &LayerDag,
+    sp: &std::sync::Arc<Plan>,
+    mut b: Builder,
+    passes: Option<Passes>,
+    mut from: u32,
+    steps: u32,
+) -> Finished {
+    if let Some(mut ps) = passes {
+        b.end_pipeline_step(&mut ps);
+        from = ps.step + 1;
+    }
+    (from..=steps).for_each(|step| b.pipeline_step(step));
+    let (ready, ext) = (std::mem::take(&mut b.ready), std::mem::take(&mut b.ext_deps));
+    let stage = Stage { plan: sp.clone(), schedule: b.into_schedule(stage_model_flops(dag, sp), steps) };
+    (stage, ready, ext)
+}
+
+/// Finished stages and the links between them.
+fn assemble(plans: &[std::sync::Arc<Plan>], built: Vec<Finished>) -> Pipeline {
     let mut links = Vec::new();
     resolve(&plans[0], built.iter().map(|x| (&x.1, x.2.as_slice())), |l| links.push(l), |_, _| {});
     Pipeline { stages: built.into_iter().map(|x| x.0).collect(), links }
