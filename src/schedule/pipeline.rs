@@ -521,7 +521,9 @@ pub fn fill_slots(parallel: &crate::plan::ParallelConfig, micro_batches: u64) ->
 /// each of `stages` it reaches (in build order: [`super::Stage::Steps`]`(0)`,
 /// [`super::Stage::Slots`], `Steps(1)`, ...); the first answer ends the build, and where none
 /// answers the whole pipeline is the same builders carried on ([`super::build_lean_staged`]
-/// does the same for an unpipelined rank).
+/// does the same for an unpipelined rank). Where nothing past initialisation is tried, the
+/// initialisation is built apart and each stage whole on its own task ([`fresh`]): builders
+/// of every stage alive at once cost fresh pages of memory.
 ///
 /// Why a prefix cut within a step answers for the whole program: every stage is cut after
 /// the same number of slots of step 1's schedule and the slot after that is built and held.
