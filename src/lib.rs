@@ -435,19 +435,10 @@ pub fn simulate_lean_with<R>(
             }
         };
     }
-    if plan.pipeline() > 1 && s.jitter.is_none() && !job::uneven(loads.as_deref()) {
+    if job::plain_pipeline(plan.pipeline(), s.jitter.is_some(), loads.as_deref()) {
         let staged = schedule::pipeline::build_staged(dag, &plan, &s.cluster, early, |prefix| {
             let job = job::of_pipeline(&plan, prefix.pipeline);
-            let offsets: Vec<u32> = job
-                .classes
-                .iter()
-                .scan(0u32, |at, c| {
-                    let o = *at;
-                    *at += c.schedule.program.tasks.len() as u32;
-                    Some(o)
-                })
-                .collect();
-            let held = prefix.held.iter().map(|&(k, t)| offsets[k] + t).collect();
+            let held = engine::part_tasks(&job.parts(), &prefix.held);
             let mode = job::run::Mode { held, ..Default::default() };
             let run = job::run::run(&job, &s.allocator, capacity, s.cluster.memory_bytes, all, record, mode);
             match run {

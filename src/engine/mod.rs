@@ -350,6 +350,13 @@ pub fn link_parts(parts: &[&Program], links: &[PartLink]) -> Vec<Link> {
         .collect()
 }
 
+/// Tasks given as (part, task in the part's numbering), in the numbering of a run of `parts`
+/// ([`run_parts`]).
+pub fn part_tasks(parts: &[&Program], tasks: &[(usize, u32)]) -> Vec<u32> {
+    let num = Numbering::of(parts);
+    tasks.iter().map(|&(k, t)| (num.task[k] + t as usize) as u32).collect()
+}
+
 /// Runs several programs as one, without copying them into one: part k's tasks, buffers and
 /// streams are numbered after those of parts 0..k (task indices in `links`,
 /// [`RunOptions::empty_cache_after`] and the trace use that numbering), and part k's streams

@@ -117,12 +117,15 @@ pub fn compile(
     let (classes, links) = base_classes(dag, plan, cluster, names, steps);
     match jitter {
         Some(cfg) => with_jitter(classes, &links, cfg),
-        None => {
-            let parts: Vec<&Program> = classes.iter().map(|c| &c.schedule.program).collect();
-            let links = link_parts(&parts, &links);
-            Job { classes, extra: Vec::new(), links }
-        }
+        None => linked(classes, &links),
     }
+}
+
+/// A job of `classes` alone, tied by `links` in the run's numbering.
+fn linked(classes: Vec<RankClass>, links: &[PartLink]) -> Job {
+    let parts: Vec<&Program> = classes.iter().map(|c| &c.schedule.program).collect();
+    let links = link_parts(&parts, links);
+    Job { classes, extra: Vec::new(), links }
 }
 
 /// The classes before any split by rank: one per pipeline stage with the stages' links, or
@@ -143,7 +146,7 @@ fn base_classes(
 
 /// Whether expert-parallel ranks receive different token counts, so that each is a class
 /// ([`with_routing`]).
-pub fn uneven(expert_loads: Option<&[u64]>) -> bool {
+fn uneven(expert_loads: Option<&[u64]>) -> bool {
     expert_loads.is_some_and(|l| l.len() > 1)
 }
 
@@ -151,6 +154,12 @@ pub fn uneven(expert_loads: Option<&[u64]>) -> bool {
 /// replicas ([`of_replicas`]): no pipeline, no `[jitter]`, no uneven routing.
 pub fn one_program(pipeline: u64, jitter: bool, expert_loads: Option<&[u64]>) -> bool {
     pipeline <= 1 && !jitter && !uneven(expert_loads)
+}
+
+/// Whether a job is a pipeline whose stages are its classes, so that [`compile`] makes one
+/// class per stage ([`of_pipeline`]): no `[jitter]`, no uneven routing.
+pub fn plain_pipeline(pipeline: u64, jitter: bool, expert_loads: Option<&[u64]>) -> bool {
+    pipeline > 1 && !jitter && !uneven(expert_loads)
 }
 
 /// The class of a job whose GPUs all run one program.
@@ -199,9 +208,7 @@ fn stage_classes(plan: &Plan, pipe: schedule::pipeline::Pipeline) -> (Vec<RankCl
 /// the caller built ([`schedule::pipeline::build_staged`]).
 pub fn of_pipeline(plan: &Plan, pipe: schedule::pipeline::Pipeline) -> Job {
     let (classes, links) = stage_classes(plan, pipe);
-    let parts: Vec<&Program> = classes.iter().map(|c| &c.schedule.program).collect();
-    let links = link_parts(&parts, &links);
-    Job { classes, extra: Vec::new(), links }
+    linked(classes, &links)
 }
 
 /// Uneven MoE routing: every class (the replicas, or each pipeline stage) splits into its

@@ -500,7 +500,7 @@ pub struct Prefix {
     /// (stage, task): tasks that run only once work not in the prefix has: the slot built
     /// past a [`super::Stage::Slots`] cut, and transfers whose other side is not built yet.
     /// A run of the prefix stops when one of them could start ([`crate::engine::RunOptions::held`]);
-    /// an allocation that fails before then fails in the whole program too.
+    /// an allocation that fails before then fails in the whole program too (a task may be listed twice).
     pub held: Vec<(usize, u32)>,
     /// Per stage: where the held slot begins (the whole program so far at a step's end).
     pub cut: Vec<u32>,
@@ -730,8 +730,6 @@ fn prefix(
     let mut links = Vec::new();
     let stages = bs.iter().map(|b| (&b.ready, b.ext_deps.as_slice()));
     resolve(&plans[0], stages, |l| links.push(l), |k, t| held.push((k, t)));
-    held.sort_unstable();
-    held.dedup();
     let stages = bs
         .iter()
         .zip(plans)

@@ -225,7 +225,7 @@ pub fn simulate(s: &Scenario) -> Result<Outcome, Deadlock> {
     let (forward, rest, past) = STEP1.with(|c| c.get());
     let loads = s.expert_loads();
     let pipelined =
-        s.parallel.model_parallel.pipeline > 1 && s.jitter.is_none() && !crate::job::uneven(loads.as_deref());
+        crate::job::plain_pipeline(s.parallel.model_parallel.pipeline, s.jitter.is_some(), loads.as_deref());
     let mut early = vec![Steps(0)];
     if pipelined {
         if 8 * (forward + rest) >= past {
