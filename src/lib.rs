@@ -413,25 +413,46 @@ pub fn simulate_lean_with<R>(
         job::run::run(job, &s.allocator, capacity, s.cluster.memory_bytes, all, record, Default::default())
     };
     if job::one_program(plan.pipeline(), s.jitter.is_some(), loads.as_deref()) {
+        use job::run::Progress;
+        // Each prefix's run pauses where its gate ends (every later task waits for the gate:
+        // an out-of-memory before then is the whole program's) and the next prefix, or the
+        // whole program, carries it on from there rather than from the start.
+        let go = |paused: &mut Option<job::run::Paused>, job: &job::Job, stop: Option<u32>| {
+            let mode = job::run::Mode::default;
+            if let Some(p) = paused.take() {
+                if let Some(progress) = job::run::resume(p, job, &s.allocator, all, record, mode(), stop) {
+                    return progress;
+                }
+            }
+            match stop {
+                Some(stop) => {
+                    let device = s.cluster.memory_bytes;
+                    job::run::run_until(job, &s.allocator, capacity, device, all, record, mode(), stop)
+                }
+                None => run_job(job).map(Progress::Done),
+            }
+        };
+        let mut paused = None;
         let staged = schedule::build_lean_staged(dag, &plan, &s.cluster, early, |prefix| {
+            let last = prefix.schedule.program.tasks.len().checked_sub(1)? as u32;
             let job = job::of_replicas(plan.clone(), prefix.schedule);
-            let run = match run_job(&job) {
-                Ok(run) => run,
-                Err(deadlock) => return Some(Err(deadlock)),
-            };
-            // Every later task waits for the gate: an OOM before it ends is the whole
-            // program's (at its end, a later task on an earlier stream may allocate first).
-            let t = &run.traces[0];
-            let before_gate = |at: u64| prefix.gate.is_none_or(|g| at < t.end_ns[g as usize]);
-            let answered = t.oom.as_ref().is_some_and(|o| before_gate(o.time_ns));
-            answered.then(|| Ok(finish(&job, &run)))
+            match go(&mut paused, &job, Some(prefix.gate.unwrap_or(last))) {
+                Ok(Progress::Done(run)) => Some(Ok(finish(&job, &run))),
+                Ok(Progress::Paused(p)) => {
+                    paused = Some(p);
+                    None
+                }
+                Err(deadlock) => Some(Err(deadlock)),
+            }
         });
         return match staged {
             schedule::Staged::Answered(answer) => answer,
             schedule::Staged::Whole(schedule) => {
                 let job = job::of_replicas(plan.clone(), *schedule);
-                let run = run_job(&job)?;
-                Ok(finish(&job, &run))
+                match go(&mut paused, &job, None)? {
+                    Progress::Done(run) => Ok(finish(&job, &run)),
+                    Progress::Paused(_) => unreachable!("a run without a task to stop after runs to its end"),
+                }
             }
         };
     }

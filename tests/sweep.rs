@@ -722,7 +722,9 @@ fn lean_schedules_and_their_prefixes_are_the_same_program() {
                 let q = build_lean_prefix(&dag, &plan, &s.cluster, k);
                 assert_eq!(n, q.program.tasks.len(), "{}: {:?}", s.name, p.stage);
                 assert_eq!(p.schedule.program.free, q.program.free, "{}: {:?}", s.name, p.stage);
-                assert_eq!(p.schedule.program.stream_links, q.program.stream_links, "{}: {:?}", s.name, p.stage);
+                // A prefix's streams keep the links they have in the whole program (where a
+                // collective holds thread blocks), so that its run can be carried on over it.
+                assert_eq!(p.schedule.program.stream_links, l.stream_links, "{}: {:?}", s.name, p.stage);
                 assert_eq!(p.schedule.labels.len(), q.labels.len());
                 assert_eq!(p.schedule.hardware_flops_per_step, q.hardware_flops_per_step, "{}", s.name);
                 assert_eq!(p.schedule.model_flops_per_step, q.model_flops_per_step, "{}", s.name);

@@ -79,6 +79,11 @@ impl TaskLists {
         self.start.push(self.items.len() as u32);
     }
 
+    /// How many indices task `t`'s list holds.
+    pub fn len_of(&self, t: usize) -> usize {
+        (self.start[t + 1] - self.start[t]) as usize
+    }
+
     /// Task `t`'s list.
     pub fn of(&self, t: usize) -> &[u32] {
         &self.items[self.start[t] as usize..self.start[t + 1] as usize]
@@ -237,6 +242,10 @@ pub struct RunOptions {
     /// what follows is not known. A run with held tasks simulates every period and ends
     /// without a [`Deadlock`] when nothing else can start.
     pub held: Vec<u32>,
+    /// Pause right after this task (in the run's numbering) ends: its frees made and the
+    /// tasks it unblocked counted, before anything else starts at that instant
+    /// ([`run_parts_until`], [`Paused::resume`]).
+    pub stop_after: Option<u32>,
 }
 
 impl RunOptions {
@@ -369,92 +378,348 @@ pub fn run_parts(
     allocs: &mut [&mut dyn Allocator],
     opts: &RunOptions,
 ) -> Result<DeviceTrace, Deadlock> {
+    debug_assert!(opts.stop_after.is_none(), "a run that may pause is run_parts_until's");
+    match run_parts_until(parts, links, allocs, opts)? {
+        Progress::Done(t) => Ok(t),
+        Progress::Paused(p) => Err(Deadlock { waiting: p.state.flat.stream.len() - p.state.done }),
+    }
+}
+
+/// How far a run got: to its end (or its out-of-memory), or paused after
+/// [`RunOptions::stop_after`]'s task. (Returned once per run: the size of its larger
+/// variant costs nothing worth a box.)
+#[allow(clippy::large_enum_variant)]
+pub enum Progress {
+    Done(DeviceTrace),
+    Paused(Box<Paused>),
+}
+
+/// A run paused right after [`RunOptions::stop_after`]'s task ended: its frees made, the
+/// tasks it unblocked counted, nothing else started at that instant yet. Where every task a
+/// longer program adds waits for that task, everything the run did so far is what the longer
+/// program's run does up to that instant, and [`Paused::resume`] carries it on from there
+/// over the longer program instead of running it again from the start.
+pub struct Paused {
+    state: LoopState,
+    /// The paused program's frees, and where its tasks' `empty_cache()` calls were: a longer
+    /// program may file a free, or such a call, under a task that has already ended, and then
+    /// the run so far is not its own.
+    free: Arc<TaskLists>,
+    gate: u32,
+}
+
+/// [`run_parts`], pausing after [`RunOptions::stop_after`]'s task ends (where it is set and
+/// the run gets there: an out-of-memory or the end of the program comes back as
+/// [`Progress::Done`]). A run that may pause neither replays repeating periods nor skips
+/// them: they may straddle the pause.
+pub fn run_parts_until(
+    parts: &[&Program],
+    links: &[Link],
+    allocs: &mut [&mut dyn Allocator],
+    opts: &RunOptions,
+) -> Result<Progress, Deadlock> {
     let num = Numbering::of(parts);
-    let n = num.tasks();
-    let nd = allocs.len().max(1);
-    let ns = num.streams().max(1);
+    let mut st = LoopState::new(&num, links, allocs.len().max(1), opts);
+    if opts.history {
+        for a in allocs.iter_mut() {
+            a.start_history();
+        }
+    }
+    st.per = if opts.every_period || opts.history || !st.held.is_empty() || opts.stop_after.is_some() {
+        None
+    } else {
+        period::Periodic::new(&num, links)
+    };
+    let free = parts.first().map(|p| p.free.clone()).unwrap_or_default();
+    drive(st, &num, allocs, opts, free)
+}
+
+impl Paused {
+    /// Carries the paused run on over `parts`, a program that extends the paused one: the
+    /// same tasks first, then more, each of which waits, directly or through others, for the
+    /// task the run paused after. `allocs` are the allocators the run so far used, and `opts`
+    /// the options for the longer program (its `empty_cache()` calls, where to pause next).
+    /// None where the run so far is not the longer program's: a free or an `empty_cache()`
+    /// call filed under a task that has already ended, a stream that changed its links or its
+    /// device, several parts, held tasks or links between parts (none of which the sweeps'
+    /// unpipelined programs have); the caller then runs `parts` afresh on new allocators.
+    pub fn resume(
+        self: Box<Self>,
+        parts: &[&Program],
+        links: &[Link],
+        allocs: &mut [&mut dyn Allocator],
+        opts: &RunOptions,
+    ) -> Option<Result<Progress, Deadlock>> {
+        let Paused { mut state, free, gate } = *self;
+        let st = &mut state;
+        let num = Numbering::of(parts);
+        let (old_n, n) = (st.flat.stream.len(), num.tasks());
+        let ns = num.streams().max(1);
+        if parts.len() != 1 || !links.is_empty() || !opts.held.is_empty() || n < old_n || ns < st.busy.len() {
+            return None;
+        }
+        let p = parts[0];
+        let nd = allocs.len().max(1);
+        let (dev_of, local, link_of, sms) = streams_of(&num, ns, nd);
+        let old_ns = st.busy.len();
+        if dev_of[..old_ns] != st.dev_of[..] || link_of[..old_ns] != st.link_of[..] || sms != st.sms {
+            return None;
+        }
+        let cache = empty_cache_flags(n, &opts.empty_cache_after);
+        let ended = |t: usize| st.end_ns[t] != u64::MAX;
+        // A task's frees are only ever added to (the builder files them as it decides them,
+        // [`TaskLists::from_pairs`] keeping their order), so a task that ended kept its own
+        // if it has as many.
+        if (0..old_n).any(|t| ended(t) && (free.len_of(t) != p.free.len_of(t) || st.empty_cache[t] != cache[t])) {
+            return None;
+        }
+        debug_assert!(waits_for(p, gate, old_n), "a task the longer program adds does not wait for the pause");
+        debug_assert!((0..old_n).all(|t| !ended(t) || free.of(t) == p.free.of(t)), "a free list shrank or changed");
+        // The longer program's tables, the run so far carried over.
+        st.start_ns.resize(n, u64::MAX);
+        st.end_ns.resize(n, u64::MAX);
+        let ended = |t: usize| st.end_ns[t] != u64::MAX;
+        st.flat.extend(&num, old_n, ns);
+        // Only the tasks that have not ended will look up their dependents.
+        let first_live = (0..n).find(|&t| !ended(t)).unwrap_or(n);
+        let dependents = Dependents::of_from(&num, links, first_live);
+        let mut remaining = std::mem::take(&mut st.remaining);
+        remaining.resize(n, 0);
+        for (t, r) in remaining.iter_mut().enumerate().skip(old_n) {
+            *r = p.deps.of(t).iter().filter(|&&d| !ended(d as usize)).count() as u32;
+            if *r == 0 {
+                st.candidates.push(st.flat.stream[t] as usize);
+            }
+        }
+        st.dependents = dependents;
+        st.remaining = remaining;
+        // Room in the timelines for what the added tasks may record ([`sample_bound`]).
+        let mut grow = vec![0usize; nd];
+        for t in old_n..n {
+            grow[dev_of[st.flat.stream[t] as usize]] += 2 * p.alloc.of(t).len() + usize::from(cache[t]);
+        }
+        for (tl, g) in st.timelines.iter_mut().zip(grow) {
+            tl.reserve(g);
+        }
+        st.dev_of = dev_of;
+        st.local = local;
+        st.link_of = link_of;
+        st.empty_cache = cache;
+        st.head.resize(ns, 0);
+        st.busy.resize(ns, false);
+        st.stream_busy_ns.resize(ns, 0);
+        st.part_of_stream = num.part_of_streams();
+        st.live.resize(num.buffers(), false);
+        st.buf_dev.resize(num.buffers(), 0);
+        // Repeating periods are replayed only where none of their tasks has run yet, and
+        // only once the run will not pause again.
+        if !opts.every_period && !opts.history && opts.stop_after.is_none() {
+            st.per = period::Periodic::new(&num, links).and_then(|per| per.unstarted(&st.start_ns));
+        }
+        Some(drive(state, &num, allocs, opts, p.free.clone()))
+    }
+}
+
+/// Whether every task of `p` from `from` on waits for `gate`'s end: through a dependency,
+/// or behind a task on its stream that does (a stream runs its tasks in program order).
+fn waits_for(p: &Program, gate: u32, from: usize) -> bool {
+    let mut waits = vec![false; p.tasks.len()];
+    let mut last_on_stream: Vec<Option<usize>> = vec![None; p.streams.len().max(1)];
+    for (t, task) in p.tasks.iter().enumerate() {
+        let s = task.stream as usize;
+        waits[t] = t == gate as usize
+            || last_on_stream[s].is_some_and(|q| waits[q])
+            || p.deps.of(t).iter().any(|&d| waits[d as usize]);
+        last_on_stream[s] = Some(t);
+    }
+    waits[from..].iter().all(|&w| w)
+}
+
+/// Each stream's device, its index among its device's streams (the allocator's view), the
+/// links it occupies, and each device's SMs.
+fn streams_of(num: &Numbering, ns: usize, nd: usize) -> (Vec<usize>, Vec<usize>, Vec<u8>, Vec<u32>) {
     let mut dev_of = vec![0usize; ns];
-    for (k, p) in parts.iter().enumerate() {
+    for (k, p) in num.parts.iter().enumerate() {
         for j in 0..p.streams.len() {
             dev_of[num.stream[k] + j] = p.stream_device.get(j).map_or(k, |&d| d as usize);
         }
     }
-    // Device-local stream index: the allocator's view.
     let mut local = vec![0usize; ns];
     let mut count = vec![0usize; nd];
     for s in 0..ns {
         local[s] = count[dev_of[s]];
         count[dev_of[s]] += 1;
     }
-    let mut empty_cache = vec![false; n];
-    for &t in &opts.empty_cache_after {
-        if let Some(f) = empty_cache.get_mut(t as usize) {
-            *f = true;
-        }
-    }
     let mut link_of = vec![0u8; ns];
-    for (k, p) in parts.iter().enumerate() {
+    for (k, p) in num.parts.iter().enumerate() {
         for (j, &m) in p.stream_links.iter().enumerate().take(p.streams.len()) {
             link_of[num.stream[k] + j] = m;
         }
     }
     let mut sms = vec![0u32; nd];
-    for (k, p) in parts.iter().enumerate() {
+    for (k, p) in num.parts.iter().enumerate() {
         for j in 0..p.streams.len() {
             let d = dev_of[num.stream[k] + j];
             sms[d] = sms[d].max(p.sms);
         }
     }
-    let mut shared = links::SharedLinks::new(&sms);
-    let mut moved: Vec<(u32, u64)> = Vec::new();
-    let flat = Flat::of(&num, ns);
-    let Flat { stream: task_stream, duration, ctas, queues } = &flat;
-    let (dependents, mut remaining) = Dependents::of(&num, links);
-    let mut head = vec![0usize; ns];
-    let mut busy = vec![false; ns];
-    // Events keyed by (end time, sequence number) packed into one integer (time in the high
-    // half), the cheapest key to compare; the sequence number is the start's position in
-    // `started`, which says which task it was.
-    let mut heap: BinaryHeap<Reverse<u128>> = BinaryHeap::new();
-    let mut started: Vec<u32> = Vec::with_capacity(n);
-    let mut timelines = vec![opts.timeline(); nd];
-    for (tl, n) in timelines.iter_mut().zip(sample_bound(&num, &flat, &dev_of, nd, &opts.empty_cache_after)) {
-        tl.reserve(n);
-    }
-    if opts.history {
-        for a in allocs.iter_mut() {
-            a.start_history();
+    (dev_of, local, link_of, sms)
+}
+
+/// Per task of a run of `n`, whether the engine calls `empty_cache()` after it.
+fn empty_cache_flags(n: usize, after: &[u32]) -> Vec<bool> {
+    let mut empty_cache = vec![false; n];
+    for &t in after {
+        if let Some(f) = empty_cache.get_mut(t as usize) {
+            *f = true;
         }
     }
+    empty_cache
+}
+
+/// Everything the event loop carries from one event to the next, owned, so that a run can
+/// pause ([`Paused`]) and carry on.
+struct LoopState {
+    dev_of: Vec<usize>,
+    local: Vec<usize>,
+    empty_cache: Vec<bool>,
+    link_of: Vec<u8>,
+    sms: Vec<u32>,
+    shared: links::SharedLinks,
+    moved: Vec<(u32, u64)>,
+    flat: Flat,
+    dependents: Dependents,
+    remaining: Vec<u32>,
+    head: Vec<usize>,
+    busy: Vec<bool>,
+    /// Events keyed by (end time, sequence number) packed into one integer (time in the
+    /// high half), the cheapest key to compare; the sequence number is the start's position
+    /// in `started`, which says which task it was.
+    heap: BinaryHeap<Reverse<u128>>,
+    started: Vec<u32>,
+    held: Vec<bool>,
+    per: Option<period::Periodic>,
+    now: u64,
+    done: usize,
+    /// Streams that may be able to start a task: at first all of them; after an event, the
+    /// finished task's stream and the streams of the tasks it unblocked. Any other stream is
+    /// as it was after the previous event (busy, drained, or its next task still waiting),
+    /// so polling the candidates in index order starts exactly what polling every stream
+    /// would. Starting a task never unblocks another, so one pass is enough.
+    candidates: Vec<usize>,
+    // What [`Memory`] holds while the loop runs.
+    live: Vec<bool>,
+    buf_dev: Vec<u16>,
+    timelines: Vec<Timeline>,
+    start_ns: Vec<u64>,
+    end_ns: Vec<u64>,
+    stream_busy_ns: Vec<u64>,
+    part_of_stream: Vec<u32>,
+}
+
+impl LoopState {
+    fn new(num: &Numbering, links: &[Link], nd: usize, opts: &RunOptions) -> LoopState {
+        let n = num.tasks();
+        let ns = num.streams().max(1);
+        let (dev_of, local, link_of, sms) = streams_of(num, ns, nd);
+        let flat = Flat::of(num, ns);
+        let (dependents, remaining) = Dependents::of(num, links);
+        let mut timelines = vec![opts.timeline(); nd];
+        for (tl, n) in timelines.iter_mut().zip(sample_bound(num, &flat, &dev_of, nd, &opts.empty_cache_after)) {
+            tl.reserve(n);
+        }
+        let mut held = Vec::new();
+        if !opts.held.is_empty() {
+            held = vec![false; n];
+            opts.held.iter().for_each(|&t| held[t as usize] = true);
+        }
+        LoopState {
+            shared: links::SharedLinks::new(&sms),
+            dev_of,
+            local,
+            empty_cache: empty_cache_flags(n, &opts.empty_cache_after),
+            link_of,
+            sms,
+            moved: Vec::new(),
+            flat,
+            dependents,
+            remaining,
+            head: vec![0usize; ns],
+            busy: vec![false; ns],
+            heap: BinaryHeap::new(),
+            started: Vec::with_capacity(n),
+            held,
+            per: None,
+            now: 0,
+            done: 0,
+            candidates: (0..ns).collect(),
+            live: vec![false; num.buffers()],
+            buf_dev: vec![0u16; num.buffers()],
+            timelines,
+            start_ns: vec![u64::MAX; n],
+            end_ns: vec![u64::MAX; n],
+            stream_busy_ns: vec![0; ns],
+            part_of_stream: num.part_of_streams(),
+        }
+    }
+}
+
+/// The event loop, from where `state` stands to the end of the run, its out-of-memory, or
+/// the end of [`RunOptions::stop_after`]'s task. `free`: the run's frees (of its one part),
+/// kept by a pause.
+fn drive(
+    state: LoopState,
+    num: &Numbering,
+    allocs: &mut [&mut dyn Allocator],
+    opts: &RunOptions,
+    free: Arc<TaskLists>,
+) -> Result<Progress, Deadlock> {
+    let n = num.tasks();
+    // The state as locals for the loop (fields behind a reference cost the hot loop loads
+    // it cannot keep in registers), put back together where the run pauses.
+    let LoopState {
+        dev_of,
+        local,
+        empty_cache,
+        link_of,
+        sms,
+        mut shared,
+        mut moved,
+        flat,
+        dependents,
+        mut remaining,
+        mut head,
+        mut busy,
+        mut heap,
+        mut started,
+        held,
+        mut per,
+        mut now,
+        mut done,
+        mut candidates,
+        live,
+        buf_dev,
+        timelines,
+        start_ns,
+        end_ns,
+        stream_busy_ns,
+        part_of_stream,
+    } = state;
+    let Flat { stream: task_stream, duration, ctas, queues } = &flat;
     let mut mem = Memory {
-        num: &num,
+        num,
         dev_of: &dev_of,
         local: &local,
         empty_cache: &empty_cache,
         allocs,
-        live: vec![false; num.buffers()],
-        buf_dev: vec![0u16; num.buffers()],
+        live,
+        buf_dev,
         timelines,
-        start_ns: vec![u64::MAX; n],
-        end_ns: vec![u64::MAX; n],
-        stream_busy_ns: vec![0; ns],
-        part_of_stream: num.part_of_streams(),
+        start_ns,
+        end_ns,
+        stream_busy_ns,
+        part_of_stream,
     };
-    let mut held = Vec::new();
-    if !opts.held.is_empty() {
-        held = vec![false; n];
-        opts.held.iter().for_each(|&t| held[t as usize] = true);
-    }
-    let mut per =
-        if opts.every_period || opts.history || !held.is_empty() { None } else { period::Periodic::new(&num, links) };
-    let mut now = 0u64;
-    let mut done = 0usize;
-    // Streams that may be able to start a task: at first all of them; after an event, the
-    // finished task's stream and the streams of the tasks it unblocked. Any other stream is
-    // as it was after the previous event (busy, drained, or its next task still waiting),
-    // so polling the candidates in index order starts exactly what polling every stream
-    // would. Starting a task never unblocks another, so one pass is enough.
-    let mut candidates: Vec<usize> = (0..ns).collect();
     loop {
         // Start whatever can start now, stream by stream.
         candidates.sort_unstable();
@@ -468,10 +733,10 @@ pub fn run_parts(
                 continue;
             }
             if !held.is_empty() && held[ti as usize] {
-                return Ok(mem.finish(now, None, 0));
+                return Ok(Progress::Done(mem.finish(now, None, 0)));
             }
             if let Err(oom) = mem.start(ti, s, now) {
-                return Ok(mem.out_of_memory(oom, per.as_ref().map_or(0, |p| p.jumped)));
+                return Ok(Progress::Done(mem.out_of_memory(oom, per.as_ref().map_or(0, |p| p.jumped))));
             }
             if let Some(p) = per.as_mut() {
                 p.on_start(ti, now);
@@ -521,7 +786,7 @@ pub fn run_parts(
                     mem: &mut mem,
                 };
                 if let Err(oom) = p.cut(i, &mut ti, &mut st, queues, task_stream, &dependents) {
-                    return Ok(mem.out_of_memory(oom, p.jumped));
+                    return Ok(Progress::Done(mem.out_of_memory(oom, p.jumped)));
                 }
             }
             p.on_finish(ti, now);
@@ -547,11 +812,44 @@ pub fn run_parts(
                 candidates.push(task_stream[d as usize] as usize);
             }
         }
+        if opts.stop_after == Some(ti) {
+            let Memory { live, buf_dev, timelines, start_ns, end_ns, stream_busy_ns, part_of_stream, .. } = mem;
+            let state = LoopState {
+                dev_of,
+                local,
+                empty_cache,
+                link_of,
+                sms,
+                shared,
+                moved,
+                flat,
+                dependents,
+                remaining,
+                head,
+                busy,
+                heap,
+                started,
+                held,
+                per,
+                now,
+                done,
+                candidates,
+                live,
+                buf_dev,
+                timelines,
+                start_ns,
+                end_ns,
+                stream_busy_ns,
+                part_of_stream,
+            };
+            return Ok(Progress::Paused(Box::new(Paused { state, free, gate: ti })));
+        }
     }
     if done < n && held.is_empty() {
         return Err(Deadlock { waiting: n - done });
     }
-    Ok(mem.finish(now, None, per.map_or(0, |p| p.jumped)))
+    let jumped = per.as_ref().map_or(0, |p| p.jumped);
+    Ok(Progress::Done(mem.finish(now, None, jumped)))
 }
 
 /// What tasks do to memory as they start and end (every part's buffers on its device's
@@ -794,6 +1092,19 @@ struct Flat {
 }
 
 impl Flat {
+    /// Appends the tasks of a one-part run from `from` on (a paused run's program, extended).
+    fn extend(&mut self, num: &Numbering, from: usize, streams: usize) {
+        self.queues.resize(streams, Vec::new());
+        let p = num.parts[0];
+        for t in &p.tasks[from..] {
+            let s = t.stream as usize;
+            self.queues[s].push(self.stream.len() as u32);
+            self.stream.push(s as u32);
+            self.duration.push(t.duration_ns);
+            self.ctas.push(t.ctas);
+        }
+    }
+
     fn of(num: &Numbering, streams: usize) -> Flat {
         let n = num.tasks();
         let mut f = Flat {
@@ -858,6 +1169,36 @@ struct Dependents {
 }
 
 impl Dependents {
+    /// The dependents of the tasks from `from` on of a one-part run without links (those of
+    /// earlier tasks left empty): a paused run carried on, whose tasks before `from` have
+    /// all ended. A task's dependencies come before it in its program.
+    fn of_from(num: &Numbering, links: &[Link], from: usize) -> Dependents {
+        debug_assert!(num.parts.len() == 1 && links.is_empty());
+        let p = num.parts[0];
+        let n = num.tasks();
+        let mut start = vec![0u32; n + 1];
+        let each = |f: &mut dyn FnMut(usize, usize)| {
+            for t in from..n {
+                for &d in p.deps.of(t) {
+                    if d as usize >= from {
+                        f(t, d as usize);
+                    }
+                }
+            }
+        };
+        each(&mut |_, d| start[d + 1] += 1);
+        for i in 0..n {
+            start[i + 1] += start[i];
+        }
+        let mut next = start.clone();
+        let mut list = vec![0u32; start[n] as usize];
+        each(&mut |t, d| {
+            list[next[d] as usize] = t as u32;
+            next[d] += 1;
+        });
+        Dependents { start, list }
+    }
+
     /// The dependents of every task, and how many dependencies each task has.
     fn of(num: &Numbering, links: &[Link]) -> (Dependents, Vec<u32>) {
         let n = num.tasks();

@@ -305,6 +305,23 @@ impl Periodic {
         per.stretches.iter().any(|s| s.start < s.end).then_some(per)
     }
 
+    /// Without the stretches any of whose tasks, or of the tasks their dependencies shift
+    /// from, has started (`start_ns`: u64::MAX for a task that has not): a run carried on
+    /// from a pause ([`super::Paused::resume`]) saw those starts before this was made, so it
+    /// could not write down the state of their periods. None where no stretch is left.
+    pub fn unstarted(mut self, start_ns: &[u64]) -> Option<Periodic> {
+        for r in 0..self.stretches.len() {
+            let s = self.stretches[r];
+            if s.start < s.end && start_ns[s.base as usize..s.end as usize].iter().any(|&t| t != u64::MAX) {
+                for t in s.start..s.end {
+                    self.within[t as usize] = 0;
+                }
+                self.stretches[r].start = s.end;
+            }
+        }
+        self.stretches.iter().any(|s| s.start < s.end).then_some(self)
+    }
+
     /// Stretch `r` without its tasks `lo..=hi` (and those beyond them on the side nearer
     /// its end); dropped when fewer than [`MIN_PERIODS`] periods remain.
     fn shorten(&mut self, r: u16, lo: u32, hi: u32) {

@@ -73,6 +73,87 @@ pub fn run(
     record: Record,
     mode: Mode,
 ) -> Result<JobRun, Deadlock> {
+    let opts = options(job, settings, record, mode.clone());
+    let parts = job.parts();
+    let mut apart = None;
+    if !mode.one_loop && opts.held.is_empty() && engine::by_rank::applies(&parts, &job.links, job.classes.len(), &opts)
+    {
+        let mut allocs = allocators(job, settings, capacity, device_total);
+        apart = engine::by_rank::run(&parts, &job.links, &mut refs(&mut allocs), &opts);
+    }
+    let by_rank = apart.is_some();
+    let dt = match apart {
+        Some(dt) => dt,
+        None => {
+            let mut allocs = allocators(job, settings, capacity, device_total);
+            engine::run_parts(&parts, &job.links, &mut refs(&mut allocs), &opts)?
+        }
+    };
+    Ok(job_run(job, dt, steps, by_rank))
+}
+
+/// How far [`run_until`] got.
+pub enum Progress {
+    Done(JobRun),
+    /// Paused after the task it was asked to stop after ([`engine::Paused`]), with the
+    /// allocators it used.
+    Paused(Paused),
+}
+
+/// A job's run paused after a task, to be carried on over a job whose programs extend this
+/// one's ([`resume`]).
+pub struct Paused {
+    engine: Box<engine::Paused>,
+    allocs: Vec<Box<dyn Allocator>>,
+}
+
+/// [`run`], in one event loop, pausing after task `stop_after` (in the run's numbering) ends
+/// ([`engine::RunOptions::stop_after`]).
+#[allow(clippy::too_many_arguments)]
+pub fn run_until(
+    job: &Job,
+    settings: &AllocatorSettings,
+    capacity: u64,
+    device_total: u64,
+    steps: u32,
+    record: Record,
+    mode: Mode,
+    stop_after: u32,
+) -> Result<Progress, Deadlock> {
+    let opts = RunOptions { stop_after: Some(stop_after), ..options(job, settings, record, mode) };
+    let mut allocs = allocators(job, settings, capacity, device_total);
+    let progress = engine::run_parts_until(&job.parts(), &job.links, &mut refs(&mut allocs), &opts)?;
+    Ok(progress_of(job, progress, allocs, steps))
+}
+
+/// Carries `paused` on over `job`, whose programs extend the paused run's, to its end or to
+/// the end of task `stop_after`. None where the run so far is not `job`'s
+/// ([`engine::Paused::resume`]): the caller runs `job` afresh.
+pub fn resume(
+    paused: Paused,
+    job: &Job,
+    settings: &AllocatorSettings,
+    steps: u32,
+    record: Record,
+    mode: Mode,
+    stop_after: Option<u32>,
+) -> Option<Result<Progress, Deadlock>> {
+    let opts = RunOptions { stop_after, ..options(job, settings, record, mode) };
+    let Paused { engine, mut allocs } = paused;
+    let progress = engine.resume(&job.parts(), &job.links, &mut refs(&mut allocs), &opts)?;
+    Some(progress.map(|p| progress_of(job, p, allocs, steps)))
+}
+
+fn progress_of(job: &Job, p: engine::Progress, allocs: Vec<Box<dyn Allocator>>, steps: u32) -> Progress {
+    match p {
+        engine::Progress::Done(dt) => Progress::Done(job_run(job, dt, steps, false)),
+        engine::Progress::Paused(engine) => Progress::Paused(Paused { engine, allocs }),
+    }
+}
+
+/// The engine's options for `job`: the `empty_cache()` calls the program and `settings`
+/// make, and what `record` and `mode` ask for.
+fn options(job: &Job, settings: &AllocatorSettings, record: Record, mode: Mode) -> RunOptions {
     let mut empty_cache_after = Vec::new();
     let mut offset = 0;
     for c in &job.classes {
@@ -84,7 +165,7 @@ pub fn run(
         empty_cache_after.extend(own.into_iter().map(|t| t + offset));
         offset += prog.tasks.len() as u32;
     }
-    let opts = RunOptions {
+    RunOptions {
         empty_cache_after,
         peaks_only: matches!(record, Record::Peaks | Record::Headline),
         headline: record == Record::Headline,
@@ -92,30 +173,26 @@ pub fn run(
         every_period: mode.every_period,
         cancel: mode.cancel,
         held: mode.held,
-    };
-    let build =
-        || -> Vec<Box<dyn Allocator>> { job.classes.iter().map(|_| settings.build(capacity, device_total)).collect() };
-    let parts = job.parts();
-    let mut apart = None;
-    if !mode.one_loop && opts.held.is_empty() && engine::by_rank::applies(&parts, &job.links, job.classes.len(), &opts)
-    {
-        let mut allocs = build();
-        let mut refs: Vec<&mut dyn Allocator> = allocs.iter_mut().map(|a| &mut **a as &mut dyn Allocator).collect();
-        apart = engine::by_rank::run(&parts, &job.links, &mut refs, &opts);
+        stop_after: None,
     }
-    let by_rank = apart.is_some();
-    let dt = match apart {
-        Some(dt) => dt,
-        None => {
-            let mut allocs = build();
-            let mut refs: Vec<&mut dyn Allocator> = allocs.iter_mut().map(|a| &mut **a as &mut dyn Allocator).collect();
-            engine::run_parts(&parts, &job.links, &mut refs, &opts)?
-        }
-    };
+}
+
+/// An allocator per class's device.
+fn allocators(job: &Job, settings: &AllocatorSettings, capacity: u64, device_total: u64) -> Vec<Box<dyn Allocator>> {
+    job.classes.iter().map(|_| settings.build(capacity, device_total)).collect()
+}
+
+fn refs(allocs: &mut [Box<dyn Allocator>]) -> Vec<&mut dyn Allocator> {
+    allocs.iter_mut().map(|a| &mut **a as &mut dyn Allocator).collect()
+}
+
+/// Each class's view of the engine's trace, and each step's span.
+fn job_run(job: &Job, dt: engine::DeviceTrace, steps: u32, by_rank: bool) -> JobRun {
+    let parts = job.parts();
     let spans = step_spans(job, &dt, steps);
     let periods_jumped = dt.periods_jumped;
     let traces = engine::part_traces(&parts, job.classes.len(), dt);
-    Ok(JobRun { traces, spans, periods_jumped, by_rank })
+    JobRun { traces, spans, periods_jumped, by_rank }
 }
 
 /// Each step's span across all classes (their tasks numbered one class after the other).

@@ -835,7 +835,7 @@ impl<'a> Builder<'a> {
     /// The finished program, its frees filed under their tasks.
     fn finish(&mut self) -> Program {
         let prog = std::mem::take(&mut self.tables).into_program(std::mem::take(&mut self.prog));
-        self.filed(prog)
+        self.filed(prog, false)
     }
 
     /// The finished program of `steps` steps with its labels, model FLOPs and the hardware
@@ -853,18 +853,25 @@ impl<'a> Builder<'a> {
     /// The program built so far, as [`Builder::finish`] would hand it over, with the builder
     /// left to carry on: a copy of its lists.
     fn program_so_far(&self) -> Program {
-        self.filed(self.tables.clone().into_program(self.prog.clone()))
+        self.filed(self.tables.clone().into_program(self.prog.clone()), true)
     }
 
-    /// `prog` with its tasks' frees filed under them.
-    fn filed(&self, mut prog: Program) -> Program {
+    /// `prog` with its tasks' frees filed under them. A `prefix` of the program keeps the
+    /// links its streams will have in the whole program wherever a collective may yet hold
+    /// thread blocks, so that a run of it can be carried on over the whole program
+    /// ([`crate::engine::Paused::resume`]).
+    fn filed(&self, mut prog: Program, prefix: bool) -> Program {
         prog.free = crate::engine::TaskLists::from_pairs(prog.tasks.len(), &self.frees).into();
         if self.steps_interleaved {
             prog.step_starts.clear();
         }
         // Without a collective holding thread blocks nothing slows compute: its tasks need not
         // pass through the engine's shared-resource bookkeeping.
-        if !prog.tasks.iter().any(|t| t.ctas > 0) {
+        let holds = match prefix {
+            true => self.stream_ctas.iter().any(|&c| c > 0),
+            false => prog.tasks.iter().any(|t| t.ctas > 0),
+        };
+        if !holds {
             prog.stream_links.iter_mut().for_each(|l| *l &= !crate::engine::links::SMS);
         }
         prog
