@@ -897,7 +897,8 @@ impl UnitSums {
         }
         SUMS.with(|c| {
             let make = || (dag.id, std::sync::Arc::new(UnitSums::sum(dag)));
-            crate::recent::recall(&mut c.borrow_mut(), 4, |&k| k == dag.id, make)
+            // Room for every DAG a sweep keeps on the thread (`sweep::summary`'s 32).
+            crate::recent::recall(&mut c.borrow_mut(), 32, |&k| k == dag.id, make)
         })
     }
 

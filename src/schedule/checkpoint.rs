@@ -79,8 +79,9 @@ struct Key {
     chunk_layers: Vec<u64>,
 }
 
-/// The answers last computed on this thread, most recent last.
-const CACHED: usize = 8;
+/// The answers last computed on this thread, most recent last: room for every DAG a sweep
+/// keeps (32, in `sweep::summary`) under two policies.
+const CACHED: usize = 64;
 
 thread_local! {
     static ANSWERS: std::cell::RefCell<Vec<(Key, std::sync::Arc<Checkpoints>)>> = const { std::cell::RefCell::new(Vec::new()) };
