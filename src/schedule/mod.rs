@@ -441,6 +441,26 @@ pub fn build_lean_staged<R>(
     }
 }
 
+/// The lowest and one past the highest tensor that ops `lo..hi` of `dag` read, write or
+/// save ((usize::MAX, 0) for none). A pass over every op's tensors, once per DAG and range on
+/// a thread: per configuration it was a tenth of a sweep configuration that runs out of
+/// memory at initialisation.
+fn ops_tensor_span(dag: &LayerDag, lo: usize, hi: usize) -> (usize, usize) {
+    thread_local! {
+        static SPANS: std::cell::RefCell<Vec<((u64, usize, usize), (usize, usize))>> =
+            const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let key = (dag.id, lo, hi);
+    SPANS.with(|c| {
+        let make = || {
+            let ts = dag.ops[lo..hi].iter().flat_map(|o| o.inputs.iter().chain(&o.outputs).chain(&o.saves));
+            (key, ts.fold((usize::MAX, 0), |(a, b), &t| (a.min(t), b.max(t + 1))))
+        };
+        // Room for every DAG a sweep keeps (32, in `sweep::summary`), a few stages each.
+        crate::recent::recall(&mut c.borrow_mut(), 128, |k| *k == key, make)
+    })
+}
+
 /// Model FLOPs of one step of a rank's program (forward + backward, no recomputation), for
 /// MFU.
 fn model_flops_per_step(dag: &LayerDag, plan: &Plan) -> f64 {
@@ -645,9 +665,8 @@ impl<'a> Builder<'a> {
                 .iter()
                 .zip(chunk_in.iter().zip(&chunk_out))
                 .map(|(&(lo, hi), (x_in, x_out))| {
-                    let ts = dag.ops[lo..hi].iter().flat_map(|o| o.inputs.iter().chain(&o.outputs).chain(&o.saves));
-                    let ts = ts.copied().chain(x_in.iter().copied()).chain(x_out.iter().copied());
-                    ts.fold((usize::MAX, 0), |(a, b), t| (a.min(t), b.max(t + 1)))
+                    let ts = x_in.iter().chain(x_out).copied();
+                    ts.fold(ops_tensor_span(dag, lo, hi), |(a, b), t| (a.min(t), b.max(t + 1)))
                 })
                 .map(|(a, b)| if a > b { (0, 0) } else { (a, b) })
                 .collect(),
