@@ -401,10 +401,11 @@ pub enum Progress {
 /// over the longer program instead of running it again from the start.
 pub struct Paused {
     state: LoopState,
-    /// The paused program's frees, and where its tasks' `empty_cache()` calls were: a longer
-    /// program may file a free, or such a call, under a task that has already ended, and then
-    /// the run so far is not its own.
+    /// The paused program's frees: a longer program may file a free under a task that has
+    /// already ended (or an `empty_cache()` call after it, `LoopState::empty_cache`), and
+    /// then the run so far is not its own.
     free: Arc<TaskLists>,
+    /// The task the run paused after, which every task the longer program adds waits for.
     gate: u32,
 }
 

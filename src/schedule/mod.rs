@@ -446,9 +446,10 @@ pub fn build_lean_staged<R>(
 /// a thread: per configuration it was a tenth of a sweep configuration that runs out of
 /// memory at initialisation.
 fn ops_tensor_span(dag: &LayerDag, lo: usize, hi: usize) -> (usize, usize) {
+    /// (DAG, first op, one past the last op).
+    type OpRange = (u64, usize, usize);
     thread_local! {
-        static SPANS: std::cell::RefCell<Vec<((u64, usize, usize), (usize, usize))>> =
-            const { std::cell::RefCell::new(Vec::new()) };
+        static SPANS: std::cell::RefCell<Vec<(OpRange, (usize, usize))>> = const { std::cell::RefCell::new(Vec::new()) };
     }
     let key = (dag.id, lo, hi);
     SPANS.with(|c| {
