@@ -5,7 +5,9 @@
 //! at each prefix they try and carry the run on, where they used to run every prefix again
 //! from the start.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+
+mod common;
 
 use stepsim::job::run::{self, JobRun, Mode, Progress, Record};
 use stepsim::scenario::Scenario;
@@ -34,23 +36,7 @@ fn cases() -> Vec<Scenario> {
             out.push(s);
         }
     }
-    let ac = std::fs::read_to_string(root().join("scenarios/100b-32gpu-fsdp-ac.toml")).unwrap();
-    let variants = [
-        ac.replace("grad_accum = 1", "grad_accum = 3").replace("n_layers = 80", "n_layers = 6"),
-        ac.replace("\"full\"", "\"selective\"")
-            .replace("\"flash\"", "\"math\"")
-            .replace("n_layers = 80", "n_layers = 6"),
-        ac.replace("framework = \"fsdp\"", "framework = \"deepspeed\"")
-            .replace("\"full_shard\"", "\"zero2\"")
-            .replace("n_layers = 80", "n_layers = 8"),
-        ac.replace("\"full_shard\"", "\"hybrid_shard\"").replace("n_layers = 80", "n_layers = 6"),
-        ac.replace("\"full_shard\"", "\"none\"")
-            .replace("n_layers = 80", "n_layers = 4")
-            .replace("grad_accum = 1", "grad_accum = 2"),
-    ];
-    for (i, v) in variants.iter().enumerate() {
-        out.push(Scenario::from_toml(Path::new(&format!("variant-{i}.toml")), v).unwrap_or_else(|e| panic!("{e}")));
-    }
+    out.extend(common::schedule_variants(&root()));
     out
 }
 

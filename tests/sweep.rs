@@ -616,21 +616,7 @@ fn schedule_cases() -> Vec<Scenario> {
             out.push(Scenario::load(&p).unwrap_or_else(|e| panic!("{e}")));
         }
     }
-    let ac = std::fs::read_to_string(root().join("scenarios/100b-32gpu-fsdp-ac.toml")).unwrap();
-    let variants = [
-        ac.replace("grad_accum = 1", "grad_accum = 3").replace("n_layers = 80", "n_layers = 6"),
-        ac.replace("\"full\"", "\"selective\"")
-            .replace("\"flash\"", "\"math\"")
-            .replace("n_layers = 80", "n_layers = 6"),
-        ac.replace("framework = \"fsdp\"", "framework = \"deepspeed\"").replace("\"full_shard\"", "\"zero2\""),
-        ac.replace("\"full_shard\"", "\"hybrid_shard\"").replace("n_layers = 80", "n_layers = 6"),
-        ac.replace("\"full_shard\"", "\"none\"")
-            .replace("n_layers = 80", "n_layers = 4")
-            .replace("grad_accum = 1", "grad_accum = 2"),
-    ];
-    for (i, v) in variants.iter().enumerate() {
-        out.push(Scenario::from_toml(Path::new(&format!("variant-{i}.toml")), v).unwrap_or_else(|e| panic!("{e}")));
-    }
+    out.extend(common::schedule_variants(&root()));
     out
 }
 

@@ -36,8 +36,8 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use super::{
-    links, sample_bound, Allocator, Dependents, DeviceTrace, Flat, Link, Memory, Numbering, Program, RunOptions,
-    TaskLists,
+    links, sample_bound, Allocator, Dependents, DeviceTrace, Flat, Link, Memory, Numbering, Program, Recorded,
+    RunOptions, TaskLists,
 };
 
 /// Whether [`run`] can play `parts` (the last a barrier program, the others independent
@@ -521,13 +521,7 @@ impl<'p, 'a, 'b> Rank<'p, 'a, 'b> {
             local: &fixed.local,
             empty_cache: &fixed.empty_cache,
             allocs,
-            live: vec![false; num.buffers()],
-            buf_dev: vec![0u16; num.buffers()],
-            timelines: vec![timeline],
-            start_ns: vec![u64::MAX; n],
-            end_ns: vec![u64::MAX; n],
-            stream_busy_ns: vec![0; ns],
-            part_of_stream: num.part_of_streams(),
+            rec: Recorded::new(num, vec![timeline]),
         };
         let pending = fixed.deps_of.clone();
         let last_dep = vec![None; pending.len()];

@@ -467,7 +467,7 @@ impl Paused {
             return None;
         }
         let cache = empty_cache_flags(n, &opts.empty_cache_after);
-        let ended = |t: usize| st.end_ns[t] != u64::MAX;
+        let ended = |t: usize| st.rec.end_ns[t] != u64::MAX;
         // A task's frees are only ever added to (the builder files them as it decides them,
         // [`TaskLists::from_pairs`] keeping their order), so a task that ended kept its own
         // if it has as many.
@@ -477,9 +477,9 @@ impl Paused {
         debug_assert!(waits_for(p, gate, old_n), "a task the longer program adds does not wait for the pause");
         debug_assert!((0..old_n).all(|t| !ended(t) || free.of(t) == p.free.of(t)), "a free list shrank or changed");
         // The longer program's tables, the run so far carried over.
-        st.start_ns.resize(n, u64::MAX);
-        st.end_ns.resize(n, u64::MAX);
-        let ended = |t: usize| st.end_ns[t] != u64::MAX;
+        st.rec.start_ns.resize(n, u64::MAX);
+        st.rec.end_ns.resize(n, u64::MAX);
+        let ended = |t: usize| st.rec.end_ns[t] != u64::MAX;
         st.flat.extend(&num, old_n, ns);
         // Only the tasks that have not ended will look up their dependents.
         let first_live = (0..n).find(|&t| !ended(t)).unwrap_or(n);
@@ -499,7 +499,7 @@ impl Paused {
         for t in old_n..n {
             grow[dev_of[st.flat.stream[t] as usize]] += 2 * p.alloc.of(t).len() + usize::from(cache[t]);
         }
-        for (tl, g) in st.timelines.iter_mut().zip(grow) {
+        for (tl, g) in st.rec.timelines.iter_mut().zip(grow) {
             tl.reserve(g);
         }
         st.dev_of = dev_of;
@@ -508,14 +508,14 @@ impl Paused {
         st.empty_cache = cache;
         st.head.resize(ns, 0);
         st.busy.resize(ns, false);
-        st.stream_busy_ns.resize(ns, 0);
-        st.part_of_stream = num.part_of_streams();
-        st.live.resize(num.buffers(), false);
-        st.buf_dev.resize(num.buffers(), 0);
+        st.rec.stream_busy_ns.resize(ns, 0);
+        st.rec.part_of_stream = num.part_of_streams();
+        st.rec.live.resize(num.buffers(), false);
+        st.rec.buf_dev.resize(num.buffers(), 0);
         // Repeating periods are replayed only where none of their tasks has run yet, and
         // only once the run will not pause again.
         if !opts.every_period && !opts.history && opts.stop_after.is_none() {
-            st.per = period::Periodic::new(&num, links).and_then(|per| per.unstarted(&st.start_ns));
+            st.per = period::Periodic::new(&num, links).and_then(|per| per.unstarted(&st.rec.start_ns));
         }
         Some(drive(state, &num, allocs, opts, p.free.clone()))
     }
@@ -608,14 +608,8 @@ struct LoopState {
     /// so polling the candidates in index order starts exactly what polling every stream
     /// would. Starting a task never unblocks another, so one pass is enough.
     candidates: Vec<usize>,
-    // What [`Memory`] holds while the loop runs.
-    live: Vec<bool>,
-    buf_dev: Vec<u16>,
-    timelines: Vec<Timeline>,
-    start_ns: Vec<u64>,
-    end_ns: Vec<u64>,
-    stream_busy_ns: Vec<u64>,
-    part_of_stream: Vec<u32>,
+    /// What [`Memory`] holds while the loop runs.
+    rec: Recorded,
 }
 
 impl LoopState {
@@ -654,13 +648,7 @@ impl LoopState {
             now: 0,
             done: 0,
             candidates: (0..ns).collect(),
-            live: vec![false; num.buffers()],
-            buf_dev: vec![0u16; num.buffers()],
-            timelines,
-            start_ns: vec![u64::MAX; n],
-            end_ns: vec![u64::MAX; n],
-            stream_busy_ns: vec![0; ns],
-            part_of_stream: num.part_of_streams(),
+            rec: Recorded::new(num, timelines),
         }
     }
 }
@@ -698,29 +686,10 @@ fn drive(
         mut now,
         mut done,
         mut candidates,
-        live,
-        buf_dev,
-        timelines,
-        start_ns,
-        end_ns,
-        stream_busy_ns,
-        part_of_stream,
+        rec,
     } = state;
     let Flat { stream: task_stream, duration, ctas, queues } = &flat;
-    let mut mem = Memory {
-        num,
-        dev_of: &dev_of,
-        local: &local,
-        empty_cache: &empty_cache,
-        allocs,
-        live,
-        buf_dev,
-        timelines,
-        start_ns,
-        end_ns,
-        stream_busy_ns,
-        part_of_stream,
-    };
+    let mut mem = Memory { num, dev_of: &dev_of, local: &local, empty_cache: &empty_cache, allocs, rec };
     loop {
         // Start whatever can start now, stream by stream.
         candidates.sort_unstable();
@@ -814,7 +783,7 @@ fn drive(
             }
         }
         if opts.stop_after == Some(ti) {
-            let Memory { live, buf_dev, timelines, start_ns, end_ns, stream_busy_ns, part_of_stream, .. } = mem;
+            let rec = mem.rec;
             let state = LoopState {
                 dev_of,
                 local,
@@ -835,13 +804,7 @@ fn drive(
                 now,
                 done,
                 candidates,
-                live,
-                buf_dev,
-                timelines,
-                start_ns,
-                end_ns,
-                stream_busy_ns,
-                part_of_stream,
+                rec,
             };
             return Ok(Progress::Paused(Box::new(Paused { state, free, gate: ti })));
         }
@@ -862,6 +825,12 @@ pub(crate) struct Memory<'p, 'a, 'b> {
     local: &'p [usize],
     empty_cache: &'p [bool],
     allocs: &'a mut [&'b mut dyn Allocator],
+    rec: Recorded,
+}
+
+/// What a run has recorded so far of its buffers, its devices' memory and its tasks' times:
+/// what [`Memory`] writes as tasks start and end, kept whole by a pause ([`Paused`]).
+pub(crate) struct Recorded {
     live: Vec<bool>,
     buf_dev: Vec<u16>,
     timelines: Vec<Timeline>,
@@ -874,6 +843,22 @@ pub(crate) struct Memory<'p, 'a, 'b> {
     part_of_stream: Vec<u32>,
 }
 
+impl Recorded {
+    /// Nothing recorded yet for a run of `num`, its devices' `timelines` empty.
+    fn new(num: &Numbering, timelines: Vec<Timeline>) -> Recorded {
+        let n = num.tasks();
+        Recorded {
+            live: vec![false; num.buffers()],
+            buf_dev: vec![0u16; num.buffers()],
+            timelines,
+            start_ns: vec![u64::MAX; n],
+            end_ns: vec![u64::MAX; n],
+            stream_busy_ns: vec![0; num.streams().max(1)],
+            part_of_stream: num.part_of_streams(),
+        }
+    }
+}
+
 impl Memory<'_, '_, '_> {
     /// Task `ti` starts on stream `s` at `now`: its buffers are allocated, in order. The
     /// allocation that does not fit comes back without what was live
@@ -881,7 +866,7 @@ impl Memory<'_, '_, '_> {
     #[inline]
     fn start(&mut self, ti: u32, s: usize, now: u64) -> Result<(), OomEvent> {
         let num = self.num;
-        let k = self.part_of_stream[s] as usize;
+        let k = self.rec.part_of_stream[s] as usize;
         let (prog, bo) = (num.parts[k], num.buffer[k]);
         let dv = self.dev_of[s];
         for &lb in prog.alloc.of(ti as usize - num.task[k]) {
@@ -902,12 +887,12 @@ impl Memory<'_, '_, '_> {
                     live: Vec::new(),
                 });
             }
-            self.live[b] = true;
-            self.buf_dev[b] = dv as u16;
+            self.rec.live[b] = true;
+            self.rec.buf_dev[b] = dv as u16;
             let delta = alloc.rounded(spec.bytes) as i64;
-            self.timelines[dv].record(now, spec.category, delta, totals(alloc), ti as usize);
+            self.rec.timelines[dv].record(now, spec.category, delta, totals(alloc), ti as usize);
         }
-        self.start_ns[ti as usize] = now;
+        self.rec.start_ns[ti as usize] = now;
         Ok(())
     }
 
@@ -916,43 +901,43 @@ impl Memory<'_, '_, '_> {
     #[inline]
     fn end(&mut self, ti: u32, stream: usize, now: u64) {
         let num = self.num;
-        let k = self.part_of_stream[stream] as usize;
+        let k = self.rec.part_of_stream[stream] as usize;
         let (prog, bo) = (num.parts[k], num.buffer[k]);
         let dv = self.dev_of[stream];
         for &lb in prog.free.of(ti as usize - num.task[k]) {
             let b = bo + lb as usize;
-            if self.live[b] {
+            if self.rec.live[b] {
                 let spec = &prog.buffers[lb as usize];
-                let bd = self.buf_dev[b] as usize;
+                let bd = self.rec.buf_dev[b] as usize;
                 let alloc = &mut *self.allocs[bd];
                 let delta = -(alloc.rounded(spec.bytes) as i64);
                 // A buffer freed by another device's task (a pipeline send's source) is
                 // released as if by its own device's first stream.
                 let on = if bd == dv { self.local[stream] } else { 0 };
                 alloc.free_on(b, on, now);
-                self.live[b] = false;
-                self.timelines[bd].record(now, spec.category, delta, totals(alloc), ti as usize);
+                self.rec.live[b] = false;
+                self.rec.timelines[bd].record(now, spec.category, delta, totals(alloc), ti as usize);
             }
         }
         let alloc = &mut *self.allocs[dv];
         alloc.stream_synced(self.local[stream], now);
         if self.empty_cache[ti as usize] {
             alloc.empty_cache();
-            self.timelines[dv].record_totals(now, totals(alloc), ti as usize);
+            self.rec.timelines[dv].record_totals(now, totals(alloc), ti as usize);
         }
-        self.end_ns[ti as usize] = now;
-        self.stream_busy_ns[stream] += now - self.start_ns[ti as usize];
+        self.rec.end_ns[ti as usize] = now;
+        self.rec.stream_busy_ns[stream] += now - self.rec.start_ns[ti as usize];
     }
 
     /// The run's trace as it stands at `now`, `periods_jumped` periods of it replayed.
     fn finish(self, now: u64, oom: Option<OomEvent>, periods_jumped: u64) -> DeviceTrace {
         DeviceTrace {
-            timelines: self.timelines,
-            start_ns: self.start_ns,
-            end_ns: self.end_ns,
+            timelines: self.rec.timelines,
+            start_ns: self.rec.start_ns,
+            end_ns: self.rec.end_ns,
             oom,
             end_time_ns: now,
-            stream_busy_ns: self.stream_busy_ns,
+            stream_busy_ns: self.rec.stream_busy_ns,
             allocators: self.allocs.iter().map(|a| a.stats()).collect(),
             histories: self.allocs.iter_mut().map(|a| a.take_history()).collect(),
             periods_jumped,
@@ -963,15 +948,16 @@ impl Memory<'_, '_, '_> {
     fn out_of_memory(mut self, mut oom: OomEvent, periods_jumped: u64) -> DeviceTrace {
         let (dv, ti, now) = (oom.device as usize, oom.task as usize, oom.time_ns);
         oom.live = self
+            .rec
             .live
             .iter()
             .enumerate()
-            .filter(|(i, l)| **l && self.buf_dev[*i] as usize == dv)
+            .filter(|(i, l)| **l && self.rec.buf_dev[*i] as usize == dv)
             .map(|(i, _)| i as u32)
             .collect();
-        self.start_ns[ti] = now;
+        self.rec.start_ns[ti] = now;
         // The failed allocation released the cache before giving up.
-        self.timelines[dv].record_totals(now, totals(&*self.allocs[dv]), ti);
+        self.rec.timelines[dv].record_totals(now, totals(&*self.allocs[dv]), ti);
         self.finish(now, Some(oom), periods_jumped)
     }
 }

@@ -480,7 +480,7 @@ impl Periodic {
             out.push(i64::from(st.busy[s]));
             out.extend(q.get(st.head[s]).map_or([-2, -2], |&t| self.enc(t, i)));
         }
-        let (start_ns, remaining) = (&st.mem.start_ns, &*st.remaining);
+        let (start_ns, remaining) = (&st.mem.rec.start_ns, &*st.remaining);
         self.frontier.retain(|&t| start_ns[t as usize] == u64::MAX);
         self.frontier.sort_unstable();
         self.frontier.dedup();
