@@ -228,7 +228,7 @@ struct Tables {
 impl Tables {
     fn of(num: &Numbering) -> Tables {
         let flat = Flat::of(num, num.streams().max(1));
-        let (dependents, remaining) = Dependents::of(num, &[]);
+        let (dependents, remaining) = Dependents::of(num, &[], 0);
         Tables { flat, dependents, remaining }
     }
 

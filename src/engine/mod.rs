@@ -249,6 +249,12 @@ pub struct RunOptions {
 }
 
 impl RunOptions {
+    /// Whether the run replays repeating periods ([`period`]): not where it simulates every
+    /// one, records histories, holds tasks, or may pause (a period may straddle the pause).
+    fn replays_periods(&self) -> bool {
+        !(self.every_period || self.history || !self.held.is_empty() || self.stop_after.is_some())
+    }
+
     /// A device's timeline as these options keep it.
     pub fn timeline(&self) -> Timeline {
         match (self.peaks_only, self.headline) {
@@ -426,13 +432,8 @@ pub fn run_parts_until(
             a.start_history();
         }
     }
-    st.per = if opts.every_period || opts.history || !st.held.is_empty() || opts.stop_after.is_some() {
-        None
-    } else {
-        period::Periodic::new(&num, links)
-    };
-    let free = parts.first().map(|p| p.free.clone()).unwrap_or_default();
-    drive(st, &num, allocs, opts, free)
+    st.per = opts.replays_periods().then(|| period::Periodic::new(&num, links)).flatten();
+    drive(st, &num, allocs, opts)
 }
 
 impl Paused {
@@ -483,7 +484,7 @@ impl Paused {
         st.flat.extend(&num, old_n, ns);
         // Only the tasks that have not ended will look up their dependents.
         let first_live = (0..n).find(|&t| !ended(t)).unwrap_or(n);
-        let dependents = Dependents::of_from(&num, links, first_live);
+        let (dependents, _) = Dependents::of(&num, links, first_live);
         let mut remaining = std::mem::take(&mut st.remaining);
         remaining.resize(n, 0);
         for (t, r) in remaining.iter_mut().enumerate().skip(old_n) {
@@ -512,12 +513,11 @@ impl Paused {
         st.rec.part_of_stream = num.part_of_streams();
         st.rec.live.resize(num.buffers(), false);
         st.rec.buf_dev.resize(num.buffers(), 0);
-        // Repeating periods are replayed only where none of their tasks has run yet, and
-        // only once the run will not pause again.
-        if !opts.every_period && !opts.history && opts.stop_after.is_none() {
+        // Repeating periods are replayed only where none of their tasks has run yet.
+        if opts.replays_periods() {
             st.per = period::Periodic::new(&num, links).and_then(|per| per.unstarted(&st.rec.start_ns));
         }
-        Some(drive(state, &num, allocs, opts, p.free.clone()))
+        Some(drive(state, &num, allocs, opts))
     }
 }
 
@@ -618,7 +618,7 @@ impl LoopState {
         let ns = num.streams().max(1);
         let (dev_of, local, link_of, sms) = streams_of(num, ns, nd);
         let flat = Flat::of(num, ns);
-        let (dependents, remaining) = Dependents::of(num, links);
+        let (dependents, remaining) = Dependents::of(num, links, 0);
         let mut timelines = vec![opts.timeline(); nd];
         for (tl, n) in timelines.iter_mut().zip(sample_bound(num, &flat, &dev_of, nd, &opts.empty_cache_after)) {
             tl.reserve(n);
@@ -654,14 +654,12 @@ impl LoopState {
 }
 
 /// The event loop, from where `state` stands to the end of the run, its out-of-memory, or
-/// the end of [`RunOptions::stop_after`]'s task. `free`: the run's frees (of its one part),
-/// kept by a pause.
+/// the end of [`RunOptions::stop_after`]'s task.
 fn drive(
     state: LoopState,
     num: &Numbering,
     allocs: &mut [&mut dyn Allocator],
     opts: &RunOptions,
-    free: Arc<TaskLists>,
 ) -> Result<Progress, Deadlock> {
     let n = num.tasks();
     // The state as locals for the loop (fields behind a reference cost the hot loop loads
@@ -806,6 +804,7 @@ fn drive(
                 candidates,
                 rec,
             };
+            let free = num.parts.first().map(|p| p.free.clone()).unwrap_or_default();
             return Ok(Progress::Paused(Box::new(Paused { state, free, gate: ti })));
         }
     }
@@ -1079,19 +1078,6 @@ struct Flat {
 }
 
 impl Flat {
-    /// Appends the tasks of a one-part run from `from` on (a paused run's program, extended).
-    fn extend(&mut self, num: &Numbering, from: usize, streams: usize) {
-        self.queues.resize(streams, Vec::new());
-        let p = num.parts[0];
-        for t in &p.tasks[from..] {
-            let s = t.stream as usize;
-            self.queues[s].push(self.stream.len() as u32);
-            self.stream.push(s as u32);
-            self.duration.push(t.duration_ns);
-            self.ctas.push(t.ctas);
-        }
-    }
-
     fn of(num: &Numbering, streams: usize) -> Flat {
         let n = num.tasks();
         let mut f = Flat {
@@ -1101,15 +1087,26 @@ impl Flat {
             queues: vec![Vec::new(); streams],
         };
         for (k, p) in num.parts.iter().enumerate() {
-            for t in &p.tasks {
-                let s = num.stream[k] + t.stream as usize;
-                f.queues[s].push(f.stream.len() as u32);
-                f.stream.push(s as u32);
-                f.duration.push(t.duration_ns);
-                f.ctas.push(t.ctas);
-            }
+            f.push(num.stream[k], &p.tasks);
         }
         f
+    }
+
+    /// Appends the tasks of a one-part run from `from` on (a paused run's program, extended).
+    fn extend(&mut self, num: &Numbering, from: usize, streams: usize) {
+        self.queues.resize(streams, Vec::new());
+        self.push(0, &num.parts[0].tasks[from..]);
+    }
+
+    /// Appends `tasks`, whose streams are numbered from `first_stream` in the run.
+    fn push(&mut self, first_stream: usize, tasks: &[Task]) {
+        for t in tasks {
+            let s = first_stream + t.stream as usize;
+            self.queues[s].push(self.stream.len() as u32);
+            self.stream.push(s as u32);
+            self.duration.push(t.duration_ns);
+            self.ctas.push(t.ctas);
+        }
     }
 }
 
@@ -1131,17 +1128,20 @@ fn sample_bound(num: &Numbering, flat: &Flat, dev_of: &[usize], nd: usize, empty
     n
 }
 
-/// Calls `f(task, dep)` for every dependency of a run, in the run's numbering.
-fn for_each_dep(num: &Numbering, links: &[Link], mut f: impl FnMut(usize, usize)) {
+/// Calls `f(task, dep)` for every dependency of a run on a task from `from` on, in the run's
+/// numbering. (A task's dependencies come before it in its program.)
+fn for_each_dep(num: &Numbering, links: &[Link], from: usize, mut f: impl FnMut(usize, usize)) {
     for (k, p) in num.parts.iter().enumerate() {
         let to = num.task[k];
-        for i in 0..p.deps.len() {
+        for i in from.saturating_sub(to)..p.deps.len() {
             for &d in p.deps.of(i) {
-                f(to + i, to + d as usize);
+                if to + d as usize >= from {
+                    f(to + i, to + d as usize);
+                }
             }
         }
     }
-    for l in links {
+    for l in links.iter().filter(|l| l.dep as usize >= from) {
         f(l.task as usize, l.dep as usize);
     }
 }
@@ -1156,42 +1156,14 @@ struct Dependents {
 }
 
 impl Dependents {
-    /// The dependents of the tasks from `from` on of a one-part run without links (those of
-    /// earlier tasks left empty): a paused run carried on, whose tasks before `from` have
-    /// all ended. A task's dependencies come before it in its program.
-    fn of_from(num: &Numbering, links: &[Link], from: usize) -> Dependents {
-        debug_assert!(num.parts.len() == 1 && links.is_empty());
-        let p = num.parts[0];
-        let n = num.tasks();
-        let mut start = vec![0u32; n + 1];
-        let each = |f: &mut dyn FnMut(usize, usize)| {
-            for t in from..n {
-                for &d in p.deps.of(t) {
-                    if d as usize >= from {
-                        f(t, d as usize);
-                    }
-                }
-            }
-        };
-        each(&mut |_, d| start[d + 1] += 1);
-        for i in 0..n {
-            start[i + 1] += start[i];
-        }
-        let mut next = start.clone();
-        let mut list = vec![0u32; start[n] as usize];
-        each(&mut |t, d| {
-            list[next[d] as usize] = t as u32;
-            next[d] += 1;
-        });
-        Dependents { start, list }
-    }
-
-    /// The dependents of every task, and how many dependencies each task has.
-    fn of(num: &Numbering, links: &[Link]) -> (Dependents, Vec<u32>) {
+    /// The dependents of every task from `from` on (those of earlier tasks left empty: a
+    /// paused run carried on, whose tasks before `from` have all ended, never looks them
+    /// up), and how many dependencies from `from` on each task has (all of them at 0).
+    fn of(num: &Numbering, links: &[Link], from: usize) -> (Dependents, Vec<u32>) {
         let n = num.tasks();
         let mut start = vec![0u32; n + 1];
         let mut deps = vec![0u32; n];
-        for_each_dep(num, links, |t, d| {
+        for_each_dep(num, links, from, |t, d| {
             start[d + 1] += 1;
             deps[t] += 1;
         });
@@ -1200,7 +1172,7 @@ impl Dependents {
         }
         let mut next = start.clone();
         let mut list = vec![0u32; start[n] as usize];
-        for_each_dep(num, links, |i, d| {
+        for_each_dep(num, links, from, |i, d| {
             list[next[d] as usize] = i as u32;
             next[d] += 1;
         });
