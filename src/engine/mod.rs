@@ -876,20 +876,22 @@ impl Memory<'_, '_, '_> {
                 TASK_STREAM => s,
                 p => Some(num.stream[k] + p as usize).filter(|&g| self.dev_of[g] == dv).unwrap_or(s),
             };
-            if let Err(error) = alloc.malloc_at(b, spec.bytes, self.local[pool], now) {
-                return Err(OomEvent {
-                    device: dv as u16,
-                    task: ti,
-                    buffer: b as u32,
-                    time_ns: now,
-                    error,
-                    live: Vec::new(),
-                });
-            }
+            let (delta, after) = match alloc.malloc_counted(b, spec.bytes, self.local[pool], now) {
+                Ok(d) => d,
+                Err(error) => {
+                    return Err(OomEvent {
+                        device: dv as u16,
+                        task: ti,
+                        buffer: b as u32,
+                        time_ns: now,
+                        error,
+                        live: Vec::new(),
+                    })
+                }
+            };
             self.rec.live[b] = true;
             self.rec.buf_dev[b] = dv as u16;
-            let delta = alloc.rounded(spec.bytes) as i64;
-            self.rec.timelines[dv].record(now, spec.category, delta, totals(alloc), ti as usize);
+            self.rec.timelines[dv].record(now, spec.category, delta as i64, after, ti as usize);
         }
         self.rec.start_ns[ti as usize] = now;
         Ok(())
@@ -909,13 +911,12 @@ impl Memory<'_, '_, '_> {
                 let spec = &prog.buffers[lb as usize];
                 let bd = self.rec.buf_dev[b] as usize;
                 let alloc = &mut *self.allocs[bd];
-                let delta = -(alloc.rounded(spec.bytes) as i64);
                 // A buffer freed by another device's task (a pipeline send's source) is
                 // released as if by its own device's first stream.
                 let on = if bd == dv { self.local[stream] } else { 0 };
-                alloc.free_on(b, on, now);
+                let (freed, after) = alloc.free_counted(b, spec.bytes, on, now);
                 self.rec.live[b] = false;
-                self.rec.timelines[bd].record(now, spec.category, delta, totals(alloc), ti as usize);
+                self.rec.timelines[bd].record(now, spec.category, -(freed as i64), after, ti as usize);
             }
         }
         let alloc = &mut *self.allocs[dv];

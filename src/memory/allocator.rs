@@ -139,6 +139,20 @@ pub trait Allocator: Send {
     }
     /// Bytes the allocator would account for a request of `bytes`.
     fn rounded(&self, bytes: u64) -> u64;
+    /// [`Allocator::malloc_at`], then the bytes it accounted ([`Allocator::rounded`]) and
+    /// the totals after it: what the engine records of every allocation, in one call (a
+    /// pipeline's replayed periods make millions of them, and a model that rounds the
+    /// request once answers without rounding it again).
+    fn malloc_counted(&mut self, id: usize, bytes: u64, stream: usize, now_ns: u64) -> Result<(u64, super::Totals), AllocError> {
+        self.malloc_at(id, bytes, stream, now_ns)?;
+        Ok((self.rounded(bytes), self.totals()))
+    }
+    /// [`Allocator::free_on`] of the live tensor `id` of `bytes`, then the bytes it had
+    /// accounted and the totals after it, as [`Allocator::malloc_counted`].
+    fn free_counted(&mut self, id: usize, bytes: u64, stream: usize, now_ns: u64) -> (u64, super::Totals) {
+        self.free_on(id, stream, now_ns);
+        (self.rounded(bytes), self.totals())
+    }
     /// The counters so far.
     fn stats(&self) -> AllocatorStats;
     /// Starts recording every allocation, free and segment change with its address

@@ -223,13 +223,24 @@ struct FreeSet {
     len: usize,
 }
 
-/// The free blocks of one size class, sorted by key.
+/// The free blocks of one size class, sorted by key: one vector of (key, block), so that
+/// an insertion or removal moves one run of entries, not a run of keys and one of blocks.
 #[derive(Debug, Clone, Default)]
 struct SizeClass {
+    entries: Vec<FreeEntry>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct FreeEntry {
     /// (size << 64 | address), sorted and unique: one integer compare per search step.
-    keys: Vec<u128>,
-    /// The block of each key.
-    blocks: Vec<u32>,
+    key: u128,
+    block: u32,
+}
+
+impl SizeClass {
+    fn search(&self, key: u128) -> Result<usize, usize> {
+        self.entries.binary_search_by(|e| e.key.cmp(&key))
+    }
 }
 
 const SIZE_CLASSES: usize = 256;
@@ -254,7 +265,7 @@ type FreePos = (usize, usize);
 impl FreeSet {
     fn find(&self, key: (u64, u64)) -> Option<(usize, Result<usize, usize>)> {
         let c = size_class(key.0);
-        Some((c, self.classes.get(c)?.keys.binary_search(&free_key(key))))
+        Some((c, self.classes.get(c)?.search(free_key(key))))
     }
 
     fn insert(&mut self, key: (u64, u64), b: u32) {
@@ -263,11 +274,10 @@ impl FreeSet {
         }
         let c = size_class(key.0);
         let class = &mut self.classes[c];
-        match class.keys.binary_search(&free_key(key)) {
-            Ok(i) => class.blocks[i] = b,
+        match class.search(free_key(key)) {
+            Ok(i) => class.entries[i].block = b,
             Err(i) => {
-                class.keys.insert(i, free_key(key));
-                class.blocks.insert(i, b);
+                class.entries.insert(i, FreeEntry { key: free_key(key), block: b });
                 self.nonempty[c / 64] |= 1 << (c % 64);
                 self.len += 1;
             }
@@ -282,7 +292,7 @@ impl FreeSet {
 
     fn get(&self, key: (u64, u64)) -> Option<u32> {
         match self.find(key)? {
-            (c, Ok(i)) => Some(self.classes[c].blocks[i]),
+            (c, Ok(i)) => Some(self.classes[c].entries[i].block),
             _ => None,
         }
     }
@@ -304,9 +314,9 @@ impl FreeSet {
     fn first_at_least(&self, size: u64) -> Option<(FreePos, u32)> {
         let c = size_class(size);
         if let Some(class) = self.classes.get(c) {
-            let i = class.keys.partition_point(|&k| k < free_key((size, 0)));
-            if let Some(&b) = class.blocks.get(i) {
-                return Some(((c, i), b));
+            let i = class.entries.partition_point(|e| e.key < free_key((size, 0)));
+            if let Some(e) = class.entries.get(i) {
+                return Some(((c, i), e.block));
             }
         }
         self.first_from(c + 1)
@@ -314,8 +324,8 @@ impl FreeSet {
 
     /// The block after the one at `pos`, in (size, address) order.
     fn after(&self, (c, i): FreePos) -> Option<(FreePos, u32)> {
-        match self.classes[c].blocks.get(i + 1) {
-            Some(&b) => Some(((c, i + 1), b)),
+        match self.classes[c].entries.get(i + 1) {
+            Some(e) => Some(((c, i + 1), e.block)),
             None => self.first_from(c + 1),
         }
     }
@@ -323,15 +333,14 @@ impl FreeSet {
     /// The first block of the classes from `c` on.
     fn first_from(&self, c: usize) -> Option<(FreePos, u32)> {
         let c = self.next_nonempty(c)?;
-        Some(((c, 0), self.classes[c].blocks[0]))
+        Some(((c, 0), self.classes[c].entries[0].block))
     }
 
     /// Removes the block at `pos` (from [`FreeSet::at_least`]).
     fn remove_at(&mut self, (c, i): FreePos) {
         let class = &mut self.classes[c];
-        class.keys.remove(i);
-        class.blocks.remove(i);
-        if class.keys.is_empty() {
+        class.entries.remove(i);
+        if class.entries.is_empty() {
             self.nonempty[c / 64] &= !(1 << (c % 64));
         }
         self.len -= 1;
@@ -339,7 +348,7 @@ impl FreeSet {
 
     /// Every block, smallest first.
     fn blocks(&self) -> impl DoubleEndedIterator<Item = u32> + '_ {
-        self.classes.iter().flat_map(|class| class.blocks.iter().copied())
+        self.classes.iter().flat_map(|class| class.entries.iter().map(|e| e.block))
     }
 
     fn largest_size(&self) -> Option<u64> {
@@ -347,7 +356,7 @@ impl FreeSet {
             .rev()
             .find(|&w| self.nonempty[w] != 0)
             .map(|w| w * 64 + 63 - self.nonempty[w].leading_zeros() as usize)?;
-        self.classes[c].keys.last().map(|&k| (k >> 64) as u64)
+        self.classes[c].entries.last().map(|e| (e.key >> 64) as u64)
     }
 
     fn len(&self) -> usize {
@@ -1224,11 +1233,12 @@ impl CachingAllocator {
 impl CachingAllocator {
     /// `free` of tensor `id` from `stream` at `now_ns`: `allocated` drops now; a block used
     /// on other streams waits for their events.
-    fn release_tensor(&mut self, id: usize, stream: usize, now_ns: u64) {
-        let Some(slot) = self.live.get_mut(id) else { return };
+    /// Returns the bytes the tensor had accounted (its `round_size`; 0 if it was not live).
+    fn release_tensor(&mut self, id: usize, stream: usize, now_ns: u64) -> u64 {
+        let Some(slot) = self.live.get_mut(id) else { return 0 };
         let b = *slot;
         if b == NIL {
-            return;
+            return 0;
         }
         *slot = NIL;
         if self.history.is_some() {
@@ -1247,7 +1257,7 @@ impl CachingAllocator {
         self.stats.allocated_blocks -= size;
         if uses == 0 {
             self.free_block(b);
-            return;
+            return requested;
         }
         // `insert_events`: one event per stream that used the block.
         let mut u = uses;
@@ -1263,19 +1273,18 @@ impl CachingAllocator {
             self.blocks[b as usize].events += 1;
         }
         self.blocks[b as usize].state = State::Pending;
+        requested
     }
-}
 
-impl Allocator for CachingAllocator {
-    /// `DeviceCachingAllocator::malloc`.
-    fn malloc(&mut self, id: usize, bytes: u64, stream: usize) -> Result<(), AllocError> {
+    /// `DeviceCachingAllocator::malloc`; the bytes accounted (`round_size`, 0 for none).
+    fn malloc_rounded(&mut self, id: usize, bytes: u64, stream: usize) -> Result<u64, AllocError> {
         if self.live.slot(id) != NIL {
             // A handle reused while live: free the old tensor first (the engine never does).
             self.free(id);
         }
         if bytes == 0 {
             // `CUDACachingAllocator::allocate(0)` hands out a null pointer without a block.
-            return Ok(());
+            return Ok(0);
         }
         self.process_events();
         let size = round_size(bytes, &self.cfg);
@@ -1320,7 +1329,21 @@ impl Allocator for CachingAllocator {
         *self.live.slot_mut(id) = block;
         self.stats.allocated += size;
         self.update_peaks();
-        Ok(())
+        Ok(size)
+    }
+
+    /// What a history stamps the entries of the call being served with.
+    fn serving(&mut self, id: u32, now_ns: u64) {
+        if let Some(h) = self.history.as_mut() {
+            h.now = now_ns;
+            h.serving = id;
+        }
+    }
+}
+
+impl Allocator for CachingAllocator {
+    fn malloc(&mut self, id: usize, bytes: u64, stream: usize) -> Result<(), AllocError> {
+        self.malloc_rounded(id, bytes, stream).map(|_| ())
     }
 
     /// Frees `id` as used on its allocation stream only.
@@ -1339,6 +1362,15 @@ impl Allocator for CachingAllocator {
             h.now = now_ns;
         }
         self.release_tensor(id, stream, now_ns);
+    }
+
+    fn free_counted(&mut self, id: usize, bytes: u64, stream: usize, now_ns: u64) -> (u64, Totals) {
+        if let Some(h) = self.history.as_mut() {
+            h.now = now_ns;
+        }
+        let freed = self.release_tensor(id, stream, now_ns);
+        debug_assert_eq!(freed, self.rounded(bytes), "tensor {id} freed with another size than allocated");
+        (freed, self.totals())
     }
 
     fn stream_synced(&mut self, stream: usize, now_ns: u64) {
@@ -1386,15 +1418,16 @@ impl Allocator for CachingAllocator {
     }
 
     fn malloc_at(&mut self, id: usize, bytes: u64, stream: usize, now_ns: u64) -> Result<(), AllocError> {
-        if let Some(h) = self.history.as_mut() {
-            h.now = now_ns;
-            h.serving = id as u32;
-        }
-        let r = self.malloc(id, bytes, stream);
+        self.malloc_counted(id, bytes, stream, now_ns).map(|_| ())
+    }
+
+    fn malloc_counted(&mut self, id: usize, bytes: u64, stream: usize, now_ns: u64) -> Result<(u64, Totals), AllocError> {
+        self.serving(id as u32, now_ns);
+        let r = self.malloc_rounded(id, bytes, stream);
         if let Some(h) = self.history.as_mut() {
             h.serving = NO_TENSOR;
         }
-        r
+        Ok((r?, self.totals()))
     }
 
     fn start_history(&mut self) -> bool {
