@@ -143,7 +143,13 @@ pub trait Allocator: Send {
     /// the totals after it: what the engine records of every allocation, in one call (a
     /// pipeline's replayed periods make millions of them, and a model that rounds the
     /// request once answers without rounding it again).
-    fn malloc_counted(&mut self, id: usize, bytes: u64, stream: usize, now_ns: u64) -> Result<(u64, super::Totals), AllocError> {
+    fn malloc_counted(
+        &mut self,
+        id: usize,
+        bytes: u64,
+        stream: usize,
+        now_ns: u64,
+    ) -> Result<(u64, super::Totals), AllocError> {
         self.malloc_at(id, bytes, stream, now_ns)?;
         Ok((self.rounded(bytes), self.totals()))
     }

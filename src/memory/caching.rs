@@ -497,7 +497,8 @@ impl CachingAllocator {
     }
 
     fn expandable(&self, b: u32) -> bool {
-        self.segments[self.blocks[b as usize].seg as usize].page > 0
+        // Only `expandable_segments` makes such segments: without it, no lookup.
+        self.cfg.expandable_segments && self.segments[self.blocks[b as usize].seg as usize].page > 0
     }
 
     fn is_split(&self, b: u32) -> bool {
@@ -1421,7 +1422,13 @@ impl Allocator for CachingAllocator {
         self.malloc_counted(id, bytes, stream, now_ns).map(|_| ())
     }
 
-    fn malloc_counted(&mut self, id: usize, bytes: u64, stream: usize, now_ns: u64) -> Result<(u64, Totals), AllocError> {
+    fn malloc_counted(
+        &mut self,
+        id: usize,
+        bytes: u64,
+        stream: usize,
+        now_ns: u64,
+    ) -> Result<(u64, Totals), AllocError> {
         self.serving(id as u32, now_ns);
         let r = self.malloc_rounded(id, bytes, stream);
         if let Some(h) = self.history.as_mut() {
@@ -1533,6 +1540,40 @@ mod tests {
     /// (size, allocated) of every block of every segment, in address order.
     fn layout(a: &CachingAllocator) -> Vec<Vec<(u64, bool)>> {
         a.segments().into_iter().map(|s| s.blocks).collect()
+    }
+
+    /// The engine's one-call allocation and free answer what the separate calls would:
+    /// the bytes `rounded` accounts and the totals after the call, on a plain and an
+    /// expandable allocator, across frees from another stream and zero-byte tensors.
+    #[test]
+    fn counted_calls_answer_what_the_separate_calls_do() {
+        for mut a in [alloc(1 << 30), expandable(1 << 30)] {
+            let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+            let mut live: Vec<(usize, u64, usize)> = Vec::new();
+            for id in 0..2000usize {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let bytes = match x % 5 {
+                    0 => 0,
+                    1 => x % 4096,
+                    2 => (x % 40) * M / 3,
+                    _ => (x % 8 + 1) * M,
+                };
+                let stream = (x >> 8) as usize % 2;
+                let (delta, after) = a.malloc_counted(id, bytes, stream, id as u64).unwrap();
+                assert_eq!((delta, after), (a.rounded(bytes), a.totals()));
+                live.push((id, bytes, stream));
+                if live.len() > 24 || x % 3 == 0 {
+                    let (gone, bytes, s) = live.swap_remove((x >> 16) as usize % live.len());
+                    let on = if x % 7 == 0 { 1 - s } else { s };
+                    let (freed, after) = a.free_counted(gone, bytes, on, id as u64);
+                    assert_eq!((freed, after), (a.rounded(bytes), a.totals()));
+                    a.stream_synced(1 - s, id as u64);
+                }
+                ok(&a);
+            }
+        }
     }
 
     #[test]
