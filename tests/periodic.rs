@@ -1,6 +1,7 @@
 //! The periodic extrapolation of the schedule (src/engine/period.rs) is exact: every shipped
 //! scenario, and a seeded set of random pipelines and accumulation runs (some run out of
-//! memory inside the periods played without the event loop), give the same task times,
+//! memory inside the periods played without the event loop, some inside periods replayed
+//! device by device, which are played again in order), give the same task times,
 //! memory samples, allocator counters, OOM and report as simulating every period.
 //! `cargo test --release --test periodic -- --nocapture` prints the periods each case jumped.
 
@@ -82,7 +83,7 @@ fn random_scenario(rng: &mut Rng) -> String {
 #[test]
 fn random_pipelines_and_accumulation_runs_match_the_full_simulation() {
     let mut rng = Rng(0x005E_ED0F_5EED);
-    let (mut cases, mut jumped_cases, mut ooms, mut jumped_ooms) = (0, 0, [0, 0], 0);
+    let (mut cases, mut jumped_cases, mut ooms, mut jumped_ooms, mut again) = (0, 0, [0, 0], 0, 0);
     while cases < 40 {
         let toml = random_scenario(&mut rng);
         let Ok(mut s) = Scenario::from_toml(Path::new("<random>"), &toml) else { continue };
@@ -104,14 +105,16 @@ fn random_pipelines_and_accumulation_runs_match_the_full_simulation() {
             let oom = fast.run.traces.iter().any(|t| t.oom.is_some());
             ooms[usize::from(what == "live bytes")] += usize::from(oom);
             jumped_ooms += usize::from(oom && jo > 0);
+            again += usize::from(fast.run.played_again);
             println!(
                 "case {cases:2}: {j:>3} periods jumped; {jo:>3} a byte short of its {what} (out of memory: {oom})"
             );
         }
     }
     // The set exercises what it checks: most cases repeat, and the smaller devices run out.
-    println!("{jumped_cases} of {cases} cases jumped; out of memory a byte short of the reservation {}, of the live bytes {}; {jumped_ooms} after jumping", ooms[0], ooms[1]);
+    println!("{jumped_cases} of {cases} cases jumped; out of memory a byte short of the reservation {}, of the live bytes {}; {jumped_ooms} after jumping, {again} of them inside a jump replayed device by device (played again in order)", ooms[0], ooms[1]);
     assert!(jumped_cases >= cases / 2, "only {jumped_cases} of {cases} cases jumped a period");
     assert_eq!(ooms[1], cases, "every device a byte short of the live bytes runs out");
     assert!(jumped_ooms > 0, "no run ran out of memory after a jump");
+    assert!(again > 0, "no run ran out of memory inside a jump replayed device by device");
 }

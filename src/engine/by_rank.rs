@@ -169,6 +169,7 @@ fn play(
         allocators: Vec::with_capacity(m),
         histories: Vec::with_capacity(m),
         periods_jumped: 0,
+        oom_out_of_order: false,
     };
     for (k, r) in ranks.into_iter().enumerate() {
         let now = r.now;

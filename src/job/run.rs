@@ -22,6 +22,10 @@ pub struct JobRun {
     /// Whether the ranks were played one at a time between barriers
     /// ([`crate::engine::by_rank`]) rather than in one event loop.
     pub by_rank: bool,
+    /// Whether the run was played twice: the first ran out of memory inside a jump of
+    /// repeating periods replayed device by device ([`RunOptions::replay_by_device`]), and
+    /// this is the second, replayed in order.
+    pub played_again: bool,
 }
 
 /// What a run keeps of each device's memory.
@@ -73,7 +77,7 @@ pub fn run(
     record: Record,
     mode: Mode,
 ) -> Result<JobRun, Deadlock> {
-    let opts = options(job, settings, record, mode.clone());
+    let opts = RunOptions { replay_by_device: true, ..options(job, settings, record, mode.clone()) };
     let parts = job.parts();
     let mut apart = None;
     if !mode.one_loop && opts.held.is_empty() && engine::by_rank::applies(&parts, &job.links, job.classes.len(), &opts)
@@ -82,14 +86,24 @@ pub fn run(
         apart = engine::by_rank::run(&parts, &job.links, &mut refs(&mut allocs), &opts);
     }
     let by_rank = apart.is_some();
+    let mut played_again = false;
     let dt = match apart {
         Some(dt) => dt,
         None => {
             let mut allocs = allocators(job, settings, capacity, device_total);
-            engine::run_parts(&parts, &job.links, &mut refs(&mut allocs), &opts)?
+            let dt = engine::run_parts(&parts, &job.links, &mut refs(&mut allocs), &opts)?;
+            if dt.oom_out_of_order {
+                // Out of memory inside a jump replayed device by device: again, in order.
+                let opts = RunOptions { replay_by_device: false, ..opts };
+                played_again = true;
+                let mut allocs = allocators(job, settings, capacity, device_total);
+                engine::run_parts(&parts, &job.links, &mut refs(&mut allocs), &opts)?
+            } else {
+                dt
+            }
         }
     };
-    Ok(job_run(job, dt, steps, by_rank))
+    Ok(JobRun { played_again, ..job_run(job, dt, steps, by_rank) })
 }
 
 /// How far [`run_until`] got.
@@ -174,6 +188,7 @@ fn options(job: &Job, settings: &AllocatorSettings, record: Record, mode: Mode) 
         cancel: mode.cancel,
         held: mode.held,
         stop_after: None,
+        replay_by_device: false,
     }
 }
 
@@ -192,7 +207,7 @@ fn job_run(job: &Job, dt: engine::DeviceTrace, steps: u32, by_rank: bool) -> Job
     let spans = step_spans(job, &dt, steps);
     let periods_jumped = dt.periods_jumped;
     let traces = engine::part_traces(&parts, job.classes.len(), dt);
-    JobRun { traces, spans, periods_jumped, by_rank }
+    JobRun { traces, spans, periods_jumped, by_rank, played_again: false }
 }
 
 /// Each step's span across all classes (their tasks numbered one class after the other).
