@@ -13,7 +13,7 @@
 //!   through the caching allocator are what remains (126-135 ms on 2026-12-06, after the
 //!   GEMM kernel model; the caching allocator's layout never repeats from one period to the
 //!   next in this run, so the replay cannot be skipped by comparing allocator states).
-//!   97-102 ms per step on 2026-12-07; the allocator's share of that, and why it alone
+//!   86-93 ms per step on 2026-12-07; the allocator's share of that, and why it alone
 //!   exceeds the 20 ms target, is in `src/engine/period.rs`.
 
 use std::path::Path;
