@@ -15,11 +15,15 @@
 //!   next in this run, so the replay cannot be skipped by comparing allocator states).
 //!   86-93 ms per step on 2026-12-07; the allocator's share of that, and why it alone
 //!   exceeds the 20 ms target, is in `src/engine/period.rs`.
+//!
+//! Both run under the heap settings the CLI sets first ([`stepsim::keep_freed_memory`]); the
+//! figures before 2026-12-07 (session 39) ran under glibc's defaults, whose page faults cost
+//! the pipeline bench about a tenth.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, Criterion, SamplingMode};
+use criterion::{criterion_group, Criterion, SamplingMode};
 use stepsim::scenario::Scenario;
 
 fn scenario(name: &str) -> Scenario {
@@ -83,4 +87,9 @@ criterion_group! {
     config = Criterion::default().sample_size(20);
     targets = simulate_100b_32gpu, simulate_175b_pipeline
 }
-criterion_main!(benches);
+/// `criterion_main!`, after the heap settings the CLI runs under ([`stepsim::keep_freed_memory`]).
+fn main() {
+    stepsim::keep_freed_memory();
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -78,6 +78,26 @@ pub fn simulate(s: &scenario::Scenario) -> Result<Simulation, engine::Deadlock> 
     simulate_with(s, SimOptions::default())
 }
 
+/// Keeps the memory a configuration frees for the next one: what the CLI calls first, and
+/// the benches, so that they time the simulator as a user's process runs it. A pipeline's
+/// program and trace are vectors of tens to hundreds of MB; glibc serves each above its mmap
+/// threshold (128 KiB at first, adapting up to 32 MiB) with fresh pages from the kernel and
+/// unmaps them when freed, and trims the heap's top above 128 KiB, so every configuration of
+/// a GPT-3 3D sweep faulted its memory in again (about 7% of the sweep's time, most of it
+/// the kernel's). With the threshold at its maximum and the heap trimmed only above 1 GiB
+/// free, the next configuration reuses those pages. The process's peak is what it used, plus
+/// what the heap holds unreturned (measured: 530 -> 590 MiB on the GPT-3 sweep's shard
+/// 1/20). Elsewhere than glibc, nothing. Call it first.
+pub fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets glibc's allocator parameters; a value it refuses leaves the
+    // default in place.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
+    }
+}
+
 /// [`simulate`], keeping what `opts` asks for. The figures are [`simulate`]'s, whatever it
 /// keeps.
 pub fn simulate_with(s: &scenario::Scenario, opts: SimOptions) -> Result<Simulation, engine::Deadlock> {

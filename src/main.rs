@@ -177,26 +177,8 @@ enum ImportCommand {
 /// backtrace hint. Outputs are staged (`report::write::publish`), so none is left as if
 /// complete. (The picture writers catch a renderer's panic and report a write error; the
 /// line is printed for those too, since it is still a bug.)
-/// Keeps the memory a configuration frees for the next one. A pipeline's program and trace
-/// are vectors of tens to hundreds of MB; glibc serves each above its mmap threshold (128 KiB
-/// at first, adapting up to 32 MiB) with fresh pages from the kernel and unmaps them when
-/// freed, and trims the heap's top above 128 KiB, so every configuration of a GPT-3 3D sweep
-/// faulted its memory in again (about 7% of the sweep's time, most of it the kernel's). With
-/// the threshold at its maximum and the heap trimmed only above 1 GiB free, the next
-/// configuration reuses those pages. The process's peak is what it used, plus what the heap
-/// holds unreturned (measured: 530 -> 590 MiB on the GPT-3 sweep's shard 1/20).
-fn keep_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only sets glibc's allocator parameters, before any thread starts; a
-    // value it refuses leaves the default in place.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
-    }
-}
-
 fn main() -> ExitCode {
-    keep_freed_memory();
+    stepsim::keep_freed_memory();
     std::panic::set_hook(Box::new(|info| {
         let what = info
             .payload()

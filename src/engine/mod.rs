@@ -524,8 +524,7 @@ impl Paused {
         st.busy.resize(ns, false);
         st.rec.stream_busy_ns.resize(ns, 0);
         st.rec.part_of_stream = num.part_of_streams();
-        st.rec.live.resize(num.buffers(), false);
-        st.rec.buf_dev.resize(num.buffers(), 0);
+        st.rec.live_on.resize(num.buffers(), 0);
         // Repeating periods are replayed only where none of their tasks has run yet.
         if opts.replays_periods() {
             st.per = period::Periodic::new(&num, links, opts.replay_by_device)
@@ -846,8 +845,9 @@ pub(crate) struct Memory<'p, 'a, 'b> {
 /// What a run has recorded so far of its buffers, its devices' memory and its tasks' times:
 /// what [`Memory`] writes as tasks start and end, kept whole by a pause ([`Paused`]).
 pub(crate) struct Recorded {
-    live: Vec<bool>,
-    buf_dev: Vec<u16>,
+    /// Per buffer: 0 while it is not live, else 1 + its device (one array, so that an
+    /// allocation or a free reads and writes one place per buffer).
+    live_on: Vec<u16>,
     timelines: Vec<Timeline>,
     start_ns: Vec<u64>,
     end_ns: Vec<u64>,
@@ -863,8 +863,7 @@ impl Recorded {
     fn new(num: &Numbering, timelines: Vec<Timeline>) -> Recorded {
         let n = num.tasks();
         Recorded {
-            live: vec![false; num.buffers()],
-            buf_dev: vec![0u16; num.buffers()],
+            live_on: vec![0u16; num.buffers()],
             timelines,
             start_ns: vec![u64::MAX; n],
             end_ns: vec![u64::MAX; n],
@@ -905,8 +904,7 @@ impl Memory<'_, '_, '_> {
                     })
                 }
             };
-            self.rec.live[b] = true;
-            self.rec.buf_dev[b] = dv as u16;
+            self.rec.live_on[b] = dv as u16 + 1;
             self.rec.timelines[dv].record(now, spec.category, delta as i64, after, ti as usize);
         }
         self.rec.start_ns[ti as usize] = now;
@@ -931,15 +929,14 @@ impl Memory<'_, '_, '_> {
         let dv = self.dev_of[stream];
         for &lb in prog.free.of(ti as usize - num.task[k]) {
             let b = bo + lb as usize;
-            if self.rec.live[b] {
+            if let Some(bd) = (self.rec.live_on[b] as usize).checked_sub(1) {
                 let spec = &prog.buffers[lb as usize];
-                let bd = self.rec.buf_dev[b] as usize;
                 let alloc = &mut *self.allocs[bd];
                 // A buffer freed by another device's task (a pipeline send's source) is
                 // released as if by its own device's first stream.
                 let on = if bd == dv { self.local[stream] } else { 0 };
                 let (freed, after) = alloc.free_counted(b, spec.bytes, on, now);
-                self.rec.live[b] = false;
+                self.rec.live_on[b] = 0;
                 self.rec.timelines[bd].record(now, spec.category, -(freed as i64), after, ti as usize);
             }
         }
@@ -974,10 +971,10 @@ impl Memory<'_, '_, '_> {
         let (dv, ti, now) = (oom.device as usize, oom.task as usize, oom.time_ns);
         oom.live = self
             .rec
-            .live
+            .live_on
             .iter()
             .enumerate()
-            .filter(|(i, l)| **l && self.rec.buf_dev[*i] as usize == dv)
+            .filter(|(_, &on)| on as usize == dv + 1)
             .map(|(i, _)| i as u32)
             .collect();
         self.rec.start_ns[ti] = now;
