@@ -13,12 +13,16 @@
 //!   through the caching allocator are what remains (126-135 ms on 2026-12-06, after the
 //!   GEMM kernel model; the caching allocator's layout never repeats from one period to the
 //!   next in this run, so the replay cannot be skipped by comparing allocator states).
-//!   86-93 ms per step on 2026-12-07; the allocator's share of that, and why it alone
+//!   79-83 ms per step on 2026-12-07 (below); the allocator's share of that, and why it alone
 //!   exceeds the 20 ms target, is in `src/engine/period.rs`.
 //!
-//! Both run under the heap settings the CLI sets first ([`stepsim::keep_freed_memory`]); the
-//! figures before 2026-12-07 (session 39) ran under glibc's defaults, whose page faults cost
-//! the pipeline bench about a tenth.
+//! Both run under the heap settings `stepsim run` sets first ([`stepsim::keep_freed_memory`]);
+//! the figures before 2026-12-07 (session 39) ran under glibc's defaults, whose page faults
+//! cost the pipeline bench about a fifth (96-107 against 79-83 ms per step, the 100B run
+//! 7.8-9.1 against 5.6-6.0 ms). `benches/sweep.rs` keeps glibc's defaults: it starts a new
+//! thread pool every iteration, and under these settings it ran 1,720 rather than 2,260
+//! configurations/s on one thread, where one `stepsim sweep` process is unaffected (the
+//! 10,000-configuration 100B sweep measured 1.01-1.05 without them against with).
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use stepsim::sweep::{self, RunOptions, SweepSpec};
 
 fn spec() -> SweepSpec {
@@ -58,9 +58,4 @@ criterion_group! {
     config = Criterion::default().sample_size(10).warm_up_time(Duration::from_secs(2)).measurement_time(Duration::from_secs(12));
     targets = sweep_1000
 }
-/// `criterion_main!`, after the heap settings the CLI runs under ([`stepsim::keep_freed_memory`]).
-fn main() {
-    stepsim::keep_freed_memory();
-    benches();
-    Criterion::default().configure_from_args().final_summary();
-}
+criterion_main!(benches);
