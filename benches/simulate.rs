@@ -13,7 +13,8 @@
 //!   through the caching allocator are what remains (126-135 ms on 2026-12-06, after the
 //!   GEMM kernel model; the caching allocator's layout never repeats from one period to the
 //!   next in this run, so the replay cannot be skipped by comparing allocator states).
-//!   79-83 ms per step on 2026-12-07 (below); the allocator's share of that, and why it alone
+//!   63-65 ms per step on 2026-12-07 (79-83 before the stages' replays ran on both cores,
+//!   below); the allocator's share of that, and why it alone
 //!   exceeds the 20 ms target, is in `src/engine/period.rs`.
 //!
 //! Both run under the heap settings `stepsim run` sets first ([`stepsim::keep_freed_memory`]);

@@ -842,6 +842,73 @@ pub(crate) struct Memory<'p, 'a, 'b> {
     rec: Recorded,
 }
 
+impl View<'_, '_> {
+    /// [`Memory::start`] on the tables this view holds.
+    #[inline]
+    pub(super) fn start(&mut self, ti: u32, s: usize, now: u64) -> Result<(), OomEvent> {
+        let num = self.num;
+        let k = self.part_of_stream[s] as usize;
+        let (prog, bo) = (num.parts[k], num.buffer[k]);
+        let dv = self.dev_of[s];
+        for &lb in prog.alloc.of(ti as usize - num.task[k]) {
+            let spec = &prog.buffers[lb as usize];
+            let b = bo + lb as usize;
+            let alloc = &mut *self.allocs[dv - self.dev0];
+            let pool = match spec.pool {
+                TASK_STREAM => s,
+                p => Some(num.stream[k] + p as usize).filter(|&g| self.dev_of[g] == dv).unwrap_or(s),
+            };
+            let (delta, after) = match alloc.malloc_counted(b, spec.bytes, self.local[pool], now) {
+                Ok(d) => d,
+                Err(error) => {
+                    return Err(OomEvent {
+                        device: dv as u16,
+                        task: ti,
+                        buffer: b as u32,
+                        time_ns: now,
+                        error,
+                        live: Vec::new(),
+                    })
+                }
+            };
+            self.live_on[b - self.b0] = dv as u16 + 1;
+            self.timelines[dv - self.dev0].record(now, spec.category, delta as i64, after, ti as usize);
+        }
+        self.start_ns[ti as usize - self.t0] = now;
+        Ok(())
+    }
+
+    /// [`Memory::end`] on the tables this view holds.
+    #[inline]
+    pub(super) fn end(&mut self, ti: u32, stream: usize, now: u64) {
+        let num = self.num;
+        let k = self.part_of_stream[stream] as usize;
+        let (prog, bo) = (num.parts[k], num.buffer[k]);
+        let dv = self.dev_of[stream];
+        for &lb in prog.free.of(ti as usize - num.task[k]) {
+            let b = bo + lb as usize;
+            if let Some(bd) = (self.live_on[b - self.b0] as usize).checked_sub(1) {
+                let spec = &prog.buffers[lb as usize];
+                let alloc = &mut *self.allocs[bd - self.dev0];
+                // A buffer freed by another device's task (a pipeline send's source) is
+                // released as if by its own device's first stream.
+                let on = if bd == dv { self.local[stream] } else { 0 };
+                let (freed, after) = alloc.free_counted(b, spec.bytes, on, now);
+                self.live_on[b - self.b0] = 0;
+                self.timelines[bd - self.dev0].record(now, spec.category, -(freed as i64), after, ti as usize);
+            }
+        }
+        let alloc = &mut *self.allocs[dv - self.dev0];
+        alloc.stream_synced(self.local[stream], now);
+        if self.empty_cache[ti as usize] {
+            alloc.empty_cache();
+            self.timelines[dv - self.dev0].record_totals(now, totals(alloc), ti as usize);
+        }
+        self.end_ns[ti as usize - self.t0] = now;
+        self.stream_busy_ns[stream - self.s0] += now - self.start_ns[ti as usize - self.t0];
+    }
+}
+
 /// What a run has recorded so far of its buffers, its devices' memory and its tasks' times:
 /// what [`Memory`] writes as tasks start and end, kept whole by a pause ([`Paused`]).
 pub(crate) struct Recorded {
@@ -873,42 +940,75 @@ impl Recorded {
     }
 }
 
-impl Memory<'_, '_, '_> {
+/// The `len` items of `v` after its first `skip`; `v` becomes what follows them.
+fn split_off<'s, T>(v: &mut &'s mut [T], skip: usize, len: usize) -> &'s mut [T] {
+    let (_, rest) = std::mem::take(v).split_at_mut(skip);
+    let (mine, rest) = rest.split_at_mut(len);
+    *v = rest;
+    mine
+}
+
+/// What a task's start and end write, as [`Memory`] holds it or one device's share of it
+/// ([`Memory::device_views`]): each table starts at the index its offset says (all 0 for the
+/// whole), so that several devices' replays can run at once on disjoint parts of the tables.
+pub(super) struct View<'v, 'b> {
+    num: &'v Numbering<'v>,
+    dev_of: &'v [usize],
+    local: &'v [usize],
+    empty_cache: &'v [bool],
+    part_of_stream: &'v [u32],
+    /// Devices from `dev0` on.
+    allocs: &'v mut [&'b mut dyn Allocator],
+    timelines: &'v mut [Timeline],
+    dev0: usize,
+    /// Buffers from `b0` on.
+    live_on: &'v mut [u16],
+    b0: usize,
+    /// Tasks from `t0` on.
+    start_ns: &'v mut [u64],
+    end_ns: &'v mut [u64],
+    t0: usize,
+    /// Streams from `s0` on.
+    stream_busy_ns: &'v mut [u64],
+    s0: usize,
+}
+
+impl<'b> Memory<'_, '_, 'b> {
+    /// The whole of what tasks write ([`View`]).
+    #[inline]
+    fn view(&mut self) -> View<'_, 'b> {
+        View {
+            num: self.num,
+            dev_of: self.dev_of,
+            local: self.local,
+            empty_cache: self.empty_cache,
+            part_of_stream: &self.rec.part_of_stream,
+            allocs: &mut *self.allocs,
+            timelines: &mut self.rec.timelines,
+            dev0: 0,
+            live_on: &mut self.rec.live_on,
+            b0: 0,
+            start_ns: &mut self.rec.start_ns,
+            end_ns: &mut self.rec.end_ns,
+            t0: 0,
+            stream_busy_ns: &mut self.rec.stream_busy_ns,
+            s0: 0,
+        }
+    }
+
     /// Task `ti` starts on stream `s` at `now`: its buffers are allocated, in order. The
     /// allocation that does not fit comes back without what was live
     /// ([`Memory::out_of_memory`] adds it).
     #[inline]
     fn start(&mut self, ti: u32, s: usize, now: u64) -> Result<(), OomEvent> {
-        let num = self.num;
-        let k = self.rec.part_of_stream[s] as usize;
-        let (prog, bo) = (num.parts[k], num.buffer[k]);
-        let dv = self.dev_of[s];
-        for &lb in prog.alloc.of(ti as usize - num.task[k]) {
-            let spec = &prog.buffers[lb as usize];
-            let b = bo + lb as usize;
-            let alloc = &mut *self.allocs[dv];
-            let pool = match spec.pool {
-                TASK_STREAM => s,
-                p => Some(num.stream[k] + p as usize).filter(|&g| self.dev_of[g] == dv).unwrap_or(s),
-            };
-            let (delta, after) = match alloc.malloc_counted(b, spec.bytes, self.local[pool], now) {
-                Ok(d) => d,
-                Err(error) => {
-                    return Err(OomEvent {
-                        device: dv as u16,
-                        task: ti,
-                        buffer: b as u32,
-                        time_ns: now,
-                        error,
-                        live: Vec::new(),
-                    })
-                }
-            };
-            self.rec.live_on[b] = dv as u16 + 1;
-            self.rec.timelines[dv].record(now, spec.category, delta as i64, after, ti as usize);
-        }
-        self.rec.start_ns[ti as usize] = now;
-        Ok(())
+        self.view().start(ti, s, now)
+    }
+
+    /// Task `ti` of `stream` ends at `now`: its frees, then its stream's sync, then the
+    /// `empty_cache()` the program calls after it.
+    #[inline]
+    fn end(&mut self, ti: u32, stream: usize, now: u64) {
+        self.view().end(ti, stream, now)
     }
 
     /// Whether every stream of `stream`'s part runs on its device: then each start and end
@@ -919,35 +1019,60 @@ impl Memory<'_, '_, '_> {
         self.dev_of[self.num.stream[k]..self.num.stream[k + 1]].iter().all(|&d| d == dv)
     }
 
-    /// Task `ti` of `stream` ends at `now`: its frees, then its stream's sync, then the
-    /// `empty_cache()` the program calls after it.
-    #[inline]
-    fn end(&mut self, ti: u32, stream: usize, now: u64) {
+    /// One view per (device, part) of `owners`, each holding that device's allocator and
+    /// timeline and the part's buffers, tasks and streams; None unless the devices are
+    /// distinct and the parts distinct and on one device each. A part's tasks, buffers and
+    /// streams are contiguous in the run's numbering, so the views are disjoint slices.
+    pub(super) fn device_views(&mut self, owners: &[(usize, usize)]) -> Option<Vec<View<'_, 'b>>> {
+        let mut by_part = owners.to_vec();
+        by_part.sort_unstable_by_key(|&(_, k)| k);
+        let mut devices: Vec<usize> = owners.iter().map(|o| o.0).collect();
+        devices.sort_unstable();
+        devices.dedup();
         let num = self.num;
-        let k = self.rec.part_of_stream[stream] as usize;
-        let (prog, bo) = (num.parts[k], num.buffer[k]);
-        let dv = self.dev_of[stream];
-        for &lb in prog.free.of(ti as usize - num.task[k]) {
-            let b = bo + lb as usize;
-            if let Some(bd) = (self.rec.live_on[b] as usize).checked_sub(1) {
-                let spec = &prog.buffers[lb as usize];
-                let alloc = &mut *self.allocs[bd];
-                // A buffer freed by another device's task (a pipeline send's source) is
-                // released as if by its own device's first stream.
-                let on = if bd == dv { self.local[stream] } else { 0 };
-                let (freed, after) = alloc.free_counted(b, spec.bytes, on, now);
-                self.rec.live_on[b] = 0;
-                self.rec.timelines[bd].record(now, spec.category, -(freed as i64), after, ti as usize);
-            }
+        let one = |k: usize, d: usize| self.dev_of[num.stream[k]..num.stream[k + 1]].iter().all(|&x| x == d);
+        if devices.len() != owners.len()
+            || by_part.windows(2).any(|w| w[0].1 == w[1].1)
+            || !by_part.iter().all(|&(d, k)| one(k, d))
+        {
+            return None;
         }
-        let alloc = &mut *self.allocs[dv];
-        alloc.stream_synced(self.local[stream], now);
-        if self.empty_cache[ti as usize] {
-            alloc.empty_cache();
-            self.rec.timelines[dv].record_totals(now, totals(alloc), ti as usize);
+        let mut allocs: Vec<Option<&mut [&mut dyn Allocator]>> = self.allocs.chunks_mut(1).map(Some).collect();
+        let mut timelines: Vec<Option<&mut [Timeline]>> = self.rec.timelines.chunks_mut(1).map(Some).collect();
+        let (mut live_on, mut start_ns, mut end_ns, mut busy) = (
+            &mut self.rec.live_on[..],
+            &mut self.rec.start_ns[..],
+            &mut self.rec.end_ns[..],
+            &mut self.rec.stream_busy_ns[..],
+        );
+        let (mut b0, mut t0, mut s0) = (0, 0, 0);
+        let mut views = Vec::with_capacity(by_part.len());
+        for &(d, k) in &by_part {
+            let (bk, tk, sk) = (num.buffer[k], num.task[k], num.stream[k]);
+            let mine_live = split_off(&mut live_on, bk - b0, num.buffer[k + 1] - bk);
+            let mine_start = split_off(&mut start_ns, tk - t0, num.task[k + 1] - tk);
+            let mine_end = split_off(&mut end_ns, tk - t0, num.task[k + 1] - tk);
+            let mine_busy = split_off(&mut busy, sk - s0, num.stream[k + 1] - sk);
+            (b0, t0, s0) = (num.buffer[k + 1], num.task[k + 1], num.stream[k + 1]);
+            views.push(View {
+                num,
+                dev_of: self.dev_of,
+                local: self.local,
+                empty_cache: self.empty_cache,
+                part_of_stream: &self.rec.part_of_stream,
+                allocs: allocs[d].take()?,
+                timelines: timelines[d].take()?,
+                dev0: d,
+                live_on: mine_live,
+                b0: bk,
+                start_ns: mine_start,
+                end_ns: mine_end,
+                t0: tk,
+                stream_busy_ns: mine_busy,
+                s0: sk,
+            });
         }
-        self.rec.end_ns[ti as usize] = now;
-        self.rec.stream_busy_ns[stream] += now - self.rec.start_ns[ti as usize];
+        Some(views)
     }
 
     /// The run's trace as it stands at `now`, `periods_jumped` periods of it replayed.
