@@ -247,13 +247,13 @@ pub struct RunOptions {
     /// ([`run_parts_until`], [`Paused::resume`]).
     pub stop_after: Option<u32>,
     /// Replay each device's share of a jump of repeating periods ([`period`]) on its own,
-    /// device after device, rather than interleaved as the event loop ran them: the same
-    /// calls in the same order on every device (each event of a pipeline stage touches its
-    /// own device's allocator and timeline only), and each device's allocator stays in the
-    /// cache while it is replayed (0.90 of the GPT-3 sweep's time). Not where an event may
-    /// touch two devices (a part whose streams span devices). An out-of-memory inside such
-    /// a replay leaves the devices replayed before it past the instant it happened: the
-    /// trace says so ([`DeviceTrace::oom_out_of_order`]) and the caller runs again without.
+    /// rather than interleaved as the event loop ran them: the same calls in the same order
+    /// on every device (each event of a pipeline stage touches its own device's allocator
+    /// and timeline only), each device's allocator in the cache while it is replayed, and
+    /// the devices at once on rayon's threads where each runs one part. Not where an event
+    /// may touch two devices (a part whose streams span devices). An out-of-memory inside
+    /// such a replay may leave other devices past the instant it happened: the trace says so
+    /// ([`DeviceTrace::oom_out_of_order`]) and the caller runs again without.
     pub replay_by_device: bool,
 }
 

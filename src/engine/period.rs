@@ -43,10 +43,10 @@
 //! (3,267,346 memory changes over its two steps, `stepsim run` on it), and the caching
 //! allocator's `malloc_counted` / `free_counted` take 30% of the run's CPU time, about 30 ms
 //! of the ~100 ms of CPU a step costs (86-93 ms a step of wall time on 2 cores, under glibc's
-//! default heap settings): some 18 ns
-//! a call, a best-fit search and a sorted insertion each. That alone is above issue 25's
-//! goal of 20 ms a step; the goal would need the allocator's layout to repeat, which it does
-//! not (above).
+//! default heap settings, before the devices' replays ran at once): some 18 ns a call, a
+//! best-fit search and a sorted insertion each. That alone is above issue 25's goal of 20 ms
+//! a step of CPU; the goal would need the allocator's layout to repeat, which it does not
+//! (above).
 //!
 //! Three steps, each conservative:
 //! - **The program repeats** ([`stretches`]): the scheduler marks where each slot of its
