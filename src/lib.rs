@@ -79,7 +79,8 @@ pub fn simulate(s: &scenario::Scenario) -> Result<Simulation, engine::Deadlock> 
 }
 
 /// Keeps the memory a configuration frees for the next one: what the CLI calls first, and
-/// the benches, so that they time the simulator as a user's process runs it. A pipeline's
+/// `benches/simulate.rs`, so that it times the simulator as `stepsim run` runs it (its doc
+/// says why `benches/sweep.rs` does not). A pipeline's
 /// program and trace are vectors of tens to hundreds of MB; glibc serves each above its mmap
 /// threshold (128 KiB at first, adapting up to 32 MiB) with fresh pages from the kernel and
 /// unmaps them when freed, and trims the heap's top above 128 KiB, so every configuration of
