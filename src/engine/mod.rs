@@ -1011,18 +1011,17 @@ impl<'b> Memory<'_, '_, 'b> {
         self.view().end(ti, stream, now)
     }
 
-    /// Whether every stream of `stream`'s part runs on its device: then each start and end
-    /// of the part's tasks touches that device's allocator and timeline alone.
-    pub(super) fn part_on_one_device(&self, stream: usize) -> bool {
-        let k = self.rec.part_of_stream[stream] as usize;
-        let dv = self.dev_of[stream];
-        self.dev_of[self.num.stream[k]..self.num.stream[k + 1]].iter().all(|&d| d == dv)
+    /// Whether every stream of part `k` runs on device `d`: then each start and end of the
+    /// part's tasks touches that device's allocator and timeline alone.
+    pub(super) fn part_on_device(&self, k: usize, d: usize) -> bool {
+        self.dev_of[self.num.stream[k]..self.num.stream[k + 1]].iter().all(|&x| x == d)
     }
 
-    /// One view per (device, part) of `owners`, each holding that device's allocator and
-    /// timeline and the part's buffers, tasks and streams; None unless the devices are
-    /// distinct and the parts distinct and on one device each. A part's tasks, buffers and
-    /// streams are contiguous in the run's numbering, so the views are disjoint slices.
+    /// One view per (device, part) of `owners`, each part on its device alone
+    /// ([`Memory::part_on_device`]), each holding that device's allocator and timeline and
+    /// the part's buffers, tasks and streams; None unless the devices are distinct and the
+    /// parts distinct. A part's tasks, buffers and streams are contiguous in the run's
+    /// numbering, so the views are disjoint slices.
     pub(super) fn device_views(&mut self, owners: &[(usize, usize)]) -> Option<Vec<View<'_, 'b>>> {
         let mut by_part = owners.to_vec();
         by_part.sort_unstable_by_key(|&(_, k)| k);
@@ -1030,11 +1029,7 @@ impl<'b> Memory<'_, '_, 'b> {
         devices.sort_unstable();
         devices.dedup();
         let num = self.num;
-        let one = |k: usize, d: usize| self.dev_of[num.stream[k]..num.stream[k + 1]].iter().all(|&x| x == d);
-        if devices.len() != owners.len()
-            || by_part.windows(2).any(|w| w[0].1 == w[1].1)
-            || !by_part.iter().all(|&(d, k)| one(k, d))
-        {
+        if devices.len() != owners.len() || by_part.windows(2).any(|w| w[0].1 == w[1].1) {
             return None;
         }
         let mut allocs: Vec<Option<&mut [&mut dyn Allocator]>> = self.allocs.chunks_mut(1).map(Some).collect();

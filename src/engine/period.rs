@@ -628,39 +628,13 @@ impl Periodic {
             }
             Ok(())
         };
-        let mut devices: Vec<usize> = events.iter().map(|e| st.mem.dev_of[e.3 as usize]).collect();
-        devices.sort_unstable();
-        devices.dedup();
-        if self.by_device && devices.len() > 1 && events.iter().all(|e| st.mem.part_on_one_device(e.3 as usize)) {
-            // Each device's events, in order, with its part where it has one.
-            let mut owners: Vec<(usize, usize)> = Vec::new();
-            let mut mine: Vec<Vec<(u64, u32, u32, u32)>> = vec![Vec::new(); devices.len()];
-            for e in &events {
-                let s = e.3 as usize;
-                let i = devices.binary_search(&st.mem.dev_of[s]).unwrap_or_default();
-                let owner = (devices[i], st.mem.rec.part_of_stream[s] as usize);
-                if !owners.contains(&owner) {
-                    owners.push(owner);
-                }
-                mine[i].push(*e);
-            }
-            let outcome: Vec<Result<(), OomEvent>> = match st.mem.device_views(&owners) {
-                // One part per device: the devices at once, on rayon's threads.
-                Some(views) => views
-                    .into_par_iter()
-                    .map(|mut v| {
-                        let i = devices.binary_search(&v.dev0).unwrap_or_default();
-                        replay(&mut v, &mine[i])
-                    })
-                    .collect(),
-                None => mine.iter().map(|m| replay(&mut st.mem.view(), m)).collect(),
-            };
-            if let Some(oom) = outcome.into_iter().find_map(Result::err) {
+        match self.by_device.then(|| replay_by_device(&events, st.mem, &replay)).flatten() {
+            Some(Err(oom)) => {
                 self.oom_out_of_order = true;
                 return Err(oom);
             }
-        } else {
-            replay(&mut st.mem.view(), &events)?;
+            Some(Ok(())) => {}
+            None => replay(&mut st.mem.view(), &events)?,
         }
         // The schedule, renumbered to the last repeat's end.
         for (&d, &c) in &dec {
@@ -689,4 +663,43 @@ impl Periodic {
         *ti = self.shift(*ti, kl);
         Ok(true)
     }
+}
+
+/// Replays `events` ([`Periodic::skip`]'s one repeat, `replay` playing every repeat of a
+/// list) device by device ([`super::RunOptions::replay_by_device`]), the devices at once
+/// where each runs one part; None, replaying nothing, where the events are on one device or
+/// a part of theirs spans devices. An out-of-memory comes back as it is: the caller flags it
+/// as out of order.
+fn replay_by_device(
+    events: &[(u64, u32, u32, u32)],
+    mem: &mut Memory,
+    replay: &(impl Fn(&mut View, &[(u64, u32, u32, u32)]) -> Result<(), OomEvent> + Sync),
+) -> Option<Result<(), OomEvent>> {
+    // Each device's events, in order, and the (device, part) pairs they come from.
+    let mut mine: Vec<Vec<(u64, u32, u32, u32)>> = vec![Vec::new(); mem.allocs.len().max(1)];
+    let mut owners: Vec<(usize, usize)> = Vec::new();
+    for e in events {
+        let s = e.3 as usize;
+        let owner = (mem.dev_of[s], mem.rec.part_of_stream[s] as usize);
+        if !owners.contains(&owner) {
+            owners.push(owner);
+        }
+        mine[owner.0].push(*e);
+    }
+    let devices = mine.iter().filter(|m| !m.is_empty()).count();
+    if devices < 2 || !owners.iter().all(|&(d, k)| mem.part_on_device(k, d)) {
+        return None;
+    }
+    let outcome: Vec<Result<(), OomEvent>> = match mem.device_views(&owners) {
+        // One part per device: the devices at once, on rayon's threads.
+        Some(views) => views
+            .into_par_iter()
+            .map(|mut v| {
+                let d = v.dev0;
+                replay(&mut v, &mine[d])
+            })
+            .collect(),
+        None => mine.iter().filter(|m| !m.is_empty()).map(|m| replay(&mut mem.view(), m)).collect(),
+    };
+    Some(outcome.into_iter().find_map(Result::err).map_or(Ok(()), Err))
 }

@@ -577,18 +577,20 @@ impl<'a> Builder<'a> {
             // A chunk that starts with the model receives nothing, and one that ends with it
             // sends nothing: the scans are skipped, not only empty (over every op and tensor
             // of a 100B model, they were 4% of a sweep of unpipelined configurations).
-            let x_in = match lo {
-                0 => None,
-                _ => dag.ops[lo..hi]
+            let x_in = if lo > 0 {
+                dag.ops[lo..hi]
                     .iter()
                     .flat_map(|o| o.inputs.iter().copied())
-                    .find(|&t| dag.tensors[t].producer.is_some_and(|p| p < lo)),
+                    .find(|&t| dag.tensors[t].producer.is_some_and(|p| p < lo))
+            } else {
+                None
             };
-            let x_out = match hi == dag.ops.len() {
-                true => None,
-                false => (lo..hi)
+            let x_out = if hi < dag.ops.len() {
+                (lo..hi)
                     .flat_map(|i| dag.ops[i].outputs.iter().copied())
-                    .find(|&t| tensors[t].last_consumer.is_some_and(|c| c >= hi)),
+                    .find(|&t| tensors[t].last_consumer.is_some_and(|c| c >= hi))
+            } else {
+                None
             };
             if let Some(x) = x_in.or(x_out) {
                 p2p_bytes = dag.tensors[x].bytes;
