@@ -157,6 +157,11 @@ pub struct Program {
     /// forward or backward, in program order): a hint of where the program repeats itself,
     /// which the engine verifies task by task before it extrapolates ([`period`]).
     pub period_marks: Vec<u32>,
+    /// Where the scheduler began each transformer block of a pass (its forward, or its
+    /// backward with any recomputation): finer hints of the same kind, for programs whose
+    /// passes repeat block after block rather than micro-batch after micro-batch (a step of
+    /// one micro-batch, a pipeline's warm-up and cool-down), verified the same way.
+    pub layer_marks: Vec<u32>,
     /// Entry s: the first task of step s or later, where the program's steps are in program
     /// order (step 0 is initialisation); empty where the scheduler does not say so. A step's
     /// tasks are then one range, so its span is read off the trace without every task's
@@ -259,9 +264,19 @@ pub struct RunOptions {
 
 impl RunOptions {
     /// Whether the run replays repeating periods ([`period`]): not where it simulates every
-    /// one, records histories, holds tasks, or may pause (a period may straddle the pause).
+    /// one, records histories or holds tasks. A run that may pause replays only periods that
+    /// end before its gate ([`period::Periodic::short_of`]).
     fn replays_periods(&self) -> bool {
-        !(self.every_period || self.history || !self.held.is_empty() || self.stop_after.is_some())
+        !(self.every_period || self.history || !self.held.is_empty())
+    }
+
+    /// The repeating periods of a run of `num` these options replay, if any.
+    fn periods(&self, num: &Numbering, links: &[Link]) -> Option<period::Periodic> {
+        let per = self.replays_periods().then(|| period::Periodic::new(num, links, self.replay_by_device)).flatten()?;
+        match self.stop_after {
+            Some(gate) => per.short_of(gate),
+            None => Some(per),
+        }
     }
 
     /// A device's timeline as these options keep it.
@@ -430,8 +445,8 @@ pub struct Paused {
 
 /// [`run_parts`], pausing after [`RunOptions::stop_after`]'s task ends (where it is set and
 /// the run gets there: an out-of-memory or the end of the program comes back as
-/// [`Progress::Done`]). A run that may pause neither replays repeating periods nor skips
-/// them: they may straddle the pause.
+/// [`Progress::Done`]). A run that may pause replays only the repeating periods before the
+/// task it pauses after ([`period::Periodic::short_of`]).
 pub fn run_parts_until(
     parts: &[&Program],
     links: &[Link],
@@ -445,7 +460,7 @@ pub fn run_parts_until(
             a.start_history();
         }
     }
-    st.per = opts.replays_periods().then(|| period::Periodic::new(&num, links, opts.replay_by_device)).flatten();
+    st.per = opts.periods(&num, links);
     drive(st, &num, allocs, opts)
 }
 
@@ -526,10 +541,7 @@ impl Paused {
         st.rec.part_of_stream = num.part_of_streams();
         st.rec.live_on.resize(num.buffers(), 0);
         // Repeating periods are replayed only where none of their tasks has run yet.
-        if opts.replays_periods() {
-            st.per = period::Periodic::new(&num, links, opts.replay_by_device)
-                .and_then(|per| per.unstarted(&st.rec.start_ns));
-        }
+        st.per = opts.periods(&num, links).and_then(|per| per.unstarted(&st.rec.start_ns));
         Some(drive(state, &num, allocs, opts))
     }
 }
@@ -1389,6 +1401,49 @@ mod tests {
         assert!(fast.periods_jumped >= 40, "jumped {}", fast.periods_jumped);
         assert_eq!(full.periods_jumped, 0);
         assert_eq!(DeviceTrace { periods_jumped: 0, ..fast }, full);
+    }
+
+    #[test]
+    fn periods_marked_by_block_rather_than_by_slot_are_jumped_too() {
+        // A step of one micro-batch repeats block after block, marked as such.
+        let mut p = periodic(50, 1024);
+        p.layer_marks = std::mem::take(&mut p.period_marks);
+        let run = |every_period| {
+            let opts = RunOptions { every_period, ..Default::default() };
+            run_devices(&p, &mut [&mut ExactAllocator::new(1 << 30)], &opts).unwrap()
+        };
+        let (fast, full) = (run(false), run(true));
+        assert!(fast.periods_jumped >= 40, "jumped {}", fast.periods_jumped);
+        assert_eq!(DeviceTrace { periods_jumped: 0, ..fast }, full);
+    }
+
+    #[test]
+    fn a_run_that_may_pause_jumps_only_the_periods_before_its_gate() {
+        // The gate is the 31st period's collective, inside the repeating stretch.
+        let p = periodic(50, 1024);
+        let gate = 61;
+        let until = |every_period| {
+            let mut alloc = ExactAllocator::new(1 << 30);
+            let opts = RunOptions { every_period, stop_after: Some(gate), ..Default::default() };
+            let paused = match run_parts_until(&[&p], &[], &mut [&mut alloc], &opts).unwrap() {
+                Progress::Paused(paused) => paused,
+                Progress::Done(_) => panic!("the run did not pause at its gate"),
+            };
+            let jumped = paused.state.per.as_ref().map_or(0, |per| per.jumped);
+            let (now, done) = (paused.state.now, paused.state.done);
+            let opts = RunOptions { every_period, ..Default::default() };
+            let Some(Ok(Progress::Done(t))) = paused.resume(&[&p], &[], &mut [&mut alloc], &opts) else {
+                panic!("the run did not carry on to its end")
+            };
+            (jumped, now, done, t)
+        };
+        let (fast, full) = (until(false), until(true));
+        assert!(fast.0 >= 20, "jumped {} periods before the gate", fast.0);
+        assert_eq!(full.0, 0);
+        // Paused at the same instant after the same tasks, then the same run to the end.
+        assert_eq!((fast.1, fast.2), (full.1, full.2));
+        assert_eq!(full.2, gate as usize + 1);
+        assert_eq!(DeviceTrace { periods_jumped: 0, ..fast.3 }, full.3);
     }
 
     #[test]

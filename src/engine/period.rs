@@ -112,8 +112,26 @@ pub(super) struct Stretch {
 
 /// The repeating stretches of `p`, verified task by task, in program order.
 pub(super) fn stretches(p: &Program) -> Vec<Stretch> {
-    let marks = &p.period_marks;
     let mut candidates: Vec<(u32, u32, u32)> = Vec::new();
+    spaced(&p.period_marks, &mut candidates);
+    spaced(&p.layer_marks, &mut candidates);
+    // The widest candidates first, each kept where it overlaps none kept before: a
+    // micro-batch schedule's steady state before the blocks of one of its passes.
+    candidates.sort_by_key(|&(a, b, d)| (Reverse(b - a), d, a));
+    let mut kept: Vec<(u32, u32, u32)> = Vec::new();
+    for c in candidates {
+        if kept.iter().all(|k| c.1 <= k.0 || c.0 >= k.1) {
+            kept.push(c);
+        }
+    }
+    let mut out: Vec<Stretch> = kept.into_iter().filter_map(|(a, b, dt)| verify(p, a, b, dt)).collect();
+    out.sort_by_key(|s| s.start);
+    out
+}
+
+/// Runs of equally spaced `marks` (every `lag`-th, up to [`MAX_LAG`]) at least
+/// [`MIN_PERIODS`] spacings long, as candidate stretches (first task, end, period).
+fn spaced(marks: &[u32], candidates: &mut Vec<(u32, u32, u32)>) {
     for lag in 1..=MAX_LAG.min(marks.len().saturating_sub(1)) {
         let diffs: Vec<u32> = (0..marks.len() - lag).map(|i| marks[i + lag].saturating_sub(marks[i])).collect();
         let mut i = 0;
@@ -129,17 +147,6 @@ pub(super) fn stretches(p: &Program) -> Vec<Stretch> {
             i = j + 1;
         }
     }
-    // The widest candidates first, each kept where it overlaps none kept before.
-    candidates.sort_by_key(|&(a, b, d)| (Reverse(b - a), d, a));
-    let mut kept: Vec<(u32, u32, u32)> = Vec::new();
-    for c in candidates {
-        if kept.iter().all(|k| c.1 <= k.0 || c.0 >= k.1) {
-            kept.push(c);
-        }
-    }
-    let mut out: Vec<Stretch> = kept.into_iter().filter_map(|(a, b, dt)| verify(p, a, b, dt)).collect();
-    out.sort_by_key(|s| s.start);
-    out
 }
 
 /// The longest run of tasks t of `a..b` with t ~ t + dt, as a stretch.
@@ -349,6 +356,25 @@ impl Periodic {
                 }
                 self.stretches[r].start = s.end;
             }
+        }
+        self.stretches.iter().any(|s| s.start < s.end).then_some(self)
+    }
+
+    /// Without the tasks from `gate` on in the stretch that holds it, so that a run that
+    /// pauses after `gate` ends ([`super::RunOptions::stop_after`]) handles that end in its
+    /// event loop: a jump replays tasks of the stretches only, and a task outside them can
+    /// neither be in flight at two cuts whose states are equal (it would end at two
+    /// instants) nor become ready inside the repeats jumped ([`Periodic::skip`] checks
+    /// both). None where no stretch is left.
+    pub fn short_of(mut self, gate: u32) -> Option<Periodic> {
+        if let r @ 1.. = self.within.get(gate as usize).copied().unwrap_or(0) {
+            let s = self.stretches[r as usize - 1];
+            let end = if (gate - s.start) / s.dt >= MIN_PERIODS { gate } else { s.start };
+            for t in end..s.end {
+                self.within[t as usize] = 0;
+            }
+            let st = &mut self.stretches[r as usize - 1];
+            (st.start, st.end) = (st.start.min(end), end);
         }
         self.stretches.iter().any(|s| s.start < s.end).then_some(self)
     }

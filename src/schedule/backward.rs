@@ -135,6 +135,7 @@ impl Builder<'_> {
         deps.append(&mut st.first_deps);
         if st.prev_region != Some(op.region) {
             if let Region::Block(l) = op.region {
+                self.mark_layer();
                 self.pre_backward_block(st, l as usize, u, &mut deps);
                 self.reload_block(st, l as usize, &mut deps);
                 self.recompute_block(st, l as usize, u, &deps);

@@ -140,6 +140,9 @@ impl Builder<'_> {
             }
         }
         if st.prev_region != Some(op.region) {
+            if matches!(op.region, Region::Block(_)) {
+                self.mark_layer();
+            }
             self.pre_forward_unit(st, op.region, u, &mut deps);
         }
         self.megatron_pre_forward(st, i, &mut deps);

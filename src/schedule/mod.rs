@@ -863,6 +863,11 @@ impl<'a> Builder<'a> {
         self.prog.period_marks.push(self.prog.tasks.len() as u32);
     }
 
+    /// The next task begins a transformer block's pass ([`Program::layer_marks`]).
+    fn mark_layer(&mut self) {
+        self.prog.layer_marks.push(self.prog.tasks.len() as u32);
+    }
+
     /// The finished program, its frees filed under their tasks.
     fn finish(&mut self) -> Program {
         let prog = std::mem::take(&mut self.tables).into_program(std::mem::take(&mut self.prog));
