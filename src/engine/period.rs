@@ -111,6 +111,9 @@ const MIN_PERIODS: u32 = 3;
 /// so its period spans two slots; an interleaved stage's, 2 x chunks x its micro-batch
 /// group (16 for 2 chunks and groups of 4).
 const MAX_LAG: usize = 32;
+/// The spacings of blocks tried: models whose blocks alternate kinds repeat every few
+/// (dense and MoE blocks in turn: 2; five sliding-window blocks to one global: 6).
+const MAX_BLOCK_LAG: usize = 8;
 /// The most periods a repeat of the schedule may span.
 const MAX_CUT_LAG: usize = 4;
 
@@ -129,9 +132,9 @@ pub(super) struct Stretch {
 /// `by_block`, also those of its passes' transformer blocks ([`Program::layer_marks`]).
 pub(super) fn stretches(p: &Program, by_block: bool) -> Vec<Stretch> {
     let mut candidates: Vec<(u32, u32, u32)> = Vec::new();
-    spaced(&p.period_marks, &mut candidates);
+    spaced(&p.period_marks, MAX_LAG, &mut candidates);
     if by_block {
-        spaced(&p.layer_marks, &mut candidates);
+        spaced(&p.layer_marks, MAX_BLOCK_LAG, &mut candidates);
     }
     // The widest candidates first, each kept where it overlaps none kept before: a
     // micro-batch schedule's steady state before the blocks of one of its passes.
@@ -147,18 +150,20 @@ pub(super) fn stretches(p: &Program, by_block: bool) -> Vec<Stretch> {
     out
 }
 
-/// Runs of equally spaced `marks` (every `lag`-th, up to [`MAX_LAG`]) at least
+/// Runs of equally spaced `marks` (every `lag`-th, up to `max_lag`) at least
 /// [`MIN_PERIODS`] spacings long, as candidate stretches (first task, end, period).
-fn spaced(marks: &[u32], candidates: &mut Vec<(u32, u32, u32)>) {
-    for lag in 1..=MAX_LAG.min(marks.len().saturating_sub(1)) {
-        let diffs: Vec<u32> = (0..marks.len() - lag).map(|i| marks[i + lag].saturating_sub(marks[i])).collect();
+fn spaced(marks: &[u32], max_lag: usize, candidates: &mut Vec<(u32, u32, u32)>) {
+    for lag in 1..=max_lag.min(marks.len().saturating_sub(1)) {
+        let diff = |i: usize| marks[i + lag].saturating_sub(marks[i]);
+        let n = marks.len() - lag;
         let mut i = 0;
-        while i < diffs.len() {
+        while i < n {
+            let d = diff(i);
             let mut j = i;
-            while j + 1 < diffs.len() && diffs[j + 1] == diffs[i] {
+            while j + 1 < n && diff(j + 1) == d {
                 j += 1;
             }
-            let (d, a, b) = (diffs[i], marks[i], marks[j + lag]);
+            let (a, b) = (marks[i], marks[j + lag]);
             if d > 0 && (b - a) / d >= MIN_PERIODS {
                 candidates.push((a, b, d));
             }
