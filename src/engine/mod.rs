@@ -541,6 +541,7 @@ impl Paused {
         st.rec.part_of_stream = num.part_of_streams();
         st.rec.live_on.resize(num.buffers(), 0);
         // Repeating periods are replayed only where none of their tasks has run yet.
+        st.jumped_before += st.per.as_ref().map_or(0, |p| p.jumped);
         st.per = opts.periods(&num, links).and_then(|per| per.unstarted(&st.rec.start_ns));
         Some(drive(state, &num, allocs, opts))
     }
@@ -625,6 +626,9 @@ struct LoopState {
     started: Vec<u32>,
     held: Vec<bool>,
     per: Option<period::Periodic>,
+    /// Periods jumped before the run last carried on from a pause ([`Paused::resume`]
+    /// replaces `per`).
+    jumped_before: u64,
     now: u64,
     done: usize,
     /// Streams that may be able to start a task: at first all of them; after an event, the
@@ -670,6 +674,7 @@ impl LoopState {
             started: Vec::with_capacity(n),
             held,
             per: None,
+            jumped_before: 0,
             now: 0,
             done: 0,
             candidates: (0..ns).collect(),
@@ -706,6 +711,7 @@ fn drive(
         mut started,
         held,
         mut per,
+        jumped_before,
         mut now,
         mut done,
         mut candidates,
@@ -726,10 +732,12 @@ fn drive(
                 continue;
             }
             if !held.is_empty() && held[ti as usize] {
-                return Ok(Progress::Done(mem.finish(now, None, 0)));
+                return Ok(Progress::Done(mem.finish(now, None, jumped_before)));
             }
             if let Err(oom) = mem.start(ti, s, now) {
-                return Ok(Progress::Done(mem.out_of_memory(oom, per.as_ref().map_or(0, |p| p.jumped))));
+                return Ok(Progress::Done(
+                    mem.out_of_memory(oom, jumped_before + per.as_ref().map_or(0, |p| p.jumped)),
+                ));
             }
             if let Some(p) = per.as_mut() {
                 p.on_start(ti, now);
@@ -779,7 +787,7 @@ fn drive(
                     mem: &mut mem,
                 };
                 if let Err(oom) = p.cut(i, &mut ti, &mut st, queues, task_stream, &dependents) {
-                    let mut dt = mem.out_of_memory(oom, p.jumped);
+                    let mut dt = mem.out_of_memory(oom, jumped_before + p.jumped);
                     dt.oom_out_of_order = p.oom_out_of_order;
                     return Ok(Progress::Done(dt));
                 }
@@ -826,6 +834,7 @@ fn drive(
                 started,
                 held,
                 per,
+                jumped_before,
                 now,
                 done,
                 candidates,
@@ -838,7 +847,7 @@ fn drive(
     if done < n && held.is_empty() {
         return Err(Deadlock { waiting: n - done });
     }
-    let jumped = per.as_ref().map_or(0, |p| p.jumped);
+    let jumped = jumped_before + per.as_ref().map_or(0, |p| p.jumped);
     Ok(Progress::Done(mem.finish(now, None, jumped)))
 }
 
@@ -1439,6 +1448,7 @@ mod tests {
         };
         let (fast, full) = (until(false), until(true));
         assert!(fast.0 >= 20, "jumped {} periods before the gate", fast.0);
+        assert!(fast.3.periods_jumped >= fast.0, "the jumps before the pause are counted");
         assert_eq!(full.0, 0);
         // Paused at the same instant after the same tasks, then the same run to the end.
         assert_eq!((fast.1, fast.2), (full.1, full.2));
