@@ -1,5 +1,7 @@
 //! The periodic extrapolation of the schedule (src/engine/period.rs) is exact: every shipped
-//! scenario, and a seeded set of random pipelines and accumulation runs (some run out of
+//! scenario, a seeded set of random steps of one micro-batch (whose transformer blocks are
+//! the periods; each again a byte short of its live bytes), and a seeded set of random
+//! pipelines and accumulation runs (some run out of
 //! memory inside the periods played without the event loop, some inside periods replayed
 //! device by device, which are played again in order), give the same task times,
 //! memory samples, allocator counters, OOM and report as simulating every period.
@@ -117,4 +119,56 @@ fn random_pipelines_and_accumulation_runs_match_the_full_simulation() {
     assert_eq!(ooms[1], cases, "every device a byte short of the live bytes runs out");
     assert!(jumped_ooms > 0, "no run ran out of memory after a jump");
     assert!(again > 0, "no run ran out of memory inside a jump replayed device by device");
+}
+
+/// A random small GPT trained one micro-batch a step without a pipeline: what repeats is its
+/// passes' transformer blocks (`Program::layer_marks`), not micro-batches.
+fn random_step_of_one_micro_batch(rng: &mut Rng) -> String {
+    let tensor = [1u64, 2][(rng.next() % 2) as usize];
+    let framework = rng.pick(&["megatron", "fsdp", "deepspeed"]);
+    let sharding = match framework {
+        "megatron" => rng.pick(&["none", "zero1"]),
+        "deepspeed" => rng.pick(&["none", "zero1", "zero2", "zero3"]),
+        _ => rng.pick(&["none", "full_shard", "shard_grad_op", "hybrid_shard"]),
+    };
+    let tensor = if framework == "megatron" { tensor } else { 1 };
+    format!(
+        "[model]\nfamily = \"gpt\"\nn_layers = {layers}\nhidden = {hidden}\nn_heads = 8\nvocab = 8192\nmax_seq_len = 1024\n\
+         [hardware]\ngpu = \"h100-sxm\"\ngpus = {gpus}\ngpus_per_node = 8\n\
+         [parallel]\ntensor = {tensor}\nframework = \"{framework}\"\nsharding = \"{sharding}\"\n\
+         [training]\nmicro_batch = {mb}\nseq_len = 1024\ngrad_accum = 1\nsteps = {steps}\n\
+         activation_checkpointing = \"{checkpointing}\"\nattention = \"flash\"\n",
+        layers = rng.range(4, 12),
+        hidden = [512u64, 1024][(rng.next() % 2) as usize],
+        gpus = tensor * [2u64, 4, 8][(rng.next() % 3) as usize],
+        mb = rng.range(1, 4),
+        steps = rng.range(1, 3),
+        checkpointing = rng.pick(&["none", "full", "selective"]),
+    )
+}
+
+#[test]
+fn random_steps_of_one_micro_batch_match_the_full_simulation() {
+    let mut rng = Rng(0x0B10_C5ED);
+    let (mut cases, mut jumped_cases, mut jumped_ooms) = (0, 0, 0);
+    while cases < 24 {
+        let toml = random_step_of_one_micro_batch(&mut rng);
+        let Ok(mut s) = Scenario::from_toml(Path::new("<random>"), &toml) else { continue };
+        cases += 1;
+        let (fast, full) = both(&s, plain());
+        let j = assert_same(&format!("case {cases}:\n{toml}"), &fast, &full);
+        jumped_cases += usize::from(j > 0);
+        // Again a byte short of the run's highest live bytes: it runs out, often inside the
+        // blocks jumped.
+        let allocated = fast.run.traces.iter().map(|t| t.allocator.peak_allocated).max().unwrap_or(0);
+        s.cluster.memory_bytes = s.cluster.cuda_context_bytes + s.nccl_bytes() + s.deepep_bytes() + allocated - 1;
+        let (fast, full) = both(&s, plain());
+        let jo = assert_same(&format!("case {cases}, a byte short of its live bytes:\n{toml}"), &fast, &full);
+        assert!(fast.run.traces.iter().any(|t| t.oom.is_some()), "case {cases} fits a byte short of its live bytes");
+        jumped_ooms += usize::from(jo > 0);
+        println!("case {cases:2}: {j:>3} blocks jumped; {jo:>3} a byte short of its live bytes");
+    }
+    println!("{jumped_cases} of {cases} cases jumped blocks; {jumped_ooms} ran out of memory after jumping");
+    assert!(jumped_cases >= cases / 2, "only {jumped_cases} of {cases} cases jumped a block");
+    assert!(jumped_ooms > 0, "no run ran out of memory after jumping blocks");
 }
