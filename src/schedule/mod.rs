@@ -405,16 +405,23 @@ pub fn build_lean_staged<R>(
     b.reserve(steps);
     b.init();
     let model_flops = model_flops_per_step(dag, plan);
-    let snapshot = |b: &Builder, k: u32| Schedule {
-        program: b.program_so_far(),
-        labels: std::sync::Arc::new(b.labels.clone()),
-        model_flops_per_step: model_flops,
-        hardware_flops_per_step: b.hw_flops / k.max(1) as f64,
+    // The program so far as a schedule of `k` steps, handed to `probe` at `stage`.
+    let mut ask = |b: &mut Builder, k: u32, stage: Stage, gate: Option<u32>| {
+        let (labels, hw_flops) = (b.lend_labels(), b.hw_flops);
+        let schedule = Schedule {
+            program: b.program_so_far(),
+            labels: labels.clone(),
+            model_flops_per_step: model_flops,
+            hardware_flops_per_step: hw_flops / k.max(1) as f64,
+        };
+        let answer = probe(Prefix { stage, schedule, gate });
+        b.take_back_labels(labels);
+        answer
     };
     let tried = |k: u32| k < steps && stages.contains(&Stage::Steps(k));
     let mut answer = None;
     if tried(0) {
-        answer = probe(Prefix { stage: Stage::Steps(0), schedule: snapshot(&b, 0), gate: None });
+        answer = ask(&mut b, 0, Stage::Steps(0), None);
     }
     for step in 1..=steps {
         if answer.is_some() {
@@ -422,7 +429,7 @@ pub fn build_lean_staged<R>(
         }
         if step == 1 && stages.contains(&Stage::FirstForward) {
             b.step_until(step, &mut |b, loss| {
-                answer = probe(Prefix { stage: Stage::FirstForward, schedule: snapshot(b, 1), gate: Some(loss) });
+                answer = ask(b, 1, Stage::FirstForward, Some(loss));
                 answer.is_none()
             });
             if answer.is_some() {
@@ -432,7 +439,7 @@ pub fn build_lean_staged<R>(
             b.step(step);
         }
         if tried(step) {
-            answer = probe(Prefix { stage: Stage::Steps(step), schedule: snapshot(&b, step), gate: None });
+            answer = ask(&mut b, step, Stage::Steps(step), None);
         }
     }
     match answer {
@@ -886,6 +893,21 @@ impl<'a> Builder<'a> {
         }
     }
 
+    /// The labels so far, lent to a prefix of the program ([`build_lean_staged`],
+    /// [`pipeline::build_staged`]) rather than copied: a copy of every label was a few
+    /// percent of a sweep configuration that tries prefixes. The builder has none until
+    /// [`Builder::take_back_labels`].
+    fn lend_labels(&mut self) -> std::sync::Arc<Vec<TaskLabel>> {
+        std::sync::Arc::new(std::mem::take(&mut self.labels))
+    }
+
+    /// The labels [`Builder::lend_labels`] lent, back once the prefix is done with them (a
+    /// copy where it still holds them).
+    fn take_back_labels(&mut self, labels: std::sync::Arc<Vec<TaskLabel>>) {
+        debug_assert!(self.labels.is_empty(), "labels written while lent");
+        self.labels = std::sync::Arc::try_unwrap(labels).unwrap_or_else(|shared| (*shared).clone());
+    }
+
     /// The program built so far, as [`Builder::finish`] would hand it over, with the builder
     /// left to carry on: a copy of its lists.
     fn program_so_far(&self) -> Program {
@@ -937,7 +959,7 @@ impl<'a> Builder<'a> {
     /// [`Builder::step`], handing the builder and the first micro-batch's loss task to
     /// `after_first_forward` once that forward is built (except in Megatron's combined 1F1B,
     /// see [`Stage::FirstForward`]); where it returns false the step stops there.
-    fn step_until(&mut self, step: u32, after_first_forward: &mut dyn FnMut(&Self, u32) -> bool) {
+    fn step_until(&mut self, step: u32, after_first_forward: &mut dyn FnMut(&mut Self, u32) -> bool) {
         self.begin_step();
         self.megatron_step_start(step);
         let m = self.plan.training.grad_accum;

@@ -552,8 +552,8 @@ pub fn build_staged<R>(
         // Initialisation alone, if at all: it is cheap to build twice, and the whole program
         // is built stage by stage.
         if tried(0) {
-            let bs = builders(dag, &plans, &costs, false, 0);
-            if let Some(r) = probe(prefix(dag, &plans, &bs, Stage::Steps(0), None, 0)) {
+            let mut bs = builders(dag, &plans, &costs, false, 0);
+            if let Some(r) = ask(&mut probe, dag, &plans, &mut bs, Stage::Steps(0), None, 0) {
                 return super::Staged::Answered(r);
             }
         }
@@ -562,7 +562,7 @@ pub fn build_staged<R>(
     let mut bs = builders(dag, &plans, &costs, false, steps);
     let mut answer = None;
     if tried(0) {
-        answer = probe(prefix(dag, &plans, &bs, Stage::Steps(0), None, 0));
+        answer = ask(&mut probe, dag, &plans, &mut bs, Stage::Steps(0), None, 0);
     }
     // Step 1 begun on every stage, where a cut within it was tried.
     let mut begun: Option<Vec<Passes>> = None;
@@ -585,7 +585,7 @@ pub fn build_staged<R>(
             let cut: Vec<u32> = bs.iter().map(|b| b.prog.tasks.len() as u32).collect();
             step_to(&mut bs, &mut passes, &|ps| ps.next + 1);
             let built = bs.iter().map(|b| b.prog.tasks.len() as u32).collect();
-            answer = probe(prefix(dag, &plans, &bs, Stage::Slots(n as u32), Some(cut.clone()), 1));
+            answer = ask(&mut probe, dag, &plans, &mut bs, Stage::Slots(n as u32), Some(cut.clone()), 1);
             checked = Some((cut, built));
         }
         begun = Some(passes);
@@ -603,7 +603,7 @@ pub fn build_staged<R>(
             None => each(&mut bs, |b| b.pipeline_step(step)),
         }
         if tried(step) {
-            answer = probe(prefix(dag, &plans, &bs, Stage::Steps(step), None, step));
+            answer = ask(&mut probe, dag, &plans, &mut bs, Stage::Steps(step), None, step);
         }
         step += 1;
     }
@@ -711,13 +711,34 @@ fn resolve<'b>(
     }
 }
 
-/// The pipeline as the builders have it, `steps` steps of it begun: a copy of each program so
-/// far, the links between the tasks built, and what must be held ([`Prefix::held`]): the
-/// tasks from `cut` on, if given, and transfers whose other side is not built.
+/// `probe`'s answer on the pipeline as the builders have it ([`prefix`]), each builder's
+/// labels lent to it rather than copied.
+fn ask<R>(
+    probe: &mut impl FnMut(Prefix) -> Option<R>,
+    dag: &LayerDag,
+    plans: &[std::sync::Arc<Plan>],
+    bs: &mut [Builder],
+    stage: super::Stage,
+    cut: Option<Vec<u32>>,
+    steps: u32,
+) -> Option<R> {
+    let labels: Vec<_> = bs.iter_mut().map(|b| b.lend_labels()).collect();
+    let answer = probe(prefix(dag, plans, bs, &labels, stage, cut, steps));
+    for (b, l) in bs.iter_mut().zip(labels) {
+        b.take_back_labels(l);
+    }
+    answer
+}
+
+/// The pipeline as the builders have it, `steps` steps of it begun, with each stage's
+/// `labels`: a copy of each program so far, the links between the tasks built, and what must
+/// be held ([`Prefix::held`]): the tasks from `cut` on, if given, and transfers whose other
+/// side is not built.
 fn prefix(
     dag: &LayerDag,
     plans: &[std::sync::Arc<Plan>],
     bs: &[Builder],
+    labels: &[std::sync::Arc<Vec<super::TaskLabel>>],
     stage: super::Stage,
     cut: Option<Vec<u32>>,
     steps: u32,
@@ -733,11 +754,12 @@ fn prefix(
     let stages = bs
         .iter()
         .zip(plans)
-        .map(|(b, sp)| Stage {
+        .zip(labels)
+        .map(|((b, sp), labels)| Stage {
             plan: sp.clone(),
             schedule: Schedule {
                 program: b.program_so_far(),
-                labels: std::sync::Arc::new(b.labels.clone()),
+                labels: labels.clone(),
                 model_flops_per_step: stage_model_flops(dag, sp),
                 hardware_flops_per_step: b.hw_flops / steps.max(1) as f64,
             },
