@@ -53,7 +53,8 @@
 //! begins ([`super::Program::layer_marks`]): a step of one micro-batch (the 100B FSDP
 //! sweep's configurations) repeats nothing micro-batch by micro-batch, but its forward and
 //! its backward repeat block after block (a block's all-gather, kernels and reduce-scatter),
-//! and `100b-32gpu-fsdp` jumps 73 of its forward's and backward's 80 blocks. Where both
+//! and `100b-32gpu-fsdp` jumps 73 of its forward's 80 blocks (it runs out of memory in the
+//! first block of its backward). Where both
 //! grains repeat, the wider stretch (the steady state) is taken; a run of several parts (a
 //! pipeline's stages) looks for blocks only where none of its parts repeats slot by slot,
 //! as its cuts are the whole run's and one stage's blocks repeat while the other stages run
@@ -409,8 +410,7 @@ impl Periodic {
             for t in end..s.end {
                 self.within[t as usize] = 0;
             }
-            let st = &mut self.stretches[r as usize - 1];
-            (st.start, st.end) = (st.start.min(end), end);
+            self.stretches[r as usize - 1].end = end;
         }
         self.stretches.iter().any(|s| s.start < s.end).then_some(self)
     }

@@ -1333,6 +1333,15 @@ impl CachingAllocator {
         Ok(size)
     }
 
+    /// [`CachingAllocator::release_tensor`] at `now_ns`, the history's clock set to it (a
+    /// plain `free` leaves the clock where it is); the bytes the tensor had accounted.
+    fn release_at(&mut self, id: usize, stream: usize, now_ns: u64) -> u64 {
+        if let Some(h) = self.history.as_mut() {
+            h.now = now_ns;
+        }
+        self.release_tensor(id, stream, now_ns)
+    }
+
     /// What a history stamps the entries of the call being served with.
     fn serving(&mut self, id: u32, now_ns: u64) {
         if let Some(h) = self.history.as_mut() {
@@ -1359,17 +1368,11 @@ impl Allocator for CachingAllocator {
 
     /// `free`: `allocated` drops now; a block used on other streams waits for their events.
     fn free_on(&mut self, id: usize, stream: usize, now_ns: u64) {
-        if let Some(h) = self.history.as_mut() {
-            h.now = now_ns;
-        }
-        self.release_tensor(id, stream, now_ns);
+        self.release_at(id, stream, now_ns);
     }
 
     fn free_counted(&mut self, id: usize, bytes: u64, stream: usize, now_ns: u64) -> (u64, Totals) {
-        if let Some(h) = self.history.as_mut() {
-            h.now = now_ns;
-        }
-        let freed = self.release_tensor(id, stream, now_ns);
+        let freed = self.release_at(id, stream, now_ns);
         debug_assert_eq!(freed, self.rounded(bytes), "tensor {id} freed with another size than allocated");
         (freed, self.totals())
     }
