@@ -4,12 +4,18 @@
 //! pipelines and accumulation runs (some run out of
 //! memory inside the periods played without the event loop, some inside periods replayed
 //! device by device, which are played again in order), give the same task times,
-//! memory samples, allocator counters, OOM and report as simulating every period.
-//! `cargo test --release --test periodic -- --nocapture` prints the periods each case jumped.
+//! memory samples, allocator counters, OOM and report as simulating every period. A sweep's
+//! runs, which pause at a prefix's gate and jump only the periods before it
+//! (`Periodic::short_of`), give each random step's figures as simulating every period does.
+//! `cargo test --release --test periodic -- --nocapture` prints the periods each case jumped;
+//! `STEPSIM_PERIODIC_CASES=400 STEPSIM_PERIODIC_SEED=7 cargo test --release --test periodic
+//! -- --nocapture` runs longer campaigns of the random sets (the seed is mixed into each
+//! set's own).
 
 use std::path::Path;
 
 use stepsim::scenario::Scenario;
+use stepsim::sweep::summary::{self, Outcome};
 use stepsim::{SimOptions, Simulation};
 
 mod same_run;
@@ -18,6 +24,33 @@ use same_run::{assert_same_figures, both, Rng};
 /// What the default run is checked against: every period simulated.
 fn plain() -> SimOptions {
     SimOptions { every_period: true, ..Default::default() }
+}
+
+/// How many random cases a set runs (`STEPSIM_PERIODIC_CASES`, else `default`), and its
+/// generator: the set's own seed, mixed with `STEPSIM_PERIODIC_SEED` where that is given.
+fn campaign(default: usize, seed: u64) -> (usize, Rng) {
+    let var =
+        |name: &str| std::env::var(name).ok().map(|v| v.parse::<u64>().unwrap_or_else(|e| panic!("{name}={v}: {e}")));
+    let cases = var("STEPSIM_PERIODIC_CASES").map_or(default, |n| n as usize);
+    let seed = var("STEPSIM_PERIODIC_SEED").map_or(seed, |x| seed ^ x.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    (cases, Rng(seed))
+}
+
+/// Asserts a sweep's answer for `s` (`summary::simulate`: the prefixes its statistics
+/// choose, and every prefix of its kind of program) is the one simulating every period gives.
+fn assert_sweep_agrees(name: &str, s: &Scenario, full: &Simulation) {
+    use stepsim::schedule::Stage;
+    let want = Outcome::from_report(&full.report, s);
+    assert_eq!(summary::simulate(s).unwrap_or_else(|e| panic!("{e}")), want, "{name}: the sweep's answer");
+    let dag = stepsim::model::build(&s.model, &s.workload);
+    let all = if s.parallel.model_parallel.pipeline > 1 {
+        let fill = stepsim::schedule::pipeline::fill_slots(&s.parallel, s.training.grad_accum);
+        vec![Stage::Steps(0), Stage::Slots(fill), Stage::Steps(1)]
+    } else {
+        vec![Stage::Steps(0), Stage::FirstForward, Stage::Steps(1)]
+    };
+    let every = stepsim::simulate_lean(s, &dag, &all).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(Outcome::from_report(&every, s), want, "{name}: the sweep's answer, every prefix tried");
 }
 
 /// Asserts the two simulations agree in everything they recorded; returns the periods the
@@ -62,7 +95,7 @@ fn random_scenario(rng: &mut Rng) -> String {
         if pipeline > 1 { rng.pick(&["megatron", "fsdp"]) } else { rng.pick(&["megatron", "fsdp", "deepspeed"]) };
     let sharding = match framework {
         "megatron" => rng.pick(&["none", "zero1"]),
-        "deepspeed" => rng.pick(&["none", "zero1", "zero2"]),
+        "deepspeed" => rng.pick(&["zero1", "zero2"]),
         _ if pipeline > 1 => "none",
         _ => rng.pick(&["none", "full_shard", "shard_grad_op"]),
     };
@@ -72,11 +105,12 @@ fn random_scenario(rng: &mut Rng) -> String {
     let sched = if pipeline > 1 { format!("schedule = \"{schedule}\"\n{vs}") } else { String::new() };
     format!(
         "[model]\nfamily = \"gpt\"\nn_layers = {layers}\nhidden = {hidden}\nn_heads = 8\nvocab = 8192\nmax_seq_len = 1024\n\
-         [hardware]\ngpu = \"h100-sxm\"\ngpus = {gpus}\ngpus_per_node = 8\n\
+         [hardware]\ngpu = \"h100-sxm\"\ngpus = {gpus}\ngpus_per_node = {per_node}\n\
          [parallel]\ntensor = {tensor}\npipeline = {pipeline}\n{sched}framework = \"{framework}\"\nsharding = \"{sharding}\"\n\
          [training]\nmicro_batch = {mb}\nseq_len = 1024\ngrad_accum = {grad_accum}\nsteps = {steps}\n\
          activation_checkpointing = \"{checkpointing}\"\nattention = \"flash\"\n",
         hidden = [512u64, 1024][(rng.next() % 2) as usize],
+        per_node = gpus.min(8),
         mb = rng.range(1, 4),
         steps = rng.range(1, 3),
     )
@@ -84,14 +118,15 @@ fn random_scenario(rng: &mut Rng) -> String {
 
 #[test]
 fn random_pipelines_and_accumulation_runs_match_the_full_simulation() {
-    let mut rng = Rng(0x005E_ED0F_5EED);
+    let (n, mut rng) = campaign(40, 0x005E_ED0F_5EED);
     let (mut cases, mut jumped_cases, mut ooms, mut jumped_ooms, mut again) = (0, 0, [0, 0], 0, 0);
-    while cases < 40 {
+    while cases < n {
         let toml = random_scenario(&mut rng);
         let Ok(mut s) = Scenario::from_toml(Path::new("<random>"), &toml) else { continue };
         cases += 1;
         let (fast, full) = both(&s, plain());
         let j = assert_same(&format!("case {cases}:\n{toml}"), &fast, &full);
+        assert_sweep_agrees(&format!("case {cases}:\n{toml}"), &s, &full);
         jumped_cases += usize::from(j > 0);
         // Again on smaller devices: one a byte short of the run's highest reservation (the
         // allocator frees its cache and retries, and may still run out, inside the periods
@@ -103,7 +138,9 @@ fn random_pipelines_and_accumulation_runs_match_the_full_simulation() {
         for (what, bytes) in [("reservation", reserved), ("live bytes", allocated)] {
             s.cluster.memory_bytes = s.cluster.cuda_context_bytes + s.nccl_bytes() + s.deepep_bytes() + bytes - 1;
             let (fast, full) = both(&s, plain());
-            let jo = assert_same(&format!("case {cases}, a byte short of its {what}:\n{toml}"), &fast, &full);
+            let name = format!("case {cases}, a byte short of its {what}:\n{toml}");
+            let jo = assert_same(&name, &fast, &full);
+            assert_sweep_agrees(&name, &s, &full);
             let oom = fast.run.traces.iter().any(|t| t.oom.is_some());
             ooms[usize::from(what == "live bytes")] += usize::from(oom);
             jumped_ooms += usize::from(oom && jo > 0);
@@ -121,26 +158,48 @@ fn random_pipelines_and_accumulation_runs_match_the_full_simulation() {
     assert!(again > 0, "no run ran out of memory inside a jump replayed device by device");
 }
 
-/// A random small GPT trained one micro-batch a step without a pipeline: what repeats is its
-/// passes' transformer blocks (`Program::layer_marks`), not micro-batches.
+/// A random small model trained one micro-batch a step without a pipeline: what repeats is
+/// its passes' transformer blocks (`Program::layer_marks`), not micro-batches. GPT or Llama
+/// (grouped-query attention; a third of them a mixture of experts, in every block or every
+/// other one, whose blocks repeat two by two); Megatron, FSDP, FSDP2 or DeepSpeed.
 fn random_step_of_one_micro_batch(rng: &mut Rng) -> String {
     let tensor = [1u64, 2][(rng.next() % 2) as usize];
-    let framework = rng.pick(&["megatron", "fsdp", "deepspeed"]);
+    let framework = rng.pick(&["megatron", "fsdp", "fsdp2", "deepspeed"]);
     let sharding = match framework {
         "megatron" => rng.pick(&["none", "zero1"]),
-        "deepspeed" => rng.pick(&["none", "zero1", "zero2", "zero3"]),
+        "deepspeed" => rng.pick(&["zero1", "zero2", "zero3"]),
+        "fsdp2" => "full_shard",
         _ => rng.pick(&["none", "full_shard", "shard_grad_op", "hybrid_shard"]),
     };
     let tensor = if framework == "megatron" { tensor } else { 1 };
+    let hidden = [512u64, 1024][(rng.next() % 2) as usize];
+    let family = rng.pick(&["gpt", "llama"]);
+    let mut model = format!("family = \"{family}\"\n");
+    let mut parallel = String::new();
+    if family == "llama" {
+        model += &format!("n_kv_heads = {}\n", [2u64, 8][(rng.next() % 2) as usize]);
+        if rng.next() % 3 == 0 {
+            let every = rng.range(1, 2);
+            model += &format!(
+                "[model.moe]\nnum_experts = 4\ntop_k = 2\nexpert_ffn_hidden = {}\nevery = {every}\noffset = {}\n",
+                hidden / 2,
+                every - 1
+            );
+            if tensor > 1 {
+                // Megatron-Core routes each tensor-parallel rank's sequence shard.
+                parallel += "sequence_parallel = true\n";
+            }
+        }
+    }
+    let gpus = tensor * [2u64, 4, 8][(rng.next() % 3) as usize];
     format!(
-        "[model]\nfamily = \"gpt\"\nn_layers = {layers}\nhidden = {hidden}\nn_heads = 8\nvocab = 8192\nmax_seq_len = 1024\n\
-         [hardware]\ngpu = \"h100-sxm\"\ngpus = {gpus}\ngpus_per_node = 8\n\
-         [parallel]\ntensor = {tensor}\nframework = \"{framework}\"\nsharding = \"{sharding}\"\n\
+        "[model]\nn_layers = {layers}\nhidden = {hidden}\nn_heads = 8\nvocab = 8192\nmax_seq_len = 1024\n{model}\
+         [hardware]\ngpu = \"h100-sxm\"\ngpus = {gpus}\ngpus_per_node = {per_node}\n\
+         [parallel]\ntensor = {tensor}\nframework = \"{framework}\"\nsharding = \"{sharding}\"\n{parallel}\
          [training]\nmicro_batch = {mb}\nseq_len = 1024\ngrad_accum = 1\nsteps = {steps}\n\
          activation_checkpointing = \"{checkpointing}\"\nattention = \"flash\"\n",
         layers = rng.range(4, 12),
-        hidden = [512u64, 1024][(rng.next() % 2) as usize],
-        gpus = tensor * [2u64, 4, 8][(rng.next() % 3) as usize],
+        per_node = gpus.min(8),
         mb = rng.range(1, 4),
         steps = rng.range(1, 3),
         checkpointing = rng.pick(&["none", "full", "selective"]),
@@ -149,14 +208,18 @@ fn random_step_of_one_micro_batch(rng: &mut Rng) -> String {
 
 #[test]
 fn random_steps_of_one_micro_batch_match_the_full_simulation() {
-    let mut rng = Rng(0x0B10_C5ED);
+    let (n, mut rng) = campaign(24, 0x0B10_C5ED);
     let (mut cases, mut jumped_cases, mut jumped_ooms) = (0, 0, 0);
-    while cases < 24 {
+    let (mut llama, mut moe) = (0, 0);
+    while cases < n {
         let toml = random_step_of_one_micro_batch(&mut rng);
         let Ok(mut s) = Scenario::from_toml(Path::new("<random>"), &toml) else { continue };
         cases += 1;
+        llama += usize::from(toml.contains("\"llama\""));
+        moe += usize::from(toml.contains("[model.moe]"));
         let (fast, full) = both(&s, plain());
         let j = assert_same(&format!("case {cases}:\n{toml}"), &fast, &full);
+        assert_sweep_agrees(&format!("case {cases}:\n{toml}"), &s, &full);
         jumped_cases += usize::from(j > 0);
         // Again a byte short of the run's highest live bytes: it runs out, often inside the
         // blocks jumped.
@@ -164,11 +227,13 @@ fn random_steps_of_one_micro_batch_match_the_full_simulation() {
         s.cluster.memory_bytes = s.cluster.cuda_context_bytes + s.nccl_bytes() + s.deepep_bytes() + allocated - 1;
         let (fast, full) = both(&s, plain());
         let jo = assert_same(&format!("case {cases}, a byte short of its live bytes:\n{toml}"), &fast, &full);
+        assert_sweep_agrees(&format!("case {cases}, a byte short of its live bytes:\n{toml}"), &s, &full);
         assert!(fast.run.traces.iter().any(|t| t.oom.is_some()), "case {cases} fits a byte short of its live bytes");
         jumped_ooms += usize::from(jo > 0);
         println!("case {cases:2}: {j:>3} blocks jumped; {jo:>3} a byte short of its live bytes");
     }
-    println!("{jumped_cases} of {cases} cases jumped blocks; {jumped_ooms} ran out of memory after jumping");
+    println!("{jumped_cases} of {cases} cases ({llama} Llama, {moe} of them a mixture of experts) jumped blocks; {jumped_ooms} ran out of memory after jumping");
+    assert!(llama > 0 && moe > 0, "the set has {llama} Llama cases, {moe} mixtures of experts");
     assert!(jumped_cases >= cases / 2, "only {jumped_cases} of {cases} cases jumped a block");
     assert!(jumped_ooms > 0, "no run ran out of memory after jumping blocks");
 }
