@@ -4,9 +4,11 @@
 //! pipelines and accumulation runs (some run out of
 //! memory inside the periods played without the event loop, some inside periods replayed
 //! device by device, which are played again in order), give the same task times,
-//! memory samples, allocator counters, OOM and report as simulating every period. A sweep's
-//! runs, which pause at a prefix's gate and jump only the periods before it
-//! (`Periodic::short_of`), give each random step's figures as simulating every period does.
+//! memory samples, allocator counters, OOM and report as simulating every period. For every
+//! random case a sweep's runs, which try prefixes of the program (pausing at a gate and
+//! jumping only the periods before it, `Periodic::short_of`, or holding a pipeline's slots)
+//! and carry the run on, give the row simulating every period gives: verdict, where it runs
+//! out of memory, peaks and throughput.
 //! `cargo test --release --test periodic -- --nocapture` prints the periods each case jumped;
 //! `STEPSIM_PERIODIC_CASES=400 STEPSIM_PERIODIC_SEED=7 cargo test --release --test periodic
 //! -- --nocapture` runs longer campaigns of the random sets (the seed is mixed into each
