@@ -541,7 +541,7 @@ impl Paused {
         st.rec.part_of_stream = num.part_of_streams();
         st.rec.live_on.resize(num.buffers(), 0);
         // Repeating periods are replayed only where none of their tasks has run yet.
-        st.jumped_before += st.per.as_ref().map_or(0, |p| p.jumped);
+        st.jumped_before = jumped(st.jumped_before, st.per.as_ref());
         st.per = opts.periods(&num, links).and_then(|per| per.unstarted(&st.rec.start_ns));
         Some(drive(state, &num, allocs, opts))
     }
@@ -683,6 +683,12 @@ impl LoopState {
     }
 }
 
+/// The periods a run has jumped: `before` its last carrying on from a pause
+/// ([`LoopState::jumped_before`]) and those of its current `per`.
+fn jumped(before: u64, per: Option<&period::Periodic>) -> u64 {
+    before + per.map_or(0, |p| p.jumped)
+}
+
 /// The event loop, from where `state` stands to the end of the run, its out-of-memory, or
 /// the end of [`RunOptions::stop_after`]'s task.
 fn drive(
@@ -732,12 +738,10 @@ fn drive(
                 continue;
             }
             if !held.is_empty() && held[ti as usize] {
-                return Ok(Progress::Done(mem.finish(now, None, jumped_before)));
+                return Ok(Progress::Done(mem.finish(now, None, jumped(jumped_before, per.as_ref()))));
             }
             if let Err(oom) = mem.start(ti, s, now) {
-                return Ok(Progress::Done(
-                    mem.out_of_memory(oom, jumped_before + per.as_ref().map_or(0, |p| p.jumped)),
-                ));
+                return Ok(Progress::Done(mem.out_of_memory(oom, jumped(jumped_before, per.as_ref()))));
             }
             if let Some(p) = per.as_mut() {
                 p.on_start(ti, now);
@@ -787,7 +791,7 @@ fn drive(
                     mem: &mut mem,
                 };
                 if let Err(oom) = p.cut(i, &mut ti, &mut st, queues, task_stream, &dependents) {
-                    let mut dt = mem.out_of_memory(oom, jumped_before + p.jumped);
+                    let mut dt = mem.out_of_memory(oom, jumped(jumped_before, Some(p)));
                     dt.oom_out_of_order = p.oom_out_of_order;
                     return Ok(Progress::Done(dt));
                 }
@@ -847,8 +851,7 @@ fn drive(
     if done < n && held.is_empty() {
         return Err(Deadlock { waiting: n - done });
     }
-    let jumped = jumped_before + per.as_ref().map_or(0, |p| p.jumped);
-    Ok(Progress::Done(mem.finish(now, None, jumped)))
+    Ok(Progress::Done(mem.finish(now, None, jumped(jumped_before, per.as_ref()))))
 }
 
 /// What tasks do to memory as they start and end (every part's buffers on its device's
