@@ -344,6 +344,16 @@ fn cases() -> Vec<Case> {
             &["(4 x 4 = 16)", "tensor x data-parallel ranks (1 x 8 = 8)", "must divide them"],
         ),
         case(
+            "parallel.expert_tensor whose product with expert overflows 64 bits",
+            moe().set("hardware", "gpus", "8").set("parallel", "expert", "4").set(
+                "parallel",
+                "expert_tensor",
+                "9223372036854775807",
+            ),
+            "parallel.expert_tensor",
+            &["(9223372036854775807 x 4 = 36893488147419103228)", "must divide them"],
+        ),
+        case(
             "expert_tensor defaulting to tensor, beyond the ranks with expert",
             moe()
                 .set("hardware", "gpus", "8")

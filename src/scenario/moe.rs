@@ -267,14 +267,16 @@ pub(super) fn validate_expert_parallel(
             format!("expert parallelism is folded over a stage's {stage}: it must divide them, got {ep}"),
         ));
     }
-    if ranks % (etp * ep) != 0 {
+    // Widened: both degrees come from the file, and their product may not fit a u64 (one that
+    // does not cannot divide the stage's ranks either).
+    let folded = u128::from(etp) * u128::from(ep);
+    if u128::from(ranks) % folded != 0 {
         // parallel_state.py: "world_size ... is not divisible by
         // expert_tensor_model_pipeline_parallel size".
         return Err(v.err(
             if etp_given.is_some() { "parallel.expert_tensor" } else { "parallel.expert" },
             format!(
-                "expert tensor x expert parallelism ({etp} x {ep} = {}) is folded over a stage's {stage}: it must divide them{etp_default}",
-                etp * ep
+                "expert tensor x expert parallelism ({etp} x {ep} = {folded}) is folded over a stage's {stage}: it must divide them{etp_default}"
             ),
         ));
     }
