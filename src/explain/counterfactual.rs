@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::plan::{BackwardPrefetch, CheckpointBlocks, Checkpointing, Sharding};
 use crate::report::{fmt_bytes, Bytes, Verdict};
+use crate::scenario::limits::MAX_TASKS;
 use crate::scenario::Scenario;
 use crate::schedule::Phase;
 use crate::Simulation;
@@ -1018,9 +1019,45 @@ fn skipped(name: &str, gpus: u64, why: String) -> Counterfactual {
     }
 }
 
+/// A change's scenarios, each with its table label.
+type Variants = Vec<(String, Scenario)>;
+
+/// The context-parallel rings to try, smallest first, and why larger ones are not. Each
+/// doubling of the ring doubles grad_accum (the batch stays) and so the tasks simulated: a
+/// ring of 64 holds 64 times the job's, past what [`super::accepts`] budgeted for one change
+/// (a Mixtral job near that bound, on 1,024 GPUs, took 6.8 GB and 31 s in `explain` with
+/// every ring up to 64 simulated at once). The rings tried are simulated one after another
+/// and hold at most [`MAX_TASKS`] estimated tasks together, the lean path's bound for one
+/// simulation.
+fn ring_budget(rings: Variants) -> Result<(Variants, Option<String>), String> {
+    let mut held = 0u64;
+    let mut kept = Vec::new();
+    for (label, v) in rings {
+        let tasks = v.estimated_tasks();
+        if held.saturating_add(tasks) > MAX_TASKS {
+            let ring = v.parallel.model_parallel.context;
+            let sep = crate::report::text::sep;
+            let why = format!(
+                "a ring of {ring} (grad_accum {}) would simulate about {} tasks, which with the smaller rings' {} passes the {} explain simulates for one change; larger rings not tried",
+                v.training.grad_accum,
+                sep(tasks),
+                sep(held),
+                sep(MAX_TASKS)
+            );
+            return if kept.is_empty() { Err(why) } else { Ok((kept, Some(why))) };
+        }
+        held += tasks;
+        kept.push((label, v));
+    }
+    Ok((kept, None))
+}
+
 fn single_changes(s: &Scenario, base_tps: Option<f64>, fits_now: bool) -> Vec<Counterfactual> {
-    let mut jobs: Vec<(usize, String, Scenario)> = Vec::new();
+    // Each job's variants are simulated in order until one fits (the context-parallel ring
+    // search); every other change's variants are jobs of one.
+    let mut jobs: Vec<(usize, Vec<(String, Scenario)>)> = Vec::new();
     let mut skips: Vec<(usize, Counterfactual)> = Vec::new();
+    let mut rings_left_out: Option<String> = None;
     for (which, name) in COUNTERFACTUAL_NAMES.iter().enumerate() {
         let moe_only = [EXPERT_PARALLEL, CAPACITY, MOE_ACT, DEEPEP, EP_OVERLAP];
         if moe_only.contains(&which) && s.model.moe.is_none() {
@@ -1050,13 +1087,30 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>, fits_now: bool) -> Vec<Co
         {
             continue;
         }
-        match variants(s, which) {
-            Ok(vs) => jobs.extend(vs.into_iter().map(|(l, v)| (which, l, v))),
+        match variants(s, which).and_then(|vs| if which == CONTEXT { ring_budget(vs) } else { Ok((vs, None)) }) {
+            Ok((vs, _)) if which != CONTEXT => jobs.extend(vs.into_iter().map(|lv| (which, vec![lv]))),
+            Ok((vs, left_out)) => {
+                jobs.push((which, vs));
+                rings_left_out = left_out;
+            }
             Err(why) => skips.push((which, skipped(name, u64::from(s.cluster.gpus), why))),
         }
     }
-    let done: Vec<(usize, Counterfactual)> =
-        jobs.par_iter().map(|(w, l, v)| (*w, measure(l.clone(), v, base_tps))).collect();
+    let done: Vec<(usize, Counterfactual)> = jobs
+        .par_iter()
+        .flat_map_iter(|(w, chain)| {
+            let mut tried = Vec::new();
+            for (l, v) in chain {
+                let c = measure(l.clone(), v, base_tps);
+                let fits = c.fits == Some(true);
+                tried.push((*w, c));
+                if fits {
+                    break;
+                }
+            }
+            tried
+        })
+        .collect();
     let mut out: Vec<(usize, Counterfactual)> = Vec::new();
     for which in 0..COUNTERFACTUAL_NAMES.len() {
         let mine: Vec<&Counterfactual> = done.iter().filter(|(w, _)| *w == which).map(|(_, c)| c).collect();
@@ -1072,9 +1126,14 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>, fits_now: bool) -> Vec<Co
         } else if which == 4 && !mine.is_empty() {
             out.push((which, fewest_gpus(s, &mine, base_tps)));
         } else if which == CONTEXT && !mine.is_empty() {
-            // The smallest ring that fits, else the largest tried.
+            // The smallest ring that fits (the search stopped there), else the largest tried.
             let pick = mine.iter().find(|c| c.fits == Some(true)).or(mine.last()).map(|c| (*c).clone());
-            out.extend(pick.map(|c| (which, c)));
+            out.extend(pick.map(|mut c| {
+                if c.fits != Some(true) && c.note.is_none() {
+                    c.note = rings_left_out.clone();
+                }
+                (which, c)
+            }));
         } else {
             for c in mine {
                 let mut c = c.clone();
@@ -1220,8 +1279,44 @@ pub fn answer(cfs: &[Counterfactual], status: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::bigger_gpu;
+    use super::{bigger_gpu, ring_budget, variants, CONTEXT, MAX_TASKS};
     use crate::hardware::{lookup, CATALOG};
+    use crate::scenario::Scenario;
+
+    /// The shipped hot-expert Mixtral job (PP 4 x EP 8, grad_accum 16) on `gpus` GPUs.
+    fn mixtral_on(gpus: u32) -> Scenario {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/mixtral-8x7b-h100-ep8-hot-expert.toml");
+        let text = std::fs::read_to_string(&path).unwrap().replace("gpus = 32", &format!("gpus = {gpus}"));
+        Scenario::from_toml(&path, &text).unwrap()
+    }
+
+    /// The ring search keeps the rings whose tasks fit one change's budget together, smallest
+    /// first, and says which ring it stopped before; on the shipped 32 GPUs every ring the
+    /// data-parallel degree allows is kept.
+    #[test]
+    fn the_context_ring_search_holds_one_changes_task_budget() {
+        let rings = |s: &Scenario| variants(s, CONTEXT).unwrap();
+        let shipped = mixtral_on(32);
+        let all = rings(&shipped);
+        assert_eq!(all.len(), 3, "rings 2, 4 and 8 divide data parallelism 8");
+        let (kept, left_out) = ring_budget(all).unwrap();
+        assert_eq!(kept.len(), 3);
+        assert_eq!(left_out, None);
+        // 1,024 GPUs: data parallelism 256 allows rings up to 64, which would simulate 64 x
+        // grad_accum 16 micro-batches.
+        let wide = mixtral_on(1024);
+        let all = rings(&wide);
+        assert_eq!(all.len(), 6);
+        let estimates: Vec<u64> = all.iter().map(|(_, v)| v.estimated_tasks()).collect();
+        let (kept, left_out) = ring_budget(all).unwrap();
+        let held: u64 = estimates[..kept.len()].iter().sum();
+        assert!(held <= MAX_TASKS, "{held}");
+        assert!(held + estimates[kept.len()] > MAX_TASKS, "{estimates:?}");
+        assert_eq!(kept.last().unwrap().1.parallel.model_parallel.context, 8, "{estimates:?}");
+        let why = left_out.unwrap();
+        assert!(why.contains("a ring of 16 (grad_accum 256)") && why.contains("larger rings not tried"), "{why}");
+    }
 
     /// The upgrade list is kept by hand: every catalog part but the largest has an upgrade,
     /// and each names a catalog part with more memory.

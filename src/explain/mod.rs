@@ -25,7 +25,10 @@ pub use live::LiveLine;
 pub const DEFAULT_MARGIN: f64 = 0.05;
 
 /// About how many times `explain` simulates a job: the job itself, each single change, and
-/// each GPU count it tries. Its size bound is the job's tasks times this.
+/// each GPU count it tries. Its size bound is the job's tasks times this. The one change
+/// that grows the job, a context-parallel ring (grad_accum multiplied by the ring), holds its
+/// own bound: the rings it tries stay within `MAX_TASKS` together (`counterfactual`'s
+/// `ring_budget`).
 pub const SIMULATIONS: u64 = 16;
 
 /// Whether `explain` takes this scenario: training jobs (not inference, not LoRA yet) that a
