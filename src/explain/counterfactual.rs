@@ -48,6 +48,8 @@ pub const COUNTERFACTUAL_NAMES: &[&str] = &[
     "flash attention (no s x s scores stored)",
 ];
 
+/// More GPUs: doublings of the count, then a bisection to the smallest that fits.
+const MORE_GPUS: usize = 4;
 /// The index of the change that applies to mixtures of experts only (no row for a dense
 /// model).
 const EXPERT_PARALLEL: usize = 12;
@@ -1022,24 +1024,24 @@ fn skipped(name: &str, gpus: u64, why: String) -> Counterfactual {
 /// A change's scenarios, each with its table label.
 type Variants = Vec<(String, Scenario)>;
 
-/// The context-parallel rings to try, smallest first, and why larger ones are not. Each
-/// doubling of the ring doubles grad_accum (the batch stays) and so the tasks simulated: a
-/// ring of 64 holds 64 times the job's, past what [`super::accepts`] budgeted for one change
-/// (a Mixtral job near that bound, on 1,024 GPUs, took 6.8 GB and 31 s in `explain` with
-/// every ring up to 64 simulated at once). The rings tried are simulated one after another
-/// and hold at most [`MAX_TASKS`] estimated tasks together, the lean path's bound for one
-/// simulation.
-fn ring_budget(rings: Variants) -> Result<(Variants, Option<String>), String> {
+/// The variants of a change that grows the job to try, smallest first, and why larger ones
+/// are not. Two changes grow it: a context-parallel ring multiplies grad_accum by the ring
+/// (the batch stays), and more GPUs under `[jitter]` add simulated ranks (every
+/// data-parallel rank is simulated). A ring of 64, or 64 times the GPUs, holds 64 times the
+/// job that [`super::accepts`] budgeted for one change: the hot-expert Mixtral on 1,024 GPUs
+/// took 6.8 GB and 31 s in `explain` with every ring up to 64 simulated at once, a jittered
+/// Llama 3.1 8B on 16 GPUs 5.8 GB and 28 s with counts up to 1,024. The variants kept hold
+/// at most [`MAX_TASKS`] estimated tasks together, the lean path's bound for one simulation;
+/// `larger` names what is left out in the reason.
+fn budgeted(growing: Variants, larger: &str) -> Result<(Variants, Option<String>), String> {
     let mut held = 0u64;
     let mut kept = Vec::new();
-    for (label, v) in rings {
+    for (label, v) in growing {
         let tasks = v.estimated_tasks();
         if held.saturating_add(tasks) > MAX_TASKS {
-            let ring = v.parallel.model_parallel.context;
             let sep = crate::report::text::sep;
             let why = format!(
-                "a ring of {ring} (grad_accum {}) would simulate about {} tasks, which with the smaller rings' {} passes the {} explain simulates for one change; larger rings not tried",
-                v.training.grad_accum,
+                "{label} would simulate about {} tasks, which with the {} of those before it passes the {} explain simulates for one change; {larger} not tried",
                 sep(tasks),
                 sep(held),
                 sep(MAX_TASKS)
@@ -1057,7 +1059,7 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>, fits_now: bool) -> Vec<Co
     // search); every other change's variants are jobs of one.
     let mut jobs: Vec<(usize, Vec<(String, Scenario)>)> = Vec::new();
     let mut skips: Vec<(usize, Counterfactual)> = Vec::new();
-    let mut rings_left_out: Option<String> = None;
+    let (mut rings_left_out, mut counts_left_out): (Option<String>, Option<String>) = (None, None);
     for (which, name) in COUNTERFACTUAL_NAMES.iter().enumerate() {
         let moe_only = [EXPERT_PARALLEL, CAPACITY, MOE_ACT, DEEPEP, EP_OVERLAP];
         if moe_only.contains(&which) && s.model.moe.is_none() {
@@ -1087,11 +1089,20 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>, fits_now: bool) -> Vec<Co
         {
             continue;
         }
-        match variants(s, which).and_then(|vs| if which == CONTEXT { ring_budget(vs) } else { Ok((vs, None)) }) {
-            Ok((vs, _)) if which != CONTEXT => jobs.extend(vs.into_iter().map(|lv| (which, vec![lv]))),
-            Ok((vs, left_out)) => {
+        match variants(s, which).and_then(|vs| match which {
+            CONTEXT => budgeted(vs, "larger rings"),
+            MORE_GPUS => budgeted(vs, "larger counts"),
+            _ => Ok((vs, None)),
+        }) {
+            Ok((vs, left_out)) if which == CONTEXT => {
                 jobs.push((which, vs));
                 rings_left_out = left_out;
+            }
+            Ok((vs, left_out)) => {
+                jobs.extend(vs.into_iter().map(|lv| (which, vec![lv])));
+                if which == MORE_GPUS {
+                    counts_left_out = left_out;
+                }
             }
             Err(why) => skips.push((which, skipped(name, u64::from(s.cluster.gpus), why))),
         }
@@ -1114,7 +1125,7 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>, fits_now: bool) -> Vec<Co
     let mut out: Vec<(usize, Counterfactual)> = Vec::new();
     for which in 0..COUNTERFACTUAL_NAMES.len() {
         let mine: Vec<&Counterfactual> = done.iter().filter(|(w, _)| *w == which).map(|(_, c)| c).collect();
-        if which == 4 && !mine.is_empty() && fits_now {
+        if which == MORE_GPUS && !mine.is_empty() && fits_now {
             // A job explained near its capacity already fits: the first doubling, for what
             // it does to the peak and the speed; no search for a count that fits.
             let mut c = mine[0].clone();
@@ -1123,8 +1134,8 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>, fits_now: bool) -> Vec<Co
             c.note =
                 Some(format!("the job fits on its {n} {gpus} already: the first doubling, for its peak and speed"));
             out.push((which, c));
-        } else if which == 4 && !mine.is_empty() {
-            out.push((which, fewest_gpus(s, &mine, base_tps)));
+        } else if which == MORE_GPUS && !mine.is_empty() {
+            out.push((which, fewest_gpus(s, &mine, base_tps, counts_left_out.as_deref())));
         } else if which == CONTEXT && !mine.is_empty() {
             // The smallest ring that fits (the search stopped there), else the largest tried.
             let pick = mine.iter().find(|c| c.fits == Some(true)).or(mine.last()).map(|c| (*c).clone());
@@ -1156,10 +1167,18 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>, fits_now: bool) -> Vec<Co
 /// The smallest GPU count that fits: the first doubling that fits, then bisection over the
 /// counts between it and the last doubling that did not (whole nodes, whole model-parallel
 /// groups); the largest count tried if none fits, saying so.
-fn fewest_gpus(s: &Scenario, doublings: &[&Counterfactual], base_tps: Option<f64>) -> Counterfactual {
+fn fewest_gpus(
+    s: &Scenario,
+    doublings: &[&Counterfactual],
+    base_tps: Option<f64>,
+    left_out: Option<&str>,
+) -> Counterfactual {
     let Some(k) = doublings.iter().position(|c| c.fits == Some(true)) else {
         let mut c = doublings[doublings.len() - 1].clone();
-        c.note = Some(format!("still OOM at {} GPUs", c.gpus));
+        c.note = Some(match left_out {
+            Some(why) => format!("still OOM at {} GPUs ({why})", c.gpus),
+            None => format!("still OOM at {} GPUs", c.gpus),
+        });
         return c;
     };
     let gpus = u64::from(s.cluster.gpus);
@@ -1207,21 +1226,32 @@ fn pairs(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
     let Ok(mut ck) = variants(s, 0) else { return Vec::new() };
     let Some((_, ck)) = ck.pop() else { return Vec::new() };
     let mut jobs: Vec<(usize, String, Scenario)> = Vec::new();
-    for which in [2usize, 4, 5, 8, 10, 11] {
-        if let Ok(vs) = variants(&ck, which) {
+    let mut counts_left_out = None;
+    for which in [2usize, MORE_GPUS, 5, 8, 10, 11] {
+        let vs = variants(&ck, which).and_then(|vs| {
+            if which == MORE_GPUS {
+                budgeted(vs, "larger counts")
+            } else {
+                Ok((vs, None))
+            }
+        });
+        if let Ok((vs, left_out)) = vs {
             jobs.extend(vs.into_iter().map(|(l, v)| (which, format!("full checkpointing + {l}"), v)));
+            if which == MORE_GPUS {
+                counts_left_out = left_out;
+            }
         }
     }
     let done: Vec<(usize, Counterfactual)> =
         jobs.par_iter().map(|(w, l, v)| (*w, measure(l.clone(), v, base_tps))).collect();
     let mut out = Vec::new();
-    for which in [2usize, 4, 5, 8, 10, 11] {
+    for which in [2usize, MORE_GPUS, 5, 8, 10, 11] {
         let mine: Vec<&Counterfactual> = done.iter().filter(|(w, _)| *w == which).map(|(_, c)| c).collect();
         if mine.is_empty() {
             continue;
         }
-        if which == 4 {
-            let mut c = fewest_gpus(&ck, &mine, base_tps);
+        if which == MORE_GPUS {
+            let mut c = fewest_gpus(&ck, &mine, base_tps, counts_left_out.as_deref());
             c.change = format!("full checkpointing + {}", c.change.trim_start_matches("full checkpointing + "));
             out.push(c);
         } else {
@@ -1279,7 +1309,7 @@ pub fn answer(cfs: &[Counterfactual], status: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{bigger_gpu, ring_budget, variants, CONTEXT, MAX_TASKS};
+    use super::{bigger_gpu, budgeted, variants, CONTEXT, MAX_TASKS, MORE_GPUS};
     use crate::hardware::{lookup, CATALOG};
     use crate::scenario::Scenario;
 
@@ -1300,7 +1330,7 @@ mod tests {
         let shipped = mixtral_on(32);
         let all = rings(&shipped);
         assert_eq!(all.len(), 3, "rings 2, 4 and 8 divide data parallelism 8");
-        let (kept, left_out) = ring_budget(all).unwrap();
+        let (kept, left_out) = budgeted(all, "larger rings").unwrap();
         assert_eq!(kept.len(), 3);
         assert_eq!(left_out, None);
         // 1,024 GPUs: data parallelism 256 allows rings up to 64, which would simulate 64 x
@@ -1309,13 +1339,46 @@ mod tests {
         let all = rings(&wide);
         assert_eq!(all.len(), 6);
         let estimates: Vec<u64> = all.iter().map(|(_, v)| v.estimated_tasks()).collect();
-        let (kept, left_out) = ring_budget(all).unwrap();
+        let (kept, left_out) = budgeted(all, "larger rings").unwrap();
         let held: u64 = estimates[..kept.len()].iter().sum();
         assert!(held <= MAX_TASKS, "{held}");
         assert!(held + estimates[kept.len()] > MAX_TASKS, "{estimates:?}");
         assert_eq!(kept.last().unwrap().1.parallel.model_parallel.context, 8, "{estimates:?}");
         let why = left_out.unwrap();
-        assert!(why.contains("a ring of 16 (grad_accum 256)") && why.contains("larger rings not tried"), "{why}");
+        assert!(
+            why.starts_with("context parallel 1 -> 16, grad_accum 16 -> 256 (same batch) would simulate about"),
+            "{why}"
+        );
+        assert!(why.ends_with("larger rings not tried"), "{why}");
+    }
+
+    /// Under `[jitter]` every data-parallel rank is simulated, so each doubling of the GPUs
+    /// doubles the tasks: torchtitan's Llama 3.1 8B recipe on 16 GPUs (micro-batch 4,
+    /// grad_accum 8) keeps the doublings to 256 GPUs, whose tasks together stay within one
+    /// change's budget. Without jitter the ranks simulated do not grow with the GPUs and every
+    /// doubling is kept.
+    #[test]
+    fn more_gpus_under_jitter_holds_one_changes_task_budget() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/llama3-8b-fsdp2-h100.toml");
+        let text = std::fs::read_to_string(&path)
+            .unwrap()
+            .replace("gpus = 8", "gpus = 16")
+            .replace("micro_batch = 1", "micro_batch = 4")
+            .replace("grad_accum = 1", "grad_accum = 8");
+        let plain = Scenario::from_toml(&path, &text).unwrap();
+        let (kept, left_out) = budgeted(variants(&plain, MORE_GPUS).unwrap(), "larger counts").unwrap();
+        assert_eq!((kept.len(), left_out), (6, None));
+        let jittered = Scenario::from_toml(&path, &format!("{text}\n[jitter]\nseed = 1\ncompute_cv = 0.03\n")).unwrap();
+        let all = variants(&jittered, MORE_GPUS).unwrap();
+        let estimates: Vec<u64> = all.iter().map(|(_, v)| v.estimated_tasks()).collect();
+        let (kept, left_out) = budgeted(all, "larger counts").unwrap();
+        assert_eq!(kept.last().unwrap().1.cluster.gpus, 256, "{estimates:?}");
+        assert!(estimates[..kept.len()].iter().sum::<u64>() <= MAX_TASKS);
+        let why = left_out.unwrap();
+        assert!(
+            why.starts_with("GPUs 16 -> 512 would simulate about") && why.ends_with("larger counts not tried"),
+            "{why}"
+        );
     }
 
     /// The upgrade list is kept by hand: every catalog part but the largest has an upgrade,

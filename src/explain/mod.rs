@@ -25,10 +25,10 @@ pub use live::LiveLine;
 pub const DEFAULT_MARGIN: f64 = 0.05;
 
 /// About how many times `explain` simulates a job: the job itself, each single change, and
-/// each GPU count it tries. Its size bound is the job's tasks times this. The one change
-/// that grows the job, a context-parallel ring (grad_accum multiplied by the ring), holds its
-/// own bound: the rings it tries stay within `MAX_TASKS` together (`counterfactual`'s
-/// `ring_budget`).
+/// each GPU count it tries. Its size bound is the job's tasks times this. The changes that
+/// grow the job, a context-parallel ring (grad_accum multiplied by the ring) and more GPUs
+/// under `[jitter]` (every data-parallel rank simulated), hold their own bound: the variants
+/// each tries stay within `MAX_TASKS` together (`counterfactual`'s `budgeted`).
 pub const SIMULATIONS: u64 = 16;
 
 /// Whether `explain` takes this scenario: training jobs (not inference, not LoRA yet) that a
