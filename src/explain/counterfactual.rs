@@ -1057,7 +1057,7 @@ fn budgeted(growing: Variants, larger: &str) -> Result<(Variants, Option<String>
 fn single_changes(s: &Scenario, base_tps: Option<f64>, fits_now: bool) -> Vec<Counterfactual> {
     // Each job's variants are simulated in order until one fits (the context-parallel ring
     // search); every other change's variants are jobs of one.
-    let mut jobs: Vec<(usize, Vec<(String, Scenario)>)> = Vec::new();
+    let mut jobs: Vec<(usize, Variants)> = Vec::new();
     let mut skips: Vec<(usize, Counterfactual)> = Vec::new();
     let (mut rings_left_out, mut counts_left_out): (Option<String>, Option<String>) = (None, None);
     for (which, name) in COUNTERFACTUAL_NAMES.iter().enumerate() {
