@@ -12,7 +12,7 @@ use stepsim::scenario::Scenario;
 use stepsim::{SimOptions, Simulation};
 
 mod same_run;
-use same_run::{assert_same_figures, both, Rng};
+use same_run::{a_byte_short_of, assert_same_figures, both, Rng};
 
 /// What the default run is checked against: every rank in one event loop.
 fn plain() -> SimOptions {
@@ -87,7 +87,7 @@ fn random_jitter_jobs_match_the_single_loop() {
         // Again on a device a byte short of the run's highest live bytes: it runs out of
         // memory, and the runner hands the job to the single loop.
         let allocated = a.run.traces.iter().map(|t| t.allocator.peak_allocated).max().unwrap_or(0);
-        s.cluster.memory_bytes = s.cluster.cuda_context_bytes + s.nccl_bytes() + s.deepep_bytes() + allocated - 1;
+        a_byte_short_of(&mut s, allocated);
         let (a, one) = both(&s, plain());
         assert_same(&format!("case {cases}, a byte short:\n{toml}"), &a, &one);
         let oom = a.run.traces.iter().any(|t| t.oom.is_some());

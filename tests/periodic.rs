@@ -21,7 +21,7 @@ use stepsim::sweep::summary::{self, Outcome};
 use stepsim::{SimOptions, Simulation};
 
 mod same_run;
-use same_run::{assert_same_figures, both, Rng};
+use same_run::{a_byte_short_of, assert_same_figures, both, Rng};
 
 /// What the default run is checked against: every period simulated.
 fn plain() -> SimOptions {
@@ -138,7 +138,7 @@ fn random_pipelines_and_accumulation_runs_match_the_full_simulation() {
         };
         let (reserved, allocated) = (peak(&|a| a.peak_reserved), peak(&|a| a.peak_allocated));
         for (what, bytes) in [("reservation", reserved), ("live bytes", allocated)] {
-            s.cluster.memory_bytes = s.cluster.cuda_context_bytes + s.nccl_bytes() + s.deepep_bytes() + bytes - 1;
+            a_byte_short_of(&mut s, bytes);
             let (fast, full) = both(&s, plain());
             let name = format!("case {cases}, a byte short of its {what}:\n{toml}");
             let jo = assert_same(&name, &fast, &full);
@@ -226,7 +226,7 @@ fn random_steps_of_one_micro_batch_match_the_full_simulation() {
         // Again a byte short of the run's highest live bytes: it runs out, often inside the
         // blocks jumped.
         let allocated = fast.run.traces.iter().map(|t| t.allocator.peak_allocated).max().unwrap_or(0);
-        s.cluster.memory_bytes = s.cluster.cuda_context_bytes + s.nccl_bytes() + s.deepep_bytes() + allocated - 1;
+        a_byte_short_of(&mut s, allocated);
         let (fast, full) = both(&s, plain());
         let jo = assert_same(&format!("case {cases}, a byte short of its live bytes:\n{toml}"), &fast, &full);
         assert_sweep_agrees(&format!("case {cases}, a byte short of its live bytes:\n{toml}"), &s, &full);

@@ -1,6 +1,7 @@
 //! Helpers of the tests that check a faster way of playing a job against the plain one
-//! (tests/periodic.rs, tests/by_rank.rs): a seeded generator of random scenarios, and the
-//! comparison of two simulations in everything they recorded.
+//! (tests/periodic.rs, tests/by_rank.rs): a seeded generator of random scenarios, a device a
+//! byte short of a run's peak, and the comparison of two simulations in everything they
+//! recorded.
 
 use stepsim::scenario::Scenario;
 use stepsim::{SimOptions, Simulation};
@@ -10,6 +11,13 @@ pub fn both(s: &Scenario, plain: SimOptions) -> (Simulation, Simulation) {
     let fast = stepsim::simulate(s).unwrap_or_else(|e| panic!("{e}"));
     let slow = stepsim::simulate_with(s, plain).unwrap_or_else(|e| panic!("{e}"));
     (fast, slow)
+}
+
+/// Shrinks `s`'s device so that its allocator holds one byte less than `bytes` (what the CUDA
+/// context, NCCL's and DeepEP's buffers take stays outside it): a run that needed `bytes` at
+/// its peak runs out of memory there.
+pub fn a_byte_short_of(s: &mut Scenario, bytes: u64) {
+    s.cluster.memory_bytes = s.cluster.cuda_context_bytes + s.nccl_bytes() + s.deepep_bytes() + bytes - 1;
 }
 
 /// Asserts the two simulations agree in everything they recorded: step spans, each class's
