@@ -1054,12 +1054,24 @@ fn budgeted(growing: Variants, larger: &str) -> Result<(Variants, Option<String>
     Ok((kept, None))
 }
 
+/// [`variants`] as `explain` tries them: a change that grows the job held to one change's
+/// task budget ([`budgeted`]), with why its larger variants are left out.
+fn tried_variants(s: &Scenario, which: usize) -> Result<(Variants, Option<String>), String> {
+    let vs = variants(s, which)?;
+    match which {
+        CONTEXT => budgeted(vs, "larger rings"),
+        MORE_GPUS => budgeted(vs, "larger counts"),
+        _ => Ok((vs, None)),
+    }
+}
+
 fn single_changes(s: &Scenario, base_tps: Option<f64>, fits_now: bool) -> Vec<Counterfactual> {
     // Each job's variants are simulated in order until one fits (the context-parallel ring
     // search); every other change's variants are jobs of one.
     let mut jobs: Vec<(usize, Variants)> = Vec::new();
     let mut skips: Vec<(usize, Counterfactual)> = Vec::new();
-    let (mut rings_left_out, mut counts_left_out): (Option<String>, Option<String>) = (None, None);
+    // Why a growing change's larger variants were not tried, by change.
+    let mut left_out: Vec<(usize, String)> = Vec::new();
     for (which, name) in COUNTERFACTUAL_NAMES.iter().enumerate() {
         let moe_only = [EXPERT_PARALLEL, CAPACITY, MOE_ACT, DEEPEP, EP_OVERLAP];
         if moe_only.contains(&which) && s.model.moe.is_none() {
@@ -1089,20 +1101,14 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>, fits_now: bool) -> Vec<Co
         {
             continue;
         }
-        match variants(s, which).and_then(|vs| match which {
-            CONTEXT => budgeted(vs, "larger rings"),
-            MORE_GPUS => budgeted(vs, "larger counts"),
-            _ => Ok((vs, None)),
-        }) {
-            Ok((vs, left_out)) if which == CONTEXT => {
-                jobs.push((which, vs));
-                rings_left_out = left_out;
-            }
-            Ok((vs, left_out)) => {
-                jobs.extend(vs.into_iter().map(|lv| (which, vec![lv])));
-                if which == MORE_GPUS {
-                    counts_left_out = left_out;
+        match tried_variants(s, which) {
+            Ok((vs, why)) => {
+                if which == CONTEXT {
+                    jobs.push((which, vs));
+                } else {
+                    jobs.extend(vs.into_iter().map(|lv| (which, vec![lv])));
                 }
+                left_out.extend(why.map(|why| (which, why)));
             }
             Err(why) => skips.push((which, skipped(name, u64::from(s.cluster.gpus), why))),
         }
@@ -1122,6 +1128,7 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>, fits_now: bool) -> Vec<Co
             tried
         })
         .collect();
+    let left_out_of = |which: usize| left_out.iter().find(|(w, _)| *w == which).map(|(_, why)| why.as_str());
     let mut out: Vec<(usize, Counterfactual)> = Vec::new();
     for which in 0..COUNTERFACTUAL_NAMES.len() {
         let mine: Vec<&Counterfactual> = done.iter().filter(|(w, _)| *w == which).map(|(_, c)| c).collect();
@@ -1135,13 +1142,13 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>, fits_now: bool) -> Vec<Co
                 Some(format!("the job fits on its {n} {gpus} already: the first doubling, for its peak and speed"));
             out.push((which, c));
         } else if which == MORE_GPUS && !mine.is_empty() {
-            out.push((which, fewest_gpus(s, &mine, base_tps, counts_left_out.as_deref())));
+            out.push((which, fewest_gpus(s, &mine, base_tps, left_out_of(MORE_GPUS))));
         } else if which == CONTEXT && !mine.is_empty() {
             // The smallest ring that fits (the search stopped there), else the largest tried.
             let pick = mine.iter().find(|c| c.fits == Some(true)).or(mine.last()).map(|c| (*c).clone());
             out.extend(pick.map(|mut c| {
                 if c.fits != Some(true) && c.note.is_none() {
-                    c.note = rings_left_out.clone();
+                    c.note = left_out_of(CONTEXT).map(str::to_string);
                 }
                 (which, c)
             }));
@@ -1228,18 +1235,9 @@ fn pairs(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
     let mut jobs: Vec<(usize, String, Scenario)> = Vec::new();
     let mut counts_left_out = None;
     for which in [2usize, MORE_GPUS, 5, 8, 10, 11] {
-        let vs = variants(&ck, which).and_then(|vs| {
-            if which == MORE_GPUS {
-                budgeted(vs, "larger counts")
-            } else {
-                Ok((vs, None))
-            }
-        });
-        if let Ok((vs, left_out)) = vs {
+        if let Ok((vs, why)) = tried_variants(&ck, which) {
             jobs.extend(vs.into_iter().map(|(l, v)| (which, format!("full checkpointing + {l}"), v)));
-            if which == MORE_GPUS {
-                counts_left_out = left_out;
-            }
+            counts_left_out = counts_left_out.or(why);
         }
     }
     let done: Vec<(usize, Counterfactual)> =
@@ -1315,10 +1313,17 @@ mod tests {
 
     /// The shipped hot-expert Mixtral job (PP 4 x EP 8, grad_accum 16) on `gpus` GPUs.
     fn mixtral_on(gpus: u32) -> Scenario {
-        let path =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/mixtral-8x7b-h100-ep8-hot-expert.toml");
-        let text = std::fs::read_to_string(&path).unwrap().replace("gpus = 32", &format!("gpus = {gpus}"));
-        Scenario::from_toml(&path, &text).unwrap()
+        shipped_with("mixtral-8x7b-h100-ep8-hot-expert.toml", &[("gpus = 32", &format!("gpus = {gpus}"))], "")
+    }
+
+    /// A shipped scenario with each `(from, to)` replaced in its text, and `extra` appended.
+    fn shipped_with(name: &str, edits: &[(&str, &str)], extra: &str) -> Scenario {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios").join(name);
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        for (from, to) in edits {
+            text = text.replace(from, to);
+        }
+        Scenario::from_toml(&path, &(text + extra)).unwrap()
     }
 
     /// The ring search keeps the rings whose tasks fit one change's budget together, smallest
@@ -1359,16 +1364,13 @@ mod tests {
     /// doubling is kept.
     #[test]
     fn more_gpus_under_jitter_holds_one_changes_task_budget() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/llama3-8b-fsdp2-h100.toml");
-        let text = std::fs::read_to_string(&path)
-            .unwrap()
-            .replace("gpus = 8", "gpus = 16")
-            .replace("micro_batch = 1", "micro_batch = 4")
-            .replace("grad_accum = 1", "grad_accum = 8");
-        let plain = Scenario::from_toml(&path, &text).unwrap();
+        let edits =
+            [("gpus = 8", "gpus = 16"), ("micro_batch = 1", "micro_batch = 4"), ("grad_accum = 1", "grad_accum = 8")];
+        let recipe = |extra: &str| shipped_with("llama3-8b-fsdp2-h100.toml", &edits, extra);
+        let plain = recipe("");
         let (kept, left_out) = budgeted(variants(&plain, MORE_GPUS).unwrap(), "larger counts").unwrap();
         assert_eq!((kept.len(), left_out), (6, None));
-        let jittered = Scenario::from_toml(&path, &format!("{text}\n[jitter]\nseed = 1\ncompute_cv = 0.03\n")).unwrap();
+        let jittered = recipe("\n[jitter]\nseed = 1\ncompute_cv = 0.03\n");
         let all = variants(&jittered, MORE_GPUS).unwrap();
         let estimates: Vec<u64> = all.iter().map(|(_, v)| v.estimated_tasks()).collect();
         let (kept, left_out) = budgeted(all, "larger counts").unwrap();
