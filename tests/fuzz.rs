@@ -11,9 +11,14 @@
 //! damage must be refused with nothing written. Every case is bounded to 30 s and 4 GB
 //! resident (read from /proc on Linux).
 //!
+//! A third sets one to three fields to values a user would write (`PLAUSIBLE`), so that most
+//! of its cases run and the report's invariants, against memory.csv too, are checked on many
+//! running jobs rather than on refusals.
+//!
 //! `cargo test --release --test fuzz` runs a short fixed-seed campaign (as CI does);
-//! `STEPSIM_FUZZ_CASES=10000 STEPSIM_FUZZ_SWEEPS=2000 STEPSIM_FUZZ_SEED=7 cargo test --release --test fuzz -- --nocapture`
-//! runs a long one and prints its counts.
+//! `STEPSIM_FUZZ_CASES=10000 STEPSIM_FUZZ_PLAUSIBLE=5000 STEPSIM_FUZZ_SWEEPS=2000 STEPSIM_FUZZ_SEED=7 cargo test --release --test fuzz -- --nocapture`
+//! runs a long one and prints its counts (`STEPSIM_FUZZ_SHOW=1` prints each case's exit and
+//! last line of stderr).
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -317,6 +322,57 @@ fn check_report(json: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The report's peak against its own parts and its memory timeline, on a run that exited 0:
+/// the peak's breakdown sums to its allocated bytes; the peak is one rank class's largest
+/// allocated sample in memory.csv; a job that fits never reserves over capacity, and its
+/// headline class is the one that reserves most (report::job::headline's rule). Host rows,
+/// for offload, are the node's memory and left out.
+fn check_memory_csv(json: &str, out: &Path) -> Result<(), String> {
+    let r: serde_json::Value = serde_json::from_str(json).map_err(|e| e.to_string())?;
+    let Some(p) = r.get("peak").filter(|p| !p.is_null()) else { return Ok(()) };
+    let bytes = |v: &serde_json::Value| v.get("bytes").and_then(|b| b.as_u64()).unwrap_or(0);
+    let (allocated, reserved) = (bytes(&p["allocated"]), bytes(&p["reserved"]));
+    let parts: u64 = p["breakdown"].as_array().into_iter().flatten().map(bytes).sum();
+    if parts != allocated {
+        return Err(format!("the peak's breakdown sums to {parts}, its allocated bytes are {allocated}"));
+    }
+    let csv = std::fs::read_to_string(out.join("memory.csv")).map_err(|e| format!("no memory.csv: {e}"))?;
+    // Each GPU rank class's largest allocated and reserved samples.
+    let mut classes: std::collections::BTreeMap<&str, (u64, u64)> = Default::default();
+    for line in csv.lines().skip(1) {
+        // time_s,rank_class,category,bytes; a rank class with a comma is quoted.
+        let f: Vec<&str> = line.rsplitn(3, ',').collect();
+        let [b, category, time_class] = f[..] else { return Err(format!("memory.csv row {line:?}")) };
+        let class = time_class.split_once(',').map_or("", |(_, c)| c);
+        if class.trim_start_matches('"').starts_with("host") {
+            continue;
+        }
+        let b: u64 = b.parse().map_err(|_| format!("memory.csv row {line:?}"))?;
+        let most = classes.entry(class).or_default();
+        match category {
+            "allocated" => most.0 = most.0.max(b),
+            "reserved" => most.1 = most.1.max(b),
+            _ => {}
+        }
+    }
+    if !classes.values().any(|&(a, _)| a == allocated) {
+        return Err(format!(
+            "the peak, {allocated} allocated, is no rank class's largest sample in memory.csv: {classes:?}"
+        ));
+    }
+    let most_reserved = classes.values().map(|&(_, res)| res).max().unwrap_or(0);
+    let cap = bytes(&r["capacity"]);
+    if r["verdict"]["verdict"] == "fits" {
+        if most_reserved > cap {
+            return Err(format!("fits, but memory.csv reserves {most_reserved} of capacity {cap}"));
+        }
+        if most_reserved != reserved {
+            return Err(format!("the headline reserves {reserved} at its peak, memory.csv's most is {most_reserved}"));
+        }
+    }
+    Ok(())
+}
+
 /// One case: the base file with its mutations, run with a time bound.
 struct Outcome {
     code: Option<i32>,
@@ -405,7 +461,7 @@ fn run_case(file: &Path, out: &Path, explain: bool, limit: Duration) -> Outcome 
         o.problem = match code {
             Some(0) => std::fs::read_to_string(out.join("report.json"))
                 .map_err(|e| format!("exit 0 without report.json: {e}"))
-                .and_then(|j| check_report(&j))
+                .and_then(|j| check_report(&j).and_then(|()| check_memory_csv(&j, out)))
                 .err(),
             _ if code == Some(2) && out.join("report.json").exists() => {
                 Some(format!("exit 2 but report.json was written ({})", err.trim()))
@@ -450,19 +506,112 @@ fn every_base_runs_unmutated() {
     }
 }
 
+/// A campaign's running tally: each case run through [`run_case`], the cases that ran (exit 0)
+/// run again with `--every-period` and compared byte for byte, and the problems found.
+struct Campaign {
+    dir: tempfile::TempDir,
+    limit: Duration,
+    cases: usize,
+    ok: usize,
+    refused: usize,
+    checked_periods: usize,
+    slowest: (f64, String),
+    largest: (u64, String),
+    problems: Vec<String>,
+}
+
+impl Campaign {
+    fn new() -> Campaign {
+        Campaign {
+            dir: tempfile::tempdir().unwrap(),
+            limit: Duration::from_secs(30),
+            cases: 0,
+            ok: 0,
+            refused: 0,
+            checked_periods: 0,
+            slowest: (0.0, String::new()),
+            largest: (0, String::new()),
+            problems: Vec::new(),
+        }
+    }
+
+    /// Runs one scenario text (`run`, or `explain`), described as `case` in what it prints.
+    fn case(&mut self, text: &str, explain: bool, case: String) {
+        let i = self.cases;
+        self.cases += 1;
+        let file = self.dir.path().join(format!("case{i}.toml"));
+        std::fs::write(&file, text).unwrap();
+        let out = self.dir.path().join(format!("out{i}"));
+        let o = run_case(&file, &out, explain, self.limit);
+        let case = format!("{case}{}", if explain { " (explain)" } else { "" });
+        if std::env::var("STEPSIM_FUZZ_SHOW").is_ok() {
+            println!("{:?} {case}: {}", o.code, o.stderr.lines().last().unwrap_or(""));
+        }
+        if o.seconds > self.slowest.0 {
+            self.slowest = (o.seconds, case.clone());
+        }
+        if o.peak_rss > self.largest.0 {
+            self.largest = (o.peak_rss, case.clone());
+        }
+        match o.code {
+            Some(0) => self.ok += 1,
+            Some(2) => self.refused += 1,
+            _ => {}
+        }
+        if let Some(p) = o.problem {
+            self.problems.push(format!("{case}: {p}"));
+        } else if o.code == Some(0) && !explain {
+            // A run again with every period simulated: the same files, byte for
+            // byte (src/engine/period.rs is exact).
+            let full = self.dir.path().join(format!("full{i}"));
+            let args = ["run", file.to_str().unwrap(), "--out", full.to_str().unwrap(), "--every-period"];
+            let f = run_bounded(&args, self.limit * 4);
+            self.checked_periods += 1;
+            let differs = OUTPUTS.iter().find(|n| std::fs::read(out.join(n)).ok() != std::fs::read(full.join(n)).ok());
+            if f.code != Some(0) || differs.is_some() {
+                self.problems.push(format!(
+                    "{case}: with --every-period: exit {:?}, {} differs",
+                    f.code,
+                    differs.unwrap_or(&"nothing")
+                ));
+            }
+            let _ = std::fs::remove_dir_all(&full);
+        }
+        let _ = std::fs::remove_dir_all(&out);
+    }
+
+    /// Prints the tally and fails on any problem.
+    fn finish(self, name: &str, seed: u64) {
+        println!(
+            "{name}: seed {seed}, {} cases: {} ran (exit 0, {} of them again with --every-period), {} refused (exit 2), {} problems; slowest {:.1} s: {}; most memory {:.2} GB: {}",
+            self.cases,
+            self.ok,
+            self.checked_periods,
+            self.refused,
+            self.problems.len(),
+            self.slowest.0,
+            self.slowest.1,
+            self.largest.0 as f64 / 1e9,
+            self.largest.1
+        );
+        assert!(self.problems.is_empty(), "{}", self.problems.join("\n"));
+    }
+}
+
+/// A campaign's size and seed: `STEPSIM_FUZZ_SEED` and the named variable, else the defaults.
+fn campaign_size(var: &str, cases: usize) -> (usize, u64) {
+    let cases = std::env::var(var).ok().and_then(|x| x.parse().ok()).unwrap_or(cases);
+    let seed = std::env::var("STEPSIM_FUZZ_SEED").ok().and_then(|x| x.parse().ok()).unwrap_or(22);
+    (cases, seed)
+}
+
 #[test]
 fn mutated_scenarios_keep_the_exit_code_contract() {
-    let cases: usize = std::env::var("STEPSIM_FUZZ_CASES").ok().and_then(|x| x.parse().ok()).unwrap_or(300);
-    let seed: u64 = std::env::var("STEPSIM_FUZZ_SEED").ok().and_then(|x| x.parse().ok()).unwrap_or(22);
-    let limit = Duration::from_secs(30);
+    let (cases, seed) = campaign_size("STEPSIM_FUZZ_CASES", 300);
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let dir = tempfile::tempdir().unwrap();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let (mut ok, mut refused, mut slowest, mut checked_periods) = (0, 0, 0.0f64, 0);
-    let mut slowest_case = String::new();
-    let mut largest = (0u64, String::new());
-    let mut problems = Vec::new();
-    for i in 0..cases {
+    let mut campaign = Campaign::new();
+    for _ in 0..cases {
         let base_name = BASES[rng.random_range(0..BASES.len())];
         let mut text = base_text(root, base_name);
         let mut what = Vec::new();
@@ -482,53 +631,238 @@ fn mutated_scenarios_keep_the_exit_code_contract() {
             text.push_str("# \u{0}\r\n");
             what.push("NUL and CR in a comment".into());
         }
-        let file = dir.path().join(format!("case{i}.toml"));
-        std::fs::write(&file, &text).unwrap();
-        let out = dir.path().join(format!("out{i}"));
         let explain = rng.random_range(0..4) == 0;
-        let o = run_case(&file, &out, explain, limit);
-        let case = || format!("{base_name} [{}]{}", what.join(", "), if explain { " (explain)" } else { "" });
-        if o.seconds > slowest {
-            slowest = o.seconds;
-            slowest_case = case();
-        }
-        if o.peak_rss > largest.0 {
-            largest = (o.peak_rss, case());
-        }
-        match o.code {
-            Some(0) => ok += 1,
-            Some(2) => refused += 1,
-            _ => {}
-        }
-        if let Some(p) = o.problem {
-            problems.push(format!("{base_name} [{}]{}: {p}", what.join(", "), if explain { " (explain)" } else { "" }));
-        } else if o.code == Some(0) && !explain {
-            // A run again with every period simulated: the same files, byte for
-            // byte (src/engine/period.rs is exact).
-            let full = dir.path().join(format!("full{i}"));
-            let args = ["run", file.to_str().unwrap(), "--out", full.to_str().unwrap(), "--every-period"];
-            let f = run_bounded(&args, limit * 4);
-            checked_periods += 1;
-            let differs = OUTPUTS.iter().find(|n| std::fs::read(out.join(n)).ok() != std::fs::read(full.join(n)).ok());
-            if f.code != Some(0) || differs.is_some() {
-                problems.push(format!(
-                    "{}: with --every-period: exit {:?}, {} differs",
-                    case(),
-                    f.code,
-                    differs.unwrap_or(&"nothing")
-                ));
-            }
-            let _ = std::fs::remove_dir_all(&full);
-        }
-        let _ = std::fs::remove_dir_all(&out);
+        campaign.case(&text, explain, format!("{base_name} [{}]", what.join(", ")));
     }
-    println!(
-        "fuzz: seed {seed}, {cases} cases: {ok} ran (exit 0, {checked_periods} of them again with --every-period), {refused} refused (exit 2), {} problems; slowest {slowest:.1} s: {slowest_case}; most memory {:.2} GB: {}",
-        problems.len(),
-        largest.0 as f64 / 1e9,
-        largest.1
-    );
-    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    campaign.finish("fuzz", seed);
+}
+
+/// Values a user would write, by field: every name an enum field allows, both booleans, and
+/// sizes in the ranges the shipped scenarios use. The campaign that draws only these runs most
+/// of its cases, so the report's invariants and the periodic extrapolation's byte-identity
+/// are checked on many running jobs, where the extreme campaign mostly checks refusals.
+const PLAUSIBLE: &[(&str, &str, &[&str])] = &[
+    ("model", "n_layers", &["2", "4", "8", "12", "24", "32"]),
+    ("model", "n_kv_heads", &["1", "2", "4", "8"]),
+    ("model", "vocab", &["32000", "50257", "128256"]),
+    ("model", "dropout", &["0.0", "0.1"]),
+    ("model", "head_dim", &["64", "128"]),
+    ("model", "name", &["gpt2", "llama-3.1-8b", "mistral-7b-v0.1", "gemma-3-1b", "gemma-2-9b", "gpt-oss-20b"]),
+    ("model", "qkv_bias", &["true", "false"]),
+    ("model", "tie_embeddings", &["true", "false"]),
+    ("model", "qk_norm", &["true", "false"]),
+    ("model", "family", &["\"gpt\"", "\"llama\""]),
+    (
+        "hardware",
+        "gpu",
+        &["\"a100-80gb\"", "\"a100-40gb\"", "\"h100-sxm\"", "\"h200\"", "\"b200\"", "\"mi300x\"", "\"l40s\""],
+    ),
+    ("hardware", "gpus", &["1", "2", "4", "8", "16", "32"]),
+    ("hardware", "gpus_per_node", &["1", "4", "8"]),
+    ("hardware", "memory_capacity", &["\"24GB\"", "\"40GB\"", "\"80GB\"", "\"80GiB\"", "\"141GB\""]),
+    ("hardware", "cuda_context", &["\"0.5GB\"", "\"1GiB\""]),
+    ("hardware", "nic_gbps", &["100", "200", "400"]),
+    ("hardware", "nics_per_node", &["1", "4", "8"]),
+    ("hardware", "nvlink_gb_per_s", &["300", "450", "900"]),
+    ("parallel", "tensor", &["1", "2", "4", "8"]),
+    ("parallel", "pipeline", &["1", "2", "4"]),
+    ("parallel", "virtual_stages", &["1", "2"]),
+    ("parallel", "bucket_cap_mb", &["1", "25", "100"]),
+    (
+        "parallel",
+        "sharding",
+        &["\"none\"", "\"zero1\"", "\"zero2\"", "\"shard_grad_op\"", "\"zero3\"", "\"full_shard\"", "\"hybrid_shard\""],
+    ),
+    ("parallel", "framework", &["\"fsdp\"", "\"fsdp1\"", "\"fsdp2\"", "\"deepspeed\"", "\"megatron\""]),
+    ("parallel", "expert", &["1", "2", "4", "8"]),
+    ("parallel", "context", &["1", "2", "4"]),
+    ("parallel", "context_rotate", &["\"allgather\"", "\"alltoall\""]),
+    ("parallel", "context_comm", &["\"p2p\"", "\"a2a\""]),
+    ("parallel", "no_sync", &["true", "false"]),
+    ("parallel", "hsdp_shard_size", &["2", "4", "8"]),
+    ("parallel", "async_tp", &["true", "false"]),
+    ("parallel", "expert_tensor", &["1", "2"]),
+    ("parallel", "wrap", &["\"block\"", "\"peft\""]),
+    ("parallel", "use_orig_params", &["true", "false"]),
+    ("parallel", "reshard_after_forward", &["true", "false", "2"]),
+    ("parallel", "schedule", &["\"gpipe\"", "\"1f1b\"", "\"interleaved-1f1b\"", "\"dualpipe\"", "\"dualpipev\""]),
+    ("parallel", "sequence_parallel", &["true", "false"]),
+    ("training", "micro_batch", &["1", "2", "4", "8"]),
+    ("training", "seq_len", &["512", "1024", "2048", "4096", "8192"]),
+    ("training", "grad_accum", &["1", "2", "4", "8"]),
+    ("training", "steps", &["1", "2", "3", "4"]),
+    ("training", "optimizer", &["\"adamw\"", "\"adam\"", "\"sgd\""]),
+    ("training", "optimizer_impl", &["\"foreach\"", "\"fused\"", "\"for-loop\""]),
+    (
+        "training",
+        "precision",
+        &["\"bf16-mixed-adam\"", "\"bf16-mixed-adam-fp32-grads\"", "\"fsdp-bf16-mixed\"", "\"fp32\"", "\"bf16\""],
+    ),
+    ("training", "activation_checkpointing", &["\"none\"", "\"full\"", "\"selective\"", "\"selective-op\""]),
+    ("training", "checkpoint_every", &["1", "2", "4"]),
+    ("training", "recompute_method", &["\"uniform\"", "\"block\""]),
+    ("training", "recompute_num_layers", &["1", "2", "4"]),
+    ("training", "recompute_modules", &["[\"core_attn\"]", "[\"layernorm\", \"mlp\"]", "[\"moe_act\"]", "[\"moe\"]"]),
+    ("training", "loss", &["\"eager\"", "\"vocab-parallel\"", "\"fused-linear\"", "\"compiled\""]),
+    ("training", "activation_offload", &["\"none\"", "\"overlapped\"", "\"synchronous\""]),
+    ("training", "activation_offload_layers", &["1", "2", "4"]),
+    (
+        "training",
+        "attention",
+        &[
+            "\"flash\"",
+            "\"math\"",
+            "\"eager\"",
+            "\"sdpa\"",
+            "\"flash_attention_2\"",
+            "\"flash_attention_3\"",
+            "\"cudnn\"",
+        ],
+    ),
+    ("training", "kernels", &["\"eager\"", "\"compiled\"", "\"fused\""]),
+    ("model.moe", "num_experts", &["4", "8", "16", "64"]),
+    ("model.moe", "top_k", &["1", "2", "4", "8"]),
+    ("model.moe", "first_dense_layers", &["0", "1", "2"]),
+    ("model.moe", "every", &["1", "2"]),
+    ("model.moe", "shared_expert_gate", &["true", "false"]),
+    ("moe", "routing", &["\"uniform\"", "\"zipf\""]),
+    ("moe", "zipf_exponent", &["0.5", "1.0", "1.2"]),
+    ("moe", "seed", &["1", "2", "3"]),
+    ("moe", "capacity_factor", &["1.0", "1.25", "2.0"]),
+    ("moe", "pad_to_capacity", &["true", "false"]),
+    ("moe", "dispatcher", &["\"alltoall\"", "\"deepep\""]),
+    ("moe", "deepep_sms", &["20", "24", "32"]),
+    ("moe", "aux_loss", &["\"none\"", "\"aux_loss\"", "\"seq_aux_loss\"", "[\"aux_loss\", \"global_aux_loss\"]"]),
+    ("fp8", "recipe", &["\"delayed\"", "\"blockwise\"", "\"mxfp8\"", "\"tensorwise\"", "\"rowwise\""]),
+    ("fp8", "wgrad", &["true", "false"]),
+    ("fp8", "amax_history_len", &["16", "1024"]),
+    ("fp8", "fsdp_all_gather", &["true", "false"]),
+    ("megatron", "overlap_grad_reduce", &["true", "false"]),
+    ("megatron", "overlap_param_gather", &["true", "false"]),
+    ("megatron", "tp_comm_overlap", &["true", "false"]),
+    ("megatron", "overlap_moe_expert_parallel_comm", &["true", "false"]),
+    ("megatron", "ddp_bucket_size", &["1e7", "4e7"]),
+    ("megatron", "use_precision_aware_optimizer", &["true", "false"]),
+    ("megatron", "main_grads_dtype", &["\"fp32\"", "\"bf16\""]),
+    ("megatron", "exp_avg_dtype", &["\"fp32\"", "\"bf16\"", "\"fp8\""]),
+    (
+        "megatron",
+        "offload_modules",
+        &["[\"core_attn\", \"attn_proj\"]", "[\"attn_norm\", \"mlp_norm\"]", "[\"expert_fc1\", \"moe_act\"]"],
+    ),
+    ("megatron", "activation_offload_fraction", &["0.0", "0.5", "1.0"]),
+    ("megatron", "store_param_remainders", &["true", "false"]),
+    ("deepspeed", "reduce_bucket_size", &["5e7", "2e8", "5e8"]),
+    ("deepspeed", "allgather_bucket_size", &["5e7", "5e8"]),
+    ("deepspeed", "sub_group_size", &["1e8", "1e9"]),
+    ("deepspeed", "version", &["\"0.9\"", "\"0.13.2\"", "\"0.16.5\""]),
+    ("deepspeed", "stage3_prefetch_bucket_size", &["5e7", "5e8"]),
+    ("deepspeed", "stage3_max_live_parameters", &["1e8", "1e9"]),
+    ("deepspeed", "stage3_max_reuse_distance", &["1e8", "1e9"]),
+    ("deepspeed", "stage3_param_persistence_threshold", &["1e4", "1e5", "1e6"]),
+    ("allocator", "expandable_segments", &["true", "false"]),
+    ("allocator", "max_split_size_mb", &["128", "512"]),
+    ("allocator", "roundup_power2_divisions", &["1", "4", "8"]),
+    ("allocator", "cublas_workspace", &["\"4MiB\"", "\"32MiB\""]),
+    ("jitter", "seed", &["1", "2"]),
+    ("jitter", "compute_cv", &["0.01", "0.03", "0.1"]),
+    ("jitter", "stragglers", &["0", "1", "2"]),
+    ("jitter", "straggler_slowdown", &["1.1", "1.5"]),
+    ("inference", "batch", &["1", "4", "16"]),
+    ("inference", "prompt_len", &["128", "2048"]),
+    ("inference", "gen_len", &["16", "256"]),
+    ("inference", "weights", &["\"bf16\"", "\"int8\"", "\"int4\"", "\"nf4\""]),
+    ("inference", "kv_cache_dtype", &["\"bf16\"", "\"fp8\""]),
+    ("offload", "optimizer", &["\"cpu\"", "\"nvme\"", "\"none\""]),
+    ("offload", "parameters", &["\"cpu\"", "\"nvme\"", "\"none\""]),
+    ("offload", "cpu_memory", &["\"512GB\"", "\"2TB\""]),
+    ("lora", "rank", &["8", "16", "64"]),
+    ("lora", "alpha", &["16", "32"]),
+    ("model.mtp", "layers", &["1"]),
+];
+
+/// A size the base already sets, halved or doubled (an integer halved only when even), so
+/// that the model's and the cluster's shapes keep their divisibility most of the time.
+fn scaled(text: &str, rng: &mut ChaCha8Rng) -> Option<(String, String, String)> {
+    const SIZES: &[(&str, &str)] = &[
+        ("model", "hidden"),
+        ("model", "n_heads"),
+        ("model", "ffn_hidden"),
+        ("model", "n_layers"),
+        ("model", "max_seq_len"),
+        ("model.moe", "expert_ffn_hidden"),
+        ("hardware", "gpus"),
+        ("training", "micro_batch"),
+        ("training", "seq_len"),
+        ("training", "grad_accum"),
+        ("parallel", "tensor"),
+        ("parallel", "pipeline"),
+        ("parallel", "expert"),
+        ("inference", "batch"),
+        ("inference", "prompt_len"),
+        ("jitter", "compute_cv"),
+        ("moe", "zipf_exponent"),
+    ];
+    let doc: toml::Table = toml::from_str(text).ok()?;
+    let (sec, key) = SIZES[rng.random_range(0..SIZES.len())];
+    let mut v = doc.get(sec.split('.').next()?)?;
+    for part in sec.split('.').skip(1) {
+        v = v.get(part)?;
+    }
+    let up = rng.random_bool(0.5);
+    let value = match v.get(key)? {
+        toml::Value::Integer(n) if up => (n * 2).to_string(),
+        toml::Value::Integer(n) if n % 2 == 0 => (n / 2).to_string(),
+        toml::Value::Integer(n) => (n * 2).to_string(),
+        toml::Value::Float(x) => format!("{:?}", if up { x * 2.0 } else { x / 2.0 }),
+        _ => return None,
+    };
+    Some((sec.to_string(), key.to_string(), value))
+}
+
+/// Shipped scenarios with one to three fields set to values a user would write (`PLAUSIBLE`,
+/// or a size the base sets halved or doubled): most run, and each that does keeps the
+/// report's invariants and the same files from `run --every-period`; the rest are refused
+/// with exit 2 (a combination the frameworks do not allow), never a panic. The extreme
+/// campaign above runs about 4% of its cases, so it checks running jobs far less.
+#[test]
+fn plausible_scenarios_keep_their_invariants() {
+    let (cases, seed) = campaign_size("STEPSIM_FUZZ_PLAUSIBLE", 100);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x9a1a);
+    let mut campaign = Campaign::new();
+    for _ in 0..cases {
+        let base_name = BASES[rng.random_range(0..BASES.len())];
+        let mut text = base_text(root, base_name);
+        let mut what = Vec::new();
+        for _ in 0..rng.random_range(1..=3) {
+            let pick = if rng.random_bool(0.3) { scaled(&text, &mut rng) } else { None };
+            let (sec, key, val) = pick.unwrap_or_else(|| {
+                // Mostly a field of a section the base has: a section added to a job it does
+                // not apply to ([moe] on a dense model, [megatron] under FSDP) is refused.
+                let doc: toml::Table = toml::from_str(&text).unwrap();
+                let present = |sec: &str| {
+                    let mut t = Some(&doc);
+                    for part in sec.split('.') {
+                        t = t.and_then(|t| t.get(part)).and_then(|v| v.as_table());
+                    }
+                    t.is_some()
+                };
+                let fields: Vec<_> = PLAUSIBLE.iter().filter(|(sec, _, _)| present(sec)).collect();
+                let (sec, key, values) = if fields.is_empty() || rng.random_bool(0.2) {
+                    &PLAUSIBLE[rng.random_range(0..PLAUSIBLE.len())]
+                } else {
+                    fields[rng.random_range(0..fields.len())]
+                };
+                (sec.to_string(), key.to_string(), values[rng.random_range(0..values.len())].to_string())
+            });
+            text = mutate(&text, &sec, &key, &val);
+            what.push(format!("{sec}.{key} = {val}"));
+        }
+        let explain = rng.random_range(0..4) == 0;
+        campaign.case(&text, explain, format!("{base_name} [{}]", what.join(", ")));
+    }
+    campaign.finish("plausible fuzz", seed);
 }
 
 /// Sweep axes a case may draw: a path and TOML lists for it, plausible and extreme.
