@@ -112,6 +112,9 @@ pub struct Counterfactual {
     pub fits: Option<bool>,
     pub oom_phase: Option<Phase>,
     pub peak: Option<Bytes>,
+    /// The phase the peak falls in: several changes that fit often share one peak because
+    /// each moves it to the same place (the optimizer step's), which this says.
+    pub peak_phase: Option<Phase>,
     pub gpus: u64,
     pub step_time_s: Option<f64>,
     pub tokens_per_s: Option<f64>,
@@ -949,11 +952,13 @@ fn measure(label: String, s: &Scenario, base_tps: Option<f64>) -> Counterfactual
     };
     let tp = timed.as_ref().and_then(|x| x.throughput.clone());
     let peak = timed.as_ref().and_then(|x| x.peak.as_ref().map(|p| p.allocated));
+    let peak_phase = timed.as_ref().and_then(|x| x.peak.as_ref().map(|p| p.at.phase));
     Counterfactual {
         change: label,
         fits: Some(fits),
         oom_phase,
         peak,
+        peak_phase,
         gpus,
         step_time_s: tp.as_ref().map(|t| t.step_time_s),
         tokens_per_s: tp.as_ref().map(|t| t.tokens_per_s),
@@ -994,7 +999,8 @@ pub fn run_all(s: &Scenario, sim: &Simulation) -> Vec<Counterfactual> {
             && c.step_time_s.zip(base_step).is_some_and(|(a, b)| (a - b).abs() <= 1e-9 * b.max(1e-12));
         if same {
             c.fits = None;
-            (c.peak, c.step_time_s, c.tokens_per_s, c.tokens_per_s_change) = (None, None, None, None);
+            (c.peak, c.peak_phase, c.step_time_s, c.tokens_per_s, c.tokens_per_s_change) =
+                (None, None, None, None, None);
             c.note = Some("no effect: the same peak and step time as the original, still out of memory".into());
         }
     }
@@ -1010,6 +1016,7 @@ fn skipped(name: &str, gpus: u64, why: String) -> Counterfactual {
         fits: None,
         oom_phase: None,
         peak: None,
+        peak_phase: None,
         gpus,
         step_time_s: None,
         tokens_per_s: None,

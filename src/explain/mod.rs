@@ -369,8 +369,11 @@ pub fn render(e: &Explanation, s: &Scenario) -> String {
     let _ = writeln!(o, "\nWould torch.cuda.empty_cache() help? {}.", e.empty_cache);
     if !e.counterfactuals.is_empty() {
         let _ = writeln!(o, "\nSingle changes, each re-simulated:");
-        let _ =
-            writeln!(o, "  {:<44} {:>5} {:>26} {:>11} {:>13}", "change", "fits", "peak", "step time", "tokens/s/GPU");
+        let _ = writeln!(
+            o,
+            "  {:<44} {:>5} {:>26}  {:<9} {:>11} {:>13}",
+            "change", "fits", "peak", "peak in", "step time", "tokens/s/GPU"
+        );
         let mut pairs_started = false;
         for cf in &e.counterfactuals {
             if !pairs_started && cf.change.starts_with("full checkpointing + ") {
@@ -385,12 +388,21 @@ pub fn render(e: &Explanation, s: &Scenario) -> String {
             let peak = cf.peak.map_or("-".to_string(), |b| fmt_bytes(b.bytes));
             let st = cf.step_time_s.map_or("-".to_string(), |x| format!("{x:.3} s"));
             let tps = cf.tokens_per_s_change.map_or("-".to_string(), |x| format!("{:+.1}%", x * 100.0));
-            let _ = writeln!(o, "  {:<44} {:>5} {:>26} {:>11} {:>13}", cf.change, fits, peak, st, tps);
+            let at = cf.peak_phase.map_or("-", |p| p.name());
+            // A label wider than its column has a line of its own, so the figures stay in
+            // their columns.
+            let label = if cf.change.chars().count() > 44 {
+                let _ = writeln!(o, "  {}", cf.change);
+                ""
+            } else {
+                cf.change.as_str()
+            };
+            let _ = writeln!(o, "  {label:<44} {fits:>5} {peak:>26}  {at:<9} {st:>11} {tps:>13}");
             if let Some(n) = &cf.note {
                 let _ = writeln!(o, "      {n}");
             }
         }
-        let _ = writeln!(o, "  (peak and time of a change that does not fit: as if memory were unbounded; tokens/s per GPU against the original, timed the same way)");
+        let _ = writeln!(o, "  (peak and time of a change that does not fit: as if memory were unbounded; peak in: the phase of the peak; tokens/s per GPU against the original, timed the same way)");
     }
     let _ = writeln!(o, "\nAnswer: {}", e.answer);
     o
