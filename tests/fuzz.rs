@@ -3,7 +3,7 @@
 //! (`run`, or `explain`), checking the exit-code contract (0 or 2, never a panic's 101),
 //! a time bound, and on exit 0 the report's own invariants and the same files, byte for
 //! byte, from `run --every-period` (the periodic extrapolation, src/engine/period.rs, is
-//! exact).
+//! exact) or, for `explain`, from itself on one thread (its changes run in parallel).
 //!
 //! A second test does the same for sweep files (extreme axis values, 10^9-configuration
 //! products, deep and overflowing filters, bad flags) and for `sweep merge` of damaged shards
@@ -401,9 +401,15 @@ fn peak_rss(pid: u32) -> u64 {
 /// Runs `stepsim ARGS` with the time and memory bounds; the exit code, time, peak memory and
 /// stderr, with a problem when a bound is passed or the exit code is neither 0 nor 2.
 fn run_bounded(args: &[&str], limit: Duration) -> Outcome {
+    run_bounded_with(args, limit, &[])
+}
+
+/// [`run_bounded`] with these environment variables set.
+fn run_bounded_with(args: &[&str], limit: Duration, env: &[(&str, &str)]) -> Outcome {
     let t = Instant::now();
     let mut child = Command::new(env!("CARGO_BIN_EXE_stepsim"))
         .args(args)
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -507,7 +513,8 @@ fn every_base_runs_unmutated() {
 }
 
 /// A campaign's running tally: each case run through [`run_case`], the cases that ran (exit 0)
-/// run again with `--every-period` and compared byte for byte, and the problems found.
+/// run again with `--every-period` (`run`) or on one thread (`explain`) and compared byte for
+/// byte, and the problems found.
 struct Campaign {
     dir: tempfile::TempDir,
     limit: Duration,
@@ -515,6 +522,8 @@ struct Campaign {
     ok: usize,
     refused: usize,
     checked_periods: usize,
+    /// `explain` cases run again on one thread.
+    checked_threads: usize,
     slowest: (f64, String),
     largest: (u64, String),
     problems: Vec<String>,
@@ -529,6 +538,7 @@ impl Campaign {
             ok: 0,
             refused: 0,
             checked_periods: 0,
+            checked_threads: 0,
             slowest: (0.0, String::new()),
             largest: (0, String::new()),
             problems: Vec::new(),
@@ -576,6 +586,24 @@ impl Campaign {
                 ));
             }
             let _ = std::fs::remove_dir_all(&full);
+        } else if o.code == Some(0) {
+            // explain again on one thread: its changes are simulated in parallel, and the
+            // answer must not depend on how many cores ran them.
+            let one = self.dir.path().join(format!("one{i}"));
+            let args = ["explain", file.to_str().unwrap(), "--out", one.to_str().unwrap()];
+            let f = run_bounded_with(&args, self.limit * 4, &[("RAYON_NUM_THREADS", "1")]);
+            self.checked_threads += 1;
+            let files = OUTPUTS.iter().chain(&["explain.png"]);
+            let differs =
+                files.into_iter().find(|n| std::fs::read(out.join(n)).ok() != std::fs::read(one.join(n)).ok());
+            if f.code != Some(0) || differs.is_some() {
+                self.problems.push(format!(
+                    "{case}: on one thread: exit {:?}, {} differs",
+                    f.code,
+                    differs.unwrap_or(&"nothing")
+                ));
+            }
+            let _ = std::fs::remove_dir_all(&one);
         }
         let _ = std::fs::remove_dir_all(&out);
     }
@@ -583,10 +611,11 @@ impl Campaign {
     /// Prints the tally and fails on any problem.
     fn finish(self, name: &str, seed: u64) {
         println!(
-            "{name}: seed {seed}, {} cases: {} ran (exit 0, {} of them again with --every-period), {} refused (exit 2), {} problems; slowest {:.1} s: {}; most memory {:.2} GB: {}",
+            "{name}: seed {seed}, {} cases: {} ran (exit 0; {} runs again with --every-period, {} explains again on one thread), {} refused (exit 2), {} problems; slowest {:.1} s: {}; most memory {:.2} GB: {}",
             self.cases,
             self.ok,
             self.checked_periods,
+            self.checked_threads,
             self.refused,
             self.problems.len(),
             self.slowest.0,
