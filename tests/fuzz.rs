@@ -570,40 +570,31 @@ impl Campaign {
         }
         if let Some(p) = o.problem {
             self.problems.push(format!("{case}: {p}"));
-        } else if o.code == Some(0) && !explain {
-            // A run again with every period simulated: the same files, byte for
-            // byte (src/engine/period.rs is exact).
-            let full = self.dir.path().join(format!("full{i}"));
-            let args = ["run", file.to_str().unwrap(), "--out", full.to_str().unwrap(), "--every-period"];
-            let f = run_bounded(&args, self.limit * 4);
-            self.checked_periods += 1;
-            let differs = OUTPUTS.iter().find(|n| std::fs::read(out.join(n)).ok() != std::fs::read(full.join(n)).ok());
-            if f.code != Some(0) || differs.is_some() {
-                self.problems.push(format!(
-                    "{case}: with --every-period: exit {:?}, {} differs",
-                    f.code,
-                    differs.unwrap_or(&"nothing")
-                ));
-            }
-            let _ = std::fs::remove_dir_all(&full);
         } else if o.code == Some(0) {
-            // explain again on one thread: its changes are simulated in parallel, and the
-            // answer must not depend on how many cores ran them.
-            let one = self.dir.path().join(format!("one{i}"));
-            let args = ["explain", file.to_str().unwrap(), "--out", one.to_str().unwrap()];
-            let f = run_bounded_with(&args, self.limit * 4, &[("RAYON_NUM_THREADS", "1")]);
-            self.checked_threads += 1;
+            // A run again with every period simulated (src/engine/period.rs is exact); an
+            // explain again on one thread (its changes are simulated in parallel, and the
+            // answer must not depend on how many cores ran them). The same files, byte for byte.
+            let again = self.dir.path().join(format!("again{i}"));
+            let (f, a) = (file.to_str().unwrap(), again.to_str().unwrap());
+            let (args, env, how): (Vec<&str>, &[(&str, &str)], &str) = if explain {
+                self.checked_threads += 1;
+                (vec!["explain", f, "--out", a], &[("RAYON_NUM_THREADS", "1")], "on one thread")
+            } else {
+                self.checked_periods += 1;
+                (vec!["run", f, "--out", a, "--every-period"], &[], "with --every-period")
+            };
+            let r = run_bounded_with(&args, self.limit * 4, env);
             let files = OUTPUTS.iter().chain(&["explain.png"]);
             let differs =
-                files.into_iter().find(|n| std::fs::read(out.join(n)).ok() != std::fs::read(one.join(n)).ok());
-            if f.code != Some(0) || differs.is_some() {
+                files.into_iter().find(|n| std::fs::read(out.join(n)).ok() != std::fs::read(again.join(n)).ok());
+            if r.code != Some(0) || differs.is_some() {
                 self.problems.push(format!(
-                    "{case}: on one thread: exit {:?}, {} differs",
-                    f.code,
+                    "{case}: {how}: exit {:?}, {} differs",
+                    r.code,
                     differs.unwrap_or(&"nothing")
                 ));
             }
-            let _ = std::fs::remove_dir_all(&one);
+            let _ = std::fs::remove_dir_all(&again);
         }
         let _ = std::fs::remove_dir_all(&out);
     }
