@@ -3,7 +3,9 @@
 //! (`run`, or `explain`), checking the exit-code contract (0 or 2, never a panic's 101),
 //! a time bound, and on exit 0 the report's own invariants and the same files, byte for
 //! byte, from `run --every-period` (the periodic extrapolation, src/engine/period.rs, is
-//! exact) or, for `explain`, from itself on one thread (its changes run in parallel).
+//! exact) or, for `explain`, from itself on one thread (its changes run in parallel); a `run`
+//! that exits 0 is run again as a sweep of one configuration, whose row (the lean path) must
+//! say what the full report says.
 //!
 //! A second test does the same for sweep files (extreme axis values, 10^9-configuration
 //! products, deep and overflowing filters, bad flags) and for `sweep merge` of damaged shards
@@ -373,6 +375,44 @@ fn check_memory_csv(json: &str, out: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// A sweep's one row against the full report of the same job: the verdict, where it ran out
+/// of memory, the peak's allocated and reserved bytes and the step time, each as sweep.csv
+/// writes it (GB to 3 decimals, seconds to 6).
+fn same_as_the_report(json: &str, csv: &str) -> Result<(), String> {
+    let r: serde_json::Value = serde_json::from_str(json).map_err(|e| format!("report.json: {e}"))?;
+    let mut lines = csv.lines();
+    let (Some(header), Some(row)) = (lines.next(), lines.next()) else { return Err(format!("sweep.csv: {csv:?}")) };
+    let cell = |name: &str| {
+        let k = header.split(',').position(|h| h == name)?;
+        row.split(',').nth(k)
+    };
+    let gb = |v: &serde_json::Value| v["bytes"].as_u64().map(|b| format!("{:.3}", b as f64 / 1e9));
+    let v = &r["verdict"];
+    let at = |k: &str| match &v[k] {
+        serde_json::Value::Null => String::new(),
+        serde_json::Value::String(s) => s.clone(),
+        x => x.to_string(),
+    };
+    let mut want = vec![("verdict", at("verdict"))];
+    if at("verdict") == "oom" {
+        want.extend([("oom_step", at("step")), ("oom_phase", at("phase")), ("oom_layer", at("layer"))]);
+    }
+    if let Some(p) = r.get("peak").filter(|p| !p.is_null()) {
+        want.extend(gb(&p["allocated"]).map(|g| ("peak_allocated_gb", g)));
+        want.extend(gb(&p["reserved"]).map(|g| ("peak_reserved_gb", g)));
+    }
+    if let Some(t) = r["throughput"]["step_time_s"].as_f64() {
+        want.push(("step_time_s", format!("{t:.6}")));
+    }
+    for (name, value) in want {
+        match cell(name) {
+            Some(c) if c == value => {}
+            c => return Err(format!("{name}: the sweep has {c:?}, the report {value:?}")),
+        }
+    }
+    Ok(())
+}
+
 /// One case: the base file with its mutations, run with a time bound.
 struct Outcome {
     code: Option<i32>,
@@ -524,6 +564,8 @@ struct Campaign {
     checked_periods: usize,
     /// `explain` cases run again on one thread.
     checked_threads: usize,
+    /// `run` cases run again as a sweep of one configuration.
+    checked_sweeps: usize,
     slowest: (f64, String),
     largest: (u64, String),
     problems: Vec<String>,
@@ -539,6 +581,7 @@ impl Campaign {
             refused: 0,
             checked_periods: 0,
             checked_threads: 0,
+            checked_sweeps: 0,
             slowest: (0.0, String::new()),
             largest: (0, String::new()),
             problems: Vec::new(),
@@ -595,17 +638,47 @@ impl Campaign {
                 ));
             }
             let _ = std::fs::remove_dir_all(&again);
+            if !explain {
+                self.as_a_sweep(i, &file, &out, &case);
+            }
         }
         let _ = std::fs::remove_dir_all(&out);
+    }
+
+    /// The case that ran again as a sweep of one configuration, which takes the lean path
+    /// (no task named, no sample kept): its row must say what the full report said, to the
+    /// digits the table prints. A sweep that refuses the job (exit 2) is not compared.
+    fn as_a_sweep(&mut self, i: usize, file: &Path, out: &Path, case: &str) {
+        let doc: toml::Table = toml::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+        let Some(gpus) = doc.get("hardware").and_then(|h| h.get("gpus")).and_then(|g| g.as_integer()) else {
+            return;
+        };
+        let spec = self.dir.path().join(format!("sweep{i}.toml"));
+        let text = format!("name = \"one\"\nbase = {:?}\n[axes]\nhardware.gpus = [{gpus}]\n", file.to_str().unwrap());
+        std::fs::write(&spec, text).unwrap();
+        let swept = self.dir.path().join(format!("swept{i}"));
+        let o = run_bounded(&["sweep", spec.to_str().unwrap(), "--out", swept.to_str().unwrap()], self.limit);
+        if o.code == Some(0) {
+            self.checked_sweeps += 1;
+            let report = std::fs::read_to_string(out.join("report.json")).unwrap_or_default();
+            let table = std::fs::read_to_string(swept.join("sweep.csv")).unwrap_or_default();
+            if let Err(e) = same_as_the_report(&report, &table) {
+                self.problems.push(format!("{case}: as a sweep of one: {e}"));
+            }
+        } else if let Some(p) = o.problem {
+            self.problems.push(format!("{case}: as a sweep of one: {p}"));
+        }
+        let _ = std::fs::remove_dir_all(&swept);
     }
 
     /// Prints the tally and fails on any problem.
     fn finish(self, name: &str, seed: u64) {
         println!(
-            "{name}: seed {seed}, {} cases: {} ran (exit 0; {} runs again with --every-period, {} explains again on one thread), {} refused (exit 2), {} problems; slowest {:.1} s: {}; most memory {:.2} GB: {}",
+            "{name}: seed {seed}, {} cases: {} ran (exit 0; {} runs again with --every-period and {} as a sweep of one, {} explains again on one thread), {} refused (exit 2), {} problems; slowest {:.1} s: {}; most memory {:.2} GB: {}",
             self.cases,
             self.ok,
             self.checked_periods,
+            self.checked_sweeps,
             self.checked_threads,
             self.refused,
             self.problems.len(),
