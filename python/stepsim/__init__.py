@@ -224,25 +224,32 @@ class Report:
 
     @property
     def verdict(self) -> str:
-        """``"fits"`` or ``"oom"``, as report.json's ``verdict.verdict`` says."""
+        """``"fits"`` or ``"oom"``, as report.json's ``verdict.verdict`` says: the GPU's
+        verdict (:attr:`fits` also asks whether the node holds offloaded state)."""
         return cast("str", self._data["verdict"]["verdict"])
 
     @property
     def fits(self) -> bool:
-        """Whether the job fits (``verdict == "fits"``)."""
-        return self.verdict == "fits"
+        """Whether the job can run: the GPU's verdict is ``"fits"`` and, under offload, the
+        node's host memory and NVMe hold the offloaded state (report.json's
+        ``offload.host_fits`` and ``offload.nvme_fits``). Offloaded state the node cannot
+        hold fails at initialisation whatever the GPU does; a sweep's row calls that an OOM
+        at init, and so does explain."""
+        offload = self._data.get("offload") or {}
+        node = all(offload.get(k, True) is not False for k in ("host_fits", "nvme_fits"))
+        return self.verdict == "fits" and node
 
     @property
     def oom(self) -> Optional[OomInstant]:
-        """The out-of-memory instant (step, phase, layer, op, tensor, the bytes requested,
-        allocated and free, what was live by category and the largest live tensors), or None
-        when the job fits."""
-        return None if self.fits else self._get("verdict")
+        """The GPU's out-of-memory instant (step, phase, layer, op, tensor, the bytes
+        requested, allocated and free, what was live by category and the largest live
+        tensors), or None when the GPU does not run out of memory."""
+        return self._get("verdict") if self.verdict == "oom" else None
 
     @property
     def headroom(self) -> Optional[Bytes]:
-        """Capacity left at the peak when the job fits, else None."""
-        return self._get("verdict").get("headroom") if self.fits else None
+        """Capacity left at the GPU's peak when the GPU's verdict is ``"fits"``, else None."""
+        return self._get("verdict").get("headroom") if self.verdict == "fits" else None
 
     # -- memory
 

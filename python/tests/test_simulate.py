@@ -104,6 +104,21 @@ def test_oom_report() -> None:
     assert r.headroom is None and r.throughput is None and r.step_time_s is None and r.mfu is None
 
 
+def test_offload_the_node_cannot_hold_does_not_fit() -> None:
+    """ZeRO-Offload of the 100B model with 512 GB of host memory: each GPU holds its share,
+    but the node cannot hold the 1.62 TB of offloaded state, so the run fails at
+    initialisation. The GPU's verdict stays "fits"; the job does not fit, as a sweep's row
+    (OOM at init) and explain say."""
+    tree = tomllib.loads((SCENARIOS / "100b-8gpu-zero3-offload.toml").read_text())
+    tree["name"] = "offload-512gb-host"
+    tree["offload"]["cpu_memory"] = "512GB"
+    r = stepsim.simulate(tree)
+    assert r.verdict == "fits" and not r.fits
+    assert r.to_dict()["offload"]["host_fits"] is False
+    assert r.oom is None and r.headroom is not None
+    assert stepsim.simulate(SCENARIOS / "100b-8gpu-zero3-offload.toml").fits
+
+
 def test_inference_report() -> None:
     r = stepsim.simulate(SCENARIOS / "100b-1gpu-int4-inference.toml")
     assert r.job == "inference" and r.fits
