@@ -375,6 +375,8 @@ class Report:
 
     def __repr__(self) -> str:
         parts = [self.verdict]
+        if self.verdict == "fits" and not self.fits:
+            parts = ["fits on the GPU, fails at initialisation: the node cannot hold the offloaded state"]
         peak = self._data.get("peak")
         if peak:
             parts.append(f"peak {peak['allocated']['gb']:.2f} GB ({peak['allocated']['gib']:.2f} GiB)")

@@ -116,6 +116,7 @@ def test_offload_the_node_cannot_hold_does_not_fit() -> None:
     assert r.verdict == "fits" and not r.fits
     assert r.to_dict()["offload"]["host_fits"] is False
     assert r.oom is None and r.headroom is not None
+    assert "fails at initialisation" in repr(r), repr(r)
     assert stepsim.simulate(SCENARIOS / "100b-8gpu-zero3-offload.toml").fits
 
 
