@@ -288,8 +288,7 @@ const VALUES: &[&str] = &[
 ];
 
 /// The report's invariants, on a run that exited 0.
-fn check_report(json: &str) -> Result<(), String> {
-    let r: serde_json::Value = serde_json::from_str(json).map_err(|e| format!("report.json does not parse: {e}"))?;
+fn check_report(r: &serde_json::Value) -> Result<(), String> {
     let bytes = |v: &serde_json::Value| v.get("bytes").and_then(|b| b.as_u64());
     if let Some(p) = r.get("peak").filter(|p| !p.is_null()) {
         let (a, res) = (bytes(&p["allocated"]), bytes(&p["reserved"]));
@@ -329,8 +328,7 @@ fn check_report(json: &str) -> Result<(), String> {
 /// allocated sample in memory.csv; a job that fits never reserves over capacity, and its
 /// headline class is the one that reserves most (report::job::headline's rule). Host rows,
 /// for offload, are the node's memory and left out.
-fn check_memory_csv(json: &str, out: &Path) -> Result<(), String> {
-    let r: serde_json::Value = serde_json::from_str(json).map_err(|e| e.to_string())?;
+fn check_memory_csv(r: &serde_json::Value, out: &Path) -> Result<(), String> {
     let Some(p) = r.get("peak").filter(|p| !p.is_null()) else { return Ok(()) };
     let bytes = |v: &serde_json::Value| v.get("bytes").and_then(|b| b.as_u64()).unwrap_or(0);
     let (allocated, reserved) = (bytes(&p["allocated"]), bytes(&p["reserved"]));
@@ -516,7 +514,8 @@ fn run_case(file: &Path, out: &Path, explain: bool, limit: Duration) -> Outcome 
         o.problem = match code {
             Some(0) => std::fs::read_to_string(out.join("report.json"))
                 .map_err(|e| format!("exit 0 without report.json: {e}"))
-                .and_then(|j| check_report(&j).and_then(|()| check_memory_csv(&j, out)))
+                .and_then(|j| serde_json::from_str(&j).map_err(|e| format!("report.json does not parse: {e}")))
+                .and_then(|r| check_report(&r).and_then(|()| check_memory_csv(&r, out)))
                 .err(),
             _ if code == Some(2) && out.join("report.json").exists() => {
                 Some(format!("exit 2 but report.json was written ({})", err.trim()))
@@ -648,7 +647,7 @@ impl Campaign {
             }
             let _ = std::fs::remove_dir_all(&again);
             if !explain {
-                self.as_a_sweep(i, &file, &out, &case);
+                self.as_a_sweep(i, text, &file, &out, &case);
             }
         }
         let _ = std::fs::remove_dir_all(&out);
@@ -657,9 +656,9 @@ impl Campaign {
     /// The case that ran again as a sweep of one configuration, which takes the lean path
     /// (no task named, no sample kept): its row must say what the full report said, to the
     /// digits the table prints. A sweep that refuses the job (exit 2) is not compared.
-    fn as_a_sweep(&mut self, i: usize, file: &Path, out: &Path, case: &str) {
-        let doc: toml::Table = toml::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
-        let Some(gpus) = doc.get("hardware").and_then(|h| h.get("gpus")).and_then(|g| g.as_integer()) else {
+    fn as_a_sweep(&mut self, i: usize, text: &str, file: &Path, out: &Path, case: &str) {
+        let doc: toml::Table = toml::from_str(text).unwrap();
+        let Some(gpus) = section(&doc, "hardware").and_then(|h| h.get("gpus")).and_then(|g| g.as_integer()) else {
             return;
         };
         let spec = self.dir.path().join(format!("sweep{i}.toml"));
@@ -898,6 +897,11 @@ const PLAUSIBLE: &[(&str, &str, &[&str])] = &[
     ("model.mtp", "layers", &["1"]),
 ];
 
+/// The table at a dotted `section` of a scenario (`model.moe`), if the file has it.
+fn section<'a>(doc: &'a toml::Table, section: &str) -> Option<&'a toml::Table> {
+    section.split('.').try_fold(doc, |t, part| t.get(part)?.as_table())
+}
+
 /// A size the base already sets, halved or doubled (an integer halved only when even), so
 /// that the model's and the cluster's shapes keep their divisibility most of the time.
 fn scaled(text: &str, rng: &mut ChaCha8Rng) -> Option<(String, String, String)> {
@@ -922,12 +926,11 @@ fn scaled(text: &str, rng: &mut ChaCha8Rng) -> Option<(String, String, String)> 
     ];
     let doc: toml::Table = toml::from_str(text).ok()?;
     let (sec, key) = SIZES[rng.random_range(0..SIZES.len())];
-    let mut v = doc.get(sec.split('.').next()?)?;
-    for part in sec.split('.').skip(1) {
-        v = v.get(part)?;
-    }
+    let table = section(&doc, sec)?;
+    // Drawn once the section is found (whether or not it sets the key), as the campaigns'
+    // seeds were run.
     let up = rng.random_bool(0.5);
-    let value = match v.get(key)? {
+    let value = match table.get(key)? {
         toml::Value::Integer(n) if up => (n * 2).to_string(),
         toml::Value::Integer(n) if n % 2 == 0 => (n / 2).to_string(),
         toml::Value::Integer(n) => (n * 2).to_string(),
@@ -958,14 +961,7 @@ fn plausible_scenarios_keep_their_invariants() {
                 // Mostly a field of a section the base has: a section added to a job it does
                 // not apply to ([moe] on a dense model, [megatron] under FSDP) is refused.
                 let doc: toml::Table = toml::from_str(&text).unwrap();
-                let present = |sec: &str| {
-                    let mut t = Some(&doc);
-                    for part in sec.split('.') {
-                        t = t.and_then(|t| t.get(part)).and_then(|v| v.as_table());
-                    }
-                    t.is_some()
-                };
-                let fields: Vec<_> = PLAUSIBLE.iter().filter(|(sec, _, _)| present(sec)).collect();
+                let fields: Vec<_> = PLAUSIBLE.iter().filter(|(sec, _, _)| section(&doc, sec).is_some()).collect();
                 let (sec, key, values) = if fields.is_empty() || rng.random_bool(0.2) {
                     &PLAUSIBLE[rng.random_range(0..PLAUSIBLE.len())]
                 } else {

@@ -951,8 +951,8 @@ fn measure(label: String, s: &Scenario, base_tps: Option<f64>) -> Counterfactual
         unbounded(s)
     };
     let tp = timed.as_ref().and_then(|x| x.throughput.clone());
-    let peak = timed.as_ref().and_then(|x| x.peak.as_ref().map(|p| p.allocated));
-    let peak_phase = timed.as_ref().and_then(|x| x.peak.as_ref().map(|p| p.at.phase));
+    let at_peak = timed.as_ref().and_then(|x| x.peak.as_ref());
+    let (peak, peak_phase) = (at_peak.map(|p| p.allocated), at_peak.map(|p| p.at.phase));
     Counterfactual {
         change: label,
         fits: Some(fits),
