@@ -99,7 +99,7 @@ struct ImportTarget {
     #[arg(long)]
     gpu: String,
     /// GPUs per node (default: the GPU's usual node).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     gpus_per_node: Option<u64>,
     /// Write the scenario here (default: print it).
     #[arg(long)]
@@ -117,16 +117,16 @@ enum ImportCommand {
         #[arg(long)]
         model: String,
         /// GPUs in the job (the data-parallel size: ds_config.json holds no model parallelism).
-        #[arg(long)]
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         gpus: u64,
         /// Tokens per sequence.
-        #[arg(long, default_value_t = 2048)]
+        #[arg(long, default_value_t = 2048, value_parser = clap::value_parser!(u64).range(1..))]
         seq_len: u64,
         /// train_micro_batch_size_per_gpu, where the config says "auto" or nothing.
-        #[arg(long)]
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         micro_batch: Option<u64>,
         /// gradient_accumulation_steps, where the config says "auto" or nothing.
-        #[arg(long)]
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         grad_accum: Option<u64>,
         /// Activation checkpointing of the model: none | full | selective | selective-op.
         #[arg(long, default_value = "none")]
@@ -148,10 +148,10 @@ enum ImportCommand {
         /// A file holding the arguments (command line or log block).
         args: PathBuf,
         /// GPUs in the job (a log's world_size is used when this is absent).
-        #[arg(long)]
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         gpus: Option<u64>,
         /// The padded vocabulary size, where the arguments give none (it comes from the tokenizer).
-        #[arg(long)]
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         vocab: Option<u64>,
         #[command(flatten)]
         target: ImportTarget,
@@ -162,7 +162,7 @@ enum ImportCommand {
         /// The job TOML (train_configs/*.toml).
         config: PathBuf,
         /// GPUs in the job: needed when data_parallel_shard_degree is -1.
-        #[arg(long)]
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         gpus: Option<u64>,
         /// A zoo model or a config.json, instead of the config's model name and flavor.
         #[arg(long)]

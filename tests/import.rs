@@ -560,6 +560,16 @@ fn huge_numbers_are_refused_not_wrapped() {
     if let Ok(s) = titan(&tt, None) {
         panic!("{} GPUs accepted", s.cluster.gpus);
     }
+    // No GPU at all divided the global batch by zero (found by tests/fuzz_import.rs); the
+    // command line's --gpus 0 is refused by the flag's own range.
+    let cmd = "--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 --micro-batch-size 1";
+    let e = megatron::import("cmd", cmd, &megatron_args(Some(0), Some(32000))).unwrap_err();
+    assert!(e.key == "world_size" && e.message.contains("at least one GPU"), "{e}");
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(d.path().join("cmd"), cmd).unwrap();
+    let out = stepsim(&["import", "megatron", "cmd", "--gpu", "h100-sxm", "--gpus", "0"], d.path());
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("'--gpus <GPUS>'"), "{}", text(&out.stderr));
 }
 
 /// Megatron's `validate_args` turns FP32 gradient accumulation on for --bf16 (since 2021)

@@ -2254,6 +2254,14 @@ fn sizes_past_the_stated_limits_are_refused() {
         let e = with(key, value);
         assert!(e.contains(&format!("field `{field}`")) && e.contains(want), "{key} = {value}: {e}");
     }
+    // Each size within its limit, their product not: 2^22 experts of width 2^22 over a hidden
+    // state of 2^20 overflowed the parameter count (a panic, exit 3) before the model's
+    // parameters were bounded.
+    let text = base.replace("family = \"gpt\"", "family = \"llama\"").replace("hidden = 2048", "hidden = 1048576")
+        + "\n[model.moe]\nnum_experts = 4194304\ntop_k = 2\nexpert_ffn_hidden = 4194304\n";
+    let e =
+        stepsim::scenario::Scenario::from_toml(Path::new("limits.toml"), &text).map(|_| ()).unwrap_err().to_string();
+    assert!(e.contains("field `model.moe.num_experts`") && e.contains("parameters") && e.contains("2^50"), "{e}");
     // `bucket_cap_mb = 2^53` saturated DDP's bucket bytes to 2^64 - 1 and ran.
     let text = format!("{base}\n[parallel]\nbucket_cap_mb = 9007199254740992\n");
     let e =

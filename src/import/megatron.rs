@@ -534,6 +534,9 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
             ))
         }
     };
+    if gpus == 0 {
+        return Err(err("world_size", "a job needs at least one GPU: give --gpus 1 or more".into()));
+    }
     let mp = (tp as u128 * pp as u128).saturating_mul(cp as u128);
     if gpus as u128 % mp != 0 {
         return Err(err(

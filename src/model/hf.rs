@@ -845,13 +845,19 @@ fn aliased(o: &Map<String, Value>, key: &str, alias: &str) -> Result<Option<u64>
     }
 }
 
+/// The largest count a config.json may give: 2^24, the largest of the scenario's stated limits
+/// on a model's sizes (vocabulary and positions, `scenario::limits`). Counts reach places
+/// the scenario's own bounds do not (an expert count, a head width, a latent rank), where
+/// their products must stay inside stepsim's 64-bit counts; the scenario then bounds each
+/// size it takes more tightly, by its own field.
+pub const MAX_COUNT: u64 = 1 << 24;
+
 fn opt_count(o: &Map<String, Value>, key: &str) -> Result<Option<u64>, String> {
     match o.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => match v.as_u64() {
-            Some(n) if n > 0 => Ok(Some(n)),
-            _ => Err(format!("key `{key}`: must be a positive whole number, got {v}")),
-        },
+        Some(v) if !v.is_null() && v.as_u64().is_none_or(|n| n == 0) => {
+            Err(format!("key `{key}`: must be a positive whole number, got {v}"))
+        }
+        _ => opt_whole(o, key),
     }
 }
 
@@ -859,9 +865,13 @@ fn opt_count(o: &Map<String, Value>, key: &str) -> Result<Option<u64>, String> {
 fn opt_whole(o: &Map<String, Value>, key: &str) -> Result<Option<u64>, String> {
     match o.get(key) {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => {
-            v.as_u64().map(Some).ok_or_else(|| format!("key `{key}`: must be a whole number (0 or more), got {v}"))
-        }
+        Some(v) => match v.as_u64() {
+            Some(n) if n > MAX_COUNT => Err(format!(
+                "key `{key}`: must be at most {MAX_COUNT}, got {n} (stepsim's stated limit on a config.json size; see docs/scenario-format.md)"
+            )),
+            Some(n) => Ok(Some(n)),
+            None => Err(format!("key `{key}`: must be a whole number (0 or more), got {v}")),
+        },
     }
 }
 
@@ -995,6 +1005,13 @@ mod tests {
         let e = parse(r#"{"model_type": "llama", "hidden_size": 64}"#).unwrap_err();
         assert!(e.contains("`num_attention_heads` is missing"), "{e}");
         assert!(parse("[1, 2]").unwrap_err().contains("JSON object"));
+        // A count past 2^24 is refused by its key (the import fuzz's mixtral with
+        // num_local_experts = 2^53 + 1 read, then overflowed the parameter count).
+        let e = with(r#", "head_dim": 9007199254740993"#).unwrap_err();
+        assert!(e.contains("`head_dim`") && e.contains("at most 16777216"), "{e}");
+        let e = with(r#", "num_key_value_heads": 16777217"#).unwrap_err();
+        assert!(e.contains("`num_key_value_heads`") && e.contains("at most 16777216"), "{e}");
+        assert!(with(r#", "max_position_embeddings": 16777216"#).is_ok());
     }
 
     #[test]

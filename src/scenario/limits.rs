@@ -68,6 +68,80 @@ impl V<'_> {
     }
 }
 
+/// Parameters a model may hold: 2^50 (1.1 x 10^15; published models hold under 10^13). The
+/// sizes are each bounded, but their products are not: 2^22 experts of width 2^22 over a
+/// hidden state of 2^20 would pass every field's limit and hold 2^66 parameters. Under this
+/// bound every parameter count stepsim takes in 64 bits (a block, an expert, the model) and
+/// 16 bytes of state for each stay exact.
+pub const MAX_PARAMS: u128 = 1 << 50;
+
+/// An upper bound on a model's parameters, computed in 128 bits from its sizes (each
+/// projection counted with a bias, four two-vector norms a block), so that it can be checked
+/// before any 64-bit count is taken; within 1.2x of the count for every zoo model (tested);
+/// and the field whose size adds the most, for the refusal to name.
+pub fn param_bound(m: &ModelConfig) -> (u128, &'static str) {
+    let u = u128::from;
+    let h = u(m.hidden);
+    let head = u(m.head_dim_override.unwrap_or(m.hidden / m.n_heads.max(1)));
+    let (q, kv) = (u(m.n_heads) * head, u(m.n_kv_heads) * head);
+    let attention = match &m.mla {
+        Some(a) => {
+            let (heads, qk) = (u(m.n_heads), u(a.qk_nope_head_dim) + u(a.qk_rope_head_dim));
+            let (rq, rkv) = (u(a.q_lora_rank), u(a.kv_lora_rank));
+            (h + 1) * (rq + heads * qk)
+                + (rq + 1) * heads * qk
+                + (h + 1) * (rkv + qk)
+                + (rkv + 1) * heads * (qk + u(a.v_head_dim))
+                + (heads * u(a.v_head_dim) + 1) * h
+        }
+        None => 2 * (h + 1) * (q + kv) + (q + 1) * h + 2 * (q + kv) + u(m.n_heads),
+    };
+    // Llama's gate, up and down projections; GPT's fc and proj.
+    let mats = if m.family == crate::model::Family::Gpt { 2 } else { 3 };
+    let dense = mats * (h + 1) * (u(m.ffn_hidden) + 1);
+    let experts = m.moe.as_ref().map_or(0, |e| {
+        u(e.num_experts) * (3 * (h + 1) * (u(e.expert_ffn_hidden) + 1) + h + 1)
+            + 3 * (h + 1) * (u(e.shared_expert_ffn_hidden) + 1)
+    });
+    // Four norms of two vectors each per block; the MoE blocks hold experts, the others a
+    // dense MLP; a multi-token module is a block with the wider MLP and a 2h -> h projection.
+    let moe_blocks = u(m.moe_layers());
+    let dense_blocks = u(m.n_layers) - moe_blocks;
+    let mtp = m.mtp.as_ref().map_or(0, |x| u(x.layers));
+    let blocks = u(m.n_layers) + mtp;
+    let mlps = dense_blocks * dense + moe_blocks * experts + mtp * (dense.max(experts) + 2 * h * h);
+    let embeddings = if m.tie_embeddings { 1 } else { 2 } * u(m.vocab) * h;
+    let positions = m.position_table().map_or(0, u) * h + 8 * h;
+    let field = [
+        (blocks * attention, if m.mla.is_some() { "model.mla.kv_lora_rank" } else { "model.n_heads" }),
+        (dense_blocks * dense, "model.ffn_hidden"),
+        (moe_blocks * experts, "model.moe.num_experts"),
+        (embeddings, "model.vocab"),
+        (positions, "model.max_seq_len"),
+    ]
+    .into_iter()
+    .max_by_key(|(p, _)| *p)
+    .map_or("model.hidden", |(_, f)| f);
+    (blocks * (attention + 16 * h) + mlps + embeddings + positions, field)
+}
+
+/// Refuses a model over [`MAX_PARAMS`], naming the field whose size adds the most.
+pub(super) fn check_params(v: &V, m: &ModelConfig) -> Result<(), ScenarioError> {
+    let (bound, field) = param_bound(m);
+    if bound > MAX_PARAMS {
+        return Err(v.err(
+            field,
+            format!(
+                "the model would hold about {:.3e} parameters over {} blocks, this field's size adding the most: over the 2^50 ({:.3e}) parameters stepsim counts (published models hold under 1e13); reduce it",
+                bound as f64,
+                m.n_layers,
+                MAX_PARAMS as f64
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Refuses a job whose largest tensor would exceed [`MAX_TENSOR_BYTES`]: the logits, the
 /// attention scores (math (materialised) attention), and an inference job's whole KV cache at `context`
 /// tokens (bounded by the same figure times 16).
@@ -171,4 +245,26 @@ pub fn full_report_fits(path: &std::path::Path, s: &super::Scenario) -> Result<(
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::hf::{parse, ZOO};
+
+    /// The bound is above the closed-form count of every zoo model (dense, MoE, latent
+    /// attention, GPT and Llama families, with and without a multi-token module) and within
+    /// 1.2x of it, so that it refuses only what no GPU count could train.
+    #[test]
+    fn the_parameter_bound_is_above_every_zoo_models_count_and_close_to_it() {
+        for z in ZOO {
+            let mut m = parse(z.config).unwrap().model_config(4096);
+            for mtp in [None, Some(crate::model::MtpConfig { layers: 2, loss_scale: 0.1 })] {
+                m.mtp = mtp;
+                let (bound, _) = param_bound(&m);
+                let count = u128::from(m.param_count());
+                assert!(bound >= count && bound * 10 <= count * 12, "{}: bound {bound}, count {count}", z.name);
+            }
+        }
+    }
 }

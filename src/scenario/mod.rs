@@ -831,6 +831,7 @@ fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, Scenar
         sliding_window: hf.as_ref().and_then(|h| h.sliding_window.clone()),
         mtp: validate_mtp(&v, m, family)?,
     };
+    limits::check_params(&v, &model)?;
     if model.mla.is_some() {
         for (field, set) in
             [("model.head_dim", head_dim.is_some()), ("model.qkv_bias", qkv_bias), ("model.qk_norm", qk_norm)]

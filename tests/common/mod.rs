@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: the real binary, and scenarios that cover the
 //! scheduler's branches. (Each test crate uses some of them.)
 
+pub mod bounded;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
