@@ -15,10 +15,11 @@
 //!
 //! A third sets one to three fields to values a user would write (`PLAUSIBLE`), so that most
 //! of its cases run and the report's invariants, against memory.csv too, are checked on many
-//! running jobs rather than on refusals.
+//! running jobs rather than on refusals. A fourth sets two to six sizes at their stated limits
+//! together (`LIMITS`), where products of sizes that each pass can leave 64 bits.
 //!
 //! `cargo test --release --test fuzz` runs a short fixed-seed campaign (as CI does);
-//! `STEPSIM_FUZZ_CASES=10000 STEPSIM_FUZZ_PLAUSIBLE=5000 STEPSIM_FUZZ_SWEEPS=2000 STEPSIM_FUZZ_SEED=7 cargo test --release --test fuzz -- --nocapture`
+//! `STEPSIM_FUZZ_CASES=10000 STEPSIM_FUZZ_PLAUSIBLE=5000 STEPSIM_FUZZ_LIMITS=1000 STEPSIM_FUZZ_SWEEPS=2000 STEPSIM_FUZZ_SEED=7 cargo test --release --test fuzz -- --nocapture`
 //! runs a long one and prints its counts (`STEPSIM_FUZZ_SHOW=1` prints each case's exit and
 //! last line of stderr).
 
@@ -672,6 +673,72 @@ fn a_job_the_node_cannot_hold_is_an_oom_at_init_in_its_sweep() {
     campaign.case(&text, false, "100b-8gpu-zero3-offload.toml [offload.cpu_memory = \"512GB\"]".into());
     assert_eq!((campaign.ok, campaign.checked_sweeps), (1, 1));
     campaign.finish("a job the node cannot hold", 0);
+}
+
+/// Sizes at or near their stated limits (docs/scenario-format.md, `scenario::limits`), drawn two
+/// to six at a time: each field's limit is checked alone, but products of several sizes at
+/// their limits can leave 64 bits where no single one does. (The first such campaign found a
+/// micro-batch of 2^20 sequences through an MLP of 2^22 overflowing a GEMM's m x n x k, and
+/// 2^22 experts of width 2^22 over a hidden state of 2^20 overflowing the parameter count.)
+const LIMITS: &[(&str, &str, &[&str])] = &[
+    ("model", "n_layers", &["1024", "1023", "512"]),
+    ("model", "hidden", &["1048576", "1048574", "524288"]),
+    ("model", "n_heads", &["65536", "32768", "1024"]),
+    ("model", "n_kv_heads", &["1", "65536"]),
+    ("model", "head_dim", &["1048576", "524288", "2"]),
+    ("model", "ffn_hidden", &["4194304", "4194303"]),
+    ("model", "vocab", &["16777216", "16777215"]),
+    ("model", "max_seq_len", &["16777216"]),
+    ("training", "seq_len", &["16777216", "4194304", "4096"]),
+    ("training", "micro_batch", &["1048576", "256", "1"]),
+    ("training", "grad_accum", &["65536", "1024"]),
+    ("training", "steps", &["100"]),
+    ("training", "activation_checkpointing", &["\"full\"", "\"selective\""]),
+    ("hardware", "gpus", &["1048576", "524288", "1024"]),
+    ("model.moe", "num_experts", &["4194304", "65536"]),
+    ("model.moe", "top_k", &["4194304", "65536", "2"]),
+    ("model.moe", "expert_ffn_hidden", &["4194304"]),
+    ("model.moe", "shared_expert_ffn_hidden", &["4194304"]),
+    ("model.mla", "kv_lora_rank", &["1048576"]),
+    ("model.mla", "q_lora_rank", &["1048576"]),
+    ("model.mla", "qk_nope_head_dim", &["1048576"]),
+    ("model.mla", "v_head_dim", &["1048576"]),
+    ("model.mtp", "layers", &["1024"]),
+    ("parallel", "tensor", &["1048576", "1024", "8"]),
+    ("parallel", "pipeline", &["1024", "512", "2"]),
+    ("parallel", "virtual_stages", &["1024", "2"]),
+    ("parallel", "expert", &["65536", "8"]),
+    ("parallel", "context", &["1024", "2"]),
+    ("parallel", "sharding", &["\"full_shard\"", "\"zero3\"", "\"none\""]),
+    ("lora", "rank", &["1048576", "65536"]),
+    ("inference", "batch", &["1048576"]),
+    ("inference", "prompt_len", &["8388608"]),
+    ("inference", "gen_len", &["8388608"]),
+];
+
+/// Scenarios with several sizes at their stated limits at once: each `run` or `explain` exits
+/// 0 or 2 (never an overflow's exit 3) within the bounds, and one that runs keeps every
+/// invariant and cross-check of [`Campaign::case`].
+#[test]
+fn scenarios_at_their_stated_limits_keep_the_contract() {
+    let (cases, seed) = campaign_size("STEPSIM_FUZZ_LIMITS", 40);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x1717);
+    let mut campaign = Campaign::new();
+    for _ in 0..cases {
+        let base_name = BASES[rng.random_range(0..BASES.len())];
+        let mut text = base_text(root, base_name);
+        let mut what = Vec::new();
+        for _ in 0..rng.random_range(2..=6) {
+            let (sec, key, values) = LIMITS[rng.random_range(0..LIMITS.len())];
+            let val = values[rng.random_range(0..values.len())];
+            text = mutate(&text, sec, key, val);
+            what.push(format!("{sec}.{key} = {val}"));
+        }
+        let explain = rng.random_range(0..3) == 0;
+        campaign.case(&text, explain, format!("{base_name} [{}]", what.join(", ")));
+    }
+    campaign.finish("limits fuzz", seed);
 }
 
 /// Values a user would write, by field: every name an enum field allows, both booleans, and

@@ -564,30 +564,35 @@ impl Cost {
     /// `[hardware.custom]` part without `sms`) has no waves and no split, as the report's
     /// assumption line says.
     pub fn gemm_kernel_s(&self, rate: f64, m: u64, n: u64, k: u64, b: u64) -> f64 {
-        let flops = 2.0 * (b * m * n * k) as f64;
+        // In 128 bits: a micro-batch of 2^32 tokens (the stated limit) through an MLP of
+        // 2^22 is past 64 bits. Below 2^64 every product and conversion is the same.
+        let (m, n, k, b, sms) = (u128::from(m), u128::from(n), u128::from(k), u128::from(b), u128::from(self.sms));
+        let (tile_m, tile_n, overhead) =
+            (u128::from(GEMM_TILE.0), u128::from(GEMM_TILE.1), u128::from(GEMM_TILE_K_OVERHEAD));
+        let flops = 2.0 * b.saturating_mul(m * n * k) as f64;
         if flops == 0.0 {
             return 0.0;
         }
-        if self.sms == 0 {
-            return GEMM_KERNEL_FIXED_S + flops / rate * ((k + GEMM_TILE_K_OVERHEAD) as f64 / k as f64);
+        if sms == 0 {
+            return GEMM_KERNEL_FIXED_S + flops / rate * ((k + overhead) as f64 / k as f64);
         }
-        let tiles = m.div_ceil(GEMM_TILE.0) * n.div_ceil(GEMM_TILE.1) * b;
+        let tiles = b.saturating_mul(m.div_ceil(tile_m) * n.div_ceil(tile_n));
         // Seconds per K element of one wave: every SM runs one tile.
-        let per_k = 2.0 * (GEMM_TILE.0 * GEMM_TILE.1 * self.sms) as f64 / rate;
-        let unsplit = tiles.div_ceil(self.sms) * (k + GEMM_TILE_K_OVERHEAD);
+        let per_k = 2.0 * (tile_m * tile_n * sms) as f64 / rate;
+        let unsplit = tiles.div_ceil(sms).saturating_mul(k + overhead);
         // Splitting in s does at least tiles x (k + s x overhead) / SMs tile-K steps, which
         // grows with s: when two splits cannot beat one, none can (the common case, full
         // waves), and the loop below is skipped.
-        if tiles * (k + 2 * GEMM_TILE_K_OVERHEAD) >= unsplit * self.sms {
+        if tiles.saturating_mul(k + 2 * overhead) >= unsplit.saturating_mul(sms) {
             return GEMM_KERNEL_FIXED_S + unsplit as f64 * per_k;
         }
-        (1..=GEMM_SPLIT_K_MAX)
-            .take_while(|&s| s == 1 || k / s >= GEMM_TILE.1)
+        (1..=u128::from(GEMM_SPLIT_K_MAX))
+            .take_while(|&s| s == 1 || k / s >= tile_n)
             .map(|s| {
-                let waves = (tiles * s).div_ceil(self.sms) as f64;
+                let waves = tiles.saturating_mul(s).div_ceil(sms) as f64;
                 GEMM_KERNEL_FIXED_S
                     + GEMM_SPLIT_K_STEP_S * (s - 1) as f64
-                    + waves * (k.div_ceil(s) + GEMM_TILE_K_OVERHEAD) as f64 * per_k
+                    + waves * (k.div_ceil(s) + overhead) as f64 * per_k
             })
             .fold(f64::INFINITY, f64::min)
     }
@@ -597,7 +602,7 @@ impl Cost {
     /// for MoE experts, whose m is the rows per expert rounded up); the FLOPs' remainder
     /// (LoRA adapters) at the same rate.
     fn linear_s(&self, peak: f64, [m, n, k]: [u64; 3], flops: f64) -> f64 {
-        let one = 2.0 * (m * n * k) as f64;
+        let one = 2.0 * (u128::from(m) * u128::from(n) * u128::from(k)) as f64;
         if one == 0.0 || flops <= 0.0 {
             return 0.0;
         }
@@ -837,6 +842,13 @@ mod tests {
         assert!(want < 4.0 * h.gemm_kernel_s(r, 1024, 1024, 4096, 1));
         // No FLOPs, no kernel.
         assert_eq!(h.gemm_kernel_s(r, 0, 1024, 4096, 1), 0.0);
+        // A micro-batch at the stated limit (2^32 tokens) through an MLP of 2^22 over a
+        // hidden state of 2^20: m x n x k is 2^74, past 64 bits (it overflowed before). The
+        // time is the FLOPs' full waves: tiles 2^25 x 2^15 over 132 SMs, the whole K each.
+        let (m, n, k) = (1u64 << 32, 1u64 << 22, 1u64 << 20);
+        let waves = ((1u128 << 40) as f64 / 132.0).ceil();
+        let want = GEMM_KERNEL_FIXED_S + waves * (k as f64 + 144.0) * per_k(&h, r);
+        assert!((h.gemm_kernel_s(r, m, n, k, 1) / want - 1.0).abs() < 1e-12, "{}", h.gemm_kernel_s(r, m, n, k, 1));
     }
 
     #[test]
