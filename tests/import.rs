@@ -667,3 +667,17 @@ fn megatron_layout_and_fine_grained_offloading_import() {
     assert!(pipeline_layout("Et|t|L", 2, 2, 0).unwrap_err().contains("not a multiple"));
     assert!(pipeline_layout("Ex|L", 2, 0, 0).unwrap_err().contains("`x`"));
 }
+
+/// `--kv-channels` away from hidden / heads on GPT-style blocks is refused by its own key (it
+/// was refused as the scenario's `model.head_dim`, a field the user never wrote; found by
+/// tests/fuzz_import.rs); at that width it is accepted.
+#[test]
+fn gpt_style_kv_channels_are_refused_by_their_key() {
+    let base = "--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 --micro-batch-size 1";
+    let e = megatron::import("cmd", &format!("{base} --kv-channels 128"), &megatron_args(Some(8), Some(32000)))
+        .unwrap_err();
+    assert!(e.key == "kv_channels" && e.message.contains("= 64"), "{e}");
+    let im =
+        megatron::import("cmd", &format!("{base} --kv-channels 64"), &megatron_args(Some(8), Some(32000))).unwrap();
+    assert!(Scenario::from_toml(Path::new("i.toml"), &im.render("megatron")).is_ok());
+}

@@ -327,6 +327,12 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
     // MLA's head widths are its own flags (--qk-head-dim, --v-head-dim).
     let head_dim = num("kv_channels", get("kv_channels"))?
         .filter(|&d| d as u128 * heads as u128 != hidden as u128 && !flag(m.get("multi_latent_attention").cloned()));
+    if let (Some(d), false) = (head_dim, llama) {
+        return Err(err(
+            "kv_channels",
+            format!("{d}: stepsim's GPT-style blocks have heads of hidden_size / num_attention_heads = {} (the scenario's model.head_dim is for Llama-style blocks); leave --kv-channels out or at that width", hidden / heads),
+        ));
+    }
     // `--vocab-size` is the tokenizer's (NullTokenizer's, TikTokenizer's); Megatron pads it to
     // a multiple of --make-vocab-size-divisible-by x the tensor-parallel size
     // (`vocab_size_with_padding`, megatron/core/tokenizers/utils/build_tokenizer.py).
