@@ -450,7 +450,7 @@ pub fn write_job(
         let mut plot = plot.unwrap_or_else(|| memory_plot(r, sched, trace, &headline_ranks(r)));
         plot.note = left_out_note(r, classes.len(), &shown);
         let png = dir.join("memory.png");
-        super::png::write_memory_png(&png, &plot).map_err(|m| WriteError { path: png.clone(), message: m })
+        super::png::write_memory_png(&png, plot).map_err(|m| WriteError { path: png.clone(), message: m })
     };
     std::fs::create_dir_all(dir).map_err(|e| WriteError {
         path: dir.to_path_buf(),
@@ -760,7 +760,7 @@ fn write_files(
         } else {
             format!("{rank} ({gpus} GPUs, identical programs, simulated once)")
         };
-        super::png::write_memory_png(&png, &memory_plot(r, sched, trace, &label))
+        super::png::write_memory_png(&png, memory_plot(r, sched, trace, &label))
             .map_err(|m| WriteError { path: png.clone(), message: m })
     };
     let timeline_png = || -> Result<(), WriteError> {
@@ -830,7 +830,7 @@ pub fn explain_png(dir: &Path, r: &Report, sched: &Schedule, trace: &Trace, at_s
         // that began before it with its start.
     }
     let png = dir.join("explain.png");
-    super::png::write_memory_png(&png, &plot).map_err(|m| WriteError { path: png.clone(), message: m })?;
+    super::png::write_memory_png(&png, plot).map_err(|m| WriteError { path: png.clone(), message: m })?;
     Ok(png)
 }
 
