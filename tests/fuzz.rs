@@ -628,16 +628,33 @@ fn campaign_size(var: &str, cases: usize) -> (usize, u64) {
     (cases, seed)
 }
 
-#[test]
-fn mutated_scenarios_keep_the_exit_code_contract() {
-    let (cases, seed) = campaign_size("STEPSIM_FUZZ_CASES", 300);
+/// A campaign of `var` cases (`default` in `cargo test`) drawn from [`BASES`] with the seed
+/// xor `salt`: `draw` mutates each base's text, saying what it did in `what`, and returns
+/// whether the case is an `explain`; each case runs through [`Campaign::case`].
+fn scenario_campaign(
+    var: &str,
+    default: usize,
+    salt: u64,
+    name: &str,
+    mut draw: impl FnMut(&mut ChaCha8Rng, &mut String, &mut Vec<String>) -> bool,
+) {
+    let (cases, seed) = campaign_size(var, default);
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ salt);
     let mut campaign = Campaign::new();
     for _ in 0..cases {
         let base_name = BASES[rng.random_range(0..BASES.len())];
         let mut text = base_text(root, base_name);
         let mut what = Vec::new();
+        let explain = draw(&mut rng, &mut text, &mut what);
+        campaign.case(&text, explain, format!("{base_name} [{}]", what.join(", ")));
+    }
+    campaign.finish(name, seed);
+}
+
+#[test]
+fn mutated_scenarios_keep_the_exit_code_contract() {
+    scenario_campaign("STEPSIM_FUZZ_CASES", 300, 0, "fuzz", |rng, text, what| {
         for _ in 0..rng.random_range(1..=2) {
             let (sec, key) = FIELDS[rng.random_range(0..FIELDS.len())];
             // Half the time a plausible size (the first nine values), so that many cases run.
@@ -646,7 +663,7 @@ fn mutated_scenarios_keep_the_exit_code_contract() {
             } else {
                 VALUES[rng.random_range(0..VALUES.len())]
             };
-            text = mutate(&text, sec, key, val);
+            *text = mutate(text, sec, key, val);
             what.push(format!("{sec}.{key} = {val}"));
         }
         if rng.random_range(0..10) == 0 {
@@ -654,10 +671,8 @@ fn mutated_scenarios_keep_the_exit_code_contract() {
             text.push_str("# \u{0}\r\n");
             what.push("NUL and CR in a comment".into());
         }
-        let explain = rng.random_range(0..4) == 0;
-        campaign.case(&text, explain, format!("{base_name} [{}]", what.join(", ")));
-    }
-    campaign.finish("fuzz", seed);
+        rng.random_range(0..4) == 0
+    });
 }
 
 /// The plausible campaign's seed 4600 found the full report and the sweep reading one job
@@ -721,24 +736,15 @@ const LIMITS: &[(&str, &str, &[&str])] = &[
 /// invariant and cross-check of [`Campaign::case`].
 #[test]
 fn scenarios_at_their_stated_limits_keep_the_contract() {
-    let (cases, seed) = campaign_size("STEPSIM_FUZZ_LIMITS", 40);
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x1717);
-    let mut campaign = Campaign::new();
-    for _ in 0..cases {
-        let base_name = BASES[rng.random_range(0..BASES.len())];
-        let mut text = base_text(root, base_name);
-        let mut what = Vec::new();
+    scenario_campaign("STEPSIM_FUZZ_LIMITS", 40, 0x1717, "limits fuzz", |rng, text, what| {
         for _ in 0..rng.random_range(2..=6) {
             let (sec, key, values) = LIMITS[rng.random_range(0..LIMITS.len())];
             let val = values[rng.random_range(0..values.len())];
-            text = mutate(&text, sec, key, val);
+            *text = mutate(text, sec, key, val);
             what.push(format!("{sec}.{key} = {val}"));
         }
-        let explain = rng.random_range(0..3) == 0;
-        campaign.case(&text, explain, format!("{base_name} [{}]", what.join(", ")));
-    }
-    campaign.finish("limits fuzz", seed);
+        rng.random_range(0..3) == 0
+    });
 }
 
 /// Values a user would write, by field: every name an enum field allows, both booleans, and
@@ -935,20 +941,13 @@ fn scaled(text: &str, rng: &mut ChaCha8Rng) -> Option<(String, String, String)> 
 /// campaign above runs about 4% of its cases, so it checks running jobs far less.
 #[test]
 fn plausible_scenarios_keep_their_invariants() {
-    let (cases, seed) = campaign_size("STEPSIM_FUZZ_PLAUSIBLE", 100);
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x9a1a);
-    let mut campaign = Campaign::new();
-    for _ in 0..cases {
-        let base_name = BASES[rng.random_range(0..BASES.len())];
-        let mut text = base_text(root, base_name);
-        let mut what = Vec::new();
+    scenario_campaign("STEPSIM_FUZZ_PLAUSIBLE", 100, 0x9a1a, "plausible fuzz", |rng, text, what| {
         for _ in 0..rng.random_range(1..=3) {
-            let pick = if rng.random_bool(0.3) { scaled(&text, &mut rng) } else { None };
+            let pick = if rng.random_bool(0.3) { scaled(text, rng) } else { None };
             let (sec, key, val) = pick.unwrap_or_else(|| {
                 // Mostly a field of a section the base has: a section added to a job it does
                 // not apply to ([moe] on a dense model, [megatron] under FSDP) is refused.
-                let doc: toml::Table = toml::from_str(&text).unwrap();
+                let doc: toml::Table = toml::from_str(text).unwrap();
                 let fields: Vec<_> = PLAUSIBLE.iter().filter(|(sec, _, _)| section(&doc, sec).is_some()).collect();
                 let (sec, key, values) = if fields.is_empty() || rng.random_bool(0.2) {
                     &PLAUSIBLE[rng.random_range(0..PLAUSIBLE.len())]
@@ -957,13 +956,11 @@ fn plausible_scenarios_keep_their_invariants() {
                 };
                 (sec.to_string(), key.to_string(), values[rng.random_range(0..values.len())].to_string())
             });
-            text = mutate(&text, &sec, &key, &val);
+            *text = mutate(text, &sec, &key, &val);
             what.push(format!("{sec}.{key} = {val}"));
         }
-        let explain = rng.random_range(0..4) == 0;
-        campaign.case(&text, explain, format!("{base_name} [{}]", what.join(", ")));
-    }
-    campaign.finish("plausible fuzz", seed);
+        rng.random_range(0..4) == 0
+    });
 }
 
 /// Sweep axes a case may draw: a path and TOML lists for it, plausible and extreme.

@@ -416,9 +416,9 @@ fn prepare_panel(index: usize, p: RankPanel, colors: &HashMap<String, RGBColor>)
         }
         Some(order)
     };
-    let in_order = |series: &[u64]| -> Vec<u64> {
+    let in_order = |series: Vec<u64>| -> Vec<u64> {
         match &order {
-            None => series.to_vec(),
+            None => series,
             Some(o) => o.iter().map(|&i| series[i]).collect(),
         }
     };
@@ -431,7 +431,7 @@ fn prepare_panel(index: usize, p: RankPanel, colors: &HashMap<String, RGBColor>)
     let mut layers = Vec::new();
     // Each category's series is dropped once it is stacked.
     for (name, series) in categories.into_iter().zip(bytes) {
-        let series = if order.is_none() { series } else { in_order(&series) };
+        let series = in_order(series);
         if series.iter().all(|&b| b == 0) {
             continue;
         }
@@ -446,10 +446,7 @@ fn prepare_panel(index: usize, p: RankPanel, colors: &HashMap<String, RGBColor>)
         });
     }
     drop(running);
-    let reserved_gb = reserved.map(|r| {
-        let r = if order.is_none() { r } else { in_order(&r) };
-        r.iter().map(|&b| b as f64 / GB).collect::<Vec<_>>()
-    });
+    let reserved_gb = reserved.map(|r| in_order(r).iter().map(|&b| b as f64 / GB).collect::<Vec<_>>());
 
     let mut phases: Vec<(String, f64, f64)> = p
         .phases
