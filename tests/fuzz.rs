@@ -28,7 +28,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::bounded::{run_bounded, run_bounded_with, Outcome};
+use common::fuzzing::{campaign_size, run_bounded, run_bounded_with, Outcome};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -621,13 +621,6 @@ impl Campaign {
     }
 }
 
-/// A campaign's size and seed: `STEPSIM_FUZZ_SEED` and the named variable, else the defaults.
-fn campaign_size(var: &str, cases: usize) -> (usize, u64) {
-    let cases = std::env::var(var).ok().and_then(|x| x.parse().ok()).unwrap_or(cases);
-    let seed = std::env::var("STEPSIM_FUZZ_SEED").ok().and_then(|x| x.parse().ok()).unwrap_or(22);
-    (cases, seed)
-}
-
 /// A campaign of `var` cases (`default` in `cargo test`) drawn from [`BASES`] with the seed
 /// xor `salt`: `draw` mutates each base's text, saying what it did in `what`, and returns
 /// whether the case is an `explain`; each case runs through [`Campaign::case`].
@@ -1099,8 +1092,7 @@ fn copy_dir(from: &Path, to: &Path) {
 /// makes `merge` refuse without writing a table or an answer.
 #[test]
 fn mutated_sweeps_and_damaged_shards_keep_the_contract() {
-    let cases: usize = std::env::var("STEPSIM_FUZZ_SWEEPS").ok().and_then(|x| x.parse().ok()).unwrap_or(40);
-    let seed: u64 = std::env::var("STEPSIM_FUZZ_SEED").ok().and_then(|x| x.parse().ok()).unwrap_or(22);
+    let (cases, seed) = campaign_size("STEPSIM_FUZZ_SWEEPS", 40);
     let limit = Duration::from_secs(30);
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = tempfile::tempdir().unwrap();

@@ -16,14 +16,14 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
 
-use common::bounded::run_bounded;
+use common::fuzzing::{campaign_size, run_bounded};
 
 /// How a config is written.
 #[derive(Clone, Copy, PartialEq)]
@@ -761,25 +761,17 @@ impl Campaign {
         let cfg = dir.join(format!("case{i}.{ext}"));
         std::fs::write(&cfg, config).unwrap();
         let out = dir.join(format!("imported{i}.toml"));
-        // An HF base's mutated file is the model; the config is deepspeed's unmutated fixture.
+        // An HF base's mutated file is the model (its flags hold no --model); the config is
+        // deepspeed's unmutated fixture.
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let (config_arg, model_arg): (PathBuf, Option<PathBuf>) =
-            if base.hf { (root.join(DS2), Some(cfg.clone())) } else { (cfg.clone(), None) };
+        let config_arg = if base.hf { root.join(DS2) } else { cfg.clone() };
         let mut args: Vec<String> = vec!["import".into(), base.tool.into(), config_arg.display().to_string()];
-        for (f, v) in flags {
-            args.push(f.clone());
-            args.push(if f == "--model" {
-                model_arg.as_ref().map_or(v.clone(), |m| m.display().to_string())
-            } else {
-                v.clone()
-            });
-        }
-        if base.hf && !flags.iter().any(|(f, _)| f == "--model") {
+        args.extend(flags.iter().flat_map(|(f, v)| [f.clone(), v.clone()]));
+        if base.hf {
             args.extend(["--model".to_string(), cfg.display().to_string()]);
         }
-        let mut with_out = args.clone();
-        with_out.extend(["--out".to_string(), out.display().to_string()]);
-        let argv: Vec<&str> = with_out.iter().map(String::as_str).collect();
+        args.extend(["--out".to_string(), out.display().to_string()]);
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
         let limit = Duration::from_secs(10);
         let o = run_bounded(&argv, limit);
         self.cases += 1;
@@ -803,7 +795,7 @@ impl Campaign {
             }
             _ => {
                 self.imported += 1;
-                self.imported_case(i, &out, &with_out, run).err()
+                self.imported_case(i, &out, &args, run).err()
             }
         });
         if let Some(p) = problem {
@@ -851,8 +843,7 @@ impl Campaign {
 
 #[test]
 fn mutated_framework_configs_keep_the_import_contract() {
-    let cases: usize = std::env::var("STEPSIM_FUZZ_IMPORTS").ok().and_then(|x| x.parse().ok()).unwrap_or(150);
-    let seed: u64 = std::env::var("STEPSIM_FUZZ_SEED").ok().and_then(|x| x.parse().ok()).unwrap_or(22);
+    let (cases, seed) = campaign_size("STEPSIM_FUZZ_IMPORTS", 150);
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x1a4b);
     let mut t = Campaign::new();

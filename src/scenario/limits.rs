@@ -132,7 +132,7 @@ pub(super) fn check_params(v: &V, m: &ModelConfig) -> Result<(), ScenarioError> 
         return Err(v.err(
             field,
             format!(
-                "the model would hold about {:.3e} parameters over {} blocks, this field's size adding the most: over the 2^50 ({:.3e}) parameters stepsim counts (published models hold under 1e13); reduce it",
+                "the model would hold up to {:.3e} parameters over {} blocks (an upper bound from its sizes, within 1.2x of the count), this field's size adding the most: over the 2^50 ({:.3e}) parameters stepsim counts (published models hold under 1e13); reduce it",
                 bound as f64,
                 m.n_layers,
                 MAX_PARAMS as f64
@@ -266,5 +266,13 @@ mod tests {
                 assert!(bound >= count && bound * 10 <= count * 12, "{}: bound {bound}, count {count}", z.name);
             }
         }
+    }
+
+    /// A config.json's counts are bounded by the largest of these limits, so that the
+    /// scenario's tighter bounds, not the reader's, name each size's field.
+    #[test]
+    fn a_config_json_count_is_bounded_by_the_largest_size_limit() {
+        let largest = [MAX_LAYERS, MAX_HIDDEN, MAX_HEADS, MAX_FFN, MAX_VOCAB, MAX_SEQ].into_iter().max();
+        assert_eq!(Some(crate::model::hf::MAX_COUNT), largest);
     }
 }

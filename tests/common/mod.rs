@@ -1,7 +1,7 @@
 //! Helpers shared by the integration tests: the real binary, and scenarios that cover the
 //! scheduler's branches. (Each test crate uses some of them.)
 
-pub mod bounded;
+pub mod fuzzing;
 
 use std::path::Path;
 use std::process::{Command, Output};

@@ -1,10 +1,19 @@
-//! The fuzz campaigns' bounded run of the real binary (issue 22): every case is held to 30 s
-//! (or its campaign's bound) and 4 GB resident, read from /proc on Linux, and exits 0 or 2
-//! with a message, never a panic's 101.
+//! What the fuzz campaigns (tests/fuzz.rs, tests/fuzz_import.rs) share: their size and seed
+//! from the environment, and the bounded run of the real binary (issue 22): every case is
+//! held to 30 s (or its campaign's bound) and 4 GB resident, read from /proc on Linux, and
+//! exits 0 or 2 with a message, never a panic's 101.
 #![allow(dead_code)]
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+/// A campaign's size and seed: `STEPSIM_FUZZ_SEED` and the named variable, else the defaults
+/// (seed 22, the one CI runs).
+pub fn campaign_size(var: &str, cases: usize) -> (usize, u64) {
+    let cases = std::env::var(var).ok().and_then(|x| x.parse().ok()).unwrap_or(cases);
+    let seed = std::env::var("STEPSIM_FUZZ_SEED").ok().and_then(|x| x.parse().ok()).unwrap_or(22);
+    (cases, seed)
+}
 
 /// What one bounded run of the binary did.
 pub struct Outcome {
