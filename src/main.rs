@@ -436,7 +436,7 @@ fn import(
     let scenario = im.render(tool);
     let as_path = out.clone().unwrap_or_else(|| PathBuf::from("<imported>.toml"));
     if let Err(e) = Scenario::from_toml(&as_path, &scenario) {
-        eprintln!("error: the scenario imported from {name} does not validate, nothing written: {e}");
+        eprintln!("error: {}", im.refusal(&name, &e));
         return ExitCode::from(2);
     }
     let Some(out) = out else {

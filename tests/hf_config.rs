@@ -301,6 +301,30 @@ fn fields_beside_a_config_override_it_and_paths_are_relative_to_the_scenario() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// An error of a model field the scenario does not set says the value is the config's (or the
+/// zoo model's): the user wrote hf_config or name, not the field. A field the scenario sets
+/// itself gets no such note.
+#[test]
+fn an_error_in_a_value_the_config_gives_names_the_config() {
+    let path = Path::new("job.toml");
+    let qwen = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/qwen2.5-7b-config.json");
+    let qwen = format!("hf_config = {}", toml::Value::String(qwen.display().to_string()));
+    // Qwen2.5-7B has 28 heads and 4 KV heads: 14 heads leave the config's 4 KV heads over.
+    let e = Scenario::from_toml(path, &scenario(&qwen, "n_heads = 14", 4096)).unwrap_err();
+    assert_eq!(e.field, "model.n_kv_heads", "{e}");
+    let note = "(the scenario does not set model.n_kv_heads: the value comes from model.hf_config = \"";
+    assert!(e.message.contains(note) && e.message.ends_with("qwen2.5-7b-config.json\")"), "{e}");
+    let e = Scenario::from_toml(path, &scenario(&qwen, "n_heads = 14\nn_kv_heads = 4", 4096)).unwrap_err();
+    assert_eq!(e.field, "model.n_kv_heads", "{e}");
+    assert!(!e.message.contains("does not set"), "{e}");
+    // The zoo's Llama 3.1 8B: 8 KV heads do not divide 4 heads.
+    let e = Scenario::from_toml(path, &scenario("name = \"llama-3.1-8b\"", "n_heads = 4", 4096)).unwrap_err();
+    assert!(
+        e.message.ends_with("(the scenario does not set model.n_kv_heads: the value comes from the zoo model, model.name = \"llama-3.1-8b\")"),
+        "{e}"
+    );
+}
+
 #[test]
 fn stepsim_models_lists_the_zoo_with_counts_and_sources() {
     let o = common::stepsim(&["models"], Path::new(env!("CARGO_MANIFEST_DIR")));

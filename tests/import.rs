@@ -681,3 +681,165 @@ fn gpt_style_kv_channels_are_refused_by_their_key() {
         megatron::import("cmd", &format!("{base} --kv-channels 64"), &megatron_args(Some(8), Some(32000))).unwrap();
     assert!(Scenario::from_toml(Path::new("i.toml"), &im.render("megatron")).is_ok());
 }
+
+/// The dotted names of every value a scenario's TOML sets (arrays are leaves).
+fn leaves(t: &toml::Table, prefix: &str, out: &mut Vec<String>) {
+    for (k, v) in t {
+        let name = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+        match v {
+            toml::Value::Table(sub) => leaves(sub, &name, out),
+            _ => out.push(name),
+        }
+    }
+}
+
+/// Sets `dotted` in `t` to `v`, making the tables on its way.
+fn set_dotted(t: &mut toml::Table, dotted: &str, v: toml::Value) {
+    let (path, last) = dotted.rsplit_once('.').map_or(("", dotted), |(p, l)| (p, l));
+    let mut at = t;
+    for part in path.split('.').filter(|p| !p.is_empty()) {
+        at = at.entry(part).or_insert_with(|| toml::Value::Table(toml::Table::new())).as_table_mut().unwrap();
+    }
+    at.insert(last.to_string(), v);
+}
+
+/// Each importer records where every field it writes came from (a config key, a flag, or the
+/// argument a default derives from), so that a scenario which does not validate is refused by
+/// what the user wrote. Checked on every shipped config: each value the scenario sets has an
+/// origin (but the description and the framework, which the importer itself names), and each
+/// recorded origin is of a field the scenario format has (a field that is not would be refused
+/// as unknown, not as the wrong type).
+#[test]
+fn every_field_an_import_writes_names_where_it_came_from() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap();
+    let mut imports: Vec<(String, stepsim::import::Import)> = Vec::new();
+    for (name, version, fp16) in
+        [("hf_ds_config_zero2.json", None, false), ("hf_ds_config_zero3.json", Some("0.14.4"), true)]
+    {
+        let mut config = read(&format!("deepspeed/{name}"));
+        if fp16 {
+            config =
+                config.replace("\"fp16\": {\n        \"enabled\": \"auto\"", "\"fp16\": {\n        \"enabled\": true");
+        }
+        let a = DeepspeedArgs {
+            micro_batch: Some(2),
+            grad_accum: Some(4),
+            dtype: Some(if fp16 { "fp16" } else { "bf16" }.into()),
+            version: version.map(str::to_string),
+            gpus_per_node: Some(8),
+            ..args(8)
+        };
+        imports.push((name.into(), import(name, &config, &a).unwrap_or_else(|e| panic!("{e}"))));
+    }
+    for f in std::fs::read_dir(root.join("megatron_functional")).unwrap() {
+        let path = f.unwrap().path();
+        if path.extension().is_some_and(|e| e == "args") {
+            let name = path.display().to_string();
+            let im =
+                megatron::import(&name, &std::fs::read_to_string(&path).unwrap(), &megatron_args(Some(8), Some(50432)))
+                    .unwrap_or_else(|e| panic!("{e}"));
+            imports.push((name, im));
+        }
+    }
+    let cmd = read("megatron/gpt3_175b_command.txt");
+    imports.push(("175b".into(), megatron::import("175b", &cmd, &megatron_args(None, Some(51200))).unwrap()));
+    imports.push(("log".into(), megatron::import("log", LLAMA_LOG, &megatron_args(None, None)).unwrap()));
+    for name in ["llama3_8b.toml", "llama3_70b.toml"] {
+        let gpus = Some(if name == "llama3_8b.toml" { 8 } else { 64 });
+        let a = TorchtitanArgs { model: None, gpu: "h100-sxm".into(), gpus, gpus_per_node: Some(8) };
+        let mut config = read(&format!("torchtitan/{name}"));
+        if name == "llama3_70b.toml" {
+            config = config.replace("# converters = [\"float8\"]", "converters = [\"float8\"]");
+            config = config.replace("[float8]\n", "[float8]\nrecipe_name = \"rowwise\"\n");
+        }
+        imports.push((name.into(), torchtitan::import(name, &config, &a).unwrap_or_else(|e| panic!("{e}"))));
+    }
+    let exempt = ["description", "parallel.framework"];
+    let (mut checked, mut missing) = (0, Vec::new());
+    for (name, im) in &imports {
+        let t: toml::Table = toml::from_str(&im.toml).unwrap();
+        let mut written = Vec::new();
+        leaves(&t, "", &mut written);
+        for field in written.iter().filter(|f| !exempt.contains(&f.as_str())) {
+            if !im.origins.iter().any(|(f, _)| f == field) {
+                missing.push(format!("{name}: {field}"));
+            }
+            checked += 1;
+        }
+        for (field, origin) in &im.origins {
+            let mut bad = t.clone();
+            set_dotted(&mut bad, field, toml::Value::Table(toml::Table::new()));
+            let e = Scenario::from_toml(Path::new("o.toml"), &toml::to_string(&bad).unwrap()).unwrap_err();
+            assert!(
+                !e.to_string().contains("unknown field"),
+                "{name}: {origin} names `{field}`, not a scenario field: {e}"
+            );
+        }
+    }
+    assert!(missing.is_empty(), "fields written without an origin:\n{}", missing.join("\n"));
+    assert!(checked > 200, "{checked} fields checked");
+}
+
+/// A scenario that does not validate is refused naming the key or flag that set the field,
+/// and the field (the message may refer to it); nothing is written and no file of the scenario
+/// that was never written is named.
+#[test]
+fn an_imported_scenario_that_does_not_validate_names_the_key_that_set_it() {
+    let d = tempfile::tempdir().unwrap();
+    let cmd = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/megatron/gpt3_175b_command.txt"),
+    )
+    .unwrap();
+    std::fs::write(d.path().join("heads.txt"), cmd.replace("--num-attention-heads 96", "--num-attention-heads 100"))
+        .unwrap();
+    std::fs::write(
+        d.path().join("pp.txt"),
+        cmd.replace("--pipeline-model-parallel-size 16", "--pipeline-model-parallel-size 7"),
+    )
+    .unwrap();
+    std::fs::write(d.path().join("ok.txt"), &cmd).unwrap();
+    let import = |file: &str, gpu: &str| {
+        stepsim(&["import", "megatron", file, "--gpu", gpu, "--vocab", "51200", "--out", "s.toml"], d.path())
+    };
+    for (file, gpu, says) in [
+        (
+            "heads.txt",
+            "a100-80gb",
+            "key `num_attention_heads` (the scenario's `model.n_heads`): must divide model.hidden (12288)",
+        ),
+        ("pp.txt", "a100-80gb", "pp.txt: key `pipeline_model_parallel_size`: tensor 8 x pipeline 7"),
+        ("ok.txt", "a100-sxm-80gb", "--gpu (the scenario's `hardware.gpu`): unknown GPU \"a100-sxm-80gb\""),
+    ] {
+        let out = import(file, gpu);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(says), "{err}");
+        assert!(!err.contains(".toml"), "names a scenario file that was never written: {err}");
+        assert!(!d.path().join("s.toml").exists());
+    }
+    // The flag that overrides a key is the one named.
+    let ds = fixture("hf_ds_config_zero3.json");
+    let out = stepsim(
+        &[
+            "import",
+            "deepspeed",
+            &ds,
+            "--model",
+            "llama-3.1-8b",
+            "--gpus",
+            "8",
+            "--gpu",
+            "h100-sxm",
+            "--micro-batch",
+            "2000000",
+            "--grad-accum",
+            "1",
+            "--dtype",
+            "bf16",
+        ],
+        d.path(),
+    );
+    let err = text(&out.stderr);
+    assert!(err.contains("--micro-batch (the scenario's `training.micro_batch`): must be at most 1048576"), "{err}");
+}

@@ -105,6 +105,25 @@ pub fn import(file: &str, config: &str, a: &DeepspeedArgs) -> Result<Import, Imp
         Some(Value::String(s)) if s == "auto" => None,
         _ => count("train_batch_size", None, "")?,
     };
+    // Which of the three set each scenario field (a flag overrides its key; a missing one is
+    // derived from train_batch_size, or is 1 for the accumulation without it).
+    let derived = |given: bool| if given || global.is_none() { None } else { Some("train_batch_size") };
+    match derived(micro.is_some()) {
+        Some(k) => im.from_key("training.micro_batch", k),
+        None => im.from_either(
+            "training.micro_batch",
+            "--micro-batch",
+            a.micro_batch.is_some(),
+            "train_micro_batch_size_per_gpu",
+        ),
+    }
+    match (derived(gas.is_some()), gas.is_some()) {
+        (Some(k), _) => im.from_key("training.grad_accum", k),
+        (None, true) => {
+            im.from_either("training.grad_accum", "--grad-accum", a.grad_accum.is_some(), "gradient_accumulation_steps")
+        }
+        (None, false) => im.from_text("training.grad_accum", "key `gradient_accumulation_steps` (absent: 1)".into()),
+    }
     let (micro, gas) = match (micro, gas, global) {
         (Some(m), Some(g), Some(t)) if wide(&[m, g, dp_guess]) != t as u128 => {
             return Err(err(
@@ -148,6 +167,9 @@ pub fn import(file: &str, config: &str, a: &DeepspeedArgs) -> Result<Import, Imp
         }
     };
     let (bf16, fp16) = (enabled("bf16")? || enabled("bfloat16")?, enabled("fp16")?);
+    if bf16 || fp16 {
+        im.from_key("training.precision", if fp16 { "fp16.enabled" } else { "bf16.enabled" });
+    }
     if bf16 && fp16 {
         return Err(err("fp16.enabled", "bf16 and fp16 are both enabled; DeepSpeed refuses that too".into()));
     }
@@ -187,6 +209,9 @@ pub fn import(file: &str, config: &str, a: &DeepspeedArgs) -> Result<Import, Imp
     } else if fp16 {
         im.mapped.push("precision: fp16.enabled: FP16 weights and gradients, FP32 master and Adam moments (bf16-mixed-adam with fp16 dtypes; the loss scaler's few floats are not counted)".into());
         training_extra.push_str("param_dtype = \"fp16\"\ncompute_dtype = \"fp16\"\ngrad_dtype = \"fp16\"\n");
+        for field in ["training.param_dtype", "training.compute_dtype", "training.grad_dtype"] {
+            im.from_key(field, "fp16.enabled");
+        }
         "bf16-mixed-adam"
     } else {
         im.mapped.push("precision: neither bf16 nor fp16 enabled: FP32 throughout (preset fp32)".into());
@@ -202,6 +227,7 @@ pub fn import(file: &str, config: &str, a: &DeepspeedArgs) -> Result<Import, Imp
         im.mapped.push(format!("zero_optimization.stage {stage}: sharding \"{sharding}\" under DeepSpeed's semantics"));
     }
     let sharding = if stage == 0 && bf16 { "zero1" } else { sharding };
+    im.from_key("parallel.sharding", "zero_optimization.stage");
     let mut ds = String::new();
     let mut no_ipg = false;
     for key in ["reduce_bucket_size", "allgather_bucket_size", "sub_group_size"] {
@@ -221,10 +247,12 @@ pub fn import(file: &str, config: &str, a: &DeepspeedArgs) -> Result<Import, Imp
                 // More elements than any partition can hold (stepsim's bound, 2^40): one
                 // sub-group of the whole partition, as DeepSpeed does.
                 Some(n) if key == "sub_group_size" && n > MAX_ELEMENTS => {
+                    im.from_key(&format!("deepspeed.{key}"), &format!("zero_optimization.{key}"));
                     ds.push_str(&format!("{key} = {MAX_ELEMENTS:e}\n"));
                     im.mapped.push(format!("zero_optimization.sub_group_size {n:e}: more than any partition, so one sub-group of the whole partition (written as 2^40, stepsim's bound)"));
                 }
                 Some(n) if n > 0.0 => {
+                    im.from_key(&format!("deepspeed.{key}"), &format!("zero_optimization.{key}"));
                     ds.push_str(&format!("{key} = {n:e}\n"));
                     im.mapped.push(format!("zero_optimization.{key} {n:e} elements"));
                 }
@@ -258,6 +286,7 @@ pub fn import(file: &str, config: &str, a: &DeepspeedArgs) -> Result<Import, Imp
                         0.0 => "0".to_string(),
                         w => format!("{w:e}"),
                     };
+                    im.from_key(&format!("deepspeed.{key}"), &format!("zero_optimization.{key}"));
                     ds.push_str(&format!("{key} = {whole}\n"));
                     im.mapped.push(format!("zero_optimization.{key} {whole} elements"));
                 }
@@ -272,6 +301,7 @@ pub fn import(file: &str, config: &str, a: &DeepspeedArgs) -> Result<Import, Imp
     }
     match &a.version {
         Some(v) => {
+            im.from_flag("deepspeed.version", "--deepspeed-version");
             ds.push_str(&format!("version = {}\n", super::quote(v)));
             im.mapped.push(format!("--deepspeed-version {v}: [deepspeed] version"));
         }
@@ -282,9 +312,13 @@ pub fn import(file: &str, config: &str, a: &DeepspeedArgs) -> Result<Import, Imp
     }
     for key in ["contiguous_gradients", "overlap_comm"] {
         match zero.get(key) {
-            _ if key == "contiguous_gradients" && no_ipg => ds.push_str("contiguous_gradients = false\n"),
+            _ if key == "contiguous_gradients" && no_ipg => {
+                im.from_key("deepspeed.contiguous_gradients", "zero_optimization.reduce_bucket_size");
+                ds.push_str("contiguous_gradients = false\n")
+            }
             None | Some(Value::Null) => {}
             Some(Value::Bool(b)) => {
+                im.from_key(&format!("deepspeed.{key}"), &format!("zero_optimization.{key}"));
                 ds.push_str(&format!("{key} = {b}\n"));
                 im.mapped.push(format!("zero_optimization.{key} {b}"));
             }
@@ -302,6 +336,7 @@ pub fn import(file: &str, config: &str, a: &DeepspeedArgs) -> Result<Import, Imp
         match dev {
             Value::String(d) if ["cpu", "nvme", "none"].contains(&d.as_str()) => {
                 if d != "none" {
+                    im.from_key(&format!("offload.{field}"), &format!("zero_optimization.{key}.device"));
                     offload.push_str(&format!("{field} = \"{d}\"\n"));
                     im.mapped.push(format!("zero_optimization.{key}.device \"{d}\""));
                 }
@@ -317,6 +352,7 @@ pub fn import(file: &str, config: &str, a: &DeepspeedArgs) -> Result<Import, Imp
     }
     // The old spelling of offload_optimizer.device = "cpu".
     if zero.get("cpu_offload") == Some(&Value::Bool(true)) && !offload.contains("optimizer") {
+        im.from_key("offload.optimizer", "zero_optimization.cpu_offload");
         offload.push_str("optimizer = \"cpu\"\n");
         im.mapped
             .push("zero_optimization.cpu_offload true (the old spelling of offload_optimizer.device \"cpu\")".into());
@@ -415,6 +451,13 @@ pub fn import(file: &str, config: &str, a: &DeepspeedArgs) -> Result<Import, Imp
         }
     }
     // --- the scenario
+    if o.get("optimizer").and_then(|x| x.get("type")).is_some_and(|t| !t.is_null()) {
+        im.from_key("training.optimizer", "optimizer.type");
+    }
+    im.from_flag("training.seq_len", "--seq-len");
+    im.from_flag("training.activation_checkpointing", "--checkpointing");
+    im.from_flag("hardware.gpus", "--gpus");
+    super::flag_origins(&mut im, Some(&a.model));
     let mut t = String::new();
     let description = format!("imported from {file} ({} x {}, ZeRO stage {stage})", a.gpus, a.gpu);
     t.push_str(&format!("description = {}\n\n", super::quote(&description)));

@@ -545,8 +545,15 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
     }
     let mp = (tp as u128 * pp as u128).saturating_mul(cp as u128);
     if gpus as u128 % mp != 0 {
+        // The key at which the product stops dividing the GPUs.
         return Err(err(
-            "tensor_model_parallel_size",
+            if gpus % tp != 0 {
+                "tensor_model_parallel_size"
+            } else if gpus as u128 % (tp as u128 * pp as u128) != 0 {
+                "pipeline_model_parallel_size"
+            } else {
+                "context_parallel_size"
+            },
             format!("tensor {tp} x pipeline {pp} x context {cp} = {mp} does not divide {gpus} GPUs"),
         ));
     }
@@ -860,6 +867,7 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
             None => {}
         }
     }
+    record_origins(&mut im, &m, a);
     let mut s = format!(
         "description = {}\n\n[model]\n{model}\n[hardware]\ngpu = {}\ngpus = {gpus}\n",
         super::quote(&format!("Megatron-LM job imported from {file}")),
@@ -1007,4 +1015,115 @@ fn pattern_fields(pattern: &[bool], text: &str) -> String {
         s.push_str(&format!("dense_layers = [{}]\n", rest.join(", ")));
     }
     s
+}
+
+/// Where each scenario field took its value (`Import::origins`): the argument by Megatron's
+/// own name, or the flag, or the argument a default is derived from.
+fn record_origins(im: &mut Import, m: &BTreeMap<String, String>, a: &MegatronArgs) {
+    let given = |k: &str| m.get(k).is_some_and(|v| !v.is_empty() && v != "None");
+    for (field, key) in [
+        ("model.family", "normalization"),
+        ("model.n_layers", "num_layers"),
+        ("model.hidden", "hidden_size"),
+        ("model.n_heads", "num_attention_heads"),
+        ("model.dropout", "hidden_dropout"),
+        ("model.tie_embeddings", "untie_embeddings_and_output_weights"),
+        ("model.n_kv_heads", "num_query_groups"),
+        ("model.head_dim", "kv_channels"),
+        ("model.qkv_bias", "add_qkv_bias"),
+        ("model.qk_norm", "qk_layernorm"),
+        ("model.mla.q_lora_rank", "q_lora_rank"),
+        ("model.mla.kv_lora_rank", "kv_lora_rank"),
+        ("model.mla.qk_nope_head_dim", "qk_head_dim"),
+        ("model.mla.qk_rope_head_dim", "qk_pos_emb_head_dim"),
+        ("model.mla.v_head_dim", "v_head_dim"),
+        ("model.moe.num_experts", "num_experts"),
+        ("model.moe.top_k", "moe_router_topk"),
+        ("model.moe.shared_expert_ffn_hidden", "moe_shared_expert_intermediate_size"),
+        ("model.moe.every", "moe_layer_freq"),
+        ("model.moe.first_dense_layers", "moe_layer_freq"),
+        ("model.moe.dense_layers", "moe_layer_freq"),
+        ("model.moe.router_groups", "moe_router_num_groups"),
+        ("model.moe.router_group_topk", "moe_router_group_topk"),
+        ("model.mtp.layers", "mtp_num_layers"),
+        ("model.mtp.loss_scale", "mtp_loss_scaling_factor"),
+        ("moe.dispatcher", "moe_token_dispatcher_type"),
+        ("moe.deepep_sms", "moe_flex_dispatcher_num_sms"),
+        ("moe.aux_loss", "moe_router_load_balancing_type"),
+        ("moe.capacity_factor", "moe_expert_capacity_factor"),
+        ("moe.pad_to_capacity", "moe_pad_expert_input_to_capacity"),
+        ("parallel.sharding", "use_distributed_optimizer"),
+        ("parallel.tensor", "tensor_model_parallel_size"),
+        ("parallel.sequence_parallel", "sequence_parallel"),
+        ("parallel.pipeline", "pipeline_model_parallel_size"),
+        ("parallel.schedule", "num_virtual_stages_per_pipeline_rank"),
+        ("parallel.virtual_stages", "num_virtual_stages_per_pipeline_rank"),
+        ("parallel.stage_layers", "pipeline_model_parallel_layout"),
+        ("parallel.context", "context_parallel_size"),
+        ("parallel.expert", "expert_model_parallel_size"),
+        ("parallel.expert_tensor", "expert_tensor_parallel_size"),
+        ("megatron.overlap_grad_reduce", "overlap_grad_reduce"),
+        ("megatron.overlap_param_gather", "overlap_param_gather"),
+        ("megatron.tp_comm_overlap", "tp_comm_overlap"),
+        ("megatron.overlap_moe_expert_parallel_comm", "overlap_moe_expert_parallel_comm"),
+        ("megatron.offload_modules", "offload_modules"),
+        ("megatron.min_offloaded_tensor_size", "min_offloaded_tensor_size"),
+        ("megatron.activation_offload_fraction", "activation_offload_fraction"),
+        ("megatron.use_precision_aware_optimizer", "use_precision_aware_optimizer"),
+        ("megatron.activation_func_fp8_input_store", "activation_func_fp8_input_store"),
+        ("megatron.main_grads_dtype", "main_grads_dtype"),
+        ("megatron.main_params_dtype", "main_params_dtype"),
+        ("megatron.exp_avg_dtype", "exp_avg_dtype"),
+        ("megatron.exp_avg_sq_dtype", "exp_avg_sq_dtype"),
+        ("training.micro_batch", "micro_batch_size"),
+        ("training.seq_len", "seq_length"),
+        ("training.grad_accum", "global_batch_size"),
+        ("training.param_dtype", "fp16"),
+        ("training.compute_dtype", "fp16"),
+        ("training.grad_dtype", "fp16"),
+        ("training.activation_checkpointing", "recompute_granularity"),
+        ("training.recompute_method", "recompute_method"),
+        ("training.recompute_num_layers", "recompute_num_layers"),
+        ("training.recompute_modules", "recompute_modules"),
+        ("training.clip_grad_norm", "clip_grad"),
+        ("training.optimizer", "optimizer"),
+        ("training.attention", "attention_backend"),
+        ("fp8.recipe", "fp8_recipe"),
+        ("fp8.amax_history_len", "fp8_amax_history_len"),
+        ("fp8.wgrad", "no_fp8_wgrad"),
+    ] {
+        im.from_key(field, key);
+    }
+    // Values a default derives from another argument, or a flag gives.
+    let on = |k: &str| m.get(k).is_some_and(|v| v == "true" || v == "True");
+    match (on("bf16"), on("fp16")) {
+        (_, true) => im.from_key("training.precision", "fp16"),
+        (true, false) => im.from_key("training.precision", "bf16"),
+        (false, false) => im.from_text("training.precision", "neither `bf16` nor `fp16` given (FP32)".into()),
+    }
+    if !given("ffn_hidden_size") {
+        im.from_text("model.ffn_hidden", "key `hidden_size` (ffn_hidden_size's default derives from it)".into());
+    } else {
+        im.from_key("model.ffn_hidden", "ffn_hidden_size");
+    }
+    if given("moe_ffn_hidden_size") {
+        im.from_key("model.moe.expert_ffn_hidden", "moe_ffn_hidden_size");
+    } else {
+        im.from_text("model.moe.expert_ffn_hidden", "key `ffn_hidden_size` (moe_ffn_hidden_size's default)".into());
+    }
+    match (a.vocab.is_some(), given("padded_vocab_size")) {
+        (true, _) => im.from_flag("model.vocab", "--vocab"),
+        (false, true) => im.from_key("model.vocab", "padded_vocab_size"),
+        (false, false) => im.from_key("model.vocab", "vocab_size"),
+    }
+    im.from_key(
+        "model.max_seq_len",
+        if given("max_position_embeddings") { "max_position_embeddings" } else { "seq_length" },
+    );
+    match (a.gpus.is_some(), given("world_size")) {
+        (true, _) => im.from_flag("hardware.gpus", "--gpus"),
+        (false, true) => im.from_key("hardware.gpus", "world_size"),
+        (false, false) => im.from_text("hardware.gpus", "keys `nproc_per_node` x `nnodes` (torchrun's)".into()),
+    }
+    super::flag_origins(im, None);
 }

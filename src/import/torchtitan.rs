@@ -98,6 +98,7 @@ pub fn import(file: &str, config: &str, a: &TorchtitanArgs) -> Result<Import, Im
             let (name, flavor) = (string(&model, "model", "name", "")?, string(&model, "model", "flavor", "")?);
             match FLAVORS.iter().find(|f| f.0 == name && f.1 == flavor) {
                 Some(f) => {
+                    im.from_key("model.name", "model.flavor");
                     im.mapped.push(format!("model.name \"{name}\", flavor \"{flavor}\": zoo model {} (the same dimensions and vocabulary)", f.2));
                     ModelArg::Zoo(f.2.to_string())
                 }
@@ -180,6 +181,21 @@ pub fn import(file: &str, config: &str, a: &TorchtitanArgs) -> Result<Import, Im
         (true, false) => "full_shard",
         (false, _) => "none",
     };
+    let shard_key = "parallelism.data_parallel_shard_degree";
+    im.from_either("hardware.gpus", "--gpus", a.gpus.is_some(), "parallelism");
+    im.from_key("parallel.sharding", shard_key);
+    im.from_either("parallel.hsdp_shard_size", "--gpus", shard_cfg == -1, shard_key);
+    for (field, key) in [
+        ("parallel.reshard_after_forward", "fsdp_reshard_after_forward"),
+        ("parallel.tensor", "tensor_parallel_degree"),
+        ("parallel.sequence_parallel", "tensor_parallel_degree"),
+        ("parallel.async_tp", "enable_async_tensor_parallel"),
+        ("parallel.pipeline", "pipeline_parallel_degree"),
+        ("parallel.schedule", "pipeline_parallel_schedule"),
+        ("parallel.context", "context_parallel_degree"),
+    ] {
+        im.from_key(field, &format!("parallelism.{key}"));
+    }
     let mut par_toml = format!("framework = \"fsdp2\"\nsharding = \"{sharding}\"\n");
     if sharding == "hybrid_shard" {
         par_toml.push_str(&format!("hsdp_shard_size = {shard}\n"));
@@ -238,6 +254,14 @@ pub fn import(file: &str, config: &str, a: &TorchtitanArgs) -> Result<Import, Im
         im.mapped.push(format!("context_parallel_degree {cp}"));
     }
     // --- training
+    im.from_key(
+        "training.micro_batch",
+        if training.contains_key("batch_size") && !training.contains_key("local_batch_size") {
+            "training.batch_size"
+        } else {
+            "training.local_batch_size"
+        },
+    );
     let local = match (training.get("local_batch_size"), training.get("batch_size")) {
         (Some(_), _) => int(&training, "training", "local_batch_size", 8)?,
         (None, Some(_)) => int(&training, "training", "batch_size", 8)?,
@@ -422,6 +446,24 @@ pub fn import(file: &str, config: &str, a: &TorchtitanArgs) -> Result<Import, Im
     }
     im.assumed.push("attention: flash (torchtitan's SDPA picks the flash kernel on these GPUs)".into());
     // --- the scenario
+    for (field, key) in [
+        ("training.grad_accum", "training.global_batch_size"),
+        ("training.seq_len", "training.seq_len"),
+        ("training.precision", "training.mixed_precision_param"),
+        ("training.optimizer", "optimizer.name"),
+        ("training.optimizer_impl", "optimizer.implementation"),
+        ("training.activation_checkpointing", "activation_checkpoint.mode"),
+        ("training.checkpoint_every", "activation_checkpoint.selective_ac_option"),
+        ("training.kernels", "compile.enable"),
+        ("training.loss", "compile.components"),
+        ("training.clip_grad_norm", "training.max_norm"),
+        ("fp8.recipe", "float8.recipe_name"),
+        ("fp8.fsdp_all_gather", "float8.enable_fsdp_float8_all_gather"),
+    ] {
+        im.from_key(field, key);
+    }
+    im.from_text("training.attention", "the import's assumption of flash attention (torchtitan's SDPA)".into());
+    super::flag_origins(&mut im, a.model.as_ref());
     let description = string(&job, "job", "description", "torchtitan job")?;
     let mut s = format!(
         "description = {}\n\n",

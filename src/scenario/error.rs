@@ -24,16 +24,15 @@ impl ScenarioError {
     }
 }
 
-impl fmt::Display for ScenarioError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.field.is_empty() {
-            write!(f, "{}: {}", self.file.display(), self.message)?;
-        } else {
-            write!(f, "{}: field `{}`: {}", self.file.display(), self.field, self.message)?;
-        }
+impl ScenarioError {
+    /// The error as text: `lead`, then each error with the prefix `name` gives its field
+    /// (`name("")` for a whole-file error). Display names the file and the fields; an import
+    /// names the config keys that set them.
+    pub fn describe(&self, lead: &str, name: impl Fn(&str) -> String) -> String {
+        let mut o = format!("{lead}{}{}", name(&self.field), self.message);
         let n = self.also.len();
         if n == 0 {
-            return Ok(());
+            return o;
         }
         // Recovery stopped at its cap: there may be more.
         let cap = if n + 1 >= super::recovery::MAX_ERRORS {
@@ -42,21 +41,23 @@ impl fmt::Display for ScenarioError {
             String::new()
         };
         if n == 1 {
-            write!(
-                f,
+            o.push_str(&format!(
                 "\n1 more{cap}, found by reading the file without the field above (fixing it can change this one):"
-            )?;
+            ));
         } else {
-            write!(f, "\n{n} more{cap}, each found by reading the file without the fields above it (fixing one can change the next):")?;
+            o.push_str(&format!("\n{n} more{cap}, each found by reading the file without the fields above it (fixing one can change the next):"));
         }
         for (field, message) in &self.also {
-            if field.is_empty() {
-                write!(f, "\n  {message}")?;
-            } else {
-                write!(f, "\n  field `{field}`: {message}")?;
-            }
+            o.push_str(&format!("\n  {}{message}", name(field)));
         }
-        Ok(())
+        o
+    }
+}
+
+impl fmt::Display for ScenarioError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = |field: &str| if field.is_empty() { String::new() } else { format!("field `{field}`: ") };
+        f.write_str(&self.describe(&format!("{}: ", self.file.display()), name))
     }
 }
 

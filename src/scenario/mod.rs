@@ -682,7 +682,19 @@ fn dualpipe_rules(v: &V, parallel: &ParallelConfig, grad_accum: u64) -> Result<(
     Ok(())
 }
 
+/// Validates a parsed scenario. An error of a model field the file does not set says that
+/// its value is the config.json's or the zoo model's, which the user may not know they chose.
 fn validate(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, ScenarioError> {
+    let inherited = model_source::Inherited::of(&f.model);
+    validate_fields(path, stem, f).map_err(|mut e| {
+        if let Some(note) = inherited.as_ref().and_then(|i| i.note(&e.field)) {
+            e.message.push_str(&note);
+        }
+        e
+    })
+}
+
+fn validate_fields(path: &Path, stem: &str, f: ScenarioFile) -> Result<Scenario, ScenarioError> {
     let v = V { path };
     if f.extends.is_some() {
         return Err(v.err(

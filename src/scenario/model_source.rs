@@ -35,6 +35,56 @@ pub(super) fn hf_model(v: &V, m: &ModelSection) -> Result<Option<HfModel>, Scena
     }
 }
 
+/// Where the model's sizes come from when `[model]` does not set them: the config.json or
+/// zoo model it names, and which of its fields the section sets itself.
+pub(super) struct Inherited {
+    /// `model.hf_config = "path"` or `model.name = "zoo model"`, as the file writes it.
+    source: String,
+    /// The section as written (a field absent here is the config's).
+    written: toml::Table,
+}
+
+/// The `[model]` fields a config.json gives wherever the section does not set them.
+const FROM_CONFIG: &[&str] = &[
+    "n_layers",
+    "hidden",
+    "n_heads",
+    "n_kv_heads",
+    "ffn_hidden",
+    "vocab",
+    "head_dim",
+    "qkv_bias",
+    "qk_norm",
+    "tie_embeddings",
+    "dropout",
+];
+
+impl Inherited {
+    /// None when the section names neither a config.json nor a zoo model.
+    pub(super) fn of(m: &ModelSection) -> Option<Inherited> {
+        let source = match (&m.hf_config, &m.name) {
+            (Some(p), _) => format!("model.hf_config = {}", toml::Value::String(p.clone())),
+            (None, Some(n)) => format!("the zoo model, model.name = {}", toml::Value::String(n.clone())),
+            (None, None) => return None,
+        };
+        let written = toml::Table::try_from(m).ok()?;
+        Some(Inherited { source, written })
+    }
+
+    /// What to add to an error of `field`: that its value is the config's, where the section
+    /// does not set it (every field of `[model.moe]` and `[model.mla]` when the section has
+    /// none, since the config then gives the whole section).
+    pub(super) fn note(&self, field: &str) -> Option<String> {
+        let rest = field.strip_prefix("model.")?;
+        let from_config = match rest.split_once('.') {
+            None => FROM_CONFIG.contains(&rest) && !self.written.contains_key(rest),
+            Some((section @ ("moe" | "mla"), _)) => !self.written.contains_key(section),
+            Some(_) => false,
+        };
+        from_config.then(|| format!(" (the scenario does not set {field}: the value comes from {})", self.source))
+    }
+}
+
 /// A required whole-number field: the section's, else the config's, else an error saying
 /// how to give it.
 pub(super) fn field(v: &V, name: &str, own: Option<i64>, hf: Option<u64>) -> Result<i64, ScenarioError> {
