@@ -466,3 +466,53 @@ fn an_eager_attention_oom_is_answered_with_flash_attention() {
     let e = explain::explain(&s, &sim, 0.5);
     assert!(e.counterfactuals.iter().all(|c| !c.change.starts_with("flash attention")));
 }
+
+/// LoRA fine-tuning is explained in LoRA's terms: the parameters as the frozen base held as
+/// stored plus the trainable adapters, the gradients and Adam's moments of the adapters only.
+/// A 16-bit 70B base does not load on one A100; QLoRA (the base in NF4 with double
+/// quantization) is offered, fits on the same GPU, agrees with simulating that scenario
+/// directly, and costs speed (the dequantization kernels).
+#[test]
+fn lora_jobs_are_explained_in_lora_terms_and_qlora_is_offered() {
+    let s = shipped("llama2-70b-lora-1gpu.toml");
+    explain::accepts(Path::new("lora.toml"), &s).unwrap();
+    let sim = stepsim::simulate(&s).unwrap();
+    let e = explain::explain(&s, &sim, explain::DEFAULT_MARGIN);
+    assert_eq!((e.status, e.phase.name()), ("oom", "init"));
+    let params = e.live.iter().find(|l| l.category == "parameters").unwrap();
+    // 68,976,648,192 frozen parameters at 2 B: 137.95 GB; rank 16 on q_proj and v_proj:
+    // 32.8M adapters in fp32.
+    assert!(
+        params.reason.contains("the frozen base, 69.0B params as stored in 137.95 GB")
+            && params.reason.contains("2 B/param, 16-bit")
+            && params.reason.contains("trainable LoRA adapters, fp32 4 B/param x 32.8M"),
+        "{}",
+        params.reason
+    );
+    let q = e.counterfactuals.iter().find(|c| c.change.starts_with("QLoRA")).expect("a QLoRA row");
+    assert_eq!(q.fits, Some(true));
+    assert!(q.tokens_per_s_change.is_some_and(|x| x < 0.0), "{q:?}");
+    assert!(e.answer.contains("on the same GPUs is \"QLoRA"), "{}", e.answer);
+    let (_, v) = (0..counterfactual::COUNTERFACTUAL_NAMES.len())
+        .filter_map(|w| counterfactual::variants(&s, w).ok())
+        .flatten()
+        .find(|(l, _)| l.starts_with("QLoRA"))
+        .unwrap();
+    let direct = stepsim::simulate(&v).unwrap();
+    assert_eq!(direct.report.peak.as_ref().map(|p| p.allocated.bytes), q.peak.map(|p| p.bytes));
+    // Already 4-bit: no QLoRA row; the adapters' gradients and moments at their own count.
+    let s = shipped("llama2-70b-qlora-1gpu.toml");
+    let sim = stepsim::simulate(&s).unwrap();
+    let e = explain::explain(&s, &sim, 0.6);
+    assert!(!e.counterfactuals.iter().any(|c| c.change.starts_with("QLoRA")));
+    let reason = |cat: &str| e.live.iter().find(|l| l.category == cat).map(|l| l.reason.clone()).unwrap();
+    assert!(reason("optimizer_state").contains("of the trainable LoRA adapters: 8 B/param x 207.1M"));
+    assert!(reason("gradients").contains("the trainable LoRA adapters' only"));
+    assert!(reason("parameters").contains("block linears in NF4 with double quantization at 0.516 B/param"));
+    // The parameters line's bytes are the parts it names: the base as stored and the adapters
+    // at 4 B (each of the 81 units' buffers rounded up to 512 B).
+    let stored: u64 = sim.dag.ops.iter().map(|o| o.frozen_bytes).sum();
+    let live = e.live.iter().find(|l| l.category == "parameters").unwrap().size.bytes;
+    let parts = stored + 4 * sim.dag.trainable_params();
+    assert!(live >= parts && live - parts < 1 << 20, "{live} vs {parts}");
+}

@@ -468,8 +468,8 @@ def explain(scenario: ScenarioLike, margin: float = DEFAULT_MARGIN) -> Explanati
             in [0, 1).
 
     Raises:
-        ScenarioError: an invalid scenario, an inference or LoRA job (explain covers full
-            training), or a job too large to simulate ~16 times.
+        ScenarioError: an invalid scenario, an inference job (explain covers training and
+            LoRA fine-tuning), or a job too large to simulate ~16 times.
         ValueError: a margin outside [0, 1).
         SimulationError: an internal error of the simulator.
     """

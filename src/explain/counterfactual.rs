@@ -46,6 +46,7 @@ pub const COUNTERFACTUAL_NAMES: &[&str] = &[
     "pipeline schedule (1F1B, interleaved 1F1B, DualPipe, DualPipeV)",
     "SwiGLU inputs saved in FP8 (Megatron --activation-func-fp8-input-store)",
     "flash attention (no s x s scores stored)",
+    "QLoRA: the frozen base in 4-bit NF4 with double quantization",
 ];
 
 /// More GPUs: doublings of the count, then a bisection to the smallest that fits.
@@ -104,6 +105,11 @@ const FP8_INPUT_STORE: usize = 29;
 /// Flash attention in place of materialised (math or eager) attention: the framework's fused
 /// kernel. Offered where the scores are materialised.
 const FLASH: usize = 30;
+/// QLoRA in place of a 16-bit frozen base: bitsandbytes NF4 with double quantization (what the
+/// QLoRA paper trains with), the other frozen weights in FP32 (`prepare_model_for_kbit_training`).
+/// Offered for LoRA jobs with a 16-bit base outside one FSDP1 FlatParameter with the adapters
+/// (a 4-bit base there is not simulated, as scenario validation says).
+const QLORA: usize = 31;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Counterfactual {
@@ -816,6 +822,20 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             )]
         }
         SCHEDULE => schedule_variants(s)?,
+        QLORA => {
+            let Some(l) = v.workload.lora.as_mut() else { return Err("not a LoRA fine-tuning job".into()) };
+            if l.base != crate::model::WeightFormat::Half {
+                return Err("the base is 4-bit already".into());
+            }
+            if l.shared_flat {
+                return Err(
+                    "a 4-bit base in one FSDP1 FlatParameter with the adapters (wrap = \"block\") is not simulated"
+                        .into(),
+                );
+            }
+            l.base = crate::model::WeightFormat::Nf4 { double_quant: true };
+            vec![("QLoRA (lora.base_weights = nf4, double_quant = true): the frozen block linears in 4 bits, the other frozen weights in fp32".into(), v)]
+        }
         _ => return Err("no such change".into()),
     })
 }
@@ -1100,6 +1120,9 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>, fits_now: bool) -> Vec<Co
         if which == FLASH && !s.workload.attention.materialised() {
             continue;
         }
+        if which == QLORA && !s.workload.lora.as_ref().is_some_and(|l| l.base == crate::model::WeightFormat::Half) {
+            continue;
+        }
         if ((which == FUSED_LOSS || which == SELECTIVE_OP) && megatron)
             || (which == SYNC_EACH && !s.parallel.no_sync)
             || (which == NO_NVLS && !s.nccl.nvls)
@@ -1165,6 +1188,9 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>, fits_now: bool) -> Vec<Co
                 if which == 3 {
                     c.changes_problem = true;
                     c.note = Some("changes the training problem: half the tokens per sequence".into());
+                }
+                if which == QLORA {
+                    c.note = Some("the frozen base quantized: Dettmers et al. 2023 (QLoRA) report NF4 with double quantization matching 16-bit LoRA fine-tuning".into());
                 }
                 if which == CAPACITY {
                     c.changes_problem = true;

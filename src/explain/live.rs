@@ -81,6 +81,59 @@ fn human(n: u64) -> String {
     crate::report::human_count_with(n, 1)
 }
 
+/// LoRA's model state by part (model::lora): the precision policy's bytes per parameter apply
+/// to the trainable adapters only; the frozen base is held as stored (BF16, or NF4 block
+/// linears with the rest in FP32), gets no gradient and no optimizer state, except where it
+/// shares an FSDP1 FlatParameter with the adapters (`shared_flat`), which autograd gives a
+/// gradient.
+struct LoraParts {
+    /// Elements that get optimizer state: the adapters.
+    trainable: u64,
+    /// Frozen elements in FlatParameters with the adapters (held as parameters are).
+    flat_frozen: u64,
+    /// Frozen elements held as stored, and their bytes.
+    stored: u64,
+    stored_bytes: u64,
+    /// What the stored base is.
+    base: String,
+    /// QLoRA: bitsandbytes dequantizes each NF4 weight for its matmul.
+    nf4: bool,
+}
+
+impl LoraParts {
+    fn of(dag: &crate::model::LayerDag, l: &crate::model::LoraConfig) -> LoraParts {
+        use crate::model::{OpKind, Region, WeightFormat};
+        let flat_frozen: u64 = dag.ops.iter().map(|o| o.flat_frozen).sum();
+        let block_linear = |o: &&crate::model::Op| o.kind == OpKind::Linear && matches!(o.region, Region::Block(_));
+        let (lin_params, lin_bytes) = dag
+            .ops
+            .iter()
+            .filter(block_linear)
+            .fold((0u64, 0u64), |(p, b), o| (p + o.frozen_params, b + o.frozen_bytes));
+        let per = lin_bytes as f64 / lin_params.max(1) as f64;
+        let base = match l.base {
+            WeightFormat::Nf4 { double_quant } => format!(
+                "block linears in NF4{} at {per:.3} B/param with their scales, the embeddings, norms and head in fp32 (prepare_model_for_kbit_training)",
+                if double_quant { " with double quantization" } else { "" }
+            ),
+            _ => format!("{per:.0} B/param, 16-bit"),
+        };
+        LoraParts {
+            trainable: dag.trainable_params(),
+            flat_frozen,
+            stored: dag.ops.iter().map(|o| o.frozen_params).sum(),
+            stored_bytes: dag.ops.iter().map(|o| o.frozen_bytes).sum(),
+            base,
+            nf4: matches!(l.base, WeightFormat::Nf4 { .. }),
+        }
+    }
+
+    /// Elements that get gradients.
+    fn with_grads(&self) -> u64 {
+        self.trainable + self.flat_frozen
+    }
+}
+
 /// Groups live buffers by category and says why each group exists.
 pub fn from_buffers(
     s: &Scenario,
@@ -95,7 +148,10 @@ pub fn from_buffers(
     // This rank's parameters: its stage's under a pipeline, its experts' under expert
     // parallelism (and, for LoRA, the frozen base too).
     let local = if sim.dag.lora.is_some() { sim.dag.param_count() } else { plan.total_params() };
-    let psi = human(local);
+    let lora = sim.dag.lora.as_ref().map(|l| LoraParts::of(&sim.dag, l));
+    // The elements with gradients and with optimizer state: all of this rank's, or LoRA's.
+    let (graded, stated) = lora.as_ref().map_or((local, local), |l| (l.with_grads(), l.trainable));
+    let psi = human(graded);
     let n = plan.shard_group;
     let expert = plan.expert_params();
     let mut bytes = [0u64; Category::COUNT];
@@ -111,14 +167,15 @@ pub fn from_buffers(
         }
         names[c].push(name.clone());
     }
-    // "x N" or "x N / n GPUs"; a MoE rank's experts are sharded over their own group.
-    let times = |yes: bool| match (yes, expert) {
+    // "x N" or "x N / n GPUs" of `count` elements; a MoE rank's experts are sharded over
+    // their own group.
+    let times = |yes: bool, count: u64| match (yes, expert) {
         (true, e) if e > 0 && (n > 1 || plan.edp > 1) => {
             let over = |k: u64| if k > 1 { format!(" / {k} GPUs") } else { String::new() };
-            format!("({}{} + {} expert params{})", human(local - e), over(n), human(e), over(plan.edp))
+            format!("({}{} + {} expert params{})", human(count - e), over(n), human(e), over(plan.edp))
         }
-        (true, _) if n > 1 => format!("{psi} / {n} GPUs"),
-        _ => psi.clone(),
+        (true, _) if n > 1 => format!("{} / {n} GPUs", human(count)),
+        _ => human(count),
     };
     let units = plan.units.len();
     let total_layers = s.model.n_layers;
@@ -132,12 +189,34 @@ pub fn from_buffers(
         let reason = match cat {
             Category::Parameters => {
                 let loaded = names[c].iter().filter(|x| x.contains("parameters")).count();
-                let per = format!(
-                    "{} parameters: {} B/param x {}",
-                    pr.param.name(),
-                    pr.param.bytes(),
-                    times(plan.params_sharded)
-                );
+                let per = match &lora {
+                    Some(l) => {
+                        let over = if plan.params_sharded && n > 1 { format!(" / {n} GPUs") } else { String::new() };
+                        let flat = match l.flat_frozen {
+                            0 => String::new(),
+                            f => format!(
+                                " and {} in the blocks' FSDP1 FlatParameters with the adapters ({} B/param; wrap = \"block\" gives them gradients)",
+                                human(f),
+                                pr.param.bytes()
+                            ),
+                        };
+                        format!(
+                            "parameters: the frozen base, {} params as stored in {}{over} ({}){flat}, and the trainable LoRA adapters, {} {} B/param x {}",
+                            human(l.stored),
+                            crate::report::fmt_bytes(l.stored_bytes),
+                            l.base,
+                            pr.param.name(),
+                            pr.param.bytes(),
+                            times(plan.params_sharded, l.trainable)
+                        )
+                    }
+                    None => format!(
+                        "{} parameters: {} B/param x {}",
+                        pr.param.name(),
+                        pr.param.bytes(),
+                        times(plan.params_sharded, local)
+                    ),
+                };
                 let flat = plan.deepspeed_optimizer().filter(|_| plan.deepspeed_flattens());
                 if let Some(ds) = flat {
                     // DeepSpeed's wrapper moved them into one flat buffer at initialisation.
@@ -153,14 +232,14 @@ pub fn from_buffers(
             Category::MasterWeights => match pr.aware {
                 Some(pa) if pa.remainders(pr.param) => format!(
                     "fp32 master weights kept by FusedAdam as int16 remainders of the bf16 parameters (store_param_remainders): 2 B/param x {}",
-                    times(plan.optimizer_sharded)
+                    times(plan.optimizer_sharded, stated)
                 ),
                 _ => {
                     let m = pr.aware.map(|pa| pa.main_params).or(pr.master).map_or("fp32", |m| m.name());
                     format!(
                         "{m} master weights: {} B/param x {}",
                         pr.master.map_or(4, |_| pr.master_bytes()),
-                        times(plan.optimizer_sharded)
+                        times(plan.optimizer_sharded, stated)
                     )
                 }
             },
@@ -171,21 +250,27 @@ pub fn from_buffers(
                     None => pr.optimizer_state.name().to_string(),
                 };
                 format!(
-                    "{k} {dtypes} optimizer moment(s): {} B/param x {}",
+                    "{k} {dtypes} optimizer moment(s){}: {} B/param x {}",
+                    if lora.is_some() { " of the trainable LoRA adapters" } else { "" },
                     pr.state_bytes(k),
-                    times(plan.optimizer_sharded)
+                    times(plan.optimizer_sharded, stated)
                 )
             }
             Category::OptimizerTemp => {
                 format!("optimizer.step() temporaries ({:?} implementation)", plan.training.optimizer_impl)
             }
             Category::Gradients => {
-                if plan.deepspeed_optimizer() == Some(crate::plan::DeepspeedOptimizer::ZeroStage3) {
+                let whose = match &lora {
+                    Some(l) if l.flat_frozen > 0 => ": the adapters' and the frozen block weights' sharing their FSDP1 FlatParameters",
+                    Some(_) => ": the trainable LoRA adapters' only (the frozen base gets none)",
+                    None => "",
+                };
+                let what = if plan.deepspeed_optimizer() == Some(crate::plan::DeepspeedOptimizer::ZeroStage3) {
                     let sub = plan.parallel.deepspeed.stage3_sub_group_elements(plan.local_total(true));
                     format!(
                         "DeepSpeed ZeRO-3's gradient partitions ({} B/param x {}) and the FP32 gradient of its largest optimizer sub-group ({sub} elements x 4 B, sub_group_size {:e}), both kept from initialisation",
                         pr.grad.bytes(),
-                        times(true),
+                        times(true, graded),
                         plan.parallel.deepspeed.sub_group_size as f64
                     )
                 } else if plan.deepspeed_optimizer() == Some(crate::plan::DeepspeedOptimizer::Bf16Optimizer) {
@@ -206,7 +291,7 @@ pub fn from_buffers(
                         pr.grad.name(),
                         names[c].len(),
                         pr.grad.bytes(),
-                        times(true)
+                        times(true, graded)
                     )
                 } else if plan.parallel.framework == crate::plan::Framework::Megatron {
                     format!(
@@ -221,7 +306,8 @@ pub fn from_buffers(
                         names[c].len(),
                         pr.grad.bytes()
                     )
-                }
+                };
+                format!("{what}{whose}")
             }
             Category::UnshardedGradients => {
                 let what = if plan.parallel.sharding == Sharding::None { "all-reduce" } else { "reduce-scatter" };
@@ -255,7 +341,7 @@ pub fn from_buffers(
                 let mut parts: Vec<String> = names[c]
                     .iter()
                     .map(|x| {
-                        let unit = [" gathered", " cast for", " _mp_shard"]
+                        let unit = [" gathered", " cast for", " _mp_shard", " weight cast ("]
                             .iter()
                             .filter_map(|m| x.find(m))
                             .min()
@@ -267,7 +353,11 @@ pub fn from_buffers(
                             (Some(l), Some(at), Phase::Backward) => l < at,
                             _ => false,
                         };
-                        if plan.pipeline() > 1 && !plan.reshard_after_forward && x.contains("gathered") {
+                        if x.contains(" weight cast (recompute)") {
+                            format!("{unit} (cast again for its recompute)")
+                        } else if x.contains(" weight cast (") {
+                            format!("{unit} (cast for its forward, kept for its backward)")
+                        } else if plan.pipeline() > 1 && !plan.reshard_after_forward && x.contains("gathered") {
                             // FSDP on a pipeline stage keeps its units gathered over the step.
                             format!("{unit} (kept gathered across the stage's micro-batches)")
                         } else if l.is_none() && x.contains("gathered") && !no_shard {
@@ -292,12 +382,29 @@ pub fn from_buffers(
                     parts.truncate(5);
                     parts.push(format!("... {} more", k - 5));
                 }
-                if no_shard {
+                // forward.rs names autocast's copy of a weight for its matmul "... weight cast (..)".
+                let casts = names[c].iter().filter(|x| x.contains(" weight cast (")).count();
+                if casts == names[c].len() {
+                    format!(
+                        "weights cast to {} by autocast for their matmuls ({}): {}",
+                        pr.compute.name(),
+                        if lora.as_ref().is_some_and(|l| l.nf4) {
+                            "the fp32 LoRA adapters; bitsandbytes dequantizes the NF4 base into scratch for each matmul"
+                        } else if lora.is_some() {
+                            "the fp32 LoRA adapters; the bf16 frozen base is used as stored"
+                        } else {
+                            "each copy saved for the backward of its linear"
+                        },
+                        parts.join(", ")
+                    )
+                } else if no_shard {
                     format!(
                         "parameters cast to {} (FSDP1 NO_SHARD: each unit's _mp_shard, freed at every reshard): {}",
                         pr.compute.name(),
                         parts.join(", ")
                     )
+                } else if casts > 0 {
+                    format!("parameters all-gathered in {}, and weights cast to it by autocast: {}", pr.compute.name(), parts.join(", "))
                 } else {
                     format!("parameters all-gathered in {}: {}", pr.compute.name(), parts.join(", "))
                 }
@@ -335,6 +442,7 @@ pub fn from_buffers(
                 let what = format!("activations recomputed for the backward of layer(s) {}", ranges(&layers[c]));
                 held_for_w(plan, &names[c]).map_or(what.clone(), |held| format!("{what} {held}"))
             }
+            Category::Transient if lora.as_ref().is_some_and(|l| l.nf4) => "forward intermediates not kept for backward, and kernel scratch (with the NF4 weight bitsandbytes dequantizes to bf16 for the matmul running)".to_string(),
             Category::Transient => "forward intermediates not kept for backward, and kernel scratch".to_string(),
             Category::ActivationGradients => {
                 if let Some(held) = held_for_w(plan, &names[c]) {

@@ -31,7 +31,7 @@ pub const DEFAULT_MARGIN: f64 = 0.05;
 /// each tries stay within `MAX_TASKS` together (`counterfactual`'s `budgeted`).
 pub const SIMULATIONS: u64 = 16;
 
-/// Whether `explain` takes this scenario: training jobs (not inference, not LoRA yet) that a
+/// Whether `explain` takes this scenario: training and LoRA fine-tuning jobs (not inference) that a
 /// full report holds and whose [`SIMULATIONS`] runs together stay within the lean path's
 /// bound. The error names `path`.
 pub fn accepts(path: &std::path::Path, s: &Scenario) -> Result<(), crate::scenario::ScenarioError> {
@@ -39,9 +39,6 @@ pub fn accepts(path: &std::path::Path, s: &Scenario) -> Result<(), crate::scenar
     use crate::scenario::ScenarioError;
     if s.inference.is_some() {
         return Err(ScenarioError::new(path, "", "explain covers training steps; for an inference job, `stepsim run` reports what was live at an OOM and the largest batch and context that fit"));
-    }
-    if s.workload.lora.is_some() {
-        return Err(ScenarioError::new(path, "", "explain does not cover LoRA fine-tuning yet (its counterfactuals assume full training); `stepsim run` reports the OOM point and what was live"));
     }
     full_report_fits(path, s)?;
     let total = s.estimated_tasks().saturating_mul(SIMULATIONS);

@@ -14,7 +14,8 @@
 //! - a targeted linear adds lora_A (saves x, or with `lora_dropout` > 0 its own dropout copy
 //!   of x and the mask) and lora_B (saves x A, tokens x r);
 //! - NF4: bitsandbytes dequantizes the whole weight to the compute dtype for every call with
-//!   more than one row, forward and backward: a transient out x in x 2 B, written and read.
+//!   more than one row, forward and backward: a transient out x in x 2 B, written and read,
+//!   by a kernel that runs before the GEMM (its time adds: `Op::chain_bytes`).
 
 use serde::Serialize;
 
@@ -124,8 +125,17 @@ pub fn apply(dag: &mut LayerDag, cfg: &LoraConfig, c: u64) {
             OpKind::Linear => {
                 let Some([t, n, k]) = op.gemm else { continue };
                 if qlora && block_linear {
+                    // bitsandbytes' MatMul4Bit runs `dequantize_4bit` as a kernel of its own
+                    // before each matmul with the weight, the forward's and the input
+                    // gradient's (autograd/_functions.py): it reads the NF4 codes and scales
+                    // and writes the 16-bit weight the GEMM then reads, one after the other,
+                    // so its time adds to the GEMM's instead of hiding under its roofline.
+                    let dequant = (cfg.base.linear_bytes(k, n) + n * k * c) as f64;
                     op.fwd_scratch += n * k * c;
-                    op.fwd_bytes += (2 * n * k * c) as f64;
+                    op.chain_bytes[0] += dequant;
+                    op.chain_bytes[1] += dequant;
+                    op.launches[0] += 1;
+                    op.launches[1] += 1;
                 }
                 // Only the input gradient of the frozen weight.
                 op.bwd_flops = op.fwd_flops;

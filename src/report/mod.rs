@@ -1378,7 +1378,9 @@ pub fn throughput_of(
                         s.cluster.gpu.sms
                     )
                 },
-                if s.workload.lora.is_some() {
+                if s.workload.lora.as_ref().is_some_and(|l| matches!(l.base, crate::model::WeightFormat::Nf4 { .. })) {
+                    "MFU counts the FLOPs a LoRA step needs: forward (base + adapters) plus backward without the frozen weights' gradient GEMMs (input gradients and the adapters' own); HFU adds recomputation. QLoRA: each NF4 block linear is dequantized to 16 bits by a kernel of its own before its forward GEMM and again before its input-gradient GEMM (bitsandbytes MatMul4Bit), at the memory-bound rate above, its time added to the GEMM's".into()
+                } else if s.workload.lora.is_some() {
                     "MFU counts the FLOPs a LoRA step needs: forward (base + adapters) plus backward without the frozen weights' gradient GEMMs (input gradients and the adapters' own); HFU adds recomputation".into()
                 } else {
                     "MFU counts model FLOPs = 3 x forward FLOPs of the DAG (2 per multiply-add, attention included), per Narayanan et al. 2021; HFU adds recomputation".into()
