@@ -500,6 +500,16 @@ fn lora_jobs_are_explained_in_lora_terms_and_qlora_is_offered() {
         .unwrap();
     let direct = stepsim::simulate(&v).unwrap();
     assert_eq!(direct.report.peak.as_ref().map(|p| p.allocated.bytes), q.peak.map(|p| p.bytes));
+    // Where no single change fits, QLoRA is tried beside full checkpointing too (Llama 3.1 8B
+    // at 4 x 4096 on a 24 GB A10G: the FP32 logits alone are 8.4 GB), and the answer says so.
+    let a10g = inline(
+        "[model]\nname = \"llama-3.1-8b\"\n[hardware]\ngpu = \"a10g\"\ngpus = 1\n[job]\nkind = \"finetune-lora\"\n[lora]\nrank = 16\n\
+         [training]\nmicro_batch = 4\nseq_len = 4096\ngrad_accum = 2\n",
+    );
+    let sim = stepsim::simulate(&a10g).unwrap();
+    let e = explain::explain(&a10g, &sim, explain::DEFAULT_MARGIN);
+    assert!(e.counterfactuals.iter().any(|c| c.change.starts_with("full checkpointing + QLoRA")));
+    assert!(e.answer.contains("offload, QLoRA or tensor parallelism"), "{}", e.answer);
     // Already 4-bit: no QLoRA row; the adapters' gradients and moments at their own count.
     let s = shipped("llama2-70b-qlora-1gpu.toml");
     let sim = stepsim::simulate(&s).unwrap();

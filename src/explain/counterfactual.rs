@@ -1262,12 +1262,17 @@ fn lcm(a: u64, b: u64) -> u64 {
 /// When no single change fits: full activation checkpointing together with each of the
 /// other changes that keep the problem (micro-batch, more GPUs, sharding, a larger GPU,
 /// offload, tensor parallelism), each re-simulated.
+/// The changes tried beside full checkpointing when no single change fits: micro-batch, GPU
+/// count, sharding, GPU, offload, tensor parallelism, and for a LoRA job's 16-bit base QLoRA
+/// (whose `prepare_model_for_kbit_training` turns checkpointing on in the first place).
+const PAIRED: [usize; 7] = [2, MORE_GPUS, 5, 8, 10, 11, QLORA];
+
 fn pairs(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
     let Ok(mut ck) = variants(s, 0) else { return Vec::new() };
     let Some((_, ck)) = ck.pop() else { return Vec::new() };
     let mut jobs: Vec<(usize, String, Scenario)> = Vec::new();
     let mut counts_left_out = None;
-    for which in [2usize, MORE_GPUS, 5, 8, 10, 11] {
+    for which in PAIRED {
         if let Ok((vs, why)) = tried_variants(&ck, which) {
             jobs.extend(vs.into_iter().map(|(l, v)| (which, format!("full checkpointing + {l}"), v)));
             counts_left_out = counts_left_out.or(why);
@@ -1276,7 +1281,7 @@ fn pairs(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
     let done: Vec<(usize, Counterfactual)> =
         jobs.par_iter().map(|(w, l, v)| (*w, measure(l.clone(), v, base_tps))).collect();
     let mut out = Vec::new();
-    for which in [2usize, MORE_GPUS, 5, 8, 10, 11] {
+    for which in PAIRED {
         let mine: Vec<&Counterfactual> = done.iter().filter(|(w, _)| *w == which).map(|(_, c)| c).collect();
         if mine.is_empty() {
             continue;
@@ -1312,6 +1317,7 @@ pub fn answer(cfs: &[Counterfactual], status: &str) -> String {
     let other = cfs.iter().filter(fits).filter(single).filter(|c| !same_hardware(c)).min_by(by_cost);
     let pair = cfs.iter().filter(fits).filter(|c| !single(c)).min_by(by_cost);
     let problem = cfs.iter().filter(|c| c.changes_problem && c.fits == Some(true)).min_by(by_cost);
+    let qlora = if cfs.iter().any(|c| c.change.starts_with("full checkpointing + QLoRA")) { ", QLoRA" } else { "" };
     let line = |c: &Counterfactual| {
         format!(
             "\"{}\": peak {}, {}{}",
@@ -1332,8 +1338,8 @@ pub fn answer(cfs: &[Counterfactual], status: &str) -> String {
         (None, Some(o)) => format!("nothing fits on the same GPUs; the cheapest hardware change that fits is {} (fewest GPU-seconds per token)", line(o)),
         (None, None) => match (pair, problem) {
             (Some(p), _) => format!("no single change that keeps the training problem fits; the cheapest pair tried that fits is {}", line(p)),
-            (None, Some(q)) => format!("no change that keeps the training problem fits (full checkpointing was also tried with each of micro-batch, GPU count, sharding, GPU, offload and tensor parallelism); only changing the problem does: {}", line(q)),
-            (None, None) => "no single change in the standard set fits, nor full checkpointing together with any of micro-batch, GPU count, sharding, GPU, offload or tensor parallelism".into(),
+            (None, Some(q)) => format!("no change that keeps the training problem fits (full checkpointing was also tried with each of micro-batch, GPU count, sharding, GPU, offload{qlora} and tensor parallelism); only changing the problem does: {}", line(q)),
+            (None, None) => format!("no single change in the standard set fits, nor full checkpointing together with any of micro-batch, GPU count, sharding, GPU, offload{qlora} or tensor parallelism"),
         },
     }
 }
