@@ -1259,14 +1259,13 @@ fn lcm(a: u64, b: u64) -> u64 {
     a / gcd(a, b) * b
 }
 
-/// When no single change fits: full activation checkpointing together with each of the
-/// other changes that keep the problem (micro-batch, more GPUs, sharding, a larger GPU,
-/// offload, tensor parallelism), each re-simulated.
 /// The changes tried beside full checkpointing when no single change fits: micro-batch, GPU
 /// count, sharding, GPU, offload, tensor parallelism, and for a LoRA job's 16-bit base QLoRA
 /// (whose `prepare_model_for_kbit_training` turns checkpointing on in the first place).
 const PAIRED: [usize; 7] = [2, MORE_GPUS, 5, 8, 10, 11, QLORA];
 
+/// When no single change fits: full activation checkpointing together with each of the
+/// other changes that keep the problem ([`PAIRED`]), each re-simulated.
 fn pairs(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
     let Ok(mut ck) = variants(s, 0) else { return Vec::new() };
     let Some((_, ck)) = ck.pop() else { return Vec::new() };

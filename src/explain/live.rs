@@ -356,7 +356,7 @@ pub fn from_buffers(
                         if x.contains(" weight cast (recompute)") {
                             format!("{unit} (cast again for its recompute)")
                         } else if x.contains(" weight cast (") {
-                            format!("{unit} (cast for its forward, kept for its backward)")
+                            format!("{unit} (cast for its forward)")
                         } else if plan.pipeline() > 1 && !plan.reshard_after_forward && x.contains("gathered") {
                             // FSDP on a pipeline stage keeps its units gathered over the step.
                             format!("{unit} (kept gathered across the stage's micro-batches)")
@@ -385,18 +385,17 @@ pub fn from_buffers(
                 // forward.rs names autocast's copy of a weight for its matmul "... weight cast (..)".
                 let casts = names[c].iter().filter(|x| x.contains(" weight cast (")).count();
                 if casts == names[c].len() {
-                    format!(
-                        "weights cast to {} by autocast for their matmuls ({}): {}",
-                        pr.compute.name(),
-                        if lora.as_ref().is_some_and(|l| l.nf4) {
-                            "the fp32 LoRA adapters; bitsandbytes dequantizes the NF4 base into scratch for each matmul"
-                        } else if lora.is_some() {
-                            "the fp32 LoRA adapters; the bf16 frozen base is used as stored"
-                        } else {
-                            "each copy saved for the backward of its linear"
-                        },
-                        parts.join(", ")
-                    )
+                    let whose = match &lora {
+                        Some(l) if l.nf4 => format!(
+                            " (the {} LoRA adapters; bitsandbytes dequantizes the NF4 base into scratch for each matmul)",
+                            pr.param.name()
+                        ),
+                        Some(_) => {
+                            format!(" (the {} LoRA adapters; the 16-bit frozen base is used as stored)", pr.param.name())
+                        }
+                        None => String::new(),
+                    };
+                    format!("weights cast to {} by autocast for their matmuls{whose}: {}", pr.compute.name(), parts.join(", "))
                 } else if no_shard {
                     format!(
                         "parameters cast to {} (FSDP1 NO_SHARD: each unit's _mp_shard, freed at every reshard): {}",
