@@ -411,6 +411,12 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
     model.push_str(&mla);
     let mut routing = String::new();
     if let Some(e) = num("num_experts", get("num_experts"))? {
+        if !llama {
+            return Err(err(
+                "num_experts",
+                format!("{e}: stepsim's experts are SwiGLU MLPs in Llama-style blocks (--normalization RMSNorm --swiglu --position-embedding-type rope --disable-bias-linear); GPT-style (GELU) experts are not simulated"),
+            ));
+        }
         let k = num("moe_router_topk", get("moe_router_topk"))?.unwrap_or(2);
         let f = num("moe_ffn_hidden_size", get("moe_ffn_hidden_size"))?.unwrap_or(ffn);
         model.push_str(&format!("\n[model.moe]\nnum_experts = {e}\ntop_k = {k}\nexpert_ffn_hidden = {f}\n"));
@@ -1037,6 +1043,7 @@ fn record_origins(im: &mut Import, m: &BTreeMap<String, String>, a: &MegatronArg
         ("model.mla.qk_nope_head_dim", "qk_head_dim"),
         ("model.mla.qk_rope_head_dim", "qk_pos_emb_head_dim"),
         ("model.mla.v_head_dim", "v_head_dim"),
+        ("model.moe", "num_experts"),
         ("model.moe.num_experts", "num_experts"),
         ("model.moe.top_k", "moe_router_topk"),
         ("model.moe.shared_expert_ffn_hidden", "moe_shared_expert_intermediate_size"),
