@@ -521,7 +521,7 @@ fn lora_jobs_are_explained_in_lora_terms_and_qlora_is_offered() {
     assert!(reason("parameters").contains("block linears in NF4 with double quantization at 0.516 B/param"));
     // The parameters line's bytes are the parts it names: the base as stored and the adapters
     // at 4 B (each of the 81 units' buffers rounded up to 512 B).
-    let stored: u64 = sim.dag.ops.iter().map(|o| o.frozen_bytes).sum();
+    let stored = sim.dag.stored_frozen().1;
     let live = e.live.iter().find(|l| l.category == "parameters").unwrap().size.bytes;
     let parts = stored + 4 * sim.dag.trainable_params();
     assert!(live >= parts && live - parts < 1 << 20, "{live} vs {parts}");

@@ -103,7 +103,6 @@ struct LoraParts {
 impl LoraParts {
     fn of(dag: &crate::model::LayerDag, l: &crate::model::LoraConfig) -> LoraParts {
         use crate::model::{OpKind, Region, WeightFormat};
-        let flat_frozen: u64 = dag.ops.iter().map(|o| o.flat_frozen).sum();
         let block_linear = |o: &&crate::model::Op| o.kind == OpKind::Linear && matches!(o.region, Region::Block(_));
         let (lin_params, lin_bytes) = dag
             .ops
@@ -118,11 +117,12 @@ impl LoraParts {
             ),
             _ => format!("{per:.0} B/param, 16-bit"),
         };
+        let (stored, stored_bytes) = dag.stored_frozen();
         LoraParts {
             trainable: dag.trainable_params(),
-            flat_frozen,
-            stored: dag.ops.iter().map(|o| o.frozen_params).sum(),
-            stored_bytes: dag.ops.iter().map(|o| o.frozen_bytes).sum(),
+            flat_frozen: dag.flat_frozen_params(),
+            stored,
+            stored_bytes,
             base,
             nf4: matches!(l.base, WeightFormat::Nf4 { .. }),
         }

@@ -394,23 +394,27 @@ pub fn import(file: &str, config: &str, a: &DeepspeedArgs) -> Result<Import, Imp
     let optimizer = match o.get("optimizer").and_then(|x| x.get("type")) {
         None | Some(Value::Null) => {
             im.assumed.push("optimizer: none in the config (the script builds its own): AdamW assumed".into());
+            im.from_text("training.optimizer", "the import's assumption of AdamW (the config has no optimizer)".into());
             "adamw"
         }
-        Some(Value::String(t)) => match t.to_ascii_lowercase().as_str() {
-            "adam" | "adamw" | "fusedadam" | "cpuadam" | "deepspeedcpuadam" => {
-                im.mapped.push(format!("optimizer.type {t}: AdamW (two FP32 moments)"));
-                "adamw"
+        Some(Value::String(t)) => {
+            im.from_key("training.optimizer", "optimizer.type");
+            match t.to_ascii_lowercase().as_str() {
+                "adam" | "adamw" | "fusedadam" | "cpuadam" | "deepspeedcpuadam" => {
+                    im.mapped.push(format!("optimizer.type {t}: AdamW (two FP32 moments)"));
+                    "adamw"
+                }
+                "sgd" => {
+                    im.mapped.push("optimizer.type SGD".into());
+                    "sgd"
+                }
+                _ => {
+                    im.not_expressed
+                        .push(format!("optimizer.type {t}: only Adam, AdamW and SGD are modelled; AdamW assumed"));
+                    "adamw"
+                }
             }
-            "sgd" => {
-                im.mapped.push("optimizer.type SGD".into());
-                "sgd"
-            }
-            _ => {
-                im.not_expressed
-                    .push(format!("optimizer.type {t}: only Adam, AdamW and SGD are modelled; AdamW assumed"));
-                "adamw"
-            }
-        },
+        }
         Some(x) => return Err(err("optimizer.type", format!("must be a string, got {x}"))),
     };
     // --- activation checkpointing: the config tunes DeepSpeed's checkpointing API, which
@@ -451,9 +455,6 @@ pub fn import(file: &str, config: &str, a: &DeepspeedArgs) -> Result<Import, Imp
         }
     }
     // --- the scenario
-    if o.get("optimizer").and_then(|x| x.get("type")).is_some_and(|t| !t.is_null()) {
-        im.from_key("training.optimizer", "optimizer.type");
-    }
     im.from_flag("training.seq_len", "--seq-len");
     im.from_flag("training.activation_checkpointing", "--checkpointing");
     im.from_flag("hardware.gpus", "--gpus");

@@ -274,12 +274,11 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
     }
     let mut im = Import::default();
     let mut used: Vec<&str> = Vec::new();
-    let none = |v: &str| v.is_empty() || v == "None";
     let mut get = |k: &'static str| -> Option<String> {
         used.push(k);
-        m.get(k).filter(|v| !none(v)).cloned()
+        m.get(k).filter(|v| !unset(v)).cloned()
     };
-    let flag = |v: Option<String>| v.is_some_and(|v| v == "true" || v == "True");
+    let flag = |v: Option<String>| v.as_deref().is_some_and(is_true);
     let num = |k: &str, v: Option<String>| -> Result<Option<u64>, ImportError> {
         v.map(|v| {
             v.parse::<u64>()
@@ -528,7 +527,7 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
     // `--expert-tensor-parallel-size`, whose default is the tensor-parallel size
     // (`arguments.py` `validate_args`), as the scenario's `expert_tensor` defaults.
     let etp = num("expert_tensor_parallel_size", get("expert_tensor_parallel_size"))?;
-    let moe = m.get("num_experts").is_some_and(|v| !none(v));
+    let moe = m.get("num_experts").is_some_and(|v| !unset(v));
     // torchrun's --nproc_per_node x --nnodes, where the command line has the launcher.
     let launched = match (num("nproc_per_node", get("nproc_per_node"))?, num("nnodes", get("nnodes"))?) {
         (Some(p), n) => Some(p.saturating_mul(n.unwrap_or(1))),
@@ -862,7 +861,7 @@ pub fn import(file: &str, text: &str, a: &MegatronArgs) -> Result<Import, Import
             }
             continue;
         }
-        if none(v) || v == "False" || v == "false" || v == "0" {
+        if unset(v) || v == "False" || v == "false" || v == "0" {
             continue;
         }
         match WATCH.iter().find(|w| w.0 == k) {
@@ -1023,10 +1022,20 @@ fn pattern_fields(pattern: &[bool], text: &str) -> String {
     s
 }
 
+/// An argument without a value: a log's `None`, or an empty one.
+fn unset(v: &str) -> bool {
+    v.is_empty() || v == "None"
+}
+
+/// A switch that is on: a command line's bare flag or a log's `True`.
+fn is_true(v: &str) -> bool {
+    v == "true" || v == "True"
+}
+
 /// Where each scenario field took its value (`Import::origins`): the argument by Megatron's
 /// own name, or the flag, or the argument a default is derived from.
 fn record_origins(im: &mut Import, m: &BTreeMap<String, String>, a: &MegatronArgs) {
-    let given = |k: &str| m.get(k).is_some_and(|v| !v.is_empty() && v != "None");
+    let given = |k: &str| m.get(k).is_some_and(|v| !unset(v));
     for (field, key) in [
         ("model.family", "normalization"),
         ("model.n_layers", "num_layers"),
@@ -1102,7 +1111,7 @@ fn record_origins(im: &mut Import, m: &BTreeMap<String, String>, a: &MegatronArg
         im.from_key(field, key);
     }
     // Values a default derives from another argument, or a flag gives.
-    let on = |k: &str| m.get(k).is_some_and(|v| v == "true" || v == "True");
+    let on = |k: &str| m.get(k).is_some_and(|v| is_true(v));
     match (on("bf16"), on("fp16")) {
         (_, true) => im.from_key("training.precision", "fp16"),
         (true, false) => im.from_key("training.precision", "bf16"),

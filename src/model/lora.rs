@@ -214,4 +214,14 @@ impl LayerDag {
     pub fn frozen_params(&self) -> u64 {
         self.ops.iter().map(|o| o.frozen_params + o.flat_frozen).sum()
     }
+    /// Frozen elements held as stored (BF16, or NF4 block linears with the rest in FP32), and
+    /// their bytes: the frozen base outside FlatParameters shared with the adapters.
+    pub fn stored_frozen(&self) -> (u64, u64) {
+        self.ops.iter().fold((0, 0), |(p, b), o| (p + o.frozen_params, b + o.frozen_bytes))
+    }
+    /// Frozen elements in FlatParameters shared with the adapters ([`LoraConfig::shared_flat`]),
+    /// held and given gradients as parameters are.
+    pub fn flat_frozen_params(&self) -> u64 {
+        self.ops.iter().map(|o| o.flat_frozen).sum()
+    }
 }

@@ -589,9 +589,8 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
     let naive = match &dag.lora {
         Some(_) => {
             let pr = &plan.training.precision;
-            let flat_frozen: u64 = dag.ops.iter().map(|o| o.flat_frozen).sum();
-            (dag.ops.iter().map(|o| o.frozen_bytes).sum::<u64>()
-                + flat_frozen * (pr.param.bytes() + pr.grad.bytes())
+            (dag.stored_frozen().1
+                + dag.flat_frozen_params() * (pr.param.bytes() + pr.grad.bytes())
                 + dag.trainable_params() * per_param)
                 / plan.gpus.max(1)
         }
@@ -1378,10 +1377,13 @@ pub fn throughput_of(
                         s.cluster.gpu.sms
                     )
                 },
-                if s.workload.lora.as_ref().is_some_and(|l| matches!(l.base, crate::model::WeightFormat::Nf4 { .. })) {
-                    "MFU counts the FLOPs a LoRA step needs: forward (base + adapters) plus backward without the frozen weights' gradient GEMMs (input gradients and the adapters' own); HFU adds recomputation. QLoRA: each NF4 block linear is dequantized to 16 bits by a kernel of its own before its forward GEMM and again before its input-gradient GEMM (bitsandbytes MatMul4Bit), at the memory-bound rate above, its time added to the GEMM's".into()
-                } else if s.workload.lora.is_some() {
-                    "MFU counts the FLOPs a LoRA step needs: forward (base + adapters) plus backward without the frozen weights' gradient GEMMs (input gradients and the adapters' own); HFU adds recomputation".into()
+                if let Some(l) = &s.workload.lora {
+                    let qlora = if matches!(l.base, crate::model::WeightFormat::Nf4 { .. }) {
+                        ". QLoRA: each NF4 block linear is dequantized to 16 bits by a kernel of its own before its forward GEMM and again before its input-gradient GEMM (bitsandbytes MatMul4Bit), at the memory-bound rate above, its time added to the GEMM's"
+                    } else {
+                        ""
+                    };
+                    format!("MFU counts the FLOPs a LoRA step needs: forward (base + adapters) plus backward without the frozen weights' gradient GEMMs (input gradients and the adapters' own); HFU adds recomputation{qlora}")
                 } else {
                     "MFU counts model FLOPs = 3 x forward FLOPs of the DAG (2 per multiply-add, attention included), per Narayanan et al. 2021; HFU adds recomputation".into()
                 },

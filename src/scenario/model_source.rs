@@ -35,29 +35,36 @@ pub(super) fn hf_model(v: &V, m: &ModelSection) -> Result<Option<HfModel>, Scena
     }
 }
 
+/// The `[model]` fields a config.json (or zoo model) gives wherever the section does not
+/// set them, each with whether the section sets it (an override).
+fn overrides(m: &ModelSection) -> [(&'static str, bool); 11] {
+    [
+        ("n_layers", m.n_layers.is_some()),
+        ("hidden", m.hidden.is_some()),
+        ("n_heads", m.n_heads.is_some()),
+        ("n_kv_heads", m.n_kv_heads.is_some()),
+        ("ffn_hidden", m.ffn_hidden.is_some()),
+        ("vocab", m.vocab.is_some()),
+        ("head_dim", m.head_dim.is_some()),
+        ("qkv_bias", m.qkv_bias.is_some()),
+        ("qk_norm", m.qk_norm.is_some()),
+        ("tie_embeddings", m.tie_embeddings.is_some()),
+        ("dropout", m.dropout.is_some()),
+    ]
+}
+
 /// Where the model's sizes come from when `[model]` does not set them: the config.json or
 /// zoo model it names, and which of its fields the section sets itself.
 pub(super) struct Inherited {
     /// `model.hf_config = "path"` or `model.name = "zoo model"`, as the file writes it.
     source: String,
-    /// The section as written (a field absent here is the config's).
-    written: toml::Table,
+    /// [`overrides`] of the section.
+    overrides: [(&'static str, bool); 11],
+    /// Whether the section writes `[model.moe]` and `[model.mla]` (else the config gives them
+    /// whole).
+    moe: bool,
+    mla: bool,
 }
-
-/// The `[model]` fields a config.json gives wherever the section does not set them.
-const FROM_CONFIG: &[&str] = &[
-    "n_layers",
-    "hidden",
-    "n_heads",
-    "n_kv_heads",
-    "ffn_hidden",
-    "vocab",
-    "head_dim",
-    "qkv_bias",
-    "qk_norm",
-    "tie_embeddings",
-    "dropout",
-];
 
 impl Inherited {
     /// None when the section names neither a config.json nor a zoo model.
@@ -67,8 +74,7 @@ impl Inherited {
             (None, Some(n)) => format!("the zoo model, model.name = {}", toml::Value::String(n.clone())),
             (None, None) => return None,
         };
-        let written = toml::Table::try_from(m).ok()?;
-        Some(Inherited { source, written })
+        Some(Inherited { source, overrides: overrides(m), moe: m.moe.is_some(), mla: m.mla.is_some() })
     }
 
     /// What to add to an error of `field`: that its value is the config's, where the section
@@ -77,8 +83,9 @@ impl Inherited {
     pub(super) fn note(&self, field: &str) -> Option<String> {
         let rest = field.strip_prefix("model.")?;
         let from_config = match rest.split_once('.') {
-            None => FROM_CONFIG.contains(&rest) && !self.written.contains_key(rest),
-            Some((section @ ("moe" | "mla"), _)) => !self.written.contains_key(section),
+            None => self.overrides.iter().any(|&(f, set)| f == rest && !set),
+            Some(("moe", _)) => !self.moe,
+            Some(("mla", _)) => !self.mla,
             Some(_) => false,
         };
         from_config.then(|| format!(" (the scenario does not set {field}: the value comes from {})", self.source))
@@ -99,19 +106,7 @@ pub(super) fn field(v: &V, name: &str, own: Option<i64>, hf: Option<u64>) -> Res
 
 /// The report's words for where the model came from.
 pub(super) fn describe(m: &ModelSection, h: &HfModel) -> String {
-    let overrides = [
-        ("n_layers", m.n_layers.is_some()),
-        ("hidden", m.hidden.is_some()),
-        ("n_heads", m.n_heads.is_some()),
-        ("n_kv_heads", m.n_kv_heads.is_some()),
-        ("ffn_hidden", m.ffn_hidden.is_some()),
-        ("vocab", m.vocab.is_some()),
-        ("head_dim", m.head_dim.is_some()),
-        ("qkv_bias", m.qkv_bias.is_some()),
-        ("qk_norm", m.qk_norm.is_some()),
-        ("tie_embeddings", m.tie_embeddings.is_some()),
-    ];
-    let over: Vec<&str> = overrides.iter().filter(|x| x.1).map(|x| x.0).collect();
+    let over: Vec<&str> = overrides(m).iter().filter(|x| x.1).map(|x| x.0).collect();
     let over = if over.is_empty() { String::new() } else { format!("; overridden: {}", over.join(", ")) };
     // DeepSeek-V3's checkpoint holds its multi-token prediction modules; transformers builds
     // none and Megatron trains them only under --mtp-num-layers, so the config's count is
