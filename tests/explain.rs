@@ -198,10 +198,13 @@ fn a_run_near_capacity_is_explained_and_one_far_from_it_is_not() {
     assert!(!e.live.is_empty() && !e.counterfactuals.is_empty());
     // A job that fits is not searched for the fewest GPUs that fit: the first doubling is
     // shown as such, never as the original count "not fitting".
+    // The plain doubling and, for this DDP job, the sharded one.
     let gpus: Vec<_> = e.counterfactuals.iter().filter(|c| c.change.starts_with("GPUs ")).collect();
-    assert_eq!(gpus.len(), 1);
-    let note = gpus[0].note.as_deref().unwrap();
-    assert!(note.contains("fits on its 1 GPU already") && !note.contains("do not"), "{note}");
+    assert_eq!(gpus.len(), 2);
+    for c in gpus {
+        let note = c.note.as_deref().unwrap();
+        assert!(note.contains("fits on its 1 GPU already") && !note.contains("do not"), "{note}");
+    }
 }
 
 #[test]
@@ -323,15 +326,100 @@ fn explain_ranks_problem_keeping_changes_and_bisects_the_gpu_count() {
 }
 
 /// When no single change fits, pairs with full checkpointing are tried and the answer says
-/// what was tried rather than advising to "combine changes" untried.
+/// what was tried rather than advising to "combine changes" untried. The 100B DDP job at
+/// micro-batch 64: 80 checkpointed layer inputs of 64 x 2048 x 10240 in bf16 are 215 GB on
+/// every GPU, which neither halving the micro-batch, tensor parallelism 2, an H200 nor more
+/// GPUs (sharded or not) bring under 80 GB.
 #[test]
 fn explain_tries_pairs_when_no_single_change_fits() {
-    let s = shipped("100b-8gpu-ddp.toml");
+    let s = inline(&shipped_text("100b-8gpu-ddp.toml").replace("micro_batch = 1", "micro_batch = 64"));
     let sim = stepsim::simulate(&s).unwrap();
     let e = explain::explain(&s, &sim, explain::DEFAULT_MARGIN);
     assert!(e.counterfactuals.iter().any(|c| c.change.starts_with("full checkpointing + ")), "pairs tried");
     assert!(!e.answer.contains("combine changes"), "{}", e.answer);
     assert!(e.answer.contains("full checkpointing together with"), "{}", e.answer);
+}
+
+/// More GPUs for a job that replicates its state: DDP's 1.6 TB of model state per GPU does
+/// not shrink with the count ("GPUs 8 -> 512" stays out of memory), so the sharded variant
+/// is tried beside it, bisected to the fewest GPUs that fit, and, since nothing fits on the
+/// 8 GPUs, paired with full checkpointing. That pair at 32 GPUs is the shipped
+/// `100b-32gpu-fsdp-ac` written by hand, and its row is that run's peak and step time.
+#[test]
+fn more_gpus_for_a_replicated_job_shards_the_state() {
+    let s = shipped("100b-8gpu-ddp.toml");
+    let sim = stepsim::simulate(&s).unwrap();
+    let e = explain::explain(&s, &sim, explain::DEFAULT_MARGIN);
+    let row = |prefix: &str| {
+        e.counterfactuals.iter().find(|c| c.change.starts_with(prefix)).unwrap_or_else(|| panic!("no {prefix} row"))
+    };
+    let plain = row("GPUs 8 -> ");
+    assert_eq!((plain.fits, plain.gpus), (Some(false), 512), "{plain:?}");
+    let sharded = e
+        .counterfactuals
+        .iter()
+        .find(|c| {
+            c.change.starts_with("GPUs 8 -> ") && c.change.ends_with("sharding NO_SHARD (DDP) -> FULL_SHARD / ZeRO-3")
+        })
+        .expect("the sharded row");
+    assert_eq!(sharded.fits, Some(true), "{sharded:?}");
+    let n = sharded.gpus;
+    assert!(n % 8 == 0 && n > 32 && n < 512, "{n}");
+    let on = |gpus: u64| {
+        let t = shipped_text("100b-8gpu-ddp.toml")
+            .replace("gpus = 8\n", &format!("gpus = {gpus}\n"))
+            .replace("sharding = \"none\"", "sharding = \"full_shard\"");
+        matches!(stepsim::simulate(&inline(&t)).unwrap().report.verdict, stepsim::report::Verdict::Fits { .. })
+    };
+    assert!(on(n) && !on(n - 8), "{n} GPUs fit and {} do not", n - 8);
+    assert!(sharded.note.as_deref().unwrap().contains(&format!("{} GPUs do not", n - 8)), "{sharded:?}");
+
+    let pair = row("full checkpointing + GPUs 8 -> 32, sharding NO_SHARD (DDP) -> FULL_SHARD / ZeRO-3");
+    assert_eq!(pair.fits, Some(true), "{pair:?}");
+    let by_hand = stepsim::simulate(&shipped("100b-32gpu-fsdp-ac.toml")).unwrap().report;
+    assert_eq!(pair.peak.map(|p| p.bytes), by_hand.peak.as_ref().map(|p| p.allocated.bytes));
+    assert_eq!(pair.step_time_s, by_hand.throughput.as_ref().map(|t| t.step_time_s));
+    assert!(
+        e.answer.contains(&format!("\"GPUs 8 -> {n}, sharding")) && e.answer.contains("on the fewest GPUs (32)"),
+        "{}",
+        e.answer
+    );
+    let text = explain::render(&e, &s);
+    assert!(text.contains("fits on the same GPUs; full checkpointing with each other change"), "{text}");
+
+    // A sharded job has no such row: "more GPUs" shards it further already.
+    let fsdp = shipped("100b-32gpu-fsdp.toml");
+    let sim = stepsim::simulate(&fsdp).unwrap();
+    let e = explain::explain(&fsdp, &sim, explain::DEFAULT_MARGIN);
+    assert!(!e.counterfactuals.iter().any(|c| c.change.contains("sharding NO_SHARD")), "{:?}", e.counterfactuals);
+}
+
+/// A job on one node it does not fill grows into whole nodes of its preset when explain adds
+/// GPUs, as GPUs are added in practice (not one node per added GPU behind the network); a job
+/// across nodes keeps its node size. Each variant, written as TOML, is a valid scenario.
+#[test]
+fn more_gpus_fill_the_node_before_adding_nodes() {
+    let t = shipped_text("gpt-1.3b-1gpu.toml");
+    let s = inline(&t);
+    let v = counterfactual::variants(&s, 4).unwrap();
+    let layout: Vec<(u32, u32)> = v.iter().map(|(_, x)| (x.cluster.gpus, x.cluster.gpus_per_node)).collect();
+    assert_eq!(layout, [(2, 2), (4, 4), (8, 8), (16, 8), (32, 8), (64, 8)]);
+    assert_eq!(v[0].0, "GPUs 1 -> 2 (one node)");
+    assert_eq!(v[3].0, "GPUs 1 -> 16 (2 nodes of 8)");
+    for (g, per) in layout {
+        inline(&t.replace("gpus = 1\n", &format!("gpus = {g}\ngpus_per_node = {per}\n")));
+    }
+    // The sharded variant: the same layouts, FULL_SHARD.
+    let sharded = counterfactual::variants(&s, 32).unwrap();
+    assert_eq!(sharded.len(), 6);
+    for (label, x) in &sharded {
+        assert_eq!(x.parallel.sharding, stepsim::plan::Sharding::Zero3, "{label}");
+        assert!(label.ends_with(", sharding NO_SHARD (DDP) -> FULL_SHARD / ZeRO-3"), "{label}");
+    }
+    // Across nodes the node size stays: 16 GPUs in 2 nodes of 8 become 2 x 16 in 4 of 8.
+    let across = inline(&shipped_text("gpt-13b-pp4-1f1b.toml"));
+    let v = counterfactual::variants(&across, 4).unwrap();
+    assert!(v.iter().all(|(l, x)| x.cluster.gpus_per_node == 8 && !l.contains("node")), "{:?}", v[0].0);
 }
 
 /// Tensor parallelism is among the single changes: on the 32-GPU FSDP job, TP 2 with

@@ -47,6 +47,7 @@ pub const COUNTERFACTUAL_NAMES: &[&str] = &[
     "SwiGLU inputs saved in FP8 (Megatron --activation-func-fp8-input-store)",
     "flash attention (no s x s scores stored)",
     "QLoRA: the frozen base in 4-bit NF4 with double quantization",
+    "more GPUs, the state sharded (a replicated job: FULL_SHARD / ZeRO-3, or the distributed optimizer)",
 ];
 
 /// More GPUs: doublings of the count, then a bisection to the smallest that fits.
@@ -110,6 +111,20 @@ const FLASH: usize = 30;
 /// Offered for LoRA jobs with a 16-bit base outside one FSDP1 FlatParameter with the adapters
 /// (a 4-bit base there is not simulated, as scenario validation says).
 const QLORA: usize = 31;
+/// More GPUs for a job that replicates its state (DDP, FSDP1's NO_SHARD, Megatron's
+/// DistributedDataParallel): replicated parameters, gradients and optimizer state are the same
+/// on every GPU at any count, so [`MORE_GPUS`] alone cannot fit a job whose state does not fit
+/// one GPU. The same doublings with the state sharded the way "shard more" shards it
+/// ([`sharded`]). Offered where the sharding is none; printed after "more GPUs".
+const MORE_GPUS_SHARDED: usize = 32;
+
+/// The order rows are printed in: the standard set's, with the sharded "more GPUs" beside the
+/// plain one.
+fn table_order() -> impl Iterator<Item = usize> {
+    (0..=MORE_GPUS)
+        .chain([MORE_GPUS_SHARDED])
+        .chain((MORE_GPUS + 1..COUNTERFACTUAL_NAMES.len()).filter(|&w| w != MORE_GPUS_SHARDED))
+}
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Counterfactual {
@@ -154,6 +169,55 @@ fn bigger_gpu(name: &str) -> Option<&'static str> {
         "mi300x" => "mi325x",
         _ => return None,
     })
+}
+
+/// The next sharding of a job's state, as "shard more" takes it: FULL_SHARD / ZeRO-3 from
+/// none, one stage up from ZeRO-1 or -2, and the optimizer alone (ZeRO-1, Megatron's
+/// `--use-distributed-optimizer`) where scenario validation allows no more: pipelines,
+/// Megatron, and a mixture of experts with expert or tensor parallelism.
+fn sharded(s: &Scenario) -> Result<Sharding, String> {
+    let pipelined = s.parallel.model_parallel.pipeline > 1;
+    let megatron = s.parallel.framework == crate::plan::Framework::Megatron;
+    let mp = &s.parallel.model_parallel;
+    let moe_folded = s.model.moe.is_some() && (mp.expert > 1 || mp.tensor > 1);
+    Ok(match s.parallel.sharding {
+        Sharding::None if pipelined || megatron || moe_folded => Sharding::Zero1,
+        _ if moe_folded => {
+            return Err("a mixture of experts with expert or tensor parallelism is simulated with ZeRO-1 at most".into())
+        }
+        _ if megatron => return Err("Megatron-LM shards the optimizer at most (--use-distributed-optimizer)".into()),
+        _ if pipelined => return Err("pipeline parallelism runs with ZeRO-1 at most".into()),
+        Sharding::None => Sharding::Zero3,
+        Sharding::Zero1 => Sharding::Zero2,
+        Sharding::Zero2 | Sharding::HybridShard => Sharding::Zero3,
+        Sharding::Zero3 => return Err("already FULL_SHARD / ZeRO-3".into()),
+    })
+}
+
+/// `s` on `gpus` GPUs of its type, with its table label. A job on one node it does not fill
+/// (its count is its node size: one GPU, or four of an eight-GPU node) grows into nodes of its
+/// preset's size (`hardware.node`: 8 GPUs for an HGX node), as GPUs are added in practice;
+/// leaving the node size where it was would put every added GPU in a node of its own, behind
+/// the network. A job across nodes keeps its node size. The label names the layout where it
+/// changes.
+fn on_gpus(s: &Scenario, gpus: u64) -> (String, Scenario) {
+    let mut v = s.clone();
+    let (old, per) = (u64::from(s.cluster.gpus), u64::from(s.cluster.gpus_per_node));
+    let preset = crate::hardware::node(&s.cluster.node).map_or(per, |n| u64::from(n.gpus_per_node));
+    let fill = per == old && per < preset;
+    let per_node = match () {
+        _ if fill && gpus <= preset => gpus,
+        _ if fill && gpus % preset == 0 => preset,
+        _ => per,
+    };
+    v.cluster.gpus = u32::try_from(gpus).unwrap_or(u32::MAX);
+    v.cluster.gpus_per_node = u32::try_from(per_node).unwrap_or(u32::MAX);
+    let layout = match gpus / per_node.max(1) {
+        _ if per_node == per => String::new(),
+        1 => " (one node)".to_string(),
+        n => format!(" ({n} nodes of {per_node})"),
+    };
+    (format!("GPUs {old} -> {gpus}{layout}"), v)
 }
 
 /// The variants of one change: (label, scenario); several for "more GPUs".
@@ -213,11 +277,7 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             // With [jitter] every data-parallel rank of every stage is simulated, up to the limit scenario
             // validation enforces; larger variants would not be valid scenarios.
             let out: Vec<_> = (1..=6)
-                .map(|k| {
-                    let mut v = s.clone();
-                    v.cluster.gpus = s.cluster.gpus.saturating_mul(1 << k);
-                    (format!("GPUs {} -> {}", s.cluster.gpus, v.cluster.gpus), v)
-                })
+                .map(|k| on_gpus(s, u64::from(s.cluster.gpus).saturating_mul(1 << k)))
                 .filter(|(_, v)| v.jitter.is_none() || v.jitter_ranks() <= crate::scenario::MAX_JITTER_RANKS)
                 .collect();
             if out.is_empty() {
@@ -232,31 +292,23 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             if s.cluster.gpus < 2 {
                 return Err("nothing to shard over on one GPU".into());
             }
-            // Pipelining runs with ZeRO-1 (Megatron's distributed optimizer) at most, as
-            // scenario validation requires.
-            let pipelined = s.parallel.model_parallel.pipeline > 1;
-            let megatron = s.parallel.framework == crate::plan::Framework::Megatron;
-            let mp = &s.parallel.model_parallel;
-            let moe_folded = s.model.moe.is_some() && (mp.expert > 1 || mp.tensor > 1);
-            let next = match s.parallel.sharding {
-                Sharding::None if pipelined || megatron || moe_folded => Sharding::Zero1,
-                _ if moe_folded => {
-                    return Err(
-                        "a mixture of experts with expert or tensor parallelism is simulated with ZeRO-1 at most"
-                            .into(),
-                    )
-                }
-                _ if megatron => {
-                    return Err("Megatron-LM shards the optimizer at most (--use-distributed-optimizer)".into())
-                }
-                _ if pipelined => return Err("pipeline parallelism runs with ZeRO-1 at most".into()),
-                Sharding::None => Sharding::Zero3,
-                Sharding::Zero1 => Sharding::Zero2,
-                Sharding::Zero2 | Sharding::HybridShard => Sharding::Zero3,
-                Sharding::Zero3 => return Err("already FULL_SHARD / ZeRO-3".into()),
-            };
+            let next = sharded(s)?;
             v.parallel.sharding = next;
             vec![(format!("sharding {} -> {}", s.parallel.sharding_display(), next.display()), v)]
+        }
+        MORE_GPUS_SHARDED => {
+            if s.parallel.sharding != Sharding::None {
+                return Err(format!("already {}: more GPUs shard it further", s.parallel.sharding_display()));
+            }
+            let next = sharded(s)?;
+            let from = format!("sharding {} -> {}", s.parallel.sharding_display(), next.display());
+            variants(s, MORE_GPUS)?
+                .into_iter()
+                .map(|(label, mut v)| {
+                    v.parallel.sharding = next;
+                    (format!("{label}, {from}"), v)
+                })
+                .collect()
         }
         6 | 7 if !s.parallel.framework.is_pytorch() => {
             return Err(format!(
@@ -1024,7 +1076,11 @@ pub fn run_all(s: &Scenario, sim: &Simulation) -> Vec<Counterfactual> {
             c.note = Some("no effect: the same peak and step time as the original, still out of memory".into());
         }
     }
-    if !out.iter().any(|c| c.fits == Some(true) && !c.changes_problem) {
+    // Pairs when nothing fits on the GPUs the job has: a pair there is what a user without
+    // more hardware can do, and one with more hardware may need fewer GPU-seconds per token
+    // than any single hardware change (full checkpointing on 32 sharded GPUs against no
+    // checkpointing on 136).
+    if !out.iter().any(|c| c.fits == Some(true) && !c.changes_problem && same_hardware(c)) {
         out.extend(pairs(s, base_tps));
     }
     out
@@ -1087,7 +1143,7 @@ fn tried_variants(s: &Scenario, which: usize) -> Result<(Variants, Option<String
     let vs = variants(s, which)?;
     match which {
         CONTEXT => budgeted(vs, "larger rings"),
-        MORE_GPUS => budgeted(vs, "larger counts"),
+        MORE_GPUS | MORE_GPUS_SHARDED => budgeted(vs, "larger counts"),
         _ => Ok((vs, None)),
     }
 }
@@ -1121,6 +1177,9 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>, fits_now: bool) -> Vec<Co
             continue;
         }
         if which == QLORA && !s.workload.lora.as_ref().is_some_and(|l| l.base == crate::model::WeightFormat::Half) {
+            continue;
+        }
+        if which == MORE_GPUS_SHARDED && s.parallel.sharding != Sharding::None {
             continue;
         }
         if ((which == FUSED_LOSS || which == SELECTIVE_OP) && megatron)
@@ -1160,9 +1219,10 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>, fits_now: bool) -> Vec<Co
         .collect();
     let left_out_of = |which: usize| left_out.iter().find(|(w, _)| *w == which).map(|(_, why)| why.as_str());
     let mut out: Vec<(usize, Counterfactual)> = Vec::new();
-    for which in 0..COUNTERFACTUAL_NAMES.len() {
+    for which in table_order() {
         let mine: Vec<&Counterfactual> = done.iter().filter(|(w, _)| *w == which).map(|(_, c)| c).collect();
-        if which == MORE_GPUS && !mine.is_empty() && fits_now {
+        let growing = which == MORE_GPUS || which == MORE_GPUS_SHARDED;
+        if growing && !mine.is_empty() && fits_now {
             // A job explained near its capacity already fits: the first doubling, for what
             // it does to the peak and the speed; no search for a count that fits.
             let mut c = mine[0].clone();
@@ -1171,8 +1231,8 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>, fits_now: bool) -> Vec<Co
             c.note =
                 Some(format!("the job fits on its {n} {gpus} already: the first doubling, for its peak and speed"));
             out.push((which, c));
-        } else if which == MORE_GPUS && !mine.is_empty() {
-            out.push((which, fewest_gpus(s, &mine, base_tps, left_out_of(MORE_GPUS))));
+        } else if growing && !mine.is_empty() {
+            out.push((which, fewest_gpus(s, which, &mine, base_tps, left_out_of(which))));
         } else if which == CONTEXT && !mine.is_empty() {
             // The smallest ring that fits (the search stopped there), else the largest tried.
             let pick = mine.iter().find(|c| c.fits == Some(true)).or(mine.last()).map(|c| (*c).clone());
@@ -1204,11 +1264,13 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>, fits_now: bool) -> Vec<Co
     out.into_iter().map(|(_, c)| c).collect()
 }
 
-/// The smallest GPU count that fits: the first doubling that fits, then bisection over the
-/// counts between it and the last doubling that did not (whole nodes, whole model-parallel
-/// groups); the largest count tried if none fits, saying so.
+/// The smallest GPU count that fits, for "more GPUs" (`which`, plain or sharded): the first
+/// doubling that fits, then bisection over the counts between it and the last doubling that
+/// did not (whole nodes, whole model-parallel groups); the largest count tried if none fits,
+/// saying so.
 fn fewest_gpus(
     s: &Scenario,
+    which: usize,
     doublings: &[&Counterfactual],
     base_tps: Option<f64>,
     left_out: Option<&str>,
@@ -1221,23 +1283,35 @@ fn fewest_gpus(
         });
         return c;
     };
+    // The count's scenario as the change builds it: its node layout, and the sharding for the
+    // sharded change.
+    let grow = |n: u64| {
+        let (label, mut v) = on_gpus(s, n);
+        if which != MORE_GPUS_SHARDED {
+            return (label, v);
+        }
+        let next = sharded(s).unwrap_or(Sharding::Zero3);
+        v.parallel.sharding = next;
+        (format!("{label}, sharding {} -> {}", s.parallel.sharding_display(), next.display()), v)
+    };
     let gpus = u64::from(s.cluster.gpus);
     let mp = &s.parallel.model_parallel;
-    let per_node = u64::from(s.cluster.gpus_per_node);
-    let group = mp.tensor * mp.pipeline;
-    let step = lcm(group.max(1), per_node.max(1));
     let mut lo = if k == 0 { gpus } else { doublings[k - 1].gpus };
     let mut best = doublings[k].clone();
     let mut hi = best.gpus;
+    // Whole nodes of the layout the count that fits has.
+    let per_node = u64::from(grow(hi).1.cluster.gpus_per_node);
+    let group = mp.tensor * mp.pipeline;
+    let step = lcm(group.max(1), per_node.max(1));
     // Counts are multiples of `step`: halve the gap until no multiple lies strictly between.
+    let searched = hi - lo > step;
     while hi - lo > step {
         let mid = (lo + (hi - lo) / 2).div_ceil(step) * step;
         if mid <= lo || mid >= hi {
             break;
         }
-        let mut v = s.clone();
-        v.cluster.gpus = u32::try_from(mid).unwrap_or(u32::MAX);
-        let c = measure(format!("GPUs {gpus} -> {mid}"), &v, base_tps);
+        let (label, v) = grow(mid);
+        let c = measure(label, &v, base_tps);
         if c.fits == Some(true) {
             hi = mid;
             best = c;
@@ -1245,7 +1319,12 @@ fn fewest_gpus(
             lo = mid;
         }
     }
-    best.note = Some(format!("the smallest count that fits (bisection over multiples of {step}); {lo} GPUs do not"));
+    let short = if lo == 1 { "1 GPU does not".to_string() } else { format!("{lo} GPUs do not") };
+    best.note = Some(if searched {
+        format!("the smallest count that fits (bisection over multiples of {step}); {short}")
+    } else {
+        format!("the smallest count that fits (no multiple of {step} lies between it and {lo}); {short}")
+    });
     best
 }
 
@@ -1260,9 +1339,10 @@ fn lcm(a: u64, b: u64) -> u64 {
 }
 
 /// The changes tried beside full checkpointing when no single change fits: micro-batch, GPU
-/// count, sharding, GPU, offload, tensor parallelism, and for a LoRA job's 16-bit base QLoRA
+/// count (and for a replicated job, GPU count with the state sharded), sharding, GPU, offload,
+/// tensor parallelism, and for a LoRA job's 16-bit base QLoRA
 /// (whose `prepare_model_for_kbit_training` turns checkpointing on in the first place).
-const PAIRED: [usize; 7] = [2, MORE_GPUS, 5, 8, 10, 11, QLORA];
+const PAIRED: [usize; 8] = [2, MORE_GPUS, MORE_GPUS_SHARDED, 5, 8, 10, 11, QLORA];
 
 /// When no single change fits: full activation checkpointing together with each of the
 /// other changes that keep the problem ([`PAIRED`]), each re-simulated.
@@ -1270,11 +1350,12 @@ fn pairs(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
     let Ok(mut ck) = variants(s, 0) else { return Vec::new() };
     let Some((_, ck)) = ck.pop() else { return Vec::new() };
     let mut jobs: Vec<(usize, String, Scenario)> = Vec::new();
-    let mut counts_left_out = None;
+    // Why a growing change's larger counts were not tried, by change.
+    let mut left_out: Vec<(usize, String)> = Vec::new();
     for which in PAIRED {
         if let Ok((vs, why)) = tried_variants(&ck, which) {
             jobs.extend(vs.into_iter().map(|(l, v)| (which, format!("full checkpointing + {l}"), v)));
-            counts_left_out = counts_left_out.or(why);
+            left_out.extend(why.map(|why| (which, why)));
         }
     }
     let done: Vec<(usize, Counterfactual)> =
@@ -1285,8 +1366,9 @@ fn pairs(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
         if mine.is_empty() {
             continue;
         }
-        if which == MORE_GPUS {
-            let mut c = fewest_gpus(&ck, &mine, base_tps, counts_left_out.as_deref());
+        if which == MORE_GPUS || which == MORE_GPUS_SHARDED {
+            let why = left_out.iter().find(|(w, _)| *w == which).map(|(_, why)| why.as_str());
+            let mut c = fewest_gpus(&ck, which, &mine, base_tps, why);
             c.change = format!("full checkpointing + {}", c.change.trim_start_matches("full checkpointing + "));
             out.push(c);
         } else {
@@ -1296,9 +1378,10 @@ fn pairs(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
     out
 }
 
-/// Whether a change keeps the same GPUs (type and count).
+/// Whether a change, or a pair with full checkpointing, keeps the same GPUs (type and count).
 fn same_hardware(c: &Counterfactual) -> bool {
-    !(c.change.starts_with("GPUs ") || c.change.starts_with("GPU "))
+    let change = c.change.trim_start_matches("full checkpointing + ");
+    !(change.starts_with("GPUs ") || change.starts_with("GPU "))
 }
 
 /// The first line of the answer: the fastest change that fits on the same GPUs, else the
@@ -1315,6 +1398,8 @@ pub fn answer(cfs: &[Counterfactual], status: &str) -> String {
     let same = cfs.iter().filter(fits).filter(single).filter(|c| same_hardware(c)).min_by(by_cost);
     let other = cfs.iter().filter(fits).filter(single).filter(|c| !same_hardware(c)).min_by(by_cost);
     let pair = cfs.iter().filter(fits).filter(|c| !single(c)).min_by(by_cost);
+    let same_pair = cfs.iter().filter(fits).filter(|c| !single(c)).filter(|c| same_hardware(c)).min_by(by_cost);
+    let cost = |c: &Counterfactual| c.gpu_seconds_per_token.unwrap_or(f64::MAX);
     let problem = cfs.iter().filter(|c| c.changes_problem && c.fits == Some(true)).min_by(by_cost);
     let qlora = if cfs.iter().any(|c| c.change.starts_with("full checkpointing + QLoRA")) { ", QLoRA" } else { "" };
     let line = |c: &Counterfactual| {
@@ -1334,7 +1419,24 @@ pub fn answer(cfs: &[Counterfactual], status: &str) -> String {
             line(o)
         ),
         (Some(c), None) => format!("the cheapest change that fits on the same GPUs is {}", line(c)),
-        (None, Some(o)) => format!("nothing fits on the same GPUs; the cheapest hardware change that fits is {} (fewest GPU-seconds per token)", line(o)),
+        (None, o) if same_pair.is_some() => {
+            let p = same_pair.expect("checked");
+            let other = o.map_or(String::new(), |o| format!("; with other hardware: {}", line(o)));
+            format!("no single change fits on the same GPUs; the cheapest pair that does is {}{other}", line(p))
+        }
+        (None, Some(o)) => {
+            // A pair is named where it needs fewer GPU-seconds per token, else where it fits
+            // on fewer GPUs: how many GPUs a job needs is the planner's other question.
+            let fewest = cfs.iter().filter(fits).filter(|c| !single(c)).min_by_key(|c| c.gpus);
+            let cheaper = match (pair, fewest) {
+                (Some(p), _) if cost(p) < cost(o) => {
+                    format!("; with full checkpointing as well, fewer GPU-seconds per token: {}", line(p))
+                }
+                (_, Some(p)) if p.gpus < o.gpus => format!("; on the fewest GPUs ({}): {}", p.gpus, line(p)),
+                _ => String::new(),
+            };
+            format!("nothing fits on the same GPUs; the cheapest hardware change that fits is {} (fewest GPU-seconds per token){cheaper}", line(o))
+        }
         (None, None) => match (pair, problem) {
             (Some(p), _) => format!("no single change that keeps the training problem fits; the cheapest pair tried that fits is {}", line(p)),
             (None, Some(q)) => format!("no change that keeps the training problem fits (full checkpointing was also tried with each of micro-batch, GPU count, sharding, GPU, offload{qlora} and tensor parallelism); only changing the problem does: {}", line(q)),

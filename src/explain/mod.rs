@@ -375,7 +375,12 @@ pub fn render(e: &Explanation, s: &Scenario) -> String {
         for cf in &e.counterfactuals {
             if !pairs_started && cf.change.starts_with("full checkpointing + ") {
                 pairs_started = true;
-                let _ = writeln!(o, "  No single change that keeps the training problem fits; full checkpointing with each other change:");
+                let lead = if e.counterfactuals.iter().any(|c| c.fits == Some(true) && !c.changes_problem) {
+                    "No single change that keeps the training problem fits on the same GPUs"
+                } else {
+                    "No single change that keeps the training problem fits"
+                };
+                let _ = writeln!(o, "  {lead}; full checkpointing with each other change:");
             }
             let fits = match cf.fits {
                 Some(true) => "yes",
