@@ -220,6 +220,19 @@ fn on_gpus(s: &Scenario, gpus: u64) -> (String, Scenario) {
     (format!("GPUs {old} -> {gpus}{layout}"), v)
 }
 
+/// `s` on `gpus` GPUs as "more GPUs" (`which`, plain or sharded) builds it, with its label:
+/// [`on_gpus`]'s node layout, and for the sharded change the state sharded as [`sharded`]
+/// takes it.
+fn grown(s: &Scenario, which: usize, gpus: u64) -> Result<(String, Scenario), String> {
+    let (label, mut v) = on_gpus(s, gpus);
+    if which != MORE_GPUS_SHARDED {
+        return Ok((label, v));
+    }
+    let next = sharded(s)?;
+    v.parallel.sharding = next;
+    Ok((format!("{label}, sharding {} -> {}", s.parallel.sharding_display(), next.display()), v))
+}
+
 /// The variants of one change: (label, scenario); several for "more GPUs".
 pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, String> {
     let mut v = s.clone();
@@ -273,11 +286,17 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             v.workload.seq_len /= 2;
             vec![(format!("sequence length {} (half the tokens)", v.training.seq_len), v)]
         }
-        4 => {
+        MORE_GPUS | MORE_GPUS_SHARDED => {
+            if which == MORE_GPUS_SHARDED {
+                if s.parallel.sharding != Sharding::None {
+                    return Err(format!("already {}: more GPUs shard it further", s.parallel.sharding_display()));
+                }
+                sharded(s)?;
+            }
             // With [jitter] every data-parallel rank of every stage is simulated, up to the limit scenario
             // validation enforces; larger variants would not be valid scenarios.
             let out: Vec<_> = (1..=6)
-                .map(|k| on_gpus(s, u64::from(s.cluster.gpus).saturating_mul(1 << k)))
+                .filter_map(|k| grown(s, which, u64::from(s.cluster.gpus).saturating_mul(1 << k)).ok())
                 .filter(|(_, v)| v.jitter.is_none() || v.jitter_ranks() <= crate::scenario::MAX_JITTER_RANKS)
                 .collect();
             if out.is_empty() {
@@ -295,20 +314,6 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             let next = sharded(s)?;
             v.parallel.sharding = next;
             vec![(format!("sharding {} -> {}", s.parallel.sharding_display(), next.display()), v)]
-        }
-        MORE_GPUS_SHARDED => {
-            if s.parallel.sharding != Sharding::None {
-                return Err(format!("already {}: more GPUs shard it further", s.parallel.sharding_display()));
-            }
-            let next = sharded(s)?;
-            let from = format!("sharding {} -> {}", s.parallel.sharding_display(), next.display());
-            variants(s, MORE_GPUS)?
-                .into_iter()
-                .map(|(label, mut v)| {
-                    v.parallel.sharding = next;
-                    (format!("{label}, {from}"), v)
-                })
-                .collect()
         }
         6 | 7 if !s.parallel.framework.is_pytorch() => {
             return Err(format!(
@@ -1283,24 +1288,14 @@ fn fewest_gpus(
         });
         return c;
     };
-    // The count's scenario as the change builds it: its node layout, and the sharding for the
-    // sharded change.
-    let grow = |n: u64| {
-        let (label, mut v) = on_gpus(s, n);
-        if which != MORE_GPUS_SHARDED {
-            return (label, v);
-        }
-        let next = sharded(s).unwrap_or(Sharding::Zero3);
-        v.parallel.sharding = next;
-        (format!("{label}, sharding {} -> {}", s.parallel.sharding_display(), next.display()), v)
-    };
     let gpus = u64::from(s.cluster.gpus);
     let mp = &s.parallel.model_parallel;
     let mut lo = if k == 0 { gpus } else { doublings[k - 1].gpus };
     let mut best = doublings[k].clone();
     let mut hi = best.gpus;
     // Whole nodes of the layout the count that fits has.
-    let per_node = u64::from(grow(hi).1.cluster.gpus_per_node);
+    let per_node = grown(s, which, hi).map_or(s.cluster.gpus_per_node, |(_, v)| v.cluster.gpus_per_node);
+    let per_node = u64::from(per_node);
     let group = mp.tensor * mp.pipeline;
     let step = lcm(group.max(1), per_node.max(1));
     // Counts are multiples of `step`: halve the gap until no multiple lies strictly between.
@@ -1310,7 +1305,8 @@ fn fewest_gpus(
         if mid <= lo || mid >= hi {
             break;
         }
-        let (label, v) = grow(mid);
+        // The doublings of this change were built, so every count between is too.
+        let Ok((label, v)) = grown(s, which, mid) else { break };
         let c = measure(label, &v, base_tps);
         if c.fits == Some(true) {
             hi = mid;
