@@ -17,7 +17,7 @@ except ImportError:  # Python < 3.11
     tomllib = pytest.importorskip("tomli", reason="Python < 3.11 needs tomli to read TOML in the tests")
 
 
-@pytest.mark.parametrize("name", ["100b-32gpu-fsdp", "gpt-1.3b-1gpu"])
+@pytest.mark.parametrize("name", ["100b-32gpu-fsdp", "gpt-1.3b-1gpu", "100b-8gpu-ddp"])
 def test_explain_equals_the_cli(name: str, run_cli) -> None:
     path = (SCENARIOS / f"{name}.toml").relative_to(REPO)
     cli = run_cli("explain", path)
@@ -38,6 +38,14 @@ def test_explain_fields() -> None:
     assert e.answer == d["answer"] and "fits" in e.answer
     assert e.counterfactuals == d["counterfactuals"] and len(e.counterfactuals) > 3
     assert not e.report.fits
+
+
+def test_explain_shards_a_replicated_job_over_more_gpus() -> None:
+    # DDP's replicated state does not shrink with the GPU count; FULL_SHARD over more GPUs fits.
+    e = stepsim.explain(SCENARIOS / "100b-8gpu-ddp.toml")
+    rows = [c for c in e.counterfactuals if c["change"].startswith("GPUs 8 -> ")]
+    assert [c["fits"] for c in rows] == [False, True]
+    assert rows[1]["change"].endswith("FULL_SHARD / ZeRO-3") and "FULL_SHARD" in e.answer
 
 
 def test_margin() -> None:
