@@ -174,7 +174,7 @@ pub fn simulate_with(s: &scenario::Scenario, opts: SimOptions) -> Result<Simulat
 /// variants of a job, two at a time). A full simulation held every task's name and every
 /// memory sample: explain of a 1024-layer job reached 7.8 GB.
 pub fn simulate_job_only(s: &scenario::Scenario) -> Result<report::Report, engine::Deadlock> {
-    let dag = model::build(&s.model, &s.workload);
+    let dag = model::build(&s.model, &s.dag_workload());
     simulate_lean(s, &dag, &[schedule::Stage::Steps(0)])
 }
 
@@ -369,7 +369,7 @@ fn simulate_job(
     names: bool,
 ) -> Result<Simulation, engine::Deadlock> {
     let curve = matches!(record, job::run::Record::Curve | job::run::Record::History);
-    let dag = model::build(&s.model, &s.workload);
+    let dag = model::build(&s.model, &s.dag_workload());
     let plan = plan_of(s, &dag);
     let steps = plan.training.steps;
     let loads = s.expert_loads();

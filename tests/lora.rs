@@ -89,11 +89,38 @@ fn frozen_linears_save_no_inputs() {
     let t = s.workload.micro_batch * s.workload.seq_len;
     let (a, b) = (full.saved_bytes(Region::Block(3), true), lora.saved_bytes(Region::Block(3), true));
     assert_eq!(b, a - t * (H + F) * 2 + 2 * t * 16 * 2, "full {a}, lora {b}");
-    // With lora_dropout each targeted module keeps its own dropout copy of x and the mask.
+    // With lora_dropout each targeted module keeps its own dropout copy of x and the mask,
+    // which lora_A reads (`lora_B(lora_A(dropout(x)))`): x itself is kept for nobody.
     let mut w = s.workload.clone();
     w.lora = Some(LoraConfig { dropout: 0.1, ..w.lora.clone().unwrap() });
     let d = model::build(&s.model, &w).saved_bytes(Region::Block(3), true);
-    assert_eq!(d, b + 2 * (t * H * 2 + t * H));
+    assert_eq!(d, b - t * H * 2 + 2 * (t * H * 2 + t * H));
+}
+
+/// PEFT casts a targeted linear's input to the adapters' dtype (`_cast_input_dtype`: FP32
+/// adapters, PEFT's `autocast_adapter_dtype` default) and autocast casts it back to BF16 for
+/// lora_A's matmul: a fresh copy per adapter, which lora_A saves in place of x. On one GPU
+/// the FP32 adapters are held whole and this happens; under FSDP they are gathered in BF16
+/// and lora_A saves x itself. With q_proj and v_proj targeted, a block keeps two t x h
+/// copies where it kept the attention norm's output once; each cast is a kernel beside the
+/// GEMMs (x to FP32 and back: 2 t h (2 + 4) bytes each way).
+#[test]
+fn autocast_copies_each_adapters_input_where_the_adapters_are_held_in_fp32() {
+    let s = load("llama2-70b-lora-1gpu");
+    assert_eq!(s.dag_workload().lora.unwrap().input_casts, Some(4));
+    assert_eq!(load("llama2-70b-lora-8gpu").dag_workload().lora.unwrap().input_casts, None);
+    let t = s.workload.micro_batch * s.workload.seq_len;
+    let held = model::build(&s.model, &s.workload);
+    let cast = model::build(&s.model, &s.dag_workload());
+    let (a, b) = (held.saved_bytes(Region::Block(3), true), cast.saved_bytes(Region::Block(3), true));
+    assert_eq!(b, a - t * H * 2 + 2 * t * H * 2, "held {a}, cast {b}");
+    let wq = cast.ops.iter().find(|o| o.name == "layers.3.attention.wq").unwrap();
+    let wq_held = held.ops.iter().find(|o| o.name == "layers.3.attention.wq").unwrap();
+    assert_eq!(wq.chain_bytes[0] - wq_held.chain_bytes[0], (2 * t * H * (2 + 4)) as f64);
+    assert_eq!(wq.fwd_scratch - wq_held.fwd_scratch, t * H * 4, "the FP32 copy while lora_A's is cast");
+    // The simulation builds its DAG that way, and a sweep or explain variant that shards the
+    // adapters gets the other.
+    assert_eq!(stepsim::simulate(&s).unwrap().dag.workload, s.dag_workload());
 }
 
 /// Backward through a frozen base computes input gradients only: a linear's backward is one

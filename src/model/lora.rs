@@ -48,6 +48,17 @@ pub struct LoraConfig {
     /// linears keep their inputs; `_use_sharded_grad_views` hands no gradient to a frozen
     /// parameter, so the optimizer holds state for the adapters only ([`super::Op::flat_frozen`]).
     pub shared_flat: bool,
+    /// The adapters' element bytes where autocast copies each adapter's input (None where it
+    /// does not). PEFT casts a targeted linear's input to the adapters' dtype before lora_A
+    /// (`x = self._cast_input_dtype(x, lora_A.weight.dtype)`, `tuners/lora/layer.py`: FP32
+    /// adapters under `autocast_adapter_dtype=True`, PEFT's default), and autocast casts that
+    /// back to the compute dtype for lora_A's matmul: a fresh copy per adapter (autocast
+    /// caches casts of leaf parameters only), which lora_A saves for its weight gradient in
+    /// place of `x`. Where the adapters are held in the compute dtype, or sharded and gathered
+    /// in it, lora_A reads and saves `x` itself. Set from the plan where a scenario's DAG is
+    /// built ([`crate::plan::Precision::autocast_casts`]), not by the scenario file.
+    #[serde(skip)]
+    pub input_casts: Option<u64>,
 }
 
 /// PEFT's default `target_modules` per model type (`TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING`).
@@ -141,6 +152,12 @@ pub fn apply(dag: &mut LayerDag, cfg: &LoraConfig, c: u64) {
                 op.bwd_flops = op.fwd_flops;
                 if block_linear && cfg.targets_op(family, &op.name) {
                     add_adapter(op, cfg, [t, n, k], i, first_new, &mut new_tensors, c);
+                    // lora_A reads its own copy of x (dropout's, or autocast's): the frozen
+                    // weight needs no x for its input gradient, so x is kept for nobody here.
+                    if cfg.dropout > 0.0 || cfg.input_casts.is_some() {
+                        let x = op.inputs.first().copied();
+                        op.saves.retain(|s| Some(*s) != x);
+                    }
                 } else {
                     // A frozen linear keeps nothing for backward.
                     let x = op.inputs.first().copied();
@@ -179,10 +196,32 @@ fn add_adapter(
     op.outputs.push(xa);
     op.saves.push(xa);
     if cfg.dropout > 0.0 {
+        // lora_A's input in the compute dtype: dropout's output, or with autocast's copies
+        // the cast of dropout's output in the adapters' dtype.
         let d = add(format!("{}.lora_dropout.out", op.name), t * k * c, TensorKind::Activation);
         let m = add(format!("{}.lora_dropout.mask", op.name), t * k, TensorKind::Mask);
         op.outputs.extend([d, m]);
         op.saves.extend([d, m]);
+    } else if cfg.input_casts.is_some() {
+        let x = add(format!("{}.lora_A.input", op.name), t * k * c, TensorKind::Activation);
+        op.outputs.push(x);
+        op.saves.push(x);
+    }
+    if let Some(a) = cfg.input_casts {
+        // PEFT's copy of x in the adapters' dtype (and with dropout its dropped copy, the
+        // same size) lives while lora_A's input is cast from it; backward's gradient of that
+        // copy comes back in the adapters' dtype and is cast down to x's. Each cast is a
+        // kernel of its own beside the GEMMs: forward x -> adapters' dtype (c read, a
+        // written) and back (a read, c written), dropout's pass over the wider copy where
+        // there is one; backward the two casts of the gradient.
+        let copies = if cfg.dropout > 0.0 { 2 } else { 1 };
+        op.fwd_scratch += copies * t * k * a;
+        op.bwd_scratch += t * k * a;
+        let cast = (2 * t * k * (c + a)) as f64;
+        op.chain_bytes[0] += cast;
+        op.chain_bytes[1] += cast;
+        op.launches[0] += 2;
+        op.launches[1] += 2;
     }
 }
 

@@ -117,6 +117,17 @@ pub struct ParallelConfig {
 }
 
 impl ParallelConfig {
+    /// Whether parameters are held sharded and gathered for each use: FULL_SHARD, HYBRID_SHARD,
+    /// a SHARD_GRAD_OP that shards them (FSDP's), and FSDP1's NO_SHARD (whose unit copies
+    /// stand where gathered parameters are). The gathered copies are in the compute dtype
+    /// (FSDP's `MixedPrecision(param_dtype=...)`), so autocast casts no weight of such a plan.
+    pub fn params_sharded(&self) -> bool {
+        let sh = self.sharding;
+        matches!(sh, Sharding::Zero3 | Sharding::HybridShard)
+            || (sh == Sharding::Zero2 && self.framework.zero2_shards_parameters())
+            || self.framework.fsdp1_no_shard(sh)
+    }
+
     /// torchtitan's FSDP2 with expert parallelism (`framework = "fsdp2"`, `sharding =
     /// "full_shard"` or `"hybrid_shard"`, `expert > 1`): each MoE block's routed experts are
     /// sharded over the `efsdp` mesh, the rest over the `fsdp` (dp_shard x cp) mesh, and the
@@ -633,6 +644,13 @@ pub struct Precision {
 }
 
 impl Precision {
+    /// Whether autocast casts the parameters for each matmul (and a LoRA adapter's input with
+    /// them, [`crate::model::LoraConfig::input_casts`]): parameters held whole in a dtype other
+    /// than the compute dtype. Sharded parameters are gathered in the compute dtype already.
+    pub fn autocast_casts(&self, params_sharded: bool) -> bool {
+        !params_sharded && self.param != self.compute
+    }
+
     /// Named presets; the doc of each says which framework configuration it mirrors.
     pub fn preset(name: &str) -> Option<Precision> {
         use Dtype::*;
@@ -1101,9 +1119,7 @@ impl Plan {
         // low-precision copy stands where the gathered parameters are, its flat gradient is
         // all-reduced instead of reduce-scattered ([`Framework::fsdp1_no_shard`]).
         let no_shard = parallel.framework.fsdp1_no_shard(sh);
-        let params_sharded = matches!(sh, Sharding::Zero3 | Sharding::HybridShard)
-            || (sh == Sharding::Zero2 && parallel.framework.zero2_shards_parameters())
-            || no_shard;
+        let params_sharded = parallel.params_sharded();
         let grads_sharded = matches!(sh, Sharding::Zero2 | Sharding::Zero3 | Sharding::HybridShard) || no_shard;
         let optimizer_sharded = sh != Sharding::None;
         // SHARD_GRAD_OP keeps the gathered parameters from forward to backward.

@@ -1383,7 +1383,19 @@ pub fn throughput_of(
                     } else {
                         ""
                     };
-                    format!("MFU counts the FLOPs a LoRA step needs: forward (base + adapters) plus backward without the frozen weights' gradient GEMMs (input gradients and the adapters' own); HFU adds recomputation{qlora}")
+                    let pr = &s.training.precision;
+                    let casts = if s.dag_workload().lora.is_some_and(|l| l.input_casts.is_some()) {
+                        format!(
+                            ". The {} adapters are held whole: PEFT casts each adapter's input to {} (_cast_input_dtype) and autocast casts it back to {} for lora_A's matmul, two kernels each way per targeted linear at the memory-bound rate, and lora_A keeps its own {} copy",
+                            pr.param.name(),
+                            pr.param.name(),
+                            pr.compute.name(),
+                            pr.compute.name()
+                        )
+                    } else {
+                        String::new()
+                    };
+                    format!("MFU counts the FLOPs a LoRA step needs: forward (base + adapters) plus backward without the frozen weights' gradient GEMMs (input gradients and the adapters' own); HFU adds recomputation{qlora}{casts}")
                 } else {
                     "MFU counts model FLOPs = 3 x forward FLOPs of the DAG (2 per multiply-add, attention included), per Narayanan et al. 2021; HFU adds recomputation".into()
                 },

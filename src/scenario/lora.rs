@@ -58,7 +58,7 @@ pub(super) fn validate_lora(
         }
     };
     let shared_flat = shares_flat_parameter(v, wrap, parallel, precision, &base)?;
-    Ok(crate::model::LoraConfig { rank, alpha, targets, dropout, base, shared_flat })
+    Ok(crate::model::LoraConfig { rank, alpha, targets, dropout, base, shared_flat, input_casts: None })
 }
 
 /// Whether a block's frozen base and its adapters share one FSDP1 FlatParameter

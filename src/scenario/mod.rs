@@ -95,6 +95,20 @@ pub struct Scenario {
 }
 
 impl Scenario {
+    /// The workload its layer DAG is built from: the scenario's, with what depends on the
+    /// plan filled in (autocast's copies of LoRA adapters' inputs,
+    /// [`crate::model::LoraConfig::input_casts`]). Every DAG of a scenario is built from it,
+    /// so a variant that changes the sharding or the precision (explain's changes, a sweep's
+    /// axes) gets its own.
+    pub fn dag_workload(&self) -> Workload {
+        let mut w = self.workload.clone();
+        if let Some(l) = w.lora.as_mut() {
+            let pr = &self.training.precision;
+            l.input_casts = pr.autocast_casts(self.parallel.params_sharded()).then(|| pr.param.bytes());
+        }
+        w
+    }
+
     /// Reads and validates a scenario file, with its chain of bases when it says
     /// `extends = "base.toml"` ([`extends`]). An invalid file's error lists every error
     /// recovery can find ([`ScenarioError::also`], [`recovery`]).

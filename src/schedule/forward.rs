@@ -119,7 +119,7 @@ impl Builder<'_> {
         let (step, mb, c) = (st.step, st.mb, st.chunk);
         let (lo, hi) = self.chunk_ops[c];
         let cb = self.pr().compute.bytes();
-        let casts = !plan.params_sharded && self.pr().param != self.pr().compute;
+        let casts = self.pr().autocast_casts(plan.params_sharded);
         let op = &dag.ops[i];
         let u = plan.unit_of(op.region);
         if let Some(comm) = op.comm {

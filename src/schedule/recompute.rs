@@ -18,7 +18,7 @@ impl Builder<'_> {
         let dag = self.dag;
         let (step, mb) = (st.step, st.mb);
         let cb = self.pr().compute.bytes();
-        let casts = !self.plan.params_sharded && self.pr().param != self.pr().compute;
+        let casts = self.pr().autocast_casts(self.plan.params_sharded);
         let ck = self.ck.clone();
         let rops = &ck.recompute_ops[l];
         let mut rpending: Option<u32> = None;

@@ -173,8 +173,9 @@ thread_local! {
 
 fn dag_for(s: &Scenario) -> Rc<LayerDag> {
     DAGS.with(|c| {
-        let make = || ((s.model.clone(), s.workload.clone()), Rc::new(crate::model::build(&s.model, &s.workload)));
-        crate::recent::recall(&mut c.borrow_mut(), DAG_CACHE, |(m, w)| *m == s.model && *w == s.workload, make)
+        let w = s.dag_workload();
+        let make = || ((s.model.clone(), w.clone()), Rc::new(crate::model::build(&s.model, &w)));
+        crate::recent::recall(&mut c.borrow_mut(), DAG_CACHE, |(m, x)| *m == s.model && *x == w, make)
     })
 }
 
