@@ -263,12 +263,14 @@ fn lora_in_one_flat_parameter_keeps_the_frozen_base_gradients() {
     let time = |s: &stepsim::Simulation| s.report.throughput.as_ref().unwrap().step_time_s;
     assert!(time(&block) > time(&peft));
     // The frozen linears keep their inputs again: per block the FFN norm's output (read by
-    // w1 and w3) and the SwiGLU product (read by w2), t x (h + f) x 2 bytes.
+    // w1 and w3) and the SwiGLU product (read by w2), t x (h + f) x 2 bytes; and the two
+    // RMSNorms, whose weights are in the FlatParameter too, keep their normalised outputs for
+    // those weights' gradients, t x h x 2 bytes each.
     let saved = |wrap: &str| {
         let s = lora_scenario(wrap);
         stepsim::model::build(&s.model, &s.workload).saved_bytes(stepsim::model::Region::Block(3), true)
     };
-    assert_eq!(saved("block") - saved("peft"), 256 * (1024 + 4096) * 2);
+    assert_eq!(saved("block") - saved("peft"), 256 * (1024 + 4096) * 2 + 2 * 256 * 1024 * 2);
 }
 
 /// FSDP1 refuses what the block wrap would flatten together with `use_orig_params=False`

@@ -78,7 +78,9 @@ fn qlora_model_state_matches_the_hand_count() {
 /// adapter on it does. With q_proj and v_proj targeted, a Llama block keeps the same
 /// attention-norm output (lora_A of q and v saves it), but no longer the FFN norm's output
 /// (read by w1 and w3) nor the SwiGLU product (read by w2): t x (h + f) x 2 bytes less; it
-/// gains the two adapters' x A (t x r x 2 bytes each).
+/// gains the two adapters' x A (t x r x 2 bytes each). Its two eager RMSNorms, their weights
+/// frozen, no longer keep their normalised outputs (kept for the weight's gradient only):
+/// t x h x 2 bytes less each.
 #[test]
 fn frozen_linears_save_no_inputs() {
     let s = load("llama2-70b-lora-1gpu");
@@ -88,7 +90,12 @@ fn frozen_linears_save_no_inputs() {
     let lora = model::build(&s.model, &s.workload);
     let t = s.workload.micro_batch * s.workload.seq_len;
     let (a, b) = (full.saved_bytes(Region::Block(3), true), lora.saved_bytes(Region::Block(3), true));
-    assert_eq!(b, a - t * (H + F) * 2 + 2 * t * 16 * 2, "full {a}, lora {b}");
+    assert_eq!(b, a - t * (H + F) * 2 + 2 * t * 16 * 2 - 2 * t * H * 2, "full {a}, lora {b}");
+    // And the frozen norm's backward skips the weight's `grad * normed` and its row sum.
+    let norm = |d: &model::LayerDag| d.ops.iter().find(|o| o.name == "layers.3.attention_norm").unwrap().clone();
+    let (nf, nl) = (norm(&full), norm(&lora));
+    assert_eq!(nf.bwd_bytes.unwrap() - nl.bwd_bytes.unwrap(), (4 * 2 * t * H) as f64);
+    assert_eq!(nf.launches[1] - nl.launches[1], 2);
     // With lora_dropout each targeted module keeps its own dropout copy of x and the mask,
     // which lora_A reads (`lora_B(lora_A(dropout(x)))`): x itself is kept for nobody.
     let mut w = s.workload.clone();
