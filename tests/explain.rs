@@ -387,11 +387,32 @@ fn more_gpus_for_a_replicated_job_shards_the_state() {
     let text = explain::render(&e, &s);
     assert!(text.contains("fits on the same GPUs; full checkpointing with each other change"), "{text}");
 
-    // A sharded job has no such row: "more GPUs" shards it further already.
-    let fsdp = shipped("100b-32gpu-fsdp.toml");
-    let sim = stepsim::simulate(&fsdp).unwrap();
-    let e = explain::explain(&fsdp, &sim, explain::DEFAULT_MARGIN);
-    assert!(!e.counterfactuals.iter().any(|c| c.change.contains("sharding NO_SHARD")), "{:?}", e.counterfactuals);
+    // A fully sharded job has no such row: "more GPUs" shards it further already; nor a
+    // Megatron job, whose distributed optimizer is as far as it shards.
+    for name in ["100b-32gpu-fsdp.toml", "llama3-8b-128k-h100.toml"] {
+        let s = shipped(name);
+        let sim = stepsim::simulate(&s).unwrap();
+        let e = explain::explain(&s, &sim, explain::DEFAULT_MARGIN);
+        assert!(!e.counterfactuals.iter().any(|c| c.change.contains(", sharding ")), "{name}: {:?}", e.counterfactuals);
+    }
+    // DeepSpeed ZeRO-2 replicates the parameters: 202 GB of them on every GPU at any count,
+    // until ZeRO-3 shards them too.
+    let z2 = inline(
+        &shipped_text("100b-8gpu-ddp.toml")
+            .replace("sharding = \"none\"", "sharding = \"zero2\"\nframework = \"deepspeed\""),
+    );
+    let sim = stepsim::simulate(&z2).unwrap();
+    let e = explain::explain(&z2, &sim, explain::DEFAULT_MARGIN);
+    let plain = e.counterfactuals.iter().find(|c| c.change == "GPUs 8 -> 512").unwrap();
+    assert_eq!(plain.fits, Some(false));
+    let full = e
+        .counterfactuals
+        .iter()
+        .find(|c| {
+            c.change.starts_with("GPUs 8 -> ") && c.change.ends_with("SHARD_GRAD_OP / ZeRO-2 -> FULL_SHARD / ZeRO-3")
+        })
+        .expect("the ZeRO-3 row");
+    assert_eq!(full.fits, Some(true), "{full:?}");
 }
 
 /// A job on one node it does not fill grows into whole nodes of its preset when explain adds

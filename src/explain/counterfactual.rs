@@ -47,7 +47,7 @@ pub const COUNTERFACTUAL_NAMES: &[&str] = &[
     "SwiGLU inputs saved in FP8 (Megatron --activation-func-fp8-input-store)",
     "flash attention (no s x s scores stored)",
     "QLoRA: the frozen base in 4-bit NF4 with double quantization",
-    "more GPUs, the state sharded (a replicated job: FULL_SHARD / ZeRO-3, or the distributed optimizer)",
+    "more GPUs, fully sharded (where state stays replicated: FULL_SHARD / ZeRO-3, or the distributed optimizer)",
 ];
 
 /// More GPUs: doublings of the count, then a bisection to the smallest that fits.
@@ -111,11 +111,11 @@ const FLASH: usize = 30;
 /// Offered for LoRA jobs with a 16-bit base outside one FSDP1 FlatParameter with the adapters
 /// (a 4-bit base there is not simulated, as scenario validation says).
 const QLORA: usize = 31;
-/// More GPUs for a job that replicates its state (DDP, FSDP1's NO_SHARD, Megatron's
-/// DistributedDataParallel): replicated parameters, gradients and optimizer state are the same
-/// on every GPU at any count, so [`MORE_GPUS`] alone cannot fit a job whose state does not fit
-/// one GPU. The same doublings with the state sharded the way "shard more" shards it
-/// ([`sharded`]). Offered where the sharding is none; printed after "more GPUs".
+/// More GPUs for a job that keeps some of its state replicated (DDP, FSDP1's NO_SHARD,
+/// Megatron's DistributedDataParallel; the parameters under ZeRO-1 and -2, everything beyond a
+/// node under HYBRID_SHARD): replicated state is the same on every GPU at any count, so
+/// [`MORE_GPUS`] alone cannot fit a job whose replicated state does not fit one GPU. The same
+/// doublings with the state fully sharded ([`fully_sharded`]). Printed after "more GPUs".
 const MORE_GPUS_SHARDED: usize = 32;
 
 /// The order rows are printed in: the standard set's, with the sharded "more GPUs" beside the
@@ -220,15 +220,28 @@ fn on_gpus(s: &Scenario, gpus: u64) -> (String, Scenario) {
     (format!("GPUs {old} -> {gpus}{layout}"), v)
 }
 
+/// The sharding under which more GPUs divide all of a job's state, for a job whose sharding
+/// leaves some of it replicated: FULL_SHARD / ZeRO-3, or where scenario validation allows no
+/// more than the optimizer sharded ([`sharded`]: pipelines, Megatron, a folded mixture of
+/// experts) ZeRO-1 from none. Why not, for a job already sharded as far as it can be.
+fn fully_sharded(s: &Scenario) -> Result<Sharding, String> {
+    match s.parallel.sharding {
+        Sharding::None => sharded(s),
+        Sharding::Zero3 => Err("already FULL_SHARD / ZeRO-3: more GPUs shard it further".into()),
+        // Where "shard more" may take it a stage further, FULL_SHARD is allowed.
+        _ => sharded(s).map(|_| Sharding::Zero3),
+    }
+}
+
 /// `s` on `gpus` GPUs as "more GPUs" (`which`, plain or sharded) builds it, with its label:
-/// [`on_gpus`]'s node layout, and for the sharded change the state sharded as [`sharded`]
-/// takes it.
+/// [`on_gpus`]'s node layout, and for the sharded change the state sharded as
+/// [`fully_sharded`] takes it.
 fn grown(s: &Scenario, which: usize, gpus: u64) -> Result<(String, Scenario), String> {
     let (label, mut v) = on_gpus(s, gpus);
     if which != MORE_GPUS_SHARDED {
         return Ok((label, v));
     }
-    let next = sharded(s)?;
+    let next = fully_sharded(s)?;
     v.parallel.sharding = next;
     Ok((format!("{label}, sharding {} -> {}", s.parallel.sharding_display(), next.display()), v))
 }
@@ -288,10 +301,7 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
         }
         MORE_GPUS | MORE_GPUS_SHARDED => {
             if which == MORE_GPUS_SHARDED {
-                if s.parallel.sharding != Sharding::None {
-                    return Err(format!("already {}: more GPUs shard it further", s.parallel.sharding_display()));
-                }
-                sharded(s)?;
+                fully_sharded(s)?;
             }
             // With [jitter] every data-parallel rank of every stage is simulated, up to the limit scenario
             // validation enforces; larger variants would not be valid scenarios.
@@ -1184,7 +1194,7 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>, fits_now: bool) -> Vec<Co
         if which == QLORA && !s.workload.lora.as_ref().is_some_and(|l| l.base == crate::model::WeightFormat::Half) {
             continue;
         }
-        if which == MORE_GPUS_SHARDED && s.parallel.sharding != Sharding::None {
+        if which == MORE_GPUS_SHARDED && fully_sharded(s).is_err() {
             continue;
         }
         if ((which == FUSED_LOSS || which == SELECTIVE_OP) && megatron)
