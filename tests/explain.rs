@@ -340,6 +340,13 @@ fn explain_tries_pairs_when_no_single_change_fits() {
     assert!(e.answer.contains("full checkpointing together with"), "{}", e.answer);
 }
 
+/// The single-change row "GPUs 8 -> N, sharding `change`" of an explanation.
+fn grown_row<'a>(e: &'a explain::Explanation, change: &str) -> &'a counterfactual::Counterfactual {
+    let sharding = format!(", sharding {change}");
+    let row = e.counterfactuals.iter().find(|c| c.change.starts_with("GPUs 8 -> ") && c.change.ends_with(&sharding));
+    row.unwrap_or_else(|| panic!("no row ending {sharding}: {:?}", e.counterfactuals))
+}
+
 /// More GPUs for a job that replicates its state: DDP's 1.6 TB of model state per GPU does
 /// not shrink with the count ("GPUs 8 -> 512" stays out of memory), so the sharded variant
 /// is tried beside it, bisected to the fewest GPUs that fit, and, since nothing fits on the
@@ -355,13 +362,7 @@ fn more_gpus_for_a_replicated_job_shards_the_state() {
     };
     let plain = row("GPUs 8 -> ");
     assert_eq!((plain.fits, plain.gpus), (Some(false), 512), "{plain:?}");
-    let sharded = e
-        .counterfactuals
-        .iter()
-        .find(|c| {
-            c.change.starts_with("GPUs 8 -> ") && c.change.ends_with("sharding NO_SHARD (DDP) -> FULL_SHARD / ZeRO-3")
-        })
-        .expect("the sharded row");
+    let sharded = grown_row(&e, "NO_SHARD (DDP) -> FULL_SHARD / ZeRO-3");
     assert_eq!(sharded.fits, Some(true), "{sharded:?}");
     let n = sharded.gpus;
     assert!(n % 8 == 0 && n > 32 && n < 512, "{n}");
@@ -405,13 +406,7 @@ fn more_gpus_for_a_replicated_job_shards_the_state() {
     let e = explain::explain(&z2, &sim, explain::DEFAULT_MARGIN);
     let plain = e.counterfactuals.iter().find(|c| c.change == "GPUs 8 -> 512").unwrap();
     assert_eq!(plain.fits, Some(false));
-    let full = e
-        .counterfactuals
-        .iter()
-        .find(|c| {
-            c.change.starts_with("GPUs 8 -> ") && c.change.ends_with("SHARD_GRAD_OP / ZeRO-2 -> FULL_SHARD / ZeRO-3")
-        })
-        .expect("the ZeRO-3 row");
+    let full = grown_row(&e, "SHARD_GRAD_OP / ZeRO-2 -> FULL_SHARD / ZeRO-3");
     assert_eq!(full.fits, Some(true), "{full:?}");
 }
 
