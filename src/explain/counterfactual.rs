@@ -126,6 +126,10 @@ fn table_order() -> impl Iterator<Item = usize> {
         .chain((MORE_GPUS + 1..COUNTERFACTUAL_NAMES.len()).filter(|&w| w != MORE_GPUS_SHARDED))
 }
 
+/// What a pair's label starts with: full checkpointing together with another change
+/// ([`pairs`]).
+pub const PAIR_PREFIX: &str = "full checkpointing + ";
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Counterfactual {
     pub change: String,
@@ -203,13 +207,7 @@ fn sharded(s: &Scenario) -> Result<Sharding, String> {
 fn on_gpus(s: &Scenario, gpus: u64) -> (String, Scenario) {
     let mut v = s.clone();
     let (old, per) = (u64::from(s.cluster.gpus), u64::from(s.cluster.gpus_per_node));
-    let preset = crate::hardware::node(&s.cluster.node).map_or(per, |n| u64::from(n.gpus_per_node));
-    let fill = per == old && per < preset;
-    let per_node = match () {
-        _ if fill && gpus <= preset => gpus,
-        _ if fill && gpus % preset == 0 => preset,
-        _ => per,
-    };
+    let per_node = node_size(s, gpus);
     v.cluster.gpus = u32::try_from(gpus).unwrap_or(u32::MAX);
     v.cluster.gpus_per_node = u32::try_from(per_node).unwrap_or(u32::MAX);
     let layout = match gpus / per_node.max(1) {
@@ -218,6 +216,20 @@ fn on_gpus(s: &Scenario, gpus: u64) -> (String, Scenario) {
         n => format!(" ({n} nodes of {per_node})"),
     };
     (format!("GPUs {old} -> {gpus}{layout}"), v)
+}
+
+/// The GPUs per node of `s` grown to `gpus` ([`on_gpus`]): its preset's node size once a
+/// one-node job it does not fill grows past it (the count when it fits one node), else its
+/// own.
+fn node_size(s: &Scenario, gpus: u64) -> u64 {
+    let (old, per) = (u64::from(s.cluster.gpus), u64::from(s.cluster.gpus_per_node));
+    let preset = crate::hardware::node(&s.cluster.node).map_or(per, |n| u64::from(n.gpus_per_node));
+    let fill = per == old && per < preset;
+    match () {
+        _ if fill && gpus <= preset => gpus,
+        _ if fill && gpus % preset == 0 => preset,
+        _ => per,
+    }
 }
 
 /// The sharding under which more GPUs divide all of a job's state, for a job whose sharding
@@ -1101,6 +1113,13 @@ pub fn run_all(s: &Scenario, sim: &Simulation) -> Vec<Counterfactual> {
     out
 }
 
+impl Counterfactual {
+    /// Whether this row is a pair with full checkpointing rather than a single change.
+    pub fn is_pair(&self) -> bool {
+        self.change.starts_with(PAIR_PREFIX)
+    }
+}
+
 fn skipped(name: &str, gpus: u64, why: String) -> Counterfactual {
     Counterfactual {
         change: name.into(),
@@ -1304,8 +1323,7 @@ fn fewest_gpus(
     let mut best = doublings[k].clone();
     let mut hi = best.gpus;
     // Whole nodes of the layout the count that fits has.
-    let per_node = grown(s, which, hi).map_or(s.cluster.gpus_per_node, |(_, v)| v.cluster.gpus_per_node);
-    let per_node = u64::from(per_node);
+    let per_node = node_size(s, hi);
     let group = mp.tensor * mp.pipeline;
     let step = lcm(group.max(1), per_node.max(1));
     // Counts are multiples of `step`: halve the gap until no multiple lies strictly between.
@@ -1360,7 +1378,7 @@ fn pairs(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
     let mut left_out: Vec<(usize, String)> = Vec::new();
     for which in PAIRED {
         if let Ok((vs, why)) = tried_variants(&ck, which) {
-            jobs.extend(vs.into_iter().map(|(l, v)| (which, format!("full checkpointing + {l}"), v)));
+            jobs.extend(vs.into_iter().map(|(l, v)| (which, format!("{PAIR_PREFIX}{l}"), v)));
             left_out.extend(why.map(|why| (which, why)));
         }
     }
@@ -1375,7 +1393,7 @@ fn pairs(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
         if which == MORE_GPUS || which == MORE_GPUS_SHARDED {
             let why = left_out.iter().find(|(w, _)| *w == which).map(|(_, why)| why.as_str());
             let mut c = fewest_gpus(&ck, which, &mine, base_tps, why);
-            c.change = format!("full checkpointing + {}", c.change.trim_start_matches("full checkpointing + "));
+            c.change = format!("{PAIR_PREFIX}{}", c.change.trim_start_matches(PAIR_PREFIX));
             out.push(c);
         } else {
             out.extend(mine.into_iter().cloned());
@@ -1386,7 +1404,7 @@ fn pairs(s: &Scenario, base_tps: Option<f64>) -> Vec<Counterfactual> {
 
 /// Whether a change, or a pair with full checkpointing, keeps the same GPUs (type and count).
 fn same_hardware(c: &Counterfactual) -> bool {
-    let change = c.change.trim_start_matches("full checkpointing + ");
+    let change = c.change.trim_start_matches(PAIR_PREFIX);
     !(change.starts_with("GPUs ") || change.starts_with("GPU "))
 }
 
@@ -1397,17 +1415,15 @@ pub fn answer(cfs: &[Counterfactual], status: &str) -> String {
         return "it fits; nothing to change".into();
     }
     let fits = |c: &&Counterfactual| c.fits == Some(true) && c.gpu_seconds_per_token.is_some() && !c.changes_problem;
-    let by_cost = |a: &&Counterfactual, b: &&Counterfactual| {
-        a.gpu_seconds_per_token.unwrap_or(f64::MAX).total_cmp(&b.gpu_seconds_per_token.unwrap_or(f64::MAX))
-    };
-    let single = |c: &&Counterfactual| !c.change.starts_with("full checkpointing + ");
+    let cost = |c: &Counterfactual| c.gpu_seconds_per_token.unwrap_or(f64::MAX);
+    let by_cost = |a: &&Counterfactual, b: &&Counterfactual| cost(a).total_cmp(&cost(b));
+    let single = |c: &&Counterfactual| !c.is_pair();
     let same = cfs.iter().filter(fits).filter(single).filter(|c| same_hardware(c)).min_by(by_cost);
     let other = cfs.iter().filter(fits).filter(single).filter(|c| !same_hardware(c)).min_by(by_cost);
     let pair = cfs.iter().filter(fits).filter(|c| !single(c)).min_by(by_cost);
     let same_pair = cfs.iter().filter(fits).filter(|c| !single(c)).filter(|c| same_hardware(c)).min_by(by_cost);
-    let cost = |c: &Counterfactual| c.gpu_seconds_per_token.unwrap_or(f64::MAX);
     let problem = cfs.iter().filter(|c| c.changes_problem && c.fits == Some(true)).min_by(by_cost);
-    let qlora = if cfs.iter().any(|c| c.change.starts_with("full checkpointing + QLoRA")) { ", QLoRA" } else { "" };
+    let qlora = if cfs.iter().any(|c| c.change.starts_with(&format!("{PAIR_PREFIX}QLoRA"))) { ", QLoRA" } else { "" };
     let line = |c: &Counterfactual| {
         format!(
             "\"{}\": peak {}, {}{}",
@@ -1418,19 +1434,18 @@ pub fn answer(cfs: &[Counterfactual], status: &str) -> String {
                 .map_or(String::new(), |x| format!(", tokens/s per GPU {:+.1}% vs the original", x * 100.0))
         )
     };
-    match (same, other) {
-        (Some(c), Some(o)) => format!(
+    match (same, same_pair, other) {
+        (Some(c), _, Some(o)) => format!(
             "the cheapest change that fits on the same GPUs is {}; with other hardware: {}",
             line(c),
             line(o)
         ),
-        (Some(c), None) => format!("the cheapest change that fits on the same GPUs is {}", line(c)),
-        (None, o) if same_pair.is_some() => {
-            let p = same_pair.expect("checked");
+        (Some(c), _, None) => format!("the cheapest change that fits on the same GPUs is {}", line(c)),
+        (None, Some(p), o) => {
             let other = o.map_or(String::new(), |o| format!("; with other hardware: {}", line(o)));
             format!("no single change fits on the same GPUs; the cheapest pair that does is {}{other}", line(p))
         }
-        (None, Some(o)) => {
+        (None, None, Some(o)) => {
             // A pair is named where it needs fewer GPU-seconds per token, else where it fits
             // on fewer GPUs: how many GPUs a job needs is the planner's other question.
             let fewest = cfs.iter().filter(fits).filter(|c| !single(c)).min_by_key(|c| c.gpus);
@@ -1443,7 +1458,7 @@ pub fn answer(cfs: &[Counterfactual], status: &str) -> String {
             };
             format!("nothing fits on the same GPUs; the cheapest hardware change that fits is {} (fewest GPU-seconds per token){cheaper}", line(o))
         }
-        (None, None) => match (pair, problem) {
+        (None, None, None) => match (pair, problem) {
             (Some(p), _) => format!("no single change that keeps the training problem fits; the cheapest pair tried that fits is {}", line(p)),
             (None, Some(q)) => format!("no change that keeps the training problem fits (full checkpointing was also tried with each of micro-batch, GPU count, sharding, GPU, offload{qlora} and tensor parallelism); only changing the problem does: {}", line(q)),
             (None, None) => format!("no single change in the standard set fits, nor full checkpointing together with any of micro-batch, GPU count, sharding, GPU, offload{qlora} or tensor parallelism"),

@@ -373,7 +373,7 @@ pub fn render(e: &Explanation, s: &Scenario) -> String {
         );
         let mut pairs_started = false;
         for cf in &e.counterfactuals {
-            if !pairs_started && cf.change.starts_with("full checkpointing + ") {
+            if !pairs_started && cf.is_pair() {
                 pairs_started = true;
                 let lead = if e.counterfactuals.iter().any(|c| c.fits == Some(true) && !c.changes_problem) {
                     "No single change that keeps the training problem fits on the same GPUs"

@@ -51,9 +51,12 @@ fn cast(c: f64) -> (f64, u32) {
 /// normalised output (the weight product saves it) and `rsqrt`'s result per row; the 16-bit
 /// input itself is not saved ([`rmsnorm_saves`]).
 pub fn rmsnorm(c: u64, weight: bool) -> EagerCost {
+    let (grad_b, grad_k) = rmsnorm_weight_grad(c);
     let c = c as f64;
     let (cast_b, cast_k) = cast(c);
-    let (w_fwd, w_bwd, w_k) = if weight { (2.0 * c, 6.0 * c, (1, 3)) } else { (0.0, 0.0, (0, 0)) };
+    // The weight product: `* weight` forward; `grad * weight` (2 c, 1 kernel) and the weight's
+    // own gradient backward.
+    let (w_fwd, w_bwd, w_k) = if weight { (2.0 * c, 2.0 * c + grad_b, (1, 1 + grad_k)) } else { (0.0, 0.0, (0, 0)) };
     EagerCost {
         bytes: [
             cast_b + 8.0 + 4.0 + 8.0 + cast_b + w_fwd,
@@ -61,6 +64,12 @@ pub fn rmsnorm(c: u64, weight: bool) -> EagerCost {
         ],
         kernels: [2 * cast_k + 5 + w_k.0, w_k.1 + cast_k + 3 + 2 + 1 + 3 + 1 + cast_k],
     }
+}
+
+/// Bytes per element and kernels of eager RMSNorm's weight gradient, which a frozen weight
+/// skips: `grad * normed` (3 c) and its sum over rows (c).
+pub fn rmsnorm_weight_grad(c: u64) -> (f64, u32) {
+    (4.0 * c as f64, 2)
 }
 
 /// Bytes per element eager RMSNorm keeps for backward: the FP32 copy, and the normalised

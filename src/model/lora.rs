@@ -137,14 +137,14 @@ pub fn apply(dag: &mut LayerDag, cfg: &LoraConfig, c: u64) {
                 // Eager RMSNorm's `normed * weight` keeps `normed` for the weight's gradient
                 // only (autograd saves a product's other operand for the operand that requires
                 // grad): with the weight frozen it keeps nothing of it, and backward skips
-                // `grad * normed` and its sum over rows (3 c + c bytes per element, 2 kernels:
-                // [`super::eager::rmsnorm`]).
+                // `grad * normed` and its sum over rows ([`super::eager::rmsnorm_weight_grad`]).
                 let normed = op.saves.iter().position(|&s| dag.tensors[s].name.ends_with(".normed"));
                 if let Some(p) = normed {
                     let n = op.saves.remove(p);
-                    let elems = dag.tensors[n].bytes / c;
-                    op.bwd_bytes = op.bwd_bytes.map(|b| b - (4 * c * elems) as f64);
-                    op.launches[1] = op.launches[1].saturating_sub(2);
+                    let elems = (dag.tensors[n].bytes / c) as f64;
+                    let (bytes, kernels) = super::eager::rmsnorm_weight_grad(c);
+                    op.bwd_bytes = op.bwd_bytes.map(|b| b - bytes * elems);
+                    op.launches[1] = op.launches[1].saturating_sub(kernels);
                 }
             }
             OpKind::Linear => {
