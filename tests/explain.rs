@@ -630,3 +630,29 @@ fn lora_jobs_are_explained_in_lora_terms_and_qlora_is_offered() {
     let parts = stored + 4 * sim.dag.trainable_params();
     assert!(live >= parts && live - parts < 1 << 20, "{live} vs {parts}");
 }
+
+/// A QLoRA job whose FP32 hidden states (prepare_model_for_kbit_training) overflow a 48 GB
+/// L40S: explain offers the job without the upcast (what TRL's trainers and Unsloth run),
+/// which fits on the same GPU and is the answer; its row equals the job simulated with
+/// `lora.prepare_kbit_training = false`. Growing it into FSDP drops the call, as TRL does for
+/// sharded QLoRA (and scenario validation refuses it under FSDP1's flat units); a job without
+/// the upcast gets no such row.
+#[test]
+fn qlora_without_the_fp32_upcast_is_offered_where_the_stream_is_fp32() {
+    let text = shipped_text("llama2-70b-qlora-1gpu.toml").replace("gpu = \"a100-80gb\"", "gpu = \"l40s\"");
+    let s = inline(&text);
+    let sim = stepsim::simulate(&s).unwrap();
+    assert!(matches!(sim.report.verdict, stepsim::report::Verdict::Oom(_)));
+    let e = explain::explain(&s, &sim, explain::DEFAULT_MARGIN);
+    let row = e.counterfactuals.iter().find(|c| c.change.starts_with("lora.prepare_kbit_training = false")).unwrap();
+    assert_eq!(row.fits, Some(true), "{row:?}");
+    assert!(e.answer.contains("lora.prepare_kbit_training = false"), "{}", e.answer);
+    let off = inline(&text.replace("double_quant = true\n", "double_quant = true\nprepare_kbit_training = false\n"));
+    let direct = stepsim::simulate(&off).unwrap();
+    assert_eq!(row.peak.as_ref().unwrap().bytes, direct.report.peak.as_ref().unwrap().allocated.bytes);
+    let grown = e.counterfactuals.iter().find(|c| c.change.contains("FULL_SHARD")).unwrap();
+    assert!(grown.change.contains("without prepare_model_for_kbit_training"), "{}", grown.change);
+    let (_, v) = counterfactual::variants(&s, 33).unwrap().remove(0);
+    assert!(!v.workload.lora.unwrap().prepare_kbit);
+    assert!(counterfactual::variants(&shipped("llama2-70b-qlora-8gpu.toml"), 33).is_err());
+}

@@ -183,13 +183,22 @@ fn shipped_lora_scenarios_verdicts() {
 /// base by about the dequantization traffic at the memory-bound rate (80% of HBM): the NF4
 /// codes and scales read and the 16-bit weight written, for 80 blocks' seven linears, three
 /// times per micro-batch (forward, the checkpointed forward again, backward), four
-/// micro-batches. Timed on unbounded memory (the 16-bit base does not fit).
+/// micro-batches; plus PEFT's defensive clone of each 4-bit linear's output (bnb.py:
+/// `result = result.clone()`, 2 bytes read and 2 written per output element, in both
+/// forwards). Both with BF16 adapters (no casts of the adapters' inputs on either) and without
+/// prepare_model_for_kbit_training (both streams in BF16). Timed on unbounded memory (the
+/// 16-bit base does not fit).
 #[test]
 fn qlora_dequantization_adds_to_the_step() {
     let text = std::fs::read_to_string("scenarios/llama2-70b-qlora-1gpu.toml")
         .unwrap()
-        .replace("gpus = 1\n", "gpus = 1\nmemory_capacity = 100000000000000\n");
-    let qlora = Scenario::from_toml(Path::new("q.toml"), &text).unwrap();
+        .replace("gpus = 1\n", "gpus = 1\nmemory_capacity = 100000000000000\n")
+        .replace("optimizer = \"adamw\"\n", "optimizer = \"adamw\"\nprecision = \"bf16\"\n");
+    let qlora = Scenario::from_toml(
+        Path::new("q.toml"),
+        &text.replace("double_quant = true\n", "double_quant = true\nprepare_kbit_training = false\n"),
+    )
+    .unwrap();
     let half = Scenario::from_toml(
         Path::new("h.toml"),
         &text.replace("base_weights = \"nf4\"\n", "").replace("double_quant = true\n", ""),
@@ -199,8 +208,77 @@ fn qlora_dequantization_adds_to_the_step() {
     let (q, h) = (step(&qlora), step(&half));
     let nf4 = WeightFormat::Nf4 { double_quant: true };
     let per_pass: u64 = linears().iter().map(|&(i, o)| nf4.linear_bytes(i, o) + 2 * i * o).sum::<u64>() * 80;
+    let t = 2048;
+    let clone: u64 = linears().iter().map(|&(_, o)| 4 * t * o).sum::<u64>() * 80;
     let hbm = qlora.cluster.gpu.hbm_bytes_per_s * 0.8;
-    let expected = 3.0 * 4.0 * per_pass as f64 / hbm;
-    println!("QLoRA {q:.3} s, 16-bit base {h:.3} s: {:.3} s more, dequantization alone {expected:.3} s", q - h);
+    let expected = (3.0 * 4.0 * per_pass as f64 + 2.0 * 4.0 * clone as f64) / hbm;
+    println!("QLoRA {q:.3} s, 16-bit base {h:.3} s: {:.3} s more, dequantization and clones {expected:.3} s", q - h);
     assert!(q - h > 0.9 * expected && q - h < 1.15 * expected, "{q} - {h} vs {expected}");
+}
+
+/// prepare_model_for_kbit_training (PEFT) upcasts the embeddings, norms and head to FP32;
+/// bitsandbytes' Linear4bit returns its input's dtype and LlamaRMSNorm's FP32 weight promotes
+/// its output, so the hidden states run in FP32 through every block (bitsandbytes#1515). By
+/// hand, against the same job with `prepare_kbit_training = false`:
+/// - every block's input (what full checkpointing keeps) is t x h x 4 bytes, not 2;
+/// - a block saves 6 t f bytes more: SiLU's input and output and the product's other factor
+///   (the up projection's output) in 4 bytes instead of 2; what attention saves is the same,
+///   autocast's BF16 casts of q, k and v (an op of its own, `attention.sdpa_cast`), and so is
+///   what the adapters save (lora_A keeps autocast's BF16 cast of dropout's FP32 copy);
+/// - q_proj's forward moves 16 t h + 14 t h bytes more beside its GEMM: bitsandbytes' cast of
+///   x to BF16 (6 t h) and of its output back (6 t h), dropout over 4-byte elements (4 t h
+///   more) and autocast's cast of its output for lora_A (6 t h), the sum with the base's
+///   output and PEFT's clone of it in FP32 (4 t h more each);
+/// - the head keeps autocast's BF16 cast of its frozen FP32 weight until its backward
+///   (v x h x 2 bytes: 0.52 GB), which autocast does not cache (the weight needs no grad).
+///
+/// Under FSDP (TRL skips the call for sharded QLoRA) the default is off, and asking for it
+/// under FSDP1's flattened units is refused.
+#[test]
+fn prepare_kbit_training_runs_the_hidden_states_in_fp32() {
+    let s = load("llama2-70b-qlora-1gpu");
+    let w = s.dag_workload();
+    assert!(w.lora.as_ref().unwrap().fp32_stream());
+    let mut off = w.clone();
+    off.lora.as_mut().unwrap().prepare_kbit = false;
+    let (on, off) = (model::build(&s.model, &w), model::build(&s.model, &off));
+    let t = 2048;
+    let bytes = |d: &model::LayerDag, name: &str| d.tensors.iter().find(|x| x.name == name).unwrap().bytes;
+    for name in ["tok_embeddings.out", "layers.3.residual1.out", "layers.3.residual2.out"] {
+        assert_eq!((bytes(&on, name), bytes(&off, name)), (t * H * 4, t * H * 2), "{name}");
+    }
+    let (a, b) = (on.saved_bytes(Region::Block(3), true), off.saved_bytes(Region::Block(3), true));
+    assert_eq!(a, b + 6 * t * F, "prepared {a}, not {b}");
+    assert!(on.ops.iter().any(|o| o.name == "layers.3.attention.sdpa_cast"));
+    assert!(!off.ops.iter().any(|o| o.name == "layers.3.attention.sdpa_cast"));
+    let op = |d: &model::LayerDag, name: &str| d.ops.iter().find(|o| o.name == name).unwrap().clone();
+    let (wq_on, wq_off) = (op(&on, "layers.3.attention.wq"), op(&off, "layers.3.attention.wq"));
+    assert_eq!(wq_on.gemm, wq_off.gemm, "the GEMM's shape is read from FP32 tensors too");
+    assert_eq!(wq_on.chain_bytes[0] - wq_off.chain_bytes[0], ((16 + 14) * t * H) as f64);
+    let head = bytes(&on, "output.weight.autocast");
+    assert_eq!(head, 32000 * H * 2);
+    assert!(op(&on, "output").saves.len() > op(&off, "output").saves.len());
+    // The step: the FP32 stream's checkpointed inputs on the peak, its traffic on the time.
+    let sim = stepsim::simulate(&s).unwrap();
+    let mut t_off = s.clone();
+    t_off.workload.lora.as_mut().unwrap().prepare_kbit = false;
+    let sim_off = stepsim::simulate(&t_off).unwrap();
+    let peak = |s: &stepsim::Simulation| s.report.peak.as_ref().unwrap().allocated.bytes;
+    let (p_on, p_off) = (peak(&sim), peak(&sim_off));
+    let (s_on, s_off) = (sim.report.throughput.unwrap().step_time_s, sim_off.report.throughput.unwrap().step_time_s);
+    println!(
+        "prepare_model_for_kbit_training: peak {:.2} GB vs {:.2} GB, {s_on:.3} s/step vs {s_off:.3}",
+        p_on as f64 / 1e9,
+        p_off as f64 / 1e9
+    );
+    assert!(p_on > p_off + 79 * t * H * 2, "at least the checkpointed inputs' second half");
+    assert!(s_on > s_off);
+    // Sharded: off by default; FSDP1 cannot flatten FP32 norms with the 4-bit storage.
+    assert!(!load("llama2-70b-qlora-8gpu").workload.lora.unwrap().prepare_kbit);
+    let text = std::fs::read_to_string("scenarios/llama2-70b-qlora-8gpu.toml").unwrap();
+    let asked = text.replace("double_quant = true\n", "double_quant = true\nprepare_kbit_training = true\n");
+    let e = Scenario::from_toml(Path::new("q8.toml"), &asked).unwrap_err().to_string();
+    assert!(e.contains("lora.prepare_kbit_training") && e.contains("uniform dtype"), "{e}");
+    let fsdp2 = asked.replace("sharding = \"full_shard\"\n", "sharding = \"full_shard\"\nframework = \"fsdp2\"\n");
+    assert!(Scenario::from_toml(Path::new("q8.toml"), &fsdp2).unwrap().workload.lora.unwrap().fp32_stream());
 }

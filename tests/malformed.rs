@@ -1652,6 +1652,28 @@ fn cases() -> Vec<Case> {
             &["base_weights = \"nf4\""],
         ),
         case(
+            "LoRA prepare_kbit_training on a BF16 base",
+            lora().set("lora", "prepare_kbit_training", "true"),
+            "lora.prepare_kbit_training",
+            &["base_weights = \"nf4\""],
+        ),
+        case(
+            "QLoRA's FP32 stream on the gpt family",
+            lora().set("lora", "base_weights", "\"nf4\"").set("model", "family", "\"gpt\""),
+            "lora.prepare_kbit_training",
+            &["llama family only", "prepare_kbit_training = false"],
+        ),
+        case(
+            "QLoRA's FP32 norms in FSDP1's flat units",
+            lora()
+                .set("lora", "base_weights", "\"nf4\"")
+                .set("lora", "prepare_kbit_training", "true")
+                .set("hardware", "gpus", "8")
+                .set("parallel", "sharding", "\"full_shard\""),
+            "lora.prepare_kbit_training",
+            &["uniform dtype", "fsdp2"],
+        ),
+        case(
             "LoRA unknown base",
             lora().set("lora", "base_weights", "\"int4\""),
             "lora.base_weights",

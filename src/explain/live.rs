@@ -112,8 +112,13 @@ impl LoraParts {
         let per = lin_bytes as f64 / lin_params.max(1) as f64;
         let base = match l.base {
             WeightFormat::Nf4 { double_quant } => format!(
-                "block linears in NF4{} at {per:.3} B/param with their scales, the embeddings, norms and head in fp32 (prepare_model_for_kbit_training)",
-                if double_quant { " with double quantization" } else { "" }
+                "block linears in NF4{} at {per:.3} B/param with their scales, the embeddings, norms and head in {}",
+                if double_quant { " with double quantization" } else { "" },
+                if l.prepare_kbit {
+                    "fp32 (prepare_model_for_kbit_training)"
+                } else {
+                    "16 bits (no prepare_model_for_kbit_training)"
+                }
             ),
             _ => format!("{per:.0} B/param, 16-bit"),
         };

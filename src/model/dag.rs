@@ -413,6 +413,10 @@ struct Builder {
     /// Every MoE block's router logits, which Hugging Face's load-balancing loss reads at the
     /// end of the forward ([`AuxLoss::AllBlocks`]).
     router_logits: Vec<TensorId>,
+    /// Bytes per element of each tensor, by [`TensorId`]: what a GEMM's shape is read from
+    /// and what a cast or a type-promoting op sees (QLoRA's FP32 stream beside 16-bit
+    /// attention).
+    elem: Vec<u64>,
 }
 
 impl Builder {
@@ -424,10 +428,12 @@ impl Builder {
             kind,
             producer: Some(self.ops.len()),
         });
+        self.elem.push(bytes_per);
         self.tensors.len() - 1
     }
     fn input(&mut self, name: &str, elems: u64) -> TensorId {
         self.tensors.push(Tensor { name: name.to_string(), bytes: elems * 8, kind: TensorKind::Index, producer: None });
+        self.elem.push(8);
         self.tensors.len() - 1
     }
     #[allow(clippy::too_many_arguments)]
@@ -569,6 +575,9 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
     let sl = s / cp;
     let t = b * sl;
     let c = w.compute_dtype.bytes();
+    // The residual stream's element bytes: the compute dtype's, or FP32 where QLoRA's
+    // prepare_model_for_kbit_training left FP32 embeddings and norms ([`BlockShape::sc`]).
+    let sc = if w.lora.as_ref().is_some_and(|l| l.fp32_stream()) { 4 } else { c };
     let tp = w.split.tensor.max(1);
     let sp = w.split.sequence_parallel && tp > 1;
     // Rows of the hidden state this rank holds outside the tensor-parallel regions.
@@ -597,6 +606,7 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         kernels: w.kernels,
         aux_loss: w.aux_loss,
         router_logits: Vec::new(),
+        elem: Vec::new(),
     };
     // The norm of the hidden state: the family's, or OLMo's weightless LayerNorm.
     let nfam = if cfg.style.weightless_norms { Family::Gpt } else { cfg.family };
@@ -611,7 +621,7 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
     // Embedding: a gather; backward scatters into the weight gradient and keeps the ids.
     // Vocabulary-parallel under TP: each rank looks up its slice and the partial sums meet
     // in a `g` collective.
-    let x0 = bd.tensor("tok_embeddings.out", t * h, c, TensorKind::Activation);
+    let x0 = bd.tensor("tok_embeddings.out", t * h, sc, TensorKind::Activation);
     let emb =
         bd.op("tok_embeddings".into(), OpKind::Embedding, v * h / tp, (0.0, 0.0), vec![tokens], vec![x0], vec![tokens]);
     bd.ops[emb].tp_sharded = tp > 1;
@@ -630,16 +640,37 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         x = y;
     }
     if cfg.embedding_norm {
-        x = norm_op(&mut bd, cfg.family, "word_embeddings_layernorm", x, rows, h, c);
+        x = norm_op(&mut bd, cfg.family, "word_embeddings_layernorm", x, rows, h, sc);
     }
     let dropout = cfg.dropout > 0.0;
     // The embeddings' dropout (Megatron-LM `embedding_dropout`, GPT-2's `drop`).
     if dropout && cfg.family == Family::Gpt {
-        x = dropout_op(&mut bd, "embedding_dropout", x, rows * h, c, false);
+        x = dropout_op(&mut bd, "embedding_dropout", x, rows * h, false);
     }
 
-    let shape =
-        BlockShape { cfg, w, b, s, sl, t, h, f, c, tp, cp, rows, a, kvd, qd, qt, nfam, pre_norm, post_norm, dropout };
+    let shape = BlockShape {
+        cfg,
+        w,
+        b,
+        s,
+        sl,
+        t,
+        h,
+        f,
+        c,
+        sc,
+        tp,
+        cp,
+        rows,
+        a,
+        kvd,
+        qd,
+        qt,
+        nfam,
+        pre_norm,
+        post_norm,
+        dropout,
+    };
     for l in 0..cfg.n_layers {
         bd.region = Region::Block(l);
         x = block(&mut bd, &shape, &format!("layers.{l}"), l, x);
@@ -647,7 +678,7 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
 
     // --- head (a column-parallel LM head and vocabulary-parallel cross-entropy under TP)
     bd.region = Region::Head;
-    let nf = norm_op(&mut bd, nfam, "norm", x, rows, h, c);
+    let nf = norm_op(&mut bd, nfam, "norm", x, rows, h, sc);
     let vt = v / tp;
     let head_params = if cfg.tie_embeddings { 0 } else { vt * h };
     // Multi-token prediction: its modules, heads and losses come first (Megatron-Core's
@@ -671,10 +702,10 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
     // cos and sin tables, FP32, max_seq_len x the rotary dimensions each.
     let buffer_bytes = cfg.rotary_dims().map_or(0, |d| 2 * cfg.max_seq_len * d * 4);
     // GEMM shapes of the linear layers, from their input and output tensors.
-    let cb = w.compute_dtype.bytes();
     for op in bd.ops.iter_mut().filter(|o| o.kind == OpKind::Linear && o.gemm.is_none()) {
-        let k = bd.tensors[op.inputs[0]].bytes / (t * cb);
-        let n = bd.tensors[op.outputs[0]].bytes / (t * cb);
+        let (x, y) = (op.inputs[0], op.outputs[0]);
+        let k = bd.tensors[x].bytes / (t * bd.elem[x]);
+        let n = bd.tensors[y].bytes / (t * bd.elem[y]);
         op.gemm = Some([t, n, k]);
     }
     let mut graph = DiGraph::new();
@@ -720,6 +751,16 @@ struct BlockShape<'a> {
     h: u64,
     f: u64,
     c: u64,
+    /// The residual stream's element bytes: `c`, or 4 under QLoRA's
+    /// `prepare_model_for_kbit_training` (PEFT, `utils/other.py`), which upcasts every
+    /// parameter that is not 4-bit to FP32. The FP32 embedding then writes FP32 hidden states;
+    /// `LlamaRMSNorm` returns `self.weight * hidden_states.to(input_dtype)`, FP32 with an FP32
+    /// weight; bitsandbytes' `Linear4bit.forward` casts its input to the compute dtype and
+    /// returns `matmul_4bit(...).to(inp_dtype)`, FP32 again; rotary, SiLU, the product and the
+    /// residual adds are not autocast ops. Only SDPA (an autocast lower-precision op, which
+    /// casts q, k and v) and o_proj after it run in 16 bits, and o_proj's output is promoted
+    /// back to FP32 by the residual add (bitsandbytes#1515: the last hidden state is FP32).
+    sc: u64,
     tp: u64,
     cp: u64,
     rows: u64,
@@ -738,17 +779,38 @@ struct BlockShape<'a> {
 /// `spec` of the model is one; local attention when block `spec` is local). Returns the
 /// block's output.
 fn block(bd: &mut Builder, sh: &BlockShape, name: &str, spec: u64, x: TensorId) -> TensorId {
-    let BlockShape { cfg, w, b, s, sl, t, h, f, c, tp, cp, rows, a, kvd, qd, qt, nfam, pre_norm, post_norm, dropout } =
-        *sh;
+    let BlockShape {
+        cfg,
+        w,
+        b,
+        s,
+        sl,
+        t,
+        h,
+        f,
+        c,
+        sc,
+        tp,
+        cp,
+        rows,
+        a,
+        kvd,
+        qd,
+        qt,
+        nfam,
+        pre_norm,
+        post_norm,
+        dropout,
+    } = *sh;
     let l = spec;
     let tf = t as f64;
     let lin = |i: u64, o: u64| (2.0 * tf * i as f64 * o as f64, 4.0 * tf * i as f64 * o as f64);
     let p = |n: &str| format!("{name}.{n}");
     // --- attention half
-    let n1 = if pre_norm { norm_op(bd, nfam, &p("attention_norm"), x, rows, h, c) } else { x };
+    let n1 = if pre_norm { norm_op(bd, nfam, &p("attention_norm"), x, rows, h, sc) } else { x };
     // MLA's down projections read this rank's rows as they are; its latents are gathered.
     let n1_in = if cfg.mla.is_some() { n1 } else { bd.f_op(&p("attention"), n1, c) };
-    let (q, mut k, mut vv);
+    let (mut q, mut k, mut vv);
     let mut fused_qkv = None;
     let first_qkv = bd.ops.len();
     match cfg.family {
@@ -759,12 +821,12 @@ fn block(bd: &mut Builder, sh: &BlockShape, name: &str, spec: u64, x: TensorId) 
         Family::Llama => {
             // Biases add their elements to the (column-parallel, so split) projections.
             let (qb, kvb) = if cfg.qkv_bias { (qt, kvd) } else { (0, 0) };
-            let q0 = bd.tensor(&p("attention.wq.out"), t * qt, c, TensorKind::Activation);
+            let q0 = bd.tensor(&p("attention.wq.out"), t * qt, sc, TensorKind::Activation);
             bd.op_tp(p("attention.wq"), OpKind::Linear, h * qt + qb, lin(h, qd), vec![n1_in], vec![q0], vec![n1]);
-            let k0 = bd.tensor(&p("attention.wk.out"), t * kvd, c, TensorKind::Activation);
+            let k0 = bd.tensor(&p("attention.wk.out"), t * kvd, sc, TensorKind::Activation);
             let kp = h * kvd + kvb;
             bd.op_tp(p("attention.wk"), OpKind::Linear, kp, lin(h, kvd * tp), vec![n1_in], vec![k0], vec![n1]);
-            vv = bd.tensor(&p("attention.wv.out"), t * kvd, c, TensorKind::Activation);
+            vv = bd.tensor(&p("attention.wv.out"), t * kvd, sc, TensorKind::Activation);
             bd.op_tp(p("attention.wv"), OpKind::Linear, kp, lin(h, kvd * tp), vec![n1_in], vec![vv], vec![n1]);
             bd.regather_op(&p("attention"), first_qkv);
             // Qwen3's q_norm / k_norm: an RMSNorm over each head's head_dim (rows are
@@ -772,21 +834,21 @@ fn block(bd: &mut Builder, sh: &BlockShape, name: &str, spec: u64, x: TensorId) 
             let (q0, k0) = if cfg.qk_norm && cfg.style.qk_norm_full_width {
                 // OLMo 2's: one RMSNorm over all of a token's query heads (and key heads);
                 // whole heads on one rank (tensor parallelism is refused with it).
-                let qn = norm_op(bd, Family::Llama, &p("attention.q_norm"), q0, t, qt, c);
-                let kn = norm_op(bd, Family::Llama, &p("attention.k_norm"), k0, t, kvd, c);
+                let qn = norm_op(bd, Family::Llama, &p("attention.q_norm"), q0, t, qt, sc);
+                let kn = norm_op(bd, Family::Llama, &p("attention.k_norm"), k0, t, kvd, sc);
                 (qn, kn)
             } else if cfg.qk_norm {
                 let hd = cfg.head_dim();
-                let qn = norm_op(bd, Family::Llama, &p("attention.q_norm"), q0, t * a, hd, c);
-                let kn = norm_op(bd, Family::Llama, &p("attention.k_norm"), k0, t * kvd / hd, hd, c);
+                let qn = norm_op(bd, Family::Llama, &p("attention.q_norm"), q0, t * a, hd, sc);
+                let kn = norm_op(bd, Family::Llama, &p("attention.k_norm"), k0, t * kvd / hd, hd, sc);
                 (qn, kn)
             } else {
                 (q0, k0)
             };
             // Rotary: q*cos + rotate_half(q)*sin; mul by a constant buffer saves only the
             // buffer, cat saves nothing, so nothing of q or k is kept.
-            q = bd.tensor(&p("attention.rope.q"), t * qt, c, TensorKind::Activation);
-            k = bd.tensor(&p("attention.rope.k"), t * kvd, c, TensorKind::Activation);
+            q = bd.tensor(&p("attention.rope.q"), t * qt, sc, TensorKind::Activation);
+            k = bd.tensor(&p("attention.rope.k"), t * kvd, sc, TensorKind::Activation);
             let id = bd.op_tp(
                 p("attention.rope"),
                 OpKind::Rope,
@@ -797,10 +859,17 @@ fn block(bd: &mut Builder, sh: &BlockShape, name: &str, spec: u64, x: TensorId) 
                 vec![],
             );
             // q*cos and rotate_half(q) live while the sum is formed.
-            bd.ops[id].fwd_scratch = 2 * t * qt * c;
-            eager_rope(bd, id, t * (qt + kvd), t * qt, c);
+            bd.ops[id].fwd_scratch = 2 * t * qt * sc;
+            if sc != c {
+                fp32_rope(bd, id, t * (qt + kvd), t * qt);
+            } else {
+                eager_rope(bd, id, t * (qt + kvd), t * qt, c);
+            }
             if kvd < qt && w.repeat_kv {
-                (k, vv) = repeat_kv(bd, &p("attention"), [k, vv], [t * kvd, t * qt], c);
+                (k, vv) = repeat_kv(bd, &p("attention"), [k, vv], [t * kvd, t * qt], sc);
+            }
+            if sc != c {
+                [q, k, vv] = sdpa_cast(bd, &p("attention.sdpa_cast"), [q, k, vv], c);
             }
         }
         Family::Gpt => {
@@ -987,14 +1056,14 @@ fn block(bd: &mut Builder, sh: &BlockShape, name: &str, spec: u64, x: TensorId) 
     let wo_bias = if cfg.family == Family::Gpt || cfg.style.o_bias { h } else { 0 };
     bd.op_tp(p("attention.wo"), OpKind::Linear, qt * h + wo_bias, lin(qd, h), vec![o], vec![ao], vec![o]);
     let ao = bd.g_op(&p("attention"), ao, c);
-    let ao = if post_norm { norm_op(bd, nfam, &p("post_attention_norm"), ao, rows, h, c) } else { ao };
+    let ao = if post_norm { norm_op(bd, nfam, &p("post_attention_norm"), ao, rows, h, sc) } else { ao };
     let fused = dropout && cfg.family == Family::Gpt;
-    let ao = if dropout { dropout_op(bd, &p("attention.dropout"), ao, rows * h, c, fused) } else { ao };
-    let h1 = residual_op(bd, &p("residual1"), x, ao, rows * h, c, fused);
+    let ao = if dropout { dropout_op(bd, &p("attention.dropout"), ao, rows * h, fused) } else { ao };
+    let h1 = residual_op(bd, &p("residual1"), x, ao, rows * h, fused);
 
     // --- MLP half (GPT-NeoX's parallel residual feeds it the block's input)
     let mlp_in = if cfg.style.parallel_residual { x } else { h1 };
-    let n2 = if pre_norm { norm_op(bd, nfam, &p("ffn_norm"), mlp_in, rows, h, c) } else { mlp_in };
+    let n2 = if pre_norm { norm_op(bd, nfam, &p("ffn_norm"), mlp_in, rows, h, sc) } else { mlp_in };
     let ft = f / tp;
     let mlp_out = match cfg.family {
         Family::Llama => match &cfg.moe {
@@ -1003,7 +1072,7 @@ fn block(bd: &mut Builder, sh: &BlockShape, name: &str, spec: u64, x: TensorId) 
                 let shape = MoeShape { rows, tokens: t, h, c, ep, etp, routed: w.routed };
                 moe_mlp(bd, &p("feed_forward"), m, n2, shape)
             }
-            _ => swiglu_mlp(bd, &p("feed_forward"), n2, t, h, f, c),
+            _ => swiglu_mlp(bd, &p("feed_forward"), n2, t, h, f, sc),
         },
         Family::Gpt => {
             let n2_in = bd.f_op(&p("mlp"), n2, c);
@@ -1026,9 +1095,10 @@ fn block(bd: &mut Builder, sh: &BlockShape, name: &str, spec: u64, x: TensorId) 
             bd.g_op(&p("mlp"), d, c)
         }
     };
-    let mlp_out = if post_norm { norm_op(bd, nfam, &p("post_feedforward_norm"), mlp_out, rows, h, c) } else { mlp_out };
-    let mlp_out = if dropout { dropout_op(bd, &p("mlp.dropout"), mlp_out, rows * h, c, fused) } else { mlp_out };
-    residual_op(bd, &p("residual2"), h1, mlp_out, rows * h, c, fused)
+    let mlp_out =
+        if post_norm { norm_op(bd, nfam, &p("post_feedforward_norm"), mlp_out, rows, h, sc) } else { mlp_out };
+    let mlp_out = if dropout { dropout_op(bd, &p("mlp.dropout"), mlp_out, rows * h, fused) } else { mlp_out };
+    residual_op(bd, &p("residual2"), h1, mlp_out, rows * h, fused)
 }
 
 /// Grouped-query attention in PyTorch model code: `repeat_kv` expands the key and value heads
@@ -1071,7 +1141,7 @@ fn lm_head_loss(
     let lin = (2.0 * tf * h as f64 * v as f64, 4.0 * tf * h as f64 * v as f64);
     let id = bd.op_tp(n("output"), OpKind::Linear, weights.0, lin, vec![x[0]], vec![logits], vec![x[1]]);
     bd.ops[id].shared_params = weights.1;
-    let chunk = t * h * c;
+    let chunk = t * h * bd.elem[x[1]];
     if bd.tensors[x[0]].bytes > chunk {
         bd.ops[id].fwd_bytes = (chunk + t * vt * c) as f64;
         bd.ops[id].gemm = Some([t, vt, h]);
@@ -1864,17 +1934,57 @@ fn eager_rope(bd: &mut Builder, id: OpId, elems: u64, largest: u64, c: u64) {
     op.fwd_scratch = op.fwd_scratch.max(super::eager::ROPE_SCRATCH * largest);
 }
 
+/// Rotary embedding op `id` over FP32 q and k ([`BlockShape::sc`]): Hugging Face's
+/// `apply_rotary_pos_emb` chain in 4-byte elements ([`super::eager::rope_unfused`]), with
+/// its two FP32 temporaries of the larger (`largest` elements).
+fn fp32_rope(bd: &mut Builder, id: OpId, elems: u64, largest: u64) {
+    let cost = super::eager::rope_unfused(4);
+    let op = &mut bd.ops[id];
+    op.fwd_bytes = cost.bytes[0] * elems as f64;
+    op.bwd_bytes = Some(cost.bytes[1] * elems as f64);
+    op.launches = [2 * cost.kernels[0], 2 * cost.kernels[1]];
+    op.fwd_scratch = op.fwd_scratch.max(2 * 4 * largest);
+}
+
+/// Autocast's casts of FP32 q, k and v to the compute dtype (`c` bytes) for SDPA, a
+/// lower-precision autocast op (`KERNEL_CUDA(scaled_dot_product_attention,
+/// lower_precision_fp)` in ATen's autocast_mode): three fresh copies (autocast caches only
+/// leaf parameters' casts), which SDPA reads and saves in place of the FP32 tensors; backward
+/// casts their gradients up again. One kernel per tensor each way, reading and writing.
+fn sdpa_cast(bd: &mut Builder, name: &str, xs: [TensorId; 3], c: u64) -> [TensorId; 3] {
+    let mut outs = xs;
+    for (out, (&x, s)) in outs.iter_mut().zip(xs.iter().zip(["q", "k", "v"])) {
+        let elems = bd.tensors[x].bytes / bd.elem[x];
+        *out = bd.tensor(&format!("{name}.{s}"), elems, c, TensorKind::Activation);
+    }
+    let id = bd.op(name.to_string(), OpKind::Cast, 0, (0.0, 0.0), xs.to_vec(), outs.to_vec(), vec![]);
+    let op = &mut bd.ops[id];
+    op.bwd_bytes = Some(op.fwd_bytes);
+    op.launches = [3, 3];
+    outs
+}
+
 /// RMSNorm as eager PyTorch runs it ([`super::eager::rmsnorm`]): one op carrying the chain's
 /// bytes and launches, saving the FP32 copy of its input, the normalised output and the
-/// per-row rsqrt, with an FP32 temporary while it runs.
+/// per-row rsqrt, with an FP32 temporary while it runs. The chain's casts and the saved
+/// normalised tensor (`.to(input_dtype)`) follow the input's dtype; the output is `c` bytes
+/// (FP32 where an FP32 weight promotes it, [`BlockShape::sc`]). An FP32 input is its own
+/// FP32 copy (`x.float()` returns it), kept for backward in place of one.
 fn eager_rmsnorm(bd: &mut Builder, name: &str, x: TensorId, t: u64, h: u64, c: u64, weight: bool) -> TensorId {
-    let cost = super::eager::rmsnorm(c, weight);
-    let (copy_b, normed_b) = super::eager::rmsnorm_saves(c, weight);
+    let xb = bd.elem[x];
+    let cost = super::eager::rmsnorm(xb, weight);
+    let (copy_b, normed_b) = super::eager::rmsnorm_saves(xb, weight);
     let n = t * h;
     let out = bd.tensor(&format!("{name}.out"), n, c, TensorKind::Activation);
     let stats = bd.tensor(&format!("{name}.stats"), t, 4, TensorKind::Stats);
-    let copy = bd.tensor(&format!("{name}.float"), n, copy_b, TensorKind::Activation);
-    let mut outputs = vec![out, stats, copy];
+    let mut outputs = vec![out, stats];
+    let copy = if xb == copy_b {
+        x
+    } else {
+        let copy = bd.tensor(&format!("{name}.float"), n, copy_b, TensorKind::Activation);
+        outputs.push(copy);
+        copy
+    };
     let mut saves = vec![copy, stats];
     if normed_b > 0 {
         let normed = bd.tensor(&format!("{name}.normed"), n, normed_b, TensorKind::Activation);
@@ -1963,7 +2073,8 @@ fn eager_scores(op: &mut Op, shape: ScoresShape, dropout: bool, softcap: bool) {
 /// `fused`: it and the residual add after it are one kernel (Megatron-LM's
 /// `bias_dropout_add_fused_train`, on by default in its GPT): the dropped values never reach
 /// memory, so this op is charged the input read and the mask write, and the add the rest.
-fn dropout_op(bd: &mut Builder, name: &str, x: TensorId, elems: u64, c: u64, fused: bool) -> TensorId {
+fn dropout_op(bd: &mut Builder, name: &str, x: TensorId, elems: u64, fused: bool) -> TensorId {
+    let c = bd.elem[x];
     let out = bd.tensor(&format!("{name}.out"), elems, c, TensorKind::Activation);
     let mask = bd.tensor(&format!("{name}.mask"), elems, 1, TensorKind::Mask);
     let id =
@@ -1982,13 +2093,22 @@ fn dropout_op(bd: &mut Builder, name: &str, x: TensorId, elems: u64, c: u64, fus
 /// next norm, so autograd sums its two gradients: one add, reading two and writing one (3 c
 /// bytes per element), charged here. `fused`: the dropout before it did the add's work in its
 /// kernel ([`dropout_op`]); the add is charged the residual read and the sum's write.
-fn residual_op(bd: &mut Builder, name: &str, x: TensorId, y: TensorId, elems: u64, c: u64, fused: bool) -> TensorId {
+///
+/// Mixed dtypes promote: QLoRA's FP32 stream plus o_proj's 16-bit output is FP32
+/// ([`BlockShape::sc`]), and in backward the autograd engine casts the 16-bit input's
+/// gradient down to its dtype (`validate_outputs`), a kernel of its own: c + y's bytes per
+/// element, one more launch.
+fn residual_op(bd: &mut Builder, name: &str, x: TensorId, y: TensorId, elems: u64, fused: bool) -> TensorId {
+    let (xb, yb) = (bd.elem[x], bd.elem[y]);
+    let c = xb.max(yb);
     let out = bd.tensor(&format!("{name}.out"), elems, c, TensorKind::Activation);
     let id = bd.op(name.to_string(), OpKind::Elementwise, 0, (elems as f64, 0.0), vec![x, y], vec![out], vec![]);
     let ec = (elems * c) as f64;
     if fused {
         bd.ops[id].fwd_bytes = 2.0 * ec;
     }
-    bd.ops[id].bwd_bytes = Some(3.0 * ec);
+    let narrower = [xb, yb].iter().filter(|&&b| b != c).map(|&b| (elems * (c + b)) as f64).sum::<f64>();
+    bd.ops[id].bwd_bytes = Some(3.0 * ec + narrower);
+    bd.ops[id].launches[1] += u32::from(narrower > 0.0);
     out
 }

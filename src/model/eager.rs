@@ -67,7 +67,8 @@ pub fn rmsnorm(c: u64, weight: bool) -> EagerCost {
 }
 
 /// Bytes per element and kernels of eager RMSNorm's weight gradient, which a frozen weight
-/// skips: `grad * normed` (3 c) and its sum over rows (c).
+/// skips: `grad * normed` (3 c) and its sum over rows (c), in `c`-byte elements of the saved
+/// normalised tensor (`c` = 1: per byte of it).
 pub fn rmsnorm_weight_grad(c: u64) -> (f64, u32) {
     (4.0 * c as f64, 2)
 }
@@ -96,6 +97,21 @@ pub fn rope(c: u64) -> EagerCost {
     EagerCost { bytes: [b, b], kernels: [1 + 2 * cast_k, 1 + 2 * cast_k] }
 }
 
+/// Hugging Face's `apply_rotary_pos_emb` as its kernels run, per element of q or k in
+/// `c`-byte elements, where no cast brackets it (QLoRA's FP32 q and k,
+/// [`super::dag`]'s `fp32_rope`): `rotate_half` negates one half (c) and concatenates (2 c),
+/// `q * cos` and `rotate_half(q) * sin` (2 c each; the tables broadcast over heads and
+/// tokens, counted once), the sum (3 c): 10 c over 5 kernels. Backward: the products'
+/// gradients `grad * cos`, `grad * sin` (2 c each), the negation's (c), the two halves'
+/// `slice_backward` (a zero-filled full tensor and the half copied in: 2 c each, 2 kernels
+/// each) and the sums of q's three gradients (3 c each, 2): 15 c over 9 kernels. In 16 bits
+/// the forward moves what torchtitan's cast-bracketed chain does ([`rope`]: 20 B), which
+/// stands for both there.
+pub fn rope_unfused(c: u64) -> EagerCost {
+    let c = c as f64;
+    EagerCost { bytes: [10.0 * c, 15.0 * c], kernels: [5, 9] }
+}
+
 /// Bytes per element of eager rotary embedding's temporaries: the FP32 copy and the FP32
 /// product, both live until `type_as` reads the product.
 pub const ROPE_SCRATCH: u64 = 8;
@@ -117,6 +133,13 @@ mod tests {
         // In FP32 the casts are no-ops.
         assert_eq!(rmsnorm(4, true).kernels, [6, 13]);
         assert_eq!(rmsnorm(4, true).bytes, [28.0, 92.0]);
+    }
+
+    #[test]
+    fn hugging_face_rope_without_casts() {
+        // In 16 bits its forward moves what torchtitan's chain moves; in FP32, twice that.
+        assert_eq!(rope_unfused(2).bytes[0], rope(2).bytes[0]);
+        assert_eq!(rope_unfused(4), EagerCost { bytes: [40.0, 60.0], kernels: [5, 9] });
     }
 
     #[test]

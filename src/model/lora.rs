@@ -35,6 +35,12 @@ pub struct LoraConfig {
     pub dropout: f64,
     /// Storage of the frozen block linears: `Half` (LoRA) or `Nf4` (QLoRA).
     pub base: WeightFormat,
+    /// QLoRA: PEFT's `prepare_model_for_kbit_training` ran (`utils/other.py`: every 16-bit
+    /// parameter that is not 4-bit is cast to FP32, so the embeddings, norms and head are
+    /// stored in FP32 and the residual stream runs in FP32: [`LoraConfig::fp32_stream`]).
+    /// False: they stay in the compute dtype, as TRL's trainers (trl#4704 moved the call out
+    /// of their default path) and Unsloth (unsloth#1186) leave them.
+    pub prepare_kbit: bool,
     /// Each block's frozen base and its adapters share one FSDP1 FlatParameter: FSDP1 with
     /// `use_orig_params=True` and a block-level wrap policy (Accelerate's
     /// `TRANSFORMER_BASED_WRAP`) rather than PEFT's `fsdp_auto_wrap_policy`, which wraps the
@@ -48,15 +54,18 @@ pub struct LoraConfig {
     /// linears keep their inputs; `_use_sharded_grad_views` hands no gradient to a frozen
     /// parameter, so the optimizer holds state for the adapters only ([`super::Op::flat_frozen`]).
     pub shared_flat: bool,
-    /// The adapters' element bytes where autocast copies each adapter's input (None where it
-    /// does not). PEFT casts a targeted linear's input to the adapters' dtype before lora_A
-    /// (`x = self._cast_input_dtype(x, lora_A.weight.dtype)`, `tuners/lora/layer.py`: FP32
-    /// adapters under `autocast_adapter_dtype=True`, PEFT's default), and autocast casts that
-    /// back to the compute dtype for lora_A's matmul: a fresh copy per adapter (autocast
-    /// caches casts of leaf parameters only), which lora_A saves for its weight gradient in
-    /// place of `x`. Where the adapters are held in the compute dtype, or sharded and gathered
-    /// in it, lora_A reads and saves `x` itself. Set from the plan where a scenario's DAG is
-    /// built ([`crate::plan::Precision::autocast_casts`]), not by the scenario file.
+    /// The adapters' element bytes where PEFT casts each adapter's input to them (None where
+    /// it does not). Over a 16-bit base PEFT casts a targeted linear's input to the adapters'
+    /// dtype before lora_A (`x = self._cast_input_dtype(x, lora_A.weight.dtype)`,
+    /// `tuners/lora/layer.py`: FP32 adapters under `autocast_adapter_dtype=True`, PEFT's
+    /// default), and autocast casts that back to the compute dtype for lora_A's matmul: a
+    /// fresh copy per adapter (autocast caches casts of leaf parameters only), which lora_A
+    /// saves for its weight gradient in place of `x`. Where the adapters are held in the
+    /// compute dtype, or sharded and gathered in it, lora_A reads and saves `x` itself. Over a
+    /// 4-bit base PEFT casts only when autocast is off (`tuners/lora/bnb.py`:
+    /// `requires_conversion = not torch.is_autocast_enabled()`), so never here. Set from the
+    /// plan where a scenario's DAG is built ([`crate::plan::Precision::autocast_casts`]), not
+    /// by the scenario file.
     #[serde(skip)]
     pub input_casts: Option<u64>,
 }
@@ -89,6 +98,11 @@ pub fn module_names(family: Family) -> &'static [(&'static str, &'static [&'stat
 }
 
 impl LoraConfig {
+    /// The hidden states run in FP32 through every block ([`LoraConfig::prepare_kbit`]).
+    pub fn fp32_stream(&self) -> bool {
+        self.prepare_kbit && matches!(self.base, WeightFormat::Nf4 { .. })
+    }
+
     fn targets_op(&self, family: Family, name: &str) -> bool {
         if self.targets.iter().any(|t| t == "all-linear") {
             return true;
@@ -105,7 +119,7 @@ pub fn apply(dag: &mut LayerDag, cfg: &LoraConfig, c: u64) {
     let family = dag.config.family;
     let qlora = matches!(cfg.base, WeightFormat::Nf4 { .. });
     // prepare_model_for_kbit_training: what is not 4-bit is held in FP32.
-    let other_bytes = if qlora { 4 } else { 2 };
+    let other_bytes = if qlora && cfg.prepare_kbit { 4 } else { 2 };
     let mut new_tensors: Vec<Tensor> = Vec::new();
     let first_new = dag.tensors.len();
     for (i, op) in dag.ops.iter_mut().enumerate() {
@@ -114,6 +128,7 @@ pub fn apply(dag: &mut LayerDag, cfg: &LoraConfig, c: u64) {
             continue;
         }
         // The tied head reads the (frozen) embedding: no gradient to route there any more.
+        let tied = op.shared_params;
         if op.shared_params > 0 {
             op.fwd_bytes += (op.shared_params * c) as f64;
             op.shared_params = 0;
@@ -123,7 +138,7 @@ pub fn apply(dag: &mut LayerDag, cfg: &LoraConfig, c: u64) {
         op.frozen_params = base;
         op.frozen_bytes = match (block_linear, op.gemm) {
             (true, Some([_, n, k])) if base > 0 => {
-                cfg.base.linear_bytes(k, n) + base.saturating_sub(n * k) * if qlora { 4 } else { c }
+                cfg.base.linear_bytes(k, n) + base.saturating_sub(n * k) * if qlora { other_bytes } else { c }
             }
             _ => base * other_bytes,
         };
@@ -141,14 +156,17 @@ pub fn apply(dag: &mut LayerDag, cfg: &LoraConfig, c: u64) {
                 let normed = op.saves.iter().position(|&s| dag.tensors[s].name.ends_with(".normed"));
                 if let Some(p) = normed {
                     let n = op.saves.remove(p);
-                    let elems = (dag.tensors[n].bytes / c) as f64;
-                    let (bytes, kernels) = super::eager::rmsnorm_weight_grad(c);
-                    op.bwd_bytes = op.bwd_bytes.map(|b| b - bytes * elems);
+                    let (per_byte, kernels) = super::eager::rmsnorm_weight_grad(1);
+                    op.bwd_bytes = op.bwd_bytes.map(|b| b - per_byte * dag.tensors[n].bytes as f64);
                     op.launches[1] = op.launches[1].saturating_sub(kernels);
                 }
             }
             OpKind::Linear => {
                 let Some([t, n, k]) = op.gemm else { continue };
+                // Element bytes of the input and output as the graph carries them: the
+                // compute dtype's, or FP32 on QLoRA's FP32 stream ([`LoraConfig::fp32_stream`]).
+                let xb = dag.tensors[op.inputs[0]].bytes / (t * k).max(1);
+                let ob = dag.tensors[op.outputs[0]].bytes / (t * n).max(1);
                 if qlora && block_linear {
                     // bitsandbytes' MatMul4Bit runs `dequantize_4bit` as a kernel of its own
                     // before each matmul with the weight, the forward's and the input
@@ -162,19 +180,47 @@ pub fn apply(dag: &mut LayerDag, cfg: &LoraConfig, c: u64) {
                     op.launches[0] += 1;
                     op.launches[1] += 1;
                 }
+                // An FP32 input is cast to the compute dtype for the GEMM (bitsandbytes'
+                // `x.to(self.compute_dtype)`; autocast for the head) and a 4-bit linear's
+                // output cast back to its input's dtype (`.to(inp_dtype)`): a transient
+                // 16-bit copy and a kernel each way, the gradient cast back in backward.
+                for (elems, b) in [(t * k, xb), (t * n, ob)].into_iter().filter(|&(_, b)| b != c) {
+                    let cast = (elems * (b + c)) as f64;
+                    op.fwd_scratch += elems * c;
+                    op.bwd_scratch += elems * c;
+                    op.chain_bytes[0] += cast;
+                    op.chain_bytes[1] += cast;
+                    op.launches[0] += 1;
+                    op.launches[1] += 1;
+                }
+                if !block_linear && other_bytes != c && base + tied > 0 {
+                    // The head's frozen FP32 weight under 16-bit autocast: a fresh cast for
+                    // each forward (autocast caches only casts of leaves that require grad),
+                    // which the matmul keeps for the input gradient until the head's backward.
+                    let w = (base + tied) * c;
+                    new_tensors.push(Tensor {
+                        name: format!("{}.weight.autocast", op.name),
+                        bytes: w,
+                        kind: TensorKind::Activation,
+                        producer: Some(i),
+                    });
+                    let id = first_new + new_tensors.len() - 1;
+                    op.outputs.push(id);
+                    op.saves.push(id);
+                    op.chain_bytes[0] += ((base + tied) * (other_bytes + c)) as f64;
+                    op.launches[0] += 1;
+                }
                 // Only the input gradient of the frozen weight.
                 op.bwd_flops = op.fwd_flops;
+                let x = op.inputs.first().copied();
                 if block_linear && cfg.targets_op(family, &op.name) {
-                    add_adapter(op, cfg, [t, n, k], i, first_new, &mut new_tensors, c);
-                    // lora_A reads its own copy of x (dropout's, or autocast's): the frozen
-                    // weight needs no x for its input gradient, so x is kept for nobody here.
-                    if cfg.dropout > 0.0 || cfg.input_casts.is_some() {
-                        let x = op.inputs.first().copied();
+                    // lora_A reads its own copy of x (dropout's, or a cast): the frozen
+                    // weight needs no x for its input gradient, so x is kept for nobody then.
+                    if add_adapter(op, cfg, [t, n, k], [xb, ob], (i, first_new), &mut new_tensors, c) {
                         op.saves.retain(|s| Some(*s) != x);
                     }
                 } else {
                     // A frozen linear keeps nothing for backward.
-                    let x = op.inputs.first().copied();
                     op.saves.retain(|s| Some(*s) != x);
                 }
             }
@@ -185,17 +231,30 @@ pub fn apply(dag: &mut LayerDag, cfg: &LoraConfig, c: u64) {
     dag.lora = Some(cfg.clone());
 }
 
-/// A targeted linear's adapters: lora_A (r x in) and lora_B (out x r) as `params`, their
-/// FLOPs, and what they save (x A; with `lora_dropout` its own dropout copy of x and mask).
+/// A targeted linear's adapters, as PEFT's LoRA layer runs them under autocast
+/// (`tuners/lora/layer.py` over a 16-bit base, `bnb.py` over a 4-bit one):
+/// `result + lora_B(lora_A(dropout(x))) * scaling`. Adds lora_A (r x in) and lora_B
+/// (out x r) to `params`, their FLOPs, what they save, and their memory-bound kernels:
+/// - lora_A's input: x where it is in the compute dtype; PEFT's explicit cast to the adapters'
+///   dtype first where [`LoraConfig::input_casts`] says; dropout's copy of that, and its
+///   mask, where `lora_dropout` > 0; autocast's fresh cast to the compute dtype for the matmul
+///   where the result is not in it. lora_A saves the last of these, lora_B saves x A;
+/// - after the adapters: `* scaling` (a kernel each way over the out x tokens output), the
+///   sum with the base's result (promoted to its dtype; the adapters' share of the gradient
+///   cast down in backward where that differs), and over a 4-bit base bitsandbytes'
+///   `result = result.clone()` (PEFT's "defensively clone" for 4-bit).
+///
+/// `[xb, ob]` are the element bytes of x and of the base's result. Returns whether x itself
+/// is no longer read by lora_A (so nobody on the adapters' account keeps it).
 fn add_adapter(
     op: &mut super::dag::Op,
     cfg: &LoraConfig,
     [t, n, k]: [u64; 3],
-    i: usize,
-    first_new: usize,
+    [xb, ob]: [u64; 2],
+    (i, first_new): (usize, usize),
     new_tensors: &mut Vec<Tensor>,
     c: u64,
-) {
+) -> bool {
     let r = cfg.rank;
     let adapter = r * (k + n);
     op.params += adapter;
@@ -209,34 +268,57 @@ fn add_adapter(
     let xa = add(format!("{}.lora_A.out", op.name), t * r * c, TensorKind::Activation);
     op.outputs.push(xa);
     op.saves.push(xa);
+    let (tk, tn) = (t * k, t * n);
+    let kernel = |op: &mut super::dag::Op, bytes: [u64; 2]| {
+        for (d, b) in bytes.into_iter().enumerate() {
+            op.chain_bytes[d] += b as f64;
+            op.launches[d] += u32::from(b > 0);
+        }
+    };
+    // PEFT's cast to the adapters' dtype, then dropout, in the dtype lora_A is handed.
+    let explicit = cfg.input_casts.filter(|&a| a != xb);
+    let d = explicit.unwrap_or(xb);
+    if let Some(a) = explicit {
+        op.fwd_scratch += tk * a;
+        kernel(op, [tk * (xb + a); 2]);
+    }
+    let mut own = explicit.is_some();
     if cfg.dropout > 0.0 {
-        // lora_A's input in the compute dtype: dropout's output, or with autocast's copies
-        // the cast of dropout's output in the adapters' dtype.
-        let d = add(format!("{}.lora_dropout.out", op.name), t * k * c, TensorKind::Activation);
-        let m = add(format!("{}.lora_dropout.mask", op.name), t * k, TensorKind::Mask);
-        op.outputs.extend([d, m]);
-        op.saves.extend([d, m]);
-    } else if cfg.input_casts.is_some() {
-        let x = add(format!("{}.lora_A.input", op.name), t * k * c, TensorKind::Activation);
+        let m = add(format!("{}.lora_dropout.mask", op.name), tk, TensorKind::Mask);
+        op.outputs.push(m);
+        op.saves.push(m);
+        kernel(op, [tk * (2 * d + 1); 2]);
+        if d == c {
+            let dx = add(format!("{}.lora_dropout.out", op.name), tk * c, TensorKind::Activation);
+            op.outputs.push(dx);
+            op.saves.push(dx);
+        } else {
+            op.fwd_scratch += tk * d;
+        }
+        own = true;
+    }
+    if d != c {
+        // Autocast's cast for lora_A's matmul: a fresh tensor, which lora_A saves.
+        let x = add(format!("{}.lora_A.input", op.name), tk * c, TensorKind::Activation);
         op.outputs.push(x);
         op.saves.push(x);
+        kernel(op, [tk * (d + c); 2]);
+        own = true;
     }
-    if let Some(a) = cfg.input_casts {
-        // PEFT's copy of x in the adapters' dtype (and with dropout its dropped copy, the
-        // same size) lives while lora_A's input is cast from it; backward's gradient of that
-        // copy comes back in the adapters' dtype and is cast down to x's. Each cast is a
-        // kernel of its own beside the GEMMs: forward x -> adapters' dtype (c read, a
-        // written) and back (a read, c written), dropout's pass over the wider copy where
-        // there is one; backward the two casts of the gradient.
-        let copies = if cfg.dropout > 0.0 { 2 } else { 1 };
-        op.fwd_scratch += copies * t * k * a;
-        op.bwd_scratch += t * k * a;
-        let cast = (2 * t * k * (c + a)) as f64;
-        op.chain_bytes[0] += cast;
-        op.chain_bytes[1] += cast;
-        op.launches[0] += 2;
-        op.launches[1] += 2;
+    if d != c || explicit.is_some() {
+        // The gradient of lora_A's input in the wider dtype while it is cast back.
+        op.bwd_scratch += tk * d.max(xb);
     }
+    // `* scaling` over lora_B's output, each way.
+    kernel(op, [2 * tn * c; 2]);
+    // The sum with the base's result: forward reads both and writes the result's dtype;
+    // backward passes the gradient through, cast down for the adapters where they differ.
+    kernel(op, [tn * (2 * ob + c), if ob != c { tn * (ob + c) } else { 0 }]);
+    if matches!(cfg.base, WeightFormat::Nf4 { .. }) {
+        op.fwd_scratch += tn * ob;
+        kernel(op, [2 * tn * ob, 0]);
+    }
+    own
 }
 
 /// A block op whose frozen weights share the block's FlatParameter with the adapters
@@ -254,7 +336,7 @@ fn share_flat(
     op.flat_frozen = op.params;
     if let (OpKind::Linear, Some(gemm)) = (op.kind, op.gemm) {
         if cfg.targets_op(family, &op.name) {
-            add_adapter(op, cfg, gemm, i, first_new, new_tensors, c);
+            add_adapter(op, cfg, gemm, [c, c], (i, first_new), new_tensors, c);
         }
     }
 }

@@ -1383,6 +1383,11 @@ pub fn throughput_of(
                     } else {
                         ""
                     };
+                    let stream = if l.fp32_stream() {
+                        format!(". prepare_model_for_kbit_training left the embeddings, norms and head in fp32, so the hidden states run in fp32 through every block (bitsandbytes' Linear4bit returns its input's dtype): norms, rotary, the MLP's activations and the residual adds move 4-byte elements; each 4-bit linear casts its input to {c} and its output back (a kernel each way, and their gradients back), autocast casts q, k and v to {c} for SDPA and each adapter's input for lora_A (a fresh copy lora_A keeps), and the head's fp32 weight to {c} for every forward (kept until its backward)", c = s.training.precision.compute.name())
+                    } else {
+                        String::new()
+                    };
                     let pr = &s.training.precision;
                     let casts = if s.dag_workload().lora.is_some_and(|l| l.input_casts.is_some()) {
                         format!(
@@ -1395,7 +1400,7 @@ pub fn throughput_of(
                     } else {
                         String::new()
                     };
-                    format!("MFU counts the FLOPs a LoRA step needs: forward (base + adapters) plus backward without the frozen weights' gradient GEMMs (input gradients and the adapters' own); HFU adds recomputation{qlora}{casts}")
+                    format!("MFU counts the FLOPs a LoRA step needs: forward (base + adapters) plus backward without the frozen weights' gradient GEMMs (input gradients and the adapters' own); HFU adds recomputation. PEFT's adapters run their own memory-bound kernels beside the GEMMs: `* scaling` and the sum with the base's output each way{}, and lora_dropout's where set{qlora}{stream}{casts}", if matches!(l.base, crate::model::WeightFormat::Nf4 { .. }) { ", bitsandbytes' defensive clone of the 4-bit base's output (PEFT's bnb.py)" } else { "" })
                 } else {
                     "MFU counts model FLOPs = 3 x forward FLOPs of the DAG (2 per multiply-add, attention included), per Narayanan et al. 2021; HFU adds recomputation".into()
                 },

@@ -432,7 +432,11 @@ pub fn render(r: &Report, s: &Scenario) -> String {
                 _ => "bf16",
             },
             crate::report::human_count(frozen),
-            if matches!(l.base, crate::model::WeightFormat::Nf4 { .. }) { ", other frozen weights fp32 (prepare_model_for_kbit_training)" } else { "" }
+            match (l.base, l.prepare_kbit) {
+                (crate::model::WeightFormat::Nf4 { .. }, true) => ", other frozen weights fp32 and the hidden states between blocks fp32 (prepare_model_for_kbit_training)",
+                (crate::model::WeightFormat::Nf4 { .. }, false) => ", other frozen weights and the hidden states bf16 (lora.prepare_kbit_training = false)",
+                _ => "",
+            }
         );
     }
     let ms = &r.model_state_per_gpu;

@@ -167,6 +167,11 @@ pub struct LoraSection {
     pub base_weights: Option<String>,
     /// nf4: `bnb_4bit_use_double_quant` (default false).
     pub double_quant: Option<bool>,
+    /// nf4: whether PEFT's `prepare_model_for_kbit_training` ran: the embeddings, norms and
+    /// head upcast to FP32, and with them the residual stream. Default: true where the
+    /// parameters are held whole (one GPU, DDP, ZeRO-1/2), false where they are sharded
+    /// (FSDP, ZeRO-3), where TRL's trainers skip it.
+    pub prepare_kbit_training: Option<bool>,
 }
 
 /// What a scenario simulates.

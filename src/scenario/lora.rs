@@ -51,14 +51,31 @@ pub(super) fn validate_lora(
     let base = match v.choice("lora.base_weights", l.base_weights.as_deref().unwrap_or("bf16"), &["bf16", "nf4"])? {
         "nf4" => WeightFormat::Nf4 { double_quant: l.double_quant.unwrap_or(false) },
         _ => {
-            if l.double_quant.is_some() {
-                return Err(v.err("lora.double_quant", "only applies to base_weights = \"nf4\" (QLoRA)"));
+            for (field, set) in [
+                ("lora.double_quant", l.double_quant.is_some()),
+                ("lora.prepare_kbit_training", l.prepare_kbit_training.is_some()),
+            ] {
+                if set {
+                    return Err(v.err(field, "only applies to base_weights = \"nf4\" (QLoRA)"));
+                }
             }
             WeightFormat::Half
         }
     };
+    // TRL's trainers skip prepare_model_for_kbit_training for a sharded QLoRA model ("one
+    // should never call peft_module_casting_to_bf16 or prepare_model_for_kbit_training when
+    // doing QLoRA + FSDP / DS-Zero3", trl/trainer/sft_trainer.py `is_sharded_qlora`).
+    let sharded = parallel.params_sharded();
+    let prepare_kbit = base != WeightFormat::Half && l.prepare_kbit_training.unwrap_or(!sharded);
+    let flat = matches!(parallel.framework, crate::plan::Framework::Fsdp | crate::plan::Framework::Fsdp1);
+    if prepare_kbit && sharded && flat {
+        return Err(v.err("lora.prepare_kbit_training", "FSDP1 flattens a unit's parameters into one tensor of one dtype, and prepare_model_for_kbit_training's fp32 norms would share a block's unit with the 4-bit weights' bf16 storage (FSDP-QLoRA's bnb_4bit_quant_storage): FSDP1 refuses (\"Must flatten tensors with uniform dtype\"), which is why TRL skips the call for sharded QLoRA; set lora.prepare_kbit_training = false (the default under FSDP), or parallel.framework = \"fsdp2\" (per-parameter sharding)"));
+    }
+    if prepare_kbit && model.family == crate::model::Family::Gpt {
+        return Err(v.err("lora.prepare_kbit_training", "prepare_model_for_kbit_training's FP32 residual stream (the FP32 embeddings, LayerNorms and head it leaves carry every block's hidden states in FP32) is simulated for the llama family only; set lora.prepare_kbit_training = false (the other frozen weights and the stream in 16 bits, as TRL's trainers and Unsloth leave them) or use a llama-family model"));
+    }
     let shared_flat = shares_flat_parameter(v, wrap, parallel, precision, &base)?;
-    Ok(crate::model::LoraConfig { rank, alpha, targets, dropout, base, shared_flat, input_casts: None })
+    Ok(crate::model::LoraConfig { rank, alpha, targets, dropout, base, prepare_kbit, shared_flat, input_casts: None })
 }
 
 /// Whether a block's frozen base and its adapters share one FSDP1 FlatParameter

@@ -104,7 +104,8 @@ impl Scenario {
         let mut w = self.workload.clone();
         if let Some(l) = w.lora.as_mut() {
             let pr = &self.training.precision;
-            l.input_casts = pr.autocast_casts(self.parallel.params_sharded()).then(|| pr.param.bytes());
+            let half = l.base == crate::model::WeightFormat::Half;
+            l.input_casts = (half && pr.autocast_casts(self.parallel.params_sharded())).then(|| pr.param.bytes());
         }
         w
     }
