@@ -417,6 +417,16 @@ struct Builder {
     /// and what a cast or a type-promoting op sees (QLoRA's FP32 stream beside 16-bit
     /// attention).
     elem: Vec<u64>,
+    /// The residual stream's element bytes: `c`, or 4 under QLoRA's
+    /// `prepare_model_for_kbit_training` (PEFT, `utils/other.py`), which upcasts every
+    /// parameter that is not 4-bit to FP32. The FP32 embedding then writes FP32 hidden states;
+    /// `LlamaRMSNorm` returns `self.weight * hidden_states.to(input_dtype)`, FP32 with an FP32
+    /// weight; bitsandbytes' `Linear4bit.forward` casts its input to the compute dtype and
+    /// returns `matmul_4bit(...).to(inp_dtype)`, FP32 again; rotary, SiLU, the product and the
+    /// residual adds are not autocast ops. Only SDPA (an autocast lower-precision op, which
+    /// casts q, k and v) and o_proj after it run in 16 bits, and o_proj's output is promoted
+    /// back to FP32 by the residual add (bitsandbytes#1515: the last hidden state is FP32).
+    stream: u64,
 }
 
 impl Builder {
@@ -576,7 +586,7 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
     let t = b * sl;
     let c = w.compute_dtype.bytes();
     // The residual stream's element bytes: the compute dtype's, or FP32 where QLoRA's
-    // prepare_model_for_kbit_training left FP32 embeddings and norms ([`BlockShape::sc`]).
+    // prepare_model_for_kbit_training left FP32 embeddings and norms ([`Builder::stream`]).
     let sc = if w.lora.as_ref().is_some_and(|l| l.fp32_stream()) { 4 } else { c };
     let tp = w.split.tensor.max(1);
     let sp = w.split.sequence_parallel && tp > 1;
@@ -607,6 +617,7 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         aux_loss: w.aux_loss,
         router_logits: Vec::new(),
         elem: Vec::new(),
+        stream: sc,
     };
     // The norm of the hidden state: the family's, or OLMo's weightless LayerNorm.
     let nfam = if cfg.style.weightless_norms { Family::Gpt } else { cfg.family };
@@ -648,29 +659,8 @@ pub fn build(cfg: &ModelConfig, w: &Workload) -> LayerDag {
         x = dropout_op(&mut bd, "embedding_dropout", x, rows * h, false);
     }
 
-    let shape = BlockShape {
-        cfg,
-        w,
-        b,
-        s,
-        sl,
-        t,
-        h,
-        f,
-        c,
-        sc,
-        tp,
-        cp,
-        rows,
-        a,
-        kvd,
-        qd,
-        qt,
-        nfam,
-        pre_norm,
-        post_norm,
-        dropout,
-    };
+    let shape =
+        BlockShape { cfg, w, b, s, sl, t, h, f, c, tp, cp, rows, a, kvd, qd, qt, nfam, pre_norm, post_norm, dropout };
     for l in 0..cfg.n_layers {
         bd.region = Region::Block(l);
         x = block(&mut bd, &shape, &format!("layers.{l}"), l, x);
@@ -751,16 +741,6 @@ struct BlockShape<'a> {
     h: u64,
     f: u64,
     c: u64,
-    /// The residual stream's element bytes: `c`, or 4 under QLoRA's
-    /// `prepare_model_for_kbit_training` (PEFT, `utils/other.py`), which upcasts every
-    /// parameter that is not 4-bit to FP32. The FP32 embedding then writes FP32 hidden states;
-    /// `LlamaRMSNorm` returns `self.weight * hidden_states.to(input_dtype)`, FP32 with an FP32
-    /// weight; bitsandbytes' `Linear4bit.forward` casts its input to the compute dtype and
-    /// returns `matmul_4bit(...).to(inp_dtype)`, FP32 again; rotary, SiLU, the product and the
-    /// residual adds are not autocast ops. Only SDPA (an autocast lower-precision op, which
-    /// casts q, k and v) and o_proj after it run in 16 bits, and o_proj's output is promoted
-    /// back to FP32 by the residual add (bitsandbytes#1515: the last hidden state is FP32).
-    sc: u64,
     tp: u64,
     cp: u64,
     rows: u64,
@@ -779,29 +759,9 @@ struct BlockShape<'a> {
 /// `spec` of the model is one; local attention when block `spec` is local). Returns the
 /// block's output.
 fn block(bd: &mut Builder, sh: &BlockShape, name: &str, spec: u64, x: TensorId) -> TensorId {
-    let BlockShape {
-        cfg,
-        w,
-        b,
-        s,
-        sl,
-        t,
-        h,
-        f,
-        c,
-        sc,
-        tp,
-        cp,
-        rows,
-        a,
-        kvd,
-        qd,
-        qt,
-        nfam,
-        pre_norm,
-        post_norm,
-        dropout,
-    } = *sh;
+    let BlockShape { cfg, w, b, s, sl, t, h, f, c, tp, cp, rows, a, kvd, qd, qt, nfam, pre_norm, post_norm, dropout } =
+        *sh;
+    let sc = bd.stream;
     let l = spec;
     let tf = t as f64;
     let lin = |i: u64, o: u64| (2.0 * tf * i as f64 * o as f64, 4.0 * tf * i as f64 * o as f64);
@@ -1934,7 +1894,7 @@ fn eager_rope(bd: &mut Builder, id: OpId, elems: u64, largest: u64, c: u64) {
     op.fwd_scratch = op.fwd_scratch.max(super::eager::ROPE_SCRATCH * largest);
 }
 
-/// Rotary embedding op `id` over FP32 q and k ([`BlockShape::sc`]): Hugging Face's
+/// Rotary embedding op `id` over FP32 q and k ([`Builder::stream`]): Hugging Face's
 /// `apply_rotary_pos_emb` chain in 4-byte elements ([`super::eager::rope_unfused`]), with
 /// its two FP32 temporaries of the larger (`largest` elements).
 fn fp32_rope(bd: &mut Builder, id: OpId, elems: u64, largest: u64) {
@@ -1968,7 +1928,7 @@ fn sdpa_cast(bd: &mut Builder, name: &str, xs: [TensorId; 3], c: u64) -> [Tensor
 /// bytes and launches, saving the FP32 copy of its input, the normalised output and the
 /// per-row rsqrt, with an FP32 temporary while it runs. The chain's casts and the saved
 /// normalised tensor (`.to(input_dtype)`) follow the input's dtype; the output is `c` bytes
-/// (FP32 where an FP32 weight promotes it, [`BlockShape::sc`]). An FP32 input is its own
+/// (FP32 where an FP32 weight promotes it, [`Builder::stream`]). An FP32 input is its own
 /// FP32 copy (`x.float()` returns it), kept for backward in place of one.
 fn eager_rmsnorm(bd: &mut Builder, name: &str, x: TensorId, t: u64, h: u64, c: u64, weight: bool) -> TensorId {
     let xb = bd.elem[x];
@@ -2095,7 +2055,7 @@ fn dropout_op(bd: &mut Builder, name: &str, x: TensorId, elems: u64, fused: bool
 /// kernel ([`dropout_op`]); the add is charged the residual read and the sum's write.
 ///
 /// Mixed dtypes promote: QLoRA's FP32 stream plus o_proj's 16-bit output is FP32
-/// ([`BlockShape::sc`]), and in backward the autograd engine casts the 16-bit input's
+/// ([`Builder::stream`]), and in backward the autograd engine casts the 16-bit input's
 /// gradient down to its dtype (`validate_outputs`), a kernel of its own: c + y's bytes per
 /// element, one more launch.
 fn residual_op(bd: &mut Builder, name: &str, x: TensorId, y: TensorId, elems: u64, fused: bool) -> TensorId {

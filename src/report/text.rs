@@ -434,7 +434,7 @@ pub fn render(r: &Report, s: &Scenario) -> String {
             crate::report::human_count(frozen),
             match (l.base, l.prepare_kbit) {
                 (crate::model::WeightFormat::Nf4 { .. }, true) => ", other frozen weights fp32 and the hidden states between blocks fp32 (prepare_model_for_kbit_training)",
-                (crate::model::WeightFormat::Nf4 { .. }, false) => ", other frozen weights and the hidden states bf16 (lora.prepare_kbit_training = false)",
+                (crate::model::WeightFormat::Nf4 { .. }, false) => ", other frozen weights and the hidden states bf16 (no prepare_model_for_kbit_training: lora.prepare_kbit_training = false, the default where the parameters are sharded, as TRL's trainers skip it there)",
                 _ => "",
             }
         );
