@@ -217,6 +217,7 @@ const FIELDS: &[(&str, &str)] = &[
     ("lora", "rank"),
     ("lora", "alpha"),
     ("lora", "dropout"),
+    ("lora", "prepare_kbit_training"),
     ("allocator", "cublas_workspace"),
     ("allocator", "nccl_buffers"),
     ("jitter", "straggler_slowdown"),
@@ -881,6 +882,9 @@ const PLAUSIBLE: &[(&str, &str, &[&str])] = &[
     ("offload", "cpu_memory", &["\"512GB\"", "\"2TB\""]),
     ("lora", "rank", &["8", "16", "64"]),
     ("lora", "alpha", &["16", "32"]),
+    ("lora", "base_weights", &["\"bf16\"", "\"nf4\""]),
+    ("lora", "prepare_kbit_training", &["true", "false"]),
+    ("lora", "dropout", &["0.0", "0.05"]),
     ("model.mtp", "layers", &["1"]),
 ];
 

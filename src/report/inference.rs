@@ -171,6 +171,7 @@ pub fn build(
         param_count_human: human_count(params),
         active_param_count: None,
         trainable_params: 0,
+        lora: None,
         hardware: super::to_json(&s.cluster),
         capacity: Bytes::new(cap),
         parallel: super::to_json(&s.parallel.model_parallel),

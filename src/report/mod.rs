@@ -344,6 +344,11 @@ pub struct Report {
     pub active_param_count: Option<u64>,
     /// Parameters that get gradients (all of them, but for LoRA's adapters).
     pub trainable_params: u64,
+    /// LoRA / QLoRA: the adapters and the frozen base as simulated (rank, alpha, targets,
+    /// dropout, the base's storage, whether `prepare_model_for_kbit_training` ran, whether the
+    /// base shares FSDP1 FlatParameters with the adapters).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lora: Option<serde_json::Value>,
     pub hardware: serde_json::Value,
     pub capacity: Bytes,
     pub parallel: serde_json::Value,
@@ -1005,6 +1010,7 @@ pub fn build(s: &Scenario, dag: &LayerDag, plan: &Plan, sched: &Schedule, trace:
         param_count_human: human_count(params),
         active_param_count: dag.config.moe.as_ref().map(|_| dag.config.active_param_count()),
         trainable_params: if dag.lora.is_some() { dag.trainable_params() } else { params },
+        lora: dag.lora.as_ref().map(to_json),
         hardware: to_json(&s.cluster),
         capacity: Bytes::new(cap),
         parallel: to_json(&s.parallel),
