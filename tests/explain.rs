@@ -632,7 +632,7 @@ fn lora_jobs_are_explained_in_lora_terms_and_qlora_is_offered() {
 }
 
 /// A QLoRA job whose FP32 hidden states (prepare_model_for_kbit_training) overflow a 48 GB
-/// L40S: explain offers the job without the upcast (what TRL's trainers and Unsloth run),
+/// L40S: explain offers the job without the upcast (what Unsloth, or TRL with `dtype: bfloat16`, runs),
 /// which fits on the same GPU and is the answer; its row equals the job simulated with
 /// `lora.prepare_kbit_training = false`. Growing it into FSDP drops the call, as TRL does for
 /// sharded QLoRA (and scenario validation refuses it under FSDP1's flat units); a job without

@@ -120,7 +120,7 @@ const QLORA: usize = 31;
 const MORE_GPUS_SHARDED: usize = 32;
 /// QLoRA without `prepare_model_for_kbit_training`'s FP32 upcast: the embeddings, norms and
 /// head stay in the compute dtype and the hidden states with them ([`crate::model::LoraConfig::prepare_kbit`]),
-/// as TRL's trainers and Unsloth run QLoRA. Offered where the stream is FP32.
+/// as Unsloth, and TRL with `dtype: bfloat16`, run QLoRA. Offered where the stream is FP32.
 const NO_PREPARE: usize = 33;
 
 /// The order rows are printed in: the standard set's, with the sharded "more GPUs" beside the
@@ -956,7 +956,7 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
                 return Err("not a QLoRA job with prepare_model_for_kbit_training's fp32 upcast".into());
             };
             l.prepare_kbit = false;
-            vec![("lora.prepare_kbit_training = false: the embeddings, norms and head stay in bf16, and the hidden states with them (TRL's trainers, Unsloth)".into(), v)]
+            vec![("lora.prepare_kbit_training = false: the embeddings, norms and head stay in bf16, and the hidden states with them (Unsloth; TRL with dtype bfloat16)".into(), v)]
         }
         _ => return Err("no such change".into()),
     })
@@ -1333,7 +1333,7 @@ fn single_changes(s: &Scenario, base_tps: Option<f64>, fits_now: bool) -> Vec<Co
                     c.note = Some("the frozen base quantized: Dettmers et al. 2023 (QLoRA) report NF4 with double quantization matching 16-bit LoRA fine-tuning".into());
                 }
                 if which == NO_PREPARE {
-                    c.note = Some("the norms and head then compute in 16 bits: Unsloth measured a mean loss difference of about 8e-4 without the upcast (unsloth#1186); TRL's trainers no longer call prepare_model_for_kbit_training by default (trl#4704)".into());
+                    c.note = Some("the norms and head then compute in 16 bits: Unsloth measured a mean loss difference of about 8e-4 without the upcast (unsloth#1186); TRL's SFTTrainer no longer calls prepare_model_for_kbit_training (v0.26, trl#4577) but loads the model in float32 unless dtype says otherwise (v0.27)".into());
                 }
                 if which == CAPACITY {
                     c.changes_problem = true;

@@ -38,8 +38,9 @@ pub struct LoraConfig {
     /// QLoRA: PEFT's `prepare_model_for_kbit_training` ran (`utils/other.py`: every 16-bit
     /// parameter that is not 4-bit is cast to FP32, so the embeddings, norms and head are
     /// stored in FP32 and the residual stream runs in FP32: [`LoraConfig::fp32_stream`]).
-    /// False: they stay in the compute dtype, as TRL's trainers (trl#4704 moved the call out
-    /// of their default path) and Unsloth (unsloth#1186) leave them.
+    /// False: they stay in the compute dtype, as Unsloth (unsloth#1186) and TRL with `dtype:
+    /// bfloat16` leave them (TRL's SFTTrainer stopped calling it in v0.26, trl#4577, but loads
+    /// the model in float32 by default from v0.27: docs/research/trl-sft-config.md).
     pub prepare_kbit: bool,
     /// Each block's frozen base and its adapters share one FSDP1 FlatParameter: FSDP1 with
     /// `use_orig_params=True` and a block-level wrap policy (Accelerate's

@@ -72,7 +72,7 @@ pub(super) fn validate_lora(
         return Err(v.err("lora.prepare_kbit_training", "FSDP1 flattens a unit's parameters into one tensor of one dtype, and prepare_model_for_kbit_training's fp32 norms would share a block's unit with the 4-bit weights' bf16 storage (FSDP-QLoRA's bnb_4bit_quant_storage): FSDP1 refuses (\"Must flatten tensors with uniform dtype\"), which is why TRL skips the call for sharded QLoRA; set lora.prepare_kbit_training = false (the default under FSDP), or parallel.framework = \"fsdp2\" (per-parameter sharding)"));
     }
     if prepare_kbit && model.family == crate::model::Family::Gpt {
-        return Err(v.err("lora.prepare_kbit_training", "prepare_model_for_kbit_training's FP32 residual stream (the FP32 embeddings, LayerNorms and head it leaves carry every block's hidden states in FP32) is simulated for the llama family only; set lora.prepare_kbit_training = false (the other frozen weights and the stream in 16 bits, as TRL's trainers and Unsloth leave them) or use a llama-family model"));
+        return Err(v.err("lora.prepare_kbit_training", "prepare_model_for_kbit_training's FP32 residual stream (the FP32 embeddings, LayerNorms and head it leaves carry every block's hidden states in FP32) is simulated for the llama family only; set lora.prepare_kbit_training = false (the other frozen weights and the stream in 16 bits, as Unsloth, or TRL with dtype bfloat16, leave them) or use a llama-family model"));
     }
     let shared_flat = shares_flat_parameter(v, wrap, parallel, precision, &base)?;
     Ok(crate::model::LoraConfig { rank, alpha, targets, dropout, base, prepare_kbit, shared_flat, input_casts: None })
