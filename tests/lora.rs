@@ -273,8 +273,15 @@ fn prepare_kbit_training_runs_the_hidden_states_in_fp32() {
     );
     assert!(p_on > p_off + 79 * t * H * 2, "at least the checkpointed inputs' second half");
     assert!(s_on > s_off);
+    // `stepsim check` says which it is, the default included.
+    let line = |s: &Scenario| {
+        stepsim::report::check::summary(s).lines().find(|l| l.starts_with("  lora ")).unwrap().to_string()
+    };
+    assert!(line(&s).contains("prepare_model_for_kbit_training: embeddings, norms, head and hidden states fp32"));
+    let sharded = load("llama2-70b-qlora-8gpu");
+    assert!(line(&sharded).contains("no prepare_model_for_kbit_training"), "{}", line(&sharded));
     // Sharded: off by default; FSDP1 cannot flatten FP32 norms with the 4-bit storage.
-    assert!(!load("llama2-70b-qlora-8gpu").workload.lora.unwrap().prepare_kbit);
+    assert!(!sharded.workload.lora.unwrap().prepare_kbit);
     let text = std::fs::read_to_string("scenarios/llama2-70b-qlora-8gpu.toml").unwrap();
     let asked = text.replace("double_quant = true\n", "double_quant = true\nprepare_kbit_training = true\n");
     let e = Scenario::from_toml(Path::new("q8.toml"), &asked).unwrap_err().to_string();

@@ -138,6 +138,29 @@ pub fn summary(s: &Scenario) -> String {
             t.checkpointing.name(),
             s.workload.attention_label()
         );
+    if let Some(l) = &s.workload.lora {
+        let base = match l.base {
+            crate::model::WeightFormat::Nf4 { double_quant: true } => "nf4 + double quant (QLoRA)",
+            crate::model::WeightFormat::Nf4 { .. } => "nf4 (QLoRA)",
+            _ => "bf16",
+        };
+        let prepare = match (l.base, l.prepare_kbit) {
+            (crate::model::WeightFormat::Half, _) => String::new(),
+            (_, true) => "; prepare_model_for_kbit_training: embeddings, norms, head and hidden states fp32".into(),
+            (_, false) => format!(
+                "; no prepare_model_for_kbit_training: embeddings, norms, head and hidden states {}",
+                pr.compute.name()
+            ),
+        };
+        let _ = writeln!(
+            o,
+            "  lora       rank {} (alpha {}) on {}, lora_dropout {}; frozen base {base}{prepare}",
+            l.rank,
+            l.alpha,
+            l.targets.join(", "),
+            l.dropout
+        );
+    }
     // The memory savers and gradient-sync options set beyond the defaults, in the scenario's
     // own words.
     let mut extra = Vec::new();
