@@ -269,10 +269,9 @@ fn grown(s: &Scenario, which: usize, gpus: u64) -> Result<(String, Scenario), St
 /// weights' storage, and which TRL's trainers skip for sharded QLoRA (scenario validation's
 /// rule and default, `scenario::lora`). Returns what the label adds.
 fn unprepared(v: &mut Scenario) -> &'static str {
-    let flat = matches!(v.parallel.framework, crate::plan::Framework::Fsdp | crate::plan::Framework::Fsdp1);
-    let sharded = v.parallel.params_sharded();
+    let flat = v.parallel.flat_sharded_units();
     match v.workload.lora.as_mut().filter(|l| l.prepare_kbit) {
-        Some(l) if flat && sharded => {
+        Some(l) if flat => {
             l.prepare_kbit = false;
             ", without prepare_model_for_kbit_training's fp32 upcast (TRL skips it for sharded QLoRA)"
         }
@@ -938,7 +937,8 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
             l.base = crate::model::WeightFormat::Nf4 { double_quant: true };
             // prepare_model_for_kbit_training, as the QLoRA paper's script runs it, where its
             // FP32 stream is simulated (scenario validation refuses it elsewhere).
-            l.prepare_kbit = s.model.family == crate::model::Family::Llama && !s.parallel.params_sharded();
+            l.prepare_kbit =
+                s.model.family == crate::model::Family::Llama && crate::scenario::prepare_kbit_default(&s.parallel);
             let rest = if l.prepare_kbit {
                 "the other frozen weights and the hidden states in fp32 (prepare_model_for_kbit_training)"
             } else {
@@ -956,7 +956,8 @@ pub fn variants(s: &Scenario, which: usize) -> Result<Vec<(String, Scenario)>, S
                 return Err("not a QLoRA job with prepare_model_for_kbit_training's fp32 upcast".into());
             };
             l.prepare_kbit = false;
-            vec![("lora.prepare_kbit_training = false: the embeddings, norms and head stay in bf16, and the hidden states with them (Unsloth; TRL with dtype bfloat16)".into(), v)]
+            let label = format!("lora.prepare_kbit_training = false: the embeddings, norms and head stay in {}, and the hidden states with them (Unsloth; TRL with dtype bfloat16)", t.precision.compute.name());
+            vec![(label, v)]
         }
         _ => return Err("no such change".into()),
     })

@@ -820,11 +820,9 @@ fn block(bd: &mut Builder, sh: &BlockShape, name: &str, spec: u64, x: TensorId) 
             );
             // q*cos and rotate_half(q) live while the sum is formed.
             bd.ops[id].fwd_scratch = 2 * t * qt * sc;
-            if sc != c {
-                fp32_rope(bd, id, t * (qt + kvd), t * qt);
-            } else {
-                eager_rope(bd, id, t * (qt + kvd), t * qt, c);
-            }
+            // Over FP32 q and k ([`Builder::stream`]) no cast brackets Hugging Face's chain.
+            let cost = if sc != c { super::eager::rope_unfused(sc) } else { super::eager::rope(c) };
+            eager_rope(bd, id, t * (qt + kvd), t * qt, cost);
             if kvd < qt && w.repeat_kv {
                 (k, vv) = repeat_kv(bd, &p("attention"), [k, vv], [t * kvd, t * qt], sc);
             }
@@ -870,7 +868,7 @@ fn block(bd: &mut Builder, sh: &BlockShape, name: &str, spec: u64, x: TensorId) 
                     );
                     // x*cos and rotate_half(x) of the turned part live while they are summed.
                     bd.ops[id].fwd_scratch = 2 * t * (turned / tp) * c;
-                    eager_rope(bd, id, t * turned / tp, t * turned / tp / 2, c);
+                    eager_rope(bd, id, t * turned / tp, t * turned / tp / 2, super::eager::rope(c));
                 }
             }
             if kvd < qt && w.repeat_kv {
@@ -1880,30 +1878,18 @@ fn norm_op(bd: &mut Builder, family: Family, name: &str, x: TensorId, t: u64, h:
 }
 
 /// Rotary embedding op `id` over `elems` elements of q and k, the larger of which has
-/// `largest`, as eager PyTorch runs it ([`super::eager::rope`]): its bytes and launches (per
-/// tensor), and the FP32 temporaries of the larger one.
-fn eager_rope(bd: &mut Builder, id: OpId, elems: u64, largest: u64, c: u64) {
+/// `largest`, as eager PyTorch runs it (`cost`: [`super::eager::rope`], or Hugging Face's
+/// uncast chain over FP32 q and k, [`super::eager::rope_unfused`]): its bytes and launches (per
+/// tensor), and the FP32 temporaries of the larger one. Fused kernels keep the op's own.
+fn eager_rope(bd: &mut Builder, id: OpId, elems: u64, largest: u64, cost: super::eager::EagerCost) {
     if bd.kernels != KernelStack::Eager {
         return;
     }
-    let cost = super::eager::rope(c);
     let op = &mut bd.ops[id];
     op.fwd_bytes = cost.bytes[0] * elems as f64;
     op.bwd_bytes = Some(cost.bytes[1] * elems as f64);
     op.launches = [2 * cost.kernels[0], 2 * cost.kernels[1]];
     op.fwd_scratch = op.fwd_scratch.max(super::eager::ROPE_SCRATCH * largest);
-}
-
-/// Rotary embedding op `id` over FP32 q and k ([`Builder::stream`]): Hugging Face's
-/// `apply_rotary_pos_emb` chain in 4-byte elements ([`super::eager::rope_unfused`]), with
-/// its two FP32 temporaries of the larger (`largest` elements).
-fn fp32_rope(bd: &mut Builder, id: OpId, elems: u64, largest: u64) {
-    let cost = super::eager::rope_unfused(4);
-    let op = &mut bd.ops[id];
-    op.fwd_bytes = cost.bytes[0] * elems as f64;
-    op.bwd_bytes = Some(cost.bytes[1] * elems as f64);
-    op.launches = [2 * cost.kernels[0], 2 * cost.kernels[1]];
-    op.fwd_scratch = op.fwd_scratch.max(2 * 4 * largest);
 }
 
 /// Autocast's casts of FP32 q, k and v to the compute dtype (`c` bytes) for SDPA, a

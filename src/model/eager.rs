@@ -99,7 +99,7 @@ pub fn rope(c: u64) -> EagerCost {
 
 /// Hugging Face's `apply_rotary_pos_emb` as its kernels run, per element of q or k in
 /// `c`-byte elements, where no cast brackets it (QLoRA's FP32 q and k,
-/// [`super::dag`]'s `fp32_rope`): `rotate_half` negates one half (c) and concatenates (2 c),
+/// [`super::dag`]'s `Builder::stream`): `rotate_half` negates one half (c) and concatenates (2 c),
 /// `q * cos` and `rotate_half(q) * sin` (2 c each; the tables broadcast over heads and
 /// tokens, counted once), the sum (3 c): 10 c over 5 kernels. Backward: the products'
 /// gradients `grad * cos`, `grad * sin` (2 c each), the negation's (c), the two halves'

@@ -99,6 +99,15 @@ pub fn module_names(family: Family) -> &'static [(&'static str, &'static [&'stat
 }
 
 impl LoraConfig {
+    /// How the reports name the frozen base's storage.
+    pub fn base_label(&self) -> &'static str {
+        match self.base {
+            WeightFormat::Nf4 { double_quant: true } => "nf4 + double quant (QLoRA)",
+            WeightFormat::Nf4 { .. } => "nf4 (QLoRA)",
+            _ => "bf16",
+        }
+    }
+
     /// The hidden states run in FP32 through every block ([`LoraConfig::prepare_kbit`]).
     pub fn fp32_stream(&self) -> bool {
         self.prepare_kbit && matches!(self.base, WeightFormat::Nf4 { .. })
@@ -121,11 +130,10 @@ pub fn apply(dag: &mut LayerDag, cfg: &LoraConfig, c: u64) {
     let qlora = matches!(cfg.base, WeightFormat::Nf4 { .. });
     // prepare_model_for_kbit_training: what is not 4-bit is held in FP32.
     let other_bytes = if qlora && cfg.prepare_kbit { 4 } else { 2 };
-    let mut new_tensors: Vec<Tensor> = Vec::new();
-    let first_new = dag.tensors.len();
+    let mut added = Added { tensors: Vec::new(), first: dag.tensors.len() };
     for (i, op) in dag.ops.iter_mut().enumerate() {
         if cfg.shared_flat && matches!(op.region, Region::Block(_)) {
-            share_flat(op, cfg, family, i, first_new, &mut new_tensors, c);
+            share_flat(op, cfg, family, i, &mut added, c);
             continue;
         }
         // The tied head reads the (frozen) embedding: no gradient to route there any more.
@@ -174,42 +182,25 @@ pub fn apply(dag: &mut LayerDag, cfg: &LoraConfig, c: u64) {
                     // gradient's (autograd/_functions.py): it reads the NF4 codes and scales
                     // and writes the 16-bit weight the GEMM then reads, one after the other,
                     // so its time adds to the GEMM's instead of hiding under its roofline.
-                    let dequant = (cfg.base.linear_bytes(k, n) + n * k * c) as f64;
                     op.fwd_scratch += n * k * c;
-                    op.chain_bytes[0] += dequant;
-                    op.chain_bytes[1] += dequant;
-                    op.launches[0] += 1;
-                    op.launches[1] += 1;
+                    add_kernel(op, [cfg.base.linear_bytes(k, n) + n * k * c; 2]);
                 }
                 // An FP32 input is cast to the compute dtype for the GEMM (bitsandbytes'
                 // `x.to(self.compute_dtype)`; autocast for the head) and a 4-bit linear's
                 // output cast back to its input's dtype (`.to(inp_dtype)`): a transient
                 // 16-bit copy and a kernel each way, the gradient cast back in backward.
                 for (elems, b) in [(t * k, xb), (t * n, ob)].into_iter().filter(|&(_, b)| b != c) {
-                    let cast = (elems * (b + c)) as f64;
                     op.fwd_scratch += elems * c;
                     op.bwd_scratch += elems * c;
-                    op.chain_bytes[0] += cast;
-                    op.chain_bytes[1] += cast;
-                    op.launches[0] += 1;
-                    op.launches[1] += 1;
+                    add_kernel(op, [elems * (b + c); 2]);
                 }
                 if !block_linear && other_bytes != c && base + tied > 0 {
                     // The head's frozen FP32 weight under 16-bit autocast: a fresh cast for
                     // each forward (autocast caches only casts of leaves that require grad),
                     // which the matmul keeps for the input gradient until the head's backward.
-                    let w = (base + tied) * c;
-                    new_tensors.push(Tensor {
-                        name: format!("{}.weight.autocast", op.name),
-                        bytes: w,
-                        kind: TensorKind::Activation,
-                        producer: Some(i),
-                    });
-                    let id = first_new + new_tensors.len() - 1;
-                    op.outputs.push(id);
-                    op.saves.push(id);
-                    op.chain_bytes[0] += ((base + tied) * (other_bytes + c)) as f64;
-                    op.launches[0] += 1;
+                    let name = format!("{}.weight.autocast", op.name);
+                    added.kept(op, i, name, (base + tied) * c, TensorKind::Activation);
+                    add_kernel(op, [(base + tied) * (other_bytes + c), 0]);
                 }
                 // Only the input gradient of the frozen weight.
                 op.bwd_flops = op.fwd_flops;
@@ -217,7 +208,7 @@ pub fn apply(dag: &mut LayerDag, cfg: &LoraConfig, c: u64) {
                 if block_linear && cfg.targets_op(family, &op.name) {
                     // lora_A reads its own copy of x (dropout's, or a cast): the frozen
                     // weight needs no x for its input gradient, so x is kept for nobody then.
-                    if add_adapter(op, cfg, [t, n, k], [xb, ob], (i, first_new), &mut new_tensors, c) {
+                    if add_adapter(op, cfg, [t, n, k], [xb, ob], (i, &mut added), c) {
                         op.saves.retain(|s| Some(*s) != x);
                     }
                 } else {
@@ -228,8 +219,33 @@ pub fn apply(dag: &mut LayerDag, cfg: &LoraConfig, c: u64) {
             _ => {}
         }
     }
-    dag.tensors.extend(new_tensors);
+    dag.tensors.extend(added.tensors);
     dag.lora = Some(cfg.clone());
+}
+
+/// The tensors the pass adds, numbered after the DAG's own.
+struct Added {
+    tensors: Vec<Tensor>,
+    first: usize,
+}
+
+impl Added {
+    /// A tensor op `i` writes and keeps for its backward.
+    fn kept(&mut self, op: &mut super::dag::Op, i: usize, name: String, bytes: u64, kind: TensorKind) {
+        self.tensors.push(Tensor { name, bytes, kind, producer: Some(i) });
+        let id = self.first + self.tensors.len() - 1;
+        op.outputs.push(id);
+        op.saves.push(id);
+    }
+}
+
+/// A memory-bound kernel `op` runs one after another with its GEMMs (`Op::chain_bytes`): the
+/// bytes it moves forward and backward, a launch each way it runs (0 bytes: not that way).
+fn add_kernel(op: &mut super::dag::Op, bytes: [u64; 2]) {
+    for (d, b) in bytes.into_iter().enumerate() {
+        op.chain_bytes[d] += b as f64;
+        op.launches[d] += u32::from(b > 0);
+    }
 }
 
 /// A targeted linear's adapters, as PEFT's LoRA layer runs them under autocast
@@ -252,8 +268,7 @@ fn add_adapter(
     cfg: &LoraConfig,
     [t, n, k]: [u64; 3],
     [xb, ob]: [u64; 2],
-    (i, first_new): (usize, usize),
-    new_tensors: &mut Vec<Tensor>,
+    (i, added): (usize, &mut Added),
     c: u64,
 ) -> bool {
     let r = cfg.rank;
@@ -262,37 +277,21 @@ fn add_adapter(
     let f = 2.0 * (t * adapter) as f64;
     op.fwd_flops += f;
     op.bwd_flops += 2.0 * f;
-    let mut add = |name: String, bytes: u64, kind: TensorKind| {
-        new_tensors.push(Tensor { name, bytes, kind, producer: Some(i) });
-        first_new + new_tensors.len() - 1
-    };
-    let xa = add(format!("{}.lora_A.out", op.name), t * r * c, TensorKind::Activation);
-    op.outputs.push(xa);
-    op.saves.push(xa);
+    added.kept(op, i, format!("{}.lora_A.out", op.name), t * r * c, TensorKind::Activation);
     let (tk, tn) = (t * k, t * n);
-    let kernel = |op: &mut super::dag::Op, bytes: [u64; 2]| {
-        for (d, b) in bytes.into_iter().enumerate() {
-            op.chain_bytes[d] += b as f64;
-            op.launches[d] += u32::from(b > 0);
-        }
-    };
     // PEFT's cast to the adapters' dtype, then dropout, in the dtype lora_A is handed.
     let explicit = cfg.input_casts.filter(|&a| a != xb);
     let d = explicit.unwrap_or(xb);
     if let Some(a) = explicit {
         op.fwd_scratch += tk * a;
-        kernel(op, [tk * (xb + a); 2]);
+        add_kernel(op, [tk * (xb + a); 2]);
     }
     let mut own = explicit.is_some();
     if cfg.dropout > 0.0 {
-        let m = add(format!("{}.lora_dropout.mask", op.name), tk, TensorKind::Mask);
-        op.outputs.push(m);
-        op.saves.push(m);
-        kernel(op, [tk * (2 * d + 1); 2]);
+        added.kept(op, i, format!("{}.lora_dropout.mask", op.name), tk, TensorKind::Mask);
+        add_kernel(op, [tk * (2 * d + 1); 2]);
         if d == c {
-            let dx = add(format!("{}.lora_dropout.out", op.name), tk * c, TensorKind::Activation);
-            op.outputs.push(dx);
-            op.saves.push(dx);
+            added.kept(op, i, format!("{}.lora_dropout.out", op.name), tk * c, TensorKind::Activation);
         } else {
             op.fwd_scratch += tk * d;
         }
@@ -300,10 +299,8 @@ fn add_adapter(
     }
     if d != c {
         // Autocast's cast for lora_A's matmul: a fresh tensor, which lora_A saves.
-        let x = add(format!("{}.lora_A.input", op.name), tk * c, TensorKind::Activation);
-        op.outputs.push(x);
-        op.saves.push(x);
-        kernel(op, [tk * (d + c); 2]);
+        added.kept(op, i, format!("{}.lora_A.input", op.name), tk * c, TensorKind::Activation);
+        add_kernel(op, [tk * (d + c); 2]);
         own = true;
     }
     if d != c || explicit.is_some() {
@@ -311,13 +308,13 @@ fn add_adapter(
         op.bwd_scratch += tk * d.max(xb);
     }
     // `* scaling` over lora_B's output, each way.
-    kernel(op, [2 * tn * c; 2]);
+    add_kernel(op, [2 * tn * c; 2]);
     // The sum with the base's result: forward reads both and writes the result's dtype;
     // backward passes the gradient through, cast down for the adapters where they differ.
-    kernel(op, [tn * (2 * ob + c), if ob != c { tn * (ob + c) } else { 0 }]);
+    add_kernel(op, [tn * (2 * ob + c), if ob != c { tn * (ob + c) } else { 0 }]);
     if matches!(cfg.base, WeightFormat::Nf4 { .. }) {
         op.fwd_scratch += tn * ob;
-        kernel(op, [2 * tn * ob, 0]);
+        add_kernel(op, [2 * tn * ob, 0]);
     }
     own
 }
@@ -325,19 +322,11 @@ fn add_adapter(
 /// A block op whose frozen weights share the block's FlatParameter with the adapters
 /// ([`LoraConfig::shared_flat`]): trained as in full training (gradient, weight-gradient
 /// GEMM, saved input), its base counted in `flat_frozen`, adapters added where targeted.
-fn share_flat(
-    op: &mut super::dag::Op,
-    cfg: &LoraConfig,
-    family: Family,
-    i: usize,
-    first_new: usize,
-    new_tensors: &mut Vec<Tensor>,
-    c: u64,
-) {
+fn share_flat(op: &mut super::dag::Op, cfg: &LoraConfig, family: Family, i: usize, added: &mut Added, c: u64) {
     op.flat_frozen = op.params;
     if let (OpKind::Linear, Some(gemm)) = (op.kind, op.gemm) {
         if cfg.targets_op(family, &op.name) {
-            add_adapter(op, cfg, gemm, [c, c], (i, first_new), new_tensors, c);
+            add_adapter(op, cfg, gemm, [c, c], (i, added), c);
         }
     }
 }

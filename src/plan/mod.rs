@@ -128,6 +128,14 @@ impl ParallelConfig {
             || self.framework.fsdp1_no_shard(sh)
     }
 
+    /// Whether parameters are sharded in FSDP1's flattened units: one FlatParameter per unit,
+    /// of one dtype ("Must flatten tensors with uniform dtype"), so a unit cannot mix FP32 and
+    /// 16-bit parameters (PyTorch FSDP, `framework` fsdp or fsdp1, with
+    /// [`ParallelConfig::params_sharded`]). FSDP2 shards each parameter on its own.
+    pub fn flat_sharded_units(&self) -> bool {
+        matches!(self.framework, Framework::Fsdp | Framework::Fsdp1) && self.params_sharded()
+    }
+
     /// torchtitan's FSDP2 with expert parallelism (`framework = "fsdp2"`, `sharding =
     /// "full_shard"` or `"hybrid_shard"`, `expert > 1`): each MoE block's routed experts are
     /// sharded over the `efsdp` mesh, the rest over the `fsdp` (dp_shard x cp) mesh, and the

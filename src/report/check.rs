@@ -139,11 +139,7 @@ pub fn summary(s: &Scenario) -> String {
             s.workload.attention_label()
         );
     if let Some(l) = &s.workload.lora {
-        let base = match l.base {
-            crate::model::WeightFormat::Nf4 { double_quant: true } => "nf4 + double quant (QLoRA)",
-            crate::model::WeightFormat::Nf4 { .. } => "nf4 (QLoRA)",
-            _ => "bf16",
-        };
+        let base = l.base_label();
         let prepare = match (l.base, l.prepare_kbit) {
             (crate::model::WeightFormat::Half, _) => String::new(),
             (_, true) => "; prepare_model_for_kbit_training: embeddings, norms, head and hidden states fp32".into(),

@@ -1389,12 +1389,12 @@ pub fn throughput_of(
                     } else {
                         ""
                     };
+                    let pr = &s.training.precision;
                     let stream = if l.fp32_stream() {
-                        format!(". prepare_model_for_kbit_training left the embeddings, norms and head in fp32, so the hidden states run in fp32 through every block (bitsandbytes' Linear4bit returns its input's dtype): norms, rotary, the MLP's activations and the residual adds move 4-byte elements; each 4-bit linear casts its input to {c} and its output back (a kernel each way, and their gradients back), autocast casts q, k and v to {c} for SDPA and each adapter's input for lora_A (a fresh copy lora_A keeps), and the head's fp32 weight to {c} for every forward (kept until its backward)", c = s.training.precision.compute.name())
+                        format!(". prepare_model_for_kbit_training left the embeddings, norms and head in fp32, so the hidden states run in fp32 through every block (bitsandbytes' Linear4bit returns its input's dtype): norms, rotary, the MLP's activations and the residual adds move 4-byte elements; each 4-bit linear casts its input to {c} and its output back (a kernel each way, and their gradients back), autocast casts q, k and v to {c} for SDPA and each adapter's input for lora_A (a fresh copy lora_A keeps), and the head's fp32 weight to {c} for every forward (kept until its backward)", c = pr.compute.name())
                     } else {
                         String::new()
                     };
-                    let pr = &s.training.precision;
                     let casts = if s.dag_workload().lora.is_some_and(|l| l.input_casts.is_some()) {
                         format!(
                             ". The {} adapters are held whole: PEFT casts each adapter's input to {} (_cast_input_dtype) and autocast casts it back to {} for lora_A's matmul, two kernels each way per targeted linear at the memory-bound rate, and lora_A keeps its own {} copy",

@@ -426,16 +426,16 @@ pub fn render(r: &Report, s: &Scenario) -> String {
             sep(r.trainable_params),
             sep(r.param_count),
             100.0 * r.trainable_params as f64 / r.param_count.max(1) as f64,
-            match l.base {
-                crate::model::WeightFormat::Nf4 { double_quant: true } => "nf4 + double quant (QLoRA)",
-                crate::model::WeightFormat::Nf4 { .. } => "nf4 (QLoRA)",
-                _ => "bf16",
-            },
+            l.base_label(),
             crate::report::human_count(frozen),
             match (l.base, l.prepare_kbit) {
-                (crate::model::WeightFormat::Nf4 { .. }, true) => ", other frozen weights fp32 and the hidden states between blocks fp32 (prepare_model_for_kbit_training)",
-                (crate::model::WeightFormat::Nf4 { .. }, false) => ", other frozen weights and the hidden states bf16 (no prepare_model_for_kbit_training: lora.prepare_kbit_training = false, the default where the parameters are sharded, as TRL's trainers skip it there)",
-                _ => "",
+                (crate::model::WeightFormat::Half, _) => String::new(),
+                (_, true) => ", other frozen weights fp32 and the hidden states between blocks fp32 (prepare_model_for_kbit_training)".into(),
+                (_, false) => format!(
+                    ", other frozen weights and the hidden states {} (no prepare_model_for_kbit_training: lora.prepare_kbit_training = false{})",
+                    s.training.precision.compute.name(),
+                    if s.parallel.params_sharded() { ", the default where the parameters are sharded, as TRL's trainers skip it there" } else { "" }
+                ),
             }
         );
     }

@@ -65,10 +65,8 @@ pub(super) fn validate_lora(
     // TRL's trainers skip prepare_model_for_kbit_training for a sharded QLoRA model ("one
     // should never call peft_module_casting_to_bf16 or prepare_model_for_kbit_training when
     // doing QLoRA + FSDP / DS-Zero3", trl/trainer/sft_trainer.py `is_sharded_qlora`).
-    let sharded = parallel.params_sharded();
-    let prepare_kbit = base != WeightFormat::Half && l.prepare_kbit_training.unwrap_or(!sharded);
-    let flat = matches!(parallel.framework, crate::plan::Framework::Fsdp | crate::plan::Framework::Fsdp1);
-    if prepare_kbit && sharded && flat {
+    let prepare_kbit = base != WeightFormat::Half && l.prepare_kbit_training.unwrap_or(prepare_kbit_default(parallel));
+    if prepare_kbit && parallel.flat_sharded_units() {
         return Err(v.err("lora.prepare_kbit_training", "FSDP1 flattens a unit's parameters into one tensor of one dtype, and prepare_model_for_kbit_training's fp32 norms would share a block's unit with the 4-bit weights' bf16 storage (FSDP-QLoRA's bnb_4bit_quant_storage): FSDP1 refuses (\"Must flatten tensors with uniform dtype\"), which is why TRL skips the call for sharded QLoRA; set lora.prepare_kbit_training = false (the default under FSDP), or parallel.framework = \"fsdp2\" (per-parameter sharding)"));
     }
     if prepare_kbit && model.family == crate::model::Family::Gpt {
@@ -76,6 +74,12 @@ pub(super) fn validate_lora(
     }
     let shared_flat = shares_flat_parameter(v, wrap, parallel, precision, &base)?;
     Ok(crate::model::LoraConfig { rank, alpha, targets, dropout, base, prepare_kbit, shared_flat, input_casts: None })
+}
+
+/// `lora.prepare_kbit_training` where the scenario does not say: on where the parameters are
+/// held whole, off where they are sharded (TRL's trainers skip the call for sharded QLoRA).
+pub fn prepare_kbit_default(parallel: &ParallelConfig) -> bool {
+    !parallel.params_sharded()
 }
 
 /// Whether a block's frozen base and its adapters share one FSDP1 FlatParameter

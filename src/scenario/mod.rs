@@ -32,6 +32,7 @@ pub use error::ScenarioError;
 pub use file::*;
 use fp8::{validate_fp8, Fp8Context};
 use inference::{inference_lengths, inference_standin, job_kind, validate_inference};
+pub use lora::prepare_kbit_default;
 use lora::validate_lora;
 pub use megatron::ep_overlap_refusal;
 use megatron::{check_ep_overlap, validate_megatron};
